@@ -1,0 +1,150 @@
+"""fusegrad: PyTorch-style tensors and autograd, compiled to fused native kernels.
+
+>>> import fusegrad as fg
+>>> x = fg.tensor([1., 2., 3.], requires_grad=True)
+>>> (x * x).sum().backward()
+>>> x.grad
+tensor([2., 4., 6.])
+"""
+
+from fusegrad import dtypes as _dtypes
+from fusegrad.autograd.grad_mode import (
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+from fusegrad.device import device
+from fusegrad.dtypes import (
+    bfloat16,
+    float16,
+    float32,
+    float64,
+    get_default_dtype,
+    int8,
+    int16,
+    int32,
+    int64,
+    promote_types,
+    set_default_dtype,
+    uint8,
+)
+from fusegrad.ops import creation as _creation
+from fusegrad.ops import functional as _F
+from fusegrad.ops import methods as _methods  # noqa: F401  (installs Tensor methods)
+from fusegrad.ops.creation import (
+    Generator,
+    arange,
+    as_tensor,
+    default_generator,
+    empty,
+    empty_like,
+    eye,
+    from_dlpack,
+    from_numpy,
+    full,
+    full_like,
+    get_rng_state,
+    initial_seed,
+    linspace,
+    logspace,
+    manual_seed,
+    normal,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randint,
+    randint_like,
+    randn,
+    randn_like,
+    randperm,
+    scalar_tensor,
+    seed,
+    set_rng_state,
+    tensor,
+    zeros,
+    zeros_like,
+)
+from fusegrad.tensor import Size, Tensor
+
+bool = _dtypes.bool_  # noqa: A001 - torch.bool
+half, float, double = float16, float32, float64  # noqa: A001
+short, int, long = int16, int32, int64  # noqa: A001
+dtype = _dtypes.DType
+
+# Functional forms of the tensor ops: fusegrad.exp(x), fusegrad.cat([...]), ...
+_FUNCTIONS = """
+add sub mul div true_divide floor_divide remainder fmod pow maximum minimum lt le gt ge eq ne
+less less_equal greater greater_equal not_equal logical_and logical_or logical_xor logical_not
+bitwise_and bitwise_or bitwise_xor bitwise_not neg negative abs absolute exp exp2 log log2 log10
+log1p expm1 sin cos tan tanh sigmoid relu erf sqrt rsqrt reciprocal square sign floor ceil trunc
+fix round clamp clip isnan isinf isfinite isclose allclose equal clone where sum prod mean var
+std var_mean std_mean max min amax amin argmax argmin logsumexp all any count_nonzero norm cumsum
+reshape permute transpose swapaxes swapdims t movedim squeeze unsqueeze flatten unflatten narrow
+split chunk unbind select cat concat concatenate stack hstack vstack matmul mm bmm dot mv outer
+index_select index_add gather take_along_dim scatter_add masked_fill tril triu argsort sort topk
+nonzero argwhere masked_select broadcast_tensors broadcast_to repeat_interleave flip roll
+""".split()
+
+for _name in _FUNCTIONS:
+    if hasattr(_F, _name):
+        globals()[_name] = getattr(_F, _name)
+
+
+def is_tensor(obj) -> "bool":
+    """True for fusegrad tensors (parameters included)."""
+    return isinstance(obj, Tensor)
+
+
+def numel(x: Tensor) -> "int":
+    return x.numel()
+
+
+def is_floating_point(x: Tensor) -> "bool":
+    return x.is_floating_point()
+
+
+def result_type(a, b) -> _dtypes.DType:
+    return _dtypes.result_type(a, b)
+
+
+def can_cast(from_: _dtypes.DType, to: _dtypes.DType) -> "bool":
+    return from_.category <= to.category
+
+
+class _Cuda:
+    """``fusegrad.cuda``: availability queries that never crash without a GPU."""
+
+    @staticmethod
+    def is_available() -> "bool":
+        from fusegrad.device import cuda_is_available
+        return cuda_is_available()
+
+    @staticmethod
+    def device_count() -> "int":
+        from fusegrad.device import cuda_device_count
+        return cuda_device_count()
+
+    @staticmethod
+    def manual_seed(seed: "int") -> None:
+        manual_seed(seed)
+
+    @staticmethod
+    def manual_seed_all(seed: "int") -> None:
+        manual_seed(seed)
+
+    @staticmethod
+    def synchronize() -> None:
+        pass
+
+
+cuda = _Cuda()
+
+from fusegrad import autograd  # noqa: E402
+from fusegrad import nn  # noqa: E402
+from fusegrad import optim  # noqa: E402
+
+__version__ = "0.1.0"

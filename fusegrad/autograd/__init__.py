@@ -1,0 +1,29 @@
+"""Define-by-run autograd: the tape engine, grad modes and gradient checking."""
+
+from fusegrad.autograd.engine import Node, backward, grad
+from fusegrad.autograd.grad_mode import (
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+
+__all__ = ["Node", "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled",
+           "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "gradcheck",
+           "Function"]
+
+
+def __getattr__(name):
+    # gradcheck and Function import the op library, which imports this package.
+    if name == "gradcheck":
+        from fusegrad.autograd.gradcheck import gradcheck
+        return gradcheck
+    if name == "gradgradcheck":
+        from fusegrad.autograd.gradcheck import gradgradcheck
+        return gradgradcheck
+    if name == "Function":
+        from fusegrad.autograd.function import Function
+        return Function
+    raise AttributeError(name)

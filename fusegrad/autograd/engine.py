@@ -1,0 +1,443 @@
+"""The eager autograd engine: nodes of the tape, and reverse-mode execution.
+
+Each differentiable eager op leaves a :class:`Node` as its output's ``grad_fn``; a node's
+``next_functions`` are the edges to the nodes of its inputs (an :class:`AccumulateGrad` for a
+leaf). Backward walks the nodes from the outputs in reverse creation order, once all of a
+node's consumers have sent their gradient, summing gradients that meet. The VJP of a
+primitive node is the primitive's own rule, so these gradients are the ones the autodiff
+pass builds on graphs.
+
+As in PyTorch, saved tensors are freed after a backward unless ``retain_graph=True``, a
+version counter catches saved tensors modified in place, ``create_graph=True`` records the
+backward itself so it can be differentiated again, and only the nodes that lead to the
+requested inputs run in :func:`grad`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import weakref
+from typing import Sequence
+
+from fusegrad.autograd.grad_mode import is_grad_enabled, set_grad_enabled
+from fusegrad.ops import primitive as _primitive
+
+__all__ = ["Node", "PrimitiveNode", "AccumulateGrad", "run_backward", "backward", "grad"]
+
+_sequence = itertools.count()
+
+_FREED_MESSAGE = (
+    "Trying to backward through the graph a second time (or directly access saved tensors "
+    "after they have already been freed). Saved intermediate values of the graph are freed "
+    "when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to "
+    "backward through the graph a second time or if you need to access saved tensors after "
+    "calling backward.")
+
+
+class Node:
+    """A node of the autograd tape with one output; ``apply`` maps its output's gradient to
+    one gradient per edge in ``next_functions``."""
+
+    __slots__ = ("next_functions", "_seq", "_name", "_pre_hooks", "_retained", "__weakref__")
+
+    def __init__(self, next_functions: tuple, name: str):
+        self.next_functions = next_functions
+        self._seq = next(_sequence)
+        self._name = name
+        self._pre_hooks: list | None = None
+        self._retained: list | None = None     # weakrefs to non-leaf tensors with retain_grad
+
+    def name(self) -> str:
+        return self._name
+
+    def apply(self, grad, create_graph: bool, retain_graph: bool) -> tuple:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Free saved tensors after a backward without ``retain_graph``."""
+
+    def register_prehook(self, fn) -> None:
+        if self._pre_hooks is None:
+            self._pre_hooks = []
+        self._pre_hooks.append(fn)
+
+    def __repr__(self) -> str:
+        return f"<{self._name} object at {hex(id(self))}>"
+
+    def __call__(self, *grads):
+        return self.apply(grads[0], False, True)
+
+
+def _edge(t) -> tuple:
+    """The edge that gradients for tensor ``t`` flow along: its grad_fn, or its leaf node."""
+    if t.grad_fn is not None:
+        return (t.grad_fn, 0)
+    if t.requires_grad:
+        return (t._accumulator(), 0)
+    return (None, 0)
+
+
+class _Saved:
+    """A tensor saved for backward, with the version it had when saved."""
+
+    __slots__ = ("tensor", "version", "origin")
+
+    def __init__(self, tensor, origin: str | None = None):
+        self.tensor = tensor
+        self.version = tensor._version_counter.value
+        self.origin = origin or (tensor.grad_fn.name() if tensor.grad_fn is not None else None)
+
+    def unpack(self, node: Node):
+        t = self.tensor
+        if t._version_counter.value != self.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [{t._type_string()} {list(t.shape)}]"
+                f"{', which is output 0 of ' + self.origin if self.origin else ''}, is at version "
+                f"{t._version_counter.value}; expected version {self.version} instead. Hint: "
+                "the operation that failed was the backward of "
+                f"{node.name()}; use an out-of-place op (x = x + y instead of x += y) or "
+                ".clone() the tensor before modifying it.")
+        return t
+
+
+class PrimitiveNode(Node):
+    """Backward of one primitive: the primitive's VJP rule of each operand that needs one.
+
+    Only the operands and output that those rules read are saved, as torch saves only what
+    a derivative formula uses: ``x * 2`` saves nothing of ``x``, so ``x`` may be modified
+    in place afterwards.
+    """
+
+    __slots__ = ("prim", "attrs", "_in_types", "_needs", "_saved", "_out", "_freed")
+
+    def __init__(self, prim, attrs: dict, operands: Sequence, out):
+        needs = tuple(op._requires_grad and prim.rule(i) is not None
+                      for i, op in enumerate(operands))
+        super().__init__(tuple(_edge(op) if n else (None, 0) for op, n in zip(operands, needs)),
+                         prim.grad_name or prim.name)
+        self.prim = prim
+        self.attrs = attrs
+        self._needs = needs
+        self._in_types = tuple(op._type() for op in operands)
+        reads: set[int] = set()
+        reads_output = False
+        for i, n in enumerate(needs):
+            if n:
+                rule = prim.rule(i)
+                reads.update(rule.reads)
+                reads_output |= rule.reads_output
+        self._saved = tuple(_Saved(op) if i in reads else None for i, op in enumerate(operands))
+        # Keep the output's data, not the output itself: the output holds this node as its
+        # grad_fn, and a strong reference back would make a cycle.
+        self._out = _Saved(out.detach(), self._name) if reads_output else None
+        self._freed = False
+
+    def apply(self, grad, create_graph: bool, retain_graph: bool) -> tuple:
+        if self._freed:
+            raise RuntimeError(_FREED_MESSAGE)
+        primals = tuple(s.unpack(self) if s is not None else t
+                        for s, t in zip(self._saved, self._in_types))
+        out = None
+        if self._out is not None:
+            out = self._out.unpack(self)
+            if create_graph:
+                out = out.detach()
+                out.grad_fn = self
+                out._requires_grad = True
+        grads = tuple(self.prim.cotangent(i, grad, out, primals, self.attrs) if n else None
+                      for i, n in enumerate(self._needs))
+        return _check_grads(self, grads)
+
+    def release(self) -> None:
+        if self._out is not None or any(s is not None for s in self._saved):
+            self._saved = tuple(None for _ in self._saved)
+            self._out = None
+            self._freed = True
+
+
+def _check_grads(node: Node, grads) -> tuple:
+    """Match each gradient to its input's shape and dtype, as the engine of torch does."""
+    types = getattr(node, "_in_types", None)
+    if types is None:
+        return tuple(grads)
+    fixed = []
+    for g, t in zip(grads, types):
+        if g is not None:
+            if tuple(g.shape) != t.shape:
+                raise RuntimeError(
+                    f"Function {node.name()} returned an invalid gradient: got shape "
+                    f"{list(g.shape)} but expected shape compatible with {list(t.shape)}")
+            if g.dtype is not t.dtype and t.dtype.is_floating_point:
+                g = g.to(t.dtype)
+        fixed.append(g)
+    return tuple(fixed)
+
+
+class AccumulateGrad(Node):
+    """The node of a leaf tensor: adds incoming gradients into ``variable.grad``."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable):
+        super().__init__((), "AccumulateGrad")
+        self.variable = variable
+
+    def apply(self, grad, create_graph: bool, retain_graph: bool) -> tuple:
+        var = self.variable
+        for hook in var._hooks or ():
+            out = hook(grad)
+            if out is not None:
+                grad = out
+        if var.grad is None:
+            var.grad = grad if create_graph else grad.detach().clone()
+        elif create_graph or var.grad.requires_grad:
+            var.grad = var.grad + grad
+        else:
+            var.grad._data += grad._data
+            var.grad._version_counter.value += 1
+        return ()
+
+
+class _Capture:
+    """Where :func:`run_backward` collects the gradient of one requested input."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
+                 create_graph: bool, inputs: Sequence | None = None,
+                 accumulate: bool = True, allow_unused: bool = False,
+                 stop_at_inputs: bool = False) -> list | None:
+    """Reverse-mode execution from ``outputs`` seeded with ``grad_outputs``.
+
+    With ``accumulate`` the gradients go into leaves' ``.grad`` (``Tensor.backward``),
+    restricted to ``inputs`` when given; without it the gradients of ``inputs`` are returned
+    (``autograd.grad``). ``stop_at_inputs`` skips discovering the graph beyond the inputs,
+    which composite nodes use: their inner graph ends at their operands' aliases.
+    """
+    roots = []
+    for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
+        node, _ = _edge(out)
+        if node is None:
+            raise RuntimeError(
+                f"element {i} of tensors does not require grad and does not have a grad_fn")
+        roots.append((node, g))
+
+    captures: dict[Node, int] = {}
+    if inputs is not None:
+        for i, t in enumerate(inputs):
+            node, _ = _edge(t)
+            if node is None:
+                raise RuntimeError("One of the differentiated Tensors does not require grad")
+            captures.setdefault(node, i)
+
+    # Discover the graph: how many edges point at each node, and which nodes lead to a
+    # captured input (only those need to run when gradients are requested).
+    deps: dict[Node, int] = {}
+    order: list[Node] = []
+    seen = set()
+    stack = [n for n, _ in roots]
+    for n in stack:
+        seen.add(n)
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        if stop_at_inputs and node in captures:
+            continue
+        for child, _ in node.next_functions:
+            if child is None:
+                continue
+            deps[child] = deps.get(child, 0) + 1
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+
+    restrict = inputs is not None
+    if restrict:
+        needed = set(captures)
+        # Reverse creation order visits every consumer before the nodes it consumes.
+        for node in sorted(order, key=lambda n: n._seq):
+            if stop_at_inputs and node in captures:
+                continue
+            if any(c in needed for c, _ in node.next_functions if c is not None):
+                needed.add(node)
+    else:
+        needed = None
+
+    buffers: dict[Node, object] = {}
+    for node, g in roots:
+        _accumulate(buffers, node, g, create_graph)
+    ready = []
+    for node in {n: None for n, _ in roots}:
+        if deps.get(node, 0) == 0:
+            heapq.heappush(ready, (-node._seq, id(node), node))
+    results: list = [None] * (len(inputs) if inputs is not None else 0)
+
+    with set_grad_enabled(create_graph):
+        while ready:
+            _, _, node = heapq.heappop(ready)
+            grad = buffers.pop(node, None)
+            if grad is not None:
+                for hook in node._pre_hooks or ():
+                    out = hook(grad)
+                    if out is not None:
+                        grad = out
+                if node._retained:
+                    _fill_retained(node, grad, create_graph)
+            if node in captures:
+                if grad is not None:
+                    i = captures[node]
+                    if accumulate and isinstance(node, AccumulateGrad):
+                        node.apply(grad, create_graph, retain_graph)
+                    elif not accumulate:
+                        results[i] = grad
+                    elif accumulate:
+                        _accumulate_into(inputs[i], grad, create_graph)
+                if stop_at_inputs:
+                    continue
+            run = grad is not None and (needed is None or node in needed)
+            if run and not (restrict and isinstance(node, AccumulateGrad)):
+                in_grads = node.apply(grad, create_graph, retain_graph)
+            else:
+                in_grads = ()
+            if not retain_graph:
+                node.release()
+            for k, (child, _) in enumerate(node.next_functions):
+                if child is None:
+                    continue
+                gi = in_grads[k] if k < len(in_grads) else None
+                if gi is not None and (needed is None or child in needed):
+                    _accumulate(buffers, child, gi, create_graph)
+                deps[child] -= 1
+                if deps[child] == 0:
+                    heapq.heappush(ready, (-child._seq, id(child), child))
+
+    if not accumulate and inputs is not None:
+        for i, r in enumerate(results):
+            if r is None and not allow_unused:
+                raise RuntimeError(
+                    "One of the differentiated Tensors appears to not have been used in the graph. "
+                    "Set allow_unused=True if this is the desired behavior.")
+        return results
+    return None
+
+
+def _accumulate(buffers: dict, node: Node, g, create_graph: bool) -> None:
+    prev = buffers.get(node)
+    buffers[node] = g if prev is None else prev + g
+
+
+def _fill_retained(node: Node, grad, create_graph: bool) -> None:
+    for ref in node._retained:
+        t = ref()
+        if t is None or t.grad_fn is not node:
+            continue
+        if t.grad is None:
+            t.grad = grad if create_graph else grad.detach().clone()
+        else:
+            t.grad = t.grad + grad
+
+
+def _accumulate_into(t, grad, create_graph: bool) -> None:
+    """``backward(inputs=...)`` on a non-leaf: its ``.grad`` gets the gradient."""
+    if t.grad is None:
+        t.grad = grad if create_graph else grad.detach().clone()
+    else:
+        t.grad = t.grad + grad
+
+
+def _make_grads(outputs: Sequence, grad_outputs) -> list:
+    from fusegrad.tensor import Tensor
+    if grad_outputs is None:
+        grad_outputs = [None] * len(outputs)
+    elif isinstance(grad_outputs, Tensor):
+        grad_outputs = [grad_outputs]
+    grads = []
+    for out, g in zip(outputs, grad_outputs):
+        if g is None:
+            if out.requires_grad and out.numel() != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs")
+            if not out.dtype.is_floating_point:
+                raise RuntimeError(
+                    f"grad can be implicitly created only for real scalar outputs but got "
+                    f"{out.dtype}")
+            from fusegrad.ops import functional as F
+            g = F.ones_like(out)
+        else:
+            if not isinstance(g, Tensor):
+                raise TypeError(f"gradient must be a Tensor or None, got {type(g).__name__}")
+            if tuple(g.shape) != tuple(out.shape):
+                raise RuntimeError(
+                    f"Mismatch in shape: grad_output[0] has a shape of {g.shape} and output[0] "
+                    f"has a shape of {out.shape}.")
+        grads.append(g)
+    return grads
+
+
+def _as_seq(x) -> list:
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    return [x]
+
+
+def backward(tensors, grad_tensors=None, retain_graph: bool | None = None,
+             create_graph: bool = False, inputs=None) -> None:
+    """Accumulate the gradients of ``tensors`` into the ``.grad`` of leaves
+    (``torch.autograd.backward``)."""
+    tensors = _as_seq(tensors)
+    grads = _make_grads(tensors, None if grad_tensors is None else _as_seq(grad_tensors))
+    if retain_graph is None:
+        retain_graph = create_graph
+    if inputs is not None:
+        inputs = _as_seq(inputs)
+        if not inputs:
+            raise RuntimeError("'inputs' argument to backward() cannot be empty.")
+    run_backward(tensors, grads, retain_graph, create_graph, inputs=inputs, accumulate=True)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
+         create_graph: bool = False, allow_unused: bool | None = None,
+         materialize_grads: bool = False) -> tuple:
+    """The gradients of ``outputs`` with respect to ``inputs``, returned rather than
+    accumulated (``torch.autograd.grad``)."""
+    outputs = _as_seq(outputs)
+    inputs = _as_seq(inputs)
+    grads = _make_grads(outputs, None if grad_outputs is None else _as_seq(grad_outputs))
+    if retain_graph is None:
+        retain_graph = create_graph
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    results = run_backward(outputs, grads, retain_graph, create_graph, inputs=inputs,
+                           accumulate=False, allow_unused=allow_unused)
+    if materialize_grads:
+        from fusegrad.ops import functional as F
+        results = [F.zeros_like(t) if r is None else r for r, t in zip(results, inputs)]
+    return tuple(results)
+
+
+def _record_eager_node(prim, operands, attrs, out) -> None:
+    if prim.vjp is None or not is_grad_enabled():
+        return
+    for op in operands:
+        if op._requires_grad:
+            break
+    else:
+        return
+    out.grad_fn = PrimitiveNode(prim, attrs, operands, out)
+    out.requires_grad = True
+
+
+_primitive._record_eager_node = _record_eager_node
+
+
+def retain(tensor) -> None:
+    """Make ``tensor`` (a non-leaf) keep its gradient in ``.grad``."""
+    node = tensor.grad_fn
+    if node._retained is None:
+        node._retained = []
+    node._retained.append(weakref.ref(tensor))

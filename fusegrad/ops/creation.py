@@ -1,0 +1,422 @@
+"""Tensor factories and random numbers, with torch's signatures and dtype inference.
+
+Random numbers come from a counter-based generator (:mod:`fusegrad.ops.philox`): a
+:class:`Generator` is a seed and an offset, and each request takes the next counters. The
+numbers are a function of (seed, offset, index) only, so traced code draws the same ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.device import CPU, check_device_available, device as Device
+from fusegrad.ops import philox
+from fusegrad.ops import prims as P
+from fusegrad.ops.primitive import bind
+from fusegrad.tensor import Size, Tensor
+
+__all__ = [
+    "tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange",
+    "linspace", "rand", "randn", "randint", "randperm", "normal", "zeros_like", "ones_like",
+    "full_like", "empty_like", "rand_like", "randn_like", "randint_like", "manual_seed",
+    "seed", "initial_seed", "Generator", "default_generator", "get_rng_state", "set_rng_state",
+    "from_dlpack", "scalar_tensor",
+]
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def _check_device(device) -> None:
+    if device is not None:
+        dev = Device(device)
+        if dev != CPU:
+            check_device_available(dev)
+
+
+def _flatten_tensors(data):
+    """Replace tensors nested in lists with their Python values (torch.tensor([t1, t2]))."""
+    if isinstance(data, Tensor):
+        return data.tolist()
+    if isinstance(data, (list, tuple)):
+        return [_flatten_tensors(d) for d in data]
+    return data
+
+
+def _array_from(data, dtype) -> tuple[np.ndarray, dtypes.DType]:
+    """A fresh numpy array and its fusegrad dtype, inferred as torch.tensor does."""
+    if isinstance(data, Tensor):
+        data._check_concrete("tensor()")
+        arr = np.array(data._data, copy=True)
+        dt = data.dtype
+    elif isinstance(data, np.ndarray):
+        arr = np.array(data, copy=True)
+        dt = dtypes.from_numpy_dtype(arr.dtype)
+    else:
+        arr = np.array(_flatten_tensors(data))
+        if arr.dtype.kind == "f":
+            dt = dtypes.get_default_dtype()
+        elif arr.dtype.kind in "iu":
+            dt = dtypes.int64
+        elif arr.dtype.kind == "b":
+            dt = dtypes.bool_
+        elif arr.dtype.kind == "O" or arr.dtype.kind in "US":
+            raise TypeError(f"Could not infer dtype of {type(data).__name__} "
+                            f"(got elements of numpy kind {arr.dtype.kind!r})")
+        else:
+            raise TypeError(f"unsupported data of type {type(data).__name__}")
+        if arr.size == 0 and arr.dtype.kind == "f":
+            dt = dtypes.get_default_dtype()
+    if dtype is not None:
+        dt = dtypes.as_dtype(dtype)
+    if arr.dtype != dt.np_dtype:
+        if dt is dtypes.bool_:
+            arr = arr != 0
+        else:
+            arr = arr.astype(dt.np_dtype)
+    return arr, dt
+
+
+def tensor(data, *, dtype=None, device=None, requires_grad: bool = False,
+           pin_memory: bool = False) -> Tensor:
+    """A new tensor holding a copy of ``data`` (nested lists, numbers, arrays, tensors).
+
+    >>> fusegrad.tensor([1., 2.])
+    tensor([1., 2.])
+    """
+    _check_device(device)
+    arr, dt = _array_from(data, dtype)
+    t = Tensor._wrap(arr, dt)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def scalar_tensor(value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return tensor(value, dtype=dtype or dtypes.get_default_dtype(), device=device,
+                  requires_grad=requires_grad)
+
+
+def as_tensor(data, dtype=None, device=None) -> Tensor:
+    """Like :func:`tensor`, but shares memory with a tensor or array when the dtype allows."""
+    _check_device(device)
+    if isinstance(data, Tensor):
+        return data if dtype is None else data.to(dtype)
+    if isinstance(data, np.ndarray):
+        dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.from_numpy_dtype(data.dtype)
+        if data.dtype == dt.np_dtype:
+            return Tensor._wrap(data, dt)
+    return tensor(data, dtype=dtype)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    """A tensor that shares ``array``'s memory: writes to either show in both."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"expected np.ndarray (got {type(array).__name__})")
+    return Tensor._wrap(array, dtypes.from_numpy_dtype(array.dtype))
+
+
+def from_dlpack(ext) -> Tensor:
+    """Zero-copy import of any object with ``__dlpack__`` (numpy, torch, jax arrays)."""
+    if isinstance(ext, Tensor):
+        return ext
+    arr = np.from_dlpack(ext)
+    return Tensor._wrap(arr, dtypes.from_numpy_dtype(arr.dtype))
+
+
+# --------------------------------------------------------------------------- factories
+
+
+def _shape(size) -> tuple[int, ...]:
+    if len(size) == 1 and isinstance(size[0], (tuple, list, Size)):
+        size = tuple(size[0])
+    for d in size:
+        if not isinstance(d, (int, np.integer)) and not (isinstance(d, Tensor) and d.ndim == 0):
+            raise TypeError(f"size must be a tuple of ints, but got {type(d).__name__}")
+    shape = tuple(int(d) for d in size)
+    for d in shape:
+        if d < 0:
+            raise RuntimeError(f"Trying to create tensor with negative dimension {d}: {list(shape)}")
+    return shape
+
+
+def _source(prim, like: Tensor | None, **attrs) -> Tensor:
+    """Apply a primitive with no operands; under a trace when ``like`` is traced."""
+    if like is not None and like._trace is not None:
+        return like._trace.process_primitive(prim, (), attrs)
+    return bind(prim, **attrs)
+
+
+def _finish(t: Tensor, requires_grad: bool) -> Tensor:
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ``size`` filled with ``fill_value`` (dtype inferred from the value)."""
+    _check_device(device)
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.result_type(fill_value)
+    shape = _shape((size,)) if not isinstance(size, (int, np.integer)) else (int(size),)
+    t = bind(P.full, shape=shape, value=_py_value(fill_value, dt), dtype=dt)
+    return _finish(t, requires_grad)
+
+
+def _py_value(v, dt: dtypes.DType):
+    if isinstance(v, Tensor):
+        v = v.item()
+    if dt.is_floating_point:
+        return float(v)
+    if dt is dtypes.bool_:
+        return bool(v)
+    return int(v)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad: bool = False, **_) -> Tensor:
+    """A tensor of zeros (float32 unless ``dtype`` says otherwise)."""
+    _check_device(device)
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
+    return _finish(bind(P.full, shape=_shape(size), value=_py_value(0, dt), dtype=dt),
+                   requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad: bool = False, **_) -> Tensor:
+    _check_device(device)
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
+    return _finish(bind(P.full, shape=_shape(size), value=_py_value(1, dt), dtype=dt),
+                   requires_grad)
+
+
+def empty(*size, dtype=None, device=None, requires_grad: bool = False, **_) -> Tensor:
+    """Uninitialized in torch; zero-filled here, which is one valid uninitialized value."""
+    return zeros(*size, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def full_like(x: Tensor, fill_value, *, dtype=None, device=None, requires_grad: bool = False,
+              **_) -> Tensor:
+    dt = dtypes.as_dtype(dtype) if dtype is not None else x.dtype
+    t = _source(P.full, x, shape=tuple(x.shape), value=_py_value(fill_value, dt), dtype=dt)
+    return _finish(t, requires_grad)
+
+
+def zeros_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, **_) -> Tensor:
+    return full_like(x, 0, dtype=dtype, requires_grad=requires_grad)
+
+
+def ones_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, **_) -> Tensor:
+    return full_like(x, 1, dtype=dtype, requires_grad=requires_grad)
+
+
+def empty_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, **_) -> Tensor:
+    return zeros_like(x, dtype=dtype, requires_grad=requires_grad)
+
+
+def _new_full(x: Tensor, size, value, dtype, requires_grad: bool) -> Tensor:
+    dt = dtypes.as_dtype(dtype) if dtype is not None else x.dtype
+    t = _source(P.full, x, shape=_shape(size), value=_py_value(value, dt), dtype=dt)
+    return _finish(t, requires_grad)
+
+
+def eye(n: int, m: int | None = None, *, dtype=None, device=None,
+        requires_grad: bool = False) -> Tensor:
+    _check_device(device)
+    m = n if m is None else m
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
+    rows = bind(P.iota, shape=(n, m), axis=0, dtype=dtypes.int64)
+    cols = bind(P.iota, shape=(n, m), axis=1, dtype=dtypes.int64)
+    with no_grad():
+        t = (rows == cols).to(dt)
+    return _finish(t, requires_grad)
+
+
+def arange(start=0, end=None, step=1, *, dtype=None, device=None,
+           requires_grad: bool = False) -> Tensor:
+    """``[start, end)`` by ``step``; int64 for integer arguments, else the default float."""
+    _check_device(device)
+    if end is None:
+        start, end = 0, start
+    vals = [v.item() if isinstance(v, Tensor) else v for v in (start, end, step)]
+    start, end, step = vals
+    if step == 0:
+        raise RuntimeError("step must be nonzero")
+    if (end - start) * step < 0:
+        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+    is_int = all(isinstance(v, (int, np.integer)) for v in vals)
+    dt = dtypes.as_dtype(dtype) if dtype is not None else (
+        dtypes.int64 if is_int else dtypes.get_default_dtype())
+    n = max(0, math.ceil((end - start) / step))
+    arr = (start + np.arange(n, dtype=np.float64 if not is_int else np.int64) * step)
+    return _finish(Tensor._wrap(arr.astype(dt.np_dtype), dt), requires_grad)
+
+
+def linspace(start, end, steps: int, *, dtype=None, device=None,
+             requires_grad: bool = False) -> Tensor:
+    _check_device(device)
+    if steps < 0:
+        raise RuntimeError("number of steps must be non-negative")
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
+    arr = np.linspace(float(start), float(end), steps, dtype=np.float64)
+    return _finish(Tensor._wrap(arr.astype(dt.np_dtype), dt), requires_grad)
+
+
+def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, **kw) -> Tensor:
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
+    arr = np.power(base, np.linspace(float(start), float(end), steps))
+    return Tensor._wrap(arr.astype(dt.np_dtype), dt)
+
+
+# --------------------------------------------------------------------------- random
+
+
+class Generator:
+    """A counter-based random generator: a seed and an offset (torch.Generator's API)."""
+
+    def __init__(self, device="cpu"):
+        self._seed = 67280421310721   # torch's default seed
+        self._offset = 0
+
+    def manual_seed(self, seed: int) -> "Generator":
+        seed = int(seed)
+        if seed < 0:
+            seed &= 0xFFFFFFFFFFFFFFFF
+        self._seed, self._offset = seed, 0
+        return self
+
+    def seed(self) -> int:
+        import secrets
+        self.manual_seed(secrets.randbits(63))
+        return self._seed
+
+    def initial_seed(self) -> int:
+        return self._seed
+
+    def get_state(self) -> Tensor:
+        return Tensor._wrap(np.array([self._seed, self._offset], dtype=np.int64), dtypes.int64)
+
+    def set_state(self, state: Tensor) -> None:
+        self._seed, self._offset = (int(v) for v in state._data[:2])
+
+    def next_key(self, count: int, like: Tensor | None = None) -> Tensor:
+        """The (seed, offset) key for ``count`` numbers, advancing the offset past them."""
+        key = Tensor._wrap(np.array([self._seed, self._offset], dtype=np.int64), dtypes.int64)
+        self._offset += philox.counters_used(count)
+        return key
+
+
+default_generator = Generator()
+
+
+def manual_seed(seed: int) -> Generator:
+    """Seed the default generator; the same seed gives the same numbers."""
+    return default_generator.manual_seed(seed)
+
+
+def seed() -> int:
+    return default_generator.seed()
+
+
+def initial_seed() -> int:
+    return default_generator.initial_seed()
+
+
+def get_rng_state() -> Tensor:
+    return default_generator.get_state()
+
+
+def set_rng_state(state: Tensor) -> None:
+    default_generator.set_state(state)
+
+
+def _uniform01(shape: tuple[int, ...], dt: dtypes.DType, generator: Generator | None) -> Tensor:
+    gen = generator or default_generator
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    key = gen.next_key(n)
+    return bind(P.random_uniform, key, shape=shape, dtype=dt)
+
+
+def _float_dt(dtype) -> dtypes.DType:
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
+    if not dt.is_floating_point:
+        raise RuntimeError(f'"check_uniform_bounds" not implemented for \'{dt.name}\'')
+    return dt
+
+
+def rand(*size, generator: Generator | None = None, dtype=None, device=None,
+         requires_grad: bool = False) -> Tensor:
+    """Uniform numbers in [0, 1)."""
+    _check_device(device)
+    return _finish(_uniform01(_shape(size), _float_dt(dtype), generator), requires_grad)
+
+
+def _box_muller(shape, dt, generator) -> Tensor:
+    # Two uniforms per normal; 1 - u keeps the log argument in (0, 1].
+    u1 = _uniform01(shape, dt, generator)
+    u2 = _uniform01(shape, dt, generator)
+    radius = ((1 - u1).log() * -2).sqrt()
+    return radius * (u2 * (2 * math.pi)).cos()
+
+
+def randn(*size, generator: Generator | None = None, dtype=None, device=None,
+          requires_grad: bool = False) -> Tensor:
+    """Standard normal numbers (Box-Muller over the counter-based uniforms)."""
+    _check_device(device)
+    with no_grad():
+        t = _box_muller(_shape(size), _float_dt(dtype), generator)
+    return _finish(t, requires_grad)
+
+
+def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=None,
+           requires_grad: bool = False) -> Tensor:
+    """Normal numbers with ``mean`` and ``std`` (numbers or tensors, broadcast)."""
+    if size is None:
+        shapes = [tuple(v.shape) for v in (mean, std) if isinstance(v, Tensor)]
+        if not shapes:
+            raise TypeError("normal() needs tensors for mean or std, or a size")
+        size = P.broadcast_shapes(*shapes)
+    with no_grad():
+        z = _box_muller(_shape((size,)), _float_dt(dtype), generator)
+        t = z * std + mean
+    return _finish(t, requires_grad)
+
+
+def randint(low, high=None, size=None, *, generator=None, dtype=None, device=None,
+            requires_grad: bool = False) -> Tensor:
+    """Integers in [low, high), int64 by default."""
+    _check_device(device)
+    if high is None:
+        low, high = 0, low
+    if size is None:
+        raise TypeError("randint() missing required argument 'size'")
+    if high <= low:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} "
+                           f">= to={high}")
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.int64
+    with no_grad():
+        u = _uniform01(_shape((size,)), dtypes.float64, generator)
+        t = (u * (high - low)).floor().to(dtypes.int64) + low
+    return t.to(dt)
+
+
+def randperm(n: int, *, generator=None, dtype=None, device=None,
+             requires_grad: bool = False) -> Tensor:
+    """A random permutation of 0..n-1 (the argsort of uniform numbers)."""
+    dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.int64
+    with no_grad():
+        u = _uniform01((n,), dtypes.float32, generator)
+        return bind(P.argsort, u, axis=0, descending=False).to(dt)
+
+
+def rand_like(x: Tensor, *, dtype=None, **kw) -> Tensor:
+    return rand(tuple(x.shape), dtype=dtype or x.dtype)
+
+
+def randn_like(x: Tensor, *, dtype=None, **kw) -> Tensor:
+    return randn(tuple(x.shape), dtype=dtype or x.dtype)
+
+
+def randint_like(x: Tensor, low, high=None, *, dtype=None, **kw) -> Tensor:
+    return randint(low, high, tuple(x.shape), dtype=dtype or x.dtype)

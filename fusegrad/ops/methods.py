@@ -1,0 +1,140 @@
+"""Install the public ops as ``Tensor`` methods and operators.
+
+Kept apart from :mod:`fusegrad.tensor` so that the tensor class does not import the op
+library (which imports the tensor class); ``import fusegrad`` runs this once.
+"""
+
+from __future__ import annotations
+
+from fusegrad import dtypes
+from fusegrad.ops import creation, functional as F
+from fusegrad.tensor import Tensor
+
+# Methods that are exactly the functional op with the tensor first.
+_SAME_NAME = """
+add sub mul div true_divide floor_divide remainder fmod pow maximum minimum lt le gt ge eq ne
+less less_equal greater greater_equal not_equal logical_and logical_or logical_xor logical_not
+bitwise_and bitwise_or bitwise_xor bitwise_not neg negative abs absolute exp exp2 log log2 log10
+log1p expm1 sin cos tan tanh sigmoid relu erf sqrt rsqrt reciprocal square sign floor ceil trunc
+fix round clamp clip isnan isinf isfinite isclose allclose equal clone contiguous to type_as sum
+sum_to_size prod mean var std max min amax amin argmax argmin logsumexp all any count_nonzero
+norm cumsum reshape view view_as reshape_as permute transpose swapaxes swapdims t movedim
+expand expand_as broadcast_to squeeze unsqueeze flatten unflatten narrow split chunk unbind
+select matmul mm bmm dot mv outer index_select index_add gather take_along_dim scatter_add
+masked_fill tril triu argsort sort topk nonzero argwhere masked_select repeat flip roll
+where new_zeros new_ones new_full new_empty new_tensor copy_ fill_ zero_
+""".split()
+
+for _name in _SAME_NAME:
+    setattr(Tensor, _name, getattr(F, _name))
+
+
+def _where_method(self, condition, other):
+    """``x.where(cond, y)``: elements of ``x`` where ``cond`` holds, else of ``y``."""
+    return F.where(condition, self, other)
+
+
+Tensor.where = _where_method
+
+# In-place variants: compute out of place, then write back (see functional.assign_).
+_INPLACE = """
+add sub mul div true_divide floor_divide remainder pow clamp clip neg abs exp log log1p expm1
+sqrt rsqrt sin cos tanh sigmoid relu floor ceil trunc round sign reciprocal square masked_fill
+index_add scatter_add tril triu logical_not logical_and logical_or maximum minimum erf
+""".split()
+
+for _name in _INPLACE:
+    setattr(Tensor, _name + "_", F._inplace(getattr(F, _name), _name + "_"))
+
+
+def _binop(fn, reflected=False):
+    if reflected:
+        def op(self, other):
+            return fn(other, self) if isinstance(other, Tensor) else \
+                fn(F.as_tensor_operand(other, dtypes.result_type(self, other)), self)
+    else:
+        def op(self, other):
+            try:
+                return fn(self, other)
+            except TypeError:
+                return NotImplemented
+    return op
+
+
+for _dunder, _fn in [("add", F.add), ("sub", F.sub), ("mul", F.mul), ("truediv", F.div),
+                     ("floordiv", F.floor_divide), ("mod", F.remainder), ("pow", F.pow),
+                     ("matmul", F.matmul), ("and", F.bitwise_and), ("or", F.bitwise_or),
+                     ("xor", F.bitwise_xor)]:
+    setattr(Tensor, f"__{_dunder}__", _binop(_fn))
+    setattr(Tensor, f"__r{_dunder}__", _binop(_fn, reflected=True))
+    setattr(Tensor, f"__i{_dunder}__", F._inplace(_fn, f"__i{_dunder}__"))
+
+for _dunder, _fn in [("lt", F.lt), ("le", F.le), ("gt", F.gt), ("ge", F.ge), ("eq", F.eq),
+                     ("ne", F.ne)]:
+    setattr(Tensor, f"__{_dunder}__", _binop(_fn))
+
+Tensor.__neg__ = F.neg
+Tensor.__pos__ = lambda self: self
+Tensor.__abs__ = F.abs
+Tensor.__invert__ = F.bitwise_not
+Tensor.__getitem__ = F.getitem
+Tensor.__setitem__ = F.setitem
+Tensor.__hash__ = lambda self: id(self)
+
+
+def _rpow(self, other):
+    return F.pow(F.as_tensor_operand(other, dtypes.result_type(self, other)), self)
+
+
+Tensor.__rpow__ = _rpow
+
+
+def _cast_method(dt):
+    def method(self, memory_format=None):
+        return F.cast(self, dt)
+    method.__name__ = dt.name
+    return method
+
+
+for _name, _dt in [("float", dtypes.float32), ("double", dtypes.float64), ("half", dtypes.float16),
+                   ("bfloat16", dtypes.bfloat16), ("long", dtypes.int64), ("int", dtypes.int32),
+                   ("short", dtypes.int16), ("char", dtypes.int8), ("byte", dtypes.uint8),
+                   ("bool", dtypes.bool_)]:
+    setattr(Tensor, _name, _cast_method(_dt))
+
+
+def _cpu(self):
+    return self
+
+
+def _cuda(self, device=None, non_blocking=False):
+    return F.to(self, "cuda" if device is None else device)
+
+
+Tensor.cpu = _cpu
+Tensor.cuda = _cuda
+Tensor.T = property(lambda self: F.permute(self, *reversed(range(self.ndim))))
+Tensor.mT = property(lambda self: F.transpose(self, -2, -1))
+Tensor.mH = Tensor.mT
+
+
+def _uniform_(self, a: float = 0.0, b: float = 1.0, *, generator=None):
+    """Fill with uniform numbers in [a, b)."""
+    u = creation.rand(tuple(self.shape), generator=generator, dtype=self.dtype)
+    return F.assign_(self, u * (b - a) + a, "uniform_")
+
+
+def _normal_(self, mean: float = 0.0, std: float = 1.0, *, generator=None):
+    """Fill with normal numbers of ``mean`` and ``std``."""
+    z = creation.randn(tuple(self.shape), generator=generator, dtype=self.dtype)
+    return F.assign_(self, z * std + mean, "normal_")
+
+
+def _bernoulli_(self, p: float = 0.5, *, generator=None):
+    u = creation.rand(tuple(self.shape), generator=generator)
+    return F.assign_(self, (u < p).to(self.dtype), "bernoulli_")
+
+
+Tensor.uniform_ = _uniform_
+Tensor.normal_ = _normal_
+Tensor.bernoulli_ = _bernoulli_

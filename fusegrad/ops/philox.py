@@ -1,0 +1,61 @@
+"""Philox4x32-10, the counter-based generator behind fusegrad's random numbers.
+
+Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC 2011). A counter-based
+generator maps (key, counter) to random bits with no sequential state, so element ``i`` of a
+random tensor depends only on (seed, offset + i): eager code, the IR interpreter and generated
+kernels produce the same numbers, and a kernel can compute any element on any thread.
+
+Layout: element ``i`` of a request at ``offset`` takes word ``i % 4`` of the block whose
+128-bit counter is ``offset + i // 4``; a request of ``n`` numbers consumes ``ceil(n / 4)``
+counters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+M0, M1 = 0xD2511F53, 0xCD9E8D57
+W0, W1 = 0x9E3779B9, 0xBB67AE85
+ROUNDS = 10
+_MASK = np.uint64(0xFFFFFFFF)
+
+
+def philox4x32(counters: np.ndarray, key: tuple[int, int]) -> np.ndarray:
+    """Hash counters (uint64 array of shape (n, 4) holding 32-bit words) under a 64-bit key
+    split into two 32-bit words. Returns uint32 array (n, 4)."""
+    c0, c1, c2, c3 = (counters[:, i].astype(np.uint64) for i in range(4))
+    k0, k1 = key[0] & 0xFFFFFFFF, key[1] & 0xFFFFFFFF
+    m0, m1 = np.uint64(M0), np.uint64(M1)
+    for r in range(ROUNDS):
+        p0 = c0 * m0
+        p1 = c2 * m1
+        hi0, lo0 = p0 >> np.uint64(32), p0 & _MASK
+        hi1, lo1 = p1 >> np.uint64(32), p1 & _MASK
+        c0, c1, c2, c3 = (hi1 ^ c1 ^ np.uint64(k0), lo1, hi0 ^ c3 ^ np.uint64(k1), lo0)
+        if r != ROUNDS - 1:
+            k0 = (k0 + W0) & 0xFFFFFFFF
+            k1 = (k1 + W1) & 0xFFFFFFFF
+    return np.stack([c0, c1, c2, c3], axis=1).astype(np.uint32)
+
+
+def random_bits(seed: int, offset: int, n: int) -> np.ndarray:
+    """``n`` uint32 words for elements ``0..n-1`` of a request at ``offset``."""
+    blocks = (n + 3) // 4
+    ctr = np.arange(blocks, dtype=np.uint64) + np.uint64(offset & 0xFFFFFFFFFFFFFFFF)
+    counters = np.zeros((blocks, 4), dtype=np.uint64)
+    counters[:, 0] = ctr & _MASK
+    counters[:, 1] = ctr >> np.uint64(32)
+    words = philox4x32(counters, (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF))
+    return words.reshape(-1)[:n]
+
+
+def counters_used(n: int) -> int:
+    """How far a request of ``n`` numbers advances the offset."""
+    return (n + 3) // 4
+
+
+def uniform(seed: int, offset: int, shape) -> np.ndarray:
+    """float32 numbers in [0, 1): the top 24 bits of each word, scaled by 2**-24."""
+    n = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+    bits = random_bits(seed, offset, n)
+    return ((bits >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24)).reshape(shape)

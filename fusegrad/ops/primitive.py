@@ -1,0 +1,153 @@
+"""The one definition of a primitive, and ``bind``: how a primitive is applied.
+
+Every primitive is a :class:`Primitive`: its shape/dtype rule (``infer``), its numpy
+reference implementation (``impl``), its VJP rule written with fusegrad's own tensor ops
+(``vjp``), and the kind of lowering codegen uses (``kind``). Eager execution, the tracer, the
+IR verifier and interpreter, the autodiff pass and codegen all read this one definition.
+
+``bind(prim, *operands, **attrs)`` applies a primitive. Operands are tensors; when any of
+them belongs to a trace (the tracer's abstract tensors carry a ``_trace``), the trace records
+the primitive; otherwise it runs eagerly on numpy and, under grad mode, records an autograd
+node. The eager path never imports the tracer: a trace plugs in through that attribute.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from fusegrad.dtypes import DType
+
+__all__ = ["Kind", "TensorType", "Primitive", "Rule", "PRIMITIVES", "ShapeError", "bind",
+           "register"]
+
+
+class Kind(enum.Enum):
+    """How codegen lowers a primitive."""
+
+    ELEMENTWISE = "elementwise"   # a scalar expression per element, with broadcasting
+    REDUCE = "reduce"             # a reduction over a set of axes
+    MOVEMENT = "movement"         # a view: folded into index arithmetic
+    INDEX = "index"               # gather / scatter with data-dependent addresses
+    CONTRACTION = "contraction"   # matmul
+    SOURCE = "source"             # constants, iota, random numbers
+    EXTERN = "extern"             # no kernel lowering (sort, cumsum): runs between kernels
+
+
+class ShapeError(ValueError):
+    """An operation got operands whose shapes, dtypes or attributes it cannot accept."""
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """The abstract value of a tensor: its shape and dtype, no data."""
+
+    shape: tuple[int, ...]
+    dtype: DType
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def __str__(self) -> str:
+        return f"{self.dtype.short}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The VJP of one operand: ``fn(ct, out, *primals, **attrs)`` gives its cotangent.
+
+    ``reads`` names the operands ``fn`` looks at (the others arrive as their
+    :class:`TensorType`, so eager autograd saves only what the rules of the operands that
+    need a gradient read), and ``reads_output`` whether it uses the result. Rules use tensor
+    ops, so one rule runs eagerly on the tape and symbolically in the autodiff pass.
+    """
+
+    fn: Callable
+    reads: tuple[int, ...] = ()
+    reads_output: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Primitive:
+    """One primitive operation.
+
+    - ``infer(*types, **attrs) -> TensorType`` checks operands and gives the result type;
+    - ``impl(*arrays, **attrs) -> np.ndarray`` is the numpy reference;
+    - ``vjp``: one :class:`Rule` (or None: no gradient) per operand; a variadic primitive
+      has a single rule, called with ``argnum=i`` for operand ``i``;
+    - ``grad_name`` is the autograd node name PyTorch uses (``MulBackward0``).
+    """
+
+    name: str
+    kind: Kind
+    infer: Callable[..., TensorType]
+    impl: Callable[..., np.ndarray]
+    vjp: tuple[Rule | None, ...] | None = None
+    grad_name: str = ""
+    attrs: tuple[str, ...] = ()            # attribute names, in printing order
+    variadic: bool = False
+    doc: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def rule(self, i: int) -> Rule | None:
+        """The VJP rule of operand ``i`` (None when it has no gradient)."""
+        if self.vjp is None:
+            return None
+        return self.vjp[0] if self.variadic else self.vjp[i]
+
+    def cotangent(self, i: int, ct, out, primals, attrs: dict):
+        """Apply the rule of operand ``i``."""
+        rule = self.rule(i)
+        if self.variadic:
+            return rule.fn(ct, out, *primals, argnum=i, **attrs)
+        return rule.fn(ct, out, *primals, **attrs)
+
+    def __repr__(self) -> str:
+        return f"<primitive {self.name}>"
+
+
+PRIMITIVES: dict[str, Primitive] = {}
+
+
+def register(prim: Primitive) -> Primitive:
+    if prim.name in PRIMITIVES:
+        raise ValueError(f"primitive {prim.name} defined twice")
+    PRIMITIVES[prim.name] = prim
+    return prim
+
+
+def bind(prim: Primitive, *operands, **attrs):
+    """Apply ``prim`` to tensor ``operands``: traced when any operand is traced, else eager."""
+    for op in operands:
+        trace = op._trace
+        if trace is not None:
+            return trace.process_primitive(prim, operands, attrs)
+    return _eager_apply(prim, operands, attrs)
+
+
+# Set by fusegrad.autograd.engine at import: (prim, operands, attrs, out) -> None.
+_record_eager_node: Callable | None = None
+_make_tensor: Callable | None = None
+
+
+def _eager_apply(prim: Primitive, operands, attrs):
+    out_type = prim.infer(*(op._type() for op in operands), **attrs)
+    # numpy returns scalars from 0-d ufuncs and its own dtypes from some reductions:
+    # the primitive's rule decides the result type.
+    result = np.asarray(prim.impl(*(op._data for op in operands), **attrs))
+    if result.dtype != out_type.dtype.np_dtype:
+        result = result.astype(out_type.dtype.np_dtype)
+    out = _make_tensor(result, out_type.dtype)
+    _record_eager_node(prim, operands, attrs, out)
+    return out

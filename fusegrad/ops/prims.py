@@ -1,0 +1,750 @@
+"""The primitive set: each primitive's shape/dtype rule, numpy reference and VJP, in one place.
+
+Elementwise primitives broadcast their operands (numpy's rules) and require equal dtypes:
+promotion and casts belong to the public ops in :mod:`fusegrad.ops.functional`, so the IR
+only ever sees explicit casts. VJP rules use tensor methods, so one rule serves eager
+autograd (on concrete tensors) and the autodiff pass (on traced ones).
+
+Adding a primitive: give it a rule, an impl and (if differentiable) a VJP below, then a
+lowering in codegen. Nothing else needs to know about it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import ml_dtypes
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, register
+
+# torch computes log(-1) = nan and 1/0 = inf silently; numpy warns. The filter is scoped to
+# the numpy calls made in this module (warnings name the calling module), so user code keeps
+# numpy's default; np.errstate per call would cost ~3 us on every eager op.
+warnings.filterwarnings("ignore", category=RuntimeWarning, module=__name__)
+
+# --------------------------------------------------------------------------- shape helpers
+
+
+def broadcast_shapes(*shapes: tuple[int, ...], op: str = "broadcast") -> tuple[int, ...]:
+    """numpy/torch broadcasting of ``shapes``; raises with torch's message on a mismatch."""
+    ndim = max((len(s) for s in shapes), default=0)
+    result = [1] * ndim
+    for s in shapes:
+        offset = ndim - len(s)
+        for i, d in enumerate(s):
+            r = result[offset + i]
+            if r == 1:
+                result[offset + i] = d
+            elif d != 1 and d != r:
+                raise ShapeError(
+                    f"{op}: the size of tensor a ({r}) must match the size of tensor b ({d}) at "
+                    f"non-singleton dimension {offset + i} (shapes "
+                    f"{', '.join(str(list(x)) for x in shapes)})")
+    return tuple(result)
+
+
+def normalize_axis(axis: int, ndim: int, op: str = "") -> int:
+    """Wrap a negative axis; torch's IndexError when out of range."""
+    lo, hi = (-ndim, ndim - 1) if ndim > 0 else (-1, 0)
+    if not lo <= axis <= hi:
+        raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{lo}, {hi}], "
+                         f"but got {axis})")
+    return axis % ndim if ndim > 0 else 0
+
+
+def _types_str(types) -> str:
+    return ", ".join(str(t) for t in types)
+
+
+def _same_dtype(op: str, *types: TensorType) -> dtypes.DType:
+    dt = types[0].dtype
+    for t in types[1:]:
+        if t.dtype is not dt:
+            raise ShapeError(f"{op}: operands must have one dtype, got {_types_str(types)}")
+    return dt
+
+
+def _require_float(op: str, t: TensorType) -> None:
+    if not t.dtype.is_floating_point:
+        raise ShapeError(f"{op}: expected a floating-point operand, got {t}")
+
+
+def _np_float_compute(a: np.ndarray) -> np.ndarray:
+    """16-bit floats compute in float32 (as torch does on the CPU) and are rounded back."""
+    if a.dtype == np.float16 or a.dtype == ml_dtypes.bfloat16:
+        return a.astype(np.float32)
+    return a
+
+
+def _F():
+    # VJP rules call public ops; imported on use because functional imports this module.
+    from fusegrad.ops import functional
+    return functional
+
+
+# --------------------------------------------------------------------------- elementwise
+
+
+def _unary(name, impl, vjp=None, grad_name=None, float_only=True, out_dtype=None):
+    def infer(x: TensorType) -> TensorType:
+        if float_only:
+            _require_float(name, x)
+        return TensorType(x.shape, out_dtype or x.dtype)
+
+    def run(x):
+        return impl(_np_float_compute(x)) if float_only else impl(x)
+
+    return register(Primitive(
+        name, Kind.ELEMENTWISE, infer, run, None if vjp is None else (vjp,),
+        grad_name or f"{name.capitalize()}Backward0"))
+
+
+def _binary(name, impl, vjp=None, grad_name=None, out_dtype=None, float_only=False):
+    def infer(x: TensorType, y: TensorType) -> TensorType:
+        dt = _same_dtype(name, x, y)
+        if float_only:
+            _require_float(name, x)
+        return TensorType(broadcast_shapes(x.shape, y.shape, op=name), out_dtype or dt)
+
+    def run(x, y):
+        if float_only:
+            return impl(_np_float_compute(x), _np_float_compute(y))
+        return impl(x, y)
+
+    return register(Primitive(name, Kind.ELEMENTWISE, infer, run, vjp,
+                              grad_name or f"{name.capitalize()}Backward0"))
+
+
+def _zero_rule(argnum: int) -> Rule:
+    """Piecewise-constant ops (sign, floor, ...) have a zero gradient, as in torch."""
+    return Rule(lambda g, out, *primals, **attrs: g.new_zeros(primals[argnum].shape))
+
+
+def _sum_to(g, shape: tuple[int, ...]):
+    """Reduce a broadcast gradient back to ``shape``."""
+    return g.sum_to_size(shape) if tuple(g.shape) != tuple(shape) else g
+
+
+def _rule_x(fn, reads=(0,), reads_output=False) -> Rule:
+    return Rule(fn, reads, reads_output)
+
+
+def _rule_out(fn) -> Rule:
+    return Rule(fn, (), True)
+
+
+_erf_np = np.frompyfunc(math.erf, 1, 1)
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+neg = _unary("neg", np.negative, Rule(lambda g, out, x: -g), float_only=False)
+abs_ = _unary("abs", np.abs, _rule_x(lambda g, out, x: g * x.sign()), float_only=False)
+exp = _unary("exp", np.exp, _rule_out(lambda g, out, x: g * out))
+log = _unary("log", np.log, _rule_x(lambda g, out, x: g / x))
+log1p = _unary("log1p", np.log1p, _rule_x(lambda g, out, x: g / (x + 1)))
+expm1 = _unary("expm1", np.expm1, _rule_out(lambda g, out, x: g * (out + 1)))
+sin = _unary("sin", np.sin, _rule_x(lambda g, out, x: g * x.cos()))
+cos = _unary("cos", np.cos, _rule_x(lambda g, out, x: -(g * x.sin())))
+tanh = _unary("tanh", np.tanh, _rule_out(lambda g, out, x: g * (1 - out * out)))
+erf = _unary("erf", lambda x: _erf_np(x).astype(x.dtype),
+             _rule_x(lambda g, out, x: g * _TWO_OVER_SQRT_PI * (-(x * x)).exp()))
+sqrt = _unary("sqrt", np.sqrt, _rule_out(lambda g, out, x: g / (out * 2)))
+reciprocal = _unary("reciprocal", np.reciprocal, _rule_out(lambda g, out, x: -(g * out * out)))
+sign = _unary("sign", np.sign, _zero_rule(0), float_only=False)
+floor = _unary("floor", np.floor, _zero_rule(0))
+ceil = _unary("ceil", np.ceil, _zero_rule(0))
+round_ = _unary("round", np.rint, _zero_rule(0))
+copy = _unary("copy", np.copy, Rule(lambda g, out, x: g), grad_name="CloneBackward0",
+              float_only=False)
+stop_gradient = _unary("stop_gradient", lambda x: x, None, float_only=False)
+
+
+def _not_infer(x: TensorType) -> TensorType:
+    return TensorType(x.shape, dtypes.bool_)
+
+
+logical_not = register(Primitive("not", Kind.ELEMENTWISE, _not_infer, np.logical_not))
+
+
+def _cast_infer(x: TensorType, *, dtype: dtypes.DType) -> TensorType:
+    return TensorType(x.shape, dtype)
+
+
+def _cast_impl(x, *, dtype):
+    if dtype is dtypes.bool_:
+        return x != 0
+    return x.astype(dtype.np_dtype)
+
+
+def _cast_rule(g, out, x, *, dtype):
+    return g.to(x.dtype)
+
+
+cast = register(Primitive("cast", Kind.ELEMENTWISE, _cast_infer, _cast_impl, (Rule(_cast_rule),),
+                          "ToCopyBackward0", attrs=("dtype",)))
+
+
+add = _binary("add", np.add, (Rule(lambda g, out, x, y: _sum_to(g, x.shape)),
+                              Rule(lambda g, out, x, y: _sum_to(g, y.shape))))
+sub = _binary("sub", np.subtract, (Rule(lambda g, out, x, y: _sum_to(g, x.shape)),
+                                   Rule(lambda g, out, x, y: _sum_to(-g, y.shape))))
+mul = _binary("mul", np.multiply, (Rule(lambda g, out, x, y: _sum_to(g * y, x.shape), (1,)),
+                                   Rule(lambda g, out, x, y: _sum_to(g * x, y.shape), (0,))))
+div = _binary("div", np.divide, (
+    Rule(lambda g, out, x, y: _sum_to(g / y, x.shape), (1,)),
+    Rule(lambda g, out, x, y: _sum_to(-(g * x / (y * y)), y.shape), (0, 1))))
+
+
+def _pow_dx(g, out, x, y):
+    # y * x**(y-1), taken as 0 where y == 0 (torch's convention: keeps 0**0 finite)
+    return _sum_to((g * y * x.pow(y - 1)).where(y != 0, g.new_zeros(())), x.shape)
+
+
+def _pow_dy(g, out, x, y):
+    # x**y * log(x), taken as 0 where x == 0 and y >= 0
+    return _sum_to((g * out * x.log()).where((x != 0) | (y < 0), g.new_zeros(())), y.shape)
+
+
+def _pow_impl(x, y):
+    if x.dtype.kind in "iu" and np.any(y < 0):
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+    return np.power(x, y)
+
+
+pow_ = _binary("pow", _pow_impl, (Rule(_pow_dx, (0, 1)), Rule(_pow_dy, (0, 1), True)))
+
+
+def _pick_share(x, y, wins, g):
+    # Ties split the gradient evenly, as torch's maximum/minimum do.
+    return wins.to(g.dtype) + (x == y).to(g.dtype) * 0.5
+
+
+maximum = _binary("maximum", np.maximum, (
+    Rule(lambda g, out, x, y: _sum_to(g * _pick_share(x, y, x > y, g), x.shape), (0, 1)),
+    Rule(lambda g, out, x, y: _sum_to(g * _pick_share(x, y, y > x, g), y.shape), (0, 1))))
+minimum = _binary("minimum", np.minimum, (
+    Rule(lambda g, out, x, y: _sum_to(g * _pick_share(x, y, x < y, g), x.shape), (0, 1)),
+    Rule(lambda g, out, x, y: _sum_to(g * _pick_share(x, y, y < x, g), y.shape), (0, 1))))
+
+
+def _floordiv_impl(x, y):
+    if x.dtype.kind in "iu" and np.any(y == 0):
+        raise ZeroDivisionError("ZeroDivisionError: integer division by zero")
+    return np.floor_divide(x, y)
+
+
+floordiv = _binary("floordiv", _floordiv_impl, (_zero_rule(0), _zero_rule(1)),
+                   grad_name="DivBackward1")
+
+
+def _remainder_impl(x, y):
+    if x.dtype.kind in "iu" and np.any(y == 0):
+        raise ZeroDivisionError("ZeroDivisionError: integer modulo by zero")
+    return np.remainder(x, y)
+
+
+remainder = _binary("remainder", _remainder_impl, (
+    Rule(lambda g, out, x, y: _sum_to(g, x.shape)),
+    Rule(lambda g, out, x, y: _sum_to(-(g * (x / y).floor()), y.shape), (0, 1))))
+
+lt = _binary("lt", np.less, out_dtype=dtypes.bool_)
+le = _binary("le", np.less_equal, out_dtype=dtypes.bool_)
+eq = _binary("eq", np.equal, out_dtype=dtypes.bool_)
+ne = _binary("ne", np.not_equal, out_dtype=dtypes.bool_)
+logical_and = _binary("and", np.logical_and, out_dtype=dtypes.bool_)
+logical_or = _binary("or", np.logical_or, out_dtype=dtypes.bool_)
+
+
+def _where_infer(c: TensorType, x: TensorType, y: TensorType) -> TensorType:
+    if c.dtype is not dtypes.bool_:
+        raise ShapeError(f"where: condition must be bool, got {c}")
+    dt = _same_dtype("where", x, y)
+    return TensorType(broadcast_shapes(c.shape, x.shape, y.shape, op="where"), dt)
+
+
+where = register(Primitive("where", Kind.ELEMENTWISE, _where_infer, np.where, (
+    None,
+    Rule(lambda g, out, c, x, y: _sum_to(g.where(c, g.new_zeros(())), x.shape), (0,)),
+    Rule(lambda g, out, c, x, y: _sum_to(g.new_zeros(()).where(c, g), y.shape), (0,))),
+    "WhereBackward0"))
+
+
+# --------------------------------------------------------------------------- reductions
+
+
+def _check_axes(op: str, x: TensorType, axes: tuple[int, ...]) -> None:
+    for a in axes:
+        if not 0 <= a < max(x.ndim, 1):
+            raise ShapeError(f"{op}: axis {a} out of range for {x}")
+    if len(set(axes)) != len(axes):
+        raise ShapeError(f"{op}: repeated axis in {axes}")
+
+
+def _reduced_shape(x: TensorType, axes) -> tuple[int, ...]:
+    return tuple(d for i, d in enumerate(x.shape) if i not in axes)
+
+
+def _keepdim_shape(shape, axes) -> tuple[int, ...]:
+    return tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+
+def _expand_back(g, x, axes):
+    """Broadcast a reduced gradient back over the reduced axes of ``x``."""
+    return g.reshape(_keepdim_shape(x.shape, axes)).expand(*x.shape)
+
+
+def _reduce(name, impl, vjp: Rule, grad_name, out_dtype=None, identity_needed=False):
+    def infer(x: TensorType, *, axes: tuple[int, ...]) -> TensorType:
+        _check_axes(name, x, axes)
+        if identity_needed and x.numel == 0 and any(x.shape[a] == 0 for a in axes):
+            raise ShapeError(f"{name}(): Expected reduction dim to have non-zero size "
+                             f"(operand {x}, axes {axes})")
+        dt = out_dtype(x.dtype) if out_dtype else x.dtype
+        return TensorType(_reduced_shape(x, axes), dt)
+
+    def run(x, *, axes):
+        if x.ndim == 0:
+            return impl(x, axis=None)
+        return impl(_np_float_compute(x), axis=axes)
+
+    return register(Primitive(name, Kind.REDUCE, infer, run, (vjp,), grad_name, attrs=("axes",)))
+
+
+def _sum_dtype(dt):
+    # torch sums bools and small integers to int64
+    return dtypes.int64 if dt.category < 2 else dt
+
+
+def _sum_vjp(g, out, x, *, axes):
+    return _expand_back(g, x, axes)
+
+
+sum_ = _reduce("sum", np.sum, Rule(_sum_vjp), "SumBackward1", out_dtype=_sum_dtype)
+
+
+def _prod_vjp(g, out, x, *, axes):
+    # d prod / d x_i = prod_{j != i} x_j; computed as out / x away from zeros, and by an
+    # explicit product of the others where x_i == 0 (one zero keeps a nonzero gradient).
+    full = _expand_back(out, x, axes)
+    zero_free = x.where(x != 0, x.new_ones(()))
+    others = _expand_back(_F().reduce_prod(zero_free, axes), x, axes) / zero_free
+    nzeros = _expand_back((x == 0).to(x.dtype).sum(dim=list(axes)), x, axes)
+    only_zero_is_self = (x == 0) & (nzeros == 1)
+    grad_x = (full / zero_free).where(x != 0, others.where(only_zero_is_self, x.new_zeros(())))
+    return _expand_back(g, x, axes) * grad_x
+
+
+prod = _reduce("prod", np.prod, Rule(_prod_vjp, (0,), True), "ProdBackward1",
+               out_dtype=_sum_dtype)
+
+
+def _extremum_vjp(g, out, x, *, axes):
+    # Evenly split among ties, as torch's amax/amin (and max() without dim) do.
+    o = _expand_back(out, x, axes)
+    mask = (x == o).to(g.dtype)
+    count = _expand_back(mask.sum(dim=list(axes)), x, axes) if axes else mask
+    return _expand_back(g, x, axes) * mask / count
+
+
+max_ = _reduce("max", np.max, Rule(_extremum_vjp, (0,), True), "AmaxBackward0",
+               identity_needed=True)
+min_ = _reduce("min", np.min, Rule(_extremum_vjp, (0,), True), "AminBackward0",
+               identity_needed=True)
+
+
+def _arg_reduce(name, impl):
+    def infer(x: TensorType, *, axis: int) -> TensorType:
+        _check_axes(name, x, (axis,))
+        if x.ndim and x.shape[axis] == 0:
+            raise ShapeError(f"{name}(): Expected reduction dim {axis} to have non-zero size")
+        return TensorType(_reduced_shape(x, (axis,)), dtypes.int64)
+
+    def run(x, *, axis):
+        return impl(_np_float_compute(x), axis=axis if x.ndim else None)
+
+    return register(Primitive(name, Kind.REDUCE, infer, run, attrs=("axis",)))
+
+
+argmax = _arg_reduce("argmax", np.argmax)
+argmin = _arg_reduce("argmin", np.argmin)
+
+
+# --------------------------------------------------------------------------- movement
+
+
+def _reshape_infer(x: TensorType, *, shape: tuple[int, ...]) -> TensorType:
+    n = 1
+    for d in shape:
+        n *= d
+    if n != x.numel or any(d < 0 for d in shape):
+        raise ShapeError(f"shape '{list(shape)}' is invalid for input of size {x.numel}")
+    return TensorType(tuple(shape), x.dtype)
+
+
+reshape = register(Primitive(
+    "reshape", Kind.MOVEMENT, _reshape_infer, lambda x, *, shape: np.reshape(x, shape),
+    (Rule(lambda g, out, x, *, shape: g.reshape(x.shape)),), "ViewBackward0", attrs=("shape",)))
+
+
+def _permute_infer(x: TensorType, *, perm: tuple[int, ...]) -> TensorType:
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"permute: number of dims don't match or not a permutation: {perm} for {x}")
+    return TensorType(tuple(x.shape[p] for p in perm), x.dtype)
+
+
+def _permute_vjp(g, out, x, *, perm):
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return g.permute(*inverse)
+
+
+permute = register(Primitive(
+    "permute", Kind.MOVEMENT, _permute_infer, lambda x, *, perm: np.transpose(x, perm),
+    (Rule(_permute_vjp),), "PermuteBackward0", attrs=("perm",)))
+
+
+def _broadcast_infer(x: TensorType, *, shape: tuple[int, ...]) -> TensorType:
+    if len(shape) < x.ndim:
+        raise ShapeError(
+            f"expand: the number of sizes provided ({len(shape)}) must be greater or equal to "
+            f"the number of dimensions in the tensor ({x.ndim})")
+    offset = len(shape) - x.ndim
+    for i, d in enumerate(x.shape):
+        if d != 1 and d != shape[offset + i]:
+            raise ShapeError(
+                f"expand: the expanded size of the tensor ({shape[offset + i]}) must match the "
+                f"existing size ({d}) at non-singleton dimension {offset + i}.  Target sizes: "
+                f"{list(shape)}.  Tensor sizes: {list(x.shape)}")
+    return TensorType(tuple(shape), x.dtype)
+
+
+broadcast_to = register(Primitive(
+    "broadcast_to", Kind.MOVEMENT, _broadcast_infer,
+    lambda x, *, shape: np.broadcast_to(x, shape),
+    (Rule(lambda g, out, x, *, shape: _sum_to(g, x.shape)),), "ExpandBackward0",
+    attrs=("shape",)))
+
+
+def _slice_infer(x: TensorType, *, starts, stops, steps) -> TensorType:
+    if not len(starts) == len(stops) == len(steps) == x.ndim:
+        raise ShapeError(f"slice: need one start/stop/step per axis of {x}")
+    shape = []
+    for d, a, b, s in zip(x.shape, starts, stops, steps):
+        if s <= 0:
+            raise ShapeError("slice step must be positive")
+        if not 0 <= a <= b <= d:
+            raise ShapeError(f"slice: bounds {a}:{b} out of range for size {d}")
+        shape.append((b - a + s - 1) // s)
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _slice_impl(x, *, starts, stops, steps):
+    return x[tuple(slice(a, b, s) for a, b, s in zip(starts, stops, steps))]
+
+
+def _slice_vjp(g, out, x, *, starts, stops, steps):
+    # Scatter g back into zeros: for a step s, interleave s-1 zeros after each element by
+    # padding a new trailing axis and merging it; then pad the ends to the input's extent.
+    for axis, (d, a, s) in enumerate(zip(x.shape, starts, steps)):
+        m = g.shape[axis]
+        if s > 1 and m > 0:
+            g = g.unsqueeze(axis + 1)
+            widths = [(0, 0)] * g.ndim
+            widths[axis + 1] = (0, s - 1)
+            g = _F().pad_axes(g, widths)
+            merged = list(g.shape[:axis]) + [m * s] + list(g.shape[axis + 2:])
+            g = g.reshape(merged)
+            keep = min(m * s, d - a)
+            g = g.narrow(axis, 0, keep)
+        widths = [(0, 0)] * g.ndim
+        widths[axis] = (a, d - a - g.shape[axis])
+        if widths[axis] != (0, 0):
+            g = _F().pad_axes(g, widths)
+    return g
+
+
+slice_ = register(Primitive(
+    "slice", Kind.MOVEMENT, _slice_infer, _slice_impl, (Rule(_slice_vjp),), "SliceBackward0",
+    attrs=("starts", "stops", "steps")))
+
+
+def _pad_infer(x: TensorType, *, widths, value) -> TensorType:
+    if len(widths) != x.ndim or any(lo < 0 or hi < 0 for lo, hi in widths):
+        raise ShapeError(f"pad: need one non-negative (low, high) pair per axis of {x}")
+    return TensorType(tuple(d + lo + hi for d, (lo, hi) in zip(x.shape, widths)), x.dtype)
+
+
+def _pad_vjp(g, out, x, *, widths, value):
+    starts = tuple(lo for lo, _ in widths)
+    stops = tuple(lo + d for (lo, _), d in zip(widths, x.shape))
+    return _F().slice_axes(g, starts, stops, (1,) * x.ndim)
+
+
+pad = register(Primitive(
+    "pad", Kind.MOVEMENT, _pad_infer,
+    lambda x, *, widths, value: np.pad(x, widths, constant_values=value),
+    (Rule(_pad_vjp),), "ConstantPadNdBackward0", attrs=("widths", "value")))
+
+
+def _concat_infer(*xs: TensorType, axis: int) -> TensorType:
+    if not xs:
+        raise ShapeError("cat(): expected a non-empty list of Tensors")
+    dt = _same_dtype("cat", *xs)
+    first = xs[0]
+    for t in xs[1:]:
+        if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape))
+                                       if i != axis):
+            raise ShapeError(
+                f"Sizes of tensors must match except in dimension {axis}. Got {_types_str(xs)}")
+    shape = list(first.shape)
+    shape[axis] = sum(t.shape[axis] for t in xs)
+    return TensorType(tuple(shape), dt)
+
+
+def _concat_vjp(g, out, *xs, argnum, axis):
+    start = 0
+    for x in xs[:argnum]:
+        start += x.shape[axis]
+    return g.narrow(axis, start, xs[argnum].shape[axis])
+
+
+concat = register(Primitive(
+    "concat", Kind.MOVEMENT, _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis),
+    (Rule(_concat_vjp),), "CatBackward0", attrs=("axis",), variadic=True))
+
+
+# --------------------------------------------------------------------------- index
+
+
+def _check_index(op: str, idx: TensorType) -> None:
+    if idx.dtype.category != 1:
+        raise ShapeError(f"{op}: index must be an integer tensor, got {idx}")
+
+
+def _take_infer(x: TensorType, idx: TensorType, *, axis: int) -> TensorType:
+    _check_index("take", idx)
+    _check_axes("take", x, (axis,))
+    return TensorType(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)
+
+
+def _bounds(op: str, idx: np.ndarray, size: int) -> np.ndarray:
+    if idx.size and (idx.min() < -size or idx.max() >= size):
+        bad = idx[(idx < -size) | (idx >= size)].flat[0]
+        raise IndexError(f"{op}: index {bad} is out of bounds for dimension with size {size}")
+    return idx
+
+
+def _take_impl(x, idx, *, axis):
+    return np.take(x, _bounds("take", idx, x.shape[axis]), axis=axis)
+
+
+def _take_vjp(g, out, x, idx, *, axis):
+    return _F().take_add(g.new_zeros(x.shape), idx, g, axis)
+
+
+take = register(Primitive("take", Kind.INDEX, _take_infer, _take_impl, (Rule(_take_vjp, (1,)), None),
+                          "IndexSelectBackward0", attrs=("axis",)))
+
+
+def _index_add_infer(x: TensorType, idx: TensorType, src: TensorType, *, axis: int) -> TensorType:
+    _check_index("index_add", idx)
+    _same_dtype("index_add", x, src)
+    want = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
+    if src.shape != want:
+        raise ShapeError(f"index_add: source {src} does not match {want} (input {x}, index {idx})")
+    return x
+
+
+def _index_add_impl(x, idx, src, *, axis):
+    out = np.array(x, copy=True)
+    _bounds("index_add", idx, x.shape[axis])
+    # Move the axis to the front so np.add.at can accumulate repeated indices.
+    moved = np.moveaxis(out, axis, 0)
+    src_moved = np.moveaxis(src.reshape(x.shape[:axis] + (idx.size,) + x.shape[axis + 1:]), axis, 0)
+    np.add.at(moved, idx.reshape(-1), src_moved)
+    return out
+
+
+
+
+index_add = register(Primitive("index_add", Kind.INDEX, _index_add_infer, _index_add_impl,
+                               (Rule(lambda g, out, x, idx, src, *, axis: g), None,
+                                Rule(lambda g, out, x, idx, src, *, axis: _F().take(g, idx, axis),
+                                     (1,))),
+                               "IndexAddBackward0", attrs=("axis",)))
+
+
+def _gather_infer(x: TensorType, idx: TensorType, *, axis: int) -> TensorType:
+    _check_index("gather", idx)
+    if idx.ndim != x.ndim:
+        raise ShapeError(f"gather(): Index tensor must have the same number of dimensions as "
+                         f"input tensor (input {x}, index {idx})")
+    for i, (a, b) in enumerate(zip(idx.shape, x.shape)):
+        if i != axis and a > b:
+            raise ShapeError(f"gather(): Size does not match at dimension {i} expected index "
+                             f"{list(idx.shape)} to be smaller than self {list(x.shape)} apart "
+                             f"from dimension {axis}")
+    return TensorType(idx.shape, x.dtype)
+
+
+def _gather_impl(x, idx, *, axis):
+    _bounds("gather", idx, x.shape[axis])
+    sl = tuple(slice(0, d) if i != axis else slice(None) for i, d in enumerate(idx.shape))
+    return np.take_along_axis(x[sl], idx, axis=axis)
+
+
+def _gather_vjp(g, out, x, idx, *, axis):
+    return g.new_zeros(x.shape).scatter_add(axis, idx, g)
+
+
+gather = register(Primitive("gather", Kind.INDEX, _gather_infer, _gather_impl,
+                            (Rule(_gather_vjp, (1,)), None), "GatherBackward0", attrs=("axis",)))
+
+
+def _scatter_add_infer(x: TensorType, idx: TensorType, src: TensorType, *, axis) -> TensorType:
+    _check_index("scatter_add", idx)
+    _same_dtype("scatter_add", x, src)
+    if not idx.ndim == src.ndim == x.ndim:
+        raise ShapeError(f"scatter_add(): Index tensor must have the same number of dimensions "
+                         f"as self and src (self {x}, index {idx}, src {src})")
+    return x
+
+
+def _scatter_add_impl(x, idx, src, *, axis):
+    out = np.array(x, copy=True)
+    _bounds("scatter_add", idx, x.shape[axis])
+    coords = list(np.indices(idx.shape, sparse=True))
+    coords[axis] = idx
+    src = src[tuple(slice(0, d) for d in idx.shape)]
+    np.add.at(out, tuple(coords), src)
+    return out
+
+
+
+
+scatter_add = register(Primitive("scatter_add", Kind.INDEX, _scatter_add_infer, _scatter_add_impl,
+                                 (Rule(lambda g, out, x, idx, src, *, axis: g), None,
+                                  Rule(lambda g, out, x, idx, src, *, axis: g.gather(axis, idx),
+                                       (1,))),
+                                 "ScatterAddBackward0", attrs=("axis",)))
+
+
+# --------------------------------------------------------------------------- contraction
+
+
+def _matmul_infer(a: TensorType, b: TensorType) -> TensorType:
+    dt = _same_dtype("matmul", a, b)
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError(f"matmul primitive needs 2-D or batched operands, got {a} and {b}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(
+            f"mat1 and mat2 shapes cannot be multiplied ({a.shape[-2]}x{a.shape[-1]} and "
+            f"{b.shape[-2]}x{b.shape[-1]})")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2], op="matmul")
+    return TensorType(batch + (a.shape[-2], b.shape[-1]), dt)
+
+
+def _matmul_impl(a, b):
+    if a.dtype.kind in "iub":
+        return np.matmul(a, b)
+    return np.matmul(_np_float_compute(a), _np_float_compute(b))
+
+
+matmul = register(Primitive("matmul", Kind.CONTRACTION, _matmul_infer, _matmul_impl, (
+    Rule(lambda g, out, a, b: _sum_to(_F().matmul_nd(g, b.mT), a.shape), (1,)),
+    Rule(lambda g, out, a, b: _sum_to(_F().matmul_nd(a.mT, g), b.shape), (0,))),
+    "MmBackward0"))
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _full_infer(*, shape, value, dtype) -> TensorType:
+    return TensorType(tuple(shape), dtype)
+
+
+full = register(Primitive(
+    "full", Kind.SOURCE, _full_infer,
+    lambda *, shape, value, dtype: np.full(shape, value, dtype=dtype.np_dtype),
+    attrs=("shape", "value", "dtype")))
+
+
+def _iota_infer(*, shape, axis, dtype) -> TensorType:
+    return TensorType(tuple(shape), dtype)
+
+
+def _iota_impl(*, shape, axis, dtype):
+    ramp = np.arange(shape[axis], dtype=dtype.np_dtype)
+    view = [1] * len(shape)
+    view[axis] = shape[axis]
+    return np.broadcast_to(ramp.reshape(view), shape).copy()
+
+
+iota = register(Primitive("iota", Kind.SOURCE, _iota_infer, _iota_impl,
+                          attrs=("shape", "axis", "dtype")))
+
+
+def _rand_infer(key: TensorType, *, shape, dtype) -> TensorType:
+    if key.shape != (2,) or key.dtype is not dtypes.int64:
+        raise ShapeError(f"random: the key must be i64[2] (seed, offset), got {key}")
+    return TensorType(tuple(shape), dtype)
+
+
+def _rand_impl(key, *, shape, dtype):
+    from fusegrad.ops import philox
+    return philox.uniform(int(key[0]), int(key[1]), shape).astype(dtype.np_dtype)
+
+
+random_uniform = register(Primitive(
+    "random_uniform", Kind.SOURCE, _rand_infer, _rand_impl, attrs=("shape", "dtype"),
+    doc="Uniform [0, 1) numbers from a counter-based generator keyed by (seed, offset)."))
+
+
+# --------------------------------------------------------------------------- extern
+
+
+def _argsort_infer(x: TensorType, *, axis, descending) -> TensorType:
+    _check_axes("argsort", x, (axis,))
+    return TensorType(x.shape, dtypes.int64)
+
+
+def _argsort_impl(x, *, axis, descending):
+    if x.ndim == 0:
+        return np.zeros((), np.int64)
+    x = _np_float_compute(x)
+    if descending:
+        return _stable_desc(x, axis)
+    return np.argsort(x, axis=axis, kind="stable")
+
+
+def _stable_desc(x, axis):
+    # Negating breaks ties the wrong way; sort on the reversed sequence and flip back.
+    n = x.shape[axis]
+    rev = np.flip(x, axis=axis)
+    idx = np.argsort(rev, axis=axis, kind="stable")
+    idx = np.flip(idx, axis=axis)
+    return n - 1 - idx
+
+
+argsort = register(Primitive("argsort", Kind.EXTERN, _argsort_infer, _argsort_impl,
+                             attrs=("axis", "descending")))
+
+
+def _cumsum_infer(x: TensorType, *, axis) -> TensorType:
+    _check_axes("cumsum", x, (axis,))
+    return TensorType(x.shape, _sum_dtype(x.dtype))
+
+
+def _cumsum_vjp(g, out, x, *, axis):
+    # Gradient of an inclusive prefix sum is the suffix sum: total - prefix + g.
+    total = g.sum(dim=axis, keepdim=True)
+    return total - g.cumsum(axis) + g
+
+
+cumsum = register(Primitive(
+    "cumsum", Kind.EXTERN, _cumsum_infer,
+    lambda x, *, axis: np.cumsum(_np_float_compute(x), axis=axis) if x.ndim else x.copy(),
+    (Rule(_cumsum_vjp),), "CumsumBackward0", attrs=("axis",)))

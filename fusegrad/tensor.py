@@ -1,0 +1,443 @@
+"""``Tensor``: an n-d array with a dtype, a device, strides, and define-by-run autograd.
+
+An eager tensor holds a numpy array (possibly a view of another tensor's array: views share
+storage as in PyTorch) and its autograd state. Math methods delegate to
+:mod:`fusegrad.ops.functional`, so a tracer's abstract tensor (a subclass) reuses every
+method and only swaps how primitives are applied.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.device import CPU
+from fusegrad.ops import primitive as _primitive
+from fusegrad.ops.primitive import TensorType
+
+__all__ = ["Tensor", "Size"]
+
+
+class Size(tuple):
+    """A tensor shape: a tuple that prints as ``fusegrad.Size([2, 3])``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"fusegrad.Size({list(self)})"
+
+    __str__ = __repr__
+
+    def numel(self) -> int:
+        n = 1
+        for d in self:
+            n *= d
+        return n
+
+    def __getitem__(self, key):
+        out = tuple.__getitem__(self, key)
+        return Size(out) if isinstance(key, slice) else out
+
+    def __add__(self, other):
+        return Size(tuple(self) + tuple(other))
+
+
+class _VersionCounter:
+    """Shared by a tensor and its views: bumped by every in-place write."""
+
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = 0
+
+
+_TYPE_STRINGS = {
+    "float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
+    "bfloat16": "BFloat16Tensor", "int64": "LongTensor", "int32": "IntTensor",
+    "int16": "ShortTensor", "int8": "CharTensor", "uint8": "ByteTensor", "bool": "BoolTensor",
+}
+
+
+class Tensor:
+    """A multi-dimensional array with autograd, following ``torch.Tensor``."""
+
+    __slots__ = ("_data", "_dtype", "_requires_grad", "_grad", "grad_fn", "_version_counter",
+                 "_base", "_view_ops", "_grad_acc", "_hooks", "_retains_grad", "__weakref__",
+                 "__dict__")
+
+    # Set on the tracer's abstract tensors; ``bind`` hands their primitives to the trace.
+    _trace = None
+    # Lets numpy defer to Tensor's reflected operators (ndarray * tensor -> Tensor.__rmul__).
+    __array_priority__ = 1000
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, data=None, *, dtype=None, requires_grad: bool = False):
+        """``Tensor(data)`` copies ``data`` like ``fusegrad.tensor``; prefer the latter."""
+        if data is None:
+            data = []
+        from fusegrad.ops.creation import _array_from
+        arr, dt = _array_from(data, dtype)
+        if dt.is_floating_point is False and isinstance(data, (list, tuple)) and dtype is None:
+            # torch.Tensor(...) always makes the default float type
+            dt = dtypes.get_default_dtype()
+            arr = arr.astype(dt.np_dtype)
+        self._init(arr, dt)
+        if requires_grad:
+            self.requires_grad_(True)
+
+    def _init(self, array: np.ndarray, dtype: dtypes.DType) -> None:
+        self._data = array
+        self._dtype = dtype
+        self._requires_grad = False
+        self._grad = None
+        self.grad_fn = None
+        self._version_counter = _VersionCounter()
+        self._base = None
+        self._view_ops = None
+        self._grad_acc = None
+        self._hooks = None
+        self._retains_grad = False
+
+    @classmethod
+    def _wrap(cls, array: np.ndarray, dtype: dtypes.DType) -> "Tensor":
+        """A tensor around ``array`` (no copy, no checks): the eager fast path."""
+        t = object.__new__(Tensor)
+        t._init(array, dtype)
+        return t
+
+    # ------------------------------------------------------------------ metadata
+
+    @property
+    def shape(self) -> Size:
+        return Size(self._data.shape)
+
+    def size(self, dim: int | None = None):
+        """The shape, or the size of dimension ``dim``."""
+        shape = self.shape
+        if dim is None:
+            return shape
+        from fusegrad.ops.prims import normalize_axis
+        return shape[normalize_axis(dim, len(shape), "size")]
+
+    @property
+    def dtype(self) -> dtypes.DType:
+        return self._dtype
+
+    @property
+    def device(self):
+        return CPU
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def ndimension(self) -> int:
+        return self.ndim
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def nelement(self) -> int:
+        return self.numel()
+
+    def element_size(self) -> int:
+        return self._dtype.itemsize
+
+    def stride(self, dim: int | None = None):
+        """Strides in elements, as torch reports them."""
+        item = self._data.itemsize
+        strides = tuple(s // item for s in self._data.strides)
+        if self._data.size <= 1 or 0 in self._data.shape:
+            strides = _contiguous_strides(self._data.shape)
+        return strides if dim is None else strides[dim]
+
+    def is_contiguous(self, memory_format=None) -> bool:
+        return self._data.flags.c_contiguous
+
+    def is_floating_point(self) -> bool:
+        return self._dtype.is_floating_point
+
+    def is_complex(self) -> bool:
+        return False
+
+    def data_ptr(self) -> int:
+        return self._data.ctypes.data
+
+    @property
+    def itemsize(self) -> int:
+        return self._dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self._dtype.itemsize
+
+    def _type(self) -> TensorType:
+        return TensorType(self._data.shape, self._dtype)
+
+    def _type_string(self) -> str:
+        return "fusegrad." + _TYPE_STRINGS.get(self._dtype.name, "Tensor")
+
+    def type(self, dtype=None):
+        """Without an argument the type name (``'fusegrad.FloatTensor'``), else a cast."""
+        if dtype is None:
+            return self._type_string()
+        return self.to(dtype)
+
+    @property
+    def _version(self) -> int:
+        return self._version_counter.value
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.grad_fn is None
+
+    # ------------------------------------------------------------------ autograd state
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, flag: bool) -> None:
+        self.requires_grad_(flag)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        """Set whether autograd records operations on this (leaf) tensor."""
+        if self.grad_fn is not None and not requires_grad:
+            raise RuntimeError(
+                "you can only change requires_grad flags of leaf variables. If you want to use a "
+                "computed variable in a subgraph that doesn't require differentiation use "
+                "var_no_grad = var.detach().")
+        if requires_grad and not self._dtype.is_floating_point:
+            raise RuntimeError("only Tensors of floating point dtype can require gradients")
+        self._requires_grad = bool(requires_grad)
+        return self
+
+    @property
+    def grad(self):
+        if self.grad_fn is not None and not self._retains_grad and self._trace is None:
+            warnings.warn(
+                "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its "
+                ".grad attribute won't be populated during autograd.backward(). If you indeed want "
+                "the .grad field to be populated for a non-leaf Tensor, use .retain_grad() on the "
+                "non-leaf Tensor. If you access the non-leaf Tensor by mistake, make sure you "
+                "access the leaf Tensor instead.", UserWarning, stacklevel=2)
+        return self._grad
+
+    @grad.setter
+    def grad(self, value) -> None:
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of "
+                                f"type {type(value).__name__}")
+            if tuple(value.shape) != tuple(self.shape):
+                raise RuntimeError(f"assigned grad has data of a different size: "
+                                   f"{list(value.shape)} vs {list(self.shape)}")
+        self._grad = value
+
+    def retain_grad(self) -> None:
+        """Keep this non-leaf tensor's gradient in ``.grad`` after backward."""
+        if not self._requires_grad:
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+        if self.grad_fn is None or self._retains_grad:
+            return
+        from fusegrad.autograd.engine import retain
+        self._retains_grad = True
+        retain(self)
+
+    @property
+    def retains_grad(self) -> bool:
+        return self._retains_grad
+
+    def _accumulator(self):
+        """This leaf's AccumulateGrad node (made on first use, shared while alive)."""
+        node = self._grad_acc() if self._grad_acc is not None else None
+        if node is None:
+            from fusegrad.autograd.engine import AccumulateGrad
+            node = AccumulateGrad(self)
+            self._grad_acc = weakref.ref(node)
+        return node
+
+    def register_hook(self, hook):
+        """Call ``hook(grad)`` when this tensor's gradient is computed; it may return a
+        replacement gradient. Returns a handle with ``remove()``."""
+        if not self._requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        if self.grad_fn is not None:
+            self.grad_fn.register_prehook(hook)
+            hooks = self.grad_fn._pre_hooks
+        else:
+            if self._hooks is None:
+                self._hooks = []
+            self._hooks.append(hook)
+            hooks = self._hooks
+        return _HookHandle(hooks, hook)
+
+    def backward(self, gradient=None, retain_graph: bool | None = None,
+                 create_graph: bool = False, inputs=None) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
+        from fusegrad.autograd.engine import backward
+        backward(self, gradient, retain_graph, create_graph, inputs)
+
+    def detach(self) -> "Tensor":
+        """A tensor sharing this one's storage, cut from the autograd graph."""
+        t = Tensor._wrap(self._data, self._dtype)
+        t._version_counter = self._version_counter
+        return t
+
+    def detach_(self) -> "Tensor":
+        self.grad_fn = None
+        self._requires_grad = False
+        return self
+
+    @property
+    def data(self) -> "Tensor":
+        return self.detach()
+
+    @data.setter
+    def data(self, value: "Tensor") -> None:
+        self._data = value._data
+        self._dtype = value._dtype
+
+    # ------------------------------------------------------------------ conversion
+
+    def _check_concrete(self, what: str) -> None:
+        """Eager tensors are concrete; the tracer's tensors override this to raise."""
+
+    def numpy(self, *, force: bool = False) -> np.ndarray:
+        """The numpy array sharing this tensor's storage."""
+        self._check_concrete("numpy()")
+        if self._requires_grad and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
+                               "tensor.detach().numpy() instead.")
+        return self._data
+
+    def __array__(self, dtype=None, copy=None):
+        self._check_concrete("np.asarray()")
+        return self._data if dtype is None else self._data.astype(dtype)
+
+    def item(self):
+        """The value of a one-element tensor as a Python number."""
+        self._check_concrete("item()")
+        if self._data.size != 1:
+            raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be converted to "
+                               "Scalar")
+        return self._data.reshape(()).item() if self._dtype is not dtypes.bfloat16 else \
+            float(self._data.reshape(()).astype(np.float32))
+
+    def tolist(self):
+        self._check_concrete("tolist()")
+        if self._dtype is dtypes.bfloat16:
+            return self._data.astype(np.float32).tolist()
+        return self._data.tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self._dtype.is_floating_point or self.numel() != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        self._check_concrete("bool()")
+        if self._data.size != 1:
+            raise RuntimeError(f"Boolean value of Tensor with more than one value is ambiguous")
+        return bool(self.item())
+
+    def __len__(self) -> int:
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        if self.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        from fusegrad._tensor_str import format_tensor
+        self._check_concrete("repr()")
+        suffixes = []
+        if self.grad_fn is not None:
+            suffixes.append(f"grad_fn=<{self.grad_fn.name()}>")
+        elif self._requires_grad:
+            suffixes.append("requires_grad=True")
+        data = self._data
+        return format_tensor(data, dtype_name=self._dtype.name,
+                             default_dtype=dtypes.get_default_dtype() is dtypes.float32,
+                             suffixes=suffixes)
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        if self.ndim == 0:
+            return format(self.item(), spec)
+        return format(repr(self), spec)
+
+    def __dlpack__(self, stream=None, **kwargs):
+        self._check_concrete("__dlpack__()")
+        return self._data.__dlpack__(**{k: v for k, v in kwargs.items()
+                                        if k in ("max_version", "copy", "dl_device")})
+
+    def __dlpack_device__(self):
+        return self._data.__dlpack_device__()
+
+    def __reduce_ex__(self, protocol):
+        return (_rebuild, (np.array(self._data), self._dtype.name, self._requires_grad))
+
+    def __deepcopy__(self, memo):
+        if not self.is_leaf:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support "
+                               "the deepcopy protocol at the moment.")
+        t = type(self).__new__(type(self))
+        Tensor._init(t, self._data.copy(), self._dtype)
+        t._requires_grad = self._requires_grad
+        for k, v in getattr(self, "__dict__", {}).items():
+            t.__dict__[k] = v
+        memo[id(self)] = t
+        return t
+
+
+def _rebuild(array, dtype_name, requires_grad):
+    t = Tensor._wrap(array, dtypes.as_dtype(dtype_name))
+    t._requires_grad = requires_grad
+    return t
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+class _HookHandle:
+    def __init__(self, hooks: list, hook):
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self) -> None:
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
+
+
+_primitive._make_tensor = Tensor._wrap
