@@ -21,7 +21,7 @@ import numpy as np
 
 from fusegrad.dtypes import DType
 
-__all__ = ["Kind", "TensorType", "Primitive", "Rule", "PRIMITIVES", "ShapeError", "bind",
+__all__ = ["ConstantData", "Kind", "TensorType", "Primitive", "Rule", "PRIMITIVES", "ShapeError", "bind",
            "register"]
 
 
@@ -61,6 +61,30 @@ class TensorType:
 
     def __str__(self) -> str:
         return f"{self.dtype.short}[{','.join(map(str, self.shape))}]"
+
+
+class ConstantData:
+    """A numpy array held as a node attribute (the ``constant`` primitive's value).
+
+    Hashable and comparable by content, so CSE and the structural hash treat two equal
+    constants as one.
+    """
+
+    __slots__ = ("array", "_key")
+
+    def __init__(self, array: np.ndarray):
+        self.array = np.ascontiguousarray(array)
+        self.array.flags.writeable = False
+        self._key = (self.array.dtype.str, self.array.shape, self.array.tobytes())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ConstantData) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        return f"ConstantData({self.array!r})"
 
 
 @dataclass(frozen=True)

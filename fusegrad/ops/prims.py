@@ -18,7 +18,15 @@ import ml_dtypes
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, register
+from fusegrad.ops.primitive import (
+    ConstantData,
+    Kind,
+    Primitive,
+    Rule,
+    ShapeError,
+    TensorType,
+    register,
+)
 
 # torch computes log(-1) = nan and 1/0 = inf silently; numpy warns. The filter is scoped to
 # the numpy calls made in this module (warnings name the calling module), so user code keeps
@@ -670,6 +678,15 @@ full = register(Primitive(
     "full", Kind.SOURCE, _full_infer,
     lambda *, shape, value, dtype: np.full(shape, value, dtype=dtype.np_dtype),
     attrs=("shape", "value", "dtype")))
+
+
+def _constant_infer(*, value: ConstantData) -> TensorType:
+    return TensorType(value.array.shape, dtypes.from_numpy_dtype(value.array.dtype))
+
+
+constant = register(Primitive(
+    "constant", Kind.SOURCE, _constant_infer, lambda *, value: value.array.copy(),
+    attrs=("value",), doc="A tensor constant captured while tracing (numpy array)."))
 
 
 def _iota_infer(*, shape, axis, dtype) -> TensorType:
