@@ -144,6 +144,8 @@ class _Cuda:
 cuda = _Cuda()
 
 from fusegrad import autograd  # noqa: E402
+from fusegrad import ir  # noqa: E402
+from fusegrad.tracer import ConcretizationError, grad, trace, value_and_grad, vjp  # noqa: E402
 from fusegrad import nn  # noqa: E402
 from fusegrad import optim  # noqa: E402
 

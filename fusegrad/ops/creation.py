@@ -300,14 +300,23 @@ class Generator:
     def set_state(self, state: Tensor) -> None:
         self._seed, self._offset = (int(v) for v in state._data[:2])
 
-    def next_key(self, count: int, like: Tensor | None = None) -> Tensor:
-        """The (seed, offset) key for ``count`` numbers, advancing the offset past them."""
+    def next_key(self, count: int) -> Tensor:
+        """The (seed, offset) key for ``count`` numbers, advancing the offset past them.
+
+        While a function is being traced, the tracer installs a key source that returns the
+        key as a graph value instead, so compiled code draws fresh numbers on every call.
+        """
+        if _key_sources:
+            return _key_sources[-1](self, count)
         key = Tensor._wrap(np.array([self._seed, self._offset], dtype=np.int64), dtypes.int64)
         self._offset += philox.counters_used(count)
         return key
 
 
 default_generator = Generator()
+
+# Stack of callables (generator, count) -> key tensor, pushed by the tracer.
+_key_sources: list = []
 
 
 def manual_seed(seed: int) -> Generator:

@@ -790,8 +790,8 @@ def cumsum(x: Tensor, dim: int, *, dtype=None) -> Tensor:
 
 
 def _mark_view(out: Tensor, src: Tensor, prim, attrs: dict) -> Tensor:
-    """Record that eager ``out`` is a view of ``src``'s storage, for in-place autograd."""
-    if out._trace is None and np.shares_memory(out._data, src._data):
+    """Record that ``out`` is a view of ``src``'s storage, for in-place writes through it."""
+    if out._trace is not None or np.shares_memory(out._data, src._data):
         base = src._base if src._base is not None else src
         out._base = base
         out._view_ops = (src._view_ops or ()) + ((prim, attrs),)

@@ -1,0 +1,254 @@
+"""Symbolic tensors: tensor ops that record into a :class:`Graph` instead of computing.
+
+A :class:`SymbolicTensor` carries a graph value (shape and dtype, no data), as JAX's tracers
+carry an abstract value. Every tensor method works on it unchanged: the methods bind
+primitives, and ``bind`` hands a primitive whose operand is symbolic to that operand's
+:class:`GraphTrace`, which appends a node. The tracer (user functions), the autodiff pass
+(VJP rules) and graph replay all build graphs this way, so each op has one definition.
+
+Anything that needs a concrete value (``bool(t)``, ``t.item()``, ``t.numpy()``) raises
+:class:`ConcretizationError` naming the user's line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad.ir.graph import Graph, Literal, Value
+from fusegrad.ops import prims as P
+from fusegrad.ops.primitive import ConstantData, Primitive, ShapeError, TensorType
+from fusegrad.tensor import Size, Tensor, _contiguous_strides, _VersionCounter
+
+__all__ = ["SymbolicTensor", "GraphTrace", "ConcretizationError", "user_location"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_location() -> str | None:
+    """``file:line`` of the innermost frame outside the fusegrad package."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not os.path.abspath(path).startswith(_PACKAGE_DIR + os.sep):
+            return f"{path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+class ConcretizationError(RuntimeError):
+    """A traced tensor's value was needed while tracing (data-dependent Python)."""
+
+
+class SymbolicTensor(Tensor):
+    """A tensor known only by its type while a graph is being built."""
+
+    __slots__ = ("_value", "_tr")
+
+    @classmethod
+    def _make(cls, value: Value, trace: "GraphTrace", requires_grad: bool) -> "SymbolicTensor":
+        t = object.__new__(cls)
+        t._value = value
+        t._tr = trace
+        t._dtype = value.type.dtype
+        t._requires_grad = requires_grad
+        t._grad = None
+        t.grad_fn = None
+        t._version_counter = _VersionCounter()
+        t._base = None
+        t._view_ops = None
+        t._grad_acc = None
+        t._hooks = None
+        t._retains_grad = False
+        return t
+
+    @property
+    def _trace(self) -> "GraphTrace":
+        return self._tr
+
+    @property
+    def _data(self):
+        self._check_concrete("reading the data")
+
+    @property
+    def shape(self) -> Size:
+        return Size(self._value.type.shape)
+
+    def _type(self) -> TensorType:
+        return self._value.type
+
+    def stride(self, dim: int | None = None):
+        strides = _contiguous_strides(self._value.type.shape)
+        return strides if dim is None else strides[dim]
+
+    def is_contiguous(self, memory_format=None) -> bool:
+        return True
+
+    def data_ptr(self) -> int:
+        self._check_concrete("data_ptr()")
+
+    def _check_concrete(self, what: str) -> None:
+        loc = user_location()
+        where = f" at {loc}" if loc else ""
+        raise ConcretizationError(
+            f"{what} needs the value of a traced tensor ({self._value.type}){where}, but while "
+            "tracing only its shape and dtype are known, so Python control flow on tensor "
+            "values cannot be captured in a static graph. Use fusegrad.where(cond, a, b) to "
+            "choose elementwise, mark the argument static (static_argnums) if it is a Python "
+            "constant, or run this code eagerly (compile with fullgraph=False).")
+
+    def detach(self) -> "SymbolicTensor":
+        return self._tr.process_primitive(P.stop_gradient, (self,), {})
+
+    def __repr__(self) -> str:
+        return f"Traced<{self._value.type}>"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return format(repr(self), spec)
+
+    def __deepcopy__(self, memo):
+        raise ConcretizationError("cannot deepcopy a traced tensor")
+
+    def __reduce_ex__(self, protocol):
+        raise ConcretizationError("cannot pickle a traced tensor")
+
+
+class GraphTrace:
+    """Records primitives applied to its symbolic tensors into ``graph``.
+
+    Concrete tensors met as operands become constants: 0-d ones inline literals, others
+    ``constant`` nodes (one per tensor). A concrete tensor that requires grad is lifted to a
+    graph input instead (``lifted``), so its gradient is not silently lost.
+    """
+
+    def __init__(self, graph: Graph, lift_requires_grad: bool = True):
+        self.graph = graph
+        self.lift_requires_grad = lift_requires_grad
+        self.lifted: list[tuple[Tensor, Value]] = []   # (captured tensor, its graph input)
+        self._constants: dict[int, tuple[Tensor, Value]] = {}
+
+    def new_input(self, name: str, type: TensorType, requires_grad: bool = False) -> SymbolicTensor:
+        value = self.graph.add_input(_unique_name(self.graph, name), type)
+        return SymbolicTensor._make(value, self, requires_grad)
+
+    def operand(self, t: Tensor):
+        """The graph operand for tensor ``t`` (a value, a literal, or a new constant)."""
+        if isinstance(t, SymbolicTensor):
+            if t._tr is not self:
+                raise ConcretizationError(
+                    f"a traced tensor ({t._value.type}) from another trace was used here: a "
+                    "tensor escaped from a traced function (stored in a global or attribute?)")
+            return t._value
+        if t._requires_grad and self.lift_requires_grad:
+            for src, value in self.lifted:
+                if src is t:
+                    return value
+            sym = self.new_input(f"captured{len(self.lifted)}", t._type(), requires_grad=True)
+            self.lifted.append((t, sym._value))
+            return sym._value
+        if t.ndim == 0:
+            return Literal(t._data.item() if t.dtype is not dtypes.bfloat16 else float(t._data),
+                           t.dtype)
+        hit = self._constants.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1]
+        value = self.graph.add_node(P.constant, [], {"value": ConstantData(np.array(t._data))},
+                                    loc=user_location())
+        self._constants[id(t)] = (t, value)
+        return value
+
+    def process_primitive(self, prim: Primitive, operands: Sequence[Tensor], attrs: dict):
+        inputs = [self.operand(t) for t in operands]
+        loc = user_location()
+        try:
+            prim.infer(*(op.type for op in inputs), **attrs)
+        except (ShapeError, TypeError, IndexError) as e:
+            raise type(e)(f"{e}{f' (at {loc})' if loc else ''}") from None
+        value = self.graph.add_node(prim, inputs, attrs, loc=loc)
+        requires_grad = (prim.vjp is not None and is_grad_enabled() and
+                         any(t._requires_grad for t in operands))
+        return SymbolicTensor._make(value, self, requires_grad)
+
+    def assign(self, x: SymbolicTensor, value: Tensor) -> SymbolicTensor:
+        """An in-place write under a trace: rebind ``x`` (functionalization).
+
+        A write through a view rebuilds the base: the view ops are inverted with their own
+        VJP rules (reshape back, permute back, slice -> embed in zeros) and the region is
+        selected with a mask built the same way.
+        """
+        from fusegrad.ops import functional as F
+        if tuple(value.shape) != tuple(x.shape):
+            value = F.expand(value, tuple(x.shape))
+        value = F.cast(value, x.dtype) if value.dtype is not x.dtype else value
+        if not isinstance(value, SymbolicTensor):
+            value = self.process_primitive(P.copy, (value,), {})
+        if x._base is not None:
+            base = x._base
+            types = [base._type()]
+            for prim, attrs in x._view_ops:
+                if prim is P.broadcast_to:
+                    raise RuntimeError("in-place write through an expanded view is not supported "
+                                       "(more than one element refers to one memory location)")
+                types.append(prim.infer(types[-1], **attrs))
+            embedded = value
+            mask = F.ones_like(value, dtype=dtypes.bool_)
+            for (prim, attrs), t in zip(reversed(x._view_ops), reversed(types[:-1])):
+                embedded = prim.cotangent(0, embedded, None, (t,), attrs)
+                mask = prim.cotangent(0, mask, None, (t,), attrs)
+            new_base = F.where(mask, embedded, base)
+            base._value = new_base._value
+            base._requires_grad = base._requires_grad or value._requires_grad
+        x._value = value._value
+        x._requires_grad = x._requires_grad or value._requires_grad
+        return x
+
+
+def _unique_name(graph: Graph, name: str) -> str:
+    taken = {v.name for v in graph.inputs}
+    if name not in taken:
+        return name
+    k = 1
+    while f"{name}_{k}" in taken:
+        k += 1
+    return f"{name}_{k}"
+
+
+def literal_tensor(lit: Literal) -> Tensor:
+    """A concrete 0-d tensor for an inline literal."""
+    return Tensor._wrap(np.asarray(lit.value, dtype=lit.dtype.np_dtype), lit.dtype)
+
+
+def replay(graph: Graph, args: Sequence[Tensor]) -> list[Tensor]:
+    """Run ``graph`` by binding each node's primitive on tensors.
+
+    With concrete tensors this executes eagerly (and records autograd for inputs that
+    require grad); with symbolic tensors of one trace it inlines the graph into that trace.
+    """
+    if len(args) != len(graph.inputs):
+        raise TypeError(f"graph @{graph.name} takes {len(graph.inputs)} inputs, got {len(args)}")
+    from fusegrad.ops.primitive import bind
+    trace = next((a._trace for a in args if a._trace is not None), None)
+    env: dict[Value, Tensor] = {}
+    for v, a in zip(graph.inputs, args):
+        if tuple(a.shape) != v.type.shape or a.dtype is not v.type.dtype:
+            raise TypeError(f"graph @{graph.name}: input %{v.name} expects {v.type}, got "
+                            f"{a.dtype.short}[{','.join(map(str, a.shape))}]")
+        env[v] = a
+
+    def get(op):
+        return env[op] if isinstance(op, Value) else literal_tensor(op)
+
+    for node in graph.nodes:
+        operands = [get(op) for op in node.inputs]
+        if trace is not None and not any(o._trace is not None for o in operands):
+            env[node.output] = trace.process_primitive(node.prim, operands, node.attrs)
+        else:
+            env[node.output] = bind(node.prim, *operands, **node.attrs)
+    return [get(o) for o in graph.outputs]

@@ -1,0 +1,125 @@
+"""Reverse-mode autodiff over graphs, from the same VJP rules eager autograd uses.
+
+``vjp_graph(g, wrt)`` returns a graph that computes ``g``'s outputs and, given one cotangent
+input per output, the cotangents of the inputs listed in ``wrt``. It replays ``g`` into a new
+graph through symbolic tensors, then walks the nodes in reverse applying each primitive's
+:class:`~fusegrad.ops.primitive.Rule` to the cotangent of its result: the rules are tensor
+code, so running them on symbolic tensors appends the backward nodes. Only operands that
+depend on a ``wrt`` input get a rule applied, and cotangents that meet are summed.
+
+Because the result is an ordinary graph, differentiating it again gives higher-order
+derivatives.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from fusegrad.ir.graph import Graph, Literal, Value
+from fusegrad.ir.symbolic import GraphTrace, SymbolicTensor, literal_tensor
+from fusegrad.ops import functional as F
+from fusegrad.ops import prims as P
+
+__all__ = ["vjp_graph", "grad_graph", "autodiff"]
+
+
+def _forward(g: Graph, trace: GraphTrace, wrt: set[int]):
+    env: dict[Value, SymbolicTensor] = {}
+    for i, v in enumerate(g.inputs):
+        env[v] = trace.new_input(v.name, v.type, requires_grad=i in wrt)
+    # Which values carry a dependence on a wrt input (and so need cotangents).
+    active = {v for i, v in enumerate(g.inputs) if i in wrt and v.type.dtype.is_floating_point}
+
+    def get(op):
+        return env[op] if isinstance(op, Value) else literal_tensor(op)
+
+    for node in g.nodes:
+        env[node.output] = trace.process_primitive(node.prim, [get(op) for op in node.inputs],
+                                                   node.attrs)
+        if node.prim.vjp is not None and node.output.type.dtype.is_floating_point and any(
+                isinstance(op, Value) and op in active for op in node.inputs):
+            active.add(node.output)
+    return env, active, get
+
+
+def _reverse(g: Graph, env, active, get, seeds: dict) -> dict:
+    cts = dict(seeds)
+    for node in reversed(g.nodes):
+        ct = cts.pop(node.output, None)
+        if ct is None or node.output not in active:
+            continue
+        primals = tuple(get(op) for op in node.inputs)
+        out = env[node.output]
+        for i, op in enumerate(node.inputs):
+            if not isinstance(op, Value) or op not in active or node.prim.rule(i) is None:
+                continue
+            gi = node.prim.cotangent(i, ct, out, primals, node.attrs)
+            if gi is None:
+                continue
+            if gi.dtype is not op.type.dtype:
+                gi = F.cast(gi, op.type.dtype)
+            if tuple(gi.shape) != op.type.shape:
+                raise RuntimeError(f"VJP of {node.prim.name} gave a cotangent of shape "
+                                   f"{list(gi.shape)} for an operand of type {op.type}")
+            prev = cts.get(op)
+            cts[op] = gi if prev is None else prev + gi
+    return cts
+
+
+def vjp_graph(g: Graph, wrt: Sequence[int] | None = None, name: str | None = None) -> Graph:
+    """Graph ``(*inputs, *cotangents) -> (*outputs, *input_cotangents[wrt])``."""
+    wrt = list(range(len(g.inputs))) if wrt is None else list(wrt)
+    new = Graph(name or f"{g.name}_vjp")
+    trace = GraphTrace(new)
+    env, active, get = _forward(g, trace, set(wrt))
+    seeds = {}
+    for k, out in enumerate(g.outputs):
+        ct = trace.new_input(f"ct{k}", out.type)
+        if isinstance(out, Value) and out.type.dtype.is_floating_point:
+            seeds[out] = ct if out not in seeds else seeds[out] + ct
+    cts = _reverse(g, env, active, get, seeds)
+    outputs = [get(o) for o in g.outputs]
+    outputs += [_cotangent_or_zeros(cts, g.inputs[i], env) for i in wrt]
+    new.set_outputs([_as_operand(trace, t) for t in outputs])
+    return new
+
+
+def grad_graph(g: Graph, wrt: Sequence[int] | None = None, output: int = 0,
+               name: str | None = None) -> Graph:
+    """Graph ``(*inputs) -> (*outputs, *d outputs[output] / d inputs[wrt])``.
+
+    The differentiated output must be a floating-point scalar (seeded with 1).
+    """
+    wrt = list(range(len(g.inputs))) if wrt is None else list(wrt)
+    out = g.outputs[output]
+    if out.type.shape != () or not out.type.dtype.is_floating_point:
+        raise TypeError(f"grad requires a real scalar output, but output {output} of @{g.name} "
+                        f"is {out.type}; use vjp for non-scalar outputs")
+    new = Graph(name or f"{g.name}_grad")
+    trace = GraphTrace(new)
+    env, active, get = _forward(g, trace, set(wrt))
+    seeds = {}
+    if isinstance(out, Value):
+        seeds[out] = F.ones_like(env[out])
+    cts = _reverse(g, env, active, get, seeds)
+    outputs = [get(o) for o in g.outputs]
+    outputs += [_cotangent_or_zeros(cts, g.inputs[i], env) for i in wrt]
+    new.set_outputs([_as_operand(trace, t) for t in outputs])
+    return new
+
+
+autodiff = grad_graph
+
+
+def _cotangent_or_zeros(cts: dict, v: Value, env) -> SymbolicTensor:
+    ct = cts.get(v)
+    return ct if ct is not None else F.zeros_like(env[v])
+
+
+def _as_operand(trace: GraphTrace, t):
+    op = trace.operand(t)
+    if isinstance(op, Literal):
+        # A graph output that is a concrete scalar: materialize it as a node.
+        return trace.graph.add_node(P.full, [], {"shape": (), "value": op.value,
+                                                 "dtype": op.dtype})
+    return op

@@ -1,0 +1,239 @@
+"""``fusegrad.trace``: run a Python function on symbolic tensors and keep the graph.
+
+Tensor arguments (found in nested tuples, lists and dicts) become graph inputs named after
+the function's parameters; other arguments are static and baked in. Python control flow that
+depends only on shapes and Python values unrolls at trace time; control flow on tensor
+values raises a :class:`~fusegrad.ir.symbolic.ConcretizationError` naming the user's line.
+
+For an ``nn.Module`` the parameters and buffers are lifted to graph inputs (before the call's
+arguments), so one graph serves any weights. Random numbers draw their key from a lifted
+``rng`` input. In-place writes to inputs (an optimizer step) become extra outputs: the
+graph stays functional and ``graph.meta["mutations"]`` says where to write them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.ir.graph import Graph
+from fusegrad.ir.symbolic import GraphTrace, SymbolicTensor
+from fusegrad.ops import creation, philox
+from fusegrad.ops.primitive import TensorType
+from fusegrad.tensor import Tensor
+
+__all__ = ["trace", "TraceInfo", "tree_flatten", "tree_unflatten", "swap_module_state"]
+
+
+# --------------------------------------------------------------------------- pytrees
+
+
+@dataclass(frozen=True)
+class TreeDef:
+    """The structure of a nested container; leaves are tensors, the rest is static."""
+
+    kind: str                       # "leaf", "static", "tuple", "list", "dict", "namedtuple"
+    children: tuple = ()
+    meta: Any = None
+
+
+def tree_flatten(obj) -> tuple[list[Tensor], TreeDef]:
+    """Tensor leaves of ``obj`` in order, and its structure."""
+    leaves: list[Tensor] = []
+
+    def walk(o) -> TreeDef:
+        if isinstance(o, Tensor):
+            leaves.append(o)
+            return TreeDef("leaf")
+        if isinstance(o, tuple) and hasattr(o, "_fields"):
+            return TreeDef("namedtuple", tuple(walk(c) for c in o), type(o))
+        if isinstance(o, (tuple, list)):
+            return TreeDef(type(o).__name__, tuple(walk(c) for c in o))
+        if isinstance(o, dict):
+            keys = tuple(o.keys())
+            return TreeDef("dict", tuple(walk(o[k]) for k in keys), keys)
+        return TreeDef("static", (), o)
+
+    return leaves, walk(obj)
+
+
+def tree_unflatten(tree: TreeDef, leaves) -> Any:
+    it = iter(leaves)
+
+    def build(t: TreeDef):
+        if t.kind == "leaf":
+            return next(it)
+        if t.kind == "static":
+            return t.meta
+        kids = [build(c) for c in t.children]
+        if t.kind == "tuple":
+            return tuple(kids)
+        if t.kind == "list":
+            return kids
+        if t.kind == "namedtuple":
+            return t.meta(*kids)
+        return dict(zip(t.meta, kids))
+
+    return build(tree)
+
+
+# --------------------------------------------------------------------------- modules
+
+
+def module_state(module) -> list[tuple[str, Tensor]]:
+    """(dotted name, tensor) for every parameter and buffer of ``module``, deduplicated."""
+    seen, out = set(), []
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append((name, t))
+    return out
+
+
+@contextlib.contextmanager
+def swap_module_state(module, replacements: dict[int, Tensor]):
+    """Temporarily replace parameters/buffers (by id of the original) inside ``module``."""
+    saved = []
+    for sub in module.modules():
+        for table in (sub._parameters, sub._buffers):
+            for key, t in table.items():
+                if t is not None and id(t) in replacements:
+                    saved.append((table, key, t))
+                    table[key] = replacements[id(t)]
+    try:
+        yield
+    finally:
+        for table, key, t in saved:
+            table[key] = t
+
+
+# --------------------------------------------------------------------------- random
+
+
+class _RngInput:
+    """Key source while tracing: keys are ``rng + (0, offset)`` with ``rng`` a graph input
+    holding the generator's (seed, offset) at call time."""
+
+    def __init__(self, trace: GraphTrace):
+        self.trace = trace
+        self.input: SymbolicTensor | None = None
+        self.counters = 0
+
+    def __call__(self, generator, count: int) -> Tensor:
+        if generator is not creation.default_generator:
+            raise NotImplementedError("traced code can draw random numbers from the default "
+                                      "generator only")
+        if self.input is None:
+            self.input = self.trace.new_input("rng", TensorType((2,), dtypes.int64))
+        delta = Tensor._wrap(np.array([0, self.counters], dtype=np.int64), dtypes.int64)
+        self.counters += philox.counters_used(count)
+        return self.input + delta
+
+
+# --------------------------------------------------------------------------- trace
+
+
+@dataclass
+class TraceInfo:
+    """What a traced graph needs to be called like the original function."""
+
+    in_tree: TreeDef
+    out_tree: TreeDef
+    n_state: int = 0                      # leading inputs that are module parameters/buffers
+    state_names: list[str] = field(default_factory=list)
+    lifted: list[tuple[Tensor, int]] = field(default_factory=list)  # captured, input index
+    rng_input: int | None = None          # index of the rng input, if any
+    rng_counters: int = 0                 # how far each call advances the generator
+    mutations: list[tuple[int, int]] = field(default_factory=list)  # (input, output) pairs
+    n_user_outputs: int = 0
+
+
+def _arg_names(fn: Callable, n: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(n):
+        if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY,
+                                                  params[i].POSITIONAL_OR_KEYWORD):
+            names.append(params[i].name)
+        elif params and params[-1].kind is params[-1].VAR_POSITIONAL:
+            names.append(f"{params[-1].name}{i}")
+        else:
+            names.append(f"arg{i}")
+    return names
+
+
+def _sanitize(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def trace(fn: Callable, *args, **kwargs) -> Graph:
+    """Trace ``fn(*args, **kwargs)`` into a :class:`Graph` (``graph.meta`` holds a
+    :class:`TraceInfo`).
+
+    >>> g = fusegrad.trace(lambda x: (x * 2).relu(), fusegrad.randn(4))
+    >>> print(g)   # doctest: +SKIP
+    """
+    module = fn if hasattr(fn, "named_parameters") and hasattr(fn, "_parameters") else None
+    target = module.forward if module is not None else fn
+    name = type(module).__name__ if module is not None else getattr(fn, "__name__", "f")
+    graph = Graph(_sanitize(name) if name != "<lambda>" else "lambda")
+    tr = GraphTrace(graph)
+
+    state = module_state(module) if module is not None else []
+    sym_state = {id(t): tr.new_input(_sanitize(n), t._type(), t.requires_grad)
+                 for n, t in state}
+
+    leaves, in_tree = tree_flatten((args, kwargs))
+    names = _arg_names(target, len(args))
+    sym_leaves = []
+    leaf_names = _leaf_names(args, kwargs, names)
+    for t, n in zip(leaves, leaf_names):
+        sym_leaves.append(tr.new_input(_sanitize(n), t._type(), t.requires_grad))
+    sym_args, sym_kwargs = tree_unflatten(in_tree, sym_leaves)
+    originals = {id(s): s._value for s in list(sym_state.values()) + sym_leaves}
+
+    rng = _RngInput(tr)
+    creation._key_sources.append(rng)
+    try:
+        with swap_module_state(module, sym_state) if module is not None else contextlib.nullcontext():
+            out = target(*sym_args, **sym_kwargs)
+    finally:
+        creation._key_sources.pop()
+
+    out_leaves, out_tree = tree_flatten(out)
+    outputs = [tr.operand(t) for t in out_leaves]
+    info = TraceInfo(in_tree, out_tree, n_state=len(state), state_names=[n for n, _ in state],
+                     n_user_outputs=len(outputs))
+    # Inputs written in place: their final values become extra outputs.
+    for i, sym in enumerate(list(sym_state.values()) + sym_leaves):
+        if sym._value is not originals[id(sym)]:
+            info.mutations.append((i, len(outputs)))
+            outputs.append(sym._value)
+    graph.set_outputs(outputs)
+    info.lifted = [(t, graph.inputs.index(v)) for t, v in tr.lifted]
+    if rng.input is not None:
+        info.rng_input = graph.inputs.index(rng.input._value)
+        info.rng_counters = rng.counters
+    graph.meta = info
+    return graph
+
+
+def _leaf_names(args, kwargs, names: list[str]) -> list[str]:
+    out = []
+    for a, n in zip(args, names):
+        leaves, _ = tree_flatten(a)
+        out += [n] if len(leaves) == 1 and isinstance(a, Tensor) else \
+            [f"{n}_{k}" for k in range(len(leaves))]
+    for k, v in kwargs.items():
+        leaves, _ = tree_flatten(v)
+        out += [k] if len(leaves) == 1 and isinstance(v, Tensor) else \
+            [f"{k}_{j}" for j in range(len(leaves))]
+    return out
