@@ -1,0 +1,590 @@
+"""LLVM IR for fused kernels, built with llvmlite.ir.
+
+Every kernel becomes ``void kN(i8** buffers, i64 start, i64 end)``: ``buffers`` holds the
+base pointer of every buffer of the program (the runtime's slot table), and ``[start, end)``
+is the part of the kernel's outermost parallel loop this call runs, so the runtime can split
+a kernel across threads by calling it on sub-ranges.
+
+Values are emitted as expressions of a multi-index (:meth:`KernelEmitter.emit`): a computed
+value is its primitive applied to its operands at the matching (broadcast) index, a value in
+memory is a load through the strides of its view, a reduction result is its row's
+accumulator. Emission is memoized per loop body, so a value used twice at one index is
+computed once.
+
+Loop structure: an elementwise kernel is a loop nest over its shape. A reduction kernel
+loops over its kept ("row") axes and, per row, runs one loop over the reduced axes per
+reduction (accumulators live in allocas that mem2reg turns into phis, so the loop vectorizer
+sees a reduction; sums carry ``reassoc``) and a last loop storing full-size outputs.
+
+Floating-point: instructions carry ``contract`` (and ``reassoc`` on reduction combines),
+never ``nnan``/``ninf``, so NaN and Inf keep their meaning. Transcendentals come from
+:mod:`fusegrad.codegen.llvm.mathlib` (inline polynomials the vectorizer can handle).
+16-bit floats compute in float32. A primitive or dtype with no lowering raises
+:class:`Unsupported`, and the runtime runs that kernel with numpy instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Sequence
+
+import llvmlite.ir as ir
+
+from fusegrad import dtypes
+from fusegrad.codegen.llvm import mathlib
+from fusegrad.ir.graph import Literal, Node, Value
+from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
+
+__all__ = ["Unsupported", "KernelEmitter", "emit_kernel", "KERNEL_ARGS", "lltype"]
+
+I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
+F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+VOID = ir.VoidType()
+I8P = I8.as_pointer()
+KERNEL_ARGS = (I8P.as_pointer(), I64, I64)
+
+_FLAGS = ("contract",)
+_REDUCE_FLAGS = ("contract", "reassoc")
+
+
+class Unsupported(NotImplementedError):
+    """This kernel (a primitive or dtype) has no LLVM lowering."""
+
+
+def lltype(dt: dtypes.DType) -> ir.Type:
+    """Register type of a dtype (bools are i1, 16-bit floats compute as float)."""
+    if dt is dtypes.bool_:
+        return I1
+    if dt.is_floating_point:
+        return F64 if dt is dtypes.float64 else F32
+    return ir.IntType(dt.itemsize * 8)
+
+
+def memtype(dt: dtypes.DType) -> ir.Type:
+    """In-memory element type (bool is a byte, bfloat16 is 16 raw bits)."""
+    if dt is dtypes.bool_:
+        return I8
+    if dt is dtypes.float16:
+        return F16
+    if dt is dtypes.bfloat16:
+        return I16
+    return lltype(dt)
+
+
+def _const(dt: dtypes.DType, value) -> ir.Constant:
+    t = lltype(dt)
+    if dt is dtypes.bool_:
+        return ir.Constant(I1, int(bool(value)))
+    if dt.is_floating_point:
+        return ir.Constant(t, float(value))
+    return ir.Constant(t, int(value))
+
+
+def _unsigned(dt: dtypes.DType) -> bool:
+    return dt.category == 1 and not dt.is_signed or dt is dtypes.bool_
+
+
+class KernelEmitter:
+    """Emits one kernel's function into ``module``."""
+
+    def __init__(self, module: ir.Module, kernel: Kernel, kg: KernelGraph,
+                 slots: dict[Value, int]):
+        self.module = module
+        self.k = kernel
+        self.kg = kg
+        self.slots = slots
+        self.internal = set(kernel.nodes)
+        self.fn = ir.Function(module, ir.FunctionType(VOID, KERNEL_ARGS), name=kernel.name)
+        self.fn.args[0].name, self.fn.args[1].name, self.fn.args[2].name = "bufs", "start", "end"
+        # Allocas and buffer pointers go to "entry", which jumps to "body" once the kernel is
+        # complete; keeping the two apart lets both builders append without clashing.
+        entry = self.fn.append_basic_block("entry")
+        self.body_block = self.fn.append_basic_block("body")
+        self.b = ir.IRBuilder(self.body_block)
+        self.entry_builder = ir.IRBuilder(entry)
+        self.scopes: list[dict] = [{}]
+        self.acc: dict[Value, ir.Value] = {}
+        self._ptrs: dict[int, ir.Value] = {}
+
+    # ------------------------------------------------------------------ utilities
+
+    def ptr(self, value: Value) -> ir.Value:
+        """Typed base pointer of a buffer (loaded once, in the entry block)."""
+        slot = self.slots[value]
+        if slot not in self._ptrs:
+            eb = self.entry_builder
+            raw = eb.load(eb.gep(self.fn.args[0], [ir.Constant(I64, slot)], inbounds=True))
+            self._ptrs[slot] = eb.bitcast(raw, memtype(value.type.dtype).as_pointer())
+        return self._ptrs[slot]
+
+    @contextlib.contextmanager
+    def loop(self, start, stop, name: str):
+        """A canonical counted loop ``for i in [start, stop)``; yields ``i``."""
+        b = self.b
+        start = start if isinstance(start, ir.Value) else ir.Constant(I64, start)
+        stop = stop if isinstance(stop, ir.Value) else ir.Constant(I64, stop)
+        pre = b.block
+        header = b.append_basic_block(f"{name}.header")
+        body = b.append_basic_block(f"{name}.body")
+        done = b.append_basic_block(f"{name}.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        i = b.phi(I64, name=name)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, stop), body, done)
+        b.position_at_end(body)
+        self.scopes.append({})
+        yield i
+        self.scopes.pop()
+        nxt = b.add(i, ir.Constant(I64, 1), name=f"{name}.next", flags=("nsw",))
+        i.add_incoming(nxt, b.block)
+        b.branch(header)
+        b.position_at_end(done)
+
+    def cached(self, key):
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        return None
+
+    # ------------------------------------------------------------------ loads and stores
+
+    def view(self, v: Value) -> View:
+        return self.kg.views.get(v) or identity_view(v)
+
+    def address(self, view: View, coords: Sequence) -> ir.Value:
+        b = self.b
+        offset = ir.Constant(I64, view.offset)
+        for c, s, d in zip(coords, view.strides, view.shape):
+            if s == 0 or d == 1:
+                continue
+            term = c if s == 1 else b.mul(c, ir.Constant(I64, s), flags=("nsw",))
+            offset = b.add(offset, term, flags=("nsw",))
+        return b.gep(self.ptr(view.base), [offset], inbounds=True)
+
+    def load(self, v: Value, coords: Sequence) -> ir.Value:
+        view = self.view(v)
+        raw = self.b.load(self.address(view, coords))
+        return self.from_memory(raw, v.type.dtype)
+
+    def store(self, v: Value, coords: Sequence, x: ir.Value) -> None:
+        view = identity_view(v)
+        self.b.store(self.to_memory(x, v.type.dtype), self.address(view, coords))
+
+    def from_memory(self, raw: ir.Value, dt: dtypes.DType) -> ir.Value:
+        b = self.b
+        if dt is dtypes.bool_:
+            return b.icmp_unsigned("!=", raw, ir.Constant(I8, 0))
+        if dt is dtypes.float16:
+            return b.fpext(raw, F32)
+        if dt is dtypes.bfloat16:
+            return b.bitcast(b.shl(b.zext(raw, I32), ir.Constant(I32, 16)), F32)
+        return raw
+
+    def to_memory(self, x: ir.Value, dt: dtypes.DType) -> ir.Value:
+        b = self.b
+        if dt is dtypes.bool_:
+            return b.zext(x, I8)
+        if dt is dtypes.float16:
+            return b.fptrunc(x, F16)
+        if dt is dtypes.bfloat16:
+            # Round to nearest even on the upper 16 bits; NaNs stay NaN (quiet bit set).
+            bits = b.bitcast(x, I32)
+            lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
+            rounded = b.add(bits, b.add(ir.Constant(I32, 0x7FFF), lsb))
+            is_nan = b.fcmp_unordered("uno", x, x)
+            quiet = b.or_(bits, ir.Constant(I32, 0x400000))
+            chosen = b.select(is_nan, quiet, rounded)
+            return b.trunc(b.lshr(chosen, ir.Constant(I32, 16)), I16)
+        return x
+
+    # ------------------------------------------------------------------ expressions
+
+    def emit(self, v, coords: Sequence) -> ir.Value:
+        """The value of ``v`` at index ``coords`` (one i64 per dimension of ``v``)."""
+        if isinstance(v, Literal):
+            return _const(v.dtype, v.value)
+        if v in self.acc:
+            return self.acc[v]
+        key = (v, tuple(id(c) for c in coords))
+        hit = self.cached(key)
+        if hit is not None:
+            return hit[0]
+        node = v.producer
+        if node is None or node not in self.internal or node.op == "matmul":
+            out = self.load(v, coords)
+        else:
+            out = self.emit_node(node, coords)
+        # Keep the coordinate objects alive with the entry, so their ids stay unique.
+        self.scopes[-1][key] = (out, tuple(coords))
+        return out
+
+    def operand_coords(self, op, out_shape, coords) -> list:
+        """Coordinates of a broadcast operand: right-aligned, size-1 dims at index 0."""
+        if isinstance(op, Literal):
+            return []
+        shape = op.type.shape
+        lead = len(out_shape) - len(shape)
+        zero = ir.Constant(I64, 0)
+        return [zero if d == 1 and out_shape[lead + i] != 1 else coords[lead + i]
+                for i, d in enumerate(shape)]
+
+    def emit_node(self, node: Node, coords) -> ir.Value:
+        op = node.op
+        out_shape = node.output.type.shape
+        if op == "reshape":
+            return self.emit(node.inputs[0], self.reshape_coords(node, coords))
+        if op == "broadcast_to":
+            return self.emit(node.inputs[0], self.operand_coords(node.inputs[0], out_shape, coords))
+        if op == "full":
+            return _const(node.attrs["dtype"], node.attrs["value"])
+        if op == "iota":
+            return self.convert(coords[node.attrs["axis"]], dtypes.int64, node.attrs["dtype"])
+        args = [self.emit(x, self.operand_coords(x, out_shape, coords)) for x in node.inputs]
+        in_dt = node.inputs[0].type.dtype if node.inputs else node.output.type.dtype
+        return self.scalar(op, args, in_dt, node)
+
+    def reshape_coords(self, node: Node, coords) -> list:
+        """Index of a reshape's operand: drop or insert unit dims, else linearize and split."""
+        src = node.inputs[0].type.shape
+        dst = node.output.type.shape
+        if [d for d in src if d != 1] == [d for d in dst if d != 1]:
+            real = iter(c for c, d in zip(coords, dst) if d != 1)
+            zero = ir.Constant(I64, 0)
+            return [zero if d == 1 else next(real) for d in src]
+        b = self.b
+        flat = ir.Constant(I64, 0)
+        for c, d in zip(coords, dst):
+            flat = b.add(b.mul(flat, ir.Constant(I64, d)), c)
+        out = []
+        for d in reversed(src):
+            out.append(b.urem(flat, ir.Constant(I64, d)))
+            flat = b.udiv(flat, ir.Constant(I64, d))
+        return list(reversed(out))
+
+    # ------------------------------------------------------------------ scalar ops
+
+    def convert(self, x: ir.Value, src: dtypes.DType, dst: dtypes.DType) -> ir.Value:
+        b = self.b
+        st, dt_ = lltype(src), lltype(dst)
+        if dst is dtypes.bool_:
+            if src.is_floating_point:
+                return b.fcmp_unordered("une", x, ir.Constant(st, 0.0))
+            return b.icmp_unsigned("!=", x, ir.Constant(st, 0))
+        if src is dtypes.bool_:
+            return b.uitofp(x, dt_) if dst.is_floating_point else b.zext(x, dt_)
+        if src.is_floating_point and dst.is_floating_point:
+            if st == dt_:
+                return x
+            return b.fpext(x, dt_) if isinstance(dt_, ir.DoubleType) else b.fptrunc(x, dt_)
+        if src.is_floating_point:
+            name = "llvm.fptosi.sat" if dst.is_signed else "llvm.fptoui.sat"
+            return self.intrinsic(name, [x], dt_)
+        if dst.is_floating_point:
+            return b.uitofp(x, dt_) if _unsigned(src) else b.sitofp(x, dt_)
+        if st.width == dt_.width:
+            return x
+        if st.width > dt_.width:
+            return b.trunc(x, dt_)
+        return b.zext(x, dt_) if _unsigned(src) else b.sext(x, dt_)
+
+    def intrinsic(self, name: str, args: list, ret: ir.Type | None = None) -> ir.Value:
+        t = args[0].type
+        ret = ret or t
+        suffix = _mangle(ret) if name.endswith(".sat") else _mangle(t)
+        full = f"{name}.{suffix}" if not name.endswith(".sat") else \
+            f"{name}.{_mangle(ret)}.{_mangle(t)}"
+        fn = self.module.globals.get(full)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(ret, [a.type for a in args]), name=full)
+        return self.b.call(fn, args)
+
+    def scalar(self, op: str, a: list, dt: dtypes.DType, node: Node) -> ir.Value:
+        b = self.b
+        is_float = dt.is_floating_point
+        x = a[0] if a else None
+        if op in ("copy", "stop_gradient"):
+            return x
+        if op == "cast":
+            return self.convert(x, dt, node.attrs["dtype"])
+        if op == "neg":
+            return b.fneg(x, flags=_FLAGS) if is_float else b.neg(x)
+        if op == "abs":
+            if is_float:
+                return self.intrinsic("llvm.fabs", [x])
+            return b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)), b.neg(x), x)
+        if op in ("exp", "log", "log1p", "expm1", "tanh", "erf", "sin", "cos", "sqrt"):
+            return mathlib.emit_unary(b, op, x)
+        if op == "reciprocal":
+            return b.fdiv(ir.Constant(x.type, 1.0), x, flags=_FLAGS)
+        if op in ("floor", "ceil"):
+            return self.intrinsic(f"llvm.{op}", [x])
+        if op == "round":
+            return self.intrinsic("llvm.roundeven", [x])
+        if op == "sign":
+            if is_float:
+                one = ir.Constant(x.type, 1.0)
+                pos = b.fcmp_ordered(">", x, ir.Constant(x.type, 0.0))
+                neg = b.fcmp_ordered("<", x, ir.Constant(x.type, 0.0))
+                return b.select(pos, one, b.select(neg, ir.Constant(x.type, -1.0), x))
+            zero = ir.Constant(x.type, 0)
+            pos = b.zext(b.icmp_signed(">", x, zero), x.type)
+            neg = b.zext(b.icmp_signed("<", x, zero), x.type)
+            return b.sub(pos, neg) if dt.is_signed else pos
+        if op == "not":
+            return b.xor(x, ir.Constant(I1, 1))
+        y = a[1] if len(a) > 1 else None
+        if op in ("add", "sub", "mul"):
+            if is_float:
+                return getattr(b, "f" + op)(x, y, flags=_FLAGS)
+            return getattr(b, op)(x, y)
+        if op == "div":
+            if not is_float:
+                raise Unsupported("integer true division reaches codegen only after a cast")
+            return b.fdiv(x, y, flags=_FLAGS)
+        if op == "pow":
+            return self.power(x, y, dt, node)
+        if op in ("maximum", "minimum"):
+            if is_float:
+                return self.intrinsic("llvm." + op, [x, y])
+            if dt is dtypes.bool_:
+                return b.or_(x, y) if op == "maximum" else b.and_(x, y)
+            kind = ("u" if _unsigned(dt) else "s") + ("max" if op == "maximum" else "min")
+            return self.intrinsic(f"llvm.{kind}", [x, y])
+        if op in ("lt", "le", "eq", "ne"):
+            sym = {"lt": "<", "le": "<=", "eq": "==", "ne": "!="}[op]
+            if is_float:
+                return b.fcmp_unordered(sym, x, y) if op == "ne" else b.fcmp_ordered(sym, x, y)
+            if _unsigned(dt):
+                return b.icmp_unsigned(sym, x, y)
+            return b.icmp_signed(sym, x, y)
+        if op == "and":
+            return b.and_(x, y)
+        if op == "or":
+            return b.or_(x, y)
+        if op == "where":
+            return b.select(a[0], a[1], a[2])
+        if op == "floordiv" and not is_float:
+            return self.int_floordiv(x, y, dt)
+        if op == "remainder":
+            return self.remainder(x, y, dt)
+        raise Unsupported(f"no LLVM lowering for {op} on {dt}")
+
+    def power(self, x, y, dt, node: Node) -> ir.Value:
+        b = self.b
+        lit = node.inputs[1]
+        if isinstance(lit, Literal) and float(lit.value).is_integer() and abs(lit.value) <= 8:
+            n = int(lit.value)
+            if n == 0:
+                return ir.Constant(x.type, 1.0 if dt.is_floating_point else 1)
+            acc = x
+            for _ in range(abs(n) - 1):
+                acc = b.fmul(acc, x, flags=_FLAGS) if dt.is_floating_point else b.mul(acc, x)
+            if n < 0:
+                if not dt.is_floating_point:
+                    raise Unsupported("integer negative powers")
+                acc = b.fdiv(ir.Constant(x.type, 1.0), acc, flags=_FLAGS)
+            return acc
+        if isinstance(lit, Literal) and lit.value == 0.5 and dt.is_floating_point:
+            return mathlib.emit_unary(b, "sqrt", x)
+        if not dt.is_floating_point:
+            raise Unsupported("integer pow with a tensor exponent")
+        # x**y = exp(y * log|x|), negative x allowed for integral y (sign from parity), as
+        # numpy; edge cases (0**y, inf, nan) follow from exp/log's IEEE behaviour except where
+        # patched below.
+        ax = self.intrinsic("llvm.fabs", [x])
+        r = mathlib.emit_unary(b, "exp", b.fmul(y, mathlib.emit_unary(b, "log", ax),
+                                                flags=_FLAGS))
+        y_int = b.fcmp_ordered("==", self.intrinsic("llvm.floor", [y]), y)
+        half = b.fmul(y, ir.Constant(y.type, 0.5))
+        odd = b.and_(y_int, b.fcmp_ordered("!=", self.intrinsic("llvm.floor", [half]), half))
+        negx = b.fcmp_ordered("<", x, ir.Constant(x.type, 0.0))
+        nan = ir.Constant(x.type, float("nan"))
+        r = b.select(b.and_(negx, b.xor(y_int, ir.Constant(I1, 1))), nan, r)
+        r = b.select(b.and_(negx, odd), b.fneg(r), r)
+        one = ir.Constant(x.type, 1.0)
+        r = b.select(b.fcmp_ordered("==", y, ir.Constant(y.type, 0.0)), one, r)
+        return b.select(b.fcmp_ordered("==", x, one), one, r)
+
+    def int_floordiv(self, x, y, dt) -> ir.Value:
+        b = self.b
+        zero = ir.Constant(x.type, 0)
+        # Division by zero is undefined in LLVM: divide by 1 there (numpy raises eagerly;
+        # compiled code gives 0 rather than crashing).
+        safe = b.select(b.icmp_signed("==", y, zero), ir.Constant(x.type, 1), y)
+        if _unsigned(dt):
+            return b.udiv(x, safe)
+        q = b.sdiv(x, safe)
+        r = b.srem(x, safe)
+        fix = b.and_(b.icmp_signed("!=", r, zero),
+                     b.icmp_signed("<", b.xor(r, safe), zero))
+        q = b.sub(q, b.zext(fix, x.type))
+        return b.select(b.icmp_signed("==", y, zero), zero, q)
+
+    def remainder(self, x, y, dt) -> ir.Value:
+        b = self.b
+        if dt.is_floating_point:
+            r = b.frem(x, y)
+            zero = ir.Constant(x.type, 0.0)
+            fix = b.and_(b.fcmp_ordered("!=", r, zero),
+                         b.xor(b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", y, zero)))
+            return b.select(fix, b.fadd(r, y), r)
+        zero = ir.Constant(x.type, 0)
+        safe = b.select(b.icmp_signed("==", y, zero), ir.Constant(x.type, 1), y)
+        if _unsigned(dt):
+            return b.urem(x, safe)
+        r = b.srem(x, safe)
+        fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("<", b.xor(r, safe), zero))
+        return b.select(fix, b.add(r, safe), r)
+
+    # ------------------------------------------------------------------ kernels
+
+    def outputs_at(self, level: str) -> list[Value]:
+        return [v for v in self.k.outputs if self.k.level.get(v) == level]
+
+    def emit_elementwise(self) -> None:
+        shape = self.k.shape
+        outs = self.outputs_at("full")
+        self.nest(shape, lambda coords: [self.store(v, coords, self.emit(v, coords))
+                                         for v in outs], parallel=True)
+
+    def nest(self, shape, body, parallel: bool, coords=()) -> None:
+        """Loops over ``shape``; the first loop runs [start, end) when ``parallel``."""
+        depth = len(coords)
+        if depth == len(shape):
+            body(list(coords))
+            return
+        if parallel and depth == 0:
+            lo, hi = self.fn.args[1], self.fn.args[2]
+        else:
+            lo, hi = 0, shape[depth]
+        with self.loop(lo, hi, f"i{depth}") as i:
+            self.nest(shape, body, parallel, coords + (i,))
+
+    def emit_reduction(self) -> None:
+        k = self.k
+        kept = [i for i in range(len(k.shape)) if i not in k.axes]
+        reductions = [n for n in k.nodes if n.op in ("sum", "max", "min", "prod")
+                      and tuple(n.attrs["axes"]) == k.axes and k.level[n.output] == "row"]
+        row_outs = self.outputs_at("row")
+        full_outs = self.outputs_at("full")
+        zero = ir.Constant(I64, 0)
+
+        def full_coords(row, red):
+            coords, r, q = [], iter(row), iter(red)
+            for i in range(len(k.shape)):
+                coords.append(next(q) if i in k.axes else next(r))
+            return coords
+
+        def per_row(row):
+            for node in reductions:
+                self.reduce_loop(node, row, full_coords)
+            for v in row_outs:
+                shape = v.type.shape
+                if len(shape) == len(k.shape):       # keepdim shape
+                    coords = [zero if i in k.axes else c
+                              for i, c in zip(range(len(k.shape)), full_coords(row, [zero] *
+                                                                               len(k.axes)))]
+                else:
+                    coords = list(row)
+                self.store(v, coords, self.emit(v, coords))
+            if full_outs:
+                red_shape = [k.shape[a] for a in k.axes]
+
+                def store_full(red):
+                    coords = full_coords(row, red)
+                    for v in full_outs:
+                        self.store(v, coords, self.emit(v, coords))
+                self.nest(red_shape, store_full, parallel=False)
+
+        self.nest([k.shape[i] for i in kept], per_row, parallel=bool(kept))
+
+    def reduce_loop(self, node: Node, row, full_coords) -> None:
+        k, b = self.k, self.b
+        out_dt = node.output.type.dtype
+        acc_t = lltype(out_dt)
+        op = node.op
+        src = node.inputs[0]
+        src_dt = src.type.dtype
+        init = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}[op]
+        if not out_dt.is_floating_point:
+            if op in ("max", "min"):
+                if out_dt is dtypes.bool_:
+                    init = 0 if op == "max" else 1
+                else:
+                    bits = acc_t.width
+                    lo, hi = (0, 2 ** bits - 1) if _unsigned(out_dt) else \
+                        (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+                    init = lo if op == "max" else hi
+            else:
+                init = int(init)
+        if op == "sum" and out_dt.is_floating_point:
+            init = -0.0       # -0.0 is the identity of IEEE addition (keeps sum([-0.]) == -0.)
+        slot = self.entry_builder.alloca(acc_t, name="acc")
+        b.store(_const(out_dt, init), slot)
+        red_shape = [k.shape[a] for a in k.axes]
+
+        def body(red):
+            x = self.emit(src, full_coords(row, red))
+            x = self.convert(x, src_dt, out_dt) if src_dt is not out_dt else x
+            cur = b.load(slot)
+            b.store(self.combine(op, cur, x, out_dt), slot)
+        self.nest(red_shape, body, parallel=False)
+        self.acc[node.output] = b.load(slot)
+
+    def combine(self, op: str, acc, x, dt) -> ir.Value:
+        b = self.b
+        if dt.is_floating_point:
+            if op == "sum":
+                return b.fadd(acc, x, flags=_REDUCE_FLAGS)
+            if op == "prod":
+                return b.fmul(acc, x, flags=_REDUCE_FLAGS)
+            return self.intrinsic("llvm." + ("maximum" if op == "max" else "minimum"), [acc, x])
+        if op == "sum":
+            return b.add(acc, x)
+        if op == "prod":
+            return b.mul(acc, x)
+        if dt is dtypes.bool_:
+            return b.or_(acc, x) if op == "max" else b.and_(acc, x)
+        kind = ("u" if _unsigned(dt) else "s") + op
+        return self.intrinsic(f"llvm.{kind}", [acc, x])
+
+    def emit_epilogue(self) -> None:
+        """matmul kernels: the product is already in memory (BLAS); apply the epilogue."""
+        shape = self.k.shape
+        outs = [v for v in self.outputs_at("full") if v.producer.op != "matmul"]
+        self.nest(shape, lambda coords: [self.store(v, coords, self.emit(v, coords))
+                                         for v in outs], parallel=True)
+
+    def finish(self) -> ir.Function:
+        self.b.ret_void()
+        self.entry_builder.branch(self.body_block)
+        return self.fn
+
+
+def _mangle(t: ir.Type) -> str:
+    if isinstance(t, ir.VectorType):
+        return f"v{t.count}{_mangle(t.element)}"
+    if isinstance(t, ir.FloatType):
+        return "f32"
+    if isinstance(t, ir.DoubleType):
+        return "f64"
+    if isinstance(t, ir.HalfType):
+        return "f16"
+    return f"i{t.width}"
+
+
+def emit_kernel(module: ir.Module, kernel: Kernel, kg: KernelGraph,
+                slots: dict[Value, int]) -> ir.Function:
+    """Emit ``kernel`` as a function of ``module``; raises :class:`Unsupported` if some
+    primitive or dtype in it has no lowering."""
+    em = KernelEmitter(module, kernel, kg, slots)
+    if kernel.kind == "elementwise":
+        em.emit_elementwise()
+    elif kernel.kind == "reduction":
+        em.emit_reduction()
+    elif kernel.kind == "matmul":
+        em.emit_epilogue()
+    else:
+        raise Unsupported(f"{kernel.kind} kernels run in numpy")
+    return em.finish()

@@ -1,0 +1,470 @@
+"""Fusion: partition a graph into kernels.
+
+The rules, in the order they are tried:
+
+- **Views are free.** A movement op (reshape, permute, broadcast_to, slice) on a
+  materialized value (a graph input, a constant, or a kernel's output) is folded into the
+  index arithmetic of every load that reads through it: it never becomes a kernel. Its
+  strided form is found by applying the view to a zero-size stand-in array (numpy computes
+  strides without touching memory); a reshape that no strides can express ends the chain
+  and the value is copied.
+- **Elementwise chains fuse** into one loop over their output shape. An operand computed
+  inside the kernel must have the kernel's shape (it is recomputed nowhere: LLVM's CSE
+  keeps one copy of each expression per element); a smaller one (an implicit broadcast of a
+  computed value) is materialized by its own kernel instead, because recomputing it per
+  element would multiply its cost.
+- **A reduction absorbs its elementwise producers and its consumers**: the kernel loops over
+  the kept ("row") index space and, per row, runs one loop over the reduced axes per
+  reduction and a final loop that stores full-size outputs. Values of row shape (a
+  reduction's result, its keepdim reshape, elementwise ops on those) live in registers and
+  broadcast back over the row: last-axis softmax and layer_norm each become one kernel, as
+  Inductor's persistent reductions do. All reductions of a kernel share its axes.
+- **matmul is its own kernel** (a BLAS call or the project's own loop nest) with an
+  elementwise epilogue of its output's shape fused in (bias, activation, residual).
+- Anything else (index scatters, sort, cumsum, random numbers) is an **extern step**: its
+  numpy reference runs between kernels.
+
+Fusion is greedy in topological order: a node joins the kernel of one of its producers when
+legal and when the merge keeps the kernel graph acyclic; otherwise it starts a kernel.
+Independent elementwise kernels over one shape are merged afterwards (optimizer updates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fusegrad.ir.graph import Graph, Node, Value
+from fusegrad.ops.primitive import Kind
+from fusegrad.passes.manager import Pass, register_pass
+
+__all__ = ["Kernel", "KernelGraph", "View", "fuse", "Fuse"]
+
+# Elementwise primitives with a scalar lowering in codegen.
+_FUSIBLE_SOURCES = {"full", "iota"}
+
+
+@dataclass
+class View:
+    """A strided window on a materialized value: ``value[offset + sum(idx * strides)]``,
+    strides in elements over ``shape``."""
+
+    base: Value
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+
+
+@dataclass(eq=False)
+class Kernel:
+    """One fused kernel: its nodes, the buffers it reads and writes, and its index space.
+
+    ``kind`` is "elementwise", "reduction", "matmul" or "extern". ``shape`` is the full
+    index space; for reductions ``axes`` are the reduced axes of it.
+    """
+
+    name: str
+    kind: str
+    nodes: list[Node] = field(default_factory=list)
+    shape: tuple[int, ...] = ()
+    axes: tuple[int, ...] = ()
+    inputs: list[Value] = field(default_factory=list)    # materialized values read
+    outputs: list[Value] = field(default_factory=list)   # values written
+    level: dict = field(default_factory=dict)            # Value -> "full" | "row"
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return tuple(d for i, d in enumerate(self.shape) if i not in self.axes)
+
+    def describe(self) -> str:
+        ops = ",".join(n.op for n in self.nodes)
+        return f"{self.name}[{self.kind} {'x'.join(map(str, self.shape)) or 'scalar'}]({ops})"
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.describe()}>"
+
+
+@dataclass
+class KernelGraph:
+    """A graph partitioned into kernels, in execution order, plus the views they read."""
+
+    graph: Graph
+    kernels: list[Kernel]
+    views: dict[Value, View]            # movement results folded into loads
+    materialized: set[Value]            # values that live in memory
+
+    def __str__(self) -> str:
+        return "\n".join(k.describe() for k in self.kernels)
+
+    def summary(self) -> list[str]:
+        return [k.describe() for k in self.kernels]
+
+
+# --------------------------------------------------------------------------- views
+
+
+def _strided_stand_in(shape: tuple[int, ...], itemsize: int) -> np.ndarray:
+    strides, acc = [], itemsize
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return np.lib.stride_tricks.as_strided(np.empty(1, dtype=np.uint8), shape=shape,
+                                           strides=tuple(reversed(strides)))
+
+
+def view_of(node: Node, source: View) -> View | None:
+    """The strided form of a movement ``node`` applied to ``source``, or None when no
+    strides express it (a reshape that would need a copy)."""
+    if node.prim.kind is not Kind.MOVEMENT or node.op in ("pad", "concat"):
+        return None
+    np_dtype = source.base.type.dtype.np_dtype
+    item = np_dtype.itemsize
+    # A stand-in with the view's shape and strides over one element: numpy computes the
+    # strides of reshape/transpose/slice/broadcast results without reading memory.
+    stand = np.lib.stride_tricks.as_strided(
+        np.empty(1, dtype=np_dtype), shape=source.shape,
+        strides=tuple(s * item for s in source.strides))
+    try:
+        if node.op == "reshape":
+            out = np.reshape(stand, node.attrs["shape"], copy=False)
+        else:
+            out = node.prim.impl(stand, **node.attrs)
+    except ValueError:
+        return None
+    shift = out.__array_interface__["data"][0] - stand.__array_interface__["data"][0]
+    return View(source.base, tuple(out.shape), tuple(s // item for s in out.strides),
+                source.offset + shift // item)
+
+
+def identity_view(v: Value) -> View:
+    shape = v.type.shape
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return View(v, shape, tuple(reversed(strides)), 0)
+
+
+# --------------------------------------------------------------------------- grouping
+
+
+def _keepdim(shape, axes):
+    return tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+
+class _Partitioner:
+    def __init__(self, g: Graph, max_inputs: int):
+        self.g = g
+        self.max_inputs = max_inputs
+        self.users = g.users()
+        self.outputs = {o for o in g.outputs if isinstance(o, Value)}
+        self.views: dict[Value, View] = {}
+        self.materialized: set[Value] = set(g.inputs)
+        self.group_of: dict[Node, Kernel] = {}
+        self.kernels: list[Kernel] = []
+
+    # -- kinds of nodes
+    def is_view(self, v) -> bool:
+        return isinstance(v, Value) and v in self.views
+
+    def internal(self, v, k: Kernel) -> bool:
+        return isinstance(v, Value) and v.producer is not None and \
+            self.group_of.get(v.producer) is k
+
+    def new_kernel(self, kind: str, node: Node, shape, axes=()) -> Kernel:
+        k = Kernel(f"k{len(self.kernels)}", kind, [node], tuple(shape), tuple(axes))
+        self.kernels.append(k)
+        self.group_of[node] = k
+        return k
+
+    def depends(self, a: Kernel, b: Kernel) -> bool:
+        """Whether kernel ``a`` (transitively) reads something kernel ``b`` computes."""
+        seen, stack = set(), [a]
+        while stack:
+            k = stack.pop()
+            for n in k.nodes:
+                for op in n.inputs:
+                    pk = self._producer_kernel(op)
+                    if pk is None or pk is k or id(pk) in seen:
+                        continue
+                    if pk is b:
+                        return True
+                    seen.add(id(pk))
+                    stack.append(pk)
+        return False
+
+    def _producer_kernel(self, op) -> Kernel | None:
+        while isinstance(op, Value) and op in self.views and op.producer is not None:
+            op = op.producer.inputs[0]
+        if isinstance(op, Value) and op.producer is not None:
+            return self.group_of.get(op.producer)
+        return None
+
+    def producer_kernels(self, node: Node) -> list[Kernel]:
+        out = []
+        for op in node.inputs:
+            if isinstance(op, Value) and op.producer is not None and not self.is_view(op):
+                k = self.group_of.get(op.producer)
+                if k is not None and k not in out:
+                    out.append(k)
+        return out
+
+    def acyclic_join(self, node: Node, k: Kernel) -> bool:
+        """Adding ``node`` to ``k`` is acyclic unless another producer kernel depends on k."""
+        for other in self.all_producer_kernels(node):
+            if other is not k and self.depends(other, k):
+                return False
+        return True
+
+    def all_producer_kernels(self, node: Node) -> list[Kernel]:
+        out = []
+        for op in node.inputs:
+            pk = self._producer_kernel(op)
+            if pk is not None and pk not in out:
+                out.append(pk)
+        return out
+
+    # -- legality
+    def level(self, v, k: Kernel) -> str | None:
+        return k.level.get(v) if self.internal(v, k) else None
+
+    def fits(self, node: Node, k: Kernel) -> str | None:
+        """The level ``node``'s result would have in kernel ``k``, or None if it can't join."""
+        kind = node.prim.kind
+        out_shape = node.output.type.shape
+        internal = [op for op in node.inputs if self.internal(op, k)]
+        if not internal:
+            return None
+        if k.kind == "matmul":
+            if kind is Kind.ELEMENTWISE and out_shape == k.shape and all(
+                    op.type.shape == k.shape for op in internal):
+                return "full"
+            return None
+        if k.kind == "elementwise":
+            if kind is Kind.ELEMENTWISE and out_shape == k.shape and all(
+                    op.type.shape == k.shape for op in internal):
+                return "full"
+            if kind is Kind.REDUCE and node.op in ("sum", "max", "min", "prod") and \
+                    node.inputs[0].type.shape == k.shape and node.attrs["axes"]:
+                return "row"
+            return None
+        if k.kind == "reduction":
+            row, keep = k.row_shape, _keepdim(k.shape, k.axes)
+            levels = [self.level(op, k) for op in internal]
+            if kind is Kind.ELEMENTWISE:
+                if out_shape == k.shape and all(
+                        (lv == "full" and op.type.shape == k.shape) or
+                        (lv == "row" and op.type.shape == keep)
+                        for op, lv in zip(internal, levels)):
+                    return "full"
+                if out_shape in (row, keep) and all(
+                        lv == "row" and op.type.shape in (out_shape, ()) for op, lv in
+                        zip(internal, levels)):
+                    return "row"
+                return None
+            if kind is Kind.REDUCE and node.op in ("sum", "max", "min", "prod"):
+                if levels == ["full"] and node.inputs[0].type.shape == k.shape and \
+                        tuple(node.attrs["axes"]) == k.axes:
+                    return "row"
+                return None
+            if node.op == "reshape" and levels == ["row"] and \
+                    {internal[0].type.shape, out_shape} <= {row, keep}:
+                return "row"
+            if node.op == "broadcast_to" and levels == ["row"] and \
+                    internal[0].type.shape == keep and out_shape == k.shape:
+                return "full"
+        return None
+
+    def join(self, node: Node, k: Kernel, level: str) -> None:
+        if k.kind == "elementwise" and level == "row":
+            k.kind = "reduction"
+            k.axes = tuple(node.attrs["axes"])
+        k.nodes.append(node)
+        k.level[node.output] = level
+        self.group_of[node] = k
+
+    # -- the walk
+    def run(self) -> list[Kernel]:
+        for node in self.g.nodes:
+            self.place(node)
+        self.merge_siblings()
+        self.finish()
+        return self.kernels
+
+    def place(self, node: Node) -> None:
+        prim = node.prim
+        src = node.inputs[0] if node.inputs else None
+        if prim.kind is Kind.MOVEMENT and node.op not in ("pad", "concat") and isinstance(
+                src, Value):
+            computed = src not in self.materialized and src not in self.views
+            if computed:
+                # A view of a value computed in a kernel: joins it if the reduction rules
+                # allow (keepdim reshape, broadcast of a row value), else reads it from memory.
+                k = self.group_of.get(src.producer)
+                level = self.fits(node, k) if k is not None else None
+                if level is not None:
+                    self.join(node, k, level)
+                    return
+            v = view_of(node, self.views.get(src) or identity_view(src))
+            if v is not None:
+                if computed:
+                    self.materialized.add(src)
+                self.views[node.output] = v
+                return
+        if node.op == "constant":
+            self.materialized.add(node.output)
+            return
+        if prim.kind in (Kind.ELEMENTWISE, Kind.REDUCE, Kind.MOVEMENT) or \
+                node.op in _FUSIBLE_SOURCES:
+            producers = self.producer_kernels(node)
+            for k in reversed(producers):
+                level = self.fits(node, k)
+                if level is not None and self.acyclic_join(node, k):
+                    self.join(node, k, level)
+                    # Pull in other elementwise producers of the same shape (a diamond
+                    # whose two arms started separate kernels).
+                    for other in producers:
+                        if other is not k and other.kind == "elementwise" and \
+                                other.shape == k.shape and k.kind != "matmul" and \
+                                self.mergeable(k, other):
+                            self.absorb(k, other)
+                    return
+        if prim.kind is Kind.ELEMENTWISE or node.op in _FUSIBLE_SOURCES:
+            k = self.new_kernel("elementwise", node, node.output.type.shape)
+            k.level[node.output] = "full"
+        elif prim.kind is Kind.REDUCE and node.op in ("sum", "max", "min", "prod") \
+                and node.attrs["axes"]:
+            k = self.new_kernel("reduction", node, node.inputs[0].type.shape,
+                                node.attrs["axes"])
+            k.level[node.output] = "row"
+        elif prim.kind is Kind.CONTRACTION:
+            k = self.new_kernel("matmul", node, node.output.type.shape)
+            k.level[node.output] = "full"
+        elif prim.kind is Kind.MOVEMENT or (prim.kind is Kind.REDUCE and node.op in
+                                            ("sum", "max", "min", "prod")):
+            # A view of a computed value, or an empty-axes reduction: a copy kernel.
+            k = self.new_kernel("elementwise", node, node.output.type.shape)
+            k.level[node.output] = "full"
+        else:
+            k = self.new_kernel("extern", node, node.output.type.shape)
+        # Whatever this node reads from another kernel must be in memory.
+        for op in node.inputs:
+            self.materialize(op, k)
+
+    def materialize(self, op, reader: Kernel) -> None:
+        while isinstance(op, Value) and op in self.views:
+            op = self.views[op].base
+        if isinstance(op, Value) and op.producer is not None:
+            owner = self.group_of.get(op.producer)
+            if owner is not None and owner is not reader:
+                self.materialized.add(op)
+
+    def mergeable(self, a: Kernel, b: Kernel) -> bool:
+        """Merging ``a`` and ``b`` keeps the kernel graph acyclic: no third kernel lies on a
+        path between them."""
+        for c in self.kernels:
+            if c is a or c is b:
+                continue
+            if (self.depends(c, a) and self.depends(b, c)) or \
+                    (self.depends(c, b) and self.depends(a, c)):
+                return False
+        return True
+
+    def absorb(self, into: Kernel, other: Kernel) -> None:
+        for n in other.nodes:
+            self.group_of[n] = into
+        into.nodes.extend(other.nodes)
+        into.level.update(other.level)
+        self.kernels.remove(other)
+
+    def merge_siblings(self) -> None:
+        """Merge independent elementwise kernels over one shape (horizontal fusion)."""
+        merged = True
+        while merged:
+            merged = False
+            for i, a in enumerate(self.kernels):
+                if a.kind != "elementwise":
+                    continue
+                for b in self.kernels[i + 1:]:
+                    if b.kind == "elementwise" and b.shape == a.shape and \
+                            not self.depends(b, a) and not self.depends(a, b) and \
+                            self.mergeable(a, b):
+                        self.absorb(a, b)
+                        merged = True
+                        break
+                if merged:
+                    break
+
+    def finish(self) -> None:
+        """Order kernels topologically and fill in their input and output buffers."""
+        # Values read across kernels, or returned, are materialized.
+        for node in self.g.nodes:
+            k = self.group_of.get(node)
+            for op in node.inputs:
+                self.materialize(op, k)
+        for o in self.g.outputs:
+            if isinstance(o, Value):
+                base = o
+                if o in self.views:
+                    continue        # returned views are copied by the runtime
+                self.materialized.add(base)
+        position = {n: i for i, n in enumerate(self.g.nodes)}
+        for k in self.kernels:
+            k.nodes.sort(key=position.__getitem__)
+        self.kernels.sort(key=lambda k: position[k.nodes[-1]] if k.kind == "extern"
+                          else min(position[n] for n in k.nodes))
+        self.kernels = _topo_order(self.kernels, self)
+        for i, k in enumerate(self.kernels):
+            k.name = f"k{i}"
+            own = set(k.nodes)
+            reads: list[Value] = []
+            for n in k.nodes:
+                for op in n.inputs:
+                    if not isinstance(op, Value):
+                        continue
+                    base = self.views[op].base if op in self.views else op
+                    if (base.producer is None or base.producer not in own) and base not in reads:
+                        reads.append(base)
+            k.inputs = reads
+            k.outputs = [n.output for n in k.nodes if n.output in self.materialized]
+
+
+def _topo_order(kernels: list[Kernel], part: _Partitioner) -> list[Kernel]:
+    """Kernels in an order where every kernel runs after the kernels it reads from."""
+    order, done = [], set()
+
+    def visit(k: Kernel, stack: set):
+        if id(k) in done:
+            return
+        stack.add(id(k))
+        for n in k.nodes:
+            for op in n.inputs:
+                pk = part._producer_kernel(op)
+                if pk is not None and pk is not k and id(pk) not in done:
+                    visit(pk, stack)
+        done.add(id(k))
+        order.append(k)
+
+    for k in kernels:
+        visit(k, set())
+    return order
+
+
+def fuse(g: Graph, max_inputs: int = 64) -> KernelGraph:
+    """Partition ``g`` into kernels (see the module docstring for the rules)."""
+    part = _Partitioner(g, max_inputs)
+    kernels = part.run()
+    return KernelGraph(g, kernels, part.views, part.materialized)
+
+
+@register_pass
+class Fuse(Pass):
+    """Partition into kernels; the graph is unchanged and ``graph.kernels`` describes them."""
+
+    name = "fuse"
+    max_inputs: int = 64
+
+    def run(self, graph: Graph) -> Graph:
+        graph.kernels = fuse(graph, self.max_inputs)
+        return graph

@@ -1,0 +1,314 @@
+"""Run a partitioned graph on the CPU: buffers, compiled kernels, launches, threads.
+
+A :class:`Program` is built once per graph (per input signature). It gives every
+materialized value a slot in a buffer table, emits all LLVM kernels into one module,
+compiles it (:mod:`fusegrad.runtime.jit`), and turns each kernel into a step:
+
+- an LLVM kernel is called through ctypes with the table's address and a range of its
+  outermost loop; large kernels are split across a thread pool (ctypes releases the GIL,
+  so the threads run in parallel);
+- a matmul runs numpy's BLAS into its buffer, then its fused epilogue kernel;
+- an extern primitive, or a kernel codegen cannot lower, runs its nodes' numpy references.
+
+Memory: intermediate buffers are allocated on the first call and kept, and values whose
+lifetimes do not overlap share a buffer. Outputs are fresh arrays, except that an output
+array from the previous call that nobody holds any more (its reference count shows only
+the program's own reference) is reused, which avoids the page faults of a new allocation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import llvmlite.ir as ir
+import numpy as np
+
+from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel
+from fusegrad.config import config
+from fusegrad.ir.graph import Graph, Literal, Value
+from fusegrad.passes.fusion import Kernel, KernelGraph, View
+from fusegrad.runtime import jit
+
+__all__ = ["Program", "thread_pool"]
+
+_KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+# Work (elements) below which a kernel runs on the calling thread only.
+PARALLEL_THRESHOLD = 1 << 16
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def thread_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(1, config.num_threads - 1),
+                                       thread_name_prefix="fusegrad")
+        return _pool
+
+
+@dataclass
+class LaunchStep:
+    kernel: Kernel
+    fn: object                 # ctypes function
+    extent: int                # length of the parallel loop
+    work: int                  # elements, for the threading decision
+
+    def run(self, prog: "Program") -> None:
+        table = prog.table_address
+        threads = config.num_threads
+        if threads > 1 and self.work >= PARALLEL_THRESHOLD and self.extent > 1:
+            chunks = min(threads, self.extent)
+            bounds = [self.extent * i // chunks for i in range(chunks + 1)]
+            pool = thread_pool()
+            futures = [pool.submit(self.fn, table, bounds[i], bounds[i + 1])
+                       for i in range(1, chunks)]
+            self.fn(table, bounds[0], bounds[1])
+            for f in futures:
+                f.result()
+        else:
+            self.fn(table, 0, self.extent)
+
+
+@dataclass
+class MatmulStep:
+    kernel: Kernel
+    a: Value
+    b: Value
+    out: Value
+
+    def run(self, prog: "Program") -> None:
+        np.matmul(prog.array(self.a), prog.array(self.b), out=prog.arrays[prog.slots[self.out]])
+
+
+@dataclass
+class NumpyStep:
+    """Nodes run by their numpy reference (extern primitives, or a kernel with no lowering)."""
+
+    kernel: Kernel
+    reason: str
+
+    def run(self, prog: "Program") -> None:
+        env: dict[Value, np.ndarray] = {}
+        for node in self.kernel.nodes:
+            args = []
+            for op in node.inputs:
+                if isinstance(op, Literal):
+                    args.append(np.asarray(op.value, dtype=op.dtype.np_dtype))
+                elif op in env:
+                    args.append(env[op])
+                else:
+                    args.append(prog.array(op))
+            with np.errstate(all="ignore"):
+                out = np.asarray(node.prim.impl(*args, **node.attrs))
+            if out.dtype != node.output.type.dtype.np_dtype:
+                out = out.astype(node.output.type.dtype.np_dtype)
+            env[node.output] = out
+            if node.output in prog.slots:
+                np.copyto(prog.arrays[prog.slots[node.output]], out)
+
+
+class Program:
+    """A graph compiled for the CPU; call it with numpy arrays, get numpy arrays."""
+
+    def __init__(self, kg: KernelGraph, name: str = "program"):
+        self.kg = kg
+        self.graph: Graph = kg.graph
+        self.name = name
+        self._lock = threading.Lock()
+        start = time.perf_counter()
+        self._assign_slots()
+        self._build_steps()
+        self.compile_ms = (time.perf_counter() - start) * 1e3
+        self._previous_outputs: list = [None] * len(self.graph.outputs)
+
+    # ------------------------------------------------------------------ slots
+
+    def _assign_slots(self) -> None:
+        g, kg = self.graph, self.kg
+        self.slots: dict[Value, int] = {}
+        for v in g.inputs:
+            self.slots[v] = len(self.slots)
+        self.n_inputs = len(g.inputs)
+        self.constants: dict[int, np.ndarray] = {}
+        for node in g.nodes:
+            if node.op == "constant":
+                self.slots[node.output] = len(self.slots)
+                self.constants[self.slots[node.output]] = np.ascontiguousarray(
+                    node.attrs["value"].array)
+        # Values that need memory: kernel outputs, and each matmul's product (BLAS writes
+        # it before the epilogue reads it).
+        producer_step: dict[Value, int] = {}
+        for i, k in enumerate(kg.kernels):
+            for v in k.outputs:
+                producer_step.setdefault(v, i)
+            if k.kind == "matmul":
+                for n in k.nodes:
+                    if n.op == "matmul":
+                        producer_step.setdefault(n.output, i)
+        outputs = {o for o in g.outputs if isinstance(o, Value)}
+        # Liveness: the last step reading each value (through any view); values returned
+        # as (views of) outputs live to the end.
+        last_use: dict[Value, int] = dict(producer_step)
+        for i, k in enumerate(kg.kernels):
+            for v in k.inputs:
+                last_use[v] = max(last_use.get(v, i), i)
+        for o in outputs:
+            if o in kg.views:
+                last_use[kg.views[o].base] = len(kg.kernels)
+        self.output_slots: set[int] = set()
+        self.intermediate_specs: dict[int, tuple] = {}
+        next_slot = len(self.slots)
+        busy_until: dict[int, int] = {}          # intermediate slot -> its last reader
+        by_spec: dict[tuple, list[int]] = {}
+        for v, step in sorted(producer_step.items(), key=lambda item: item[1]):
+            if v in self.slots:
+                continue
+            if v in outputs:
+                self.slots[v] = next_slot
+                self.output_slots.add(next_slot)
+                next_slot += 1
+                continue
+            spec = (v.type.shape, v.type.dtype.np_dtype.str)
+            # Share a buffer whose last reader ran before this value's producer.
+            slot = next((s for s in by_spec.get(spec, []) if busy_until[s] < step), None)
+            if slot is None:
+                slot = next_slot
+                next_slot += 1
+                self.intermediate_specs[slot] = spec
+                by_spec.setdefault(spec, []).append(slot)
+            self.slots[v] = slot
+            busy_until[slot] = last_use.get(v, step)
+        self.output_specs = {s: (v.type.shape, v.type.dtype.np_dtype) for v, s in self.slots.items()
+                             if s in self.output_slots}
+        self.n_slots = next_slot
+        self.arrays: list = [None] * self.n_slots
+        for slot, arr in self.constants.items():
+            self.arrays[slot] = arr
+        self.table = (ctypes.c_void_p * max(self.n_slots, 1))()
+        self.table_address = ctypes.addressof(self.table)
+        for slot, arr in self.constants.items():
+            self.table[slot] = arr.ctypes.data
+        self._allocated = False
+
+    # ------------------------------------------------------------------ steps
+
+    def _build_steps(self) -> None:
+        module = ir.Module(name=self.name)
+        emitted: dict[int, Kernel] = {}
+        self.fallbacks: dict[int, str] = {}
+        for i, k in enumerate(self.kg.kernels):
+            if k.kind == "extern":
+                continue
+            if k.kind == "matmul" and not any(n.op != "matmul" for n in k.nodes):
+                continue
+            try:
+                trial = ir.Module(name="trial")
+                emit_kernel(trial, k, self.kg, self.slots)
+            except Unsupported as e:
+                self.fallbacks[i] = str(e)
+                continue
+            emit_kernel(module, k, self.kg, self.slots)
+            emitted[i] = k
+        self.llvm_ir = str(module)
+        self.jit = jit.compile_ir(self.llvm_ir, [k.name for k in emitted.values()]) \
+            if emitted else None
+        self.steps = []
+        for i, k in enumerate(self.kg.kernels):
+            if k.kind == "matmul":
+                mm = next(n for n in k.nodes if n.op == "matmul")
+                self.steps.append(MatmulStep(k, mm.inputs[0], mm.inputs[1], mm.output))
+            if i in emitted:
+                fn = _KERNEL_FN(self.jit.address(k.name))
+                extent, work = _extent(k)
+                self.steps.append(LaunchStep(k, fn, extent, work))
+            elif k.kind != "matmul" or i in self.fallbacks:
+                reason = self.fallbacks.get(i, f"{k.kind} primitive")
+                self.steps.append(NumpyStep(k, reason))
+
+    # ------------------------------------------------------------------ running
+
+    def array(self, v: Value) -> np.ndarray:
+        """The numpy array of a materialized value or of a view of one."""
+        view = self.kg.views.get(v)
+        if view is None:
+            return self.arrays[self.slots[v]]
+        base = self.arrays[self.slots[view.base]]
+        return _as_view(base, view)
+
+    def _allocate(self) -> None:
+        for slot, (shape, dt) in self.intermediate_specs.items():
+            arr = np.empty(shape, dtype=np.dtype(dt))
+            self.arrays[slot] = arr
+            self.table[slot] = arr.ctypes.data
+        self._allocated = True
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        with self._lock:
+            return self._run(inputs)
+
+    def _run(self, inputs) -> list[np.ndarray]:
+        if not self._allocated:
+            self._allocate()
+        arrays, table = self.arrays, self.table
+        for i, (v, a) in enumerate(zip(self.graph.inputs, inputs)):
+            if not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a)
+            arrays[i] = a
+            table[i] = a.__array_interface__["data"][0]
+        for slot in self.output_slots:
+            prev = arrays[slot]
+            # Reuse last call's output when only this program still refers to it.
+            if prev is None or sys.getrefcount(prev) > 3:
+                shape, dt = self.output_specs[slot]
+                prev = np.empty(shape, dtype=dt)
+                arrays[slot] = prev
+                table[slot] = prev.__array_interface__["data"][0]
+        debug = config.debug >= 2
+        for step in self.steps:
+            if debug:
+                t0 = time.perf_counter()
+                step.run(self)
+                print(f"[fusegrad] {step.kernel.describe()} {type(step).__name__} "
+                      f"{(time.perf_counter() - t0) * 1e6:.1f} us", file=sys.stderr)
+            else:
+                step.run(self)
+        return [self._output(o) for o in self.graph.outputs]
+
+    def _output(self, o) -> np.ndarray:
+        if isinstance(o, Literal):
+            return np.full((), o.value, dtype=o.dtype.np_dtype)
+        if o in self.kg.views:
+            return np.array(self.array(o))
+        arr = self.arrays[self.slots[o]]
+        if o.producer is not None and o.producer.op == "constant":
+            return arr.copy()
+        return arr
+
+    def kernels(self) -> list[str]:
+        return [k.describe() for k in self.kg.kernels]
+
+
+def _extent(k: Kernel) -> tuple[int, int]:
+    """Length of the kernel's parallel loop and its total work in elements."""
+    work = 1
+    for d in k.shape:
+        work *= d
+    if k.kind == "reduction":
+        kept = [d for i, d in enumerate(k.shape) if i not in k.axes]
+        return (kept[0] if kept else 1), work
+    return (k.shape[0] if k.shape else 1), work
+
+
+def _as_view(base: np.ndarray, view: View) -> np.ndarray:
+    item = base.itemsize
+    flat = base.reshape(-1)
+    return np.lib.stride_tricks.as_strided(
+        flat[view.offset:] if flat.size else flat, shape=view.shape,
+        strides=tuple(s * item for s in view.strides))
