@@ -145,7 +145,14 @@ cuda = _Cuda()
 
 from fusegrad import autograd  # noqa: E402
 from fusegrad import ir  # noqa: E402
-from fusegrad.tracer import ConcretizationError, grad, trace, value_and_grad, vjp  # noqa: E402
+from fusegrad.tracer import (  # noqa: E402
+    ConcretizationError,
+    compile,
+    grad,
+    trace,
+    value_and_grad,
+    vjp,
+)
 from fusegrad import nn  # noqa: E402
 from fusegrad import optim  # noqa: E402
 

@@ -1,8 +1,9 @@
 """The tracer: capture Python functions into IR graphs, and functional transforms."""
 
 from fusegrad.ir.symbolic import ConcretizationError, SymbolicTensor
+from fusegrad.tracer.compile import CompiledFunction, Lowered, compile
 from fusegrad.tracer.trace import TraceInfo, trace, tree_flatten, tree_unflatten
 from fusegrad.tracer.transforms import grad, value_and_grad, vjp
 
-__all__ = ["trace", "TraceInfo", "tree_flatten", "tree_unflatten", "grad", "value_and_grad",
+__all__ = ["compile", "CompiledFunction", "Lowered", "trace", "TraceInfo", "tree_flatten", "tree_unflatten", "grad", "value_and_grad",
            "vjp", "ConcretizationError", "SymbolicTensor"]

@@ -1,0 +1,345 @@
+"""``fusegrad.compile``: trace on first call, compile to fused kernels, cache by guards.
+
+A call computes a guard key from what the trace depends on: each tensor argument's shape,
+dtype, device, layout and requires_grad, the grad mode, the values of static arguments, and
+for a module its parameters' types and ``training`` flag. A miss traces the function, runs
+the pass pipeline, partitions the graph into kernels and builds a runtime program; a hit
+goes straight to the program. Parameters are graph inputs, so training a compiled module
+does not recompile it.
+
+Differentiability: when an input requires grad under grad mode, each differentiable
+output gets an autograd node whose backward runs a compiled VJP program (the autodiff
+pass's reverse graph, dead code removed); with ``create_graph=True`` that reverse graph is
+replayed eagerly instead, so higher-order gradients still work.
+
+``fullgraph=False`` (the default, as in torch) runs a function whose tracing fails on
+data-dependent Python eagerly, with one warning; ``fullgraph=True`` raises the tracer's
+error. ``FUSEGRAD_DEBUG=1`` prints one line per compile and the reason for a recompile.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.autograd.engine import Node, _edge, _FREED_MESSAGE
+from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad.config import config
+from fusegrad.ir.graph import Graph
+from fusegrad.ir.symbolic import ConcretizationError, replay
+from fusegrad.ops import creation
+from fusegrad.passes.autodiff import vjp_graph
+from fusegrad.passes.dce import dce
+from fusegrad.passes.fusion import fuse
+from fusegrad.passes.manager import PassManager
+from fusegrad.runtime.cpu import Program
+from fusegrad.tensor import Tensor
+from fusegrad.tracer.trace import module_state, trace, tree_flatten, tree_unflatten
+
+__all__ = ["compile", "CompiledFunction", "Lowered", "RECOMPILE_WARNING_LIMIT"]
+
+RECOMPILE_WARNING_LIMIT = 8
+DEFAULT_PIPELINE = "dce"
+BACKENDS = ("llvm", "interpreter")
+
+
+@dataclass
+class Lowered:
+    """What a call compiles to, without running it: the graph (after passes), the kernels,
+    and the generated LLVM IR."""
+
+    graph: Graph
+    kernels: list[str]
+    llvm_ir: str
+    program: Program | None = None
+
+    def __str__(self) -> str:
+        from fusegrad.ir.printer import print_graph
+        return print_graph(self.graph) + "\n// kernels:\n// " + "\n// ".join(self.kernels)
+
+
+@dataclass
+class _Entry:
+    graph: Graph                      # traced graph (before passes)
+    optimized: Graph
+    program: Program | None
+    info: Any
+    backward: dict = field(default_factory=dict)     # wrt tuple -> (Program, Graph)
+    compile_ms: float = 0.0
+
+
+class CompiledFunction:
+    """The callable ``fusegrad.compile`` returns."""
+
+    def __init__(self, fn: Callable, *, backend: str = "llvm", static_argnums=(),
+                 static_argnames=(), donate_argnums=(), fullgraph: bool = False,
+                 pipeline: str | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}"
+                             + (" (cuda is not available yet)" if backend == "cuda" else ""))
+        self.fn = fn
+        self.module = fn if hasattr(fn, "_parameters") and hasattr(fn, "named_parameters") \
+            else None
+        self.backend = backend
+        self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) \
+            else tuple(static_argnums)
+        self.static_argnames = (static_argnames,) if isinstance(static_argnames, str) \
+            else tuple(static_argnames)
+        self.donate_argnums = (donate_argnums,) if isinstance(donate_argnums, int) \
+            else tuple(donate_argnums)
+        self.fullgraph = fullgraph
+        self.pipeline = pipeline or DEFAULT_PIPELINE
+        self.cache: dict = {}
+        self.compiles = 0
+        self._eager_keys: set = set()
+        self._warned_eager = False
+        self._last_key = None
+        functools.update_wrapper(self, fn if not self.module else type(fn).forward)
+
+    def __getattr__(self, name: str):
+        # A compiled module still looks like the module (parameters(), train(), ...).
+        module = self.__dict__.get("module")
+        if module is not None:
+            return getattr(module, name)
+        raise AttributeError(name)
+
+    # ------------------------------------------------------------------ guards
+
+    def _split(self, args, kwargs):
+        """Separate static arguments (baked into the trace) from traced ones."""
+        static = tuple((i, _hashable(args[i])) for i in self.static_argnums if i < len(args))
+        static += tuple((k, _hashable(kwargs[k])) for k in self.static_argnames if k in kwargs)
+        return static
+
+    def _key(self, args, kwargs):
+        leaves, tree = tree_flatten((args, kwargs))
+        parts = [is_grad_enabled(), self._split(args, kwargs), _tree_key(tree)]
+        for t in leaves:
+            d = t._data
+            parts.append((d.shape, t._dtype.name, t._requires_grad, d.flags.c_contiguous))
+        if self.module is not None:
+            parts.append(self.module.training)
+            for _, t in module_state(self.module):
+                parts.append((t._data.shape, t._dtype.name, t._requires_grad))
+        return tuple(parts), leaves
+
+    # ------------------------------------------------------------------ compile
+
+    def _compile(self, key, args, kwargs) -> _Entry:
+        start = time.perf_counter()
+        # Non-tensor arguments are baked into the trace (and part of the guard key).
+        graph = trace(self.fn, *args, **kwargs)
+        optimized = PassManager(self.pipeline).run(graph)
+        program = None
+        if self.backend == "llvm":
+            program = Program(fuse(optimized), name=_symbol(graph.name))
+        entry = _Entry(graph, optimized, program, graph.meta)
+        entry.compile_ms = (time.perf_counter() - start) * 1e3
+        self.compiles += 1
+        if config.debug >= 1:
+            kernels = program.kernels() if program is not None else []
+            print(f"[fusegrad] compiled {graph.name}: {len(graph.nodes)} nodes, "
+                  f"{len(kernels)} kernels, {entry.compile_ms:.1f} ms", file=sys.stderr)
+            if self._last_key is not None:
+                print(f"[fusegrad] recompile reason: {_diff(self._last_key, key)}",
+                      file=sys.stderr)
+        if self.compiles == RECOMPILE_WARNING_LIMIT + 1:
+            warnings.warn(f"fusegrad.compile: {graph.name} has been recompiled "
+                          f"{self.compiles - 1} times (the guards changed: shapes, dtypes, "
+                          "requires_grad, grad mode or static arguments); set FUSEGRAD_DEBUG=1 "
+                          "to see why", UserWarning, stacklevel=3)
+        return entry
+
+    def lower(self, *args, **kwargs) -> Lowered:
+        """Trace and compile for these arguments without running."""
+        key, _ = self._key(args, kwargs)
+        entry = self.cache.get(key) or self._compile(key, args, kwargs)
+        self.cache[key] = entry
+        prog = entry.program
+        return Lowered(entry.optimized, prog.kernels() if prog else [],
+                       prog.llvm_ir if prog else "", prog)
+
+    # ------------------------------------------------------------------ call
+
+    def __call__(self, *args, **kwargs):
+        key, leaves = self._key(args, kwargs)
+        if key in self._eager_keys:
+            return self.fn(*args, **kwargs)
+        entry = self.cache.get(key)
+        if entry is None:
+            try:
+                entry = self._compile(key, args, kwargs)
+            except ConcretizationError as e:
+                if self.fullgraph:
+                    raise
+                if not self._warned_eager:
+                    warnings.warn(f"fusegrad.compile: running {getattr(self.fn, '__name__', 'fn')}"
+                                  f" eagerly: {e}", UserWarning, stacklevel=2)
+                    self._warned_eager = True
+                self._eager_keys.add(key)
+                return self.fn(*args, **kwargs)
+            self.cache[key] = entry
+            self._last_key = key
+        return self._run(entry, leaves)
+
+    def _inputs(self, entry: _Entry, leaves: list[Tensor]) -> list[Tensor]:
+        info = entry.info
+        tensors = [t for _, t in module_state(self.module)] if self.module is not None else []
+        tensors += leaves
+        n = len(entry.graph.inputs)
+        full: list = tensors + [None] * (n - len(tensors))
+        if info.rng_input is not None:
+            gen = creation.default_generator
+            full[info.rng_input] = gen.get_state()
+            gen._offset += info.rng_counters
+        for t, index in info.lifted:
+            full[index] = t
+        return full
+
+    def _run(self, entry: _Entry, leaves: list[Tensor]):
+        info = entry.info
+        inputs = self._inputs(entry, leaves)
+        if entry.program is not None:
+            outs = entry.program(*[t._data for t in inputs])
+            results = [Tensor._wrap(a, dtypes.from_numpy_dtype(a.dtype)) for a in outs]
+        else:
+            from fusegrad.autograd.grad_mode import no_grad
+            with no_grad():
+                results = replay(entry.optimized, [t.detach() for t in inputs])
+        # In-place writes to inputs (optimizer steps) land in the caller's tensors.
+        for in_index, out_index in info.mutations:
+            target = inputs[in_index]
+            np.copyto(target._data, results[out_index]._data)
+            target._version_counter.value += 1
+        user = results[:info.n_user_outputs]
+        if is_grad_enabled() and any(t is not None and t._requires_grad for t in inputs):
+            self._attach_backward(entry, inputs, user)
+        return tree_unflatten(info.out_tree, user)
+
+    # ------------------------------------------------------------------ autograd
+
+    def _attach_backward(self, entry: _Entry, inputs: list[Tensor], outputs: list[Tensor]):
+        wrt = tuple(i for i, t in enumerate(inputs) if t is not None and t._requires_grad
+                    and t.dtype.is_floating_point)
+        saved = _SavedInputs(inputs)
+        for k, out in enumerate(outputs):
+            if out.dtype.is_floating_point:
+                out.grad_fn = _CompiledBackward(self, entry, wrt, saved, k, inputs)
+                out._requires_grad = True
+
+    def backward_program(self, entry: _Entry, wrt: tuple) -> tuple:
+        hit = entry.backward.get(wrt)
+        if hit is None:
+            g = vjp_graph(entry.graph, list(wrt), name=f"{entry.graph.name}_backward")
+            n_out = len(entry.graph.outputs)
+            g.set_outputs(g.outputs[n_out:])
+            g = dce(g)
+            program = Program(fuse(PassManager(self.pipeline).run(g)), name=_symbol(g.name)) \
+                if self.backend == "llvm" else None
+            hit = entry.backward[wrt] = (program, g)
+        return hit
+
+
+class _SavedInputs:
+    """The inputs of a compiled call, kept for its backward with their versions (the
+    tensors themselves, so a ``create_graph`` backward stays connected to them)."""
+
+    def __init__(self, inputs: list):
+        self.tensors = list(inputs)
+        self.versions = [t._version_counter.value if t is not None else 0 for t in inputs]
+        self.freed = False
+
+    def unpack(self, name: str) -> list:
+        if self.freed:
+            raise RuntimeError(_FREED_MESSAGE)
+        for t, v in zip(self.tensors, self.versions):
+            if t is not None and t._version_counter.value != v:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified by "
+                    f"an inplace operation: [{t._type_string()} {list(t.shape)}] is at version "
+                    f"{t._version_counter.value}; expected version {v} instead (saved by {name})")
+        return self.tensors
+
+
+class _CompiledBackward(Node):
+    """Backward of one output of a compiled call: runs the compiled VJP program."""
+
+    __slots__ = ("cf", "entry", "wrt", "saved", "k")
+
+    def __init__(self, cf: CompiledFunction, entry: _Entry, wrt: tuple, saved: _SavedInputs,
+                 k: int, inputs: list):
+        super().__init__(tuple(_edge(inputs[i]) for i in wrt), "CompiledFunctionBackward")
+        self.cf, self.entry, self.wrt, self.saved, self.k = cf, entry, wrt, saved, k
+
+    def apply(self, grad, create_graph, retain_graph):
+        inputs = self.saved.unpack(self._name)
+        program, g = self.cf.backward_program(self.entry, self.wrt)
+        outs = self.entry.graph.outputs
+        cts = [grad if i == self.k else _zeros(o.type) for i, o in enumerate(outs)]
+        if create_graph or program is None:
+            grads = replay(g, list(inputs) + cts)
+        else:
+            arrays = [t._data for t in inputs] + [c._data for c in cts]
+            grads = [Tensor._wrap(a, dtypes.from_numpy_dtype(a.dtype)) for a in program(*arrays)]
+        return tuple(grads)
+
+    def release(self) -> None:
+        pass
+
+
+def _zeros(t) -> Tensor:
+    return Tensor._wrap(np.zeros(t.shape, dtype=t.dtype.np_dtype), t.dtype)
+
+
+def _symbol(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name) or "graph"
+
+
+def _hashable(v):
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return ("id", id(v))
+
+
+def _tree_key(tree) -> Any:
+    if tree.kind == "static":
+        return ("static", _hashable(tree.meta) if not isinstance(tree.meta, Tensor) else None)
+    return (tree.kind, tuple(_tree_key(c) for c in tree.children),
+            tree.meta if tree.kind == "dict" else None)
+
+
+def _diff(old, new) -> str:
+    names = ["grad mode", "static arguments", "argument structure"]
+    for i, (a, b) in enumerate(zip(old, new)):
+        if a != b:
+            what = names[i] if i < len(names) else f"tensor {i - len(names)} (shape, dtype, " \
+                                                    "requires_grad, layout)"
+            return f"{what} changed: {a} -> {b}"
+    return "a new signature"
+
+
+def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums=(),  # noqa: A001
+            static_argnames=(), donate_argnums=(), fullgraph: bool = False,
+            pipeline: str | None = None, **torch_options):
+    """Compile ``fn`` (a function or an ``nn.Module``) to fused kernels.
+
+    Usable as ``@fusegrad.compile``, ``@fusegrad.compile(fullgraph=True)`` or
+    ``fusegrad.compile(model)``. Options: ``backend`` ("llvm" or "interpreter"),
+    ``static_argnums``/``static_argnames`` (Python values baked into the trace),
+    ``donate_argnums`` (accepted; outputs may reuse those inputs' buffers), ``fullgraph``.
+    torch.compile's ``mode``/``dynamic`` keywords are accepted and ignored.
+    """
+    def wrap(f):
+        return CompiledFunction(f, backend=backend, static_argnums=static_argnums,
+                                static_argnames=static_argnames, donate_argnums=donate_argnums,
+                                fullgraph=fullgraph, pipeline=pipeline)
+    return wrap if fn is None else wrap(fn)
