@@ -73,6 +73,8 @@ class _Entry:
     info: Any
     backward: dict = field(default_factory=dict)     # wrt tuple -> (Program, Graph)
     compile_ms: float = 0.0
+    out_dtypes: list = field(default_factory=list)
+    plain_inputs: bool = False                       # graph inputs are exactly the leaves
 
 
 class CompiledFunction:
@@ -97,6 +99,9 @@ class CompiledFunction:
         self.fullgraph = fullgraph
         self.pipeline = pipeline or DEFAULT_PIPELINE
         self.cache: dict = {}
+        self._fast: dict = {}
+        self._fast_ok = self.module is None and not self.static_argnums and \
+            not self.static_argnames
         self.compiles = 0
         self._eager_keys: set = set()
         self._warned_eager = False
@@ -141,6 +146,9 @@ class CompiledFunction:
         if self.backend == "llvm":
             program = Program(fuse(optimized), name=_symbol(graph.name))
         entry = _Entry(graph, optimized, program, graph.meta)
+        entry.out_dtypes = [o.type.dtype for o in optimized.outputs]
+        entry.plain_inputs = self.module is None and graph.meta.rng_input is None and \
+            not graph.meta.lifted
         entry.compile_ms = (time.perf_counter() - start) * 1e3
         self.compiles += 1
         if config.debug >= 1:
@@ -169,6 +177,23 @@ class CompiledFunction:
     # ------------------------------------------------------------------ call
 
     def __call__(self, *args, **kwargs):
+        # Fast path: positional tensor arguments only, a signature seen before.
+        if not kwargs and self._fast_ok:
+            try:
+                fast = (is_grad_enabled(),) + tuple(
+                    (a._data.shape, a._dtype, a._requires_grad) for a in args)
+            except (AttributeError, RuntimeError):
+                fast = None
+            if fast is not None:
+                entry = self._fast.get(fast)
+                if entry is not None:
+                    return self._run(entry, args)
+        else:
+            fast = None
+        leaves, _ = tree_flatten((args, kwargs))
+        if any(t._trace is not None for t in leaves):
+            # Called inside a trace (another compile or a transform): inline the function.
+            return self.fn(*args, **kwargs)
         key, leaves = self._key(args, kwargs)
         if key in self._eager_keys:
             return self.fn(*args, **kwargs)
@@ -187,12 +212,16 @@ class CompiledFunction:
                 return self.fn(*args, **kwargs)
             self.cache[key] = entry
             self._last_key = key
+        if fast is not None and len(leaves) == len(args):
+            self._fast[fast] = entry
         return self._run(entry, leaves)
 
-    def _inputs(self, entry: _Entry, leaves: list[Tensor]) -> list[Tensor]:
+    def _inputs(self, entry: _Entry, leaves) -> list[Tensor]:
         info = entry.info
+        if entry.plain_inputs:
+            return leaves
         tensors = [t for _, t in module_state(self.module)] if self.module is not None else []
-        tensors += leaves
+        tensors += list(leaves)
         n = len(entry.graph.inputs)
         full: list = tensors + [None] * (n - len(tensors))
         if info.rng_input is not None:
@@ -203,22 +232,22 @@ class CompiledFunction:
             full[index] = t
         return full
 
-    def _run(self, entry: _Entry, leaves: list[Tensor]):
+    def _run(self, entry: _Entry, leaves):
         info = entry.info
         inputs = self._inputs(entry, leaves)
         if entry.program is not None:
             outs = entry.program(*[t._data for t in inputs])
-            results = [Tensor._wrap(a, dtypes.from_numpy_dtype(a.dtype)) for a in outs]
+            results = [Tensor._wrap(a, dt) for a, dt in zip(outs, entry.out_dtypes)]
         else:
             from fusegrad.autograd.grad_mode import no_grad
             with no_grad():
                 results = replay(entry.optimized, [t.detach() for t in inputs])
         # In-place writes to inputs (optimizer steps) land in the caller's tensors.
-        for in_index, out_index in info.mutations:
+        for in_index, out_index in info.mutations or ():
             target = inputs[in_index]
             np.copyto(target._data, results[out_index]._data)
             target._version_counter.value += 1
-        user = results[:info.n_user_outputs]
+        user = results[:info.n_user_outputs] if info.mutations else results
         if is_grad_enabled() and any(t is not None and t._requires_grad for t in inputs):
             self._attach_backward(entry, inputs, user)
         return tree_unflatten(info.out_tree, user)

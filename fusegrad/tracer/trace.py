@@ -42,44 +42,50 @@ class TreeDef:
     meta: Any = None
 
 
+_LEAF = TreeDef("leaf")
+
 def tree_flatten(obj) -> tuple[list[Tensor], TreeDef]:
     """Tensor leaves of ``obj`` in order, and its structure."""
     leaves: list[Tensor] = []
+    return leaves, _flatten(obj, leaves)
 
-    def walk(o) -> TreeDef:
-        if isinstance(o, Tensor):
-            leaves.append(o)
-            return TreeDef("leaf")
-        if isinstance(o, tuple) and hasattr(o, "_fields"):
-            return TreeDef("namedtuple", tuple(walk(c) for c in o), type(o))
-        if isinstance(o, (tuple, list)):
-            return TreeDef(type(o).__name__, tuple(walk(c) for c in o))
-        if isinstance(o, dict):
-            keys = tuple(o.keys())
-            return TreeDef("dict", tuple(walk(o[k]) for k in keys), keys)
-        return TreeDef("static", (), o)
 
-    return leaves, walk(obj)
+# Module-level recursion: a recursive closure would form a reference cycle per call that
+# keeps the leaves (and their arrays) alive until the garbage collector runs.
+def _flatten(o, leaves: list) -> TreeDef:
+    if isinstance(o, Tensor):
+        leaves.append(o)
+        return _LEAF
+    if isinstance(o, tuple) and hasattr(o, "_fields"):
+        return TreeDef("namedtuple", tuple(_flatten(c, leaves) for c in o), type(o))
+    if isinstance(o, (tuple, list)):
+        return TreeDef(type(o).__name__, tuple(_flatten(c, leaves) for c in o))
+    if isinstance(o, dict):
+        keys = tuple(o.keys())
+        return TreeDef("dict", tuple(_flatten(o[k], leaves) for k in keys), keys)
+    return TreeDef("static", (), o)
 
 
 def tree_unflatten(tree: TreeDef, leaves) -> Any:
-    it = iter(leaves)
+    """Rebuild the structure ``tree`` with ``leaves`` in place of its tensors."""
+    if tree.kind == "leaf":
+        return leaves[0]
+    return _build(tree, iter(leaves))
 
-    def build(t: TreeDef):
-        if t.kind == "leaf":
-            return next(it)
-        if t.kind == "static":
-            return t.meta
-        kids = [build(c) for c in t.children]
-        if t.kind == "tuple":
-            return tuple(kids)
-        if t.kind == "list":
-            return kids
-        if t.kind == "namedtuple":
-            return t.meta(*kids)
-        return dict(zip(t.meta, kids))
 
-    return build(tree)
+def _build(t: TreeDef, it) -> Any:
+    if t.kind == "leaf":
+        return next(it)
+    if t.kind == "static":
+        return t.meta
+    kids = [_build(c, it) for c in t.children]
+    if t.kind == "tuple":
+        return tuple(kids)
+    if t.kind == "list":
+        return kids
+    if t.kind == "namedtuple":
+        return t.meta(*kids)
+    return dict(zip(t.meta, kids))
 
 
 # --------------------------------------------------------------------------- modules
