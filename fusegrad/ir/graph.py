@@ -153,6 +153,11 @@ class Graph:
     def __len__(self) -> int:
         return len(self.nodes)
 
+    def to_dot(self, kernels: Sequence[Sequence[Node]] | None = None) -> str:
+        """Graphviz text of this graph (see :func:`fusegrad.ir.dot.to_dot`)."""
+        from fusegrad.ir.dot import to_dot
+        return to_dot(self, kernels)
+
     def __str__(self) -> str:
         from fusegrad.ir.printer import print_graph
         return print_graph(self)

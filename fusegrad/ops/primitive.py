@@ -37,8 +37,12 @@ class Kind(enum.Enum):
     EXTERN = "extern"             # no kernel lowering (sort, cumsum): runs between kernels
 
 
-class ShapeError(ValueError):
-    """An operation got operands whose shapes, dtypes or attributes it cannot accept."""
+class ShapeError(ValueError, RuntimeError):
+    """An operation got operands whose shapes, dtypes or attributes it cannot accept.
+
+    Also a RuntimeError, the type torch raises for these mistakes, so that code written
+    against torch (``except RuntimeError``) catches it.
+    """
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ class ConstantData:
     __slots__ = ("array", "_key")
 
     def __init__(self, array: np.ndarray):
-        self.array = np.ascontiguousarray(array)
+        self.array = np.array(array, copy=True, order="C")   # keeps 0-d arrays 0-d
         self.array.flags.writeable = False
         self._key = (self.array.dtype.str, self.array.shape, self.array.tobytes())
 

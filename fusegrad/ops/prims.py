@@ -151,12 +151,14 @@ neg = _unary("neg", np.negative, Rule(lambda g, out, x: -g), float_only=False)
 abs_ = _unary("abs", np.abs, _rule_x(lambda g, out, x: g * x.sign()), float_only=False)
 exp = _unary("exp", np.exp, _rule_out(lambda g, out, x: g * out))
 log = _unary("log", np.log, _rule_x(lambda g, out, x: g / x))
-log1p = _unary("log1p", np.log1p, _rule_x(lambda g, out, x: g / (x + 1)))
+log1p = _unary("log1p", np.log1p, _rule_x(lambda g, out, x: g / (x + 1)),
+               grad_name="Log1PBackward0")
 expm1 = _unary("expm1", np.expm1, _rule_out(lambda g, out, x: g * (out + 1)))
 sin = _unary("sin", np.sin, _rule_x(lambda g, out, x: g * x.cos()))
 cos = _unary("cos", np.cos, _rule_x(lambda g, out, x: -(g * x.sin())))
 tanh = _unary("tanh", np.tanh, _rule_out(lambda g, out, x: g * (1 - out * out)))
-erf = _unary("erf", lambda x: _erf_np(x).astype(x.dtype),
+# np.asarray: frompyfunc gives a Python float, not an array, for a 0-d input
+erf = _unary("erf", lambda x: np.asarray(_erf_np(x)).astype(x.dtype),
              _rule_x(lambda g, out, x: g * _TWO_OVER_SQRT_PI * (-(x * x)).exp()))
 sqrt = _unary("sqrt", np.sqrt, _rule_out(lambda g, out, x: g / (out * 2)))
 reciprocal = _unary("reciprocal", np.reciprocal, _rule_out(lambda g, out, x: -(g * out * out)))
@@ -493,7 +495,7 @@ def _pad_vjp(g, out, x, *, widths, value):
 
 pad = register(Primitive(
     "pad", Kind.MOVEMENT, _pad_infer,
-    lambda x, *, widths, value: np.pad(x, widths, constant_values=value),
+    lambda x, *, widths, value: np.pad(x, widths, constant_values=value) if x.ndim else x.copy(),
     (Rule(_pad_vjp),), "ConstantPadNdBackward0", attrs=("widths", "value")))
 
 
@@ -538,15 +540,16 @@ def _take_infer(x: TensorType, idx: TensorType, *, axis: int) -> TensorType:
     return TensorType(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)
 
 
-def _bounds(op: str, idx: np.ndarray, size: int) -> np.ndarray:
+def _bounds(op: str, idx: np.ndarray, size: int, axis: int | None = None) -> np.ndarray:
     if idx.size and (idx.min() < -size or idx.max() >= size):
         bad = idx[(idx < -size) | (idx >= size)].flat[0]
-        raise IndexError(f"{op}: index {bad} is out of bounds for dimension with size {size}")
+        dim = "dimension" if axis is None else f"dimension {axis}"
+        raise IndexError(f"{op}: index {bad} is out of bounds for {dim} with size {size}")
     return idx
 
 
 def _take_impl(x, idx, *, axis):
-    return np.take(x, _bounds("take", idx, x.shape[axis]), axis=axis)
+    return np.take(x, _bounds("take", idx, x.shape[axis], axis), axis=axis)
 
 
 def _take_vjp(g, out, x, idx, *, axis):
@@ -568,7 +571,7 @@ def _index_add_infer(x: TensorType, idx: TensorType, src: TensorType, *, axis: i
 
 def _index_add_impl(x, idx, src, *, axis):
     out = np.array(x, copy=True)
-    _bounds("index_add", idx, x.shape[axis])
+    _bounds("index_add", idx, x.shape[axis], axis)
     # Move the axis to the front so np.add.at can accumulate repeated indices.
     moved = np.moveaxis(out, axis, 0)
     src_moved = np.moveaxis(src.reshape(x.shape[:axis] + (idx.size,) + x.shape[axis + 1:]), axis, 0)
@@ -599,7 +602,7 @@ def _gather_infer(x: TensorType, idx: TensorType, *, axis: int) -> TensorType:
 
 
 def _gather_impl(x, idx, *, axis):
-    _bounds("gather", idx, x.shape[axis])
+    _bounds("gather", idx, x.shape[axis], axis)
     sl = tuple(slice(0, d) if i != axis else slice(None) for i, d in enumerate(idx.shape))
     return np.take_along_axis(x[sl], idx, axis=axis)
 
@@ -623,7 +626,7 @@ def _scatter_add_infer(x: TensorType, idx: TensorType, src: TensorType, *, axis)
 
 def _scatter_add_impl(x, idx, src, *, axis):
     out = np.array(x, copy=True)
-    _bounds("scatter_add", idx, x.shape[axis])
+    _bounds("scatter_add", idx, x.shape[axis], axis)
     coords = list(np.indices(idx.shape, sparse=True))
     coords[axis] = idx
     src = src[tuple(slice(0, d) for d in idx.shape)]
@@ -651,7 +654,7 @@ def _matmul_infer(a: TensorType, b: TensorType) -> TensorType:
         raise ShapeError(
             f"mat1 and mat2 shapes cannot be multiplied ({a.shape[-2]}x{a.shape[-1]} and "
             f"{b.shape[-2]}x{b.shape[-1]})")
-    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2], op="matmul")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2], op=f"matmul (batch dims of {a} and {b})")
     return TensorType(batch + (a.shape[-2], b.shape[-1]), dt)
 
 
