@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fusegrad.autograd.engine import grad as autograd_grad
-from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.autograd.grad_mode import enable_grad, no_grad
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError", "numerical_jacobian",
            "analytical_jacobian"]
@@ -32,16 +32,16 @@ def numerical_jacobian(fn: Callable, inputs: Sequence, eps: float = 1e-6) -> lis
         for i, x in enumerate(inputs):
             if not getattr(x, "requires_grad", False):
                 continue
-            flat = x._data.reshape(-1)   # a view: writes perturb x itself
-            if not np.shares_memory(flat, x._data):
-                raise ValueError("gradcheck needs contiguous inputs to perturb in place")
-            for k in range(flat.size):
-                orig = flat[k].item()
-                flat[k] = orig + eps
+            # Perturb x's own array element by element (row-major order, the Jacobian's
+            # column order): non-contiguous inputs (transposed, sliced) work too.
+            data = x._data
+            for k, pos in enumerate(np.ndindex(data.shape)):
+                orig = data[pos].item()
+                data[pos] = orig + eps
                 plus = [o._data.astype(np.float64).reshape(-1) for o in _outputs(fn, inputs)]
-                flat[k] = orig - eps
+                data[pos] = orig - eps
                 minus = [o._data.astype(np.float64).reshape(-1) for o in _outputs(fn, inputs)]
-                flat[k] = orig
+                data[pos] = orig
                 for o, (p, m) in enumerate(zip(plus, minus)):
                     jac[o][i][:, k] = (p - m) / (2 * eps)
     return jac
@@ -105,13 +105,15 @@ def gradgradcheck(fn: Callable, inputs, *, eps: float = 1e-6, atol: float = 1e-5
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
     def first_grad(*xs):
-        outs = _outputs(fn, xs)
-        from fusegrad.ops import functional as F
-        total = None
-        for o in outs:
-            s = F.sum(o)
-            total = s if total is None else total + s
-        diff = [x for x in xs if x.requires_grad]
-        return autograd_grad([total], diff, create_graph=True, allow_unused=True)
+        # numerical_jacobian evaluates under no_grad; the first gradient still needs a graph.
+        with enable_grad():
+            outs = _outputs(fn, xs)
+            from fusegrad.ops import functional as F
+            total = None
+            for o in outs:
+                s = F.sum(o)
+                total = s if total is None else total + s
+            diff = [x for x in xs if x.requires_grad]
+            return autograd_grad([total], diff, create_graph=True, allow_unused=True)
 
     return gradcheck(first_grad, inputs, eps=eps, atol=atol, rtol=rtol)

@@ -102,9 +102,13 @@ def composite(grad_name: str):
     return decorate
 
 
-def _named(out: Tensor, name: str) -> Tensor:
-    """Give the node that made ``out`` torch's name for the public op."""
-    if out.grad_fn is not None and out._trace is None:
+def _named(out: Tensor, name: str, src: Tensor | None = None) -> Tensor:
+    """Give the node that made ``out`` torch's name for the public op.
+
+    ``src``: the op's input, when the op may return it unchanged (a no-op view), whose node
+    must keep its own name.
+    """
+    if out.grad_fn is not None and out._trace is None and out is not src:
         out.grad_fn._name = name
     return out
 
@@ -238,6 +242,7 @@ def remainder(x, other) -> Tensor:
     return bind(P.remainder, a, b)
 
 
+@composite("FmodBackward0")
 def fmod(x, other) -> Tensor:
     a, b = _promote("fmod", x, other)
     return sub(a, mul(trunc(div(a, b)), b)) if a.dtype.is_floating_point else \
@@ -246,12 +251,13 @@ def fmod(x, other) -> Tensor:
 
 def pow(x, exponent) -> Tensor:  # noqa: A001 - torch's name
     """``x ** exponent``; ``x ** 2`` and other small integer powers stay exact."""
+    # Promote first: int_tensor ** 2.0 is float, bool_tensor ** 2 is int64.
+    a, b = _promote("pow", x, exponent)
     if isinstance(x, Tensor) and _is_scalar(exponent) and not isinstance(exponent, bool):
         if exponent == 2:
-            return _named(mul(x, x), "PowBackward0")
+            return _named(bind(P.mul, a, a), "PowBackward0")
         if exponent == 1:
-            return _named(mul(x, 1), "PowBackward0")
-    a, b = _promote("pow", x, exponent)
+            return _named(bind(P.mul, a, b), "PowBackward0")
     out = bind(P.pow_, a, b)
     name = "PowBackward0" if _is_scalar(exponent) else "PowBackward1"
     return _named(out, name)
@@ -399,13 +405,23 @@ def tan(x: Tensor) -> Tensor:
 
 @composite("SigmoidBackward0")
 def sigmoid(x: Tensor) -> Tensor:
-    """``1 / (1 + exp(-x))``."""
+    """``1 / (1 + exp(-x))``, computed as ``e / (1 + e)`` with ``e = exp(x)`` for x < 0.
+
+    exp(-x) overflows for x < -88 (float32): its VJP then multiplies 0 by inf and the
+    gradient is NaN. exp(-|x|) never overflows; -|x| is written with where() so that its
+    gradient at 0 is -1 on the x >= 0 side (abs's would be 0 and lose sigmoid'(0) = 1/4).
+    """
     x = cast(x, _float_dtype(x.dtype))
-    return reciprocal(add(exp(neg(x)), 1))
+    nonneg = ge(x, 0)
+    e = exp(where(nonneg, neg(x), x))
+    return where(nonneg, reciprocal(add(e, 1)), div(e, add(e, 1)))
 
 
 def relu(x: Tensor) -> Tensor:
-    return _named(maximum(x, 0), "ReluBackward0")
+    """``max(x, 0)`` with torch's gradient: 0 at x == 0 (maximum would split the tie), and
+    NaN propagates."""
+    a, zero = _promote("relu", x, 0)
+    return _named(bind(P.where, bind(P.le, a, zero), zero, a), "ReluBackward0")
 
 
 def square(x: Tensor) -> Tensor:
@@ -429,7 +445,7 @@ ceil = _rounding(P.ceil)
 def trunc(x: Tensor) -> Tensor:
     if not x.dtype.is_floating_point:
         return x
-    return where(lt(x, 0), ceil(x), floor(x))
+    return _named(where(lt(x, 0), ceil(x), floor(x)), "TruncBackward0")
 
 
 fix = trunc
@@ -454,7 +470,8 @@ def clamp(x: Tensor, min=None, max=None) -> Tensor:  # noqa: A002
         out = maximum(out, min) if isinstance(min, Tensor) else _clamp_scalar(out, min, P.maximum)
     if max is not None:
         out = minimum(out, max) if isinstance(max, Tensor) else _clamp_scalar(out, max, P.minimum)
-    return _named(out, "ClampBackward1")
+    tensor_bound = isinstance(min, Tensor) or isinstance(max, Tensor)
+    return _named(out, "ClampBackward0" if tensor_bound else "ClampBackward1")
 
 
 def _clamp_scalar(x, bound, prim):
@@ -507,7 +524,10 @@ def contiguous(x: Tensor, memory_format=None) -> Tensor:
     """``x`` itself when already contiguous, else a contiguous copy."""
     if x._trace is not None or x.is_contiguous():
         return x
-    return clone(x)
+    out = clone(x)
+    # clone keeps a transposed layout (torch's preserve_format); contiguous means row-major.
+    out._data = np.ascontiguousarray(out._data)
+    return out
 
 
 def to(x: Tensor, *args, **kwargs) -> Tensor:
@@ -582,7 +602,8 @@ def sum_to_size(x: Tensor, *size) -> Tensor:
     if not axes:
         return x
     out = bind(P.sum_, x, axes=axes)
-    return reshape_prim(out, tuple(shape)) if tuple(out.shape) != tuple(shape) else out
+    out = reshape_prim(out, tuple(shape)) if tuple(out.shape) != tuple(shape) else out
+    return _named(out, "SumBackward1")
 
 
 def reduce_prod(x: Tensor, axes: tuple[int, ...]) -> Tensor:
@@ -594,7 +615,8 @@ def prod(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
         x = cast(x, dtype)
     if dim is not None and not isinstance(dim, (int, np.integer)):
         raise TypeError("prod(): argument 'dim' must be int")
-    return _reduce(P.prod, x, dim, keepdim, "prod")
+    out = _reduce(P.prod, x, dim, keepdim, "prod")
+    return _named(out, "ProdBackward0" if dim is None else "ProdBackward1")
 
 
 def _count(x: Tensor, axes) -> int:
@@ -617,7 +639,7 @@ def mean(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
     if not x.dtype.is_floating_point:
         raise RuntimeError(
             f"mean(): could not infer output dtype. Input dtype must be either a floating point "
-            f"or complex dtype. Got: {x.dtype.name.capitalize()}")
+            f"or complex dtype. Got: {_dtype_title(x.dtype)}")
     out = _mean(x, dim, keepdim)
     return _named(out, "MeanBackward0" if dim is None else "MeanBackward1")
 
@@ -638,21 +660,37 @@ def _var(x: Tensor, dim, correction: float, keepdim: bool) -> Tensor:
     return _keep(out, x, axes, keepdim)
 
 
+def _require_float_input(x: Tensor, op: str) -> None:
+    if not x.dtype.is_floating_point:
+        raise RuntimeError(f"{op}(): std and var only support floating point and complex dtypes, "
+                           f"got {x.dtype}")
+
+
 def var(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction=None) -> Tensor:
     """Variance with Bessel's ``correction`` (1 by default)."""
     if isinstance(dim, bool):
         dim, unbiased = None, dim
+    _require_float_input(x, "var")
     return _var(x, dim, _correction(unbiased, correction), keepdim)
+
+
+def _root_with_zero_grad(s: Tensor, root) -> Tensor:
+    """``root(s)`` whose gradient is 0 where ``s == 0`` instead of inf * 0 = nan: torch's
+    convention for the norm and std of an all-zero (or constant) input. The inner where keeps
+    the infinite derivative of the root at 0 out of the graph."""
+    zero = eq(s, 0)
+    return where(zero, 0.0, root(where(zero, 1.0, s)))
 
 
 @composite("StdBackward0")
 def _std(x, dim, correction, keepdim):
-    return sqrt(_var(x, dim, correction, keepdim))
+    return _root_with_zero_grad(_var(x, dim, correction, keepdim), sqrt)
 
 
 def std(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction=None) -> Tensor:
     if isinstance(dim, bool):
         dim, unbiased = None, dim
+    _require_float_input(x, "std")
     return _std(x, dim, _correction(unbiased, correction), keepdim)
 
 
@@ -690,7 +728,7 @@ def max(x: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
                                "== 0. Specify the reduction dim with the 'dim' argument.")
         return _named(_reduce(P.max_, x, None, False, "max"), "MaxBackward1")
     out = _extremum_with_dim(x, dim, keepdim, P.argmax, _MAX_RESULT)
-    _named(out.values, "MaxBackward0")
+    _named(out.values, "MaxBackward0", src=x)
     return out
 
 
@@ -704,7 +742,7 @@ def min(x: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
                                "== 0. Specify the reduction dim with the 'dim' argument.")
         return _named(_reduce(P.min_, x, None, False, "min"), "MinBackward1")
     out = _extremum_with_dim(x, dim, keepdim, P.argmin, _MIN_RESULT)
-    _named(out.values, "MinBackward0")
+    _named(out.values, "MinBackward0", src=x)
     return out
 
 
@@ -747,13 +785,16 @@ def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
 
 
 def all(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
-    return _reduce(P.min_, _to_bool(x), dim, keepdim, "all") if x.numel() else \
-        _scalar_tensor(True, dtypes.bool_)
+    if x.numel():
+        return _reduce(P.min_, _to_bool(x), dim, keepdim, "all")
+    # min has no identity on an empty reduction; counting the False elements does.
+    return eq(sum(logical_not(x), dim, keepdim), 0)
 
 
 def any(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
-    return _reduce(P.max_, _to_bool(x), dim, keepdim, "any") if x.numel() else \
-        _scalar_tensor(False, dtypes.bool_)
+    if x.numel():
+        return _reduce(P.max_, _to_bool(x), dim, keepdim, "any")
+    return ne(sum(_to_bool(x), dim, keepdim), 0)
 
 
 def count_nonzero(x: Tensor, dim=None) -> Tensor:
@@ -772,12 +813,12 @@ def norm(x: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Ten
     if p == -math.inf:
         return amin(abs(x), dim if dim is not None else (), keepdim)
     if p == 2:
-        return sqrt(sum(mul(x, x), dim, keepdim))
+        return _root_with_zero_grad(sum(mul(x, x), dim, keepdim), sqrt)
     if p == 1:
         return sum(abs(x), dim, keepdim)
     if p == 0:
         return sum(cast(ne(x, 0), x.dtype), dim, keepdim)
-    return pow(sum(pow(abs(x), p), dim, keepdim), 1.0 / p)
+    return _root_with_zero_grad(sum(pow(abs(x), p), dim, keepdim), lambda s: pow(s, 1.0 / p))
 
 
 def cumsum(x: Tensor, dim: int, *, dtype=None) -> Tensor:
@@ -902,7 +943,7 @@ swapaxes = swapdims = transpose
 def t(x: Tensor) -> Tensor:
     if x.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.ndim}D")
-    return transpose(x, 0, 1) if x.ndim == 2 else x
+    return _named(transpose(x, 0, 1), "TBackward0") if x.ndim == 2 else x
 
 
 def movedim(x: Tensor, source, destination) -> Tensor:
@@ -957,7 +998,9 @@ def squeeze(x: Tensor, dim=None) -> Tensor:
     if not axes:
         return x
     shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
-    return _named(reshape_prim(x, shape), "SqueezeBackward1")
+    name = "SqueezeBackward0" if dim is None else (
+        "SqueezeBackward1" if isinstance(dim, (int, np.integer)) else "SqueezeBackward2")
+    return _named(reshape_prim(x, shape), name)
 
 
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
@@ -1024,9 +1067,11 @@ def split(x: Tensor, split_size_or_sections, dim: int = 0):
             raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {size} "
                                f"(input tensor's size at dimension {dim}), but got split_sizes="
                                f"{sizes}")
+    name = "SplitBackward0" if isinstance(split_size_or_sections, int) else \
+        "SplitWithSizesBackward0"
     out, start = [], 0
     for s in sizes:
-        out.append(narrow(x, axis, start, s))
+        out.append(_named(narrow(x, axis, start, s), name, src=x))
         start += s
     return tuple(out)
 
@@ -1041,7 +1086,7 @@ def chunk(x: Tensor, chunks: int, dim: int = 0):
 
 def unbind(x: Tensor, dim: int = 0):
     axis = normalize_axis(dim, x.ndim, "unbind")
-    return tuple(select(x, axis, i) for i in range(x.shape[axis]))
+    return tuple(_named(select(x, axis, i), "UnbindBackward0") for i in range(x.shape[axis]))
 
 
 def select(x: Tensor, dim: int, index: int) -> Tensor:
@@ -1119,7 +1164,11 @@ def repeat(x: Tensor, *sizes) -> Tensor:
     for r, d in zip(sizes, x.shape):
         full += [r, d]
     y = expand(y, tuple(full))
-    return _named(reshape(y, tuple(r * d for r, d in zip(sizes, x.shape))), "RepeatBackward0")
+    out = reshape(y, tuple(r * d for r, d in zip(sizes, x.shape)))
+    if out._trace is None and np.shares_memory(out._data, x._data):
+        # Repeats of 1 (or of a size-1 dim) leave a view; repeat always owns its memory.
+        out = clone(out)
+    return _named(out, "RepeatBackward0")
 
 
 def flip(x: Tensor, dims) -> Tensor:
@@ -1131,7 +1180,7 @@ def flip(x: Tensor, dims) -> Tensor:
         n = x.shape[axis]
         idx = _index_tensor(np.arange(n - 1, -1, -1))
         out = take(out, idx, axis)
-    return out
+    return _named(out, "FlipBackward0", src=x)
 
 
 def roll(x: Tensor, shifts, dims=None) -> Tensor:
@@ -1144,7 +1193,7 @@ def roll(x: Tensor, shifts, dims=None) -> Tensor:
         axis = normalize_axis(d, x.ndim, "roll")
         n = x.shape[axis]
         out = take(out, _index_tensor((np.arange(n) - s) % n), axis)
-    return out
+    return _named(out, "RollBackward0", src=x)
 
 
 # --------------------------------------------------------------------------- matmul
@@ -1264,15 +1313,23 @@ def index_add(x: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) ->
 
 
 def gather(x: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> Tensor:
-    if index.dtype is not dtypes.int64:
-        raise RuntimeError("gather(): Expected dtype int64 for index")
+    if index.dtype.category != 1:
+        raise RuntimeError(f"gather(): Expected dtype int64 for index, got {index.dtype}")
+    index = cast(index, dtypes.int64)
     axis = normalize_axis(dim, x.ndim, "gather") if x.ndim else 0
     return bind(P.gather, x, index, axis=axis)
 
 
 def take_along_dim(x: Tensor, indices: Tensor, dim: int) -> Tensor:
     axis = normalize_axis(dim, x.ndim, "take_along_dim")
-    shape = list(P.broadcast_shapes(tuple(x.shape), tuple(indices.shape)))
+    if indices.ndim != x.ndim:
+        raise RuntimeError(f"take_along_dim(): input and indices should have the same number of "
+                           f"dimensions, but got {x.ndim} dimensions for input, and {indices.ndim} "
+                           f"dimensions for indices")
+    # Broadcast all dims but ``axis``, where the two sizes differ by design.
+    shape = list(P.broadcast_shapes(
+        tuple(1 if i == axis else d for i, d in enumerate(x.shape)),
+        tuple(1 if i == axis else d for i, d in enumerate(indices.shape)), op="take_along_dim"))
     shape_x, shape_i = list(shape), list(shape)
     shape_x[axis], shape_i[axis] = x.shape[axis], indices.shape[axis]
     return gather(expand(x, shape_x), axis, expand(indices, shape_i))
@@ -1352,7 +1409,7 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
     idx = argsort(x, axis, descending=largest)
     idx = narrow(idx, axis, 0, k) if x.ndim else idx
     values = gather(x, axis, idx) if x.ndim else x
-    return TopkResult(_named(values, "TopkBackward0"), idx)
+    return TopkResult(_named(values, "TopkBackward0", src=x), idx)
 
 
 def nonzero(x: Tensor, *, as_tuple: bool = False):
@@ -1370,7 +1427,7 @@ def argwhere(x: Tensor) -> Tensor:
 
 def masked_select(x: Tensor, mask: Tensor) -> Tensor:
     x, mask = broadcast_tensors(x, mask)
-    return getitem(x, mask)
+    return _named(getitem(x, mask), "MaskedSelectBackward0")
 
 
 # --------------------------------------------------------------------------- __getitem__
@@ -1411,10 +1468,12 @@ def getitem(x: Tensor, key) -> Tensor:
     starts, stops, steps = [], [], []
     out_shape: list[int] = []
     advanced: list[tuple[int, object]] = []   # (position in the sliced result, index)
+    view_name = None     # torch names a basic index by its last non-trivial entry
     dim = 0
     for k in key:
         if k is None:
             out_shape.append(1)
+            view_name = "UnsqueezeBackward0"
             continue
         size = x.shape[dim]
         if isinstance(k, (bool, np.bool_)):
@@ -1426,6 +1485,7 @@ def getitem(x: Tensor, key) -> Tensor:
                 raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
             i %= size
             starts.append(i), stops.append(i + 1), steps.append(1)
+            view_name = "SelectBackward0"
             dim += 1
             continue
         if isinstance(k, slice):
@@ -1435,6 +1495,8 @@ def getitem(x: Tensor, key) -> Tensor:
             b = builtins.max(b, a)
             starts.append(a), stops.append(b), steps.append(s)
             out_shape.append((b - a + s - 1) // s)
+            if (a, b, s) != (0, size, 1):
+                view_name = "SliceBackward0"
             dim += 1
             continue
         if isinstance(k, (list, np.ndarray)) and not isinstance(k, Tensor):
@@ -1465,7 +1527,7 @@ def getitem(x: Tensor, key) -> Tensor:
     out = slice_axes(x, starts, stops, steps)
     out = reshape_prim(out, tuple(out_shape))
     if not advanced:
-        return out
+        return _named(out, view_name, src=x) if view_name else out
     return _advanced_index(out, advanced)
 
 
@@ -1495,6 +1557,10 @@ def _advanced_index(x: Tensor, advanced: list) -> Tensor:
     linear = None
     stride = 1
     for (p, k), size in reversed(list(zip(items, sizes))):
+        if k._trace is None:
+            # Check each index against its own dim: once linearized, an index past the end
+            # of one dim would silently land in the next row.
+            P._bounds("index", k._data, size, p)
         k = expand(cast(k, dtypes.int64), idx_shape)
         k = where(lt(k, 0), add(k, size), k)
         term = mul(k, stride) if stride != 1 else k
@@ -1628,9 +1694,11 @@ def setitem(x: Tensor, key, value) -> None:
     """``x[key] = value``: writes through the view ``x[key]`` (or scatters for tensor keys)."""
     if isinstance(key, Tensor) and key.dtype is dtypes.bool_ and x._trace is None and \
             key.shape == x.shape:
-        value = as_tensor_operand(value, x.dtype)
-        assign_(x, where(key, value, x), "index_put_")
-        return
+        # x[mask] = scalar; a tensor of values fills the selected elements in order (below).
+        single = as_tensor_operand(value, x.dtype)
+        if single.numel() == 1:
+            assign_(x, where(key, reshape(single, ()), x), "index_put_")
+            return
     target = getitem(x, key)
     if target._base is None and target._trace is None and not np.shares_memory(target._data,
                                                                                x._data):
@@ -1639,8 +1707,15 @@ def setitem(x: Tensor, key, value) -> None:
         flat_idx = getitem(_index_tensor(np.arange(x.numel()).reshape(tuple(x.shape))), key)
         value = expand(as_tensor_operand(value, x.dtype), tuple(flat_idx.shape))
         flat = reshape(x, (x.numel(),))
-        updated = bind(P.index_add, mul(flat, 1), reshape(flat_idx, (-1,)),
-                       sub(reshape(value, (-1,)), take(flat, reshape(flat_idx, (-1,)), 0)), axis=0)
+        idx, values = reshape(flat_idx, (-1,)), reshape(value, (-1,))
+        positions = idx._data
+        _, last = np.unique(positions[::-1], return_index=True)
+        if len(last) != positions.size:
+            # A position written twice: the last write wins, as on torch's CPU (adding the
+            # differences below would sum them instead).
+            keep = _index_tensor(np.sort(positions.size - 1 - last))
+            idx, values = take(idx, keep, 0), take(values, keep, 0)
+        updated = bind(P.index_add, mul(flat, 1), idx, sub(values, take(flat, idx, 0)), axis=0)
         assign_(x, reshape(updated, tuple(x.shape)), "index_put_")
         return
     value = as_tensor_operand(value, x.dtype) if not isinstance(value, Tensor) else value

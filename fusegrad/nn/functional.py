@@ -1,0 +1,605 @@
+"""``fusegrad.nn.functional``: torch.nn.functional's activations, layers and losses.
+
+Every function is a composition of fusegrad's public ops (:mod:`fusegrad.ops.functional`),
+never numpy math, so that a trace records primitives and fusion sees through them. A function
+made of several primitives is wrapped by :func:`composite`, so that in eager mode its result
+has one autograd node with PyTorch's name (``softmax`` gives ``SoftmaxBackward0``). Where
+torch's own formula would give a NaN gradient through an unselected ``where`` branch (exp
+overflow in softplus, log(0) in BCE), the branch input is made safe first: ``where``'s VJP
+multiplies the unselected branch by 0, and 0 * inf is NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+from fusegrad import dtypes
+from fusegrad.ops import functional as F
+from fusegrad.ops.creation import arange, rand
+from fusegrad.ops.functional import composite
+from fusegrad.tensor import Tensor
+
+__all__ = [
+    "relu", "relu_", "gelu", "silu", "softplus", "leaky_relu", "sigmoid", "tanh", "softmax",
+    "log_softmax", "linear", "dropout", "layer_norm", "embedding", "one_hot", "mse_loss",
+    "l1_loss", "cross_entropy", "nll_loss", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "normalize", "pad",
+]
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _is_concrete(t: Tensor) -> bool:
+    """Eager tensors can be checked by value; a traced one cannot (checks are skipped)."""
+    return t._trace is None
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def _reduce(loss: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return F.mean(loss)
+    if reduction == "sum":
+        return F.sum(loss)
+    return loss
+
+
+def _legacy_reduction(size_average, reduce, reduction: str) -> str:
+    if size_average is None and reduce is None:
+        return reduction
+    from fusegrad.nn.modules.module import _warn_legacy_reduction
+    return _warn_legacy_reduction(size_average, reduce)
+
+
+# --------------------------------------------------------------------------- activations
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's names
+    """``max(x, 0)``; the gradient at 0 is 0, as torch's."""
+    return input.relu_() if inplace else F.relu(input)
+
+
+def relu_(input: Tensor) -> Tensor:  # noqa: A002
+    return relu(input, inplace=True)
+
+
+sigmoid = F.sigmoid
+tanh = F.tanh
+
+
+def _gelu_impl(x: Tensor, approximate: str) -> Tensor:
+    if approximate == "tanh":
+        # torch's kBeta = sqrt(2) * (2 / sqrt(pi)) * 0.5 = sqrt(2 / pi)
+        inner = F.mul(F.add(x, F.mul(F.mul(F.mul(x, x), x), 0.044715)), math.sqrt(2.0 / math.pi))
+        return F.mul(F.mul(x, 0.5), F.add(F.tanh(inner), 1.0))
+    return F.mul(F.mul(x, 0.5), F.add(F.erf(F.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+
+
+_gelu = composite("GeluBackward0")(_gelu_impl)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:  # noqa: A002
+    """Gaussian error linear unit: ``x * Phi(x)`` (``approximate='tanh'``: Hendrycks' tanh
+    form)."""
+    if approximate not in ("none", "tanh"):
+        raise RuntimeError("approximate argument must be either none or tanh.")
+    return _gelu(input, approximate)
+
+
+@composite("SiluBackward0")
+def _silu(x: Tensor) -> Tensor:
+    return F.mul(x, F.sigmoid(x))
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """``x * sigmoid(x)`` (swish)."""
+    return input.copy_(_silu(input)) if inplace else _silu(input)
+
+
+@composite("SoftplusBackward0")
+def _softplus(x: Tensor, beta: float, threshold: float) -> Tensor:
+    xb = F.mul(x, beta) if beta != 1 else x
+    linear = F.gt(xb, threshold)
+    # exp() of the linear region could overflow, and 0 * inf would poison its gradient.
+    safe = F.where(linear, 0.0, xb)
+    soft = F.log1p(F.exp(safe))
+    if beta != 1:
+        soft = F.div(soft, beta)
+    return F.where(linear, x, soft)
+
+
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:  # noqa: A002
+    """``log(1 + exp(beta * x)) / beta``, linear where ``beta * x > threshold``."""
+    return _softplus(input, beta, threshold)
+
+
+def _leaky_relu_impl(x: Tensor, negative_slope: float) -> Tensor:
+    return F.where(F.gt(x, 0), x, F.mul(x, negative_slope))
+
+
+_leaky_relu = composite("LeakyReluBackward0")(_leaky_relu_impl)
+_leaky_relu_inplace = composite("LeakyReluBackward1")(_leaky_relu_impl)   # torch's leaky_relu_
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01,  # noqa: A002
+               inplace: bool = False) -> Tensor:
+    """``x`` where positive, else ``negative_slope * x``."""
+    if inplace:
+        return input.copy_(_leaky_relu_inplace(input, negative_slope))
+    return _leaky_relu(input, negative_slope)
+
+
+def _softmax_dim(name: str, ndim: int) -> int:
+    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to "
+                  "include dim=X as an argument.", UserWarning, stacklevel=3)
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def _shift_by_max(x: Tensor, dim: int) -> Tensor:
+    """``x - max(x)`` along ``dim``: exp() of the result cannot overflow.
+
+    The max is detached: the shift cancels out of softmax, so its gradient is zero anyway,
+    and recording it would only cost time. A slice that is all -inf is shifted by 0 (not
+    -inf, which would make -inf - -inf = NaN) so softmax gives NaN there as torch does, via
+    0/0, while log_softmax's -inf entries stay -inf in mixed slices.
+    """
+    m = F.amax(x.detach(), dim, keepdim=True)
+    m = F.where(F.eq(m, -math.inf), 0.0, m)
+    return F.sub(x, m)
+
+
+def _softmax_impl(x: Tensor, dim: int) -> Tensor:
+    e = F.exp(_shift_by_max(x, dim))
+    return F.div(e, F.sum(e, dim, keepdim=True))
+
+
+def _log_softmax_impl(x: Tensor, dim: int) -> Tensor:
+    s = _shift_by_max(x, dim)
+    return F.sub(s, F.log(F.sum(F.exp(s), dim, keepdim=True)))
+
+
+_softmax = composite("SoftmaxBackward0")(_softmax_impl)
+_log_softmax = composite("LogSoftmaxBackward0")(_log_softmax_impl)
+
+
+def _softmax_input(x: Tensor, dtype) -> Tensor:
+    if dtype is not None:
+        return F.cast(x, dtype)
+    if not x.dtype.is_floating_point:
+        raise RuntimeError(f'"softmax_lastdim_kernel_impl" not implemented for '
+                           f"'{F._dtype_title(x.dtype)}'")
+    return x
+
+
+def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3,  # noqa: A002
+            dtype=None) -> Tensor:
+    """``exp(x) / sum(exp(x))`` along ``dim``, computed stably (the max is subtracted)."""
+    if dim is None:
+        dim = _softmax_dim("softmax", input.ndim)
+    return _softmax(_softmax_input(input, dtype), dim)
+
+
+def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3,  # noqa: A002
+                dtype=None) -> Tensor:
+    """``x - logsumexp(x)`` along ``dim``: the log of softmax without its underflow."""
+    if dim is None:
+        dim = _softmax_dim("log_softmax", input.ndim)
+    return _log_softmax(_softmax_input(input, dtype), dim)
+
+
+# --------------------------------------------------------------------------- layers
+
+
+def _linear_2d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    out = F.matmul(x, F.t(weight))
+    return out if bias is None else F.add(out, bias)
+
+
+def _linear_nd(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    # Fold the batch dims into one so the product is a single 2-D matmul (as torch does).
+    lead = tuple(x.shape[:-1])
+    out = _linear_2d(F.reshape(x, (-1, x.shape[-1])), weight, bias)
+    return F.reshape(out, lead + (weight.shape[0],))
+
+
+_addmm = composite("AddmmBackward0")(_linear_2d)
+_linear_view = composite("ViewBackward0")(_linear_nd)
+_linear_unsafe_view = composite("UnsafeViewBackward0")(_linear_nd)
+_linear_squeeze = composite("SqueezeBackward4")(_linear_nd)
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
+    """``input @ weight.T + bias``; ``weight`` is (out_features, in_features)."""
+    if input.ndim == 0:
+        raise RuntimeError("both arguments to linear need to be at least 1D, but they are 0D "
+                           f"and {weight.ndim}D")
+    if input.shape[-1] != weight.shape[-1]:
+        rows = input.shape[-2] if input.ndim > 1 else 1
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({rows}x"
+                           f"{input.shape[-1]} and {weight.shape[-1]}x{weight.shape[0]})")
+    if input.ndim == 2:
+        return _addmm(input, weight, bias) if bias is not None else F.matmul(input, F.t(weight))
+    if bias is not None:
+        return _linear_view(input, weight, bias)
+    return (_linear_squeeze if input.ndim == 1 else _linear_unsafe_view)(input, weight, None)
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True,  # noqa: A002
+            inplace: bool = False) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``.
+
+    The mask comes from :func:`fusegrad.rand`, so ``manual_seed`` makes it reproducible.
+    Outside training (or with ``p == 0``) the input is returned itself, as in torch.
+    """
+    if p < 0.0 or p > 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0 or input.numel() == 0:
+        return input
+    keep = F.lt(rand(tuple(input.shape), dtype=input.dtype), 1.0 - p)
+    scale = F.mul(F.cast(keep, input.dtype), 1.0 / (1.0 - p)) if p < 1.0 else \
+        F.zeros_like(input)
+    return input.mul_(scale) if inplace else F.mul(input, scale)
+
+
+@composite("NativeLayerNormBackward0")
+def _layer_norm(x: Tensor, axes: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
+                eps: float) -> Tensor:
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    mean = F.div(F.sum(x, axes, keepdim=True), n)
+    centered = F.sub(x, mean)
+    var = F.div(F.sum(F.mul(centered, centered), axes, keepdim=True), n)
+    out = F.mul(centered, F.rsqrt(F.add(var, eps)))
+    if weight is not None:
+        out = F.mul(out, weight)
+    if bias is not None:
+        out = F.add(out, bias)
+    return out
+
+
+def layer_norm(input: Tensor, normalized_shape: Sequence[int],  # noqa: A002
+               weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalize over the last ``len(normalized_shape)`` dims to zero mean and unit
+    (biased) variance, then scale by ``weight`` and shift by ``bias``."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or input.ndim < k or tuple(input.shape[input.ndim - k:]) != shape:
+        raise RuntimeError(f"Given normalized_shape={list(shape)}, expected input with shape "
+                           f"[*, {', '.join(map(str, shape))}], but got input of size"
+                           f"{list(input.shape)}")
+    axes = tuple(range(input.ndim - k, input.ndim))
+    return _layer_norm(input, axes, weight, bias, eps)
+
+
+@composite("EmbeddingBackward0")
+def _embedding(indices: Tensor, weight: Tensor, padding_idx: int | None) -> Tensor:
+    rows = F.take(weight, indices, 0)
+    if padding_idx is None:
+        return rows
+    # The padding row gets no gradient: read it from the detached weight.
+    is_pad = F.unsqueeze(F.eq(indices, padding_idx), -1)
+    return F.where(is_pad, F.take(weight.detach(), indices, 0), rows)
+
+
+def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None,  # noqa: A002
+              max_norm: float | None = None, norm_type: float = 2.0,
+              scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """Rows of ``weight`` at the integer ``input``: shape ``input.shape + (dim,)``."""
+    if input.dtype not in (dtypes.int64, dtypes.int32):
+        raise RuntimeError("Expected tensor for argument #1 'indices' to have one of the "
+                           f"following scalar types: Long, Int; but got {input.type()} instead "
+                           "(while checking arguments for embedding)")
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise NotImplementedError("embedding: max_norm, scale_grad_by_freq and sparse are not "
+                                  "supported")
+    if padding_idx is not None:
+        n = weight.shape[0]
+        if not -n <= padding_idx < n:
+            raise AssertionError("Padding_idx must be within num_embeddings")
+        padding_idx %= n
+    return _embedding(input, weight, padding_idx)
+
+
+def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
+    """int64 tensor of shape ``tensor.shape + (num_classes,)`` with ones at the indices;
+    ``num_classes=-1`` takes ``max + 1``."""
+    if tensor.dtype is not dtypes.int64:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if num_classes == -1:
+        if tensor.numel() == 0:
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        num_classes = int(F.amax(tensor)) + 1
+    if _is_concrete(tensor) and tensor.numel():
+        if bool(F.any(F.lt(tensor, 0))):
+            raise RuntimeError("Class values must be non-negative.")
+        if bool(F.any(F.ge(tensor, num_classes))):
+            raise RuntimeError("Class values must be smaller than num_classes.")
+    return F.cast(F.eq(F.unsqueeze(tensor, -1), arange(num_classes)), dtypes.int64)
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12,  # noqa: A002
+              out=None) -> Tensor:
+    """``input / max(||input||_p, eps)`` along ``dim``."""
+    denom = F.expand_as(F.clamp(F.norm(input, p, dim, keepdim=True), min=eps), input)
+    return F.div(input, denom)
+
+
+def pad(input: Tensor, pad: Sequence[int], mode: str = "constant",  # noqa: A002
+        value: float | None = None) -> Tensor:
+    """Pad the last dims: ``pad = (left, right, top, bottom, ...)`` starts from the last dim.
+
+    Negative amounts crop. Only ``mode='constant'`` is supported.
+    """
+    if mode != "constant":
+        raise NotImplementedError(f"pad: mode '{mode}' is not supported (only 'constant')")
+    pad = tuple(int(v) for v in pad)
+    if len(pad) % 2:
+        raise RuntimeError("Padding length must be divisible by 2")
+    if len(pad) // 2 > input.ndim:
+        raise RuntimeError(f"Padding length should be less than or equal to two times the input "
+                           f"dimension but got padding length {len(pad)} and input of dimension "
+                           f"{input.ndim}")
+    widths = [(0, 0)] * input.ndim
+    for i in range(len(pad) // 2):
+        widths[input.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    fill = 0 if value is None else value
+    if all(lo >= 0 and hi >= 0 for lo, hi in widths):
+        return F.pad_axes(input, widths, fill)
+    return _pad_crop(input, tuple(widths), fill)
+
+
+@composite("ConstantPadNdBackward0")
+def _pad_crop(x: Tensor, widths, value) -> Tensor:
+    padded = F.pad_axes(x, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], value)
+    starts = [max(-lo, 0) for lo, _ in widths]
+    stops = [d - max(-hi, 0) for d, (_, hi) in zip(padded.shape, widths, strict=True)]
+    if any(b < a for a, b in zip(starts, stops, strict=True)):
+        raise RuntimeError(f"The input size {list(x.shape)}, plus negative padding "
+                           f"{[w for pair in widths for w in pair]} resulted in a negative output "
+                           "size, which is invalid. Check dimension of your input.")
+    return F.slice_axes(padded, starts, stops, [1] * x.ndim)
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def _warn_size(input: Tensor, target: Tensor) -> None:
+    if target.shape != input.shape:
+        warnings.warn(f"Using a target size ({target.shape}) that is different to the input size "
+                      f"({input.shape}). This will likely lead to incorrect results due to "
+                      "broadcasting. Please ensure they have the same size.", UserWarning,
+                      stacklevel=3)
+
+
+@composite("MseLossBackward0")
+def _mse_loss(input: Tensor, target: Tensor, reduction: str) -> Tensor:  # noqa: A002
+    d = F.sub(input, target)
+    return _reduce(F.mul(d, d), reduction)
+
+
+def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None,  # noqa: A002
+             reduction: str = "mean") -> Tensor:
+    """Mean (or sum, or elementwise) squared error."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    _warn_size(input, target)
+    return _mse_loss(input, target, reduction)
+
+
+def l1_loss(input: Tensor, target: Tensor, size_average=None, reduce=None,  # noqa: A002
+            reduction: str = "mean") -> Tensor:
+    """Mean (or sum, or elementwise) absolute error."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    _warn_size(input, target)
+    return _reduce(F.abs(F.sub(input, target)), reduction)
+
+
+def _check_nll(input: Tensor, target: Tensor) -> None:  # noqa: A002
+    if target.dtype not in (dtypes.int64, dtypes.uint8):
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got "
+                           f"{F._dtype_title(target.dtype)}")
+    if input.ndim < 1:
+        raise ValueError(f"Expected 1 or more dimensions (got {input.ndim})")
+    if input.ndim == 1:
+        if target.ndim != 0:
+            raise RuntimeError("0D or 1D target tensor expected, multi-target not supported")
+        return
+    if target.ndim == 0 or input.shape[0] != target.shape[0]:
+        raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target "
+                         f"batch_size ({target.shape[0] if target.ndim else 0}).")
+    want = (input.shape[0],) + tuple(input.shape[2:])
+    if tuple(target.shape) != want:
+        raise RuntimeError(f"Expected target size {list(want)}, got {list(target.shape)}")
+
+
+def _check_targets(target: Tensor, n_classes: int, ignore_index: int) -> None:
+    if not _is_concrete(target) or target.numel() == 0:
+        return
+    bad = F.logical_and(F.ne(target, ignore_index),
+                        F.logical_or(F.lt(target, 0), F.ge(target, n_classes)))
+    if bool(F.any(bad)):
+        value = int(F.masked_select(target, bad)[0])
+        raise IndexError(f"Target {value} is out of bounds.")
+
+
+def _nll_impl(logp: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+              reduction: str) -> Tensor:
+    """torch's nll_loss: ``-w[t] * logp[t]``, the mean weighted by ``sum(w[t])``."""
+    class_dim = 0 if logp.ndim == 1 else 1
+    target = F.cast(target, dtypes.int64)
+    ignored = F.eq(target, ignore_index)
+    # Ignored targets (often -100) would index out of range: gather row 0 and weigh it 0.
+    safe = F.where(ignored, 0, target)
+    picked = F.squeeze(F.gather(logp, class_dim, F.unsqueeze(safe, class_dim)), class_dim)
+    w = F.take(weight, safe, 0) if weight is not None else F.ones_like(picked)
+    w = F.where(ignored, 0.0, F.cast(w, logp.dtype))
+    loss = F.mul(F.neg(picked), w)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return F.sum(loss)
+    return F.div(F.sum(loss), F.sum(w))
+
+
+_nll_loss = composite("NllLossBackward0")(_nll_impl)
+
+
+def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,  # noqa: A002
+             size_average=None, ignore_index: int = -100, reduce=None,
+             reduction: str = "mean") -> Tensor:
+    """Negative log likelihood of class-index ``target`` under log-probabilities ``input``
+    of shape (C,), (N, C) or (N, C, d1, ...)."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    _check_nll(input, target)
+    _check_targets(target, input.shape[0 if input.ndim == 1 else 1], ignore_index)
+    return _nll_loss(input, target, weight, ignore_index, reduction)
+
+
+def _class_weight_view(weight: Tensor, ndim: int, class_dim: int) -> Tensor:
+    shape = [1] * ndim
+    shape[class_dim] = weight.shape[0]
+    return F.reshape(weight, tuple(shape))
+
+
+def _ce_prob_impl(x: Tensor, target: Tensor, weight: Tensor | None, reduction: str,
+                  label_smoothing: float) -> Tensor:
+    class_dim = 0 if x.ndim == 1 else 1
+    n_classes = x.shape[class_dim]
+    if label_smoothing > 0:
+        target = F.add(F.mul(target, 1 - label_smoothing), label_smoothing / n_classes)
+    terms = F.mul(_log_softmax_impl(x, class_dim), target)
+    if weight is not None:
+        terms = F.mul(terms, _class_weight_view(weight, x.ndim, class_dim))
+    if reduction == "none":
+        return F.neg(F.sum(terms, class_dim))
+    if reduction == "sum":
+        return F.neg(F.sum(terms))
+    return F.div(F.neg(F.sum(terms)), x.numel() / n_classes)
+
+
+def _ce_smooth_impl(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+                    reduction: str, label_smoothing: float) -> Tensor:
+    class_dim = 0 if x.ndim == 1 else 1
+    n_classes = x.shape[class_dim]
+    logp = _log_softmax_impl(x, class_dim)
+    nll = _nll_impl(logp, target, weight, ignore_index, reduction)
+    ignored = F.eq(target, ignore_index)
+    if weight is not None:
+        smooth = F.neg(F.sum(F.mul(logp, _class_weight_view(weight, x.ndim, class_dim)),
+                             class_dim))
+    else:
+        smooth = F.neg(F.sum(logp, class_dim))
+    smooth = F.where(ignored, 0.0, smooth)
+    if reduction == "mean":
+        if weight is not None:
+            w = F.where(ignored, 0.0, F.take(weight, F.where(ignored, 0, target), 0))
+            ret = F.div(F.sum(smooth), F.sum(w))
+        else:
+            ret = F.div(F.sum(smooth), F.sum(F.logical_not(ignored)))
+    elif reduction == "sum":
+        ret = F.sum(smooth)
+    else:
+        ret = smooth
+    return F.add(F.mul(nll, 1 - label_smoothing), F.mul(ret, label_smoothing / n_classes))
+
+
+def _ce_index_impl(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+                   reduction: str) -> Tensor:
+    logp = _log_softmax_impl(x, 0 if x.ndim == 1 else 1)
+    return _nll_impl(logp, target, weight, ignore_index, reduction)
+
+
+_ce_index = composite("NllLossBackward0")(_ce_index_impl)
+_ce_smooth = composite("AddBackward0")(_ce_smooth_impl)
+_ce_prob_mean = composite("DivBackward1")(_ce_prob_impl)
+_ce_prob_neg = composite("NegBackward0")(_ce_prob_impl)
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,  # noqa: A002
+                  size_average=None, ignore_index: int = -100, reduce=None,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """Cross entropy between logits ``input`` (C,), (N, C) or (N, C, d1, ...) and either
+    class indices or class probabilities (a float ``target`` of the input's shape)."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if target.shape == input.shape and input.ndim >= 1:
+        if not target.dtype.is_floating_point:
+            raise RuntimeError(f"Expected floating point type for target with class "
+                               f"probabilities, got {F._dtype_title(target.dtype)}")
+        if ignore_index >= 0:
+            raise RuntimeError("ignore_index is not supported for floating point target")
+        fn = _ce_prob_mean if reduction == "mean" else _ce_prob_neg
+        return fn(input, target, weight, reduction, label_smoothing)
+    _check_nll(input, target)
+    _check_targets(target, input.shape[0 if input.ndim == 1 else 1], ignore_index)
+    if label_smoothing > 0:
+        return _ce_smooth(input, target, weight, ignore_index, reduction, label_smoothing)
+    return _ce_index(input, target, weight, ignore_index, reduction)
+
+
+def _safe_log(x: Tensor) -> Tensor:
+    """``max(log(x), -100)`` (torch's BCE clamp) with a finite gradient at ``x == 0``."""
+    positive = F.gt(x, 0)
+    return F.clamp(F.where(positive, F.log(F.where(positive, x, 1.0)), -100.0), min=-100.0)
+
+
+@composite("BinaryCrossEntropyBackward0")
+def _bce(x: Tensor, target: Tensor, weight: Tensor | None, reduction: str) -> Tensor:
+    loss = F.neg(F.add(F.mul(target, _safe_log(x)),
+                       F.mul(F.rsub(target, 1.0), _safe_log(F.rsub(x, 1.0)))))
+    if weight is not None:
+        loss = F.mul(loss, weight)
+    return _reduce(loss, reduction)
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,  # noqa: A002
+                         size_average=None, reduce=None, reduction: str = "mean") -> Tensor:
+    """``-(t * log(x) + (1 - t) * log(1 - x))`` with the logs clamped at -100, as torch."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    if target.shape != input.shape:
+        raise ValueError(f"Using a target size ({target.shape}) that is different to the input "
+                         f"size ({input.shape}) is deprecated. Please ensure they have the same "
+                         "size.")
+    if _is_concrete(input) and input.numel() and \
+            bool(F.any(F.logical_or(F.lt(input, 0), F.gt(input, 1)))):
+        raise RuntimeError("all elements of input should be between 0 and 1")
+    return _bce(input, target, weight, reduction)
+
+
+@composite("BinaryCrossEntropyWithLogitsBackward0")
+def _bce_logits(x: Tensor, target: Tensor, weight: Tensor | None, pos_weight: Tensor | None,
+                reduction: str) -> Tensor:
+    # softplus(-x) = max(-x, 0) + log1p(exp(-|x|)). maximum() splits the gradient at the
+    # kink, abs() gives 0 there: together exactly sigmoid(0) - t at x == 0.
+    soft = F.add(F.maximum(F.neg(x), 0.0), F.log1p(F.exp(F.neg(F.abs(x)))))
+    if pos_weight is not None:
+        soft = F.mul(soft, F.add(F.mul(F.sub(pos_weight, 1.0), target), 1.0))
+    loss = F.add(F.mul(F.rsub(target, 1.0), x), soft)
+    if weight is not None:
+        loss = F.mul(loss, weight)
+    return _reduce(loss, reduction)
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,  # noqa: A002
+                                     weight: Tensor | None = None, size_average=None,
+                                     reduce=None, reduction: str = "mean",
+                                     pos_weight: Tensor | None = None) -> Tensor:
+    """``binary_cross_entropy(sigmoid(input), target)`` computed stably from logits."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    if target.shape != input.shape:
+        raise ValueError(f"Target size ({target.shape}) must be the same as input size "
+                         f"({input.shape})")
+    return _bce_logits(input, target, weight, pos_weight, reduction)

@@ -1,0 +1,34 @@
+"""The module classes of ``fusegrad.nn``, one file per family as in torch.nn.modules."""
+
+from fusegrad.nn.modules.activation import (
+    GELU,
+    LeakyReLU,
+    LogSoftmax,
+    ReLU,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softplus,
+    Tanh,
+)
+from fusegrad.nn.modules.container import ModuleDict, ModuleList, Sequential
+from fusegrad.nn.modules.dropout import Dropout
+from fusegrad.nn.modules.linear import Flatten, Identity, Linear, Unflatten
+from fusegrad.nn.modules.loss import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    L1Loss,
+    MSELoss,
+    NLLLoss,
+)
+from fusegrad.nn.modules.module import Module
+from fusegrad.nn.modules.normalization import LayerNorm
+from fusegrad.nn.modules.sparse import Embedding
+
+__all__ = [
+    "Module", "Sequential", "ModuleList", "ModuleDict", "Identity", "Linear", "Flatten",
+    "Unflatten", "Embedding", "LayerNorm", "Dropout", "ReLU", "GELU", "Tanh", "Sigmoid", "SiLU",
+    "Softmax", "LogSoftmax", "LeakyReLU", "Softplus", "MSELoss", "L1Loss", "CrossEntropyLoss",
+    "NLLLoss", "BCELoss", "BCEWithLogitsLoss",
+]

@@ -1,0 +1,119 @@
+"""Adam and AdamW with torch's update formulas (the single-tensor path of torch.optim)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from fusegrad import dtypes
+from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.ops import functional as F
+from fusegrad.ops.creation import tensor
+from fusegrad.optim.optimizer import Optimizer, addcdiv_, addcmul_, lerp_
+
+__all__ = ["Adam", "AdamW"]
+
+
+class Adam(Optimizer):
+    """``torch.optim.Adam``. Per parameter, with ``g`` its gradient and ``t`` the step::
+
+        g = g + weight_decay * p           (AdamW instead: p = p * (1 - lr * weight_decay))
+        m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g
+        v_hat = max(v_hat, v) with amsgrad, else v
+        p = p - lr / (1 - beta1**t) * m / (sqrt(v_hat) / sqrt(1 - beta2**t) + eps)
+
+    State per parameter: ``step`` (a float32 scalar tensor), ``exp_avg``, ``exp_avg_sq`` and
+    with amsgrad ``max_exp_avg_sq``. With ``capturable=True`` the bias corrections are
+    computed from the ``step`` tensor with tensor ops instead of Python floats (torch's
+    capturable branch), which a traced, compiled step needs; torch allows that only on
+    accelerators, here it works everywhere.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0, amsgrad: bool = False, *,
+                 foreach: bool | None = None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, fused: bool | None = None,
+                 decoupled_weight_decay: bool = False) -> None:
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                    "amsgrad": amsgrad, "maximize": maximize, "foreach": foreach,
+                    "capturable": capturable, "differentiable": differentiable, "fused": fused,
+                    "decoupled_weight_decay": decoupled_weight_decay}
+        super().__init__(params, defaults)
+
+    def _state(self, p, amsgrad: bool) -> dict:
+        state = self.state[p]
+        if not state:
+            state["step"] = tensor(0.0, dtype=dtypes.float32)
+            state["exp_avg"] = F.zeros_like(p)
+            state["exp_avg_sq"] = F.zeros_like(p)
+            if amsgrad:
+                state["max_exp_avg_sq"] = F.zeros_like(p)
+        return state
+
+    @no_grad()
+    def step(self, closure: Callable[[], Any] | None = None):
+        """One Adam update of every parameter that has a gradient; returns the closure's
+        loss."""
+        loss = self._eval_closure(closure)
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+            amsgrad = group["amsgrad"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = F.neg(p.grad) if group["maximize"] else p.grad
+                state = self._state(p, amsgrad)
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                step_t = state["step"]
+                step_t.add_(1)
+                if weight_decay != 0:
+                    if group["decoupled_weight_decay"]:
+                        p.mul_(1 - lr * weight_decay)
+                    else:
+                        grad = F.add(grad, p, alpha=weight_decay)
+                lerp_(exp_avg, grad, 1 - beta1)
+                addcmul_(exp_avg_sq.mul_(beta2), grad, grad, 1 - beta2)
+                second = exp_avg_sq
+                if amsgrad:
+                    second = state["max_exp_avg_sq"].copy_(
+                        F.maximum(state["max_exp_avg_sq"], exp_avg_sq))
+                if group["capturable"]:
+                    # torch's capturable branch: tensor math on the step, no .item().
+                    bias1 = F.rsub(F.pow(beta1, step_t), 1)
+                    bias2 = F.rsub(F.pow(beta2, step_t), 1)
+                    step_size_neg = F.neg(F.div(lr, bias1))
+                    denom = F.add(F.div(F.sqrt(second), F.mul(F.sqrt(bias2), step_size_neg)),
+                                  F.div(eps, step_size_neg))
+                    addcdiv_(p, exp_avg, denom)
+                else:
+                    step = step_t.item()
+                    bias1 = 1 - beta1 ** step
+                    bias2 = 1 - beta2 ** step
+                    denom = F.add(F.div(F.sqrt(second), bias2 ** 0.5), eps)
+                    addcdiv_(p, exp_avg, denom, -(lr / bias1))
+        return loss
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (``p *= 1 - lr * weight_decay`` before the Adam
+    step), default ``weight_decay=1e-2``."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, *,
+                 maximize: bool = False, foreach: bool | None = None, capturable: bool = False,
+                 differentiable: bool = False, fused: bool | None = None) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
+                         maximize=maximize, capturable=capturable, differentiable=differentiable,
+                         fused=fused, decoupled_weight_decay=True)

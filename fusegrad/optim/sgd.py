@@ -1,0 +1,66 @@
+"""Stochastic gradient descent with torch's momentum, Nesterov and weight decay."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.ops import functional as F
+from fusegrad.optim.optimizer import Optimizer
+
+__all__ = ["SGD"]
+
+
+class SGD(Optimizer):
+    """``torch.optim.SGD``. Per parameter, with ``g`` its gradient (negated if ``maximize``)::
+
+        g = g + weight_decay * p
+        buf = g (first step), else buf = momentum * buf + (1 - dampening) * g
+        g = g + momentum * buf (nesterov), else g = buf
+        p = p - lr * g
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0,
+                 dampening: float = 0, weight_decay: float = 0, nesterov: bool = False, *,
+                 maximize: bool = False, foreach: bool | None = None,
+                 differentiable: bool = False, fused: bool | None = None) -> None:
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        # foreach/differentiable/fused are kept for torch's state-dict layout; there is one
+        # implementation here.
+        defaults = {"lr": lr, "momentum": momentum, "dampening": dampening,
+                    "weight_decay": weight_decay, "nesterov": nesterov, "maximize": maximize,
+                    "foreach": foreach, "differentiable": differentiable, "fused": fused}
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        super().__init__(params, defaults)
+
+    @no_grad()
+    def step(self, closure: Callable[[], Any] | None = None):
+        """One SGD update of every parameter that has a gradient; returns the closure's
+        loss."""
+        loss = self._eval_closure(closure)
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            dampening, weight_decay = group["dampening"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = F.neg(p.grad) if group["maximize"] else p.grad
+                if weight_decay != 0:
+                    grad = F.add(grad, p, alpha=weight_decay)
+                if momentum != 0:
+                    state = self.state[p]
+                    buf = state.get("momentum_buffer")
+                    if buf is None:
+                        buf = F.clone(grad.detach())
+                        state["momentum_buffer"] = buf
+                    else:
+                        buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+                    grad = F.add(grad, buf, alpha=momentum) if group["nesterov"] else buf
+                p.add_(grad, alpha=-lr)
+        return loss
