@@ -21,7 +21,10 @@ class GraphCopier:
         self.new = Graph(name or old.name)
         self.map: dict[Value, Operand] = {}
         for v in old.inputs:
-            self.map[v] = self.new.add_input(v.name, v.type)
+            # Copied as they are (names may repeat: the printer disambiguates them).
+            copy = Value(v.type, v.name)
+            self.new.inputs.append(copy)
+            self.map[v] = copy
         self.new.meta = getattr(old, "meta", None)
 
     def get(self, op: Operand) -> Operand:

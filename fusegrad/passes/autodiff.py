@@ -19,8 +19,9 @@ from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.ir.symbolic import GraphTrace, SymbolicTensor, literal_tensor
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
+from fusegrad.passes.manager import Pass, register_pass
 
-__all__ = ["vjp_graph", "grad_graph", "autodiff"]
+__all__ = ["vjp_graph", "grad_graph", "autodiff", "Autodiff"]
 
 
 def _forward(g: Graph, trace: GraphTrace, wrt: set[int]):
@@ -123,3 +124,16 @@ def _as_operand(trace: GraphTrace, t):
         return trace.graph.add_node(P.full, [], {"shape": (), "value": op.value,
                                                  "dtype": op.dtype})
     return op
+
+
+@register_pass
+class Autodiff(Pass):
+    """``autodiff{wrt=all}`` or ``autodiff{wrt=1}``: the graph of the outputs followed by the
+    gradient of the first (scalar) output with respect to all inputs or input ``wrt``."""
+
+    name = "autodiff"
+    wrt: str = "all"
+
+    def run(self, graph: Graph) -> Graph:
+        wrt = None if self.wrt == "all" else [int(self.wrt)]
+        return grad_graph(graph, wrt, name=graph.name)

@@ -41,8 +41,9 @@ class Pass:
         raise NotImplementedError
 
     def __str__(self) -> str:
-        opts = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)] \
-            if dataclasses.is_dataclass(self) else []
+        # Only options that differ from their defaults, so dumps and timings stay readable.
+        opts = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default] if dataclasses.is_dataclass(self) else []
         return self.name + (f"{{{','.join(opts)}}}" if opts else "")
 
 
@@ -140,6 +141,7 @@ class PassManager:
         from fusegrad.ir.verifier import verify
         if self.verify:
             verify(graph)
+        signature = [o.type for o in graph.outputs]
         for index, p in enumerate(self.passes):
             start = time.perf_counter()
             graph = p.run(graph)
@@ -149,6 +151,9 @@ class PassManager:
                     verify(graph)
                 except Exception as e:
                     raise type(e)(f"after pass '{p}': {e}") from e
+                if p.name != "autodiff" and [o.type for o in graph.outputs] != signature:
+                    raise PipelineError(f"pass '{p}' changed the graph's output types from "
+                                        f"{signature} to {[o.type for o in graph.outputs]}")
             if self.print_after_all:
                 out = self.out or sys.stderr
                 print(f"// -----// IR Dump After {p} //----- //", file=out)
