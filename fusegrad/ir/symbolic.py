@@ -41,6 +41,10 @@ def user_location() -> str | None:
     return None
 
 
+# GraphTrace.location's default: record the user's line.
+USER_LINE = object()
+
+
 class ConcretizationError(RuntimeError):
     """A traced tensor's value was needed while tracing (data-dependent Python)."""
 
@@ -48,12 +52,12 @@ class ConcretizationError(RuntimeError):
 class SymbolicTensor(Tensor):
     """A tensor known only by its type while a graph is being built."""
 
-    __slots__ = ("_value", "_tr")
+    __slots__ = ("_val", "_tr", "_view_of", "_seen")
 
     @classmethod
     def _make(cls, value: Value, trace: "GraphTrace", requires_grad: bool) -> "SymbolicTensor":
         t = object.__new__(cls)
-        t._value = value
+        t._val = value
         t._tr = trace
         t._dtype = value.type.dtype
         t._requires_grad = requires_grad
@@ -71,19 +75,49 @@ class SymbolicTensor(Tensor):
     def _trace(self) -> "GraphTrace":
         return self._tr
 
+    # Views alias their base in eager mode, so a write through one view shows in the others.
+    # Under a trace a write rebinds the base to a new value (GraphTrace.assign); every other
+    # view of that base notices on its next use that the base moved on (``_seen`` is the base
+    # value it was derived from) and re-derives itself by replaying its view ops.
+
+    @property
+    def _value(self) -> Value:
+        base = self._view_of
+        if base is not None and base._val is not self._seen:
+            v = base
+            for prim, attrs in self._view_ops:
+                v = self._tr.process_primitive(prim, (v,), attrs)
+            self._val, self._seen = v._val, base._val
+            self._requires_grad = v._requires_grad
+        return self._val
+
+    @_value.setter
+    def _value(self, value: Value) -> None:
+        self._val = value
+
+    @property
+    def _base(self) -> "SymbolicTensor | None":
+        return self._view_of
+
+    @_base.setter
+    def _base(self, base: "SymbolicTensor | None") -> None:
+        # Set by functional._mark_view right after the view op, so this view is current.
+        self._view_of = base
+        self._seen = base._val if isinstance(base, SymbolicTensor) else None
+
     @property
     def _data(self):
         self._check_concrete("reading the data")
 
     @property
     def shape(self) -> Size:
-        return Size(self._value.type.shape)
+        return Size(self._val.type.shape)
 
     def _type(self) -> TensorType:
-        return self._value.type
+        return self._val.type
 
     def stride(self, dim: int | None = None):
-        strides = _contiguous_strides(self._value.type.shape)
+        strides = _contiguous_strides(self._val.type.shape)
         return strides if dim is None else strides[dim]
 
     def is_contiguous(self, memory_format=None) -> bool:
@@ -96,7 +130,7 @@ class SymbolicTensor(Tensor):
         loc = user_location()
         where = f" at {loc}" if loc else ""
         raise ConcretizationError(
-            f"{what} needs the value of a traced tensor ({self._value.type}){where}, but while "
+            f"{what} needs the value of a traced tensor ({self._val.type}){where}, but while "
             "tracing only its shape and dtype are known, so Python control flow on tensor "
             "values cannot be captured in a static graph. Use fusegrad.where(cond, a, b) to "
             "choose elementwise, mark the argument static (static_argnums) if it is a Python "
@@ -106,7 +140,7 @@ class SymbolicTensor(Tensor):
         return self._tr.process_primitive(P.stop_gradient, (self,), {})
 
     def __repr__(self) -> str:
-        return f"Traced<{self._value.type}>"
+        return f"Traced<{self._val.type}>"
 
     __str__ = __repr__
 
@@ -125,12 +159,23 @@ class GraphTrace:
 
     Concrete tensors met as operands become constants: 0-d ones inline literals, others
     ``constant`` nodes (one per tensor). A concrete tensor that requires grad is lifted to a
-    graph input instead (``lifted``), so its gradient is not silently lost.
+    graph input instead (``lifted``), so its gradient is not silently lost. So is a symbolic
+    tensor of an enclosing trace (a free variable of a function traced inside another one,
+    as in ``grad(lambda x: grad(lambda y: (x * y).sum())(x).sum())``): it has no value to
+    bake in, and the caller passes it back in when it replays the graph.
     """
+
+    # Traces running user code, innermost last (pushed by fusegrad.trace). A symbolic tensor
+    # of one of them met by an inner trace is a free variable; of any other, a leaked tracer.
+    active: list["GraphTrace"] = []
 
     def __init__(self, graph: Graph, lift_requires_grad: bool = True):
         self.graph = graph
         self.lift_requires_grad = lift_requires_grad
+        # The source location of new nodes: the user's line (USER_LINE), or, while the
+        # autodiff pass or replay copies a graph, that of the node being copied (so the VJP of
+        # a node points at the user's line that made the node).
+        self.location: str | None | object = USER_LINE
         self.lifted: list[tuple[Tensor, Value]] = []   # (captured tensor, its graph input)
         self._constants: dict[int, tuple[Tensor, Value]] = {}
 
@@ -141,18 +186,15 @@ class GraphTrace:
     def operand(self, t: Tensor):
         """The graph operand for tensor ``t`` (a value, a literal, or a new constant)."""
         if isinstance(t, SymbolicTensor):
-            if t._tr is not self:
+            if t._tr is self:
+                return t._value
+            if t._tr not in GraphTrace.active:
                 raise ConcretizationError(
-                    f"a traced tensor ({t._value.type}) from another trace was used here: a "
+                    f"a traced tensor ({t._val.type}) from another trace was used here: a "
                     "tensor escaped from a traced function (stored in a global or attribute?)")
-            return t._value
+            return self._lift(t)
         if t._requires_grad and self.lift_requires_grad:
-            for src, value in self.lifted:
-                if src is t:
-                    return value
-            sym = self.new_input(f"captured{len(self.lifted)}", t._type(), requires_grad=True)
-            self.lifted.append((t, sym._value))
-            return sym._value
+            return self._lift(t)
         if t.ndim == 0:
             return Literal(t._data.item() if t.dtype is not dtypes.bfloat16 else float(t._data),
                            t.dtype)
@@ -160,13 +202,29 @@ class GraphTrace:
         if hit is not None and hit[0] is t:
             return hit[1]
         value = self.graph.add_node(P.constant, [], {"value": ConstantData(np.array(t._data))},
-                                    loc=user_location())
+                                    loc=self._location())
         self._constants[id(t)] = (t, value)
         return value
 
+    def _location(self) -> str | None:
+        return user_location() if self.location is USER_LINE else self.location
+
+    def _lift(self, t: Tensor) -> Value:
+        for src, value in self.lifted:
+            if src is t:
+                return value
+        sym = self.new_input(f"captured{len(self.lifted)}", t._type(), t._requires_grad)
+        self.lifted.append((t, sym._value))
+        return sym._value
+
     def process_primitive(self, prim: Primitive, operands: Sequence[Tensor], attrs: dict):
+        owner = innermost_trace(operands, self)
+        if owner is not self:
+            # bind() handed the op to its first traced operand's trace, but an operand of a
+            # trace nested inside that one makes the op part of the inner function.
+            return owner.process_primitive(prim, operands, attrs)
         inputs = [self.operand(t) for t in operands]
-        loc = user_location()
+        loc = self._location()
         try:
             prim.infer(*(op.type for op in inputs), **attrs)
         except (ShapeError, TypeError, IndexError) as e:
@@ -206,8 +264,41 @@ class GraphTrace:
             base._value = new_base._value
             base._requires_grad = base._requires_grad or value._requires_grad
         x._value = value._value
+        if x._base is not None:
+            x._seen = x._base._val     # x holds the written value: it is current
         x._requires_grad = x._requires_grad or value._requires_grad
         return x
+
+
+def innermost_trace(tensors: Sequence[Tensor], default: "GraphTrace | None" = None):
+    """The trace that records an op on ``tensors``: the innermost active trace among theirs.
+
+    With nested traces (``grad`` of ``grad``, a traced function calling ``fusegrad.trace``)
+    an op can mix tensors of an outer trace (free variables) with those of an inner one; it
+    belongs to the inner function, which lifts the outer tensors as inputs.
+    """
+    best, best_rank = default, None
+    for t in tensors:
+        tr = t._trace
+        if tr is None or tr is best:
+            continue
+        if best is None:
+            best = tr
+            continue
+        if best_rank is None:
+            best_rank = _rank(best)
+        r = _rank(tr)
+        if r > best_rank:
+            best, best_rank = tr, r
+    return best
+
+
+def _rank(trace: "GraphTrace") -> int:
+    active = GraphTrace.active
+    for i in range(len(active) - 1, -1, -1):
+        if active[i] is trace:
+            return i
+    return -1
 
 
 def _unique_name(graph: Graph, name: str) -> str:
@@ -234,7 +325,7 @@ def replay(graph: Graph, args: Sequence[Tensor]) -> list[Tensor]:
     if len(args) != len(graph.inputs):
         raise TypeError(f"graph @{graph.name} takes {len(graph.inputs)} inputs, got {len(args)}")
     from fusegrad.ops.primitive import bind
-    trace = next((a._trace for a in args if a._trace is not None), None)
+    trace = innermost_trace(args)
     env: dict[Value, Tensor] = {}
     for v, a in zip(graph.inputs, args):
         if tuple(a.shape) != v.type.shape or a.dtype is not v.type.dtype:
@@ -245,10 +336,17 @@ def replay(graph: Graph, args: Sequence[Tensor]) -> list[Tensor]:
     def get(op):
         return env[op] if isinstance(op, Value) else literal_tensor(op)
 
-    for node in graph.nodes:
-        operands = [get(op) for op in node.inputs]
-        if trace is not None and not any(o._trace is not None for o in operands):
-            env[node.output] = trace.process_primitive(node.prim, operands, node.attrs)
-        else:
-            env[node.output] = bind(node.prim, *operands, **node.attrs)
+    saved = trace.location if trace is not None else None
+    try:
+        for node in graph.nodes:
+            operands = [get(op) for op in node.inputs]
+            if trace is not None:
+                trace.location = node.loc      # inlined nodes keep their own lines
+            if trace is not None and not any(o._trace is not None for o in operands):
+                env[node.output] = trace.process_primitive(node.prim, operands, node.attrs)
+            else:
+                env[node.output] = bind(node.prim, *operands, **node.attrs)
+    finally:
+        if trace is not None:
+            trace.location = saved
     return [get(o) for o in graph.outputs]

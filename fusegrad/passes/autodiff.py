@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from fusegrad.ir.graph import Graph, Literal, Value
-from fusegrad.ir.symbolic import GraphTrace, SymbolicTensor, literal_tensor
+from fusegrad.ir.symbolic import USER_LINE, GraphTrace, SymbolicTensor, literal_tensor
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
 from fusegrad.passes.manager import Pass, register_pass
@@ -35,15 +35,17 @@ def _forward(g: Graph, trace: GraphTrace, wrt: set[int]):
         return env[op] if isinstance(op, Value) else literal_tensor(op)
 
     for node in g.nodes:
+        trace.location = node.loc
         env[node.output] = trace.process_primitive(node.prim, [get(op) for op in node.inputs],
                                                    node.attrs)
         if node.prim.vjp is not None and node.output.type.dtype.is_floating_point and any(
                 isinstance(op, Value) and op in active for op in node.inputs):
             active.add(node.output)
+    trace.location = USER_LINE
     return env, active, get
 
 
-def _reverse(g: Graph, env, active, get, seeds: dict) -> dict:
+def _reverse(g: Graph, trace: GraphTrace, env, active, get, seeds: dict) -> dict:
     cts = dict(seeds)
     for node in reversed(g.nodes):
         ct = cts.pop(node.output, None)
@@ -51,6 +53,7 @@ def _reverse(g: Graph, env, active, get, seeds: dict) -> dict:
             continue
         primals = tuple(get(op) for op in node.inputs)
         out = env[node.output]
+        trace.location = node.loc        # a node's VJP points at the user's line of the node
         for i, op in enumerate(node.inputs):
             if not isinstance(op, Value) or op not in active or node.prim.rule(i) is None:
                 continue
@@ -64,6 +67,7 @@ def _reverse(g: Graph, env, active, get, seeds: dict) -> dict:
                                    f"{list(gi.shape)} for an operand of type {op.type}")
             prev = cts.get(op)
             cts[op] = gi if prev is None else prev + gi
+    trace.location = USER_LINE
     return cts
 
 
@@ -78,7 +82,7 @@ def vjp_graph(g: Graph, wrt: Sequence[int] | None = None, name: str | None = Non
         ct = trace.new_input(f"ct{k}", out.type)
         if isinstance(out, Value) and out.type.dtype.is_floating_point:
             seeds[out] = ct if out not in seeds else seeds[out] + ct
-    cts = _reverse(g, env, active, get, seeds)
+    cts = _reverse(g, trace, env, active, get, seeds)
     outputs = [get(o) for o in g.outputs]
     outputs += [_cotangent_or_zeros(cts, g.inputs[i], env) for i in wrt]
     new.set_outputs([_as_operand(trace, t) for t in outputs])
@@ -102,7 +106,7 @@ def grad_graph(g: Graph, wrt: Sequence[int] | None = None, output: int = 0,
     seeds = {}
     if isinstance(out, Value):
         seeds[out] = F.ones_like(env[out])
-    cts = _reverse(g, env, active, get, seeds)
+    cts = _reverse(g, trace, env, active, get, seeds)
     outputs = [get(o) for o in g.outputs]
     outputs += [_cotangent_or_zeros(cts, g.inputs[i], env) for i in wrt]
     new.set_outputs([_as_operand(trace, t) for t in outputs])

@@ -164,13 +164,15 @@ def _arg_names(fn: Callable, n: int) -> list[str]:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         params = []
+    # *args need not be the last parameter (keyword-only ones follow it).
+    star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
     names = []
     for i in range(n):
         if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY,
                                                   params[i].POSITIONAL_OR_KEYWORD):
             names.append(params[i].name)
-        elif params and params[-1].kind is params[-1].VAR_POSITIONAL:
-            names.append(f"{params[-1].name}{i}")
+        elif star is not None:
+            names.append(f"{star}{i}")
         else:
             names.append(f"arg{i}")
     return names
@@ -208,14 +210,17 @@ def trace(fn: Callable, *args, **kwargs) -> Graph:
 
     rng = _RngInput(tr)
     creation._key_sources.append(rng)
+    GraphTrace.active.append(tr)
     try:
         with swap_module_state(module, sym_state) if module is not None else contextlib.nullcontext():
             out = target(*sym_args, **sym_kwargs)
+        out_leaves, out_tree = tree_flatten(out)
+        # Still active: an output may be a free variable (a tensor of an enclosing trace).
+        outputs = [tr.operand(t) for t in out_leaves]
     finally:
+        GraphTrace.active.pop()
         creation._key_sources.pop()
 
-    out_leaves, out_tree = tree_flatten(out)
-    outputs = [tr.operand(t) for t in out_leaves]
     info = TraceInfo(in_tree, out_tree, n_state=len(state), state_names=[n for n, _ in state],
                      n_user_outputs=len(outputs))
     # Inputs written in place: their final values become extra outputs.

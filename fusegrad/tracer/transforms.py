@@ -8,9 +8,11 @@ and replays the result on the arguments: concrete arguments run it eagerly, symb
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 from fusegrad.ir.symbolic import replay
+from fusegrad.ops import creation
 from fusegrad.passes.autodiff import grad_graph, vjp_graph
 from fusegrad.tensor import Tensor
 from fusegrad.tracer.trace import trace, tree_flatten, tree_unflatten
@@ -36,12 +38,19 @@ def _argnum_inputs(graph, args, argnums: Sequence[int]) -> list[int]:
 
 
 def _call_inputs(graph, args, kwargs) -> list[Tensor]:
+    """The graph's inputs for a call on ``args``: the tensor leaves, then the tensors the
+    trace lifted (captured tensors that require grad, free variables of an enclosing trace)
+    and the random key, at the positions the trace gave them."""
     info = graph.meta
-    if info.rng_input is not None or info.lifted:
-        raise NotImplementedError("grad of functions that draw random numbers or capture tensors "
-                                  "that require grad is not supported yet; pass them as arguments")
     leaves, _ = tree_flatten((args, kwargs))
-    return leaves
+    full: list = list(leaves) + [None] * (len(graph.inputs) - len(leaves))
+    for t, index in info.lifted:
+        full[index] = t
+    if info.rng_input is not None:
+        # The key for rng_counters counters (4 numbers each), advancing the generator as the
+        # eager call would; inside another trace this is that trace's key, so nesting works.
+        full[info.rng_input] = creation.default_generator.next_key(4 * info.rng_counters)
+    return full
 
 
 def value_and_grad(fn: Callable, argnums: int | Sequence[int] = 0, has_aux: bool = False):
@@ -53,11 +62,20 @@ def value_and_grad(fn: Callable, argnums: int | Sequence[int] = 0, has_aux: bool
     nums = (argnums,) if single else tuple(argnums)
 
     def wrapped(*args, **kwargs):
+        # The graph and its inputs take fn's name and parameter names (updated=(): a module's
+        # __dict__ must not be copied onto the function).
+        @functools.wraps(fn, updated=())
         def target(*a, **k):
             out = fn(*a, **k)
             return out if not has_aux else (out[0], out[1])
         graph = trace(target, *args, **kwargs)
         wrt = _argnum_inputs(graph, args, nums)
+        for i in wrt:
+            if not graph.inputs[i].type.dtype.is_floating_point:
+                # Its "gradient" would be a silent zeros tensor of an integer dtype.
+                raise TypeError(f"grad requires floating-point inputs, but input %"
+                                f"{graph.inputs[i].name} (argnums={argnums}) is "
+                                f"{graph.inputs[i].type}; leave it out of argnums")
         g2 = grad_graph(graph, wrt)
         results = replay(g2, _call_inputs(graph, args, kwargs))
         n_out = len(graph.outputs)

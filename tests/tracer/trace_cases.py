@@ -1,0 +1,619 @@
+"""The op table shared by the tracer and autodiff tests, and the harness that checks a case.
+
+Each :class:`OpCase` is a function of tensors and the inputs to call it on. The tests check,
+for every case, that
+
+- ``interpret(trace(fn, *xs), *arrays)`` equals eager ``fn(*xs)`` (:func:`check_forward`);
+- the gradient of a weighted sum of ``fn``'s float outputs from ``fusegrad.grad`` (the
+  autodiff pass, replayed eagerly) and from ``interpret(grad_graph(trace(loss)))`` equals the
+  gradient eager ``backward()`` gives (:func:`check_gradient`).
+
+Inputs are float64 (so agreement is to rounding), in three layouts: contiguous, transposed
+(``T``) and strided (``S``), the last two non-contiguous; 0-d inputs appear where meaningful.
+A case's name is ``op`` or ``op-variant``; ``op`` (and ``covers``) name the public ops it
+exercises, which ``test_trace_ops.py`` checks against the public API.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+import fusegrad as fg
+import fusegrad.nn.functional as NF
+from fusegrad.ir import interpret
+from fusegrad.ops import functional as F
+from fusegrad.passes.autodiff import grad_graph
+from fusegrad.tracer.trace import tree_flatten
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Arr:
+    """A deferred input array: float in [low, high), or fixed integer/bool values."""
+
+    shape: tuple[int, ...] = ()
+    low: float = -2.0
+    high: float = 2.0
+    layout: str = ""               # "" contiguous, "T" transposed, "S" strided
+    values: tuple | None = None    # fixed contents (integer indices, masks)
+    dtype: str = "float64"
+
+    def make(self, seed: int) -> np.ndarray:
+        if self.values is not None:
+            a = np.array(self.values, dtype=self.dtype)
+        else:
+            rng = np.random.default_rng(seed)
+            a = rng.uniform(self.low, self.high, size=self.shape).astype(self.dtype)
+        return _layout(a, self.layout)
+
+
+def _layout(a: np.ndarray, kind: str) -> np.ndarray:
+    a = np.array(a)          # a 0-d array stays 0-d (np.ascontiguousarray makes it 1-d)
+    if kind == "" or a.ndim == 0:
+        return a
+    if kind == "T":
+        return np.ascontiguousarray(a.T).T
+    big = np.zeros(tuple(2 * d for d in a.shape), dtype=a.dtype)
+    big[tuple(slice(None, None, 2) for _ in a.shape)] = a
+    return big[tuple(slice(None, None, 2) for _ in a.shape)]
+
+
+def X(*shape: int, layout: str = "") -> Arr:
+    """Floats in [-2, 2)."""
+    return Arr(tuple(shape), layout=layout)
+
+
+def Pos(*shape: int, layout: str = "") -> Arr:
+    """Floats in [0.5, 2.5): the domain of log, sqrt, reciprocal, fractional powers."""
+    return Arr(tuple(shape), 0.5, 2.5, layout=layout)
+
+
+def Unit(*shape: int) -> Arr:
+    """Floats in [0.05, 0.95): probabilities."""
+    return Arr(tuple(shape), 0.05, 0.95)
+
+
+def Idx(values) -> Arr:
+    """An int64 index tensor."""
+    return Arr(values=_tuple(values), dtype="int64")
+
+
+def Mask(values) -> Arr:
+    """A bool tensor."""
+    return Arr(values=_tuple(values), dtype="bool")
+
+
+def _tuple(v):
+    return tuple(_tuple(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+# --------------------------------------------------------------------------- cases
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """``fn`` applied to ``args``; ``grad=False`` where no float input has a gradient."""
+
+    name: str
+    fn: Callable
+    args: tuple[Arr, ...]
+    grad: bool = True
+    covers: tuple[str, ...] = ()
+    xfail_forward: str = ""   # a known bug, the reason; the test is a strict xfail
+    xfail_grad: str = ""
+
+    @property
+    def op(self) -> str:
+        """The public op exercised: ``nn.softmax-dim0`` -> softmax, ``inplace-add_`` -> add_."""
+        parts = self.name.removeprefix("nn.").split("-")
+        return parts[1] if parts[0] == "inplace" else parts[0]
+
+    def arrays(self) -> list[np.ndarray]:
+        return [a.make(seed) for seed, a in enumerate(self.args)]
+
+    def float_args(self) -> tuple[int, ...]:
+        return tuple(i for i, a in enumerate(self.args) if a.dtype == "float64")
+
+
+CASES: list[OpCase] = []
+
+
+def case(name: str, fn: Callable, *args: Arr, grad: bool = True, covers=(), xfail_forward="",
+         xfail_grad="") -> None:
+    """Add ``fn(*args)`` to the table as ``name`` (``op`` or ``op-variant``)."""
+    CASES.append(OpCase(name, fn, args, grad, tuple(covers), xfail_forward, xfail_grad))
+
+
+def _write_method(method: str, view: Callable, *consts) -> Callable:
+    """``fn(x, *args)``: ``view(base).method(*args, *consts)`` on an intermediate
+    ``base = x * 1``, returning the base (an in-place method writing through a view)."""
+    def fn(x, *args):
+        return _then_base(x, lambda b: getattr(view(b), method)(*args, *consts))
+    return fn
+
+
+# Eager autograd bugs (fusegrad/ops/functional.py, not the tracer): the traced gradient is
+# right (test_autodiff_ops checks it against finite differences) and eager backward is not.
+EAGER_LEAF_WRITE = ("eager bug: an in-place write of a leaf tensor (copy_/setitem of a value "
+                    "with grad_fn None) drops its gradient and keeps the old one of the "
+                    "overwritten region (functional._rebase_history returns early)")
+EAGER_SILU_INPLACE = ("eager bug: silu(inplace=True) overwrites the input its composite saved "
+                      "for backward, so backward() raises a version-counter error")
+# Tracer-side bugs in fusegrad/ops/functional.py.setitem (owned elsewhere).
+TRACE_SETITEM_INDEX = ("functional.setitem under a trace: writes through integer-tensor "
+                       "indices are lost (getitem gathers a copy with no base, and copy_ only "
+                       "rebinds that copy)")
+TRACE_SETITEM_MASK = ("functional.setitem under a trace: x[mask] = scalar raises "
+                      "ConcretizationError although eager lowers it to where()")
+
+
+S0 = X()                     # a 0-d input
+
+# -- elementwise binary, with broadcasting, 0-d operands and Python scalars
+case("add", lambda x, y: F.add(x, y), X(3, 4), X(4))
+case("add-0d", lambda x, y: x + y, X(2, 3, layout="T"), S0)
+case("add-alpha", lambda x, y: F.add(x, y, alpha=2.5), X(3, 1), X(1, 4))
+case("add-scalar", lambda x: 3 + x, X(3, 4, layout="S"), covers=("__radd__",))
+case("sub", lambda x, y: F.sub(x, y, alpha=0.5), X(2, 3, 4), X(3, 1))
+case("sub-op", lambda x, y: x - y, S0, X(3, 4, layout="S"))
+case("rsub", lambda x, y: F.rsub(x, y), X(3, 4), X(4))
+case("rsub-scalar", lambda x: 1.5 - x, X(3, 4), covers=("__rsub__",))
+case("mul", lambda x, y: F.mul(x, y), X(3, 4, layout="T"), X(3, 1))
+case("mul-op", lambda x: x * x * 0.5, X(5))
+case("div", lambda x, y: F.div(x, y), X(3, 4), Pos(4))
+case("div-op", lambda x, y: 1.0 / y + x / 2, X(3, 4), Pos(3, 4, layout="S"),
+     covers=("__rtruediv__",))
+case("div-floor", lambda x, y: F.div(x, y, rounding_mode="floor") + x, X(3, 4), Pos(4))
+case("div-trunc", lambda x, y: F.div(x, y, rounding_mode="trunc") * x, X(3, 4), Pos(4))
+case("true_divide", lambda x, y: F.true_divide(x, y), X(2, 3), Pos(2, 3))
+case("floor_divide", lambda x, y: F.floor_divide(x, y) + y * x, X(3, 4), Pos(3, 4))
+case("floor_divide-op", lambda x: (x // 0.7) * x, X(3, 4))
+case("remainder", lambda x, y: F.remainder(x, y), X(3, 4), Pos(4))
+case("remainder-op", lambda x: x % 0.75, X(3, 4, layout="T"))
+case("fmod", lambda x, y: F.fmod(x, y), X(3, 4), Pos(3, 4))
+case("pow", lambda x, y: F.pow(x, y), Pos(3, 4), X(3, 4))
+case("pow-square", lambda x: x ** 2, X(3, 4, layout="S"))
+case("pow-cube", lambda x: F.pow(x, 3), X(3, 4))
+case("pow-sqrt", lambda x: x ** 0.5, Pos(3, 4))
+case("pow-one", lambda x: x ** 1, X(3))
+case("pow-rpow", lambda x: 2.0 ** x, X(3, 4), covers=("__rpow__",))
+case("maximum", lambda x, y: F.maximum(x, y), X(3, 4), X(4))
+case("minimum", lambda x, y: F.minimum(x, y), X(3, 4, layout="T"), S0)
+case("lt", lambda x, y: F.where(F.lt(x, y), x, y), X(3, 4), X(3, 4), covers=("less",))
+case("le", lambda x, y: F.where(F.le(x, y), x * 2, y), X(3, 4), X(4), covers=("less_equal",))
+case("gt", lambda x, y: F.where(F.gt(x, y), x, -y), X(3, 4), S0, covers=("greater",))
+case("ge", lambda x, y: F.where(F.ge(x, 0.5), x, y), X(3, 4), X(3, 4),
+     covers=("greater_equal",))
+case("eq", lambda x: F.where(F.eq(x.floor(), 0), x, 0.0), X(3, 4))
+case("ne", lambda x: F.where(F.ne(x.floor(), 0), x, x * 3), X(3, 4), covers=("not_equal",))
+case("compare-ops", lambda x, y: ((x < y) | (x >= 1.0)) & ~(x == y) ^ (x != 0.5), X(3, 4), X(4),
+     grad=False, covers=("__lt__", "__ge__", "__eq__", "__ne__", "__or__", "__and__",
+                         "__xor__", "__invert__"))
+case("logical_and", lambda x, y: F.logical_and(x > 0, y), X(3, 4), Mask([True, False, True, True]),
+     grad=False)
+case("logical_or", lambda x, y: F.logical_or(x, y > 0), X(3, 4), X(3, 4), grad=False)
+case("logical_xor", lambda x, y: F.logical_xor(x > 0, y > 0), X(3, 4), X(4), grad=False)
+case("logical_not", lambda x: F.where(F.logical_not(x > 0), x, 1.0), X(3, 4))
+case("bitwise_and", lambda x, y: F.bitwise_and(x > 0, y > 0), X(3, 4), X(3, 4), grad=False)
+case("bitwise_or", lambda x, y: F.bitwise_or(x > 0, y > 0), X(3, 4), X(3, 4), grad=False)
+case("bitwise_xor", lambda x, y: F.bitwise_xor(x > 0, y > 0), X(3, 4), X(3, 4), grad=False)
+case("bitwise_not", lambda x: F.bitwise_not(x > 0), X(3, 4), grad=False)
+case("where", lambda c, x, y: F.where(c, x, y), Mask([[True], [False], [True]]), X(3, 4), X(4))
+case("where-scalar", lambda x: F.where(x > 0, x, 0.5), X(3, 4, layout="T"))
+case("where-method", lambda x, y: x.where(x > y, y * 2), X(3, 4), X(3, 4))
+
+# -- elementwise unary
+for _name in ("neg", "negative", "abs", "absolute", "sin", "cos", "tanh", "erf", "expm1",
+              "sigmoid", "relu", "square", "sign", "floor", "ceil", "trunc", "fix", "round",
+              "tan", "exp", "exp2"):
+    case(_name, getattr(F, _name), X(3, 4, layout="T"))
+for _name in ("log", "log1p", "sqrt", "reciprocal", "rsqrt", "log2", "log10"):
+    case(_name, getattr(F, _name), Pos(3, 4, layout="S"))
+case("exp-0d", F.exp, S0)
+case("neg-op", lambda x: -x + abs(+x), X(3, 4), covers=("__neg__", "__abs__", "__pos__"))
+case("round-decimals", lambda x: F.round(x, decimals=2) * x, X(3, 4))
+case("sigmoid-large", F.sigmoid, Arr((6,), -120.0, 120.0))
+case("clamp", lambda x: F.clamp(x, -0.5, 0.7), X(3, 4))
+case("clamp-min", lambda x: F.clamp(x, min=0.1), X(3, 4, layout="T"))
+case("clamp-tensor", lambda x, lo, hi: F.clamp(x, lo, hi), X(3, 4), Arr((4,), -2, -0.5),
+     Arr((3, 1), 0.5, 2))
+case("clip", lambda x: F.clip(x, max=0.3), X(3, 4))
+case("isnan", lambda x: F.where(F.isnan(x.log()), 0.0, x), X(3, 4))
+case("isinf", lambda x: F.where(F.isinf(1 / x.floor()), 1.0, x), X(3, 4))
+case("isfinite", lambda x: F.where(F.isfinite(x.floor().reciprocal()), x, 2 * x), X(3, 4))
+case("isclose", lambda x, y: F.where(F.isclose(x, x + y * 1e-9), x, y), X(3, 4), X(3, 4))
+case("clone", lambda x: F.clone(x) * 2, X(3, 4, layout="S"))
+case("contiguous", lambda x: F.contiguous(x.t()) + 1, X(3, 4))
+case("to", lambda x: F.to(F.to(x, fg.float32), fg.float64) + F.to(x, x), X(3, 4))
+case("cast", lambda x: F.cast(F.cast(x, fg.float32), fg.float64) * x, X(3, 4))
+case("type_as", lambda x, i: F.type_as(i, x) * x, X(3), Idx([1, 2, 3]))
+case("cast-methods", lambda x: x.float().double() + x.long().double() + x.bool().double()
+     + x.int().double() + x.half().double(), X(3, 4),
+     covers=("float", "double", "long", "bool", "int", "half"))
+case("as_tensor_operand", lambda x: x * F.as_tensor_operand(np.arange(4.0)), X(3, 4))
+
+# -- reductions
+case("sum", lambda x: F.sum(x), X(3, 4, layout="T"))
+case("sum-dim", lambda x: F.sum(x, 1), X(2, 3, 4))
+case("sum-dims-keepdim", lambda x: F.sum(x, (0, -1), keepdim=True), X(2, 3, 4, layout="S"))
+case("sum-0d", lambda x: F.sum(x), S0)
+case("sum-dtype", lambda x: F.sum(x > 0, 0, dtype=fg.float64) * x, X(3, 4))
+case("sum_to_size", lambda x: F.sum_to_size(x, (3, 1)), X(2, 3, 4))
+case("prod", lambda x: F.prod(x), Pos(2, 3))
+case("prod-dim", lambda x: F.prod(x, 1, keepdim=True), X(3, 4, layout="T"))
+case("reduce_prod", lambda x: F.reduce_prod(x, (0,)), X(3, 4))
+case("mean", lambda x: F.mean(x), X(3, 4, layout="S"))
+case("mean-dim", lambda x: F.mean(x, (0, 2), keepdim=True), X(2, 3, 4))
+case("mean-0d", lambda x: F.mean(x), S0)
+case("var", lambda x: F.var(x), X(3, 4))
+case("var-dim", lambda x: F.var(x, 1, keepdim=True), X(3, 4, layout="T"))
+case("var-correction", lambda x: F.var(x, 0, correction=0), X(3, 4))
+case("var-unbiased", lambda x: F.var(x, False), X(3, 4))
+case("std", lambda x: F.std(x, -1), X(3, 4))
+case("std-all", lambda x: F.std(x), X(3, 4, layout="S"))
+case("var_mean", lambda x: F.var_mean(x, 1), X(3, 4))
+case("std_mean", lambda x: F.std_mean(x, 0, keepdim=True), X(3, 4))
+case("max", lambda x: F.max(x), X(3, 4, layout="T"))
+case("max-dim", lambda x: F.max(x, 1), X(3, 4))
+case("max-keepdim", lambda x: F.max(x, 0, keepdim=True), X(3, 4, layout="S"))
+case("max-binary", lambda x, y: F.max(x, y), X(3, 4), X(4))
+case("min", lambda x: F.min(x), X(3, 4))
+case("min-dim", lambda x: F.min(x, -1, keepdim=True), X(3, 4))
+case("min-binary", lambda x, y: F.min(x, y), X(3, 4), S0)
+case("amax", lambda x: F.amax(x, (0, 2)), X(2, 3, 4))
+case("amin", lambda x: F.amin(x, 1, keepdim=True), X(3, 4, layout="T"))
+case("argmax", lambda x: F.argmax(x, 1), X(3, 4), grad=False)
+case("argmax-all", lambda x: F.argmax(x, keepdim=True), X(3, 4, layout="T"), grad=False)
+case("argmin", lambda x: F.argmin(x, 0, keepdim=True), X(3, 4), grad=False)
+case("logsumexp", lambda x: F.logsumexp(x, 1), X(3, 4))
+case("logsumexp-keepdim", lambda x: F.logsumexp(x, (0, 1), keepdim=True), X(3, 4, layout="S"))
+case("all", lambda x: F.all(x > -1.5, 1), X(3, 4), grad=False)
+case("any", lambda x: F.any(x > 1.5), X(3, 4), grad=False)
+case("count_nonzero", lambda x: F.count_nonzero(x > 0, 0), X(3, 4), grad=False)
+case("norm", lambda x: F.norm(x), X(3, 4))
+case("norm-dim", lambda x: F.norm(x, 2, 1, keepdim=True), X(3, 4, layout="T"))
+case("norm-1", lambda x: F.norm(x, 1, 0), X(3, 4))
+case("norm-inf", lambda x: F.norm(x, math.inf, 1), X(3, 4))
+case("norm-neginf", lambda x: F.norm(x, -math.inf), X(3, 4))
+case("norm-3", lambda x: F.norm(x, 3, -1), X(3, 4))
+case("norm-0", lambda x: F.norm(x, 0), X(3, 4), grad=False)
+case("cumsum", lambda x: F.cumsum(x, 1), X(3, 4, layout="S"))
+case("cumsum-0d", lambda x: F.cumsum(x, 0), S0)
+
+# -- movement and views
+case("reshape", lambda x: F.reshape(x, (4, -1)) * 2, X(2, 3, 2, layout="T"))
+case("reshape_prim", lambda x: F.reshape_prim(x, (12,)), X(3, 4))
+case("view", lambda x: F.view(x, 2, 6), X(3, 4))
+case("view_as", lambda x, y: F.view_as(x, y) + y, X(3, 4), X(4, 3))
+case("reshape_as", lambda x, y: F.reshape_as(x, y) * y, X(3, 4, layout="T"), X(2, 6))
+case("permute", lambda x: F.permute(x, 2, 0, 1), X(2, 3, 4))
+case("transpose", lambda x: F.transpose(x, 0, 2), X(2, 3, 4, layout="S"))
+case("swapaxes", lambda x: F.swapaxes(x, 0, 1), X(3, 4), covers=("swapdims",))
+case("t", lambda x: F.t(x), X(3, 4))
+case("T", lambda x: x.T * x.mT.mT.T, X(2, 3, 4), covers=("mT",))
+case("movedim", lambda x: F.movedim(x, 0, -1), X(2, 3, 4))
+case("expand", lambda x: F.expand(x, 2, -1, 4), X(3, 1))
+case("expand-0d", lambda x: F.expand(x, (3, 2)), S0)
+case("expand_as", lambda x, y: F.expand_as(x, y) * y, X(4), X(3, 4))
+case("broadcast_to", lambda x: F.broadcast_to(x, (2, 3, 4)), X(3, 1, layout="T"))
+case("broadcast_tensors", lambda x, y: F.broadcast_tensors(x, y), X(3, 1), X(4))
+case("squeeze", lambda x: F.squeeze(x), X(3, 1, 4, 1))
+case("squeeze-dim", lambda x: F.squeeze(x, 1), X(3, 1, 4))
+case("unsqueeze", lambda x: F.unsqueeze(x, -1), X(3, 4, layout="T"))
+case("flatten", lambda x: F.flatten(x, 1), X(2, 3, 4, layout="T"))
+case("flatten-0d", lambda x: F.flatten(x), S0)
+case("unflatten", lambda x: F.unflatten(x, 1, (2, -1)), X(3, 4))
+case("slice_axes", lambda x: F.slice_axes(x, (1, 0), (3, 4), (1, 2)), X(3, 4))
+case("narrow", lambda x: F.narrow(x, 1, 1, 2), X(3, 4, layout="S"))
+case("split", lambda x: F.split(x, 3, 1), X(2, 7))
+case("split-sizes", lambda x: F.split(x, [1, 2], 0), X(3, 4))
+case("chunk", lambda x: F.chunk(x, 2, -1), X(3, 5, layout="T"))
+case("unbind", lambda x: F.unbind(x, 1), X(3, 4))
+case("select", lambda x: F.select(x, 0, -1), X(3, 4))
+case("pad_axes", lambda x: F.pad_axes(x, [(1, 0), (2, 1)], 0.5), X(3, 4))
+case("cat", lambda x, y: F.cat([x, y], 1), X(3, 2), X(3, 4, layout="T"),
+     covers=("concat", "concatenate"))
+case("cat-single", lambda x: F.cat([x]), X(3))
+case("stack", lambda x, y: F.stack([x, y], 1), X(3, 4), X(3, 4))
+case("hstack", lambda x, y: F.hstack([x, y]), X(3), X(2))
+case("vstack", lambda x, y: F.vstack([x, y]), X(4), X(2, 4))
+case("repeat", lambda x: F.repeat(x, 2, 1, 3), X(3, 2))
+case("flip", lambda x: F.flip(x, (0, 1)), X(3, 4, layout="T"))
+case("roll", lambda x: F.roll(x, (1, -2), (0, 1)), X(3, 4))
+case("roll-flat", lambda x: F.roll(x, 5), X(3, 4))
+
+# -- matmul
+case("matmul", lambda a, b: F.matmul(a, b), X(3, 4), X(4, 5))
+case("matmul-T", lambda a, b: a @ b, X(3, 4, layout="T"), X(4, 5, layout="T"),
+     covers=("__matmul__",))
+case("matmul-1d1d", lambda a, b: F.matmul(a, b), X(4), X(4))
+case("matmul-1d2d", lambda a, b: F.matmul(a, b), X(4), X(4, 5))
+case("matmul-2d1d", lambda a, b: F.matmul(a, b), X(3, 4), X(4))
+case("matmul-batched", lambda a, b: F.matmul(a, b), X(2, 3, 4), X(2, 4, 5))
+case("matmul-bcast", lambda a, b: F.matmul(a, b), X(2, 3, 4), X(4, 5))
+case("matmul-bcast4d", lambda a, b: F.matmul(a, b), X(2, 1, 3, 4), X(3, 4, 2))
+case("matmul-1dbatched", lambda a, b: F.matmul(a, b), X(4), X(2, 4, 3))
+case("matmul_nd", lambda a, b: F.matmul_nd(a, b), X(2, 3, 4), X(1, 4, 2))
+case("mm", lambda a, b: F.mm(a, b), X(3, 4, layout="S"), X(4, 2))
+case("bmm", lambda a, b: F.bmm(a, b), X(2, 3, 4), X(2, 4, 2))
+case("dot", lambda a, b: F.dot(a, b), X(5), X(5))
+case("mv", lambda a, b: F.mv(a, b), X(3, 4, layout="T"), X(4))
+case("outer", lambda a, b: F.outer(a, b), X(3), X(4))
+
+# -- index ops
+case("take", lambda x, i: F.take(x, i, 1), X(3, 4), Idx([[0, 3], [1, 1]]))
+case("take_add", lambda x, i, s: F.take_add(x, i, s, 0), X(4, 2), Idx([1, 3, 1]), X(3, 2))
+case("index_select", lambda x, i: F.index_select(x, 0, i), X(3, 4, layout="T"), Idx([2, 0, 2]))
+case("index_select-0d", lambda x, i: F.index_select(x, 1, i), X(3, 4), Idx(1))
+case("index_add", lambda x, i, s: F.index_add(x, 1, i, s, alpha=2.0), X(3, 4), Idx([0, 2, 0]),
+     X(3, 3))
+case("gather", lambda x, i: F.gather(x, 1, i), X(3, 4), Idx([[0, 3], [1, 1], [2, 0]]))
+case("gather-smaller", lambda x, i: F.gather(x, 0, i), X(3, 4, layout="T"), Idx([[2, 0, 1]]))
+case("take_along_dim", lambda x, i: F.take_along_dim(x, i, 1), X(3, 4), Idx([[0, 3]]))
+case("scatter_add", lambda x, i, s: F.scatter_add(x, 1, i, s), X(3, 4),
+     Idx([[0, 0], [3, 1], [2, 2]]), X(3, 2))
+case("masked_fill", lambda x, m: F.masked_fill(x, m, -1.5), X(3, 4),
+     Mask([True, False, False, True]))
+case("masked_fill-tensor", lambda x, v: F.masked_fill(x, x > 0, v), X(3, 4, layout="T"), S0)
+case("tril", lambda x: F.tril(x), X(3, 4))
+case("tril-diag", lambda x: F.tril(x, -1), X(2, 4, 3, layout="S"))
+case("triu", lambda x: F.triu(x, 1), X(4, 3))
+case("zeros_like_scalar", lambda x: x + F.zeros_like_scalar(x), X(3))
+case("argsort", lambda x: F.argsort(x, 1, descending=True), X(3, 4), grad=False)
+case("sort", lambda x: F.sort(x, 0), X(3, 4))
+case("sort-desc", lambda x: F.sort(x, descending=True), X(3, 4, layout="T"))
+case("topk", lambda x: F.topk(x, 2, 1), X(3, 4))
+case("topk-smallest", lambda x: F.topk(x, 3, 0, largest=False), X(4, 3, layout="S"))
+
+# -- __getitem__ (basic indexing is a view, integer tensors gather)
+case("getitem-int", lambda x: x[1], X(3, 4), covers=("getitem", "__getitem__"))
+case("getitem-slice", lambda x: x[:, 1::2], X(3, 5, layout="T"))
+case("getitem-neg", lambda x: x[-1, -3:-1], X(3, 4))
+case("getitem-none", lambda x: x[None, ..., 0, None], X(2, 3, 4))
+case("getitem-ellipsis", lambda x: x[..., 1:], X(2, 3, 4, layout="S"))
+case("getitem-tensor", lambda x, i: x[i], X(4, 3), Idx([3, 0, 3, -1]))
+case("getitem-tensor2d", lambda x, i: x[:, i], X(3, 4), Idx([[0, 1], [3, 3]]))
+case("getitem-two-tensors", lambda x, i, j: x[i, j], X(3, 4), Idx([0, 2, 2]), Idx([3, 0, 3]))
+case("getitem-nonadjacent", lambda x, i, j: x[i, :, j], X(3, 2, 4), Idx([0, 2]), Idx([1, 3]))
+case("getitem-list", lambda x: x[[2, 0]], X(3, 4))
+case("getitem-int-tensor-0d", lambda x, i: x[i], X(3, 4), Idx(2))
+
+# -- in-place writes on intermediates (functionalized under the trace)
+case("setitem", lambda x: _setitem(x, (slice(None), slice(1, 3)), 0.0), X(3, 4),
+     covers=("__setitem__",))
+case("setitem-tensor", lambda x, v: _setitem(x, (1,), v), X(3, 4), X(4))
+case("setitem-tensor-nonleaf", lambda x, v: _setitem(x, (1,), v * 2), X(3, 4), X(4))
+case("setitem-step", lambda x, v: _setitem(x, (slice(None, None, 2),), v * 3), X(5, 2),
+     X(3, 2, layout="T"))
+case("setitem-view-chain", lambda x, v: _setitem_chain(x, v), X(3, 4), X(2))
+case("setitem-view-chain-nonleaf", lambda x, v: _setitem_chain(x, v.exp()), X(3, 4), X(2))
+case("setitem-index", lambda x, v: _setitem(x, (fg.tensor([2, 0]),), v * 2), X(3, 4), X(4))
+case("setitem-mask", lambda x: _setitem(x, (x > 0,), 0.0), X(3, 4))
+case("copy_", lambda x, y: x.exp().copy_(y), X(3, 4), X(4))
+case("copy_-view", lambda x, y: _then_base(x, lambda b: b[1:].copy_(y)), X(3, 4), X(2, 4))
+case("copy_-view-nonleaf", lambda x, y: _then_base(x, lambda b: b[1:].copy_(y.sin())), X(3, 4),
+     X(2, 4))
+case("fill_", lambda x: _then_base(x, lambda b: b[:, 0].fill_(2.0)), X(3, 4))
+case("fill_-tensor", lambda x, v: _then_base(x, lambda b: b[0].fill_(v)), X(3, 4), S0)
+case("zero_", lambda x: _then_base(x, lambda b: b.t()[1].zero_()), X(3, 4))
+case("assign_", lambda x, y: F.assign_(x * 1, y), X(3, 4), X(3, 4))
+case("assign_-nonleaf", lambda x, y: F.assign_(x * 1, y * y), X(3, 4), X(3, 4))
+case("inplace-add_", lambda x, y: _then_base(x, lambda b: b[:2].add_(y, alpha=2)), X(3, 4),
+     X(4))
+case("inplace-mul_", _write_method("mul_", lambda b: b), X(3, 4), X(3, 1))
+case("inplace-iops", lambda x, y: _iops(x, y), X(3, 4), Pos(4),
+     covers=("__iadd__", "__isub__", "__imul__", "__itruediv__"))
+case("inplace-clamp_", _write_method("clamp_", lambda b: b, -1, 1), X(3, 4))
+case("inplace-masked_fill_", lambda x: _then_base(x, lambda b: b.masked_fill_(b < 0, 0.5)),
+     X(3, 4))
+case("nn.relu_", lambda x: NF.relu_(x * 2), X(3, 4))
+case("inplace-scatter_add_", lambda x, i, s: _then_base(x, lambda b: b.scatter_add_(1, i, s)),
+     X(3, 4), Idx([[1], [0], [1]]), X(3, 1))
+case("inplace-index_add_", lambda x, i, s: _then_base(x, lambda b: b.index_add_(0, i, s)),
+     X(3, 4), Idx([2, 2]), X(2, 4))
+case("inplace-tril_", _write_method("tril_", lambda b: b), X(3, 4))
+for _name in ("neg", "abs", "exp", "sin", "cos", "tanh", "sigmoid", "relu", "floor", "erf",
+              "square", "sign", "trunc", "round", "ceil", "expm1"):
+    case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[1:]), X(3, 4))
+for _name in ("sub", "div", "true_divide", "floor_divide", "remainder", "pow", "maximum",
+              "minimum"):
+    case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[:, 1:]), Pos(3, 4), Pos(3))
+case("inplace-logical_and_", lambda x, y: F.where((x > 0).logical_and_(y > 0), x, y), X(3, 4),
+     X(4))
+case("inplace-logical_or_", lambda x, y: F.where((x > 0).logical_or_(y > 0), x, y), X(3, 4),
+     X(4))
+case("inplace-logical_not_", lambda x: F.where((x > 0).logical_not_(), x, 0.0), X(3, 4))
+case("inplace-clip_", lambda x: _then_base(x, lambda b: b[0].clip_(max=0.5)), X(3, 4))
+case("inplace-triu_", _write_method("triu_", lambda b: b, -1), X(3, 4))
+for _name in ("log", "sqrt", "rsqrt", "reciprocal", "log1p"):
+    case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[:, :2]), Pos(3, 4))
+
+# -- creation from a tensor
+case("zeros_like", lambda x: F.zeros_like(x) + x, X(3, 4))
+case("ones_like", lambda x: F.ones_like(x, dtype=fg.float64) * x, X(3, 4))
+case("new_zeros", lambda x: x.new_zeros(3, 4) + x, X(4))
+case("new_ones", lambda x: F.new_ones(x, (3, 1)) * x, X(4))
+case("new_full", lambda x: F.new_full(x, (3, 4), 2.5) * x, X(3, 4))
+case("new_empty", lambda x: F.new_empty(x, 3, 4).zero_() + x, X(3, 4))
+case("new_tensor", lambda x: x * F.new_tensor(x, [1.0, 2.0, 3.0]), X(3))
+
+# -- nn.functional
+case("nn.relu", lambda x: NF.relu(x), X(3, 4, layout="T"))
+case("nn.gelu", lambda x: NF.gelu(x), X(3, 4))
+case("nn.gelu-tanh", lambda x: NF.gelu(x, approximate="tanh"), X(3, 4, layout="S"))
+case("nn.silu", lambda x: NF.silu(x), X(3, 4))
+case("nn.silu-inplace", lambda x: NF.silu(x * 1, inplace=True), X(3, 4),
+     xfail_grad=EAGER_SILU_INPLACE)
+case("nn.softplus", lambda x: NF.softplus(x, beta=2.0, threshold=3.0), X(3, 4))
+case("nn.leaky_relu", lambda x: NF.leaky_relu(x, 0.1), X(3, 4))
+case("nn.leaky_relu-inplace", lambda x: NF.leaky_relu(x * 1, 0.2, inplace=True), X(3, 4))
+case("nn.sigmoid", lambda x: NF.sigmoid(x), X(3, 4))
+case("nn.tanh", lambda x: NF.tanh(x), X(3, 4))
+case("nn.softmax", lambda x: NF.softmax(x, -1), X(3, 4))
+case("nn.softmax-dim0", lambda x: NF.softmax(x, 0), X(3, 4, layout="T"))
+case("nn.softmax-0d", lambda x: NF.softmax(x, 0), S0)
+case("nn.log_softmax", lambda x: NF.log_softmax(x, 1), X(2, 3, 4))
+case("nn.linear", lambda x, w, b: NF.linear(x, w, b), X(5, 4), X(3, 4), X(3))
+case("nn.linear-nobias", lambda x, w: NF.linear(x, w), X(5, 4, layout="T"), X(3, 4))
+case("nn.linear-3d", lambda x, w, b: NF.linear(x, w, b), X(2, 5, 4), X(3, 4), X(3))
+case("nn.linear-3d-nobias", lambda x, w: NF.linear(x, w), X(2, 5, 4), X(3, 4))
+case("nn.linear-1d", lambda x, w: NF.linear(x, w), X(4), X(3, 4))
+case("nn.dropout-eval", lambda x: NF.dropout(x, 0.5, training=False) * 2, X(3, 4))
+case("nn.dropout-p0", lambda x: NF.dropout(x, 0.0) * 2, X(3, 4))
+case("nn.layer_norm", lambda x, w, b: NF.layer_norm(x, (4,), w, b), X(3, 4), X(4), X(4))
+case("nn.layer_norm-2d", lambda x: NF.layer_norm(x, (3, 4)), X(2, 3, 4, layout="T"))
+case("nn.embedding", lambda i, w: NF.embedding(i, w), Idx([[0, 2], [3, 0]]), X(4, 3))
+case("nn.embedding-padding", lambda i, w: NF.embedding(i, w, padding_idx=0),
+     Idx([0, 2, 0, 1]), X(4, 3))
+case("nn.one_hot", lambda i, x: NF.one_hot(i, 4).double() * x, Idx([0, 3, 1]), X(3, 4))
+case("nn.mse_loss", lambda x, y: NF.mse_loss(x, y), X(3, 4), X(3, 4))
+case("nn.mse_loss-sum", lambda x, y: NF.mse_loss(x, y, reduction="sum"), X(3, 4, layout="T"),
+     X(3, 4))
+case("nn.mse_loss-none", lambda x, y: NF.mse_loss(x, y, reduction="none"), X(3, 4), X(3, 4))
+case("nn.l1_loss", lambda x, y: NF.l1_loss(x, y), X(3, 4), X(3, 4))
+case("nn.cross_entropy", lambda x, t: NF.cross_entropy(x, t), X(3, 5), Idx([4, 0, 2]))
+case("nn.cross_entropy-weight", lambda x, t, w: NF.cross_entropy(x, t, w), X(3, 5),
+     Idx([4, 0, 2]), Pos(5))
+case("nn.cross_entropy-ignore", lambda x, t: NF.cross_entropy(x, t, ignore_index=1), X(4, 3),
+     Idx([1, 0, 2, 1]))
+case("nn.cross_entropy-sum", lambda x, t: NF.cross_entropy(x, t, reduction="sum"),
+     X(3, 5, layout="T"), Idx([1, 0, 2]))
+case("nn.cross_entropy-none", lambda x, t: NF.cross_entropy(x, t, reduction="none"), X(3, 4),
+     Idx([1, 0, 3]))
+case("nn.cross_entropy-smooth", lambda x, t: NF.cross_entropy(x, t, label_smoothing=0.1),
+     X(3, 4), Idx([1, 0, 3]))
+case("nn.cross_entropy-probs", lambda x, p: NF.cross_entropy(x, p), X(3, 4), Unit(3, 4))
+case("nn.cross_entropy-1d", lambda x, t: NF.cross_entropy(x, t), X(4), Idx(2))
+case("nn.cross_entropy-3d", lambda x, t: NF.cross_entropy(x, t), X(2, 3, 4),
+     Idx([[0, 1, 2, 2], [1, 1, 0, 2]]))
+case("nn.nll_loss", lambda x, t: NF.nll_loss(NF.log_softmax(x, 1), t), X(3, 4), Idx([3, 0, 1]))
+case("nn.nll_loss-weight", lambda x, t, w: NF.nll_loss(x, t, w, reduction="sum"), X(3, 4),
+     Idx([3, 0, 1]), Pos(4))
+case("nn.binary_cross_entropy", lambda x, t: NF.binary_cross_entropy(x, t), Unit(3, 4),
+     Unit(3, 4))
+case("nn.binary_cross_entropy-weight",
+     lambda x, t, w: NF.binary_cross_entropy(x, t, w, reduction="sum"), Unit(3, 4), Unit(3, 4),
+     Pos(4))
+case("nn.binary_cross_entropy_with_logits",
+     lambda x, t, pw: NF.binary_cross_entropy_with_logits(x, t, pos_weight=pw), X(3, 4),
+     Unit(3, 4), Pos(4))
+case("nn.normalize", lambda x: NF.normalize(x, dim=1), X(3, 4, layout="S"))
+case("nn.pad", lambda x: NF.pad(x, (1, 2, 0, 1), value=0.5), X(3, 4))
+case("nn.pad-crop", lambda x: NF.pad(x, (-1, 2)), X(3, 4, layout="T"))
+
+
+def _setitem(x, key, value):
+    y = x * 1.0          # an intermediate: writing to an input would make a mutation
+    y[key] = value
+    return y
+
+
+def _setitem_chain(x, v):
+    y = x + 0.0
+    row = y[1]           # a view of y, then a view of the view
+    row[1:3] = v
+    return y, row
+
+
+def _then_base(x, write):
+    """Write through a view of an intermediate (``write(base)``); return the base."""
+    base = x * 1.0
+    write(base)
+    return base
+
+
+def _iops(x, y):
+    z = x + 0
+    z += y
+    z -= 0.5
+    z *= y
+    z /= 2
+    return z
+
+
+# --------------------------------------------------------------------------- harness
+
+
+def to_tensors(arrays, requires_grad: tuple[int, ...] = ()) -> list[fg.Tensor]:
+    """Tensors over ``arrays`` (sharing their memory, so layouts are kept)."""
+    out = []
+    for i, a in enumerate(arrays):
+        t = fg.from_numpy(a.copy() if not a.flags.writeable else a)
+        out.append(t.requires_grad_(True) if i in requires_grad else t)
+    return out
+
+
+def _leaves(out) -> list[fg.Tensor]:
+    return tree_flatten(out)[0]
+
+
+def assert_same(got: np.ndarray, want: fg.Tensor | np.ndarray, what: str,
+                rtol: float = 1e-12, atol: float = 1e-13) -> None:
+    want = want.detach().numpy() if isinstance(want, fg.Tensor) else np.asarray(want)
+    got = np.asarray(got)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, eager {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, eager {want.dtype}"
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
+
+
+def check_forward(c: OpCase) -> None:
+    """``interpret(trace(fn))`` equals eager ``fn`` on every output."""
+    arrays = c.arrays()
+    expected = _leaves(c.fn(*to_tensors([a.copy() for a in arrays])))
+    graph = fg.trace(c.fn, *to_tensors(arrays))
+    got = interpret(graph, *arrays)
+    assert not graph.meta.mutations, "the case mutates its inputs"
+    assert len(got) == len(expected)
+    for k, (g, e) in enumerate(zip(got, expected, strict=True)):
+        assert_same(g, e, f"{c.name}: output {k}")
+
+
+def _weights(shape: tuple[int, ...], k: int) -> np.ndarray:
+    # Distinct weights per element: an all-ones cotangent hides transposition bugs.
+    rng = np.random.default_rng(100 + k)
+    return rng.uniform(0.5, 1.5, size=shape)
+
+
+def scalar_loss(fn: Callable) -> Callable:
+    """``sum_k (out_k * w_k).sum()`` over ``fn``'s float outputs, with fixed weights."""
+    def loss(*xs):
+        total = None
+        for k, o in enumerate(_leaves(fn(*xs))):
+            if not o.dtype.is_floating_point:
+                continue
+            term = (o * fg.from_numpy(_weights(tuple(o.shape), k))).sum()
+            total = term if total is None else total + term
+        return total
+    loss.__name__ = "loss"
+    return loss
+
+
+def eager_gradients(c: OpCase, arrays) -> list[np.ndarray]:
+    wrt = c.float_args()
+    xs = to_tensors([a.copy() for a in arrays], requires_grad=wrt)
+    scalar_loss(c.fn)(*xs).backward()
+    return [xs[i].grad.numpy() if xs[i].grad is not None else np.zeros_like(arrays[i])
+            for i in wrt]
+
+
+def check_gradient(c: OpCase) -> None:
+    """The autodiff pass (through ``fusegrad.grad`` and through the interpreter) gives the
+    gradients eager ``backward()`` gives."""
+    arrays = c.arrays()
+    wrt = c.float_args()
+    expected = eager_gradients(c, arrays)
+    loss = scalar_loss(c.fn)
+    got = fg.grad(loss, wrt)(*to_tensors(arrays))
+    for i, g, e in zip(wrt, got, expected, strict=True):
+        assert_same(g.numpy(), e, f"{c.name}: fusegrad.grad wrt argument {i}", rtol=1e-10,
+                    atol=1e-12)
+    g2 = grad_graph(fg.trace(loss, *to_tensors(arrays)), wrt)
+    got = interpret(g2, *arrays)[1:]
+    for i, g, e in zip(wrt, got, expected, strict=True):
+        assert_same(g, e, f"{c.name}: interpret(grad_graph) wrt argument {i}", rtol=1e-10,
+                    atol=1e-12)
