@@ -69,8 +69,29 @@ class Node:
         return self.apply(grads[0], False, True)
 
 
+def _refresh_view(t) -> None:
+    """Give a view whose storage was written in place since its history was recorded (through
+    its base or another view of the base) the base's current history, by replaying its view
+    ops on the base; torch regenerates such a view's grad_fn the same way. Views made under
+    no_grad carry no ``_view_version`` stamp and are left alone."""
+    stamp = getattr(t, "_view_version", None)
+    if stamp is None or stamp == t._version_counter.value:
+        return
+    t._view_version = t._version_counter.value
+    base = t._base
+    if not base._requires_grad:
+        return
+    with set_grad_enabled(True):
+        v = base
+        for prim, attrs in t._view_ops:
+            v = _primitive.bind(prim, v, **attrs)
+    t.grad_fn, t._requires_grad = v.grad_fn, v._requires_grad
+
+
 def _edge(t) -> tuple:
     """The edge that gradients for tensor ``t`` flow along: its grad_fn, or its leaf node."""
+    if t._base is not None:
+        _refresh_view(t)
     if t.grad_fn is not None:
         return (t.grad_fn, 0)
     if t.requires_grad:
@@ -321,8 +342,8 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
         for i, r in enumerate(results):
             if r is None and not allow_unused:
                 raise RuntimeError(
-                    "One of the differentiated Tensors appears to not have been used in the graph. "
-                    "Set allow_unused=True if this is the desired behavior.")
+                    f"The differentiated Tensor at index {i} appears to not have been used in the "
+                    "graph. Set allow_unused=True if this is the desired behavior.")
         return results
     return None
 
@@ -362,7 +383,7 @@ def _make_grads(outputs: Sequence, grad_outputs) -> list:
         if g is None:
             if out.requires_grad and out.numel() != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
-            if not out.dtype.is_floating_point:
+            if out.requires_grad and not out.dtype.is_floating_point:
                 raise RuntimeError(
                     f"grad can be implicitly created only for real scalar outputs but got "
                     f"{out.dtype}")
@@ -421,9 +442,12 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
 
 
 def _record_eager_node(prim, operands, attrs, out) -> None:
-    if prim.vjp is None or not is_grad_enabled():
+    # Integer and bool results (x.long(), x // y on ints) are not differentiable, as in torch.
+    if prim.vjp is None or not is_grad_enabled() or not out._dtype.is_floating_point:
         return
     for op in operands:
+        if op._base is not None:
+            _refresh_view(op)
         if op._requires_grad:
             break
     else:

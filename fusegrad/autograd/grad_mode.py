@@ -91,6 +91,12 @@ class set_grad_enabled(_GradModeContext):  # noqa: N801
         _set_enabled(self._prev)
         return False
 
+    def __call__(self, fn):
+        # As a decorator, construction must not change the mode of the code that decorates:
+        # restore it now; each call of ``fn`` sets the mode afresh (as torch does).
+        _set_enabled(self._prev)
+        return super().__call__(fn)
+
     def _fresh(self):
         inst = object.__new__(set_grad_enabled)
         inst._target = self._target

@@ -53,7 +53,8 @@ def _array_from(data, dtype) -> tuple[np.ndarray, dtypes.DType]:
         data._check_concrete("tensor()")
         arr = np.array(data._data, copy=True)
         dt = data.dtype
-    elif isinstance(data, np.ndarray):
+    elif isinstance(data, (np.ndarray, np.generic)):
+        # numpy arrays and numpy scalars (np.float64(2.5)) keep their dtype, as in torch
         arr = np.array(data, copy=True)
         dt = dtypes.from_numpy_dtype(arr.dtype)
     else:
@@ -131,7 +132,13 @@ def from_dlpack(ext) -> Tensor:
 # --------------------------------------------------------------------------- factories
 
 
-def _shape(size) -> tuple[int, ...]:
+def _shape(size, extra: dict | None = None) -> tuple[int, ...]:
+    if extra and "size" in extra:
+        # zeros(size=(2, 3)): the keyword form; other unknown keywords (layout, pin_memory,
+        # memory_format) are accepted and ignored.
+        if size:
+            raise TypeError("got multiple values for argument 'size'")
+        size = (extra["size"],)
     if len(size) == 1 and isinstance(size[0], (tuple, list, Size)):
         size = tuple(size[0])
     for d in size:
@@ -180,20 +187,20 @@ def zeros(*size, dtype=None, device=None, requires_grad: bool = False, **_) -> T
     """A tensor of zeros (float32 unless ``dtype`` says otherwise)."""
     _check_device(device)
     dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
-    return _finish(bind(P.full, shape=_shape(size), value=_py_value(0, dt), dtype=dt),
+    return _finish(bind(P.full, shape=_shape(size, _), value=_py_value(0, dt), dtype=dt),
                    requires_grad)
 
 
 def ones(*size, dtype=None, device=None, requires_grad: bool = False, **_) -> Tensor:
     _check_device(device)
     dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
-    return _finish(bind(P.full, shape=_shape(size), value=_py_value(1, dt), dtype=dt),
+    return _finish(bind(P.full, shape=_shape(size, _), value=_py_value(1, dt), dtype=dt),
                    requires_grad)
 
 
 def empty(*size, dtype=None, device=None, requires_grad: bool = False, **_) -> Tensor:
     """Uninitialized in torch; zero-filled here, which is one valid uninitialized value."""
-    return zeros(*size, dtype=dtype, device=device, requires_grad=requires_grad)
+    return zeros(*_shape(size, _), dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def full_like(x: Tensor, fill_value, *, dtype=None, device=None, requires_grad: bool = False,
@@ -244,7 +251,8 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None,
     if step == 0:
         raise RuntimeError("step must be nonzero")
     if (end - start) * step < 0:
-        raise RuntimeError("upper bound and larger bound inconsistent with step sign")
+        raise RuntimeError(f"arange: upper bound and lower bound inconsistent with step sign "
+                           f"(start={start}, end={end}, step={step})")
     is_int = all(isinstance(v, (int, np.integer)) for v in vals)
     dt = dtypes.as_dtype(dtype) if dtype is not None else (
         dtypes.int64 if is_int else dtypes.get_default_dtype())
@@ -398,6 +406,8 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
     _check_device(device)
     if high is None:
         low, high = 0, low
+    elif size is None and isinstance(high, (tuple, list, Size)):
+        low, high, size = 0, low, high      # randint(high, size)
     if size is None:
         raise TypeError("randint() missing required argument 'size'")
     if high <= low:

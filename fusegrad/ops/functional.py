@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.engine import Node, run_backward, _edge, _FREED_MESSAGE
+from fusegrad.autograd.engine import Node, run_backward, _edge, _refresh_view, _FREED_MESSAGE
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import ShapeError, bind
@@ -597,6 +597,9 @@ def sum_to_size(x: Tensor, *size) -> Tensor:
     """Sum broadcast dims so the result has shape ``size``."""
     shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
     lead = x.ndim - len(shape)
+    if lead < 0 or builtins.any(d not in (1, x.shape[lead + i]) for i, d in enumerate(shape)):
+        raise RuntimeError(f"sum_to_size: size {{{list(shape)}}} is not expandable to size "
+                           f"{{{list(x.shape)}}}.")
     axes = tuple(range(lead)) + tuple(
         lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1)
     if not axes:
@@ -837,6 +840,9 @@ def _mark_view(out: Tensor, src: Tensor, prim, attrs: dict) -> Tensor:
         out._base = base
         out._view_ops = (src._view_ops or ()) + ((prim, attrs),)
         out._version_counter = src._version_counter
+        if out._trace is None and is_grad_enabled():
+            # the version its history is valid for (see engine._refresh_view)
+            out._view_version = out._version_counter.value
     return out
 
 
@@ -899,7 +905,9 @@ def view(x: Tensor, *shape) -> Tensor:
     if x._trace is None and not _viewable(x._data, shape):
         raise RuntimeError(
             "view size is not compatible with input tensor's size and stride (at least one "
-            "dimension spans across two contiguous subspaces). Use .reshape(...) instead.")
+            "dimension spans across two contiguous subspaces). Use .reshape(...) instead. "
+            f"(view({list(shape)}) of a tensor of size {list(x.shape)} and stride "
+            f"{list(x.stride())})")
     return reshape_prim(x, shape)
 
 
@@ -949,8 +957,14 @@ def t(x: Tensor) -> Tensor:
 def movedim(x: Tensor, source, destination) -> Tensor:
     src = [source] if isinstance(source, int) else list(source)
     dst = [destination] if isinstance(destination, int) else list(destination)
-    src = [normalize_axis(s, x.ndim) for s in src]
-    dst = [normalize_axis(d, x.ndim) for d in dst]
+    src = [normalize_axis(s, x.ndim, "movedim") for s in src]
+    dst = [normalize_axis(d, x.ndim, "movedim") for d in dst]
+    if len(src) != len(dst):
+        raise RuntimeError(f"movedim: Invalid source or destination dims: source ({src} dims) "
+                           f"should contain the same number of dims as destination ({dst} dims)")
+    for name, dims in (("source", src), ("destination", dst)):
+        if len(set(dims)) != len(dims):
+            raise RuntimeError(f"movedim: repeated dim in `{name}` ({dims})")
     order = [i for i in range(x.ndim) if i not in src]
     for d, s in sorted(zip(dst, src)):
         order.insert(d, s)
@@ -966,6 +980,14 @@ def expand(x: Tensor, *sizes) -> Tensor:
             f"expand(fusegrad.{_type_name(x)}{{{list(x.shape)}}}, size={list(sizes)}): the number "
             f"of sizes provided ({len(sizes)}) must be greater or equal to the number of "
             f"dimensions in the tensor ({x.ndim})")
+    for i, d in enumerate(sizes):
+        if d == -1 and i < offset:
+            raise RuntimeError(f"expand: the expanded size of the tensor (-1) isn't allowed in a "
+                               f"leading, non-existing dimension {i} (size={list(sizes)}, tensor "
+                               f"size {list(x.shape)})")
+        if d < -1:
+            raise RuntimeError(f"expand: the expanded size of the tensor ({d}) must be "
+                               f"non-negative (size={list(sizes)}, tensor size {list(x.shape)})")
     shape = tuple(x.shape[i - offset] if d == -1 and i >= offset else int(d)
                   for i, d in enumerate(sizes))
     if shape == tuple(x.shape):
@@ -1025,10 +1047,15 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 def unflatten(x: Tensor, dim: int, sizes) -> Tensor:
     axis = normalize_axis(dim, x.ndim, "unflatten")
+    given = list(sizes)
     sizes = list(sizes)
     if -1 in sizes:
         known = math.prod(d for d in sizes if d != -1)
-        sizes[sizes.index(-1)] = x.shape[axis] // known
+        sizes[sizes.index(-1)] = x.shape[axis] // known if known else -1
+    if math.prod(sizes) != x.shape[axis] or builtins.any(d < 0 for d in sizes):
+        raise RuntimeError(f"unflatten: Provided sizes {given} don't multiply up to the size "
+                           f"of dim {dim} ({x.shape[axis]}) in the input tensor of size "
+                           f"{list(x.shape)}")
     return reshape(x, tuple(x.shape[:axis]) + tuple(sizes) + tuple(x.shape[axis + 1:]))
 
 
@@ -1041,13 +1068,16 @@ def slice_axes(x: Tensor, starts, stops, steps) -> Tensor:
 
 
 def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
+    _has_dims(x, dim, "narrow")
     axis = normalize_axis(dim, x.ndim, "narrow")
     size = x.shape[axis]
     if isinstance(start, Tensor):
         start = int(start)
     if start < 0:
         start += size
-    if not 0 <= start <= size or length < 0 or start + length > size:
+    if length < 0:
+        raise RuntimeError(f"narrow(): length must be non-negative, got {length}.")
+    if not 0 <= start <= size or start + length > size:
         raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
     starts = [0] * x.ndim
     stops = list(x.shape)
@@ -1055,11 +1085,22 @@ def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
     return slice_axes(x, starts, stops, [1] * x.ndim)
 
 
+def _has_dims(x: Tensor, dim, op: str) -> None:
+    """Ops that pick along a dim need one: a 0-d tensor has none (reductions accept dim 0)."""
+    if x.ndim == 0:
+        raise IndexError(f"{op}(): Dimension specified as {dim} but tensor has no dimensions")
+
+
 def split(x: Tensor, split_size_or_sections, dim: int = 0):
+    _has_dims(x, dim, "split")
     axis = normalize_axis(dim, x.ndim, "split")
     size = x.shape[axis]
     if isinstance(split_size_or_sections, int):
         step = split_size_or_sections
+        if step < 0 or step == 0 and size:
+            raise RuntimeError(f"split expects split_size be non-negative and nonzero unless the "
+                               f"dimension size is 0, but got split_size={step} for dimension "
+                               f"{dim} of size {size}")
         sizes = [builtins.min(step, size - i) for i in range(0, size, step)] if size else [0]
     else:
         sizes = list(split_size_or_sections)
@@ -1077,6 +1118,7 @@ def split(x: Tensor, split_size_or_sections, dim: int = 0):
 
 
 def chunk(x: Tensor, chunks: int, dim: int = 0):
+    _has_dims(x, dim, "chunk")
     axis = normalize_axis(dim, x.ndim, "chunk")
     if chunks <= 0:
         raise RuntimeError("chunk expects `chunks` to be greater than 0, got: " + str(chunks))
@@ -1085,11 +1127,13 @@ def chunk(x: Tensor, chunks: int, dim: int = 0):
 
 
 def unbind(x: Tensor, dim: int = 0):
+    _has_dims(x, dim, "unbind")
     axis = normalize_axis(dim, x.ndim, "unbind")
     return tuple(_named(select(x, axis, i), "UnbindBackward0") for i in range(x.shape[axis]))
 
 
 def select(x: Tensor, dim: int, index: int) -> Tensor:
+    _has_dims(x, dim, "select")
     axis = normalize_axis(dim, x.ndim, "select")
     size = x.shape[axis]
     if not -size <= index < size:
@@ -1112,6 +1156,9 @@ def cat(tensors, dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise RuntimeError("cat(): expected a non-empty list of Tensors")
+    for i, t in enumerate(tensors):
+        if t.ndim == 0:
+            raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
     ref = builtins.max(tensors, key=lambda t: t.ndim)
     tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0) or t is ref]
     axis = normalize_axis(dim, ref.ndim, "cat")
@@ -1154,6 +1201,9 @@ def repeat(x: Tensor, *sizes) -> Tensor:
     if len(sizes) < x.ndim:
         raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number of "
                            "dimensions of tensor")
+    if builtins.any(r < 0 for r in sizes):
+        raise RuntimeError(f"repeat: Trying to create tensor with negative dimension: repeats "
+                           f"{list(sizes)} of a tensor of size {list(x.shape)}")
     x = reshape_prim(x, (1,) * (len(sizes) - x.ndim) + tuple(x.shape))
     # Broadcast a new axis in front of each dim, then merge each pair.
     inter = []
@@ -1174,6 +1224,9 @@ def repeat(x: Tensor, *sizes) -> Tensor:
 def flip(x: Tensor, dims) -> Tensor:
     if isinstance(dims, int):
         dims = (dims,)
+    axes = [normalize_axis(d, x.ndim, "flip") for d in dims]
+    if len(set(axes)) != len(axes):
+        raise RuntimeError(f"flip: dim {list(dims)} appears multiple times in the list of dims")
     out = x
     for d in dims:
         axis = normalize_axis(d, x.ndim, "flip")
@@ -1600,17 +1653,33 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     """
     if x._trace is not None:
         return x._trace.assign(x, value)
+    if x._base is not None:
+        _refresh_view(x)
     _check_inplace(x, op)
     if tuple(value.shape) != tuple(x.shape):
+        shape = P.broadcast_shapes(tuple(value.shape), tuple(x.shape), op=op)
+        if shape != tuple(x.shape):
+            raise RuntimeError(f"{op}: output with shape {list(x.shape)} doesn't match the "
+                               f"broadcast shape {list(shape)}")
         value = expand(value, tuple(x.shape))
     if value.dtype is not x.dtype:
         if value.dtype.category > x.dtype.category and op != "copy_":
             raise RuntimeError(f"result type {_dtype_title(value.dtype)} can't be cast to the "
                                f"desired output type {_dtype_title(x.dtype)}")
         value = cast(value, x.dtype)
+    grad = is_grad_enabled()
+    if grad and not value._requires_grad and x.grad_fn is not None:
+        # A constant written over a tensor with history (fill_, zero_, copy_ of a constant):
+        # x stays in the graph and passes a zero gradient to what it was (torch's
+        # FillBackward0), rather than turning into a leaf.
+        value = bind(P.where, _scalar_tensor(True, dtypes.bool_), value, x)
     np.copyto(x._data, value._data)
     x._version_counter.value += 1
-    if value._requires_grad and is_grad_enabled() or x._requires_grad and x.grad_fn is not None:
+    # Under no_grad an in-place write leaves the history as it is, as in torch.
+    if grad and value._requires_grad:
+        if value.grad_fn is None:
+            # A leaf written into x: x's new history is an identity edge to that leaf.
+            value = bind(P.copy, value)
         _rebase_history(x, value)
     return x
 
@@ -1632,11 +1701,18 @@ class _CopySlices(Node):
         self._shape = tuple(base.shape)
 
     def apply(self, grad, create_graph, retain_graph):
-        g = np.array(grad._data, copy=True)
-        region = _apply_view_ops(g, self._view_ops)
-        g_view = Tensor._wrap(np.array(region, copy=True), grad.dtype)
-        region[...] = 0
-        return Tensor._wrap(g, grad.dtype), g_view
+        # Which base elements the view covers: the view ops applied to an array of flat
+        # positions. (Applied to the gradient itself, a reshape that meets a layout other than
+        # the base's silently copies, and zeroing the copy would zero nothing.) Tensor ops, so
+        # that create_graph records this backward too.
+        n = int(np.prod(self._shape, dtype=np.int64))
+        positions = _apply_view_ops(np.arange(n).reshape(self._shape), self._view_ops)
+        keep = np.ones(n, dtype=grad.dtype.np_dtype)
+        keep[positions.reshape(-1)] = 0
+        flat = reshape(grad, (n,))
+        g_view = reshape(take(flat, _index_tensor(positions.reshape(-1)), 0), positions.shape)
+        g_base = mul(grad, Tensor._wrap(keep.reshape(self._shape), grad.dtype))
+        return g_base, g_view
 
 
 def _apply_view_ops(a: np.ndarray, view_ops) -> np.ndarray:
@@ -1663,11 +1739,27 @@ def _rebase_history(x: Tensor, value: Tensor) -> None:
         v = bind(prim, v, **attrs)
     x.grad_fn = v.grad_fn
     x._requires_grad = True
+    x._view_version = x._version_counter.value
+
+
+def _original_self(x: Tensor) -> Tensor:
+    """The operand an in-place op computes from. Under autograd it is a copy of x's values
+    carrying x's history: the op's backward may read x (log_, mul_ by a tensor, pow_), and
+    the write that follows would otherwise invalidate it (torch saves ``original_self``)."""
+    if x._trace is not None or not is_grad_enabled():
+        return x
+    if x._base is not None:
+        _refresh_view(x)
+    if not x._requires_grad or x.grad_fn is None:   # a leaf requiring grad: assign_ refuses
+        return x
+    s = Tensor._wrap(x._data.copy(), x._dtype)
+    s.grad_fn, s._requires_grad = x.grad_fn, True
+    return s
 
 
 def _inplace(fn, name):
     def op(x, *args, **kwargs):
-        return assign_(x, fn(x, *args, **kwargs), name)
+        return assign_(x, fn(_original_self(x), *args, **kwargs), name)
     op.__name__ = name
     op.__doc__ = f"In-place :func:`{fn.__name__}`."
     return op
@@ -1692,14 +1784,27 @@ def zero_(x: Tensor) -> Tensor:
 
 def setitem(x: Tensor, key, value) -> None:
     """``x[key] = value``: writes through the view ``x[key]`` (or scatters for tensor keys)."""
-    if isinstance(key, Tensor) and key.dtype is dtypes.bool_ and x._trace is None and \
-            key.shape == x.shape:
+    if isinstance(key, tuple) and len(key) == 1:
+        key = key[0]
+    if isinstance(key, Tensor) and key.dtype is dtypes.bool_ and key.shape == x.shape:
         # x[mask] = scalar; a tensor of values fills the selected elements in order (below).
         single = as_tensor_operand(value, x.dtype)
         if single.numel() == 1:
             assign_(x, where(key, reshape(single, ()), x), "index_put_")
             return
     target = getitem(x, key)
+    if x._trace is not None and target._base is None:
+        # Under a trace an advanced index gathers a symbolic copy: scatter the new values
+        # into x's flat positions instead (a position given twice gets the sum of the
+        # differences, where eager lets the last write win).
+        flat_idx = reshape(getitem(_index_tensor(np.arange(x.numel()).reshape(tuple(x.shape))),
+                                   key), (-1,))
+        values = reshape(expand(as_tensor_operand(value, x.dtype), tuple(target.shape)), (-1,))
+        flat = reshape(x, (x.numel(),))
+        updated = bind(P.index_add, flat, flat_idx, sub(cast(values, x.dtype),
+                                                       take(flat, flat_idx, 0)), axis=0)
+        assign_(x, reshape(updated, tuple(x.shape)), "index_put_")
+        return
     if target._base is None and target._trace is None and not np.shares_memory(target._data,
                                                                                x._data):
         # Advanced indexing produced a copy: write it back elementwise via a mask of flat

@@ -1,0 +1,257 @@
+"""dtypes and PyTorch's type promotion.
+
+The promotion tables below were printed by torch 2.13 (``torch.promote_types`` and
+``tensor + scalar``), so they pin torch's rules without importing torch.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad import dtypes
+
+SHORT = {"b": fg.bool, "u8": fg.uint8, "i8": fg.int8, "i16": fg.int16, "i32": fg.int32,
+         "i64": fg.int64, "f16": fg.float16, "bf16": fg.bfloat16, "f32": fg.float32,
+         "f64": fg.float64}
+
+# torch.promote_types(row, column)
+PROMOTE_TABLE = """
+         b   u8   i8  i16  i32  i64  f16 bf16  f32  f64
+    b    b   u8   i8  i16  i32  i64  f16 bf16  f32  f64
+   u8   u8   u8  i16  i16  i32  i64  f16 bf16  f32  f64
+   i8   i8  i16   i8  i16  i32  i64  f16 bf16  f32  f64
+  i16  i16  i16  i16  i16  i32  i64  f16 bf16  f32  f64
+  i32  i32  i32  i32  i32  i32  i64  f16 bf16  f32  f64
+  i64  i64  i64  i64  i64  i64  i64  f16 bf16  f32  f64
+  f16  f16  f16  f16  f16  f16  f16  f16  f32  f32  f64
+ bf16 bf16 bf16 bf16 bf16 bf16 bf16  f32 bf16  f32  f64
+  f32  f32  f32  f32  f32  f32  f32  f32  f32  f32  f64
+  f64  f64  f64  f64  f64  f64  f64  f64  f64  f64  f64
+"""
+
+
+def _promote_cases():
+    lines = PROMOTE_TABLE.strip().splitlines()
+    cols = lines[0].split()
+    for line in lines[1:]:
+        row, *results = line.split()
+        for col, res in zip(cols, results, strict=True):
+            yield pytest.param(SHORT[row], SHORT[col], SHORT[res], id=f"{row}-{col}")
+
+
+PROMOTE_CASES = list(_promote_cases())
+
+
+@pytest.mark.parametrize("a,b,expected", PROMOTE_CASES)
+def test_promote_types_matches_torch(a, b, expected):
+    assert fg.promote_types(a, b) is expected
+
+
+@pytest.mark.parametrize("a,b,expected", PROMOTE_CASES)
+def test_binary_op_result_dtype(a, b, expected):
+    x = fg.tensor([1, 0], dtype=a)
+    y = fg.tensor([1, 1], dtype=b)
+    assert (x + y).dtype is expected
+    assert (x * y).dtype is expected
+    assert fg.where(x > 0, x, y).dtype is expected
+    assert (x < y).dtype is fg.bool
+
+
+@pytest.mark.parametrize("a,b,expected", PROMOTE_CASES)
+def test_zero_dim_operand_changes_only_category(a, b, expected):
+    # A 0-d tensor matters only when it belongs to a higher category (torch.result_type).
+    x = fg.tensor([1, 0], dtype=a)
+    z = fg.tensor(1, dtype=b)
+    want = b if b.category > a.category else a
+    assert (x + z).dtype is want
+    # ... and two 0-d tensors promote as dimensioned ones do
+    assert (fg.tensor(1, dtype=a) + z).dtype is expected
+
+
+# tensor dtype -> dtype of (tensor + 2, tensor + 2.5, tensor + True), from torch
+SCALAR_TABLE = {
+    "b": ("i64", "f32", "b"), "u8": ("u8", "f32", "u8"), "i8": ("i8", "f32", "i8"),
+    "i16": ("i16", "f32", "i16"), "i32": ("i32", "f32", "i32"), "i64": ("i64", "f32", "i64"),
+    "f16": ("f16", "f16", "f16"), "bf16": ("bf16", "bf16", "bf16"),
+    "f32": ("f32", "f32", "f32"), "f64": ("f64", "f64", "f64"),
+}
+
+
+@pytest.mark.parametrize("name", SCALAR_TABLE)
+def test_python_scalar_promotion(name):
+    x = fg.ones(2, dtype=SHORT[name])
+    with_int, with_float, with_bool = (SHORT[s] for s in SCALAR_TABLE[name])
+    assert (x + 2).dtype is with_int
+    assert (x + 2.5).dtype is with_float
+    assert (x + True).dtype is with_bool
+    assert (2.5 * x).dtype is with_float
+
+
+def test_promotion_cases_from_the_issue():
+    assert (fg.tensor([1, 2]) * 2.5).dtype is fg.float32
+    assert (fg.tensor([1.0], dtype=fg.float16) + 1.0).dtype is fg.float16
+    assert (fg.tensor([1, 2]) + fg.tensor(1.0, dtype=fg.float64)).dtype is fg.float64
+    assert (fg.tensor([True]) + fg.tensor([1])).dtype is fg.int64
+    assert (fg.tensor([1], dtype=fg.uint8) + fg.tensor([1], dtype=fg.int8)).dtype is fg.int16
+    assert (fg.tensor([1.0], dtype=fg.float16) +
+            fg.tensor([1.0], dtype=fg.bfloat16)).dtype is fg.float32
+
+
+def test_promotion_values_are_exact():
+    out = fg.tensor([200], dtype=fg.uint8) + fg.tensor([-100], dtype=fg.int8)
+    assert out.tolist() == [100]
+    assert (fg.tensor([1, 2]) * 2.5).tolist() == [2.5, 5.0]
+
+
+def test_pow_and_division_promotion():
+    assert (fg.tensor([2, 3]) ** 2).dtype is fg.int64
+    assert (fg.tensor([2, 3]) ** 2.0).dtype is fg.float32
+    assert (fg.tensor([True, False]) ** 2).dtype is fg.int64
+    assert (fg.tensor([2, 3]) / 2).dtype is fg.float32
+    assert (fg.tensor([2, 3], dtype=fg.int32) // 2).dtype is fg.int32
+
+
+def test_default_dtype_changes_float_inference():
+    fg.set_default_dtype(fg.float64)
+    assert fg.get_default_dtype() is fg.float64
+    assert fg.tensor([1.0]).dtype is fg.float64
+    assert (fg.tensor([1]) * 2.5).dtype is fg.float64
+    assert fg.zeros(2).dtype is fg.float64
+    assert fg.arange(0.0, 1.0, 0.5).dtype is fg.float64
+    assert fg.tensor([1, 2]).float().dtype is fg.float32  # .float() is always float32
+    fg.set_default_dtype(fg.float32)
+    assert fg.tensor([1.0]).dtype is fg.float32
+
+
+def test_default_dtype_must_be_floating():
+    with pytest.raises(TypeError, match="only floating-point types are supported"):
+        fg.set_default_dtype(fg.int64)
+
+
+def test_result_type():
+    assert fg.result_type(fg.tensor([1, 2]), 1.0) is fg.float32
+    assert fg.result_type(fg.tensor([1], dtype=fg.int8), fg.tensor([1], dtype=fg.uint8)) is fg.int16
+    assert dtypes.result_type(1, 2) is fg.int64
+    assert dtypes.result_type(1, 2.0) is fg.float32
+    assert dtypes.result_type(True, False) is fg.bool
+    with pytest.raises(TypeError, match="at least one operand"):
+        dtypes.result_type()
+
+
+# --------------------------------------------------------------------------- the DType object
+
+
+@pytest.mark.parametrize("dt,np_dtype,floating,signed,size", [
+    (fg.bool, np.bool_, False, False, 1),
+    (fg.uint8, np.uint8, False, False, 1),
+    (fg.int8, np.int8, False, True, 1),
+    (fg.int16, np.int16, False, True, 2),
+    (fg.int32, np.int32, False, True, 4),
+    (fg.int64, np.int64, False, True, 8),
+    (fg.float16, np.float16, True, True, 2),
+    (fg.bfloat16, ml_dtypes.bfloat16, True, True, 2),
+    (fg.float32, np.float32, True, True, 4),
+    (fg.float64, np.float64, True, True, 8),
+])
+def test_dtype_properties(dt, np_dtype, floating, signed, size):
+    assert dt.np_dtype == np.dtype(np_dtype)
+    assert dt.is_floating_point is floating
+    assert dt.is_signed is signed
+    assert dt.itemsize == size
+    assert repr(dt) == f"fusegrad.{dt.name}"
+    assert pickle.loads(pickle.dumps(dt)) is dt
+    assert dtypes.from_numpy_dtype(np_dtype) is dt
+    assert dtypes.as_dtype(dt.name) is dt
+    t = fg.zeros(2, dtype=dt)
+    assert t.dtype is dt and t.element_size() == size and t.is_floating_point() is floating
+
+
+def test_dtype_aliases():
+    assert fg.float is fg.float32 and fg.double is fg.float64 and fg.half is fg.float16
+    assert fg.long is fg.int64 and fg.int is fg.int32 and fg.short is fg.int16
+    assert dtypes.as_dtype(float) is fg.float32 and dtypes.as_dtype(int) is fg.int64
+    assert dtypes.as_dtype(bool) is fg.bool and dtypes.as_dtype("f32") is fg.float32
+    assert dtypes.as_dtype(np.float64) is fg.float64
+    assert isinstance(fg.float32, fg.dtype)
+
+
+def test_unknown_dtypes_are_rejected():
+    with pytest.raises(TypeError, match="unknown dtype 'float128'"):
+        dtypes.as_dtype("float128")
+    with pytest.raises(TypeError, match="can't convert np.ndarray of type numpy.complex128"):
+        fg.from_numpy(np.zeros(2, dtype=np.complex128))
+
+
+# --------------------------------------------------------------------------- casts
+
+
+CASTS = [
+    ("float", fg.float32), ("double", fg.float64), ("half", fg.float16),
+    ("bfloat16", fg.bfloat16), ("long", fg.int64), ("int", fg.int32), ("short", fg.int16),
+    ("char", fg.int8), ("byte", fg.uint8), ("bool", fg.bool),
+]
+
+
+@pytest.mark.parametrize("method,dt", CASTS, ids=[c[0] for c in CASTS])
+def test_cast_methods(method, dt):
+    x = fg.tensor([0.0, 1.7, -2.5, 3.0])
+    out = getattr(x, method)()
+    assert out.dtype is dt
+    expected = np.array([0.0, 1.7, -2.5, 3.0])
+    if dt is fg.bool:
+        assert out.tolist() == [False, True, True, True]
+    elif dt is fg.uint8:
+        assert out[[0, 1, 3]].tolist() == [0, 1, 3]
+    elif not dt.is_floating_point:
+        assert out.tolist() == [0, 1, -2, 3]   # truncation toward zero
+    else:
+        np.testing.assert_allclose(out.float().numpy(), expected, rtol=1e-2)
+    assert x.to(dt).dtype is dt
+    assert x.to(dtype=dt).dtype is dt
+    assert x.type(dt).dtype is dt
+
+
+def test_to_same_dtype_returns_self_and_copy_flag():
+    x = fg.tensor([1.0, 2.0])
+    assert x.to(fg.float32) is x
+    assert x.float() is x
+    y = x.to(fg.float32, copy=True)
+    assert y is not x and y.tolist() == x.tolist()
+    y[0] = 5.0
+    assert x[0].item() == 1.0
+
+
+def test_to_other_tensor_and_type_as():
+    x = fg.tensor([1, 2])
+    other = fg.tensor([1.0], dtype=fg.float64)
+    assert x.to(other).dtype is fg.float64
+    assert x.type_as(other).dtype is fg.float64
+    assert x.type() == "fusegrad.LongTensor"
+    assert other.type() == "fusegrad.DoubleTensor"
+    assert fg.tensor([1.0]).type() == "fusegrad.FloatTensor"
+
+
+def test_cast_gradient_returns_in_input_dtype():
+    x = fg.tensor([1.0, 2.0], dtype=fg.float32, requires_grad=True)
+    y = x.double()
+    assert y.grad_fn.name() == "ToCopyBackward0"
+    (y * y).sum().backward()
+    assert x.grad.dtype is fg.float32 and x.grad.tolist() == [2.0, 4.0]
+
+
+def test_cast_to_integer_cuts_the_graph():
+    x = fg.tensor([1.5, 2.5], requires_grad=True)
+    y = x.long()
+    assert y.dtype is fg.int64 and not y.requires_grad
+
+
+def test_bfloat16_values_and_item():
+    x = fg.tensor([1.0, 1.00390625, 3.14159], dtype=fg.bfloat16)
+    assert x.tolist() == [1.0, 1.0, 3.140625]
+    assert isinstance(x[2].item(), float) and x[2].item() == 3.140625
+    assert x.float().dtype is fg.float32

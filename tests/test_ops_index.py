@@ -1,0 +1,382 @@
+"""Advanced indexing, index assignment and the index ops (gather, scatter_add, index_select,
+masked_fill, tril/triu, topk, sort): values against numpy, gradients against finite
+differences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from tests.conftest import LAYOUTS, arr, check_grad, leaf
+
+M = np.arange(12.0).reshape(3, 4)
+X = np.arange(24.0).reshape(2, 3, 4)
+
+# name, key (fusegrad), key (numpy), source array
+ADVANCED = [
+    ("int_tensor", lambda: fg.tensor([2, 0]), [2, 0], M),
+    ("list", lambda: [2, 0, 2], [2, 0, 2], M),
+    ("negative", lambda: fg.tensor([-1, -3]), [-1, -3], M),
+    ("2d_index", lambda: fg.tensor([[0, 1], [2, 2]]), np.array([[0, 1], [2, 2]]), M),
+    ("pair", lambda: ([0, 2], [1, 3]), ([0, 2], [1, 3]), M),
+    ("pair_broadcast", lambda: (fg.tensor([[0], [2]]), fg.tensor([1, 3])),
+     (np.array([[0], [2]]), np.array([1, 3])), M),
+    ("adv_then_slice", lambda: ([0, 2], slice(1, 3)), ([0, 2], slice(1, 3)), M),
+    ("slice_then_adv", lambda: (slice(1, None), [0, 3]), (slice(1, None), [0, 3]), M),
+    ("non_adjacent", lambda: ([0, 1], slice(None), [0, 3]), ([0, 1], slice(None), [0, 3]), X),
+    ("adjacent_mid", lambda: (slice(None), [0, 2], [1, 3]), (slice(None), [0, 2], [1, 3]), X),
+    # torch applies the int first, so the list stays in place (numpy would move it first)
+    ("int_and_adv", lambda: (0, slice(None), [1, 2]), lambda a: a[0][:, [1, 2]], X),
+    ("adv_int_split", lambda: ([0, 1], slice(None), 1), ([0, 1], slice(None), 1), X),
+    ("ellipsis_adv", lambda: (Ellipsis, [0, 1]), (Ellipsis, [0, 1]), X),
+    ("none_adv", lambda: (None, [0, 1]), (None, [0, 1]), M),
+    ("mask_full", lambda: fg.tensor(M > 5), M > 5, M),
+    ("mask_rows", lambda: fg.tensor([True, False, True]), np.array([True, False, True]), M),
+    ("mask_cols", lambda: (slice(None), fg.tensor([True, False, False, True])),
+     (slice(None), np.array([True, False, False, True])), M),
+    ("mask_2d_of_3d", lambda: fg.tensor(X[..., 0] > 5), X[..., 0] > 5, X),
+    ("numpy_index", lambda: np.array([0, 2]), np.array([0, 2]), M),
+    ("numpy_mask", lambda: np.array([True, False, True]), np.array([True, False, True]), M),
+    ("empty_index", lambda: fg.tensor([], dtype=fg.int64), np.array([], dtype=np.int64), M),
+    ("all_false_mask", lambda: fg.zeros(3, dtype=fg.bool), np.zeros(3, dtype=bool), M),
+]
+ADV_IDS = [a[0] for a in ADVANCED]
+
+
+@pytest.mark.parametrize("name,key,np_key,src", ADVANCED, ids=ADV_IDS)
+def test_advanced_indexing_values(name, key, np_key, src):
+    out = fg.tensor(src)[key()]
+    np.testing.assert_array_equal(out.numpy(), np_key(src) if callable(np_key) else src[np_key])
+
+
+@pytest.mark.parametrize("name,key,np_key,src", ADVANCED, ids=ADV_IDS)
+def test_advanced_indexing_copies(name, key, np_key, src):
+    x = fg.tensor(src)
+    out = x[key()]
+    if out.numel():
+        assert not np.shares_memory(out.numpy(), x.numpy())
+        out.view(-1)[0] = -100.0
+        assert (x.numpy() == src).all()
+
+
+@pytest.mark.parametrize("name,key,np_key,src", ADVANCED, ids=ADV_IDS)
+@pytest.mark.parametrize("kind", ["contiguous", "transposed"])
+def test_advanced_indexing_grad(name, key, np_key, src, kind):
+    k = key()
+    check_grad(lambda x: x[k], arr(*src.shape), kind=kind)
+
+
+def test_repeated_indices_accumulate_gradient():
+    x = leaf(np.zeros(3))
+    x[[0, 0, 2, 0]].sum().backward()
+    assert x.grad.tolist() == [3.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("key,msg", [
+    (lambda: fg.tensor([3]), "index 3 is out of bounds for dimension 0 with size 3"),
+    (lambda: ([0], [5]), "index 5 is out of bounds for dimension 1 with size 4"),
+    (lambda: ([0], [-5]), "index -5 is out of bounds for dimension 1 with size 4"),
+    (lambda: fg.tensor([1.0]), "tensors used as indices must be long, int, byte or bool"),
+    (lambda: fg.tensor([True, False]), r"The shape of the mask \[2\] at index 0 does not match "
+                                       r"the shape of the indexed tensor \[3\]"),
+    (lambda: ([0, 1], [0, 1, 2]), "size of tensor a \\(2\\) must match the size of tensor b "
+                                  "\\(3\\)"),
+])
+def test_advanced_indexing_errors(key, msg):
+    # an index past the end of one dim must not wrap into the next row once linearized
+    with pytest.raises((IndexError, RuntimeError), match=msg):
+        fg.tensor(M)[key()]
+
+
+# --------------------------------------------------------------------------- __setitem__
+
+
+def _set(key, value):
+    def run(x):
+        x[key() if callable(key) else key] = value() if callable(value) else value
+    return run
+
+
+SETITEMS = [
+    ("int", _set(1, 0.0), lambda a: a.__setitem__(1, 0.0)),
+    ("negative_int", _set(-1, -1.0), lambda a: a.__setitem__(-1, -1.0)),
+    ("slice", _set(slice(1, None), 5.0), lambda a: a.__setitem__(slice(1, None), 5.0)),
+    ("slice_step", _set((slice(None), slice(None, None, 2)), 7.0),
+     lambda a: a.__setitem__((slice(None), slice(None, None, 2)), 7.0)),
+    ("element", _set((0, 1), 100.0), lambda a: a.__setitem__((0, 1), 100.0)),
+    ("row_tensor", _set(0, lambda: fg.tensor([1.0, 2.0, 3.0, 4.0])),
+     lambda a: a.__setitem__(0, [1.0, 2.0, 3.0, 4.0])),
+    ("column_broadcast", _set((slice(None), 1), lambda: fg.tensor([9.0, 8.0, 7.0])),
+     lambda a: a.__setitem__((slice(None), 1), [9.0, 8.0, 7.0])),
+    ("ellipsis", _set((Ellipsis, 0), 3.0), lambda a: a.__setitem__((Ellipsis, 0), 3.0)),
+    ("everything", _set(slice(None), lambda: fg.zeros(4)), lambda a: a.__setitem__(slice(None), 0)),
+    ("mask_scalar", _set(lambda: fg.tensor(M > 5), 0.0), lambda a: a.__setitem__(M > 5, 0.0)),
+    ("mask_values", _set(lambda: fg.tensor(M > 9), lambda: fg.tensor([-1.0, -2.0])),
+     lambda a: a.__setitem__(M > 9, [-1.0, -2.0])),
+    ("mask_0d_value", _set(lambda: fg.tensor(M > 9), lambda: fg.tensor(-3.0)),
+     lambda a: a.__setitem__(M > 9, -3.0)),
+    ("mask_rows", _set(lambda: fg.tensor([True, False, True]), -1.0),
+     lambda a: a.__setitem__(np.array([True, False, True]), -1.0)),
+    ("mask_cols", _set(lambda: (slice(None), fg.tensor([True, False, False, True])), -1.0),
+     lambda a: a.__setitem__((slice(None), np.array([True, False, False, True])), -1.0)),
+    ("index_tensor", _set(lambda: fg.tensor([0, 2]), -1.0), lambda a: a.__setitem__([0, 2], -1.0)),
+    ("index_rows", _set([0, 2], lambda: fg.tensor([[1.0] * 4, [2.0] * 4])),
+     lambda a: a.__setitem__([0, 2], [[1.0] * 4, [2.0] * 4])),
+    ("index_pairs", _set(([0, 2], [1, 3]), lambda: fg.tensor([50.0, 60.0])),
+     lambda a: a.__setitem__(([0, 2], [1, 3]), [50.0, 60.0])),
+    ("index_negative", _set(lambda: fg.tensor([-1]), 0.0), lambda a: a.__setitem__(-1, 0.0)),
+    ("duplicate_last_wins", _set(lambda: fg.tensor([0, 0]), lambda: fg.tensor([[1.0] * 4,
+                                                                                [2.0] * 4])),
+     lambda a: a.__setitem__(0, 2.0)),
+    ("int_value", _set(0, 5), lambda a: a.__setitem__(0, 5)),
+]
+
+
+@pytest.mark.parametrize("name,fg_set,np_set", SETITEMS, ids=[s[0] for s in SETITEMS])
+def test_setitem(name, fg_set, np_set):
+    x = fg.tensor(M)
+    a = M.copy()
+    fg_set(x)
+    np_set(a)
+    np.testing.assert_array_equal(x.numpy(), a)
+    assert x._version >= 1
+
+
+@pytest.mark.parametrize("name,fg_set,np_set", SETITEMS, ids=[s[0] for s in SETITEMS])
+def test_setitem_on_a_transposed_tensor(name, fg_set, np_set):
+    base = fg.tensor(np.ascontiguousarray(M.T))
+    x = base.t()
+    a = M.copy()
+    fg_set(x)
+    np_set(a)
+    np.testing.assert_array_equal(x.numpy(), a)
+    np.testing.assert_array_equal(base.numpy(), a.T)     # written through to the base
+
+
+def test_setitem_casts_into_the_target_dtype():
+    t = fg.arange(4)
+    t[1] = 2.7
+    assert t.tolist() == [0, 2, 2, 3] and t.dtype is fg.int64
+    t[fg.tensor([0, 3])] = fg.tensor([9.9, -1.5])
+    assert t.tolist() == [9, 2, 2, -1]
+
+
+def test_setitem_errors():
+    x = fg.tensor(M)
+    with pytest.raises(RuntimeError, match=r"expanded size of the tensor \(4\) must match the "
+                                           r"existing size \(2\)"):
+        x[0] = fg.tensor([1.0, 2.0])
+    with pytest.raises(IndexError, match="index 3 is out of bounds for dimension 0 with size 3"):
+        x[fg.tensor([3])] = 0.0
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 1 with size 4"):
+        x[1, 5] = 0.0
+
+
+@pytest.mark.parametrize("key", [
+    1, (slice(None), 2), (slice(None), slice(None, None, 2)), [0, 2], ([0, 2], [1, 1]),
+    "mask"], ids=["int", "column", "step", "rows", "pairs", "mask"])
+def test_setitem_gradients(key):
+    # y = x * 1; y[key] = v: x's gradient is zero where v was written, v's is the upstream grad
+    mask = M > 4
+    k = fg.tensor(mask) if key == "mask" else key
+
+    def f(x, v):
+        y = x * 1
+        target_shape = y[k].shape
+        y[k] = v.reshape(-1)[: int(np.prod(target_shape))].reshape(target_shape) \
+            if target_shape else v.reshape(-1)[0]
+        return y * fg.arange(1.0, 13.0, dtype=fg.float64).reshape(3, 4)
+
+    check_grad(f, arr(3, 4), arr(12, seed=1))
+
+
+# --------------------------------------------------------------------------- gather / scatter
+
+
+@pytest.mark.parametrize("dim,index", [
+    (1, [[0, 0], [1, 0], [3, 2]]), (0, [[2, 1, 0, 0]]), (1, [[1], [2]]), (-1, [[3, 3, 3, 3]]),
+    (0, [[0, 1, 2, 0], [2, 2, 2, 2], [1, 1, 1, 1]])])
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_gather(dim, index, kind):
+    idx = np.array(index)
+    out = fg.tensor(M).gather(dim, fg.tensor(idx))
+    sub = M[tuple(slice(0, s) if i != (dim % 2) else slice(None) for i, s in enumerate(idx.shape))]
+    np.testing.assert_array_equal(out.numpy(), np.take_along_axis(sub, idx, axis=dim))
+    check_grad(lambda x: x.gather(dim, fg.tensor(idx)), arr(3, 4), kind=kind)
+
+
+def test_gather_errors_and_dtypes():
+    m = fg.tensor(M)
+    assert m.gather(1, fg.tensor([[1]], dtype=fg.int32)).tolist() == [[1.0]]
+    with pytest.raises(RuntimeError, match="Index tensor must have the same number of dimensions "
+                                           r"as input tensor \(input f64\[3,4\], index i64\[1\]\)"):
+        m.gather(1, fg.tensor([1]))
+    with pytest.raises(IndexError, match="gather: index 4 is out of bounds for dimension 1 with "
+                                         "size 4"):
+        m.gather(1, fg.tensor([[4]]))
+    with pytest.raises(RuntimeError, match="Expected dtype int64 for index"):
+        m.gather(1, fg.tensor([[1.0]]))
+
+
+@pytest.mark.parametrize("dim,index", [(1, [[0, 0], [1, 1], [3, 3]]), (0, [[0, 2], [0, 0]])])
+def test_scatter_add(dim, index):
+    idx = np.array(index)
+    src = np.arange(1.0, 1.0 + idx.size).reshape(idx.shape)
+    base = np.zeros((3, 4))
+    out = fg.tensor(base).scatter_add(dim, fg.tensor(idx), fg.tensor(src))
+    expected = base.copy()
+    for pos in np.ndindex(idx.shape):
+        target = list(pos)
+        target[dim] = idx[pos]
+        expected[tuple(target)] += src[pos]
+    np.testing.assert_array_equal(out.numpy(), expected)
+    check_grad(lambda x, s: x.scatter_add(dim, fg.tensor(idx), s), arr(3, 4), src)
+
+
+def test_scatter_add_uses_only_the_index_extent_of_src():
+    out = fg.zeros(2, 2).scatter_add(0, fg.tensor([[1]]), fg.arange(1.0, 5.0).reshape(2, 2))
+    assert out.tolist() == [[0.0, 0.0], [1.0, 0.0]]
+    out = fg.zeros(2, 2).scatter_add(0, fg.tensor([[1, 0]]), fg.arange(1.0, 5.0).reshape(2, 2))
+    assert out.tolist() == [[0.0, 2.0], [1.0, 0.0]]
+
+
+@pytest.mark.parametrize("dim,index", [(1, [3, 0, 3]), (0, [1]), (-1, [2, 2])])
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_index_select(dim, index, kind):
+    out = fg.tensor(M).index_select(dim, fg.tensor(index))
+    np.testing.assert_array_equal(out.numpy(), np.take(M, index, axis=dim))
+    check_grad(lambda x: x.index_select(dim, fg.tensor(index)), arr(3, 4), kind=kind)
+
+
+def test_index_select_details():
+    m = fg.tensor(M)
+    assert m.index_select(0, fg.tensor(1)).shape == (1, 4)
+    assert m.index_select(0, fg.tensor([1], dtype=fg.int32)).tolist() == [M[1].tolist()]
+    with pytest.raises(IndexError, match="Index is supposed to be a vector"):
+        m.index_select(0, fg.tensor([[1]]))
+    with pytest.raises(IndexError, match="Expected dtype int32/int64 for index"):
+        m.index_select(0, fg.tensor([1.0]))
+
+
+def test_index_add():
+    out = fg.zeros(3).index_add(0, fg.tensor([0, 0, 2]), fg.tensor([1.0, 2.0, 3.0]))
+    assert out.tolist() == [3.0, 0.0, 3.0]
+    out = fg.zeros(3).index_add(0, fg.tensor([0, 0, 2]), fg.tensor([1.0, 2.0, 3.0]), alpha=2)
+    assert out.tolist() == [6.0, 0.0, 6.0]
+    check_grad(lambda x, s: x.index_add(1, fg.tensor([0, 3, 0]), s), arr(2, 4), arr(2, 3))
+
+
+def test_take_along_dim():
+    a = fg.tensor([[10, 30, 20], [1, 2, 3]])
+    assert fg.take_along_dim(a, fg.tensor([[2, 1]]), 1).tolist() == [[20, 30], [3, 2]]
+    assert fg.take_along_dim(a, fg.tensor([[2], [0]]), 1).tolist() == [[20], [1]]
+    idx = fg.tensor(np.argsort(M, axis=1))
+    check_grad(lambda x: fg.take_along_dim(x, idx, 1), arr(3, 4))
+
+
+# --------------------------------------------------------------------------- masks
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_masked_fill(kind):
+    mask = M > 6
+    out = fg.tensor(M).masked_fill(fg.tensor(mask), -1.0)
+    np.testing.assert_array_equal(out.numpy(), np.where(mask, -1.0, M))
+    row_mask = np.array([True, False, False, True])
+    out = fg.tensor(M).masked_fill(fg.tensor(row_mask), 0.0)
+    np.testing.assert_array_equal(out.numpy(), np.where(row_mask, 0.0, M))
+    check_grad(lambda x: x.masked_fill(fg.tensor(mask), 2.0), arr(3, 4), kind=kind)
+
+
+def test_masked_fill_values_and_errors():
+    m = fg.tensor(M)
+    assert m.masked_fill(m > 9, fg.tensor(2.5))[2].tolist() == [8.0, 9.0, 2.5, 2.5]
+    assert fg.arange(3).masked_fill(fg.tensor([True, False, False]), 1.7).tolist() == [1, 1, 2]
+    v = fg.tensor(2.0, dtype=fg.float64, requires_grad=True)
+    m.double().masked_fill(m > 9, v).sum().backward()
+    assert v.grad.item() == 2.0
+    with pytest.raises(RuntimeError, match="masked_fill_ only supports boolean masks, but got mask "
+                                           "with dtype float64"):
+        m.masked_fill(m, 0.0)
+    with pytest.raises(RuntimeError, match="only supports a 0-dimensional value tensor"):
+        m.masked_fill(m > 1, fg.tensor([1.0]))
+
+
+def test_masked_select_and_nonzero():
+    m = fg.tensor(M)
+    assert m.masked_select(m > 9).tolist() == [10.0, 11.0]
+    assert m.masked_select(fg.tensor([True, False, False, True])).tolist() == \
+        [0.0, 3.0, 4.0, 7.0, 8.0, 11.0]
+    nz = fg.tensor([[0, 1], [1, 0]]).nonzero()
+    assert nz.tolist() == [[0, 1], [1, 0]] and nz.dtype is fg.int64
+    assert fg.argwhere(fg.tensor([0, 3, 0, 4])).tolist() == [[1], [3]]
+    rows, = fg.nonzero(fg.tensor([0, 1, 1]), as_tuple=True)
+    assert rows.tolist() == [1, 2]
+    assert fg.zeros(2, 2).nonzero().shape == (0, 2)
+    check_grad(lambda x: x.masked_select(fg.tensor(M > 4)), arr(3, 4))
+
+
+@pytest.mark.parametrize("diagonal", [0, 1, -1, 2, -3])
+@pytest.mark.parametrize("fn,ref", [(fg.tril, np.tril), (fg.triu, np.triu)], ids=["tril", "triu"])
+def test_tril_triu(fn, ref, diagonal):
+    np.testing.assert_array_equal(fn(fg.tensor(M), diagonal).numpy(), ref(M, diagonal))
+    np.testing.assert_array_equal(fn(fg.tensor(X), diagonal).numpy(), ref(X, diagonal))
+    check_grad(lambda x: fn(x, diagonal), arr(3, 4))
+    check_grad(lambda x: fn(x, diagonal), arr(4, 3), kind="transposed")
+
+
+def test_tril_needs_a_matrix():
+    with pytest.raises(RuntimeError, match="tril: input tensor must have at least 2 dimensions"):
+        fg.arange(3).tril()
+    with pytest.raises(RuntimeError, match="triu: input tensor must have at least 2 dimensions"):
+        fg.arange(3).triu()
+
+
+# --------------------------------------------------------------------------- sort and topk
+
+
+def test_sort():
+    x = fg.tensor([3.0, 1.0, 2.0, 1.0])
+    values, indices = x.sort()
+    assert values.tolist() == [1.0, 1.0, 2.0, 3.0] and indices.tolist() == [1, 3, 2, 0]
+    out = x.sort(descending=True)
+    assert type(out).__name__ == "sort" and out._fields == ("values", "indices")
+    assert out.values.tolist() == [3.0, 2.0, 1.0, 1.0] and out.indices.tolist() == [0, 2, 1, 3]
+    v, i = fg.tensor([[3, 1], [1, 2]]).sort(0)
+    assert v.tolist() == [[1, 1], [3, 2]] and i.tolist() == [[1, 0], [0, 1]]
+    v, i = fg.tensor([3.0, float("nan"), 1.0]).sort()
+    assert v[:2].tolist() == [1.0, 3.0] and np.isnan(v[2].item()) and i.tolist() == [2, 0, 1]
+    assert x.argsort().tolist() == [1, 3, 2, 0]
+    assert x.argsort(descending=True).tolist() == [0, 2, 1, 3]
+    assert fg.tensor(5.0).sort().values.item() == 5.0
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+@pytest.mark.parametrize("dim,descending", [(-1, False), (0, True)])
+def test_sort_grad(kind, dim, descending):
+    a = arr(3, 4)
+    values = fg.tensor(a).sort(dim, descending).values
+    expected = np.sort(a, axis=dim)
+    np.testing.assert_array_equal(values.numpy(), np.flip(expected, dim) if descending else expected)
+    check_grad(lambda x: x.sort(dim, descending).values, a, kind=kind)
+
+
+def test_topk():
+    x = fg.tensor([3.0, 1.0, 4.0, 1.0, 5.0])
+    out = x.topk(2)
+    assert type(out).__name__ == "topk"
+    assert out.values.tolist() == [5.0, 4.0] and out.indices.tolist() == [4, 2]
+    small = x.topk(2, largest=False)
+    assert small.values.tolist() == [1.0, 1.0] and sorted(small.indices.tolist()) == [1, 3]
+    m = fg.tensor(M)
+    assert m.topk(1, dim=0).values.tolist() == [[8.0, 9.0, 10.0, 11.0]]
+    assert m.topk(0).values.shape == (3, 0)
+    with pytest.raises(RuntimeError, match="selected index k out of range"):
+        m.topk(5)
+
+
+@pytest.mark.parametrize("kind", LAYOUTS)
+def test_topk_grad(kind):
+    check_grad(lambda x: x.topk(2, dim=1).values, arr(3, 4), kind=kind)
+    check_grad(lambda x: x.topk(2, dim=0, largest=False).values, arr(3, 4), kind=kind)
