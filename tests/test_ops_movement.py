@@ -389,3 +389,16 @@ def test_sum_to_size():
     assert_close(x.sum_to_size(2, 1), x.detach().numpy().sum(1, keepdims=True))
     assert x.sum_to_size(2, 3) is x
     check_grad(lambda t: t.sum_to_size(1, 3), arr(2, 3))
+
+
+def test_repeat_interleave_matches_numpy():
+    x = fg.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    np.testing.assert_array_equal(fg.repeat_interleave(x, 2).detach().numpy(),
+                                  np.repeat(x.detach().numpy(), 2))
+    y = x.repeat_interleave(3, dim=1)
+    np.testing.assert_array_equal(y.detach().numpy(), np.repeat(x.detach().numpy(), 3, axis=1))
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((2, 2), 3.0))
+    counts = fg.tensor([1, 2])
+    np.testing.assert_array_equal(x.repeat_interleave(counts, dim=0).detach().numpy(),
+                                  np.repeat(x.detach().numpy(), [1, 2], axis=0))

@@ -1221,6 +1221,29 @@ def repeat(x: Tensor, *sizes) -> Tensor:
     return _named(out, "RepeatBackward0")
 
 
+def repeat_interleave(x: Tensor, repeats, dim: int | None = None) -> Tensor:
+    """Repeat each element ``repeats`` times along ``dim`` (the flattened input if None)."""
+    if isinstance(repeats, Tensor):
+        if repeats.numel() != 1:
+            counts = repeats._data.reshape(-1) if repeats._trace is None else None
+            if counts is None:
+                raise NotImplementedError("repeat_interleave with per-element repeats under a "
+                                          "trace (the output shape depends on data)")
+            axis = 0 if dim is None else normalize_axis(dim, x.ndim, "repeat_interleave")
+            src = flatten(x) if dim is None else x
+            return take(src, _index_tensor(np.repeat(np.arange(src.shape[axis]), counts)), axis)
+        repeats = int(repeats.item())
+    if dim is None:
+        x, dim = flatten(x), 0
+    axis = normalize_axis(dim, x.ndim, "repeat_interleave")
+    shape = list(x.shape)
+    y = unsqueeze(x, axis + 1)
+    expanded = shape[:axis + 1] + [repeats] + shape[axis + 1:]
+    y = expand(y, tuple(expanded))
+    shape[axis] *= repeats
+    return reshape(y, tuple(shape))
+
+
 def flip(x: Tensor, dims) -> Tensor:
     if isinstance(dims, int):
         dims = (dims,)

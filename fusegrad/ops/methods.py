@@ -22,6 +22,7 @@ norm cumsum reshape view view_as reshape_as permute transpose swapaxes swapdims 
 expand expand_as broadcast_to squeeze unsqueeze flatten unflatten narrow split chunk unbind
 select matmul mm bmm dot mv outer index_select index_add gather take_along_dim scatter_add
 masked_fill tril triu argsort sort topk nonzero argwhere masked_select repeat flip roll
+repeat_interleave
 where new_zeros new_ones new_full new_empty new_tensor copy_ fill_ zero_
 """.split()
 
