@@ -8,13 +8,23 @@ larger array) and 0-d.
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from typing import Callable
 
-import numpy as np
-import pytest
+# The suite never writes to the user's kernel cache, and verifies the IR after every pass.
+_CACHE = tempfile.mkdtemp(prefix="fusegrad-test-cache-")
+os.environ.setdefault("FUSEGRAD_CACHE_DIR", _CACHE)
+os.environ.setdefault("FUSEGRAD_VERIFY", "1")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
-import fusegrad as fg
-from fusegrad.autograd.gradcheck import gradcheck
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import fusegrad as fg  # noqa: E402
+from fusegrad.autograd.gradcheck import gradcheck  # noqa: E402
 
 LAYOUTS = ("contiguous", "transposed", "strided")
 
