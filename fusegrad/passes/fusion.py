@@ -21,8 +21,11 @@ The rules, in the order they are tried:
   Inductor's persistent reductions do. All reductions of a kernel share its axes.
 - **matmul is its own kernel** (a BLAS call or the project's own loop nest) with an
   elementwise epilogue of its output's shape fused in (bias, activation, residual).
-- Anything else (index scatters, sort, cumsum, random numbers) is an **extern step**: its
-  numpy reference runs between kernels.
+- **pad and concat are not views** (no strides express them): each starts an elementwise
+  kernel over its result, which reads its operands from memory and which its elementwise
+  consumers join.
+- Anything else (gathers and scatters, argmax/argmin, sort, cumsum, random numbers) is an
+  **extern step**: its numpy reference runs between kernels.
 
 Fusion is greedy in topological order: a node joins the kernel of one of its producers when
 legal and when the merge keeps the kernel graph acyclic; otherwise it starts a kernel.

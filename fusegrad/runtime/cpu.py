@@ -22,12 +22,14 @@ import ctypes
 import sys
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
 import numpy as np
 
+from fusegrad import dtypes
 from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph, Literal, Value
@@ -35,6 +37,10 @@ from fusegrad.passes.fusion import Kernel, KernelGraph, View
 from fusegrad.runtime import jit
 
 __all__ = ["Program", "thread_pool"]
+
+# Eager ops are silent about NaN and Inf (fusegrad.ops.prims filters numpy's RuntimeWarnings
+# for its module); so are the numpy calls that compiled programs make (BLAS products).
+warnings.filterwarnings("ignore", category=RuntimeWarning, module=__name__)
 
 _KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
@@ -107,7 +113,13 @@ class MatmulStep:
     out: Value
 
     def run(self, prog: "Program") -> None:
-        np.matmul(prog.array(self.a), prog.array(self.b), out=prog.arrays[prog.slots[self.out]])
+        out = prog.arrays[prog.slots[self.out]]
+        if self.out.type.dtype in (dtypes.float16, dtypes.bfloat16):
+            # float16/bfloat16: numpy has no BLAS (bfloat16: no matmul at all) for them; the
+            # primitive's reference computes in float32 and rounds once, as eager does.
+            out[...] = self.out.producer.prim.impl(prog.array(self.a), prog.array(self.b))
+            return
+        np.matmul(prog.array(self.a), prog.array(self.b), out=out)
 
 
 @dataclass
@@ -201,7 +213,9 @@ class Program:
                 self.output_slots.add(next_slot)
                 next_slot += 1
                 continue
-            spec = (v.type.shape, v.type.dtype.np_dtype.str)
+            # The dtype itself, not its .str: bfloat16's string is '<V2', which would
+            # allocate raw void buffers that numpy steps and returned views misread.
+            spec = (v.type.shape, v.type.dtype.np_dtype)
             # Share a buffer whose last reader ran before this value's producer.
             slot = next((s for s in by_spec.get(spec, []) if busy_until[s] < step), None)
             if slot is None:
@@ -227,22 +241,8 @@ class Program:
     # ------------------------------------------------------------------ steps
 
     def _build_steps(self) -> None:
-        module = ir.Module(name=self.name)
-        emitted: dict[int, Kernel] = {}
         self.fallbacks: dict[int, str] = {}
-        for i, k in enumerate(self.kg.kernels):
-            if k.kind == "extern":
-                continue
-            if k.kind == "matmul" and not any(n.op != "matmul" for n in k.nodes):
-                continue
-            try:
-                trial = ir.Module(name="trial")
-                emit_kernel(trial, k, self.kg, self.slots)
-            except Unsupported as e:
-                self.fallbacks[i] = str(e)
-                continue
-            emit_kernel(module, k, self.kg, self.slots)
-            emitted[i] = k
+        module, emitted = self._emit_module()
         self.llvm_ir = str(module)
         self.jit = jit.compile_ir(self.llvm_ir, [k.name for k in emitted.values()]) \
             if emitted else None
@@ -258,6 +258,25 @@ class Program:
             elif k.kind != "matmul" or i in self.fallbacks:
                 reason = self.fallbacks.get(i, f"{k.kind} primitive")
                 self.steps.append(NumpyStep(k, reason))
+
+    def _emit_module(self) -> tuple[ir.Module, dict[int, Kernel]]:
+        """All LLVM kernels in one module; a kernel codegen cannot lower goes to
+        ``self.fallbacks``. A failed kernel leaves a partial function behind, so the module
+        is emitted again without it (kernels are emitted once when none fails)."""
+        while True:
+            module = ir.Module(name=self.name)
+            emitted: dict[int, Kernel] = {}
+            try:
+                for i, k in enumerate(self.kg.kernels):
+                    if k.kind == "extern" or i in self.fallbacks:
+                        continue
+                    if k.kind == "matmul" and not any(n.op != "matmul" for n in k.nodes):
+                        continue
+                    emit_kernel(module, k, self.kg, self.slots)
+                    emitted[i] = k
+                return module, emitted
+            except Unsupported as e:
+                self.fallbacks[i] = str(e)
 
     # ------------------------------------------------------------------ running
 

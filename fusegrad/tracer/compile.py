@@ -32,9 +32,9 @@ from fusegrad import dtypes
 from fusegrad.autograd.engine import Node, _edge, _FREED_MESSAGE
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.config import config
-from fusegrad.ir.graph import Graph
+from fusegrad.ir.graph import Graph, Value
 from fusegrad.ir.symbolic import ConcretizationError, replay
-from fusegrad.ops import creation
+from fusegrad.ops import creation, functional
 from fusegrad.passes.autodiff import vjp_graph
 from fusegrad.passes.dce import dce
 from fusegrad.passes.fusion import fuse
@@ -72,6 +72,7 @@ class _Entry:
     program: Program | None
     info: Any
     backward: dict = field(default_factory=dict)     # wrt tuple -> (Program, Graph)
+    differentiable: dict = field(default_factory=dict)   # wrt tuple -> [bool per output]
     compile_ms: float = 0.0
     out_dtypes: list = field(default_factory=list)
     plain_inputs: bool = False                       # graph inputs are exactly the leaves
@@ -125,7 +126,10 @@ class CompiledFunction:
 
     def _key(self, args, kwargs):
         leaves, tree = tree_flatten((args, kwargs))
-        parts = [is_grad_enabled(), self._split(args, kwargs), _tree_key(tree)]
+        # The default dtype decides the dtype of every float the function creates
+        # (fusegrad.zeros(3), fusegrad.rand(...)), so it is part of what the trace saw.
+        parts = [is_grad_enabled(), dtypes.get_default_dtype().name, self._split(args, kwargs),
+                 _tree_key(tree)]
         for t in leaves:
             d = t._data
             parts.append((d.shape, t._dtype.name, t._requires_grad, d.flags.c_contiguous))
@@ -180,7 +184,7 @@ class CompiledFunction:
         # Fast path: positional tensor arguments only, a signature seen before.
         if not kwargs and self._fast_ok:
             try:
-                fast = (is_grad_enabled(),) + tuple(
+                fast = (is_grad_enabled(), dtypes.get_default_dtype()) + tuple(
                     (a._data.shape, a._dtype, a._requires_grad) for a in args)
             except (AttributeError, RuntimeError):
                 fast = None
@@ -242,24 +246,39 @@ class CompiledFunction:
             from fusegrad.autograd.grad_mode import no_grad
             with no_grad():
                 results = replay(entry.optimized, [t.detach() for t in inputs])
-        # In-place writes to inputs (optimizer steps) land in the caller's tensors.
-        for in_index, out_index in info.mutations or ():
-            target = inputs[in_index]
-            np.copyto(target._data, results[out_index]._data)
-            target._version_counter.value += 1
-        user = results[:info.n_user_outputs] if info.mutations else results
+        mutations = info.mutations or ()
         if is_grad_enabled() and any(t is not None and t._requires_grad for t in inputs):
-            self._attach_backward(entry, inputs, user)
+            # Before the write-back below: the backward needs the inputs as the call saw them.
+            self._attach_backward(entry, inputs, results, {i for i, _ in mutations})
+        # In-place writes to inputs land in the caller's tensors. A parameter (a leaf that
+        # requires grad: an optimizer step) is written as is; any other input is written the
+        # way eager in-place ops write, so that its history becomes the compiled backward.
+        for in_index, out_index in mutations:
+            target, value = inputs[in_index], results[out_index]
+            if not is_grad_enabled() or (target.is_leaf and target._requires_grad):
+                np.copyto(target._data, value._data)
+                target._version_counter.value += 1
+            else:
+                functional.assign_(target, value)
+        user = results[:info.n_user_outputs] if mutations else results
         return tree_unflatten(info.out_tree, user)
 
     # ------------------------------------------------------------------ autograd
 
-    def _attach_backward(self, entry: _Entry, inputs: list[Tensor], outputs: list[Tensor]):
+    def _attach_backward(self, entry: _Entry, inputs: list[Tensor], outputs: list[Tensor],
+                         mutated: set[int]):
+        """Give each output that depends differentiably on an input requiring grad (as eager
+        autograd decides ``requires_grad``) a backward node."""
         wrt = tuple(i for i, t in enumerate(inputs) if t is not None and t._requires_grad
                     and t.dtype.is_floating_point)
-        saved = _SavedInputs(inputs)
+        flags = entry.differentiable.get(wrt)
+        if flags is None:
+            flags = entry.differentiable[wrt] = _differentiable_outputs(entry.graph, wrt)
+        if not any(flags):
+            return
+        saved = _SavedInputs(inputs, mutated)
         for k, out in enumerate(outputs):
-            if out.dtype.is_floating_point:
+            if flags[k]:
                 out.grad_fn = _CompiledBackward(self, entry, wrt, saved, k, inputs)
                 out._requires_grad = True
 
@@ -280,9 +299,12 @@ class _SavedInputs:
     """The inputs of a compiled call, kept for its backward with their versions (the
     tensors themselves, so a ``create_graph`` backward stays connected to them)."""
 
-    def __init__(self, inputs: list):
-        self.tensors = list(inputs)
-        self.versions = [t._version_counter.value if t is not None else 0 for t in inputs]
+    def __init__(self, inputs: list, mutated: set[int] = frozenset()):
+        # An input the call writes in place is kept as a copy of its values before the
+        # write: the VJP program computes from what the forward read.
+        self.tensors = [Tensor._wrap(t._data.copy(), t._dtype) if i in mutated and t is not None
+                        else t for i, t in enumerate(inputs)]
+        self.versions = [t._version_counter.value if t is not None else 0 for t in self.tensors]
         self.freed = False
 
     def unpack(self, name: str) -> list:
@@ -308,6 +330,8 @@ class _CompiledBackward(Node):
         self.cf, self.entry, self.wrt, self.saved, self.k = cf, entry, wrt, saved, k
 
     def apply(self, grad, create_graph, retain_graph):
+        if self.saved is None:
+            raise RuntimeError(_FREED_MESSAGE)
         inputs = self.saved.unpack(self._name)
         program, g = self.cf.backward_program(self.entry, self.wrt)
         outs = self.entry.graph.outputs
@@ -320,7 +344,22 @@ class _CompiledBackward(Node):
         return tuple(grads)
 
     def release(self) -> None:
-        pass
+        # Drop this node's hold on the saved inputs (shared with the call's other outputs):
+        # a second backward through it raises, as for any freed node.
+        self.saved = None
+
+
+def _differentiable_outputs(graph: Graph, wrt: tuple) -> list[bool]:
+    """Which outputs of ``graph`` depend on the inputs ``wrt`` through operands that have a
+    VJP rule: not the results of comparisons, argmax or stop_gradient (detach), which eager
+    autograd gives ``requires_grad=False``, as it does integer results."""
+    live = {graph.inputs[i] for i in wrt}
+    for node in graph.nodes:
+        if any(isinstance(op, Value) and op in live and node.prim.rule(j) is not None
+               for j, op in enumerate(node.inputs)):
+            live.add(node.output)
+    return [isinstance(o, Value) and o in live and o.type.dtype.is_floating_point
+            for o in graph.outputs]
 
 
 def _zeros(t) -> Tensor:
@@ -347,7 +386,7 @@ def _tree_key(tree) -> Any:
 
 
 def _diff(old, new) -> str:
-    names = ["grad mode", "static arguments", "argument structure"]
+    names = ["grad mode", "default dtype", "static arguments", "argument structure"]
     for i, (a, b) in enumerate(zip(old, new)):
         if a != b:
             what = names[i] if i < len(names) else f"tensor {i - len(names)} (shape, dtype, " \

@@ -1,0 +1,107 @@
+"""How many kernels programs become: the fusion rules of fusegrad.passes.fusion, pinned.
+
+Like tinygrad's schedule tests: each case asserts ``len(f.lower(*args).kernels)`` and that
+the compiled result equals eager. A count going up means a fusion rule stopped applying
+(often because an op started emitting an extra cast or reshape); look at the kernels
+listed in the failure message.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+import fusegrad.nn as nn
+import fusegrad.nn.functional as NF
+from fusegrad.runtime.cpu import NumpyStep
+from tests.compiler.compare import assert_same, check_compiled, values
+
+
+def kernels_of(fn, *args, **compile_options) -> list[str]:
+    """The kernels ``fn(*args)`` compiles to, after checking the result against eager (to
+    float32 accuracy: a fused kernel rounds differently, and BLAS sums in its own order)."""
+    compiled = check_compiled(fn, *args, rtol=1e-5, atol=1e-5, **compile_options)
+    lowered = compiled.lower(*[fg.from_numpy(a) if isinstance(a, np.ndarray) else a
+                               for a in args])
+    assert not [s for s in lowered.program.steps if isinstance(s, NumpyStep)], lowered.kernels
+    return lowered.kernels
+
+
+def f32(*shape, seed=0, special=False):
+    return values(shape, fg.float32, seed, special=special)
+
+
+def hand_softmax(x):
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def diamond(a, b, c, d):
+    ab = a + b
+    return (ab + c) * (ab + d)
+
+
+CASES = {
+    # name: (function, arguments, kernels)
+    "gelu_tanh_of_affine": (lambda x, a, b: NF.gelu(x * a + b, approximate="tanh"),
+                            (f32(8, 64), f32(64, seed=1), f32(64, seed=2)), 1),
+    "gelu_erf_of_affine": (lambda x, a, b: NF.gelu(x * a + b),
+                           (f32(8, 64), f32(64, seed=1), f32(64, seed=2)), 1),
+    "diamond": (diamond, (f32(8, 64), f32(8, 64, seed=1), f32(8, 64, seed=2),
+                          f32(8, 64, seed=3)), 1),
+    "sum_then_relu": (lambda a, b: (a * b).sum().relu(), (f32(8, 64), f32(8, 64, seed=1)), 1),
+    "softmax_last_axis": (lambda x: NF.softmax(x, -1), (f32(8, 64, special=True),), 1),
+    "hand_written_softmax": (hand_softmax, (f32(8, 64, special=True),), 1),
+    "log_softmax_last_axis": (lambda x: NF.log_softmax(x, -1), (f32(8, 64),), 1),
+    "layer_norm": (lambda x, w, b: NF.layer_norm(x, (64,), w, b),
+                   (f32(8, 64), f32(64, seed=1), f32(64, seed=2)), 1),
+    "relu_of_linear": (lambda x, w, b: (x @ w + b).relu(),
+                       (f32(8, 32), f32(32, 64, seed=1), f32(64, seed=2)), 1),
+    "nn_linear_relu": (lambda x, w, b: NF.relu(NF.linear(x, w, b)),
+                       (f32(8, 32), f32(64, 32, seed=1), f32(64, seed=2)), 1),
+    "mean_of_squares": (lambda x: (x * x).mean(-1), (f32(8, 64),), 1),
+    "optimizer_like_siblings": (lambda w, g, m: (w - 0.1 * g, 0.9 * m + g),
+                                (f32(8, 64), f32(8, 64, seed=1), f32(8, 64, seed=2)), 1),
+    "view_of_input_is_free": (lambda x: x.t() * 2 + x.t(), (f32(16, 8),), 1),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_count(name):
+    fn, args, want = CASES[name]
+    kernels = kernels_of(fn, *args)
+    assert len(kernels) == want, f"{name}: {kernels}"
+
+
+def test_mlp_module_is_three_kernels():
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 10))
+    x = fg.from_numpy(f32(8, 32))
+    compiled = fg.compile(model)
+    with fg.no_grad():
+        assert_same(compiled(x), model(x), atol=1e-5)
+    kernels = compiled.lower(x).kernels
+    assert len(kernels) == 3, kernels
+    assert all(k.startswith(f"k{i}[matmul") for i, k in enumerate(kernels)), kernels
+
+
+def test_softmax_kernel_is_one_reduction_over_rows():
+    (kernel,) = kernels_of(lambda x: NF.softmax(x, -1), f32(8, 64))
+    assert kernel.startswith("k0[reduction 8x64]"), kernel
+
+
+def test_reduction_of_a_broadcast_value_is_not_recomputed_per_element():
+    # A row value broadcast back over its row stays in registers (one kernel), where an
+    # implicit broadcast of a full computed value would be materialized by its own kernel.
+    kernels = kernels_of(lambda x, y: (x - x.sum(1, keepdim=True)) * y, f32(8, 64),
+                         f32(8, 64, seed=1))
+    assert len(kernels) == 1, kernels
+
+
+def test_consumers_of_pad_and_concat_fuse_into_them():
+    kernels = kernels_of(lambda x: NF.pad(x, (1, 1)) * 2 + 1, f32(8, 6))
+    assert len(kernels) == 1, kernels
+    kernels = kernels_of(lambda x, y: fg.cat([x, y], 1).relu(), f32(8, 6), f32(8, 3))
+    assert len(kernels) == 1, kernels
