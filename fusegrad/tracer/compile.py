@@ -46,7 +46,7 @@ from fusegrad.tracer.trace import module_state, trace, tree_flatten, tree_unflat
 __all__ = ["compile", "CompiledFunction", "Lowered", "RECOMPILE_WARNING_LIMIT"]
 
 RECOMPILE_WARNING_LIMIT = 8
-DEFAULT_PIPELINE = "dce"
+DEFAULT_PIPELINE = "simplify,cse,dce"
 BACKENDS = ("llvm", "interpreter")
 
 
@@ -76,6 +76,7 @@ class _Entry:
     compile_ms: float = 0.0
     out_dtypes: list = field(default_factory=list)
     plain_inputs: bool = False                       # graph inputs are exactly the leaves
+    fast: Callable | None = None                     # see _fast_call
 
 
 class CompiledFunction:
@@ -191,6 +192,8 @@ class CompiledFunction:
             if fast is not None:
                 entry = self._fast.get(fast)
                 if entry is not None:
+                    if entry.fast is not None:
+                        return entry.fast(args)
                     return self._run(entry, args)
         else:
             fast = None
@@ -218,6 +221,8 @@ class CompiledFunction:
             self._last_key = key
         if fast is not None and len(leaves) == len(args):
             self._fast[fast] = entry
+            if not (is_grad_enabled() and any(t._requires_grad for t in leaves)):
+                entry.fast = _fast_call(entry)
         return self._run(entry, leaves)
 
     def _inputs(self, entry: _Entry, leaves) -> list[Tensor]:
@@ -293,6 +298,25 @@ class CompiledFunction:
                 if self.backend == "llvm" else None
             hit = entry.backward[wrt] = (program, g)
         return hit
+
+
+def _fast_call(entry: _Entry) -> Callable | None:
+    """The whole call for an entry with nothing to do around its program: inputs are the
+    arguments, no autograd, no write-backs, outputs are the program's buffers."""
+    info = entry.info
+    if entry.program is None or not entry.plain_inputs or info.mutations or config.debug >= 2:
+        return None
+    run = entry.program.fast_runner()
+    if run is None:
+        return None
+    dtypes_ = entry.out_dtypes
+    wrap = Tensor._wrap
+    tree = info.out_tree
+    if tree.kind == "leaf":
+        dt = dtypes_[0]
+        return lambda args: wrap(run([a._data for a in args])[0], dt)
+    return lambda args: tree_unflatten(
+        tree, [wrap(o, d) for o, d in zip(run([a._data for a in args]), dtypes_)])
 
 
 class _SavedInputs:
