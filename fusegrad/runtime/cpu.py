@@ -33,7 +33,7 @@ from fusegrad import dtypes
 from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph, Literal, Value
-from fusegrad.passes.fusion import Kernel, KernelGraph, View
+from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
 from fusegrad.runtime import jit
 
 __all__ = ["Program", "thread_pool"]
@@ -161,6 +161,7 @@ class Program:
         self._assign_slots()
         self._build_steps()
         self.compile_ms = (time.perf_counter() - start) * 1e3
+        self.donated: dict[int, int] = {}
         # When every output is a buffer the program writes, return those without checks.
         plain = all(isinstance(o, Value) and o in self.slots and self.slots[o] in
                     self.output_slots for o in self.graph.outputs)
@@ -299,12 +300,62 @@ class Program:
         with self._lock:
             return self._run(inputs)
 
+    def donate(self, pairs) -> dict[int, int]:
+        """Let outputs take the buffers of inputs: ``pairs`` are (graph input index, graph
+        output index) candidates. A pair is used when it is safe: the output is written by
+        an LLVM kernel that reads the input only element for element at the index it writes
+        (so each element is read before it is overwritten), and no later step reads the
+        input. Returns the accepted {output slot: input index}; at a call, that output is
+        the input's own array (its old contents are gone, as with JAX's donation)."""
+        accepted: dict[int, int] = {}
+        for in_index, out_index in pairs:
+            v = self.graph.inputs[in_index]
+            o = self.graph.outputs[out_index]
+            if not isinstance(o, Value) or o not in self.slots or \
+                    self.slots[o] not in self.output_slots or self.slots[o] in accepted or \
+                    in_index in accepted.values() or o.type != v.type or \
+                    any(o2 is v for o2 in self.graph.outputs):
+                continue
+            if self._alias_safe(v, o):
+                accepted[self.slots[o]] = in_index
+        self.donated = accepted
+        return accepted
+
+    def _alias_safe(self, v: Value, o: Value) -> bool:
+        steps = [i for i, st in enumerate(self.steps) if o in st.kernel.outputs]
+        if len(steps) != 1 or not isinstance(self.steps[steps[0]], LaunchStep):
+            return False
+        k = self.steps[steps[0]].kernel
+        if k.kind not in ("elementwise", "reduction") or k.level.get(o) != "full" or \
+                o.type.shape != k.shape:
+            return False
+        for st in self.steps[steps[0] + 1:]:
+            if v in st.kernel.inputs:
+                return False
+        identity = identity_view(v).strides
+        for n in k.nodes:
+            for op in n.inputs:
+                if not isinstance(op, Value):
+                    continue
+                view = self.kg.views.get(op)
+                base = view.base if view is not None else op
+                if base is not v:
+                    continue
+                shape = view.shape if view is not None else op.type.shape
+                strides = view.strides if view is not None else identity
+                same = all(a == b for a, b, d in zip(strides, identity, shape) if d != 1)
+                if shape != k.shape or not same or \
+                        (view is not None and view.offset != 0) or \
+                        n.prim.kind.value not in ("elementwise",):
+                    return False
+        return True
+
     def fast_runner(self):
         """A call path for the common small case, or None: a program of LLVM kernels too
         small to thread, contiguous inputs, and outputs that are its own buffers. Every
         check the general path makes per call is made once here, which keeps the per-call
         overhead of a small compiled function near that of one ctypes call."""
-        if self._plain_outputs is None or not all(
+        if self._plain_outputs is None or self.donated or not all(
                 isinstance(s, LaunchStep) and s.work < PARALLEL_THRESHOLD for s in self.steps):
             return None
         calls = [(s.fn, s.extent) for s in self.steps]
@@ -344,6 +395,11 @@ class Program:
             arrays[i] = a
             table[i] = data_pointer(a)
         for slot, shape, dt in self.output_specs:
+            if slot in self.donated:
+                a = arrays[self.donated[slot]]
+                arrays[slot] = a
+                table[slot] = table[self.donated[slot]]
+                continue
             prev = arrays[slot]
             # Reuse last call's output when only this program still refers to it (the
             # references: the list, this local and getrefcount's argument).

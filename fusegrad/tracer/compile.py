@@ -150,6 +150,13 @@ class CompiledFunction:
         program = None
         if self.backend == "llvm":
             program = Program(fuse(optimized), name=_symbol(graph.name))
+            if config.debug >= 4:
+                print(f"[fusegrad] LLVM IR of {graph.name}:\n{program.llvm_ir}", file=sys.stderr)
+            leaves, _ = tree_flatten((args, kwargs))
+            if not (is_grad_enabled() and any(t._requires_grad for t in leaves)):
+                # Outputs may take input buffers: in-place updates (an optimizer step) are
+                # then written where they belong, and donated arguments are reused.
+                program.donate(list(graph.meta.mutations) + self._donations(graph, args))
         entry = _Entry(graph, optimized, program, graph.meta)
         entry.out_dtypes = [o.type.dtype for o in optimized.outputs]
         entry.plain_inputs = self.module is None and graph.meta.rng_input is None and \
@@ -169,6 +176,24 @@ class CompiledFunction:
                           "requires_grad, grad mode or static arguments); set FUSEGRAD_DEBUG=1 "
                           "to see why", UserWarning, stacklevel=3)
         return entry
+
+    def _donations(self, graph: Graph, args) -> list[tuple[int, int]]:
+        """(input, output) pairs offered by ``donate_argnums``: each donated tensor may give
+        its buffer to any output of its type."""
+        if not self.donate_argnums:
+            return []
+        info = graph.meta
+        pos, starts = info.n_state, []
+        for a in args:
+            starts.append(pos)
+            pos += len(tree_flatten(a)[0])
+        pairs = []
+        for n in self.donate_argnums:
+            if n >= len(args):
+                continue
+            for i in range(starts[n], starts[n] + len(tree_flatten(args[n])[0])):
+                pairs += [(i, j) for j in range(info.n_user_outputs)]
+        return pairs
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and compile for these arguments without running."""
@@ -260,7 +285,9 @@ class CompiledFunction:
         # way eager in-place ops write, so that its history becomes the compiled backward.
         for in_index, out_index in mutations:
             target, value = inputs[in_index], results[out_index]
-            if not is_grad_enabled() or (target.is_leaf and target._requires_grad):
+            if value._data is target._data:
+                target._version_counter.value += 1      # written in place by the kernel
+            elif not is_grad_enabled() or (target.is_leaf and target._requires_grad):
                 np.copyto(target._data, value._data)
                 target._version_counter.value += 1
             else:

@@ -320,3 +320,46 @@ def test_threads_split_large_kernels_without_changing_results(monkeypatch):
     assert len(submitted) >= 2          # the elementwise and the row-reduction kernels
     for name in fns:
         np.testing.assert_array_equal(results["1"][name].numpy(), results["2"][name].numpy())
+
+
+def test_in_place_update_is_written_in_the_parameters_own_buffer():
+    @fg.compile
+    def step(p, g):
+        p.sub_(0.1 * g)
+        return p.sum()
+
+    p, g = fg.randn(1000), fg.randn(1000)
+    want = p.numpy() - np.float32(0.1) * g.numpy()
+    address = p._data.ctypes.data
+    total = step(p, g)
+    np.testing.assert_allclose(p.numpy(), want, rtol=1e-6, atol=1e-6)   # FMA contraction
+    np.testing.assert_allclose(total.item(), want.sum(), rtol=1e-4)
+    assert p._data.ctypes.data == address
+    assert step.lower(p, g).program.donated     # no copy back: the kernel wrote p
+
+
+def test_donated_argument_gives_its_buffer_to_the_output():
+    f = fg.compile(lambda x, y: (x * 2 + y).exp(), donate_argnums=0)
+    x, y = fg.randn(64), fg.randn(64)
+    want = np.exp(x.numpy() * 2 + y.numpy())
+    out = f(x, y)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
+    assert out._data is x._data
+
+
+def test_donation_is_refused_when_the_kernel_reads_other_elements():
+    # x.T + x reads x transposed: writing the output into x would clobber unread elements.
+    h = fg.compile(lambda x: x.T + x, donate_argnums=0)
+    x = fg.randn(8, 8)
+    want = x.numpy().T + x.numpy()
+    out = h(x)
+    np.testing.assert_allclose(out.numpy(), want)
+    assert not h.lower(x).program.donated
+
+
+def test_row_scratch_keeps_softmax_exact():
+    x = fg.randn(16, 300)
+    f = fg.compile(lambda x: fg.nn.functional.softmax(x, dim=-1))
+    e = np.exp(x.numpy() - x.numpy().max(-1, keepdims=True))
+    np.testing.assert_allclose(f(x).numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5)
+    assert "alloca float, i64 300" in f.lower(x).llvm_ir

@@ -106,6 +106,7 @@ class KernelEmitter:
         self.entry_builder = ir.IRBuilder(entry)
         self.scopes: list[dict] = [{}]
         self.acc: dict[Value, ir.Value] = {}
+        self.scratch: tuple | None = None      # (value, alloca): see row_scratch
         self._ptrs: dict[int, ir.Value] = {}
 
     # ------------------------------------------------------------------ utilities
@@ -674,6 +675,12 @@ class KernelEmitter:
                 coords.append(next(q) if i in k.axes else next(r))
             return coords
 
+        # Keep the last reduction's input per row in a scratch row when the stores read it
+        # too (softmax's exp(x - max)): the final loop then loads it instead of recomputing.
+        red_shape = [k.shape[a] for a in k.axes]
+        self.scratch = self.row_scratch(reductions[-1] if reductions else None, full_outs,
+                                        red_shape)
+
         def per_row(row):
             for node in reductions:
                 self.reduce_loop(node, row, full_coords)
@@ -691,6 +698,11 @@ class KernelEmitter:
 
                 def store_full(red):
                     coords = full_coords(row, red)
+                    if self.scratch is not None:
+                        value, buf = self.scratch
+                        cached = self.b.load(self.b.gep(buf, [self.red_index(red, red_shape)]))
+                        self.scopes[-1][(value, tuple(id(c) for c in coords))] = \
+                            (cached, tuple(coords))
                     for v in full_outs:
                         self.store(v, coords, self.emit(v, coords))
                 self.nest(red_shape, store_full, parallel=False)
@@ -724,11 +736,47 @@ class KernelEmitter:
 
         def body(red):
             x = self.emit(src, full_coords(row, red))
+            if self.scratch is not None and self.scratch[0] is src:
+                b.store(x, b.gep(self.scratch[1], [self.red_index(red, red_shape)]))
             x = self.convert(x, src_dt, out_dt) if src_dt is not out_dt else x
             cur = b.load(slot)
             b.store(self.combine(op, cur, x, out_dt), slot)
         self.nest(red_shape, body, parallel=False)
         self.acc[node.output] = b.load(slot)
+
+    def row_scratch(self, node: Node | None, full_outs: list, red_shape) -> tuple | None:
+        """(value, alloca) when ``node``'s input is computed in this kernel, read again by
+        the full-size outputs, and a row of it fits in 64 KiB of stack."""
+        n = 1
+        for d in red_shape:
+            n *= d
+        if node is None or not full_outs or n * 8 > 65536:
+            return None
+        src = node.inputs[0]
+        if not isinstance(src, Value) or src.producer not in self.internal or \
+                src.type.shape != self.k.shape:
+            return None
+        seen, stack, used = set(), list(full_outs), False
+        while stack and not used:
+            v = stack.pop()
+            if v is src:
+                used = True
+            elif v.producer in self.internal and self.k.level.get(v) != "row" and v not in seen:
+                seen.add(v)
+                stack.extend(op for op in v.producer.inputs if isinstance(op, Value))
+        if not used:
+            return None
+        buf = self.entry_builder.alloca(lltype(src.type.dtype), size=ir.Constant(I64, n),
+                                        name="row")
+        return src, buf
+
+    def red_index(self, red, red_shape) -> ir.Value:
+        """Linear index of the reduced coordinates ``red`` within a row."""
+        b = self.b
+        index = ir.Constant(I64, 0)
+        for c, d in zip(red, red_shape):
+            index = b.add(b.mul(index, ir.Constant(I64, d)), c)
+        return index
 
     def combine(self, op: str, acc, x, dt) -> ir.Value:
         b = self.b
