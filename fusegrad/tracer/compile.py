@@ -64,6 +64,18 @@ class Lowered:
         from fusegrad.ir.printer import print_graph
         return print_graph(self.graph) + "\n// kernels:\n// " + "\n// ".join(self.kernels)
 
+    def to_dot(self) -> str:
+        """Graphviz text of the graph with each kernel drawn as a cluster."""
+        from fusegrad.ir.dot import to_dot
+        kernels = [k.nodes for k in self.program.kg.kernels] if self.program else None
+        return to_dot(self.graph, kernels=kernels)
+
+    def render(self, path: str) -> str:
+        """Draw the graph and its kernels to an image (needs graphviz's ``dot``)."""
+        from fusegrad.ir.dot import render
+        kernels = [k.nodes for k in self.program.kg.kernels] if self.program else None
+        return render(self.graph, path, kernels=kernels)
+
 
 @dataclass
 class _Entry:

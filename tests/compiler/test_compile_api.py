@@ -363,3 +363,10 @@ def test_row_scratch_keeps_softmax_exact():
     e = np.exp(x.numpy() - x.numpy().max(-1, keepdims=True))
     np.testing.assert_allclose(f(x).numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5)
     assert "alloca float, i64 300" in f.lower(x).llvm_ir
+
+
+def test_lowered_drawing_shows_each_kernel_as_a_cluster():
+    f = fg.compile(lambda x, w: (x @ w).relu().sum(-1).exp())
+    dot = f.lower(fg.randn(4, 8), fg.randn(8, 3)).to_dot()
+    assert dot.count("subgraph cluster_") == 2      # matmul+relu, then the row reduction
+    assert "matmul" in dot and "exp" in dot
