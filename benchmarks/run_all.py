@@ -237,18 +237,17 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 
 
 def bench_compile_time(repeats: int) -> None:
-    t = Table("first-call compile of the GELU function, fresh process", "ms")
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, FUSEGRAD_CACHE_DIR=cache)
         cold, warm = [], []
-        for i in range(repeats):
+        for _ in range(repeats):
             with tempfile.TemporaryDirectory() as empty:
                 out = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True,
                                      text=True, env=dict(env, FUSEGRAD_CACHE_DIR=empty), check=True)
                 cold.append(float(out.stdout.split()[0]))
         subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, check=True,
                        capture_output=True)
-        for i in range(repeats):
+        for _ in range(repeats):
             out = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], capture_output=True,
                                  text=True, env=env, check=True)
             warm.append(float(out.stdout.split()[0]))

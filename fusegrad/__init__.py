@@ -129,12 +129,12 @@ class _Cuda:
         return cuda_device_count()
 
     @staticmethod
-    def manual_seed(seed: "int") -> None:
-        manual_seed(seed)
+    def manual_seed(value: "int") -> None:
+        manual_seed(value)
 
     @staticmethod
-    def manual_seed_all(seed: "int") -> None:
-        manual_seed(seed)
+    def manual_seed_all(value: "int") -> None:
+        manual_seed(value)
 
     @staticmethod
     def synchronize() -> None:
@@ -143,8 +143,12 @@ class _Cuda:
 
 cuda = _Cuda()
 
-from fusegrad import autograd  # noqa: E402
-from fusegrad import ir  # noqa: E402
+from fusegrad import (  # noqa: E402
+    autograd,  # noqa: E402
+    ir,  # noqa: E402
+    nn,  # noqa: E402
+    optim,  # noqa: E402
+)
 from fusegrad.tracer import (  # noqa: E402
     ConcretizationError,
     compile,
@@ -153,7 +157,5 @@ from fusegrad.tracer import (  # noqa: E402
     value_and_grad,
     vjp,
 )
-from fusegrad import nn  # noqa: E402
-from fusegrad import optim  # noqa: E402
 
 __version__ = "0.1.0"

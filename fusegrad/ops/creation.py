@@ -13,7 +13,8 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
-from fusegrad.device import CPU, check_device_available, device as Device
+from fusegrad.device import CPU, check_device_available
+from fusegrad.device import device as Device
 from fusegrad.ops import philox
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import bind

@@ -18,10 +18,10 @@ from typing import Sequence
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.engine import Node, run_backward, _edge, _refresh_view, _FREED_MESSAGE
+from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _refresh_view, run_backward
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
 from fusegrad.ops import prims as P
-from fusegrad.ops.primitive import ShapeError, bind
+from fusegrad.ops.primitive import bind
 from fusegrad.ops.prims import normalize_axis
 from fusegrad.tensor import Size, Tensor
 
@@ -532,7 +532,8 @@ def contiguous(x: Tensor, memory_format=None) -> Tensor:
 
 def to(x: Tensor, *args, **kwargs) -> Tensor:
     """``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)``; ``copy=True``."""
-    from fusegrad.device import check_device_available, device as Device
+    from fusegrad.device import check_device_available
+    from fusegrad.device import device as Device
     dtype, dev = kwargs.get("dtype"), kwargs.get("device")
     copy = kwargs.get("copy", False)
     for a in args:
@@ -1207,7 +1208,7 @@ def repeat(x: Tensor, *sizes) -> Tensor:
     x = reshape_prim(x, (1,) * (len(sizes) - x.ndim) + tuple(x.shape))
     # Broadcast a new axis in front of each dim, then merge each pair.
     inter = []
-    for r, d in zip(sizes, x.shape):
+    for d in x.shape:
         inter += [1, d]
     y = reshape_prim(x, tuple(inter))
     full = []
@@ -1333,7 +1334,7 @@ def mm(x: Tensor, other: Tensor) -> Tensor:
 
 def bmm(x: Tensor, other: Tensor) -> Tensor:
     if x.ndim != 3 or other.ndim != 3:
-        raise RuntimeError(f"batch1 must be a 3D tensor" if x.ndim != 3 else
+        raise RuntimeError("batch1 must be a 3D tensor" if x.ndim != 3 else
                            "batch2 must be a 3D tensor")
     if x.shape[0] != other.shape[0]:
         raise RuntimeError(f"Expected size for first two dimensions of batch2 tensor to be: "

@@ -7,7 +7,8 @@ library (which imports the tensor class); ``import fusegrad`` runs this once.
 from __future__ import annotations
 
 from fusegrad import dtypes
-from fusegrad.ops import creation, functional as F
+from fusegrad.ops import creation
+from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
 
 # Methods that are exactly the functional op with the tensor first.

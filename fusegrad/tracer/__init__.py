@@ -5,5 +5,6 @@ from fusegrad.tracer.compile import CompiledFunction, Lowered, compile
 from fusegrad.tracer.trace import TraceInfo, trace, tree_flatten, tree_unflatten
 from fusegrad.tracer.transforms import grad, value_and_grad, vjp
 
-__all__ = ["compile", "CompiledFunction", "Lowered", "trace", "TraceInfo", "tree_flatten", "tree_unflatten", "grad", "value_and_grad",
-           "vjp", "ConcretizationError", "SymbolicTensor"]
+__all__ = ["compile", "CompiledFunction", "Lowered", "trace", "TraceInfo", "tree_flatten",
+           "tree_unflatten", "grad", "value_and_grad", "vjp", "ConcretizationError",
+           "SymbolicTensor"]

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.engine import Node, _edge, _FREED_MESSAGE
+from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph, Value
