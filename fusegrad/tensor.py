@@ -92,6 +92,10 @@ class Tensor:
 
     def _init(self, array: np.ndarray, dtype: dtypes.DType) -> None:
         self._data = array
+        self._init_state(dtype)
+
+    def _init_state(self, dtype: dtypes.DType) -> None:
+        """Everything but the data: dtype and a fresh autograd state (no history)."""
         self._dtype = dtype
         self._requires_grad = False
         self._grad = None

@@ -23,7 +23,7 @@ from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import ConstantData, Primitive, ShapeError, TensorType
-from fusegrad.tensor import Size, Tensor, _contiguous_strides, _VersionCounter
+from fusegrad.tensor import Size, Tensor, _contiguous_strides
 
 __all__ = ["SymbolicTensor", "GraphTrace", "ConcretizationError", "user_location"]
 
@@ -59,16 +59,8 @@ class SymbolicTensor(Tensor):
         t = object.__new__(cls)
         t._val = value
         t._tr = trace
-        t._dtype = value.type.dtype
+        t._init_state(value.type.dtype)
         t._requires_grad = requires_grad
-        t._grad = None
-        t.grad_fn = None
-        t._version_counter = _VersionCounter()
-        t._base = None
-        t._view_ops = None
-        t._grad_acc = None
-        t._hooks = None
-        t._retains_grad = False
         return t
 
     @property

@@ -808,16 +808,7 @@ class KernelEmitter:
         return self.fn
 
 
-def _mangle(t: ir.Type) -> str:
-    if isinstance(t, ir.VectorType):
-        return f"v{t.count}{_mangle(t.element)}"
-    if isinstance(t, ir.FloatType):
-        return "f32"
-    if isinstance(t, ir.DoubleType):
-        return "f64"
-    if isinstance(t, ir.HalfType):
-        return "f16"
-    return f"i{t.width}"
+_mangle = mathlib.mangle
 
 
 def emit_kernel(module: ir.Module, kernel: Kernel, kg: KernelGraph,

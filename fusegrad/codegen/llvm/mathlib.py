@@ -112,15 +112,22 @@ _ERF_CLAMP = 4.0
 # --------------------------------------------------------------------------------------------------
 
 
-def _mangle(ty: ir.Type) -> str:
-    """LLVM intrinsic name suffix of a float or float-vector type (``f32``, ``v8f32``...)."""
+def mangle(ty: ir.Type) -> str:
+    """LLVM intrinsic name suffix of a type (``f32``, ``v8f32``, ``f16``, ``i64``...)."""
     if isinstance(ty, ir.VectorType):
-        return f"v{ty.count}{_mangle(ty.element)}"
+        return f"v{ty.count}{mangle(ty.element)}"
     if isinstance(ty, ir.FloatType):
         return "f32"
     if isinstance(ty, ir.DoubleType):
         return "f64"
+    if isinstance(ty, ir.HalfType):
+        return "f16"
+    if isinstance(ty, ir.IntType):
+        return f"i{ty.width}"
     raise TypeError(f"mathlib: unsupported type {ty}")
+
+
+_mangle = mangle
 
 
 def _element_type(ty: ir.Type) -> ir.Type:

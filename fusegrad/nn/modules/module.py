@@ -425,17 +425,8 @@ class Module:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of all parameters: to None by default (torch 2), else to 0."""
-        for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:
-                if p.grad.grad_fn is not None:
-                    p.grad.detach_()
-                else:
-                    p.grad.requires_grad_(False)
-                p.grad.zero_()
+        from fusegrad.autograd.grad_utils import clear_grads
+        clear_grads(self.parameters(), set_to_none)
 
     # ------------------------------------------------------------------ conversion
 
