@@ -530,12 +530,12 @@ def contiguous(x: Tensor, memory_format=None) -> Tensor:
     return out
 
 
-def to(x: Tensor, *args, **kwargs) -> Tensor:
-    """``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)``; ``copy=True``."""
-    from fusegrad.device import check_device_available
+def parse_to_args(args, kwargs) -> tuple[dtypes.DType | None, object]:
+    """(dtype, device) out of torch's ``to`` arguments: ``to(dtype)``, ``to(device)``,
+    ``to(device, dtype)``, ``to(other)``, keywords; a positional bool (non_blocking) is
+    ignored. Shared by ``Tensor.to`` and ``Module.to``."""
     from fusegrad.device import device as Device
     dtype, dev = kwargs.get("dtype"), kwargs.get("device")
-    copy = kwargs.get("copy", False)
     for a in args:
         if isinstance(a, Tensor):
             dtype, dev = a.dtype, a.device
@@ -547,11 +547,20 @@ def to(x: Tensor, *args, **kwargs) -> Tensor:
             continue
         else:
             raise TypeError(f"to() received an invalid combination of arguments: {a!r}")
+    return (dtypes.as_dtype(dtype) if dtype is not None else None), dev
+
+
+def to(x: Tensor, *args, **kwargs) -> Tensor:
+    """``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)``; ``copy=True``."""
+    from fusegrad.device import check_device_available
+    from fusegrad.device import device as Device
+    dtype, dev = parse_to_args(args, kwargs)
+    copy = kwargs.get("copy", False)
     if dev is not None:
         dev = Device(dev)
         if dev != x.device:
             check_device_available(dev)
-    out = x if dtype is None else cast(x, dtypes.as_dtype(dtype))
+    out = x if dtype is None else cast(x, dtype)
     if copy and out is x:
         out = clone(x)
     return out

@@ -355,58 +355,47 @@ class Program:
         small to thread, contiguous inputs, and outputs that are its own buffers. Every
         check the general path makes per call is made once here, which keeps the per-call
         overhead of a small compiled function near that of one ctypes call."""
-        if self._plain_outputs is None or self.donated or not all(
+        if self._plain_outputs is None or not all(
                 isinstance(s, LaunchStep) and s.work < PARALLEL_THRESHOLD for s in self.steps):
             return None
         calls = [(s.fn, s.extent) for s in self.steps]
-        table, address, arrays, lock = self.table, self.table_address, self.arrays, self._lock
-        outputs = [(slot, shape, dt) for slot, shape, dt in self.output_specs]
+        address, arrays, lock, bind = self.table_address, self.arrays, self._lock, self._bind
         plain = self._plain_outputs
-        getrefcount, empty = sys.getrefcount, np.empty
 
         def run(inputs):
             with lock:
-                if not self._allocated:
-                    self._allocate()
-                for i, a in enumerate(inputs):
-                    if arrays[i] is a:
-                        continue          # the same array as last call: its pointer is set
-                    if not a.flags.c_contiguous:
-                        a = np.ascontiguousarray(a)
-                    arrays[i] = a
-                    table[i] = data_pointer(a)
-                for slot, shape, dt in outputs:
-                    prev = arrays[slot]
-                    if prev is None or getrefcount(prev) > 3:
-                        prev = arrays[slot] = empty(shape, dtype=dt)
-                        table[slot] = data_pointer(prev)
+                bind(inputs)
                 for fn, extent in calls:
                     fn(address, 0, extent)
                 return [arrays[s] for s in plain]
         return run
 
-    def _run(self, inputs) -> list[np.ndarray]:
+    def _bind(self, inputs) -> None:
+        """Point the buffer table at this call's inputs and outputs."""
         if not self._allocated:
             self._allocate()
         arrays, table = self.arrays, self.table
         for i, a in enumerate(inputs):
+            if arrays[i] is a:
+                continue          # the same array as last call: its pointer is already set
             if not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
             arrays[i] = a
             table[i] = data_pointer(a)
         for slot, shape, dt in self.output_specs:
             if slot in self.donated:
-                a = arrays[self.donated[slot]]
-                arrays[slot] = a
+                arrays[slot] = arrays[self.donated[slot]]
                 table[slot] = table[self.donated[slot]]
                 continue
             prev = arrays[slot]
             # Reuse last call's output when only this program still refers to it (the
             # references: the list, this local and getrefcount's argument).
             if prev is None or sys.getrefcount(prev) > 3:
-                prev = np.empty(shape, dtype=dt)
-                arrays[slot] = prev
+                prev = arrays[slot] = np.empty(shape, dtype=dt)
                 table[slot] = data_pointer(prev)
+
+    def _run(self, inputs) -> list[np.ndarray]:
+        self._bind(inputs)
         debug = config.debug >= 2
         for step in self.steps:
             if debug:
@@ -417,7 +406,7 @@ class Program:
             else:
                 step.run(self)
         if self._plain_outputs is not None:
-            return [arrays[s] for s in self._plain_outputs]
+            return [self.arrays[s] for s in self._plain_outputs]
         return [self._output(o) for o in self.graph.outputs]
 
     def _output(self, o) -> np.ndarray:

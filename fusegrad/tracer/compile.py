@@ -41,7 +41,13 @@ from fusegrad.passes.fusion import fuse
 from fusegrad.passes.manager import PassManager
 from fusegrad.runtime.cpu import Program
 from fusegrad.tensor import Tensor
-from fusegrad.tracer.trace import module_state, trace, tree_flatten, tree_unflatten
+from fusegrad.tracer.trace import (
+    arg_input_ranges,
+    module_state,
+    trace,
+    tree_flatten,
+    tree_unflatten,
+)
 
 __all__ = ["compile", "CompiledFunction", "Lowered", "RECOMPILE_WARNING_LIMIT"]
 
@@ -194,18 +200,10 @@ class CompiledFunction:
         its buffer to any output of its type."""
         if not self.donate_argnums:
             return []
-        info = graph.meta
-        pos, starts = info.n_state, []
-        for a in args:
-            starts.append(pos)
-            pos += len(tree_flatten(a)[0])
-        pairs = []
-        for n in self.donate_argnums:
-            if n >= len(args):
-                continue
-            for i in range(starts[n], starts[n] + len(tree_flatten(args[n])[0])):
-                pairs += [(i, j) for j in range(info.n_user_outputs)]
-        return pairs
+        ranges = arg_input_ranges(graph, args)
+        outputs = range(graph.meta.n_user_outputs)
+        return [(i, j) for n in self.donate_argnums if n < len(args)
+                for i in ranges[n] for j in outputs]
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and compile for these arguments without running."""

@@ -159,6 +159,17 @@ class TraceInfo:
     n_user_outputs: int = 0
 
 
+def arg_input_ranges(graph: Graph, args) -> list[range]:
+    """For each positional argument of a traced call, the graph inputs its tensor leaves
+    became (after the lifted module state)."""
+    pos, out = graph.meta.n_state, []
+    for a in args:
+        count = len(tree_flatten(a)[0])
+        out.append(range(pos, pos + count))
+        pos += count
+    return out
+
+
 def _arg_names(fn: Callable, n: int) -> list[str]:
     try:
         params = list(inspect.signature(fn).parameters.values())

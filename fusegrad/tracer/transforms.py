@@ -15,25 +15,19 @@ from fusegrad.ir.symbolic import replay
 from fusegrad.ops import creation
 from fusegrad.passes.autodiff import grad_graph, vjp_graph
 from fusegrad.tensor import Tensor
-from fusegrad.tracer.trace import trace, tree_flatten, tree_unflatten
+from fusegrad.tracer.trace import arg_input_ranges, trace, tree_flatten, tree_unflatten
 
 __all__ = ["grad", "value_and_grad", "vjp"]
 
 
 def _argnum_inputs(graph, args, argnums: Sequence[int]) -> list[int]:
     """Graph input indices of the tensor leaves of the positional ``args`` in ``argnums``."""
-    info = graph.meta
-    offset = info.n_state
-    starts = []
-    for a in args:
-        starts.append(offset)
-        offset += len(tree_flatten(a)[0])
+    ranges = arg_input_ranges(graph, args)
     out = []
     for n in argnums:
-        count = len(tree_flatten(args[n])[0])
-        if count == 0:
+        if not ranges[n]:
             raise TypeError(f"argument {n} has no tensors to differentiate")
-        out += list(range(starts[n], starts[n] + count))
+        out += list(ranges[n])
     return out
 
 

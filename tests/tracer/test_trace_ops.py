@@ -21,6 +21,7 @@ from tests.tracer.trace_cases import CASES, check_forward
 # Public names deliberately not in the op table, and where they are tested instead.
 NOT_IN_TABLE = {
     "composite": "a decorator, not an op",
+    "parse_to_args": "argument parsing for to(), not an op",
     "nonzero": "data-dependent shape: test_trace_concretization",
     "argwhere": "data-dependent shape: test_trace_concretization",
     "masked_select": "data-dependent shape: test_trace_concretization",

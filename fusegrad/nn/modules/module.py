@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections import OrderedDict, namedtuple
-from typing import Any, Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
@@ -75,22 +75,6 @@ class RemovableHandle:
 
     def __exit__(self, *exc) -> None:
         self.remove()
-
-
-def _parse_to(args, kwargs) -> tuple[dtypes.DType | None, Any]:
-    """(dtype, device) out of ``Module.to``'s torch-style arguments."""
-    from fusegrad.device import device as Device
-    dtype, device = kwargs.get("dtype"), kwargs.get("device")
-    for a in args:
-        if isinstance(a, Tensor):
-            dtype, device = a.dtype, a.device
-        elif isinstance(a, dtypes.DType):
-            dtype = a
-        elif isinstance(a, (str, Device)):
-            device = a
-        else:
-            raise TypeError(f"to() received an invalid combination of arguments: {a!r}")
-    return (dtypes.as_dtype(dtype) if dtype is not None else None), device
 
 
 class Module:
@@ -457,7 +441,7 @@ class Module:
 
     def to(self, *args, **kwargs) -> "Module":
         """Move and/or cast: ``to(dtype)`` casts floating-point parameters and buffers."""
-        dtype, device = _parse_to(args, kwargs)
+        dtype, device = F.parse_to_args(args, kwargs)
         if dtype is not None and not dtype.is_floating_point:
             raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, but "
                             f"got desired dtype={dtype}")
