@@ -279,6 +279,19 @@ class _Partitioner:
                 return "full"
         return None
 
+    def within_budget(self, nodes: list[Node]) -> bool:
+        """Whether a kernel of ``nodes`` reads at most ``max_inputs`` buffers (``fuse``'s
+        option: a kernel with many inputs spends its registers and cache on addresses)."""
+        own = {n.output for n in nodes}
+        bases = set()
+        for n in nodes:
+            for op in n.inputs:
+                if isinstance(op, Value):
+                    base = self.views[op].base if op in self.views else op
+                    if base not in own:
+                        bases.add(base)
+        return len(bases) <= self.max_inputs
+
     def join(self, node: Node, k: Kernel, level: str) -> None:
         if k.kind == "elementwise" and level == "row":
             k.kind = "reduction"
@@ -306,7 +319,7 @@ class _Partitioner:
                 # allow (keepdim reshape, broadcast of a row value), else reads it from memory.
                 k = self.group_of.get(src.producer)
                 level = self.fits(node, k) if k is not None else None
-                if level is not None:
+                if level is not None and self.within_budget(k.nodes + [node]):
                     self.join(node, k, level)
                     return
             v = view_of(node, self.views.get(src) or identity_view(src))
@@ -323,14 +336,16 @@ class _Partitioner:
             producers = self.producer_kernels(node)
             for k in reversed(producers):
                 level = self.fits(node, k)
-                if level is not None and self.acyclic_join(node, k):
+                if level is not None and self.acyclic_join(node, k) and \
+                        self.within_budget(k.nodes + [node]):
                     self.join(node, k, level)
                     # Pull in other elementwise producers of the same shape (a diamond
                     # whose two arms started separate kernels).
                     for other in producers:
                         if other is not k and other.kind == "elementwise" and \
                                 other.shape == k.shape and k.kind != "matmul" and \
-                                self.mergeable(k, other):
+                                self.mergeable(k, other) and \
+                                self.within_budget(k.nodes + other.nodes):
                             self.absorb(k, other)
                     return
         if prim.kind is Kind.ELEMENTWISE or node.op in _FUSIBLE_SOURCES:
@@ -392,7 +407,7 @@ class _Partitioner:
                 for b in self.kernels[i + 1:]:
                     if b.kind == "elementwise" and b.shape == a.shape and \
                             not self.depends(b, a) and not self.depends(a, b) and \
-                            self.mergeable(a, b):
+                            self.mergeable(a, b) and self.within_budget(a.nodes + b.nodes):
                         self.absorb(a, b)
                         merged = True
                         break

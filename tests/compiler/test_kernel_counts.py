@@ -105,3 +105,13 @@ def test_consumers_of_pad_and_concat_fuse_into_them():
     assert len(kernels) == 1, kernels
     kernels = kernels_of(lambda x, y: fg.cat([x, y], 1).relu(), f32(8, 6), f32(8, 3))
     assert len(kernels) == 1, kernels
+
+
+def test_max_inputs_bounds_the_buffers_a_kernel_reads():
+    from fusegrad.passes.fusion import fuse
+
+    g = fg.trace(lambda a, b, c, d: ((a + b) + c) + d, *[fg.randn(8) for _ in range(4)])
+    assert len(fuse(g).kernels) == 1
+    split = fuse(g, max_inputs=2)
+    assert len(split.kernels) == 3
+    assert all(len(k.inputs) <= 2 for k in split.kernels)
