@@ -19,7 +19,28 @@ def _index(idx: int, size: int) -> int:
     return idx % size
 
 
-class Sequential(Module):
+class _NumberedModules(Module):
+    """What Sequential and ModuleList share: submodules keyed "0".."n-1", in order."""
+
+    def __delitem__(self, idx) -> None:
+        keys = list(self._modules)
+        targets = keys[idx] if isinstance(idx, slice) else [keys[_index(idx, len(self))]]
+        for key in targets:
+            delattr(self, key)
+        # torch renumbers the remaining modules so that indices stay 0..n-1
+        remaining = list(self._modules.values())
+        self._modules.clear()
+        for i, module in enumerate(remaining):
+            self._modules[str(i)] = module
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+
+class Sequential(_NumberedModules):
     """Modules applied in order: ``Sequential(a, b)(x) == b(a(x))``.
 
     Built from modules (named "0", "1", ...) or from one OrderedDict of named modules;
@@ -45,22 +66,6 @@ class Sequential(Module):
         key = list(self._modules)[_index(idx, len(self))]
         setattr(self, key, module)
 
-    def __delitem__(self, idx) -> None:
-        keys = list(self._modules)
-        targets = keys[idx] if isinstance(idx, slice) else [keys[_index(idx, len(self))]]
-        for key in targets:
-            delattr(self, key)
-        # torch renumbers the remaining modules so that indices stay 0..n-1
-        remaining = list(self._modules.values())
-        self._modules.clear()
-        for i, module in enumerate(remaining):
-            self._modules[str(i)] = module
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
 
     def __add__(self, other: "Sequential") -> "Sequential":
         if not isinstance(other, Sequential):
@@ -108,7 +113,7 @@ class Sequential(Module):
         return input
 
 
-class ModuleList(Module):
+class ModuleList(_NumberedModules):
     """A list of modules, registered so that their parameters belong to the owner."""
 
     def __init__(self, modules: Iterable[Module] | None = None) -> None:
@@ -124,21 +129,6 @@ class ModuleList(Module):
     def __setitem__(self, idx: int, module: Module) -> None:
         setattr(self, str(_index(idx, len(self))), module)
 
-    def __delitem__(self, idx) -> None:
-        keys = list(self._modules)
-        targets = keys[idx] if isinstance(idx, slice) else [keys[_index(idx, len(self))]]
-        for key in targets:
-            delattr(self, key)
-        remaining = list(self._modules.values())
-        self._modules.clear()
-        for i, module in enumerate(remaining):
-            self._modules[str(i)] = module
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
 
     def __iadd__(self, modules: Iterable[Module]) -> "ModuleList":
         return self.extend(modules)
