@@ -70,6 +70,9 @@ class Tensor:
 
     # Set on the tracer's abstract tensors; ``bind`` hands their primitives to the trace.
     _trace = None
+    # The state capture of the compiled function whose tracing created this tensor (see
+    # fusegrad.tracer.capture); None for tensors created outside any such trace.
+    _capture_owner = None
     # Lets numpy defer to Tensor's reflected operators (ndarray * tensor -> Tensor.__rmul__).
     __array_priority__ = 1000
 
@@ -97,6 +100,8 @@ class Tensor:
     def _init_state(self, dtype: dtypes.DType) -> None:
         """Everything but the data: dtype and a fresh autograd state (no history)."""
         self._dtype = dtype
+        if _primitive.CAPTURE:
+            self._capture_owner = _primitive.CAPTURE[-1]
         self._requires_grad = False
         self._grad = None
         self.grad_fn = None
@@ -231,6 +236,8 @@ class Tensor:
 
     @property
     def grad(self):
+        if _primitive.CAPTURE:
+            return _primitive.CAPTURE[-1].get_grad(self)
         if self.grad_fn is not None and not self._retains_grad and self._trace is None:
             warnings.warn(
                 "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its "
@@ -242,6 +249,9 @@ class Tensor:
 
     @grad.setter
     def grad(self, value) -> None:
+        if _primitive.CAPTURE:
+            _primitive.CAPTURE[-1].set_grad(self, value)
+            return
         if value is not None:
             if not isinstance(value, Tensor):
                 raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of "
@@ -312,13 +322,18 @@ class Tensor:
 
     @data.setter
     def data(self, value: "Tensor") -> None:
+        if _primitive.CAPTURE:
+            _primitive.CAPTURE[-1].refuse(f"assigning {self._type_string()}.data")
         self._data = value._data
         self._dtype = value._dtype
 
     # ------------------------------------------------------------------ conversion
 
     def _check_concrete(self, what: str) -> None:
-        """Eager tensors are concrete; the tracer's tensors override this to raise."""
+        """Eager tensors are concrete; the tracer's tensors override this to raise, and so
+        does a compiled function's trace for tensors it reads at call time."""
+        if _primitive.CAPTURE:
+            _primitive.CAPTURE[-1].check_concrete(self, what)
 
     def numpy(self, *, force: bool = False) -> np.ndarray:
         """The numpy array sharing this tensor's storage."""

@@ -411,6 +411,10 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None,
     """Accumulate the gradients of ``tensors`` into the ``.grad`` of leaves
     (``torch.autograd.backward``)."""
     tensors = _as_seq(tensors)
+    if any(t._trace is not None for t in tensors):
+        # loss.backward() inside a traced function: the trace differentiates its own graph.
+        return tensors[0]._trace.backward(tensors, grad_tensors, create_graph, inputs,
+                                          accumulate=True)
     grads = _make_grads(tensors, None if grad_tensors is None else _as_seq(grad_tensors))
     if retain_graph is None:
         retain_graph = create_graph
@@ -428,6 +432,14 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
     accumulated (``torch.autograd.grad``)."""
     outputs = _as_seq(outputs)
     inputs = _as_seq(inputs)
+    if any(t._trace is not None for t in outputs):
+        results = outputs[0]._trace.backward(outputs, grad_outputs, create_graph, inputs,
+                                             accumulate=False, allow_unused=bool(
+                                                 allow_unused or materialize_grads))
+        if materialize_grads:
+            from fusegrad.ops import functional as F
+            results = [F.zeros_like(t) if r is None else r for r, t in zip(results, inputs)]
+        return tuple(results)
     grads = _make_grads(outputs, None if grad_outputs is None else _as_seq(grad_outputs))
     if retain_graph is None:
         retain_graph = create_graph

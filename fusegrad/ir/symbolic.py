@@ -131,6 +131,12 @@ class SymbolicTensor(Tensor):
     def detach(self) -> "SymbolicTensor":
         return self._tr.process_primitive(P.stop_gradient, (self,), {})
 
+    def retain_grad(self) -> None:
+        self._check_concrete("retain_grad()")
+
+    def register_hook(self, hook):
+        self._check_concrete("register_hook()")
+
     def __repr__(self) -> str:
         return f"Traced<{self._val.type}>"
 
@@ -170,9 +176,16 @@ class GraphTrace:
         self.location: str | None | object = USER_LINE
         self.lifted: list[tuple[Tensor, Value]] = []   # (captured tensor, its graph input)
         self._constants: dict[int, tuple[Tensor, Value]] = {}
+        # Values that require grad (recorded under grad mode from operands that do): what
+        # backward() inside the trace differentiates through.
+        self.grad_values: set[Value] = set()
+        # fusegrad.compile's state capture (fusegrad.tracer.capture), when it traces.
+        self.capture = None
 
     def new_input(self, name: str, type: TensorType, requires_grad: bool = False) -> SymbolicTensor:
         value = self.graph.add_input(_unique_name(self.graph, name), type)
+        if requires_grad:
+            self.grad_values.add(value)
         return SymbolicTensor._make(value, self, requires_grad)
 
     def operand(self, t: Tensor):
@@ -185,7 +198,11 @@ class GraphTrace:
                     f"a traced tensor ({t._val.type}) from another trace was used here: a "
                     "tensor escaped from a traced function (stored in a global or attribute?)")
             return self._lift(t)
-        if t._requires_grad and self.lift_requires_grad:
+        if self.capture is not None:
+            op = self.capture.operand(t)
+            if op is not None:
+                return op
+        elif t._requires_grad and self.lift_requires_grad:
             return self._lift(t)
         if t.ndim == 0:
             return Literal(t._data.item() if t.dtype is not dtypes.bfloat16 else float(t._data),
@@ -223,8 +240,23 @@ class GraphTrace:
             raise type(e)(f"{e}{f' (at {loc})' if loc else ''}") from None
         value = self.graph.add_node(prim, inputs, attrs, loc=loc)
         requires_grad = (prim.vjp is not None and is_grad_enabled() and
+                         value.type.dtype.is_floating_point and
                          any(t._requires_grad for t in operands))
+        if requires_grad:
+            self.grad_values.add(value)
         return SymbolicTensor._make(value, self, requires_grad)
+
+    def backward(self, outputs, grad_outputs, create_graph: bool, inputs, accumulate: bool,
+                 allow_unused: bool = False):
+        """``backward()`` or ``autograd.grad`` called on this trace's tensors."""
+        if self.capture is None:
+            loc = user_location()
+            raise ConcretizationError(
+                f"backward() on a traced tensor{f' at {loc}' if loc else ''}: only "
+                "fusegrad.compile captures backward() and .grad; in fusegrad.trace and the "
+                "function transforms use fusegrad.grad / fusegrad.vjp instead.")
+        return self.capture.backward(outputs, grad_outputs, create_graph, inputs, accumulate,
+                                     allow_unused)
 
     def assign(self, x: SymbolicTensor, value: Tensor) -> SymbolicTensor:
         """An in-place write under a trace: rebind ``x`` (functionalization).
@@ -241,6 +273,11 @@ class GraphTrace:
             value = self.process_primitive(P.copy, (value,), {})
         if x._base is not None:
             base = x._base
+            if not isinstance(base, SymbolicTensor):
+                if self.capture is None:
+                    raise ConcretizationError("an in-place write through a traced view of a "
+                                              "concrete tensor cannot be captured")
+                base = x._base = self.capture.sym_for(base)
             types = [base._type()]
             for prim, attrs in x._view_ops:
                 if prim is P.broadcast_to:

@@ -17,7 +17,7 @@ from fusegrad.device import CPU, check_device_available
 from fusegrad.device import device as Device
 from fusegrad.ops import philox
 from fusegrad.ops import prims as P
-from fusegrad.ops.primitive import bind
+from fusegrad.ops.primitive import bind, note_created
 from fusegrad.tensor import Size, Tensor
 
 __all__ = [
@@ -93,6 +93,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False,
     _check_device(device)
     arr, dt = _array_from(data, dtype)
     t = Tensor._wrap(arr, dt)
+    note_created(t)
     if requires_grad:
         t.requires_grad_(True)
     return t
@@ -157,6 +158,11 @@ def _source(prim, like: Tensor | None, **attrs) -> Tensor:
     if like is not None and like._trace is not None:
         return like._trace.process_primitive(prim, (), attrs)
     return bind(prim, **attrs)
+
+
+def _created(t: Tensor) -> Tensor:
+    note_created(t)
+    return t
 
 
 def _finish(t: Tensor, requires_grad: bool) -> Tensor:
@@ -259,7 +265,7 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None,
         dtypes.int64 if is_int else dtypes.get_default_dtype())
     n = max(0, math.ceil((end - start) / step))
     arr = (start + np.arange(n, dtype=np.float64 if not is_int else np.int64) * step)
-    return _finish(Tensor._wrap(arr.astype(dt.np_dtype), dt), requires_grad)
+    return _finish(_created(Tensor._wrap(arr.astype(dt.np_dtype), dt)), requires_grad)
 
 
 def linspace(start, end, steps: int, *, dtype=None, device=None,
@@ -269,13 +275,13 @@ def linspace(start, end, steps: int, *, dtype=None, device=None,
         raise RuntimeError("number of steps must be non-negative")
     dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
     arr = np.linspace(float(start), float(end), steps, dtype=np.float64)
-    return _finish(Tensor._wrap(arr.astype(dt.np_dtype), dt), requires_grad)
+    return _finish(_created(Tensor._wrap(arr.astype(dt.np_dtype), dt)), requires_grad)
 
 
 def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, **kw) -> Tensor:
     dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
     arr = np.power(base, np.linspace(float(start), float(end), steps))
-    return Tensor._wrap(arr.astype(dt.np_dtype), dt)
+    return _created(Tensor._wrap(arr.astype(dt.np_dtype), dt))
 
 
 # --------------------------------------------------------------------------- random

@@ -21,6 +21,7 @@ from fusegrad import dtypes
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _refresh_view, run_backward
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
 from fusegrad.ops import prims as P
+from fusegrad.ops import primitive as _primitive
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.prims import normalize_axis
 from fusegrad.tensor import Size, Tensor
@@ -847,6 +848,9 @@ def _mark_view(out: Tensor, src: Tensor, prim, attrs: dict) -> Tensor:
     """Record that ``out`` is a view of ``src``'s storage, for in-place writes through it."""
     if out._trace is not None or np.shares_memory(out._data, src._data):
         base = src._base if src._base is not None else src
+        if out._trace is not None and base._trace is None:
+            # A traced view of a concrete tensor a compiled function reads at call time.
+            base = out._trace.capture.sym_for(base)
         out._base = base
         out._view_ops = (src._view_ops or ()) + ((prim, attrs),)
         out._version_counter = src._version_counter
@@ -1686,6 +1690,10 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     """
     if x._trace is not None:
         return x._trace.assign(x, value)
+    if _primitive.CAPTURE:
+        # Tracing a compiled function: a write to a tensor from outside it (a parameter, an
+        # optimizer's state) becomes an output written back at call time.
+        return _primitive.CAPTURE[-1].assign_concrete(x, value, op)
     if x._base is not None:
         _refresh_view(x)
     _check_inplace(x, op)

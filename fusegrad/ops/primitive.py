@@ -161,7 +161,24 @@ def bind(prim: Primitive, *operands, **attrs):
         trace = op._trace
         if trace is not None:
             return trace.process_primitive(prim, operands, attrs)
+    if CAPTURE:
+        # A compiled function is being traced: concrete tensors from outside it (parameters,
+        # captured globals) are read at call time, so ops on them are recorded too.
+        return CAPTURE[-1].bind_concrete(prim, operands, attrs)
     return _eager_apply(prim, operands, attrs)
+
+
+# The state captures of compiled functions being traced, innermost last
+# (fusegrad.tracer.capture pushes them). Empty outside ``fusegrad.compile``'s tracing, where
+# every hook below costs one truth test.
+CAPTURE: list = []
+
+
+def note_created(t) -> None:
+    """Mark ``t``, made by a tensor factory, as created by the code being traced (a constant
+    of the graph) rather than captured from outside it (an input read at call time)."""
+    if CAPTURE:
+        CAPTURE[-1].note_created(t)
 
 
 # Set by fusegrad.autograd.engine at import: (prim, operands, attrs, out) -> None.

@@ -41,10 +41,11 @@ from fusegrad.passes.fusion import fuse
 from fusegrad.passes.manager import PassManager
 from fusegrad.runtime.cpu import Program
 from fusegrad.tensor import Tensor
+from fusegrad.tracer.guards import ClosureGuard, module_flags
 from fusegrad.tracer.trace import (
     arg_input_ranges,
     module_state,
-    trace,
+    trace_with_state,
     tree_flatten,
     tree_unflatten,
 )
@@ -95,6 +96,7 @@ class _Entry:
     out_dtypes: list = field(default_factory=list)
     plain_inputs: bool = False                       # graph inputs are exactly the leaves
     fast: Callable | None = None                     # see _fast_call
+    guard: Callable | None = None                    # checks what the key does not cover
 
 
 class CompiledFunction:
@@ -103,6 +105,8 @@ class CompiledFunction:
     def __init__(self, fn: Callable, *, backend: str = "llvm", static_argnums=(),
                  static_argnames=(), donate_argnums=(), fullgraph: bool = False,
                  pipeline: str | None = None):
+        if backend == "inductor":       # torch.compile's default backend: the native one here
+            backend = "llvm"
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}"
                              + (" (cuda is not available yet)" if backend == "cuda" else ""))
@@ -153,7 +157,8 @@ class CompiledFunction:
             d = t._data
             parts.append((d.shape, t._dtype.name, t._requires_grad, d.flags.c_contiguous))
         if self.module is not None:
-            parts.append(self.module.training)
+            # Every submodule's flag: m[1].eval() turns one Dropout off.
+            parts.append(module_flags(self.module))
             for _, t in module_state(self.module):
                 parts.append((t._data.shape, t._dtype.name, t._requires_grad))
         return tuple(parts), leaves
@@ -162,8 +167,11 @@ class CompiledFunction:
 
     def _compile(self, key, args, kwargs) -> _Entry:
         start = time.perf_counter()
-        # Non-tensor arguments are baked into the trace (and part of the guard key).
-        graph = trace(self.fn, *args, **kwargs)
+        # Non-tensor arguments are baked into the trace (and part of the guard key); what the
+        # function reads from its closure and globals is guarded.
+        closure = ClosureGuard.of(self.fn if self.module is None else type(self.fn).forward)
+        graph = trace_with_state(self.fn, args, kwargs)
+        info = graph.meta
         optimized = PassManager(self.pipeline).run(graph)
         program = None
         if self.backend == "llvm":
@@ -171,14 +179,21 @@ class CompiledFunction:
             if config.debug >= 4:
                 print(f"[fusegrad] LLVM IR of {graph.name}:\n{program.llvm_ir}", file=sys.stderr)
             leaves, _ = tree_flatten((args, kwargs))
-            if not (is_grad_enabled() and any(t._requires_grad for t in leaves)):
+            if info.capture.did_backward or not (
+                    is_grad_enabled() and any(t._requires_grad for t in leaves) or
+                    any(t._requires_grad for t, _ in info.lifted)):
                 # Outputs may take input buffers: in-place updates (an optimizer step) are
-                # then written where they belong, and donated arguments are reused.
-                program.donate(list(graph.meta.mutations) + self._donations(graph, args))
-        entry = _Entry(graph, optimized, program, graph.meta)
+                # then written where they belong, and donated arguments are reused. (Not
+                # when a compiled backward may need the inputs as they were.)
+                grads = [(gi, out) for leaf, out, in_place in info.capture.grad_writes
+                         if in_place for leaf2, gi in info.capture.grad_inputs if leaf2 == leaf]
+                program.donate(list(info.mutations) + grads + self._donations(graph, args))
+        entry = _Entry(graph, optimized, program, info)
         entry.out_dtypes = [o.type.dtype for o in optimized.outputs]
-        entry.plain_inputs = self.module is None and graph.meta.rng_input is None and \
-            not graph.meta.lifted
+        entry.guard = _entry_guard(info, closure)
+        cap = info.capture
+        entry.plain_inputs = self.module is None and info.rng_input is None and \
+            not info.lifted and not cap.grad_inputs and not cap.scalar_inputs
         entry.compile_ms = (time.perf_counter() - start) * 1e3
         self.compiles += 1
         if config.debug >= 1:
@@ -207,9 +222,11 @@ class CompiledFunction:
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and compile for these arguments without running."""
-        key, _ = self._key(args, kwargs)
-        entry = self.cache.get(key) or self._compile(key, args, kwargs)
-        self.cache[key] = entry
+        key, leaves = self._key(args, kwargs)
+        entry = self._lookup(key, leaves)
+        if entry is None:
+            entry = self._compile(key, args, kwargs)
+            self.cache.setdefault(key, []).append(entry)
         prog = entry.program
         return Lowered(entry.optimized, prog.kernels() if prog else [],
                        prog.llvm_ir if prog else "", prog)
@@ -239,7 +256,7 @@ class CompiledFunction:
         key, leaves = self._key(args, kwargs)
         if key in self._eager_keys:
             return self.fn(*args, **kwargs)
-        entry = self.cache.get(key)
+        entry = self._lookup(key, leaves)
         if entry is None:
             try:
                 entry = self._compile(key, args, kwargs)
@@ -252,15 +269,23 @@ class CompiledFunction:
                     self._warned_eager = True
                 self._eager_keys.add(key)
                 return self.fn(*args, **kwargs)
-            self.cache[key] = entry
+            self.cache.setdefault(key, []).append(entry)
             self._last_key = key
-        if fast is not None and len(leaves) == len(args):
+        if fast is not None and len(leaves) == len(args) and entry.guard is None:
             self._fast[fast] = entry
             if not (is_grad_enabled() and any(t._requires_grad for t in leaves)):
                 entry.fast = _fast_call(entry)
         return self._run(entry, leaves)
 
-    def _inputs(self, entry: _Entry, leaves) -> list[Tensor]:
+    def _lookup(self, key, leaves) -> _Entry | None:
+        """The cached entry for ``key`` whose guards hold now, if any."""
+        for entry in self.cache.get(key, ()):
+            if entry.guard is None or entry.guard(
+                    lambda e=entry: self._inputs(e, leaves, read_only=True)):
+                return entry
+        return None
+
+    def _inputs(self, entry: _Entry, leaves, read_only: bool = False) -> list[Tensor]:
         info = entry.info
         if entry.plain_inputs:
             return leaves
@@ -271,9 +296,17 @@ class CompiledFunction:
         if info.rng_input is not None:
             gen = creation.default_generator
             full[info.rng_input] = gen.get_state()
-            gen._offset += info.rng_counters
+            if not read_only:
+                gen._offset += info.rng_counters
         for t, index in info.lifted:
             full[index] = t
+        cap = info.capture
+        if cap is not None:
+            for leaf, index in cap.grad_inputs:
+                full[index] = full[leaf]._grad
+            for getter, index, np_dtype in cap.scalar_inputs:
+                full[index] = Tensor._wrap(np.asarray(_scalar(getter()), dtype=np_dtype),
+                                           dtypes.float64)
         return full
 
     def _run(self, entry: _Entry, leaves):
@@ -287,7 +320,10 @@ class CompiledFunction:
             with no_grad():
                 results = replay(entry.optimized, [t.detach() for t in inputs])
         mutations = info.mutations or ()
-        if is_grad_enabled() and any(t is not None and t._requires_grad for t in inputs):
+        cap = info.capture
+        if cap is not None and cap.did_backward:
+            pass    # a training step: its gradients were taken inside; outputs are plain
+        elif is_grad_enabled() and any(t is not None and t._requires_grad for t in inputs):
             # Before the write-back below: the backward needs the inputs as the call saw them.
             self._attach_backward(entry, inputs, results, {i for i, _ in mutations})
         # In-place writes to inputs land in the caller's tensors. A parameter (a leaf that
@@ -297,12 +333,17 @@ class CompiledFunction:
             target, value = inputs[in_index], results[out_index]
             if value._data is target._data:
                 target._version_counter.value += 1      # written in place by the kernel
-            elif not is_grad_enabled() or (target.is_leaf and target._requires_grad):
+            elif not is_grad_enabled() or not value._requires_grad or (
+                    target.is_leaf and target._requires_grad):
+                # A value without history (a buffer's running statistics, a parameter's
+                # update) is copied in; one with history is written as eager would.
                 np.copyto(target._data, value._data)
                 target._version_counter.value += 1
             else:
                 functional.assign_(target, value)
-        user = results[:info.n_user_outputs] if mutations else results
+        if cap is not None:
+            _write_state(cap, inputs, results)
+        user = results[:info.n_user_outputs] if len(results) > info.n_user_outputs else results
         return tree_unflatten(info.out_tree, user)
 
     # ------------------------------------------------------------------ autograd
@@ -421,6 +462,60 @@ def _differentiable_outputs(graph: Graph, wrt: tuple) -> list[bool]:
             live.add(node.output)
     return [isinstance(o, Value) and o in live and o.type.dtype.is_floating_point
             for o in graph.outputs]
+
+
+def _write_state(cap, inputs: list, results: list) -> None:
+    """After a call: ``.grad`` slots and tensors made while tracing get their new values."""
+    for leaf in cap.grad_clears:
+        inputs[leaf]._grad = None
+    for leaf, out, in_place in cap.grad_writes:
+        target, value = inputs[leaf], results[out]
+        old = target._grad
+        if in_place and old is not None:
+            if value._data is not old._data:
+                np.copyto(old._data, value._data)
+            old._version_counter.value += 1
+        else:
+            if not target.is_leaf:
+                raise RuntimeError("a compiled function's backward() reached a tensor that is "
+                                   "not a leaf at this call; its gradient cannot be written")
+            target._grad = value
+    for t, out in cap.internal_writes:
+        np.copyto(t._data, results[out]._data)
+        t._version_counter.value += 1
+
+
+def _entry_guard(info, closure: ClosureGuard) -> Callable | None:
+    """What an entry depends on beyond the key: captured names, .grad slots present or not,
+    optimizer state, the shapes of captured tensors. None when nothing."""
+    cap = info.capture
+    lifted = [(t, t._data.shape, t._dtype) for t, _ in info.lifted]
+    grad_guards = cap.grad_guards
+    optimizers = list(zip(cap.optimizers, cap.optimizer_signatures))
+    if closure.empty and not lifted and not grad_guards and not optimizers:
+        return None
+    from fusegrad.tracer.capture import optimizer_signature
+
+    def guard(get_inputs: Callable[[], list]) -> bool:
+        if not closure.holds():
+            return False
+        for t, shape, dt in lifted:
+            if t._data.shape != shape or t._dtype is not dt:
+                return False
+        inputs = get_inputs() if grad_guards else ()
+        for leaf, sig in grad_guards:
+            g = inputs[leaf]._grad
+            if (g is None) != (sig is None) or (
+                    g is not None and (tuple(g.shape), g.dtype) != sig):
+                return False
+        return all(optimizer_signature(o) == sig for o, sig in optimizers)
+    return guard
+
+
+def _scalar(v) -> float:
+    if isinstance(v, Tensor):
+        return float(v._data)
+    return float(v)
 
 
 def _zeros(t) -> Tensor:

@@ -27,7 +27,7 @@ from fusegrad.ops import creation, philox
 from fusegrad.ops.primitive import TensorType
 from fusegrad.tensor import Tensor
 
-__all__ = ["trace", "TraceInfo", "tree_flatten", "tree_unflatten", "swap_module_state"]
+__all__ = ["trace", "trace_with_state", "TraceInfo", "tree_flatten", "tree_unflatten", "swap_module_state"]
 
 
 # --------------------------------------------------------------------------- pytrees
@@ -157,6 +157,7 @@ class TraceInfo:
     rng_counters: int = 0                 # how far each call advances the generator
     mutations: list[tuple[int, int]] = field(default_factory=list)  # (input, output) pairs
     n_user_outputs: int = 0
+    capture: Any = None                   # a CaptureInfo when traced with trace_with_state
 
 
 def arg_input_ranges(graph: Graph, args) -> list[range]:
@@ -197,9 +198,24 @@ def trace(fn: Callable, *args, **kwargs) -> Graph:
     """Trace ``fn(*args, **kwargs)`` into a :class:`Graph` (``graph.meta`` holds a
     :class:`TraceInfo`).
 
+    Concrete tensors the function captures are constants of the graph (those that require
+    grad are inputs). ``fusegrad.compile`` traces with :func:`trace_with_state` instead.
+
     >>> g = fusegrad.trace(lambda x: (x * 2).relu(), fusegrad.randn(4))
     >>> print(g)   # doctest: +SKIP
     """
+    return _trace(fn, args, kwargs, capture_state=False)
+
+
+def trace_with_state(fn: Callable, args: tuple, kwargs: dict) -> Graph:
+    """Trace as :func:`trace`, capturing state outside the arguments as
+    :mod:`fusegrad.tracer.capture` describes: captured tensors are inputs read at call time,
+    writes to them, ``.grad`` and ``backward()`` become outputs written back
+    (``graph.meta.capture`` says how)."""
+    return _trace(fn, args, kwargs, capture_state=True)
+
+
+def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool) -> Graph:
     module = fn if hasattr(fn, "named_parameters") and hasattr(fn, "_parameters") else None
     target = module.forward if module is not None else fn
     name = type(module).__name__ if module is not None else getattr(fn, "__name__", "f")
@@ -219,15 +235,28 @@ def trace(fn: Callable, *args, **kwargs) -> Graph:
     sym_args, sym_kwargs = tree_unflatten(in_tree, sym_leaves)
     originals = {id(s): s._value for s in list(sym_state.values()) + sym_leaves}
 
+    cap = None
+    if capture_state:
+        from fusegrad.tracer.capture import StateCapture, capturing
+        pairs = [(sym_state[id(t)], t) for _, t in state] + list(zip(sym_leaves, leaves))
+        cap = StateCapture(tr, pairs)
     rng = _RngInput(tr)
     creation._key_sources.append(rng)
     GraphTrace.active.append(tr)
     try:
-        with swap_module_state(module, sym_state) if module is not None else contextlib.nullcontext():
+        with swap_module_state(module, sym_state) if module is not None else contextlib.nullcontext(), \
+                capturing(cap) if cap is not None else contextlib.nullcontext():
             out = target(*sym_args, **sym_kwargs)
-        out_leaves, out_tree = tree_flatten(out)
-        # Still active: an output may be a free variable (a tensor of an enclosing trace).
-        outputs = [tr.operand(t) for t in out_leaves]
+            out_leaves, out_tree = tree_flatten(out)
+            # Still active: an output may be a free variable (a tensor of an enclosing trace).
+            outputs = [tr.operand(t) for t in out_leaves]
+            del out, out_leaves
+            if cap is not None:
+                cap.check_hyperparameters()
+    except BaseException:
+        if cap is not None:
+            cap.rollback()
+        raise
     finally:
         GraphTrace.active.pop()
         creation._key_sources.pop()
@@ -239,6 +268,8 @@ def trace(fn: Callable, *args, **kwargs) -> Graph:
         if sym._value is not originals[id(sym)]:
             info.mutations.append((i, len(outputs)))
             outputs.append(sym._value)
+    if cap is not None:
+        info.capture = cap.finish(outputs, info.mutations, graph)
     graph.set_outputs(outputs)
     info.lifted = [(t, graph.inputs.index(v)) for t, v in tr.lifted]
     if rng.input is not None:

@@ -1,0 +1,473 @@
+"""What a compiled function touches outside its arguments, captured while it is traced.
+
+``fusegrad.compile`` traces a function once and runs the graph many times, so everything the
+function reads or writes outside its arguments must be in the graph, or the graph goes stale
+(a frozen constant, a lost update). While a compiled function is traced, a
+:class:`StateCapture` sits on the trace (and on ``primitive.CAPTURE``) and turns each such
+effect into graph inputs and outputs:
+
+- A tensor created before the trace began (a parameter, a buffer, an optimizer's state, any
+  captured global) is an *external* tensor: a graph input read at call time, and every op on
+  it is recorded, even when no operand is traced. Tensors created while tracing are
+  *internal*: constants of the graph, computed eagerly while tracing.
+- An in-place write to an external tensor rebinds its symbolic value; the final value is an
+  output written back into the tensor after each call (functionalization). An internal
+  tensor written with traced values (an optimizer's state made on its first step) gets the
+  same treatment if it is still alive when the trace ends.
+- ``.grad`` of a leaf (a parameter, an argument requiring grad) is a slot: read, it is the
+  gradient present at call time (an input); written, cleared (``zero_grad``) or accumulated
+  into by ``backward()``, its final value is written back after each call.
+- ``loss.backward()`` and ``autograd.grad`` differentiate the graph recorded so far with the
+  same VJP rules as the autodiff pass, appending the reverse graph to it.
+- An optimizer's learning rates are inputs read from its param groups at call time, so a
+  scheduler changes them without a recompile; the structure of its state is guarded.
+
+What cannot be captured raises :class:`~fusegrad.ir.symbolic.ConcretizationError` naming
+the user's line (``compile`` then runs the function eagerly, or raises with ``fullgraph``):
+reading the value of an external tensor (``.item()``), assigning ``.data``, hooks and
+``retain_grad`` on traced tensors.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.autograd.grad_mode import enable_grad, no_grad
+from fusegrad.ir.graph import Value
+from fusegrad.ir.symbolic import (
+    USER_LINE,
+    ConcretizationError,
+    GraphTrace,
+    SymbolicTensor,
+    literal_tensor,
+    user_location,
+)
+from fusegrad.ops import functional as F
+from fusegrad.ops import primitive
+from fusegrad.ops.primitive import TensorType
+from fusegrad.tensor import Tensor
+
+__all__ = ["StateCapture", "CaptureInfo", "capturing"]
+
+
+@dataclass
+class CaptureInfo:
+    """How a captured graph's extra inputs are read and its extra outputs written back.
+
+    Input and output positions index the graph's inputs and outputs.
+    """
+
+    grad_inputs: list[tuple[int, int]] = field(default_factory=list)   # (leaf, grad input)
+    grad_guards: list[tuple[int, tuple | None]] = field(default_factory=list)  # leaf, grad type
+    grad_writes: list[tuple[int, int, bool]] = field(default_factory=list)  # leaf, out, in place
+    grad_clears: list[int] = field(default_factory=list)                 # leaf -> None
+    scalar_inputs: list[tuple[Callable[[], Any], int, Any]] = field(default_factory=list)
+    internal_writes: list[tuple[Tensor, int]] = field(default_factory=list)  # tensor, output
+    optimizers: list = field(default_factory=list)
+    optimizer_signatures: list = field(default_factory=list)
+    did_backward: bool = False
+
+
+class StateCapture:
+    """The effects of a compiled function on state outside its arguments (module doc)."""
+
+    def __init__(self, trace: GraphTrace, inputs: list[tuple[SymbolicTensor, Tensor]]):
+        self.trace = trace
+        trace.capture = self
+        # Graph input value -> the concrete tensor it stands for at trace time (arguments,
+        # module state, captured tensors). Leaves among them have a .grad slot.
+        self.concrete_of: dict[Value, Tensor] = {}
+        # id(array) of a captured tensor -> (tensor, its symbolic tensor, its graph input)
+        self.external: dict[int, tuple[Tensor, SymbolicTensor, Value]] = {}
+        self.written: dict[int, tuple[Any, SymbolicTensor]] = {}       # internal, written
+        # id(symbolic tensor) -> graph input, for the symbolic tensors that stand for leaves
+        self.leaf_syms: dict[int, Value] = {}
+        self.grads: dict[Value, Tensor | None] = {}                      # leaf -> current grad
+        self.grad_inputs: dict[Value, tuple[SymbolicTensor, Value]] = {}
+        self.grad_guards: dict[Value, tuple | None] = {}
+        self.scalars: list[tuple[Callable[[], Any], SymbolicTensor]] = []
+        self.optimizers: list = []
+        self._optimizer_snapshots: list = []
+        self.did_backward = False
+        self._keep: list = []          # symbolic tensors whose ids key leaf_syms
+        for sym, t in inputs:
+            self._add_leaf(sym, t)
+
+    def _add_leaf(self, sym: SymbolicTensor, t: Tensor) -> None:
+        self.concrete_of[sym._val] = t
+        self.leaf_syms[id(sym)] = sym._val
+        self._keep.append(sym)
+        if sym._requires_grad:
+            self.trace.grad_values.add(sym._val)
+
+    # ------------------------------------------------------------------ tensors
+
+    def is_internal(self, t: Tensor) -> bool:
+        return t._capture_owner is self and id(t._data) not in self.written
+
+    def note_created(self, t: Tensor) -> None:
+        t._capture_owner = self
+
+    def sym_for(self, t: Tensor) -> SymbolicTensor:
+        """The symbolic tensor standing for concrete ``t`` in the graph (its current value)."""
+        key = id(t._data)
+        hit = self.written.get(key)
+        if hit is not None:
+            return hit[1]
+        hit = self.external.get(key)
+        if hit is not None:
+            return hit[1]
+        if t._capture_owner is self:
+            raise AssertionError("internal tensors have no symbolic value until written")
+        value = self.trace._lift(t)
+        sym = SymbolicTensor._make(value, self.trace, t._requires_grad)
+        self._add_leaf(sym, t)
+        self.external[key] = (t, sym, value)
+        return sym
+
+    def operand(self, t: Tensor):
+        """The graph operand of concrete ``t``, or None for an internal constant."""
+        if self.is_internal(t):
+            return None
+        return self.sym_for(t)._value
+
+    def bind_concrete(self, prim, operands, attrs):
+        """A primitive on concrete operands only: eager if they are all internal."""
+        if all(self.is_internal(op) for op in operands):
+            saved = primitive.CAPTURE.pop()
+            try:
+                out = primitive._eager_apply(prim, operands, attrs)
+            finally:
+                primitive.CAPTURE.append(saved)
+            out._capture_owner = self
+            return out
+        return self.trace.process_primitive(prim, operands, attrs)
+
+    def assign_concrete(self, x: Tensor, value: Tensor, op: str) -> Tensor:
+        """An in-place write to concrete ``x``."""
+        if self.is_internal(x) and (value._trace is None and self.is_internal(value)):
+            saved = primitive.CAPTURE.pop()
+            try:
+                return F.assign_(x, value, op)
+            finally:
+                primitive.CAPTURE.append(saved)
+        F._check_inplace(x, op)
+        if x._base is not None:
+            self.refuse(f"{op}: an in-place write to a view of a tensor from outside the "
+                        "compiled function")
+        if self.is_internal(x):
+            sym = SymbolicTensor._make(self.trace.operand(x), self.trace, x._requires_grad)
+            self.written[id(x._data)] = (weakref.ref(x), sym)
+        else:
+            sym = self.sym_for(x)
+        self.trace.assign(sym, value)
+        return x
+
+    def check_concrete(self, t: Tensor, what: str) -> None:
+        if not self.is_internal(t):
+            raise ConcretizationError(
+                f"{what} reads the value of a tensor {_describe(t)} from outside the compiled "
+                f"function{_at()}; its value is only known when the compiled function runs. "
+                "Keep the computation in tensor ops, pass the value as an argument, or run "
+                "this code outside the compiled function.")
+
+    def refuse(self, what: str) -> None:
+        raise ConcretizationError(
+            f"{what}{_at()} cannot be captured in a compiled function. Run it outside the "
+            "compiled function, or compile with fullgraph=False to run this function eagerly.")
+
+    # ------------------------------------------------------------------ .grad slots
+
+    def _leaf(self, t: Tensor) -> Value | None:
+        """The graph input whose .grad slot ``t.grad`` is, or None for a non-leaf."""
+        if isinstance(t, SymbolicTensor):
+            return self.leaf_syms.get(id(t)) if t._tr is self.trace else None
+        if self.is_internal(t):
+            return None
+        self.sym_for(t)
+        hit = self.external.get(id(t._data))
+        return hit[2] if hit is not None else None
+
+    def get_grad(self, t: Tensor):
+        leaf = self._leaf(t)
+        if leaf is None:
+            return t._grad
+        if leaf in self.grads:
+            return self.grads[leaf]
+        concrete = self.concrete_of[leaf]
+        g = concrete._grad
+        self.grad_guards[leaf] = None if g is None else (tuple(g.shape), g.dtype)
+        if g is None:
+            self.grads[leaf] = None
+            return None
+        sym = self.trace.new_input(f"{leaf.name}_grad", TensorType(tuple(g.shape), g.dtype))
+        self.grad_inputs[leaf] = (sym, sym._val)
+        self.grads[leaf] = sym
+        return sym
+
+    def set_grad(self, t: Tensor, value) -> None:
+        leaf = self._leaf(t)
+        if leaf is None:
+            t._grad = value
+            return
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of "
+                                f"type {type(value).__name__}")
+            if tuple(value.shape) != leaf.type.shape:
+                raise RuntimeError(f"assigned grad has data of a different size: "
+                                   f"{list(value.shape)} vs {list(leaf.type.shape)}")
+            value = self._fresh(value)
+        self.grads[leaf] = value
+
+    def _fresh(self, value: Tensor) -> SymbolicTensor:
+        """A tensor object of its own for a .grad slot (in-place ops on one grad must not
+        rebind another that shares the symbolic object)."""
+        return SymbolicTensor._make(self.trace.operand(value), self.trace, value._requires_grad)
+
+    # ------------------------------------------------------------------ backward
+
+    def backward(self, outputs, grad_outputs, create_graph: bool, inputs, accumulate: bool,
+                 allow_unused: bool = False):
+        """``backward()`` / ``autograd.grad`` on traced ``outputs`` (see module doc)."""
+        tr = self.trace
+        outputs = list(outputs)
+        if grad_outputs is not None and not isinstance(grad_outputs, (list, tuple)):
+            grad_outputs = [grad_outputs]
+        seeds: dict[Value, SymbolicTensor] = {}
+        for k, out in enumerate(outputs):
+            if out._trace is not tr:
+                raise RuntimeError("backward() of tensors from different compiled functions or "
+                                   "of an eager tensor mixed with traced ones")
+            if not out._requires_grad:
+                raise RuntimeError(f"element {k} of tensors does not require grad and does not "
+                                   "have a grad_fn")
+            ct = None if grad_outputs is None else grad_outputs[k]
+            if ct is None:
+                if out.numel() != 1:
+                    raise RuntimeError("grad can be implicitly created only for scalar outputs")
+                ct = F.ones_like(out)
+            elif tuple(ct.shape) != tuple(out.shape):
+                raise RuntimeError(f"Mismatch in shape: grad_output[{k}] has a shape of "
+                                   f"{list(ct.shape)} and output[{k}] has a shape of "
+                                   f"{list(out.shape)}.")
+            value = out._value
+            ct = self.trace_operand_tensor(ct)
+            seeds[value] = ct if value not in seeds else seeds[value] + ct
+        from fusegrad.passes.autodiff import _reverse
+        env = _Env(tr)
+        with enable_grad() if create_graph else no_grad():
+            cts = _reverse(tr.graph, tr, env, tr.grad_values, env.get, seeds)
+        self.did_backward = True
+        if not accumulate:
+            results = []
+            for t in inputs:
+                v = t._value if isinstance(t, SymbolicTensor) else self.sym_for(t)._value
+                if v not in tr.grad_values:
+                    raise RuntimeError("One of the differentiated Tensors does not require grad")
+                g = cts.get(v)
+                if g is None and not allow_unused:
+                    raise RuntimeError("One of the differentiated Tensors appears to not have "
+                                       "been used in the graph. Set allow_unused=True if this is "
+                                       "the desired behavior.")
+                results.append(g)
+            return results
+        wanted = None
+        if inputs is not None:
+            wanted = {self._leaf(t) for t in (inputs if isinstance(inputs, (list, tuple))
+                                              else [inputs])}
+        for leaf in list(self.concrete_of):
+            if leaf not in tr.grad_values or (wanted is not None and leaf not in wanted):
+                continue
+            g = cts.get(leaf)
+            if g is None:
+                continue
+            concrete = self.concrete_of[leaf]
+            if not concrete.is_leaf:
+                raise ConcretizationError(
+                    f"backward(){_at()} reached a tensor {_describe(concrete)} that was computed "
+                    "outside the compiled function with autograd history: a compiled function "
+                    "cannot extend an eager autograd graph. Detach it, or compute it inside.")
+            cur = self.get_grad(concrete)
+            if cur is None:
+                self.grads[leaf] = self._fresh(g)
+            elif isinstance(cur, SymbolicTensor) and cur._tr is tr:
+                tr.assign(cur, cur + g)         # AccumulateGrad adds in place
+            else:
+                self.grads[leaf] = self._fresh(cur + g)
+        return None
+
+    def trace_operand_tensor(self, t: Tensor) -> SymbolicTensor:
+        if isinstance(t, SymbolicTensor):
+            return t
+        return SymbolicTensor._make(self.trace.operand(t), self.trace, False)
+
+    # ------------------------------------------------------------------ optimizers
+
+    def enter_optimizer(self, opt) -> list:
+        """Called as ``opt.step()`` starts under this capture: guard its state and make its
+        float learning rates graph inputs. Returns what :meth:`exit_optimizer` restores."""
+        if not any(o is opt for o in self.optimizers):
+            self.optimizers.append(opt)
+            self._optimizer_snapshots.append(_snapshot(opt))
+        replaced = []
+        for group in opt.param_groups:
+            lr = group.get("lr")
+            if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+                sym = self.scalar_input("lr", lambda g=group: g["lr"])
+                replaced.append((group, lr))
+                group["lr"] = sym
+        return replaced
+
+    @staticmethod
+    def exit_optimizer(replaced: list) -> None:
+        for group, lr in replaced:
+            group["lr"] = lr
+
+    def scalar_input(self, name: str, getter: Callable[[], Any]) -> SymbolicTensor:
+        """A float64 0-d input read with ``getter()`` at each call."""
+        sym = self.trace.new_input(name, TensorType((), dtypes.float64))
+        self.scalars.append((getter, sym))
+        return sym
+
+    def rollback(self) -> None:
+        """Undo the Python-level effects of a trace that failed (optimizer state made on a
+        first step), so that running the function eagerly next starts from the same state."""
+        for opt, snap in zip(self.optimizers, self._optimizer_snapshots):
+            _restore(opt, snap)
+
+    def check_hyperparameters(self) -> None:
+        for opt, snap in zip(self.optimizers, self._optimizer_snapshots):
+            for group, saved in zip(opt.param_groups, snap[1]):
+                changed = [k for k, v in saved.items() if k != "params" and group.get(k) is not v
+                           and group.get(k) != v]
+                if changed:
+                    raise ConcretizationError(
+                        f"the compiled function changed the hyperparameters {changed} of "
+                        f"{type(opt).__name__} in Python while it was traced (a scheduler's "
+                        "step()?); such changes happen once, at trace time. Call the scheduler "
+                        "outside the compiled function: learning rates are read at each call.")
+
+    # ------------------------------------------------------------------ the end
+
+    def finish(self, outputs: list, mutations: list, graph) -> CaptureInfo:
+        """Append the outputs that write state back; return how to read and write it."""
+        info = CaptureInfo(optimizers=list(self.optimizers), did_backward=self.did_backward)
+        index = {v: i for i, v in enumerate(graph.inputs)}
+        mutated_inputs = {i for i, _ in mutations}
+        for t, sym, value in self.external.values():
+            i = index[value]
+            if sym._value is not value and i not in mutated_inputs:
+                mutations.append((i, len(outputs)))
+                outputs.append(sym._value)
+        for ref, sym in self.written.values():
+            t = ref()
+            if t is not None:
+                info.internal_writes.append((t, len(outputs)))
+                outputs.append(sym._value)
+        for leaf, (sym, value) in self.grad_inputs.items():
+            info.grad_inputs.append((index[leaf], index[value]))
+        for leaf, g in self.grads.items():
+            if g is None:
+                info.grad_clears.append(index[leaf])
+                continue
+            initial = self.grad_inputs.get(leaf)
+            value = self.trace.operand(g)
+            if initial is not None and value is initial[1]:
+                continue                                    # read, never changed
+            in_place = initial is not None and g is initial[0]
+            info.grad_writes.append((index[leaf], len(outputs), in_place))
+            outputs.append(value)
+        info.grad_guards = [(index[leaf], sig) for leaf, sig in self.grad_guards.items()]
+        info.scalar_inputs = [(getter, index[sym._val], np.float64) for getter, sym in self.scalars]
+        info.optimizer_signatures = [optimizer_signature(o) for o in self.optimizers]
+        return info
+
+
+class _Env(dict):
+    """Value -> symbolic tensor, made on first use (the reverse pass reads operands and
+    results of any recorded node)."""
+
+    def __init__(self, trace: GraphTrace):
+        super().__init__()
+        self.trace = trace
+
+    def __missing__(self, v: Value) -> SymbolicTensor:
+        t = SymbolicTensor._make(v, self.trace, v in self.trace.grad_values)
+        self[v] = t
+        return t
+
+    def get(self, op):   # noqa: A003 - the reverse pass's operand lookup
+        return self[op] if isinstance(op, Value) else literal_tensor(op)
+
+
+def _at() -> str:
+    loc = user_location()
+    return f" at {loc}" if loc else ""
+
+
+def _describe(t: Tensor) -> str:
+    return f"({t.dtype.short}[{','.join(map(str, t.shape))}])"
+
+
+def optimizer_signature(opt) -> tuple:
+    """What a traced optimizer step depends on besides tensor values: hyperparameters other
+    than the learning rate, and per parameter which state it has (identity, shape, dtype)."""
+    parts = []
+    for group in opt.param_groups:
+        hyper = tuple((k, _hashable(v)) for k, v in sorted(group.items())
+                      if k not in ("params", "lr", "param_names"))
+        per_param = []
+        for p in group["params"]:
+            state = opt.state.get(p)
+            items = () if not state else tuple(
+                (k, (id(v), tuple(v.shape), v.dtype) if isinstance(v, Tensor) else _hashable(v))
+                for k, v in sorted(state.items()))
+            per_param.append((id(p), items))
+        parts.append((hyper, tuple(per_param)))
+    return tuple(parts)
+
+
+def _hashable(v):
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return ("id", id(v))
+
+
+def _snapshot(opt) -> tuple:
+    state = {p: dict(s) for p, s in opt.state.items()}
+    groups = [dict(g) for g in opt.param_groups]
+    return state, groups
+
+
+def _restore(opt, snap) -> None:
+    state, groups = snap
+    opt.state.clear()
+    for p, s in state.items():
+        opt.state[p] = dict(s)
+    for group, saved in zip(opt.param_groups, groups):
+        group.clear()
+        group.update(saved)
+
+
+class capturing:
+    """Context: make ``capture`` the innermost state capture (``primitive.CAPTURE``)."""
+
+    def __init__(self, capture: StateCapture):
+        self.capture = capture
+
+    def __enter__(self):
+        primitive.CAPTURE.append(self.capture)
+        self.capture.trace.location = USER_LINE
+        return self.capture
+
+    def __exit__(self, *exc):
+        primitive.CAPTURE.pop()
+        return False
