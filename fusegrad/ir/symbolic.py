@@ -239,11 +239,16 @@ class GraphTrace:
         except (ShapeError, TypeError, IndexError) as e:
             raise type(e)(f"{e}{f' (at {loc})' if loc else ''}") from None
         value = self.graph.add_node(prim, inputs, attrs, loc=loc)
-        requires_grad = (prim.vjp is not None and is_grad_enabled() and
-                         value.type.dtype.is_floating_point and
-                         any(t._requires_grad for t in operands))
+        differentiable = (prim.vjp is not None and value.type.dtype.is_floating_point and
+                          any(t._requires_grad for t in operands))
+        requires_grad = differentiable and is_grad_enabled()
         if requires_grad:
             self.grad_values.add(value)
+        elif differentiable:
+            # Computed under no_grad from values that require grad (a running statistic, an
+            # optimizer update): eager gives it no history, so the graph's own autodiff must
+            # not differentiate through it either.
+            value = self.graph.add_node(P.stop_gradient, [value], {}, loc=loc)
         return SymbolicTensor._make(value, self, requires_grad)
 
     def backward(self, outputs, grad_outputs, create_graph: bool, inputs, accumulate: bool,

@@ -20,8 +20,8 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _refresh_view, run_backward
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
-from fusegrad.ops import prims as P
 from fusegrad.ops import primitive as _primitive
+from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.prims import normalize_axis
 from fusegrad.tensor import Size, Tensor
@@ -77,7 +77,7 @@ def composite(grad_name: str):
             operands = [a for a in args if isinstance(a, Tensor)]
             operands += [v for v in kwargs.values() if isinstance(v, Tensor)]
             if not builtins.any(t._requires_grad for t in operands) or \
-                    builtins.any(t._trace for t in operands):
+                    builtins.any(t._trace for t in operands) or _primitive.CAPTURE:
                 return fn(*args, **kwargs)
             alias_of = {}
             for t in operands:
@@ -177,7 +177,7 @@ def _binary_op(prim, grad_name=None):
 
 def add(x, other, *, alpha=1) -> Tensor:
     """``x + alpha * other``."""
-    if alpha != 1:
+    if isinstance(alpha, Tensor) or alpha != 1:
         other = mul(other, alpha)
     a, b = _promote("add", x, other)
     if a.dtype is dtypes.bool_:
@@ -187,7 +187,7 @@ def add(x, other, *, alpha=1) -> Tensor:
 
 def sub(x, other, *, alpha=1) -> Tensor:
     """``x - alpha * other``."""
-    if alpha != 1:
+    if isinstance(alpha, Tensor) or alpha != 1:
         other = mul(other, alpha)
     a, b = _promote("sub", x, other)
     if a.dtype is dtypes.bool_:

@@ -174,6 +174,11 @@ def bind(prim: Primitive, *operands, **attrs):
 CAPTURE: list = []
 
 
+def is_compiling() -> bool:
+    """Whether a compiled function is being traced now (``torch.compiler.is_compiling``)."""
+    return bool(CAPTURE)
+
+
 def note_created(t) -> None:
     """Mark ``t``, made by a tensor factory, as created by the code being traced (a constant
     of the graph) rather than captured from outside it (an input read at call time)."""

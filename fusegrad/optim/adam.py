@@ -7,6 +7,7 @@ from typing import Any, Callable, Iterable
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops import functional as F
+from fusegrad.ops import primitive
 from fusegrad.ops.creation import tensor
 from fusegrad.optim.optimizer import Optimizer, addcdiv_, addcmul_, lerp_
 
@@ -88,7 +89,16 @@ class Adam(Optimizer):
                 if amsgrad:
                     second = state["max_exp_avg_sq"].copy_(
                         F.maximum(state["max_exp_avg_sq"], exp_avg_sq))
-                if group["capturable"]:
+                if primitive.is_compiling() and not group["capturable"]:
+                    # Traced into a compiled step: the step count is a tensor whose value is
+                    # known at call time only. The same formula as below, in float64 graph
+                    # math instead of Python floats.
+                    step = F.cast(step_t, dtypes.float64)
+                    bias1 = F.rsub(F.pow(beta1, step), 1)
+                    bias2 = F.rsub(F.pow(beta2, step), 1)
+                    denom = F.add(F.div(F.sqrt(second), F.sqrt(bias2)), eps)
+                    addcdiv_(p, exp_avg, denom, F.neg(F.div(lr, bias1)))
+                elif group["capturable"]:
                     # torch's capturable branch: tensor math on the step, no .item().
                     bias1 = F.rsub(F.pow(beta1, step_t), 1)
                     bias2 = F.rsub(F.pow(beta2, step_t), 1)

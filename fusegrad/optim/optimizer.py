@@ -8,6 +8,7 @@ tensor, which functionalization turns into an output written back.
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections import defaultdict
 from itertools import chain
@@ -15,9 +16,27 @@ from typing import Any, Callable, Iterable
 
 from fusegrad.autograd.grad_mode import enable_grad
 from fusegrad.ops import functional as F
+from fusegrad.ops import primitive
 from fusegrad.tensor import Tensor
 
 __all__ = ["Optimizer", "required"]
+
+
+def _captured_step(step: Callable) -> Callable:
+    """Wrap a subclass's ``step`` so that, inside a compiled function being traced, the
+    trace sees the optimizer: its learning rates become inputs read at each call and the
+    structure of its state is guarded (fusegrad.tracer.capture)."""
+    @functools.wraps(step)
+    def wrapper(self, *args, **kwargs):
+        if not primitive.CAPTURE:
+            return step(self, *args, **kwargs)
+        capture = primitive.CAPTURE[-1]
+        replaced = capture.enter_optimizer(self)
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            capture.exit_optimizer(replaced)
+    return wrapper
 
 
 class _RequiredParameter:
@@ -62,6 +81,12 @@ class Optimizer:
     ``"params"`` entry and optional per-group hyperparameters overriding ``defaults``.
     Subclasses implement :meth:`step`; per-parameter state lives in ``self.state[param]``.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if step is not None:
+            cls.step = _captured_step(step)
 
     def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
         self.defaults = defaults

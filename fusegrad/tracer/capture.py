@@ -71,6 +71,7 @@ class CaptureInfo:
     optimizers: list = field(default_factory=list)
     optimizer_signatures: list = field(default_factory=list)
     did_backward: bool = False
+    rollback: Callable[[], None] | None = None   # undo the trace's Python-level effects
 
 
 class StateCapture:
@@ -93,8 +94,12 @@ class StateCapture:
         self.scalars: list[tuple[Callable[[], Any], SymbolicTensor]] = []
         self.optimizers: list = []
         self._optimizer_snapshots: list = []
+        self._optimizer_signatures: list = []
         self.did_backward = False
         self._keep: list = []          # symbolic tensors whose ids key leaf_syms
+        # The storage of every tensor alive before the trace: a tensor made while tracing
+        # is internal unless it aliases one of these.
+        self.old_roots = _live_storage()
         for sym, t in inputs:
             self._add_leaf(sym, t)
 
@@ -108,21 +113,28 @@ class StateCapture:
     # ------------------------------------------------------------------ tensors
 
     def is_internal(self, t: Tensor) -> bool:
-        return t._capture_owner is self and id(t._data) not in self.written
+        if t._capture_owner is not self or id(t._data) in self.written:
+            return False
+        # Made while tracing, but maybe an alias of older storage (p.detach(), p.data).
+        return id(_root(t._data)) not in self.old_roots
 
     def note_created(self, t: Tensor) -> None:
         t._capture_owner = self
 
     def sym_for(self, t: Tensor) -> SymbolicTensor:
-        """The symbolic tensor standing for concrete ``t`` in the graph (its current value)."""
-        key = id(t._data)
-        hit = self.written.get(key)
+        """The symbolic tensor standing for concrete ``t`` in the graph (its current value).
+
+        Captured tensors are keyed by storage, so ``p`` and ``p.detach()`` read the same
+        input, and by ``requires_grad``: the detached alias is an input of its own through
+        which no gradient flows."""
+        hit = self.written.get(id(t._data))
         if hit is not None:
             return hit[1]
+        key = (id(t._data), bool(t._requires_grad))
         hit = self.external.get(key)
         if hit is not None:
             return hit[1]
-        if t._capture_owner is self:
+        if self.is_internal(t):
             raise AssertionError("internal tensors have no symbolic value until written")
         value = self.trace._lift(t)
         sym = SymbolicTensor._make(value, self.trace, t._requires_grad)
@@ -190,7 +202,7 @@ class StateCapture:
         if self.is_internal(t):
             return None
         self.sym_for(t)
-        hit = self.external.get(id(t._data))
+        hit = self.external.get((id(t._data), bool(t._requires_grad)))
         return hit[2] if hit is not None else None
 
     def get_grad(self, t: Tensor):
@@ -315,6 +327,9 @@ class StateCapture:
         if not any(o is opt for o in self.optimizers):
             self.optimizers.append(opt)
             self._optimizer_snapshots.append(_snapshot(opt))
+            # The state the traced step assumes (a first step makes state: the next call
+            # then needs a graph of its own).
+            self._optimizer_signatures.append(optimizer_signature(opt))
         replaced = []
         for group in opt.param_groups:
             lr = group.get("lr")
@@ -357,10 +372,11 @@ class StateCapture:
 
     def finish(self, outputs: list, mutations: list, graph) -> CaptureInfo:
         """Append the outputs that write state back; return how to read and write it."""
-        info = CaptureInfo(optimizers=list(self.optimizers), did_backward=self.did_backward)
+        info = CaptureInfo(optimizers=list(self.optimizers), did_backward=self.did_backward,
+                           rollback=self.rollback)
         index = {v: i for i, v in enumerate(graph.inputs)}
         mutated_inputs = {i for i, _ in mutations}
-        for t, sym, value in self.external.values():
+        for _t, sym, value in self.external.values():
             i = index[value]
             if sym._value is not value and i not in mutated_inputs:
                 mutations.append((i, len(outputs)))
@@ -370,7 +386,17 @@ class StateCapture:
             if t is not None:
                 info.internal_writes.append((t, len(outputs)))
                 outputs.append(sym._value)
-        for leaf, (sym, value) in self.grad_inputs.items():
+        for opt in self.optimizers:
+            # State made from traced values on a first step (SGD's momentum buffer is a clone
+            # of the gradient): a tensor of its own, filled at each call of this graph.
+            for state in opt.state.values():
+                for k, v in list(state.items()):
+                    if isinstance(v, SymbolicTensor):
+                        t = Tensor._wrap(np.zeros(v.shape, v.dtype.np_dtype), v.dtype)
+                        state[k] = t
+                        info.internal_writes.append((t, len(outputs)))
+                        outputs.append(self.trace.operand(v))
+        for leaf, (_sym, value) in self.grad_inputs.items():
             info.grad_inputs.append((index[leaf], index[value]))
         for leaf, g in self.grads.items():
             if g is None:
@@ -385,8 +411,28 @@ class StateCapture:
             outputs.append(value)
         info.grad_guards = [(index[leaf], sig) for leaf, sig in self.grad_guards.items()]
         info.scalar_inputs = [(getter, index[sym._val], np.float64) for getter, sym in self.scalars]
-        info.optimizer_signatures = [optimizer_signature(o) for o in self.optimizers]
+        info.optimizer_signatures = list(self._optimizer_signatures)
         return info
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _live_storage() -> dict[int, np.ndarray]:
+    """id -> array for the storage of every concrete tensor alive now (held, so that ids
+    stay unique while the trace runs)."""
+    import gc
+    out = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, Tensor) and not isinstance(obj, SymbolicTensor):
+            data = getattr(obj, "_data", None)
+            if isinstance(data, np.ndarray):
+                root = _root(data)
+                out[id(root)] = root
+    return out
 
 
 class _Env(dict):

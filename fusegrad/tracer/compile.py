@@ -226,6 +226,9 @@ class CompiledFunction:
         entry = self._lookup(key, leaves)
         if entry is None:
             entry = self._compile(key, args, kwargs)
+            # Lowering runs nothing: state a trace made (an optimizer's first-step state) is
+            # taken back, so the entry's guards send the next call to a trace of its own.
+            entry.info.capture.rollback()
             self.cache.setdefault(key, []).append(entry)
         prog = entry.program
         return Lowered(entry.optimized, prog.kernels() if prog else [],
@@ -551,17 +554,45 @@ def _diff(old, new) -> str:
     return "a new signature"
 
 
+TORCH_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums=(),  # noqa: A001
             static_argnames=(), donate_argnums=(), fullgraph: bool = False,
-            pipeline: str | None = None, **torch_options):
+            pipeline: str | None = None, dynamic: bool | None = None, mode: str | None = None,
+            options: dict | None = None, disable: bool = False):
     """Compile ``fn`` (a function or an ``nn.Module``) to fused kernels.
 
     Usable as ``@fusegrad.compile``, ``@fusegrad.compile(fullgraph=True)`` or
-    ``fusegrad.compile(model)``. Options: ``backend`` ("llvm" or "interpreter"),
-    ``static_argnums``/``static_argnames`` (Python values baked into the trace),
-    ``donate_argnums`` (accepted; outputs may reuse those inputs' buffers), ``fullgraph``.
-    torch.compile's ``mode``/``dynamic`` keywords are accepted and ignored.
+    ``fusegrad.compile(model)``. A whole training step compiles to one graph:
+    ``opt.zero_grad(); loss.backward(); opt.step()`` inside the function are captured, and
+    parameters, ``.grad`` and optimizer state are updated in place after each call.
+
+    Options: ``backend`` ("llvm", or "interpreter" to run the graph on numpy; torch's
+    "inductor" means "llvm"), ``static_argnums``/``static_argnames`` (Python values baked into
+    the trace), ``donate_argnums`` (outputs may reuse those inputs' buffers), ``fullgraph``
+    (raise instead of running eagerly what cannot be traced), ``pipeline`` (the passes before
+    fusion). torch.compile's ``mode`` names are accepted (there is one mode: each call runs
+    the fused kernels with no per-call compilation); ``dynamic=True`` (symbolic shapes) is not
+    supported and raises; ``disable=True`` returns ``fn`` unchanged; ``options`` has no keys
+    that fusegrad reads, so any key raises.
     """
+    if mode not in TORCH_MODES:
+        raise RuntimeError(f"Unrecognized mode={mode}, should be one of: "
+                           f"{', '.join(m for m in TORCH_MODES if m)}")
+    if mode is not None and options is not None:
+        raise RuntimeError("Either mode or options can be specified, but both can't be "
+                           "specified at the same time.")
+    if options:
+        raise RuntimeError(f"fusegrad.compile: unsupported options {sorted(options)}: fusegrad "
+                           "has no such settings (see the docstring for what it supports)")
+    if dynamic:
+        raise NotImplementedError("fusegrad.compile(dynamic=True): symbolic shapes are not "
+                                  "supported yet; each new input shape compiles once (guarded "
+                                  "by shape), so leave dynamic unset or False")
+    if disable:
+        return fn if fn is not None else (lambda f: f)
+
     def wrap(f):
         return CompiledFunction(f, backend=backend, static_argnums=static_argnums,
                                 static_argnames=static_argnames, donate_argnums=donate_argnums,

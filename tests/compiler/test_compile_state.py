@@ -1,0 +1,559 @@
+"""fusegrad.compile and state outside the arguments: training steps, captured tensors and
+Python values, module flags, optimizer state, and the effects it refuses.
+
+Each compiled result is checked against the same code run eagerly.
+"""
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad.ir.symbolic import ConcretizationError
+
+F = fg.nn.functional
+
+
+def mlp(seed=0, sizes=(6, 16, 3)):
+    fg.manual_seed(seed)
+    return fg.nn.Sequential(fg.nn.Linear(sizes[0], sizes[1]), fg.nn.ReLU(),
+                            fg.nn.Linear(sizes[1], sizes[2]))
+
+
+def data(seed=1, n=32, d=6, k=3):
+    rng = np.random.RandomState(seed)
+    return (fg.tensor(rng.randn(n, d).astype(np.float32)),
+            fg.tensor(rng.randint(0, k, n)))
+
+
+def params(m):
+    return [p.detach().numpy().copy() for p in m.parameters()]
+
+
+def grads(m):
+    return [None if p.grad is None else p.grad.numpy().copy() for p in m.parameters()]
+
+
+def assert_close_lists(a, b, rtol=1e-5, atol=1e-6):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        if x is None or y is None:
+            assert x is None and y is None
+        else:
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+
+
+def train(make_opt, compiled: bool, steps: int, **compile_kw):
+    m = mlp()
+    opt = make_opt(m.parameters())
+    x, y = data()
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    f = fg.compile(step, fullgraph=True, **compile_kw) if compiled else step
+    losses = [float(f(x, y)) for _ in range(steps)]
+    return losses, m, opt, f
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: fg.optim.SGD(p, lr=0.1),
+    "sgd-momentum": lambda p: fg.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-3),
+    "sgd-nesterov": lambda p: fg.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True),
+    "adam": lambda p: fg.optim.Adam(p, lr=1e-2),
+    "adam-amsgrad": lambda p: fg.optim.Adam(p, lr=1e-2, amsgrad=True, weight_decay=1e-2),
+    "adamw": lambda p: fg.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+    "adamw-amsgrad": lambda p: fg.optim.AdamW(p, lr=1e-2, amsgrad=True),
+}
+
+
+# --------------------------------------------------------------------------- training steps
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_compiled_training_step_equals_eager(name):
+    steps = 12
+    le, me, oe, _ = train(OPTIMIZERS[name], False, steps)
+    lc, mc, oc, f = train(OPTIMIZERS[name], True, steps)
+    np.testing.assert_allclose(lc, le, rtol=1e-5)
+    assert le[-1] < le[0]
+    assert_close_lists(params(mc), params(me))
+    assert_close_lists(grads(mc), grads(me))
+    # Optimizer state holds what eager holds, as tensors of the same type.
+    for pe, pc in zip(me.parameters(), mc.parameters()):
+        se, sc = oe.state[pe], oc.state[pc]
+        assert sorted(se) == sorted(sc)
+        for k in se:
+            if isinstance(se[k], fg.Tensor):
+                assert sc[k].dtype is se[k].dtype
+                np.testing.assert_allclose(sc[k].numpy(), se[k].numpy(), rtol=1e-5, atol=1e-7)
+            else:
+                assert sc[k] == se[k]
+    # First step (no .grad, no state yet) and the steady step: two graphs, then hits.
+    assert f.compiles == 2
+
+
+def test_adam_fifty_steps_within_float32_rounding():
+    le, me, _, _ = train(OPTIMIZERS["adam"], False, 50)
+    lc, mc, _, f = train(OPTIMIZERS["adam"], True, 50)
+    for a, b in zip(params(mc), params(me)):
+        assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b))
+    assert f.compiles == 2
+
+
+def test_training_step_is_one_graph_with_backward_and_update():
+    m = mlp()
+    opt = fg.optim.SGD(m.parameters(), lr=0.1)
+    x, y = data()
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    f = fg.compile(step)
+    f(x, y)
+    before = params(m)
+    lowered = f.lower(x, y)
+    # The forward's 2 matmuls and the backward's 3 (both weight gradients, and the hidden
+    # layer's; the input needs none), and the updates' outputs.
+    matmuls = [n for n in lowered.graph.nodes if n.prim.name == "matmul"]
+    assert len(matmuls) == 2 + 3
+    n_params = len(list(m.parameters()))
+    assert len(lowered.graph.outputs) == 1 + 2 * n_params    # loss, new params, new grads
+    # Lowering runs nothing.
+    assert_close_lists(params(m), before)
+
+
+def test_parameters_updated_in_place_and_grads_kept():
+    m = mlp()
+    opt = fg.optim.SGD(m.parameters(), lr=0.1)
+    x, y = data()
+    storage = [p.data_ptr() for p in m.parameters()]
+
+    @fg.compile
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(3):
+        loss = step(x, y)
+    assert [p.data_ptr() for p in m.parameters()] == storage
+    assert all(p.is_leaf and p.requires_grad and p.grad_fn is None for p in m.parameters())
+    assert not loss.requires_grad
+    # The gradient left in .grad is the last step's, as eager leaves it.
+    me = mlp()
+    oe = fg.optim.SGD(me.parameters(), lr=0.1)
+    for _ in range(3):
+        oe.zero_grad()
+        F.cross_entropy(me(x), y).backward()
+        oe.step()
+    assert_close_lists(grads(m), grads(me))
+
+
+def test_gradient_accumulation_over_several_backward_calls():
+    def run(compiled):
+        m = mlp()
+        opt = fg.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        x, y = data()
+
+        def step(x, y):
+            opt.zero_grad()
+            for k in range(2):
+                (F.cross_entropy(m(x[k * 16:(k + 1) * 16]), y[k * 16:(k + 1) * 16]) / 2).backward()
+            opt.step()
+        f = fg.compile(step, fullgraph=True) if compiled else step
+        for _ in range(4):
+            f(x, y)
+        return params(m), grads(m)
+    pe, ge = run(False)
+    pc, gc = run(True)
+    assert_close_lists(pc, pe)
+    assert_close_lists(gc, ge)
+
+
+def test_backward_without_zero_grad_accumulates_across_calls():
+    def run(compiled):
+        m = mlp()
+        x, y = data()
+
+        def f(x, y):
+            F.cross_entropy(m(x), y).backward()
+        g = fg.compile(f, fullgraph=True) if compiled else f
+        for _ in range(3):
+            g(x, y)
+        return grads(m)
+    ge = run(False)
+    gc = run(True)
+    assert_close_lists(gc, ge)
+
+
+def test_grad_of_an_argument_requiring_grad():
+    w = fg.randn(4, 3)
+
+    def f(x):
+        (x @ w).tanh().sum().backward()
+    x1 = fg.randn(5, 4, requires_grad=True)
+    x2 = fg.tensor(x1.detach().numpy(), requires_grad=True)
+    f(x1)
+    fg.compile(f, fullgraph=True)(x2)
+    np.testing.assert_allclose(x2.grad.numpy(), x1.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_autograd_grad_inside_a_compiled_function():
+    w = fg.randn(3, requires_grad=True)
+
+    def f(x):
+        y = (x * w).sin().sum()
+        (g,) = fg.autograd.grad(y, [w])
+        return g
+    x = fg.randn(3)
+    np.testing.assert_allclose(fg.compile(f, fullgraph=True)(x).numpy(), f(x).numpy(),
+                               rtol=1e-6)
+    assert w.grad is None
+
+
+def test_learning_rate_is_an_input_no_recompile():
+    def run(compiled):
+        m = mlp()
+        opt = fg.optim.Adam(m.parameters(), lr=1e-2)
+        x, y = data()
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        f = fg.compile(step, fullgraph=True) if compiled else step
+        for k in range(6):
+            for group in opt.param_groups:
+                group["lr"] = 1e-2 / (k + 1)           # a scheduler, outside the step
+            f(x, y)
+        return params(m), f
+    pe, _ = run(False)
+    pc, f = run(True)
+    assert_close_lists(pc, pe)
+    assert f.compiles == 2
+
+
+def test_changing_hyperparameters_inside_the_step_is_refused():
+    m = mlp()
+    opt = fg.optim.SGD(m.parameters(), lr=0.1)
+    x, y = data()
+
+    def step(x, y):
+        opt.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        opt.step()
+        opt.param_groups[0]["lr"] *= 0.5
+
+    with pytest.raises(ConcretizationError, match="scheduler"):
+        fg.compile(step, fullgraph=True)(x, y)
+    assert opt.param_groups[0]["lr"] == 0.1
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_loss_returned_with_other_outputs():
+    def run(compiled):
+        m = mlp()
+        opt = fg.optim.SGD(m.parameters(), lr=0.1)
+        x, y = data()
+
+        def step(x, y):
+            opt.zero_grad()
+            logits = m(x)
+            loss = F.cross_entropy(logits, y)
+            loss.backward()
+            opt.step()
+            acc = (logits.argmax(1) == y).float().mean()
+            return {"loss": loss, "logits": logits, "acc": acc}
+        f = fg.compile(step, fullgraph=True) if compiled else step
+        return [f(x, y) for _ in range(3)]
+    for oe, oc in zip(run(False), run(True)):
+        for k in ("loss", "logits", "acc"):
+            np.testing.assert_allclose(oc[k].detach().numpy(), oe[k].detach().numpy(),
+                                       rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_in_a_compiled_step_is_reproducible_from_the_seed():
+    def run(compiled):
+        fg.manual_seed(0)
+        m = fg.nn.Sequential(fg.nn.Linear(6, 16), fg.nn.Dropout(0.3), fg.nn.Linear(16, 3))
+        opt = fg.optim.SGD(m.parameters(), lr=0.1)
+        x, y = data()
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        f = fg.compile(step, fullgraph=True) if compiled else step
+        fg.manual_seed(5)
+        return [float(f(x, y)) for _ in range(4)], params(m)
+    le, pe = run(False)
+    lc, pc = run(True)
+    np.testing.assert_allclose(lc, le, rtol=1e-5)
+    assert_close_lists(pc, pe)
+
+
+def test_train_and_eval_between_calls():
+    fg.manual_seed(0)
+    m = fg.nn.Sequential(fg.nn.Linear(4, 4), fg.nn.Dropout(0.5))
+    cm = fg.compile(m)
+    x = fg.randn(8, 4)
+    cm(x)
+    m[1].eval()                       # only the submodule's flag changes
+    np.testing.assert_allclose(cm(x).detach().numpy(), m(x).detach().numpy(), rtol=1e-6)
+    m.train()
+    fg.manual_seed(3)
+    a = cm(x)
+    fg.manual_seed(3)
+    b = m(x)
+    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-6)
+
+
+def test_compiled_optimizer_step_alone():
+    def run(compiled):
+        p = fg.nn.Parameter(fg.tensor([1.0, -2.0, 3.0]))
+        opt = fg.optim.Adam([p], lr=0.1)
+        step = fg.compile(opt.step) if compiled else opt.step
+        for k in range(4):
+            p.grad = fg.tensor([0.5, 1.0, -1.0]) * (k + 1)
+            step()
+        return p.detach().numpy().copy(), opt.state[p]["step"].item()
+    pe, se = run(False)
+    pc, sc = run(True)
+    np.testing.assert_allclose(pc, pe, rtol=1e-6)
+    assert sc == se == 4.0
+
+
+# --------------------------------------------------------------------------- captured values
+
+
+def test_captured_tensor_is_read_at_call_time():
+    scale = fg.ones(3)
+    f = fg.compile(lambda x: x * scale)
+    x = fg.tensor([1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(f(x).numpy(), [1, 2, 3])
+    scale.mul_(5)
+    np.testing.assert_array_equal(f(x).numpy(), [5, 10, 15])
+    assert f.compiles == 1
+
+
+def test_rebinding_a_captured_global_recompiles():
+    global _SCALE
+    _SCALE = fg.ones(3)
+    f = fg.compile(lambda x: x * _SCALE)
+    x = fg.tensor([1.0, 2.0, 3.0])
+    f(x)
+    _SCALE = fg.full((2, 3), 2.0)               # another tensor, another shape
+    np.testing.assert_array_equal(f(x).numpy(), np.full((2, 3), 2.0) * [1, 2, 3])
+
+
+def test_changing_a_captured_python_float_recompiles():
+    k = 2.0
+    f = fg.compile(lambda x: x * k)
+    x = fg.tensor([1.0, 2.0])
+    np.testing.assert_array_equal(f(x).numpy(), [2, 4])
+    k = 10.0
+    np.testing.assert_array_equal(f(x).numpy(), [10, 20])
+
+
+def test_teacher_updated_by_ema_is_seen():
+    fg.manual_seed(0)
+    student, teacher = fg.nn.Linear(3, 2), fg.nn.Linear(3, 2)
+    predict = fg.compile(lambda x: teacher(x))
+    x = fg.randn(4, 3)
+    predict(x)
+    with fg.no_grad():
+        for pt, ps in zip(teacher.parameters(), student.parameters()):
+            pt.mul_(0.5).add_(ps, alpha=0.5)
+    np.testing.assert_allclose(predict(x).detach().numpy(), teacher(x).detach().numpy(),
+                               rtol=1e-6)
+
+
+def test_buffer_updated_in_a_compiled_module():
+    class RunningMean(fg.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = fg.nn.Linear(3, 3)
+            self.register_buffer("mean", fg.zeros(3))
+
+        def forward(self, x):
+            y = self.lin(x)
+            if self.training:
+                with fg.no_grad():
+                    self.mean.mul_(0.9).add_(y.mean(0), alpha=0.1)
+            return y - self.mean
+
+    fg.manual_seed(0)
+    m = RunningMean()
+    fg.manual_seed(0)
+    e = RunningMean()
+    cm = fg.compile(m)
+    x = fg.randn(5, 3)
+    for _ in range(3):
+        cm(x).sum().backward()
+        e(x).sum().backward()
+    assert m.mean.grad_fn is None and not m.mean.requires_grad
+    np.testing.assert_allclose(m.mean.numpy(), e.mean.numpy(), rtol=1e-6)
+    assert_close_lists(grads(m), grads(e))
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def line_of(fn, text):
+    import inspect
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+def test_item_of_a_captured_tensor_refused_with_the_line():
+    count = fg.tensor(3.0)
+
+    def f(x):
+        return x * count.item()
+    with pytest.raises(ConcretizationError, match=rf"item\(\).*:{line_of(f, 'item()')}"):
+        fg.compile(f, fullgraph=True)(fg.ones(2))
+    # Without fullgraph it runs eagerly, reading the value each call, with one warning.
+    g = fg.compile(f)
+    with pytest.warns(UserWarning, match="eagerly"):
+        g(fg.ones(2))
+    count.fill_(4.0)
+    np.testing.assert_array_equal(g(fg.ones(2)).numpy(), [4, 4])
+
+
+def test_failed_trace_leaves_optimizer_state_as_eager_would():
+    m = mlp()
+    opt = fg.optim.Adam(m.parameters(), lr=1e-2)
+    x, y = data()
+    seen = []
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        seen.append(loss.item())                 # cannot be traced: runs eagerly
+        return loss
+    f = fg.compile(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f(x, y)
+    assert opt.state[next(iter(m.parameters()))]["step"].item() == 1.0
+
+
+def test_backward_in_plain_trace_is_refused():
+    w = fg.randn(3, requires_grad=True)
+    with pytest.raises(ConcretizationError, match="fusegrad.grad"):
+        fg.trace(lambda x: (x * w).sum().backward(), fg.randn(3))
+
+
+@pytest.mark.parametrize("what", ["retain_grad", "register_hook"])
+def test_hooks_and_retain_grad_refused(what):
+    w = fg.randn(3, requires_grad=True)
+
+    def f(x):
+        h = x * w
+        if what == "retain_grad":
+            h.retain_grad()
+        else:
+            h.register_hook(lambda g: g * 2)
+        h.sum().backward()
+    with pytest.raises(ConcretizationError, match=what):
+        fg.compile(f, fullgraph=True)(fg.randn(3))
+
+
+def test_assigning_data_refused():
+    p = fg.nn.Parameter(fg.ones(3))
+
+    def f(x):
+        p.data = x
+    with pytest.raises(ConcretizationError, match=r"\.data"):
+        fg.compile(f, fullgraph=True)(fg.randn(3))
+
+
+def test_inplace_on_leaf_requiring_grad_raises_as_eager():
+    p = fg.nn.Parameter(fg.ones(3))
+    msg = "a leaf Variable that requires grad is being used in an in-place operation."
+    with pytest.raises(RuntimeError, match=re.escape(msg)):
+        p.add_(1)
+    with pytest.raises(RuntimeError, match=re.escape(msg)):
+        fg.compile(lambda x: p.add_(x), fullgraph=True)(fg.ones(3))
+    np.testing.assert_array_equal(p.detach().numpy(), [1, 1, 1])
+
+
+def test_backward_into_eager_history_refused():
+    w = fg.randn(3, requires_grad=True)
+    h = w * 2                                        # eager history outside
+
+    def f(x):
+        (x * h).sum().backward()
+    with pytest.raises(ConcretizationError, match="eager autograd graph"):
+        fg.compile(f, fullgraph=True)(fg.randn(3))
+
+
+# --------------------------------------------------------------------------- options
+
+
+def test_compile_options_do_what_torch_documents_or_raise():
+    f = lambda x: x * 2                              # noqa: E731
+    with pytest.raises(RuntimeError, match="Unrecognized mode=bogus"):
+        fg.compile(f, mode="bogus")
+    assert fg.compile(f, disable=True) is f
+    assert fg.compile(disable=True)(f) is f
+    with pytest.raises(RuntimeError, match="unsupported options"):
+        fg.compile(f, options={"trace.enabled": True})
+    with pytest.raises(RuntimeError, match="Either mode or options"):
+        fg.compile(f, mode="max-autotune", options={})
+    with pytest.raises(NotImplementedError, match="dynamic"):
+        fg.compile(f, dynamic=True)
+    for mode in ("default", "reduce-overhead", "max-autotune"):
+        np.testing.assert_array_equal(fg.compile(f, mode=mode, dynamic=False)(fg.ones(2)).numpy(),
+                                      [2, 2])
+    g = fg.compile(f, backend="inductor")
+    assert g.backend == "llvm"
+
+
+def test_composite_op_on_a_captured_parameter_gets_its_gradient():
+    fg.manual_seed(0)
+    pos = fg.nn.Embedding(5, 3)
+
+    def f(x):
+        (x * pos(fg.arange(5))).sum().backward()    # arange made inside: a constant
+    x = fg.randn(5, 3)
+    fg.compile(f, fullgraph=True)(x)
+    np.testing.assert_allclose(pos.weight.grad.numpy(), x.numpy(), rtol=1e-6)
+
+
+def test_detached_alias_of_a_parameter_is_read_at_call_time_without_gradient():
+    p = fg.nn.Parameter(fg.tensor([1.0, 2.0]))
+
+    def f(x):
+        (x * p.detach() + x * p).sum().backward()
+    g = fg.compile(f, fullgraph=True)
+    x = fg.tensor([3.0, 4.0], requires_grad=True)
+    g(x)
+    np.testing.assert_allclose(p.grad.numpy(), [3, 4])
+    np.testing.assert_allclose(x.grad.numpy(), [2, 4])
+    with fg.no_grad():
+        p.mul_(10)
+    p.grad = None
+    x.grad = None
+    g(x)
+    np.testing.assert_allclose(x.grad.numpy(), [20, 40])
+    np.testing.assert_allclose(p.grad.numpy(), [3, 4])
