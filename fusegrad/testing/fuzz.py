@@ -385,8 +385,8 @@ def _check(program: Program, settings: Settings, index: int, result: Result) -> 
         with fg.enable_grad():
             ins = _tensors(arrays, program, True)
             eager_grads, eager_flags = _grads(_flat(fn(*ins)), ins)
-    except Exception as e:  # noqa: BLE001
-        result.mismatches.append(Mismatch("grad:eager", "backward", _error(e)))
+    except Exception as e:  # noqa: BLE001 - eager autograd rejects it: no reference
+        result.invalid = f"eager backward raised {type(e).__name__}: {e}"
         return
     if llvm:
         _, ins, outs = llvm
@@ -557,6 +557,10 @@ def _fused_half_rounding(program: Program, m: Mismatch) -> bool:
 
 
 KNOWN: dict[str, Known] = {
+    "fused-backward-nan-after-min": Known(
+        "1", "the fused backward of a min/max reduction followed by more ops gives NaN",
+        lambda p, m: m.stage == "grad:llvm" and "(nan)" in m.message
+        and _uses(p, "amin", "amax", "min", "max")),
     "sin-cos-huge": Known(
         "2", "compiled sin, cos (and tan) lose their range reduction above about 1e6",
         lambda p, m: m.stage.startswith(("llvm", "grad:llvm")) and _uses(p, "sin", "cos", "tan")
@@ -793,6 +797,7 @@ def _run_parent(args) -> int:
             seconds += rec["seconds"]
             if report_file:
                 report_file.write(line)
+                report_file.flush()
             if rec["invalid"]:
                 invalid += 1
             for m in rec["mismatches"]:

@@ -180,7 +180,8 @@ def make_array(spec: Input) -> np.ndarray:
             mask = rng.random(n) < 0.5
             flat[mask] = rng.choice(specials, int(mask.sum()))
     np_dtype = dt.np_dtype
-    return np.ascontiguousarray(flat.reshape(spec.shape).astype(np_dtype))
+    # (not np.ascontiguousarray: it turns a 0-d array into a 1-d one)
+    return flat.astype(np_dtype).reshape(spec.shape).copy(order="C")
 
 
 # --------------------------------------------------------------------------- choices
@@ -626,7 +627,9 @@ def _draw_inplace(b: _Builder) -> Op | None:
         return Op("inplace", (t,), (name, c.choice((-1.0, 0.0, -2.5)), c.choice((1.0, 2.0, 0.5))))
     if name in ("relu_", "neg_"):
         return Op("inplace", (t,), (name,))
-    if c.boolean():
+    if name == "mul_" or c.boolean():
+        # (x.mul_(y) saves x for y's gradient and then overwrites it: eager rightly raises
+        # in backward, so a tensor operand only goes to add_ and sub_)
         return Op("inplace", (t,), (name, c.choice(SCALARS)))
     shape = b.shape(t)
     fits = [i for i in b.ids() if i != t and _broadcasts(b.shape(i), shape)

@@ -54,7 +54,7 @@ def _check(program: Program, options: Settings) -> None:
     assert not result.unexplained, "\n" + report(result)
 
 
-@settings(max_examples=200, derandomize=True, deadline=None, database=None,
+@settings(max_examples=150, derandomize=True, deadline=None, database=None,
           suppress_health_check=HEALTH)
 @given(st.data())
 def test_random_programs(data):
@@ -62,7 +62,7 @@ def test_random_programs(data):
 
 
 @pytest.mark.slow
-@settings(max_examples=60, derandomize=True, deadline=None, database=None,
+@settings(max_examples=40, derandomize=True, deadline=None, database=None,
           suppress_health_check=HEALTH)
 @given(st.data())
 def test_random_programs_longer(data):
