@@ -11,6 +11,7 @@ deleter). bfloat16 is type code ``kDLBfloat`` = 4 with 16 bits and 1 lane, as in
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -40,7 +41,8 @@ class DLManagedTensor(ctypes.Structure):
     pass
 
 
-_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+# Takes the DLManagedTensor's address (a plain integer: no conversion that could fail).
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
                             ("deleter", _DELETER)]
 
@@ -50,34 +52,113 @@ def _capi(name: str, restype, *argtypes):
     return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
 
 
-_capsule_new = _capi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
+_capsule_new = _capi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_void_p,
                      ctypes.c_void_p)
 _capsule_pointer = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object,
                          ctypes.c_char_p)
 _capsule_set_name = _capi("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
 _capsule_is_valid = _capi("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
-# The capsule destructor receives the capsule while it is being freed: these take it as a
-# plain address (a py_object argument would resurrect the dying capsule).
-_raw_name = _capi("PyCapsule_GetName", ctypes.c_char_p, ctypes.c_void_p)
-_raw_pointer = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
-
 # Exported tensors alive on the consumer's side, by the address of their DLManagedTensor: the
 # struct, its shape and strides arrays and the numpy array whose memory it lends.
 _exported: dict[int, tuple] = {}
+_NAME_BUFFER = ctypes.create_string_buffer(_CAPSULE)
+_NAME_ADDRESS = ctypes.addressof(_NAME_BUFFER)
 
 
-def _release(managed_ptr) -> None:
-    _exported.pop(ctypes.cast(managed_ptr, ctypes.c_void_p).value, None)
-
-
-def _destroy_capsule(capsule_addr) -> None:
-    # An unconsumed capsule (still named "dltensor"): nobody took ownership, so free it here.
-    if _raw_name(capsule_addr) == _CAPSULE:
-        _exported.pop(_raw_pointer(capsule_addr, _CAPSULE), None)
+def _release(managed_addr: int) -> None:
+    _exported.pop(managed_addr, None)
 
 
 _release_fn = _DELETER(_release)
-_destroy_capsule_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_destroy_capsule)
+
+# The capsule destructor runs while the capsule is freed, possibly with an exception pending
+# (a consumer that refused the capsule, as np.from_dlpack does for bfloat16). A Python
+# callback cannot run then (ctypes reports and clears the pending error), so the destructor
+# is compiled: it saves the error, calls the tensor's deleter if the capsule is unconsumed
+# (still named "dltensor"), and restores the error, as dlpack.h's reference destructor does.
+_DESTRUCTOR_IR = """
+@table = internal global [5 x i8*] zeroinitializer
+
+define void @fg_dlpack_set_table(i8** %t) {
+entry:
+  %dst = bitcast [5 x i8*]* @table to i8**
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %loop]
+  %src.p = getelementptr i8*, i8** %t, i64 %i
+  %v = load i8*, i8** %src.p
+  %dst.p = getelementptr i8*, i8** %dst, i64 %i
+  store i8* %v, i8** %dst.p
+  %next = add i64 %i, 1
+  %done = icmp eq i64 %next, 5
+  br i1 %done, label %exit, label %loop
+exit:
+  ret void
+}
+
+define void @fg_dlpack_capsule_destructor(i8* %capsule) {
+entry:
+  %err = alloca [3 x i8*]
+  %e0 = getelementptr [3 x i8*], [3 x i8*]* %err, i64 0, i64 0
+  %e1 = getelementptr [3 x i8*], [3 x i8*]* %err, i64 0, i64 1
+  %e2 = getelementptr [3 x i8*], [3 x i8*]* %err, i64 0, i64 2
+  %tab = bitcast [5 x i8*]* @table to i8**
+  %fetch.p = getelementptr i8*, i8** %tab, i64 0
+  %fetch.raw = load i8*, i8** %fetch.p
+  %fetch = bitcast i8* %fetch.raw to void (i8**, i8**, i8**)*
+  call void %fetch(i8** %e0, i8** %e1, i8** %e2)
+  %valid.p = getelementptr i8*, i8** %tab, i64 2
+  %valid.raw = load i8*, i8** %valid.p
+  %valid.fn = bitcast i8* %valid.raw to i32 (i8*, i8*)*
+  %name.p = getelementptr i8*, i8** %tab, i64 4
+  %name = load i8*, i8** %name.p
+  %valid = call i32 %valid.fn(i8* %capsule, i8* %name)
+  %is.valid = icmp ne i32 %valid, 0
+  br i1 %is.valid, label %free, label %restore
+free:
+  %getp.p = getelementptr i8*, i8** %tab, i64 3
+  %getp.raw = load i8*, i8** %getp.p
+  %getp = bitcast i8* %getp.raw to i8* (i8*, i8*)*
+  %managed = call i8* %getp(i8* %capsule, i8* %name)
+  %deleter.addr = getelementptr i8, i8* %managed, i64 DELETER_OFFSET
+  %deleter.pp = bitcast i8* %deleter.addr to void (i8*)**
+  %deleter = load void (i8*)*, void (i8*)** %deleter.pp
+  %has.deleter = icmp ne void (i8*)* %deleter, null
+  br i1 %has.deleter, label %call, label %restore
+call:
+  call void %deleter(i8* %managed)
+  br label %restore
+restore:
+  %r.p = getelementptr i8*, i8** %tab, i64 1
+  %r.raw = load i8*, i8** %r.p
+  %restore.fn = bitcast i8* %r.raw to void (i8*, i8*, i8*)*
+  %v0 = load i8*, i8** %e0
+  %v1 = load i8*, i8** %e1
+  %v2 = load i8*, i8** %e2
+  call void %restore.fn(i8* %v0, i8* %v1, i8* %v2)
+  ret void
+}
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _capsule_destructor() -> int:
+    """Address of the compiled capsule destructor (compiled on the first bfloat16 export)."""
+    from fusegrad.runtime.jit import compile_ir
+    ir_text = _DESTRUCTOR_IR.replace("DELETER_OFFSET", str(DLManagedTensor.deleter.offset))
+    module = compile_ir(ir_text, ["fg_dlpack_set_table", "fg_dlpack_capsule_destructor"])
+    api = ctypes.pythonapi
+    table = (ctypes.c_void_p * 5)(*(ctypes.cast(getattr(api, name), ctypes.c_void_p).value
+                                    for name in ("PyErr_Fetch", "PyErr_Restore",
+                                                 "PyCapsule_IsValid", "PyCapsule_GetPointer")),
+                                  _NAME_ADDRESS)
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(module.address("fg_dlpack_set_table"))(
+        ctypes.addressof(table))
+    _keep_alive.append(module)
+    return module.address("fg_dlpack_capsule_destructor")
+
+
+_keep_alive: list = []
 
 
 def export_capsule(array: np.ndarray, code: int, bits: int):
@@ -104,7 +185,7 @@ def export_capsule(array: np.ndarray, code: int, bits: int):
     managed.deleter = _release_fn
     address = ctypes.addressof(managed)
     _exported[address] = (managed, shape, strides, array)
-    return _capsule_new(address, _CAPSULE, ctypes.cast(_destroy_capsule_fn, ctypes.c_void_p))
+    return _capsule_new(address, _NAME_ADDRESS, _capsule_destructor())
 
 
 class _Owner:
@@ -117,7 +198,7 @@ class _Owner:
     def __del__(self) -> None:
         managed = DLManagedTensor.from_address(self._managed)
         if managed.deleter:
-            managed.deleter(ctypes.pointer(managed))
+            managed.deleter(self._managed)
 
 
 def import_capsule(capsule) -> tuple[np.ndarray, int, int]:
@@ -146,7 +227,7 @@ def import_capsule(capsule) -> tuple[np.ndarray, int, int]:
     _capsule_set_name(capsule, _USED_CAPSULE)
     if 0 in shape:
         if managed.deleter:
-            managed.deleter(ctypes.pointer(managed))
+            managed.deleter(addr)
         return np.empty(shape, dtype=f"<u{itemsize}"), code, bits
     interface = {"shape": shape, "typestr": f"<u{itemsize}", "data": (t.data + t.byte_offset, False),
                  "strides": strides, "version": 3}
