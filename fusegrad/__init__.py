@@ -158,6 +158,7 @@ from fusegrad.tracer import (  # noqa: E402
     vjp,
 )
 
+# isort: split
 # Checkpoints, safetensors, dtype limits and the kernel thread count.
 from fusegrad import safetensors  # noqa: E402
 from fusegrad.runtime.cpu import get_num_threads, set_num_threads  # noqa: E402

@@ -84,6 +84,7 @@ def _serialize(tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None
         bad = [k for k, v in metadata.items() if not isinstance(k, str) or not isinstance(v, str)]
         if bad:
             raise TypeError(f"safetensors metadata must map str to str; offending keys: {bad}")
+    arrays = {name: _as_array(name, t) for name, t in tensors.items()}   # validates first
     order = sorted(tensors, key=lambda n: (-_RANK[_TO_CODE[tensors[n].dtype]], n))
     header: dict = {}
     if metadata is not None:
@@ -91,7 +92,7 @@ def _serialize(tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None
     chunks, offset = [], 0
     for name in order:
         t = tensors[name]
-        data = to_little_endian_bytes(_as_array(name, t))
+        data = to_little_endian_bytes(arrays[name])
         header[name] = {"dtype": _TO_CODE[t.dtype], "shape": [int(d) for d in t.shape],
                         "data_offsets": [offset, offset + len(data)]}
         offset += len(data)
