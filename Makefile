@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench lint clean
+.PHONY: test demo bench lint clean fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# A long differential fuzzing run (docs/fuzzing.md): 10,000 random programs or 30 minutes.
+fuzz: $(STAMP)
+	$(PY) -m fusegrad.testing.fuzz --programs 10000 --budget 1800
 
 lint: $(STAMP)
 	$(PY) -m pip install --quiet ruff && $(VENV)/bin/ruff check fusegrad tests benchmarks examples

@@ -413,7 +413,15 @@ class Tensor:
         return format(repr(self), spec)
 
     def __dlpack__(self, stream=None, **kwargs):
+        """A DLPack capsule sharing this tensor's memory (``torch.from_dlpack`` and
+        ``np.from_dlpack`` consume it). bfloat16 is exported as DLPack's kDLBfloat."""
         self._check_concrete("__dlpack__()")
+        if self._requires_grad:
+            raise RuntimeError("Can't export tensors that require gradient, use tensor.detach()")
+        if self._dtype is dtypes.bfloat16:
+            # numpy cannot export ml_dtypes' bfloat16; the struct is built by hand.
+            from fusegrad.dlpack import KDL_BFLOAT, export_capsule
+            return export_capsule(self._data.view(np.uint16), KDL_BFLOAT, 16)
         return self._data.__dlpack__(**{k: v for k, v in kwargs.items()
                                         if k in ("max_version", "copy", "dl_device")})
 

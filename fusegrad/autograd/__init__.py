@@ -12,7 +12,7 @@ from fusegrad.autograd.grad_mode import (
 
 __all__ = ["Node", "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled",
            "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "gradcheck",
-           "Function"]
+           "Function", "functional"]
 
 
 def __getattr__(name):
@@ -23,6 +23,9 @@ def __getattr__(name):
     if name == "gradgradcheck":
         from fusegrad.autograd.gradcheck import gradgradcheck
         return gradgradcheck
+    if name == "functional":
+        import importlib
+        return importlib.import_module("fusegrad.autograd.functional")
     if name == "Function":
         from fusegrad.autograd.function import Function
         return Function

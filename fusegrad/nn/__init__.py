@@ -5,9 +5,9 @@
 >>> loss = torch.nn.CrossEntropyLoss()(model(torch.randn(3, 4)), torch.tensor([0, 1, 1]))
 """
 
-from fusegrad.nn import functional, init  # noqa: F401
+from fusegrad.nn import functional, init, utils  # noqa: F401
 from fusegrad.nn.modules import *  # noqa: F401,F403
 from fusegrad.nn.modules import __all__ as _modules_all
 from fusegrad.nn.parameter import Parameter
 
-__all__ = ["Parameter", "functional", "init"] + list(_modules_all)
+__all__ = ["Parameter", "functional", "init", "utils"] + list(_modules_all)

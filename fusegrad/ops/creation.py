@@ -127,7 +127,18 @@ def from_dlpack(ext) -> Tensor:
     """Zero-copy import of any object with ``__dlpack__`` (numpy, torch, jax arrays)."""
     if isinstance(ext, Tensor):
         return ext
-    arr = np.from_dlpack(ext)
+    try:
+        arr = np.from_dlpack(ext)
+    except (BufferError, RuntimeError) as numpy_error:
+        # numpy has no bfloat16: read DLPack's kDLBfloat (code 4, 16 bits) by hand.
+        from fusegrad.dlpack import KDL_BFLOAT, import_capsule
+        if not hasattr(ext, "__dlpack__"):
+            raise
+        raw, code, bits = import_capsule(ext.__dlpack__())
+        if (code, bits) != (KDL_BFLOAT, 16):
+            raise BufferError(f"from_dlpack: unsupported DLPack type code {code} with {bits} "
+                              f"bits ({numpy_error})") from None
+        return Tensor._wrap(raw.view(dtypes.bfloat16.np_dtype), dtypes.bfloat16)
     return Tensor._wrap(arr, dtypes.from_numpy_dtype(arr.dtype))
 
 

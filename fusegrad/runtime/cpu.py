@@ -36,7 +36,7 @@ from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
 from fusegrad.runtime import jit
 
-__all__ = ["Program", "thread_pool"]
+__all__ = ["Program", "thread_pool", "set_num_threads", "get_num_threads"]
 
 # Eager ops are silent about NaN and Inf (fusegrad.ops.prims filters numpy's RuntimeWarnings
 # for its module); so are the numpy calls that compiled programs make (BLAS products).
@@ -73,13 +73,35 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+_pool_workers = 0
+
+
 def thread_pool() -> ThreadPoolExecutor:
-    global _pool
+    """The kernel worker pool: ``config.num_threads - 1`` workers beside the caller's thread,
+    remade when the thread count changed (``set_num_threads``, a config reload)."""
+    global _pool, _pool_workers
     with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(1, config.num_threads - 1),
-                                       thread_name_prefix="fusegrad")
+        workers = max(1, config.num_threads - 1)
+        if _pool is None or _pool_workers != workers:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fusegrad")
+            _pool_workers = workers
         return _pool
+
+
+def set_num_threads(num: int) -> None:
+    """Split large kernels across ``num`` threads (``torch.set_num_threads``; the default is
+    ``FUSEGRAD_NUM_THREADS`` or the number of cores)."""
+    num = int(num)
+    if num <= 0:
+        raise RuntimeError(f"set_num_threads expects a positive integer, got {num}")
+    config.num_threads = num
+
+
+def get_num_threads() -> int:
+    """The number of threads large kernels are split across."""
+    return config.num_threads
 
 
 @dataclass

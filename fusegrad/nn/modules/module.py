@@ -14,6 +14,8 @@ import warnings
 from collections import OrderedDict, namedtuple
 from typing import Callable, Iterator, Mapping
 
+import numpy as np
+
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.nn.parameter import Parameter
@@ -509,7 +511,7 @@ class Module:
                 if strict:
                     missing_keys.append(key)
                 continue
-            value = state_dict[key]
+            value = _checkpoint_tensor(state_dict[key])
             if not isinstance(value, Tensor):
                 error_msgs.append(f'While copying the parameter named "{key}", expected '
                                   f"torch.Tensor or Tensor-like object from checkpoint but "
@@ -600,6 +602,33 @@ class Module:
             else:
                 main += "\n  " + "\n  ".join(lines) + "\n"
         return main + ")"
+
+
+def _checkpoint_tensor(value):
+    """A checkpoint entry as a fusegrad tensor: torch tensors (any object with ``__dlpack__``
+    or ``.numpy()``) and numpy arrays are copied into one; anything else is returned as is,
+    for the caller to report."""
+    if isinstance(value, Tensor) or value is None or isinstance(value, (str, bytes, int, float)):
+        return value
+    from fusegrad.ops.creation import from_dlpack, tensor
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu()    # torch: dlpack refuses tensors that require grad
+    if hasattr(value, "__dlpack__"):
+        try:
+            return tensor(from_dlpack(value))
+        except (BufferError, RuntimeError, TypeError):
+            pass    # e.g. a dtype DLPack cannot carry: try the array protocols below
+    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
+        try:
+            value = value.numpy()
+        except (RuntimeError, TypeError, ValueError):
+            return value
+    if isinstance(value, np.ndarray) or hasattr(value, "__array__"):
+        try:
+            return tensor(np.asarray(value))
+        except TypeError:
+            return value
+    return value
 
 
 def _warn_legacy_reduction(size_average, reduce) -> str:

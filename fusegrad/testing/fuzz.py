@@ -1,0 +1,909 @@
+"""A differential fuzzer: random programs run every way fusegrad can run them, compared.
+
+Each program (see :mod:`fusegrad.testing.programs`) runs
+
+- eagerly (the reference), with gradients through the tape for float inputs that require grad;
+- traced and run by the IR interpreter after each pipeline of :data:`PIPELINES`;
+- compiled by the LLVM backend after the default pipeline, with inputs requiring grad, so the
+  compiled backward is checked too, and after one more pipeline of :data:`LLVM_PIPELINES`
+  (which one turns with the program's number);
+- eagerly in float64 against central finite differences, when the program is smooth and its
+  inputs are finite (this checks the VJP rules themselves).
+
+Values must agree within :func:`tolerance`: exact for integers and bools; NaN where eager has
+NaN and nowhere else; infinities of the same sign; floats within a relative tolerance per
+dtype, grown with the number of ops and with the square root of the elements summed, plus an
+absolute tolerance proportional to the largest finite magnitude the output depends on (what
+cancellation can leave). A mismatch that a defect already reported explains is filtered by
+:data:`KNOWN` (each entry names its item in issue 8); delete an entry when its fix lands.
+
+Command line (``make fuzz``)::
+
+    python -m fusegrad.testing.fuzz --programs 10000 --budget 1800 --jobs 2
+
+runs programs ``0..N-1`` of ``--seed`` in worker processes of ``--chunk`` programs each (a
+crash or a hang, past ``--timeout`` seconds for one program, is reported as a failure and the
+worker restarts after it), prints each unexplained mismatch with its program as fusegrad code,
+reduced to a minimal program (``--no-shrink`` to skip), and a summary; it exits with status 1
+when a mismatch is unexplained. ``--index I`` re-runs one program and prints its IR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import queue
+import random
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import ml_dtypes
+import numpy as np
+
+import fusegrad as fg
+from fusegrad.testing.programs import (
+    FLOAT_DTYPES,
+    HALF_DTYPES,
+    NON_SMOOTH,
+    Op,
+    Program,
+    RandomChoices,
+    ReplayChoices,
+    describe,
+    generate,
+    namespace,
+    op_name,
+)
+
+__all__ = ["PIPELINES", "LLVM_PIPELINES", "KNOWN", "Known", "Mismatch", "Result", "Settings",
+           "check_program", "program_for", "shrink", "report", "main"]
+
+# Interpreter pipelines; " " is no pass at all (an empty string means the default).
+PIPELINES = (" ", "simplify,cse,dce", "fold,simplify,cse,dce", "fold", "cse,dce", "simplify")
+# The default pipeline always runs on LLVM (with gradients); one of the others per program.
+LLVM_PIPELINES = ("simplify,cse,dce", " ", "fold,simplify,cse,dce", "fold,cse")
+
+# Base relative tolerance per float dtype: a few units in the last place of one op.
+RTOL = {"float64": 1e-11, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Mismatch:
+    """One disagreement: ``stage`` (``llvm[simplify,cse,dce]``, ``grad:llvm``, ``fd``, ...),
+    where (``out[1]``, ``grad v0``), what, and the :data:`KNOWN` entry explaining it."""
+
+    stage: str
+    where: str
+    message: str
+    known: str | None = None
+
+    def __str__(self) -> str:
+        tag = f" (known: {self.known})" if self.known else ""
+        return f"{self.stage} {self.where}: {self.message}{tag}"
+
+
+@dataclass
+class Result:
+    """What one program did: its mismatches, whether eager rejected it, how long it took."""
+
+    program: Program
+    mismatches: list[Mismatch] = field(default_factory=list)
+    invalid: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def unexplained(self) -> list[Mismatch]:
+        return [m for m in self.mismatches if m.known is None]
+
+
+@dataclass
+class Settings:
+    """Which ways to run each program."""
+
+    pipelines: tuple[str, ...] = PIPELINES
+    llvm_pipelines: tuple[str, ...] = LLVM_PIPELINES
+    grads: bool = True
+    finite_differences: bool = True
+    extra_llvm: bool = True          # one more LLVM pipeline besides the default
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def _np64(t) -> np.ndarray:
+    a = t.detach().numpy() if isinstance(t, fg.Tensor) else np.asarray(t)
+    if a.dtype == ml_dtypes.bfloat16 or a.dtype == np.float16:
+        a = a.astype(np.float32)
+    return a
+
+
+def tolerance(dtype: str, n_ops: int, n_summed: int, magnitude: float) -> tuple[float, float]:
+    """(rtol, atol) for a float output of ``dtype`` computed by ``n_ops`` ops, summing up to
+    ``n_summed`` elements into one, from values of at most ``magnitude`` (finite)."""
+    rtol = RTOL[dtype] * (1 + 0.5 * n_ops) * math.sqrt(max(n_summed, 1))
+    tiny = float(ml_dtypes.finfo(ml_dtypes.bfloat16).tiny if dtype == "bfloat16"
+                 else np.finfo(dtype).tiny)
+    return rtol, rtol * magnitude + 4 * tiny
+
+
+def compare(got, want, rtol: float, atol: float) -> str | None:
+    """None if tensor ``got`` matches ``want``; else what differs, at the worst element."""
+    if got is None or want is None:
+        return None if got is want else f"got {got!r}, expected {want!r}"
+    if got.dtype is not want.dtype:
+        return f"dtype {got.dtype.name}, expected {want.dtype.name}"
+    if tuple(got.shape) != tuple(want.shape):
+        return f"shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    g, w = _np64(got), _np64(want)
+    if not want.dtype.is_floating_point:
+        bad = np.argwhere(g != w)
+        if len(bad):
+            i = tuple(bad[0])
+            return f"{len(bad)} of {w.size} differ; at {list(i)}: {g[i]!r}, expected {w[i]!r}"
+        return None
+    g64, w64 = g.astype(np.float64), w.astype(np.float64)
+    nan_g, nan_w = np.isnan(g64), np.isnan(w64)
+    finite = np.isfinite(g64) & np.isfinite(w64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.where(finite, np.abs(g64 - w64) - (atol + rtol * np.abs(w64)), 0.0)
+    bad = (nan_g != nan_w) | (~finite & ~nan_g & ~nan_w & (g64 != w64)) | (err > 0)
+    if not bad.any():
+        return None
+    score = np.where(bad, np.where(finite, err, np.inf), -np.inf)
+    i = np.unravel_index(int(np.argmax(score)), w.shape) if w.ndim else ()
+    return (f"{int(bad.sum())} of {w.size} differ; worst at {list(i)}: {g64[i]!r}, expected "
+            f"{w64[i]!r} (rtol {rtol:.2g}, atol {atol:.2g})")
+
+
+def _flat(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def _ancestors(program: Program, i: int) -> set[int]:
+    seen, stack = set(), [i]
+    while stack:
+        j = stack.pop()
+        if j in seen:
+            continue
+        seen.add(j)
+        node = program.nodes[j]
+        if isinstance(node, Op):
+            stack.extend(node.args)
+    return seen
+
+
+def _finite_max(t) -> float:
+    if t is None or not isinstance(t, fg.Tensor) or not t.dtype.is_floating_point:
+        return 0.0
+    a = _np64(t).astype(np.float64)
+    a = np.abs(a[np.isfinite(a)])
+    return float(a.max()) if a.size else 0.0
+
+
+def _all_values(program: Program, arrays: list[np.ndarray], fg_module=None) -> list:
+    """Every node's value, eagerly (after the whole program ran: in-place ops show)."""
+    every = Program(program.nodes, list(range(len(program.nodes))))
+    body = every.source().replace("def program(", "def program_all(")
+    scope = dict(namespace(fg_module))
+    exec(compile(body, "<fuzz program>", "exec"), scope)  # noqa: S102
+    ins = [fg.from_numpy(a.copy()) for a in arrays]
+    with fg.no_grad():
+        return list(scope["program_all"](*ins))
+
+
+@dataclass
+class _Scale:
+    n_ops: int
+    n_summed: int
+    magnitude: float
+    dtype: str | None = None     # the least precise float dtype the output depends on
+
+
+# Ops whose result can cancel: an error of one ulp of their operands is an absolute error
+# of that size in the result, however small the result.
+CANCELLING = {"add", "sub", "+", "-", "sum", "mean", "var", "std", "logsumexp", "matmul",
+              "softmax", "log_softmax", "layer_norm", "add_", "sub_", "where", "cat"}
+
+
+def _scales(program: Program, values: list) -> list[_Scale]:
+    """Per output: the ops it depends on, the elements a reduction it depends on sums, and
+    the largest finite magnitude among the operands of the cancelling ops it depends on."""
+    summed = {}
+    for i, node in enumerate(program.nodes):
+        if isinstance(node, Op):
+            src = values[node.args[0]]
+            if node.kind == "reduce":
+                summed[i] = max(1, src.numel() // max(1, values[i].numel()))
+            elif node.kind == "softmax":
+                summed[i] = int(src.shape[node.params[1]]) if src.ndim else 1
+            elif node.kind == "layer_norm":
+                summed[i] = math.prod(src.shape[-node.params[0]:])
+            elif node.kind == "matmul":
+                summed[i] = int(src.shape[-1])
+    out = []
+    for i in program.outputs:
+        anc = _ancestors(program, i)
+        ops = [j for j in anc if isinstance(program.nodes[j], Op)]
+        magnitude = max((_finite_max(values[a]) for j in ops
+                         if op_name(program.nodes[j]) in CANCELLING
+                         for a in program.nodes[j].args), default=0.0)
+        floats = [values[j].dtype.name for j in anc if isinstance(values[j], fg.Tensor)
+                  and values[j].dtype.is_floating_point]
+        least = max(floats, key=RTOL.__getitem__, default=None)
+        out.append(_Scale(len(ops), math.prod(summed.get(j, 1) for j in ops), magnitude,
+                          least))
+    return out
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _tensors(arrays: list[np.ndarray], program: Program, grad: bool) -> list:
+    out = []
+    for a, spec in zip(arrays, program.inputs):
+        t = fg.from_numpy(a.copy())
+        if grad and spec.requires_grad:
+            t.requires_grad_()
+        out.append(t)
+    return out
+
+
+def _cotangents(outs: list, seed: int = 7) -> list:
+    rng = np.random.default_rng(seed)
+    return [fg.from_numpy(rng.standard_normal(tuple(o.shape)).astype(np.float64)).to(o.dtype)
+            for o in outs]
+
+
+def _grads(outs: list, inputs: list) -> tuple[list, list[bool]]:
+    """Gradients of sum(out * cotangent) for the inputs that require grad (None: unused)."""
+    flags = [isinstance(o, fg.Tensor) and o.requires_grad for o in outs]
+    diff = [o for o, f in zip(outs, flags) if f]
+    wrt = [t for t in inputs if t.requires_grad]
+    if not diff or not wrt:
+        return [None] * len(wrt), flags
+    grads = fg.autograd.grad(diff, wrt, _cotangents(diff), allow_unused=True)
+    return [None if g is None else g.detach() for g in grads], flags
+
+
+class _Fg16As32:
+    """``fusegrad`` with float16 and bfloat16 read as a wider float: runs a program with its
+    16-bit intermediates unrounded, or all in float64 (``wide=fg.float64``)."""
+
+    def __init__(self, wide=fg.float32, all_floats: bool = False):
+        self._wide = wide
+        self._names = FLOAT_DTYPES if all_floats else HALF_DTYPES
+
+    def __getattr__(self, name):
+        return self._wide if name in self._names else getattr(fg, name)
+
+
+def _run_wide(program: Program, arrays: list[np.ndarray], wide, all_floats: bool,
+              grad: bool = False):
+    """The program run eagerly with 16-bit (or all) float dtypes replaced by ``wide``."""
+    names = FLOAT_DTYPES if all_floats else HALF_DTYPES
+    fn = program.function(namespace(_Fg16As32(wide, all_floats)))
+    ins = []
+    for a, spec in zip(arrays, program.inputs):
+        t = fg.from_numpy(a.copy())
+        if spec.dtype in names:
+            t = t.to(wide).detach()
+        if grad and spec.requires_grad:
+            t.requires_grad_()
+        ins.append(t)
+    return fn, ins
+
+
+def check_program(program: Program, settings: Settings | None = None, index: int = 0) -> Result:
+    """Run ``program`` every way (see the module docstring) and list the mismatches, each
+    marked with the :data:`KNOWN` entry that explains it, if any."""
+    settings = settings or Settings()
+    start = time.perf_counter()
+    result = Result(program)
+    try:
+        _check(program, settings, index, result)
+    finally:
+        result.seconds = time.perf_counter() - start
+    for m in result.mismatches:
+        m.known = explain(program, m)
+    return result
+
+
+def _check(program: Program, settings: Settings, index: int, result: Result) -> None:
+    arrays = program.arrays()
+    fn = program.function()
+    want_grad = settings.grads and any(s.requires_grad for s in program.inputs)
+    # Eager: the reference.
+    try:
+        with fg.enable_grad():
+            ins = _tensors(arrays, program, want_grad)
+            want = [o.detach() if isinstance(o, fg.Tensor) else o for o in _flat(fn(*ins))]
+            eager_out = _flat(fn(*_tensors(arrays, program, False))) if not want_grad else None
+    except Exception as e:  # noqa: BLE001 - a program eager rejects is not a compiler bug
+        result.invalid = f"eager raised {type(e).__name__}: {e}"
+        return
+    del eager_out
+    scales = _scales(program, _all_values(program, arrays))
+
+    def check_values(stage: str, got) -> None:
+        got = _flat(got)
+        if len(got) != len(want):
+            result.mismatches.append(Mismatch(stage, "outputs", f"{len(got)} outputs, "
+                                              f"expected {len(want)}"))
+            return
+        for k, (g, w) in enumerate(zip(got, want)):
+            # A float64 result of float32 math is as accurate as float32.
+            dt = max((w.dtype.name, scales[k].dtype or w.dtype.name), key=RTOL.get) \
+                if w.dtype.is_floating_point else None
+            rtol, atol = (tolerance(dt, scales[k].n_ops, scales[k].n_summed,
+                                    scales[k].magnitude)
+                          if w.dtype.is_floating_point else (0.0, 0.0))
+            msg = compare(g, w, rtol, atol)
+            if msg:
+                result.mismatches.append(Mismatch(stage, f"out[{k}]", msg))
+
+    def run_compiled(stage: str, make: Callable, grad: bool):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cf = make()
+                with fg.set_grad_enabled(grad):
+                    ins = _tensors(arrays, program, grad)
+                    return cf, ins, _flat(cf(*ins))
+        except Exception as e:  # noqa: BLE001 - eager ran it: any error is a mismatch
+            result.mismatches.append(Mismatch(stage, "call", _error(e)))
+            return None
+
+    for p in settings.pipelines:
+        stage = f"interpreter[{p.strip()}]"
+        run = run_compiled(stage, lambda p=p: fg.compile(fn, backend="interpreter", pipeline=p,
+                                                         fullgraph=True), False)
+        if run:
+            check_values(stage, run[2])
+
+    llvm = run_compiled("llvm", lambda: fg.compile(fn, fullgraph=True), want_grad)
+    if llvm:
+        check_values("llvm", llvm[2])
+    if settings.extra_llvm and len(settings.llvm_pipelines) > 1:
+        p = settings.llvm_pipelines[1 + index % (len(settings.llvm_pipelines) - 1)]
+        stage = f"llvm[{p.strip()}]"
+        run = run_compiled(stage, lambda: fg.compile(fn, pipeline=p, fullgraph=True), False)
+        if run:
+            check_values(stage, run[2])
+
+    if not want_grad:
+        return
+    # Gradients: eager tape against the compiled backward.
+    try:
+        with fg.enable_grad():
+            ins = _tensors(arrays, program, True)
+            eager_grads, eager_flags = _grads(_flat(fn(*ins)), ins)
+    except Exception as e:  # noqa: BLE001 - eager autograd rejects it: no reference
+        result.invalid = f"eager backward raised {type(e).__name__}: {e}"
+        return
+    if llvm:
+        _, ins, outs = llvm
+        try:
+            with fg.enable_grad():
+                got_grads, flags = _grads(outs, ins)
+        except Exception as e:  # noqa: BLE001
+            result.mismatches.append(Mismatch("grad:llvm", "backward", _error(e)))
+            got_grads, flags = None, eager_flags
+        if flags != eager_flags:
+            result.mismatches.append(Mismatch("grad:llvm", "requires_grad",
+                                              f"outputs requiring grad {flags}, eager "
+                                              f"{eager_flags}"))
+        elif got_grads is not None:
+            _check_grads(program, "grad:llvm", got_grads, eager_grads, result, scales)
+    if settings.finite_differences:
+        _check_finite_differences(program, arrays, result)
+
+
+def _grad_tolerance(program: Program, g, scales: list[_Scale]) -> tuple[float, float]:
+    n_ops = len(program.ops)
+    n_summed = max(s.n_summed for s in scales) * max(1, max(o.numel() for o in [g]))
+    rtol = RTOL[g.dtype.name] * (2 + n_ops) * math.sqrt(max(n_summed, 1))
+    return rtol, rtol * max(_finite_max(g), 1e-30) + 1e-30
+
+
+def _check_grads(program: Program, stage: str, got: list, want: list, result: Result,
+                 scales: list[_Scale]) -> None:
+    names = [f"v{i}" for i, s in zip(program.input_ids, program.inputs) if s.requires_grad]
+    for name, g, w in zip(names, got, want):
+        if (g is None) != (w is None):
+            # An unused input: None from one side, zeros from the other is the same thing.
+            t = g if g is not None else w
+            if not np.all(_np64(t) == 0):
+                result.mismatches.append(Mismatch(stage, f"grad {name}",
+                                                  f"{'got' if g is not None else 'missing'} "
+                                                  "a gradient where the other has none"))
+            continue
+        if g is None:
+            continue
+        rtol, atol = _grad_tolerance(program, w, scales)
+        msg = compare(g, w, rtol, atol)
+        if msg:
+            result.mismatches.append(Mismatch(stage, f"grad {name}", msg))
+
+
+def smooth(program: Program) -> bool:
+    """No op with a kink or a jump, and no 16-bit or integer float conversion."""
+    return not (program.op_kinds() & NON_SMOOTH)
+
+
+def _check_finite_differences(program: Program, arrays: list[np.ndarray], result: Result,
+                              max_points: int = 8) -> None:
+    """Eager gradients in float64 against central differences, on a few elements."""
+    rg = [k for k, s in enumerate(program.inputs) if s.requires_grad]
+    if not smooth(program) or any(program.inputs[k].values not in ("normal", "positive")
+                                  for k in rg):
+        return
+    if any(not np.all(np.isfinite(a.astype(np.float64))) for a in arrays
+           if a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16):
+        return
+    wide = [a.astype(np.float64) if (a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16)
+            else a for a in arrays]
+    fn = program.function(namespace(_Fg16As32(fg.float64, all_floats=True)))
+
+    def loss(ins) -> tuple:
+        outs = [o for o in _flat(fn(*ins)) if isinstance(o, fg.Tensor)
+                and o.dtype.is_floating_point]
+        return outs
+
+    with fg.enable_grad():
+        ins = [fg.from_numpy(a.copy()) for a in wide]
+        for k in rg:
+            ins[k].requires_grad_()
+        outs = [o for o in loss(ins) if o.requires_grad]
+        if not outs:
+            return
+        cts = _cotangents(outs)
+        grads = fg.autograd.grad(outs, [ins[k] for k in rg], cts, allow_unused=True)
+    flags = [o.requires_grad for o in loss([fg.from_numpy(a.copy()).requires_grad_()
+                                            if k in rg else fg.from_numpy(a.copy())
+                                            for k, a in enumerate(wide)])]
+
+    def value(arrs) -> float:
+        with fg.no_grad():
+            outs = [o for o, f in zip(loss([fg.from_numpy(a) for a in arrs]), flags) if f]
+            return float(sum(np.sum(_np64(o) * _np64(c)) for o, c in zip(outs, cts)))
+
+    rng = random.Random(0)
+    for k, g in zip(rg, grads):
+        a = wide[k]
+        if a.size == 0:
+            continue
+        gk = np.zeros(a.shape) if g is None else _np64(g)
+        for flat in rng.sample(range(a.size), min(a.size, max_points)):
+            idx = np.unravel_index(flat, a.shape) if a.ndim else ()
+            x = float(a[idx])
+            h = 1e-6 * max(1.0, abs(x))
+            est = []
+            for step in (h, h / 8):
+                plus, minus = [w.copy() for w in wide], [w.copy() for w in wide]
+                plus[k][idx] = x + step
+                minus[k][idx] = x - step
+                est.append((value(plus) - value(minus)) / (2 * step))
+            scale = max(1.0, abs(est[0]), float(np.max(np.abs(gk))) if gk.size else 1.0)
+            # Both steps must disagree with the gradient: one can straddle a rounding jump.
+            if all(abs(e - gk[idx]) > 1e-4 * scale for e in est):
+                result.mismatches.append(Mismatch(
+                    "fd", f"grad v{program.input_ids[k]}{list(idx)}",
+                    f"eager float64 gradient {gk[idx]!r}, central differences {est[0]!r}"))
+                return
+
+
+def _error(e: BaseException) -> str:
+    text = f"raised {type(e).__name__}: {e}"
+    return text if len(text) < 400 else text[:400] + "..."
+
+
+# --------------------------------------------------------------------------- known defects
+
+
+@dataclass(frozen=True)
+class Known:
+    """A defect already reported (``item`` in issue 8) and how to recognise its mismatches."""
+
+    item: str
+    description: str
+    applies: Callable[[Program, Mismatch], bool]
+
+
+def _uses(program: Program, *names: str) -> bool:
+    return bool(program.op_kinds() & set(names))
+
+
+def _has_values(program: Program, *kinds: str) -> bool:
+    return any(s.values in kinds for s in program.inputs)
+
+
+def _is_value(m: Mismatch) -> bool:
+    return not m.stage.startswith(("grad", "fd")) and m.where != "call"
+
+
+def _fused_half_rounding(program: Program, m: Mismatch) -> bool:
+    """Item 5: compiled matches the program run with unrounded 16-bit intermediates."""
+    if not m.stage.startswith("llvm") or not m.where.startswith("out[") or \
+            not (program.dtypes() & set(HALF_DTYPES)):
+        return False
+    k = int(m.where[4:-1])
+    arrays = program.arrays()
+    try:
+        fn, ins = _run_wide(program, arrays, fg.float32, all_floats=False)
+        with fg.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            wide = _flat(fn(*ins))[k]
+            want = _flat(program.function()(*_tensors(arrays, program, False)))[k]
+            pipeline = m.stage[5:-1] if "[" in m.stage else None
+            got = _flat(fg.compile(program.function(), pipeline=pipeline, fullgraph=True)(
+                *_tensors(arrays, program, False)))[k]
+    except Exception:  # noqa: BLE001
+        return False
+    if not isinstance(wide, fg.Tensor):
+        return False
+    wide = wide.to(want.dtype)
+    rtol, atol = (RTOL.get(want.dtype.name, 0.0) * 4, 0.0)
+    if want.dtype.is_floating_point:
+        atol = rtol * max(_finite_max(want), _finite_max(got))
+    return compare(got, wide, rtol, atol) is None
+
+
+KNOWN: dict[str, Known] = {
+    "fused-backward-nan-after-min": Known(
+        "1", "the fused backward of a min/max reduction followed by more ops gives NaN",
+        lambda p, m: m.stage == "grad:llvm" and "(nan)" in m.message
+        and _uses(p, "amin", "amax", "min", "max")),
+    "sin-cos-huge": Known(
+        "2", "compiled sin, cos (and tan) lose their range reduction above about 1e6",
+        lambda p, m: m.stage.startswith(("llvm", "grad:llvm")) and _uses(p, "sin", "cos", "tan")
+        and _has_values(p, "special", "wide")),
+    "fmod-floordiv-edges": Known(
+        "3", "fmod, remainder and floor division at huge, zero and infinite operands",
+        lambda p, m: _uses(p, "fmod", "remainder", "floor_divide", "//", "%")
+        and (_has_values(p, "special", "wide") or _is_value(m))),
+    "exp2-log2-half": Known(
+        "4", "exp2/log2 on float16/bfloat16 scale by ln 2 rounded to 16 bits",
+        lambda p, m: _uses(p, "exp2", "log2") and bool(p.dtypes() & set(HALF_DTYPES))),
+    "fused-half-rounding": Known(
+        "5", "fusion keeps float16/bfloat16 intermediates in float32",
+        _fused_half_rounding),
+    "pow-exp2-precision": Known(
+        "7", "compiled pow and exp2 are off by up to ~100 ulp",
+        lambda p, m: _uses(p, "pow", "**", "exp2") and "differ" in m.message),
+    "nan-cast-to-int": Known(
+        "10", "casts of NaN, Inf and out-of-range floats to integers differ",
+        lambda p, m: _uses(p, "cast") and _has_values(p, "special", "wide")),
+    "nan-grad-nonsmooth": Known(
+        "10", "gradients at NaN of clamp, abs, maximum, minimum, amax/amin differ",
+        lambda p, m: m.stage.startswith("grad") and _has_values(p, "special", "wide")
+        and _uses(p, "clamp", "clamp_", "abs", "maximum", "minimum", "amax", "amin", "max", "min",
+                  "relu", "relu_")),
+    "cat-cos-erf-compile-time": Known(
+        "9", "compiling cat followed by cos/erf chains takes minutes in LLVM's O3",
+        lambda p, m: m.stage == "timeout" and _uses(p, "cat", "stack")
+        and _uses(p, "cos", "sin", "erf", "gelu")),
+}
+
+
+def explain(program: Program, m: Mismatch) -> str | None:
+    """The :data:`KNOWN` entry that explains ``m``, or None."""
+    for name, known in KNOWN.items():
+        try:
+            if known.applies(program, m):
+                return name
+        except Exception:  # noqa: BLE001 - a filter that fails explains nothing
+            continue
+    return None
+
+
+# --------------------------------------------------------------------------- programs
+
+
+def program_for(seed: int, index: int, max_ops: int = 8) -> tuple[Program, list[int]]:
+    """Program ``index`` of the run with ``seed`` (and the draws it was made from)."""
+    choices = RandomChoices(seed * 1_000_003 + index)
+    return generate(choices, max_ops=max_ops), choices.drawn
+
+
+def shrink(drawn: list[int], fails: Callable[[Program], bool], budget_s: float = 60.0,
+           max_ops: int = 8) -> Program:
+    """The smallest program found, replaying reduced draws, that still ``fails``.
+
+    A greedy reduction of the choice sequence, as hypothesis does it: delete the draws of
+    whole ops (one op fewer), then lower each draw to zero, by one or by half, then delete
+    small blocks of draws; keep a change when the program made from it still fails.
+    """
+    best = list(drawn)
+    deadline = time.monotonic() + budget_s
+    layout = ReplayChoices(best)
+    generate(layout, max_ops=max_ops)
+    spans, count_at = layout.spans, layout.count_at
+
+    def attempt(candidate: list[int]) -> bool:
+        nonlocal best, spans, count_at
+        if time.monotonic() > deadline or candidate == best:
+            return False
+        choices = ReplayChoices(candidate)
+        program = generate(choices, max_ops=max_ops)
+        used = choices.used
+        # Only a shortlex-smaller sequence is progress (clamped draws can replay the same).
+        if (len(used), used) >= (len(best), best):
+            return False
+        try:
+            ok = fails(program)
+        except Exception:  # noqa: BLE001
+            ok = False
+        if ok:
+            best, spans, count_at = used, choices.spans, choices.count_at
+        return ok
+
+    improved = True
+    while improved and time.monotonic() < deadline:
+        improved = False
+        k = len(spans) - 1
+        while k >= 0:
+            if k < len(spans) and count_at >= 0 and best[count_at] > 0:
+                a, b = spans[k]
+                cand = best[:a] + best[b:]
+                cand[count_at] -= 1
+                improved |= attempt(cand)
+            k -= 1
+        i = 0
+        while i < len(best):
+            for smaller in (0, best[i] - 1, best[i] // 2):
+                if 0 <= smaller < best[i] and attempt(best[:i] + [smaller] + best[i + 1:]):
+                    improved = True
+                    break
+            i += 1
+        for size in (4, 2, 1):
+            i = 0
+            while i < len(best):
+                if attempt(best[:i] + best[i + size:]):
+                    improved = True
+                else:
+                    i += size
+    return generate(ReplayChoices(best), max_ops=max_ops)
+
+
+def ir_text(program: Program) -> str:
+    """The traced graph of ``program`` on its inputs (or why tracing failed)."""
+    try:
+        ins = [fg.from_numpy(a) for a in program.arrays()]
+        return str(fg.trace(program.function(), *ins))
+    except Exception as e:  # noqa: BLE001
+        return f"(tracing raised {type(e).__name__}: {e})"
+
+
+def report(result: Result, with_ir: bool = True) -> str:
+    """A failing program as fusegrad code (with its inputs), its IR and its mismatches."""
+    lines = [str(m) for m in result.mismatches]
+    text = "\n".join(lines) + "\n\n" + describe(result.program)
+    if with_ir:
+        text += "\n# IR:\n" + "\n".join("# " + line for line in ir_text(result.program).splitlines())
+    return text
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _signature(m: Mismatch) -> str:
+    return m.stage.split("[")[0] + ":" + ("call" if m.where == "call" else m.where.split("[")[0][:4])
+
+
+def _run_worker(args) -> int:
+    """Run programs ``start .. start+count-1``, one JSON line each, on stdout."""
+    out = sys.stdout
+    settings = Settings(finite_differences=not args.no_fd)
+    for index in range(args.start, args.start + args.count):
+        print(json.dumps({"event": "start", "index": index}), file=out, flush=True)
+        program, drawn = program_for(args.seed, index, args.max_ops)
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                result = check_program(program, settings, index)
+            except Exception:  # noqa: BLE001 - the fuzzer's own failure: report, go on
+                result = Result(program, [Mismatch("fuzzer", "check", traceback.format_exc(
+                    limit=4))])
+        record = {"event": "done", "index": index, "seconds": round(result.seconds, 4),
+                  "invalid": result.invalid, "ops": len(program.ops),
+                  "mismatches": [asdict(m) for m in result.mismatches]}
+        bad = result.unexplained
+        if bad:
+            record["source"] = report(result)
+            if not args.no_shrink:
+                sigs = {_signature(m) for m in bad}
+
+                def fails(p: Program, sigs=sigs, index=index) -> bool:
+                    r = check_program(p, settings, index)
+                    return bool({_signature(m) for m in r.unexplained} & sigs)
+                with contextlib.redirect_stdout(io.StringIO()):
+                    small = shrink(drawn, fails, args.shrink_budget, args.max_ops)
+                    record["shrunk"] = report(check_program(small, settings, index))
+        print(json.dumps(record), file=out, flush=True)
+    return 0
+
+
+def _reader(proc, q: queue.Queue, tag) -> None:
+    for line in proc.stdout:
+        q.put((tag, line))
+    q.put((tag, None))
+
+
+def _run_parent(args) -> int:
+    start_time = time.monotonic()
+    indices = list(range(args.first, args.first + args.programs))
+    chunks = [indices[i:i + args.chunk] for i in range(0, len(indices), args.chunk)]
+    pending = [(c[0], len(c)) for c in chunks]
+    running: dict = {}          # tag -> [proc, current index, started at, end]
+    q: queue.Queue = queue.Queue()
+    done = invalid = 0
+    seconds = 0.0
+    known: dict[str, int] = {}
+    failures: list[dict] = []
+    tag_counter = 0
+    report_file = open(args.report, "w") if args.report else None  # noqa: SIM115
+
+    def launch(first: int, count: int) -> None:
+        nonlocal tag_counter
+        cmd = [sys.executable, "-m", "fusegrad.testing.fuzz", "--worker", "--seed",
+               str(args.seed), "--start", str(first), "--count", str(count), "--max-ops",
+               str(args.max_ops), "--shrink-budget", str(args.shrink_budget)]
+        cmd += ["--no-shrink"] if args.no_shrink else []
+        cmd += ["--no-fd"] if args.no_fd else []
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        tag_counter += 1
+        running[tag_counter] = [proc, None, time.monotonic(), first + count]
+        threading.Thread(target=_reader, args=(proc, q, tag_counter), daemon=True).start()
+
+    def out_of_time() -> bool:
+        return args.budget is not None and time.monotonic() - start_time > args.budget
+
+    while (pending or running) and not (out_of_time() and not running):
+        while pending and len(running) < args.jobs and not out_of_time():
+            launch(*pending.pop(0))
+        try:
+            tag, line = q.get(timeout=1.0)
+        except queue.Empty:
+            tag, line = None, None
+        now = time.monotonic()
+        if tag is not None and tag in running:
+            state = running[tag]
+            if line is None:
+                state[0].wait()
+                if state[1] is not None:
+                    # The worker died inside a program: a crash of that program.
+                    failures.append({"index": state[1], "mismatches": [
+                        {"stage": "crash", "where": "process", "known": None,
+                         "message": f"worker exited with status {state[0].returncode}"}]})
+                    print(f"[{state[1]}] crash: worker exited with {state[0].returncode}",
+                          flush=True)
+                    if state[1] + 1 < state[3]:
+                        pending.insert(0, (state[1] + 1, state[3] - state[1] - 1))
+                del running[tag]
+                continue
+            rec = json.loads(line)
+            if rec["event"] == "start":
+                state[1], state[2] = rec["index"], now
+                continue
+            state[1] = None
+            done += 1
+            seconds += rec["seconds"]
+            if report_file:
+                report_file.write(line)
+                report_file.flush()
+            if rec["invalid"]:
+                invalid += 1
+            for m in rec["mismatches"]:
+                if m["known"]:
+                    known[m["known"]] = known.get(m["known"], 0) + 1
+            if any(m["known"] is None for m in rec["mismatches"]):
+                failures.append(rec)
+                print(f"\n=== program {rec['index']} (seed {args.seed}) ===\n{rec['source']}",
+                      flush=True)
+                if rec.get("shrunk"):
+                    print(f"--- reduced ---\n{rec['shrunk']}", flush=True)
+            if done % 100 == 0:
+                el = time.monotonic() - start_time
+                print(f"[{done} programs, {el:.0f} s, {done / el:.2f} programs/s, "
+                      f"{len(failures)} unexplained]", flush=True)
+        for state in list(running.values()):
+            if state[1] is not None and now - state[2] > args.timeout:
+                state[0].kill()
+                failures.append({"index": state[1], "mismatches": [
+                    {"stage": "timeout", "where": "program", "known": None,
+                     "message": f"no result after {args.timeout} s"}]})
+                print(f"[{state[1]}] timeout after {args.timeout} s:\n"
+                      f"{program_for(args.seed, state[1], args.max_ops)[0].source()}", flush=True)
+                if state[1] + 1 < state[3]:
+                    pending.insert(0, (state[1] + 1, state[3] - state[1] - 1))
+                state[1] = None
+        if out_of_time() and running and not pending:
+            for state in running.values():
+                if now - start_time > args.budget + args.timeout:
+                    state[0].kill()
+    for state in running.values():
+        state[0].kill()
+    if report_file:
+        report_file.close()
+    elapsed = time.monotonic() - start_time
+    # Timeouts of a known slow compile are explained like any other mismatch.
+    unexplained = []
+    for f in failures:
+        if f["mismatches"][0]["stage"] == "timeout":
+            program = program_for(args.seed, f["index"], args.max_ops)[0]
+            name = explain(program, Mismatch("timeout", "program", ""))
+            if name:
+                known[name] = known.get(name, 0) + 1
+                continue
+        unexplained.append(f)
+    print(f"\nsummary: {done} programs run ({invalid} rejected by eager) in {elapsed:.0f} s, "
+          f"{done / max(elapsed, 1e-9):.2f} programs/s ({seconds / max(done, 1):.3f} s of checks "
+          f"per program); {len(unexplained)} with unexplained mismatches")
+    for name, count in sorted(known.items()):
+        print(f"  known {name} (issue 8 item {KNOWN[name].item}): {count} mismatches")
+    for f in unexplained:
+        sigs = sorted({f"{m['stage']} {m['where']}" for m in f["mismatches"] if not m["known"]})
+        print(f"  program {f['index']}: {', '.join(sigs)}")
+    return 1 if unexplained else 0
+
+
+def _run_one(args) -> int:
+    program, _ = program_for(args.seed, args.index, args.max_ops)
+    result = check_program(program, Settings(finite_differences=not args.no_fd), args.index)
+    print(report(result))
+    print(f"# {len(result.mismatches)} mismatches ({len(result.unexplained)} unexplained), "
+          f"{result.seconds:.2f} s" + (f"; eager rejected it: {result.invalid}"
+                                       if result.invalid else ""))
+    return 1 if result.unexplained else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fusegrad.testing.fuzz``: see the module docstring."""
+    ap = argparse.ArgumentParser(prog="python -m fusegrad.testing.fuzz",
+                                 description="Differential fuzzer of fusegrad: eager, IR "
+                                 "interpreter and LLVM backend, values and gradients.")
+    ap.add_argument("--programs", type=int, default=1000, help="programs to run")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--first", type=int, default=0, help="number of the first program")
+    ap.add_argument("--budget", type=float, default=None, help="stop after this many seconds")
+    ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)),
+                    help="worker processes")
+    ap.add_argument("--chunk", type=int, default=200, help="programs per worker process")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per program")
+    ap.add_argument("--max-ops", type=int, default=8)
+    ap.add_argument("--no-shrink", action="store_true", help="report failures unreduced")
+    ap.add_argument("--shrink-budget", type=float, default=60.0, help="seconds per reduction")
+    ap.add_argument("--no-fd", action="store_true", help="skip finite differences")
+    ap.add_argument("--report", help="write one JSON line per program to this file")
+    ap.add_argument("--index", type=int, help="run this one program and print it")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")
+    np.seterr(all="ignore")
+    if args.worker:
+        return _run_worker(args)
+    if args.index is not None:
+        return _run_one(args)
+    return _run_parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

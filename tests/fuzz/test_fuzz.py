@@ -1,0 +1,162 @@
+"""The differential fuzzer: a fixed-seed run of random programs, and the fuzzer's own parts.
+
+``test_random_programs`` draws programs with hypothesis (derandomized: the same programs on
+every run) and runs each eagerly, in the IR interpreter after several pipelines and with the
+LLVM backend, values and gradients (see ``fusegrad.testing.fuzz``). A failure is shrunk by
+hypothesis to a small program and printed as fusegrad code with its IR. Mismatches that a
+reported defect explains are filtered by ``KNOWN``; when a fix lands, delete its entry there
+and this test checks the fix on every program it draws.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fusegrad as fg
+from fusegrad.testing.fuzz import (
+    KNOWN,
+    Mismatch,
+    Settings,
+    check_program,
+    compare,
+    explain,
+    program_for,
+    report,
+    shrink,
+)
+from fusegrad.testing.programs import (
+    HypothesisChoices,
+    Input,
+    Op,
+    Program,
+    RandomChoices,
+    ReplayChoices,
+    generate,
+    make_array,
+)
+
+FAST = Settings(pipelines=(" ", "simplify,cse,dce", "fold,simplify,cse,dce"))
+HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+
+def _check(program: Program, options: Settings) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):
+            result = check_program(program, options)
+    assert not result.unexplained, "\n" + report(result)
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, database=None,
+          suppress_health_check=HEALTH)
+@given(st.data())
+def test_random_programs(data):
+    _check(generate(HypothesisChoices(data)), FAST)
+
+
+@pytest.mark.slow
+@settings(max_examples=40, derandomize=True, deadline=None, database=None,
+          suppress_health_check=HEALTH)
+@given(st.data())
+def test_random_programs_longer(data):
+    # Longer programs, every interpreter pipeline and a second LLVM pipeline.
+    _check(generate(HypothesisChoices(data), max_ops=14), Settings())
+
+
+# --------------------------------------------------------------------------- the parts
+
+
+def test_programs_are_deterministic_and_print_as_code():
+    a, drawn = program_for(3, 17)
+    b, _ = program_for(3, 17)
+    assert a.source() == b.source() and a.inputs == b.inputs
+    # Replaying the recorded draws rebuilds the same program.
+    assert generate(ReplayChoices(drawn)).source() == a.source()
+    assert a.source().startswith("def program(") and "return " in a.source()
+    for x, y in zip(a.arrays(), b.arrays()):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_generated_programs_run_eagerly():
+    # Programs are valid by construction: eager runs them (with their input values).
+    kinds = set()
+    for index in range(40):
+        program, _ = program_for(0, index)
+        kinds |= program.op_kinds()
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            program.function()(*[fg.from_numpy(a) for a in program.arrays()])
+    assert len(kinds) > 30
+
+
+def test_special_values_cover_the_float_range():
+    a = make_array(Input((400,), "float32", "special", seed=1))
+    assert np.isnan(a).any() and np.isposinf(a).any() and np.isneginf(a).any()
+    assert (np.signbit(a) & (a == 0)).any()                       # -0.0
+    finite = np.abs(a[np.isfinite(a) & (a != 0)])
+    assert finite.min() < np.finfo(np.float32).tiny                 # denormals
+    assert finite.max() > 1e37
+    plain = make_array(Input((400,), "float32", "normal", seed=1))
+    assert np.isfinite(plain).all()
+
+
+def test_compare_semantics():
+    t = fg.tensor
+    nan, inf = float("nan"), float("inf")
+    assert compare(t([1.0, nan, -inf]), t([1.0 + 1e-7, nan, -inf]), 1e-5, 0.0) is None
+    assert "differ" in compare(t([1.0, 2.0]), t([1.0, nan]), 1e-5, 0.0)     # NaN positions
+    assert "differ" in compare(t([inf]), t([-inf]), 1e-5, 0.0)             # Inf signs
+    assert "differ" in compare(t([1.0]), t([1.1]), 1e-5, 0.0)
+    assert compare(t([1.0]), t([1.1]), 1e-5, 0.2) is None                  # atol
+    assert "differ" in compare(t([3]), t([4]), 0.0, 0.0)                  # ints are exact
+    assert "dtype" in compare(t([1.0]), t([1.0], dtype=fg.float64), 1e-5, 0.0)
+    assert "shape" in compare(t([1.0]), t([[1.0]]), 1e-5, 0.0)
+
+
+def test_a_compiled_function_is_checked():
+    # A program the compiled path gets right has no mismatches; its gradients are checked
+    # (compiled against eager, eager float64 against central differences).
+    program = Program([Input((3, 4), "float32", "normal", 5, True),
+                       Op("unary", (0,), ("tanh",)), Op("reduce", (1,), ("sum", (1,), True, None)),
+                       Op("binary", (2, 0), ("mul",))], [3])
+    result = check_program(program)
+    assert result.invalid is None and result.mismatches == [], report(result)
+
+
+def test_known_filter_names_an_issue_item():
+    sin_huge = Program([Input((30,), "float32", "wide", 1), Op("unary", (0,), ("sin",))], [1])
+    m = Mismatch("llvm", "out[0]", "1 of 30 differ")
+    assert explain(sin_huge, m) == "sin-cos-huge"
+    assert KNOWN["sin-cos-huge"].item == "2"
+    plain = Program([Input((3,), "float32", "normal", 1), Op("unary", (0,), ("exp",))], [1])
+    assert explain(plain, m) is None
+
+
+def test_shrink_finds_a_minimal_program():
+    # Whatever program first uses `exp` reduces to a single exp over one small input.
+    index = next(i for i in range(200) if "exp" in program_for(0, i)[0].op_kinds())
+    _, drawn = program_for(0, index)
+    small = shrink(drawn, lambda p: "exp" in p.op_kinds(), budget_s=30)
+    assert [op.params for op in small.ops] == [("exp",)]
+
+
+def test_random_choices_record_what_they_draw():
+    c = RandomChoices(5)
+    values = [c.integer(3, 9) for _ in range(20)]
+    assert ReplayChoices(c.drawn).integer(3, 9) == values[0]
+    assert all(3 <= v <= 9 for v in values)
+
+
+@pytest.mark.slow
+def test_command_line_runs_programs_in_workers():
+    out = subprocess.run([sys.executable, "-m", "fusegrad.testing.fuzz", "--programs", "4",
+                          "--seed", "1", "--jobs", "1", "--chunk", "2", "--no-shrink"],
+                         capture_output=True, text=True, timeout=300)
+    assert "summary: 4 programs run" in out.stdout, out.stdout + out.stderr
