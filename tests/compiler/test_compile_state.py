@@ -557,3 +557,25 @@ def test_detached_alias_of_a_parameter_is_read_at_call_time_without_gradient():
     g(x)
     np.testing.assert_allclose(x.grad.numpy(), [20, 40])
     np.testing.assert_allclose(p.grad.numpy(), [3, 4])
+
+
+def test_clip_grad_norm_inside_a_compiled_step():
+    def run(compiled):
+        m = mlp()
+        opt = fg.optim.SGD(m.parameters(), lr=0.5)
+        x, y = data()
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            norm = fg.nn.utils.clip_grad_norm_(m.parameters(), 0.1)
+            opt.step()
+            return loss, norm
+        f = fg.compile(step, fullgraph=True) if compiled else step
+        norms = [float(f(x, y)[1]) for _ in range(4)]
+        return norms, params(m)
+    ne, pe = run(False)
+    nc, pc = run(True)
+    np.testing.assert_allclose(nc, ne, rtol=1e-5)
+    assert_close_lists(pc, pe)
