@@ -179,6 +179,11 @@ class KernelEmitter:
 
     def load(self, v: Value, coords: Sequence) -> ir.Value:
         view = self.view(v)
+        producer = view.base.producer
+        if producer in self.internal and producer.op != "matmul":
+            # Its buffer is written after this kernel's loops: the load would read stale
+            # memory. Fusion must not build such a kernel (_Partitioner.reads_own_view).
+            raise AssertionError(f"{self.k.describe()} reads its own {producer.op} from memory")
         raw = self.b.load(self.address(view, coords))
         return self.from_memory(raw, v.type.dtype)
 
