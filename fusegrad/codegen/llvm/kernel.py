@@ -48,6 +48,14 @@ I8P = I8.as_pointer()
 KERNEL_ARGS = (I8P.as_pointer(), I64, I64)
 
 _FLAGS = ("contract",)
+
+# Loops whose body has more instructions than this are not interleaved by the loop vectorizer
+# (``llvm.loop.interleave.count`` 1). Interleaving a body of transcendental math whose input
+# is loop-invariant (a broadcast load: ``a.expand(8, 100).cos().erf()``, a concat of
+# one-element tensors) takes LLVM 22 time exponential in the body (cos+erf: 18 s, two of
+# them: over 8 minutes); a body that long already keeps the vector units busy, so
+# interleaving gains little there. Light bodies (copies, adds, reductions) keep it.
+MAX_INTERLEAVED_BODY = 48
 _REDUCE_FLAGS = ("contract", "reassoc")
 
 
@@ -127,6 +135,7 @@ class KernelEmitter:
         b = self.b
         start = start if isinstance(start, ir.Value) else ir.Constant(I64, start)
         stop = stop if isinstance(stop, ir.Value) else ir.Constant(I64, stop)
+        first_block = len(self.fn.blocks)
         pre = b.block
         header = b.append_basic_block(f"{name}.header")
         body = b.append_basic_block(f"{name}.body")
@@ -143,15 +152,21 @@ class KernelEmitter:
         nxt = b.add(i, ir.Constant(I64, 1), name=f"{name}.next", flags=("nsw",))
         i.add_incoming(nxt, b.block)
         latch = b.branch(header)
-        if not unroll:
-            latch.set_metadata("llvm.loop", self.loop_id("llvm.loop.unroll.disable"))
+        flags: list = [] if unroll else ["llvm.loop.unroll.disable"]
+        size = sum(len(block.instructions) for block in self.fn.blocks[first_block:])
+        if size > MAX_INTERLEAVED_BODY:
+            flags.append(("llvm.loop.interleave.count", ir.Constant(I32, 1)))
+        if flags:
+            latch.set_metadata("llvm.loop", self.loop_id(*flags))
         b.position_at_end(done)
 
-    def loop_id(self, *flags: str) -> ir.Value:
-        """Loop metadata ``!N = !{!N, !{!"flag"}, ...}``: LLVM wants the node to refer to
-        itself, which llvmlite cannot build, so the self-reference replaces a placeholder."""
+    def loop_id(self, *flags) -> ir.Value:
+        """Loop metadata ``!N = !{!N, !{!"flag"}, !{!"flag", value}, ...}`` (a flag is a
+        name or a (name, constant) pair): LLVM wants the node to refer to itself, which
+        llvmlite cannot build, so the self-reference replaces a placeholder."""
         m = self.module
-        props = [m.add_metadata([ir.MetaDataString(m, f)]) for f in flags]
+        props = [m.add_metadata([ir.MetaDataString(m, f)] if isinstance(f, str) else
+                                [ir.MetaDataString(m, f[0]), f[1]]) for f in flags]
         node = m.add_metadata([ir.MetaDataString(m, f"loop{len(m.metadata)}")] + props)
         node.operands = (node,) + node.operands[1:]
         return node
