@@ -283,6 +283,7 @@ def test_compile_honours_the_configured_budget(cache, monkeypatch):
 # --------------------------------------------------------------------------- concurrency
 
 
+@pytest.mark.slow
 def test_four_processes_writing_the_same_and_different_entries_never_read_a_torn_one(tmp_path):
     shared = [key_of(f"shared{i}") for i in range(6)]
     jobs = [(str(tmp_path), shared + [key_of(f"own{p}-{i}") for i in range(4)], 10)
