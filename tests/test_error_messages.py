@@ -184,6 +184,15 @@ def test_errors_raised_by_compiled_kernels_name_the_users_line():
     assert isinstance(info.value.__cause__, IndexError)
 
 
+def test_the_interpreter_backend_names_the_users_line_too():
+    def pick(x, idx):
+        return x.gather(0, idx) + 1
+    with pytest.raises(IndexError) as info:
+        fg.compile(pick, backend="interpreter")(fg.arange(4.0), fg.tensor([9]))
+    assert "index 9 is out of bounds" in str(info.value)
+    assert line_of(pick, 1) in str(info.value)
+
+
 def test_index_select_errors_from_kernels_name_the_users_line():
     def rows(x, idx):
         return fg.index_select(x, 0, idx).sum()

@@ -355,7 +355,14 @@ def replay(graph: Graph, args: Sequence[Tensor]) -> list[Tensor]:
             if trace is not None and not any(o._trace is not None for o in operands):
                 env[node.output] = trace.process_primitive(node.prim, operands, node.attrs)
             else:
-                env[node.output] = bind(node.prim, *operands, **node.attrs)
+                try:
+                    env[node.output] = bind(node.prim, *operands, **node.attrs)
+                except IndexError as e:
+                    # A data-dependent index (gather, take) is only checked when the graph
+                    # runs: name the user's line that made the node.
+                    if not node.loc:
+                        raise
+                    raise IndexError(f"{e} (in `{node.prim.name}` at {node.loc})") from e
     finally:
         if trace is not None:
             trace.location = saved

@@ -166,7 +166,7 @@ def _account(cache_dir: str, added: int, max_bytes: int, max_age_s: float) -> No
             return
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)
-        used, last_sweep = _parse_usage(os.pread(fd, 64, 0))
+        used, last_sweep = _parse_usage(os.read(fd, 64))
         used += added
         now = time.time()
         if used > max_bytes or now - last_sweep > _SWEEP_EVERY_S:
@@ -174,7 +174,8 @@ def _account(cache_dir: str, added: int, max_bytes: int, max_age_s: float) -> No
             used = sweep(cache_dir, max_bytes, max_age_s)
             last_sweep = now
         text = f"{used} {last_sweep:.0f}".encode().ljust(32)
-        os.pwrite(fd, text, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, text)
         os.ftruncate(fd, len(text))
     except OSError:
         pass

@@ -315,3 +315,24 @@ def test_four_processes_compiling_at_once_all_succeed(tmp_path):
     with ctx.Pool(1) as pool:
         again = pool.apply(compile_programs, (cache_dir, [0.0, 1.0, 2.0, 3.0]))
     assert again["wrong"] == 0 and again["compiles"] == 0 and again["disk_hits"] > 0
+
+
+# --------------------------------------------------------------------------- memory cache
+
+
+def test_the_memory_cache_keeps_the_most_recently_used_modules(cache, monkeypatch):
+    monkeypatch.setattr(jit._memory, "limit", 2)
+    x = fg.ones(3)
+    fns = [fg.compile(lambda t, i=i: t * (i + 2)) for i in range(3)]
+    for i, f in enumerate(fns):
+        np.testing.assert_array_equal(f(x).numpy(), [i + 2] * 3)
+        assert len(jit._memory) <= 2
+    before = dict(jit.stats)
+    # The first module was evicted from the cache, but its program holds it: still runs.
+    np.testing.assert_array_equal(fns[0](x).numpy(), [2] * 3)
+    assert jit.stats["compiles"] == before["compiles"]
+    lru = jit._LRU(2)
+    lru["a"], lru["b"] = 1, 2
+    assert lru.get("a") == 1                      # a is now the most recently used
+    lru["c"] = 3
+    assert list(lru) == ["a", "c"]
