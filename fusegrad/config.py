@@ -5,18 +5,37 @@ after each pass, 4 the generated LLVM IR. ``FUSEGRAD_DUMP_DIR``: write the IR af
 pass there. ``FUSEGRAD_VERIFY``: verify the IR after every pass (on in the test suite).
 ``FUSEGRAD_NUM_THREADS``: kernel threads (default: the number of cores).
 ``FUSEGRAD_CACHE_DIR``: the on-disk kernel cache (default under the user's cache folder;
-``0`` or ``off`` disables it).
+``0`` or ``off`` disables it). ``FUSEGRAD_CACHE_MAX_BYTES`` (default 256 MiB) and
+``FUSEGRAD_CACHE_MAX_AGE_DAYS`` (default 30): the disk cache evicts the least recently used
+entries beyond that size and entries unused for that long.
+``FUSEGRAD_RECOMPILE_LIMIT`` (default 8, torch's ``recompile_limit``): how many signatures
+(shapes, dtypes, ...) one compiled function compiles for; calls with further signatures run
+eagerly, with one warning.
+
+Settings can also be changed at run time, as attributes of this module or of ``config``::
+
+    import fusegrad
+    fusegrad.config.recompile_limit = 64     # torch's alias cache_size_limit works too
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import types
 from dataclasses import dataclass
 
 
 def _int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
     except ValueError:
         return default
 
@@ -36,6 +55,9 @@ class Config:
     verify: bool
     num_threads: int
     cache_dir: str | None
+    cache_max_bytes: int
+    cache_max_age_days: float
+    recompile_limit: int
 
     @classmethod
     def from_env(cls) -> "Config":
@@ -45,7 +67,19 @@ class Config:
             verify=os.environ.get("FUSEGRAD_VERIFY", "0") not in ("", "0", "false"),
             num_threads=max(1, _int("FUSEGRAD_NUM_THREADS", os.cpu_count() or 1)),
             cache_dir=_cache_dir(),
+            cache_max_bytes=max(0, _int("FUSEGRAD_CACHE_MAX_BYTES", 256 << 20)),
+            cache_max_age_days=max(0.0, _float("FUSEGRAD_CACHE_MAX_AGE_DAYS", 30.0)),
+            recompile_limit=max(1, _int("FUSEGRAD_RECOMPILE_LIMIT", 8)),
         )
+
+    @property
+    def cache_size_limit(self) -> int:
+        """torch.compile's older name for :attr:`recompile_limit`."""
+        return self.recompile_limit
+
+    @cache_size_limit.setter
+    def cache_size_limit(self, value: int) -> None:
+        self.recompile_limit = value
 
 
 config = Config.from_env()
@@ -58,3 +92,24 @@ def reload() -> Config:
     for field in new.__dataclass_fields__:
         setattr(config, field, getattr(new, field))
     return config
+
+
+class _ConfigModule(types.ModuleType):
+    """This module, with ``config``'s settings readable and writable as its attributes
+    (``fusegrad.config.recompile_limit = 16``), as torch's config modules are."""
+
+    _settings = frozenset(Config.__dataclass_fields__) | {"cache_size_limit"}
+
+    def __getattr__(self, name: str):
+        if name in _ConfigModule._settings:
+            return getattr(config, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _ConfigModule._settings:
+            setattr(config, name, value)
+        else:
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _ConfigModule

@@ -49,6 +49,18 @@ class ConcretizationError(RuntimeError):
     """A traced tensor's value was needed while tracing (data-dependent Python)."""
 
 
+_CONTROL_FLOW = (
+    "so Python control flow on tensor values cannot be captured in a static graph. Use "
+    "fusegrad.where(cond, a, b) to choose elementwise, mark the argument static "
+    "(static_argnums) if it is a Python constant, or run this code eagerly (compile with "
+    "fullgraph=False).")
+_PRINT = (
+    "so there are no values to print, and a print in a compiled function would run only once, "
+    "while tracing. With fullgraph=False the function runs eagerly instead and prints on every "
+    "call; to keep it compiled, print outside the compiled function (or print repr(t), the "
+    "traced type, while tracing).")
+
+
 class SymbolicTensor(Tensor):
     """A tensor known only by its type while a graph is being built."""
 
@@ -118,15 +130,15 @@ class SymbolicTensor(Tensor):
     def data_ptr(self) -> int:
         self._check_concrete("data_ptr()")
 
-    def _check_concrete(self, what: str) -> None:
+    def _check_concrete(self, what: str, why: str | None = None) -> None:
+        """Raise :class:`ConcretizationError`: ``what`` needs this tensor's value. ``why``
+        replaces the default explanation (Python control flow on tensor values) where the
+        value is needed for something else."""
         loc = user_location()
         where = f" at {loc}" if loc else ""
         raise ConcretizationError(
             f"{what} needs the value of a traced tensor ({self._val.type}){where}, but while "
-            "tracing only its shape and dtype are known, so Python control flow on tensor "
-            "values cannot be captured in a static graph. Use fusegrad.where(cond, a, b) to "
-            "choose elementwise, mark the argument static (static_argnums) if it is a Python "
-            "constant, or run this code eagerly (compile with fullgraph=False).")
+            "tracing only its shape and dtype are known, " + (why or _CONTROL_FLOW))
 
     def detach(self) -> "SymbolicTensor":
         return self._tr.process_primitive(P.stop_gradient, (self,), {})
@@ -137,13 +149,19 @@ class SymbolicTensor(Tensor):
     def register_hook(self, hook):
         self._check_concrete("register_hook()")
 
+    # repr() stays a description of the traced value (debuggers and error messages use it);
+    # str() and format() -- what print() and f-strings call -- need values, which a trace
+    # does not have: printing "Traced<f32[3]>" once at trace time and then nothing on later
+    # calls would mislead. So they raise; with fullgraph=False the function then runs
+    # eagerly and prints real values on every call (as torch.compile's graph break does).
     def __repr__(self) -> str:
         return f"Traced<{self._val.type}>"
 
-    __str__ = __repr__
+    def __str__(self) -> str:
+        self._check_concrete("print() or str() of a tensor", _PRINT)
 
     def __format__(self, spec: str) -> str:
-        return format(repr(self), spec)
+        self._check_concrete("formatting a tensor (an f-string or format())", _PRINT)
 
     def __deepcopy__(self, memo):
         raise ConcretizationError("cannot deepcopy a traced tensor")
@@ -379,7 +397,14 @@ def replay(graph: Graph, args: Sequence[Tensor]) -> list[Tensor]:
             if trace is not None and not any(o._trace is not None for o in operands):
                 env[node.output] = trace.process_primitive(node.prim, operands, node.attrs)
             else:
-                env[node.output] = bind(node.prim, *operands, **node.attrs)
+                try:
+                    env[node.output] = bind(node.prim, *operands, **node.attrs)
+                except IndexError as e:
+                    # A data-dependent index (gather, take) is only checked when the graph
+                    # runs: name the user's line that made the node.
+                    if not node.loc:
+                        raise
+                    raise IndexError(f"{e} (in `{node.prim.name}` at {node.loc})") from e
     finally:
         if trace is not None:
             trace.location = saved

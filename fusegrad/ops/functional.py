@@ -152,6 +152,18 @@ def _promote(op: str, *values, dtype: dtypes.DType | None = None) -> list[Tensor
             for v in values]
 
 
+def _at_user_line(*tensors) -> str:
+    """`` (at file:line)`` naming the user's line when a tensor is traced, else ``""``: for
+    errors raised by an op before it binds a primitive (the tracer adds the line to errors
+    raised by a primitive's own rule)."""
+    for t in tensors:
+        trace = getattr(t, "_trace", None)
+        if trace is not None:
+            loc = trace._location()
+            return f" (at {loc})" if loc else ""
+    return ""
+
+
 def _float_dtype(dt: dtypes.DType) -> dtypes.DType:
     """Integer inputs of float-valued ops compute in the default float type, as in torch."""
     return dt if dt.is_floating_point else dtypes.get_default_dtype()
@@ -790,6 +802,10 @@ def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
     """``log(sum(exp(x)))`` computed stably by subtracting the max first."""
     x = cast(x, _float_dtype(x.dtype))
     axes = _dims(x, dim, "logsumexp")
+    if builtins.any(x.shape[a] == 0 for a in axes):
+        # max has no identity on an empty slice; unshifted, log(sum(exp(x))) = log(0) = -inf
+        # there, torch's result.
+        return _keep(log(bind(P.sum_, exp(x), axes=axes)), x, axes, keepdim)
     m = bind(P.max_, x, axes=axes)
     # An all -inf (or inf) slice would make x - m NaN: shift by 0 there instead.
     m = where(isinf(m), 0.0, m.detach())
@@ -1300,7 +1316,10 @@ def matmul(x: Tensor, other: Tensor) -> Tensor:
     if x.ndim == 0 or other.ndim == 0:
         raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are "
                            f"{x.ndim}D and {other.ndim}D")
-    a, b = _promote("matmul", x, other)
+    if x.dtype is not other.dtype:
+        # torch promotes no matmul operand (float32 @ float64 is an error, not a float64).
+        raise RuntimeError(P.matmul_dtype_message(x._type(), other._type()) + _at_user_line(x, other))
+    a, b = x, other
     if a.dtype is dtypes.bool_:
         raise RuntimeError('"addmm_impl_cpu_" not implemented for \'Bool\'')
     if a.ndim == 1 and b.ndim == 1:
@@ -1694,6 +1713,14 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
         # Tracing a compiled function: a write to a tensor from outside it (a parameter, an
         # optimizer's state) becomes an output written back at call time.
         return _primitive.CAPTURE[-1].assign_concrete(x, value, op)
+    if value._trace is not None:
+        value._check_concrete(
+            f"{op}: an in-place write into a tensor captured from outside the traced function "
+            f"({x.dtype.short}[{','.join(map(str, x.shape))}])",
+            "and a graph made by fusegrad.trace cannot update a tensor it does not take as an "
+            "argument. Pass the tensor as an argument (in-place updates of arguments become "
+            "outputs), or compile the function with fusegrad.compile, which writes such "
+            "updates back on each call.")
     if x._base is not None:
         _refresh_view(x)
     _check_inplace(x, op)

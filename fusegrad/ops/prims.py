@@ -646,8 +646,24 @@ scatter_add = register(Primitive("scatter_add", Kind.INDEX, _scatter_add_infer, 
 # --------------------------------------------------------------------------- contraction
 
 
+# torch's names for dtypes in its matmul errors (caffe2::TypeMeta names).
+_TORCH_C_NAMES = {"float32": "float", "float64": "double", "float16": "c10::Half",
+                  "bfloat16": "c10::BFloat16", "int64": "long int", "int32": "int",
+                  "int16": "short int", "int8": "signed char", "uint8": "unsigned char",
+                  "bool": "bool"}
+
+
+def matmul_dtype_message(a: TensorType, b: TensorType) -> str:
+    """torch's error for a matmul of two dtypes (it never promotes), with the operands."""
+    na, nb = (_TORCH_C_NAMES.get(t.dtype.name, t.dtype.name) for t in (a, b))
+    return (f"expected m1 and m2 to have the same dtype, but got: {na} != {nb} (matmul of "
+            f"{a.dtype.name}{list(a.shape)} and {b.dtype.name}{list(b.shape)})")
+
+
 def _matmul_infer(a: TensorType, b: TensorType) -> TensorType:
-    dt = _same_dtype("matmul", a, b)
+    if a.dtype is not b.dtype:
+        raise ShapeError(matmul_dtype_message(a, b))
+    dt = a.dtype
     if a.ndim < 2 or b.ndim < 2:
         raise ShapeError(f"matmul primitive needs 2-D or batched operands, got {a} and {b}")
     if a.shape[-1] != b.shape[-2]:

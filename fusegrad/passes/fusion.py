@@ -213,8 +213,20 @@ class _Partitioner:
                     out.append(k)
         return out
 
+    def reads_own_view(self, nodes: list[Node]) -> bool:
+        """Whether a kernel of ``nodes`` would read, through a view, a value that it computes
+        itself. A view operand is a load from memory, and a kernel's outputs are stored only
+        after its loops (a reduction's result after every reduction of the row): the load
+        would read the buffer before it is written (stale memory, often NaN)."""
+        own = {n.output for n in nodes}
+        return any(isinstance(op, Value) and op in self.views and self.views[op].base in own
+                   for n in nodes for op in n.inputs)
+
     def acyclic_join(self, node: Node, k: Kernel) -> bool:
-        """Adding ``node`` to ``k`` is acyclic unless another producer kernel depends on k."""
+        """Adding ``node`` to ``k`` is acyclic unless another producer kernel depends on k,
+        or ``node`` reads a view of something ``k`` computes (a cycle through memory)."""
+        if self.reads_own_view(k.nodes + [node]):
+            return False
         for other in self.all_producer_kernels(node):
             if other is not k and self.depends(other, k):
                 return False
@@ -313,7 +325,9 @@ class _Partitioner:
         src = node.inputs[0] if node.inputs else None
         if prim.kind is Kind.MOVEMENT and node.op not in ("pad", "concat") and isinstance(
                 src, Value):
-            computed = src not in self.materialized and src not in self.views
+            # Computed in a kernel, even if already materialized for another reader: a view
+            # of it inside its own kernel must be computed there, never loaded back.
+            computed = src not in self.views and src.producer in self.group_of
             if computed:
                 # A view of a value computed in a kernel: joins it if the reduction rules
                 # allow (keepdim reshape, broadcast of a row value), else reads it from memory.
@@ -345,6 +359,7 @@ class _Partitioner:
                         if other is not k and other.kind == "elementwise" and \
                                 other.shape == k.shape and k.kind != "matmul" and \
                                 self.mergeable(k, other) and \
+                                not self.reads_own_view(k.nodes + other.nodes) and \
                                 self.within_budget(k.nodes + other.nodes):
                             self.absorb(k, other)
                     return

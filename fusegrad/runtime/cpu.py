@@ -19,6 +19,7 @@ the program's own reference) is reused, which avoids the page faults of a new al
 from __future__ import annotations
 
 import ctypes
+import linecache
 import sys
 import threading
 import time
@@ -162,13 +163,36 @@ class NumpyStep:
                     args.append(env[op])
                 else:
                     args.append(prog.array(op))
-            with np.errstate(all="ignore"):
-                out = np.asarray(node.prim.impl(*args, **node.attrs))
+            try:
+                with np.errstate(all="ignore"):
+                    out = np.asarray(node.prim.impl(*args, **node.attrs))
+            except (IndexError, ValueError, RuntimeError, ZeroDivisionError) as e:
+                raise _at_node(e, node, prog.name) from e
             if out.dtype != node.output.type.dtype.np_dtype:
                 out = out.astype(node.output.type.dtype.np_dtype)
             env[node.output] = out
             if node.output in prog.slots:
                 np.copyto(prog.arrays[prog.slots[node.output]], out)
+
+
+def _at_node(error: Exception, node, program: str) -> Exception:
+    """``error``, raised while running ``node`` of a compiled program, with what the user
+    needs to find it: the primitive, its operand types, and the user's line (the node's
+    ``loc``, recorded at trace time) with its source text, which shows the op called there
+    (``cross_entropy``, ``gather``, ...)."""
+    operands = ", ".join(str(op.type) if isinstance(op, Value) else repr(op.value)
+                         for op in node.inputs)
+    where = ""
+    if node.loc:
+        path, _, line = node.loc.rpartition(":")
+        text = linecache.getline(path, int(line)).strip() if line.isdigit() else ""
+        where = f", from {node.loc}" + (f": {text}" if text else "")
+    message = (f"{error} (raised at run time by `{node.prim.name}` on {operands} in compiled "
+               f"program {program}{where})")
+    try:
+        return type(error)(message)
+    except TypeError:           # an exception type with a constructor of its own
+        return RuntimeError(message)
 
 
 class Program:

@@ -1,32 +1,57 @@
 """Compile LLVM IR to machine code (MCJIT), with an in-memory and an on-disk cache.
 
-The memory cache is keyed by the IR text's hash. The disk cache stores object code
-(``emit_object``) under that hash plus the identity of everything that shapes the machine
-code (fusegrad, llvmlite and LLVM versions, CPU name and features); a file is written to a
-temporary name and renamed (atomic), never unpickled, and a corrupt or truncated file is
-rebuilt. ``FUSEGRAD_CACHE_DIR`` moves it; ``FUSEGRAD_CACHE_DIR=off`` disables it.
+The memory cache is keyed by the IR text's hash and keeps the most recently used
+``MEMORY_CACHE_ENTRIES`` modules (a program holds its own module, so dropping one from the
+cache only costs a recompile for a program built again later). The disk cache
+(:mod:`fusegrad.runtime.disk_cache`) stores object code (``emit_object``) under that hash plus
+the identity of everything that shapes the machine code (fusegrad, llvmlite and LLVM
+versions, CPU name and features): written atomically, never unpickled, a corrupt or truncated
+file rebuilt, bounded in size and age. ``FUSEGRAD_CACHE_DIR`` moves it;
+``FUSEGRAD_CACHE_DIR=off`` disables it.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import re
-import tempfile
 import threading
 import time
+from collections import OrderedDict
 
 import llvmlite
 import llvmlite.binding as llvm
 
 from fusegrad.config import config
+from fusegrad.runtime import disk_cache
 
 __all__ = ["JitModule", "compile_ir", "cache_key", "host_identity", "stats"]
 
-_MAGIC = b"FGOBJ1\n"
+MEMORY_CACHE_ENTRIES = 1024
+
+
+class _LRU(OrderedDict):
+    """A dict that keeps its ``limit`` most recently used entries."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def get(self, key, default=None):
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        return default
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
 _lock = threading.Lock()
-_memory: dict[str, "JitModule"] = {}
+_memory: _LRU = _LRU(MEMORY_CACHE_ENTRIES)
 stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "compile_ms": 0.0}
 
 
@@ -98,42 +123,16 @@ def _engine_with(obj: bytes | None, mod=None):
     return engine
 
 
-def _disk_path(key: str) -> str | None:
+def _read_disk(key: str) -> bytes | None:
     if not config.cache_dir:
         return None
-    return os.path.join(config.cache_dir, key[:2], key + ".o")
-
-
-def _read_disk(key: str) -> bytes | None:
-    path = _disk_path(key)
-    if path is None or not os.path.exists(path):
-        return None
-    try:
-        with open(path, "rb") as f:
-            blob = f.read()
-    except OSError:
-        return None
-    header = _MAGIC + key.encode() + b"\n"
-    if not blob.startswith(header) or len(blob) < len(header) + 32:
-        return None
-    digest, obj = blob[len(header):len(header) + 32], blob[len(header) + 32:]
-    if hashlib.sha256(obj).digest() != digest:
-        return None      # corrupt: rebuilt and rewritten by the caller
-    return obj
+    return disk_cache.read_entry(config.cache_dir, key, config.cache_max_bytes)
 
 
 def _write_disk(key: str, obj: bytes) -> None:
-    path = _disk_path(key)
-    if path is None:
-        return
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + key.encode() + b"\n" + hashlib.sha256(obj).digest() + obj)
-        os.replace(tmp, path)
-    except OSError:
-        pass      # a read-only or full cache folder only costs recompiles
+    if config.cache_dir:
+        disk_cache.write_entry(config.cache_dir, key, obj, config.cache_max_bytes,
+                               config.cache_max_age_days * 86400.0)
 
 
 def compile_ir(ir_text: str, names: list[str], keep_ir: bool = False) -> JitModule:

@@ -15,6 +15,9 @@ replayed eagerly instead, so higher-order gradients still work.
 ``fullgraph=False`` (the default, as in torch) runs a function whose tracing fails on
 data-dependent Python eagerly, with one warning; ``fullgraph=True`` raises the tracer's
 error. ``FUSEGRAD_DEBUG=1`` prints one line per compile and the reason for a recompile.
+As torch's ``recompile_limit``, a function compiles for at most ``fusegrad.config.recompile_limit``
+(default 8) signatures; calls with further ones run eagerly, with one warning naming the
+guards that kept changing.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from fusegrad.tracer.trace import (
 
 __all__ = ["compile", "CompiledFunction", "Lowered", "RECOMPILE_WARNING_LIMIT"]
 
-RECOMPILE_WARNING_LIMIT = 8
+RECOMPILE_WARNING_LIMIT = 8        # the default of config.recompile_limit (kept for imports)
 DEFAULT_PIPELINE = "simplify,cse,dce"
 BACKENDS = ("llvm", "interpreter")
 
@@ -129,6 +132,7 @@ class CompiledFunction:
         self.compiles = 0
         self._eager_keys: set = set()
         self._warned_eager = False
+        self._warned_limit = False
         self._last_key = None
         functools.update_wrapper(self, fn if not self.module else type(fn).forward)
 
@@ -203,11 +207,6 @@ class CompiledFunction:
             if self._last_key is not None:
                 print(f"[fusegrad] recompile reason: {_diff(self._last_key, key)}",
                       file=sys.stderr)
-        if self.compiles == RECOMPILE_WARNING_LIMIT + 1:
-            warnings.warn(f"fusegrad.compile: {graph.name} has been recompiled "
-                          f"{self.compiles - 1} times (the guards changed: shapes, dtypes, "
-                          "requires_grad, grad mode or static arguments); set FUSEGRAD_DEBUG=1 "
-                          "to see why", UserWarning, stacklevel=3)
         return entry
 
     def _donations(self, graph: Graph, args) -> list[tuple[int, int]]:
@@ -261,6 +260,12 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         entry = self._lookup(key, leaves)
         if entry is None:
+            if self.compiles >= config.recompile_limit:
+                # torch's recompile_limit: past it, new signatures run eagerly.
+                if not self._warned_limit:
+                    warnings.warn(_recompile_limit_message(self, key), UserWarning, stacklevel=2)
+                    self._warned_limit = True
+                return self.fn(*args, **kwargs)
             try:
                 entry = self._compile(key, args, kwargs)
             except ConcretizationError as e:
@@ -542,6 +547,40 @@ def _tree_key(tree) -> Any:
         return ("static", _hashable(tree.meta) if not isinstance(tree.meta, Tensor) else None)
     return (tree.kind, tuple(_tree_key(c) for c in tree.children),
             tree.meta if tree.kind == "dict" else None)
+
+
+def _changed_guards(keys: list) -> list[str]:
+    """Which parts of the guard keys ``keys`` (see ``CompiledFunction._key``) differ."""
+    names = ["grad mode", "default dtype", "static arguments", "argument structure"]
+    fields = ("shape", "dtype", "requires_grad", "memory layout")
+    changed = []
+    for i in range(max(len(k) for k in keys)):
+        parts = [k[i] if i < len(k) else None for k in keys]
+        if len(set(parts)) < 2:
+            continue
+        if i < len(names):
+            changed.append(names[i])
+        elif all(isinstance(p, tuple) and len(p) == len(fields) for p in parts):
+            changed += [f"the {f} of tensor argument {i - len(names)}"
+                        for j, f in enumerate(fields) if len({p[j] for p in parts}) > 1]
+        else:
+            changed.append("the arguments or module state (parameters, training flag)")
+    return list(dict.fromkeys(changed)) or ["a new signature"]
+
+
+def _recompile_limit_message(cf: "CompiledFunction", key) -> str:
+    """The warning for a call past ``config.recompile_limit``: what kept changing and what
+    to do about it."""
+    name = getattr(cf.fn, "__name__", type(cf.fn).__name__)
+    keys = list(cf.cache) + [key]
+    last = _diff(keys[-2], key) if len(keys) > 1 else "a new signature"
+    return (f"fusegrad.compile: {name} hit the recompile limit (fusegrad.config.recompile_limit"
+            f" = {config.recompile_limit}): it was compiled for {cf.compiles} different "
+            f"signatures and this call needs another; the guards that kept changing: "
+            f"{', '.join(_changed_guards(keys))} (last: {last}). Calls with new signatures now "
+            "run eagerly; signatures compiled so far still run compiled. Raise the limit with "
+            "fusegrad.config.recompile_limit = N (or FUSEGRAD_RECOMPILE_LIMIT=N), or keep those "
+            "guards fixed (e.g. pad inputs to a few shapes).")
 
 
 def _diff(old, new) -> str:
