@@ -15,7 +15,7 @@ from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.device import CPU, check_device_available
 from fusegrad.device import device as Device
-from fusegrad.ops import philox
+from fusegrad.ops import philox, primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import bind, note_created
 from fusegrad.tensor import Size, Tensor
@@ -306,6 +306,7 @@ class Generator:
         self._offset = 0
 
     def manual_seed(self, seed: int) -> "Generator":
+        _refuse_rng_state("manual_seed()")
         seed = int(seed)
         if seed < 0:
             seed &= 0xFFFFFFFFFFFFFFFF
@@ -321,9 +322,11 @@ class Generator:
         return self._seed
 
     def get_state(self) -> Tensor:
+        _refuse_rng_state("get_state()")
         return Tensor._wrap(np.array([self._seed, self._offset], dtype=np.int64), dtypes.int64)
 
     def set_state(self, state: Tensor) -> None:
+        _refuse_rng_state("set_state()")
         self._seed, self._offset = (int(v) for v in state._data[:2])
 
     def next_key(self, count: int) -> Tensor:
@@ -337,6 +340,13 @@ class Generator:
         key = Tensor._wrap(np.array([self._seed, self._offset], dtype=np.int64), dtypes.int64)
         self._offset += philox.counters_used(count)
         return key
+
+
+def _refuse_rng_state(what: str) -> None:
+    # A compiled function reads the generator's state at each call and advances it; setting
+    # or reading it while tracing would happen once, at trace time.
+    if primitive.CAPTURE:
+        primitive.CAPTURE[-1].refuse(f"the random generator's {what}")
 
 
 default_generator = Generator()

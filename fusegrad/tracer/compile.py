@@ -285,6 +285,10 @@ class CompiledFunction:
                 entry.fast = _fast_call(entry)
         return self._run(entry, leaves)
 
+    def entries(self) -> list[_Entry]:
+        """Every compiled entry (a signature and the guards it was traced under)."""
+        return [e for group in self.cache.values() for e in group]
+
     def _lookup(self, key, leaves) -> _Entry | None:
         """The cached entry for ``key`` whose guards hold now, if any."""
         for entry in self.cache.get(key, ()):

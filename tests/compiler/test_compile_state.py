@@ -579,3 +579,15 @@ def test_clip_grad_norm_inside_a_compiled_step():
     nc, pc = run(True)
     np.testing.assert_allclose(nc, ne, rtol=1e-5)
     assert_close_lists(pc, pe)
+
+
+def test_setting_the_random_seed_inside_a_compiled_function_is_refused():
+    def f(x):
+        fg.manual_seed(0)
+        return x + fg.rand(3)
+    with pytest.raises(ConcretizationError, match="manual_seed"):
+        fg.compile(f, fullgraph=True)(fg.ones(3))
+    g = fg.compile(f)
+    with pytest.warns(UserWarning, match="eagerly"):
+        a = g(fg.ones(3))
+    np.testing.assert_array_equal(g(fg.ones(3)).numpy(), a.numpy())   # reseeded each call
