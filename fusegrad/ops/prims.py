@@ -163,11 +163,11 @@ erf = _unary("erf", lambda x: np.asarray(_erf_np(x)).astype(x.dtype),
 sqrt = _unary("sqrt", np.sqrt, _rule_out(lambda g, out, x: g / (out * 2)))
 reciprocal = _unary("reciprocal", np.reciprocal, _rule_out(lambda g, out, x: -(g * out * out)))
 def _sign_impl(x):
-    # torch.sign(nan) is 0 (numpy's is nan); abs's gradient g * sign(x) is then 0 at NaN too.
-    out = np.sign(x)
+    # torch's (x > 0) - (x < 0): sign(nan) is 0 (numpy's is nan) and sign(-0.) is +0.
+    # (ml_dtypes' bfloat16 gives -0.); abs's gradient g * sign(x) is then 0 at NaN too.
     if x.dtype.kind in "biu":
-        return out
-    return np.where(np.isnan(out), out.dtype.type(0), out)
+        return np.sign(x)
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 
 
 sign = _unary("sign", _sign_impl, _zero_rule(0), float_only=False)
@@ -272,10 +272,22 @@ def _extremum_share(g, x, y, loses):
     return zero.where(loses, (g / 2).where(x == y, g))
 
 
-maximum = _binary("maximum", np.maximum, (
+def _extremum_impl(numpy_op, wins):
+    def impl(x, y):
+        # One definition for every float type and CPU, the one x86's maxps/minps gives and
+        # the compiled kernel uses: NaN if either is NaN, else x only where it strictly wins,
+        # so a tie of -0. and 0. gives y. (numpy's own maximum differs between its float16
+        # and its SIMD float32 loops there.)
+        if x.dtype.kind in "biu":
+            return numpy_op(x, y)
+        return np.where(wins(x, y) | np.isnan(x), x, y)
+    return impl
+
+
+maximum = _binary("maximum", _extremum_impl(np.maximum, np.greater), (
     Rule(lambda g, out, x, y: _sum_to(_extremum_share(g, x, y, x < y), x.shape), (0, 1)),
     Rule(lambda g, out, x, y: _sum_to(_extremum_share(g, x, y, y < x), y.shape), (0, 1))))
-minimum = _binary("minimum", np.minimum, (
+minimum = _binary("minimum", _extremum_impl(np.minimum, np.less), (
     Rule(lambda g, out, x, y: _sum_to(_extremum_share(g, x, y, y < x), x.shape), (0, 1)),
     Rule(lambda g, out, x, y: _sum_to(_extremum_share(g, x, y, x < y), y.shape), (0, 1))))
 

@@ -482,8 +482,8 @@ class KernelEmitter:
                 one = ir.Constant(x.type, 1.0)
                 pos = b.fcmp_ordered(">", x, ir.Constant(x.type, 0.0))
                 neg = b.fcmp_ordered("<", x, ir.Constant(x.type, 0.0))
-                # sign(nan) is 0, as torch; sign(-0.) is -0.
-                zero = b.select(b.fcmp_unordered("uno", x, x), ir.Constant(x.type, 0.0), x)
+                # sign(nan) and sign(-0.) are +0., as in torch and eager
+                zero = ir.Constant(x.type, 0.0)
                 return b.select(pos, one, b.select(neg, ir.Constant(x.type, -1.0), zero))
             zero = ir.Constant(x.type, 0)
             pos = b.zext(b.icmp_signed(">", x, zero), x.type)
