@@ -159,3 +159,6 @@ from fusegrad.tracer import (  # noqa: E402
 )
 
 __version__ = "0.1.0"
+
+# torch.utils.data, reachable as fusegrad.utils.data (torch.optim.lr_scheduler comes with optim).
+from fusegrad import utils  # noqa: E402
