@@ -504,3 +504,29 @@ def test_worker_seed_does_not_touch_the_main_process_rngs():
         list(D.DataLoader(make_tensor_dataset(), batch_size=5, num_workers=2))
     assert random.getstate() == state
     np.testing.assert_array_equal(np.random.get_state()[1], np_state)
+
+
+def test_a_training_loop_with_loader_optimizer_and_scheduler():
+    from fusegrad import nn, optim
+    fusegrad.manual_seed(0)
+    x = fusegrad.randn(64, 3)
+    y = x @ fusegrad.tensor([[1.0], [-2.0], [0.5]]) + 0.3
+    loader = D.DataLoader(D.TensorDataset(x, y), batch_size=16, shuffle=True,
+                          generator=seeded(0))
+    model = nn.Linear(3, 1)
+    opt = optim.RMSprop(model.parameters(), lr=0.1, momentum=0.9)     # OneCycle cycles momentum
+    sched = optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, epochs=30,
+                                          steps_per_epoch=len(loader))
+    losses = []
+    for _ in range(30):
+        total = 0.0
+        for xb, yb in loader:
+            opt.zero_grad()
+            loss = ((model(xb) - yb) ** 2).mean()
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += loss.item()
+        losses.append(total / len(loader))
+    assert losses[-1] < 1e-2 * losses[0]
+    np.testing.assert_allclose(model.weight.detach().numpy(), [[1.0, -2.0, 0.5]], atol=0.02)

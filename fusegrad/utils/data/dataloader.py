@@ -190,7 +190,7 @@ class _BaseIter:
         # Drawn whatever num_workers is (torch does too), so that the sampler's draws from a
         # shared generator, and so the order, do not depend on num_workers.
         self._base_seed = _random_seed(loader.generator)
-        self._reset(loader, first_iter=True)
+        _BaseIter._reset(self, loader, first_iter=True)
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         self._sampler_iter = iter(self._index_sampler)
@@ -267,8 +267,6 @@ class _MultiProcessingIter(_BaseIter):
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
-        if not hasattr(self, "_workers"):      # called by the base constructor: too early
-            return
         self._send_idx = 0      # index of the next task to send
         self._rcvd_idx = 0      # index of the next task to return
         # task index -> (worker id,) while outstanding, (worker id, data) once received early
