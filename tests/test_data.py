@@ -530,3 +530,51 @@ def test_a_training_loop_with_loader_optimizer_and_scheduler():
         losses.append(total / len(loader))
     assert losses[-1] < 1e-2 * losses[0]
     np.testing.assert_allclose(model.weight.detach().numpy(), [[1.0, -2.0, 0.5]], atol=0.02)
+
+
+class HalfPrecision(D.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i):
+        return fusegrad.full((2,), i + 0.5, dtype=fusegrad.bfloat16)
+
+
+def test_tensors_keep_their_dtype_across_the_process_boundary():
+    main = list(D.DataLoader(HalfPrecision(), batch_size=2))
+    workers = list(D.DataLoader(HalfPrecision(), batch_size=2, num_workers=2))
+    for a, b in zip(main, workers, strict=True):
+        assert b.dtype is fusegrad.bfloat16 and b.shape == (2, 2)
+        assert a.tolist() == b.tolist()
+
+
+def test_loader_over_a_subset_uses_its_batch_fetch():
+    train, _ = D.random_split(make_tensor_dataset(), [6, 4], generator=seeded(0))
+    got = sum(labels(D.DataLoader(train, batch_size=4)), [])
+    assert got == [train.indices[i] for i in range(6)]
+
+
+COLLATE_SAMPLES = [
+    [(1, 2.0, True), (3, 4.0, False)],
+    [{"a": np.ones(2, dtype=np.float32), "b": [np.int32(1), 2]},
+     {"a": np.zeros(2, dtype=np.float32), "b": [np.int32(3), 4]}],
+    [np.float64(1.5), np.float64(2.5)],
+    [Point(np.arange(3), "p"), Point(np.arange(3) * 2, "q")],
+]
+
+
+@pytest.mark.parametrize("batch", COLLATE_SAMPLES, ids=range(len(COLLATE_SAMPLES)))
+def test_default_collate_matches_torch(batch):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import default_collate as torch_collate
+
+    def plain(value):
+        if isinstance(value, (fusegrad.Tensor, torch.Tensor)):
+            return ("tensor", str(value.dtype).split(".")[-1], value.tolist())
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, [plain(v) for v in value])
+        return value
+
+    assert plain(D.default_collate(batch)) == plain(torch_collate(batch))
