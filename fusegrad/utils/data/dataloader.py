@@ -235,7 +235,7 @@ def _context(spec):
 
 
 class _MultiProcessingIter(_BaseIter):
-    """Worker processes fed by per-worker index queues, results reordered by task index."""
+    """Worker processes fed by per-worker index pipes, results reordered by task index."""
 
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
