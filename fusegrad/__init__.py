@@ -166,3 +166,6 @@ from fusegrad.serialization import load, save  # noqa: E402
 from fusegrad.type_info import finfo, iinfo  # noqa: E402
 
 __version__ = "0.1.0"
+
+# torch.utils.data, reachable as fusegrad.utils.data (torch.optim.lr_scheduler comes with optim).
+from fusegrad import utils  # noqa: E402

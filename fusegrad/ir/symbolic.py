@@ -199,6 +199,8 @@ class GraphTrace:
         self.grad_values: set[Value] = set()
         # fusegrad.compile's state capture (fusegrad.tracer.capture), when it traces.
         self.capture = None
+        # Inputs that stand for leaves requiring grad: eager forbids in-place writes to them.
+        self.grad_leaves: set[Value] = set()
 
     def new_input(self, name: str, type: TensorType, requires_grad: bool = False) -> SymbolicTensor:
         value = self.graph.add_input(_unique_name(self.graph, name), type)
@@ -242,6 +244,8 @@ class GraphTrace:
                 return value
         sym = self.new_input(f"captured{len(self.lifted)}", t._type(), t._requires_grad)
         self.lifted.append((t, sym._value))
+        if t._trace is None and t.is_leaf and t._requires_grad:
+            self.grad_leaves.add(sym._value)
         return sym._value
 
     def process_primitive(self, prim: Primitive, operands: Sequence[Tensor], attrs: dict):

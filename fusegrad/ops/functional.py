@@ -244,9 +244,9 @@ true_divide = div
 
 
 def floor_divide(x, other) -> Tensor:
+    """Python's ``//``: for floats, torch's (and numpy's) floor of the exact quotient, so
+    ``1 // 0.1`` is 9, ``1 // -inf`` is -1 and ``inf // 1`` is nan."""
     a, b = _promote("floor_divide", x, other)
-    if a.dtype.is_floating_point:
-        return floor(bind(P.div, a, b))
     return bind(P.floordiv, a, b)
 
 
@@ -255,11 +255,10 @@ def remainder(x, other) -> Tensor:
     return bind(P.remainder, a, b)
 
 
-@composite("FmodBackward0")
 def fmod(x, other) -> Tensor:
+    """C's fmod: the exact remainder of the truncated quotient, with the sign of ``x``."""
     a, b = _promote("fmod", x, other)
-    return sub(a, mul(trunc(div(a, b)), b)) if a.dtype.is_floating_point else \
-        sub(a, mul(div(a, b, rounding_mode="trunc"), b))
+    return bind(P.fmod, a, b)
 
 
 def pow(x, exponent) -> Tensor:  # noqa: A001 - torch's name
@@ -475,24 +474,61 @@ def round(x: Tensor, *, decimals: int = 0) -> Tensor:  # noqa: A001
 
 
 def clamp(x: Tensor, min=None, max=None) -> Tensor:  # noqa: A002
-    """Clamp into [min, max]; either bound may be None, a number or a tensor."""
+    """Clamp into [min, max]; either bound may be None, a number or a tensor.
+
+    Values and gradients are torch's: a NaN input stays NaN with a zero gradient; a NaN
+    bound gives NaN; at a bound the gradient goes to ``x`` (not split as in maximum); with
+    tensor bounds, ``min`` gets the gradient where ``x < min < max`` and ``max`` where
+    ``x > max`` or ``max < min``."""
     if min is None and max is None:
         raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    if isinstance(min, Tensor) or isinstance(max, Tensor):
+        return _named(_clamp_tensor(x, min, max), "ClampBackward0")
     out = x
     if min is not None:
-        out = maximum(out, min) if isinstance(min, Tensor) else _clamp_scalar(out, min, P.maximum)
+        out = _clamp_scalar(out, min, P.maximum)
     if max is not None:
-        out = minimum(out, max) if isinstance(max, Tensor) else _clamp_scalar(out, max, P.minimum)
-    tensor_bound = isinstance(min, Tensor) or isinstance(max, Tensor)
-    return _named(out, "ClampBackward0" if tensor_bound else "ClampBackward1")
+        out = _clamp_scalar(out, max, P.minimum)
+    return _named(out, "ClampBackward1")
 
 
 def _clamp_scalar(x, bound, prim):
-    # A gradient of 1 flows through a clamp at the bound itself (torch's convention), so use
-    # where() rather than maximum/minimum, which split ties.
+    # torch's clamp_backward passes the gradient where min <= x (x <= max), so a gradient
+    # of 1 at the bound itself, and 0 at NaN, whose value still passes through (detached).
     a, b = _promote("clamp", x, bound)
     inside = (bind(P.le, b, a) if prim is P.maximum else bind(P.le, a, b))
-    return bind(P.where, bind(P.logical_or, inside, bind(P.ne, a, a)), a, b)
+    return bind(P.where, inside, a, bind(P.where, bind(P.ne, a, a), a.detach(), b))
+
+
+def _clamp_tensor(x, lo, hi):
+    """clamp with a tensor bound: torch's value (``hi if hi < v else v`` for
+    ``v = lo if x < lo else x``, NaN where a bound is NaN), computed detached, with its
+    gradient routed by torch's masks (clamp_backward_min_max) through ``where``."""
+    ops = [x] + [v for v in (lo, hi) if v is not None]
+    vals = _promote("clamp", *ops)
+    a = vals[0]
+    mn = vals[1] if lo is not None else None
+    mx = vals[-1] if hi is not None else None
+    ad = a.detach()
+    value = ad
+    if mn is not None:
+        value = bind(P.where, bind(P.lt, ad, mn.detach()), mn.detach(), value)
+    if mx is not None:
+        value = bind(P.where, bind(P.lt, mx.detach(), value), mx.detach(), value)
+    if mn is not None and mx is not None:
+        # torch's clamp kernel gives NaN for a NaN bound; so does the sum of the bounds.
+        unordered = bind(P.logical_or, bind(P.ne, mn, mn), bind(P.ne, mx, mx))
+        value = bind(P.where, unordered, bind(P.add, mn.detach(), mx.detach()), value)
+        pass_x = bind(P.logical_and, bind(P.le, mn, a), bind(P.le, a, mx))
+        take_lo = bind(P.logical_and, bind(P.lt, a, mn), bind(P.lt, mn, mx))
+        take_hi = bind(P.logical_or, bind(P.lt, mx, a), bind(P.lt, mx, mn))
+        return bind(P.where, pass_x, a,
+                    bind(P.where, take_lo, mn, bind(P.where, take_hi, mx, value)))
+    if mn is not None:
+        value = bind(P.where, bind(P.ne, mn, mn), bind(P.add, ad, mn.detach()), value)
+        return bind(P.where, bind(P.le, mn, a), a, bind(P.where, bind(P.lt, a, mn), mn, value))
+    value = bind(P.where, bind(P.ne, mx, mx), bind(P.add, ad, mx.detach()), value)
+    return bind(P.where, bind(P.le, a, mx), a, bind(P.where, bind(P.lt, mx, a), mx, value))
 
 
 clip = clamp
@@ -932,13 +968,42 @@ def view(x: Tensor, *shape) -> Tensor:
     if len(shape) == 1 and isinstance(shape[0], dtypes.DType):
         raise NotImplementedError("view(dtype) is not supported; use .to(dtype)")
     shape = _infer_shape(x, shape, "view")
-    if x._trace is None and not _viewable(x._data, shape):
+    layout = x._data if x._trace is None else _traced_layout(x)
+    if not _viewable(layout, shape):
         raise RuntimeError(
             "view size is not compatible with input tensor's size and stride (at least one "
             "dimension spans across two contiguous subspaces). Use .reshape(...) instead. "
             f"(view({list(shape)}) of a tensor of size {list(x.shape)} and stride "
-            f"{list(x.stride())})")
+            f"{[st // layout.itemsize for st in layout.strides]})")
     return reshape_prim(x, shape)
+
+
+def _layout_stand_in(shape) -> np.ndarray:
+    """A contiguous array of ``shape`` over one byte: strides to reason about, no data."""
+    shape = tuple(shape)
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * builtins.max(shape[i + 1], 1)
+    return np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape, strides)
+
+
+def _traced_layout(x: Tensor) -> np.ndarray:
+    """The strides eager would give a traced tensor, on a stand-in (never read): its view
+    ops replayed on a contiguous base. A reshape that eager would copy starts a contiguous
+    layout again. Computed values count as contiguous (eager's numpy may keep a transposed
+    operand's layout; that case is not modelled)."""
+    if x._base is None or not x._view_ops:
+        return _layout_stand_in(x.shape)
+    a = _layout_stand_in(x._base.shape)
+    for prim, attrs in x._view_ops:
+        if prim is P.reshape:
+            try:
+                a = np.reshape(a, attrs["shape"], copy=False)
+            except ValueError:
+                a = _layout_stand_in(attrs["shape"])
+        else:
+            a = prim.impl(a, **attrs)
+    return a
 
 
 def view_as(x: Tensor, other: Tensor) -> Tensor:
@@ -1683,17 +1748,27 @@ def _advanced_index(x: Tensor, advanced: list) -> Tensor:
 # --------------------------------------------------------------------------- in-place
 
 
+def _is_grad_leaf(t: Tensor) -> bool:
+    """A leaf that requires grad; under a trace, an input standing for one (an argument,
+    parameter or captured tensor; the trace records which), not yet written."""
+    if not t._requires_grad:
+        return False
+    if t._trace is None:
+        return t.is_leaf
+    return t._value in t._trace.grad_leaves
+
+
 def _check_inplace(x: Tensor, op: str) -> None:
-    if x._trace is not None:
-        return
     if is_grad_enabled():
-        if x.is_leaf and x._requires_grad:
+        if _is_grad_leaf(x):
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                                "operation.")
         base = x._base
-        if base is not None and base.is_leaf and base._requires_grad:
+        if base is not None and _is_grad_leaf(base):
             raise RuntimeError("a view of a leaf Variable that requires grad is being used in an "
                                "in-place operation.")
+    if x._trace is not None:
+        return
     if not x._data.flags.writeable:
         raise RuntimeError(
             f"{op}: unsupported operation: more than one element of the written-to tensor refers "
@@ -1708,6 +1783,7 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     trace, the tracer rebinds ``x`` to the new value (functionalization).
     """
     if x._trace is not None:
+        _check_inplace(x, op)
         return x._trace.assign(x, value)
     if _primitive.CAPTURE:
         # Tracing a compiled function: a write to a tensor from outside it (a parameter, an

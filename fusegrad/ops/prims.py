@@ -162,7 +162,15 @@ erf = _unary("erf", lambda x: np.asarray(_erf_np(x)).astype(x.dtype),
              _rule_x(lambda g, out, x: g * _TWO_OVER_SQRT_PI * (-(x * x)).exp()))
 sqrt = _unary("sqrt", np.sqrt, _rule_out(lambda g, out, x: g / (out * 2)))
 reciprocal = _unary("reciprocal", np.reciprocal, _rule_out(lambda g, out, x: -(g * out * out)))
-sign = _unary("sign", np.sign, _zero_rule(0), float_only=False)
+def _sign_impl(x):
+    # torch's (x > 0) - (x < 0): sign(nan) is 0 (numpy's is nan) and sign(-0.) is +0.
+    # (ml_dtypes' bfloat16 gives -0.); abs's gradient g * sign(x) is then 0 at NaN too.
+    if x.dtype.kind in "biu":
+        return np.sign(x)
+    return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+
+
+sign = _unary("sign", _sign_impl, _zero_rule(0), float_only=False)
 floor = _unary("floor", np.floor, _zero_rule(0))
 ceil = _unary("ceil", np.ceil, _zero_rule(0))
 round_ = _unary("round", np.rint, _zero_rule(0))
@@ -182,9 +190,39 @@ def _cast_infer(x: TensorType, *, dtype: dtypes.DType) -> TensorType:
     return TensorType(x.shape, dtype)
 
 
+def float_to_int_wide(dtype: dtypes.DType) -> tuple[type, int]:
+    """The signed integer type a float converts through on its way to ``dtype``, and that
+    type's width in bits: int32 for int8/int16/int32, int64 for int64, uint8 and uint32.
+
+    C leaves an out-of-range float-to-int conversion undefined; torch on x86 gives what the
+    CPU's truncating conversion (cvttss2si) gives: the conversion to the wide type is exact
+    in range and INT_MIN of the wide type for NaN, +-Inf and out-of-range values, and the
+    narrow type keeps the low bits (300.0 -> int8 is 44, -2.0 -> uint8 is 254). fusegrad
+    defines every float-to-int cast this way, on every CPU, eager and compiled alike."""
+    if dtype in (dtypes.int64, dtypes.uint8, dtypes.uint32):
+        return np.int64, 64
+    return np.int32, 32
+
+
+def _float_to_int(x: np.ndarray, dtype: dtypes.DType) -> np.ndarray:
+    wide, bits = float_to_int_wide(dtype)
+    x = _np_float_compute(x)
+    limit = x.dtype.type(2.0 ** (bits - 1))
+    inside = (x >= -limit) & (x < limit)          # False at NaN
+    if inside.all():
+        out = x.astype(wide)
+    else:
+        out = np.where(inside, x, 0).astype(wide)
+        out[~inside] = np.iinfo(wide).min
+    return out.astype(dtype.np_dtype)
+
+
 def _cast_impl(x, *, dtype):
     if dtype is dtypes.bool_:
         return x != 0
+    if x.dtype.kind == "f" or x.dtype == ml_dtypes.bfloat16:
+        if dtype.category == 1:
+            return _float_to_int(x, dtype)
     return x.astype(dtype.np_dtype)
 
 
@@ -226,33 +264,75 @@ def _pow_impl(x, y):
 pow_ = _binary("pow", _pow_impl, (Rule(_pow_dx, (0, 1)), Rule(_pow_dy, (0, 1), True)))
 
 
-def _pick_share(x, y, wins, g):
-    # Ties split the gradient evenly, as torch's maximum/minimum do.
-    return wins.to(g.dtype) + (x == y).to(g.dtype) * 0.5
+def _extremum_share(g, x, y, loses):
+    """torch's maximum/minimum backward for one operand: nothing where it ``loses``, half on
+    a tie, all of ``g`` otherwise, NaN included (torch gives both operands the full gradient
+    where either is NaN)."""
+    zero = g.new_zeros(())
+    return zero.where(loses, (g / 2).where(x == y, g))
 
 
-maximum = _binary("maximum", np.maximum, (
-    Rule(lambda g, out, x, y: _sum_to(g * _pick_share(x, y, x > y, g), x.shape), (0, 1)),
-    Rule(lambda g, out, x, y: _sum_to(g * _pick_share(x, y, y > x, g), y.shape), (0, 1))))
-minimum = _binary("minimum", np.minimum, (
-    Rule(lambda g, out, x, y: _sum_to(g * _pick_share(x, y, x < y, g), x.shape), (0, 1)),
-    Rule(lambda g, out, x, y: _sum_to(g * _pick_share(x, y, y < x, g), y.shape), (0, 1))))
+def _extremum_impl(numpy_op, wins):
+    def impl(x, y):
+        # One definition for every float type and CPU, the one x86's maxps/minps gives and
+        # the compiled kernel uses: NaN if either is NaN, else x only where it strictly wins,
+        # so a tie of -0. and 0. gives y. (numpy's own maximum differs between its float16
+        # and its SIMD float32 loops there.)
+        if x.dtype.kind in "biu":
+            return numpy_op(x, y)
+        return np.where(wins(x, y) | np.isnan(x), x, y)
+    return impl
+
+
+maximum = _binary("maximum", _extremum_impl(np.maximum, np.greater), (
+    Rule(lambda g, out, x, y: _sum_to(_extremum_share(g, x, y, x < y), x.shape), (0, 1)),
+    Rule(lambda g, out, x, y: _sum_to(_extremum_share(g, x, y, y < x), y.shape), (0, 1))))
+minimum = _binary("minimum", _extremum_impl(np.minimum, np.less), (
+    Rule(lambda g, out, x, y: _sum_to(_extremum_share(g, x, y, y < x), x.shape), (0, 1)),
+    Rule(lambda g, out, x, y: _sum_to(_extremum_share(g, x, y, x < y), y.shape), (0, 1))))
+
+
+def _raise_on_int_zero(x, y, what: str) -> None:
+    # torch raises RuntimeError("ZeroDivisionError"); numpy would warn and give 0.
+    if x.dtype.kind in "iu" and np.any(y == 0):
+        raise ZeroDivisionError(f"ZeroDivisionError: integer {what} by zero")
 
 
 def _floordiv_impl(x, y):
-    if x.dtype.kind in "iu" and np.any(y == 0):
-        raise ZeroDivisionError("ZeroDivisionError: integer division by zero")
-    return np.floor_divide(x, y)
+    # Floats: numpy's floor_divide is torch's div_floor_floating bit for bit (the quotient
+    # of x - fmod(x, y), snapped to an integer): 1 // -inf is -1, inf // 1 is nan.
+    _raise_on_int_zero(x, y, "division")
+    return np.floor_divide(_np_float_compute(x), _np_float_compute(y))
 
 
 floordiv = _binary("floordiv", _floordiv_impl, (_zero_rule(0), _zero_rule(1)),
                    grad_name="DivBackward1")
 
 
+def _fmod_impl(x, y):
+    # np.fmod is exact (IEEE fmod; C's % for integers). 16-bit floats compute in float32,
+    # where fmod of two 16-bit values is exact and representable in the 16-bit type.
+    _raise_on_int_zero(x, y, "modulo")
+    return np.fmod(_np_float_compute(x), _np_float_compute(y))
+
+
+fmod = _binary("fmod", _fmod_impl, (
+    Rule(lambda g, out, x, y: _sum_to(g, x.shape)),
+    Rule(lambda g, out, x, y: _sum_to(-(g * _F().trunc(x / y)), y.shape), (0, 1))))
+
+
 def _remainder_impl(x, y):
-    if x.dtype.kind in "iu" and np.any(y == 0):
-        raise ZeroDivisionError("ZeroDivisionError: integer modulo by zero")
-    return np.remainder(x, y)
+    """Python's modulo with torch's rule: fmod(x, y), plus y where the two signs differ.
+
+    A zero result keeps the sign of fmod (of x), as in torch; numpy's remainder gives it
+    the sign of y. Computing through fmod keeps it exact for huge quotients."""
+    _raise_on_int_zero(x, y, "modulo")
+    if x.dtype.kind in "iu":
+        return np.remainder(x, y)
+    x, y = _np_float_compute(x), _np_float_compute(y)
+    mod = np.fmod(x, y)
+    fix = (mod != 0) & ((y < 0) != (mod < 0))
+    return np.where(fix, mod + y, mod)
 
 
 remainder = _binary("remainder", _remainder_impl, (

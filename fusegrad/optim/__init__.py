@@ -1,7 +1,15 @@
-"""``fusegrad.optim``: SGD, Adam and AdamW with torch.optim's API and update formulas."""
+"""``fusegrad.optim``: torch.optim's optimizers (SGD, Adam, AdamW, RMSprop, Adagrad, Adamax,
+NAdam, RAdam) with its API and update formulas, and ``lr_scheduler``."""
 
+from fusegrad.optim import lr_scheduler
+from fusegrad.optim.adagrad import Adagrad
 from fusegrad.optim.adam import Adam, AdamW
+from fusegrad.optim.adamax import Adamax
+from fusegrad.optim.nadam import NAdam
 from fusegrad.optim.optimizer import Optimizer
+from fusegrad.optim.radam import RAdam
+from fusegrad.optim.rmsprop import RMSprop
 from fusegrad.optim.sgd import SGD
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam",
+           "lr_scheduler"]

@@ -159,7 +159,9 @@ class CompiledFunction:
                  _tree_key(tree)]
         for t in leaves:
             d = t._data
-            parts.append((d.shape, t._dtype.name, t._requires_grad, d.flags.c_contiguous))
+            # A leaf that requires grad may not be written in place: leafness is traced too.
+            parts.append((d.shape, t._dtype.name, t._requires_grad and (t.grad_fn is None),
+                          t._requires_grad, d.flags.c_contiguous))
         if self.module is not None:
             # Every submodule's flag: m[1].eval() turns one Dropout off.
             parts.append(module_flags(self.module))
@@ -240,7 +242,7 @@ class CompiledFunction:
         if not kwargs and self._fast_ok:
             try:
                 fast = (is_grad_enabled(), dtypes.get_default_dtype()) + tuple(
-                    (a._data.shape, a._dtype, a._requires_grad) for a in args)
+                    (a._data.shape, a._dtype, a._requires_grad, a.grad_fn is None) for a in args)
             except (AttributeError, RuntimeError):
                 fast = None
             if fast is not None:

@@ -232,6 +232,9 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool) -> Grap
     leaf_names = _leaf_names(args, kwargs, names)
     for t, n in zip(leaves, leaf_names):
         sym_leaves.append(tr.new_input(_sanitize(n), t._type(), t.requires_grad))
+    for t, s in list(zip(leaves, sym_leaves)) + [(t, sym_state[id(t)]) for _, t in state]:
+        if t.requires_grad and t.is_leaf and t._trace is None:
+            tr.grad_leaves.add(s._value)
     sym_args, sym_kwargs = tree_unflatten(in_tree, sym_leaves)
     originals = {id(s): s._value for s in list(sym_state.values()) + sym_leaves}
 

@@ -110,7 +110,7 @@ def unary_cast() -> Case:
 BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
     "maximum": np.maximum, "minimum": np.minimum, "floordiv": np.floor_divide,
-    "remainder": np.remainder, "lt": np.less, "le": np.less_equal, "eq": np.equal,
+    "remainder": np.remainder, "fmod": np.fmod, "lt": np.less, "le": np.less_equal, "eq": np.equal,
     "ne": np.not_equal,
 }
 

@@ -39,7 +39,8 @@ __all__ = ["graphs", "graphs_and_args", "random_args", "shapes"]
 FLOAT_UNARY = ("neg", "abs", "exp", "log", "log1p", "expm1", "sin", "cos", "tanh", "erf", "sqrt",
                "reciprocal", "sign", "floor", "ceil", "round", "copy", "stop_gradient")
 INT_UNARY = ("neg", "abs", "sign", "copy")
-FLOAT_BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "floordiv", "remainder")
+FLOAT_BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "floordiv", "remainder",
+                "fmod")
 INT_BINARY = ("add", "sub", "mul", "maximum", "minimum")
 COMPARE = ("lt", "le", "eq", "ne")
 REDUCE = ("sum", "prod", "max", "min")

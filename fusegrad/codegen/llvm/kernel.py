@@ -34,10 +34,12 @@ import math
 from typing import Sequence
 
 import llvmlite.ir as ir
+import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.codegen.llvm import mathlib
 from fusegrad.ir.graph import Literal, Node, Value
+from fusegrad.ops.prims import float_to_int_wide
 from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
 
 __all__ = ["Unsupported", "KernelEmitter", "emit_kernel", "KERNEL_ARGS", "lltype"]
@@ -62,6 +64,13 @@ MAX_INTERLEAVED_BODY = 48
 # vector registers, block sums in float64. Sums of this many elements or fewer (softmax and
 # layer_norm rows) are one block, with no outer accumulator.
 SUM_BLOCK = 2048
+
+_HALF_TYPES = (dtypes.float16, dtypes.bfloat16)
+# Ops whose float32 result on 16-bit operands is already a 16-bit value (they select or
+# move an operand, or round to an integer), so it needs no rounding back.
+_EXACT_ON_HALF = frozenset({"copy", "stop_gradient", "neg", "abs", "sign", "floor", "ceil",
+                            "round", "maximum", "minimum", "where", "cast", "reshape",
+                            "broadcast_to", "pad", "concat", "full", "fmod"})
 _REDUCE_FLAGS = ("contract", "reassoc")
 
 
@@ -91,6 +100,9 @@ def _const(dt: dtypes.DType, value) -> ir.Constant:
     t = lltype(dt)
     if dt is dtypes.bool_:
         return ir.Constant(I1, int(bool(value)))
+    if dt in _HALF_TYPES:
+        # A 16-bit constant holds a 16-bit value: full(0.1, float16) is float16(0.1).
+        return ir.Constant(t, float(np.asarray(value, dtype=dt.np_dtype).astype(np.float32)))
     if dt.is_floating_point:
         return ir.Constant(t, float(value))
     return ir.Constant(t, int(value))
@@ -280,7 +292,8 @@ class KernelEmitter:
         if isinstance(v, Literal):
             return _const(v.dtype, v.value)
         if v in self.acc:
-            return self.acc[v]
+            # A float16 sum accumulates in float32; eager rounds the result to float16.
+            return self.round_half(self.acc[v], v.type.dtype)
         key = (v, tuple(id(c) for c in coords))
         hit = self.cached(key)
         if hit is not None:
@@ -321,7 +334,18 @@ class KernelEmitter:
             return self.emit_concat(node, coords)
         args = [self.emit(x, self.operand_coords(x, out_shape, coords)) for x in node.inputs]
         in_dt = node.inputs[0].type.dtype if node.inputs else node.output.type.dtype
-        return self.scalar(op, args, in_dt, node)
+        out = self.scalar(op, args, in_dt, node)
+        if op not in _EXACT_ON_HALF:
+            # Eager rounds every 16-bit result; so must a fused chain (tanh(5.) is 1 in
+            # float16, and .long() of it must give 1, not 0).
+            out = self.round_half(out, node.output.type.dtype)
+        return out
+
+    def round_half(self, x: ir.Value, dt: dtypes.DType) -> ir.Value:
+        """``x`` (a float register) rounded to ``dt`` when ``dt`` is a 16-bit float."""
+        if dt not in _HALF_TYPES:
+            return x
+        return self.from_memory(self.to_memory(x, dt), dt)
 
     def shifted(self, c, start: int, size: int):
         """``(c - start, whether 0 <= c - start < size)``, the index clamped to 0 outside, so
@@ -406,12 +430,7 @@ class KernelEmitter:
                 return x
             return b.fpext(x, dt_) if isinstance(dt_, ir.DoubleType) else b.fptrunc(x, dt_)
         if src.is_floating_point:
-            if dt_.width < 32 or not dst.is_signed:
-                # numpy and torch convert to a wide signed int and truncate (C's cast on
-                # x86): -2.0 -> uint8 is 254 and 300.0 -> int8 is 44, not a saturated value.
-                wide = I32 if dt_.width < 32 else I64
-                return b.trunc(self.intrinsic("llvm.fptosi.sat", [x], wide), dt_)
-            return self.intrinsic("llvm.fptosi.sat", [x], dt_)
+            return self.float_to_int(x, dst)
         if dst.is_floating_point:
             return b.uitofp(x, dt_) if _unsigned(src) else b.sitofp(x, dt_)
         if st.width == dt_.width:
@@ -419,6 +438,21 @@ class KernelEmitter:
         if st.width > dt_.width:
             return b.trunc(x, dt_)
         return b.zext(x, dt_) if _unsigned(src) else b.sext(x, dt_)
+
+    def float_to_int(self, x: ir.Value, dst: dtypes.DType) -> ir.Value:
+        """torch's float-to-int cast on x86 (see ``prims.float_to_int_wide``): exact
+        truncation to a wide signed type in range, INT_MIN of it for NaN, Inf and out of
+        range, then the low bits. LLVM's fptosi is poison out of range, so it only ever
+        sees in-range values (others are replaced by 0 first)."""
+        b = self.b
+        _, bits = float_to_int_wide(dst)
+        wide = ir.IntType(bits)
+        limit = ir.Constant(x.type, 2.0 ** (bits - 1))
+        inside = b.and_(b.fcmp_ordered(">=", x, b.fneg(limit)), b.fcmp_ordered("<", x, limit))
+        safe = b.select(inside, x, ir.Constant(x.type, 0.0))
+        out = b.select(inside, b.fptosi(safe, wide), ir.Constant(wide, -(2 ** (bits - 1))))
+        target = lltype(dst)
+        return out if target.width == bits else b.trunc(out, target)
 
     def round_to_odd(self, x: ir.Value) -> ir.Value:
         """double to float, rounded toward zero with the lowest bit set when inexact."""
@@ -475,7 +509,9 @@ class KernelEmitter:
                 one = ir.Constant(x.type, 1.0)
                 pos = b.fcmp_ordered(">", x, ir.Constant(x.type, 0.0))
                 neg = b.fcmp_ordered("<", x, ir.Constant(x.type, 0.0))
-                return b.select(pos, one, b.select(neg, ir.Constant(x.type, -1.0), x))
+                # sign(nan) and sign(-0.) are +0., as in torch and eager
+                zero = ir.Constant(x.type, 0.0)
+                return b.select(pos, one, b.select(neg, ir.Constant(x.type, -1.0), zero))
             zero = ir.Constant(x.type, 0)
             pos = b.zext(b.icmp_signed(">", x, zero), x.type)
             neg = b.zext(b.icmp_signed("<", x, zero), x.type)
@@ -495,7 +531,11 @@ class KernelEmitter:
             return self.power(x, y, dt, node)
         if op in ("maximum", "minimum"):
             if is_float:
-                return self.intrinsic("llvm." + op, [x, y])
+                # numpy's (eager's) maximum: NaN if either is NaN, else ``x`` only where it
+                # is strictly greater, so a tie of -0. and 0. gives ``y`` (llvm.maximum would
+                # give +0.); x86's maxps computes exactly this select.
+                wins = b.fcmp_ordered(">" if op == "maximum" else "<", x, y)
+                return b.select(b.fcmp_unordered("uno", x, x), x, b.select(wins, x, y))
             if dt is dtypes.bool_:
                 return b.or_(x, y) if op == "maximum" else b.and_(x, y)
             kind = ("u" if _unsigned(dt) else "s") + ("max" if op == "maximum" else "min")
@@ -513,10 +553,20 @@ class KernelEmitter:
             return b.or_(x, y)
         if op == "where":
             return b.select(a[0], a[1], a[2])
+        if op in ("floordiv", "remainder", "fmod") and not is_float:
+            divisor = node.inputs[1]
+            if not isinstance(divisor, Literal) or divisor.value == 0:
+                # Eager (and torch) raise ZeroDivisionError on an integer division by zero; a
+                # kernel cannot raise, so this one runs its numpy reference, which does.
+                raise Unsupported(f"integer {op} by a tensor (raises on division by zero)")
         if op == "floordiv":
             return self.float_floordiv(x, y) if is_float else self.int_floordiv(x, y, dt)
         if op == "remainder":
             return self.remainder(x, y, dt)
+        if op == "fmod":
+            if is_float:
+                return b.frem(x, y)     # exact: IEEE fmod, as numpy and C
+            return self.int_fmod(x, y, dt)
         raise Unsupported(f"no LLVM lowering for {op} on {dt}")
 
     def power(self, x, y, dt, node: Node) -> ir.Value:
@@ -622,12 +672,21 @@ class KernelEmitter:
         out = b.select(b.fcmp_unordered("!=", div, zero), floored, signed_zero)
         return b.select(b.fcmp_ordered("==", y, zero), quotient, out)
 
+    def safe_divisor(self, y, dt) -> ir.Value:
+        """``y`` with the divisors LLVM leaves undefined replaced by 1: 0 (only a nonzero
+        literal reaches here; see ``scalar``) and, for signed types, -1 (INT_MIN / -1
+        overflows; callers patch the -1 case, where x // -1 is -x wrapped and x % -1 is 0)."""
+        b = self.b
+        one = ir.Constant(y.type, 1)
+        bad = b.icmp_signed("==", y, ir.Constant(y.type, 0))
+        if not _unsigned(dt):
+            bad = b.or_(bad, b.icmp_signed("==", y, ir.Constant(y.type, -1)))
+        return b.select(bad, one, y)
+
     def int_floordiv(self, x, y, dt) -> ir.Value:
         b = self.b
         zero = ir.Constant(x.type, 0)
-        # Division by zero is undefined in LLVM: divide by 1 there (numpy raises eagerly;
-        # compiled code gives 0 rather than crashing).
-        safe = b.select(b.icmp_signed("==", y, zero), ir.Constant(x.type, 1), y)
+        safe = self.safe_divisor(y, dt)
         if _unsigned(dt):
             return b.udiv(x, safe)
         q = b.sdiv(x, safe)
@@ -635,7 +694,13 @@ class KernelEmitter:
         fix = b.and_(b.icmp_signed("!=", r, zero),
                      b.icmp_signed("<", b.xor(r, safe), zero))
         q = b.sub(q, b.zext(fix, x.type))
-        return b.select(b.icmp_signed("==", y, zero), zero, q)
+        return b.select(b.icmp_signed("==", y, ir.Constant(x.type, -1)), b.neg(x), q)
+
+    def int_fmod(self, x, y, dt) -> ir.Value:
+        """C's ``%`` (numpy's integer fmod): the sign of ``x``."""
+        b = self.b
+        safe = self.safe_divisor(y, dt)
+        return b.urem(x, safe) if _unsigned(dt) else b.srem(x, safe)
 
     def remainder(self, x, y, dt) -> ir.Value:
         b = self.b
@@ -646,7 +711,7 @@ class KernelEmitter:
                          b.xor(b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", y, zero)))
             return b.select(fix, b.fadd(r, y), r)
         zero = ir.Constant(x.type, 0)
-        safe = b.select(b.icmp_signed("==", y, zero), ir.Constant(x.type, 1), y)
+        safe = self.safe_divisor(y, dt)
         if _unsigned(dt):
             return b.urem(x, safe)
         r = b.srem(x, safe)
