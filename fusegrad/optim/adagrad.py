@@ -7,8 +7,10 @@ from typing import Any, Callable, Iterable
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops import functional as F
+from fusegrad.ops import primitive
 from fusegrad.ops.creation import full_like, tensor
 from fusegrad.optim.optimizer import Optimizer, addcdiv_, addcmul_
+from fusegrad.tensor import Tensor
 
 __all__ = ["Adagrad"]
 
@@ -67,11 +69,17 @@ class Adagrad(Optimizer):
                 if not state:   # a parameter added later with add_param_group
                     state["step"] = tensor(0.0, dtype=dtypes.float32)
                     state["sum"] = full_like(p, group["initial_accumulator_value"])
-                step = state["step"].add_(1).item()
+                step_t = state["step"].add_(1)
                 if weight_decay != 0:
                     grad = F.add(grad, p, alpha=weight_decay)
-                clr = lr / (1 + (step - 1) * lr_decay)
+                if primitive.is_compiling():
+                    # Traced into a compiled step: the same float64 formula in graph math.
+                    step = F.cast(step_t, dtypes.float64)
+                    clr = F.div(lr, F.add(F.mul(F.sub(step, 1), lr_decay), 1))
+                else:
+                    step = step_t.item()
+                    clr = lr / (1 + (step - 1) * lr_decay)
                 state_sum = addcmul_(state["sum"], grad, grad)
                 std = F.add(F.sqrt(state_sum), eps)
-                addcdiv_(p, grad, std, -clr)
+                addcdiv_(p, grad, std, F.neg(clr) if isinstance(clr, Tensor) else -clr)
         return loss

@@ -28,6 +28,8 @@ class Adamax(Optimizer):
     as torch's capturable branch does (what a traced step needs).
     """
 
+    _capturable_when_compiled = True
+
     def __init__(self, params: Iterable, lr: float = 2e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0, foreach: bool | None = None, *,

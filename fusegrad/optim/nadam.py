@@ -31,6 +31,8 @@ class NAdam(Optimizer):
     ops (torch's capturable branch).
     """
 
+    _capturable_when_compiled = True
+
     def __init__(self, params: Iterable, lr: float = 2e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0, momentum_decay: float = 4e-3,

@@ -32,9 +32,17 @@ def _captured_step(step: Callable) -> Callable:
             return step(self, *args, **kwargs)
         capture = primitive.CAPTURE[-1]
         replaced = capture.enter_optimizer(self)
+        # Optimizers whose eager step reads the step count with .item() take their
+        # capturable branch (tensor math on the step) while traced.
+        flipped = [g for g in self.param_groups if self._capturable_when_compiled
+                   and g.get("capturable") is False]
+        for g in flipped:
+            g["capturable"] = True
         try:
             return step(self, *args, **kwargs)
         finally:
+            for g in flipped:
+                g["capturable"] = False
             capture.exit_optimizer(replaced)
     return wrapper
 
@@ -81,6 +89,9 @@ class Optimizer:
     ``"params"`` entry and optional per-group hyperparameters overriding ``defaults``.
     Subclasses implement :meth:`step`; per-parameter state lives in ``self.state[param]``.
     """
+
+    # Set by optimizers whose capturable branch is what a traced step should run.
+    _capturable_when_compiled = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -32,6 +32,8 @@ class RAdam(Optimizer):
     branch with ``where`` (torch's capturable branch).
     """
 
+    _capturable_when_compiled = True
+
     def __init__(self, params: Iterable, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0, decoupled_weight_decay: bool = False, *,

@@ -85,7 +85,7 @@ class StateCapture:
         self.concrete_of: dict[Value, Tensor] = {}
         # id(array) of a captured tensor -> (tensor, its symbolic tensor, its graph input)
         self.external: dict[int, tuple[Tensor, SymbolicTensor, Value]] = {}
-        self.written: dict[int, tuple[Any, SymbolicTensor]] = {}       # internal, written
+        self.written: dict[int, tuple] = {}      # internal, written: (weakref, sym, array)
         # id(symbolic tensor) -> graph input, for the symbolic tensors that stand for leaves
         self.leaf_syms: dict[int, Value] = {}
         self.grads: dict[Value, Tensor | None] = {}                      # leaf -> current grad
@@ -174,7 +174,8 @@ class StateCapture:
                         "compiled function")
         if self.is_internal(x):
             sym = SymbolicTensor._make(self.trace.operand(x), self.trace, x._requires_grad)
-            self.written[id(x._data)] = (weakref.ref(x), sym)
+            # The array is held so that its id stays unique while the trace runs.
+            self.written[id(x._data)] = (weakref.ref(x), sym, x._data)
         else:
             sym = self.sym_for(x)
         self.trace.assign(sym, value)
@@ -381,7 +382,7 @@ class StateCapture:
             if sym._value is not value and i not in mutated_inputs:
                 mutations.append((i, len(outputs)))
                 outputs.append(sym._value)
-        for ref, sym in self.written.values():
+        for ref, sym, _ in self.written.values():
             t = ref()
             if t is not None:
                 info.internal_writes.append((t, len(outputs)))
