@@ -151,6 +151,11 @@ neg = _unary("neg", np.negative, Rule(lambda g, out, x: -g), float_only=False)
 abs_ = _unary("abs", np.abs, _rule_x(lambda g, out, x: g * x.sign()), float_only=False)
 exp = _unary("exp", np.exp, _rule_out(lambda g, out, x: g * out))
 log = _unary("log", np.log, _rule_x(lambda g, out, x: g / x))
+# exp2/log2/log10 are primitives, not exp(x * ln2) or log(x) / ln2: the rounding of the scaled
+# argument costs float32 up to 67 ulp, and 16-bit types would round ln2 itself.
+exp2 = _unary("exp2", np.exp2, _rule_out(lambda g, out, x: g * out * math.log(2.0)))
+log2 = _unary("log2", np.log2, _rule_x(lambda g, out, x: g / (x * math.log(2.0))))
+log10 = _unary("log10", np.log10, _rule_x(lambda g, out, x: g / (x * math.log(10.0))))
 log1p = _unary("log1p", np.log1p, _rule_x(lambda g, out, x: g / (x + 1)),
                grad_name="Log1PBackward0")
 expm1 = _unary("expm1", np.expm1, _rule_out(lambda g, out, x: g * (out + 1)))
