@@ -375,6 +375,7 @@ log1p = _float_unary(P.log1p)
 expm1 = _float_unary(P.expm1)
 sin = _float_unary(P.sin)
 cos = _float_unary(P.cos)
+tan = _float_unary(P.tan)
 tanh = _float_unary(P.tanh)
 erf = _float_unary(P.erf)
 sqrt = _float_unary(P.sqrt)
@@ -387,11 +388,6 @@ def rsqrt(x: Tensor) -> Tensor:
 
 
 
-
-
-@composite("TanBackward0")
-def tan(x: Tensor) -> Tensor:
-    return div(sin(x), cos(x))
 
 
 @composite("SigmoidBackward0")

@@ -21,7 +21,7 @@ from fusegrad.codegen.llvm.mathlib import SINCOS_MAX_ARG, UNARY_FUNCTIONS, build
 
 MAX_ULP = 2  # the module docstring's promise
 TRANSCENDENTAL = ("exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "sigmoid", "erf",
-                  "sin", "cos")
+                  "sin", "cos", "tan")
 
 
 def _erf64(x: np.ndarray) -> np.ndarray:
@@ -46,6 +46,7 @@ REF64 = {
     "erf": _erf64,
     "sin": np.sin,
     "cos": np.cos,
+    "tan": np.tan,
     "sqrt": np.sqrt,
     "abs": np.abs,
 }
@@ -64,6 +65,7 @@ DENSE = {
     "erf": [(-4.5, 4.5), (-1.0, 1.0), (0.8, 0.95)],
     "sin": [(-10.0, 10.0), (-1e5, 1e5), (-SINCOS_MAX_ARG, SINCOS_MAX_ARG), (SINCOS_MAX_ARG, 1e10)],
     "cos": [(-10.0, 10.0), (-1e5, 1e5), (-SINCOS_MAX_ARG, SINCOS_MAX_ARG), (-1e10, -SINCOS_MAX_ARG)],
+    "tan": [(-10.0, 10.0), (-1e5, 1e5), (-SINCOS_MAX_ARG, SINCOS_MAX_ARG), (SINCOS_MAX_ARG, 1e10)],
 }
 
 
@@ -96,7 +98,7 @@ def sweep_inputs(name: str) -> np.ndarray:
              np.arange(1, 1 << 23, 97, dtype=np.uint32).view(np.float32)]  # denormals
     for lo, hi in DENSE[name]:
         parts.append(rng.uniform(lo, hi, 100_000).astype(np.float32))
-    if name in ("sin", "cos"):
+    if name in ("sin", "cos", "tan"):
         k = np.arange(1, 100_000, dtype=np.float64)
         near = (k * (np.pi / 2)).astype(np.float32)
         steps = np.arange(-2, 3, dtype=np.int32)
@@ -125,6 +127,7 @@ EXTRA_SPECIALS = {
     "erf": [3.92, 3.9, -3.9, 4.0, 10.0, 0.875, -0.875],
     "sin": [1e-20, -1e-20, math.pi, 1e4, -1e4, 3e7, 1e10, 1e30, -1e30, SINCOS_MAX_ARG, 4194305.0],
     "cos": [1e-20, -1e-20, math.pi, 1e4, -1e4, 3e7, 1e10, 1e30, -1e30, SINCOS_MAX_ARG, 4194305.0],
+    "tan": [1e-20, -1e-20, math.pi / 2, -math.pi / 2, 1e4, 3e7, 1e30, -1e30, 4194305.0],
     "exp2": [128.0, 127.99999, 128.5, -126.0, -149.0, -149.5, -150.0, -150.5, -151.0, 1e-8],
     "log2": [2.0**-149, 1.17549435e-38, 1.0000001, 0.99999994, 1024.0, 0.125],
     "log10": [2.0**-149, 1.17549435e-38, 1.0000001, 0.99999994, 1000.0, 1e-30, 1e30],

@@ -437,7 +437,7 @@ class KernelEmitter:
                 return self.intrinsic("llvm.fabs", [x])
             return b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)), b.neg(x), x)
         if op in ("exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "erf", "sin",
-                  "cos", "sqrt"):
+                  "cos", "tan", "sqrt"):
             return mathlib.emit_unary(b, op, x)
         if op == "reciprocal":
             return b.fdiv(ir.Constant(x.type, 1.0), x, flags=_FLAGS)

@@ -51,7 +51,7 @@ I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 
 UNARY_FUNCTIONS = ("exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "sigmoid", "erf",
-                   "sin", "cos", "sqrt", "abs")
+                   "sin", "cos", "tan", "sqrt", "abs")
 
 # Largest |x| that sin/cos reduce with the fast Cody-Waite path (the quadrant must fit the 2**22
 # magic rounding); larger finite |x| take the exact Payne-Hanek path, see _reduce_pio2_large.
@@ -493,8 +493,10 @@ def _erf(em: _Emitter, x: ir.Value) -> ir.Value:
     return em.copysign(y, x)
 
 
-def _reduce_pio2(em: _Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+def _reduce_pio2(em: _Emitter, x: ir.Value, wide: bool = False) -> tuple[ir.Value, ir.Value]:
     """x = q * pi/2 + r, |r| <= ~pi/4, for |x| <= 2**22; returns (r, q as i32).
+
+    ``wide``: r is returned as a double (the low parts of pi/2 subtracted in double), for tan.
 
     Cody-Waite with a 3-float pi/2 and exact FMAs: x - q * P1 is exact (both are multiples of
     2**-23 and the difference is below 2), so only the two small corrections round, relative to r.
@@ -507,6 +509,10 @@ def _reduce_pio2(em: _Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     df, di = _round_to_int(em, em.mul(r1, em.c(_TWO_OVER_PI), _EXACT))
     r1 = em.fma(df, em.c(-_PIO2_1), r1)
     qf = em.add(qf, df, _EXACT)
+    if wide:
+        ed = em.like(F64)
+        r = ed.mad(em.b.fpext(qf, ed.ty), ed.c(-(_PIO2_2 + _PIO2_3)), em.b.fpext(r1, ed.ty))
+        return r, em.b.add(qi, di)
     r = em.fma(qf, em.c(-_PIO2_2), r1)
     r = em.fma(qf, em.c(-_PIO2_3), r)
     return r, em.b.add(qi, di)
@@ -527,15 +533,15 @@ def _inv_pio4_table(module: ir.Module) -> ir.GlobalVariable:
     return table
 
 
-def _reduce_pio2_large(em: _Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+def _reduce_pio2_large(em: _Emitter, x: ir.Value, wide: bool = False) -> tuple[ir.Value, ir.Value]:
     """|x| = n * pi/2 + r, |r| <= ~pi/4, exact for every finite |x| >= 2; returns (r, n as i32).
 
     Payne-Hanek as in glibc's sinf (reduce_large): the 24-bit mantissa, pre-shifted by the low 3
     exponent bits, times the 96 bits of 4/pi that matter for this exponent (the bits above them
     only add multiples of 8 quadrants), gives the quadrant count in the top 2 bits and the
     fraction in the low 62 bits of a 64-bit integer; the fraction times pi/2 * 2**-62 is r in
-    double, rounded once to float.  Integer code throughout, so it vectorizes (the three table
-    words become gathers).
+    double, rounded once to float (unless ``wide``).  Integer code throughout, so it vectorizes
+    (the three table words become gathers).
     """
     b = em.b
     table = _inv_pio4_table(b.module)
@@ -559,28 +565,39 @@ def _reduce_pio2_large(em: _Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     frac = b.sub(frac, b.shl(n, em.cl(62)))
     ed = em.like(F64)
     r = ed.mul(b.sitofp(frac, ed.ty), ed.c(_PI_2_POW_M62), _EXACT)
-    return b.fptrunc(r, em.ty), b.trunc(n, em.ity)
+    return (r if wide else b.fptrunc(r, em.ty)), b.trunc(n, em.ity)
 
 
-def _sin_cos(em: _Emitter, x: ir.Value, cosine: bool) -> ir.Value:
-    """sin(x) or cos(x): reduce by pi/2, evaluate both kernels, pick by quadrant, flip sign bit.
+def _reduce_pio2_any(em: _Emitter, x: ir.Value, wide: bool = False) -> tuple[ir.Value, ir.Value]:
+    """x = q * pi/2 + r for every float32: Cody-Waite up to SINCOS_MAX_ARG, Payne-Hanek beyond.
 
-    |x| <= SINCOS_MAX_ARG uses the Cody-Waite reduction, larger |x| the Payne-Hanek one (both are
-    computed and selected, so the loop stays branch-free); inf gives x * 0 = NaN.
+    Both are computed and selected, so the loop stays branch-free (the Payne-Hanek part is about
+    half the cost of sin).  inf gives r = x * 0 = NaN.  ``wide``: r as a double.
     """
-    r, q = _reduce_pio2(em, x)
-    r_big, n_big = _reduce_pio2_large(em, x)
+    r, q = _reduce_pio2(em, x, wide)
+    r_big, n_big = _reduce_pio2_large(em, x, wide)
+    er = em.like(F64) if wide else em
     neg = em.fcmp("<", x, em.c(0.0))  # x = -(n pi/2 + r) = (-n) pi/2 + (-r)
-    r_big = em.select(neg, em.neg(r_big), r_big)
+    r_big = er.select(neg, er.neg(r_big), r_big)
     n_big = em.select(neg, em.b.neg(n_big), n_big)
     is_inf = em.fcmp("==", em.fabs(x), em.c(float("inf")))
-    r_big = em.select(is_inf, em.mul(x, em.c(0.0), _EXACT), r_big)
+    r_big = er.select(is_inf, er.c(float("nan")), r_big)
     big = em.fcmp(">", em.fabs(x), em.c(SINCOS_MAX_ARG))
-    r = em.select(big, r_big, r)
-    q = em.select(big, n_big, q)
+    return er.select(big, r_big, r), em.select(big, n_big, q)
+
+
+def _sin_cos_kernels(em: _Emitter, r: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(sin r, cos r) for |r| <= ~pi/4 (float or double; the fits are good to ~2**-37)."""
     z = em.mul(r, r)
     sin_r = em.mad(r, em.mul(z, em.poly(z, _SIN_S)), r)  # r + r*(...): keeps sin(-0) = -0
     cos_r = em.mad(z, em.poly(z, _COS_C), em.c(1.0))
+    return sin_r, cos_r
+
+
+def _sin_cos(em: _Emitter, x: ir.Value, cosine: bool) -> ir.Value:
+    """sin(x) or cos(x): reduce by pi/2, evaluate both kernels, pick by quadrant, flip sign bit."""
+    r, q = _reduce_pio2_any(em, x)
+    sin_r, cos_r = _sin_cos_kernels(em, r)
     if cosine:
         q = em.b.add(q, em.ci(1))  # cos(x) = sin(x + pi/2)
     odd = em.b.icmp_signed("!=", em.b.and_(q, em.ci(1)), em.ci(0))
@@ -686,6 +703,23 @@ def _pow_f32(em: _Emitter, x: ir.Value, y: ir.Value) -> ir.Value:
     return em.select(unit, one, r)
 
 
+def _tan(em: _Emitter, x: ir.Value) -> ir.Value:
+    """tan(x) = sin(r) / cos(r), or -cos(r) / sin(r) in odd quadrants, from one reduction.
+
+    Reduction, kernels and quotient are in double (tan's condition number is up to 1.6 at pi/4,
+    so a float32 r alone would cost 1.5 ulp) and rounded once; for |x| < 2**-12 the result is x
+    itself (keeps -0 and denormals).
+    """
+    ed = em.like(F64)
+    r, q = _reduce_pio2_any(em, x, wide=True)
+    sin_r, cos_r = _sin_cos_kernels(ed, r)
+    odd = em.b.icmp_signed("!=", em.b.and_(q, em.ci(1)), em.ci(0))
+    num = ed.select(odd, ed.neg(cos_r), sin_r)
+    den = ed.select(odd, sin_r, cos_r)
+    y = em.b.fptrunc(ed.div(num, den), em.ty)
+    return em.select(_is_tiny(em, x, 2.0**-12), x, y)
+
+
 _F32_IMPLS: dict[str, Callable[[_Emitter, ir.Value], ir.Value]] = {
     "exp": _exp,
     "exp2": _exp2,
@@ -699,6 +733,7 @@ _F32_IMPLS: dict[str, Callable[[_Emitter, ir.Value], ir.Value]] = {
     "erf": _erf,
     "sin": _sin,
     "cos": lambda em, x: _sin_cos(em, x, cosine=True),
+    "tan": _tan,
     "sqrt": lambda em, x: em.intrinsic("sqrt", x),
     "abs": lambda em, x: em.fabs(x),
 }
@@ -709,7 +744,7 @@ _F32_IMPLS: dict[str, Callable[[_Emitter, ir.Value], ir.Value]] = {
 # --------------------------------------------------------------------------------------------------
 
 _F64_INTRINSICS = {"exp", "log", "sin", "cos", "sqrt"}
-_F64_LIBM = {"log1p", "expm1", "tanh", "erf", "exp2", "log2", "log10"}
+_F64_LIBM = {"log1p", "expm1", "tanh", "erf", "exp2", "log2", "log10", "tan"}
 
 
 def _map_scalar(em: _Emitter, args: Sequence[ir.Value], fn: Callable[..., ir.Value],
