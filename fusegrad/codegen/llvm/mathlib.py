@@ -6,14 +6,16 @@ calls (about 50x slower than straight-line SIMD code).  Every f32 function here 
 ``fadd``/``fmul``/``llvm.fmuladd``/``select``/integer bit manipulation, which the loop and SLP
 vectorizers turn into ``<8 x float>`` (AVX2) or ``<16 x float>`` (AVX-512) code.
 
-Accuracy (measured against float64 numpy rounded to float32, see ``tests/codegen/test_mathlib.py``):
-every f32 function is within 4 ulp over its whole domain, with IEEE special values (NaN in, NaN
-out; infinities; signed zeros where numpy keeps them) and gradual underflow (denormal results are
-produced, never flushed; this assumes the default FTZ/DAZ-off floating-point mode).  Measured max
-error (exp: all 2**32 inputs; the others: every 5th bit pattern; AVX2+FMA and no-FMA builds alike):
-exp, log, log1p, expm1, tanh, erf 1 ulp; sigmoid, sin, cos 2 ulp.  sin/cos are accurate for
-``|x| <= SINCOS_MAX_ARG`` (2**22); beyond it they return a finite value in [-1, 1] (0 or +-1)
-with no accuracy claim, see ``_sin_cos``.
+Accuracy (measured against float64 numpy rounded to float32, see ``tests/codegen/test_mathlib.py``
+and docs/numerics.md): every f32 function is within 2 ulp over its whole domain, with IEEE special
+values (NaN in, NaN out; infinities; signed zeros where numpy keeps them) and gradual underflow
+(denormal results are produced, never flushed; this assumes the default FTZ/DAZ-off floating-point
+mode).  Measured max error (sampled bit patterns over the whole range; AVX-512, AVX2+FMA and no-FMA
+builds alike): exp, exp2, log, log1p, expm1, tanh, erf, sin, tan 1 ulp; log2, log10 0 ulp (rounded once
+from double); sigmoid, cos 2 ulp; pow (``emit_pow``) 1 ulp.  sin/cos/tan are exact for every finite
+argument: Cody-Waite up to ``SINCOS_MAX_ARG`` (2**22), a Payne-Hanek reduction beyond; both are
+computed and selected (branch-free), which makes sin/cos about twice as slow as a Cody-Waite-only
+version.  log2, log10, tan and pow do part of their work in double (vectorized too).
 
 Fast-math policy: only ``contract`` is used, and only on arithmetic whose rounding is not part of
 an error-free transformation (polynomials, final combinations).  Cody-Waite reductions, Fast2Sum
@@ -27,7 +29,8 @@ product; on a target without FMA that lowers to a (correct but scalar) ``fmaf`` 
 
 float64: ``emit_unary`` also accepts double operands, but only ``sqrt``/``abs``/``sigmoid``'s
 arithmetic are inline there; ``exp``/``log``/``sin``/``cos`` become ``llvm.<fn>.f64`` intrinsics and
-``log1p``/``expm1``/``tanh``/``erf`` become libm calls: correct (libm accuracy) but scalar.
+``exp2``/``log2``/``log10``/``log1p``/``expm1``/``tan``/``tanh``/``erf``/``pow`` libm calls: correct
+(libm accuracy) but scalar.
 """
 
 from __future__ import annotations
