@@ -191,7 +191,9 @@ values: every sign, exponent, denormal, inf, NaN) and for float64 2M random bit 
 plus dense samples of the interesting region and edge values (0, -0, inf, nan, denormals, 1e30,
 3e7, ...). Reference: numpy in x86 long double (64-bit mantissa) rounded to the dtype (erf:
 scipy's float64 erf). NaN where the reference is NaN counts as 0; a number where NaN is expected
-(or the reverse) as inf.
+(or the reverse) as inf. In the float64 columns the reference is rounded twice (64-bit, then
+53-bit mantissa), so 1 ulp there may be the reference's own; erf's float64 column compares two
+float64 implementations (math.erf or libm against scipy), not against a wider reference.
 
 The promise (tested in `tests/codegen/test_mathlib.py` and `tests/codegen/test_numerics.py`): every
 transcendental within 2 ulp over its whole range, eager and compiled. Composites (tan = sin / cos,
