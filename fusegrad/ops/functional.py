@@ -379,11 +379,15 @@ def _float_unary(prim):
 
 
 exp = _float_unary(P.exp)
+exp2 = _float_unary(P.exp2)
 log = _float_unary(P.log)
+log2 = _float_unary(P.log2)
+log10 = _float_unary(P.log10)
 log1p = _float_unary(P.log1p)
 expm1 = _float_unary(P.expm1)
 sin = _float_unary(P.sin)
 cos = _float_unary(P.cos)
+tan = _float_unary(P.tan)
 tanh = _float_unary(P.tanh)
 erf = _float_unary(P.erf)
 sqrt = _float_unary(P.sqrt)
@@ -395,24 +399,7 @@ def rsqrt(x: Tensor) -> Tensor:
     return reciprocal(sqrt(x))
 
 
-@composite("Log2Backward0")
-def log2(x: Tensor) -> Tensor:
-    return mul(log(x), 1.0 / math.log(2.0))
 
-
-@composite("Log10Backward0")
-def log10(x: Tensor) -> Tensor:
-    return mul(log(x), 1.0 / math.log(10.0))
-
-
-@composite("Exp2Backward0")
-def exp2(x: Tensor) -> Tensor:
-    return exp(mul(x, math.log(2.0)))
-
-
-@composite("TanBackward0")
-def tan(x: Tensor) -> Tensor:
-    return div(sin(x), cos(x))
 
 
 @composite("SigmoidBackward0")

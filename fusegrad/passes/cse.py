@@ -45,7 +45,10 @@ from fusegrad.passes.manager import Pass, register_pass
 
 __all__ = ["cse", "CommonSubexpressionElimination", "COMMUTATIVE"]
 
-COMMUTATIVE = frozenset({"add", "mul", "maximum", "minimum", "eq", "ne", "and", "or"})
+# Operand order does not change the result, bit for bit. Not maximum/minimum: a tie of
+# -0.0 and 0.0 gives the second operand (torch's and the primitive's definition), so
+# maximum(-0.0, 0.0) is 0.0 and maximum(0.0, -0.0) is -0.0.
+COMMUTATIVE = frozenset({"add", "mul", "eq", "ne", "and", "or"})
 
 
 def _operand_key(op: Operand) -> Hashable:

@@ -91,8 +91,8 @@ def binary_args(dtype, **kw) -> tuple:
 
 # --------------------------------------------------------------------------- elementwise
 
-UNARY_FLOAT = ("exp", "log", "log1p", "expm1", "sin", "cos", "tanh", "erf", "sqrt", "reciprocal",
-               "floor", "ceil", "round")
+UNARY_FLOAT = ("exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sin", "cos", "tan", "tanh",
+               "erf", "sqrt", "reciprocal", "floor", "ceil", "round")
 UNARY_ANY = ("neg", "abs", "sign", "copy", "stop_gradient")
 
 

@@ -72,7 +72,8 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 UNARY_FLOAT = {
     "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "log1p": np.log1p,
-    "expm1": np.expm1, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+    "expm1": np.expm1, "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "tan": np.tan,
+    "exp2": np.exp2, "log2": np.log2, "log10": np.log10,
     "erf": lambda x: _erf(x).astype(x.dtype), "sqrt": np.sqrt,
     "reciprocal": lambda x: (1 / x).astype(x.dtype), "sign": np.sign, "floor": np.floor,
     "ceil": np.ceil, "round": np.round, "copy": lambda x: x.copy(), "stop_gradient": lambda x: x,

@@ -6,14 +6,16 @@ calls (about 50x slower than straight-line SIMD code).  Every f32 function here 
 ``fadd``/``fmul``/``llvm.fmuladd``/``select``/integer bit manipulation, which the loop and SLP
 vectorizers turn into ``<8 x float>`` (AVX2) or ``<16 x float>`` (AVX-512) code.
 
-Accuracy (measured against float64 numpy rounded to float32, see ``tests/codegen/test_mathlib.py``):
-every f32 function is within 4 ulp over its whole domain, with IEEE special values (NaN in, NaN
-out; infinities; signed zeros where numpy keeps them) and gradual underflow (denormal results are
-produced, never flushed; this assumes the default FTZ/DAZ-off floating-point mode).  Measured max
-error (exp: all 2**32 inputs; the others: every 5th bit pattern; AVX2+FMA and no-FMA builds alike):
-exp, log, log1p, expm1, tanh, erf 1 ulp; sigmoid, sin, cos 2 ulp.  sin/cos are accurate for
-``|x| <= SINCOS_MAX_ARG`` (2**22); beyond it they return a finite value in [-1, 1] (0 or +-1)
-with no accuracy claim, see ``_sin_cos``.
+Accuracy (measured against float64 numpy rounded to float32, see ``tests/codegen/test_mathlib.py``
+and docs/numerics.md): every f32 function is within 2 ulp over its whole domain, with IEEE special
+values (NaN in, NaN out; infinities; signed zeros where numpy keeps them) and gradual underflow
+(denormal results are produced, never flushed; this assumes the default FTZ/DAZ-off floating-point
+mode).  Measured max error (sampled bit patterns over the whole range; AVX-512, AVX2+FMA and no-FMA
+builds alike): exp, exp2, log, log1p, expm1, tanh, erf, sin, tan 1 ulp; log2, log10 0 ulp (rounded once
+from double); sigmoid, cos 2 ulp; pow (``emit_pow``) 1 ulp.  sin/cos/tan are exact for every finite
+argument: Cody-Waite up to ``SINCOS_MAX_ARG`` (2**22), a Payne-Hanek reduction beyond; both are
+computed and selected (branch-free), which makes sin/cos about twice as slow as a Cody-Waite-only
+version.  log2, log10, tan and pow do part of their work in double (vectorized too).
 
 Fast-math policy: only ``contract`` is used, and only on arithmetic whose rounding is not part of
 an error-free transformation (polynomials, final combinations).  Cody-Waite reductions, Fast2Sum
@@ -27,13 +29,15 @@ product; on a target without FMA that lowers to a (correct but scalar) ``fmaf`` 
 
 float64: ``emit_unary`` also accepts double operands, but only ``sqrt``/``abs``/``sigmoid``'s
 arithmetic are inline there; ``exp``/``log``/``sin``/``cos`` become ``llvm.<fn>.f64`` intrinsics and
-``log1p``/``expm1``/``tanh``/``erf`` become libm calls: correct (libm accuracy) but scalar.
+``exp2``/``log2``/``log10``/``log1p``/``expm1``/``tan``/``tanh``/``erf``/``pow`` libm calls: correct
+(libm accuracy) but scalar.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import re
 from collections.abc import Callable, Sequence
 
@@ -41,16 +45,19 @@ import llvmlite.binding as llvm
 import llvmlite.ir as ir
 import numpy as np
 
-__all__ = ["UNARY_FUNCTIONS", "SINCOS_MAX_ARG", "UnaryKernel", "build_unary_kernel", "emit_unary"]
+__all__ = ["UNARY_FUNCTIONS", "SINCOS_MAX_ARG", "UnaryKernel", "build_unary_kernel", "emit_unary",
+           "emit_pow"]
 
 F32 = ir.FloatType()
 F64 = ir.DoubleType()
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 
-UNARY_FUNCTIONS = ("exp", "log", "log1p", "expm1", "tanh", "sigmoid", "erf", "sin", "cos", "sqrt", "abs")
+UNARY_FUNCTIONS = ("exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "sigmoid", "erf",
+                   "sin", "cos", "tan", "sqrt", "abs")
 
-# Largest |x| for which sin/cos keep the 4-ulp bound (the quadrant must fit the 2**22 magic rounding).
+# Largest |x| that sin/cos reduce with the fast Cody-Waite path (the quadrant must fit the 2**22
+# magic rounding); larger finite |x| take the exact Payne-Hanek path, see _reduce_pio2_large.
 SINCOS_MAX_ARG = float(2**22)
 
 _POLY = ("contract",)  # rounding of these ops only feeds an error budget; fusing is welcome
@@ -105,6 +112,29 @@ _ERF_LARGE = (-1.5345509052276611, -0.3598232567310333, 0.05819680914282799, -0.
               -2.6820112907444127e-05, -9.388433568346954e-07)
 _ERF_CENTER = 2.4375
 _ERF_CLAMP = 4.0
+# exp2: 2**r = 1 + r * P(r), |r| <= 1/2 (same Lawson fit as above); 0.78 ulp with the final rounding.
+_EXP2_P = (0.6931471824645996, 0.24022650718688965, 0.055504102259874344, 0.009618038311600685,
+           0.0013333935057744384, 0.00015466757758986205, 1.519614761491539e-05)
+
+# float64 kernels used inside float32 log2/log10/pow: their error (< 2**-42 relative) is far below
+# float32's, so the float32 result is rounded once from an almost exact double.
+# log2(1 + f) = s * sum(c_n z**n), s = f / (2 + f), z = s**2 <= 0.0295, c_n = 2 / (ln2 (2n + 1))
+# (the atanh series, truncation error below 2**-45).
+_LOG2_ATANH = tuple(2.0 / (math.log(2.0) * (2 * n + 1)) for n in range(8))
+# (2**r - 1) / r = sum(ln2**(n+1) r**n / (n+1)!) for |r| <= 1/2, truncation error below 2**-42.
+_EXP2_TAYLOR = tuple(math.log(2.0) ** (n + 1) / math.factorial(n + 1) for n in range(10))
+_MAGIC_F64 = 6755399441055744.0  # 1.5 * 2**52: rounds a double below 2**51 to an integer
+_MAGIC_F64_BITS = 0x4338000000000000
+_LOG10_2 = math.log10(2.0)
+
+# Bits of 4/pi for the Payne-Hanek reduction (glibc's __inv_pio4): word i is floor(4/pi * 2**(7+8i))
+# mod 2**32, so word i, i+4 and i+8 hold 96 consecutive bits starting at bit 8i (checked against a
+# big-integer pi in tests/codegen/test_mathlib.py).
+_INV_PIO4 = (0xa2, 0xa2f9, 0xa2f983, 0xa2f9836e, 0xf9836e4e, 0x836e4e44, 0x6e4e4415, 0x4e441529,
+             0x441529fc, 0x1529fc27, 0x29fc2757, 0xfc2757d1, 0x2757d1f5, 0x57d1f534, 0xd1f534dd,
+             0xf534ddc0, 0x34ddc0db, 0xddc0db62, 0xc0db6295, 0xdb629599, 0x6295993c, 0x95993c43,
+             0x993c4390, 0x3c439041)
+_PI_2_POW_M62 = math.pi / 2 * 2.0**-62  # one quadrant in units of the 2**-62 fixed-point fraction
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,6 +185,11 @@ class _Emitter:
         self.ty = ty
         self.count = ty.count if isinstance(ty, ir.VectorType) else 0
         self.ity = ir.VectorType(I32, self.count) if self.count else I32
+        self.lty = ir.VectorType(I64, self.count) if self.count else I64
+
+    def like(self, elt: ir.Type) -> _Emitter:
+        """An emitter for ``elt`` (F32, F64) with this one's vector shape."""
+        return _Emitter(self.b, ir.VectorType(elt, self.count) if self.count else elt)
 
     # constants ------------------------------------------------------------------------------
     def _splat(self, ty: ir.Type, value: float | int) -> ir.Constant:
@@ -170,6 +205,10 @@ class _Emitter:
     def ci(self, value: int) -> ir.Constant:
         """i32 constant (two's complement for values >= 2**31)."""
         return self._splat(self.ity, value - (1 << 32) if value >= 1 << 31 else value)
+
+    def cl(self, value: int) -> ir.Constant:
+        """i64 constant (two's complement for values >= 2**63)."""
+        return self._splat(self.lty, value - (1 << 64) if value >= 1 << 63 else value)
 
     # float arithmetic -----------------------------------------------------------------------
     def add(self, a: ir.Value, b: ir.Value, flags: Sequence[str] = _POLY) -> ir.Value:
@@ -233,7 +272,8 @@ class _Emitter:
 
     # integer views ---------------------------------------------------------------------------
     def bits(self, x: ir.Value) -> ir.Value:
-        return self.b.bitcast(x, self.ity)
+        """The bit pattern of ``x`` as i32 (float) or i64 (double)."""
+        return self.b.bitcast(x, self.lty if isinstance(_element_type(self.ty), ir.DoubleType) else self.ity)
 
     def from_bits(self, i: ir.Value) -> ir.Value:
         return self.b.bitcast(i, self.ty)
@@ -456,8 +496,10 @@ def _erf(em: _Emitter, x: ir.Value) -> ir.Value:
     return em.copysign(y, x)
 
 
-def _reduce_pio2(em: _Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+def _reduce_pio2(em: _Emitter, x: ir.Value, wide: bool = False) -> tuple[ir.Value, ir.Value]:
     """x = q * pi/2 + r, |r| <= ~pi/4, for |x| <= 2**22; returns (r, q as i32).
+
+    ``wide``: r is returned as a double (the low parts of pi/2 subtracted in double), for tan.
 
     Cody-Waite with a 3-float pi/2 and exact FMAs: x - q * P1 is exact (both are multiples of
     2**-23 and the difference is below 2), so only the two small corrections round, relative to r.
@@ -470,23 +512,95 @@ def _reduce_pio2(em: _Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     df, di = _round_to_int(em, em.mul(r1, em.c(_TWO_OVER_PI), _EXACT))
     r1 = em.fma(df, em.c(-_PIO2_1), r1)
     qf = em.add(qf, df, _EXACT)
+    if wide:
+        ed = em.like(F64)
+        r = ed.mad(em.b.fpext(qf, ed.ty), ed.c(-(_PIO2_2 + _PIO2_3)), em.b.fpext(r1, ed.ty))
+        return r, em.b.add(qi, di)
     r = em.fma(qf, em.c(-_PIO2_2), r1)
     r = em.fma(qf, em.c(-_PIO2_3), r)
     return r, em.b.add(qi, di)
 
 
-def _sin_cos(em: _Emitter, x: ir.Value, cosine: bool) -> ir.Value:
-    """sin(x) or cos(x): reduce by pi/2, evaluate both kernels, pick by quadrant, flip sign bit.
+def _inv_pio4_table(module: ir.Module) -> ir.GlobalVariable:
+    """The module's constant copy of _INV_PIO4 (one per module, shared by all kernels in it)."""
+    name = "fusegrad.mathlib.inv_pio4"
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    ty = ir.ArrayType(I32, len(_INV_PIO4))
+    table = ir.GlobalVariable(module, ty, name=name)
+    table.global_constant = True
+    table.linkage = "internal"
+    table.initializer = ir.Constant(ty, [ir.Constant(I32, w - (1 << 32) if w >= 1 << 31 else w)
+                                         for w in _INV_PIO4])
+    return table
 
-    For |x| > SINCOS_MAX_ARG the reduced argument is replaced by x * 0 (+-0 for finite x, NaN for
-    inf), so the result is +-0 or +-1: finite and in [-1, 1] but not accurate (numpy is exact there
-    via Payne-Hanek reduction; the absolute error bound is 2 there).
+
+def _reduce_pio2_large(em: _Emitter, x: ir.Value, wide: bool = False) -> tuple[ir.Value, ir.Value]:
+    """|x| = n * pi/2 + r, |r| <= ~pi/4, exact for every finite |x| >= 2; returns (r, n as i32).
+
+    Payne-Hanek as in glibc's sinf (reduce_large): the 24-bit mantissa, pre-shifted by the low 3
+    exponent bits, times the 96 bits of 4/pi that matter for this exponent (the bits above them
+    only add multiples of 8 quadrants), gives the quadrant count in the top 2 bits and the
+    fraction in the low 62 bits of a 64-bit integer; the fraction times pi/2 * 2**-62 is r in
+    double, rounded once to float (unless ``wide``).  Integer code throughout, so it vectorizes
+    (the three table words become gathers).
     """
-    r, q = _reduce_pio2(em, x)
-    r = em.select(em.fcmp(">", em.fabs(x), em.c(SINCOS_MAX_ARG)), em.mul(x, em.c(0.0), _EXACT), r)
+    b = em.b
+    table = _inv_pio4_table(b.module)
+    ai = b.and_(em.bits(x), em.ci(0x7FFFFFFF))
+    idx = b.and_(b.lshr(ai, em.ci(26)), em.ci(15))
+    shift = b.and_(b.lshr(ai, em.ci(23)), em.ci(7))
+    m = b.shl(b.or_(b.and_(ai, em.ci(0xFFFFFF)), em.ci(0x800000)), shift)
+
+    def word(offset: int) -> ir.Value:
+        def load(i: ir.Value) -> ir.Value:
+            return b.load(b.gep(table, [ir.Constant(I32, 0), b.add(i, ir.Constant(I32, offset))],
+                                inbounds=True))
+        return _map_scalar(em, [idx], load, em.ity)
+
+    m64 = b.zext(m, em.lty)
+    lo = b.mul(m, word(0))  # only its low 32 bits land inside the 64-bit window
+    mid = b.mul(m64, b.zext(word(4), em.lty))
+    high = b.mul(m64, b.zext(word(8), em.lty))
+    frac = b.add(b.or_(b.lshr(high, em.cl(32)), b.shl(b.zext(lo, em.lty), em.cl(32))), mid)
+    n = b.lshr(b.add(frac, em.cl(1 << 61)), em.cl(62))
+    frac = b.sub(frac, b.shl(n, em.cl(62)))
+    ed = em.like(F64)
+    r = ed.mul(b.sitofp(frac, ed.ty), ed.c(_PI_2_POW_M62), _EXACT)
+    return (r if wide else b.fptrunc(r, em.ty)), b.trunc(n, em.ity)
+
+
+def _reduce_pio2_any(em: _Emitter, x: ir.Value, wide: bool = False) -> tuple[ir.Value, ir.Value]:
+    """x = q * pi/2 + r for every float32: Cody-Waite up to SINCOS_MAX_ARG, Payne-Hanek beyond.
+
+    Both are computed and selected, so the loop stays branch-free (the Payne-Hanek part is about
+    half the cost of sin).  inf gives r = x * 0 = NaN.  ``wide``: r as a double.
+    """
+    r, q = _reduce_pio2(em, x, wide)
+    r_big, n_big = _reduce_pio2_large(em, x, wide)
+    er = em.like(F64) if wide else em
+    neg = em.fcmp("<", x, em.c(0.0))  # x = -(n pi/2 + r) = (-n) pi/2 + (-r)
+    r_big = er.select(neg, er.neg(r_big), r_big)
+    n_big = em.select(neg, em.b.neg(n_big), n_big)
+    is_inf = em.fcmp("==", em.fabs(x), em.c(float("inf")))
+    r_big = er.select(is_inf, er.c(float("nan")), r_big)
+    big = em.fcmp(">", em.fabs(x), em.c(SINCOS_MAX_ARG))
+    return er.select(big, r_big, r), em.select(big, n_big, q)
+
+
+def _sin_cos_kernels(em: _Emitter, r: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(sin r, cos r) for |r| <= ~pi/4 (float or double; the fits are good to ~2**-37)."""
     z = em.mul(r, r)
     sin_r = em.mad(r, em.mul(z, em.poly(z, _SIN_S)), r)  # r + r*(...): keeps sin(-0) = -0
     cos_r = em.mad(z, em.poly(z, _COS_C), em.c(1.0))
+    return sin_r, cos_r
+
+
+def _sin_cos(em: _Emitter, x: ir.Value, cosine: bool) -> ir.Value:
+    """sin(x) or cos(x): reduce by pi/2, evaluate both kernels, pick by quadrant, flip sign bit."""
+    r, q = _reduce_pio2_any(em, x)
+    sin_r, cos_r = _sin_cos_kernels(em, r)
     if cosine:
         q = em.b.add(q, em.ci(1))  # cos(x) = sin(x + pi/2)
     odd = em.b.icmp_signed("!=", em.b.and_(q, em.ci(1)), em.ci(0))
@@ -503,9 +617,118 @@ def _sin(em: _Emitter, x: ir.Value) -> ir.Value:
     return em.select(_is_tiny(em, x, 2.0**-12), x, _sin_cos(em, x, cosine=False))
 
 
+def _exp2(em: _Emitter, x: ir.Value) -> ir.Value:
+    """exp2(x): x = k + r with r = x - round(x) exact, 2**r by polynomial, 2**k by exponent bits.
+
+    x is clamped to [-151, 129] (0 and inf beyond, as in exp); NaN passes the clamp and the rest.
+    """
+    xc = em.clamp(x, -151.0, 129.0)
+    kf, ki = _round_to_int(em, xc)
+    r = em.sub(xc, kf, _EXACT)
+    p = em.mad(r, em.poly(r, _EXP2_P), em.c(1.0))
+    return _ldexp(em, p, ki)
+
+
+def _log2_wide(em: _Emitter, x: ir.Value) -> ir.Value:
+    """log2|x| as a double accurate to ~2**-42 relative, for float32 ``x`` (any value).
+
+    The exponent/mantissa split is the float32 one of _log (exact); log2 of the mantissa is the
+    atanh series in double.  |x| = 0, inf, NaN give -inf, inf, NaN.
+    """
+    ed = em.like(F64)
+    a = em.fabs(x)
+    denorm = em.fcmp("<", a, em.c(2.0**-126))
+    xs = em.select(denorm, em.mul(a, em.c(2.0**23), _EXACT), a)
+    k, m = _split_mantissa(em, em.bits(xs))
+    k = em.b.sub(k, em.select(denorm, em.ci(23), em.ci(0)))
+    f = em.b.fpext(em.sub(m, em.c(1.0), _EXACT), ed.ty)
+    s = ed.div(f, ed.add(ed.c(2.0), f))
+    y = ed.mad(s, ed.poly(ed.mul(s, s), _LOG2_ATANH), em.b.sitofp(k, ed.ty))
+    inf = float("inf")
+    y = ed.select(em.fcmp("==", a, em.c(inf)), ed.c(inf), y)
+    y = ed.select(em.fcmp("==", a, em.c(0.0)), ed.c(-inf), y)
+    return ed.select(em.fcmp_u("!=", x, x), ed.c(float("nan")), y)
+
+
+def _exp2_wide(em: _Emitter, t: ir.Value) -> ir.Value:
+    """2**t for a double ``t``, rounded once to float32 (gradual underflow and overflow included).
+
+    t is clamped to [-160, 130], where 2**t is a normal double, so the double result is exact up to
+    the polynomial error and the conversion to float32 is the only rounding that matters.
+    """
+    ed = em.like(F64)
+    tc = ed.clamp(t, -160.0, 130.0)
+    shifted = ed.add(tc, ed.c(_MAGIC_F64), _EXACT)
+    kf = ed.sub(shifted, ed.c(_MAGIC_F64), _EXACT)
+    k = em.b.sub(ed.bits(shifted), ed.cl(_MAGIC_F64_BITS))
+    r = ed.sub(tc, kf, _EXACT)
+    p = ed.mad(r, ed.poly(r, _EXP2_TAYLOR), ed.c(1.0))
+    scale = ed.from_bits(em.b.shl(em.b.add(k, ed.cl(1023)), ed.cl(52)))
+    return em.b.fptrunc(ed.mul(p, scale, _EXACT), em.ty)
+
+
+def _log2(em: _Emitter, x: ir.Value) -> ir.Value:
+    """log2(x) rounded once from the double log2|x|; x < 0 gives NaN."""
+    y = em.b.fptrunc(_log2_wide(em, x), em.ty)
+    return em.select(em.fcmp("<", x, em.c(0.0)), em.c(float("nan")), y)
+
+
+def _log10(em: _Emitter, x: ir.Value) -> ir.Value:
+    """log10(x) = log2(x) * log10(2), the product taken in double and rounded once."""
+    ed = em.like(F64)
+    y = em.b.fptrunc(ed.mul(_log2_wide(em, x), ed.c(_LOG10_2), _EXACT), em.ty)
+    return em.select(em.fcmp("<", x, em.c(0.0)), em.c(float("nan")), y)
+
+
+def _pow_f32(em: _Emitter, x: ir.Value, y: ir.Value) -> ir.Value:
+    """x**y = 2**(y * log2|x|) with the logarithm and the product in double, rounded once.
+
+    The double product has an absolute error below 2**-32 wherever the result is a finite nonzero
+    float32, so the float32 result is within 0.51 ulp.  IEEE/numpy special cases are patched:
+    pow(x, 0) = pow(1, y) = pow(-1, +-inf) = 1; a finite negative base with a non-integral
+    exponent is NaN; the sign of an odd integral power comes from the sign bit of x.
+    """
+    ed = em.like(F64)
+    t = ed.mul(em.b.fpext(y, ed.ty), _log2_wide(em, x), _EXACT)
+    r = _exp2_wide(em, t)
+    inf = em.c(float("inf"))
+    one = em.c(1.0)
+    y_int = em.fcmp("==", em.intrinsic("floor", y), y)
+    half = em.mul(y, em.c(0.5), _EXACT)
+    odd = em.b.and_(y_int, em.fcmp("!=", em.intrinsic("floor", half), half))
+    negx = em.b.and_(em.fcmp("<", x, em.c(0.0)), em.fcmp("!=", x, em.neg(inf)))
+    r = em.select(em.b.and_(negx, em.b.not_(y_int)), em.c(float("nan")), r)
+    sign_bit = em.b.icmp_signed("<", em.bits(x), em.ci(0))
+    r = em.select(em.b.and_(sign_bit, odd), em.neg(r), r)
+    r = em.select(em.fcmp("==", y, em.c(0.0)), one, r)
+    unit = em.b.or_(em.fcmp("==", x, one),
+                    em.b.and_(em.fcmp("==", em.fabs(x), one), em.fcmp("==", em.fabs(y), inf)))
+    return em.select(unit, one, r)
+
+
+def _tan(em: _Emitter, x: ir.Value) -> ir.Value:
+    """tan(x) = sin(r) / cos(r), or -cos(r) / sin(r) in odd quadrants, from one reduction.
+
+    Reduction, kernels and quotient are in double (tan's condition number is up to 1.6 at pi/4,
+    so a float32 r alone would cost 1.5 ulp) and rounded once; for |x| < 2**-12 the result is x
+    itself (keeps -0 and denormals).
+    """
+    ed = em.like(F64)
+    r, q = _reduce_pio2_any(em, x, wide=True)
+    sin_r, cos_r = _sin_cos_kernels(ed, r)
+    odd = em.b.icmp_signed("!=", em.b.and_(q, em.ci(1)), em.ci(0))
+    num = ed.select(odd, ed.neg(cos_r), sin_r)
+    den = ed.select(odd, sin_r, cos_r)
+    y = em.b.fptrunc(ed.div(num, den), em.ty)
+    return em.select(_is_tiny(em, x, 2.0**-12), x, y)
+
+
 _F32_IMPLS: dict[str, Callable[[_Emitter, ir.Value], ir.Value]] = {
     "exp": _exp,
+    "exp2": _exp2,
     "log": _log,
+    "log2": _log2,
+    "log10": _log10,
     "log1p": _log1p,
     "expm1": _expm1,
     "tanh": _tanh,
@@ -513,6 +736,7 @@ _F32_IMPLS: dict[str, Callable[[_Emitter, ir.Value], ir.Value]] = {
     "erf": _erf,
     "sin": _sin,
     "cos": lambda em, x: _sin_cos(em, x, cosine=True),
+    "tan": _tan,
     "sqrt": lambda em, x: em.intrinsic("sqrt", x),
     "abs": lambda em, x: em.fabs(x),
 }
@@ -523,17 +747,18 @@ _F32_IMPLS: dict[str, Callable[[_Emitter, ir.Value], ir.Value]] = {
 # --------------------------------------------------------------------------------------------------
 
 _F64_INTRINSICS = {"exp", "log", "sin", "cos", "sqrt"}
-_F64_LIBM = {"log1p", "expm1", "tanh", "erf"}
+_F64_LIBM = {"log1p", "expm1", "tanh", "erf", "exp2", "log2", "log10", "tan"}
 
 
-def _map_scalar(em: _Emitter, x: ir.Value, fn: Callable[[ir.Value], ir.Value]) -> ir.Value:
-    """Apply a scalar emitter to each lane of a vector (libm has no vector entry points)."""
+def _map_scalar(em: _Emitter, args: Sequence[ir.Value], fn: Callable[..., ir.Value],
+                out_ty: ir.Type | None = None) -> ir.Value:
+    """Apply a scalar emitter to each lane of vectors (libm and table loads have no vector form)."""
     if not em.count:
-        return fn(x)
-    out: ir.Value = ir.Constant(em.ty, ir.Undefined)
+        return fn(*args)
+    out: ir.Value = ir.Constant(out_ty or em.ty, ir.Undefined)
     for lane in range(em.count):
         idx = ir.Constant(I32, lane)
-        out = em.b.insert_element(out, fn(em.b.extract_element(x, idx)), idx)
+        out = em.b.insert_element(out, fn(*(em.b.extract_element(a, idx) for a in args)), idx)
     return out
 
 
@@ -548,7 +773,7 @@ def _emit_f64(em: _Emitter, name: str, x: ir.Value) -> ir.Value:
     if name in _F64_INTRINSICS:
         return em.intrinsic(name, x)
     fn = _declare(em.b.module, name, F64, [F64])
-    return _map_scalar(em, x, lambda v: em.b.call(fn, [v]))
+    return _map_scalar(em, [x], lambda v: em.b.call(fn, [v]))
 
 
 def emit_unary(builder: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
@@ -567,6 +792,22 @@ def emit_unary(builder: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
     if isinstance(elt, ir.DoubleType):
         return _emit_f64(em, name, x)
     raise TypeError(f"mathlib: {name} needs a float or double operand, got {x.type}")
+
+
+def emit_pow(builder: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """Emit ``x ** y`` (numpy's ``power`` on floats, IEEE special cases included).
+
+    float32 (scalar or vector): inline and vectorizable, within 1 ulp (see _pow_f32).  float64:
+    libm's ``pow`` lane by lane (scalar, correctly rounded in practice).
+    """
+    em = _Emitter(builder, x.type)
+    elt = _element_type(x.type)
+    if isinstance(elt, ir.FloatType):
+        return _pow_f32(em, x, y)
+    if isinstance(elt, ir.DoubleType):
+        fn = _declare(builder.module, "pow", F64, [F64, F64])
+        return _map_scalar(em, [x, y], lambda a, b: builder.call(fn, [a, b]))
+    raise TypeError(f"mathlib: pow needs float or double operands, got {x.type}")
 
 
 # --------------------------------------------------------------------------------------------------
