@@ -646,3 +646,21 @@ def test_setting_the_random_seed_inside_a_compiled_function_is_refused():
     with pytest.warns(UserWarning, match="eagerly"):
         a = g(fg.ones(3))
     np.testing.assert_array_equal(g(fg.ones(3)).numpy(), a.numpy())   # reseeded each call
+
+
+def test_buffer_updated_through_a_closure():
+    stats = fg.zeros(3)
+
+    def f(x):
+        with fg.no_grad():
+            stats.mul_(0.5).add_(x.mean(0), alpha=0.5)
+        return x - stats
+    g = fg.compile(f, fullgraph=True)
+    x = fg.randn(4, 3)
+    want_stats = np.zeros(3, np.float32)
+    for _ in range(3):
+        out = g(x)
+        want_stats = want_stats * 0.5 + x.numpy().mean(0) * 0.5
+        np.testing.assert_allclose(stats.numpy(), want_stats, rtol=1e-6)
+        np.testing.assert_allclose(out.numpy(), x.numpy() - want_stats, rtol=1e-6)
+    assert g.compiles == 1
