@@ -66,6 +66,9 @@ class CaptureInfo:
     grad_guards: list[tuple[int, tuple | None]] = field(default_factory=list)  # leaf, grad type
     grad_writes: list[tuple[int, int, bool]] = field(default_factory=list)  # leaf, out, in place
     grad_clears: list[int] = field(default_factory=list)                 # leaf -> None
+    # Leaves whose gradient the function clears before writing a new one, never reading it:
+    # dropped before the call runs (as zero_grad drops it), so its buffer can be reused.
+    grad_drops: list[int] = field(default_factory=list)
     scalar_inputs: list[tuple[Callable[[], Any], int, Any]] = field(default_factory=list)
     internal_writes: list[tuple[Tensor, int]] = field(default_factory=list)  # tensor, output
     optimizers: list = field(default_factory=list)
@@ -410,6 +413,8 @@ class StateCapture:
             in_place = initial is not None and g is initial[0]
             info.grad_writes.append((index[leaf], len(outputs), in_place))
             outputs.append(value)
+            if leaf not in self.grad_inputs and leaf not in self.grad_guards:
+                info.grad_drops.append(index[leaf])
         info.grad_guards = [(index[leaf], sig) for leaf, sig in self.grad_guards.items()]
         info.scalar_inputs = [(getter, index[sym._val], np.float64) for getter, sym in self.scalars]
         info.optimizer_signatures = list(self._optimizer_signatures)

@@ -326,6 +326,9 @@ class CompiledFunction:
     def _run(self, entry: _Entry, leaves):
         info = entry.info
         inputs = self._inputs(entry, leaves)
+        if info.capture is not None:
+            for leaf in info.capture.grad_drops:
+                inputs[leaf]._grad = None
         if entry.program is not None:
             outs = entry.program(*[t._data for t in inputs])
             results = [Tensor._wrap(a, dt) for a, dt in zip(outs, entry.out_dtypes)]
