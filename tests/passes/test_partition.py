@@ -9,8 +9,10 @@ fewest bytes among the valid cuts, which small graphs check against brute force.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -497,3 +499,24 @@ def test_joint_graph_must_replay_the_forward(monkeypatch):
     g, _ = _model("used_twice")
     with pytest.raises(IRError, match="replay"):
         partition_joint(g)
+
+
+def _example_models():
+    path = Path(__file__).resolve().parents[2] / "examples" / "partition_report.py"
+    spec = importlib.util.spec_from_file_location("partition_report_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.model_graphs()
+
+
+def test_example_models_partition_correctly():
+    """The models of examples/partition_report.py (the 784-256-256-10 MLP and a transformer
+    block) partition under every policy with the exact gradients of vjp_graph, and the
+    min-cut keeps their matmuls and reductions out of the recomputed nodes."""
+    for g, wrt in _example_models():
+        args = random_args(g)
+        if g.name == "MLPLoss":
+            args = args[:-1] + (np.arange(128, dtype=np.int64) % 10,)
+        ps = check_partition(g, args, wrt=wrt)
+        assert {"matmul", "sum", "max"}.isdisjoint(ps["min_cut"].recomputed_ops)
+        assert ps["min_cut"].saved_bytes < ps["save_all"].saved_bytes
