@@ -297,6 +297,7 @@ def _build(g: Graph, j: _Joint, saved_set: set, n_outputs: int, wrt: list[int],
             if v in forward_values:
                 recomputed.append(node.prim.name)
     backward.set_outputs([env[o] if isinstance(o, Value) else o for o in j.ct_outputs])
+    backward.meta = None
 
     forward = Graph(f"{g.name}_forward")
     fenv: dict = {}
