@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fusegrad as fg
 import fusegrad.nn.functional as NF
@@ -284,6 +285,54 @@ def test_min_cut_is_optimal_on_random_graphs(g_args):
     if n > 14:
         return
     assert partition_joint(g, wrt=wrt).saved_bytes == _brute_force_min_bytes(g, wrt)
+
+
+@st.composite
+def mixed_graphs(draw) -> Graph:
+    """Random graphs over f32[3,4] values that mix what the cut decides about: matmuls and
+    reductions (not recomputable), elementwise ops and comparisons (recomputable, some of
+    them smaller in bytes), and values used more than once."""
+    g = Graph("mixed")
+    f32 = D.float32
+    values = [g.add_input("x", TensorType((3, 4), f32))]
+    w = g.add_input("w", TensorType((4, 4), f32))
+    if draw(st.booleans()):
+        values.append(g.add_input("y", TensorType((3, 4), f32)))
+    for _ in range(draw(st.integers(2, 6))):
+        a = draw(st.sampled_from(values))
+        b = draw(st.sampled_from(values))
+        kind = draw(st.sampled_from(["matmul", "sum", "exp", "tanh", "mul", "add", "where",
+                                     "cast"]))
+        if kind == "matmul":
+            v = g.add_node("matmul", [a, w])
+        elif kind == "sum":
+            s = g.add_node("sum", [a], {"axes": (1,)})
+            v = g.add_node("broadcast_to", [g.add_node("reshape", [s], {"shape": (3, 1)})],
+                           {"shape": (3, 4)})
+        elif kind in ("exp", "tanh"):
+            v = g.add_node(kind, [a])
+        elif kind in ("mul", "add"):
+            v = g.add_node(kind, [a, b])
+        elif kind == "where":
+            v = g.add_node("where", [g.add_node("lt", [a, Literal(0.0, f32)]), b, a])
+        else:
+            half = g.add_node("cast", [a], {"dtype": D.float16})
+            v = g.add_node("cast", [g.add_node("tanh", [half])], {"dtype": f32})
+        values.append(v)
+    out = g.add_node("sum", [values[-1]], {"axes": (0, 1)})
+    g.set_outputs([out] + ([values[-2]] if draw(st.booleans()) else []))
+    return g
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixed_graphs())
+def test_min_cut_is_optimal_on_mixed_graphs(g):
+    wrt = list(range(len(g.inputs)))
+    j = _joint(g, len(g.outputs), wrt)
+    n = len([v for v in _ancestors(j.graph, j.ct_outputs) if v not in j.tangent])
+    if n <= 14:
+        assert partition_joint(g, wrt=wrt).saved_bytes == _brute_force_min_bytes(g, wrt)
+    check_partition(g, random_args(g))
 
 
 # --------------------------------------------------------------------------- choices
