@@ -105,8 +105,8 @@ class Partition:
     n_outputs: int                 # outputs with a cotangent input in the backward
     wrt: list[int]
     policy: str
-    recomputed_ops: list[str] = field(default_factory=list)  # backward nodes the forward
-    #                                                            computes too, by primitive
+    # The primitives of the backward's nodes that the forward computes too, in order.
+    recomputed_ops: list[str] = field(default_factory=list)
     n_forward_outputs: int = 0     # the forward's outputs before the saved values
 
     @property
