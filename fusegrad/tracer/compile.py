@@ -42,6 +42,7 @@ from fusegrad.passes.autodiff import vjp_graph
 from fusegrad.passes.dce import dce
 from fusegrad.passes.fusion import fuse
 from fusegrad.passes.manager import PassManager
+from fusegrad.passes.partition import partition_joint
 from fusegrad.runtime.cpu import Program
 from fusegrad.tensor import Tensor
 from fusegrad.tracer.guards import ClosureGuard, module_flags
@@ -329,20 +330,41 @@ class CompiledFunction:
         if info.capture is not None:
             for leaf in info.capture.grad_drops:
                 inputs[leaf]._grad = None
-        if entry.program is not None:
-            outs = entry.program(*[t._data for t in inputs])
+        cap = info.capture
+        # A call that autograd records (not a training step, whose gradients were taken
+        # inside): the forward runs as the first half of a partitioned program, saving what
+        # the backward needs (passes/partition.py).
+        wrt = flags = split = residuals = None
+        if not (cap is not None and cap.did_backward) and is_grad_enabled() and \
+                any(t is not None and t._requires_grad for t in inputs):
+            wrt = tuple(i for i, t in enumerate(inputs) if t is not None and t._requires_grad
+                        and t.dtype.is_floating_point)
+            flags = entry.differentiable.get(wrt)
+            if flags is None:
+                flags = entry.differentiable[wrt] = _differentiable_outputs(entry.graph, wrt)
+            if any(flags) and entry.program is not None:
+                split = self.split_programs(entry, wrt)
+        arrays = [t._data for t in inputs]
+        if split is not None:
+            outs = split.forward(*arrays)
+            n = split.partition.n_forward_outputs
+            results = [Tensor._wrap(a, dt) for a, dt in zip(outs[:n], entry.out_dtypes)]
+            residuals = outs[n:]
+        elif entry.program is not None:
+            outs = entry.program(*arrays)
             results = [Tensor._wrap(a, dt) for a, dt in zip(outs, entry.out_dtypes)]
         else:
             from fusegrad.autograd.grad_mode import no_grad
             with no_grad():
                 results = replay(entry.optimized, [t.detach() for t in inputs])
         mutations = info.mutations or ()
-        cap = info.capture
-        if cap is not None and cap.did_backward:
-            pass    # a training step: its gradients were taken inside; outputs are plain
-        elif is_grad_enabled() and any(t is not None and t._requires_grad for t in inputs):
+        if flags is not None and any(flags):
             # Before the write-back below: the backward needs the inputs as the call saw them.
-            self._attach_backward(entry, inputs, results, {i for i, _ in mutations})
+            saved = _SavedInputs(inputs, {i for i, _ in mutations}, split, residuals)
+            for k, out in enumerate(results):
+                if flags[k]:
+                    out.grad_fn = _CompiledBackward(self, entry, wrt, saved, k, inputs)
+                    out._requires_grad = True
         # In-place writes to inputs land in the caller's tensors. A parameter (a leaf that
         # requires grad: an optimizer step) is written as is; any other input is written the
         # way eager in-place ops write, so that its history becomes the compiled backward.
@@ -365,22 +387,22 @@ class CompiledFunction:
 
     # ------------------------------------------------------------------ autograd
 
-    def _attach_backward(self, entry: _Entry, inputs: list[Tensor], outputs: list[Tensor],
-                         mutated: set[int]):
-        """Give each output that depends differentiably on an input requiring grad (as eager
-        autograd decides ``requires_grad``) a backward node."""
-        wrt = tuple(i for i, t in enumerate(inputs) if t is not None and t._requires_grad
-                    and t.dtype.is_floating_point)
-        flags = entry.differentiable.get(wrt)
-        if flags is None:
-            flags = entry.differentiable[wrt] = _differentiable_outputs(entry.graph, wrt)
-        if not any(flags):
-            return
-        saved = _SavedInputs(inputs, mutated)
-        for k, out in enumerate(outputs):
-            if flags[k]:
-                out.grad_fn = _CompiledBackward(self, entry, wrt, saved, k, inputs)
-                out._requires_grad = True
+    def split_programs(self, entry: _Entry, wrt: tuple) -> "_SplitPrograms":
+        """The forward and backward programs of the min-cut partition of ``entry``'s graph
+        for gradients with respect to inputs ``wrt`` (built on first use)."""
+        key = ("split", wrt)
+        hit = entry.backward.get(key)
+        if hit is None:
+            info = entry.info
+            # Parameters and captured tensors stay alive anyway: saving them costs nothing.
+            free = list(range(info.n_state)) + [i for _, i in info.lifted]
+            part = partition_joint(entry.graph, wrt=list(wrt), free_inputs=free)
+            name = _symbol(entry.graph.name)
+            hit = entry.backward[key] = _SplitPrograms(
+                part,
+                Program(fuse(PassManager(self.pipeline).run(part.forward)), name=name + "_fwd"),
+                Program(fuse(PassManager(self.pipeline).run(part.backward)), name=name + "_bwd"))
+        return hit
 
     def backward_program(self, entry: _Entry, wrt: tuple) -> tuple:
         hit = entry.backward.get(wrt)
@@ -414,17 +436,35 @@ def _fast_call(entry: _Entry) -> Callable | None:
         tree, [wrap(o, d) for o, d in zip(run([a._data for a in args]), dtypes_)])
 
 
-class _SavedInputs:
-    """The inputs of a compiled call, kept for its backward with their versions (the
-    tensors themselves, so a ``create_graph`` backward stays connected to them)."""
+@dataclass
+class _SplitPrograms:
+    partition: Any            # passes.partition.Partition
+    forward: Program
+    backward: Program
 
-    def __init__(self, inputs: list, mutated: set[int] = frozenset()):
+
+class _SavedInputs:
+    """What a compiled call keeps for its backward: its inputs with their versions (the
+    tensors themselves, so a ``create_graph`` backward stays connected to them) and, when the
+    forward ran as a partition's first half, the residuals it saved."""
+
+    def __init__(self, inputs: list, mutated: set[int] = frozenset(),
+                 split: "_SplitPrograms | None" = None, residuals: list | None = None):
         # An input the call writes in place is kept as a copy of its values before the
         # write: the VJP program computes from what the forward read.
         self.tensors = [Tensor._wrap(t._data.copy(), t._dtype) if i in mutated and t is not None
                         else t for i, t in enumerate(inputs)]
         self.versions = [t._version_counter.value if t is not None else 0 for t in self.tensors]
         self.freed = False
+        self.split = split
+        self.residuals = residuals
+
+    def backward_arrays(self) -> list:
+        """The partition's saved values, in the backward program's input order."""
+        # The forward's outputs after its own are every saved value, inputs passed through
+        # included; an input is read from the kept tensor (a copy if the call wrote it).
+        return [self.tensors[s.input_index]._data if s.kind == "input" else self.residuals[k]
+                for k, s in enumerate(self.split.partition.saved)]
 
     def unpack(self, name: str) -> list:
         if self.freed:
@@ -452,9 +492,16 @@ class _CompiledBackward(Node):
         if self.saved is None:
             raise RuntimeError(_FREED_MESSAGE)
         inputs = self.saved.unpack(self._name)
-        program, g = self.cf.backward_program(self.entry, self.wrt)
         outs = self.entry.graph.outputs
         cts = [grad if i == self.k else _zeros(o.type) for i, o in enumerate(outs)]
+        split = self.saved.split
+        if split is not None and not create_graph:
+            arrays = self.saved.backward_arrays() + [c._data for c in cts]
+            return tuple(Tensor._wrap(a, dtypes.from_numpy_dtype(a.dtype))
+                         for a in split.backward(*arrays))
+        # create_graph (the backward is recorded: replay the VJP graph on the inputs, which
+        # recomputes the forward), or the interpreter backend.
+        program, g = self.cf.backward_program(self.entry, self.wrt)
         if create_graph or program is None:
             grads = replay(g, list(inputs) + cts)
         else:

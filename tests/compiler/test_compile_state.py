@@ -690,3 +690,24 @@ def test_gradient_buffers_reused_when_dropped_and_kept_when_held():
     step(x2, y)
     np.testing.assert_array_equal(held.numpy(), before)   # a gradient the user kept
     assert w.grad is not held
+
+
+# --------------------------------------------------------------------------- forward/backward
+
+
+def test_compiled_forward_saves_residuals_and_backward_does_not_recompute_matmuls():
+    m = mlp(sizes=(6, 16, 3))
+    e = mlp(sizes=(6, 16, 3))
+    cm = fg.compile(m)
+    x, y = data()
+    F.cross_entropy(cm(x), y).backward()
+    F.cross_entropy(e(x), y).backward()
+    assert_close_lists(grads(m), grads(e))
+    (entry,) = cm.entries()
+    (split,) = [h for h in entry.backward.values() if hasattr(h, "partition")]
+    part = split.partition
+    backward_matmuls = [n for n in part.backward.nodes if n.prim.name == "matmul"]
+    # dW2, dh and dW1: the forward's two matmuls are saved, not recomputed.
+    assert len(backward_matmuls) == 3
+    assert "matmul" not in part.recomputed_ops
+    assert any(s.kind == "residual" for s in part.saved)
