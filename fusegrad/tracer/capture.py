@@ -477,9 +477,10 @@ def optimizer_signature(opt) -> tuple:
         per_param = []
         for p in group["params"]:
             state = opt.state.get(p)
+            # In insertion order (each optimizer makes its state in a fixed order).
             items = () if not state else tuple(
-                (k, (id(v), tuple(v.shape), v.dtype) if isinstance(v, Tensor) else _hashable(v))
-                for k, v in sorted(state.items()))
+                (k, (id(v), v._data.shape, v._dtype) if isinstance(v, Tensor) else _hashable(v))
+                for k, v in state.items())
             per_param.append((id(p), items))
         parts.append((hyper, tuple(per_param)))
     return tuple(parts)

@@ -57,7 +57,7 @@ from fusegrad.tracer.trace import (
 __all__ = ["compile", "CompiledFunction", "Lowered", "RECOMPILE_WARNING_LIMIT"]
 
 RECOMPILE_WARNING_LIMIT = 8        # the default of config.recompile_limit (kept for imports)
-DEFAULT_PIPELINE = "simplify,cse,dce"
+DEFAULT_PIPELINE = "simplify,cse,dce,matmul-layout"
 BACKENDS = ("llvm", "interpreter")
 
 
@@ -294,7 +294,8 @@ class CompiledFunction:
 
     def _lookup(self, key, leaves) -> _Entry | None:
         """The cached entry for ``key`` whose guards hold now, if any."""
-        for entry in self.cache.get(key, ()):
+        # Newest first: a training step's steady graph is traced after its first step's.
+        for entry in reversed(self.cache.get(key, ())):
             if entry.guard is None or entry.guard(
                     lambda e=entry: self._inputs(e, leaves, read_only=True)):
                 return entry
