@@ -431,14 +431,34 @@ def _live_storage() -> dict[int, np.ndarray]:
     """id -> array for the storage of every concrete tensor alive now (held, so that ids
     stay unique while the trace runs)."""
     import gc
+    # Exact type tests: isinstance() on arbitrary objects can run their __class__ hooks
+    # (lazy modules of other libraries warn when touched), and this scan sees every object.
+    types_ = _tensor_types()
     out = {}
     for obj in gc.get_objects():
-        if isinstance(obj, Tensor) and not isinstance(obj, SymbolicTensor):
-            data = getattr(obj, "_data", None)
-            if isinstance(data, np.ndarray):
+        if type(obj) in types_:
+            try:
+                data = _DATA_SLOT(obj)
+            except AttributeError:           # a tensor still being constructed
+                continue
+            if type(data) is np.ndarray:
                 root = _root(data)
                 out[id(root)] = root
     return out
+
+
+_DATA_SLOT = Tensor._data.__get__
+
+
+def _tensor_types() -> set:
+    """Tensor and its subclasses (Parameter, user subclasses), without the symbolic one."""
+    found, todo = set(), [Tensor]
+    while todo:
+        cls = todo.pop()
+        if cls not in found and cls is not SymbolicTensor:
+            found.add(cls)
+            todo.extend(cls.__subclasses__())
+    return found
 
 
 class _Env(dict):
