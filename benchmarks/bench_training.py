@@ -21,10 +21,15 @@ Fresh-process probes (one thread) give two more figures:
   compiled step compiles twice: the first call sees no ``.grad`` and no optimizer state, the
   second is the steady step; both are reported.
 - peak memory per step, from the kernel's count of resident pages: after warm-up the probe
-  resets its peak (``/proc/self/clear_refs``), runs steady steps and reads ``VmHWM``; the figure
-  is that peak minus the resident size before those steps (what one step needs beyond the
-  model, its gradients and optimizer state). ``MALLOC_MMAP_THRESHOLD_`` is fixed at 64 KiB
-  so that freed buffers go back to the system instead of hiding in malloc's free lists.
+  resets its peak (``/proc/self/clear_refs``), runs steady steps and reads ``VmHWM``. Two
+  figures: that peak minus the resident size just before those steps (what a step needs
+  beyond what stays allocated between steps), and that plus the anonymous resident memory
+  (``RssAnon``: data, not the code pages a library maps in) gained from before the model was
+  built to after warm-up: model, gradients, optimizer state, buffers kept between steps,
+  one-time library set-up, and for the compiled step what compiling left behind (the
+  compile's own peak is not counted).
+  ``MALLOC_MMAP_THRESHOLD_`` is fixed at 64 KiB so that freed buffers go back to the system
+  instead of hiding in malloc's free lists.
 
 Run ``python benchmarks/bench_training.py [--quick] [--threads 1,2] [--only mlp-sgd,...]``
 (``make bench-training``). ``--quick`` is a smoke run: a tiny transformer, one thread, fewer
@@ -348,6 +353,9 @@ def probe(system: str, workload: str, quick: bool) -> dict:
     xn, yn = make_data(np, workload, gpt)
     x, y = (fg.tensor(xn), fg.tensor(yn)) if lib is fg else (torch.from_numpy(xn),
                                                             torch.from_numpy(yn))
+    import gc
+    gc.collect()
+    start_anon = rss_kib("RssAnon")
     model, opt = build(lib, workload, gpt, None)
     step = training_step(lib, workload, model, opt)
     fn = fg.compile(step, fullgraph=True) if system == "fusegrad compiled step" else step
@@ -361,13 +369,14 @@ def probe(system: str, workload: str, quick: bool) -> dict:
         out["kernel_compiles"], out["disk_hits"] = jit.stats["compiles"], jit.stats["disk_hits"]
     for _ in range(3):
         fn(x, y)
-    import gc
     gc.collect()
     out["peak_reset"] = reset_peak_rss()
-    before = rss_kib("VmRSS")
+    before, anon = rss_kib("VmRSS"), rss_kib("RssAnon")
     for _ in range(10):
         fn(x, y)
     out["step_peak_mib"] = (rss_kib("VmHWM") - before) / 1024
+    # Anonymous pages only: the code pages a library maps in on first use are not data.
+    out["total_peak_mib"] = out["step_peak_mib"] + (anon - start_anon) / 1024
     return out
 
 
@@ -433,17 +442,20 @@ def print_table(rows: list[dict], threads: list[int], probes: dict, quick: bool)
               f"call 1 (no .grad, no optimizer state) + call 2 (steady graph); of which graph "
               f"compile {calls} ms; {p['kernel_compiles']} LLVM modules compiled, {p['disk_hits']} "
               f"from disk; call 3 {p['call3_s'] * 1e3:.1f} ms; import {p['import_s']:.2f} s |")
+    memory_rows = (("step_peak_mib", "one step's peak above the RSS before it"),
+                   ("total_peak_mib", "that peak plus the anonymous RSS gained from before the "
+                                      "model was built to after warm-up"))
     for w, per_system in probes.get("memory", {}).items():
-        base = per_system.get("torch eager")
-        for s, p in per_system.items():
-            if p is None:
-                continue
-            mib = p["step_peak_mib"]
-            r = ratio(mib, base["step_peak_mib"] if base else None)
-            note = "" if p["peak_reset"] else "VmHWM could not be reset: peak since start"
-            cells = [f"{mib:.1f}", r] + ["-"] * (2 * len(threads) - 2)
-            print(f"| {titles[w]}: step peak memory MiB, 1 thread | {s} | "
-                  + " | ".join(cells) + f" | {note} |")
+        for field, what in memory_rows:
+            base = per_system.get("torch eager")
+            for s, p in per_system.items():
+                if p is None:
+                    continue
+                r = ratio(p[field], base[field] if base else None)
+                note = "" if p["peak_reset"] else "VmHWM could not be reset: peak since start"
+                cells = [f"{p[field]:.1f}", r] + ["-"] * (2 * len(threads) - 2)
+                print(f"| {titles[w]}: {what}, MiB, 1 thread | {s} | "
+                      + " | ".join(cells) + f" | {note} |")
     sys.stdout.flush()
 
 
@@ -507,7 +519,7 @@ def main() -> None:
           + ", ".join(f"{k} {v}" for k, v in versions.items()))
     print_table(rows, threads, probes, opts.quick)
     print(f"\n({time.perf_counter() - start:.0f} s; step times: median of rounds after warm-up; "
-          "memory: VmHWM after reset, minus VmRSS before 10 steady steps, one thread)")
+          "memory: fresh processes, one thread, VmHWM reset after warm-up; see the docstring)")
 
 
 def importable(name: str) -> bool:
