@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench lint clean fuzz
+.PHONY: test demo bench bench-training lint clean fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/bench_training.py
+
+# Training steps only (MLP and char transformer; torch and jax when installed).
+bench-training: $(STAMP)
+	$(PY) benchmarks/bench_training.py
 
 # A long differential fuzzing run (docs/fuzzing.md): 10,000 random programs or 30 minutes.
 fuzz: $(STAMP)
