@@ -31,7 +31,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel
+from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel, parallel_extent
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
@@ -474,10 +474,7 @@ def _extent(k: Kernel) -> tuple[int, int]:
     work = 1
     for d in k.shape:
         work *= d
-    if k.kind == "reduction":
-        kept = [d for i, d in enumerate(k.shape) if i not in k.axes]
-        return (kept[0] if kept else 1), work
-    return (k.shape[0] if k.shape else 1), work
+    return parallel_extent(k), work
 
 
 def _as_view(base: np.ndarray, view: View) -> np.ndarray:
