@@ -16,7 +16,16 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
-from fusegrad.codegen.llvm.kernel import COLUMN_BLOCK, COLUMN_TILE, column_plan, parallel_extent
+from fusegrad.codegen.llvm.kernel import (
+    COLUMN_BLOCK,
+    COLUMN_TILE,
+    SPLIT_PARTS,
+    SPLIT_WORK,
+    column_plan,
+    kernel_phases,
+    parallel_extent,
+    split_plan,
+)
 from fusegrad.passes.fusion import Kernel
 from tests.compiler.compare import values
 
@@ -171,3 +180,95 @@ def test_column_plans():
     assert plan.outer == (1,) and plan.tile == (3,) and plan.units == 50
     assert parallel_extent(_kernel((6, 50, 7, 30), (0, 2))) == 50
     assert parallel_extent(_kernel((6, 50, 7, 30), (3,))) == 6
+
+
+# ----------------------------------------------------------------------------- full reductions
+
+
+def test_split_plans_and_phases():
+    assert split_plan(_kernel((100,), (0,))) is None                  # too small to split
+    assert split_plan(_kernel((300, 400), (0,))) is None               # kept axes
+    ones = fg.ones(5, 40000)
+    kernel = fg.compile(lambda a: a.sum()).lower(ones).program.kg.kernels[0]
+    plan = split_plan(kernel)
+    assert plan.lead == 2 and plan.lead_size == 200000 and plan.parts == SPLIT_PARTS
+    x = np.ones(SPLIT_WORK, dtype=np.float32)
+    kernels = fg.compile(lambda a: fg.nn.functional.softmax(a, 0)).lower(
+        fg.from_numpy(x)).program.kg.kernels
+    phases = kernel_phases(kernels[0])
+    # max, then the sum of exponentials: a parallel and a combining phase each, then the
+    # parallel full-size stores.
+    assert [name[-3:] for name, _ in phases[:4]] == ["_p0", "_c0", "_p1", "_c1"]
+    assert phases[-1] == (kernels[0].name, SPLIT_WORK)
+
+
+def large(seed=0, n=3 * SPLIT_WORK + 17):
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def test_split_full_reductions_against_numpy():
+    x = large()
+    x64 = x.astype(np.float64)
+    fn = lambda a: (a.sum(), a.amax(), a.amin(), (a * a).mean(), a.var(),  # noqa: E731
+                    fg.nn.functional.softmax(a, 0), (a > 0).sum(), a.prod())
+    got = [t.numpy() for t in fg.compile(fn)(fg.from_numpy(x))]
+    eps = float(np.finfo(np.float32).eps)
+    assert abs(got[0] - x64.sum()) <= 4 * eps * np.abs(x64).sum()
+    assert got[1] == x.max() and got[2] == x.min()
+    assert abs(got[3] - (x64 * x64).mean()) <= 4 * eps * (x64 * x64).mean()
+    np.testing.assert_allclose(got[4], x64.var(ddof=1), rtol=1e-5)
+    e = np.exp(x64 - x64.max())
+    np.testing.assert_allclose(got[5], e / e.sum(), rtol=1e-5, atol=1e-12)
+    assert got[6] == (x > 0).sum() and got[6].dtype == np.int64
+    assert got[7] == 0.0 or np.isinf(got[7])      # underflows / overflows like numpy's
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(got[7], x.prod())
+
+
+def test_split_full_reductions_with_special_values():
+    n = 3 * SPLIT_WORK
+    s = fg.compile(lambda a: (a.sum(), a.amax(), a.amin()))
+    zeros = np.full(n, -0.0, dtype=np.float32)
+    total = s(fg.from_numpy(zeros))[0].numpy()
+    assert total == 0 and np.signbit(total)                   # -0.0 survives the combine
+    x = np.ones(n, dtype=np.float32)
+    x[n - 5] = np.nan                                          # in the last part only
+    assert all(np.isnan(t.numpy()) for t in s(fg.from_numpy(x)))
+    x = np.ones(n, dtype=np.float32)
+    x[3], x[n - 3] = np.inf, -np.inf                           # in different parts
+    got = [t.numpy() for t in s(fg.from_numpy(x))]
+    assert np.isnan(got[0]) and got[1] == np.inf and got[2] == -np.inf
+
+
+def test_split_float64_sums_are_compensated_across_parts():
+    # Part sums 2**53, 1.5 and -2**53 (each exact): plain float64 adds give 0.
+    n = 3 * SPLIT_PARTS * 4096
+    x = np.zeros(n)
+    x[0], x[n // 2], x[n // 2 + 1], x[n - 1] = 2.0 ** 53, 1.0, 0.5, -(2.0 ** 53)
+    assert float(fg.compile(lambda a: a.sum())(fg.from_numpy(x)).numpy()) == 1.5
+    i = np.arange(n, dtype=np.int64) * (1 << 40)               # int64 sums stay exact
+    assert int(fg.compile(lambda a: a.sum())(fg.from_numpy(i)).numpy()) == int(i.sum())
+
+
+@pytest.mark.parametrize("shape", [(5, 40000), (300, 3, 1100), (100000, 3)], ids=str)
+def test_split_layouts_and_thread_counts(shape):
+    x = values(shape, fg.float32, seed=4, special=False)
+    x64 = x.astype(np.float64)
+    fn = lambda a: (a.sum(), (a * a).mean(), a.amax(), a - a.amax())  # noqa: E731
+    results = []
+    before = fg.get_num_threads()
+    try:
+        for threads in (1, 2, 4):
+            fg.set_num_threads(threads)
+            results.append([t.numpy() for t in fg.compile(fn)(fg.from_numpy(x))])
+    finally:
+        fg.set_num_threads(before)
+    for r in results[1:]:
+        for a, b in zip(r, results[0]):
+            np.testing.assert_array_equal(a, b)
+    eps = float(np.finfo(np.float32).eps)
+    got = results[0]
+    assert abs(got[0] - x64.sum()) <= 4 * eps * np.abs(x64).sum()
+    assert abs(got[1] - (x64 * x64).mean()) <= 4 * eps * (x64 * x64).mean()
+    assert got[2] == x.max()
+    np.testing.assert_array_equal(got[3], x - x.max())

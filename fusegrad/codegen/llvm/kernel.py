@@ -42,7 +42,7 @@ from fusegrad.ir.graph import Literal, Node, Value
 from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
 
 __all__ = ["Unsupported", "KernelEmitter", "emit_kernel", "KERNEL_ARGS", "lltype", "ColumnPlan",
-           "column_plan", "parallel_extent"]
+           "column_plan", "parallel_extent", "SplitPlan", "split_plan", "kernel_phases"]
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -133,6 +133,70 @@ def column_plan(kernel: Kernel) -> ColumnPlan | None:
     return ColumnPlan(tuple(outer), tuple(tile), chunk, units)
 
 
+# Full reductions (no kept axes) of at least SPLIT_WORK elements (the runtime's threading
+# threshold) are split into at most SPLIT_PARTS parts along their leading axes, reduced
+# in parallel and combined in part order. The parts are fixed by the shape, so a result
+# has the same bits whatever the thread count.
+SPLIT_WORK = 1 << 16
+SPLIT_PARTS = 16
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How a full reduction is split: the leading ``lead`` axes (``lead_size`` indices in
+    all) are cut into ``parts`` ranges. Each reduction of the kernel runs as a parallel
+    phase that reduces each part into a scratch cell (``kN_p<i>``, over the parts), then a
+    serial one that combines the cells in order (``kN_c<i>``); the last combine stores the
+    kernel's scalar outputs, and a parallel phase over the leading indices stores its
+    full-size outputs (``kN``)."""
+
+    lead: int
+    lead_size: int
+    parts: int
+    reductions: int
+
+    def cells(self) -> int:
+        """8-byte cells of scratch: two per part and reduction (a float64 sum's
+        compensation beside its total), then one final value per reduction."""
+        return 2 * self.reductions * self.parts + self.reductions
+
+
+def _reductions(kernel: Kernel) -> list[Node]:
+    """The reductions a reduction kernel loops over, in order."""
+    return [n for n in kernel.nodes if n.op in ("sum", "max", "min", "prod") and
+            tuple(n.attrs["axes"]) == kernel.axes and kernel.level[n.output] == "row"]
+
+
+def split_plan(kernel: Kernel) -> SplitPlan | None:
+    """How ``kernel`` is split across threads when it is a large full reduction, else None."""
+    shape = kernel.shape
+    if kernel.kind != "reduction" or len(kernel.axes) != len(shape) or not shape or \
+            math.prod(shape) < SPLIT_WORK:
+        return None
+    count = len(_reductions(kernel))
+    if not count:
+        return None
+    lead, size = 0, 1
+    while lead < len(shape) and size < 4 * SPLIT_PARTS:
+        size *= shape[lead]
+        lead += 1
+    return SplitPlan(lead, size, min(SPLIT_PARTS, size), count)
+
+
+def kernel_phases(kernel: Kernel) -> list[tuple[str, int]]:
+    """(function name, parallel extent) of each function ``kernel`` compiles to, in launch
+    order: one for most kernels, several for a split full reduction (:class:`SplitPlan`)."""
+    plan = split_plan(kernel)
+    if plan is None:
+        return [(kernel.name, parallel_extent(kernel))]
+    phases = []
+    for i in range(plan.reductions):
+        phases += [(f"{kernel.name}_p{i}", plan.parts), (f"{kernel.name}_c{i}", 1)]
+    if any(kernel.level.get(v) == "full" for v in kernel.outputs):
+        phases.append((kernel.name, plan.lead_size))
+    return phases
+
+
 def parallel_extent(kernel: Kernel) -> int:
     """Extent of ``kernel``'s parallel loop (the ``[start, end)`` the runtime splits)."""
     plan = column_plan(kernel)
@@ -183,13 +247,14 @@ class KernelEmitter:
     """Emits one kernel's function into ``module``."""
 
     def __init__(self, module: ir.Module, kernel: Kernel, kg: KernelGraph,
-                 slots: dict[Value, int]):
+                 slots: dict[Value, int], name: str | None = None, scratch: int | None = None):
         self.module = module
         self.k = kernel
         self.kg = kg
         self.slots = slots
+        self.scratch_slot = scratch       # a split reduction's cells (SplitPlan)
         self.internal = set(kernel.nodes)
-        self.fn = ir.Function(module, ir.FunctionType(VOID, KERNEL_ARGS), name=kernel.name)
+        self.fn = ir.Function(module, ir.FunctionType(VOID, KERNEL_ARGS), name=name or kernel.name)
         self.fn.args[0].name, self.fn.args[1].name, self.fn.args[2].name = "bufs", "start", "end"
         # Allocas and buffer pointers go to "entry", which jumps to "body" once the kernel is
         # complete; keeping the two apart lets both builders append without clashing.
@@ -768,8 +833,7 @@ class KernelEmitter:
     def emit_reduction(self) -> None:
         k = self.k
         kept = [i for i in range(len(k.shape)) if i not in k.axes]
-        reductions = [n for n in k.nodes if n.op in ("sum", "max", "min", "prod")
-                      and tuple(n.attrs["axes"]) == k.axes and k.level[n.output] == "row"]
+        reductions = _reductions(k)
         row_outs = self.outputs_at("row")
         full_outs = self.outputs_at("full")
         zero = ir.Constant(I64, 0)
@@ -936,6 +1000,153 @@ class KernelEmitter:
         self.blocks(red_shape, SUM_BLOCK, body, lambda: b.store(identity, slot),
                     lambda: self.add_to_total(b.load(slot), total, comp))
         return self.total_value(total, comp, slot.type.pointee)
+
+    # ------------------------------------------------------------------ split reductions
+
+    def cell(self, index: int, t: ir.Type) -> ir.Value:
+        """Pointer to 8-byte cell ``index`` of the split reduction's scratch, as ``t*``."""
+        eb = self.entry_builder
+        raw = eb.load(eb.gep(self.fn.args[0], [ir.Constant(I64, self.scratch_slot)],
+                             inbounds=True))
+        base = eb.bitcast(raw, I64.as_pointer())
+        return self.b.bitcast(self.b.gep(base, [ir.Constant(I64, index)], inbounds=True),
+                              t.as_pointer())
+
+    def lead_loop(self, plan: SplitPlan, lo, hi, body) -> None:
+        """``body(coords)`` over the leading indices ``[lo, hi)`` and all the other axes.
+        The last leading axis runs as a loop of its own (a range of each of its rows), so
+        no element pays a division."""
+        b, shape = self.b, self.k.shape
+        if plan.lead == 1:
+            with self.loop(lo, hi, "f") as f:
+                self.nest(shape, body, parallel=False, coords=(f,))
+            return
+        d = ir.Constant(I64, shape[plan.lead - 1])
+        first = b.udiv(lo, d)
+        stop = b.udiv(b.add(hi, ir.Constant(I64, shape[plan.lead - 1] - 1)), d)
+        with self.loop(first, stop, "q") as q:
+            base = b.mul(q, d, flags=("nsw",))
+            a = b.sub(lo, base)
+            a = b.select(b.icmp_signed(">", a, ir.Constant(I64, 0)), a, ir.Constant(I64, 0))
+            e = b.sub(hi, base)
+            e = b.select(b.icmp_signed("<", e, d), e, d)
+            outer = self.lead_coords(SplitPlan(plan.lead - 1, 0, 0, 0), q)
+            with self.loop(a, e, "f") as f:
+                self.nest(shape, body, parallel=False, coords=tuple(outer) + (f,))
+
+    def emit_split_phase(self, plan: SplitPlan, phase: str, index: int) -> None:
+        """One function of a split full reduction: ``phase`` "p" (reduction ``index`` over
+        the parts [start, end)), "c" (its combination) or "full" (the full-size stores)."""
+        k, b = self.k, self.b
+        reductions = _reductions(k)
+        finals = 2 * plan.reductions * plan.parts
+
+        def load_finals(count):
+            for i, node in enumerate(reductions[:count]):
+                self.acc[node.output] = b.load(self.cell(finals + i, lltype(
+                    node.output.type.dtype)))
+
+        if phase == "full":
+            load_finals(len(reductions))
+            outs = self.outputs_at("full")
+            self.lead_loop(plan, self.fn.args[1], self.fn.args[2],
+                           lambda coords: [self.store(v, coords, self.emit(v, coords))
+                                           for v in outs])
+            return
+        node = reductions[index]
+        out_dt = node.output.type.dtype
+        acc_t = lltype(out_dt)
+        float_sum = node.op == "sum" and out_dt.is_floating_point
+        load_finals(index)
+        if phase == "p":
+            with self.loop(self.fn.args[1], self.fn.args[2], "part") as part:
+                self.split_part(plan, node, part, index)
+            return
+        # Combine the parts in order.
+        identity = self.identity(node)
+        if float_sum:
+            total = self.entry_builder.alloca(F64, name="total")
+            comp = self.entry_builder.alloca(F64, name="comp")
+            b.store(ir.Constant(F64, -0.0), total)
+            b.store(ir.Constant(F64, 0.0), comp)
+            for p in range(plan.parts):
+                cell = 2 * (index * plan.parts + p)
+                self.add_to_total(b.load(self.cell(cell, F64)), total, comp)
+                if acc_t == F64:
+                    b.store(b.fadd(b.load(comp), b.load(self.cell(cell + 1, F64))), comp)
+            value = self.total_value(total, comp, acc_t)
+        else:
+            value = identity
+            for p in range(plan.parts):
+                part = b.load(self.cell(2 * (index * plan.parts + p), acc_t))
+                value = self.combine(node.op, value, part, out_dt)
+        b.store(value, self.cell(finals + index, acc_t))
+        if index == len(reductions) - 1:
+            self.acc[node.output] = value
+            zero = ir.Constant(I64, 0)
+            for v in self.outputs_at("row"):
+                coords = [zero] * len(v.type.shape)
+                self.store(v, coords, self.emit(v, coords))
+
+    def split_part(self, plan: SplitPlan, node: Node, part: ir.Value, index: int) -> None:
+        """Reduce ``node`` over part ``part`` into its scratch cells."""
+        b, shape = self.b, self.k.shape
+        out_dt = node.output.type.dtype
+        acc_t = lltype(out_dt)
+        src, src_dt = node.inputs[0], node.inputs[0].type.dtype
+        n, parts = ir.Constant(I64, plan.lead_size), ir.Constant(I64, plan.parts)
+        lo = b.udiv(b.mul(part, n), parts)
+        hi = b.udiv(b.mul(b.add(part, ir.Constant(I64, 1)), n), parts)
+        identity = self.identity(node)
+        slot = self.entry_builder.alloca(acc_t, name="acc")
+        cell = 2 * index * plan.parts
+
+        def body(coords):
+            x = self.emit(src, coords)
+            x = self.convert(x, src_dt, out_dt) if src_dt is not out_dt else x
+            b.store(self.combine(node.op, b.load(slot), x, out_dt), slot)
+        b.store(identity, slot)
+        out = b.gep(self.cell(cell, I64), [b.mul(part, ir.Constant(I64, 2))])
+        if not (node.op == "sum" and out_dt.is_floating_point):
+            self.lead_loop(plan, lo, hi, body)
+            b.store(b.load(slot), b.bitcast(out, acc_t.as_pointer()))
+            return
+        # Blocks of at most SUM_BLOCK elements, as blocked_sum: whole inner rows of a
+        # leading index when they are that long, else groups of leading indices.
+        total = self.entry_builder.alloca(F64, name="total")
+        comp = self.entry_builder.alloca(F64, name="comp")
+        b.store(ir.Constant(F64, -0.0), total)
+        b.store(ir.Constant(F64, 0.0), comp)
+        begin = lambda: b.store(identity, slot)  # noqa: E731
+        end = lambda: self.add_to_total(b.load(slot), total, comp)  # noqa: E731
+        inner = math.prod(shape[plan.lead:])
+        if inner > SUM_BLOCK:
+            def rows(g):
+                lead_coords = self.lead_coords(plan, g)
+                self.blocks(list(shape[plan.lead:]), SUM_BLOCK,
+                            lambda red: body(lead_coords + list(red)), begin, end)
+            with self.loop(lo, hi, "f") as f:
+                rows(f)
+        else:
+            group = ir.Constant(I64, SUM_BLOCK // inner)
+            count = b.udiv(b.add(b.sub(hi, lo), ir.Constant(I64, SUM_BLOCK // inner - 1)), group)
+            with self.loop(0, count, "blk") as blk:
+                first = b.add(lo, b.mul(blk, group))
+                last = b.add(first, group)
+                last = b.select(b.icmp_signed("<", last, hi), last, hi)
+                begin()
+                self.lead_loop(plan, first, last, body)
+                end()
+        b.store(b.load(total), b.bitcast(out, F64.as_pointer()))
+        b.store(b.load(comp), b.bitcast(b.gep(out, [ir.Constant(I64, 1)]), F64.as_pointer()))
+
+    def lead_coords(self, plan: SplitPlan, f: ir.Value) -> list:
+        """Coordinates of leading index ``f`` over the plan's leading axes."""
+        b, out, rest = self.b, [], f
+        for d in reversed(self.k.shape[:plan.lead]):
+            out.insert(0, b.urem(rest, ir.Constant(I64, d)) if plan.lead > 1 else rest)
+            rest = b.udiv(rest, ir.Constant(I64, d))
+        return out
 
     # ------------------------------------------------------------------ column reductions
 
@@ -1145,9 +1356,27 @@ _mangle = mathlib.mangle
 
 
 def emit_kernel(module: ir.Module, kernel: Kernel, kg: KernelGraph,
-                slots: dict[Value, int]) -> ir.Function:
-    """Emit ``kernel`` as a function of ``module``; raises :class:`Unsupported` if some
-    primitive or dtype in it has no lowering."""
+                slots: dict[Value, int], scratch: int | None = None) -> ir.Function:
+    """Emit ``kernel`` as functions of ``module`` (those of :func:`kernel_phases`); raises
+    :class:`Unsupported` if some primitive or dtype in it has no lowering. A split full
+    reduction (:func:`split_plan`) keeps its partial results in the buffer of slot
+    ``scratch`` (:meth:`SplitPlan.cells` 8-byte cells). Returns the last function."""
+    plan = split_plan(kernel)
+    if plan is not None:
+        if scratch is None:
+            raise ValueError(f"{kernel.describe()} is split: it needs a scratch slot")
+        fn = None
+        for i in range(plan.reductions):
+            for phase in ("p", "c"):
+                em = KernelEmitter(module, kernel, kg, slots, f"{kernel.name}_{phase}{i}",
+                                   scratch)
+                em.emit_split_phase(plan, phase, i)
+                fn = em.finish()
+        if any(kernel.level.get(v) == "full" for v in kernel.outputs):
+            em = KernelEmitter(module, kernel, kg, slots, scratch=scratch)
+            em.emit_split_phase(plan, "full", 0)
+            fn = em.finish()
+        return fn
     em = KernelEmitter(module, kernel, kg, slots)
     if kernel.kind == "elementwise":
         em.emit_elementwise()
