@@ -52,12 +52,15 @@ KERNEL_ARGS = (I8P.as_pointer(), I64, I64)
 
 _FLAGS = ("contract",)
 
-# Loops whose body has more instructions than this are not interleaved by the loop vectorizer
-# (``llvm.loop.interleave.count`` 1). Interleaving a body of transcendental math whose input
-# is loop-invariant (a broadcast load: ``a.expand(8, 100).cos().erf()``, a concat of
-# one-element tensors) takes LLVM 22 time exponential in the body (cos+erf: 18 s, two of
-# them: over 8 minutes); a body that long already keeps the vector units busy, so
-# interleaving gains little there. Light bodies (copies, adds, reductions) keep it.
+# Interleaving a loop body of transcendental math whose input is loop-invariant (a broadcast
+# load: ``a.expand(8, 100).cos().erf()``, a concat of one-element tensors) takes LLVM 22's
+# loop vectorizer time exponential in the body (cos+erf: 18 s, two of them: over 8 minutes).
+# Codegen therefore emits a load whose address does not depend on a loop's index in that
+# loop's preheader (KernelEmitter.load): LICM then moves the math out with it, and the
+# vectorizer never sees it. A loop that still holds such a load (its address invariant but
+# computed inside the loop) and whose body has more instructions than this is not
+# interleaved (``llvm.loop.interleave.count`` 1); other loops keep interleaving, which long
+# bodies gain from too (((x*1.5).tanh()*x).sum(): 15-40% slower with the cap).
 MAX_INTERLEAVED_BODY = 48
 
 # Elements per block of a blocked float sum (KernelEmitter.blocked_sum): a block is summed in
@@ -266,6 +269,11 @@ class KernelEmitter:
         self.acc: dict[Value, ir.Value] = {}
         self.scratch: tuple | None = None      # (value, alloca): see row_scratch
         self._ptrs: dict[int, ir.Value] = {}
+        # Open loops, outermost first: [index phi, preheader block, holds an invariant load].
+        self.loops: list[list] = []
+        self._deps: dict[int, frozenset] = {}
+        # An empty kernel may have empty buffers: nothing is loaded ahead of its loops.
+        self.can_hoist = 0 not in kernel.shape
 
     # ------------------------------------------------------------------ utilities
 
@@ -297,14 +305,16 @@ class KernelEmitter:
         b.cbranch(b.icmp_signed("<", i, stop), body, done)
         b.position_at_end(body)
         self.scopes.append({})
+        self.loops.append([i, pre, False])
         yield i
+        invariant_load = self.loops.pop()[2]
         self.scopes.pop()
         nxt = b.add(i, ir.Constant(I64, 1), name=f"{name}.next", flags=("nsw",))
         i.add_incoming(nxt, b.block)
         latch = b.branch(header)
         flags: list = [] if unroll else ["llvm.loop.unroll.disable"]
         size = sum(len(block.instructions) for block in self.fn.blocks[first_block:])
-        if size > MAX_INTERLEAVED_BODY:
+        if size > MAX_INTERLEAVED_BODY and invariant_load:
             flags.append(("llvm.loop.interleave.count", ir.Constant(I32, 1)))
         if flags:
             latch.set_metadata("llvm.loop", self.loop_id(*flags))
@@ -340,7 +350,7 @@ class KernelEmitter:
                 continue
             term = c if s == 1 else b.mul(c, ir.Constant(I64, s), flags=("nsw",))
             offset = b.add(offset, term, flags=("nsw",))
-        return b.gep(self.ptr(view.base), [offset], inbounds=True)
+        return b.gep(self.ptr(view.base), [offset], inbounds=True, name="addr")
 
     def load(self, v: Value, coords: Sequence) -> ir.Value:
         view = self.view(v)
@@ -349,8 +359,45 @@ class KernelEmitter:
             # Its buffer is written after this kernel's loops: the load would read stale
             # memory. Fusion must not build such a kernel (_Partitioner.reads_own_view).
             raise AssertionError(f"{self.k.describe()} reads its own {producer.op} from memory")
+        used = [c for c, s, d in zip(coords, view.strides, view.shape) if s != 0 and d != 1]
+        deps = frozenset().union(*(self.loop_deps(c) for c in used))
+        depth = max((n + 1 for n, entry in enumerate(self.loops) if id(entry[0]) in deps),
+                    default=0)
+        if depth == len(self.loops):                 # varies with the innermost loop
+            raw = self.b.load(self.address(view, coords))
+            return self.from_memory(raw, v.type.dtype)
+        outer = {id(entry[0]) for entry in self.loops[:depth]}
+        if self.can_hoist and all(isinstance(c, ir.Constant) or id(c) in outer for c in used):
+            # Emitted ahead of the outermost loop it does not depend on. The address is in
+            # bounds (the kernel is not empty), so loading it there is safe even when that
+            # loop would not have run.
+            with self.b.goto_block(self.loops[depth][1]):
+                raw = self.b.load(self.address(view, coords))
+                return self.from_memory(raw, v.type.dtype)
+        for entry in self.loops[depth:]:
+            entry[2] = True
         raw = self.b.load(self.address(view, coords))
         return self.from_memory(raw, v.type.dtype)
+
+    def loop_deps(self, value) -> frozenset:
+        """ids of the loop indices ``value`` depends on (every open loop's, for a value not
+        built from loop indices, constants and the entry block's pointers)."""
+        key = id(value)
+        hit = self._deps.get(key)
+        if hit is not None:
+            return hit
+        if isinstance(value, ir.PhiInstr):
+            out = frozenset([key]) if any(e[0] is value for e in self.loops) else \
+                frozenset(id(e[0]) for e in self.loops)
+        elif isinstance(value, ir.Instruction):
+            out = frozenset().union(*(self.loop_deps(op) for op in value.operands))
+        else:                                       # constants, arguments
+            out = frozenset()
+        # Only instructions are cached: the function keeps them alive, so their ids stay
+        # theirs (a temporary constant's id may be reused); phis depend on the open loops.
+        if isinstance(value, ir.Instruction) and not isinstance(value, ir.PhiInstr):
+            self._deps[key] = out
+        return out
 
     def store(self, v: Value, coords: Sequence, x: ir.Value) -> None:
         view = identity_view(v)
@@ -471,6 +518,10 @@ class KernelEmitter:
         """``(c - start, whether 0 <= c - start < size)``, the index clamped to 0 outside, so
         that a load at it stays in bounds and a select can discard it."""
         b = self.b
+        if size == 1:
+            # Index 0 as a constant: a load through it is seen to be loop-invariant (and
+            # emitted ahead of the loop, see load).
+            return ir.Constant(I64, 0), b.icmp_signed("==", c, ir.Constant(I64, start))
         i = b.sub(c, ir.Constant(I64, start)) if start else c
         inside = b.icmp_unsigned("<", i, ir.Constant(I64, size))
         return b.select(inside, i, ir.Constant(I64, 0)), inside
