@@ -269,7 +269,8 @@ class KernelEmitter:
         self.acc: dict[Value, ir.Value] = {}
         self.scratch: tuple | None = None      # (value, alloca): see row_scratch
         self._ptrs: dict[int, ir.Value] = {}
-        # Open loops, outermost first: [index phi, preheader block, holds an invariant load].
+        # Open loops, outermost first: [index phi, preheader block, holds an invariant load,
+        # first block of the body].
         self.loops: list[list] = []
         self._deps: dict[int, frozenset] = {}
         # An empty kernel may have empty buffers: nothing is loaded ahead of its loops.
@@ -305,7 +306,7 @@ class KernelEmitter:
         b.cbranch(b.icmp_signed("<", i, stop), body, done)
         b.position_at_end(body)
         self.scopes.append({})
-        self.loops.append([i, pre, False])
+        self.loops.append([i, pre, False, body])
         yield i
         invariant_load = self.loops.pop()[2]
         self.scopes.pop()
@@ -366,8 +367,7 @@ class KernelEmitter:
         if depth == len(self.loops):                 # varies with the innermost loop
             raw = self.b.load(self.address(view, coords))
             return self.from_memory(raw, v.type.dtype)
-        outer = {id(entry[0]) for entry in self.loops[:depth]}
-        if self.can_hoist and all(isinstance(c, ir.Constant) or id(c) in outer for c in used):
+        if self.can_hoist and all(self.available(c, depth) for c in used):
             # Emitted ahead of the outermost loop it does not depend on. The address is in
             # bounds (the kernel is not empty), so loading it there is safe even when that
             # loop would not have run.
@@ -378,6 +378,21 @@ class KernelEmitter:
             entry[2] = True
         raw = self.b.load(self.address(view, coords))
         return self.from_memory(raw, v.type.dtype)
+
+    def available(self, c, depth: int) -> bool:
+        """Whether coordinate ``c`` can be used in the preheader of open loop ``depth``:
+        a constant, the index of an enclosing loop, or an instruction in a block that
+        dominates that preheader (the first body block of an enclosing loop, or the
+        preheader of one of the loops up to ``depth``: a unit's coordinates in a column
+        kernel, a leading index's in a split one)."""
+        if isinstance(c, ir.Constant):
+            return True
+        if any(entry[0] is c for entry in self.loops[:depth]):
+            return True
+        if not isinstance(c, ir.Instruction) or isinstance(c, ir.PhiInstr):
+            return False
+        return any(c.parent is entry[3] for entry in self.loops[:depth]) or \
+            any(c.parent is entry[1] for entry in self.loops[:depth + 1])
 
     def loop_deps(self, value) -> frozenset:
         """ids of the loop indices ``value`` depends on (every open loop's, for a value not
