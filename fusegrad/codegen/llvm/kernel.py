@@ -15,9 +15,14 @@ used twice at one index is computed once.
 Loop structure: an elementwise kernel is a loop nest over its shape. A reduction kernel
 loops over its kept ("row") axes and, per row, runs one loop over the reduced axes per
 reduction (accumulators live in allocas that mem2reg turns into phis, so the loop vectorizer
-sees a reduction; sums carry ``reassoc``) and a last loop storing full-size outputs. The
-innermost loop of an elementwise nest is kept rolled when it runs 8 to 64 times (see
-:meth:`KernelEmitter.nest`: unrolled, LLVM takes seconds over it).
+sees a reduction; sums carry ``reassoc``) and a last loop storing full-size outputs. A
+reduction that keeps the innermost axis runs interchanged instead (:class:`ColumnPlan`: the
+reduced axes outside, a tile of accumulators inside), and a large full reduction is split
+into parts reduced in parallel and combined in order (:class:`SplitPlan`, several functions
+per kernel: :func:`kernel_phases`). The innermost loop of an elementwise nest is kept rolled
+when it runs 8 to 64 times (see :meth:`KernelEmitter.nest`: unrolled, LLVM takes seconds
+over it). A load whose address does not depend on the inner loops' indices is emitted ahead
+of them (:meth:`KernelEmitter.load`).
 
 Floating-point: instructions carry ``contract`` (and ``reassoc`` on reduction combines),
 never ``nnan``/``ninf``, so NaN and Inf keep their meaning. Transcendentals come from
