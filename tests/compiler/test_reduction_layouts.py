@@ -107,6 +107,7 @@ def test_signed_zero_and_special_columns():
 @pytest.mark.parametrize("shape,axes", [
     ((3 * COLUMN_BLOCK + 5, 33), (0,)),            # blocked sums, one tile
     ((130, 3, COLUMN_TILE + 100), (0,)),           # the last axis in chunks, outer units
+    ((20, 2560), (0,)),                            # in equal chunks (640)
     ((70, 9, 40), (0,)),                           # a two-axis tile
     ((6, 50, 7, 30), (0, 2)),                      # kept axes between reduced ones
     ((300, 2), (0,)),                              # a narrow tile
@@ -176,6 +177,10 @@ def test_column_plans():
     assert plan.tile == (1,) and plan.chunk == 0 and plan.units == 1
     plan = column_plan(_kernel((4096, 4 * COLUMN_TILE), (0,)))     # chunks of the last axis
     assert plan.tile == (1,) and plan.chunk and plan.units == -(-4 * COLUMN_TILE // plan.chunk)
+    plan = column_plan(_kernel((20, 2560), (0,)))                  # equal chunks if any
+    assert plan.chunk == 640 and plan.units == 4
+    plan = column_plan(_kernel((20, 1031), (0,)))                  # else a shorter last one
+    assert plan.chunk == COLUMN_TILE and plan.units == 2
     plan = column_plan(_kernel((6, 50, 7, 30), (0, 2)))
     assert plan.outer == (1,) and plan.tile == (3,) and plan.units == 50
     assert parallel_extent(_kernel((6, 50, 7, 30), (0, 2))) == 50

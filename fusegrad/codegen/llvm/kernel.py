@@ -121,7 +121,8 @@ def column_plan(kernel: Kernel) -> ColumnPlan | None:
     last = shape[n - 1]
     chunk = 0
     if not tile:                     # the last axis alone is longer than a tile
-        tile, chunk = [n - 1], COLUMN_TILE
+        fewest = -(-last // COLUMN_TILE)
+        tile, chunk = [n - 1], _even_chunk(last, range(fewest, 2 * fewest + 1)) or COLUMN_TILE
     outer = [a for a in range(n) if a not in axes and a not in tile]
     units = math.prod(shape[a] for a in outer)
     # More units for the thread pool: move tile axes out, then chunk the last axis.
@@ -129,16 +130,23 @@ def column_plan(kernel: Kernel) -> ColumnPlan | None:
         size //= shape[tile[0]]
         units *= shape[tile[0]]
         outer.append(tile.pop(0))
-    if len(tile) == 1 and units < COLUMN_UNITS:
-        want = -(-COLUMN_UNITS // units)
-        chunk = min(chunk or last, max(MIN_COLUMN_CHUNK, -(-last // want)))
-    if chunk:
-        chunk = -(-chunk // 16) * 16            # whole vectors
-        if chunk >= last:
-            chunk = 0
+    if len(tile) == 1 and units < COLUMN_UNITS and not chunk:
+        chunk = _even_chunk(last, range(-(-COLUMN_UNITS // units), 1, -1))
     if chunk:
         units *= -(-last // chunk)
     return ColumnPlan(tuple(outer), tuple(tile), chunk, units)
+
+
+def _even_chunk(n: int, pieces) -> int:
+    """The chunk of the first count in ``pieces`` that cuts ``n`` into equal chunks of at
+    least MIN_COLUMN_CHUNK and at most COLUMN_TILE elements, each a multiple of 16; 0 if
+    none does. Equal chunks give the tile loop a constant trip count: LLVM then keeps the
+    accumulators in registers (a 1000x3x300 sum(0) in chunks of 256 and 44: 5x slower)."""
+    for p in pieces:
+        c = n // p
+        if n % p == 0 and c % 16 == 0 and MIN_COLUMN_CHUNK <= c <= COLUMN_TILE:
+            return c
+    return 0
 
 
 # Full reductions (no kept axes) of at least SPLIT_WORK elements (the runtime's threading
@@ -1256,8 +1264,9 @@ class KernelEmitter:
                         del self.acc[v]
                 if plan.chunk:
                     hi = b.add(lo, ir.Constant(I64, plan.chunk), flags=("nsw",))
-                    hi = b.select(b.icmp_signed("<", hi, ir.Constant(I64, shape[last])), hi,
-                                  ir.Constant(I64, shape[last]))
+                    if shape[last] % plan.chunk:
+                        hi = b.select(b.icmp_signed("<", hi, ir.Constant(I64, shape[last])),
+                                      hi, ir.Constant(I64, shape[last]))
                     with self.loop(lo, hi, "j") as j:
                         inner({last: j}, b.sub(j, lo, flags=("nsw",)))
                     return
