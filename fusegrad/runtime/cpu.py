@@ -1,12 +1,14 @@
 """Run a partitioned graph on the CPU: buffers, compiled kernels, launches, threads.
 
 A :class:`Program` is built once per graph (per input signature). It gives every
-materialized value a slot in a buffer table, emits all LLVM kernels into one module,
-compiles it (:mod:`fusegrad.runtime.jit`), and turns each kernel into a step:
+materialized value a slot, emits each LLVM kernel into a module of its own, compiles them
+(:mod:`fusegrad.runtime.jit`, which caches per kernel), and turns each kernel into a step:
 
-- an LLVM kernel is called through ctypes with the table's address and a range of its
-  outermost loop; large kernels are split across a thread pool (ctypes releases the GIL,
-  so the threads run in parallel);
+- an LLVM kernel is called through ctypes with the address of its own table of buffer
+  pointers and a range of its outermost loop; large kernels are split across a thread pool
+  (ctypes releases the GIL, so the threads run in parallel). A kernel numbers its buffers
+  itself, in the order its code first uses them, so its code does not depend on the rest
+  of the program: equal kernels in two programs are one cache entry;
 - a matmul runs numpy's BLAS into its buffer, then its fused epilogue kernel;
 - an extern primitive, or a kernel codegen cannot lower, runs its nodes' numpy references.
 
@@ -19,6 +21,7 @@ the program's own reference) is reused, which avoids the page faults of a new al
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import linecache
 import sys
 import threading
@@ -111,9 +114,10 @@ class LaunchStep:
     fn: object                 # ctypes function
     extent: int                # length of the parallel loop
     work: int                  # elements, for the threading decision
+    table: int = 0             # address of the kernel's buffer pointers
 
     def run(self, prog: "Program") -> None:
-        table = prog.table_address
+        table = self.table
         threads = config.num_threads
         if threads > 1 and self.work >= PARALLEL_THRESHOLD and self.extent > 1:
             chunks = min(threads, self.extent)
@@ -279,51 +283,86 @@ class Program:
         self.arrays: list = [None] * self.n_slots
         for slot, arr in self.constants.items():
             self.arrays[slot] = arr
-        self.table = (ctypes.c_void_p * max(self.n_slots, 1))()
-        self.table_address = ctypes.addressof(self.table)
-        for slot, arr in self.constants.items():
-            self.table[slot] = arr.ctypes.data
         self._allocated = False
 
     # ------------------------------------------------------------------ steps
 
     def _build_steps(self) -> None:
         self.fallbacks: dict[int, str] = {}
-        module, emitted = self._emit_module()
-        self.llvm_ir = str(module)
-        self.jit = jit.compile_ir(self.llvm_ir, [k.name for k in emitted.values()]) \
-            if emitted else None
+        emitted = self._emit_kernels()
+        self.jit = jit.link_kernels([c.source for c in emitted.values()],
+                                    [c.symbol for c in emitted.values()]) if emitted else None
+        self._make_tables(emitted)
         self.steps = []
         for i, k in enumerate(self.kg.kernels):
             if k.kind == "matmul":
                 mm = next(n for n in k.nodes if n.op == "matmul")
                 self.steps.append(MatmulStep(k, mm.inputs[0], mm.inputs[1], mm.output))
             if i in emitted:
-                fn = _KERNEL_FN(self.jit.address(k.name))
+                fn = _KERNEL_FN(self.jit.address(emitted[i].symbol))
                 extent, work = _extent(k)
-                self.steps.append(LaunchStep(k, fn, extent, work))
+                table = self.tables_address + ctypes.sizeof(ctypes.c_void_p) * emitted[i].offset
+                self.steps.append(LaunchStep(k, fn, extent, work, table))
             elif k.kind != "matmul" or i in self.fallbacks:
                 reason = self.fallbacks.get(i, f"{k.kind} primitive")
                 self.steps.append(NumpyStep(k, reason))
 
-    def _emit_module(self) -> tuple[ir.Module, dict[int, Kernel]]:
-        """All LLVM kernels in one module; a kernel codegen cannot lower goes to
-        ``self.fallbacks``. A failed kernel leaves a partial function behind, so the module
-        is emitted again without it (kernels are emitted once when none fails)."""
-        while True:
-            module = ir.Module(name=self.name)
-            emitted: dict[int, Kernel] = {}
+    def _lowered(self, i: int, k: Kernel) -> bool:
+        """Whether kernel ``i`` is LLVM code (not numpy, not a bare BLAS call)."""
+        if k.kind == "extern" or i in self.fallbacks:
+            return False
+        return k.kind != "matmul" or any(n.op != "matmul" for n in k.nodes)
+
+    def _emit_kernels(self) -> dict[int, "_KernelCode"]:
+        """Each LLVM kernel in a module of its own, with its own buffer numbering and its
+        function named by its code; a kernel codegen cannot lower goes to
+        ``self.fallbacks``."""
+        emitted: dict[int, _KernelCode] = {}
+        for i, k in enumerate(self.kg.kernels):
+            if not self._lowered(i, k):
+                continue
+            module = ir.Module(name="kernel")
+            local = _LocalSlots(self.slots)
             try:
-                for i, k in enumerate(self.kg.kernels):
-                    if k.kind == "extern" or i in self.fallbacks:
-                        continue
-                    if k.kind == "matmul" and not any(n.op != "matmul" for n in k.nodes):
-                        continue
-                    emit_kernel(module, k, self.kg, self.slots)
-                    emitted[i] = k
-                return module, emitted
+                emit_kernel(module, dataclasses.replace(k, name=jit.KERNEL_PLACEHOLDER),
+                            self.kg, local)
             except Unsupported as e:
                 self.fallbacks[i] = str(e)
+                continue
+            symbol, source = jit.kernel_symbol(str(module))
+            emitted[i] = _KernelCode(symbol, source, local.order)
+        return emitted
+
+    def _make_tables(self, emitted: dict[int, "_KernelCode"]) -> None:
+        """One array of buffer pointers, a segment per kernel; ``self.uses[slot]`` lists
+        where each slot's pointer goes."""
+        self.uses: list[list[int]] = [[] for _ in range(self.n_slots)]
+        offset = 0
+        for code in emitted.values():
+            code.offset = offset
+            for j, slot in enumerate(code.slots):
+                self.uses[slot].append(offset + j)
+            offset += len(code.slots)
+        self.tables = (ctypes.c_void_p * max(offset, 1))()
+        self.tables_address = ctypes.addressof(self.tables)
+        for slot, arr in self.constants.items():
+            self._point(slot, arr.ctypes.data)
+
+    def _point(self, slot: int, address: int) -> None:
+        """Point every kernel's entry for ``slot`` at ``address``."""
+        tables = self.tables
+        for pos in self.uses[slot]:
+            tables[pos] = address
+
+    @property
+    def llvm_ir(self) -> str:
+        """The program's LLVM kernels as one module to read (emitted again on request): each
+        function as compiled (``bufs`` is the kernel's own table), named by its kernel."""
+        module = ir.Module(name=self.name)
+        for i, k in enumerate(self.kg.kernels):
+            if self._lowered(i, k):
+                emit_kernel(module, k, self.kg, _LocalSlots(self.slots))
+        return str(module)
 
     # ------------------------------------------------------------------ running
 
@@ -339,7 +378,7 @@ class Program:
         for slot, (shape, dt) in self.intermediate_specs.items():
             arr = np.empty(shape, dtype=np.dtype(dt))
             self.arrays[slot] = arr
-            self.table[slot] = arr.ctypes.data
+            self._point(slot, arr.ctypes.data)
         self._allocated = True
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -404,41 +443,43 @@ class Program:
         if self._plain_outputs is None or not all(
                 isinstance(s, LaunchStep) and s.work < PARALLEL_THRESHOLD for s in self.steps):
             return None
-        calls = [(s.fn, s.extent) for s in self.steps]
-        address, arrays, lock, bind = self.table_address, self.arrays, self._lock, self._bind
+        calls = [(s.fn, s.table, s.extent) for s in self.steps]
+        arrays, lock, bind = self.arrays, self._lock, self._bind
         plain = self._plain_outputs
 
         def run(inputs):
             with lock:
                 bind(inputs)
-                for fn, extent in calls:
-                    fn(address, 0, extent)
+                for fn, table, extent in calls:
+                    fn(table, 0, extent)
                 return [arrays[s] for s in plain]
         return run
 
     def _bind(self, inputs) -> None:
-        """Point the buffer table at this call's inputs and outputs."""
+        """Point the kernels' buffer tables at this call's inputs and outputs."""
         if not self._allocated:
             self._allocate()
-        arrays, table = self.arrays, self.table
+        arrays, tables, uses = self.arrays, self.tables, self.uses
         for i, a in enumerate(inputs):
             if arrays[i] is a:
                 continue          # the same array as last call: its pointer is already set
             if not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
             arrays[i] = a
-            table[i] = data_pointer(a)
+            address = data_pointer(a)
+            for pos in uses[i]:
+                tables[pos] = address
         for slot, shape, dt in self.output_specs:
             if slot in self.donated:
                 arrays[slot] = arrays[self.donated[slot]]
-                table[slot] = table[self.donated[slot]]
+                self._point(slot, data_pointer(arrays[slot]))
                 continue
             prev = arrays[slot]
             # Reuse last call's output when only this program still refers to it (the
             # references: the list, this local and getrefcount's argument).
             if prev is None or sys.getrefcount(prev) > 3:
                 prev = arrays[slot] = np.empty(shape, dtype=dt)
-                table[slot] = data_pointer(prev)
+                self._point(slot, data_pointer(prev))
 
     def _run(self, inputs) -> list[np.ndarray]:
         self._bind(inputs)
@@ -467,6 +508,32 @@ class Program:
 
     def kernels(self) -> list[str]:
         return [k.describe() for k in self.kg.kernels]
+
+
+class _LocalSlots(dict):
+    """A kernel's own buffer numbers: the emitter asks for a value's slot, and gets the next
+    local number the first time; ``order`` maps local numbers to the program's slots."""
+
+    def __init__(self, slots: dict[Value, int]):
+        super().__init__()
+        self.slots = slots
+        self.order: list[int] = []
+
+    def __missing__(self, value: Value) -> int:
+        self.order.append(self.slots[value])
+        self[value] = len(self.order) - 1
+        return self[value]
+
+
+@dataclass
+class _KernelCode:
+    """One emitted kernel: its symbol, its module's text, the program slot behind each of
+    its local buffer numbers, and where its table starts in the program's tables."""
+
+    symbol: str
+    source: str
+    slots: list[int]
+    offset: int = 0
 
 
 def _extent(k: Kernel) -> tuple[int, int]:

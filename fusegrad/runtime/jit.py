@@ -1,8 +1,16 @@
 """Compile LLVM IR to machine code (MCJIT), with an in-memory and an on-disk cache.
 
-The memory cache is keyed by the IR text's hash and keeps the most recently used
-``MEMORY_CACHE_ENTRIES`` modules (a program holds its own module, so dropping one from the
-cache only costs a recompile for a program built again later). The disk cache
+A program's kernels are compiled one module each (:func:`link_kernels`) and their object
+code is linked into one MCJIT engine per program. Caching is per kernel: a training step's
+first-step and steady graphs, or a function and its backward, share most kernels and compile
+each once (one module for every kernel made a program's cache entry all-or-nothing, and LLVM
+spent seconds on each large module again). Each kernel's function is named by the hash of
+its code, so equal kernels are equal symbols wherever they come from.
+
+The memory caches are keyed by the IR text's hash: object code per kernel, and linked
+engines per set of kernels, each keeping the most recently used ``MEMORY_CACHE_ENTRIES`` (a
+program holds its own engine, so dropping one from the cache only costs a link or a
+recompile for a program built again later). The disk cache
 (:mod:`fusegrad.runtime.disk_cache`) stores object code (``emit_object``) under that hash plus
 the identity of everything that shapes the machine code (fusegrad, llvmlite and LLVM
 versions, CPU name and features): written atomically, never unpickled, a corrupt or truncated
@@ -25,7 +33,8 @@ import llvmlite.binding as llvm
 from fusegrad.config import config
 from fusegrad.runtime import disk_cache
 
-__all__ = ["JitModule", "compile_ir", "cache_key", "host_identity", "stats"]
+__all__ = ["JitModule", "compile_ir", "link_kernels", "kernel_symbol", "cache_key",
+           "host_identity", "stats"]
 
 MEMORY_CACHE_ENTRIES = 1024
 
@@ -51,7 +60,8 @@ class _LRU(OrderedDict):
 
 
 _lock = threading.Lock()
-_memory: _LRU = _LRU(MEMORY_CACHE_ENTRIES)
+_memory: _LRU = _LRU(MEMORY_CACHE_ENTRIES)          # engines: module or kernel-set key
+_objects: _LRU = _LRU(MEMORY_CACHE_ENTRIES)         # object code: kernel key
 stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "compile_ms": 0.0}
 
 
@@ -62,6 +72,8 @@ def _init() -> None:
 
 
 def _target_machine():
+    """A new target machine for the host (an MCJIT engine takes ownership of the one it is
+    given, so engines get their own; :func:`_codegen_machine` is the shared one)."""
     _init()
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
@@ -77,6 +89,13 @@ def host_identity() -> str:
     llvm_version = ".".join(map(str, llvm.llvm_version_info))
     return "|".join([__version__, llvmlite.__version__, llvm_version, llvm.get_host_cpu_name(),
                      llvm.get_host_cpu_features().flatten()])
+
+
+@functools.lru_cache(maxsize=1)
+def _codegen_machine():
+    # Making a target machine costs milliseconds; optimizing and emitting object code reuse
+    # one (under ``_lock``).
+    return _target_machine()
 
 
 def cache_key(ir_text: str) -> str:
@@ -112,15 +131,29 @@ class JitModule:
         return self.addresses[name]
 
 
-def _engine_with(obj: bytes | None, mod=None):
+def _engine_with(objects: list[bytes]):
+    """One MCJIT engine holding ``objects`` (linking costs well under a millisecond per
+    object; an engine of its own per kernel would cost several)."""
     tm = _target_machine()
     empty = llvm.parse_assembly("")
     empty.triple = tm.triple
-    engine = llvm.create_mcjit_compiler(mod if mod is not None else empty, tm)
-    if obj is not None:
+    engine = llvm.create_mcjit_compiler(empty, tm)
+    for obj in objects:
         engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
     engine.finalize_object()
     return engine
+
+
+def _compile_object(ir_text: str, keep_ir: bool = False) -> tuple[bytes, str | None]:
+    """Parse, verify, optimize and emit object code; also the optimized IR if asked."""
+    tm = _codegen_machine()
+    mod = llvm.parse_assembly(ir_text)
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    mod.verify()
+    _optimize(mod, tm)
+    optimized = str(mod) if keep_ir or config.debug >= 4 else None
+    return tm.emit_object(mod), optimized
 
 
 def _read_disk(key: str) -> bytes | None:
@@ -147,25 +180,71 @@ def compile_ir(ir_text: str, names: list[str], keep_ir: bool = False) -> JitModu
         start = time.perf_counter()
         obj = None if keep_ir else _read_disk(key)
         if obj is not None:
-            jm = JitModule(_engine_with(obj), names, None, "disk")
+            jm = JitModule(_engine_with([obj]), names, None, "disk")
             stats["disk_hits"] += 1
         else:
-            tm = _target_machine()
-            mod = llvm.parse_assembly(ir_text)
-            mod.triple = tm.triple
-            mod.data_layout = str(tm.target_data)
-            mod.verify()
-            _optimize(mod, tm)
-            optimized = str(mod) if keep_ir or config.debug >= 4 else None
-            obj = tm.emit_object(mod)
+            obj, optimized = _compile_object(ir_text, keep_ir)
             _write_disk(key, obj)
-            jm = JitModule(_engine_with(obj), names, optimized, "compiled")
+            jm = JitModule(_engine_with([obj]), names, optimized, "compiled")
             stats["compiles"] += 1
         stats["compile_ms"] += (time.perf_counter() - start) * 1e3
         _memory[key] = jm
         return jm
 
 
+KERNEL_PLACEHOLDER = "fg_kernel"
+
+
+def kernel_symbol(ir_text: str) -> tuple[str, str]:
+    """Name a one-kernel module's function by its code: ``ir_text`` defines its function as
+    ``@"fg_kernel"``; returns the symbol and the text with that name in place. Equal code
+    gets the same symbol, so one engine can hold kernels from anywhere without clashes."""
+    digest = hashlib.sha256(ir_text.encode()).hexdigest()[:24]
+    symbol = f"fg_{digest}"
+    return symbol, ir_text.replace(f'@"{KERNEL_PLACEHOLDER}"', f'@"{symbol}"')
+
+
+def link_kernels(sources: list[str], names: list[str]) -> JitModule:
+    """Machine code for kernels given one module each (``sources``, defining the functions
+    ``names``), loaded in one engine. Each kernel's object code comes from the memory cache,
+    the disk cache, or LLVM, in that order; ``stats`` counts kernels. An engine made for the
+    same set of kernels before is reused whole."""
+    texts: dict[str, str] = {}
+    for src in sources:
+        src = _prefer_wide_vectors(src)
+        texts.setdefault(cache_key(src), src)
+    group = hashlib.sha256("\n".join(sorted(texts)).encode()).hexdigest()
+    with _lock:
+        hit = _memory.get(group)
+        if hit is not None:
+            stats["memory_hits"] += len(texts)
+            return hit
+        start = time.perf_counter()
+        objects, origin = [], "memory"
+        for key, text in texts.items():
+            obj = _objects.get(key)
+            if obj is not None:
+                stats["memory_hits"] += 1
+            else:
+                obj = _read_disk(key)
+                if obj is not None:
+                    stats["disk_hits"] += 1
+                    origin = "disk" if origin == "memory" else origin
+                else:
+                    obj, _ = _compile_object(text)
+                    _write_disk(key, obj)
+                    stats["compiles"] += 1
+                    origin = "compiled"
+                _objects[key] = obj
+            objects.append(obj)
+        jm = JitModule(_engine_with(objects), names, None, origin)
+        stats["compile_ms"] += (time.perf_counter() - start) * 1e3
+        _memory[group] = jm
+        return jm
+
+
 def clear_memory_cache() -> None:
+    """Forget every compiled kernel and engine held in memory (programs keep theirs)."""
     with _lock:
         _memory.clear()
+        _objects.clear()
