@@ -36,7 +36,8 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel
 from fusegrad.config import config
-from fusegrad.ir.graph import Graph, Literal, Value
+from fusegrad.ir.graph import Graph, IRError, Literal, Value
+from fusegrad.ir.printer import format_attrs, format_scalar, format_type
 from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
 from fusegrad.runtime import jit
 
@@ -72,6 +73,10 @@ def data_pointer(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 # Work (elements) below which a kernel runs on the calling thread only.
 PARALLEL_THRESHOLD = 1 << 16
+# Work (elements) below which a kernel is optimized at LLVM's speed level 1 instead of 3:
+# without vectorization and unrolling LLVM spends 2-3x less time on it, and it runs for a
+# few microseconds either way (a training step's loss, bias gradients, small reductions).
+SMALL_KERNEL_WORK = 1 << 13
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -290,8 +295,7 @@ class Program:
     def _build_steps(self) -> None:
         self.fallbacks: dict[int, str] = {}
         emitted = self._emit_kernels()
-        self.jit = jit.link_kernels([c.source for c in emitted.values()],
-                                    [c.symbol for c in emitted.values()]) if emitted else None
+        self.jit = jit.link_kernels([c.record for c in emitted.values()]) if emitted else None
         self._make_tables(emitted)
         self.steps = []
         for i, k in enumerate(self.kg.kernels):
@@ -299,7 +303,7 @@ class Program:
                 mm = next(n for n in k.nodes if n.op == "matmul")
                 self.steps.append(MatmulStep(k, mm.inputs[0], mm.inputs[1], mm.output))
             if i in emitted:
-                fn = _KERNEL_FN(self.jit.address(emitted[i].symbol))
+                fn = _KERNEL_FN(self.jit.address(emitted[i].record.symbol))
                 extent, work = _extent(k)
                 table = self.tables_address + ctypes.sizeof(ctypes.c_void_p) * emitted[i].offset
                 self.steps.append(LaunchStep(k, fn, extent, work, table))
@@ -314,23 +318,38 @@ class Program:
         return k.kind != "matmul" or any(n.op != "matmul" for n in k.nodes)
 
     def _emit_kernels(self) -> dict[int, "_KernelCode"]:
-        """Each LLVM kernel in a module of its own, with its own buffer numbering and its
-        function named by its code; a kernel codegen cannot lower goes to
+        """Machine code for each LLVM kernel, from the cache when its description is known
+        (no IR is built then) or else emitted into a module of its own, with its own buffer
+        numbering and its function named by its code; a kernel codegen cannot lower goes to
         ``self.fallbacks``."""
         emitted: dict[int, _KernelCode] = {}
         for i, k in enumerate(self.kg.kernels):
             if not self._lowered(i, k):
                 continue
-            module = ir.Module(name="kernel")
-            local = _LocalSlots(self.slots)
-            try:
-                emit_kernel(module, dataclasses.replace(k, name=jit.KERNEL_PLACEHOLDER),
-                            self.kg, local)
-            except Unsupported as e:
-                self.fallbacks[i] = str(e)
-                continue
-            symbol, source = jit.kernel_symbol(str(module))
-            emitted[i] = _KernelCode(symbol, source, local.order)
+            level = 1 if _extent(k)[1] < SMALL_KERNEL_WORK else 3
+            described = kernel_description(k, self.kg, level)
+            key = jit.kernel_key(described[0]) if described is not None else None
+            record = jit.find_kernel(key) if key is not None else None
+            values = described[1] if described is not None else []
+            if record is None or max(record.buffers, default=-1) >= len(values):
+                module = ir.Module(name="kernel")
+                local = _LocalSlots(self.slots)
+                try:
+                    emit_kernel(module, dataclasses.replace(k, name=jit.KERNEL_PLACEHOLDER),
+                                self.kg, local)
+                except Unsupported as e:
+                    self.fallbacks[i] = str(e)
+                    continue
+                symbol, source = jit.kernel_symbol(str(module), level)
+                index = {v: j for j, v in enumerate(values)}
+                if not all(v in index for v in local.values):
+                    key = None          # a buffer the description misses: do not cache
+                buffers = tuple(index.get(v, -1) for v in local.values)
+                record = jit.build_kernel(key, source, symbol, buffers)
+                emitted[i] = _KernelCode(record, local.order)
+            else:
+                emitted[i] = _KernelCode(record, [self.slots[values[j]]
+                                                  for j in record.buffers])
         return emitted
 
     def _make_tables(self, emitted: dict[int, "_KernelCode"]) -> None:
@@ -517,23 +536,68 @@ class _LocalSlots(dict):
     def __init__(self, slots: dict[Value, int]):
         super().__init__()
         self.slots = slots
+        self.values: list[Value] = []
         self.order: list[int] = []
 
     def __missing__(self, value: Value) -> int:
         self.order.append(self.slots[value])
+        self.values.append(value)
         self[value] = len(self.order) - 1
         return self[value]
 
 
 @dataclass
 class _KernelCode:
-    """One emitted kernel: its symbol, its module's text, the program slot behind each of
-    its local buffer numbers, and where its table starts in the program's tables."""
+    """One compiled kernel of a program: its record, the program slot behind each of its
+    local buffer numbers, and where its table starts in the program's tables."""
 
-    symbol: str
-    source: str
+    record: jit.KernelRecord
     slots: list[int]
     offset: int = 0
+
+
+def kernel_description(k: Kernel, kg: KernelGraph, level: int) -> tuple[str, list[Value]] | None:
+    """Everything the LLVM IR of kernel ``k`` is made from, as text, and the values it names
+    (``%j`` in the text is ``values[j]``): kind, index space, optimization level, and per
+    node its primitive, attributes, operands (literals; the kernel's own values; values in
+    memory, with the view each is read through) and result type and level. Two kernels with
+    equal descriptions have equal IR up to which buffers they use, so the cache keys kernels
+    by it and skips building IR. None when an attribute has no text form (not cached)."""
+    names: dict[Value, int] = {}
+    values: list[Value] = []
+
+    def name(v: Value) -> str:
+        if v not in names:
+            names[v] = len(values)
+            values.append(v)
+        return f"%{names[v]}"
+
+    for node in k.nodes:
+        name(node.output)
+    lines = [f"{k.kind} {list(k.shape)} {list(k.axes)} O{level}"]
+    for node in k.nodes:
+        ops = []
+        # A matmul's operands are BLAS's business: its kernel loads the product from memory
+        # (so epilogues of products of any operands share their code).
+        for op in node.inputs if node.op != "matmul" else ():
+            if isinstance(op, Literal):
+                ops.append(f"{format_scalar(op.value, op.dtype)}:{op.dtype.short}")
+                continue
+            text = f"{name(op)}:{format_type(op.type)}"
+            view = kg.views.get(op)
+            if view is not None:
+                text += (f" view {name(view.base)}:{format_type(view.base.type)} "
+                         f"{list(view.shape)} {list(view.strides)} {view.offset}")
+            ops.append(text)
+        try:
+            attrs = format_attrs(node)
+        except IRError:
+            return None
+        view = " viewed" if node.output in kg.views else ""
+        lines.append(f"{name(node.output)} = {node.op}({', '.join(ops)}) {attrs} : "
+                     f"{format_type(node.output.type)} {k.level.get(node.output)}{view}")
+    lines.append("outputs " + " ".join(name(v) for v in k.outputs))
+    return "\n".join(lines), values
 
 
 def _extent(k: Kernel) -> tuple[int, int]:

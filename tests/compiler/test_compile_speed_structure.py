@@ -5,18 +5,23 @@
   partitioner (rescanning after every sibling merge) makes;
 - kernels are compiled one module each and cached per kernel: two programs sharing a kernel
   compile it once, a kernel's code does not depend on where its buffers sit in a program,
-  and a training step's first-step and steady graphs share their kernels.
+  and a training step's first-step and steady graphs share their kernels;
+- the cache finds kernels by their description, which determines their IR, so a warm cache
+  builds no IR.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import llvmlite.ir as llvm_ir
 import numpy as np
 import pytest
 
 import fusegrad as fg
 from fusegrad import config as fg_config
 from fusegrad.passes import fusion
-from fusegrad.runtime import jit
+from fusegrad.runtime import cpu, jit
 from fusegrad.runtime.cpu import LaunchStep
 from fusegrad.testing.programs import RandomChoices, generate
 
@@ -217,3 +222,78 @@ def test_training_step_first_and_steady_graphs_share_kernels(fresh_memory_cache,
     counts = moved(before)
     # The steady graph's kernels were all compiled for the first step's graph.
     assert counts["compiles"] > 0 and counts["memory_hits"] >= counts["compiles"]
+
+
+# --------------------------------------------------------------------------- kernel descriptions
+
+
+def emitted_kernels(prog):
+    """(description, IR, buffers as description indices) of each LLVM kernel of ``prog``,
+    the IR built afresh."""
+    out = []
+    for i, k in enumerate(prog.kg.kernels):
+        if not prog._lowered(i, k):
+            continue
+        level = 1 if cpu._extent(k)[1] < cpu.SMALL_KERNEL_WORK else 3
+        text, values = cpu.kernel_description(k, prog.kg, level)
+        module = llvm_ir.Module(name="kernel")
+        local = cpu._LocalSlots(prog.slots)
+        cpu.emit_kernel(module, dataclasses.replace(k, name="fg_kernel"), prog.kg, local)
+        out.append((text, str(module), tuple(values.index(v) for v in local.values)))
+    return out
+
+
+def corpus_programs():
+    from tests.compiler.test_kernel_counts import CASES
+    for fn, args, _ in CASES.values():
+        yield fg.compile(fn).lower(*[fg.from_numpy(a) if isinstance(a, np.ndarray) else a
+                                     for a in args]).program
+    for seed in range(12):
+        program = generate(RandomChoices(100 + seed), max_ops=12)
+        args = [fg.from_numpy(a) for a in program.arrays()]
+        yield fg.compile(program.function()).lower(*args).program
+    for make_opt in (lambda p: fg.optim.SGD(p, lr=0.1, momentum=0.9),
+                     lambda p: fg.optim.Adam(p, lr=1e-3)):
+        g = training_step_graph(make_opt)
+        yield cpu.Program(fusion.fuse(g))
+
+
+def test_equal_kernel_descriptions_mean_equal_ir():
+    # The cache keys kernels by description and skips building their IR: a description
+    # must determine the IR and which of its values each buffer number is.
+    seen: dict[str, tuple[str, tuple]] = {}
+    kernels = 0
+    for prog in corpus_programs():
+        for text, ir_text, buffers in emitted_kernels(prog):
+            kernels += 1
+            assert seen.setdefault(text, (ir_text, buffers)) == (ir_text, buffers), text
+    assert kernels > 50 and len(seen) < kernels         # some kernels recur
+
+
+def test_warm_cache_builds_no_ir(tmp_path, monkeypatch, fresh_memory_cache):
+    monkeypatch.setattr(fg_config.config, "cache_dir", str(tmp_path))
+    built = []
+    real = cpu.emit_kernel
+    monkeypatch.setattr(cpu, "emit_kernel", lambda *a: built.append(1) or real(*a))
+    x = fg.randn(5, 9)
+
+    def run():
+        f = fg.compile(lambda x: (x - x.amax(-1, keepdim=True)).exp() * 2 + x.sin())
+        return f(x).numpy()
+    want = (np.exp(x.numpy() - x.numpy().max(-1, keepdims=True)) * 2 + np.sin(x.numpy()))
+    np.testing.assert_allclose(run(), want, rtol=1e-5, atol=1e-6)
+    assert built                                        # cold: IR built and compiled
+    built.clear()
+    jit.clear_memory_cache()                            # as a fresh process would be
+    before = dict(jit.stats)
+    np.testing.assert_allclose(run(), want, rtol=1e-5, atol=1e-6)
+    assert not built and moved(before)["compiles"] == 0 and moved(before)["disk_hits"] >= 1
+
+
+def test_kernel_records_round_trip_and_reject_other_formats():
+    record = jit.KernelRecord("fg_0123abcd", (2, 0, 1), b"\x7fELF object")
+    assert jit.KernelRecord.from_bytes(record.to_bytes()) == record
+    for junk in (b"", b"\x7fELF object", b"FGKERNEL1\nnot json\n", record.to_bytes()[:15],
+                 b'FGKERNEL1\n{"symbol": "x; rm", "buffers": []}\n',
+                 b'FGKERNEL1\n{"symbol": "fg_01", "buffers": [-1]}\n'):
+        assert jit.KernelRecord.from_bytes(junk) is None
