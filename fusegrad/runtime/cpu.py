@@ -294,7 +294,7 @@ class Program:
 
     def _build_steps(self) -> None:
         self.fallbacks: dict[int, str] = {}
-        emitted = self._emit_kernels()
+        emitted = self._compile_kernels()
         self.jit = jit.link_kernels([c.record for c in emitted.values()]) if emitted else None
         self._make_tables(emitted)
         self.steps = []
@@ -317,7 +317,7 @@ class Program:
             return False
         return k.kind != "matmul" or any(n.op != "matmul" for n in k.nodes)
 
-    def _emit_kernels(self) -> dict[int, "_KernelCode"]:
+    def _compile_kernels(self) -> dict[int, "_KernelCode"]:
         """Machine code for each LLVM kernel, from the cache when its description is known
         (no IR is built then) or else emitted into a module of its own, with its own buffer
         numbering and its function named by its code; a kernel codegen cannot lower goes to
