@@ -166,6 +166,14 @@ class _Partitioner:
         self.materialized: set[Value] = set(g.inputs)
         self.group_of: dict[Node, Kernel] = {}
         self.kernels: list[Kernel] = []
+        # Reachability between kernels, kept up to date as nodes join and kernels merge (a
+        # search per query made fusion quadratic: minutes for a transformer's training
+        # step). Each kernel ever made owns one bit; ``bits[k]`` holds the bits of every
+        # kernel merged into k, ``ancestors[k]`` those of every kernel k reads from,
+        # transitively (never k's own).
+        self.bits: dict[Kernel, int] = {}
+        self.ancestors: dict[Kernel, int] = {}
+        self.made = 0
 
     # -- kinds of nodes
     def is_view(self, v) -> bool:
@@ -179,23 +187,34 @@ class _Partitioner:
         k = Kernel(f"k{len(self.kernels)}", kind, [node], tuple(shape), tuple(axes))
         self.kernels.append(k)
         self.group_of[node] = k
+        self.bits[k] = 1 << self.made
+        self.ancestors[k] = 0
+        self.made += 1
+        self.add_edges(k, node)
         return k
 
     def depends(self, a: Kernel, b: Kernel) -> bool:
         """Whether kernel ``a`` (transitively) reads something kernel ``b`` computes."""
-        seen, stack = set(), [a]
-        while stack:
-            k = stack.pop()
-            for n in k.nodes:
-                for op in n.inputs:
-                    pk = self._producer_kernel(op)
-                    if pk is None or pk is k or id(pk) in seen:
-                        continue
-                    if pk is b:
-                        return True
-                    seen.add(id(pk))
-                    stack.append(pk)
-        return False
+        return bool(self.ancestors[a] & self.bits[b])
+
+    def add_edges(self, k: Kernel, node: Node) -> None:
+        """Record that ``k`` (now holding ``node``) reads what ``node`` reads, and pass its
+        new ancestors on to every kernel that already reads from ``k``."""
+        reach = 0
+        for op in node.inputs:
+            pk = self._producer_kernel(op)
+            if pk is not None and pk is not k:
+                reach |= self.bits[pk] | self.ancestors[pk]
+        added = reach & ~self.bits[k] & ~self.ancestors[k]
+        if added:
+            self.ancestors[k] |= added
+            self.extend_descendants(k, added)
+
+    def extend_descendants(self, k: Kernel, added: int) -> None:
+        mine = self.bits[k]
+        for c in self.kernels:
+            if self.ancestors[c] & mine:
+                self.ancestors[c] |= added
 
     def _producer_kernel(self, op) -> Kernel | None:
         while isinstance(op, Value) and op in self.views and op.producer is not None:
@@ -311,6 +330,7 @@ class _Partitioner:
         k.nodes.append(node)
         k.level[node.output] = level
         self.group_of[node] = k
+        self.add_edges(k, node)
 
     # -- the walk
     def run(self) -> list[Kernel]:
@@ -396,11 +416,13 @@ class _Partitioner:
     def mergeable(self, a: Kernel, b: Kernel) -> bool:
         """Merging ``a`` and ``b`` keeps the kernel graph acyclic: no third kernel lies on a
         path between them."""
+        anc, bits = self.ancestors, self.bits
+        ba, bb = bits[a], bits[b]
         for c in self.kernels:
             if c is a or c is b:
                 continue
-            if (self.depends(c, a) and self.depends(b, c)) or \
-                    (self.depends(c, b) and self.depends(a, c)):
+            bc, ac = bits[c], anc[c]
+            if (ac & ba and anc[b] & bc) or (ac & bb and anc[a] & bc):
                 return False
         return True
 
@@ -410,24 +432,37 @@ class _Partitioner:
         into.nodes.extend(other.nodes)
         into.level.update(other.level)
         self.kernels.remove(other)
+        # The merged kernel reads what either read; whoever read either now reads it and so
+        # everything it reads. (Legal merges leave no path between the two through a third
+        # kernel, so this closure has no cycle.)
+        mine = self.bits[into] | self.bits.pop(other)
+        reach = (self.ancestors[into] | self.ancestors.pop(other)) & ~mine
+        self.bits[into], self.ancestors[into] = mine, reach
+        self.extend_descendants(into, mine | reach)
 
     def merge_siblings(self) -> None:
-        """Merge independent elementwise kernels over one shape (horizontal fusion)."""
-        merged = True
-        while merged:
-            merged = False
-            for i, a in enumerate(self.kernels):
-                if a.kind != "elementwise":
-                    continue
-                for b in self.kernels[i + 1:]:
-                    if b.kind == "elementwise" and b.shape == a.shape and \
-                            not self.depends(b, a) and not self.depends(a, b) and \
-                            self.mergeable(a, b) and self.within_budget(a.nodes + b.nodes):
-                        self.absorb(a, b)
-                        merged = True
-                        break
-                if merged:
-                    break
+        """Merge independent elementwise kernels over one shape (horizontal fusion).
+
+        Each kernel, in order, absorbs every later kernel it can: that is the merge order of
+        rescanning from the first pair after each merge, without the rescans. A pair that
+        failed stays failed: merges only add paths between kernels, and between
+        independent kernels a larger one reads only more buffers. Two independent kernels
+        have no third kernel between them either, so ``mergeable`` holds for them."""
+        i = 0
+        while i < len(self.kernels):
+            a = self.kernels[i]
+            i += 1
+            if a.kind != "elementwise":
+                continue
+            j = i
+            while j < len(self.kernels):
+                b = self.kernels[j]
+                if b.kind == "elementwise" and b.shape == a.shape and \
+                        not self.depends(b, a) and not self.depends(a, b) and \
+                        self.within_budget(a.nodes + b.nodes):
+                    self.absorb(a, b)         # removes b: the next candidate moves to j
+                else:
+                    j += 1
 
     def finish(self) -> None:
         """Order kernels topologically and fill in their input and output buffers."""

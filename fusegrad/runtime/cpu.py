@@ -1,12 +1,14 @@
 """Run a partitioned graph on the CPU: buffers, compiled kernels, launches, threads.
 
 A :class:`Program` is built once per graph (per input signature). It gives every
-materialized value a slot in a buffer table, emits all LLVM kernels into one module,
-compiles it (:mod:`fusegrad.runtime.jit`), and turns each kernel into a step:
+materialized value a slot, emits each LLVM kernel into a module of its own, compiles them
+(:mod:`fusegrad.runtime.jit`, which caches per kernel), and turns each kernel into a step:
 
-- an LLVM kernel is called through ctypes with the table's address and a range of its
-  outermost loop; large kernels are split across a thread pool (ctypes releases the GIL,
-  so the threads run in parallel);
+- an LLVM kernel is called through ctypes with the address of its own table of buffer
+  pointers and a range of its outermost loop; large kernels are split across a thread pool
+  (ctypes releases the GIL, so the threads run in parallel). A kernel numbers its buffers
+  itself, in the order its code first uses them, so its code does not depend on the rest
+  of the program: equal kernels in two programs are one cache entry;
 - a matmul runs numpy's BLAS into its buffer, then its fused epilogue kernel;
 - an extern primitive, or a kernel codegen cannot lower, runs its nodes' numpy references.
 
@@ -19,6 +21,7 @@ the program's own reference) is reused, which avoids the page faults of a new al
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import linecache
 import math
 import sys
@@ -34,7 +37,8 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel, kernel_phases, split_plan
 from fusegrad.config import config
-from fusegrad.ir.graph import Graph, Literal, Value
+from fusegrad.ir.graph import Graph, IRError, Literal, Value
+from fusegrad.ir.printer import format_attrs, format_scalar, format_type
 from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
 from fusegrad.runtime import jit
 
@@ -70,6 +74,12 @@ def data_pointer(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 # Work (elements) below which a kernel runs on the calling thread only.
 PARALLEL_THRESHOLD = 1 << 16
+# Work (elements) below which a kernel is optimized at LLVM's speed level 1 instead of 3:
+# without vectorization and unrolling LLVM spends 2-3x less time on it. Kept small: the
+# run time of scalar code grows fast (exp(x * y + 1), measured: 16 elements 0.8 us either
+# way; 1024: 5-7 us at level 1, 1.2 us at 3; 4096: 18 us against 2.5 us), and a compiled
+# kernel runs many times.
+SMALL_KERNEL_WORK = 256
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -112,9 +122,10 @@ class LaunchStep:
     fn: object                 # ctypes function
     extent: int                # length of the parallel loop
     work: int                  # elements, for the threading decision
+    table: int = 0             # address of the kernel's buffer pointers
 
     def run(self, prog: "Program") -> None:
-        table = prog.table_address
+        table = self.table
         threads = config.num_threads
         if threads > 1 and self.work >= PARALLEL_THRESHOLD and self.extent > 1:
             chunks = min(threads, self.extent)
@@ -288,21 +299,15 @@ class Program:
         self.arrays: list = [None] * self.n_slots
         for slot, arr in self.constants.items():
             self.arrays[slot] = arr
-        self.table = (ctypes.c_void_p * max(self.n_slots, 1))()
-        self.table_address = ctypes.addressof(self.table)
-        for slot, arr in self.constants.items():
-            self.table[slot] = arr.ctypes.data
         self._allocated = False
 
     # ------------------------------------------------------------------ steps
 
     def _build_steps(self) -> None:
         self.fallbacks: dict[int, str] = {}
-        module, emitted = self._emit_module()
-        self.llvm_ir = str(module)
-        self.jit = jit.compile_ir(self.llvm_ir, [name for k in emitted.values()
-                                                 for name, _ in kernel_phases(k)]) \
-            if emitted else None
+        emitted = self._compile_kernels()
+        self.jit = jit.link_kernels([c.record for c in emitted.values()]) if emitted else None
+        self._make_tables(emitted)
         self.steps = []
         for i, k in enumerate(self.kg.kernels):
             if k.kind == "matmul":
@@ -310,31 +315,94 @@ class Program:
                 self.steps.append(MatmulStep(k, mm.inputs[0], mm.inputs[1], mm.output))
             if i in emitted:
                 work = math.prod(k.shape)
+                table = self.tables_address + ctypes.sizeof(ctypes.c_void_p) * emitted[i].offset
+                # A split reduction is several functions (phases), named after the kernel's.
                 for name, extent in kernel_phases(k):
-                    fn = _KERNEL_FN(self.jit.address(name))
-                    self.steps.append(LaunchStep(k, fn, extent, work))
+                    symbol = emitted[i].record.symbol + name[len(k.name):]
+                    fn = _KERNEL_FN(self.jit.address(symbol))
+                    self.steps.append(LaunchStep(k, fn, extent, work, table))
             elif k.kind != "matmul" or i in self.fallbacks:
                 reason = self.fallbacks.get(i, f"{k.kind} primitive")
                 self.steps.append(NumpyStep(k, reason))
 
-    def _emit_module(self) -> tuple[ir.Module, dict[int, Kernel]]:
-        """All LLVM kernels in one module; a kernel codegen cannot lower goes to
-        ``self.fallbacks``. A failed kernel leaves a partial function behind, so the module
-        is emitted again without it (kernels are emitted once when none fails)."""
-        while True:
-            module = ir.Module(name=self.name)
-            emitted: dict[int, Kernel] = {}
-            try:
-                for i, k in enumerate(self.kg.kernels):
-                    if k.kind == "extern" or i in self.fallbacks:
-                        continue
-                    if k.kind == "matmul" and not any(n.op != "matmul" for n in k.nodes):
-                        continue
-                    emit_kernel(module, k, self.kg, self.slots, self.scratch_slots.get(i))
-                    emitted[i] = k
-                return module, emitted
-            except Unsupported as e:
-                self.fallbacks[i] = str(e)
+    def _lowered(self, i: int, k: Kernel) -> bool:
+        """Whether kernel ``i`` is LLVM code (not numpy, not a bare BLAS call)."""
+        if k.kind == "extern" or i in self.fallbacks:
+            return False
+        return k.kind != "matmul" or any(n.op != "matmul" for n in k.nodes)
+
+    def _compile_kernels(self) -> dict[int, "_KernelCode"]:
+        """Machine code for each LLVM kernel, from the cache when its description is known
+        (no IR is built then) or else emitted into a module of its own, with its own buffer
+        numbering and its function named by its code; a kernel codegen cannot lower goes to
+        ``self.fallbacks``."""
+        emitted: dict[int, _KernelCode] = {}
+        for i, k in enumerate(self.kg.kernels):
+            if not self._lowered(i, k):
+                continue
+            level = 1 if math.prod(k.shape) < SMALL_KERNEL_WORK else 3
+            split = split_plan(k) is not None
+            # A split reduction's scratch cells are not a value of its description: such
+            # kernels are compiled for their program, not cached by description.
+            described = None if split else kernel_description(k, self.kg, level)
+            key = jit.kernel_key(described[0]) if described is not None else None
+            record = jit.find_kernel(key) if key is not None else None
+            values = described[1] if described is not None else []
+            if record is None or max(record.buffers, default=-1) >= len(values):
+                module = ir.Module(name="kernel")
+                local = _LocalSlots(self.slots)
+                scratch = local.reserve(self.scratch_slots[i]) if split else None
+                try:
+                    emit_kernel(module, dataclasses.replace(k, name=jit.KERNEL_PLACEHOLDER),
+                                self.kg, local, scratch)
+                except Unsupported as e:
+                    self.fallbacks[i] = str(e)
+                    continue
+                symbol, source = jit.kernel_symbol(str(module), level)
+                index = {v: j for j, v in enumerate(values)}
+                if not all(v in index for v in local.values):
+                    key = None          # a buffer the description misses: do not cache
+                buffers = tuple(index.get(v, -1) for v in local.values)
+                record = jit.build_kernel(key, source, symbol, buffers)
+                emitted[i] = _KernelCode(record, local.order)
+            else:
+                emitted[i] = _KernelCode(record, [self.slots[values[j]]
+                                                  for j in record.buffers])
+        return emitted
+
+    def _make_tables(self, emitted: dict[int, "_KernelCode"]) -> None:
+        """One array of buffer pointers, a segment per kernel; ``self.uses[slot]`` lists
+        where each slot's pointer goes."""
+        self.uses: list[list[int]] = [[] for _ in range(self.n_slots)]
+        offset = 0
+        for code in emitted.values():
+            code.offset = offset
+            for j, slot in enumerate(code.slots):
+                self.uses[slot].append(offset + j)
+            offset += len(code.slots)
+        self.tables = (ctypes.c_void_p * max(offset, 1))()
+        self.tables_address = ctypes.addressof(self.tables)
+        for slot, arr in self.constants.items():
+            self._point(slot, arr.ctypes.data)
+
+    def _point(self, slot: int, address: int) -> None:
+        """Point every kernel's entry for ``slot`` at ``address``."""
+        tables = self.tables
+        for pos in self.uses[slot]:
+            tables[pos] = address
+
+    @property
+    def llvm_ir(self) -> str:
+        """The program's LLVM kernels as one module to read (emitted again on request): each
+        function as compiled (``bufs`` is the kernel's own table), named by its kernel."""
+        module = ir.Module(name=self.name)
+        for i, k in enumerate(self.kg.kernels):
+            if self._lowered(i, k):
+                local = _LocalSlots(self.slots)
+                scratch = local.reserve(self.scratch_slots[i]) if i in self.scratch_slots \
+                    else None
+                emit_kernel(module, k, self.kg, local, scratch)
+        return str(module)
 
     # ------------------------------------------------------------------ running
 
@@ -350,7 +418,7 @@ class Program:
         for slot, (shape, dt) in self.intermediate_specs.items():
             arr = np.empty(shape, dtype=np.dtype(dt))
             self.arrays[slot] = arr
-            self.table[slot] = arr.ctypes.data
+            self._point(slot, arr.ctypes.data)
         self._allocated = True
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -415,41 +483,43 @@ class Program:
         if self._plain_outputs is None or not all(
                 isinstance(s, LaunchStep) and s.work < PARALLEL_THRESHOLD for s in self.steps):
             return None
-        calls = [(s.fn, s.extent) for s in self.steps]
-        address, arrays, lock, bind = self.table_address, self.arrays, self._lock, self._bind
+        calls = [(s.fn, s.table, s.extent) for s in self.steps]
+        arrays, lock, bind = self.arrays, self._lock, self._bind
         plain = self._plain_outputs
 
         def run(inputs):
             with lock:
                 bind(inputs)
-                for fn, extent in calls:
-                    fn(address, 0, extent)
+                for fn, table, extent in calls:
+                    fn(table, 0, extent)
                 return [arrays[s] for s in plain]
         return run
 
     def _bind(self, inputs) -> None:
-        """Point the buffer table at this call's inputs and outputs."""
+        """Point the kernels' buffer tables at this call's inputs and outputs."""
         if not self._allocated:
             self._allocate()
-        arrays, table = self.arrays, self.table
+        arrays, tables, uses = self.arrays, self.tables, self.uses
         for i, a in enumerate(inputs):
             if arrays[i] is a:
                 continue          # the same array as last call: its pointer is already set
             if not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
             arrays[i] = a
-            table[i] = data_pointer(a)
+            address = data_pointer(a)
+            for pos in uses[i]:
+                tables[pos] = address
         for slot, shape, dt in self.output_specs:
             if slot in self.donated:
                 arrays[slot] = arrays[self.donated[slot]]
-                table[slot] = table[self.donated[slot]]
+                self._point(slot, data_pointer(arrays[slot]))
                 continue
             prev = arrays[slot]
             # Reuse last call's output when only this program still refers to it (the
             # references: the list, this local and getrefcount's argument).
             if prev is None or sys.getrefcount(prev) > 3:
                 prev = arrays[slot] = np.empty(shape, dtype=dt)
-                table[slot] = data_pointer(prev)
+                self._point(slot, data_pointer(prev))
 
     def _run(self, inputs) -> list[np.ndarray]:
         self._bind(inputs)
@@ -478,6 +548,83 @@ class Program:
 
     def kernels(self) -> list[str]:
         return [k.describe() for k in self.kg.kernels]
+
+
+class _LocalSlots(dict):
+    """A kernel's own buffer numbers: the emitter asks for a value's slot, and gets the next
+    local number the first time; ``order`` maps local numbers to the program's slots."""
+
+    def __init__(self, slots: dict[Value, int]):
+        super().__init__()
+        self.slots = slots
+        self.values: list[Value] = []
+        self.order: list[int] = []
+
+    def reserve(self, slot: int) -> int:
+        """A local number for program slot ``slot`` that no value names (scratch)."""
+        self.order.append(slot)
+        self.values.append(None)
+        return len(self.order) - 1
+
+    def __missing__(self, value: Value) -> int:
+        self.order.append(self.slots[value])
+        self.values.append(value)
+        self[value] = len(self.order) - 1
+        return self[value]
+
+
+@dataclass
+class _KernelCode:
+    """One compiled kernel of a program: its record, the program slot behind each of its
+    local buffer numbers, and where its table starts in the program's tables."""
+
+    record: jit.KernelRecord
+    slots: list[int]
+    offset: int = 0
+
+
+def kernel_description(k: Kernel, kg: KernelGraph, level: int) -> tuple[str, list[Value]] | None:
+    """Everything the LLVM IR of kernel ``k`` is made from, as text, and the values it names
+    (``%j`` in the text is ``values[j]``): kind, index space, optimization level, and per
+    node its primitive, attributes, operands (literals; the kernel's own values; values in
+    memory, with the view each is read through) and result type and level. Two kernels with
+    equal descriptions have equal IR up to which buffers they use, so the cache keys kernels
+    by it and skips building IR. None when an attribute has no text form (not cached)."""
+    names: dict[Value, int] = {}
+    values: list[Value] = []
+
+    def name(v: Value) -> str:
+        if v not in names:
+            names[v] = len(values)
+            values.append(v)
+        return f"%{names[v]}"
+
+    for node in k.nodes:
+        name(node.output)
+    lines = [f"{k.kind} {list(k.shape)} {list(k.axes)} O{level}"]
+    for node in k.nodes:
+        ops = []
+        # A matmul's operands are BLAS's business: its kernel loads the product from memory
+        # (so epilogues of products of any operands share their code).
+        for op in node.inputs if node.op != "matmul" else ():
+            if isinstance(op, Literal):
+                ops.append(f"{format_scalar(op.value, op.dtype)}:{op.dtype.short}")
+                continue
+            text = f"{name(op)}:{format_type(op.type)}"
+            view = kg.views.get(op)
+            if view is not None:
+                text += (f" view {name(view.base)}:{format_type(view.base.type)} "
+                         f"{list(view.shape)} {list(view.strides)} {view.offset}")
+            ops.append(text)
+        try:
+            attrs = format_attrs(node)
+        except IRError:
+            return None
+        view = " viewed" if node.output in kg.views else ""
+        lines.append(f"{name(node.output)} = {node.op}({', '.join(ops)}) {attrs} : "
+                     f"{format_type(node.output.type)} {k.level.get(node.output)}{view}")
+    lines.append("outputs " + " ".join(name(v) for v in k.outputs))
+    return "\n".join(lines), values
 
 
 def _as_view(base: np.ndarray, view: View) -> np.ndarray:

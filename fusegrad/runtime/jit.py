@@ -1,9 +1,22 @@
 """Compile LLVM IR to machine code (MCJIT), with an in-memory and an on-disk cache.
 
-The memory cache is keyed by the IR text's hash and keeps the most recently used
-``MEMORY_CACHE_ENTRIES`` modules (a program holds its own module, so dropping one from the
-cache only costs a recompile for a program built again later). The disk cache
-(:mod:`fusegrad.runtime.disk_cache`) stores object code (``emit_object``) under that hash plus
+A program's kernels are compiled one module each and their object code is linked into one
+MCJIT engine per program (:func:`link_kernels`). Caching is per kernel: a training step's
+first-step and steady graphs, or a function and its backward, share most kernels and
+compile each once (one module for every kernel made a program's cache entry all-or-nothing,
+and LLVM spent seconds on each large module again). Each kernel's function is named by the
+hash of its code, so equal kernels are equal symbols wherever they come from.
+
+Kernels are cached by a description of the kernel (:func:`kernel_key`: its nodes, views,
+shapes and levels, plus a digest of the code generator's source) rather than by their IR,
+because building the IR with llvmlite costs more than loading machine code: a warm cache
+skips it. A :class:`KernelRecord` holds the symbol, the kernel's buffer order and the object
+code. Whole modules (:func:`compile_ir`) are cached by their IR text's hash.
+
+The memory caches keep the most recently used ``MEMORY_CACHE_ENTRIES`` kernels and engines
+(a program holds its own engine, so dropping one from the cache only costs a link or a
+recompile for a program built again later). The disk cache
+(:mod:`fusegrad.runtime.disk_cache`) stores records and object code under those keys plus
 the identity of everything that shapes the machine code (fusegrad, llvmlite and LLVM
 versions, CPU name and features): written atomically, never unpickled, a corrupt or truncated
 file rebuilt, bounded in size and age. ``FUSEGRAD_CACHE_DIR`` moves it;
@@ -14,10 +27,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import re
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -25,7 +41,8 @@ import llvmlite.binding as llvm
 from fusegrad.config import config
 from fusegrad.runtime import disk_cache
 
-__all__ = ["JitModule", "compile_ir", "cache_key", "host_identity", "stats"]
+__all__ = ["JitModule", "KernelRecord", "compile_ir", "kernel_symbol", "kernel_key",
+           "find_kernel", "build_kernel", "link_kernels", "cache_key", "host_identity", "stats"]
 
 MEMORY_CACHE_ENTRIES = 1024
 
@@ -51,7 +68,8 @@ class _LRU(OrderedDict):
 
 
 _lock = threading.Lock()
-_memory: _LRU = _LRU(MEMORY_CACHE_ENTRIES)
+_memory: _LRU = _LRU(MEMORY_CACHE_ENTRIES)          # engines: module or kernel-set key
+_objects: _LRU = _LRU(MEMORY_CACHE_ENTRIES)         # KernelRecord by kernel key; bytes by IR
 stats = {"memory_hits": 0, "disk_hits": 0, "compiles": 0, "compile_ms": 0.0}
 
 
@@ -62,6 +80,8 @@ def _init() -> None:
 
 
 def _target_machine():
+    """A new target machine for the host (an MCJIT engine takes ownership of the one it is
+    given, so engines get their own; :func:`_codegen_machine` is the shared one)."""
     _init()
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
@@ -79,6 +99,13 @@ def host_identity() -> str:
                      llvm.get_host_cpu_features().flatten()])
 
 
+@functools.lru_cache(maxsize=1)
+def _codegen_machine():
+    # Making a target machine costs milliseconds; optimizing and emitting object code reuse
+    # one (under ``_lock``).
+    return _target_machine()
+
+
 def cache_key(ir_text: str) -> str:
     return hashlib.sha256((host_identity() + "\n" + ir_text).encode()).hexdigest()
 
@@ -89,11 +116,14 @@ def _prefer_wide_vectors(ir_text: str) -> str:
     return re.sub(r'^(define [^\n]*\))', r'\1 "prefer-vector-width"="512"', ir_text, flags=re.M)
 
 
-def _optimize(mod, tm) -> None:
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pto.loop_unrolling = True
+def _optimize(mod, tm, speed_level: int = 3) -> None:
+    """The new pass manager's pipeline at ``speed_level``: 3 vectorizes and unrolls; 1 (for
+    kernels too small for vectors to pay) costs LLVM a third of the time."""
+    pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
+    wide = speed_level >= 2
+    pto.loop_vectorization = wide
+    pto.slp_vectorization = wide
+    pto.loop_unrolling = wide
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
 
@@ -109,18 +139,36 @@ class JitModule:
         self.source = source          # "compiled", "memory" or "disk"
 
     def address(self, name: str) -> int:
-        return self.addresses[name]
+        hit = self.addresses.get(name)
+        if hit is None:             # another function of a linked kernel (a phase)
+            hit = self.addresses[name] = self._engine.get_function_address(name)
+        return hit
 
 
-def _engine_with(obj: bytes | None, mod=None):
+def _engine_with(objects: list[bytes]):
+    """One MCJIT engine holding ``objects`` (linking costs well under a millisecond per
+    object; an engine of its own per kernel would cost several)."""
     tm = _target_machine()
     empty = llvm.parse_assembly("")
     empty.triple = tm.triple
-    engine = llvm.create_mcjit_compiler(mod if mod is not None else empty, tm)
-    if obj is not None:
+    engine = llvm.create_mcjit_compiler(empty, tm)
+    for obj in objects:
         engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
     engine.finalize_object()
     return engine
+
+
+def _compile_object(ir_text: str, keep_ir: bool = False,
+                    speed_level: int = 3) -> tuple[bytes, str | None]:
+    """Parse, verify, optimize and emit object code; also the optimized IR if asked."""
+    tm = _codegen_machine()
+    mod = llvm.parse_assembly(ir_text)
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    mod.verify()
+    _optimize(mod, tm, speed_level)
+    optimized = str(mod) if keep_ir or config.debug >= 4 else None
+    return tm.emit_object(mod), optimized
 
 
 def _read_disk(key: str) -> bytes | None:
@@ -147,25 +195,152 @@ def compile_ir(ir_text: str, names: list[str], keep_ir: bool = False) -> JitModu
         start = time.perf_counter()
         obj = None if keep_ir else _read_disk(key)
         if obj is not None:
-            jm = JitModule(_engine_with(obj), names, None, "disk")
+            jm = JitModule(_engine_with([obj]), names, None, "disk")
             stats["disk_hits"] += 1
         else:
-            tm = _target_machine()
-            mod = llvm.parse_assembly(ir_text)
-            mod.triple = tm.triple
-            mod.data_layout = str(tm.target_data)
-            mod.verify()
-            _optimize(mod, tm)
-            optimized = str(mod) if keep_ir or config.debug >= 4 else None
-            obj = tm.emit_object(mod)
+            obj, optimized = _compile_object(ir_text, keep_ir)
             _write_disk(key, obj)
-            jm = JitModule(_engine_with(obj), names, optimized, "compiled")
+            jm = JitModule(_engine_with([obj]), names, optimized, "compiled")
             stats["compiles"] += 1
         stats["compile_ms"] += (time.perf_counter() - start) * 1e3
         _memory[key] = jm
         return jm
 
 
+KERNEL_PLACEHOLDER = "fg_kernel"
+_RECORD_MAGIC = b"FGKERNEL1\n"
+
+
+def kernel_symbol(ir_text: str, speed_level: int = 3) -> tuple[str, str]:
+    """Name a one-kernel module's function by its code: ``ir_text`` defines its function as
+    ``@"fg_kernel"``; returns the symbol and the text with that name in place, and with the
+    optimization level it is to be compiled at recorded in a comment. Equal code gets the
+    same symbol, so one engine can hold kernels from anywhere without clashes."""
+    ir_text = f"; speed_level={speed_level}\n" + ir_text
+    digest = hashlib.sha256(ir_text.encode()).hexdigest()[:24]
+    symbol = f"fg_{digest}"
+    # A prefix match: a split reduction's phases are @"fg_kernel_p0", ... (kernel_phases).
+    return symbol, ir_text.replace(f'@"{KERNEL_PLACEHOLDER}', f'@"{symbol}')
+
+
+@functools.lru_cache(maxsize=1)
+def codegen_identity() -> str:
+    """A digest of the code that turns a kernel into LLVM IR (codegen, the runtime's
+    emission, fusion's views, dtypes, the IR printer): kernels are cached by a description
+    of the kernel rather than by their IR (see :func:`kernel_key`), so a change to any of
+    these files must miss the disk cache."""
+    import fusegrad
+    root = Path(fusegrad.__file__).parent
+    files = sorted((root / "codegen").rglob("*.py")) + [
+        root / "runtime" / "cpu.py", root / "runtime" / "jit.py", root / "passes" / "fusion.py",
+        root / "dtypes.py", root / "ir" / "graph.py", root / "ir" / "printer.py"]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        h.update(f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def kernel_key(description: str) -> str:
+    """The cache key of a kernel described by ``description`` (everything its LLVM IR is
+    made from, see ``fusegrad.runtime.cpu.kernel_description``): a warm cache then skips
+    building the IR, which costs more than loading the machine code."""
+    return hashlib.sha256("\n".join([host_identity(), codegen_identity(), description])
+                          .encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """A compiled kernel: its symbol, its buffers (as indices into the values of its
+    description, in the order of its table), and its object code."""
+
+    symbol: str
+    buffers: tuple[int, ...]
+    obj: bytes
+
+    def to_bytes(self) -> bytes:
+        header = json.dumps({"symbol": self.symbol, "buffers": list(self.buffers)})
+        return _RECORD_MAGIC + header.encode() + b"\n" + self.obj
+
+    @staticmethod
+    def from_bytes(blob: bytes) -> "KernelRecord | None":
+        """The record in ``blob``, or None when it is not one (the disk cache checked its
+        digest already; this guards against entries of another format)."""
+        if not blob.startswith(_RECORD_MAGIC):
+            return None
+        header, sep, obj = blob[len(_RECORD_MAGIC):].partition(b"\n")
+        try:
+            meta = json.loads(header)
+            symbol, buffers = meta["symbol"], tuple(meta["buffers"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        if not sep or not isinstance(symbol, str) or not re.fullmatch(r"fg_[0-9a-f]+", symbol) \
+                or not all(isinstance(b, int) and b >= 0 for b in buffers):
+            return None
+        return KernelRecord(symbol, buffers, obj)
+
+
+def find_kernel(key: str) -> KernelRecord | None:
+    """The compiled kernel cached under ``key`` (memory, then disk), or None."""
+    with _lock:
+        hit = _objects.get(key)
+        if hit is not None:
+            stats["memory_hits"] += 1
+            return hit
+        blob = _read_disk(key)
+        record = KernelRecord.from_bytes(blob) if blob is not None else None
+        if record is not None:
+            stats["disk_hits"] += 1
+            _objects[key] = record
+        return record
+
+
+def build_kernel(key: str | None, ir_text: str, symbol: str,
+                 buffers: tuple[int, ...]) -> KernelRecord:
+    """Compile one kernel's module (from :func:`kernel_symbol`) and cache it under ``key``
+    (in memory and on disk; not at all when ``key`` is None)."""
+    level = _SPEED_LEVEL.search(ir_text)
+    ir_text = _prefer_wide_vectors(ir_text)
+    # Kernels that differ only where their IR does not show it (the length of a 1-D loop is
+    # a runtime range) share object code within a process.
+    ir_key = "ir:" + cache_key(ir_text)
+    with _lock:
+        obj = _objects.get(ir_key)
+        if obj is not None:
+            stats["memory_hits"] += 1
+        else:
+            start = time.perf_counter()
+            obj, _ = _compile_object(ir_text, speed_level=int(level.group(1)) if level else 3)
+            _objects[ir_key] = obj
+            stats["compiles"] += 1
+            stats["compile_ms"] += (time.perf_counter() - start) * 1e3
+        record = KernelRecord(symbol, tuple(buffers), obj)
+        if key is not None:
+            _objects[key] = record
+            _write_disk(key, record.to_bytes())
+        return record
+
+
+def link_kernels(records: list[KernelRecord]) -> JitModule:
+    """One engine holding the machine code of ``records`` (the same set of kernels linked
+    before gives the same engine)."""
+    unique = {r.symbol: r for r in records}
+    group = "link:" + ",".join(sorted(unique))
+    with _lock:
+        hit = _memory.get(group)
+        if hit is not None:
+            return hit
+        jm = JitModule(_engine_with([r.obj for r in unique.values()]), list(unique), None,
+                       "linked")
+        _memory[group] = jm
+        return jm
+
+
+_SPEED_LEVEL = re.compile(r"^; speed_level=(\d)$", re.M)
+
+
 def clear_memory_cache() -> None:
+    """Forget every compiled kernel and engine held in memory (programs keep theirs)."""
     with _lock:
         _memory.clear()
+        _objects.clear()

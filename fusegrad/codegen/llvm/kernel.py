@@ -1,7 +1,8 @@
 """LLVM IR for fused kernels, built with llvmlite.ir.
 
 Every kernel becomes ``void kN(i8** buffers, i64 start, i64 end)``: ``buffers`` holds the
-base pointer of every buffer of the program (the runtime's slot table), and ``[start, end)``
+base pointers of the buffers it reads and writes, at the ``slots`` numbers it is given (the
+CPU runtime numbers each kernel's buffers on its own), and ``[start, end)``
 is the part of the kernel's outermost parallel loop this call runs, so the runtime can split
 a kernel across threads by calling it on sub-ranges.
 
