@@ -169,3 +169,15 @@ __version__ = "0.1.0"
 
 # torch.utils.data, reachable as fusegrad.utils.data (torch.optim.lr_scheduler comes with optim).
 from fusegrad import utils  # noqa: E402
+
+# isort: split
+# torch.linalg's norms and products; a torch name fusegrad lacks raises an AttributeError that says so.
+from fusegrad import linalg  # noqa: E402
+from fusegrad.torch_api import install_tensor_placeholders as _install_placeholders  # noqa: E402
+
+_install_placeholders(Tensor)
+
+
+def __getattr__(name: str):
+    from fusegrad.torch_api import missing_attribute
+    raise missing_attribute("torch", "fusegrad", name)

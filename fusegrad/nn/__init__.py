@@ -11,3 +11,8 @@ from fusegrad.nn.modules import __all__ as _modules_all
 from fusegrad.nn.parameter import Parameter
 
 __all__ = ["Parameter", "functional", "init", "utils"] + list(_modules_all)
+
+
+def __getattr__(name: str):
+    from fusegrad.torch_api import missing_attribute
+    raise missing_attribute("torch.nn", "fusegrad.nn", name)

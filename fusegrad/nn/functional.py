@@ -611,3 +611,8 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,  # noqa: A00
         raise ValueError(f"Target size ({target.shape}) must be the same as input size "
                          f"({input.shape})")
     return _bce_logits(input, target, weight, pos_weight, reduction)
+
+
+def __getattr__(name: str):
+    from fusegrad.torch_api import missing_attribute
+    raise missing_attribute("torch.nn.functional", "fusegrad.nn.functional", name)
