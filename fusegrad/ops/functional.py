@@ -558,7 +558,13 @@ def clone(x: Tensor, *, memory_format=None) -> Tensor:
 
 def contiguous(x: Tensor, memory_format=None) -> Tensor:
     """``x`` itself when already contiguous, else a contiguous copy."""
-    if x._trace is not None or x.is_contiguous():
+    if x._trace is not None:
+        # A traced view whose eager layout would not be row-major (a transpose) becomes a
+        # value of its own, so that a later view() sees the layout eager would.
+        if x._base is None or not x._view_ops or _traced_layout(x).flags.c_contiguous:
+            return x
+        return bind(P.copy, x)
+    if x.is_contiguous():
         return x
     out = clone(x)
     # clone keeps a transposed layout (torch's preserve_format); contiguous means row-major.
