@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import fusegrad as fg
 from fusegrad.testing.fuzz import (
     KNOWN,
+    Known,
     Mismatch,
     Settings,
     check_program,
@@ -54,7 +55,8 @@ def _check(program: Program, options: Settings) -> None:
     assert not result.unexplained, "\n" + report(result)
 
 
-@settings(max_examples=150, derandomize=True, deadline=None, database=None,
+# 100 programs: about 0.1 s of CPU each (a few LLVM compiles), well under a minute alone.
+@settings(max_examples=100, derandomize=True, deadline=None, database=None,
           suppress_health_check=HEALTH)
 @given(st.data())
 def test_random_programs(data):
@@ -62,7 +64,7 @@ def test_random_programs(data):
 
 
 @pytest.mark.slow
-@settings(max_examples=40, derandomize=True, deadline=None, database=None,
+@settings(max_examples=80, derandomize=True, deadline=None, database=None,
           suppress_health_check=HEALTH)
 @given(st.data())
 def test_random_programs_longer(data):
@@ -130,11 +132,17 @@ def test_a_compiled_function_is_checked():
     assert result.invalid is None and result.mismatches == [], report(result)
 
 
-def test_known_filter_names_an_issue_item():
+def test_known_filter_names_an_issue_item(monkeypatch):
+    # Every defect the list named is fixed (KNOWN is empty on main); an entry added for a new
+    # defect explains the mismatches it recognises and nothing else.
+    assert all(k.item for k in KNOWN.values())
+    entry = Known("2", "compiled sin loses its range reduction",
+                  lambda p, m: m.stage.startswith("llvm") and "sin" in p.op_kinds())
+    monkeypatch.setitem(KNOWN, "sin-huge", entry)
     sin_huge = Program([Input((30,), "float32", "wide", 1), Op("unary", (0,), ("sin",))], [1])
     m = Mismatch("llvm", "out[0]", "1 of 30 differ")
-    assert explain(sin_huge, m) == "sin-cos-huge"
-    assert KNOWN["sin-cos-huge"].item == "2"
+    assert explain(sin_huge, m) == "sin-huge"
+    assert explain(sin_huge, Mismatch("grad:llvm", "grad v0", "1 of 30 differ")) is None
     plain = Program([Input((3,), "float32", "normal", 1), Op("unary", (0,), ("exp",))], [1])
     assert explain(plain, m) is None
 
