@@ -122,6 +122,19 @@ def test_compare_semantics():
     assert "shape" in compare(t([1.0]), t([[1.0]]), 1e-5, 0.0)
 
 
+def test_products_that_overflow_on_the_way_compare_loosely():
+    # seed 3, program 373: a bfloat16 product of huge and tiny values is inf in one order of
+    # multiplication and NaN (inf * 0) in another; finite elements are still compared.
+    from fusegrad.testing.fuzz import _product_overflows
+    t = fg.tensor
+    nan, inf = float("nan"), float("inf")
+    assert _product_overflows(t([1e30, 1e-30, 2.0], dtype=fg.bfloat16))
+    assert not _product_overflows(t([3.0, 0.5, -2.0]))
+    assert compare(t([nan, 0.0, 2.0]), t([inf, -1e-3, 2.0]), 1e-5, 0.0, unordered=True) is None
+    assert "differ" in compare(t([nan, 3.0]), t([inf, 2.0]), 1e-5, 0.0, unordered=True)
+    assert "differ" in compare(t([nan]), t([inf]), 1e-5, 0.0)
+
+
 def test_a_compiled_function_is_checked():
     # A program the compiled path gets right has no mismatches; its gradients are checked
     # (compiled against eager, eager float64 against central differences).
