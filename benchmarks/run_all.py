@@ -220,6 +220,46 @@ def bench_overhead(repeats: int) -> None:
     t.show()
 
 
+def bench_reductions(repeats: int, quick: bool = False) -> None:
+    """Reductions over every layout against numpy in this process: a column sum (the
+    reduced axis outermost), a full sum, bias-gradient-like sums over the batch axis (with
+    and without the fused SGD update), and the reductions of losses."""
+    rng = np.random.default_rng(0)
+    big = (1024, 1024) if quick else (4096, 1024)
+    xb = rng.standard_normal(big, dtype=np.float32)
+    flat = xb.reshape(-1)
+    g128 = rng.standard_normal((128, 256), dtype=np.float32)
+    g784 = rng.standard_normal((784, 256), dtype=np.float32)
+    bias = rng.standard_normal(256, dtype=np.float32)
+    cases = [
+        (f"sum(0) of {big}", lambda x: x.sum(0), lambda: xb.sum(0), xb),
+        (f"sum(1) of {big}", lambda x: x.sum(1), lambda: xb.sum(1), xb),
+        (f"amax(0) of {big}", lambda x: x.amax(0), lambda: xb.max(0), xb),
+        (f"var(0) of {big}", lambda x: x.var(0), lambda: xb.var(0, ddof=1), xb),
+        (f"x - x.mean(0) of {big}", lambda x: x - x.mean(0), lambda: xb - xb.mean(0), xb),
+        (f"sum() of {flat.size}", lambda x: x.sum(), lambda: flat.sum(), flat),
+        (f"(x*x).mean() of {flat.size}", lambda x: (x * x).mean(),
+         lambda: (flat * flat).mean(), flat),
+        (f"((x*1.5).tanh()*x).sum() of {flat.size}", lambda x: ((x * 1.5).tanh() * x).sum(),
+         lambda: (np.tanh(flat * np.float32(1.5)) * flat).sum(), flat),
+        ("bias grad: sum(0) of (128, 256)", lambda g: g.sum(0), lambda: g128.sum(0), g128),
+        ("bias grad: sum(0) of (784, 256)", lambda g: g.sum(0), lambda: g784.sum(0), g784),
+        ("bias update: b - 0.1 * g.sum(0), (128, 256)", lambda g: fg.from_numpy(bias) -
+         0.1 * g.sum(0), lambda: bias - np.float32(0.1) * g128.sum(0), g128),
+    ]
+    t = Table(f"reductions, float32, {fg.config.config.num_threads} threads", "us")
+    for name, fn, np_fn, xn in cases:
+        inner = 20 if xn.size < 1 << 18 else 1
+        base = timeit(np_fn, repeats, inner=inner)
+        f = fg.compile(fn)
+        x = fg.from_numpy(xn)
+        s = timeit(lambda: f(x), repeats, inner=inner)
+        kernels = f.lower(x).kernels
+        t.add(f"{name}: numpy", base, base)
+        t.add(f"{name}: fusegrad", s, base, f"kernels: {len(kernels)}")
+    t.show()
+
+
 _COMPILE_SCRIPT = textwrap.dedent("""
     import math, time, sys
     t0 = time.perf_counter()
@@ -261,7 +301,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     parser.add_argument("--only", default="", help="comma-separated: gelu,rows,matmul,overhead,"
-                                                   "compile")
+                                                   "reductions,compile")
     opts = parser.parse_args()
     repeats = 3 if opts.quick else 7
     only = set(filter(None, opts.only.split(",")))
@@ -277,6 +317,8 @@ def main() -> None:
         bench_matmul(512 if opts.quick else 1024, repeats)
     if not only or "overhead" in only:
         bench_overhead(repeats)
+    if not only or "reductions" in only:
+        bench_reductions(repeats, opts.quick)
     if not only or "compile" in only:
         bench_compile_time(3 if opts.quick else 5)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import linecache
+import math
 import sys
 import threading
 import time
@@ -31,7 +32,7 @@ import llvmlite.ir as ir
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel
+from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel, kernel_phases, split_plan
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
@@ -272,6 +273,14 @@ class Program:
                 by_spec.setdefault(spec, []).append(slot)
             self.slots[v] = slot
             busy_until[slot] = last_use.get(v, step)
+        # Scratch of split full reductions (their partial results between launches).
+        self.scratch_slots: dict[int, int] = {}
+        for i, k in enumerate(kg.kernels):
+            plan = split_plan(k)
+            if plan is not None:
+                self.scratch_slots[i] = next_slot
+                self.intermediate_specs[next_slot] = ((plan.cells(),), np.dtype(np.int64))
+                next_slot += 1
         self.output_specs = sorted({(s, v.type.shape, v.type.dtype.np_dtype)
                                     for v, s in self.slots.items() if s in self.output_slots},
                                    key=lambda spec: spec[0])
@@ -291,7 +300,8 @@ class Program:
         self.fallbacks: dict[int, str] = {}
         module, emitted = self._emit_module()
         self.llvm_ir = str(module)
-        self.jit = jit.compile_ir(self.llvm_ir, [k.name for k in emitted.values()]) \
+        self.jit = jit.compile_ir(self.llvm_ir, [name for k in emitted.values()
+                                                 for name, _ in kernel_phases(k)]) \
             if emitted else None
         self.steps = []
         for i, k in enumerate(self.kg.kernels):
@@ -299,9 +309,10 @@ class Program:
                 mm = next(n for n in k.nodes if n.op == "matmul")
                 self.steps.append(MatmulStep(k, mm.inputs[0], mm.inputs[1], mm.output))
             if i in emitted:
-                fn = _KERNEL_FN(self.jit.address(k.name))
-                extent, work = _extent(k)
-                self.steps.append(LaunchStep(k, fn, extent, work))
+                work = math.prod(k.shape)
+                for name, extent in kernel_phases(k):
+                    fn = _KERNEL_FN(self.jit.address(name))
+                    self.steps.append(LaunchStep(k, fn, extent, work))
             elif k.kind != "matmul" or i in self.fallbacks:
                 reason = self.fallbacks.get(i, f"{k.kind} primitive")
                 self.steps.append(NumpyStep(k, reason))
@@ -319,7 +330,7 @@ class Program:
                         continue
                     if k.kind == "matmul" and not any(n.op != "matmul" for n in k.nodes):
                         continue
-                    emit_kernel(module, k, self.kg, self.slots)
+                    emit_kernel(module, k, self.kg, self.slots, self.scratch_slots.get(i))
                     emitted[i] = k
                 return module, emitted
             except Unsupported as e:
@@ -467,17 +478,6 @@ class Program:
 
     def kernels(self) -> list[str]:
         return [k.describe() for k in self.kg.kernels]
-
-
-def _extent(k: Kernel) -> tuple[int, int]:
-    """Length of the kernel's parallel loop and its total work in elements."""
-    work = 1
-    for d in k.shape:
-        work *= d
-    if k.kind == "reduction":
-        kept = [d for i, d in enumerate(k.shape) if i not in k.axes]
-        return (kept[0] if kept else 1), work
-    return (k.shape[0] if k.shape else 1), work
 
 
 def _as_view(base: np.ndarray, view: View) -> np.ndarray:

@@ -490,7 +490,7 @@ def _tree_key(tree) -> Any:
 def _changed_guards(keys: list) -> list[str]:
     """Which parts of the guard keys ``keys`` (see ``CompiledFunction._key``) differ."""
     names = ["grad mode", "default dtype", "static arguments", "argument structure"]
-    fields = ("shape", "dtype", "requires_grad", "memory layout")
+    fields = ("shape", "dtype", "leafness", "requires_grad", "memory layout")
     changed = []
     for i in range(max(len(k) for k in keys)):
         parts = [k[i] if i < len(k) else None for k in keys]
