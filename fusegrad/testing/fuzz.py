@@ -271,18 +271,51 @@ INEXACT = {"exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sin", "cos"
 STEPS = {"cast", "floor", "ceil", "trunc", "round"}
 
 
+DIVISIONS = {"fmod", "remainder", "floor_divide", "//", "%"}
+
+
+def _inexact(program: Program, i: int) -> bool:
+    return any(op_name(program.nodes[a]) in INEXACT for a in _ancestors(program, i)
+               if isinstance(program.nodes[a], Op))
+
+
+def _division_at_a_jump(program: Program, values: list, j: int) -> bool:
+    """Whether node ``j`` (fmod, remainder, floor division) divides operands from inexact
+    math where the quotient is within tolerance of an integer (the floor can take either
+    side) or so large that one ulp of the divisor moves the remainder by more than its size
+    (``remainder(x, y)`` with ``x / y`` ~ 1e8 in float32)."""
+    node = program.nodes[j]
+    if not any(_inexact(program, a) for a in node.args):
+        return False
+    operands = [_np64(values[a]).astype(np.float64) for a in node.args]
+    if node.kind == "scalar":
+        sym, c, reflected = node.params
+        operands = [np.float64(c), operands[0]] if reflected else [operands[0], np.float64(c)]
+    if len(operands) != 2:
+        return False
+    dt = values[j].dtype.name if values[j].dtype.is_floating_point else "float32"
+    rtol = RTOL.get(dt, RTOL["float32"]) * (1 + 0.5 * len(program.ops))
+    with np.errstate(all="ignore"):
+        q = np.asarray(operands[0] / operands[1])
+    q = q[np.isfinite(q)]
+    # A quotient near 0 keeps its sign (and floor) under a rounding error: no jump there.
+    near = (np.abs(q - np.round(q)) <= rtol * np.maximum(1.0, np.abs(q))) & (np.round(q) != 0)
+    return bool((np.abs(q) * rtol >= 0.5).any() or near.any())
+
+
 def _at_a_jump(program: Program, values: list, j: int) -> bool:
     """Whether node ``j`` is a float-to-integer step whose float operand comes from inexact
     math and holds a value within the float tolerance of an integer (or, for ``round``, of
     a half-integer): ``log(exp(1))`` is 0.99999994 in eager, 1.0 compiled, within 1 ulp,
     and truncates to 0 and 1."""
     node = program.nodes[j]
+    if op_name(node) in DIVISIONS:
+        return _division_at_a_jump(program, values, j)
     if op_name(node) not in STEPS:
         return False
     src = values[node.args[0]]
     if not isinstance(src, fg.Tensor) or not src.dtype.is_floating_point or \
-            not any(op_name(program.nodes[a]) in INEXACT for a in _ancestors(program, node.args[0])
-                    if isinstance(program.nodes[a], Op)):
+            not _inexact(program, node.args[0]):
         return False
     a = _np64(src).astype(np.float64)
     a = a[np.isfinite(a)]

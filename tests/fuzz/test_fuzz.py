@@ -196,3 +196,15 @@ def test_an_integer_step_at_an_inexact_value_is_not_a_mismatch():
     assert not _scales(far, _all_values(far, arrays))[0].jump
     exact = Program([Input((), "float32", "normal", 0), Op("cast", (0,), ("int32",))], [1])
     assert not _scales(exact, _all_values(exact, [np.array(1.0, np.float32)]))[0].jump
+
+
+def test_a_remainder_by_an_inexact_divisor_at_a_huge_quotient_is_excused():
+    # seed 4, program 1282: remainder(x, pow(gelu(1), x)) with x / divisor ~ 1e8: one ulp
+    # of the divisor moves the remainder by more than its size.
+    from fusegrad.testing.fuzz import _all_values, _scales
+    program = Program([Input((), "float32", "normal", 0), Op("unary", (0,), ("exp",)),
+                       Op("binary", (0, 1), ("remainder",))], [2])
+    huge = [np.array(30.0, np.float32)]                      # 30 / e**30: tiny quotient
+    assert not _scales(program, _all_values(program, huge))[0].jump
+    program = Program(program.nodes[:2] + [Op("binary", (1, 0), ("remainder",))], [2])
+    assert _scales(program, _all_values(program, huge))[0].jump   # e**30 / 30 ~ 3.5e11
