@@ -8,9 +8,10 @@ goes straight to the program. Parameters are graph inputs, so training a compile
 does not recompile it.
 
 Differentiability: when an input requires grad under grad mode, each differentiable
-output gets an autograd node whose backward runs a compiled VJP program (the autodiff
-pass's reverse graph, dead code removed); with ``create_graph=True`` that reverse graph is
-replayed eagerly instead, so higher-order gradients still work.
+output gets an autograd node; they feed one node of the call, which runs a compiled VJP
+program once (the autodiff pass's reverse graph of the outputs that received a gradient,
+dead code removed); with ``create_graph=True`` that reverse graph is replayed eagerly
+instead, so higher-order gradients still work.
 
 ``fullgraph=False`` (the default, as in torch) runs a function whose tracing fails on
 data-dependent Python eagerly, with one warning; ``fullgraph=True`` raises the tracer's
@@ -22,6 +23,7 @@ guards that kept changing.
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 import time
@@ -94,7 +96,7 @@ class _Entry:
     optimized: Graph
     program: Program | None
     info: Any
-    backward: dict = field(default_factory=dict)     # wrt tuple -> (Program, Graph)
+    backward: dict = field(default_factory=dict)     # (wrt, seeded) -> (Program, Graph)
     differentiable: dict = field(default_factory=dict)   # wrt tuple -> [bool per output]
     compile_ms: float = 0.0
     out_dtypes: list = field(default_factory=list)
@@ -362,10 +364,11 @@ class CompiledFunction:
         if flags is not None and any(flags):
             # Before the write-back below: the backward needs the inputs as the call saw them.
             saved = _SavedInputs(inputs, {i for i, _ in mutations}, split, residuals)
-            for k, out in enumerate(results):
-                if flags[k]:
-                    out.grad_fn = _CompiledBackward(self, entry, wrt, saved, k, inputs)
-                    out._requires_grad = True
+            flagged = tuple(k for k, f in enumerate(flags) if f)
+            joint = _CompiledBackward(self, entry, wrt, saved, inputs, flagged)
+            for k in flagged:
+                results[k].grad_fn = _OutputBackward(joint, k)
+                results[k]._requires_grad = True
         # In-place writes to inputs land in the caller's tensors. A parameter (a leaf that
         # requires grad: an optimizer step) is written as is; any other input is written the
         # way eager in-place ops write, so that its history becomes the compiled backward.
@@ -405,16 +408,22 @@ class CompiledFunction:
                 Program(fuse(PassManager(self.pipeline).run(part.backward)), name=name + "_bwd"))
         return hit
 
-    def backward_program(self, entry: _Entry, wrt: tuple) -> tuple:
-        hit = entry.backward.get(wrt)
+    def backward_program(self, entry: _Entry, wrt: tuple, seeded: tuple) -> tuple:
+        """The VJP of the outputs ``seeded`` (their indices), ``(*inputs, *their cotangents)
+        -> grads of inputs[wrt]``: a compiled program (None for other backends), its graph."""
+        hit = entry.backward.get((wrt, seeded))
         if hit is None:
-            g = vjp_graph(entry.graph, list(wrt), name=f"{entry.graph.name}_backward")
-            n_out = len(entry.graph.outputs)
-            g.set_outputs(g.outputs[n_out:])
+            # Only the outputs that received a gradient are seeded: a zero cotangent for the
+            # others would go down their paths, where 0 * inf is NaN, and eager autograd
+            # never visits a path without a gradient.
+            forward = copy.copy(entry.graph)
+            forward.set_outputs([entry.graph.outputs[k] for k in seeded])
+            g = vjp_graph(forward, list(wrt), name=f"{entry.graph.name}_backward")
+            g.set_outputs(g.outputs[len(seeded):])
             g = dce(g)
             program = Program(fuse(PassManager(self.pipeline).run(g)), name=_symbol(g.name)) \
                 if self.backend == "llvm" else None
-            hit = entry.backward[wrt] = (program, g)
+            hit = entry.backward[(wrt, seeded)] = (program, g)
         return hit
 
 
@@ -479,30 +488,69 @@ class _SavedInputs:
         return self.tensors
 
 
-class _CompiledBackward(Node):
-    """Backward of one output of a compiled call: runs the compiled VJP program."""
+class _OutputGrads(dict):
+    """Gradients of some outputs of one compiled call, by output index; the engine adds what
+    the outputs' nodes pass on, so the call's node receives all of them together."""
 
-    __slots__ = ("cf", "entry", "wrt", "saved", "k")
+    def __add__(self, other: "_OutputGrads") -> "_OutputGrads":
+        total = _OutputGrads(self)
+        for k, g in other.items():
+            total[k] = total[k] + g if k in total else g
+        return total
 
-    def __init__(self, cf: CompiledFunction, entry: _Entry, wrt: tuple, saved: _SavedInputs,
-                 k: int, inputs: list):
-        super().__init__(tuple(_edge(inputs[i]) for i in wrt), "CompiledFunctionBackward")
-        self.cf, self.entry, self.wrt, self.saved, self.k = cf, entry, wrt, saved, k
+
+class _OutputBackward(Node):
+    """The grad_fn of output ``k`` of a compiled call: passes its gradient on to the call's
+    :class:`_CompiledBackward`, which the engine runs after every output's node (as torch
+    runs one node with several outputs)."""
+
+    __slots__ = ("k", "freed")
+
+    def __init__(self, joint: "_CompiledBackward", k: int):
+        super().__init__(((joint, 0),), "CompiledFunctionBackward")
+        self.k, self.freed = k, False
 
     def apply(self, grad, create_graph, retain_graph):
-        if self.saved is None:
+        if self.freed:
             raise RuntimeError(_FREED_MESSAGE)
+        return (_OutputGrads({self.k: grad}),)
+
+    def release(self) -> None:
+        # A second backward through this output raises, as for any freed node; the call's
+        # node stays usable for its other outputs (it holds the saved inputs until they die).
+        self.freed = True
+
+
+class _CompiledBackward(Node):
+    """Backward of a compiled call: runs the compiled VJP of the outputs that received a
+    gradient, seeded with those gradients."""
+
+    __slots__ = ("cf", "entry", "wrt", "saved", "flagged")
+
+    def __init__(self, cf: CompiledFunction, entry: _Entry, wrt: tuple, saved: _SavedInputs,
+                 inputs: list, flagged: tuple = ()):
+        super().__init__(tuple(_edge(inputs[i]) for i in wrt), "CompiledFunctionBackward")
+        self.cf, self.entry, self.wrt, self.saved = cf, entry, wrt, saved
+        self.flagged = flagged          # the outputs that carry gradients, in order
+
+    def apply(self, grad: _OutputGrads, create_graph, retain_graph):
         inputs = self.saved.unpack(self._name)
-        outs = self.entry.graph.outputs
-        cts = [grad if i == self.k else _zeros(o.type) for i, o in enumerate(outs)]
+        seeded = tuple(sorted(grad))
         split = self.saved.split
-        if split is not None and not create_graph:
+        if split is not None and not create_graph and seeded == self.flagged:
+            # Every output that can carry a gradient got one: the partition's backward, from
+            # the residuals the forward saved. (Others get zero cotangents there; they carry
+            # no gradient to the inputs.)
+            outs = self.entry.graph.outputs
+            cts = [grad[i] if i in grad else _zeros(o.type) for i, o in enumerate(outs)]
             arrays = self.saved.backward_arrays() + [c._data for c in cts]
             return tuple(Tensor._wrap(a, dtypes.from_numpy_dtype(a.dtype))
                          for a in split.backward(*arrays))
-        # create_graph (the backward is recorded: replay the VJP graph on the inputs, which
-        # recomputes the forward), or the interpreter backend.
-        program, g = self.cf.backward_program(self.entry, self.wrt)
+        # Some outputs got no gradient (a zero cotangent down their paths could meet 0 * inf),
+        # create_graph (the backward is recorded), or the interpreter backend: the VJP of the
+        # seeded outputs, recomputing the forward from the inputs.
+        program, g = self.cf.backward_program(self.entry, self.wrt, seeded)
+        cts = [grad[k] for k in seeded]
         if create_graph or program is None:
             grads = replay(g, list(inputs) + cts)
         else:
@@ -510,20 +558,17 @@ class _CompiledBackward(Node):
             grads = [Tensor._wrap(a, dtypes.from_numpy_dtype(a.dtype)) for a in program(*arrays)]
         return tuple(grads)
 
-    def release(self) -> None:
-        # Drop this node's hold on the saved inputs (shared with the call's other outputs):
-        # a second backward through it raises, as for any freed node.
-        self.saved = None
-
 
 def _differentiable_outputs(graph: Graph, wrt: tuple) -> list[bool]:
     """Which outputs of ``graph`` depend on the inputs ``wrt`` through operands that have a
     VJP rule: not the results of comparisons, argmax or stop_gradient (detach), which eager
-    autograd gives ``requires_grad=False``, as it does integer results."""
+    autograd gives ``requires_grad=False``, as it does integer results, and so not what is
+    computed from an integer result either (a float cast back from an int cast)."""
     live = {graph.inputs[i] for i in wrt}
     for node in graph.nodes:
-        if any(isinstance(op, Value) and op in live and node.prim.rule(j) is not None
-               for j, op in enumerate(node.inputs)):
+        if node.output.type.dtype.is_floating_point and any(
+                isinstance(op, Value) and op in live and node.prim.rule(j) is not None
+                for j, op in enumerate(node.inputs)):
             live.add(node.output)
     return [isinstance(o, Value) and o in live and o.type.dtype.is_floating_point
             for o in graph.outputs]

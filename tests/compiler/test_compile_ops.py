@@ -170,12 +170,14 @@ def test_binary_primitives(dtype):
                 w(bind(P.ne, t, s), z, z))
     cases["where"] = where
     cond = strided(values(SHAPE, B, 7), "T")
-    # Integer division by a tensor runs numpy, which raises on a zero divisor as eager does
-    # (a kernel cannot raise); in a function of its own, so the other ops stay LLVM code.
-    divisions = {n: cases.pop(n) for n in INT_DIVISIONS} if dtype in INTS else {}
+    # Integer division and signed integer pow by a tensor run numpy, which raises on a zero
+    # divisor or a negative exponent as eager does (a kernel cannot raise); in a function of
+    # their own, so the other ops stay LLVM code.
+    in_numpy = INT_DIVISIONS + (("pow",) if dtype.is_signed else ())
+    divisions = {n: cases.pop(n) for n in in_numpy} if dtype in INTS else {}
     check_primitives(dtype, cases, *args, *nonzero, *small, cond)
     if divisions:
-        check_primitives(dtype, divisions, *args, *nonzero, *small, cond, in_numpy=INT_DIVISIONS)
+        check_primitives(dtype, divisions, *args, *nonzero, *small, cond, in_numpy=in_numpy)
 
 
 def test_pow_special_values():

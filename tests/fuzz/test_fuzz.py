@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import fusegrad as fg
 from fusegrad.testing.fuzz import (
     KNOWN,
+    Known,
     Mismatch,
     Settings,
     check_program,
@@ -54,7 +55,8 @@ def _check(program: Program, options: Settings) -> None:
     assert not result.unexplained, "\n" + report(result)
 
 
-@settings(max_examples=150, derandomize=True, deadline=None, database=None,
+# 100 programs: about 0.1 s of CPU each (a few LLVM compiles), well under a minute alone.
+@settings(max_examples=100, derandomize=True, deadline=None, database=None,
           suppress_health_check=HEALTH)
 @given(st.data())
 def test_random_programs(data):
@@ -62,7 +64,7 @@ def test_random_programs(data):
 
 
 @pytest.mark.slow
-@settings(max_examples=40, derandomize=True, deadline=None, database=None,
+@settings(max_examples=80, derandomize=True, deadline=None, database=None,
           suppress_health_check=HEALTH)
 @given(st.data())
 def test_random_programs_longer(data):
@@ -120,6 +122,19 @@ def test_compare_semantics():
     assert "shape" in compare(t([1.0]), t([[1.0]]), 1e-5, 0.0)
 
 
+def test_products_that_overflow_on_the_way_compare_loosely():
+    # seed 3, program 373: a bfloat16 product of huge and tiny values is inf in one order of
+    # multiplication and NaN (inf * 0) in another; finite elements are still compared.
+    from fusegrad.testing.fuzz import _product_overflows
+    t = fg.tensor
+    nan, inf = float("nan"), float("inf")
+    assert _product_overflows(t([1e30, 1e-30, 2.0], dtype=fg.bfloat16))
+    assert not _product_overflows(t([3.0, 0.5, -2.0]))
+    assert compare(t([nan, 0.0, 2.0]), t([inf, -1e-3, 2.0]), 1e-5, 0.0, unordered=True) is None
+    assert "differ" in compare(t([nan, 3.0]), t([inf, 2.0]), 1e-5, 0.0, unordered=True)
+    assert "differ" in compare(t([nan]), t([inf]), 1e-5, 0.0)
+
+
 def test_a_compiled_function_is_checked():
     # A program the compiled path gets right has no mismatches; its gradients are checked
     # (compiled against eager, eager float64 against central differences).
@@ -130,11 +145,17 @@ def test_a_compiled_function_is_checked():
     assert result.invalid is None and result.mismatches == [], report(result)
 
 
-def test_known_filter_names_an_issue_item():
+def test_known_filter_names_an_issue_item(monkeypatch):
+    # Every defect the list named is fixed (KNOWN is empty on main); an entry added for a new
+    # defect explains the mismatches it recognises and nothing else.
+    assert all(k.item for k in KNOWN.values())
+    entry = Known("2", "compiled sin loses its range reduction",
+                  lambda p, m: m.stage.startswith("llvm") and "sin" in p.op_kinds())
+    monkeypatch.setitem(KNOWN, "sin-huge", entry)
     sin_huge = Program([Input((30,), "float32", "wide", 1), Op("unary", (0,), ("sin",))], [1])
     m = Mismatch("llvm", "out[0]", "1 of 30 differ")
-    assert explain(sin_huge, m) == "sin-cos-huge"
-    assert KNOWN["sin-cos-huge"].item == "2"
+    assert explain(sin_huge, m) == "sin-huge"
+    assert explain(sin_huge, Mismatch("grad:llvm", "grad v0", "1 of 30 differ")) is None
     plain = Program([Input((3,), "float32", "normal", 1), Op("unary", (0,), ("exp",))], [1])
     assert explain(plain, m) is None
 
@@ -160,3 +181,30 @@ def test_command_line_runs_programs_in_workers():
                           "--seed", "1", "--jobs", "1", "--chunk", "2", "--no-shrink"],
                          capture_output=True, text=True, timeout=300)
     assert "summary: 4 programs run" in out.stdout, out.stdout + out.stderr
+
+
+def test_an_integer_step_at_an_inexact_value_is_not_a_mismatch():
+    # seed 4, program 664: int32 1 -> exp -> log is 0.99999994 in eager (1.0 within 1 ulp
+    # compiled), and .to(int32) gives 0 and 1. Only values that close to a step are excused.
+    from fusegrad.testing.fuzz import _all_values, _scales
+    near = Program([Input((), "int32", "normal", 0), Op("unary", (0,), ("exp",)),
+                    Op("unary", (1,), ("log",)), Op("cast", (2,), ("int32",))], [3])
+    arrays = [np.array(1, np.int32)]
+    assert _scales(near, _all_values(near, arrays))[0].jump
+    far = Program([Input((), "int32", "normal", 0), Op("unary", (0,), ("exp",)),
+                   Op("cast", (1,), ("int32",))], [2])                  # e = 2.718...
+    assert not _scales(far, _all_values(far, arrays))[0].jump
+    exact = Program([Input((), "float32", "normal", 0), Op("cast", (0,), ("int32",))], [1])
+    assert not _scales(exact, _all_values(exact, [np.array(1.0, np.float32)]))[0].jump
+
+
+def test_a_remainder_by_an_inexact_divisor_at_a_huge_quotient_is_excused():
+    # seed 4, program 1282: remainder(x, pow(gelu(1), x)) with x / divisor ~ 1e8: one ulp
+    # of the divisor moves the remainder by more than its size.
+    from fusegrad.testing.fuzz import _all_values, _scales
+    program = Program([Input((), "float32", "normal", 0), Op("unary", (0,), ("exp",)),
+                       Op("binary", (0, 1), ("remainder",))], [2])
+    huge = [np.array(30.0, np.float32)]                      # 30 / e**30: tiny quotient
+    assert not _scales(program, _all_values(program, huge))[0].jump
+    program = Program(program.nodes[:2] + [Op("binary", (1, 0), ("remainder",))], [2])
+    assert _scales(program, _all_values(program, huge))[0].jump   # e**30 / 30 ~ 3.5e11

@@ -712,8 +712,12 @@ class KernelEmitter:
             return self.convert(x, dt, node.attrs["dtype"])
         if op in ("sum", "prod", "max", "min") and not node.attrs["axes"]:
             # A reduction over no axes (fusion makes it a copy kernel): sum and prod of
-            # bools and integers still widen to int64.
-            return self.convert(x, dt, node.output.type.dtype)
+            # bools and integers still widen to int64, and a float sum adds its identity +0.0
+            # (sum(-0.) is +0., as in numpy and torch).
+            x = self.convert(x, dt, node.output.type.dtype)
+            if op == "sum" and node.output.type.dtype.is_floating_point:
+                x = b.fadd(x, ir.Constant(x.type, 0.0), flags=_FLAGS)
+            return x
         if op == "neg":
             return b.fneg(x, flags=_FLAGS) if is_float else b.neg(x)
         if op == "abs":
@@ -797,9 +801,19 @@ class KernelEmitter:
     def power(self, x, y, dt, node: Node) -> ir.Value:
         b = self.b
         lit = node.inputs[1]
+        if dt is dtypes.bool_:
+            # 1**y = 1 and 0**0 = 1, 0**1 = 0: x or not y (int_power's loop would shift an
+            # i1 by one bit, which is poison in LLVM, and hung).
+            return b.or_(x, b.xor(y, ir.Constant(I1, 1)))
+        if not dt.is_floating_point and dt.is_signed and (
+                not isinstance(lit, Literal) or lit.value < 0):
+            # Eager (numpy, and torch) raise "Integers to negative integer powers are not
+            # allowed"; a kernel cannot raise, so this one runs its numpy reference, which does.
+            raise Unsupported("integer pow by a tensor or a negative exponent (raises on a "
+                              "negative exponent)")
         # Float products stay within 1 ulp up to the cube (x**4 reaches 1.5 ulp, and 1 / (x * x)
         # loses bits where x * x is denormal), so other float powers go through mathlib's pow.
-        lo, hi = (-1, 3) if dt.is_floating_point else (-8, 8)
+        lo, hi = (-1, 3) if dt.is_floating_point else (0, 8)
         if isinstance(lit, Literal) and float(lit.value).is_integer() and lo <= lit.value <= hi:
             n = int(lit.value)
             if n == 0:
@@ -808,8 +822,6 @@ class KernelEmitter:
             for _ in range(abs(n) - 1):
                 acc = b.fmul(acc, x, flags=_FLAGS) if dt.is_floating_point else b.mul(acc, x)
             if n < 0:
-                if not dt.is_floating_point:
-                    return self.int_power(x, ir.Constant(x.type, n), dt)
                 acc = b.fdiv(ir.Constant(x.type, 1.0), acc, flags=_FLAGS)
             return acc
         if isinstance(lit, Literal) and lit.value == 0.5 and dt.is_floating_point:
@@ -817,19 +829,16 @@ class KernelEmitter:
             # and -0 at -0, where IEEE pow would give +inf and +0.
             return mathlib.emit_unary(b, "sqrt", x)
         if not dt.is_floating_point:
-            return self.int_power(x, y, dt)
+            return self.int_power(x, y)
         return mathlib.emit_pow(b, x, y)
 
-    def int_power(self, x, y, dt) -> ir.Value:
-        """Integer ``x**y`` by square-and-multiply, wrapping as numpy does: a loop over the
-        bits of ``y`` (unrolled over all 64 bits, LLVM takes seconds to vectorize it). A
-        negative ``y`` (numpy raises) gives the truncated true value: 1 for x == 1, +-1 for
-        x == -1, else 0."""
+    def int_power(self, x, y) -> ir.Value:
+        """Integer ``x**y`` for ``y >= 0`` (unsigned, or a non-negative literal: see ``power``)
+        by square-and-multiply, wrapping as numpy does: a loop over the bits of ``y``
+        (unrolled over all 64 bits, LLVM takes seconds to vectorize it)."""
         b = self.b
         t = x.type
         zero, one = ir.Constant(t, 0), ir.Constant(t, 1)
-        negative = b.icmp_signed("<", y, zero) if dt.is_signed else ir.Constant(I1, 0)
-        start = b.select(negative, zero, y) if dt.is_signed else y
         pre = b.block
         header = b.append_basic_block("ipow.header")
         body = b.append_basic_block("ipow.body")
@@ -839,7 +848,7 @@ class KernelEmitter:
         acc, base, e = b.phi(t), b.phi(t), b.phi(t)
         acc.add_incoming(one, pre)
         base.add_incoming(x, pre)
-        e.add_incoming(start, pre)
+        e.add_incoming(y, pre)
         b.cbranch(b.icmp_unsigned("!=", e, zero), body, done)
         b.position_at_end(body)
         bit = b.icmp_unsigned("!=", b.and_(e, one), zero)
@@ -848,13 +857,7 @@ class KernelEmitter:
         e.add_incoming(b.lshr(e, one), body)
         b.branch(header)
         b.position_at_end(done)
-        if not dt.is_signed:
-            return acc
-        odd = b.icmp_unsigned("!=", b.and_(y, one), zero)
-        minus_one = ir.Constant(t, -1)
-        unit = b.select(b.icmp_signed("==", x, minus_one), b.select(odd, minus_one, one), zero)
-        small = b.select(b.icmp_signed("==", x, one), one, unit)
-        return b.select(negative, small, acc)
+        return acc
 
     def float_floordiv(self, x, y) -> ir.Value:
         """numpy's ``floor_divide`` (``npy_divmod``): the quotient of ``x - fmod(x, y)``,
@@ -1011,8 +1014,9 @@ class KernelEmitter:
         out_dt = node.output.type.dtype
         op = node.op
         if out_dt.is_floating_point:
-            # -0.0 is the identity of IEEE addition (keeps sum([-0.]) == -0.)
-            init = {"sum": -0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}[op]
+            # A float sum starts at +0.0, as numpy's and torch's do: sum([]) and sum([-0.])
+            # are +0. (-0.0, the identity of IEEE addition, would keep sum([-0.]) == -0.)
+            init = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}[op]
         elif op in ("max", "min"):
             if out_dt is dtypes.bool_:
                 init = 0 if op == "max" else 1
@@ -1119,7 +1123,7 @@ class KernelEmitter:
         b = self.b
         total = self.entry_builder.alloca(F64, name="total")
         comp = self.entry_builder.alloca(F64, name="comp")
-        b.store(ir.Constant(F64, -0.0), total)
+        b.store(ir.Constant(F64, 0.0), total)
         b.store(ir.Constant(F64, 0.0), comp)
         self.blocks(red_shape, SUM_BLOCK, body, lambda: b.store(identity, slot),
                     lambda: self.add_to_total(b.load(slot), total, comp))
@@ -1191,7 +1195,7 @@ class KernelEmitter:
         if float_sum:
             total = self.entry_builder.alloca(F64, name="total")
             comp = self.entry_builder.alloca(F64, name="comp")
-            b.store(ir.Constant(F64, -0.0), total)
+            b.store(ir.Constant(F64, 0.0), total)
             b.store(ir.Constant(F64, 0.0), comp)
             for p in range(plan.parts):
                 cell = 2 * (index * plan.parts + p)
@@ -1239,7 +1243,7 @@ class KernelEmitter:
         # leading index when they are that long, else groups of leading indices.
         total = self.entry_builder.alloca(F64, name="total")
         comp = self.entry_builder.alloca(F64, name="comp")
-        b.store(ir.Constant(F64, -0.0), total)
+        b.store(ir.Constant(F64, 0.0), total)
         b.store(ir.Constant(F64, 0.0), comp)
         begin = lambda: b.store(identity, slot)  # noqa: E731
         end = lambda: self.add_to_total(b.load(slot), total, comp)  # noqa: E731
@@ -1375,7 +1379,7 @@ class KernelEmitter:
             else None
 
         def start(_coords, index):
-            b.store(ir.Constant(F64, -0.0), b.gep(total, [index]))
+            b.store(ir.Constant(F64, 0.0), b.gep(total, [index]))
             if comp is not None:
                 b.store(ir.Constant(F64, 0.0), b.gep(comp, [index]))
 

@@ -1,0 +1,175 @@
+"""Regression tests for defects the differential fuzzer found (docs/fuzzing.md, "Findings").
+
+Each test is the reduced program of a finding, compiled against eager (the reference).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+
+BOOLS = [(x, y) for x in (False, True) for y in (False, True)]
+
+
+@pytest.mark.parametrize("x, y", BOOLS)
+def test_pow_of_bools(x, y):
+    # Finding 1: the integer power loop shifted an i1 right by one bit (poison in LLVM), and
+    # the kernel never returned for pow(True, True).
+    cf = fg.compile(lambda a, b: fg.pow(a, b))
+    got = cf(fg.tensor(x), fg.tensor(y))
+    want = fg.pow(fg.tensor(x), fg.tensor(y))
+    assert got.dtype is fg.bool and want.dtype is fg.bool
+    assert bool(got) == bool(want) == (x or not y)
+
+
+def test_pow_of_bool_tensors_and_literals():
+    x = fg.tensor([True, False, True, False])
+    y = fg.tensor([True, True, False, False])
+    np.testing.assert_array_equal(fg.compile(lambda a, b: a ** b)(x, y).numpy(),
+                                  [True, False, True, True])
+    np.testing.assert_array_equal(fg.compile(lambda a: fg.pow(a, True))(x).numpy(), x.numpy())
+
+
+def test_pow_of_bools_returns_in_a_fresh_process():
+    # The hang, guarded so that a regression fails instead of stalling the suite.
+    code = ("import fusegrad as fg; cf = fg.compile(lambda x, y: fg.pow(x, y)); "
+            "print(bool(cf(fg.tensor(True), fg.tensor(True))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.stdout.strip() == "True", out.stderr
+
+
+def test_backward_of_a_matmul_used_twice_with_infinities():
+    # Finding 2: the compiled backward of each output ran the VJP of all outputs with zero
+    # cotangents for the others; 0 @ inf is NaN where eager autograd gives -inf.
+    v4 = np.array([[np.nan, 1.25], [-np.inf, 1e-3], [-0.0, -1.06]], np.float32)
+
+    def f(v0, v1, v4):
+        v2 = v0 @ v1
+        return v2 @ v4, v2.neg()
+
+    grads = []
+    for fn in (f, fg.compile(f)):
+        v1 = fg.tensor([[0.5, -1.0, 2.0]], requires_grad=True)
+        v5, v3 = fn(fg.tensor([1.5]), v1, fg.from_numpy(v4))
+        fg.autograd.backward([v5, v3], [fg.tensor([1.0, -1.0]), fg.tensor([0.5, 0.5, 0.5])])
+        grads.append(v1.grad.numpy())
+    np.testing.assert_array_equal(grads[0][0, :2], [np.nan, -np.inf])
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-6)
+
+
+def test_backward_of_one_output_ignores_the_others():
+    # Only the first output gets a gradient: infinities on the second's path do not leak.
+    def f(a, w):
+        return (a * 2.0).sum(), a @ w
+
+    w = fg.tensor([[np.inf], [-np.inf], [np.nan]])
+    for fn in (f, fg.compile(f)):
+        a = fg.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+        fn(a, w)[0].backward()
+        np.testing.assert_array_equal(a.grad.numpy(), [[2.0, 2.0, 2.0]])
+
+
+INT_POWERS = [
+    ("tensor exponent", lambda x, y: fg.pow(x, y)),
+    ("literal -1", lambda x, y: x ** -1),
+    ("literal -20", lambda x, y: fg.pow(x, -20)),
+]
+
+
+@pytest.mark.parametrize("name, fn", INT_POWERS, ids=[n for n, _ in INT_POWERS])
+@pytest.mark.parametrize("dtype", [fg.int64, fg.int32, fg.int8])
+def test_integer_pow_with_a_negative_exponent_raises(name, fn, dtype):
+    # Finding 3: compiled code returned 0 where eager and torch raise.
+    x = fg.tensor([2, 3, 1], dtype=dtype)
+    y = fg.tensor([2, -1, 3], dtype=dtype)
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        fn(x, y)
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        fg.compile(fn)(x, y)
+
+
+@pytest.mark.parametrize("dtype", [fg.int64, fg.int32, fg.uint8])
+def test_integer_pow_with_non_negative_exponents(dtype):
+    x = fg.tensor([2, 3, 0, 1, 5], dtype=dtype)
+    y = fg.tensor([0, 1, 0, 7, 3], dtype=dtype)
+    for fn in (lambda a, b: a ** b, lambda a, b: a ** 3, lambda a, b: fg.pow(a, 20)):
+        np.testing.assert_array_equal(fg.compile(fn)(x, y).numpy(), fn(x, y).numpy())
+
+
+def test_float_computed_from_an_integer_cast_does_not_require_grad():
+    # seed 2, program 110: eager autograd stops at an integer result, and so does
+    # requires_grad of what is computed from it; the compiled function said True.
+    def f(a):
+        return a.to(fg.int32) + 0.5, (a.to(fg.int64) * a).sum()
+
+    a = fg.tensor([1.5, -2.25, 3.0], requires_grad=True)
+    want = f(a)
+    got = fg.compile(f)(a)
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in want] == [False, True]
+    got[1].backward()
+    np.testing.assert_array_equal(a.grad.numpy(), [1.0, -2.0, 3.0])
+
+
+@pytest.mark.parametrize("dtype", [fg.float16, fg.bfloat16, fg.float32, fg.float64])
+@pytest.mark.parametrize("n", [0, 1, 3, 5000])
+def test_sum_of_negative_zeros_is_positive_zero(dtype, n):
+    # seed 2, program 425: compiled sums started at -0.0, so sum([]) and sum([-0.]) were -0.
+    # and their rsqrt -inf; numpy, torch and eager start at +0.0.
+    x = fg.from_numpy(np.full((n,), -0.0, np.float32)).to(dtype)
+
+    def f(x):
+        return x.sum(), x.sum(dim=(0,)).rsqrt(), x.reshape(1, n).sum(dim=1)
+
+    for got, want in zip(fg.compile(f)(x), f(x)):
+        np.testing.assert_array_equal(np.signbit(got.float().numpy()), False)
+        np.testing.assert_array_equal(got.float().numpy(), want.float().numpy())
+
+
+def test_sum_of_a_0d_negative_zero():
+    x = fg.tensor(-0.0)
+    assert not np.signbit(fg.compile(lambda t: t.sum())(x).numpy())
+    assert not np.signbit(x.sum().numpy())
+
+
+def test_gradients_of_two_outputs_meet_at_a_16_bit_value():
+    # seed 2, program 638: eager adds the two outputs' gradients at the float16 value and
+    # rounds the sum to float16; the compiled call's node does the same (one VJP for both).
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5))
+    cts = [fg.from_numpy(rng.standard_normal((3, 5)).astype(np.float16)) for _ in range(2)]
+
+    def f(v0):
+        v1 = v0.to(fg.float16)
+        return v1.flip((0,)), v1 * 1.0
+
+    grads = []
+    for fn in (f, fg.compile(f)):
+        a = fg.from_numpy(x.copy()).requires_grad_()
+        grads.append(fg.autograd.grad(list(fn(a)), [a], cts)[0].numpy())
+    np.testing.assert_array_equal(grads[1], grads[0])
+
+
+def test_outputs_of_one_call_backward_separately_and_together():
+    def f(a, b):
+        return (a * b).sum(), (a.exp() * 2).sum()
+
+    x, y = np.array([0.5, -1.0, 2.0]), np.array([3.0, 0.25, -1.5])
+    a, b = fg.tensor(x, requires_grad=True), fg.tensor(y, requires_grad=True)
+    out0, out1 = fg.compile(f)(a, b)
+    out0.backward()
+    np.testing.assert_allclose(a.grad.numpy(), y)
+    out1.backward()                                  # the other output still has its graph
+    np.testing.assert_allclose(a.grad.numpy(), y + 2 * np.exp(x))
+    with pytest.raises(RuntimeError, match="second time"):
+        out0.backward()                              # this one was freed
+    a.grad = b.grad = None
+    out0, out1 = fg.compile(f)(a, b)
+    (out0 + out1).backward()
+    np.testing.assert_allclose(a.grad.numpy(), y + 2 * np.exp(x))
+    np.testing.assert_allclose(b.grad.numpy(), x)
