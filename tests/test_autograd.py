@@ -584,3 +584,16 @@ def test_gradient_dtype_and_shape_match_the_input():
     (y.expand(3) * fg.tensor([1.0, 2.0, 3.0])).sum().backward()
     assert y.grad.shape == () and y.grad.item() == 6.0
     assert math.isclose(y.grad.item(), 6.0)
+
+
+def test_the_same_output_twice_adds_its_gradients():
+    # Found by the differential fuzzer (seed 4, program 3416): expand() and squeeze() of a
+    # 0-d tensor return it, and autograd.grad([y, y], ...) gave None (torch: the sum).
+    a = fg.tensor(2.0, requires_grad=True)
+    y = a.neg()
+    (g,) = fg.autograd.grad([y, y.squeeze()], [a], [fg.tensor(1.0), fg.tensor(0.5)])
+    assert g.item() == -1.5
+    b = fg.tensor([1.0, 2.0], requires_grad=True)
+    z = b * 3
+    fg.autograd.backward([z, z], [fg.tensor([1.0, 1.0]), fg.tensor([2.0, 0.0])])
+    np.testing.assert_array_equal(b.grad.numpy(), [9.0, 3.0])

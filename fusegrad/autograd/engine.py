@@ -262,7 +262,9 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
     deps: dict[Node, int] = {}
     order: list[Node] = []
     seen = set()
-    stack = [n for n, _ in roots]
+    # Each node once, though an output be passed twice (its gradients add up): a node on the
+    # stack twice would count its children's edges twice and they would never run.
+    stack = list({n: None for n, _ in roots})
     for n in stack:
         seen.add(n)
     while stack:

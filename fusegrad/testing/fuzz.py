@@ -541,7 +541,8 @@ def _check_grads(program: Program, stage: str, got: list, want: list, result: Re
             continue
         path = _path_dtype(program, values, i) if values is not None else None
         rtol, atol = _grad_tolerance(program, w, scales, path)
-        msg = compare(g, w, rtol, atol)
+        # A product that overflows on the way leaves its gradient (out / x) order-dependent.
+        msg = compare(g, w, rtol, atol, any(sc.unordered for sc in scales))
         if msg:
             result.mismatches.append(Mismatch(stage, f"grad {name}", msg))
 
