@@ -104,8 +104,16 @@ class SymbolicTensor(Tensor):
         return self._view_of
 
     @_base.setter
-    def _base(self, base: "SymbolicTensor | None") -> None:
+    def _base(self, base: "Tensor | None") -> None:
         # Set by functional._mark_view right after the view op, so this view is current.
+        if base is not None and not isinstance(base, SymbolicTensor):
+            # A traced view of a concrete tensor: only fusegrad.compile's state capture
+            # records such ops (the tensor is an input read at call time); its symbolic
+            # stand-in is the base, so writes through the view reach it.
+            if self._tr.capture is None:
+                raise ConcretizationError("a traced view of a concrete tensor outside "
+                                          "fusegrad.compile")
+            base = self._tr.capture.sym_for(base)
         self._view_of = base
         self._seen = base._val if isinstance(base, SymbolicTensor) else None
 
@@ -300,11 +308,6 @@ class GraphTrace:
             value = self.process_primitive(P.copy, (value,), {})
         if x._base is not None:
             base = x._base
-            if not isinstance(base, SymbolicTensor):
-                if self.capture is None:
-                    raise ConcretizationError("an in-place write through a traced view of a "
-                                              "concrete tensor cannot be captured")
-                base = x._base = self.capture.sym_for(base)
             types = [base._type()]
             for prim, attrs in x._view_ops:
                 if prim is P.broadcast_to:

@@ -893,9 +893,6 @@ def _mark_view(out: Tensor, src: Tensor, prim, attrs: dict) -> Tensor:
     """Record that ``out`` is a view of ``src``'s storage, for in-place writes through it."""
     if out._trace is not None or np.shares_memory(out._data, src._data):
         base = src._base if src._base is not None else src
-        if out._trace is not None and base._trace is None:
-            # A traced view of a concrete tensor a compiled function reads at call time.
-            base = out._trace.capture.sym_for(base)
         out._base = base
         out._view_ops = (src._view_ops or ()) + ((prim, attrs),)
         out._version_counter = src._version_counter

@@ -51,6 +51,7 @@ from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
 from fusegrad.ops.primitive import TensorType
 from fusegrad.tensor import Tensor
+from fusegrad.tracer.guards import hashable
 
 __all__ = ["StateCapture", "CaptureInfo", "capturing"]
 
@@ -492,26 +493,19 @@ def optimizer_signature(opt) -> tuple:
     than the learning rate, and per parameter which state it has (identity, shape, dtype)."""
     parts = []
     for group in opt.param_groups:
-        hyper = tuple((k, _hashable(v)) for k, v in sorted(group.items())
+        hyper = tuple((k, hashable(v)) for k, v in sorted(group.items())
                       if k not in ("params", "lr", "param_names"))
         per_param = []
         for p in group["params"]:
             state = opt.state.get(p)
             # In insertion order (each optimizer makes its state in a fixed order).
             items = () if not state else tuple(
-                (k, (id(v), v._data.shape, v._dtype) if isinstance(v, Tensor) else _hashable(v))
+                (k, (id(v), v._data.shape, v._dtype) if isinstance(v, Tensor) else hashable(v))
                 for k, v in state.items())
             per_param.append((id(p), items))
         parts.append((hyper, tuple(per_param)))
     return tuple(parts)
 
-
-def _hashable(v):
-    try:
-        hash(v)
-        return v
-    except TypeError:
-        return ("id", id(v))
 
 
 def _snapshot(opt) -> tuple:

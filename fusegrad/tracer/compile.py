@@ -47,7 +47,7 @@ from fusegrad.passes.manager import PassManager
 from fusegrad.passes.partition import partition_joint
 from fusegrad.runtime.cpu import Program
 from fusegrad.tensor import Tensor
-from fusegrad.tracer.guards import ClosureGuard, module_flags
+from fusegrad.tracer.guards import ClosureGuard, hashable, module_flags
 from fusegrad.tracer.trace import (
     arg_input_ranges,
     module_state,
@@ -150,8 +150,8 @@ class CompiledFunction:
 
     def _split(self, args, kwargs):
         """Separate static arguments (baked into the trace) from traced ones."""
-        static = tuple((i, _hashable(args[i])) for i in self.static_argnums if i < len(args))
-        static += tuple((k, _hashable(kwargs[k])) for k in self.static_argnames if k in kwargs)
+        static = tuple((i, hashable(args[i])) for i in self.static_argnums if i < len(args))
+        static += tuple((k, hashable(kwargs[k])) for k in self.static_argnames if k in kwargs)
         return static
 
     def _key(self, args, kwargs):
@@ -636,17 +636,10 @@ def _symbol(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name) or "graph"
 
 
-def _hashable(v):
-    try:
-        hash(v)
-        return v
-    except TypeError:
-        return ("id", id(v))
-
 
 def _tree_key(tree) -> Any:
     if tree.kind == "static":
-        return ("static", _hashable(tree.meta) if not isinstance(tree.meta, Tensor) else None)
+        return ("static", hashable(tree.meta) if not isinstance(tree.meta, Tensor) else None)
     return (tree.kind, tuple(_tree_key(c) for c in tree.children),
             tree.meta if tree.kind == "dict" else None)
 

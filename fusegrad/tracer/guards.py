@@ -21,10 +21,19 @@ from __future__ import annotations
 import types
 from typing import Any, Callable
 
-__all__ = ["ClosureGuard", "module_flags"]
+__all__ = ["ClosureGuard", "module_flags", "hashable"]
 
 _MAX_DEPTH = 3
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def hashable(v):
+    """``v`` if it can be part of a dict key, else a stand-in that compares by identity."""
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return ("id", id(v))
 
 
 def module_flags(module) -> tuple:

@@ -45,17 +45,23 @@ def assert_close_lists(a, b, rtol=1e-5, atol=1e-6):
             np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
 
 
-def train(make_opt, compiled: bool, steps: int, **compile_kw):
-    m = mlp()
-    opt = make_opt(m.parameters())
-    x, y = data()
-
+def training_step(m, opt):
+    """The step a PyTorch user writes: zero_grad, forward, cross-entropy, backward, step."""
     def step(x, y):
         opt.zero_grad()
         loss = F.cross_entropy(m(x), y)
         loss.backward()
         opt.step()
         return loss
+    return step
+
+
+def train(make_opt, compiled: bool, steps: int, **compile_kw):
+    m = mlp()
+    opt = make_opt(m.parameters())
+    x, y = data()
+
+    step = training_step(m, opt)
 
     f = fg.compile(step, fullgraph=True, **compile_kw) if compiled else step
     losses = [float(f(x, y)) for _ in range(steps)]
@@ -143,12 +149,7 @@ def test_training_step_is_one_graph_with_backward_and_update():
     opt = fg.optim.SGD(m.parameters(), lr=0.1)
     x, y = data()
 
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = training_step(m, opt)
 
     f = fg.compile(step)
     f(x, y)
@@ -170,13 +171,7 @@ def test_parameters_updated_in_place_and_grads_kept():
     x, y = data()
     storage = [p.data_ptr() for p in m.parameters()]
 
-    @fg.compile
-    def step(x, y):
-        opt.zero_grad()
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = fg.compile(training_step(m, opt))
 
     for _ in range(3):
         loss = step(x, y)
@@ -261,12 +256,7 @@ def test_learning_rate_is_an_input_no_recompile():
         opt = fg.optim.Adam(m.parameters(), lr=1e-2)
         x, y = data()
 
-        def step(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        step = training_step(m, opt)
         f = fg.compile(step, fullgraph=True) if compiled else step
         for k in range(6):
             for group in opt.param_groups:
@@ -287,12 +277,7 @@ def test_lr_scheduler_between_compiled_steps(name):
         sched = fg.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
         x, y = data()
 
-        def step(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        step = training_step(m, opt)
         f = fg.compile(step, fullgraph=True) if compiled else step
         for _ in range(6):
             f(x, y)
@@ -350,12 +335,7 @@ def test_dropout_in_a_compiled_step_is_reproducible_from_the_seed():
         opt = fg.optim.SGD(m.parameters(), lr=0.1)
         x, y = data()
 
-        def step(x, y):
-            opt.zero_grad()
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            return loss
+        step = training_step(m, opt)
         f = fg.compile(step, fullgraph=True) if compiled else step
         fg.manual_seed(5)
         return [float(f(x, y)) for _ in range(4)], params(m)
