@@ -17,6 +17,7 @@ from typing import Sequence
 
 from fusegrad import dtypes
 from fusegrad.ops import functional as F
+from fusegrad.ops import prims as P
 from fusegrad.ops.creation import arange, rand
 from fusegrad.ops.functional import composite
 from fusegrad.tensor import Tensor
@@ -420,22 +421,18 @@ def _check_nll(input: Tensor, target: Tensor) -> None:  # noqa: A002
         raise RuntimeError(f"Expected target size {list(want)}, got {list(target.shape)}")
 
 
-def _check_targets(op: str, input: Tensor, target: Tensor, ignore_index: int) -> None:  # noqa: A002
-    """torch's "Target 5 is out of bounds." for concrete targets, naming the op, its operands
-    and (traced) the user's line. Traced targets are checked when the compiled program runs:
-    the failing gather then names the user's line."""
-    if not _is_concrete(target) or target.numel() == 0:
-        return
+def _check_targets(op: str, input: Tensor, target: Tensor, ignore_index: int) -> Tensor:  # noqa: A002
+    """``target``, checked as torch checks class indices ("Target 5 is out of bounds."),
+    naming the op and its operands. A traced target is checked by a node of the graph
+    when the compiled program runs (the error then names the user's line too)."""
+    if target.numel() == 0:
+        return target
     n_classes = input.shape[0 if input.ndim == 1 else 1]
-    bad = F.logical_and(F.ne(target, ignore_index),
-                        F.logical_or(F.lt(target, 0), F.ge(target, n_classes)))
-    if bool(F.any(bad)):
-        value = int(F.masked_select(target, bad)[0])
-        raise IndexError(f"Target {value} is out of bounds. ({op}: input {input.dtype.name}"
-                         f"{list(input.shape)} has {n_classes} classes, target "
-                         f"{target.dtype.name}{list(target.shape)}; class indices must be "
-                         f"in [0, {n_classes}) or equal ignore_index={ignore_index})"
-                         f"{F._at_user_line(input, target)}")
+    try:
+        return F.bind(P.check_target, target, op=op, classes=n_classes,
+                      ignore_index=ignore_index, input=f"{input.dtype.name}{list(input.shape)}")
+    except IndexError as e:
+        raise IndexError(f"{e}{F._at_user_line(input, target)}") from None
 
 
 def _nll_impl(logp: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
@@ -468,7 +465,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,  # noq
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
     _check_nll(input, target)
-    _check_targets("nll_loss", input, target, ignore_index)
+    target = _check_targets("nll_loss", input, target, ignore_index)
     return _nll_loss(input, target, weight, ignore_index, reduction)
 
 
@@ -550,7 +547,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,  
         fn = _ce_prob_mean if reduction == "mean" else _ce_prob_neg
         return fn(input, target, weight, reduction, label_smoothing)
     _check_nll(input, target)
-    _check_targets("cross_entropy", input, target, ignore_index)
+    target = _check_targets("cross_entropy", input, target, ignore_index)
     if label_smoothing > 0:
         return _ce_smooth(input, target, weight, ignore_index, reduction, label_smoothing)
     return _ce_index(input, target, weight, ignore_index, reduction)

@@ -709,6 +709,30 @@ gather = register(Primitive("gather", Kind.INDEX, _gather_infer, _gather_impl,
                             (Rule(_gather_vjp, (1,)), None), "GatherBackward0", attrs=("axis",)))
 
 
+def _check_target_infer(target: TensorType, *, op: str, classes: int, ignore_index: int,
+                        input: str) -> TensorType:  # noqa: A002
+    _check_index(op, target)
+    return target
+
+
+def _check_target_impl(target, *, op, classes, ignore_index, input):  # noqa: A002
+    bad = (target != ignore_index) & ((target < 0) | (target >= classes))
+    if bad.any():
+        raise IndexError(f"Target {target[bad].flat[0]} is out of bounds. ({op}: input {input} "
+                         f"has {classes} classes, target {dtypes.from_numpy_dtype(target.dtype).name}"
+                         f"{list(target.shape)}; class indices must be in [0, {classes}) or "
+                         f"equal ignore_index={ignore_index})")
+    return target
+
+
+# Class-index targets of nll_loss and cross_entropy checked as torch checks them ("Target 7
+# is out of bounds."): eager at the call, and inside a compiled program as a node of its
+# graph, so the error there names the loss rather than the gather it feeds.
+check_target = register(Primitive("check_target", Kind.EXTERN, _check_target_infer,
+                                  _check_target_impl,
+                                  attrs=("op", "classes", "ignore_index", "input")))
+
+
 def _scatter_add_infer(x: TensorType, idx: TensorType, src: TensorType, *, axis) -> TensorType:
     _check_index("scatter_add", idx)
     _same_dtype("scatter_add", x, src)

@@ -29,7 +29,7 @@ B = fg.bool
 # Primitives whose kernels run their numpy reference between LLVM kernels: data-dependent
 # addressing (index ops), sorting and scans, arg-reductions, and the Philox generator.
 NUMPY_PRIMITIVES = {"argmax", "argmin", "take", "index_add", "gather", "scatter_add",
-                    "argsort", "cumsum", "random_uniform"}
+                    "argsort", "cumsum", "random_uniform", "check_target"}
 
 
 def numpy_ops(compiled, *args) -> set[str]:
@@ -366,11 +366,22 @@ def test_extern_primitives(dtype):
                                    bind(P.cumsum, z, axis=0))}, t, s, z)
 
 
+def test_check_target_primitive():
+    t = np.array([0, 4, -100, 2], np.int64)
+    check_primitive("check_target", fg.int64, lambda t: bind(
+        P.check_target, t, op="nll_loss", classes=5, ignore_index=-100, input="f32[4, 5]") * 2, t)
+    f = fg.compile(lambda t: bind(P.check_target, t, op="nll_loss", classes=4,
+                                  ignore_index=-100, input="f32[4, 4]") + 1)
+    f(fg.from_numpy(t % 4))
+    with pytest.raises(IndexError, match=r"^Target 4 is out of bounds\. \(nll_loss: input f32"):
+        f(fg.from_numpy(t))
+
+
 def test_every_primitive_has_a_compiled_test():
     tested = set(UNARY_FLOAT + UNARY_ANY) | set(BINARY_DTYPES) | set(MOVEMENT_OPS) | {
         "not", "cast", "where", "sum", "prod", "max", "min", "argmax", "argmin", "take",
         "index_add", "gather", "scatter_add", "matmul", "full", "iota", "constant",
-        "random_uniform", "argsort", "cumsum"}
+        "random_uniform", "argsort", "cumsum", "check_target"}
     assert sorted(set(PRIMITIVES) - tested) == []
 
 

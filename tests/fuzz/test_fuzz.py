@@ -217,3 +217,41 @@ def test_a_gradient_that_cancels_far_below_its_terms_is_compared_to_its_terms():
                        Op("layer_norm", (0,), (2,))], [1])
     result = check_program(program)
     assert result.invalid is None and not result.unexplained, report(result)
+
+
+@pytest.mark.parametrize("index", [1513, 1843, 7679])
+def test_ill_conditioned_gradients_of_seed_6_are_not_mismatches(index):
+    # 1513: log2 of a layer_norm output near 0 gives a cotangent of 1e17, which the
+    # layer_norm VJP cancels to 22 (float64: one ulp of 1e17 is 16). 1843: cos of a float32
+    # matmul result of magnitude 1e5 in the VJP (eager float32 is as far from float64).
+    # 7679: a float64 input's gradient is a float32 log's value (x * log(n)).
+    program, _ = program_for(6, index)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        result = check_program(program, Settings(finite_differences=False))
+    assert not result.unexplained, report(result)
+
+
+def test_the_ill_conditioning_rules_still_catch_a_wrong_gradient():
+    # A well-conditioned program: 1% off is a mismatch whichever rule is asked.
+    from fusegrad.testing.fuzz import Result, _all_values, _check_grads, _scales
+    program = Program([Input((3, 4), "float32", "normal", 5, True),
+                       Op("unary", (0,), ("sin",)), Op("reduce", (1,), ("sum", (1,), True, None)),
+                       Op("binary", (2, 0), ("mul",))], [3])
+    arrays = program.arrays()
+    x = fg.from_numpy(arrays[0].copy()).requires_grad_()
+    out = program.function()(x)
+    w = fg.from_numpy(np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32))
+    want, = fg.autograd.grad([out], [x], [w])
+    values = _all_values(program, arrays)
+    result = Result(program)
+    _check_grads(program, "grad:llvm", [want * 1.01], [want], result,
+                 _scales(program, values), values, arrays)
+    assert [m.where for m in result.mismatches] == ["grad v0"]
+
+
+def test_a_gradient_reading_a_float32_value_gets_float32_tolerance():
+    from fusegrad.testing.fuzz import _all_values, _path_dtype
+    program, _ = program_for(6, 7679)
+    i = next(i for i, s in zip(program.input_ids, program.inputs) if s.dtype == "float64")
+    assert _path_dtype(program, _all_values(program, program.arrays()), i) == "float32"
