@@ -616,6 +616,25 @@ def test_casts_to_16_bit_round_inside_fused_kernels():
 # --------------------------------------------------------------------------- generated code
 
 
+@pytest.mark.parametrize("shapes,dtype,rolled", [
+    (((300, 5, 6), (300, 1, 6)), fg.bool, True),       # a 30-element body of bytes
+    (((300, 5, 6), (1, 5, 6)), fg.bool, True),
+    (((300, 2, 6), (300, 1, 6)), fg.bool, False),      # 12 elements: unrolled
+    (((300, 5, 6), (300, 1, 6)), fg.float32, False),   # 16 lanes: compiles fast unrolled
+])
+def test_short_inner_loops_over_bytes_stay_rolled(shapes, dtype, rolled):
+    # Fuzzer finding 6: unrolled, the 5x6 body of a bool `a & b` made LLVM vectorize the
+    # loop around it 64 lanes wide, 7 to 14 s of compile (see KernelEmitter._wide_byte_body).
+    a, b = (fg.ones(*s, dtype=dtype) for s in shapes)
+    op = (lambda a, b: a & b) if dtype is fg.bool else (lambda a, b: a * b)
+    compiled = fg.compile(op)
+    assert ('"llvm.loop.unroll.disable"' in compiled.lower(a, b).llvm_ir) == rolled
+    rng = np.random.default_rng(0)
+    x, y = (rng.random(s) > 0.5 for s in shapes)
+    if dtype is fg.bool:
+        np.testing.assert_array_equal(compiled(fg.from_numpy(x), fg.from_numpy(y)).numpy(), x & y)
+
+
 def test_float16_is_held_as_16_raw_bits():
     # LLVM 22 takes tens of seconds over `half` loads in some loops (a 3x40 negation: 30 s).
     ir_text = fg.compile(lambda x: -x).lower(fg.ones(3, 40, dtype=fg.float16)).llvm_ir
