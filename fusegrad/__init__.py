@@ -34,6 +34,7 @@ from fusegrad.dtypes import (
 from fusegrad.ops import creation as _creation
 from fusegrad.ops import functional as _F
 from fusegrad.ops import methods as _methods  # noqa: F401  (installs Tensor methods)
+from fusegrad.ops import registry as _public_ops
 from fusegrad.ops.creation import (
     Generator,
     arange,
@@ -75,23 +76,9 @@ half, float, double = float16, float32, float64  # noqa: A001
 short, int, long = int16, int32, int64  # noqa: A001
 dtype = _dtypes.DType
 
-# Functional forms of the tensor ops: fusegrad.exp(x), fusegrad.cat([...]), ...
-_FUNCTIONS = """
-add sub mul div true_divide floor_divide remainder fmod pow maximum minimum lt le gt ge eq ne
-less less_equal greater greater_equal not_equal logical_and logical_or logical_xor logical_not
-bitwise_and bitwise_or bitwise_xor bitwise_not neg negative abs absolute exp exp2 log log2 log10
-log1p expm1 sin cos tan tanh sigmoid relu erf sqrt rsqrt reciprocal square sign floor ceil trunc
-fix round clamp clip isnan isinf isfinite isclose allclose equal clone where sum prod mean var
-std var_mean std_mean max min amax amin argmax argmin logsumexp all any count_nonzero norm cumsum
-reshape permute transpose swapaxes swapdims t movedim squeeze unsqueeze flatten unflatten narrow
-split chunk unbind select cat concat concatenate stack hstack vstack matmul mm bmm dot mv outer
-index_select index_add gather take_along_dim scatter_add masked_fill tril triu argsort sort topk
-nonzero argwhere masked_select broadcast_tensors broadcast_to repeat_interleave flip roll
-""".split()
-
-for _name in _FUNCTIONS:
-    if hasattr(_F, _name):
-        globals()[_name] = getattr(_F, _name)
+# Functional forms of the tensor ops (fusegrad.exp(x), fusegrad.cat([...]), ...), from the
+# op registry: each op records there, where it is defined, whether torch has it at top level.
+globals().update(_public_ops.torch_functions())
 
 
 def is_tensor(obj) -> "bool":

@@ -7,28 +7,13 @@ library (which imports the tensor class); ``import fusegrad`` runs this once.
 from __future__ import annotations
 
 from fusegrad import dtypes
-from fusegrad.ops import creation
+from fusegrad.ops import creation, registry
 from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
 
-# Methods that are exactly the functional op with the tensor first.
-_SAME_NAME = """
-add sub mul div true_divide floor_divide remainder fmod pow maximum minimum lt le gt ge eq ne
-less less_equal greater greater_equal not_equal logical_and logical_or logical_xor logical_not
-bitwise_and bitwise_or bitwise_xor bitwise_not neg negative abs absolute exp exp2 log log2 log10
-log1p expm1 sin cos tan tanh sigmoid relu erf sqrt rsqrt reciprocal square sign floor ceil trunc
-fix round clamp clip isnan isinf isfinite isclose allclose equal clone contiguous to type_as sum
-sum_to_size prod mean var std max min amax amin argmax argmin logsumexp all any count_nonzero
-norm cumsum reshape view view_as reshape_as permute transpose swapaxes swapdims t movedim
-expand expand_as broadcast_to squeeze unsqueeze flatten unflatten narrow split chunk unbind
-select matmul mm bmm dot mv outer index_select index_add gather take_along_dim scatter_add
-masked_fill tril triu argsort sort topk nonzero argwhere masked_select repeat flip roll
-repeat_interleave
-where new_zeros new_ones new_full new_empty new_tensor copy_ fill_ zero_
-""".split()
-
-for _name in _SAME_NAME:
-    setattr(Tensor, _name, getattr(F, _name))
+# Methods that are exactly the functional op with the tensor first, from the op registry.
+for _name, _fn in registry.tensor_methods().items():
+    setattr(Tensor, _name, _fn)
 
 
 def _where_method(self, condition, other):
@@ -39,14 +24,8 @@ def _where_method(self, condition, other):
 Tensor.where = _where_method
 
 # In-place variants: compute out of place, then write back (see functional.assign_).
-_INPLACE = """
-add sub mul div true_divide floor_divide remainder pow clamp clip neg abs exp log log1p expm1
-sqrt rsqrt sin cos tanh sigmoid relu floor ceil trunc round sign reciprocal square masked_fill
-index_add scatter_add tril triu logical_not logical_and logical_or maximum minimum erf
-""".split()
-
-for _name in _INPLACE:
-    setattr(Tensor, _name + "_", F._inplace(getattr(F, _name), _name + "_"))
+for _name, _fn in registry.inplace_methods().items():
+    setattr(Tensor, _name + "_", F._inplace(_fn, _name + "_"))
 
 
 def _binop(fn, reflected=False):

@@ -1,0 +1,99 @@
+"""Composite ops: one eager autograd node, named as torch names it, for an op built of
+several primitives (the tracer still sees the primitives, so fusion sees through them).
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+from typing import Sequence
+
+from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, run_backward
+from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad.ops import primitive as _primitive
+from fusegrad.tensor import Tensor
+
+
+class AliasNode(Node):
+    """Identity edge from a composite's inner graph to the composite's real operand."""
+
+    __slots__ = ()
+
+    def __init__(self, t: Tensor):
+        super().__init__((_edge(t),), "AliasBackward0")
+
+    def apply(self, grad, create_graph, retain_graph):
+        return (grad,)
+
+
+class CompositeNode(Node):
+    """One autograd node for a public op made of several primitives.
+
+    Its backward runs the VJPs of the primitives the op recorded on aliases of its operands;
+    with ``create_graph`` those VJPs are recorded too, connected through the aliases to the
+    real operands, so higher-order gradients see through the composite.
+    """
+
+    __slots__ = ("_aliases", "_inner")
+
+    def __init__(self, name: str, operands: Sequence[Tensor], aliases: Sequence[Tensor], inner):
+        super().__init__(tuple(_edge(t) for t in operands), name)
+        self._aliases = list(aliases)
+        self._inner = inner
+
+    def apply(self, grad, create_graph, retain_graph):
+        if self._inner is None:
+            raise RuntimeError(_FREED_MESSAGE)
+        return tuple(run_backward([self._inner], [grad], retain_graph, create_graph,
+                                  inputs=self._aliases, accumulate=False, allow_unused=True,
+                                  stop_at_inputs=True))
+
+    def release(self) -> None:
+        self._inner = None
+
+
+def composite(grad_name: str):
+    """Make an op built of several primitives one autograd node named ``grad_name``."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if not is_grad_enabled():
+                return fn(*args, **kwargs)
+            operands = [a for a in args if isinstance(a, Tensor)]
+            operands += [v for v in kwargs.values() if isinstance(v, Tensor)]
+            if not builtins.any(t._requires_grad for t in operands) or \
+                    builtins.any(t._trace for t in operands) or _primitive.CAPTURE:
+                return fn(*args, **kwargs)
+            alias_of = {}
+            for t in operands:
+                if t._requires_grad and id(t) not in alias_of:
+                    a = Tensor._wrap(t._data, t._dtype)
+                    a._version_counter = t._version_counter
+                    a.grad_fn = AliasNode(t)
+                    a._requires_grad = True
+                    alias_of[id(t)] = (t, a)
+
+            def swap(v):
+                return alias_of[id(v)][1] if isinstance(v, Tensor) and id(v) in alias_of else v
+            inner = fn(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()})
+            if not isinstance(inner, Tensor) or not inner._requires_grad:
+                return inner
+            real = [t for t, _ in alias_of.values()]
+            out = Tensor._wrap(inner._data, inner._dtype)
+            out._version_counter = inner._version_counter
+            out.grad_fn = CompositeNode(grad_name, real, [a for _, a in alias_of.values()], inner)
+            out._requires_grad = True
+            return out
+        return wrapper
+    return decorate
+
+
+def _named(out: Tensor, name: str, src: Tensor | None = None) -> Tensor:
+    """Give the node that made ``out`` torch's name for the public op.
+
+    ``src``: the op's input, when the op may return it unchanged (a no-op view), whose node
+    must keep its own name.
+    """
+    if out.grad_fn is not None and out._trace is None and out is not src:
+        out.grad_fn._name = name
+    return out

@@ -1,0 +1,243 @@
+"""In-place ops: version counters, leaf checks, view rebasing, ``copy_``/``fill_``/``setitem``,
+and the wrapper that turns an out-of-place op into its ``op_`` variant.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.autograd.engine import Node, _edge, _refresh_view
+from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
+from fusegrad.ops import primitive as _primitive
+from fusegrad.ops import prims as P
+from fusegrad.ops.elementwise import mul, sub, where
+from fusegrad.ops.indexing import getitem
+from fusegrad.ops.movement import expand, reshape
+from fusegrad.ops.operands import _dtype_title, _index_tensor, _scalar_tensor, as_tensor_operand, cast, take
+from fusegrad.ops.primitive import bind
+from fusegrad.ops.registry import public
+from fusegrad.tensor import Tensor
+
+
+def _is_grad_leaf(t: Tensor) -> bool:
+    """A leaf that requires grad; under a trace, an input standing for one (an argument,
+    parameter or captured tensor; the trace records which), not yet written."""
+    if not t._requires_grad:
+        return False
+    if t._trace is None:
+        return t.is_leaf
+    return t._value in t._trace.grad_leaves
+
+
+def _check_inplace(x: Tensor, op: str) -> None:
+    if is_grad_enabled():
+        if _is_grad_leaf(x):
+            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
+                               "operation.")
+        base = x._base
+        if base is not None and _is_grad_leaf(base):
+            raise RuntimeError("a view of a leaf Variable that requires grad is being used in an "
+                               "in-place operation.")
+    if x._trace is not None:
+        return
+    if not x._data.flags.writeable:
+        raise RuntimeError(
+            f"{op}: unsupported operation: more than one element of the written-to tensor refers "
+            "to a single memory location. Please clone() the tensor before performing the "
+            "operation.")
+
+
+def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
+    """Write ``value`` (a result of x's shape) into ``x``; rebase x's autograd history.
+
+    This is how every in-place op works: compute out of place, then write back. Under a
+    trace, the tracer rebinds ``x`` to the new value (functionalization).
+    """
+    if x._trace is not None:
+        _check_inplace(x, op)
+        return x._trace.assign(x, value)
+    if _primitive.CAPTURE:
+        # Tracing a compiled function: a write to a tensor from outside it (a parameter, an
+        # optimizer's state) becomes an output written back at call time.
+        return _primitive.CAPTURE[-1].assign_concrete(x, value, op)
+    if value._trace is not None:
+        value._check_concrete(
+            f"{op}: an in-place write into a tensor captured from outside the traced function "
+            f"({x.dtype.short}[{','.join(map(str, x.shape))}])",
+            "and a graph made by fusegrad.trace cannot update a tensor it does not take as an "
+            "argument. Pass the tensor as an argument (in-place updates of arguments become "
+            "outputs), or compile the function with fusegrad.compile, which writes such "
+            "updates back on each call.")
+    if x._base is not None:
+        _refresh_view(x)
+    _check_inplace(x, op)
+    if tuple(value.shape) != tuple(x.shape):
+        shape = P.broadcast_shapes(tuple(value.shape), tuple(x.shape), op=op)
+        if shape != tuple(x.shape):
+            raise RuntimeError(f"{op}: output with shape {list(x.shape)} doesn't match the "
+                               f"broadcast shape {list(shape)}")
+        value = expand(value, tuple(x.shape))
+    if value.dtype is not x.dtype:
+        if value.dtype.category > x.dtype.category and op != "copy_":
+            raise RuntimeError(f"result type {_dtype_title(value.dtype)} can't be cast to the "
+                               f"desired output type {_dtype_title(x.dtype)}")
+        value = cast(value, x.dtype)
+    grad = is_grad_enabled()
+    if grad and not value._requires_grad and x.grad_fn is not None:
+        # A constant written over a tensor with history (fill_, zero_, copy_ of a constant):
+        # x stays in the graph and passes a zero gradient to what it was (torch's
+        # FillBackward0), rather than turning into a leaf.
+        value = bind(P.where, _scalar_tensor(True, dtypes.bool_), value, x)
+    np.copyto(x._data, value._data)
+    x._version_counter.value += 1
+    # Under no_grad an in-place write leaves the history as it is, as in torch.
+    if grad and value._requires_grad:
+        if value.grad_fn is None:
+            # A leaf written into x: x's new history is an identity edge to that leaf.
+            value = bind(P.copy, value)
+        _rebase_history(x, value)
+    return x
+
+
+
+
+class _CopySlices(Node):
+    """New history of a base tensor after an in-place op wrote through one of its views."""
+
+    __slots__ = ("_view_ops", "_op_node", "_shape")
+
+    def __init__(self, base: Tensor, view_ops, op_node):
+        super().__init__((_edge(base), (op_node, 0)), "CopySlices")
+        self._view_ops = view_ops
+        self._op_node = op_node
+        self._shape = tuple(base.shape)
+
+    def apply(self, grad, create_graph, retain_graph):
+        # Which base elements the view covers: the view ops applied to an array of flat
+        # positions. (Applied to the gradient itself, a reshape that meets a layout other than
+        # the base's silently copies, and zeroing the copy would zero nothing.) Tensor ops, so
+        # that create_graph records this backward too.
+        n = int(np.prod(self._shape, dtype=np.int64))
+        positions = _apply_view_ops(np.arange(n).reshape(self._shape), self._view_ops)
+        keep = np.ones(n, dtype=grad.dtype.np_dtype)
+        keep[positions.reshape(-1)] = 0
+        flat = reshape(grad, (n,))
+        g_view = reshape(take(flat, _index_tensor(positions.reshape(-1)), 0), positions.shape)
+        g_base = mul(grad, Tensor._wrap(keep.reshape(self._shape), grad.dtype))
+        return g_base, g_view
+
+
+def _apply_view_ops(a: np.ndarray, view_ops) -> np.ndarray:
+    for prim, attrs in view_ops:
+        a = prim.impl(a, **attrs)
+    return a
+
+
+def _rebase_history(x: Tensor, value: Tensor) -> None:
+    if x._base is None:
+        x.grad_fn = value.grad_fn if value._requires_grad else None
+        x._requires_grad = value._requires_grad or x._requires_grad
+        return
+    # Written through a view: the base's new history routes the view's region to the
+    # in-place op's graph and the rest to the base's old history (torch's CopySlices).
+    base = x._base
+    if value.grad_fn is None:
+        return
+    base.grad_fn = _CopySlices(base, x._view_ops, value.grad_fn)
+    base._requires_grad = True
+    # The view now reads from the base's new history.
+    v = base
+    for prim, attrs in x._view_ops:
+        v = bind(prim, v, **attrs)
+    x.grad_fn = v.grad_fn
+    x._requires_grad = True
+    x._view_version = x._version_counter.value
+
+
+def _original_self(x: Tensor) -> Tensor:
+    """The operand an in-place op computes from. Under autograd it is a copy of x's values
+    carrying x's history: the op's backward may read x (log_, mul_ by a tensor, pow_), and
+    the write that follows would otherwise invalidate it (torch saves ``original_self``)."""
+    if x._trace is not None or not is_grad_enabled():
+        return x
+    if x._base is not None:
+        _refresh_view(x)
+    if not x._requires_grad or x.grad_fn is None:   # a leaf requiring grad: assign_ refuses
+        return x
+    s = Tensor._wrap(x._data.copy(), x._dtype)
+    s.grad_fn, s._requires_grad = x.grad_fn, True
+    return s
+
+
+def _inplace(fn, name):
+    def op(x, *args, **kwargs):
+        return assign_(x, fn(_original_self(x), *args, **kwargs), name)
+    op.__name__ = name
+    op.__doc__ = f"In-place :func:`{fn.__name__}`."
+    return op
+
+
+@public(method=True)
+def copy_(x: Tensor, src, non_blocking: bool = False) -> Tensor:
+    src = as_tensor_operand(src)
+    return assign_(x, src, "copy_")
+
+
+@public(method=True)
+def fill_(x: Tensor, value) -> Tensor:
+    if isinstance(value, Tensor):
+        return assign_(x, expand(cast(value, x.dtype), tuple(x.shape)), "fill_")
+    with no_grad():
+        filled = _scalar_tensor(value, x.dtype)
+    return assign_(x, expand(filled, tuple(x.shape)), "fill_")
+
+
+@public(method=True)
+def zero_(x: Tensor) -> Tensor:
+    return fill_(x, 0)
+
+
+def setitem(x: Tensor, key, value) -> None:
+    """``x[key] = value``: writes through the view ``x[key]`` (or scatters for tensor keys)."""
+    if isinstance(key, tuple) and len(key) == 1:
+        key = key[0]
+    if isinstance(key, Tensor) and key.dtype is dtypes.bool_ and key.shape == x.shape:
+        # x[mask] = scalar; a tensor of values fills the selected elements in order (below).
+        single = as_tensor_operand(value, x.dtype)
+        if single.numel() == 1:
+            assign_(x, where(key, reshape(single, ()), x), "index_put_")
+            return
+    target = getitem(x, key)
+    if x._trace is not None and target._base is None:
+        # Under a trace an advanced index gathers a symbolic copy: scatter the new values
+        # into x's flat positions instead (a position given twice gets the sum of the
+        # differences, where eager lets the last write win).
+        flat_idx = reshape(getitem(_index_tensor(np.arange(x.numel()).reshape(tuple(x.shape))),
+                                   key), (-1,))
+        values = reshape(expand(as_tensor_operand(value, x.dtype), tuple(target.shape)), (-1,))
+        flat = reshape(x, (x.numel(),))
+        updated = bind(P.index_add, flat, flat_idx, sub(cast(values, x.dtype),
+                                                       take(flat, flat_idx, 0)), axis=0)
+        assign_(x, reshape(updated, tuple(x.shape)), "index_put_")
+        return
+    if target._base is None and target._trace is None and not np.shares_memory(target._data,
+                                                                               x._data):
+        # Advanced indexing produced a copy: write it back elementwise via a mask of flat
+        # positions (eager only).
+        flat_idx = getitem(_index_tensor(np.arange(x.numel()).reshape(tuple(x.shape))), key)
+        value = expand(as_tensor_operand(value, x.dtype), tuple(flat_idx.shape))
+        flat = reshape(x, (x.numel(),))
+        idx, values = reshape(flat_idx, (-1,)), reshape(value, (-1,))
+        positions = idx._data
+        _, last = np.unique(positions[::-1], return_index=True)
+        if len(last) != positions.size:
+            # A position written twice: the last write wins, as on torch's CPU (adding the
+            # differences below would sum them instead).
+            keep = _index_tensor(np.sort(positions.size - 1 - last))
+            idx, values = take(idx, keep, 0), take(values, keep, 0)
+        updated = bind(P.index_add, mul(flat, 1), idx, sub(values, take(flat, idx, 0)), axis=0)
+        assign_(x, reshape(updated, tuple(x.shape)), "index_put_")
+        return
+    value = as_tensor_operand(value, x.dtype) if not isinstance(value, Tensor) else value
+    copy_(target, expand(cast(value, x.dtype), tuple(target.shape)))

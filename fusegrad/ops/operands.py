@@ -1,0 +1,99 @@
+"""Operand handling shared by the public ops: scalars to tensors, torch's dtype promotion, casts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.ops import prims as P
+from fusegrad.ops.primitive import bind
+from fusegrad.ops.prims import normalize_axis
+from fusegrad.tensor import Tensor
+
+
+def _is_scalar(v) -> bool:
+    return isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
+def _scalar_tensor(value, dtype: dtypes.DType, like: Tensor | None = None) -> Tensor:
+    """A 0-d constant of ``dtype`` holding a Python scalar."""
+    return Tensor._wrap(np.asarray(value, dtype=dtype.np_dtype), dtype)
+
+
+def as_tensor_operand(v, dtype: dtypes.DType | None = None) -> Tensor:
+    if isinstance(v, Tensor):
+        return v if dtype is None or v.dtype is dtype else cast(v, dtype)
+    if _is_scalar(v):
+        return _scalar_tensor(v, dtype or dtypes.result_type(v))
+    if isinstance(v, np.ndarray):
+        from fusegrad.ops.creation import tensor
+        t = tensor(v)
+        return t if dtype is None else cast(t, dtype)
+    raise TypeError(f"expected a Tensor or a number, got {type(v).__name__}")
+
+
+def _promote(op: str, *values, dtype: dtypes.DType | None = None) -> list[Tensor]:
+    """Convert operands to tensors of their common (torch-promoted) dtype."""
+    for v in values:
+        if not isinstance(v, Tensor) and not _is_scalar(v):
+            if isinstance(v, np.ndarray):
+                continue
+            raise TypeError(f"{op}(): argument 'other' must be Tensor or Number, not "
+                            f"{type(v).__name__}")
+    values = [as_tensor_operand(v) if isinstance(v, np.ndarray) else v for v in values]
+    target = dtype or dtypes.result_type(*values)
+    return [cast(v, target) if isinstance(v, Tensor) else _scalar_tensor(v, target)
+            for v in values]
+
+
+def _at_user_line(*tensors) -> str:
+    """`` (at file:line)`` naming the user's line when a tensor is traced, else ``""``: for
+    errors raised by an op before it binds a primitive (the tracer adds the line to errors
+    raised by a primitive's own rule)."""
+    for t in tensors:
+        trace = getattr(t, "_trace", None)
+        if trace is not None:
+            loc = trace._location()
+            return f" (at {loc})" if loc else ""
+    return ""
+
+
+def _float_dtype(dt: dtypes.DType) -> dtypes.DType:
+    """Integer inputs of float-valued ops compute in the default float type, as in torch."""
+    return dt if dt.is_floating_point else dtypes.get_default_dtype()
+
+
+def cast(x: Tensor, dtype) -> Tensor:
+    dtype = dtypes.as_dtype(dtype)
+    if x.dtype is dtype:
+        return x
+    return bind(P.cast, x, dtype=dtype)
+
+
+def _dtype_title(dt: dtypes.DType) -> str:
+    return {"float32": "Float", "float64": "Double", "int64": "Long", "int32": "Int",
+            "float16": "Half", "bool": "Bool"}.get(dt.name, dt.name)
+
+
+def _dims(x: Tensor, dim, op: str) -> tuple[int, ...]:
+    if dim is None:
+        return tuple(range(x.ndim))
+    if isinstance(dim, (int, np.integer)):
+        dim = (int(dim),)
+    axes = tuple(sorted({normalize_axis(d, x.ndim, op) for d in dim}))
+    if len(axes) != len(tuple(dim)):
+        raise RuntimeError(f"{op}: dim {list(dim)} appears multiple times in the list of dims")
+    return axes if x.ndim else ()
+
+
+def _index_tensor(values) -> Tensor:
+    return Tensor._wrap(np.asarray(values, dtype=np.int64), dtypes.int64)
+
+
+def take(x: Tensor, idx: Tensor, axis: int) -> Tensor:
+    return bind(P.take, x, cast(idx, dtypes.int64), axis=axis)
+
+
+def take_add(x: Tensor, idx: Tensor, src: Tensor, axis: int) -> Tensor:
+    return bind(P.index_add, x, cast(idx, dtypes.int64), src, axis=axis)

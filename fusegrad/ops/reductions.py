@@ -1,0 +1,318 @@
+"""Reductions: sum, prod, mean, var/std, max/min with indices, logsumexp, norms, cumsum.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections import namedtuple
+
+import numpy as np
+
+from fusegrad.ops import prims as P
+from fusegrad.ops.composite import _named, composite
+from fusegrad.ops.elementwise import (
+    _to_bool,
+    abs,
+    add,
+    div,
+    eq,
+    exp,
+    isinf,
+    log,
+    logical_not,
+    maximum,
+    minimum,
+    mul,
+    ne,
+    pow,
+    sqrt,
+    sub,
+    where,
+)
+from fusegrad.ops.movement import reshape_prim
+from fusegrad.ops.operands import _dims, _dtype_title, _float_dtype, cast
+from fusegrad.ops.primitive import bind
+from fusegrad.ops.prims import normalize_axis
+from fusegrad.ops.registry import public
+from fusegrad.tensor import Tensor
+
+
+def _keep(out: Tensor, x: Tensor, axes, keepdim: bool) -> Tensor:
+    if keepdim and x.ndim:
+        return reshape_prim(out, P._keepdim_shape(tuple(x.shape), axes))
+    return out
+
+
+def _reduce(prim, x: Tensor, dim, keepdim: bool, op: str) -> Tensor:
+    axes = _dims(x, dim, op)
+    return _keep(bind(prim, x, axes=axes), x, axes, keepdim)
+
+
+@public(torch=True, method=True)
+def sum(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:  # noqa: A001
+    """Sum over ``dim`` (all dims when None); bools and integers sum to int64."""
+    if dtype is not None:
+        x = cast(x, dtype)
+    out = _reduce(P.sum_, x, dim, keepdim, "sum")
+    return _named(out, "SumBackward0" if dim is None else "SumBackward1")
+
+
+@public(method=True)
+def sum_to_size(x: Tensor, *size) -> Tensor:
+    """Sum broadcast dims so the result has shape ``size``."""
+    shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+    lead = x.ndim - len(shape)
+    if lead < 0 or builtins.any(d not in (1, x.shape[lead + i]) for i, d in enumerate(shape)):
+        raise RuntimeError(f"sum_to_size: size {{{list(shape)}}} is not expandable to size "
+                           f"{{{list(x.shape)}}}.")
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(shape) if d == 1 and x.shape[lead + i] != 1)
+    if not axes:
+        return x
+    out = bind(P.sum_, x, axes=axes)
+    out = reshape_prim(out, tuple(shape)) if tuple(out.shape) != tuple(shape) else out
+    return _named(out, "SumBackward1")
+
+
+def reduce_prod(x: Tensor, axes: tuple[int, ...]) -> Tensor:
+    return bind(P.prod, x, axes=tuple(axes))
+
+
+@public(torch=True, method=True)
+def prod(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+    if dtype is not None:
+        x = cast(x, dtype)
+    if dim is not None and not isinstance(dim, (int, np.integer)):
+        raise TypeError("prod(): argument 'dim' must be int")
+    out = _reduce(P.prod, x, dim, keepdim, "prod")
+    return _named(out, "ProdBackward0" if dim is None else "ProdBackward1")
+
+
+def _count(x: Tensor, axes) -> int:
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    return n
+
+
+@composite("MeanBackward1")
+def _mean(x: Tensor, dim, keepdim: bool) -> Tensor:
+    axes = _dims(x, dim, "mean")
+    return _keep(div(bind(P.sum_, x, axes=axes), _count(x, axes)), x, axes, keepdim)
+
+
+@public(torch=True, method=True)
+def mean(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+    """Arithmetic mean; floating-point inputs only, as in torch."""
+    if dtype is not None:
+        x = cast(x, dtype)
+    if not x.dtype.is_floating_point:
+        raise RuntimeError(
+            f"mean(): could not infer output dtype. Input dtype must be either a floating point "
+            f"or complex dtype. Got: {_dtype_title(x.dtype)}")
+    out = _mean(x, dim, keepdim)
+    return _named(out, "MeanBackward0" if dim is None else "MeanBackward1")
+
+
+def _correction(unbiased, correction) -> float:
+    if correction is not None:
+        return correction
+    return 1 if unbiased is None or unbiased else 0
+
+
+@composite("VarBackward0")
+def _var(x: Tensor, dim, correction: float, keepdim: bool) -> Tensor:
+    axes = _dims(x, dim, "var")
+    n = _count(x, axes)
+    mu = reshape_prim(div(bind(P.sum_, x, axes=axes), n), P._keepdim_shape(tuple(x.shape), axes))
+    d = sub(x, mu)
+    out = div(bind(P.sum_, mul(d, d), axes=axes), builtins.max(n - correction, 0))
+    return _keep(out, x, axes, keepdim)
+
+
+def _require_float_input(x: Tensor, op: str) -> None:
+    if not x.dtype.is_floating_point:
+        raise RuntimeError(f"{op}(): std and var only support floating point and complex dtypes, "
+                           f"got {x.dtype}")
+
+
+@public(torch=True, method=True)
+def var(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction=None) -> Tensor:
+    """Variance with Bessel's ``correction`` (1 by default)."""
+    if isinstance(dim, bool):
+        dim, unbiased = None, dim
+    _require_float_input(x, "var")
+    return _var(x, dim, _correction(unbiased, correction), keepdim)
+
+
+def _root_with_zero_grad(s: Tensor, root) -> Tensor:
+    """``root(s)`` whose gradient is 0 where ``s == 0`` instead of inf * 0 = nan: torch's
+    convention for the norm and std of an all-zero (or constant) input. The inner where keeps
+    the infinite derivative of the root at 0 out of the graph."""
+    zero = eq(s, 0)
+    return where(zero, 0.0, root(where(zero, 1.0, s)))
+
+
+@composite("StdBackward0")
+def _std(x, dim, correction, keepdim):
+    return _root_with_zero_grad(_var(x, dim, correction, keepdim), sqrt)
+
+
+@public(torch=True, method=True)
+def std(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction=None) -> Tensor:
+    if isinstance(dim, bool):
+        dim, unbiased = None, dim
+    _require_float_input(x, "std")
+    return _std(x, dim, _correction(unbiased, correction), keepdim)
+
+
+@public(torch=True)
+def var_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return var(x, dim, unbiased, keepdim, correction=correction), mean(x, dim, keepdim)
+
+
+@public(torch=True)
+def std_mean(x, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return std(x, dim, unbiased, keepdim, correction=correction), mean(x, dim, keepdim)
+
+
+ValuesIndices = namedtuple("ValuesIndices", ["values", "indices"])
+_MAX_RESULT = namedtuple("max", ["values", "indices"])
+_MIN_RESULT = namedtuple("min", ["values", "indices"])
+
+
+def _extremum_with_dim(x: Tensor, dim: int, keepdim: bool, arg_prim, result_type):
+    axis = normalize_axis(dim, x.ndim, "max") if x.ndim else 0
+    idx = bind(arg_prim, x, axis=axis)
+    index = reshape_prim(idx, P._keepdim_shape(tuple(x.shape), (axis,))) if x.ndim else idx
+    values = bind(P.gather, x, index, axis=axis) if x.ndim else x
+    if not keepdim and x.ndim:
+        values = reshape_prim(values, tuple(idx.shape))
+        index = idx
+    return result_type(values, index)
+
+
+@public(torch=True, method=True)
+def max(x: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
+    """``max(x)``: the largest element; ``max(x, dim)``: (values, indices); ``max(x, y)``."""
+    if isinstance(dim, Tensor):
+        return maximum(x, dim)
+    if dim is None:
+        if x.numel() == 0:
+            raise RuntimeError("max(): Expected reduction dim to be specified for input.numel() "
+                               "== 0. Specify the reduction dim with the 'dim' argument.")
+        return _named(_reduce(P.max_, x, None, False, "max"), "MaxBackward1")
+    out = _extremum_with_dim(x, dim, keepdim, P.argmax, _MAX_RESULT)
+    _named(out.values, "MaxBackward0", src=x)
+    return out
+
+
+@public(torch=True, method=True)
+def min(x: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
+    """``min(x)``, ``min(x, dim)`` -> (values, indices), or ``min(x, y)``."""
+    if isinstance(dim, Tensor):
+        return minimum(x, dim)
+    if dim is None:
+        if x.numel() == 0:
+            raise RuntimeError("min(): Expected reduction dim to be specified for input.numel() "
+                               "== 0. Specify the reduction dim with the 'dim' argument.")
+        return _named(_reduce(P.min_, x, None, False, "min"), "MinBackward1")
+    out = _extremum_with_dim(x, dim, keepdim, P.argmin, _MIN_RESULT)
+    _named(out.values, "MinBackward0", src=x)
+    return out
+
+
+@public(torch=True, method=True)
+def amax(x: Tensor, dim=(), keepdim: bool = False) -> Tensor:
+    return _reduce(P.max_, x, dim if dim != () else None, keepdim, "amax")
+
+
+@public(torch=True, method=True)
+def amin(x: Tensor, dim=(), keepdim: bool = False) -> Tensor:
+    return _reduce(P.min_, x, dim if dim != () else None, keepdim, "amin")
+
+
+def _arg(prim, x: Tensor, dim, keepdim: bool) -> Tensor:
+    if dim is None:
+        flat = reshape_prim(x, (x.numel(),))
+        out = bind(prim, flat, axis=0)
+        return reshape_prim(out, (1,) * x.ndim) if keepdim else out
+    axis = normalize_axis(dim, x.ndim, prim.name) if x.ndim else 0
+    return _keep(bind(prim, x, axis=axis), x, (axis,), keepdim)
+
+
+@public(torch=True, method=True)
+def argmax(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    return _arg(P.argmax, x, dim, keepdim)
+
+
+@public(torch=True, method=True)
+def argmin(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    return _arg(P.argmin, x, dim, keepdim)
+
+
+@public(torch=True, method=True)
+@composite("LogsumexpBackward0")
+def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
+    """``log(sum(exp(x)))`` computed stably by subtracting the max first."""
+    x = cast(x, _float_dtype(x.dtype))
+    axes = _dims(x, dim, "logsumexp")
+    if builtins.any(x.shape[a] == 0 for a in axes):
+        # max has no identity on an empty slice; unshifted, log(sum(exp(x))) = log(0) = -inf
+        # there, torch's result.
+        return _keep(log(bind(P.sum_, exp(x), axes=axes)), x, axes, keepdim)
+    m = bind(P.max_, x, axes=axes)
+    # An all -inf (or inf) slice would make x - m NaN: shift by 0 there instead.
+    m = where(isinf(m), 0.0, m.detach())
+    mk = reshape_prim(m, P._keepdim_shape(tuple(x.shape), axes))
+    out = add(log(bind(P.sum_, exp(sub(x, mk)), axes=axes)), m)
+    return _keep(out, x, axes, keepdim)
+
+
+@public(torch=True, method=True)
+def all(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
+    if x.numel():
+        return _reduce(P.min_, _to_bool(x), dim, keepdim, "all")
+    # min has no identity on an empty reduction; counting the False elements does.
+    return eq(sum(logical_not(x), dim, keepdim), 0)
+
+
+@public(torch=True, method=True)
+def any(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
+    if x.numel():
+        return _reduce(P.max_, _to_bool(x), dim, keepdim, "any")
+    return ne(sum(_to_bool(x), dim, keepdim), 0)
+
+
+@public(torch=True, method=True)
+def count_nonzero(x: Tensor, dim=None) -> Tensor:
+    return sum(_to_bool(x), dim)
+
+
+@public(torch=True, method=True)
+@composite("LinalgVectorNormBackward0")
+def norm(x: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Tensor:
+    """Vector p-norm over ``dim`` (all elements by default): 2 ('fro'), 1, inf, -inf, or any p."""
+    if dtype is not None:
+        x = cast(x, dtype)
+    if p in ("fro", None):
+        p = 2
+    if p == math.inf:
+        return amax(abs(x), dim if dim is not None else (), keepdim)
+    if p == -math.inf:
+        return amin(abs(x), dim if dim is not None else (), keepdim)
+    if p == 2:
+        return _root_with_zero_grad(sum(mul(x, x), dim, keepdim), sqrt)
+    if p == 1:
+        return sum(abs(x), dim, keepdim)
+    if p == 0:
+        return sum(cast(ne(x, 0), x.dtype), dim, keepdim)
+    return _root_with_zero_grad(sum(pow(abs(x), p), dim, keepdim), lambda s: pow(s, 1.0 / p))
+
+
+@public(torch=True, method=True)
+def cumsum(x: Tensor, dim: int, *, dtype=None) -> Tensor:
+    if dtype is not None:
+        x = cast(x, dtype)
+    return bind(P.cumsum, x, axis=normalize_axis(dim, x.ndim, "cumsum") if x.ndim else 0)
