@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
+import fusegrad.nn.functional as F
 
 BOOLS = [(x, y) for x in (False, True) for y in (False, True)]
 
@@ -173,3 +174,37 @@ def test_outputs_of_one_call_backward_separately_and_together():
     (out0 + out1).backward()
     np.testing.assert_allclose(a.grad.numpy(), y + 2 * np.exp(x))
     np.testing.assert_allclose(b.grad.numpy(), x)
+
+
+def test_graph_arithmetic_rounds_each_op_as_eager_does():
+    # Fuzzer seed 7, program 1345: softmax over a dim of size 1 of x*x. With FMA contraction
+    # `x*x - max(x*x)` was the rounding error of x*x (-3.2e8 for x = 1.4e8, -inf where x*x
+    # overflows), so softmax gave NaN where eager gives 1.
+    a = np.array([[[[7.0395434e+23, -2.5387026e+31], [1.4166290e+08, 3.0476164e+17]]]],
+                 np.float32)
+
+    def f(v):
+        return F.softmax(v.square(), dim=0), v * v - (v * v).amax(0, keepdim=True)
+
+    x = fg.from_numpy(a)
+    with np.errstate(all="ignore"):
+        for got, want in zip(fg.compile(f)(x), f(x)):
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+    # Products feeding sums and differences round before the add, as numpy's do.
+    r = np.random.default_rng(0)
+    p, q, s = (r.standard_normal(257).astype(np.float32) for _ in range(3))
+    got = fg.compile(lambda p, q, s: p * q + s)(*map(fg.from_numpy, (p, q, s)))
+    np.testing.assert_array_equal(got.numpy(), p * q + s)
+
+
+@pytest.mark.parametrize("dtype", [fg.float16, fg.bfloat16, fg.float32, fg.float64], ids=str)
+def test_square_root_power_at_negative_infinity_and_zero(dtype):
+    # Fuzzer seed 7, program 2601: float16 (-inf) ** 0.5 is +inf in eager (numpy and torch
+    # take 16-bit powers as C's pow in float32) and was NaN compiled (sqrt). float32 and
+    # float64 take x ** 0.5 as sqrt in numpy and torch: NaN and -0 there.
+    t = fg.tensor([-np.inf, -0.0, 0.0, 4.0, np.inf, -1.0, np.nan], dtype=dtype)
+    with np.errstate(all="ignore"):
+        want = (t ** 0.5).numpy().astype(np.float64)
+        got = fg.compile(lambda v: v ** 0.5)(t).numpy().astype(np.float64)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

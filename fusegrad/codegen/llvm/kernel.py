@@ -25,8 +25,9 @@ when it runs 8 to 64 times (see :meth:`KernelEmitter.nest`: unrolled, LLVM takes
 over it). A load whose address does not depend on the inner loops' indices is emitted ahead
 of them (:meth:`KernelEmitter.load`).
 
-Floating-point: instructions carry ``contract`` (and ``reassoc`` on reduction combines),
-never ``nnan``/``ninf``, so NaN and Inf keep their meaning. Transcendentals come from
+Floating-point: the graph's arithmetic carries no fast-math flags (each op rounds as numpy's
+does; ``reassoc`` only on reduction combines), never ``nnan``/``ninf``, so NaN and Inf keep
+their meaning. Transcendentals come from
 :mod:`fusegrad.codegen.llvm.mathlib` (inline polynomials the vectorizer can handle).
 16-bit floats compute in float32 (held as 16 raw bits in memory, converted with integer code)
 and are rounded where they are stored or cast to. A primitive or dtype with no lowering
@@ -58,7 +59,11 @@ VOID = ir.VoidType()
 I8P = I8.as_pointer()
 KERNEL_ARGS = (I8P.as_pointer(), I64, I64)
 
-_FLAGS = ("contract",)
+# No ``contract`` on the graph's own arithmetic: each op rounds as numpy's does. With it LLVM
+# fused ``x*x - m`` into one FMA, which is not 0 where eager's is (softmax over a dim of size
+# 1 of x*x gave exp(-3.2e8) or NaN where eager gives 1). The mathlib's polynomials, whose
+# error bound holds either way, keep their FMAs.
+_FLAGS = ()
 
 # Interleaving a loop body of transcendental math whose input is loop-invariant (a broadcast
 # load: ``a.expand(8, 100).cos().erf()``, a concat of one-element tensors) takes LLVM 22's
@@ -82,7 +87,7 @@ _HALF_TYPES = (dtypes.float16, dtypes.bfloat16)
 _EXACT_ON_HALF = frozenset({"copy", "stop_gradient", "neg", "abs", "sign", "floor", "ceil",
                             "round", "maximum", "minimum", "where", "cast", "reshape",
                             "broadcast_to", "pad", "concat", "full", "fmod"})
-_REDUCE_FLAGS = ("contract", "reassoc")
+_REDUCE_FLAGS = ("reassoc",)
 
 # Column reductions (the innermost axis kept, see ColumnPlan): a tile holds at most this many
 # accumulators (a few KiB: they stay in L1 while the reduced axis streams past them), and a
@@ -825,8 +830,13 @@ class KernelEmitter:
                 acc = b.fdiv(ir.Constant(x.type, 1.0), acc, flags=_FLAGS)
             return acc
         if isinstance(lit, Literal) and lit.value == 0.5 and dt.is_floating_point:
-            # numpy (the eager reference) and torch both take x**0.5 as sqrt(x): NaN at -inf
-            # and -0 at -0, where IEEE pow would give +inf and +0.
+            # numpy (the eager reference) and torch both take float32/float64 x**0.5 as
+            # sqrt(x): NaN at -inf and -0 at -0. Their float16 and bfloat16 powers are C's
+            # pow in float32, which gives +inf and +0 there.
+            if dt in _HALF_TYPES:
+                root = mathlib.emit_unary(b, "sqrt", b.fadd(x, ir.Constant(x.type, 0.0)))
+                neg_inf = b.fcmp_ordered("==", x, ir.Constant(x.type, -math.inf))
+                return b.select(neg_inf, ir.Constant(x.type, math.inf), root)
             return mathlib.emit_unary(b, "sqrt", x)
         if not dt.is_floating_point:
             return self.int_power(x, y)
