@@ -514,14 +514,17 @@ def loads(blob: bytes, state: dict | None = None, what: str = "artifact") -> "Lo
     return LoadedArtifact(header, plan, graphs, text, sections["code"], sections["state"],
                           state, what)
 
-def _check_header(header: dict, what: str) -> None:
-    import llvmlite.binding as llvm
-
+def _check_version(header: dict, what: str) -> None:
     from fusegrad import __version__
     if header.get("fusegrad") != __version__:
         raise ArtifactError("version", f"{what} was built by fusegrad {header.get('fusegrad')}; "
                             f"this is fusegrad {__version__}, which runs only artifacts of its "
                             "own version: rebuild it with fusegrad.aot.compile")
+
+
+def _check_header(header: dict, what: str) -> None:
+    import llvmlite.binding as llvm
+    _check_version(header, what)
     jit._init()
     triple = llvm.get_process_triple()
     if str(header.get("triple", "")).split("-")[0] != triple.split("-")[0]:

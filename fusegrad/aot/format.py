@@ -85,7 +85,7 @@ def decode(blob: bytes, what: str = "artifact") -> Decoded:
     """Check ``blob`` (magic, format version, length, checksum, header, section table) and
     split it; raise :class:`ArtifactError` saying what is wrong."""
     if len(blob) < _PREFIX.size:
-        if MAGIC.startswith(blob[:len(MAGIC)]) and blob:
+        if MAGIC.startswith(blob[:len(MAGIC)]):
             raise ArtifactError("truncated", f"{what} is truncated: {len(blob)} bytes, shorter "
                                 "than the fixed header")
         raise ArtifactError("format", f"{what} is not a fusegrad AOT artifact (too short)")
