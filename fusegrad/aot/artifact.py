@@ -70,7 +70,9 @@ class Artifact:
             state_plan.append(entry)
         plan = dict(self.plan, code=ranges, state_data=state_plan)
         header = {"fusegrad": __version__, "llvm": self.target["llvm"],
-                  "triple": self.target["triple"], "cpu": self.target["cpu"],
+                  "triple": self.target["triple"],
+                  "cpu": self.target.get("host_cpu", self.target["cpu"]),
+                  "host_build": self.target["cpu"] == "host",
                   "features": self.target["features"]}
         return encode(header, {"graph": self.graph_text.encode(),
                                "plan": json.dumps(plan, sort_keys=True).encode(),
@@ -118,6 +120,9 @@ def describe(target: dict, plan: dict, graph_text: str) -> str:
             if len(plan["programs"]) == 1 else "the calls after the first"
         lines += ["", f"program {p['name']} ({p['role']}, runs {when}): "
                   f"{len(summary['kernels'])} kernels"]
+        lines.append("  inputs: " + ", ".join(
+            f"{f['value']} = " + (f"arg{f['arg']}" if "arg" in f else f["state"])
+            for f in p["inputs"]))
         for k in summary["kernels"]:
             lines.append(f"  {k['step']:<9} {k['describe']}")
         lines.append("  memory plan (intermediate buffers; values whose lives do not overlap "
@@ -237,7 +242,9 @@ def _build(graph: Graph, io: dict, target: dict, pipeline: str | None):
         with jit.compile_target(target["cpu"], target["llvm_features"]):
             program = Program(kg, name)
     accepted = program.donate(io["donations"])
-    plan = {"role": "steady", "name": name, "inputs": io["inputs"], "writes": io["writes"],
+    printed = value_names(reparsed)
+    inputs = [dict(f, value=printed[v]) for f, v in zip(io["inputs"], reparsed.inputs)]
+    plan = {"role": "steady", "name": name, "inputs": inputs, "writes": io["writes"],
             "rng_counters": io["rng_counters"],
             "kernels": [{"index": i, "symbol": c.record.symbol, "slots": list(c.slots)}
                         for i, c in sorted(program.kernel_code.items())],
