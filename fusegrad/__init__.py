@@ -158,6 +158,10 @@ __version__ = "0.1.0"
 from fusegrad import utils  # noqa: E402
 
 # isort: split
+# Ahead-of-time artifacts: fusegrad.aot.compile / save / load.
+from fusegrad import aot  # noqa: E402
+
+# isort: split
 # torch.linalg's norms and products; a torch name fusegrad lacks raises an AttributeError that says so.
 from fusegrad import linalg  # noqa: E402
 from fusegrad.torch_api import install_tensor_placeholders as _install_placeholders  # noqa: E402

@@ -420,6 +420,11 @@ class _Parser:
         zero = next((i for i, d in enumerate(shape) if d == 0), None)
         want = shape if zero is None else shape[:zero + 1]
         got = self.nested_shape(value.elements, value.token)
+        if got == () and shape != ():       # a splat: one element for every position
+            dtype = result_type.dtype
+            one = self.scalar(value.elements, dtype)
+            one = np.float64(one).astype(dtype.np_dtype) if dtype.category == 2 else one
+            return ConstantData(np.full(shape, one, dtype=dtype.np_dtype))
         if got != want:
             raise self.error(f"dense elements have shape {list(got)} but the result type is "
                              f"{result_type}", value.token)

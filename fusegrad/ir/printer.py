@@ -50,6 +50,8 @@ malformed node still prints). Tuples and lists print as ``[...]`` and parse back
 ``dense<...>`` holds a constant's elements exactly (each float as the shortest decimal that
 reads back to the same bits; NaN payloads are not kept); its dtype and shape are the node's
 result type, so an empty constant prints ``dense<[]>`` and its shape comes from the type.
+A constant of at least ``SPLAT_MIN`` elements that are all the same prints as that one
+element, a splat (``dense<0.0>`` for a zero f32[64,256]), as MLIR's dense attributes do.
 
 Source locations print as a trailing ``loc("file.py":12)`` only with ``locations=True``.
 """
@@ -223,9 +225,16 @@ def _nest(items: Iterator[str], shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(_nest(items, shape[1:]) for _ in range(shape[0])) + "]"
 
 
+SPLAT_MIN = 16
+
+
 def format_dense(array: np.ndarray) -> str:
-    """The elements of ``array`` as nested brackets: ``[[1.0, 2.0], [3.0, 4.0]]``."""
-    return _nest(iter(_element_texts(array)), array.shape)
+    """The elements of ``array`` as nested brackets: ``[[1.0, 2.0], [3.0, 4.0]]``, or a
+    splat (one element) when there are at least ``SPLAT_MIN`` and all print the same."""
+    texts = _element_texts(array)
+    if len(texts) >= SPLAT_MIN and texts.count(texts[0]) == len(texts):
+        return texts[0]     # large uniform constants (zeros) would dominate a graph's text
+    return _nest(iter(texts), array.shape)
 
 
 # --------------------------------------------------------------------------- attributes

@@ -42,7 +42,7 @@ from fusegrad.ir.printer import format_attrs, format_scalar, format_type
 from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
 from fusegrad.runtime import jit
 
-__all__ = ["Program", "thread_pool", "set_num_threads", "get_num_threads"]
+__all__ = ["Program", "KernelCode", "thread_pool", "set_num_threads", "get_num_threads"]
 
 # Eager ops are silent about NaN and Inf (fusegrad.ops.prims filters numpy's RuntimeWarnings
 # for its module); so are the numpy calls that compiled programs make (BLAS products).
@@ -210,14 +210,19 @@ def _at_node(error: Exception, node, program: str) -> Exception:
 class Program:
     """A graph compiled for the CPU; call it with numpy arrays, get numpy arrays."""
 
-    def __init__(self, kg: KernelGraph, name: str = "program"):
+    def __init__(self, kg: KernelGraph, name: str = "program",
+                 prebuilt: "dict[int, KernelCode] | None" = None,
+                 fallbacks: dict[int, str] | None = None):
+        """``prebuilt`` (ahead-of-time artifacts): the machine code of every LLVM kernel by
+        kernel index, with the program slot of each of its buffers, and ``fallbacks``, the
+        kernels that run on numpy; nothing is compiled then, the code is only linked."""
         self.kg = kg
         self.graph: Graph = kg.graph
         self.name = name
         self._lock = threading.Lock()
         start = time.perf_counter()
         self._assign_slots()
-        self._build_steps()
+        self._build_steps(prebuilt, fallbacks)
         self.compile_ms = (time.perf_counter() - start) * 1e3
         self.donated: dict[int, int] = {}
         # When every output is a buffer the program writes, return those without checks.
@@ -303,9 +308,11 @@ class Program:
 
     # ------------------------------------------------------------------ steps
 
-    def _build_steps(self) -> None:
-        self.fallbacks: dict[int, str] = {}
-        emitted = self._compile_kernels()
+    def _build_steps(self, prebuilt=None, fallbacks=None) -> None:
+        self.fallbacks: dict[int, str] = dict(fallbacks or {})
+        emitted = self._compile_kernels() if prebuilt is None else dict(prebuilt)
+        # Kept: an ahead-of-time artifact saves each kernel's object code and buffer slots.
+        self.kernel_code: dict[int, KernelCode] = emitted
         self.jit = jit.link_kernels([c.record for c in emitted.values()]) if emitted else None
         self._make_tables(emitted)
         self.steps = []
@@ -331,12 +338,12 @@ class Program:
             return False
         return k.kind != "matmul" or any(n.op != "matmul" for n in k.nodes)
 
-    def _compile_kernels(self) -> dict[int, "_KernelCode"]:
+    def _compile_kernels(self) -> dict[int, "KernelCode"]:
         """Machine code for each LLVM kernel, from the cache when its description is known
         (no IR is built then) or else emitted into a module of its own, with its own buffer
         numbering and its function named by its code; a kernel codegen cannot lower goes to
         ``self.fallbacks``."""
-        emitted: dict[int, _KernelCode] = {}
+        emitted: dict[int, KernelCode] = {}
         for i, k in enumerate(self.kg.kernels):
             if not self._lowered(i, k):
                 continue
@@ -364,13 +371,13 @@ class Program:
                     key = None          # a buffer the description misses: do not cache
                 buffers = tuple(index.get(v, -1) for v in local.values)
                 record = jit.build_kernel(key, source, symbol, buffers)
-                emitted[i] = _KernelCode(record, local.order)
+                emitted[i] = KernelCode(record, local.order)
             else:
-                emitted[i] = _KernelCode(record, [self.slots[values[j]]
+                emitted[i] = KernelCode(record, [self.slots[values[j]]
                                                   for j in record.buffers])
         return emitted
 
-    def _make_tables(self, emitted: dict[int, "_KernelCode"]) -> None:
+    def _make_tables(self, emitted: dict[int, "KernelCode"]) -> None:
         """One array of buffer pointers, a segment per kernel; ``self.uses[slot]`` lists
         where each slot's pointer goes."""
         self.uses: list[list[int]] = [[] for _ in range(self.n_slots)]
@@ -574,7 +581,7 @@ class _LocalSlots(dict):
 
 
 @dataclass
-class _KernelCode:
+class KernelCode:
     """One compiled kernel of a program: its record, the program slot behind each of its
     local buffer numbers, and where its table starts in the program's tables."""
 

@@ -25,6 +25,7 @@ file rebuilt, bounded in size and age. ``FUSEGRAD_CACHE_DIR`` moves it;
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -42,7 +43,8 @@ from fusegrad.config import config
 from fusegrad.runtime import disk_cache
 
 __all__ = ["JitModule", "KernelRecord", "compile_ir", "kernel_symbol", "kernel_key",
-           "find_kernel", "build_kernel", "link_kernels", "cache_key", "host_identity", "stats"]
+           "find_kernel", "build_kernel", "link_kernels", "cache_key", "host_identity", "stats",
+           "compile_target", "target_identity"]
 
 MEMORY_CACHE_ENTRIES = 1024
 
@@ -100,14 +102,64 @@ def host_identity() -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _codegen_machine():
+def _host_codegen_machine():
     # Making a target machine costs milliseconds; optimizing and emitting object code reuse
     # one (under ``_lock``).
     return _target_machine()
 
 
+# The CPU that object code is generated for when it is not the host: (name, feature string),
+# set only inside ``compile_target`` (ahead-of-time builds for another CPU of the same
+# architecture). Kernels are then cached under that target's identity, never the host's.
+_target: tuple[str, str] | None = None
+
+
+@functools.lru_cache(maxsize=8)
+def _named_codegen_machine(cpu: str, features: str):
+    _init()
+    target = llvm.Target.from_default_triple()
+    return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic",
+                                        codemodel="default")
+
+
+def _codegen_machine():
+    if _target is None:
+        return _host_codegen_machine()
+    return _named_codegen_machine(*_target)
+
+
+def target_identity() -> str:
+    """:func:`host_identity`, or the same for the CPU of an enclosing ``compile_target``."""
+    if _target is None:
+        return host_identity()
+    from fusegrad import __version__
+    _init()
+    llvm_version = ".".join(map(str, llvm.llvm_version_info))
+    return "|".join([__version__, llvmlite.__version__, llvm_version, *_target])
+
+
+@contextlib.contextmanager
+def compile_target(cpu: str, features: str = ""):
+    """Generate object code for CPU ``cpu`` (an LLVM CPU name such as ``x86-64-v3``) with
+    ``features`` (LLVM's ``+avx2,-avx512f`` form) instead of the host while inside. Used by
+    ahead-of-time builds: one artifact built on a large machine serves a fleet of smaller
+    ones. Not for concurrent use with other compiles in the same process."""
+    global _target
+    _init()
+    if not llvm.Target.from_default_triple().name:
+        raise ValueError("no native LLVM target")
+    previous = _target
+    with _lock:
+        _target = (cpu, features)
+    try:
+        yield
+    finally:
+        with _lock:
+            _target = previous
+
+
 def cache_key(ir_text: str) -> str:
-    return hashlib.sha256((host_identity() + "\n" + ir_text).encode()).hexdigest()
+    return hashlib.sha256((target_identity() + "\n" + ir_text).encode()).hexdigest()
 
 
 def _prefer_wide_vectors(ir_text: str) -> str:
@@ -245,7 +297,7 @@ def kernel_key(description: str) -> str:
     """The cache key of a kernel described by ``description`` (everything its LLVM IR is
     made from, see ``fusegrad.runtime.cpu.kernel_description``): a warm cache then skips
     building the IR, which costs more than loading the machine code."""
-    return hashlib.sha256("\n".join([host_identity(), codegen_identity(), description])
+    return hashlib.sha256("\n".join([target_identity(), codegen_identity(), description])
                           .encode()).hexdigest()
 
 
