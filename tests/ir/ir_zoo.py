@@ -234,7 +234,9 @@ def index_ops() -> Case:
     index_add = g.add_node("index_add", [x, g.add_node("reshape", [idx], {"shape": (4,)}),
                                          g.add_node("reshape", [src], {"shape": (4, 3)})],
                            {"axis": 0})
-    gather = g.add_node("gather", [x, gidx], {"axis": 0})
+    checked = g.add_node("check_target", [gidx], {"op": "nll_loss", "classes": 4,
+                                                   "ignore_index": -100, "input": "f32[4, 3]"})
+    gather = g.add_node("gather", [x, checked], {"axis": 0})
     scatter = g.add_node("scatter_add", [x, gidx, gsrc], {"axis": 0})
     g.set_outputs([take, index_add, gather, scatter])
     idx_ = np.array([[3, 0], [1, 3]])
