@@ -147,7 +147,7 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        return self._data.ndim
 
     def dim(self) -> int:
         return self.ndim

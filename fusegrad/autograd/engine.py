@@ -123,6 +123,23 @@ class _Saved:
         return t
 
 
+def _reads(prim, needs: tuple) -> tuple[frozenset, bool]:
+    """The operands, and whether the output, that the VJP rules of the operands in
+    ``needs`` read."""
+    reads: set[int] = set()
+    reads_output = False
+    for i, n in enumerate(needs):
+        if n:
+            rule = prim.rule(i)
+            reads.update(rule.reads)
+            reads_output |= rule.reads_output
+    return frozenset(reads), reads_output
+
+
+# (primitive, operands needing a gradient) -> what their rules read: a few entries per primitive.
+_READS: dict = {}
+
+
 class PrimitiveNode(Node):
     """Backward of one primitive: the primitive's VJP rule of each operand that needs one.
 
@@ -142,13 +159,10 @@ class PrimitiveNode(Node):
         self.attrs = attrs
         self._needs = needs
         self._in_types = tuple(op._type() for op in operands)
-        reads: set[int] = set()
-        reads_output = False
-        for i, n in enumerate(needs):
-            if n:
-                rule = prim.rule(i)
-                reads.update(rule.reads)
-                reads_output |= rule.reads_output
+        try:
+            reads, reads_output = _READS[prim, needs]
+        except KeyError:
+            reads, reads_output = _READS.setdefault((prim, needs), _reads(prim, needs))
         self._saved = tuple(_Saved(op) if i in reads else None for i, op in enumerate(operands))
         # Keep the output's data, not the output itself: the output holds this node as its
         # grad_fn, and a strong reference back would make a cycle.

@@ -125,6 +125,10 @@ class SymbolicTensor(Tensor):
     def shape(self) -> Size:
         return Size(self._val.type.shape)
 
+    @property
+    def ndim(self) -> int:
+        return len(self._val.type.shape)
+
     def _type(self) -> TensorType:
         return self._val.type
 

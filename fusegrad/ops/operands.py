@@ -35,6 +35,17 @@ def as_tensor_operand(v, dtype: dtypes.DType | None = None) -> Tensor:
 
 def _promote(op: str, *values, dtype: dtypes.DType | None = None) -> list[Tensor]:
     """Convert operands to tensors of their common (torch-promoted) dtype."""
+    if dtype is None and len(values) == 2:
+        a, b = values
+        # The common cases first: two tensors of one dtype, and a tensor with a Python
+        # float or int its dtype holds (x * 0.5 with float x, i + 1 with integer i).
+        if isinstance(a, Tensor):
+            dt = a._dtype
+            if isinstance(b, Tensor):
+                if b._dtype is dt:
+                    return [a, b]
+            elif (type(b) is float and dt.category == 2) or (type(b) is int and dt.category >= 1):
+                return [a, _scalar_tensor(b, dt)]
     for v in values:
         if not isinstance(v, Tensor) and not _is_scalar(v):
             if isinstance(v, np.ndarray):

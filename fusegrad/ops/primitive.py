@@ -191,13 +191,36 @@ _record_eager_node: Callable | None = None
 _make_tensor: Callable | None = None
 
 
-def _eager_apply(prim: Primitive, operands, attrs):
+# Result types of eager primitive calls by (primitive, operand shapes and dtypes, attributes):
+# most eager programs repeat a few signatures, and a rule's checks cost more than the lookup.
+# Only successful inferences are kept (an error is raised afresh each time); bounded.
+_INFER_CACHE: dict = {}
+_INFER_CACHE_LIMIT = 8192
+
+
+def _infer(prim: Primitive, operands, attrs) -> "TensorType":
+    key = (prim, *[(op._data.shape, op._dtype) for op in operands], *attrs.items())
+    try:
+        return _INFER_CACHE[key]
+    except KeyError:
+        pass
+    except TypeError:            # an unhashable attribute (a list): no caching
+        return prim.infer(*(op._type() for op in operands), **attrs)
     out_type = prim.infer(*(op._type() for op in operands), **attrs)
+    if len(_INFER_CACHE) >= _INFER_CACHE_LIMIT:
+        _INFER_CACHE.clear()
+    _INFER_CACHE[key] = out_type
+    return out_type
+
+
+def _eager_apply(prim: Primitive, operands, attrs):
+    out_type = _infer(prim, operands, attrs)
     # numpy returns scalars from 0-d ufuncs and its own dtypes from some reductions:
     # the primitive's rule decides the result type.
-    result = np.asarray(prim.impl(*(op._data for op in operands), **attrs))
-    if result.dtype != out_type.dtype.np_dtype:
-        result = result.astype(out_type.dtype.np_dtype)
+    result = np.asarray(prim.impl(*[op._data for op in operands], **attrs))
+    want = out_type.dtype.np_dtype
+    if result.dtype is not want and result.dtype != want:
+        result = result.astype(want)
     out = _make_tensor(result, out_type.dtype)
     _record_eager_node(prim, operands, attrs, out)
     return out
