@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["ProcessGroup", "DistributedError", "ReduceOp", "Work", "CommStats", "init",
-           "is_initialized", "rank", "world_size", "group", "all_reduce", "broadcast",
+           "is_initialized", "launched_by_mpi", "rank", "world_size", "group", "all_reduce", "broadcast",
            "barrier", "comm_stats", "MPI_MISSING"]
 
 MPI_MISSING = ("fusegrad.distributed needs mpi4py and an MPI library: "
@@ -95,14 +95,15 @@ def init(timeout: float | None = None, abort_on_exception: bool = True) -> Proce
     """Join the job ``mpiexec`` started (``torch.distributed.init_process_group``).
 
     Rank and world size come from MPI's environment; a plain ``python script.py`` is a job
-    of one rank. ``timeout`` bounds every wait on a collective (default
+    of one rank (collectives before any ``init()`` in a process no launcher started use a
+    group of one rank without importing mpi4py). ``timeout`` bounds every wait on a collective (default
     ``FUSEGRAD_DIST_TIMEOUT`` or 120 s); past it the wait raises :class:`DistributedError`.
     With ``abort_on_exception`` an uncaught exception in any rank prints its traceback and
     calls ``MPI_Abort``, which stops every rank of the job instead of leaving them waiting.
     Calling ``init`` again returns the same group.
     """
     global _GROUP
-    if _GROUP is not None:
+    if _GROUP is not None and _GROUP.comm is not None:
         return _GROUP
     MPI = _import_mpi()
     if not MPI.Is_initialized():
@@ -131,12 +132,29 @@ def _install_excepthook(g: ProcessGroup) -> None:
 
 def is_initialized() -> bool:
     """Whether :func:`init` has run in this process."""
-    return _GROUP is not None
+    return _GROUP is not None and _GROUP.comm is not None
+
+
+# Set by the MPI launchers (Open MPI, PMIx, MPICH's Hydra, Intel MPI, MVAPICH) in each rank.
+_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                       "MV2_COMM_WORLD_SIZE")
+
+
+def launched_by_mpi() -> bool:
+    """Whether an MPI launcher (``mpiexec``, ``srun``) started this process."""
+    return any(v in os.environ for v in _LAUNCHER_VARIABLES)
 
 
 def group() -> ProcessGroup:
-    """The default process group, made by :func:`init` on first use."""
-    return _GROUP if _GROUP is not None else init()
+    """The default process group. Made by :func:`init` on first use when an MPI launcher
+    started this process; otherwise, before any ``init()``, a group of one rank that needs
+    no MPI (single-process runs of a data-parallel script, the IR interpreter)."""
+    global _GROUP
+    if _GROUP is None:
+        if launched_by_mpi():
+            return init()
+        _GROUP = ProcessGroup(None, None, 0, 1, 0.0)
+    return _GROUP
 
 
 def rank() -> int:

@@ -111,6 +111,11 @@ class DataParallel(Module):
     # ------------------------------------------------------------------ gradient hooks
 
     def _grad_ready(self, p) -> None:
+        # MPI moves a nonblocking all-reduce forward only inside MPI calls: test the buckets
+        # in flight at each gradient, so that they progress while backward runs.
+        for other in self._buckets:
+            if other.request is not None:
+                other.request.Test()
         b = self._bucket_of[id(p)]
         b.ready += 1
         if b.ready < len(b.params):

@@ -41,7 +41,12 @@ def one_rank(monkeypatch):
 
 
 def test_import_does_not_load_mpi4py():
-    code = "import sys, fusegrad; assert 'mpi4py' not in sys.modules, 'imported'"
+    """Nor does a data-parallel script run without a launcher (a job of one rank)."""
+    code = ("import sys, fusegrad as fg\n"
+            "model = fg.distributed.DataParallel(fg.nn.Linear(2, 2))\n"
+            "model(fg.ones(1, 2)).sum().backward()\n"
+            "assert fg.distributed.world_size() == 1 and not fg.distributed.is_initialized()\n"
+            "assert 'mpi4py' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
                    env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
 
