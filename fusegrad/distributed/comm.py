@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 __all__ = ["ProcessGroup", "DistributedError", "ReduceOp", "Work", "CommStats", "init",
-           "is_initialized", "launched_by_mpi", "rank", "world_size", "group", "all_reduce", "broadcast",
-           "barrier", "comm_stats", "MPI_MISSING"]
+           "is_initialized", "launched_by_mpi", "rank", "world_size", "group", "all_reduce",
+           "broadcast", "barrier", "comm_stats", "wait", "poll", "MPI_MISSING"]
 
 MPI_MISSING = ("fusegrad.distributed needs mpi4py and an MPI library: "
                "pip install fusegrad[mpi] (mpi4py with Open MPI), or mpi4py built against "
@@ -50,17 +50,21 @@ _REDUCE_OPS = ("sum", "mean", "max")
 @dataclass
 class CommStats:
     """What the collectives of this process did since the last :meth:`reset`: all-reduce
-    calls, the bytes each rank contributed to them, and the seconds spent blocked waiting
-    for them to finish (the part of communication that no computation hid)."""
+    calls, the bytes each rank contributed to them, the seconds spent blocked waiting for
+    them to finish, and the seconds spent in any MPI call of theirs (starting, testing,
+    waiting: with MPI libraries that move data inside those calls, the part of the
+    communication the calling thread paid for, which no computation hid)."""
 
     allreduce_calls: int = 0
     allreduce_bytes: int = 0
     wait_seconds: float = 0.0
+    mpi_seconds: float = 0.0
 
     def reset(self) -> None:
         self.allreduce_calls = 0
         self.allreduce_bytes = 0
         self.wait_seconds = 0.0
+        self.mpi_seconds = 0.0
 
 
 @dataclass
@@ -176,10 +180,11 @@ def wait(request, what: str) -> None:
     """Wait for a nonblocking MPI ``request``; raise :class:`DistributedError` past the
     group's timeout. Spins briefly (a collective of a small bucket finishes within
     microseconds), then sleeps between tests to leave the core to the other ranks."""
-    if request.Test():
-        return
     g = group()
     start = time.perf_counter()
+    if request.Test():
+        g.stats.mpi_seconds += time.perf_counter() - start
+        return
     deadline = start + g.timeout
     spins = 0
     while not request.Test():
@@ -192,6 +197,17 @@ def wait(request, what: str) -> None:
                     f"{what}; another rank has died, hangs, or runs a different collective "
                     "(set FUSEGRAD_DIST_TIMEOUT to wait longer)")
     g.stats.wait_seconds += time.perf_counter() - start
+    g.stats.mpi_seconds += time.perf_counter() - start
+
+
+def poll(request) -> bool:
+    """Whether ``request`` has completed; lets MPI move it forward (counted in
+    ``mpi_seconds``)."""
+    stats = group().stats
+    start = time.perf_counter()
+    done = request.Test()
+    stats.mpi_seconds += time.perf_counter() - start
+    return done
 
 
 def _buffer(tensor, what: str) -> np.ndarray:
@@ -211,7 +227,10 @@ def start_allreduce(arr: np.ndarray, op: str):
     g = group()
     g.stats.allreduce_calls += 1
     g.stats.allreduce_bytes += arr.nbytes
-    return g.comm.Iallreduce(g.mpi.IN_PLACE, arr, g.mpi_op(op))
+    start = time.perf_counter()
+    request = g.comm.Iallreduce(g.mpi.IN_PLACE, arr, g.mpi_op(op))
+    g.stats.mpi_seconds += time.perf_counter() - start
+    return request
 
 
 def allreduce_array(arr: np.ndarray, op: str) -> np.ndarray:

@@ -114,8 +114,8 @@ class DataParallel(Module):
         # MPI moves a nonblocking all-reduce forward only inside MPI calls: test the buckets
         # in flight at each gradient, so that they progress while backward runs.
         for other in self._buckets:
-            if other.request is not None:
-                other.request.Test()
+            if other.request is not None and comm.poll(other.request):
+                other.request = None
         b = self._bucket_of[id(p)]
         b.ready += 1
         if b.ready < len(b.params):
@@ -154,8 +154,9 @@ class DataParallel(Module):
                 for p, start in zip(b.params, b.offsets):
                     p.grad = mean[start:start + p.numel()].reshape(tuple(p.shape))
                 continue
-            comm.wait(b.request, f"the gradient all-reduce of a bucket of {b.numel} elements")
-            b.request = None
+            if b.request is not None:
+                comm.wait(b.request, f"the gradient all-reduce of a bucket of {b.numel} elements")
+                b.request = None
             np.divide(b.buffer, n, out=b.buffer)
             for p, start in zip(b.params, b.offsets):
                 g = p.grad

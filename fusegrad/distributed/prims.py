@@ -70,7 +70,7 @@ class AllreduceStartStep:
 
     def poll(self) -> None:
         """Let MPI move the reduction forward (called between kernels)."""
-        if self.request is not None and self.request.Test():
+        if self.request is not None and _comm().poll(self.request):
             self.request = None
 
 
