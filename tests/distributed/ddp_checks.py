@@ -153,6 +153,23 @@ def check_training() -> None:
             print(f"OK ddp-{opt_name}-{'compiled' if compiled else 'eager'} {r}", flush=True)
 
 
+def check_unused_parameter() -> None:
+    """A parameter without a gradient leaves its bucket unreduced: the next forward says so
+    instead of letting the ranks diverge."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    ddp = dist.DataParallel(model, bucket_cap_mb=1e-5)          # one parameter per bucket
+    x = fg.ones(2, 3)
+    model[0](x).sum().backward()                   # the second layer gets no gradient
+    try:
+        ddp(x)
+    except RuntimeError as e:
+        assert "never all-reduced" in str(e), e
+    else:
+        raise AssertionError("an unreduced bucket went unnoticed")
+    ddp(x).sum().backward()                        # the state was reset: training goes on
+    print(f"OK unused-parameter {dist.rank()}", flush=True)
+
+
 def check_schedule(entry, n_buckets: int, what: str) -> None:
     """The compiled step reduces each bucket in the graph, and the first reduction starts
     before the backward's last matmul: communication overlaps backward kernels."""
@@ -204,6 +221,7 @@ def main() -> None:
     mode = sys.argv[1]
     if mode == "checks":
         check_collectives()
+        check_unused_parameter()
         check_training()
     elif mode == "train":
         train(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "--resume" in sys.argv)

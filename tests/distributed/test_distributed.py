@@ -116,6 +116,25 @@ def test_overlap_schedule_starts_early_and_waits_late(one_rank):
     assert overlap_collectives(plain) is plain
 
 
+def test_fusion_keeps_kernels_after_a_wait_after_it(one_rank):
+    """Horizontal fusion must not merge a kernel that reads a wait's result with an earlier
+    independent one: the merged kernel would run early and pull the wait before the work it
+    should overlap (regression test)."""
+    from fusegrad.passes.fusion import fuse
+
+    def f(x, y):
+        first = bind(prims.allreduce_start, x @ x.t(), op="sum")        # a matmul kernel
+        second = bind(prims.allreduce_start, y.exp() * 2, op="sum")   # elementwise, [4, 4]
+        late = bind(prims.allreduce_wait, first) * 3                  # the same shape
+        return late, bind(prims.allreduce_wait, second)
+
+    g = overlap_collectives(fg.trace(f, fg.ones(4, 3), fg.ones(4, 4)))
+    kernels = [k.describe() for k in fuse(g).kernels]
+    starts = [i for i, k in enumerate(kernels) if "allreduce_start" in k]
+    waits = [i for i, k in enumerate(kernels) if "allreduce_wait" in k]
+    assert max(starts) < min(waits), kernels
+
+
 def test_post_accumulate_grad_hook_eager_and_compiled():
     """The hook sees the accumulated gradient; in a compiled step it runs on the traced
     gradient, and what it writes to ``.grad`` is in the graph (regression test: the traced
@@ -199,15 +218,16 @@ def _mpiexec() -> str:
     return found
 
 
-def launch(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``mpiexec -n 2 python ddp_checks.py ARGS``; fails the test if it outlives ``timeout``."""
+def launch(*args: str, env: dict | None = None, timeout: float = 120,
+           script: Path = SCRIPT) -> subprocess.CompletedProcess:
+    """``mpiexec -n 2 python SCRIPT ARGS``; fails the test if it outlives ``timeout``."""
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "FUSEGRAD_NUM_THREADS": "1",
                    # Open MPI refuses root unless told, and two ranks may exceed the cores.
                    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                    "OMPI_MCA_rmaps_base_oversubscribe": "1",
                    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
                    **(env or {})}
-    return subprocess.run([_mpiexec(), "-n", "2", sys.executable, str(SCRIPT), *args],
+    return subprocess.run([_mpiexec(), "-n", "2", sys.executable, str(script), *args],
                           capture_output=True, text=True, env=environment, timeout=timeout,
                           cwd=ROOT)
 
@@ -219,9 +239,18 @@ def test_two_ranks_match_single_process_training():
     run = launch("checks")
     assert run.returncode == 0, run.stdout + run.stderr
     for name in ("collectives", "compiled-collective", "ddp-sgd-eager", "ddp-sgd-compiled",
-                 "ddp-adam-eager", "ddp-adam-compiled"):
+                 "ddp-adam-eager", "ddp-adam-compiled", "unused-parameter"):
         for rank in (0, 1):
             assert f"OK {name} {rank}" in run.stdout, run.stdout + run.stderr
+
+
+def test_train_ddp_example_runs_on_two_ranks(tmp_path):
+    script = ROOT / "examples" / "train_ddp.py"
+    run = launch("--epochs", "1", "--samples", "256", "--checkpoint",
+                 str(tmp_path / "example.fg"), script=script)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "epoch 0: loss" in run.stdout and "on 2 ranks" in run.stdout, run.stdout
+    assert (tmp_path / "example.fg").exists()
 
 
 def _losses(out: str) -> dict[int, str]:
