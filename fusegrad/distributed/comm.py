@@ -308,8 +308,12 @@ def broadcast(tensor, src: int = 0, async_op: bool = False):
         raise ValueError(f"broadcast: src {src} is not a rank of a group of {g.size}")
     arr = _buffer(tensor, "broadcast")
     request = g.comm.Ibcast(arr, root=src) if g.size > 1 else None
-    work = Work(request, f"broadcast of {arr.size} {arr.dtype} elements from rank {src}",
-                lambda: setattr(tensor._version_counter, "value", tensor._version_counter.value + 1))
+    def finish():
+        tensor._version_counter.value += 1     # written in place, as an in-place op would
+
+    work = Work(request, f"broadcast of {arr.size} {arr.dtype} elements from rank {src}", finish)
+    if request is None:
+        finish()
     if async_op:
         return work
     work.wait()
