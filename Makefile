@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,examples]'
+	$(PY) -m pip install --quiet -e '.[test,examples,mpi]'
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -154,8 +154,12 @@ from fusegrad.type_info import finfo, iinfo  # noqa: E402
 
 __version__ = "0.1.0"
 
-# torch.utils.data, reachable as fusegrad.utils.data (torch.optim.lr_scheduler comes with optim).
-from fusegrad import utils  # noqa: E402
+# torch.utils.data, reachable as fusegrad.utils.data (torch.optim.lr_scheduler comes with optim);
+# data parallelism over MPI (mpi4py is imported only when a process group is made).
+from fusegrad import (  # noqa: E402
+    distributed,  # noqa: E402
+    utils,  # noqa: E402
+)
 
 # isort: split
 # Ahead-of-time artifacts: fusegrad.aot.compile / save / load.

@@ -73,6 +73,9 @@ class Tensor:
     # The state capture of the compiled function whose tracing created this tensor (see
     # fusegrad.tracer.capture); None for tensors created outside any such trace.
     _capture_owner = None
+    # Hooks called with the tensor after backward accumulated its gradient (a list, set by
+    # register_post_accumulate_grad_hook).
+    _post_accumulate_grad_hooks = None
     # Lets numpy defer to Tensor's reflected operators (ndarray * tensor -> Tensor.__rmul__).
     __array_priority__ = 1000
 
@@ -260,6 +263,20 @@ class Tensor:
                 raise RuntimeError(f"assigned grad has data of a different size: "
                                    f"{list(value.shape)} vs {list(self.shape)}")
         self._grad = value
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """Call ``hook(tensor)`` after backward has accumulated this leaf's gradient into
+        ``.grad`` (torch's hook of that name; data-parallel training starts its all-reduces
+        from it). Inside a compiled function the hook runs while the backward is traced, on
+        the traced gradient. Returns a handle with ``remove()``."""
+        if not self._requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        if self.grad_fn is not None:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+        if self._post_accumulate_grad_hooks is None:
+            self._post_accumulate_grad_hooks = []
+        self._post_accumulate_grad_hooks.append(hook)
+        return _HookHandle(self._post_accumulate_grad_hooks, hook)
 
     def retain_grad(self) -> None:
         """Keep this non-leaf tensor's gradient in ``.grad`` after backward."""

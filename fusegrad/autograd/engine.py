@@ -232,6 +232,8 @@ class AccumulateGrad(Node):
         else:
             var.grad._data += grad._data
             var.grad._version_counter.value += 1
+        for hook in var._post_accumulate_grad_hooks or ():
+            hook(var)
         return ()
 
 

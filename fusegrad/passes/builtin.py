@@ -8,5 +8,6 @@ from fusegrad.passes import (  # noqa: F401
     fusion,
     matmul_layout,
     partition,
+    schedule,
     simplify,
 )

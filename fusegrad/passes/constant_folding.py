@@ -98,7 +98,9 @@ def fold_constants(g: Graph, max_elements: int = 1024, prune: bool = True) -> Gr
                 known[new] = value
             continue
         arrays = [value_of(op) for op in operands]
+        # A collective's value depends on the other ranks: never computed at compile time.
         foldable = (node.prim.kind is not Kind.SOURCE and node.op not in _NEVER_FOLD and small
+                    and "collective" not in node.prim.extra
                     and all(a is not None and a.size <= max_elements for a in arrays))
         value = _evaluate(node, arrays) if foldable else None
         if value is None:

@@ -448,6 +448,13 @@ class _Partitioner:
         failed stays failed: merges only add paths between kernels, and between
         independent kernels a larger one reads only more buffers. Two independent kernels
         have no third kernel between them either, so ``mergeable`` holds for them."""
+        # Kernels after a collective's wait merge only among themselves: a merged kernel
+        # runs where its earliest part did, which would pull the wait (and the end of the
+        # communication it overlaps) forward (passes/schedule.py).
+        waits = 0
+        for k in self.kernels:
+            if k.kind == "extern" and k.nodes[0].prim.extra.get("collective") == "wait":
+                waits |= self.bits[k]
         i = 0
         while i < len(self.kernels):
             a = self.kernels[i]
@@ -459,6 +466,7 @@ class _Partitioner:
                 b = self.kernels[j]
                 if b.kind == "elementwise" and b.shape == a.shape and \
                         not self.depends(b, a) and not self.depends(a, b) and \
+                        bool(self.ancestors[a] & waits) == bool(self.ancestors[b] & waits) and \
                         self.within_budget(a.nodes + b.nodes):
                     self.absorb(a, b)         # removes b: the next candidate moves to j
                 else:

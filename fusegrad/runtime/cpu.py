@@ -187,6 +187,36 @@ class NumpyStep:
                 np.copyto(prog.arrays[prog.slots[node.output]], out)
 
 
+def _with_progress(steps: list) -> list:
+    """``steps`` with a progress step after each kernel that runs while a nonblocking
+    collective is open (a step with ``poll``, until the step whose ``start`` it is): most MPI
+    libraries move a nonblocking collective forward only inside MPI calls."""
+    if not any(hasattr(s, "poll") for s in steps):
+        return steps
+    out, open_ = [], []
+    for st in steps:
+        out.append(st)
+        if hasattr(st, "poll"):
+            open_.append(st)
+        elif getattr(st, "start", None) is not None:
+            open_ = [s for s in open_ if s is not st.start]
+        elif open_:
+            out.append(_ProgressStep(tuple(open_)))
+    return out
+
+
+@dataclass
+class _ProgressStep:
+    """Calls ``poll()`` of the open collectives (see :func:`_with_progress`)."""
+
+    starts: tuple
+    kernel: Kernel = dataclasses.field(default_factory=lambda: Kernel("progress", "extern"))
+
+    def run(self, prog: "Program") -> None:
+        for s in self.starts:
+            s.poll()
+
+
 def _at_node(error: Exception, node, program: str) -> Exception:
     """``error``, raised while running ``node`` of a compiled program, with what the user
     needs to find it: the primitive, its operand types, and the user's line (the node's
@@ -328,9 +358,14 @@ class Program:
                     symbol = emitted[i].record.symbol + name[len(k.name):]
                     fn = _KERNEL_FN(self.jit.address(symbol))
                     self.steps.append(LaunchStep(k, fn, extent, work, table))
+            elif k.kind == "extern" and len(k.nodes) == 1 and \
+                    "runtime_step" in k.nodes[0].prim.extra:
+                # A primitive that brings its own step (a collective: fusegrad.distributed).
+                self.steps.append(k.nodes[0].prim.extra["runtime_step"](k, k.nodes[0], self.steps))
             elif k.kind != "matmul" or i in self.fallbacks:
                 reason = self.fallbacks.get(i, f"{k.kind} primitive")
                 self.steps.append(NumpyStep(k, reason))
+        self.steps = _with_progress(self.steps)
 
     def _lowered(self, i: int, k: Kernel) -> bool:
         """Whether kernel ``i`` is LLVM code (not numpy, not a bare BLAS call)."""

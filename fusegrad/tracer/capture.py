@@ -298,12 +298,14 @@ class StateCapture:
         if inputs is not None:
             wanted = {self._leaf(t) for t in (inputs if isinstance(inputs, (list, tuple))
                                               else [inputs])}
+        accumulated = []
         for leaf in list(self.concrete_of):
             if leaf not in tr.grad_values or (wanted is not None and leaf not in wanted):
                 continue
             g = cts.get(leaf)
             if g is None:
                 continue
+            accumulated.append((g, self.concrete_of[leaf]))
             concrete = self.concrete_of[leaf]
             if not concrete.is_leaf:
                 raise ConcretizationError(
@@ -317,7 +319,23 @@ class StateCapture:
                 tr.assign(cur, cur + g)         # AccumulateGrad adds in place
             else:
                 self.grads[leaf] = self._fresh(cur + g)
+        self._post_accumulate_hooks(accumulated)
         return None
+
+    def _post_accumulate_hooks(self, accumulated: list) -> None:
+        """Run the leaves' post-accumulate-grad hooks on their traced gradients, in the order
+        eager's backward would reach them: by where each gradient is computed in the graph
+        (data-parallel training launches its bucket all-reduces from these hooks)."""
+        hooked = [(g, t) for g, t in accumulated if t._post_accumulate_grad_hooks]
+        if not hooked:
+            return
+        position = {n.output: i for i, n in enumerate(self.trace.graph.nodes)}
+        hooked.sort(key=lambda item: position.get(item[0]._value, -1)
+                    if isinstance(item[0]._value, Value) else -1)
+        with no_grad():
+            for _, t in hooked:
+                for hook in list(t._post_accumulate_grad_hooks):
+                    hook(t)
 
     def trace_operand_tensor(self, t: Tensor) -> SymbolicTensor:
         if isinstance(t, SymbolicTensor):

@@ -313,6 +313,17 @@ def extern_ops() -> Case:
                                      np.argsort(x, axis=0, kind="stable"), np.cumsum(x, axis=1)])
 
 
+@case
+def collectives() -> Case:
+    # fusegrad.distributed's all-reduce pair; outside mpiexec a job of one rank (identity).
+    import fusegrad.distributed  # noqa: F401  (registers the primitives)
+    g = Graph("collectives")
+    x = g.add_input("x", T(2, 3))
+    h = g.add_node("allreduce_start", [x], {"op": "sum"})
+    g.set_outputs([g.add_node("allreduce_wait", [h], {})])
+    return Case(g, (rand(2, 3),), lambda x: [x.copy()])
+
+
 # --------------------------------------------------------------------------- whole graphs
 
 

@@ -15,6 +15,7 @@ from fusegrad.utils.data.dataset import (
 )
 from fusegrad.utils.data.sampler import (
     BatchSampler,
+    DistributedSampler,
     RandomSampler,
     Sampler,
     SequentialSampler,
@@ -24,6 +25,6 @@ from fusegrad.utils.data.sampler import (
 __all__ = [
     "Dataset", "IterableDataset", "TensorDataset", "ConcatDataset", "ChainDataset", "Subset",
     "random_split", "Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
-    "BatchSampler", "DataLoader", "default_collate", "default_convert", "get_worker_info",
-    "WorkerInfo",
+    "BatchSampler", "DistributedSampler", "DataLoader", "default_collate", "default_convert",
+    "get_worker_info", "WorkerInfo",
 ]

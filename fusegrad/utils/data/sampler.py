@@ -14,7 +14,7 @@ from fusegrad import dtypes
 from fusegrad.ops.creation import Generator, randint, randperm
 
 __all__ = ["Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
-           "BatchSampler"]
+           "BatchSampler", "DistributedSampler"]
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -103,6 +103,68 @@ class SubsetRandomSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+class DistributedSampler(Sampler[int]):
+    """This rank's share of the indices in data-parallel training (torch's sampler of the
+    same name and arguments).
+
+    Every rank draws the same permutation (seeded with ``seed + epoch``: call
+    ``set_epoch(epoch)`` before each epoch for a new order), pads it by repeating its start
+    to a multiple of ``num_replicas`` (or with ``drop_last`` cuts the tail), and takes every
+    ``num_replicas``-th index from position ``rank``. ``num_replicas`` and ``rank`` default
+    to the process group's (``fusegrad.distributed``).
+
+    >>> list(DistributedSampler(range(5), num_replicas=2, rank=1, shuffle=False))
+    [1, 3, 0]
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+        if num_replicas is None or rank is None:
+            from fusegrad import distributed
+            num_replicas = distributed.world_size() if num_replicas is None else num_replicas
+            rank = distributed.rank() if rank is None else rank
+        if rank >= num_replicas or rank < 0:
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval "
+                             f"[0, {num_replicas - 1}]")
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self.drop_last = drop_last
+        n = len(dataset)
+        if drop_last and n % num_replicas != 0:
+            self.num_samples = -(-(n - num_replicas) // num_replicas)
+        else:
+            self.num_samples = -(-n // num_replicas)
+        self.total_size = self.num_samples * num_replicas
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.dataset)
+        if self.shuffle:
+            g = Generator().manual_seed(self.seed + self.epoch)
+            indices = randperm(n, generator=g).tolist()
+        else:
+            indices = list(range(n))
+        if not self.drop_last:
+            padding = self.total_size - len(indices)
+            if padding <= len(indices):
+                indices += indices[:padding]
+            else:
+                indices += (indices * -(-padding // len(indices)))[:padding]
+        else:
+            indices = indices[:self.total_size]
+        return iter(indices[self.rank:self.total_size:self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose order the next pass draws (with ``shuffle``)."""
+        self.epoch = epoch
 
 
 class BatchSampler(Sampler[list[int]]):

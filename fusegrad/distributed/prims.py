@@ -1,0 +1,116 @@
+"""The all-reduce as two primitives of the graph: ``allreduce_start`` and ``allreduce_wait``.
+
+A compiled training step holds its gradient all-reduce as graph nodes, so that the graph's
+scheduler (the ``overlap-collectives`` pass) can start each bucket's reduction as soon as
+its gradients exist and wait for it only where the optimizer reads them; the backward
+kernels in between run while MPI moves the bytes, as PyTorch's DDP and Horovod overlap.
+
+- ``%h = allreduce_start %x {op="sum"}`` has ``x``'s type. Its numpy reference is the whole
+  (blocking) all-reduce, so the IR interpreter and any numpy fallback compute the right
+  values; the CPU runtime instead copies ``x`` into ``h``'s buffer and starts a nonblocking
+  in-place ``MPI_Iallreduce`` on it (:class:`AllreduceStartStep`).
+- ``%r = allreduce_wait %h``: identity in numpy; the runtime waits for the request (with the
+  group's timeout) and copies the result (:class:`AllreduceWaitStep`).
+
+Between the two, the runtime calls the start step's ``poll()`` after every kernel: most MPI
+libraries move a nonblocking collective forward only inside MPI calls.
+
+Both are EXTERN primitives registered when ``fusegrad.distributed`` is imported, with
+``extra["collective"]`` naming their role (passes read it: constant folding leaves them
+alone, the scheduler moves them) and ``extra["runtime_step"]`` building their runtime step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
+
+__all__ = ["allreduce_start", "allreduce_wait", "traced_all_reduce", "AllreduceStartStep",
+           "AllreduceWaitStep"]
+
+
+def _comm():
+    from fusegrad.distributed import comm
+    return comm
+
+
+def _start_infer(x: TensorType, *, op: str) -> TensorType:
+    if op not in ("sum", "max"):
+        raise ShapeError(f"allreduce_start: op must be 'sum' or 'max', got {op!r}")
+    if x.dtype.np_dtype.kind not in "fiu" or (x.dtype.is_floating_point and x.dtype.itemsize < 4):
+        raise ShapeError(f"allreduce_start: MPI has no datatype for {x}")
+    return x
+
+
+def _start_impl(x, *, op):
+    return _comm().allreduce_array(x, op)
+
+
+def _start_vjp(g, out, x, *, op):
+    # Each rank's input reaches every rank's output: the cotangent is the sum of the
+    # cotangents of all ranks.
+    return traced_all_reduce(g, "sum")
+
+
+class AllreduceStartStep:
+    """Runtime step of ``allreduce_start``: copy the operand into the node's buffer and start
+    a nonblocking in-place all-reduce there (the buffer stays reserved until the wait)."""
+
+    def __init__(self, kernel, node, steps):
+        self.kernel, self.node = kernel, node
+        self.request = None
+
+    def run(self, prog) -> None:
+        out = prog.arrays[prog.slots[self.node.output]]
+        np.copyto(out, prog.array(self.node.inputs[0]))
+        comm = _comm()
+        if comm.group().size > 1:
+            self.request = comm.start_allreduce(out, self.node.attrs["op"])
+
+    def poll(self) -> None:
+        """Let MPI move the reduction forward (called between kernels)."""
+        if self.request is not None and _comm().poll(self.request):
+            self.request = None
+
+
+class AllreduceWaitStep:
+    """Runtime step of ``allreduce_wait``: finish the start's request, copy its result."""
+
+    def __init__(self, kernel, node, steps):
+        self.kernel, self.node = kernel, node
+        source = node.inputs[0]
+        self.start = next((s for s in steps if isinstance(s, AllreduceStartStep) and
+                           s.node.output is source), None)
+
+    def run(self, prog) -> None:
+        start = self.start
+        if start is not None and start.request is not None:
+            comm = _comm()
+            node = start.node
+            comm.wait(start.request, f"allreduce_start {{op={node.attrs['op']!r}}} on "
+                                     f"{node.output.type} in compiled program {prog.name}")
+            start.request = None
+        out = prog.arrays[prog.slots[self.node.output]]
+        np.copyto(out, prog.array(self.node.inputs[0]))
+
+
+allreduce_start = register(Primitive(
+    "allreduce_start", Kind.EXTERN, _start_infer, _start_impl, (Rule(_start_vjp),),
+    "AllreduceBackward0", attrs=("op",),
+    doc="Start an all-reduce of the operand over the process group (sum or max).",
+    extra={"collective": "start", "runtime_step": AllreduceStartStep}))
+
+allreduce_wait = register(Primitive(
+    "allreduce_wait", Kind.EXTERN, lambda h: h, lambda h: np.asarray(h),
+    (Rule(lambda g, out, h: g),), "AllreduceWaitBackward0",
+    doc="The result of an allreduce_start, once it has arrived.",
+    extra={"collective": "wait", "runtime_step": AllreduceWaitStep}))
+
+
+def traced_all_reduce(x, op: str):
+    """The all-reduce of ``x`` as graph nodes (start, wait; a division for the mean)."""
+    reduced = bind(allreduce_wait, bind(allreduce_start, x, op="max" if op == "max" else "sum"))
+    if op == "mean":
+        reduced = reduced / _comm().world_size()
+    return reduced
