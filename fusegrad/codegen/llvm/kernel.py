@@ -46,8 +46,8 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.codegen.llvm import mathlib
 from fusegrad.ir.graph import Literal, Node, Value
+from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view
 from fusegrad.ops.prims import float_to_int_wide
-from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
 
 __all__ = ["Unsupported", "KernelEmitter", "emit_kernel", "KERNEL_ARGS", "lltype", "ColumnPlan",
            "column_plan", "parallel_extent", "SplitPlan", "split_plan", "kernel_phases"]
