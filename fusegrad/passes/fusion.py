@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from fusegrad.ir.graph import Graph, Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view, view_of
+from fusegrad.ops.lowering import REDUCE_OPS
 from fusegrad.ops.primitive import Kind
 from fusegrad.passes.manager import Pass, register_pass
 
@@ -177,7 +178,7 @@ class _Partitioner:
             if kind is Kind.ELEMENTWISE and out_shape == k.shape and all(
                     op.type.shape == k.shape for op in internal):
                 return "full"
-            if kind is Kind.REDUCE and node.op in ("sum", "max", "min", "prod") and \
+            if kind is Kind.REDUCE and node.op in REDUCE_OPS and \
                     node.inputs[0].type.shape == k.shape and node.attrs["axes"]:
                 return "row"
             return None
@@ -195,7 +196,7 @@ class _Partitioner:
                         zip(internal, levels)):
                     return "row"
                 return None
-            if kind is Kind.REDUCE and node.op in ("sum", "max", "min", "prod"):
+            if kind is Kind.REDUCE and node.op in REDUCE_OPS:
                 if levels == ["full"] and node.inputs[0].type.shape == k.shape and \
                         tuple(node.attrs["axes"]) == k.axes:
                     return "row"
@@ -284,7 +285,7 @@ class _Partitioner:
         if prim.kind is Kind.ELEMENTWISE or node.op in _FUSIBLE_SOURCES:
             k = self.new_kernel("elementwise", node, node.output.type.shape)
             k.level[node.output] = "full"
-        elif prim.kind is Kind.REDUCE and node.op in ("sum", "max", "min", "prod") \
+        elif prim.kind is Kind.REDUCE and node.op in REDUCE_OPS \
                 and node.attrs["axes"]:
             k = self.new_kernel("reduction", node, node.inputs[0].type.shape,
                                 node.attrs["axes"])
@@ -292,8 +293,8 @@ class _Partitioner:
         elif prim.kind is Kind.CONTRACTION:
             k = self.new_kernel("matmul", node, node.output.type.shape)
             k.level[node.output] = "full"
-        elif prim.kind is Kind.MOVEMENT or (prim.kind is Kind.REDUCE and node.op in
-                                            ("sum", "max", "min", "prod")):
+        elif prim.kind is Kind.MOVEMENT or (prim.kind is Kind.REDUCE and
+                                            node.op in REDUCE_OPS):
             # A view of a computed value, or an empty-axes reduction: a copy kernel.
             k = self.new_kernel("elementwise", node, node.output.type.shape)
             k.level[node.output] = "full"
