@@ -328,6 +328,8 @@ def _abs(b, node, a, dt):
     x, r = a[0], _r(dt)
     if dt.is_floating_point:
         return b.unary("fabs", x, r)
+    if unsigned(dt):
+        return x
     return b.select(b.cmp("lt", x, b.const(r, 0), r), b.unary("neg", x, r), x, r)
 
 
