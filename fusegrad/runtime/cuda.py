@@ -204,6 +204,7 @@ class Driver(Protocol):
     def free(self, ptr: int) -> None: ...
     def htod(self, ptr: int, host: np.ndarray) -> None: ...
     def dtoh(self, host: np.ndarray, ptr: int) -> None: ...
+    def dtod(self, dst: int, src: int, nbytes: int) -> None: ...
     def load_module(self, ptx: bytes, kernels: dict) -> object: ...
     def function(self, module, name: str) -> object: ...
     def launch(self, fn, grid: int, block: int, args: list[int]) -> None: ...
@@ -251,6 +252,9 @@ class CudaPythonDriver:
     def dtoh(self, host: np.ndarray, ptr: int) -> None:
         self._check(self.cu.cuMemcpyDtoHAsync(host.ctypes.data, ptr, host.nbytes, self.stream))
         self._check(self.cu.cuStreamSynchronize(self.stream))
+
+    def dtod(self, dst: int, src: int, nbytes: int) -> None:
+        self._check(self.cu.cuMemcpyDtoDAsync(dst, src, nbytes, self.stream))
 
     def load_module(self, ptx: bytes, kernels: dict):
         return self._check(self.cu.cuModuleLoadData(ptx + b"\0"))
@@ -304,6 +308,9 @@ class PyCudaDriver:
         self.stream.synchronize()
         self.drv.memcpy_dtoh(host, ptr)
 
+    def dtod(self, dst: int, src: int, nbytes: int) -> None:
+        self.drv.memcpy_dtod_async(dst, src, nbytes, self.stream)
+
     def load_module(self, ptx: bytes, kernels: dict):
         return self.drv.module_from_buffer(ptx + b"\0")
 
@@ -330,6 +337,8 @@ def driver() -> Driver:
     with _driver_lock:
         if _driver is not None:
             return _driver
+        if _driver_error is not None:          # looked once already: the answer stands
+            raise CudaUnavailable(f"CUDA is not available ({_driver_error}); {INSTALL_HINT}")
         reasons = []
         for cls in (CudaPythonDriver, PyCudaDriver):
             try:
@@ -344,10 +353,11 @@ def driver() -> Driver:
 
 
 def set_driver(d: Driver | None) -> None:
-    """Use ``d`` as the process's driver (tests use a simulated one); None forgets it."""
-    global _driver
+    """Use ``d`` as the process's driver (tests use a simulated one); None forgets it and
+    any failure to find one, so the next use looks again."""
+    global _driver, _driver_error
     with _driver_lock:
-        _driver = d
+        _driver, _driver_error = d, None
 
 
 def device_count() -> int:

@@ -48,6 +48,9 @@ class SimulatedDriver:
         raw = host.reshape(-1).view(np.uint8)
         raw[...] = self.memory[ptr][:raw.size]
 
+    def dtod(self, dst: int, src: int, nbytes: int) -> None:
+        self.memory[dst][:nbytes] = self.memory[src][:nbytes]
+
     def load_module(self, ptx: bytes, kernels: dict):
         return kernels
 
