@@ -224,6 +224,15 @@ class CudaPythonDriver:
         if self.count == 0:
             raise CudaUnavailable("the CUDA driver reports no device")
         dev = self._check(cu.cuDeviceGet(ordinal))
+        try:
+            attr = cu.CUdevice_attribute
+            major = self._check(cu.cuDeviceGetAttribute(
+                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+            minor = self._check(cu.cuDeviceGetAttribute(
+                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+            self.arch = f"compute_{major}{minor}"
+        except AttributeError:               # a binding without the attribute enum
+            self.arch = "compute_90"
         self.ctx = self._check(cu.cuDevicePrimaryCtxRetain(dev))
         self._check(cu.cuCtxSetCurrent(self.ctx))
         self.stream = self._check(cu.cuStreamCreate(0))
@@ -284,6 +293,8 @@ class PyCudaDriver:
         self.count = drv.Device.count()
         if self.count == 0:
             raise CudaUnavailable("the CUDA driver reports no device")
+        major, minor = drv.Device(ordinal).compute_capability()
+        self.arch = f"compute_{major}{minor}"
         self.ctx = drv.Device(ordinal).retain_primary_context()
         self.ctx.push()
         self.stream = drv.Stream()
@@ -420,6 +431,17 @@ class CachingAllocator:
             self.free_blocks.clear()
 
 
+_allocators: dict[int, CachingAllocator] = {}
+
+
+def allocator_of(drv: Driver) -> CachingAllocator:
+    """The caching allocator of driver ``drv`` (one per driver, shared by its programs)."""
+    with _driver_lock:
+        if id(drv) not in _allocators:
+            _allocators[id(drv)] = CachingAllocator(drv)
+        return _allocators[id(drv)]
+
+
 @dataclass(eq=False)
 class DeviceArray:
     """A contiguous array in device memory."""
@@ -466,11 +488,12 @@ class CudaProgram:
     """A kernel graph compiled for one CUDA device; call it with numpy arrays or
     :class:`DeviceArray` inputs, get :class:`DeviceArray` outputs."""
 
-    def __init__(self, kg: KernelGraph, drv: Driver | None = None, arch: str = "compute_90",
+    def __init__(self, kg: KernelGraph, drv: Driver | None = None, arch: str | None = None,
                  name: str = "program"):
         self.kg, self.graph, self.name = kg, kg.graph, name
         self.drv = drv or driver()
-        self.allocator = CachingAllocator(self.drv)
+        arch = arch or getattr(self.drv, "arch", "compute_90")
+        self.allocator = allocator_of(self.drv)
         self.plan = plan_memory(kg)
         self.lowered: dict[int, object] = {}
         self.host_steps: dict[int, str] = {}
