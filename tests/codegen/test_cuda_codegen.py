@@ -30,6 +30,10 @@ def zoo_kernels():
                 continue
             lk.name = f"{name}_{lk.name}"
             out.append(lk)
+            # The same kernel with 64-bit indices (what buffers of 2**31 elements get).
+            wide = lower_kernel(k, kg)
+            wide.name, wide.index_bits = f"{lk.name}_i64", 64
+            out.append(wide)
     return out
 
 
@@ -46,6 +50,7 @@ def test_source_is_readable_cuda(source):
     assert any("_row_reduce_" in e and "exp" in e for e in entries)
     assert "__shfl_xor_sync(0xffffffffu" in source and "__syncthreads();" in source
     assert "#include" not in source          # NVRTC needs no header
+    assert "unsigned long long row" in source and "unsigned int row" in source
 
 
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if shutil.os.path.exists(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from fusegrad import dtypes
 from fusegrad.ir.parser import parse
 from fusegrad.ops.primitive import TensorType
-from fusegrad import dtypes
 
 CUDA_TEXT = """graph @f(%x: f32[2,3]@cuda, %y: f32[3]@"cuda:1") -> (f32[2,3]@cuda) {
   %0 = exp %x : f32[2,3]@cuda

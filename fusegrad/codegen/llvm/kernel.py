@@ -43,6 +43,7 @@ from typing import Sequence
 import llvmlite.ir as ir
 
 from fusegrad import dtypes
+from fusegrad.codegen import indexing
 from fusegrad.codegen.llvm import mathlib
 from fusegrad.ir.graph import Literal, Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view
@@ -574,98 +575,30 @@ class KernelEmitter:
         self.scopes[-1][key] = (out, tuple(coords))
         return out
 
-    def operand_coords(self, op, out_shape, coords) -> list:
-        """Coordinates of a broadcast operand: right-aligned, size-1 dims at index 0."""
-        if isinstance(op, Literal):
-            return []
-        shape = op.type.shape
-        lead = len(out_shape) - len(shape)
-        zero = ir.Constant(I64, 0)
-        return [zero if d == 1 and out_shape[lead + i] != 1 else coords[lead + i]
-                for i, d in enumerate(shape)]
-
     def emit_node(self, node: Node, coords) -> ir.Value:
         op = node.op
         out_shape = node.output.type.shape
         if op == "reshape":
-            return self.emit(node.inputs[0], self.reshape_coords(node, coords))
+            return self.emit(node.inputs[0], indexing.reshape_coords(
+                self.sb, node.inputs[0].type.shape, out_shape, coords))
         if op == "broadcast_to":
-            return self.emit(node.inputs[0], self.operand_coords(node.inputs[0], out_shape, coords))
+            return self.emit(node.inputs[0], indexing.operand_coords(
+                self.sb, node.inputs[0], out_shape, coords))
         if op == "full":
             return _const(node.attrs["dtype"], node.attrs["value"])
         if op == "iota":
             return self.convert(coords[node.attrs["axis"]], dtypes.int64, node.attrs["dtype"])
         if op == "pad":
-            return self.emit_pad(node, coords)
+            return indexing.pad_value(self.sb, node, coords, self.emit)
         if op == "concat":
-            return self.emit_concat(node, coords)
-        args = [self.emit(x, self.operand_coords(x, out_shape, coords)) for x in node.inputs]
+            return indexing.concat_value(self.sb, node, coords, self.emit)
+        args = [self.emit(x, indexing.operand_coords(self.sb, x, out_shape, coords))
+                for x in node.inputs]
         return lowering.lower_scalar(self.sb, node, args)
 
     def round_half(self, x: ir.Value, dt: dtypes.DType) -> ir.Value:
         """``x`` (a float register) rounded to ``dt`` when ``dt`` is a 16-bit float."""
         return lowering.round_half(self.sb, x, dt)
-
-    def shifted(self, c, start: int, size: int):
-        """``(c - start, whether 0 <= c - start < size)``, the index clamped to 0 outside, so
-        that a load at it stays in bounds and a select can discard it."""
-        b = self.b
-        if size == 1:
-            # Index 0 as a constant: a load through it is seen to be loop-invariant (and
-            # emitted ahead of the loop, see load).
-            return ir.Constant(I64, 0), b.icmp_signed("==", c, ir.Constant(I64, start))
-        i = b.sub(c, ir.Constant(I64, start)) if start else c
-        inside = b.icmp_unsigned("<", i, ir.Constant(I64, size))
-        return b.select(inside, i, ir.Constant(I64, 0)), inside
-
-    def emit_pad(self, node: Node, coords) -> ir.Value:
-        src = node.inputs[0]
-        fill = _const(node.output.type.dtype, node.attrs["value"])
-        if 0 in src.type.shape:
-            return fill
-        inside, src_coords = None, []
-        for c, (lo, _), d in zip(coords, node.attrs["widths"], src.type.shape, strict=True):
-            i, ok = self.shifted(c, lo, d)
-            src_coords.append(i)
-            inside = ok if inside is None else self.b.and_(inside, ok)
-        x = self.emit(src, src_coords)
-        return x if inside is None else self.b.select(inside, x, fill)
-
-    def emit_concat(self, node: Node, coords) -> ir.Value:
-        axis = node.attrs["axis"]
-        parts, start = [], 0
-        for x in node.inputs:
-            size = x.type.shape[axis]
-            if size:
-                parts.append((x, start, size))
-            start += size
-        if len(parts) > 16:
-            raise Unsupported("concat of more than 16 operands (every element would load all)")
-        out = None
-        for x, start, size in reversed(parts):
-            i, inside = self.shifted(coords[axis], start, size)
-            value = self.emit(x, list(coords[:axis]) + [i] + list(coords[axis + 1:]))
-            out = value if out is None else self.b.select(inside, value, out)
-        # An empty result: the loop body that would use this never runs.
-        return out if out is not None else _const(node.output.type.dtype, 0)
-
-    def reshape_coords(self, node: Node, coords) -> list:
-        """Index of a reshape's operand: drop or insert unit dims, else linearize and split."""
-        src = node.inputs[0].type.shape
-        dst = node.output.type.shape
-        if [d for d in src if d != 1] == [d for d in dst if d != 1]:
-            real = iter(c for c, d in zip(coords, dst) if d != 1)
-            zero = ir.Constant(I64, 0)
-            return [zero if d == 1 else next(real) for d in src]
-        b = self.b
-        flat = ir.Constant(I64, 0)
-        for c, d in zip(coords, dst):
-            flat = b.add(b.mul(flat, ir.Constant(I64, d)), c)
-        out = []
-        for d in reversed(src):
-            out.append(b.urem(flat, ir.Constant(I64, d)))
-            flat = b.udiv(flat, ir.Constant(I64, d))
-        return list(reversed(out))
 
     # ------------------------------------------------------------------ scalar ops
 
