@@ -5,7 +5,9 @@ expression is evaluated for all lanes, a statement takes effect in the lanes of 
 mask, a loop runs while any lane is still in it. Blocks, threads, shared memory (one array
 per block), barriers and warp shuffles behave as on a GPU, and the interpreter checks what a
 GPU would leave undefined: a barrier reached by part of a block, a shuffle in a partly
-active warp, a load or store out of bounds in an active lane.
+active warp, a load or store out of bounds in an active lane, and a race on shared memory
+(two threads of a block touching one element, one of them writing, with no barrier between:
+lockstep lanes would hide it, so every shared access is recorded by thread and epoch).
 
 Its arithmetic is the builder's contract (:mod:`fusegrad.ops.lowering`) on numpy scalars of
 each dtype; transcendental functions are numpy's (correctly rounded in practice), so it
@@ -70,7 +72,15 @@ class _Machine:
                         "gridDim": np.full(self.lanes, grid, np.uint64)}
         self.block_of = (lane // np.uint64(k.block)).astype(np.int64)
         self.buffers = {id(p): buf.reshape(-1) for p, buf in zip(k.params, buffers)}
-        self.shared = {id(s): np.zeros((grid, s.size), dtype=numpy_dtype(s.dtype)) for s in k.shared}
+        self.shared = {id(s): np.zeros((grid, s.size), dtype=numpy_dtype(s.dtype))
+                       for s in k.shared}
+        # Race detection on shared memory: per element, the lane that last wrote it and the
+        # last lane that read it, and in which barrier epoch of its block. Lanes run in
+        # lockstep here, so a race a GPU would expose must be found by bookkeeping.
+        self.epoch = np.zeros(grid, dtype=np.int64)
+        self.access = {id(s): {key: np.full((grid, s.size), -1, dtype=np.int64)
+                               for key in ("writer", "write_epoch", "reader", "read_epoch")}
+                       for s in k.shared}
         self.vars: dict[int, np.ndarray] = {}
 
     # -- expressions
@@ -98,6 +108,7 @@ class _Machine:
         if op == "load_shared":
             mem = self.shared[id(e.arg)]
             index = self.check(args[0], mask, mem.shape[1], e.arg.name)
+            self.note_shared(e.arg, index, mask, write=False)
             return mem[self.block_of, index]
         if op == "shfl_xor":
             lane = np.arange(self.lanes)
@@ -129,6 +140,37 @@ class _Machine:
                                    f"bounds ({size} elements)")
         return np.where(index < np.uint64(size), index, 0).astype(np.int64)
 
+    def note_shared(self, shared, index: np.ndarray, mask: np.ndarray, write: bool) -> None:
+        """Record an access to shared memory; raise on a race with another thread of the
+        block since its last barrier (read after write, write after write or read)."""
+        acc = self.access[id(shared)]
+        lanes = np.nonzero(mask)[0]
+        blocks, idx = self.block_of[lanes], index[lanes]
+        epoch = self.epoch[blocks]
+        thread = lanes % self.block
+        now_written = acc["write_epoch"][blocks, idx] == epoch
+        other_writer = now_written & (acc["writer"][blocks, idx] != thread)
+        if write:
+            now_read = acc["read_epoch"][blocks, idx] == epoch
+            other_reader = now_read & (acc["reader"][blocks, idx] != thread)
+            # Two lanes storing to one element in one statement race too.
+            same = np.zeros(len(lanes), dtype=bool)
+            keys = blocks * shared.size + idx
+            _, first, counts = np.unique(keys, return_index=True, return_counts=True)
+            same[first[counts > 1]] = True
+            bad = other_writer | other_reader | same
+            kind = "write after write or read"
+        else:
+            bad = other_writer
+            kind = "read after write"
+        if bad.any():
+            at = int(np.nonzero(bad)[0][0])
+            raise InterpreterError(f"{self.k.name}: a {kind} race on {shared.name}[{idx[at]}] "
+                                   f"in block {blocks[at]} (no barrier between the accesses)")
+        key = "writer" if write else "reader"
+        acc[key][blocks, idx] = thread
+        acc["write_epoch" if write else "read_epoch"][blocks, idx] = epoch
+
     def check_converged(self, mask) -> None:
         warps = mask.reshape(-1, 32) if self.lanes % 32 == 0 else None
         if warps is None or (warps.any(axis=1) & ~warps.all(axis=1)).any():
@@ -153,6 +195,7 @@ class _Machine:
                 index = self.check(self.eval(st.index, mask, memo), mask, mem.shape[1],
                                    st.shared.name)
                 value = self.eval(st.value, mask, memo)
+                self.note_shared(st.shared, index, mask, write=True)
                 mem[self.block_of[mask], index[mask]] = value[mask]
             elif isinstance(st, Loop):
                 start = self.eval(st.start, mask, memo)
@@ -175,6 +218,7 @@ class _Machine:
                 per_block = mask.reshape(self.grid, self.block)
                 if (per_block.any(axis=1) & ~per_block.all(axis=1)).any():
                     raise InterpreterError(f"{self.k.name}: a barrier reached by part of a block")
+                self.epoch += per_block.any(axis=1)
             else:
                 raise InterpreterError(f"unknown statement {st!r}")
 

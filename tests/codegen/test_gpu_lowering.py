@@ -133,3 +133,28 @@ def test_interpreter_rejects_an_out_of_bounds_store():
     out = np.zeros(10, np.float32)
     with pytest.raises(InterpreterError, match="out of bounds"):
         run_kernel(k, [out])
+
+
+def _without_barriers(body: list) -> list:
+    out = []
+    for st in body:
+        if isinstance(st, Barrier):
+            continue
+        if hasattr(st, "body"):
+            st.body = _without_barriers(st.body)
+        out.append(st)
+    return out
+
+
+@pytest.mark.parametrize("name", ["softmax", "matmul_epilogue"])
+def test_interpreter_finds_the_race_of_a_missing_barrier(name):
+    # Lanes run in lockstep, so without its barriers the kernel would still compute the
+    # right numbers here: the shared-memory bookkeeping must report the race instead.
+    fn, args = ZOO[name]
+    kg = kernel_graph(fn, args)
+    k = next(k for k in kg.kernels if k.kind != "extern")
+    lk = lower_kernel(k, kg)
+    lk.body = _without_barriers(lk.body)
+    arrays = [np.zeros(p.value.type.shape, p.value.type.dtype.np_dtype) for p in lk.params]
+    with pytest.raises(InterpreterError, match="race on"):
+        run_kernel(lk, arrays)
