@@ -83,5 +83,5 @@ def check_device_available(dev: device) -> device:
             raise RuntimeError(f"CUDA error: invalid device ordinal {dev.index} ({count} available)")
         raise NotImplementedError(
             "fusegrad runs eager tensors on the CPU only so far; compile for CUDA with "
-            "fusegrad.compile(backend='cuda')")
+            "fusegrad.compile(fn, backend='cuda')")
     return dev

@@ -46,7 +46,7 @@ from fusegrad.runtime.memory_plan import plan_memory
 
 __all__ = ["CudaUnavailable", "Driver", "driver", "device_count", "is_available", "synchronize",
            "compile_cuda", "find_nvrtc", "nvrtc_version", "CachingAllocator", "DeviceArray",
-           "CudaProgram", "INSTALL_HINT"]
+           "CudaProgram", "HostCudaProgram", "INSTALL_HINT"]
 
 INSTALL_HINT = ("install NVIDIA's CUDA Python bindings (pip install 'fusegrad[cuda]', which "
                 "brings cuda-bindings and nvidia-cuda-nvrtc) or pycuda (pip install "
@@ -565,3 +565,25 @@ class CudaProgram:
             # A returned view: made contiguous through the host (rare: a transposed output).
             return DeviceArray.from_host(np.array(self._host_array(o, buffers)), self.allocator)
         return buffers[self.plan.slots[o]]
+
+
+class HostCudaProgram(CudaProgram):
+    """A :class:`CudaProgram` with the CPU program's interface (``fusegrad.compile``'s
+    ``backend="cuda"``): numpy arrays in, numpy arrays out, copied through the device."""
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        outs = super().__call__(*inputs)
+        return [o.to_host() for o in outs]
+
+    def kernels(self) -> list[str]:
+        return [k.describe() for k in self.kg.kernels]
+
+    def fast_runner(self):
+        return None
+
+    @property
+    def llvm_ir(self) -> str:
+        return ""
+
+    def donate(self, pairs) -> dict[int, int]:
+        return {}
