@@ -59,3 +59,28 @@ def test_mlp_step_on_the_gpu_matches_the_cpu():
     gpu_grads = run_on_device(bwd, saved + seeds)
     for c, s in zip(cpu_grads, gpu_grads):
         np.testing.assert_allclose(s, c, rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_training_step_on_the_gpu_matches_eager():
+    def run(backend):
+        fg.manual_seed(0)
+        model = fg.nn.Sequential(fg.nn.Linear(32, 64), fg.nn.GELU(), fg.nn.Linear(64, 10))
+        opt = fg.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = fg.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        if backend is not None:
+            step = fg.compile(step, backend=backend)
+        x = fg.randn(64, 32)
+        y = fg.tensor(np.arange(64) % 10)
+        losses = [step(x, y).item() for _ in range(4)]
+        return losses, [p.detach().numpy() for p in model.parameters()]
+    eager_losses, eager_params = run(None)
+    gpu_losses, gpu_params = run("cuda")
+    np.testing.assert_allclose(gpu_losses, eager_losses, rtol=1e-4)
+    for a, b in zip(gpu_params, eager_params):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
