@@ -91,3 +91,9 @@ ZOO["float_special_values"] = (
     lambda a: (a.floor(), a.round(), a.sign(), a // 2, a % 2, fg.maximum(a, -a), a.amax(),
                a.to(fg.float16).to(fg.float32), a.pow(3), a.abs().pow(0.5), a.exp2()),
     [fg.tensor(_SPECIALS)])
+ZOO["row_any_all_bool"] = (lambda a: ((a > 0).any(-1), (a > 0).all(-1)),
+                           [tensor((5, 70), "float32", 40)])
+ZOO["softmax_float64"] = (lambda a: F.softmax(a, -1), [tensor((4, 100), "float64", 41)])
+ZOO["amax_int8_last"] = (lambda a: (a.amax(-1), a.amin(-1), a.sum(-1)),
+                         [tensor((6, 45), "int8", 42, -100, 100)])
+ZOO["layer_norm_bfloat16"] = (lambda a: F.layer_norm(a, (64,)), [tensor((3, 64), "bfloat16", 43)])
