@@ -97,3 +97,6 @@ ZOO["softmax_float64"] = (lambda a: F.softmax(a, -1), [tensor((4, 100), "float64
 ZOO["amax_int8_last"] = (lambda a: (a.amax(-1), a.amin(-1), a.sum(-1)),
                          [tensor((6, 45), "int8", 42, -100, 100)])
 ZOO["layer_norm_bfloat16"] = (lambda a: F.layer_norm(a, (64,)), [tensor((3, 64), "bfloat16", 43)])
+ZOO["int_pow"] = (lambda a, b, c: (a ** 9, a ** 2, b ** c),
+                  [tensor((4, 6), "int64", 44, -5, 5), tensor((4, 6), "uint8", 45, 0, 7),
+                   tensor((4, 6), "uint8", 46, 0, 5)])
