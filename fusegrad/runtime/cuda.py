@@ -508,6 +508,7 @@ class CudaProgram:
         self.ptx = compile_cuda(self.source, arch, name) if kernels and needs_ptx else b""
         module = self.drv.load_module(self.ptx, kernels) if kernels else None
         self.functions = {i: self.drv.function(module, lk.name) for i, lk in self.lowered.items()}
+        self._constants: dict[int, DeviceArray] | None = None
 
     def __call__(self, *inputs) -> list[DeviceArray]:
         plan, drv = self.plan, self.drv
@@ -515,8 +516,10 @@ class CudaProgram:
         for i, x in enumerate(inputs):
             buffers[i] = x if isinstance(x, DeviceArray) else \
                 DeviceArray.from_host(np.asarray(x), self.allocator)
-        for slot, arr in plan.constants.items():
-            buffers[slot] = DeviceArray.from_host(arr, self.allocator)
+        if self._constants is None:         # uploaded once, on the first call
+            self._constants = {slot: DeviceArray.from_host(arr, self.allocator)
+                               for slot, arr in plan.constants.items()}
+        buffers.update(self._constants)
         for slot, (shape, dt) in plan.intermediate_specs.items():
             buffers[slot] = DeviceArray.empty(shape, dt, self.allocator)
         for slot, shape, dt in plan.output_specs:
