@@ -125,7 +125,8 @@ class _Cuda:
 
     @staticmethod
     def synchronize() -> None:
-        pass
+        from fusegrad.runtime.cuda import synchronize
+        synchronize()
 
 
 cuda = _Cuda()

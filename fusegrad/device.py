@@ -7,8 +7,6 @@ in PyTorch, rather than later inside a kernel launch.
 
 from __future__ import annotations
 
-import functools
-
 __all__ = ["device", "cuda_is_available", "cuda_device_count", "check_device_available"]
 
 
@@ -61,15 +59,11 @@ class device:  # noqa: N801 - the public name follows torch.device
 CPU = device("cpu")
 
 
-@functools.lru_cache(maxsize=1)
 def cuda_device_count() -> int:
-    """How many CUDA devices the driver reports; 0 when pycuda or a driver is missing."""
-    try:
-        import pycuda.driver as drv  # optional dependency
-        drv.init()
-        return drv.Device.count()
-    except Exception:  # no pycuda, no driver, no device: all mean "no CUDA here"
-        return 0
+    """How many CUDA devices the driver reports; 0 when no CUDA package (cuda-python or
+    pycuda) or no driver is installed. Imports a driver package only when called."""
+    from fusegrad.runtime.cuda import device_count
+    return device_count()
 
 
 def cuda_is_available() -> bool:
@@ -81,12 +75,13 @@ def check_device_available(dev: device) -> device:
     if dev.type == "cuda":
         count = cuda_device_count()
         if count == 0:
+            from fusegrad.runtime.cuda import INSTALL_HINT
             raise RuntimeError(
                 "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU "
-                "and installed a driver, and that pycuda is installed (pip install fusegrad[cuda]).")
+                f"and installed a driver, and {INSTALL_HINT}.")
         if dev.index is not None and dev.index >= count:
             raise RuntimeError(f"CUDA error: invalid device ordinal {dev.index} ({count} available)")
         raise NotImplementedError(
             "fusegrad runs eager tensors on the CPU only so far; compile for CUDA with "
-            "fusegrad.compile(backend='cuda')")
+            "fusegrad.compile(fn, backend='cuda')")
     return dev

@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence, Union
 
 from fusegrad.dtypes import DType
-from fusegrad.ops.primitive import PRIMITIVES, ConstantData, Primitive, ShapeError, TensorType
+from fusegrad.ops.primitive import (
+    PRIMITIVES,
+    ConstantData,
+    Primitive,
+    ShapeError,
+    TensorType,
+    infer_type,
+)
 
 __all__ = ["Value", "Literal", "Node", "Graph", "Operand", "IRError", "ConstantData"]
 
@@ -114,7 +121,7 @@ class Graph:
         prim = PRIMITIVES[prim] if isinstance(prim, str) else prim
         attrs = dict(attrs or {})
         try:
-            out_type = prim.infer(*(op.type for op in inputs), **attrs)
+            out_type = infer_type(prim, [op.type for op in inputs], attrs)
         except (ShapeError, TypeError, IndexError) as e:
             where = f" (at {loc})" if loc else ""
             raise IRError(f"{prim.name}: {e}{where}") from e

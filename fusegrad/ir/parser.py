@@ -218,7 +218,11 @@ class _Parser:
                     break
                 self.next()
         self.expect("]", "',' or ']' in the shape")
-        return TensorType(tuple(dims), dtype)
+        device = "cpu"
+        if self.peek().kind == "global":            # f32[4]@cuda, f32[4]@"cuda:1"
+            text = self.next().text[1:]
+            device = text[1:-1] if text.startswith('"') else text
+        return TensorType(tuple(dims), dtype, device)
 
     # -- nodes
 

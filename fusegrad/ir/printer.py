@@ -67,7 +67,7 @@ import numpy as np
 
 from fusegrad.dtypes import DType
 from fusegrad.ir.graph import Graph, IRError, Literal, Node, Operand, Value
-from fusegrad.ops.primitive import ConstantData
+from fusegrad.ops.primitive import ConstantData, device_suffix
 
 __all__ = ["print_graph", "print_node", "value_names", "format_type", "format_literal",
            "format_attr", "format_attrs", "format_scalar", "format_dense", "format_loc",
@@ -124,7 +124,9 @@ def _operand_name(v: Value, names: dict[Value, str]) -> str:
 def format_type(t) -> str:
     """``f32[4,8]``; anything that is not a TensorType is shown as ``<repr>``."""
     try:
-        return f"{t.dtype.short}[{','.join(str(int(d)) for d in t.shape)}]"
+        text = f"{t.dtype.short}[{','.join(str(int(d)) for d in t.shape)}]"
+        device = getattr(t, "device", "cpu")
+        return text if device == "cpu" else text + device_suffix(device)
     except (AttributeError, TypeError, ValueError):
         return f"<{t!r}>"
 

@@ -26,7 +26,7 @@ import numpy as np
 from fusegrad.dtypes import ALL_DTYPES, DType
 from fusegrad.ir.graph import Graph, IRError, Literal, Node, Value
 from fusegrad.ir.printer import print_node, value_names
-from fusegrad.ops.primitive import PRIMITIVES, Primitive, TensorType
+from fusegrad.ops.primitive import PRIMITIVES, Primitive, TensorType, infer_type
 
 __all__ = ["verify", "VerificationError", "operand_count", "literal_problem", "type_problem"]
 
@@ -165,7 +165,7 @@ def verify(g: Graph) -> None:
             raise fail(f"attributes of {prim.name} must be ({', '.join(prim.attrs)}): "
                        f"{'; '.join(parts)}", node, i)
         try:
-            expected = prim.infer(*(op.type for op in node.inputs), **node.attrs)
+            expected = infer_type(prim, [op.type for op in node.inputs], node.attrs)
         except (ValueError, TypeError, IndexError, KeyError, AttributeError) as e:
             raise fail(f"{prim.name}'s rule rejects it: {e}", node, i) from e
         if out.type != expected:

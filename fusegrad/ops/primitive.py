@@ -21,8 +21,8 @@ import numpy as np
 
 from fusegrad.dtypes import DType
 
-__all__ = ["ConstantData", "Kind", "TensorType", "Primitive", "Rule", "PRIMITIVES", "ShapeError", "bind",
-           "register"]
+__all__ = ["ConstantData", "Kind", "TensorType", "device_suffix", "infer_type", "Primitive",
+           "Rule", "PRIMITIVES", "ShapeError", "bind", "register"]
 
 
 class Kind(enum.Enum):
@@ -47,10 +47,14 @@ class ShapeError(ValueError, RuntimeError):
 
 @dataclass(frozen=True)
 class TensorType:
-    """The abstract value of a tensor: its shape and dtype, no data."""
+    """The abstract value of a tensor: its shape, dtype and device, no data.
+
+    ``device`` is a device string (``"cpu"``, ``"cuda"``, ``"cuda:1"``); the IR text shows
+    it only when it is not the CPU (``f32[4,8]@cuda``), so CPU programs print as before."""
 
     shape: tuple[int, ...]
     dtype: DType
+    device: str = "cpu"
 
     @property
     def ndim(self) -> int:
@@ -64,7 +68,14 @@ class TensorType:
         return n
 
     def __str__(self) -> str:
-        return f"{self.dtype.short}[{','.join(map(str, self.shape))}]"
+        text = f"{self.dtype.short}[{','.join(map(str, self.shape))}]"
+        return text if self.device == "cpu" else f"{text}{device_suffix(self.device)}"
+
+
+def device_suffix(device: str) -> str:
+    """The IR spelling of a non-CPU device after a type: ``@cuda``, ``@"cuda:1"`` (a global
+    token of the IR's lexer, quoted when it holds a colon)."""
+    return f'@"{device}"' if ":" in device else f"@{device}"
 
 
 class ConstantData:
@@ -146,6 +157,15 @@ class Primitive:
 
 
 PRIMITIVES: dict[str, Primitive] = {}
+
+
+def infer_type(prim: Primitive, types, attrs: dict) -> TensorType:
+    """``prim``'s result type for operands of ``types``: its rule's shape and dtype, on the
+    device of its operands (the first one not on the CPU; rules themselves know nothing of
+    devices, and a source with no operands is on the CPU)."""
+    out = prim.infer(*types, **attrs)
+    device = next((t.device for t in types if t.device != "cpu"), "cpu")
+    return out if device == out.device else TensorType(out.shape, out.dtype, device)
 
 
 def register(prim: Primitive) -> Primitive:

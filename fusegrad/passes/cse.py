@@ -40,15 +40,14 @@ from typing import Hashable
 from fusegrad.ir.graph import Graph, Literal, Node, Operand, Value
 from fusegrad.ir.printer import format_attr, format_scalar, format_type
 from fusegrad.ir.rewrite import GraphCopier
+from fusegrad.ops.lowering import COMMUTATIVE
 from fusegrad.ops.primitive import ConstantData
 from fusegrad.passes.manager import Pass, register_pass
 
 __all__ = ["cse", "CommonSubexpressionElimination", "COMMUTATIVE"]
 
-# Operand order does not change the result, bit for bit. Not maximum/minimum: a tie of
-# -0.0 and 0.0 gives the second operand (torch's and the primitive's definition), so
-# maximum(-0.0, 0.0) is 0.0 and maximum(0.0, -0.0) is -0.0.
-COMMUTATIVE = frozenset({"add", "mul", "eq", "ne", "and", "or"})
+# COMMUTATIVE (operand order does not change the result, bit for bit) is registered with each
+# primitive's lowering in fusegrad.ops.lowering; re-exported here for the passes that read it.
 
 
 def _operand_key(op: Operand) -> Hashable:

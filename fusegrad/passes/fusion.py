@@ -34,119 +34,18 @@ Independent elementwise kernels over one shape are merged afterwards (optimizer 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import numpy as np
-
 from fusegrad.ir.graph import Graph, Node, Value
+from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view, view_of
+from fusegrad.ops.lowering import REDUCE_OPS
 from fusegrad.ops.primitive import Kind
 from fusegrad.passes.manager import Pass, register_pass
 
-__all__ = ["Kernel", "KernelGraph", "View", "fuse", "Fuse"]
+# Kernel, KernelGraph and View live in fusegrad.ir.kernel_graph; re-exported here for the
+# code that imported them from the fusion pass.
+__all__ = ["Kernel", "KernelGraph", "View", "view_of", "identity_view", "fuse", "Fuse"]
 
 # Elementwise primitives with a scalar lowering in codegen.
 _FUSIBLE_SOURCES = {"full", "iota"}
-
-
-@dataclass
-class View:
-    """A strided window on a materialized value: ``value[offset + sum(idx * strides)]``,
-    strides in elements over ``shape``."""
-
-    base: Value
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    offset: int
-
-
-@dataclass(eq=False)
-class Kernel:
-    """One fused kernel: its nodes, the buffers it reads and writes, and its index space.
-
-    ``kind`` is "elementwise", "reduction", "matmul" or "extern". ``shape`` is the full
-    index space; for reductions ``axes`` are the reduced axes of it.
-    """
-
-    name: str
-    kind: str
-    nodes: list[Node] = field(default_factory=list)
-    shape: tuple[int, ...] = ()
-    axes: tuple[int, ...] = ()
-    inputs: list[Value] = field(default_factory=list)    # materialized values read
-    outputs: list[Value] = field(default_factory=list)   # values written
-    level: dict = field(default_factory=dict)            # Value -> "full" | "row"
-
-    @property
-    def row_shape(self) -> tuple[int, ...]:
-        return tuple(d for i, d in enumerate(self.shape) if i not in self.axes)
-
-    def describe(self) -> str:
-        ops = ",".join(n.op for n in self.nodes)
-        return f"{self.name}[{self.kind} {'x'.join(map(str, self.shape)) or 'scalar'}]({ops})"
-
-    def __repr__(self) -> str:
-        return f"<Kernel {self.describe()}>"
-
-
-@dataclass
-class KernelGraph:
-    """A graph partitioned into kernels, in execution order, plus the views they read."""
-
-    graph: Graph
-    kernels: list[Kernel]
-    views: dict[Value, View]            # movement results folded into loads
-    materialized: set[Value]            # values that live in memory
-
-    def __str__(self) -> str:
-        return "\n".join(k.describe() for k in self.kernels)
-
-    def summary(self) -> list[str]:
-        return [k.describe() for k in self.kernels]
-
-
-# --------------------------------------------------------------------------- views
-
-
-def _strided_stand_in(shape: tuple[int, ...], itemsize: int) -> np.ndarray:
-    strides, acc = [], itemsize
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= max(d, 1)
-    return np.lib.stride_tricks.as_strided(np.empty(1, dtype=np.uint8), shape=shape,
-                                           strides=tuple(reversed(strides)))
-
-
-def view_of(node: Node, source: View) -> View | None:
-    """The strided form of a movement ``node`` applied to ``source``, or None when no
-    strides express it (a reshape that would need a copy)."""
-    if node.prim.kind is not Kind.MOVEMENT or node.op in ("pad", "concat"):
-        return None
-    np_dtype = source.base.type.dtype.np_dtype
-    item = np_dtype.itemsize
-    # A stand-in with the view's shape and strides over one element: numpy computes the
-    # strides of reshape/transpose/slice/broadcast results without reading memory.
-    stand = np.lib.stride_tricks.as_strided(
-        np.empty(1, dtype=np_dtype), shape=source.shape,
-        strides=tuple(s * item for s in source.strides))
-    try:
-        if node.op == "reshape":
-            out = np.reshape(stand, node.attrs["shape"], copy=False)
-        else:
-            out = node.prim.impl(stand, **node.attrs)
-    except ValueError:
-        return None
-    shift = out.__array_interface__["data"][0] - stand.__array_interface__["data"][0]
-    return View(source.base, tuple(out.shape), tuple(s // item for s in out.strides),
-                source.offset + shift // item)
-
-
-def identity_view(v: Value) -> View:
-    shape = v.type.shape
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= max(d, 1)
-    return View(v, shape, tuple(reversed(strides)), 0)
 
 
 # --------------------------------------------------------------------------- grouping
@@ -279,7 +178,7 @@ class _Partitioner:
             if kind is Kind.ELEMENTWISE and out_shape == k.shape and all(
                     op.type.shape == k.shape for op in internal):
                 return "full"
-            if kind is Kind.REDUCE and node.op in ("sum", "max", "min", "prod") and \
+            if kind is Kind.REDUCE and node.op in REDUCE_OPS and \
                     node.inputs[0].type.shape == k.shape and node.attrs["axes"]:
                 return "row"
             return None
@@ -297,7 +196,7 @@ class _Partitioner:
                         zip(internal, levels)):
                     return "row"
                 return None
-            if kind is Kind.REDUCE and node.op in ("sum", "max", "min", "prod"):
+            if kind is Kind.REDUCE and node.op in REDUCE_OPS:
                 if levels == ["full"] and node.inputs[0].type.shape == k.shape and \
                         tuple(node.attrs["axes"]) == k.axes:
                     return "row"
@@ -386,7 +285,7 @@ class _Partitioner:
         if prim.kind is Kind.ELEMENTWISE or node.op in _FUSIBLE_SOURCES:
             k = self.new_kernel("elementwise", node, node.output.type.shape)
             k.level[node.output] = "full"
-        elif prim.kind is Kind.REDUCE and node.op in ("sum", "max", "min", "prod") \
+        elif prim.kind is Kind.REDUCE and node.op in REDUCE_OPS \
                 and node.attrs["axes"]:
             k = self.new_kernel("reduction", node, node.inputs[0].type.shape,
                                 node.attrs["axes"])
@@ -394,8 +293,8 @@ class _Partitioner:
         elif prim.kind is Kind.CONTRACTION:
             k = self.new_kernel("matmul", node, node.output.type.shape)
             k.level[node.output] = "full"
-        elif prim.kind is Kind.MOVEMENT or (prim.kind is Kind.REDUCE and node.op in
-                                            ("sum", "max", "min", "prod")):
+        elif prim.kind is Kind.MOVEMENT or (prim.kind is Kind.REDUCE and
+                                            node.op in REDUCE_OPS):
             # A view of a computed value, or an empty-axes reduction: a copy kernel.
             k = self.new_kernel("elementwise", node, node.output.type.shape)
             k.level[node.output] = "full"

@@ -55,7 +55,7 @@ from fusegrad.dtypes import DType
 from fusegrad.ir.graph import Graph, Literal, Node, Operand, Value
 from fusegrad.ir.printer import format_scalar
 from fusegrad.ir.rewrite import GraphCopier
-from fusegrad.ops.primitive import PRIMITIVES, TensorType
+from fusegrad.ops.primitive import PRIMITIVES, TensorType, infer_type
 from fusegrad.passes.cse import COMMUTATIVE
 from fusegrad.passes.dce import dce
 from fusegrad.passes.manager import Pass, register_pass
@@ -307,7 +307,7 @@ def where_same_or_known(opts: RewriteOptions, ins: list, attrs: dict, out: Tenso
 
 def _infer(op: str, inputs: list, attrs: dict) -> TensorType | None:
     try:
-        return PRIMITIVES[op].infer(*(o.type for o in inputs), **attrs)
+        return infer_type(PRIMITIVES[op], [o.type for o in inputs], attrs)
     except (ValueError, TypeError, IndexError, KeyError):
         return None
 

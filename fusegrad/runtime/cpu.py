@@ -38,9 +38,10 @@ from fusegrad import dtypes
 from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel, kernel_phases, split_plan
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph, IRError, Literal, Value
+from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View
 from fusegrad.ir.printer import format_attrs, format_scalar, format_type
-from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
 from fusegrad.runtime import jit
+from fusegrad.runtime.memory_plan import donation_safe, plan_memory
 
 __all__ = ["Program", "KernelCode", "thread_pool", "set_num_threads", "get_num_threads"]
 
@@ -263,74 +264,16 @@ class Program:
     # ------------------------------------------------------------------ slots
 
     def _assign_slots(self) -> None:
-        g, kg = self.graph, self.kg
-        self.slots: dict[Value, int] = {}
-        for v in g.inputs:
-            self.slots[v] = len(self.slots)
-        self.n_inputs = len(g.inputs)
-        self.constants: dict[int, np.ndarray] = {}
-        for node in g.nodes:
-            if node.op == "constant":
-                self.slots[node.output] = len(self.slots)
-                self.constants[self.slots[node.output]] = np.ascontiguousarray(
-                    node.attrs["value"].array)
-        # Values that need memory: kernel outputs, and each matmul's product (BLAS writes
-        # it before the epilogue reads it).
-        producer_step: dict[Value, int] = {}
-        for i, k in enumerate(kg.kernels):
-            for v in k.outputs:
-                producer_step.setdefault(v, i)
-            if k.kind == "matmul":
-                for n in k.nodes:
-                    if n.op == "matmul":
-                        producer_step.setdefault(n.output, i)
-        outputs = {o for o in g.outputs if isinstance(o, Value)}
-        # Liveness: the last step reading each value (through any view); values returned
-        # as (views of) outputs live to the end.
-        last_use: dict[Value, int] = dict(producer_step)
-        for i, k in enumerate(kg.kernels):
-            for v in k.inputs:
-                last_use[v] = max(last_use.get(v, i), i)
-        for o in outputs:
-            if o in kg.views:
-                last_use[kg.views[o].base] = len(kg.kernels)
-        self.output_slots: set[int] = set()
-        self.intermediate_specs: dict[int, tuple] = {}
-        next_slot = len(self.slots)
-        busy_until: dict[int, int] = {}          # intermediate slot -> its last reader
-        by_spec: dict[tuple, list[int]] = {}
-        for v, step in sorted(producer_step.items(), key=lambda item: item[1]):
-            if v in self.slots:
-                continue
-            if v in outputs:
-                self.slots[v] = next_slot
-                self.output_slots.add(next_slot)
-                next_slot += 1
-                continue
-            # The dtype itself, not its .str: bfloat16's string is '<V2', which would
-            # allocate raw void buffers that numpy steps and returned views misread.
-            spec = (v.type.shape, v.type.dtype.np_dtype)
-            # Share a buffer whose last reader ran before this value's producer.
-            slot = next((s for s in by_spec.get(spec, []) if busy_until[s] < step), None)
-            if slot is None:
-                slot = next_slot
-                next_slot += 1
-                self.intermediate_specs[slot] = spec
-                by_spec.setdefault(spec, []).append(slot)
-            self.slots[v] = slot
-            busy_until[slot] = last_use.get(v, step)
-        # Scratch of split full reductions (their partial results between launches).
-        self.scratch_slots: dict[int, int] = {}
-        for i, k in enumerate(kg.kernels):
-            plan = split_plan(k)
-            if plan is not None:
-                self.scratch_slots[i] = next_slot
-                self.intermediate_specs[next_slot] = ((plan.cells(),), np.dtype(np.int64))
-                next_slot += 1
-        self.output_specs = sorted({(s, v.type.shape, v.type.dtype.np_dtype)
-                                    for v, s in self.slots.items() if s in self.output_slots},
-                                   key=lambda spec: spec[0])
-        self.n_slots = next_slot
+        plan = plan_memory(self.kg, _scratch_cells)
+        self.plan = plan
+        self.slots = plan.slots
+        self.n_inputs = plan.n_inputs
+        self.constants = plan.constants
+        self.output_slots = plan.output_slots
+        self.intermediate_specs = plan.intermediate_specs
+        self.scratch_slots = plan.scratch_slots
+        self.output_specs = plan.output_specs
+        self.n_slots = plan.n_slots
         self.arrays: list = [None] * self.n_slots
         for slot, arr in self.constants.items():
             self.arrays[slot] = arr
@@ -492,30 +435,8 @@ class Program:
         steps = [i for i, st in enumerate(self.steps) if o in st.kernel.outputs]
         if len(steps) != 1 or not isinstance(self.steps[steps[0]], LaunchStep):
             return False
-        k = self.steps[steps[0]].kernel
-        if k.kind not in ("elementwise", "reduction") or k.level.get(o) != "full" or \
-                o.type.shape != k.shape:
-            return False
-        for st in self.steps[steps[0] + 1:]:
-            if v in st.kernel.inputs:
-                return False
-        identity = identity_view(v).strides
-        for n in k.nodes:
-            for op in n.inputs:
-                if not isinstance(op, Value):
-                    continue
-                view = self.kg.views.get(op)
-                base = view.base if view is not None else op
-                if base is not v:
-                    continue
-                shape = view.shape if view is not None else op.type.shape
-                strides = view.strides if view is not None else identity
-                same = all(a == b for a, b, d in zip(strides, identity, shape) if d != 1)
-                if shape != k.shape or not same or \
-                        (view is not None and view.offset != 0) or \
-                        n.prim.kind.value not in ("elementwise",):
-                    return False
-        return True
+        later = [st.kernel for st in self.steps[steps[0] + 1:]]
+        return donation_safe(self.kg, self.steps[steps[0]].kernel, later, v, o)
 
     def fast_runner(self):
         """A call path for the common small case, or None: a program of LLVM kernels too
@@ -590,6 +511,12 @@ class Program:
 
     def kernels(self) -> list[str]:
         return [k.describe() for k in self.kg.kernels]
+
+
+def _scratch_cells(k: Kernel) -> int | None:
+    """8-byte scratch cells of a split full reduction's partial results (None: no scratch)."""
+    plan = split_plan(k)
+    return None if plan is None else plan.cells()
 
 
 class _LocalSlots(dict):

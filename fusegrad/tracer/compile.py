@@ -60,7 +60,7 @@ __all__ = ["compile", "CompiledFunction", "Lowered", "RECOMPILE_WARNING_LIMIT"]
 
 RECOMPILE_WARNING_LIMIT = 8        # the default of config.recompile_limit (kept for imports)
 DEFAULT_PIPELINE = "simplify,cse,dce,matmul-layout,overlap-collectives"
-BACKENDS = ("llvm", "interpreter")
+BACKENDS = ("llvm", "interpreter", "cuda")
 
 
 @dataclass
@@ -114,8 +114,7 @@ class CompiledFunction:
         if backend == "inductor":       # torch.compile's default backend: the native one here
             backend = "llvm"
         if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}"
-                             + (" (cuda is not available yet)" if backend == "cuda" else ""))
+            raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
         self.fn = fn
         self.module = fn if hasattr(fn, "_parameters") and hasattr(fn, "named_parameters") \
             else None
@@ -183,6 +182,8 @@ class CompiledFunction:
         info = graph.meta
         optimized = PassManager(self.pipeline).run(graph)
         program = None
+        if self.backend == "cuda":
+            program = self._program(optimized, _symbol(graph.name))
         if self.backend == "llvm":
             program = Program(fuse(optimized), name=_symbol(graph.name))
             if config.debug >= 4:
@@ -403,9 +404,8 @@ class CompiledFunction:
             part = partition_joint(entry.graph, wrt=list(wrt), free_inputs=free)
             name = _symbol(entry.graph.name)
             hit = entry.backward[key] = _SplitPrograms(
-                part,
-                Program(fuse(PassManager(self.pipeline).run(part.forward)), name=name + "_fwd"),
-                Program(fuse(PassManager(self.pipeline).run(part.backward)), name=name + "_bwd"))
+                part, self._program(PassManager(self.pipeline).run(part.forward), name + "_fwd"),
+                self._program(PassManager(self.pipeline).run(part.backward), name + "_bwd"))
         return hit
 
     def backward_program(self, entry: _Entry, wrt: tuple, seeded: tuple) -> tuple:
@@ -421,10 +421,19 @@ class CompiledFunction:
             g = vjp_graph(forward, list(wrt), name=f"{entry.graph.name}_backward")
             g.set_outputs(g.outputs[len(seeded):])
             g = dce(g)
-            program = Program(fuse(PassManager(self.pipeline).run(g)), name=_symbol(g.name)) \
-                if self.backend == "llvm" else None
+            program = self._program(PassManager(self.pipeline).run(g), _symbol(g.name)) \
+                if self.backend in ("llvm", "cuda") else None
             hit = entry.backward[(wrt, seeded)] = (program, g)
         return hit
+
+    def _program(self, graph: Graph, name: str):
+        """A program of ``graph`` (already through the pipeline) for this backend: LLVM
+        kernels on the CPU, or CUDA kernels (numpy arrays in and out, copied to and from
+        the device; the import happens only here, when CUDA is asked for)."""
+        if self.backend == "cuda":
+            from fusegrad.runtime.cuda import HostCudaProgram
+            return HostCudaProgram(fuse(graph), name=name)
+        return Program(fuse(graph), name=name)
 
 
 def _fast_call(entry: _Entry) -> Callable | None:
@@ -702,7 +711,8 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
     ``opt.zero_grad(); loss.backward(); opt.step()`` inside the function are captured, and
     parameters, ``.grad`` and optimizer state are updated in place after each call.
 
-    Options: ``backend`` ("llvm", or "interpreter" to run the graph on numpy; torch's
+    Options: ``backend`` ("llvm", "cuda" for CUDA kernels on the GPU, with numpy arrays
+    copied in and out, or "interpreter" to run the graph on numpy; torch's
     "inductor" means "llvm"), ``static_argnums``/``static_argnames`` (Python values baked into
     the trace), ``donate_argnums`` (outputs may reuse those inputs' buffers), ``fullgraph``
     (raise instead of running eagerly what cannot be traced), ``pipeline`` (the passes before

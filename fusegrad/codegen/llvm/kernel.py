@@ -42,13 +42,14 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import llvmlite.ir as ir
-import numpy as np
 
 from fusegrad import dtypes
+from fusegrad.codegen import indexing
 from fusegrad.codegen.llvm import mathlib
 from fusegrad.ir.graph import Literal, Node, Value
-from fusegrad.ops.prims import float_to_int_wide
-from fusegrad.passes.fusion import Kernel, KernelGraph, View, identity_view
+from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view
+from fusegrad.ops import lowering
+from fusegrad.ops.lowering import Unsupported
 
 __all__ = ["Unsupported", "KernelEmitter", "emit_kernel", "KERNEL_ARGS", "lltype", "ColumnPlan",
            "column_plan", "parallel_extent", "SplitPlan", "split_plan", "kernel_phases"]
@@ -81,12 +82,6 @@ MAX_INTERLEAVED_BODY = 48
 # layer_norm rows) are one block, with no outer accumulator.
 SUM_BLOCK = 2048
 
-_HALF_TYPES = (dtypes.float16, dtypes.bfloat16)
-# Ops whose float32 result on 16-bit operands is already a 16-bit value (they select or
-# move an operand, or round to an integer), so it needs no rounding back.
-_EXACT_ON_HALF = frozenset({"copy", "stop_gradient", "neg", "abs", "sign", "floor", "ceil",
-                            "round", "maximum", "minimum", "where", "cast", "reshape",
-                            "broadcast_to", "pad", "concat", "full", "fmod"})
 _REDUCE_FLAGS = ("reassoc",)
 
 # Column reductions (the innermost axis kept, see ColumnPlan): a tile holds at most this many
@@ -194,7 +189,7 @@ class SplitPlan:
 
 def _reductions(kernel: Kernel) -> list[Node]:
     """The reductions a reduction kernel loops over, in order."""
-    return [n for n in kernel.nodes if n.op in ("sum", "max", "min", "prod") and
+    return [n for n in kernel.nodes if n.op in lowering.REDUCE_OPS and
             tuple(n.attrs["axes"]) == kernel.axes and kernel.level[n.output] == "row"]
 
 
@@ -239,10 +234,6 @@ def parallel_extent(kernel: Kernel) -> int:
     return kernel.shape[0] if kernel.shape else 1
 
 
-class Unsupported(NotImplementedError):
-    """This kernel (a primitive or dtype) has no LLVM lowering."""
-
-
 def lltype(dt: dtypes.DType) -> ir.Type:
     """Register type of a dtype (bools are i1, 16-bit floats compute as float)."""
     if dt is dtypes.bool_:
@@ -261,20 +252,131 @@ def memtype(dt: dtypes.DType) -> ir.Type:
     return lltype(dt)
 
 
+class LLVMScalars:
+    """The :class:`fusegrad.ops.lowering.ScalarBuilder` of the LLVM backend: each operation
+    is one llvmlite instruction (or an intrinsic, or mathlib's inline code) at the position
+    of ``emitter.b``. Float arithmetic carries no fast-math flags (``reassoc`` on a
+    reduction's combine), never ``nnan``/``ninf``."""
+
+    def __init__(self, emitter: "KernelEmitter | None"):
+        self.em = emitter
+
+    @property
+    def b(self) -> ir.IRBuilder:
+        return self.em.b
+
+    def const(self, dt: dtypes.DType, value) -> ir.Constant:
+        t = lltype(dt)
+        return ir.Constant(t, int(value) if isinstance(t, ir.IntType) else float(value))
+
+    def binary(self, op: str, x, y, dt: dtypes.DType, reassociable: bool = False,
+               contract: bool = True):
+        b = self.b
+        if dt.is_floating_point:
+            if op in ("max", "min"):
+                return self.em.intrinsic("llvm." + ("maximum" if op == "max" else "minimum"),
+                                         [x, y])
+            if op == "rem":
+                return b.frem(x, y)           # exact: IEEE fmod, as numpy and C
+            flags = _REDUCE_FLAGS if reassociable else _FLAGS if contract else ()
+            return getattr(b, "f" + op)(x, y, flags=flags)
+        u = lowering.unsigned(dt)
+        if op in ("max", "min"):
+            return self.em.intrinsic(f"llvm.{'u' if u else 's'}{op}", [x, y])
+        if op == "div":
+            return b.udiv(x, y) if u else b.sdiv(x, y)
+        if op == "rem":
+            return b.urem(x, y) if u else b.srem(x, y)
+        if op == "shr":
+            return b.lshr(x, y) if u else b.ashr(x, y)
+        if op in ("and", "or"):
+            return getattr(b, op + "_")(x, y)
+        return getattr(b, op)(x, y)
+
+    def unary(self, op: str, x, dt: dtypes.DType):
+        b = self.b
+        if op == "neg":
+            return b.fneg(x, flags=_FLAGS) if dt.is_floating_point else b.neg(x)
+        if op in ("fabs", "floor", "ceil", "roundeven"):
+            return self.em.intrinsic(f"llvm.{op}", [x])
+        return mathlib.emit_unary(b, op, x)
+
+    def cmp(self, pred: str, x, y, dt: dtypes.DType):
+        sym = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[pred]
+        b = self.b
+        if dt.is_floating_point:
+            if pred == "ne" and x is y:
+                return b.fcmp_unordered("uno", x, x)      # isnan, as LLVM spells it
+            return b.fcmp_unordered(sym, x, y) if pred == "ne" else b.fcmp_ordered(sym, x, y)
+        if lowering.unsigned(dt):
+            return b.icmp_unsigned(sym, x, y)
+        return b.icmp_signed(sym, x, y)
+
+    def select(self, c, x, y, dt: dtypes.DType):
+        return self.b.select(c, x, y)
+
+    def cast(self, x, src: dtypes.DType, dst: dtypes.DType):
+        b = self.b
+        st, dt_ = lltype(src), lltype(dst)
+        if src.is_floating_point and dst.is_floating_point:
+            if st == dt_:
+                return x
+            return b.fpext(x, dt_) if isinstance(dt_, ir.DoubleType) else b.fptrunc(x, dt_)
+        if src.is_floating_point:
+            return b.fptoui(x, dt_) if lowering.unsigned(dst) else b.fptosi(x, dt_)
+        if dst.is_floating_point:
+            return b.uitofp(x, dt_) if lowering.unsigned(src) else b.sitofp(x, dt_)
+        if st.width == dt_.width:
+            return x
+        if st.width > dt_.width:
+            return b.trunc(x, dt_)
+        return b.zext(x, dt_) if lowering.unsigned(src) else b.sext(x, dt_)
+
+    def bitcast(self, x, src: dtypes.DType, dst: dtypes.DType):
+        return x if lltype(src) == lltype(dst) else self.b.bitcast(x, lltype(dst))
+
+    def call(self, fn: str, args: list, dt: dtypes.DType):
+        if fn == "pow":
+            return mathlib.emit_pow(self.b, *args)
+        if fn == "ipow":
+            return self.int_power(*args)
+        if fn == "copysign":
+            return self.em.intrinsic("llvm.copysign", args)
+        raise lowering.Unsupported(f"no LLVM lowering for {fn}")
+
+    def int_power(self, x, y) -> ir.Value:
+        """Integer ``x**y`` for ``y >= 0`` by square-and-multiply, wrapping as numpy does: a
+        loop over the bits of ``y`` (unrolled over all 64 bits, LLVM takes seconds to
+        vectorize it)."""
+        b = self.b
+        t = x.type
+        zero, one = ir.Constant(t, 0), ir.Constant(t, 1)
+        pre = b.block
+        header = b.append_basic_block("ipow.header")
+        body = b.append_basic_block("ipow.body")
+        done = b.append_basic_block("ipow.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        acc, base, e = b.phi(t), b.phi(t), b.phi(t)
+        acc.add_incoming(one, pre)
+        base.add_incoming(x, pre)
+        e.add_incoming(y, pre)
+        b.cbranch(b.icmp_unsigned("!=", e, zero), body, done)
+        b.position_at_end(body)
+        bit = b.icmp_unsigned("!=", b.and_(e, one), zero)
+        acc.add_incoming(b.select(bit, b.mul(acc, base), acc), body)
+        base.add_incoming(b.mul(base, base), body)
+        e.add_incoming(b.lshr(e, one), body)
+        b.branch(header)
+        b.position_at_end(done)
+        return acc
+
+
+_CONSTANTS = LLVMScalars(None)
+
+
 def _const(dt: dtypes.DType, value) -> ir.Constant:
-    t = lltype(dt)
-    if dt is dtypes.bool_:
-        return ir.Constant(I1, int(bool(value)))
-    if dt in _HALF_TYPES:
-        # A 16-bit constant holds a 16-bit value: full(0.1, float16) is float16(0.1).
-        return ir.Constant(t, float(np.asarray(value, dtype=dt.np_dtype).astype(np.float32)))
-    if dt.is_floating_point:
-        return ir.Constant(t, float(value))
-    return ir.Constant(t, int(value))
-
-
-def _unsigned(dt: dtypes.DType) -> bool:
-    return dt.category == 1 and not dt.is_signed or dt is dtypes.bool_
+    return lowering.constant(_CONSTANTS, dt, value)
 
 
 class KernelEmitter:
@@ -295,6 +397,7 @@ class KernelEmitter:
         entry = self.fn.append_basic_block("entry")
         self.body_block = self.fn.append_basic_block("body")
         self.b = ir.IRBuilder(self.body_block)
+        self.sb = LLVMScalars(self)
         self.entry_builder = ir.IRBuilder(entry)
         self.scopes: list[dict] = [{}]
         self.acc: dict[Value, ir.Value] = {}
@@ -450,65 +553,10 @@ class KernelEmitter:
         self.b.store(self.to_memory(x, v.type.dtype), self.address(view, coords))
 
     def from_memory(self, raw: ir.Value, dt: dtypes.DType) -> ir.Value:
-        b = self.b
-        if dt is dtypes.bool_:
-            return b.icmp_unsigned("!=", raw, ir.Constant(I8, 0))
-        if dt is dtypes.float16:
-            return self.half_to_float(raw)
-        if dt is dtypes.bfloat16:
-            return b.bitcast(b.shl(b.zext(raw, I32), ir.Constant(I32, 16)), F32)
-        return raw
+        return lowering.from_memory(self.sb, raw, dt)
 
     def to_memory(self, x: ir.Value, dt: dtypes.DType) -> ir.Value:
-        b = self.b
-        if dt is dtypes.bool_:
-            return b.zext(x, I8)
-        if dt is dtypes.float16:
-            return self.float_to_half(x)
-        if dt is dtypes.bfloat16:
-            # Round to nearest even on the upper 16 bits; NaNs stay NaN (quiet bit set).
-            bits = b.bitcast(x, I32)
-            lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
-            rounded = b.add(bits, b.add(ir.Constant(I32, 0x7FFF), lsb))
-            is_nan = b.fcmp_unordered("uno", x, x)
-            quiet = b.or_(bits, ir.Constant(I32, 0x400000))
-            chosen = b.select(is_nan, quiet, rounded)
-            return b.trunc(b.lshr(chosen, ir.Constant(I32, 16)), I16)
-        return x
-
-    # float16 goes through integer code, not LLVM's half type: with ``half`` loads, LLVM 22's
-    # SLP vectorizer and loop-load elimination take tens of seconds on kernels whose inner
-    # extent is 16 to 40 (one negation of a 3x40 array: 30 s). These are exact and vectorize.
-
-    def half_to_float(self, raw: ir.Value) -> ir.Value:
-        """IEEE half bits to float: the exponent and mantissa shifted into place and scaled
-        by 2**112 (rebiasing normals and denormals alike), Inf/NaN patched, sign or'ed in."""
-        b = self.b
-        h = b.zext(raw, I32)
-        magnitude = b.shl(b.and_(h, ir.Constant(I32, 0x7FFF)), ir.Constant(I32, 13))
-        scaled = b.bitcast(b.fmul(b.bitcast(magnitude, F32), ir.Constant(F32, 2.0 ** 112)), I32)
-        special = b.icmp_unsigned(">=", magnitude, ir.Constant(I32, 0x7C00 << 13))
-        bits = b.select(special, b.or_(magnitude, ir.Constant(I32, 0x7F800000)), scaled)
-        sign = b.shl(b.and_(h, ir.Constant(I32, 0x8000)), ir.Constant(I32, 16))
-        return b.bitcast(b.or_(bits, sign), F32)
-
-    def float_to_half(self, x: ir.Value) -> ir.Value:
-        """float to IEEE half bits, rounding to nearest even (F. Giesen's float_to_half_fast3):
-        overflow to Inf, NaN to a quiet NaN, subnormal results rounded by a float addition."""
-        b = self.b
-        c = lambda v: ir.Constant(I32, v)  # noqa: E731
-        bits = b.bitcast(x, I32)
-        sign = b.and_(bits, c(0x80000000))
-        f = b.xor(bits, sign)
-        # Subnormal halves: adding 0.5 (as float) lines the mantissa up and rounds it.
-        magic = (127 - 15 + 23 - 10 + 1) << 23
-        sub = b.sub(b.bitcast(b.fadd(b.bitcast(f, F32), b.bitcast(c(magic), F32)), I32), c(magic))
-        odd = b.and_(b.lshr(f, c(13)), c(1))
-        normal = b.lshr(b.add(b.add(f, c(((15 - 127) << 23) + 0xFFF)), odd), c(13))
-        out = b.select(b.icmp_unsigned("<", f, c(113 << 23)), sub, normal)
-        inf_or_nan = b.select(b.icmp_unsigned(">", f, c(255 << 23)), c(0x7E00), c(0x7C00))
-        out = b.select(b.icmp_unsigned(">=", f, c((127 + 16) << 23)), inf_or_nan, out)
-        return b.trunc(b.or_(out, b.lshr(sign, c(16))), I16)
+        return lowering.to_memory(self.sb, x, dt)
 
     # ------------------------------------------------------------------ expressions
 
@@ -532,169 +580,35 @@ class KernelEmitter:
         self.scopes[-1][key] = (out, tuple(coords))
         return out
 
-    def operand_coords(self, op, out_shape, coords) -> list:
-        """Coordinates of a broadcast operand: right-aligned, size-1 dims at index 0."""
-        if isinstance(op, Literal):
-            return []
-        shape = op.type.shape
-        lead = len(out_shape) - len(shape)
-        zero = ir.Constant(I64, 0)
-        return [zero if d == 1 and out_shape[lead + i] != 1 else coords[lead + i]
-                for i, d in enumerate(shape)]
-
     def emit_node(self, node: Node, coords) -> ir.Value:
         op = node.op
         out_shape = node.output.type.shape
         if op == "reshape":
-            return self.emit(node.inputs[0], self.reshape_coords(node, coords))
+            return self.emit(node.inputs[0], indexing.reshape_coords(
+                self.sb, node.inputs[0].type.shape, out_shape, coords))
         if op == "broadcast_to":
-            return self.emit(node.inputs[0], self.operand_coords(node.inputs[0], out_shape, coords))
+            return self.emit(node.inputs[0], indexing.operand_coords(
+                self.sb, node.inputs[0], out_shape, coords))
         if op == "full":
             return _const(node.attrs["dtype"], node.attrs["value"])
         if op == "iota":
             return self.convert(coords[node.attrs["axis"]], dtypes.int64, node.attrs["dtype"])
         if op == "pad":
-            return self.emit_pad(node, coords)
+            return indexing.pad_value(self.sb, node, coords, self.emit)
         if op == "concat":
-            return self.emit_concat(node, coords)
-        args = [self.emit(x, self.operand_coords(x, out_shape, coords)) for x in node.inputs]
-        in_dt = node.inputs[0].type.dtype if node.inputs else node.output.type.dtype
-        out = self.scalar(op, args, in_dt, node)
-        if op not in _EXACT_ON_HALF:
-            # Eager rounds every 16-bit result; so must a fused chain (tanh(5.) is 1 in
-            # float16, and .long() of it must give 1, not 0).
-            out = self.round_half(out, node.output.type.dtype)
-        return out
+            return indexing.concat_value(self.sb, node, coords, self.emit)
+        args = [self.emit(x, indexing.operand_coords(self.sb, x, out_shape, coords))
+                for x in node.inputs]
+        return lowering.lower_scalar(self.sb, node, args)
 
     def round_half(self, x: ir.Value, dt: dtypes.DType) -> ir.Value:
         """``x`` (a float register) rounded to ``dt`` when ``dt`` is a 16-bit float."""
-        if dt not in _HALF_TYPES:
-            return x
-        return self.from_memory(self.to_memory(x, dt), dt)
-
-    def shifted(self, c, start: int, size: int):
-        """``(c - start, whether 0 <= c - start < size)``, the index clamped to 0 outside, so
-        that a load at it stays in bounds and a select can discard it."""
-        b = self.b
-        if size == 1:
-            # Index 0 as a constant: a load through it is seen to be loop-invariant (and
-            # emitted ahead of the loop, see load).
-            return ir.Constant(I64, 0), b.icmp_signed("==", c, ir.Constant(I64, start))
-        i = b.sub(c, ir.Constant(I64, start)) if start else c
-        inside = b.icmp_unsigned("<", i, ir.Constant(I64, size))
-        return b.select(inside, i, ir.Constant(I64, 0)), inside
-
-    def emit_pad(self, node: Node, coords) -> ir.Value:
-        src = node.inputs[0]
-        fill = _const(node.output.type.dtype, node.attrs["value"])
-        if 0 in src.type.shape:
-            return fill
-        inside, src_coords = None, []
-        for c, (lo, _), d in zip(coords, node.attrs["widths"], src.type.shape, strict=True):
-            i, ok = self.shifted(c, lo, d)
-            src_coords.append(i)
-            inside = ok if inside is None else self.b.and_(inside, ok)
-        x = self.emit(src, src_coords)
-        return x if inside is None else self.b.select(inside, x, fill)
-
-    def emit_concat(self, node: Node, coords) -> ir.Value:
-        axis = node.attrs["axis"]
-        parts, start = [], 0
-        for x in node.inputs:
-            size = x.type.shape[axis]
-            if size:
-                parts.append((x, start, size))
-            start += size
-        if len(parts) > 16:
-            raise Unsupported("concat of more than 16 operands (every element would load all)")
-        out = None
-        for x, start, size in reversed(parts):
-            i, inside = self.shifted(coords[axis], start, size)
-            value = self.emit(x, list(coords[:axis]) + [i] + list(coords[axis + 1:]))
-            out = value if out is None else self.b.select(inside, value, out)
-        # An empty result: the loop body that would use this never runs.
-        return out if out is not None else _const(node.output.type.dtype, 0)
-
-    def reshape_coords(self, node: Node, coords) -> list:
-        """Index of a reshape's operand: drop or insert unit dims, else linearize and split."""
-        src = node.inputs[0].type.shape
-        dst = node.output.type.shape
-        if [d for d in src if d != 1] == [d for d in dst if d != 1]:
-            real = iter(c for c, d in zip(coords, dst) if d != 1)
-            zero = ir.Constant(I64, 0)
-            return [zero if d == 1 else next(real) for d in src]
-        b = self.b
-        flat = ir.Constant(I64, 0)
-        for c, d in zip(coords, dst):
-            flat = b.add(b.mul(flat, ir.Constant(I64, d)), c)
-        out = []
-        for d in reversed(src):
-            out.append(b.urem(flat, ir.Constant(I64, d)))
-            flat = b.udiv(flat, ir.Constant(I64, d))
-        return list(reversed(out))
+        return lowering.round_half(self.sb, x, dt)
 
     # ------------------------------------------------------------------ scalar ops
 
     def convert(self, x: ir.Value, src: dtypes.DType, dst: dtypes.DType) -> ir.Value:
-        b = self.b
-        if dst in (dtypes.float16, dtypes.bfloat16) and src is not dst:
-            # A 16-bit float computes in a float register but must hold a 16-bit value: a
-            # fused x.to(float16) rounds, it is not a no-op. float64 goes to float16 through
-            # float32 rounded to odd, which makes the two roundings one (as numpy's direct
-            # conversion); ml_dtypes rounds float64 to bfloat16 through float32 as well.
-            if src is dtypes.float64 and dst is dtypes.float16:
-                wide = self.round_to_odd(x)
-            else:
-                wide = self.convert(x, src, dtypes.float32)
-            return self.from_memory(self.to_memory(wide, dst), dst)
-        st, dt_ = lltype(src), lltype(dst)
-        if dst is dtypes.bool_:
-            if src.is_floating_point:
-                return b.fcmp_unordered("une", x, ir.Constant(st, 0.0))
-            return b.icmp_unsigned("!=", x, ir.Constant(st, 0))
-        if src is dtypes.bool_:
-            return b.uitofp(x, dt_) if dst.is_floating_point else b.zext(x, dt_)
-        if src.is_floating_point and dst.is_floating_point:
-            if st == dt_:
-                return x
-            return b.fpext(x, dt_) if isinstance(dt_, ir.DoubleType) else b.fptrunc(x, dt_)
-        if src.is_floating_point:
-            return self.float_to_int(x, dst)
-        if dst.is_floating_point:
-            return b.uitofp(x, dt_) if _unsigned(src) else b.sitofp(x, dt_)
-        if st.width == dt_.width:
-            return x
-        if st.width > dt_.width:
-            return b.trunc(x, dt_)
-        return b.zext(x, dt_) if _unsigned(src) else b.sext(x, dt_)
-
-    def float_to_int(self, x: ir.Value, dst: dtypes.DType) -> ir.Value:
-        """torch's float-to-int cast on x86 (see ``prims.float_to_int_wide``): exact
-        truncation to a wide signed type in range, INT_MIN of it for NaN, Inf and out of
-        range, then the low bits. LLVM's fptosi is poison out of range, so it only ever
-        sees in-range values (others are replaced by 0 first)."""
-        b = self.b
-        _, bits = float_to_int_wide(dst)
-        wide = ir.IntType(bits)
-        limit = ir.Constant(x.type, 2.0 ** (bits - 1))
-        inside = b.and_(b.fcmp_ordered(">=", x, b.fneg(limit)), b.fcmp_ordered("<", x, limit))
-        safe = b.select(inside, x, ir.Constant(x.type, 0.0))
-        out = b.select(inside, b.fptosi(safe, wide), ir.Constant(wide, -(2 ** (bits - 1))))
-        target = lltype(dst)
-        return out if target.width == bits else b.trunc(out, target)
-
-    def round_to_odd(self, x: ir.Value) -> ir.Value:
-        """double to float, rounded toward zero with the lowest bit set when inexact."""
-        b = self.b
-        t = b.fptrunc(x, F32)
-        back = b.fpext(t, F64)
-        inexact = b.fcmp_ordered("!=", back, x)
-        away = b.fcmp_ordered(">", self.intrinsic("llvm.fabs", [back]),
-                              self.intrinsic("llvm.fabs", [x]))
-        bits = b.bitcast(t, I32)
-        bits = b.select(b.and_(inexact, away), b.sub(bits, ir.Constant(I32, 1)), bits)
-        bits = b.select(inexact, b.or_(bits, ir.Constant(I32, 1)), bits)
-        return b.bitcast(bits, F32)
+        return lowering.convert(self.sb, x, src, dst)
 
     def intrinsic(self, name: str, args: list, ret: ir.Type | None = None) -> ir.Value:
         t = args[0].type
@@ -706,233 +620,6 @@ class KernelEmitter:
         if fn is None:
             fn = ir.Function(self.module, ir.FunctionType(ret, [a.type for a in args]), name=full)
         return self.b.call(fn, args)
-
-    def scalar(self, op: str, a: list, dt: dtypes.DType, node: Node) -> ir.Value:
-        b = self.b
-        is_float = dt.is_floating_point
-        x = a[0] if a else None
-        if op in ("copy", "stop_gradient"):
-            return x
-        if op == "cast":
-            return self.convert(x, dt, node.attrs["dtype"])
-        if op in ("sum", "prod", "max", "min") and not node.attrs["axes"]:
-            # A reduction over no axes (fusion makes it a copy kernel): sum and prod of
-            # bools and integers still widen to int64, and a float sum adds its identity +0.0
-            # (sum(-0.) is +0., as in numpy and torch).
-            x = self.convert(x, dt, node.output.type.dtype)
-            if op == "sum" and node.output.type.dtype.is_floating_point:
-                x = b.fadd(x, ir.Constant(x.type, 0.0), flags=_FLAGS)
-            return x
-        if op == "neg":
-            return b.fneg(x, flags=_FLAGS) if is_float else b.neg(x)
-        if op == "abs":
-            if is_float:
-                return self.intrinsic("llvm.fabs", [x])
-            return b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)), b.neg(x), x)
-        if op in ("exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "erf", "sin",
-                  "cos", "tan", "sqrt"):
-            return mathlib.emit_unary(b, op, x)
-        if op == "reciprocal":
-            return b.fdiv(ir.Constant(x.type, 1.0), x, flags=_FLAGS)
-        if op in ("floor", "ceil"):
-            return self.intrinsic(f"llvm.{op}", [x])
-        if op == "round":
-            return self.intrinsic("llvm.roundeven", [x])
-        if op == "sign":
-            if is_float:
-                one = ir.Constant(x.type, 1.0)
-                pos = b.fcmp_ordered(">", x, ir.Constant(x.type, 0.0))
-                neg = b.fcmp_ordered("<", x, ir.Constant(x.type, 0.0))
-                # sign(nan) and sign(-0.) are +0., as in torch and eager
-                zero = ir.Constant(x.type, 0.0)
-                return b.select(pos, one, b.select(neg, ir.Constant(x.type, -1.0), zero))
-            zero = ir.Constant(x.type, 0)
-            pos = b.zext(b.icmp_signed(">", x, zero), x.type)
-            neg = b.zext(b.icmp_signed("<", x, zero), x.type)
-            return b.sub(pos, neg) if dt.is_signed else pos
-        if op == "not":
-            return b.xor(x, ir.Constant(I1, 1))
-        y = a[1] if len(a) > 1 else None
-        if op in ("add", "sub", "mul"):
-            if is_float:
-                return getattr(b, "f" + op)(x, y, flags=_FLAGS)
-            return getattr(b, op)(x, y)
-        if op == "div":
-            if not is_float:
-                raise Unsupported("integer true division reaches codegen only after a cast")
-            return b.fdiv(x, y, flags=_FLAGS)
-        if op == "pow":
-            return self.power(x, y, dt, node)
-        if op in ("maximum", "minimum"):
-            if is_float:
-                # numpy's (eager's) maximum: NaN if either is NaN, else ``x`` only where it
-                # is strictly greater, so a tie of -0. and 0. gives ``y`` (llvm.maximum would
-                # give +0.); x86's maxps computes exactly this select.
-                wins = b.fcmp_ordered(">" if op == "maximum" else "<", x, y)
-                return b.select(b.fcmp_unordered("uno", x, x), x, b.select(wins, x, y))
-            if dt is dtypes.bool_:
-                return b.or_(x, y) if op == "maximum" else b.and_(x, y)
-            kind = ("u" if _unsigned(dt) else "s") + ("max" if op == "maximum" else "min")
-            return self.intrinsic(f"llvm.{kind}", [x, y])
-        if op in ("lt", "le", "eq", "ne"):
-            sym = {"lt": "<", "le": "<=", "eq": "==", "ne": "!="}[op]
-            if is_float:
-                return b.fcmp_unordered(sym, x, y) if op == "ne" else b.fcmp_ordered(sym, x, y)
-            if _unsigned(dt):
-                return b.icmp_unsigned(sym, x, y)
-            return b.icmp_signed(sym, x, y)
-        if op == "and":
-            return b.and_(x, y)
-        if op == "or":
-            return b.or_(x, y)
-        if op == "where":
-            return b.select(a[0], a[1], a[2])
-        if op in ("floordiv", "remainder", "fmod") and not is_float:
-            divisor = node.inputs[1]
-            if not isinstance(divisor, Literal) or divisor.value == 0:
-                # Eager (and torch) raise ZeroDivisionError on an integer division by zero; a
-                # kernel cannot raise, so this one runs its numpy reference, which does.
-                raise Unsupported(f"integer {op} by a tensor (raises on division by zero)")
-        if op == "floordiv":
-            return self.float_floordiv(x, y) if is_float else self.int_floordiv(x, y, dt)
-        if op == "remainder":
-            return self.remainder(x, y, dt)
-        if op == "fmod":
-            if is_float:
-                return b.frem(x, y)     # exact: IEEE fmod, as numpy and C
-            return self.int_fmod(x, y, dt)
-        raise Unsupported(f"no LLVM lowering for {op} on {dt}")
-
-    def power(self, x, y, dt, node: Node) -> ir.Value:
-        b = self.b
-        lit = node.inputs[1]
-        if dt is dtypes.bool_:
-            # 1**y = 1 and 0**0 = 1, 0**1 = 0: x or not y (int_power's loop would shift an
-            # i1 by one bit, which is poison in LLVM, and hung).
-            return b.or_(x, b.xor(y, ir.Constant(I1, 1)))
-        if not dt.is_floating_point and dt.is_signed and (
-                not isinstance(lit, Literal) or lit.value < 0):
-            # Eager (numpy, and torch) raise "Integers to negative integer powers are not
-            # allowed"; a kernel cannot raise, so this one runs its numpy reference, which does.
-            raise Unsupported("integer pow by a tensor or a negative exponent (raises on a "
-                              "negative exponent)")
-        # Float products stay within 1 ulp up to the cube (x**4 reaches 1.5 ulp, and 1 / (x * x)
-        # loses bits where x * x is denormal), so other float powers go through mathlib's pow.
-        lo, hi = (-1, 3) if dt.is_floating_point else (0, 8)
-        if isinstance(lit, Literal) and float(lit.value).is_integer() and lo <= lit.value <= hi:
-            n = int(lit.value)
-            if n == 0:
-                return ir.Constant(x.type, 1.0 if dt.is_floating_point else 1)
-            acc = x
-            for _ in range(abs(n) - 1):
-                acc = b.fmul(acc, x, flags=_FLAGS) if dt.is_floating_point else b.mul(acc, x)
-            if n < 0:
-                acc = b.fdiv(ir.Constant(x.type, 1.0), acc, flags=_FLAGS)
-            return acc
-        if isinstance(lit, Literal) and lit.value == 0.5 and dt.is_floating_point:
-            # numpy (the eager reference) and torch both take float32/float64 x**0.5 as
-            # sqrt(x): NaN at -inf and -0 at -0. Their float16 and bfloat16 powers are C's
-            # pow in float32, which gives +inf and +0 there.
-            if dt in _HALF_TYPES:
-                root = mathlib.emit_unary(b, "sqrt", b.fadd(x, ir.Constant(x.type, 0.0)))
-                neg_inf = b.fcmp_ordered("==", x, ir.Constant(x.type, -math.inf))
-                return b.select(neg_inf, ir.Constant(x.type, math.inf), root)
-            return mathlib.emit_unary(b, "sqrt", x)
-        if not dt.is_floating_point:
-            return self.int_power(x, y)
-        return mathlib.emit_pow(b, x, y)
-
-    def int_power(self, x, y) -> ir.Value:
-        """Integer ``x**y`` for ``y >= 0`` (unsigned, or a non-negative literal: see ``power``)
-        by square-and-multiply, wrapping as numpy does: a loop over the bits of ``y``
-        (unrolled over all 64 bits, LLVM takes seconds to vectorize it)."""
-        b = self.b
-        t = x.type
-        zero, one = ir.Constant(t, 0), ir.Constant(t, 1)
-        pre = b.block
-        header = b.append_basic_block("ipow.header")
-        body = b.append_basic_block("ipow.body")
-        done = b.append_basic_block("ipow.exit")
-        b.branch(header)
-        b.position_at_end(header)
-        acc, base, e = b.phi(t), b.phi(t), b.phi(t)
-        acc.add_incoming(one, pre)
-        base.add_incoming(x, pre)
-        e.add_incoming(y, pre)
-        b.cbranch(b.icmp_unsigned("!=", e, zero), body, done)
-        b.position_at_end(body)
-        bit = b.icmp_unsigned("!=", b.and_(e, one), zero)
-        acc.add_incoming(b.select(bit, b.mul(acc, base), acc), body)
-        base.add_incoming(b.mul(base, base), body)
-        e.add_incoming(b.lshr(e, one), body)
-        b.branch(header)
-        b.position_at_end(done)
-        return acc
-
-    def float_floordiv(self, x, y) -> ir.Value:
-        """numpy's ``floor_divide`` (``npy_divmod``): the quotient of ``x - fmod(x, y)``,
-        moved down when the remainder's sign differs from ``y``'s and snapped to the nearest
-        integer, so that 1 // 0.1 is 9 as in Python, where floor(1 / 0.1) would be 10."""
-        b = self.b
-        zero, one = ir.Constant(x.type, 0.0), ir.Constant(x.type, 1.0)
-        mod = b.frem(x, y)
-        div = b.fdiv(b.fsub(x, mod), y)
-        adjust = b.and_(b.fcmp_unordered("!=", mod, zero),
-                        b.xor(b.fcmp_ordered("<", y, zero), b.fcmp_ordered("<", mod, zero)))
-        div = b.select(adjust, b.fsub(div, one), div)
-        floored = self.intrinsic("llvm.floor", [div])
-        floored = b.select(b.fcmp_ordered(">", b.fsub(div, floored), ir.Constant(x.type, 0.5)),
-                           b.fadd(floored, one), floored)
-        quotient = b.fdiv(x, y)
-        signed_zero = self.intrinsic("llvm.copysign", [zero, quotient])
-        out = b.select(b.fcmp_unordered("!=", div, zero), floored, signed_zero)
-        return b.select(b.fcmp_ordered("==", y, zero), quotient, out)
-
-    def safe_divisor(self, y, dt) -> ir.Value:
-        """``y`` with the divisors LLVM leaves undefined replaced by 1: 0 (only a nonzero
-        literal reaches here; see ``scalar``) and, for signed types, -1 (INT_MIN / -1
-        overflows; callers patch the -1 case, where x // -1 is -x wrapped and x % -1 is 0)."""
-        b = self.b
-        one = ir.Constant(y.type, 1)
-        bad = b.icmp_signed("==", y, ir.Constant(y.type, 0))
-        if not _unsigned(dt):
-            bad = b.or_(bad, b.icmp_signed("==", y, ir.Constant(y.type, -1)))
-        return b.select(bad, one, y)
-
-    def int_floordiv(self, x, y, dt) -> ir.Value:
-        b = self.b
-        zero = ir.Constant(x.type, 0)
-        safe = self.safe_divisor(y, dt)
-        if _unsigned(dt):
-            return b.udiv(x, safe)
-        q = b.sdiv(x, safe)
-        r = b.srem(x, safe)
-        fix = b.and_(b.icmp_signed("!=", r, zero),
-                     b.icmp_signed("<", b.xor(r, safe), zero))
-        q = b.sub(q, b.zext(fix, x.type))
-        return b.select(b.icmp_signed("==", y, ir.Constant(x.type, -1)), b.neg(x), q)
-
-    def int_fmod(self, x, y, dt) -> ir.Value:
-        """C's ``%`` (numpy's integer fmod): the sign of ``x``."""
-        b = self.b
-        safe = self.safe_divisor(y, dt)
-        return b.urem(x, safe) if _unsigned(dt) else b.srem(x, safe)
-
-    def remainder(self, x, y, dt) -> ir.Value:
-        b = self.b
-        if dt.is_floating_point:
-            r = b.frem(x, y)
-            zero = ir.Constant(x.type, 0.0)
-            fix = b.and_(b.fcmp_ordered("!=", r, zero),
-                         b.xor(b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", y, zero)))
-            return b.select(fix, b.fadd(r, y), r)
-        zero = ir.Constant(x.type, 0)
-        safe = self.safe_divisor(y, dt)
-        if _unsigned(dt):
-            return b.urem(x, safe)
-        r = b.srem(x, safe)
-        fix = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("<", b.xor(r, safe), zero))
-        return b.select(fix, b.add(r, safe), r)
 
     # ------------------------------------------------------------------ kernels
 
@@ -1037,23 +724,7 @@ class KernelEmitter:
 
     def identity(self, node: Node) -> ir.Constant:
         """The accumulator's starting value for reduction ``node``."""
-        out_dt = node.output.type.dtype
-        op = node.op
-        if out_dt.is_floating_point:
-            # A float sum starts at +0.0, as numpy's and torch's do: sum([]) and sum([-0.])
-            # are +0. (-0.0, the identity of IEEE addition, would keep sum([-0.]) == -0.)
-            init = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}[op]
-        elif op in ("max", "min"):
-            if out_dt is dtypes.bool_:
-                init = 0 if op == "max" else 1
-            else:
-                bits = lltype(out_dt).width
-                lo, hi = (0, 2 ** bits - 1) if _unsigned(out_dt) else \
-                    (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-                init = lo if op == "max" else hi
-        else:
-            init = 0 if op == "sum" else 1
-        return _const(out_dt, init)
+        return lowering.reduction_identity(self.sb, node.op, node.output.type.dtype)
 
     def reduce_loop(self, node: Node, row, full_coords) -> None:
         k, b = self.k, self.b
@@ -1478,21 +1149,7 @@ class KernelEmitter:
         return index
 
     def combine(self, op: str, acc, x, dt) -> ir.Value:
-        b = self.b
-        if dt.is_floating_point:
-            if op == "sum":
-                return b.fadd(acc, x, flags=_REDUCE_FLAGS)
-            if op == "prod":
-                return b.fmul(acc, x, flags=_REDUCE_FLAGS)
-            return self.intrinsic("llvm." + ("maximum" if op == "max" else "minimum"), [acc, x])
-        if op == "sum":
-            return b.add(acc, x)
-        if op == "prod":
-            return b.mul(acc, x)
-        if dt is dtypes.bool_:
-            return b.or_(acc, x) if op == "max" else b.and_(acc, x)
-        kind = ("u" if _unsigned(dt) else "s") + op
-        return self.intrinsic(f"llvm.{kind}", [acc, x])
+        return lowering.combine(self.sb, op, acc, x, dt)
 
     def emit_epilogue(self) -> None:
         """matmul kernels: the product is already in memory (BLAS); apply the epilogue."""

@@ -1,0 +1,329 @@
+"""CUDA C from the lowered kernel IR: one ``extern "C" __global__`` function per kernel.
+
+The printer is a printer: every decision (loop structure, what each primitive computes)
+was made by the lowering (:mod:`fusegrad.codegen.gpu_lowering`, :mod:`fusegrad.ops.lowering`).
+It chooses C spellings that keep the builder's contract:
+
+- integer arithmetic that C leaves undefined on overflow (signed add, sub, mul, neg, shl)
+  is done in the unsigned type and converted back, so it wraps as numpy's does;
+- float operations marked ``contract=False`` use the ``__fadd_rn``-style intrinsics, which
+  the compiler never fuses into an FMA; the others are plain operators (nvcc contracts them,
+  as LLVM does with ``contract``);
+- float max/min propagate NaN and order -0 below +0 (small device functions), unlike
+  ``fmaxf``;
+- constants are printed exactly (a float32 constant as the decimal of its float32 value,
+  Inf and NaN by their bits);
+- 16-bit floats are 16-bit integers in memory and float in registers (the lowering's
+  conversions), so no ``cuda_fp16.h`` is needed and NVRTC compiles the source without any
+  header.
+
+Read-only buffers are loaded through ``__ldg`` (the read-only data cache).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.codegen.kernel_ir import (
+    INDEX,
+    Assign,
+    Barrier,
+    Declare,
+    Expr,
+    If,
+    Linearizer,
+    Loop,
+    LoweredKernel,
+    Store,
+    StoreShared,
+)
+from fusegrad.ops.lowering import BITS16, Unsupported, unsigned
+
+__all__ = ["cuda_source", "ctype", "PRELUDE"]
+
+_CTYPES = {
+    "bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short",
+    "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int", "int64": "long long",
+    "index": "unsigned long long", "float32": "float", "float64": "double",
+}
+_UNSIGNED_OF = {"signed char": "unsigned char", "short": "unsigned short", "int": "unsigned int",
+                "long long": "unsigned long long"}
+_LDG = {"unsigned char", "signed char", "short", "unsigned short", "int", "unsigned int",
+        "long long", "unsigned long long", "float", "double"}
+
+PRELUDE = """\
+// fusegrad: kernels printed from the lowered kernel IR (fusegrad.codegen.cuda).
+// Float max/min as numpy's reductions (and LLVM's llvm.maximum): NaN wins, -0 < +0.
+__device__ __forceinline__ float fg_maxf(float a, float b) {
+  if (a != a || b != b) return a + b;
+  if (a == b) return __float_as_int(a) < 0 ? b : a;
+  return a > b ? a : b;
+}
+__device__ __forceinline__ float fg_minf(float a, float b) {
+  if (a != a || b != b) return a + b;
+  if (a == b) return __float_as_int(a) < 0 ? a : b;
+  return a < b ? a : b;
+}
+__device__ __forceinline__ double fg_max(double a, double b) {
+  if (a != a || b != b) return a + b;
+  if (a == b) return __double_as_longlong(a) < 0 ? b : a;
+  return a > b ? a : b;
+}
+__device__ __forceinline__ double fg_min(double a, double b) {
+  if (a != a || b != b) return a + b;
+  if (a == b) return __double_as_longlong(a) < 0 ? a : b;
+  return a < b ? a : b;
+}
+"""
+
+
+def ctype(dt) -> str:
+    """The C type of a register or memory dtype."""
+    if dt is INDEX:
+        return _CTYPES["index"]
+    if dt is BITS16:
+        return _CTYPES["uint16"]
+    try:
+        return _CTYPES[dt.name]
+    except KeyError:
+        raise Unsupported(f"no CUDA type for {dt.name}") from None
+
+
+def _float_const(value: float, dt) -> str:
+    if dt is dtypes.float64:
+        if math.isfinite(value):
+            return repr(float(value))
+        bits = struct.unpack("<q", struct.pack("<d", value))[0]
+        return f"__longlong_as_double({bits}LL)"
+    f = np.float32(value)
+    if np.isfinite(f):
+        text = repr(float(f))
+        return text + ("f" if ("." in text or "e" in text) else ".0f")
+    bits = int(f.view(np.int32))
+    return f"__int_as_float({bits})"
+
+
+def _int_const(value: int, dt) -> str:
+    t = ctype(dt)
+    if dt is dtypes.bool_:
+        return "true" if value else "false"
+    if t in ("unsigned long long",):
+        return f"{value}ULL"
+    if t == "long long":
+        return f"{value}LL" if value != -(1 << 63) else "(-9223372036854775807LL - 1)"
+    if t == "unsigned int":
+        return f"{value}u"
+    if t == "int":
+        return str(value) if value != -(1 << 31) else "(-2147483647 - 1)"
+    return f"(({t}){value})"
+
+
+
+
+_FLOAT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_EXACT = {"add": "__fadd_rn", "sub": "__fsub_rn", "mul": "__fmul_rn", "div": "__fdiv_rn"}
+_EXACT_D = {"add": "__dadd_rn", "sub": "__dsub_rn", "mul": "__dmul_rn", "div": "__ddiv_rn"}
+_MATH = {"exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "erf", "sin", "cos",
+         "tan", "sqrt", "floor", "ceil"}
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_INT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "and": "&", "or": "|",
+            "xor": "^", "shl": "<<", "shr": ">>"}
+
+
+class _Printer:
+    def __init__(self, k: LoweredKernel):
+        self.k = k
+        self.readonly = {id(p) for p in k.params if not p.writes}
+        self.helpers: dict[str, str] = {}
+        self.index_t = "unsigned int" if k.index_bits == 32 else "unsigned long long"
+        self.lin = Linearizer(self.render, self.define, self.leaf)
+
+    def ct(self, dt) -> str:
+        return self.index_t if dt is INDEX else ctype(dt)
+
+    def leaf(self, e: Expr) -> str:
+        if e.op == "const":
+            if e.dtype.is_floating_point:
+                return _float_const(e.arg, e.dtype)
+            if e.dtype is INDEX:
+                return f"{e.arg & (1 << self.k.index_bits) - 1}{'u' if self.k.index_bits == 32 else 'ULL'}"
+            return _int_const(e.arg, e.dtype)
+        if e.op == "special":
+            return f"({self.index_t}){e.arg}.x"
+        return e.arg.name
+
+    def define(self, name: str, e: Expr, text: str) -> str:
+        return f"const {self.ct(e.dtype)} {name} = {text};"
+
+    def render(self, e: Expr, a: list[str]) -> str:
+        op, dt = e.op, e.dtype
+        if op == "load":
+            p = e.arg
+            if id(p) in self.readonly and self.ct(p.dtype) in _LDG:
+                return f"__ldg({p.name} + {a[0]})"
+            return f"{p.name}[{a[0]}]"
+        if op == "load_shared":
+            return f"{e.arg.name}[{a[0]}]"
+        if op == "shfl_xor":
+            t = self.ct(dt)
+            if t in ("int", "unsigned int", "long long", "unsigned long long", "float",
+                     "double"):  # the types __shfl_xor_sync takes
+                return f"__shfl_xor_sync(0xffffffffu, {a[0]}, {e.arg})"
+            return f"({t})__shfl_xor_sync(0xffffffffu, (int){a[0]}, {e.arg})"
+        if op == "binary":
+            return self.binary(e.arg[0], a[0], a[1], dt, e.arg[2])
+        if op == "unary":
+            return self.unary(e.arg, a[0], dt)
+        if op == "cmp":
+            return f"({a[0]} {_CMP[e.arg[0]]} {a[1]})"
+        if op == "select":
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        if op == "cast":
+            return f"(({self.ct(dt)}){a[0]})"
+        if op == "bitcast":
+            src, t = self.ct(e.arg), self.ct(dt)
+            if src == "float" and t == "unsigned int":
+                return f"__float_as_uint({a[0]})"
+            if src == "unsigned int" and t == "float":
+                return f"__uint_as_float({a[0]})"
+            if src == "double" and t in ("long long", "unsigned long long"):
+                return f"(({t})__double_as_longlong({a[0]}))"
+            if t == "double":
+                return f"__longlong_as_double((long long){a[0]})"
+            return f"(({t}){a[0]})"
+        if op == "call":
+            return self.call(e.arg, a, dt)
+        raise Unsupported(f"no CUDA spelling for {op}")
+
+    def binary(self, op: str, x: str, y: str, dt, contract: bool) -> str:
+        t = self.ct(dt)
+        if dt.is_floating_point:
+            single = dt is not dtypes.float64
+            if op in _FLOAT_OPS:
+                if not contract:
+                    return f"{(_EXACT if single else _EXACT_D)[op]}({x}, {y})"
+                return f"({x} {_FLOAT_OPS[op]} {y})"
+            if op == "rem":
+                return f"fmod{'f' if single else ''}({x}, {y})"
+            if op in ("max", "min"):
+                return f"fg_{op}{'f' if single else ''}({x}, {y})"
+            raise Unsupported(f"float {op}")
+        if dt is dtypes.bool_:
+            return {"and": f"({x} && {y})", "or": f"({x} || {y})", "xor": f"({x} != {y})",
+                    "max": f"({x} || {y})", "min": f"({x} && {y})"}[op]
+        if op in ("max", "min"):
+            return f"({x} {'>' if op == 'max' else '<'} {y} ? {x} : {y})"
+        if not unsigned(dt) and op in ("add", "sub", "mul", "shl"):
+            # Signed overflow is undefined in C: wrap in the unsigned type, as numpy does.
+            u = _UNSIGNED_OF[t]
+            return f"(({t})(({u}){x} {_INT_OPS[op]} ({u}){y}))"
+        return f"(({t})({x} {_INT_OPS[op]} {y}))"
+
+    def unary(self, op: str, x: str, dt) -> str:
+        t = self.ct(dt)
+        f = "f" if dt is not dtypes.float64 else ""
+        if op == "neg":
+            if dt.is_floating_point:
+                return f"(-{x})"
+            if unsigned(dt):
+                return f"(({t})(0 - {x}))"
+            return f"(({t})(0 - ({_UNSIGNED_OF[t]}){x}))"
+        if op == "fabs":
+            return f"fabs{f}({x})"
+        if op == "roundeven":
+            return f"rint{f}({x})"
+        if op in _MATH:
+            return f"{op}{f}({x})"
+        raise Unsupported(f"no CUDA function for {op}")
+
+    def call(self, fn: str, a: list[str], dt) -> str:
+        f = "f" if dt is not dtypes.float64 else ""
+        if fn == "pow":
+            return f"pow{f}({a[0]}, {a[1]})"
+        if fn == "copysign":
+            return f"copysign{f}({a[0]}, {a[1]})"
+        if fn == "ipow":
+            t = self.ct(dt)
+            name = f"fg_ipow_{t.replace(' ', '_')}"
+            u = _UNSIGNED_OF.get(t, t)
+            self.helpers[name] = (
+                f"__device__ __forceinline__ {t} {name}({t} x, {t} y) {{\n"
+                f"  {u} acc = 1, base = ({u})x, e = ({u})y;\n"
+                f"  while (e) {{ if (e & 1) acc = ({u})(acc * base); base = ({u})(base * base);"
+                f" e >>= 1; }}\n"
+                f"  return ({t})acc;\n}}\n")
+            return f"{name}({a[0]}, {a[1]})"
+        raise Unsupported(f"no CUDA function for {fn}")
+
+    # -- statements
+    def body(self, stmts: list, lines: list, depth: int) -> None:
+        pad = "  " * depth
+
+        def t(e):
+            new: list[str] = []
+            text = self.lin.text(e, new)
+            lines.extend(pad + line for line in new)
+            return text
+
+        for st in stmts:
+            if isinstance(st, Declare):
+                init = t(st.init)
+                lines.append(f"{pad}{self.ct(st.var.dtype)} {st.var.name} = {init};")
+            elif isinstance(st, Assign):
+                value = t(st.value)
+                lines.append(f"{pad}{st.var.name} = {value};")
+            elif isinstance(st, Store):
+                index, value = t(st.index), t(st.value)
+                lines.append(f"{pad}{st.param.name}[{index}] = {value};")
+            elif isinstance(st, StoreShared):
+                index, value = t(st.index), t(st.value)
+                lines.append(f"{pad}{st.shared.name}[{index}] = {value};")
+            elif isinstance(st, Loop):
+                start, stop, step = t(st.start), t(st.stop), t(st.step)
+                v = st.var.name
+                lines.append(f"{pad}for ({self.ct(st.var.dtype)} {v} = {start}; {v} < {stop}; "
+                             f"{v} += {step}) {{")
+                self.lin.push()
+                self.body(st.body, lines, depth + 1)
+                self.lin.pop()
+                lines.append(f"{pad}}}")
+            elif isinstance(st, If):
+                cond = t(st.cond)
+                lines.append(f"{pad}if ({cond}) {{")
+                self.lin.push()
+                self.body(st.body, lines, depth + 1)
+                self.lin.pop()
+                lines.append(f"{pad}}}")
+            elif isinstance(st, Barrier):
+                lines.append(f"{pad}__syncthreads();")
+            else:
+                raise TypeError(f"not a statement: {st!r}")
+
+    def kernel(self) -> str:
+        k = self.k
+        params = ", ".join(
+            f"{'const ' if id(p) in self.readonly else ''}{self.ct(p.dtype)}* __restrict__ {p.name}"
+            if id(p) in self.readonly else f"{self.ct(p.dtype)}* {p.name}" for p in k.params)
+        lines = [f"// {k.family}: grid <= {k.grid} blocks of {k.block} threads",
+                 f'extern "C" __global__ void __launch_bounds__({k.block}) {k.name}({params}) {{']
+        for s in k.shared:
+            lines.append(f"  __shared__ {self.ct(s.dtype)} {s.name}[{s.size}];")
+        self.body(k.body, lines, 1)
+        lines.append("}")
+        return "\n".join(lines)
+
+
+def cuda_source(kernels: list[LoweredKernel]) -> str:
+    """One CUDA C translation unit holding ``kernels`` (compile it with NVRTC or
+    ``nvcc -ptx``; no headers needed)."""
+    helpers: dict[str, str] = {}
+    bodies = []
+    for k in kernels:
+        p = _Printer(k)
+        bodies.append(p.kernel())
+        helpers.update(p.helpers)
+    return "\n".join([PRELUDE] + [helpers[n] for n in sorted(helpers)] + bodies) + "\n"

@@ -1,0 +1,403 @@
+"""The GPU-shaped lowering: a fused kernel as the per-thread code of a CUDA grid.
+
+:func:`lower_kernel` turns a :class:`fusegrad.ir.kernel_graph.Kernel` into a
+:class:`fusegrad.codegen.kernel_ir.LoweredKernel`; the CUDA C printer prints it and the
+reference interpreter runs it. Every scalar operation comes from the lowering table
+(:mod:`fusegrad.ops.lowering`) and every index from :mod:`fusegrad.codegen.indexing`: the
+numerics are the CPU kernels', only the loop structure is the GPU's.
+
+Families (``LoweredKernel.family``):
+
+- ``elementwise``: a grid-stride loop over the output's elements, one element a thread per
+  step; outputs and loads index through their views (broadcasts are index maps);
+- ``row_reduce`` (the reduced axes include the innermost one: softmax, layer_norm,
+  log_softmax, sums over the last axis): a block per row. Each thread folds a strided part
+  of the row into a register, the warp combines with shuffles, the warps through shared
+  memory; every thread then reads the row's result and the full-size outputs are stored
+  with the threads striding over the row again;
+- ``col_reduce`` (the innermost axis is kept: ``x.sum(0)``): a thread per kept element,
+  each folding its reduced elements in order; neighbouring threads read neighbouring
+  addresses, so the loads coalesce;
+- ``matmul``: 16x16 output tiles, a block per tile, the operands' tiles staged in shared
+  memory, the product accumulated in a register (float32 for 16-bit operands) and the
+  fused epilogue (bias, activation, residual) applied before the store.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fusegrad import dtypes
+from fusegrad.codegen import indexing
+from fusegrad.codegen.kernel_ir import (
+    INDEX,
+    Assign,
+    Barrier,
+    Declare,
+    ExprBuilder,
+    If,
+    Loop,
+    LoweredKernel,
+    Param,
+    Shared,
+    Store,
+    StoreShared,
+    Var,
+)
+from fusegrad.ir.graph import Literal, Node, Value
+from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view
+from fusegrad.ops import lowering
+from fusegrad.ops.lowering import Unsupported
+
+__all__ = ["lower_kernel", "kernel_family", "BLOCK", "WARP", "TILE", "MAX_GRID"]
+
+BLOCK = 256          # threads per block
+WARP = 32
+TILE = 16            # matmul output tile (TILE x TILE threads)
+MAX_GRID = 8192      # blocks at most: the loops stride over the rest
+
+
+def kernel_family(kernel: Kernel) -> str:
+    """Which GPU loop structure ``kernel`` gets (see the module docstring)."""
+    if kernel.kind == "elementwise":
+        return "elementwise"
+    if kernel.kind == "matmul":
+        return "matmul"
+    if kernel.kind == "reduction":
+        return "row_reduce" if len(kernel.shape) - 1 in kernel.axes else "col_reduce"
+    raise Unsupported(f"{kernel.kind} kernels run their numpy reference")
+
+
+def _reductions(kernel: Kernel) -> list[Node]:
+    return [n for n in kernel.nodes if n.op in lowering.REDUCE_OPS and
+            tuple(n.attrs["axes"]) == kernel.axes and kernel.level[n.output] == "row"]
+
+
+def _name(kernel: Kernel, family: str) -> str:
+    """``k3_row_reduce_max_sub_exp_sum_div``: what the kernel does, for profiles."""
+    ops = []
+    for n in kernel.nodes:
+        if n.op not in ops and n.op not in ("reshape", "broadcast_to", "copy"):
+            ops.append(n.op)
+    text = "_".join(ops)[:48].rstrip("_")
+    return f"{kernel.name}_{family}" + (f"_{text}" if text else "")
+
+
+class _Lowering:
+    def __init__(self, kernel: Kernel, kg: KernelGraph):
+        self.k, self.kg = kernel, kg
+        self.b = ExprBuilder()
+        self.internal = set(kernel.nodes)
+        self.params: dict[Value, Param] = {}
+        self.shared: list[Shared] = []
+        self.acc: dict[Value, object] = {}
+        self.memo: dict = {}
+        self.nvars = 0
+        for v in kernel.inputs:
+            self.param(v)
+        for v in kernel.outputs:
+            self.param(v).writes = True
+
+    # -- helpers
+    def param(self, v: Value) -> Param:
+        if v not in self.params:
+            self.params[v] = Param(f"p{len(self.params)}", lowering.memory_dtype(v.type.dtype), v)
+        return self.params[v]
+
+    def var(self, name: str, dt) -> Var:
+        self.nvars += 1
+        return Var(f"{name}{self.nvars}", dt)
+
+    def idx(self, n: int):
+        return self.b.const(INDEX, n)
+
+    def loop(self, name: str, start, stop, step, body_fn) -> Loop:
+        v = self.var(name, INDEX)
+        body: list = []
+        body_fn(self.b.read(v), body)
+        return Loop(v, start, stop, step, body)
+
+    def view(self, v: Value) -> View:
+        return self.kg.views.get(v) or identity_view(v)
+
+    # -- values
+    def emit(self, v, coords):
+        """The register of ``v`` at index ``coords`` (one INDEX expression per dim)."""
+        b = self.b
+        if isinstance(v, Literal):
+            return lowering.constant(b, v.dtype, v.value)
+        if v in self.acc:
+            # A 16-bit sum accumulates in float32; eager rounds the result to 16 bits.
+            return lowering.round_half(b, self.acc[v], v.type.dtype)
+        key = (v, tuple(id(c) for c in coords))
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit[0]
+        node = v.producer
+        if node is None or node not in self.internal or node.op == "matmul":
+            out = self.load(v, coords)
+        else:
+            out = self.emit_node(node, coords)
+        self.memo[key] = (out, tuple(coords))
+        return out
+
+    def load(self, v: Value, coords):
+        view = self.view(v)
+        b = self.b
+        offset = self.idx(view.offset)
+        for c, s, d in zip(coords, view.strides, view.shape):
+            if s == 0 or d == 1:
+                continue
+            term = c if s == 1 else b.mul(c, self.idx(s))
+            offset = b.add(offset, term)
+        raw = b.load(self.param(view.base), offset)
+        return lowering.from_memory(b, raw, v.type.dtype)
+
+    def emit_node(self, node: Node, coords):
+        b, op = self.b, node.op
+        out_shape = node.output.type.shape
+        if op == "reshape":
+            return self.emit(node.inputs[0], indexing.reshape_coords(
+                b, node.inputs[0].type.shape, out_shape, coords))
+        if op == "broadcast_to":
+            return self.emit(node.inputs[0], indexing.operand_coords(
+                b, node.inputs[0], out_shape, coords))
+        if op == "iota":
+            return lowering.convert(b, coords[node.attrs["axis"]], INDEX, node.attrs["dtype"])
+        if op == "pad":
+            return indexing.pad_value(b, node, coords, self.emit)
+        if op == "concat":
+            return indexing.concat_value(b, node, coords, self.emit)
+        if op in lowering.REDUCE_OPS and node.attrs["axes"]:
+            raise Unsupported(f"{op} over axes outside a reduction kernel")
+        args = [self.emit(x, indexing.operand_coords(b, x, out_shape, coords))
+                for x in node.inputs]
+        return lowering.lower_scalar(b, node, args)
+
+    def store(self, v: Value, coords, body: list) -> None:
+        index = indexing.linear_index(self.b, coords, v.type.shape)
+        value = lowering.to_memory(self.b, self.emit(v, coords), v.type.dtype)
+        body.append(Store(self.param(v), index, value))
+
+    def outputs_at(self, level: str) -> list[Value]:
+        return [v for v in self.k.outputs if self.k.level.get(v) == level and
+                (v.producer is None or v.producer.op != "matmul")]
+
+    def thread_id(self):
+        b = self.b
+        return b.add(b.mul(b.special("blockIdx"), b.special("blockDim")), b.special("threadIdx"))
+
+    def grid_stride(self):
+        b = self.b
+        return b.mul(b.special("blockDim"), b.special("gridDim"))
+
+    # -- families
+    def elementwise(self) -> tuple[list, int]:
+        shape = self.k.shape
+        n = math.prod(shape)
+        outs = self.outputs_at("full")
+
+        def body(i, out):
+            coords = indexing.unravel(self.b, i, shape, bounded=True)
+            for v in outs:
+                self.store(v, coords, out)
+        return [self.loop("i", self.thread_id(), self.idx(n), self.grid_stride(), body)], \
+            -(-n // BLOCK)
+
+    def split(self, flat_row, flat_red):
+        """Full coordinates from a row's and a reduced element's linear indices."""
+        k = self.k
+        kept = [d for i, d in enumerate(k.shape) if i not in k.axes]
+        red = [k.shape[a] for a in k.axes]
+        rows = iter(indexing.unravel(self.b, flat_row, kept, bounded=True))
+        reds = iter(indexing.unravel(self.b, flat_red, red, bounded=True) if flat_red is not None else
+                    [self.idx(0)] * len(red))
+        return [next(reds) if i in k.axes else next(rows) for i in range(len(k.shape))]
+
+    def row_outputs(self, row, body: list) -> None:
+        k = self.k
+        for v in self.outputs_at("row"):
+            coords = self.split(row, None)
+            if len(v.type.shape) != len(k.shape):
+                coords = [c for i, c in enumerate(coords) if i not in k.axes]
+            self.store(v, coords, body)
+
+    def reduce_step(self, node: Node, acc: Var, coords, body: list) -> None:
+        b = self.b
+        src = node.inputs[0]
+        out_dt = node.output.type.dtype
+        x = self.emit(src, coords)
+        if src.type.dtype is not out_dt:
+            x = lowering.convert(b, x, src.type.dtype, out_dt)
+        body.append(Assign(acc, lowering.combine(b, node.op, b.read(acc), x, out_dt)))
+
+    def row_reduce(self) -> tuple[list, int]:
+        k, b = self.k, self.b
+        nrows = math.prod(d for i, d in enumerate(k.shape) if i not in k.axes)
+        rowlen = math.prod(k.shape[a] for a in k.axes)
+        warps = BLOCK // WARP
+        tid = b.special("threadIdx")
+        lane = b.rem(tid, self.idx(WARP))
+        warp = b.div(tid, self.idx(WARP))
+
+        def per_row(row, body):
+            for node in _reductions(k):
+                out_dt = node.output.type.dtype
+                reg = lowering.register_dtype(out_dt)
+                acc = self.var("acc", reg)
+                identity = lowering.reduction_identity(b, node.op, out_dt)
+                body.append(Declare(acc, identity))
+                body.append(self.loop("j", tid, self.idx(rowlen), b.special("blockDim"),
+                                      lambda j, out, node=node, acc=acc: self.reduce_step(
+                                          node, acc, self.split(row, j), out)))
+                # The warp's partial results, then the warps' through shared memory.
+                for off in (16, 8, 4, 2, 1):
+                    body.append(Assign(acc, lowering.combine(
+                        b, node.op, b.read(acc), b.shfl_xor(b.read(acc), off), out_dt)))
+                smem = Shared(f"red{len(self.shared)}", reg, WARP)
+                self.shared.append(smem)
+                is_lane0 = b.cmp("eq", lane, self.idx(0), INDEX)
+                body.append(If(is_lane0, [StoreShared(smem, warp, b.read(acc))]))
+                body.append(Barrier())
+                first = If(b.cmp("eq", warp, self.idx(0), INDEX))
+                part = b.select(b.cmp("lt", lane, self.idx(warps), INDEX),
+                                b.load_shared(smem, lane), identity, reg)
+                first.body.append(Assign(acc, part))
+                for off in (16, 8, 4, 2, 1):
+                    first.body.append(Assign(acc, lowering.combine(
+                        b, node.op, b.read(acc), b.shfl_xor(b.read(acc), off), out_dt)))
+                first.body.append(If(is_lane0, [StoreShared(smem, self.idx(0), b.read(acc))]))
+                body.append(first)
+                body.append(Barrier())
+                result = self.var("red", reg)
+                body.append(Declare(result, b.load_shared(smem, self.idx(0))))
+                # Before the next reduction (or the next row) reuses shared memory.
+                body.append(Barrier())
+                self.acc[node.output] = b.read(result)
+            row_body: list = []
+            self.row_outputs(row, row_body)
+            if row_body:
+                body.append(If(b.cmp("eq", tid, self.idx(0), INDEX), row_body))
+            full = self.outputs_at("full")
+            if full:
+                def store_full(j, out):
+                    coords = self.split(row, j)
+                    for v in full:
+                        self.store(v, coords, out)
+                body.append(self.loop("j", tid, self.idx(rowlen), b.special("blockDim"),
+                                      store_full))
+        return [self.loop("row", b.special("blockIdx"), self.idx(nrows), b.special("gridDim"),
+                          per_row)], nrows
+
+    def col_reduce(self) -> tuple[list, int]:
+        k, b = self.k, self.b
+        nrows = math.prod(d for i, d in enumerate(k.shape) if i not in k.axes)
+        rowlen = math.prod(k.shape[a] for a in k.axes)
+        one = self.idx(1)
+
+        def per_row(row, body):
+            for node in _reductions(k):
+                out_dt = node.output.type.dtype
+                acc = self.var("acc", lowering.register_dtype(out_dt))
+                body.append(Declare(acc, lowering.reduction_identity(b, node.op, out_dt)))
+                body.append(self.loop("j", self.idx(0), self.idx(rowlen), one,
+                                      lambda j, out, node=node, acc=acc: self.reduce_step(
+                                          node, acc, self.split(row, j), out)))
+                result = self.var("red", acc.dtype)
+                body.append(Declare(result, b.read(acc)))
+                self.acc[node.output] = b.read(result)
+            self.row_outputs(row, body)
+            full = self.outputs_at("full")
+            if full:
+                def store_full(j, out):
+                    coords = self.split(row, j)
+                    for v in full:
+                        self.store(v, coords, out)
+                body.append(self.loop("j", self.idx(0), self.idx(rowlen), one, store_full))
+        return [self.loop("row", self.thread_id(), self.idx(nrows), self.grid_stride(),
+                          per_row)], -(-nrows // BLOCK)
+
+    def matmul(self) -> tuple[list, int]:
+        k, b = self.k, self.b
+        mm = next(n for n in k.nodes if n.op == "matmul")
+        a_val, b_val = mm.inputs
+        dt = mm.output.type.dtype
+        if dt is dtypes.bool_:
+            raise Unsupported("bool matmul")
+        reg = lowering.register_dtype(dt)
+        out_shape = mm.output.type.shape
+        batch, (m, n) = out_shape[:-2], out_shape[-2:]
+        kk = a_val.type.shape[-1]
+        tiles_m, tiles_n = -(-m // TILE), -(-n // TILE)
+        blocks = math.prod(batch) * tiles_m * tiles_n
+        tid = b.special("threadIdx")
+        ty, tx = b.div(tid, self.idx(TILE)), b.rem(tid, self.idx(TILE))
+        a_tile = Shared("a_tile", reg, TILE * TILE)
+        b_tile = Shared("b_tile", reg, TILE * TILE)
+        self.shared += [a_tile, b_tile]
+        zero = lowering.constant(b, dt, 0)
+
+        def per_tile(t, body):
+            per_batch = self.idx(tiles_m * tiles_n)
+            bcoords = indexing.unravel(b, b.div(t, per_batch), batch, bounded=True)
+            within = b.rem(t, per_batch)
+            row = b.add(b.mul(b.div(within, self.idx(tiles_n)), self.idx(TILE)), ty)
+            col = b.add(b.mul(b.rem(within, self.idx(tiles_n)), self.idx(TILE)), tx)
+            acc = self.var("acc", reg)
+            body.append(Declare(acc, zero))
+
+            def operand(v, r, c, ok):
+                # The tile element, or 0 past the edges (loaded at a clamped index).
+                coords = indexing.operand_coords(b, v, out_shape, bcoords + [r, c])[:-2]
+                r = b.select(ok, r, self.idx(0), INDEX)
+                c = b.select(ok, c, self.idx(0), INDEX)
+                x = self.emit(v, coords + [r, c])
+                return b.select(ok, x, zero, reg)
+
+            def per_k(k0, out):
+                a_col, b_row = b.add(k0, tx), b.add(k0, ty)
+                a_ok = b.binary("and", b.cmp("lt", row, self.idx(m), INDEX),
+                                b.cmp("lt", a_col, self.idx(kk), INDEX), dtypes.bool_)
+                b_ok = b.binary("and", b.cmp("lt", b_row, self.idx(kk), INDEX),
+                                b.cmp("lt", col, self.idx(n), INDEX), dtypes.bool_)
+                out.append(StoreShared(a_tile, tid, operand(a_val, row, a_col, a_ok)))
+                out.append(StoreShared(b_tile, tid, operand(b_val, b_row, col, b_ok)))
+                out.append(Barrier())
+
+                def inner(j, body2):
+                    x = b.load_shared(a_tile, b.add(b.mul(ty, self.idx(TILE)), j))
+                    y = b.load_shared(b_tile, b.add(b.mul(j, self.idx(TILE)), tx))
+                    body2.append(Assign(acc, b.binary(
+                        "add", b.read(acc), b.binary("mul", x, y, reg), reg)))
+                out.append(self.loop("kk", self.idx(0), self.idx(TILE), self.idx(1), inner))
+                out.append(Barrier())
+            body.append(self.loop("k0", self.idx(0), self.idx(kk), self.idx(TILE), per_k))
+            self.acc[mm.output] = b.read(acc)
+            inside = b.binary("and", b.cmp("lt", row, self.idx(m), INDEX),
+                              b.cmp("lt", col, self.idx(n), INDEX), dtypes.bool_)
+            stores: list = []
+            coords = bcoords + [row, col]
+            for v in k.outputs:
+                if k.level.get(v) == "full":
+                    self.store(v, coords, stores)
+            body.append(If(inside, stores))
+        return [self.loop("tile", b.special("blockIdx"), self.idx(blocks), b.special("gridDim"),
+                          per_tile)], blocks
+
+
+def lower_kernel(kernel: Kernel, kg: KernelGraph) -> LoweredKernel:
+    """``kernel`` as a :class:`LoweredKernel` of its family (:func:`kernel_family`); raises
+    :class:`Unsupported` for a kernel (or a primitive or dtype in it) with no GPU lowering."""
+    family = kernel_family(kernel)
+    low = _Lowering(kernel, kg)
+    if family == "matmul":
+        block = TILE * TILE
+    else:
+        block = BLOCK
+    body, blocks = getattr(low, family)()
+    grid = min(blocks, MAX_GRID)
+    params = list(low.params.values())
+    sizes = [v.type.numel for v in low.params] + [math.prod(kernel.shape), blocks * block]
+    bits = 32 if max(sizes) < 1 << 31 else 64
+    return LoweredKernel(_name(kernel, family), params, low.shared, body, block, grid, family,
+                         bits)

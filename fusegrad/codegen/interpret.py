@@ -1,0 +1,321 @@
+"""A reference interpreter of the lowered kernel IR, on numpy, for small shapes.
+
+It runs every thread of a grid at once, as lanes of numpy arrays (SIMT in lockstep): an
+expression is evaluated for all lanes, a statement takes effect in the lanes of the current
+mask, a loop runs while any lane is still in it. Blocks, threads, shared memory (one array
+per block), barriers and warp shuffles behave as on a GPU, and the interpreter checks what a
+GPU would leave undefined: a barrier reached by part of a block, a shuffle in a partly
+active warp, a load or store out of bounds in an active lane, and a race on shared memory
+(two threads of a block touching one element, one of them writing, with no barrier between:
+lockstep lanes would hide it, so every shared access is recorded by thread and epoch).
+
+Its arithmetic is the builder's contract (:mod:`fusegrad.ops.lowering`) on numpy scalars of
+each dtype; transcendental functions are numpy's (correctly rounded in practice), so it
+checks the lowering's numerics and index arithmetic, not a GPU's math library.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.codegen.kernel_ir import (
+    Assign,
+    Barrier,
+    Declare,
+    Expr,
+    If,
+    Loop,
+    LoweredKernel,
+    Store,
+    StoreShared,
+)
+from fusegrad.ops.lowering import BITS16, unsigned
+
+__all__ = ["run_kernel", "InterpreterError", "numpy_dtype"]
+
+
+class InterpreterError(RuntimeError):
+    """The kernel did something a GPU leaves undefined."""
+
+
+def numpy_dtype(dt) -> np.dtype:
+    """The numpy dtype of a register or memory dtype."""
+    if dt is dtypes.bool_:
+        return np.dtype(np.bool_)
+    if dt is BITS16:
+        return np.dtype(np.uint16)
+    return dt.np_dtype
+
+
+_MATH = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "log10": np.log10,
+         "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
+         "tan": np.tan, "sqrt": np.sqrt, "fabs": np.abs, "floor": np.floor, "ceil": np.ceil,
+         "roundeven": np.rint}
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64)).astype(x.dtype)
+
+
+class _Machine:
+    def __init__(self, k: LoweredKernel, buffers: list[np.ndarray], grid: int):
+        self.k = k
+        self.grid, self.block = grid, k.block
+        self.lanes = grid * k.block
+        lane = np.arange(self.lanes, dtype=np.uint64)
+        self.special = {"blockIdx": lane // np.uint64(k.block),
+                        "threadIdx": lane % np.uint64(k.block),
+                        "blockDim": np.full(self.lanes, k.block, np.uint64),
+                        "gridDim": np.full(self.lanes, grid, np.uint64)}
+        self.block_of = (lane // np.uint64(k.block)).astype(np.int64)
+        self.buffers = {id(p): buf.reshape(-1) for p, buf in zip(k.params, buffers)}
+        self.shared = {id(s): np.zeros((grid, s.size), dtype=numpy_dtype(s.dtype))
+                       for s in k.shared}
+        # Race detection on shared memory: per element, the lane that last wrote it and the
+        # last lane that read it, and in which barrier epoch of its block. Lanes run in
+        # lockstep here, so a race a GPU would expose must be found by bookkeeping.
+        self.epoch = np.zeros(grid, dtype=np.int64)
+        self.access = {id(s): {key: np.full((grid, s.size), -1, dtype=np.int64)
+                               for key in ("writer", "write_epoch", "reader", "read_epoch")}
+                       for s in k.shared}
+        self.vars: dict[int, np.ndarray] = {}
+
+    # -- expressions
+    def eval(self, e: Expr, mask: np.ndarray, memo: dict) -> np.ndarray:
+        hit = memo.get(id(e))
+        if hit is not None:
+            return hit
+        out = self._eval(e, mask, memo)
+        memo[id(e)] = out
+        return out
+
+    def _eval(self, e: Expr, mask, memo) -> np.ndarray:
+        op, dt = e.op, e.dtype
+        if op == "const":
+            return np.full(self.lanes, e.arg, dtype=numpy_dtype(dt))
+        if op == "special":
+            return self.special[e.arg]
+        if op == "read":
+            return self.vars[id(e.arg)]
+        args = [self.eval(s, mask, memo) for s in e.src]
+        if op == "load":
+            buf = self.buffers[id(e.arg)]
+            index = self.check(args[0], mask, buf.size, e.arg.name)
+            return buf[index]
+        if op == "load_shared":
+            mem = self.shared[id(e.arg)]
+            index = self.check(args[0], mask, mem.shape[1], e.arg.name)
+            self.note_shared(e.arg, index, mask, write=False)
+            return mem[self.block_of, index]
+        if op == "shfl_xor":
+            lane = np.arange(self.lanes)
+            other = lane ^ e.arg
+            warp_start = lane - lane % 32
+            self.check_converged(mask)
+            return args[0][np.where(other - warp_start < 32, other, lane)]
+        if op == "binary":
+            return _binary(e.arg[0], args[0], args[1], dt)
+        if op == "unary":
+            return _unary(e.arg, args[0], dt)
+        if op == "cmp":
+            return _cmp(e.arg[0], args[0], args[1], e.arg[2])
+        if op == "select":
+            return np.where(args[0], args[1], args[2]).astype(numpy_dtype(dt))
+        if op == "cast":
+            return _cast(args[0], e.arg, dt)
+        if op == "bitcast":
+            return args[0].astype(numpy_dtype(e.arg), copy=False).view(numpy_dtype(dt))
+        if op == "call":
+            return _call(e.arg, args, dt)
+        raise InterpreterError(f"unknown expression {op}")
+
+    def check(self, index: np.ndarray, mask, size: int, name: str) -> np.ndarray:
+        index = index.astype(np.uint64)
+        bad = mask & (index >= np.uint64(size))
+        if bad.any():
+            raise InterpreterError(f"{self.k.name}: {name}[{int(index[bad][0])}] is out of "
+                                   f"bounds ({size} elements)")
+        return np.where(index < np.uint64(size), index, 0).astype(np.int64)
+
+    def note_shared(self, shared, index: np.ndarray, mask: np.ndarray, write: bool) -> None:
+        """Record an access to shared memory; raise on a race with another thread of the
+        block since its last barrier (read after write, write after write or read)."""
+        acc = self.access[id(shared)]
+        lanes = np.nonzero(mask)[0]
+        blocks, idx = self.block_of[lanes], index[lanes]
+        epoch = self.epoch[blocks]
+        thread = lanes % self.block
+        now_written = acc["write_epoch"][blocks, idx] == epoch
+        other_writer = now_written & (acc["writer"][blocks, idx] != thread)
+        if write:
+            now_read = acc["read_epoch"][blocks, idx] == epoch
+            other_reader = now_read & (acc["reader"][blocks, idx] != thread)
+            # Two lanes storing to one element in one statement race too.
+            same = np.zeros(len(lanes), dtype=bool)
+            keys = blocks * shared.size + idx
+            _, first, counts = np.unique(keys, return_index=True, return_counts=True)
+            same[first[counts > 1]] = True
+            bad = other_writer | other_reader | same
+            kind = "write after write or read"
+        else:
+            bad = other_writer
+            kind = "read after write"
+        if bad.any():
+            at = int(np.nonzero(bad)[0][0])
+            raise InterpreterError(f"{self.k.name}: a {kind} race on {shared.name}[{idx[at]}] "
+                                   f"in block {blocks[at]} (no barrier between the accesses)")
+        key = "writer" if write else "reader"
+        acc[key][blocks, idx] = thread
+        acc["write_epoch" if write else "read_epoch"][blocks, idx] = epoch
+
+    def check_converged(self, mask) -> None:
+        warps = mask.reshape(-1, 32) if self.lanes % 32 == 0 else None
+        if warps is None or (warps.any(axis=1) & ~warps.all(axis=1)).any():
+            raise InterpreterError(f"{self.k.name}: a shuffle in a partly active warp")
+
+    # -- statements
+    def run(self, body: list, mask: np.ndarray) -> None:
+        for st in body:
+            memo: dict = {}
+            if isinstance(st, (Declare, Assign)):
+                value = self.eval(st.init if isinstance(st, Declare) else st.value, mask, memo)
+                value = value.astype(numpy_dtype(st.var.dtype))
+                old = self.vars.get(id(st.var), value)
+                self.vars[id(st.var)] = np.where(mask, value, old)
+            elif isinstance(st, Store):
+                buf = self.buffers[id(st.param)]
+                index = self.check(self.eval(st.index, mask, memo), mask, buf.size, st.param.name)
+                value = self.eval(st.value, mask, memo)
+                buf[index[mask]] = value[mask].astype(buf.dtype)
+            elif isinstance(st, StoreShared):
+                mem = self.shared[id(st.shared)]
+                index = self.check(self.eval(st.index, mask, memo), mask, mem.shape[1],
+                                   st.shared.name)
+                value = self.eval(st.value, mask, memo)
+                self.note_shared(st.shared, index, mask, write=True)
+                mem[self.block_of[mask], index[mask]] = value[mask]
+            elif isinstance(st, Loop):
+                start = self.eval(st.start, mask, memo)
+                stop, step = self.eval(st.stop, mask, memo), self.eval(st.step, mask, memo)
+                var = start.astype(np.uint64)
+                self.vars[id(st.var)] = var
+                while True:
+                    active = mask & (self.vars[id(st.var)] < stop)
+                    if not active.any():
+                        break
+                    self.run(st.body, active)
+                    v = self.vars[id(st.var)]
+                    self.vars[id(st.var)] = np.where(active, v + step, v)
+            elif isinstance(st, If):
+                cond = self.eval(st.cond, mask, memo)
+                inner = mask & cond
+                if inner.any():
+                    self.run(st.body, inner)
+            elif isinstance(st, Barrier):
+                per_block = mask.reshape(self.grid, self.block)
+                if (per_block.any(axis=1) & ~per_block.all(axis=1)).any():
+                    raise InterpreterError(f"{self.k.name}: a barrier reached by part of a block")
+                self.epoch += per_block.any(axis=1)
+            else:
+                raise InterpreterError(f"unknown statement {st!r}")
+
+
+def _binary(op: str, x, y, dt):
+    npdt = numpy_dtype(dt)
+    with np.errstate(all="ignore"):
+        if dt.is_floating_point:
+            if op == "add":
+                return (x + y).astype(npdt)
+            if op == "sub":
+                return (x - y).astype(npdt)
+            if op == "mul":
+                return (x * y).astype(npdt)
+            if op == "div":
+                return (x / y).astype(npdt)
+            if op == "rem":
+                return np.fmod(x, y).astype(npdt)
+            if op in ("max", "min"):
+                # IEEE maximum/minimum: NaN wins, -0 < +0.
+                nan = np.isnan(x) | np.isnan(y)
+                pick = np.maximum if op == "max" else np.minimum
+                out = pick(x, y)
+                tie = (x == y) & (np.signbit(x) != np.signbit(y))
+                zero = np.where(np.signbit(x), y, x) if op == "max" else np.where(np.signbit(x), x, y)
+                return np.where(nan, np.nan, np.where(tie, zero, out)).astype(npdt)
+        if dt is dtypes.bool_:
+            table = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor,
+                     "max": np.logical_or, "min": np.logical_and}
+            return table[op](x, y)
+        x, y = x.astype(npdt), y.astype(npdt)
+        if op in ("add", "sub", "mul"):
+            return {"add": np.add, "sub": np.subtract, "mul": np.multiply}[op](x, y, dtype=npdt)
+        if op in ("div", "rem"):
+            safe = np.where(y == 0, 1, y).astype(npdt)
+            if unsigned(dt):
+                return (x // safe if op == "div" else x % safe).astype(npdt)
+            q = (np.abs(x.astype(np.int64)) // np.abs(safe.astype(np.int64))) * \
+                np.sign(x.astype(np.int64)) * np.sign(safe.astype(np.int64))
+            q = q.astype(npdt)
+            return q if op == "div" else (x - q * safe).astype(npdt)
+        if op == "and":
+            return x & y
+        if op == "or":
+            return x | y
+        if op == "xor":
+            return x ^ y
+        if op == "shl":
+            return np.left_shift(x, y).astype(npdt)
+        if op == "shr":
+            return np.right_shift(x, y).astype(npdt)
+        if op == "max":
+            return np.maximum(x, y)
+        if op == "min":
+            return np.minimum(x, y)
+    raise InterpreterError(f"binary {op} on {dt}")
+
+
+def _unary(op: str, x, dt):
+    npdt = numpy_dtype(dt)
+    with np.errstate(all="ignore"):
+        if op == "neg":
+            return (-x).astype(npdt) if dt.is_floating_point else \
+                np.subtract(npdt.type(0), x, dtype=npdt)
+        if op == "erf":
+            return _erf(x)
+        return _MATH[op](x).astype(npdt)
+
+
+def _cmp(pred: str, x, y, dt):
+    with np.errstate(all="ignore"):
+        return {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+                "eq": np.equal, "ne": np.not_equal}[pred](x, y)
+
+
+def _cast(x, src, dst):
+    with np.errstate(all="ignore"):
+        out = x.astype(numpy_dtype(dst))
+    return out
+
+
+def _call(fn: str, args, dt):
+    npdt = numpy_dtype(dt)
+    with np.errstate(all="ignore"):
+        if fn == "pow":
+            return np.power(args[0], args[1]).astype(npdt)
+        if fn == "ipow":
+            return np.power(args[0].astype(npdt), args[1].astype(npdt)).astype(npdt)
+        if fn == "copysign":
+            return np.copysign(args[0], args[1]).astype(npdt)
+    raise InterpreterError(f"call {fn}")
+
+
+def run_kernel(k: LoweredKernel, buffers: list[np.ndarray], grid: int | None = None) -> None:
+    """Run ``k`` on ``buffers`` (numpy arrays in the order of ``k.params``, each of the
+    param's memory dtype; written in place) with ``grid`` blocks (default: the kernel's,
+    at most 4: the loops stride over the rest, which is what this exercises)."""
+    grid = max(1, min(k.grid, 4) if grid is None else grid)
+    _Machine(k, buffers, grid).run(k.body, np.ones(grid * k.block, dtype=bool))
+

@@ -1,0 +1,398 @@
+"""The lowered kernel IR: what a fused kernel is, per thread, before any backend prints it.
+
+In the spirit of tinygrad's UOps and Triton's IR, but structured (loops and ifs nest, as the
+CUDA C it becomes): a :class:`LoweredKernel` has buffer parameters, shared-memory arrays and a
+body of statements; statements hold pure scalar expressions (:class:`Expr`, a DAG).
+
+Expressions (``Expr.op``):
+
+- ``const`` (``arg`` the value), ``special`` (``arg``: ``blockIdx``, ``threadIdx``,
+  ``blockDim``, ``gridDim``; one dimension, x), ``read`` (the current value of a
+  :class:`Var`: a loop index or an accumulator);
+- ``load`` (``src`` = (index,), ``arg`` the :class:`Param`), ``load_shared`` (``arg`` the
+  :class:`Shared`);
+- the :class:`fusegrad.ops.lowering.ScalarBuilder` operations: ``binary`` (``arg`` = (op,
+  reassociable, contract)), ``unary``, ``cmp``, ``select``, ``cast``, ``bitcast``, ``call``;
+- ``shfl_xor`` (``src`` = (value,), ``arg`` the lane mask): the value of the lane whose
+  index in the warp differs by ``arg`` (a warp shuffle; the whole warp must be converged).
+
+Statements: :class:`Declare` (a variable and its initial value), :class:`Assign`,
+:class:`Store`, :class:`StoreShared`, :class:`Loop` (``for v = start; v < stop; v += step``),
+:class:`If`, :class:`Barrier` (``__syncthreads``).
+
+Indices are of dtype :data:`INDEX` (64-bit, never negative where they address memory; the
+unsigned comparison of ``shifted`` relies on wrap-around, as C's unsigned arithmetic does).
+:func:`format_kernel` prints a kernel as text for tests; :mod:`fusegrad.codegen.interpret`
+runs it on numpy, :mod:`fusegrad.codegen.cuda` prints it as CUDA C.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fusegrad import dtypes
+from fusegrad.dtypes import DType
+
+__all__ = ["INDEX", "Expr", "Var", "Param", "Shared", "Declare", "Assign", "Store",
+           "StoreShared", "Loop", "If", "Barrier", "LoweredKernel", "ExprBuilder",
+           "format_kernel", "format_expr"]
+
+# Index arithmetic: unsigned 64-bit (udiv/urem in LLVM; wraps like C's unsigned).
+INDEX = DType("index", "idx", np.dtype(np.uint64), 1)
+
+
+@dataclass(eq=False)
+class Var:
+    """A mutable register: a loop index or an accumulator."""
+
+    name: str
+    dtype: DType
+
+
+@dataclass(eq=False)
+class Param:
+    """A buffer parameter of the kernel: ``dtype`` is the element type in memory
+    (:func:`fusegrad.ops.lowering.memory_dtype`); ``value`` the graph value it holds."""
+
+    name: str
+    dtype: DType
+    value: Any = None
+    writes: bool = False
+
+
+@dataclass(eq=False)
+class Shared:
+    """A shared-memory array of a block."""
+
+    name: str
+    dtype: DType
+    size: int
+
+
+@dataclass(eq=False)
+class Expr:
+    """A pure scalar expression (see the module docstring for the ops)."""
+
+    op: str
+    dtype: DType
+    src: tuple = ()
+    arg: Any = None
+
+
+@dataclass(eq=False)
+class Declare:
+    var: Var
+    init: Expr
+
+
+@dataclass(eq=False)
+class Assign:
+    var: Var
+    value: Expr
+
+
+@dataclass(eq=False)
+class Store:
+    param: Param
+    index: Expr
+    value: Expr
+
+
+@dataclass(eq=False)
+class StoreShared:
+    shared: Shared
+    index: Expr
+    value: Expr
+
+
+@dataclass(eq=False)
+class Loop:
+    var: Var
+    start: Expr
+    stop: Expr
+    step: Expr
+    body: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class If:
+    cond: Expr
+    body: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Barrier:
+    pass
+
+
+@dataclass(eq=False)
+class LoweredKernel:
+    """One kernel, per thread: launch ``grid`` blocks (at most; the body loops over the
+    work with grid strides, so any grid of at least one block is correct) of ``block``
+    threads. ``index_bits`` is 32 when every buffer and loop of the kernel has under 2**31
+    elements: index arithmetic modulo 2**32 then gives the same addresses (GPUs divide 32-bit
+    integers several times faster than 64-bit ones)."""
+
+    name: str
+    params: list[Param]
+    shared: list[Shared]
+    body: list
+    block: int
+    grid: int
+    family: str = ""
+    index_bits: int = 64      # 32 when every index fits: backends may use 32-bit registers
+
+    def __str__(self) -> str:
+        return format_kernel(self)
+
+
+class ExprBuilder:
+    """The :class:`fusegrad.ops.lowering.ScalarBuilder` that builds :class:`Expr` nodes.
+
+    Pure nodes are hash-consed (one node per distinct operation on the same operands), so
+    an expression used twice is one node and printed once."""
+
+    def __init__(self):
+        self._memo: dict = {}
+
+    def node(self, op: str, dtype: DType, src: tuple = (), arg=None) -> Expr:
+        key = (op, dtype.name, tuple(id(s) for s in src), _hashable(arg))
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit[0]
+        e = Expr(op, dtype, tuple(src), arg)
+        self._memo[key] = (e, src)          # keeps the operands alive: their ids stay theirs
+        return e
+
+    def const(self, dt: DType, value) -> Expr:
+        if dt.is_floating_point:
+            value = float(value)
+        else:
+            value = int(value)
+            if dt is not dtypes.bool_:
+                bits = dt.np_dtype.itemsize * 8
+                value &= (1 << bits) - 1
+                if dt.np_dtype.kind == "i" and value >= 1 << (bits - 1):
+                    value -= 1 << bits
+        return self.node("const", dt, (), value)
+
+    def binary(self, op, x, y, dt, reassociable=False, contract=True) -> Expr:
+        if dt is INDEX:
+            # Fold the identities index arithmetic is full of (offset 0, stride 1).
+            if op == "add" and _is_const(x, 0):
+                return y
+            if op in ("add", "sub") and _is_const(y, 0):
+                return x
+            if op in ("mul", "div") and _is_const(y, 1):
+                return x
+            if op == "mul" and _is_const(x, 1):
+                return y
+        return self.node("binary", dt, (x, y), (op, reassociable, contract))
+
+    def unary(self, op, x, dt) -> Expr:
+        return self.node("unary", dt, (x,), op)
+
+    def cmp(self, pred, x, y, dt) -> Expr:
+        return self.node("cmp", dtypes.bool_, (x, y), (pred, dt.name, dt))
+
+    def select(self, c, x, y, dt) -> Expr:
+        return self.node("select", dt, (c, x, y))
+
+    def cast(self, x, src, dst) -> Expr:
+        return x if src is dst else self.node("cast", dst, (x,), src)
+
+    def bitcast(self, x, src, dst) -> Expr:
+        return x if src is dst else self.node("bitcast", dst, (x,), src)
+
+    def call(self, fn, args, dt) -> Expr:
+        return self.node("call", dt, tuple(args), fn)
+
+    # -- kernel-level nodes
+    def special(self, name: str) -> Expr:
+        return self.node("special", INDEX, (), name)
+
+    def read(self, var: Var) -> Expr:
+        # Never hash-consed: a variable's value changes between statements.
+        return Expr("read", var.dtype, (), var)
+
+    def load(self, param: Param, index: Expr) -> Expr:
+        return self.node("load", param.dtype, (index,), param)
+
+    def load_shared(self, shared: Shared, index: Expr) -> Expr:
+        # Never hash-consed: shared memory changes across barriers.
+        return Expr("load_shared", shared.dtype, (index,), shared)
+
+    def shfl_xor(self, x: Expr, mask: int) -> Expr:
+        return Expr("shfl_xor", x.dtype, (x,), mask)
+
+    def index(self, value: int) -> Expr:
+        return self.const(INDEX, value)
+
+    def add(self, x, y):
+        return self.binary("add", x, y, INDEX)
+
+    def mul(self, x, y):
+        return self.binary("mul", x, y, INDEX)
+
+    def div(self, x, y):
+        return self.binary("div", x, y, INDEX)
+
+    def rem(self, x, y):
+        return self.binary("rem", x, y, INDEX)
+
+
+def _is_const(e: Expr, value) -> bool:
+    return e.op == "const" and e.arg == value
+
+
+def _hashable(arg):
+    if isinstance(arg, (Param, Shared, Var, DType)):
+        return ("obj", id(arg))
+    if isinstance(arg, tuple):
+        return tuple(_hashable(a) for a in arg)
+    if isinstance(arg, float):
+        return ("f", repr(arg))               # tells -0.0 from 0.0, every NaN one key
+    return arg
+
+
+# --------------------------------------------------------------------------- printing
+
+
+LEAVES = ("const", "special", "read")
+
+
+class Linearizer:
+    """Names the nodes of expressions as a printer emits them: each node that is not a
+    leaf gets a temporary the first time a statement uses it, emitted just before that
+    statement; a temporary made in an enclosing block is reused, one made in a closed block
+    is not (``push``/``pop`` around nested bodies). ``render(e, args)`` gives the text of a
+    node from its operands' text, ``define(name, e, text)`` the line that names it."""
+
+    def __init__(self, render, define, leaf, prefix: str = "t"):
+        self.render, self.define, self.leaf, self.prefix = render, define, leaf, prefix
+        self.scopes: list[dict] = [{}]
+        self.count = 0
+
+    def push(self) -> None:
+        self.scopes.append({})
+
+    def pop(self) -> None:
+        self.scopes.pop()
+
+    def lookup(self, e: Expr):
+        for scope in reversed(self.scopes):
+            if id(e) in scope:
+                return scope[id(e)][0]
+        return None
+
+    def text(self, e: Expr, lines: list) -> str:
+        """The text of ``e``, appending the lines that define its new temporaries."""
+        if e.op in LEAVES:
+            return self.leaf(e)
+        hit = self.lookup(e)
+        if hit is not None:
+            return hit
+        # Iterative post-order: expression DAGs of fused kernels can be deep.
+        stack = [(e, False)]
+        while stack:
+            node, ready = stack.pop()
+            if node.op in LEAVES or self.lookup(node) is not None:
+                continue
+            if not ready:
+                stack.append((node, True))
+                stack.extend((s, False) for s in reversed(node.src))
+                continue
+            args = [self.leaf(s) if s.op in LEAVES else self.lookup(s) for s in node.src]
+            name = f"{self.prefix}{self.count}"
+            self.count += 1
+            lines.append(self.define(name, node, self.render(node, args)))
+            self.scopes[-1][id(node)] = (name, node)
+        return self.lookup(e)
+
+
+def _text_render(e: Expr, args: list[str]) -> str:
+    joined = ", ".join(args)
+    if e.op in ("load", "load_shared"):
+        return f"{e.arg.name}[{joined}]"
+    if e.op == "binary":
+        return f"{e.arg[0]}.{e.dtype.short}({joined})"
+    if e.op == "cmp":
+        return f"{e.arg[0]}.{e.arg[2].short}({joined})"
+    if e.op in ("unary", "call"):
+        return f"{e.arg}.{e.dtype.short}({joined})"
+    if e.op in ("cast", "bitcast"):
+        return f"{e.op}.{e.arg.short}.{e.dtype.short}({joined})"
+    if e.op == "shfl_xor":
+        return f"shfl_xor.{e.dtype.short}({joined}, {e.arg})"
+    return f"{e.op}.{e.dtype.short}({joined})"
+
+
+def _text_leaf(e: Expr) -> str:
+    if e.op == "const":
+        return repr(e.arg)
+    if e.op == "special":
+        return f"{e.arg}.x"
+    return e.arg.name
+
+
+def format_expr(e: Expr) -> str:
+    """An expression as text: the lines naming its parts, then its own name."""
+    lin = Linearizer(_text_render, lambda n, e, t: f"{n} = {t}", _text_leaf, "%")
+    lines: list[str] = []
+    last = lin.text(e, lines)
+    return "\n".join(lines + [last])
+
+
+def format_kernel(k: LoweredKernel) -> str:
+    """The kernel as indented text, one operation a line (``%tN = op.dtype(args)``)."""
+    lines = [f"kernel {k.name}({', '.join(f'{p.name}: {p.dtype.short}*' for p in k.params)})"
+             f" grid<={k.grid} block={k.block} {{"]
+    for s in k.shared:
+        lines.append(f"  shared {s.name}: {s.dtype.short}[{s.size}]")
+    lin = Linearizer(_text_render, lambda n, e, t: f"{n} = {t}", _text_leaf, "%")
+    _format_body(k.body, lines, 1, lin)
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _format_body(body: list, lines: list, depth: int, lin: Linearizer) -> None:
+    pad = "  " * depth
+
+    def t(e):
+        new: list[str] = []
+        out = lin.text(e, new)
+        lines.extend(pad + line for line in new)
+        return out
+
+    for st in body:
+        if isinstance(st, Declare):
+            init = t(st.init)
+            lines.append(f"{pad}var {st.var.name}: {st.var.dtype.short} = {init}")
+        elif isinstance(st, Assign):
+            value = t(st.value)
+            lines.append(f"{pad}{st.var.name} = {value}")
+        elif isinstance(st, (Store, StoreShared)):
+            target = st.param.name if isinstance(st, Store) else st.shared.name
+            index, value = t(st.index), t(st.value)
+            lines.append(f"{pad}{target}[{index}] = {value}")
+        elif isinstance(st, Loop):
+            start, stop, step = t(st.start), t(st.stop), t(st.step)
+            lines.append(f"{pad}for {st.var.name} in [{start}, {stop}) step {step} {{")
+            lin.push()
+            _format_body(st.body, lines, depth + 1, lin)
+            lin.pop()
+            lines.append(f"{pad}}}")
+        elif isinstance(st, If):
+            cond = t(st.cond)
+            lines.append(f"{pad}if {cond} {{")
+            lin.push()
+            _format_body(st.body, lines, depth + 1, lin)
+            lin.pop()
+            lines.append(f"{pad}}}")
+        elif isinstance(st, Barrier):
+            lines.append(f"{pad}barrier")
+        else:
+            raise TypeError(f"not a statement: {st!r}")

@@ -1,0 +1,115 @@
+"""The kernel graph: a graph partitioned into fused kernels, the backend-neutral result of
+the fusion pass (:mod:`fusegrad.passes.fusion`) that every backend (LLVM, CUDA C) and every
+launcher (CPU threads, CUDA streams) reads.
+
+It sits in ``ir`` rather than ``codegen`` because it is data about a graph, produced by a
+pass: passes may build it without importing codegen (data flows down the pipeline).
+
+- :class:`View`: a strided window on a materialized value (a movement op folded into loads);
+- :class:`Kernel`: one fusion group, its index space and its buffers;
+- :class:`KernelGraph`: the kernels in execution order, the views they read, and which
+  values live in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fusegrad.ir.graph import Graph, Node, Value
+from fusegrad.ops.primitive import Kind
+
+__all__ = ["View", "Kernel", "KernelGraph", "view_of", "identity_view"]
+
+
+@dataclass
+class View:
+    """A strided window on a materialized value: ``value[offset + sum(idx * strides)]``,
+    strides in elements over ``shape``."""
+
+    base: Value
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+
+
+@dataclass(eq=False)
+class Kernel:
+    """One fused kernel: its nodes, the buffers it reads and writes, and its index space.
+
+    ``kind`` is "elementwise", "reduction", "matmul" or "extern". ``shape`` is the full
+    index space; for reductions ``axes`` are the reduced axes of it.
+    """
+
+    name: str
+    kind: str
+    nodes: list[Node] = field(default_factory=list)
+    shape: tuple[int, ...] = ()
+    axes: tuple[int, ...] = ()
+    inputs: list[Value] = field(default_factory=list)    # materialized values read
+    outputs: list[Value] = field(default_factory=list)   # values written
+    level: dict = field(default_factory=dict)            # Value -> "full" | "row"
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return tuple(d for i, d in enumerate(self.shape) if i not in self.axes)
+
+    def describe(self) -> str:
+        ops = ",".join(n.op for n in self.nodes)
+        return f"{self.name}[{self.kind} {'x'.join(map(str, self.shape)) or 'scalar'}]({ops})"
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.describe()}>"
+
+
+@dataclass
+class KernelGraph:
+    """A graph partitioned into kernels, in execution order, plus the views they read."""
+
+    graph: Graph
+    kernels: list[Kernel]
+    views: dict[Value, View]            # movement results folded into loads
+    materialized: set[Value]            # values that live in memory
+
+    def __str__(self) -> str:
+        return "\n".join(k.describe() for k in self.kernels)
+
+    def summary(self) -> list[str]:
+        return [k.describe() for k in self.kernels]
+
+
+# --------------------------------------------------------------------------- views
+
+
+def view_of(node: Node, source: View) -> View | None:
+    """The strided form of a movement ``node`` applied to ``source``, or None when no
+    strides express it (a reshape that would need a copy)."""
+    if node.prim.kind is not Kind.MOVEMENT or node.op in ("pad", "concat"):
+        return None
+    np_dtype = source.base.type.dtype.np_dtype
+    item = np_dtype.itemsize
+    # A stand-in with the view's shape and strides over one element: numpy computes the
+    # strides of reshape/transpose/slice/broadcast results without reading memory.
+    stand = np.lib.stride_tricks.as_strided(
+        np.empty(1, dtype=np_dtype), shape=source.shape,
+        strides=tuple(s * item for s in source.strides))
+    try:
+        if node.op == "reshape":
+            out = np.reshape(stand, node.attrs["shape"], copy=False)
+        else:
+            out = node.prim.impl(stand, **node.attrs)
+    except ValueError:
+        return None
+    shift = out.__array_interface__["data"][0] - stand.__array_interface__["data"][0]
+    return View(source.base, tuple(out.shape), tuple(s // item for s in out.strides),
+                source.offset + shift // item)
+
+
+def identity_view(v: Value) -> View:
+    shape = v.type.shape
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return View(v, shape, tuple(reversed(strides)), 0)

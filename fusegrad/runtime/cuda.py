@@ -1,0 +1,600 @@
+"""Run a partitioned graph on an NVIDIA GPU: compile, cache, allocate, copy, launch.
+
+Nothing here imports a CUDA package or touches a driver until a CUDA device is asked for.
+
+- **Compiling**: :func:`compile_cuda` turns CUDA C (:mod:`fusegrad.codegen.cuda`) into PTX with
+  NVRTC, in process (the ``nvidia-cuda-nvrtc`` wheel's ``libnvrtc``, found through
+  ``FUSEGRAD_NVRTC``, the wheel, ``CUDA_HOME`` or the loader path), else with ``nvcc -ptx``.
+  PTX is cached on disk (:mod:`fusegrad.runtime.disk_cache`, never unpickled) keyed by the
+  source's hash, the architecture and the compiler's version, like the CPU's object code.
+- **Driver**: the few driver calls the runtime makes sit behind :class:`Driver`; one
+  implementation uses NVIDIA's cuda-python bindings (``cuda.bindings.driver``: ``pip install
+  fusegrad[cuda]``, what CUDA images ship), one pycuda (``pip install fusegrad[pycuda]``).
+  :func:`driver` picks the first that imports and says what to install when none does.
+- **Memory**: :class:`CachingAllocator` keeps freed blocks by size class for reuse (as
+  PyTorch's caching allocator), so steady-state calls allocate nothing from the driver.
+- **Programs**: :class:`CudaProgram` lowers each kernel of a kernel graph to the GPU
+  (:func:`fusegrad.codegen.gpu_lowering.lower_kernel`), compiles them as one module, takes
+  its buffers from the shared memory plan (:mod:`fusegrad.runtime.memory_plan`) and launches
+  the kernels in order on one stream. A kernel with no GPU lowering (an extern primitive)
+  runs its numpy reference on host copies of its operands.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from fusegrad.codegen.cuda.printer import cuda_source
+from fusegrad.codegen.gpu_lowering import lower_kernel
+from fusegrad.ir.graph import Literal, Value
+from fusegrad.ir.kernel_graph import KernelGraph
+from fusegrad.ops.lowering import Unsupported
+from fusegrad.runtime import disk_cache
+from fusegrad.runtime.memory_plan import plan_memory
+
+__all__ = ["CudaUnavailable", "Driver", "driver", "device_count", "is_available", "synchronize",
+           "compile_cuda", "find_nvrtc", "nvrtc_version", "CachingAllocator", "DeviceArray",
+           "CudaProgram", "HostCudaProgram", "INSTALL_HINT"]
+
+INSTALL_HINT = ("install NVIDIA's CUDA Python bindings (pip install 'fusegrad[cuda]', which "
+                "brings cuda-bindings and nvidia-cuda-nvrtc) or pycuda (pip install "
+                "'fusegrad[pycuda]')")
+
+
+class CudaUnavailable(RuntimeError):
+    """No CUDA driver, device or compiler: the message says what is missing."""
+
+
+# --------------------------------------------------------------------------- compiling
+
+
+def find_nvrtc() -> str | None:
+    """Path of ``libnvrtc``: ``FUSEGRAD_NVRTC``, the nvidia-cuda-nvrtc wheel, ``CUDA_HOME``,
+    or the loader's search path; None when there is none."""
+    env = os.environ.get("FUSEGRAD_NVRTC")
+    if env and os.path.exists(env):
+        return env
+    candidates = []
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("nvidia")
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            candidates += sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so*")))
+    except (ImportError, ValueError):
+        pass
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            candidates += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")))
+    candidates = [c for c in candidates if "builtins" not in c and "alt" not in c]
+    if candidates:
+        return candidates[0]
+    return ctypes.util.find_library("nvrtc")
+
+
+_nvrtc_lock = threading.Lock()
+_nvrtc_lib = None
+
+
+def _nvrtc():
+    global _nvrtc_lib
+    with _nvrtc_lock:
+        if _nvrtc_lib is None:
+            path = find_nvrtc()
+            if path is None:
+                return None
+            _nvrtc_lib = ctypes.CDLL(path)
+        return _nvrtc_lib
+
+
+def nvrtc_version() -> str | None:
+    """NVRTC's version ("13.0"), or None without NVRTC."""
+    lib = _nvrtc()
+    if lib is None:
+        return None
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return f"{major.value}.{minor.value}"
+
+
+# The graph's arithmetic rounds each op as numpy's does, on the GPU as on the CPU (see
+# codegen/llvm/kernel.py): CUDA's compilers would contract a*b + c into an FMA by default.
+NO_CONTRACTION = ("--fmad=false",)
+
+
+def _nvrtc_compile(source: str, arch: str, name: str) -> tuple[bytes, str]:
+    """(PTX, log) from NVRTC; raises RuntimeError with the log on an error."""
+    lib = _nvrtc()
+    prog = ctypes.c_void_p()
+    check = _nvrtc_check(lib)
+    check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None,
+                                 None))
+    try:
+        opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", *(
+            o.encode() for o in NO_CONTRACTION)]
+        arr = (ctypes.c_char_p * len(opts))(*opts)
+        status = lib.nvrtcCompileProgram(prog, len(opts), arr)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        text = log.value.decode(errors="replace").strip()
+        if status != 0:
+            raise RuntimeError(f"NVRTC failed to compile {name}:\n{text}")
+        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        ptx = ctypes.create_string_buffer(size.value)
+        check(lib.nvrtcGetPTX(prog, ptx))
+        return ptx.raw.rstrip(b"\0"), text
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _nvrtc_check(lib):
+    lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+
+    def check(status: int) -> None:
+        if status != 0:
+            raise RuntimeError(f"NVRTC: {lib.nvrtcGetErrorString(status).decode()}")
+    return check
+
+
+def _nvcc_compile(source: str, arch: str, name: str) -> tuple[bytes, str]:
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not os.path.exists(nvcc):
+        raise CudaUnavailable(f"no CUDA compiler: neither NVRTC nor nvcc was found; {INSTALL_HINT}")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = os.path.join(tmp, f"{name}.cu"), os.path.join(tmp, f"{name}.ptx")
+        with open(src, "w") as f:
+            f.write(source)
+        arch_flag = arch.replace("compute_", "sm_")
+        run = subprocess.run([nvcc, f"-arch={arch_flag}", "-ptx", *NO_CONTRACTION, src, "-o",
+                              out],
+                             capture_output=True, text=True)
+        log = (run.stdout + run.stderr).strip()
+        if run.returncode != 0:
+            raise RuntimeError(f"nvcc failed to compile {name}:\n{log}")
+        with open(out, "rb") as f:
+            return f.read(), log
+
+
+def compile_cuda(source: str, arch: str = "compute_90", name: str = "fusegrad",
+                 compiler: str | None = None, cache_dir: str | None = None) -> bytes:
+    """PTX of CUDA C ``source`` for ``arch`` (``compute_90``: Hopper), from NVRTC when found
+    (``compiler="nvrtc"`` or ``"nvcc"`` forces one), cached on disk in ``cache_dir`` (the
+    runtime's cache folder by default) keyed by the source, the architecture and the
+    compiler's identity."""
+    use_nvrtc = compiler == "nvrtc" or (compiler is None and _nvrtc() is not None)
+    if use_nvrtc and _nvrtc() is None:
+        raise CudaUnavailable(f"NVRTC was not found; {INSTALL_HINT}")
+    identity = f"nvrtc {nvrtc_version()}" if use_nvrtc else "nvcc"
+    from fusegrad import __version__
+    key = hashlib.sha256("\n".join([__version__, identity, arch, *NO_CONTRACTION,
+                                    source]).encode()).hexdigest()
+    cache_dir = cache_dir or _cache_dir()
+    limit = 256 << 20
+    if cache_dir:
+        hit = disk_cache.read_entry(cache_dir, key, limit)
+        if hit is not None:
+            return hit
+    ptx, _ = (_nvrtc_compile if use_nvrtc else _nvcc_compile)(source, arch, name)
+    if cache_dir:
+        disk_cache.write_entry(cache_dir, key, ptx, limit, 30 * 86400)
+    return ptx
+
+
+def _cache_dir() -> str | None:
+    from fusegrad.config import config
+    base = getattr(config, "cache_dir", None)
+    return os.path.join(base, "cuda") if base else None
+
+
+# --------------------------------------------------------------------------- drivers
+
+
+class Driver(Protocol):
+    """The driver calls the runtime makes (device pointers are ints)."""
+
+    name: str
+
+    def device_count(self) -> int: ...
+    def malloc(self, nbytes: int) -> int: ...
+    def free(self, ptr: int) -> None: ...
+    def htod(self, ptr: int, host: np.ndarray) -> None: ...
+    def dtoh(self, host: np.ndarray, ptr: int) -> None: ...
+    def dtod(self, dst: int, src: int, nbytes: int) -> None: ...
+    def load_module(self, ptx: bytes, kernels: dict) -> object: ...
+    def function(self, module, name: str) -> object: ...
+    def launch(self, fn, grid: int, block: int, args: list[int]) -> None: ...
+    def synchronize(self) -> None: ...
+
+
+class CudaPythonDriver:
+    """:class:`Driver` on NVIDIA's cuda-python bindings (``cuda.bindings.driver``)."""
+
+    name = "cuda-python"
+
+    def __init__(self, ordinal: int = 0):
+        from cuda.bindings import driver as cu  # optional dependency
+        self.cu = cu
+        self._check(cu.cuInit(0))
+        self.count = self._check(cu.cuDeviceGetCount())
+        if self.count == 0:
+            raise CudaUnavailable("the CUDA driver reports no device")
+        dev = self._check(cu.cuDeviceGet(ordinal))
+        try:
+            attr = cu.CUdevice_attribute
+            major = self._check(cu.cuDeviceGetAttribute(
+                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+            minor = self._check(cu.cuDeviceGetAttribute(
+                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+            self.arch = f"compute_{major}{minor}"
+        except AttributeError:               # a binding without the attribute enum
+            self.arch = "compute_90"
+        self.ctx = self._check(cu.cuDevicePrimaryCtxRetain(dev))
+        self._check(cu.cuCtxSetCurrent(self.ctx))
+        self.stream = self._check(cu.cuStreamCreate(0))
+
+    def _check(self, result):
+        err, *rest = result if isinstance(result, tuple) else (result,)
+        if int(err) != 0:
+            _, text = self.cu.cuGetErrorString(err)
+            raise RuntimeError(f"CUDA error: {text.decode() if text else err}")
+        return rest[0] if len(rest) == 1 else tuple(rest) if rest else None
+
+    def device_count(self) -> int:
+        return self.count
+
+    def malloc(self, nbytes: int) -> int:
+        return int(self._check(self.cu.cuMemAlloc(max(nbytes, 1))))
+
+    def free(self, ptr: int) -> None:
+        self._check(self.cu.cuMemFree(ptr))
+
+    def htod(self, ptr: int, host: np.ndarray) -> None:
+        host = np.ascontiguousarray(host)
+        self._check(self.cu.cuMemcpyHtoDAsync(ptr, host.ctypes.data, host.nbytes, self.stream))
+        self._check(self.cu.cuStreamSynchronize(self.stream))   # host may be a temporary
+
+    def dtoh(self, host: np.ndarray, ptr: int) -> None:
+        self._check(self.cu.cuMemcpyDtoHAsync(host.ctypes.data, ptr, host.nbytes, self.stream))
+        self._check(self.cu.cuStreamSynchronize(self.stream))
+
+    def dtod(self, dst: int, src: int, nbytes: int) -> None:
+        self._check(self.cu.cuMemcpyDtoDAsync(dst, src, nbytes, self.stream))
+
+    def load_module(self, ptx: bytes, kernels: dict):
+        return self._check(self.cu.cuModuleLoadData(ptx + b"\0"))
+
+    def function(self, module, name: str):
+        return self._check(self.cu.cuModuleGetFunction(module, name.encode()))
+
+    def launch(self, fn, grid: int, block: int, args: list[int]) -> None:
+        values = [ctypes.c_void_p(a) for a in args]
+        pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        self._check(self.cu.cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, self.stream,
+                                           ctypes.addressof(pointers), 0))
+
+    def synchronize(self) -> None:
+        self._check(self.cu.cuStreamSynchronize(self.stream))
+
+
+class PyCudaDriver:
+    """:class:`Driver` on pycuda."""
+
+    name = "pycuda"
+
+    def __init__(self, ordinal: int = 0):
+        import pycuda.driver as drv  # optional dependency
+        self.drv = drv
+        drv.init()
+        self.count = drv.Device.count()
+        if self.count == 0:
+            raise CudaUnavailable("the CUDA driver reports no device")
+        major, minor = drv.Device(ordinal).compute_capability()
+        self.arch = f"compute_{major}{minor}"
+        self.ctx = drv.Device(ordinal).retain_primary_context()
+        self.ctx.push()
+        self.stream = drv.Stream()
+
+    def device_count(self) -> int:
+        return self.count
+
+    def malloc(self, nbytes: int) -> int:
+        alloc = self.drv.mem_alloc(max(nbytes, 1))
+        ptr = int(alloc)
+        self._keep = getattr(self, "_keep", {})
+        self._keep[ptr] = alloc
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        self._keep.pop(ptr).free()
+
+    def htod(self, ptr: int, host: np.ndarray) -> None:
+        self.drv.memcpy_htod(ptr, np.ascontiguousarray(host))
+
+    def dtoh(self, host: np.ndarray, ptr: int) -> None:
+        self.stream.synchronize()
+        self.drv.memcpy_dtoh(host, ptr)
+
+    def dtod(self, dst: int, src: int, nbytes: int) -> None:
+        self.drv.memcpy_dtod_async(dst, src, nbytes, self.stream)
+
+    def load_module(self, ptx: bytes, kernels: dict):
+        return self.drv.module_from_buffer(ptx + b"\0")
+
+    def function(self, module, name: str):
+        return module.get_function(name)
+
+    def launch(self, fn, grid: int, block: int, args: list[int]) -> None:
+        fn(*[np.uintp(a) for a in args], block=(block, 1, 1), grid=(grid, 1),
+           stream=self.stream)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+
+_driver_lock = threading.Lock()
+_driver: Driver | None = None
+_driver_error: str | None = None
+
+
+def driver() -> Driver:
+    """The process's CUDA driver (cuda-python, else pycuda), made on first use; raises
+    :class:`CudaUnavailable` naming what is missing."""
+    global _driver, _driver_error
+    with _driver_lock:
+        if _driver is not None:
+            return _driver
+        if _driver_error is not None:          # looked once already: the answer stands
+            raise CudaUnavailable(f"CUDA is not available ({_driver_error}); {INSTALL_HINT}")
+        reasons = []
+        for cls in (CudaPythonDriver, PyCudaDriver):
+            try:
+                _driver = cls()
+                return _driver
+            except ImportError as e:
+                reasons.append(f"{cls.name}: not installed ({e.name or e})")
+            except Exception as e:    # a driver or device error: say which
+                reasons.append(f"{cls.name}: {e}")
+        _driver_error = "; ".join(reasons)
+        raise CudaUnavailable(f"CUDA is not available ({_driver_error}); {INSTALL_HINT}")
+
+
+def set_driver(d: Driver | None) -> None:
+    """Use ``d`` as the process's driver (tests use a simulated one); None forgets it and
+    any failure to find one, so the next use looks again."""
+    global _driver, _driver_error
+    with _driver_lock:
+        _driver, _driver_error = d, None
+
+
+def device_count() -> int:
+    """CUDA devices the driver reports; 0 when no CUDA package or driver is installed."""
+    try:
+        return driver().device_count()
+    except CudaUnavailable:
+        return 0
+
+
+def is_available() -> bool:
+    """Whether a CUDA device can be used."""
+    return device_count() > 0
+
+
+def synchronize() -> None:
+    """Wait for the kernels launched so far (nothing to do when CUDA was never used)."""
+    if _driver is not None:
+        _driver.synchronize()
+
+
+# --------------------------------------------------------------------------- memory
+
+
+class CachingAllocator:
+    """Device memory in size classes (powers of two from 512 bytes), freed blocks kept for
+    reuse; ``release()`` returns them to the driver."""
+
+    def __init__(self, drv: Driver):
+        self.drv = drv
+        self.free_blocks: dict[int, list[int]] = {}
+        self.sizes: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def size_class(nbytes: int) -> int:
+        return max(512, 1 << (max(nbytes, 1) - 1).bit_length())
+
+    def alloc(self, nbytes: int) -> int:
+        size = self.size_class(nbytes)
+        with self.lock:
+            blocks = self.free_blocks.get(size)
+            if blocks:
+                return blocks.pop()
+        ptr = self.drv.malloc(size)
+        with self.lock:
+            self.sizes[ptr] = size
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        with self.lock:
+            self.free_blocks.setdefault(self.sizes[ptr], []).append(ptr)
+
+    def release(self) -> None:
+        with self.lock:
+            for blocks in self.free_blocks.values():
+                for ptr in blocks:
+                    self.drv.free(ptr)
+                    del self.sizes[ptr]
+            self.free_blocks.clear()
+
+
+_allocators: dict[int, CachingAllocator] = {}
+
+
+def allocator_of(drv: Driver) -> CachingAllocator:
+    """The caching allocator of driver ``drv`` (one per driver, shared by its programs)."""
+    with _driver_lock:
+        if id(drv) not in _allocators:
+            _allocators[id(drv)] = CachingAllocator(drv)
+        return _allocators[id(drv)]
+
+
+@dataclass(eq=False)
+class DeviceArray:
+    """A contiguous array in device memory."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    allocator: CachingAllocator
+
+    @classmethod
+    def empty(cls, shape, dtype, allocator: CachingAllocator) -> "DeviceArray":
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return cls(allocator.alloc(n), tuple(shape), dtype, allocator)
+
+    @classmethod
+    def from_host(cls, host: np.ndarray, allocator: CachingAllocator) -> "DeviceArray":
+        host = np.ascontiguousarray(host)
+        out = cls.empty(host.shape, host.dtype, allocator)
+        allocator.drv.htod(out.ptr, host)
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def to_host(self) -> np.ndarray:
+        host = np.empty(self.shape, dtype=self.dtype)
+        if host.nbytes:
+            self.allocator.drv.dtoh(host, self.ptr)
+        return host
+
+    def __del__(self):
+        try:
+            self.allocator.free(self.ptr)
+        except Exception:     # interpreter shutdown
+            pass
+
+
+# --------------------------------------------------------------------------- programs
+
+
+class CudaProgram:
+    """A kernel graph compiled for one CUDA device; call it with numpy arrays or
+    :class:`DeviceArray` inputs, get :class:`DeviceArray` outputs."""
+
+    def __init__(self, kg: KernelGraph, drv: Driver | None = None, arch: str | None = None,
+                 name: str = "program"):
+        self.kg, self.graph, self.name = kg, kg.graph, name
+        self.drv = drv or driver()
+        arch = arch or getattr(self.drv, "arch", "compute_90")
+        self.allocator = allocator_of(self.drv)
+        self.plan = plan_memory(kg)
+        self.lowered: dict[int, object] = {}
+        self.host_steps: dict[int, str] = {}
+        for i, k in enumerate(kg.kernels):
+            try:
+                self.lowered[i] = lower_kernel(k, kg)
+            except Unsupported as e:
+                self.host_steps[i] = str(e)
+        self.source = cuda_source(list(self.lowered.values())) if self.lowered else ""
+        kernels = {lk.name: lk for lk in self.lowered.values()}
+        needs_ptx = getattr(self.drv, "needs_ptx", True)
+        self.ptx = compile_cuda(self.source, arch, name) if kernels and needs_ptx else b""
+        module = self.drv.load_module(self.ptx, kernels) if kernels else None
+        self.functions = {i: self.drv.function(module, lk.name) for i, lk in self.lowered.items()}
+        self._constants: dict[int, DeviceArray] | None = None
+
+    def __call__(self, *inputs) -> list[DeviceArray]:
+        plan, drv = self.plan, self.drv
+        buffers: dict[int, DeviceArray] = {}
+        for i, x in enumerate(inputs):
+            buffers[i] = x if isinstance(x, DeviceArray) else \
+                DeviceArray.from_host(np.asarray(x), self.allocator)
+        if self._constants is None:         # uploaded once, on the first call
+            self._constants = {slot: DeviceArray.from_host(arr, self.allocator)
+                               for slot, arr in plan.constants.items()}
+        buffers.update(self._constants)
+        for slot, (shape, dt) in plan.intermediate_specs.items():
+            buffers[slot] = DeviceArray.empty(shape, dt, self.allocator)
+        for slot, shape, dt in plan.output_specs:
+            buffers[slot] = DeviceArray.empty(shape, dt, self.allocator)
+        for i, k in enumerate(self.kg.kernels):
+            if i in self.lowered:
+                lk = self.lowered[i]
+                if lk.grid == 0:
+                    continue
+                args = [buffers[plan.slots[p.value]].ptr for p in lk.params]
+                drv.launch(self.functions[i], lk.grid, lk.block, args)
+            else:
+                self._host_step(k, buffers)
+        return [self._output(o, buffers) for o in self.graph.outputs]
+
+    def _host_array(self, v: Value, buffers) -> np.ndarray:
+        view = self.kg.views.get(v)
+        base = view.base if view is not None else v
+        arr = buffers[self.plan.slots[base]].to_host()
+        if view is None:
+            return arr
+        item = arr.dtype.itemsize
+        flat = arr.reshape(-1)
+        return np.lib.stride_tricks.as_strided(
+            flat[view.offset:], shape=view.shape, strides=[s * item for s in view.strides])
+
+    def _host_step(self, k, buffers) -> None:
+        """An extern kernel: its nodes' numpy references on host copies."""
+        env: dict[Value, np.ndarray] = {}
+        for node in k.nodes:
+            args = [np.asarray(op.value, dtype=op.dtype.np_dtype) if isinstance(op, Literal)
+                    else env[op] if op in env else self._host_array(op, buffers)
+                    for op in node.inputs]
+            with np.errstate(all="ignore"):
+                out = np.asarray(node.prim.impl(*args, **node.attrs))
+            out = out.astype(node.output.type.dtype.np_dtype, copy=False)
+            env[node.output] = out
+            if node.output in self.plan.slots:
+                self.drv.htod(buffers[self.plan.slots[node.output]].ptr, out)
+
+    def _output(self, o, buffers) -> DeviceArray:
+        if isinstance(o, Literal):
+            return DeviceArray.from_host(np.full((), o.value, dtype=o.dtype.np_dtype),
+                                         self.allocator)
+        if o in self.kg.views:
+            # A returned view: made contiguous through the host (rare: a transposed output).
+            return DeviceArray.from_host(np.array(self._host_array(o, buffers)), self.allocator)
+        return buffers[self.plan.slots[o]]
+
+
+class HostCudaProgram(CudaProgram):
+    """A :class:`CudaProgram` with the CPU program's interface (``fusegrad.compile``'s
+    ``backend="cuda"``): numpy arrays in, numpy arrays out, copied through the device."""
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        outs = super().__call__(*inputs)
+        return [o.to_host() for o in outs]
+
+    def kernels(self) -> list[str]:
+        return [k.describe() for k in self.kg.kernels]
+
+    def fast_runner(self):
+        return None
+
+    @property
+    def llvm_ir(self) -> str:
+        return ""
+
+    def donate(self, pairs) -> dict[int, int]:
+        return {}

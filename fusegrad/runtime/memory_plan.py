@@ -1,0 +1,147 @@
+"""The memory plan of a kernel graph, shared by every launcher (CPU threads, CUDA streams).
+
+:func:`plan_memory` numbers every buffer a program needs with a slot: graph inputs first,
+then constants, then kernel outputs in the order they are produced. Outputs of the graph get
+slots of their own (fresh per call); intermediates share a slot when their lifetimes do not
+overlap (a value is live from the step that produces it to the last step that reads it,
+through any view). Scratch buffers a backend asks for (a split reduction's partial results)
+come last. :func:`donation_safe` says whether an output may take an input's buffer.
+
+The plan knows shapes and numpy dtypes only, never addresses: a launcher allocates the
+buffers (numpy arrays, device memory) and binds them to slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from fusegrad.ir.graph import Value
+from fusegrad.ir.kernel_graph import Kernel, KernelGraph, identity_view
+
+__all__ = ["MemoryPlan", "plan_memory", "donation_safe"]
+
+
+@dataclass
+class MemoryPlan:
+    """Slots of a program's buffers.
+
+    ``slots``: value -> slot; ``n_inputs``: the graph inputs hold slots ``0..n_inputs-1``;
+    ``constants``: slot -> the constant's contiguous array; ``output_slots``: slots of graph
+    outputs (a fresh buffer per call); ``intermediate_specs``: slot -> (shape, numpy dtype)
+    of every buffer allocated once and reused; ``scratch_slots``: kernel index -> its scratch
+    slot; ``output_specs``: (slot, shape, numpy dtype) of the outputs, by slot."""
+
+    slots: dict[Value, int]
+    n_inputs: int
+    constants: dict[int, np.ndarray]
+    output_slots: set[int]
+    intermediate_specs: dict[int, tuple]
+    scratch_slots: dict[int, int] = field(default_factory=dict)
+    output_specs: list[tuple] = field(default_factory=list)
+    n_slots: int = 0
+
+
+def plan_memory(kg: KernelGraph,
+                scratch_cells: Callable[[Kernel], int | None] = lambda k: None) -> MemoryPlan:
+    """Slots for every buffer of ``kg``; ``scratch_cells(kernel)`` gives the 8-byte cells of
+    scratch a kernel needs on the target backend (None: none)."""
+    g = kg.graph
+    slots: dict[Value, int] = {}
+    for v in g.inputs:
+        slots[v] = len(slots)
+    n_inputs = len(g.inputs)
+    constants: dict[int, np.ndarray] = {}
+    for node in g.nodes:
+        if node.op == "constant":
+            slots[node.output] = len(slots)
+            constants[slots[node.output]] = np.ascontiguousarray(node.attrs["value"].array)
+    # Values that need memory: kernel outputs, and each matmul's product (a BLAS or a
+    # product kernel writes it before the epilogue reads it).
+    producer_step: dict[Value, int] = {}
+    for i, k in enumerate(kg.kernels):
+        for v in k.outputs:
+            producer_step.setdefault(v, i)
+        if k.kind == "matmul":
+            for n in k.nodes:
+                if n.op == "matmul":
+                    producer_step.setdefault(n.output, i)
+    outputs = {o for o in g.outputs if isinstance(o, Value)}
+    # Liveness: the last step reading each value (through any view); values returned
+    # as (views of) outputs live to the end.
+    last_use: dict[Value, int] = dict(producer_step)
+    for i, k in enumerate(kg.kernels):
+        for v in k.inputs:
+            last_use[v] = max(last_use.get(v, i), i)
+    for o in outputs:
+        if o in kg.views:
+            last_use[kg.views[o].base] = len(kg.kernels)
+    output_slots: set[int] = set()
+    intermediate_specs: dict[int, tuple] = {}
+    next_slot = len(slots)
+    busy_until: dict[int, int] = {}          # intermediate slot -> its last reader
+    by_spec: dict[tuple, list[int]] = {}
+    for v, step in sorted(producer_step.items(), key=lambda item: item[1]):
+        if v in slots:
+            continue
+        if v in outputs:
+            slots[v] = next_slot
+            output_slots.add(next_slot)
+            next_slot += 1
+            continue
+        # The dtype itself, not its .str: bfloat16's string is '<V2', which would
+        # allocate raw void buffers that numpy steps and returned views misread.
+        spec = (v.type.shape, v.type.dtype.np_dtype)
+        # Share a buffer whose last reader ran before this value's producer.
+        slot = next((s for s in by_spec.get(spec, []) if busy_until[s] < step), None)
+        if slot is None:
+            slot = next_slot
+            next_slot += 1
+            intermediate_specs[slot] = spec
+            by_spec.setdefault(spec, []).append(slot)
+        slots[v] = slot
+        busy_until[slot] = last_use.get(v, step)
+    scratch_slots: dict[int, int] = {}
+    for i, k in enumerate(kg.kernels):
+        cells = scratch_cells(k)
+        if cells is not None:
+            scratch_slots[i] = next_slot
+            intermediate_specs[next_slot] = ((cells,), np.dtype(np.int64))
+            next_slot += 1
+    output_specs = sorted({(s, v.type.shape, v.type.dtype.np_dtype)
+                           for v, s in slots.items() if s in output_slots},
+                          key=lambda spec: spec[0])
+    return MemoryPlan(slots, n_inputs, constants, output_slots, intermediate_specs,
+                      scratch_slots, output_specs, next_slot)
+
+
+def donation_safe(kg: KernelGraph, kernel: Kernel, later: list[Kernel], v: Value,
+                  o: Value) -> bool:
+    """Whether output ``o``, written by ``kernel`` (a compiled kernel), may take the buffer of
+    input ``v``: ``kernel`` reads ``v`` only element for element at the index it writes (so
+    each element is read before it is overwritten), and none of the ``later`` kernels reads
+    ``v``."""
+    if kernel.kind not in ("elementwise", "reduction") or kernel.level.get(o) != "full" or \
+            o.type.shape != kernel.shape:
+        return False
+    if any(v in k.inputs for k in later):
+        return False
+    identity = identity_view(v).strides
+    for n in kernel.nodes:
+        for op in n.inputs:
+            if not isinstance(op, Value):
+                continue
+            view = kg.views.get(op)
+            base = view.base if view is not None else op
+            if base is not v:
+                continue
+            shape = view.shape if view is not None else op.type.shape
+            strides = view.strides if view is not None else identity
+            same = all(a == b for a, b, d in zip(strides, identity, shape) if d != 1)
+            if shape != kernel.shape or not same or \
+                    (view is not None and view.offset != 0) or \
+                    n.prim.kind.value not in ("elementwise",):
+                return False
+    return True
