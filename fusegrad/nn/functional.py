@@ -17,8 +17,28 @@ from typing import Sequence
 
 from fusegrad import dtypes
 from fusegrad.ops import functional as F
+from fusegrad.ops.convolution import (
+    conv1d,
+    conv2d,
+    conv_transpose1d,
+    conv_transpose2d,
+    fold,
+    unfold,
+)
 from fusegrad.ops.creation import arange, rand
 from fusegrad.ops.functional import composite
+from fusegrad.ops.pooling import (
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    adaptive_max_pool1d,
+    adaptive_max_pool2d,
+    avg_pool1d,
+    avg_pool2d,
+    max_pool1d,
+    max_pool1d_with_indices,
+    max_pool2d,
+    max_pool2d_with_indices,
+)
 from fusegrad.tensor import Tensor
 
 __all__ = [
@@ -26,6 +46,10 @@ __all__ = [
     "log_softmax", "linear", "dropout", "layer_norm", "embedding", "one_hot", "mse_loss",
     "l1_loss", "cross_entropy", "nll_loss", "binary_cross_entropy",
     "binary_cross_entropy_with_logits", "normalize", "pad",
+    "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "unfold", "fold",
+    "max_pool1d", "max_pool2d", "max_pool1d_with_indices", "max_pool2d_with_indices",
+    "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
+    "adaptive_max_pool1d", "adaptive_max_pool2d",
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")

@@ -20,6 +20,7 @@ torch does, then binds primitives. Compositions of several primitives are wrappe
 # ruff: noqa: F401, F403
 from fusegrad.ops.composite import *
 from fusegrad.ops.composite import _named
+from fusegrad.ops.convolution import *
 from fusegrad.ops.elementwise import *
 from fusegrad.ops.factories import *
 from fusegrad.ops.indexing import *
@@ -39,4 +40,5 @@ from fusegrad.ops.operands import (
     _promote,
     _scalar_tensor,
 )
+from fusegrad.ops.pooling import *
 from fusegrad.ops.reductions import *

@@ -469,6 +469,32 @@ case("nn.dropout-eval", lambda x: NF.dropout(x, 0.5, training=False) * 2, X(3, 4
 case("nn.dropout-p0", lambda x: NF.dropout(x, 0.0) * 2, X(3, 4))
 case("nn.layer_norm", lambda x, w, b: NF.layer_norm(x, (4,), w, b), X(3, 4), X(4), X(4))
 case("nn.layer_norm-2d", lambda x: NF.layer_norm(x, (3, 4)), X(2, 3, 4, layout="T"))
+case("nn.conv2d", lambda x, w, b: NF.conv2d(x, w, b, stride=(2, 1), padding=1, groups=2),
+     X(2, 4, 5, 4), X(4, 2, 3, 2), X(4))
+case("nn.conv2d-same", lambda x, w: NF.conv2d(x, w, padding="same", dilation=2),
+     X(1, 2, 5, 5, layout="T"), X(3, 2, 3, 3))
+case("nn.conv1d", lambda x, w: NF.conv1d(x, w, stride=2, padding=1), X(2, 2, 7, layout="S"),
+     X(3, 2, 3))
+case("nn.conv_transpose2d", lambda x, w, b: NF.conv_transpose2d(x, w, b, stride=2, padding=1,
+                                                                 output_padding=1, groups=2),
+     X(1, 4, 3, 3), X(4, 1, 3, 2), X(2))
+case("nn.conv_transpose1d", lambda x, w: NF.conv_transpose1d(x, w, stride=3, dilation=2),
+     X(2, 2, 4), X(2, 3, 2))
+case("nn.unfold", lambda x: NF.unfold(x, 2, padding=1, stride=2), X(1, 2, 5, 4, layout="T"))
+case("nn.fold", lambda c: NF.fold(c, (4, 5), 2, padding=1, stride=2), X(1, 8, 9))
+case("nn.max_pool2d", lambda x: NF.max_pool2d(x, 3, 2, 1, ceil_mode=True, return_indices=True),
+     X(2, 2, 5, 6), covers=("max_pool2d_with_indices",))
+case("nn.max_pool1d", lambda x: NF.max_pool1d(x, 2, dilation=2, return_indices=True),
+     X(2, 3, 7, layout="S"), covers=("max_pool1d_with_indices",))
+case("nn.avg_pool2d", lambda x: NF.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+     X(2, 2, 5, 6))
+case("nn.avg_pool1d", lambda x: NF.avg_pool1d(x, 3, 2, 1), X(2, 3, 7))
+case("nn.adaptive_avg_pool2d", lambda x: NF.adaptive_avg_pool2d(x, (3, 2)), X(2, 2, 5, 7),
+     covers=("adaptive_avg_pool1d",))
+case("nn.adaptive_max_pool2d", lambda x: NF.adaptive_max_pool2d(x, (3, 2), return_indices=True),
+     X(2, 2, 5, 7))
+case("nn.adaptive_max_pool1d", lambda x: NF.adaptive_max_pool1d(x, 3), X(2, 2, 7))
+case("nn.adaptive_avg_pool1d-5", lambda x: NF.adaptive_avg_pool1d(x, 5), X(2, 2, 7))
 case("nn.embedding", lambda i, w: NF.embedding(i, w), Idx([[0, 2], [3, 0]]), X(4, 3))
 case("nn.embedding-padding", lambda i, w: NF.embedding(i, w, padding_idx=0),
      Idx([0, 2, 0, 1]), X(4, 3))

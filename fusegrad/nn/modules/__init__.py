@@ -12,6 +12,14 @@ from fusegrad.nn.modules.activation import (
     Tanh,
 )
 from fusegrad.nn.modules.container import ModuleDict, ModuleList, Sequential
+from fusegrad.nn.modules.conv import (
+    Conv1d,
+    Conv2d,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    Fold,
+    Unfold,
+)
 from fusegrad.nn.modules.dropout import Dropout
 from fusegrad.nn.modules.linear import Flatten, Identity, Linear, Unflatten
 from fusegrad.nn.modules.loss import (
@@ -24,6 +32,16 @@ from fusegrad.nn.modules.loss import (
 )
 from fusegrad.nn.modules.module import Module
 from fusegrad.nn.modules.normalization import LayerNorm
+from fusegrad.nn.modules.pooling import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    MaxPool1d,
+    MaxPool2d,
+)
 from fusegrad.nn.modules.sparse import Embedding
 
 __all__ = [
@@ -31,4 +49,7 @@ __all__ = [
     "Unflatten", "Embedding", "LayerNorm", "Dropout", "ReLU", "GELU", "Tanh", "Sigmoid", "SiLU",
     "Softmax", "LogSoftmax", "LeakyReLU", "Softplus", "MSELoss", "L1Loss", "CrossEntropyLoss",
     "NLLLoss", "BCELoss", "BCEWithLogitsLoss",
+    "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "Unfold", "Fold",
+    "MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
+    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
 ]
