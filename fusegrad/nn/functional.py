@@ -27,6 +27,7 @@ from fusegrad.ops.convolution import (
 )
 from fusegrad.ops.creation import arange, rand
 from fusegrad.ops.functional import composite
+from fusegrad.ops.normalization import batch_norm, group_norm, instance_norm, rms_norm
 from fusegrad.ops.pooling import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
@@ -49,7 +50,8 @@ __all__ = [
     "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "unfold", "fold",
     "max_pool1d", "max_pool2d", "max_pool1d_with_indices", "max_pool2d_with_indices",
     "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
-    "adaptive_max_pool1d", "adaptive_max_pool2d",
+    "adaptive_max_pool1d", "adaptive_max_pool2d", "batch_norm", "group_norm", "instance_norm",
+    "rms_norm",
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")

@@ -29,6 +29,7 @@ from fusegrad.ops.inplace import _check_inplace, _inplace, _rebase_history
 from fusegrad.ops.matmul import *
 from fusegrad.ops.movement import *
 from fusegrad.ops.movement import _mark_view
+from fusegrad.ops.normalization import *
 from fusegrad.ops.operands import *
 from fusegrad.ops.operands import (
     _at_user_line,

@@ -495,6 +495,13 @@ case("nn.adaptive_max_pool2d", lambda x: NF.adaptive_max_pool2d(x, (3, 2), retur
      X(2, 2, 5, 7))
 case("nn.adaptive_max_pool1d", lambda x: NF.adaptive_max_pool1d(x, 3), X(2, 2, 7))
 case("nn.adaptive_avg_pool1d-5", lambda x: NF.adaptive_avg_pool1d(x, 5), X(2, 2, 7))
+case("nn.batch_norm", lambda x, w, b: NF.batch_norm(x, None, None, w, b, training=True),
+     X(4, 3, 2, layout="T"), X(3), X(3))
+case("nn.batch_norm-eval", lambda x, m, v, w: NF.batch_norm(x, m, v, w, None, eps=1e-3),
+     X(2, 3, 2, 2), X(3), Pos(3), X(3))
+case("nn.group_norm", lambda x, w, b: NF.group_norm(x, 2, w, b), X(2, 4, 3), X(4), X(4))
+case("nn.instance_norm", lambda x: NF.instance_norm(x), X(2, 3, 4, layout="S"))
+case("nn.rms_norm", lambda x, w: NF.rms_norm(x, (4,), w), X(3, 4), X(4))
 case("nn.embedding", lambda i, w: NF.embedding(i, w), Idx([[0, 2], [3, 0]]), X(4, 3))
 case("nn.embedding-padding", lambda i, w: NF.embedding(i, w, padding_idx=0),
      Idx([0, 2, 0, 1]), X(4, 3))

@@ -11,6 +11,7 @@ from fusegrad.nn.modules.activation import (
     Softplus,
     Tanh,
 )
+from fusegrad.nn.modules.batchnorm import BatchNorm1d, BatchNorm2d, InstanceNorm1d, InstanceNorm2d
 from fusegrad.nn.modules.container import ModuleDict, ModuleList, Sequential
 from fusegrad.nn.modules.conv import (
     Conv1d,
@@ -31,7 +32,7 @@ from fusegrad.nn.modules.loss import (
     NLLLoss,
 )
 from fusegrad.nn.modules.module import Module
-from fusegrad.nn.modules.normalization import LayerNorm
+from fusegrad.nn.modules.normalization import GroupNorm, LayerNorm, RMSNorm
 from fusegrad.nn.modules.pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -51,5 +52,6 @@ __all__ = [
     "NLLLoss", "BCELoss", "BCEWithLogitsLoss",
     "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "Unfold", "Fold",
     "MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
-    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
+    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "BatchNorm1d", "BatchNorm2d", "InstanceNorm1d",
+    "InstanceNorm2d", "GroupNorm", "RMSNorm",
 ]
