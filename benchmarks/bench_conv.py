@@ -4,7 +4,7 @@ Workloads (float32):
 
 - ``conv2d``: forward and backward of ``conv2d(x, w, b, padding=1)``, x (64, 32, 28, 28),
   w (64, 32, 3, 3): the gradients of ``sum(conv2d(x, w, b) * g)`` with respect to x, w and b.
-  fusegrad compiled is ``fusegrad.compile(fusegrad.grad(...))``.
+  fusegrad compiled is ``fusegrad.compile(fusegrad.value_and_grad(...))``.
 - ``lenet``: one training step (``zero_grad``, forward, cross-entropy, ``backward``, SGD with
   momentum) of the CNN of ``examples/train_lenet.py`` on a batch of 64 8x8 images; fusegrad
   compiled is the whole step in ``fusegrad.compile``.
@@ -62,8 +62,8 @@ def _conv_workload(lib, np, batch, quick):
 
         def loss(x, w, b):
             return (F.conv2d(x, w, b, padding=1) * tg).sum()
-        grad = fusegrad.grad(loss, argnums=(0, 1, 2))
-        compiled = fusegrad.compile(grad)
+        # the loss too, so that the compiled function computes the forward as torch does
+        compiled = fusegrad.compile(fusegrad.value_and_grad(loss, argnums=(0, 1, 2)))
         runs["fusegrad compiled"] = lambda: compiled(tx, tw, tb)
         # eager: the autograd tape, as users run it (fusegrad.grad would replay the autodiff pass)
         ex, ew, eb = (fusegrad.tensor(a, requires_grad=True) for a in (x, w, b))

@@ -231,6 +231,18 @@ def _training_step(model):
     return step
 
 
+def test_compiled_conv_input_gradient_is_one_col2im_kernel():
+    # each window's gradient is one pad of the output gradient (not a pad per axis, which
+    # would copy), so all of them sum in one elementwise kernel
+    w, g = fusegrad.tensor(f32(4, 3, 3, 3)), fusegrad.tensor(f32(2, 4, 5, 5))
+    x = fusegrad.tensor(f32(2, 3, 5, 5))
+    f = fusegrad.compile(fusegrad.grad(lambda x: (NF.conv2d(x, w, padding=1) * g).sum()))
+    kernels = f.lower(x).kernels
+    assert len([k for k in kernels if "pad" in k]) == 1, kernels
+    np.testing.assert_allclose(f(x).numpy(), fusegrad.grad(
+        lambda x: (NF.conv2d(x, w, padding=1) * g).sum())(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_compiled_lenet_training_step_matches_eager():
     rng = np.random.default_rng(0)
     x = fusegrad.tensor(rng.standard_normal((8, 1, 8, 8)).astype(np.float32))
