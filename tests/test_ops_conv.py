@@ -281,8 +281,16 @@ def test_conv_modules_shapes_init_and_repr():
     u = nn.Unfold(2, stride=2)(fusegrad.randn(1, 3, 4, 4))
     assert u.shape == (1, 12, 4)
     assert nn.Fold((4, 4), 2, stride=2)(u).shape == (1, 3, 4, 4)
-    with pytest.raises(NotImplementedError, match="padding_mode 'reflect'"):
-        nn.Conv2d(1, 1, 3, padding_mode="reflect")
+    circ = nn.Conv2d(2, 3, 3, padding=1, padding_mode="circular")
+    x = fusegrad.randn(1, 2, 5, 4)
+    wrapped = np.pad(x.numpy(), [(0, 0), (0, 0), (1, 1), (1, 1)], mode="wrap")
+    np.testing.assert_allclose(circ(x).detach().numpy(),
+                               conv_ref(wrapped, circ.weight.detach().numpy(),
+                                        circ.bias.detach().numpy()), rtol=1e-5, atol=1e-5)
+    refl = nn.Conv1d(2, 2, 4, padding="same", padding_mode="reflect")
+    assert refl(fusegrad.randn(1, 2, 6)).shape == (1, 2, 6)
+    with pytest.raises(ValueError, match="Only \"zeros\" padding mode"):
+        nn.ConvTranspose2d(1, 1, 3, padding_mode="reflect")
 
 
 # --------------------------------------------------------------------------- torch (optional)

@@ -316,3 +316,13 @@ def cumsum(x: Tensor, dim: int, *, dtype=None) -> Tensor:
     if dtype is not None:
         x = cast(x, dtype)
     return bind(P.cumsum, x, axis=normalize_axis(dim, x.ndim, "cumsum") if x.ndim else 0)
+
+
+@public(method=True)
+def trace(x: Tensor) -> Tensor:
+    """The sum of a matrix's main diagonal (``Tensor.trace``; ``fusegrad.trace`` is the
+    tracer, so there is no top-level function)."""
+    if x.ndim != 2:
+        raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {x.ndim}")
+    from fusegrad.ops.movement import diagonal
+    return _named(sum(diagonal(x)), "TraceBackward0")

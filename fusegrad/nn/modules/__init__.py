@@ -1,15 +1,26 @@
 """The module classes of ``fusegrad.nn``, one file per family as in torch.nn.modules."""
 
 from fusegrad.nn.modules.activation import (
+    CELU,
+    ELU,
     GELU,
+    SELU,
+    Hardsigmoid,
+    Hardswish,
+    Hardtanh,
     LeakyReLU,
     LogSoftmax,
+    Mish,
+    PReLU,
     ReLU,
+    ReLU6,
     Sigmoid,
     SiLU,
     Softmax,
     Softplus,
+    Softsign,
     Tanh,
+    Tanhshrink,
 )
 from fusegrad.nn.modules.batchnorm import BatchNorm1d, BatchNorm2d, InstanceNorm1d, InstanceNorm2d
 from fusegrad.nn.modules.container import ModuleDict, ModuleList, Sequential
@@ -53,5 +64,6 @@ __all__ = [
     "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "Unfold", "Fold",
     "MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
     "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "BatchNorm1d", "BatchNorm2d", "InstanceNorm1d",
-    "InstanceNorm2d", "GroupNorm", "RMSNorm",
+    "InstanceNorm2d", "GroupNorm", "RMSNorm", "Hardtanh", "ReLU6", "ELU", "SELU", "CELU", "Mish",
+    "Hardswish", "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink",
 ]

@@ -33,9 +33,11 @@ class _ConvNd(Module):
             raise ValueError("in_channels must be divisible by groups")
         if out_channels % groups:
             raise ValueError("out_channels must be divisible by groups")
-        if padding_mode != "zeros":
-            raise NotImplementedError(f"{name}: padding_mode '{padding_mode}' is not supported "
-                                      "yet (only 'zeros')")
+        if padding_mode not in ("zeros", "reflect", "replicate", "circular"):
+            raise ValueError(f"padding_mode must be one of ['zeros', 'reflect', 'replicate', "
+                             f"'circular'], but got padding_mode='{padding_mode}'")
+        if padding_mode != "zeros" and self._transposed:
+            raise ValueError(f'Only "zeros" padding mode is supported for {name}')
         if isinstance(padding, str):
             if padding not in ("same", "valid"):
                 raise ValueError(f"Invalid padding string {padding!r}, should be one of "
@@ -51,6 +53,15 @@ class _ConvNd(Module):
         self.groups = groups
         self.padding_mode = padding_mode
         self.transposed = self._transposed
+        # F.pad's (last dim first) widths for the non-zeros padding modes
+        if isinstance(self.padding, str):
+            totals = [d * (k - 1) for d, k in zip(self.dilation, self.kernel_size)] \
+                if self.padding == "same" else [0] * nd
+            pairs = [(t // 2, t - t // 2) for t in totals]
+        else:
+            pairs = [(p, p) for p in self.padding]
+        self._reversed_padding_repeated_twice = tuple(v for lo, hi in reversed(pairs)
+                                                      for v in (lo, hi))
         shape = ((in_channels, out_channels // groups) if self._transposed
                  else (out_channels, in_channels // groups)) + self.kernel_size
         self.weight = Parameter(empty(shape, dtype=dtype, device=device))
@@ -69,6 +80,13 @@ class _ConvNd(Module):
                 bound = 1 / math.sqrt(fan_in)
                 init.uniform_(self.bias, -bound, bound)
 
+    def _padded(self, input: Tensor):  # noqa: A002
+        """(input, padding) for the functional conv: the padding modes other than zeros pad
+        the input first and convolve without padding."""
+        if self.padding_mode == "zeros":
+            return input, self.padding
+        return NF.pad(input, self._reversed_padding_repeated_twice, self.padding_mode), 0
+
     def extra_repr(self) -> str:
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
              f"stride={self.stride}")
@@ -83,6 +101,8 @@ class _ConvNd(Module):
             s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode}"
         return s
 
 
@@ -98,8 +118,9 @@ class Conv1d(_ConvNd):
                          groups, bias, padding_mode, device, dtype)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return NF.conv1d(input, self.weight, self.bias, self.stride, self.padding,
-                         self.dilation, self.groups)
+        x, padding = self._padded(input)
+        return NF.conv1d(x, self.weight, self.bias, self.stride, padding, self.dilation,
+                         self.groups)
 
 
 class Conv2d(_ConvNd):
@@ -117,8 +138,9 @@ class Conv2d(_ConvNd):
                          groups, bias, padding_mode, device, dtype)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return NF.conv2d(input, self.weight, self.bias, self.stride, self.padding,
-                         self.dilation, self.groups)
+        x, padding = self._padded(input)
+        return NF.conv2d(x, self.weight, self.bias, self.stride, padding, self.dilation,
+                         self.groups)
 
 
 class _ConvTransposeNd(_ConvNd):
