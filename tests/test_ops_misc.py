@@ -84,3 +84,95 @@ def test_compiled_matches_eager():
                 x.diagonal(1), fusegrad.diag(x.diagonal()), x.trace(), x.sum(axis=0))
     for e, c in zip(f(x, y, w), fusegrad.compile(f)(x, y, w)):
         np.testing.assert_allclose(c.numpy(), e.numpy(), rtol=1e-5, atol=1e-6)
+
+
+EINSUM_CASES = [("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("bij,bjk,kl->bil", [(2, 3, 4), (2, 4, 5), (5, 3)]),
+                ("ii->i", [(4, 4)]), ("ii", [(4, 4)]), ("ij->ji", [(3, 4)]), ("i,i->", [(4,), (4,)]),
+                ("i,j->ij", [(3,), (4,)]), ("...ij,...jk->...ik", [(2, 3, 4), (4, 5)]),
+                ("bij->", [(2, 3, 4)]), ("bij,jk", [(2, 3, 4), (4, 4)]), ("bii->bi", [(2, 3, 3)]),
+                ("...i,i", [(2, 3, 4), (4,)]), ("ji,k->ijk", [(3, 4), (2,)]),
+                ("bij,bjk->ik", [(2, 3, 4), (2, 4, 5)]), ("iij->j", [(3, 3, 2)]),
+                ("ij,ij->ij", [(1, 4), (3, 4)]), ("ij,jk->ik", [(3, 1), (4, 5)])]
+
+
+@pytest.mark.parametrize("equation,shapes", EINSUM_CASES, ids=[c[0] for c in EINSUM_CASES])
+def test_einsum_matches_numpy(equation, shapes):
+    arrays = [RNG.standard_normal(s) for s in shapes]
+    ops = [fusegrad.tensor(a, requires_grad=True) for a in arrays]
+    if equation == "ij,jk->ik":   # a size-1 contracted dim broadcasts (torch's rule)
+        ref = np.einsum(equation, np.broadcast_to(arrays[0], (3, 4)), arrays[1])
+    else:
+        ref = np.einsum(equation, *arrays)
+    out = fusegrad.einsum(equation, *ops)
+    assert out.shape == ref.shape
+    np.testing.assert_allclose(out.detach().numpy(), ref, rtol=1e-12, atol=1e-12)
+    assert gradcheck(lambda *xs: fusegrad.einsum(equation, *xs), ops)
+
+
+def test_einsum_list_form_and_errors():
+    a = t(3, 3)
+    np.testing.assert_allclose(fusegrad.einsum("ij,jk", [a, a]).numpy(), (a @ a).numpy())
+    with pytest.raises(RuntimeError, match="does not match the number of dimensions"):
+        fusegrad.einsum("ijk", a)
+    with pytest.raises(RuntimeError, match="output subscript z does not appear"):
+        fusegrad.einsum("ij->z", a)
+
+
+def test_cumulative_ops_match_numpy():
+    a = np.array([[1.0, 3.0, 3.0, 2.0, 0.0, 5.0], [-1.0, -2.0, 4.0, 4.0, 1.0, 0.5]])
+    x = fusegrad.tensor(a)
+    np.testing.assert_array_equal(fusegrad.cumprod(x, 1).numpy(), np.cumprod(a, 1))
+    np.testing.assert_array_equal(x.cumprod(dim=0).numpy(), np.cumprod(a, 0))
+    v, i = fusegrad.cummax(x, 1)
+    np.testing.assert_array_equal(v.numpy(), np.maximum.accumulate(a, 1))
+    # the index of the last of equal maxima, as torch's
+    np.testing.assert_array_equal(i.numpy(), [[0, 1, 2, 2, 2, 5], [0, 0, 2, 3, 3, 3]])
+    v, i = x.cummin(1)
+    np.testing.assert_array_equal(v.numpy(), np.minimum.accumulate(a, 1))
+    np.testing.assert_array_equal(i.numpy(), [[0, 0, 0, 0, 4, 4], [0, 1, 1, 1, 1, 1]])
+    np.testing.assert_allclose(fusegrad.logcumsumexp(x, 1).numpy(),
+                               np.log(np.cumsum(np.exp(a), 1)), rtol=1e-12)
+    big = fusegrad.tensor([1000.0, 1000.0, -1000.0])
+    np.testing.assert_allclose(big.logcumsumexp(0).numpy(), [1000, 1000 + np.log(2), 1000 + np.log(2)])
+    assert fusegrad.cumprod(fusegrad.tensor([1, 2, 3], dtype=fusegrad.int32), 0).dtype is fusegrad.int64
+    np.testing.assert_array_equal(fusegrad.cummax(fusegrad.tensor([3, 1, 4]), 0).values.numpy(),
+                                  [3, 3, 4])
+
+
+def test_cumulative_gradients():
+    x = fusegrad.tensor([[1.0, 3.0, 0.0, 2.0], [-1.0, 0.5, 4.0, 0.0]], dtype=fusegrad.float64,
+                        requires_grad=True)
+    assert gradcheck(lambda x: fusegrad.cumprod(x, 1), (x,))       # zeros included
+    y = fusegrad.tensor(RNG.permutation(12).reshape(3, 4) / 3.0, requires_grad=True)
+    assert gradcheck(lambda y: fusegrad.cummax(y, 1).values, (y,))
+    assert gradcheck(lambda y: fusegrad.cummin(y, 0).values, (y,))
+    assert gradcheck(lambda y: fusegrad.logcumsumexp(y, 1), (y,))
+
+
+def test_compiled_einsum_and_scans_match_eager():
+    a, b = (fusegrad.tensor(RNG.standard_normal((3, 4)).astype(np.float32)) for _ in range(2))
+
+    def f(a, b):
+        return (fusegrad.einsum("ij,kj->ik", a, b), fusegrad.einsum("ii->", a[:, :3]),
+                a.cumprod(1), a.cummax(0).values, a.cummin(1).indices, a.logcumsumexp(1))
+
+    def loss(a):
+        return sum((y * y).sum() for y in f(a, b) if y.dtype.is_floating_point)
+    for e, c in zip(f(a, b), fusegrad.compile(f)(a, b)):
+        np.testing.assert_allclose(c.numpy(), e.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fusegrad.compile(fusegrad.grad(loss))(a).numpy(),
+                               fusegrad.grad(loss)(a).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_against_torch():
+    torch = pytest.importorskip("torch")
+    a = RNG.standard_normal((3, 5)).astype(np.float32)
+    a[1, 2] = a[1, 1]
+    for name in ("cummax", "cummin"):
+        ours, ref = getattr(fusegrad, name)(fusegrad.tensor(a), 1), getattr(torch, name)(
+            torch.tensor(a), 1)
+        np.testing.assert_array_equal(ours.values.numpy(), ref.values.numpy())
+        np.testing.assert_array_equal(ours.indices.numpy(), ref.indices.numpy())
+    np.testing.assert_allclose(fusegrad.einsum("ij,kj->ik", fusegrad.tensor(a), fusegrad.tensor(a)).numpy(),
+                               torch.einsum("ij,kj->ik", torch.tensor(a), torch.tensor(a)).numpy(),
+                               rtol=1e-5, atol=1e-5)

@@ -527,6 +527,12 @@ case("nn.tanhshrink", lambda x: NF.tanhshrink(x), X(3, 4))
 case("nn.pad-modes", lambda x: (NF.pad(x, (2, 1), mode="reflect"), NF.pad(x, (1, 2), mode="circular"),
                                 NF.pad(x, (1, 1, 2, 0), mode="replicate")), X(2, 3, 4),
      covers=("pad",))
+case("einsum", lambda a, b: F.einsum("bij,jk->bik", a, b), X(2, 3, 4), X(4, 5, layout="T"))
+case("einsum-diag", lambda a, v: F.einsum("ii,i->", a, v), X(3, 3), X(3))
+case("cumprod", lambda x: F.cumprod(x, 1), X(3, 4, layout="T"))
+case("cummax", lambda x: F.cummax(x, 1), X(3, 4))
+case("cummin", lambda x: F.cummin(x, 0), X(3, 4, layout="S"))
+case("logcumsumexp", lambda x: F.logcumsumexp(x, -1), X(3, 4))
 case("nn.embedding", lambda i, w: NF.embedding(i, w), Idx([[0, 2], [3, 0]]), X(4, 3))
 case("nn.embedding-padding", lambda i, w: NF.embedding(i, w, padding_idx=0),
      Idx([0, 2, 0, 1]), X(4, 3))
