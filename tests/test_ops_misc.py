@@ -176,3 +176,16 @@ def test_against_torch():
     np.testing.assert_allclose(fusegrad.einsum("ij,kj->ik", fusegrad.tensor(a), fusegrad.tensor(a)).numpy(),
                                torch.einsum("ij,kj->ik", torch.tensor(a), torch.tensor(a)).numpy(),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_unfold_matches_sliding_windows():
+    a = RNG.standard_normal((2, 11, 3))
+    x = fusegrad.tensor(a, requires_grad=True)
+    y = x.unfold(1, 4, 3)
+    ref = np.lib.stride_tricks.sliding_window_view(a, 4, axis=1)[:, ::3]
+    np.testing.assert_array_equal(y.detach().numpy(), ref)
+    assert y.shape == (2, 3, 3, 4)
+    assert gradcheck(lambda x: x.unfold(1, 4, 3), (x,))     # overlapping windows add up
+    assert gradcheck(lambda x: x.unfold(-1, 2, 1), (x,))
+    with pytest.raises(RuntimeError, match="maximum size for tensor at dimension 1 is 11"):
+        x.unfold(1, 12, 1)

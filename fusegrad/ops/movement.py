@@ -556,3 +556,28 @@ def diag(x: Tensor, diagonal: int = 0) -> Tensor:
     k = builtins.abs(diagonal)
     widths = [(0, k), (k, 0)] if diagonal > 0 else [(k, 0), (0, k)]
     return _named(pad_axes(square, widths), "DiagBackward0")
+
+
+def _tensor_unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
+    """``Tensor.unfold``: the windows of ``size`` elements every ``step`` along ``dimension``,
+    as a new last dim (``dimension`` becomes the window count)."""
+    axis = normalize_axis(dimension, builtins.max(x.ndim, 1), "unfold")
+    if x.ndim == 0:
+        x = reshape(x, (1,))
+    n = x.shape[axis]
+    if size > n:
+        raise RuntimeError(f"maximum size for tensor at dimension {axis} is {n} but size is {size}")
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")
+    count = (n - size) // step + 1
+    views = []
+    for i in range(size):
+        starts = [0] * x.ndim
+        stops = list(x.shape)
+        steps = [1] * x.ndim
+        starts[axis], stops[axis], steps[axis] = i, i + step * (count - 1) + 1, step
+        views.append(unsqueeze(slice_axes(x, starts, stops, steps), x.ndim))
+    return _named(cat(views, x.ndim) if size > 1 else views[0], "UnfoldBackward0")
+
+
+public(_tensor_unfold, name="unfold", method=True)

@@ -533,6 +533,7 @@ case("cumprod", lambda x: F.cumprod(x, 1), X(3, 4, layout="T"))
 case("cummax", lambda x: F.cummax(x, 1), X(3, 4))
 case("cummin", lambda x: F.cummin(x, 0), X(3, 4, layout="S"))
 case("logcumsumexp", lambda x: F.logcumsumexp(x, -1), X(3, 4))
+case("Tensor.unfold", lambda x: x.unfold(1, 3, 2), X(2, 7, layout="T"))
 case("nn.embedding", lambda i, w: NF.embedding(i, w), Idx([[0, 2], [3, 0]]), X(4, 3))
 case("nn.embedding-padding", lambda i, w: NF.embedding(i, w, padding_idx=0),
      Idx([0, 2, 0, 1]), X(4, 3))
