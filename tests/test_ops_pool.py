@@ -228,3 +228,22 @@ def test_against_torch():
                                torch.nn.functional.adaptive_avg_pool2d(torch.tensor(x),
                                                                        (3, 5)).numpy(),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_max_pool_nan_is_the_maximum_and_takes_the_gradient():
+    x = fusegrad.tensor([[[[1.0, np.nan, 3.0, 4.0], [0.0, 0.0, -np.inf, 0.0]]]], requires_grad=True)
+    y = NF.max_pool2d(x, 2)
+    assert np.isnan(y.detach().numpy()[0, 0, 0, 0]) and y.detach().numpy()[0, 0, 0, 1] == 4.0
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy()[0, 0], [[0, 1, 0, 1], [0, 0, 0, 0]])
+
+
+def test_compiled_max_pool_runs_no_numpy_steps():
+    # the first-maximum mask is elementwise work: no argmax/gather/scatter_add numpy steps
+    from fusegrad.runtime.cpu import NumpyStep
+    x = fusegrad.tensor(f32(2, 3, 6, 6))
+    f = fusegrad.compile(fusegrad.grad(lambda x: (NF.max_pool2d(x, 2) ** 2).sum()))
+    program = f.lower(x).program
+    assert not [s for s in program.steps if isinstance(s, NumpyStep)], f.lower(x).kernels
+    np.testing.assert_allclose(f(x).numpy(), fusegrad.grad(
+        lambda x: (NF.max_pool2d(x, 2) ** 2).sum())(x).numpy(), rtol=1e-6)

@@ -1,8 +1,9 @@
 """Pooling as reductions over a window axis (:mod:`fusegrad.ops.windows`).
 
-``max_pool`` takes the argmax over the window axis and gathers it, so that its gradient goes
-to the one element torch's gradient goes to (the first maximum), not split among ties as
-``amax``'s is; ``return_indices`` maps the argmax to flat positions in each input plane.
+``max_pool`` sums the window through a mask of its first maximum, so that its gradient goes to
+the one element torch's gradient goes to, not split among ties as ``amax``'s is (the mask is
+elementwise work the compiler fuses); ``return_indices`` maps the argmax over the window axis
+to flat positions in each input plane.
 ``avg_pool`` sums the window and divides by torch's divisor (a constant: it depends on shapes
 only). Adaptive average pooling multiplies by constant averaging matrices, one per spatial dim
 (a rectangle's mean is the mean of its rows' means); adaptive max pooling gathers each
@@ -20,12 +21,20 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops.composite import composite
-from fusegrad.ops.elementwise import div
+from fusegrad.ops.elementwise import (
+    div,
+    eq,
+    isnan,
+    logical_and,
+    logical_not,
+    logical_or,
+    where,
+)
 from fusegrad.ops.indexing import gather
 from fusegrad.ops.matmul import matmul
-from fusegrad.ops.movement import expand, pad_axes, reshape_prim, transpose
+from fusegrad.ops.movement import cat, expand, narrow, pad_axes, reshape_prim, transpose
 from fusegrad.ops.operands import take
-from fusegrad.ops.reductions import argmax, sum
+from fusegrad.ops.reductions import amax, argmax, sum
 from fusegrad.ops.registry import public
 from fusegrad.ops.windows import ntuple, out_size, windows
 from fusegrad.tensor import Tensor
@@ -102,12 +111,34 @@ def _window_positions(spatial, kernel, stride, padding, dilation, out) -> np.nda
     return table
 
 
-def _max_windows(b: Tensor, kernel, stride, dilation, out, pads):
-    """(windows, argmax over the window axis, keepdim) of ``b`` padded with the lowest value."""
+def _padded_windows(b: Tensor, kernel, stride, dilation, out, pads) -> Tensor:
+    """The windows (N, C, prod(kernel), *out) of ``b`` padded with its dtype's lowest value."""
     lowest = -math.inf if b.dtype.is_floating_point else int(np.iinfo(b.dtype.np_dtype).min)
-    cols = windows(pad_axes(b, [(0, 0), (0, 0)] + list(pads), lowest), kernel, stride, dilation,
+    return windows(pad_axes(b, [(0, 0), (0, 0)] + list(pads), lowest), kernel, stride, dilation,
                    out)
+
+
+def _max_windows(b: Tensor, kernel, stride, dilation, out, pads):
+    """(windows, argmax over the window axis, keepdim) of ``b``."""
+    cols = _padded_windows(b, kernel, stride, dilation, out, pads)
     return cols, argmax(cols, 2, keepdim=True)
+
+
+def _first_max(cols: Tensor) -> Tensor:
+    """The window maxima (N, C, *out), differentiable into the first maximum of each window
+    only, as torch's max pooling: a mask of the first element equal to the maximum, built
+    with elementwise ops over the (few) window positions, so compiled code fuses it (argmax
+    and gather would run as numpy steps)."""
+    top = amax(cols.detach(), 2, keepdim=True)
+    # a NaN is the maximum of its window (NaN != NaN, so it is marked by isnan)
+    hit = logical_or(eq(cols, top), isnan(cols))
+    seen, masks = None, []
+    for k in range(cols.shape[2]):
+        e = narrow(hit, 2, k, 1)
+        masks.append(e if seen is None else logical_and(e, logical_not(seen)))
+        seen = e if seen is None else logical_or(seen, e)
+    mask = cat(masks, 2) if len(masks) > 1 else masks[0]
+    return sum(where(mask, cols, 0), 2).to(cols.dtype)
 
 
 def _max_pool(op: str, grad_name: str, nd: int, x: Tensor, kernel_size, stride, padding,
@@ -117,8 +148,7 @@ def _max_pool(op: str, grad_name: str, nd: int, x: Tensor, kernel_size, stride, 
 
     @composite(grad_name)
     def pool(b: Tensor) -> Tensor:
-        cols, arg = _max_windows(b, kernel, stride, dilation, out, pads)
-        return reshape_prim(gather(cols, 2, arg), tuple(b.shape[:2]) + out)
+        return _first_max(_padded_windows(b, kernel, stride, dilation, out, pads))
 
     def run(b: Tensor):
         values = pool(b)
