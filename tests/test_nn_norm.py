@@ -207,3 +207,17 @@ def test_against_torch():
     np.testing.assert_allclose(NF.group_norm(fusegrad.tensor(x), 3).numpy(),
                                torch.nn.functional.group_norm(torch.tensor(x), 3).numpy(),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_batchnorm3d_and_instancenorm3d():
+    x = f32(3, 2, 3, 2, 4)
+    bn = nn.BatchNorm3d(2)
+    np.testing.assert_allclose(bn(fusegrad.tensor(x)).detach().numpy(),
+                               bn_ref(x, 0, 1, np.ones(2), np.zeros(2), 0.1)[0], rtol=1e-4,
+                               atol=1e-5)
+    inst = nn.InstanceNorm3d(2)(fusegrad.tensor(x))
+    axes = (2, 3, 4)
+    ref = (x - x.mean(axes, keepdims=True)) / np.sqrt(x.var(axes, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(inst.numpy(), ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="expected 5D input"):
+        bn(fusegrad.zeros(2, 2, 3))

@@ -310,3 +310,18 @@ def test_against_torch():
     ref = torch.nn.functional.conv_transpose2d(torch.tensor(x), torch.tensor(wt), stride=2,
                                                padding=1, output_padding=1, groups=2)
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_conv3d_and_conv_transpose3d_match_loops():
+    x, w, b = f32(2, 4, 4, 5, 3), f32(6, 2, 2, 3, 2), f32(6)
+    kw = dict(stride=(1, 2, 1), padding=(1, 0, 1), dilation=(2, 1, 1), groups=2)
+    y = fusegrad.conv3d(fusegrad.tensor(x), fusegrad.tensor(w), fusegrad.tensor(b), **kw)
+    np.testing.assert_allclose(y.numpy(), conv_ref(x, w, b, **kw), rtol=1e-5, atol=1e-5)
+    wt = f32(4, 2, 2, 2, 3)
+    kt = dict(stride=2, padding=1, output_padding=1, groups=2)
+    yt = NF.conv_transpose3d(fusegrad.tensor(x), fusegrad.tensor(wt), **kt)
+    np.testing.assert_allclose(yt.numpy(), conv_transpose_ref(x, wt, **kt), rtol=1e-5, atol=1e-5)
+    assert nn.Conv3d(4, 6, 3, padding="same")(fusegrad.tensor(x)).shape == (2, 6, 4, 5, 3)
+    assert nn.ConvTranspose3d(4, 2, 2, stride=2)(fusegrad.tensor(x)).shape == (2, 2, 8, 10, 6)
+    xs, ws = f64(1, 2, 3, 3, 2), f64(2, 2, 2, 2, 1)
+    assert gradcheck(lambda x, w: NF.conv3d(x, w, padding=1), (xs, ws))

@@ -247,3 +247,17 @@ def test_compiled_max_pool_runs_no_numpy_steps():
     assert not [s for s in program.steps if isinstance(s, NumpyStep)], f.lower(x).kernels
     np.testing.assert_allclose(f(x).numpy(), fusegrad.grad(
         lambda x: (NF.max_pool2d(x, 2) ** 2).sum())(x).numpy(), rtol=1e-6)
+
+
+def test_pool3d_matches_loops():
+    x = f32(2, 2, 5, 4, 6)
+    v, i = NF.max_pool3d(fusegrad.tensor(x), (3, 2, 2), (2, 2, 1), (1, 0, 1), ceil_mode=True,
+                         return_indices=True)
+    rv, ri = max_pool_ref(x, (3, 2, 2), (2, 2, 1), (1, 0, 1), 1, True)
+    np.testing.assert_array_equal(v.numpy(), rv.astype(np.float32))
+    np.testing.assert_array_equal(i.numpy(), ri)
+    a = NF.avg_pool3d(fusegrad.tensor(x), 2, 1, 1, count_include_pad=False)
+    np.testing.assert_allclose(a.numpy(), avg_pool_ref(x, 2, 1, 1, False, False), rtol=1e-5,
+                               atol=1e-6)
+    assert nn.MaxPool3d(2)(fusegrad.tensor(x)).shape == (2, 2, 2, 2, 3)
+    assert nn.AvgPool3d(2)(fusegrad.tensor(x)).shape == (2, 2, 2, 2, 3)

@@ -20,8 +20,10 @@ from fusegrad.ops import functional as F
 from fusegrad.ops.convolution import (
     conv1d,
     conv2d,
+    conv3d,
     conv_transpose1d,
     conv_transpose2d,
+    conv_transpose3d,
     fold,
     unfold,
 )
@@ -35,10 +37,12 @@ from fusegrad.ops.pooling import (
     adaptive_max_pool2d,
     avg_pool1d,
     avg_pool2d,
+    avg_pool3d,
     max_pool1d,
     max_pool1d_with_indices,
     max_pool2d,
     max_pool2d_with_indices,
+    max_pool3d,
 )
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
@@ -48,7 +52,8 @@ __all__ = [
     "log_softmax", "linear", "dropout", "layer_norm", "embedding", "one_hot", "mse_loss",
     "l1_loss", "cross_entropy", "nll_loss", "binary_cross_entropy",
     "binary_cross_entropy_with_logits", "normalize", "pad",
-    "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "unfold", "fold",
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "unfold", "fold", "max_pool3d", "avg_pool3d",
     "max_pool1d", "max_pool2d", "max_pool1d_with_indices", "max_pool2d_with_indices",
     "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
     "adaptive_max_pool1d", "adaptive_max_pool2d", "batch_norm", "group_norm", "instance_norm",

@@ -27,6 +27,8 @@ __all__ = [
     "conv2d",
     "conv_transpose1d",
     "conv_transpose2d",
+    "conv3d",
+    "conv_transpose3d",
     "unfold",
     "fold",
 ]
@@ -185,6 +187,22 @@ def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, 
     """Transposed 2-D convolution (the gradient of conv2d with respect to its input);
     ``weight`` is (C, O/groups, KH, KW)."""
     return _conv_transpose_nd("conv_transpose2d", 2, input, weight, bias, stride, padding,
+                              output_padding, groups, dilation)
+
+
+@public(torch=True)
+def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1,  # noqa: A002
+           padding=0, dilation=1, groups: int = 1) -> Tensor:
+    """3-D convolution of ``input`` (N, C, D, H, W) with ``weight`` (O, C/groups, KD, KH, KW)."""
+    return _conv_nd("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
+
+
+@public(torch=True)
+def conv_transpose3d(input: Tensor, weight: Tensor, bias: Tensor | None = None,  # noqa: A002
+                     stride=1, padding=0, output_padding=0, groups: int = 1,
+                     dilation=1) -> Tensor:
+    """Transposed 3-D convolution; ``weight`` is (C, O/groups, KD, KH, KW)."""
+    return _conv_transpose_nd("conv_transpose3d", 3, input, weight, bias, stride, padding,
                               output_padding, groups, dilation)
 
 

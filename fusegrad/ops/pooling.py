@@ -42,6 +42,8 @@ from fusegrad.tensor import Tensor
 __all__ = [
     "max_pool1d",
     "max_pool2d",
+    "max_pool3d",
+    "avg_pool3d",
     "max_pool1d_with_indices",
     "max_pool2d_with_indices",
     "avg_pool1d",
@@ -186,6 +188,15 @@ def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1,  
                      stride, padding, dilation, ceil_mode, return_indices)
 
 
+@public(torch=True)
+def max_pool3d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1,  # noqa: A002
+               ceil_mode: bool = False, return_indices: bool = False):
+    """Max over sliding windows of (N, C, D, H, W); indices are flat positions in each
+    D*H*W volume."""
+    return _max_pool("max_pool3d", "MaxPool3DWithIndicesBackward0", 3, input, kernel_size,
+                     stride, padding, dilation, ceil_mode, return_indices)
+
+
 def max_pool1d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1,  # noqa: A002
                             ceil_mode=False, return_indices=True):
     return max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
@@ -245,6 +256,14 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0,  # noqa: A002
     """Mean over sliding windows of (N, C, H, W); ``count_include_pad=False`` leaves the
     padding out of the divisor, ``divisor_override`` replaces it."""
     return _avg_pool("avg_pool2d", "AvgPool2DBackward0", 2, input, kernel_size, stride, padding,
+                     ceil_mode, count_include_pad, divisor_override)
+
+
+def avg_pool3d(input: Tensor, kernel_size, stride=None, padding=0,  # noqa: A002
+               ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None) -> Tensor:
+    """Mean over sliding windows of (N, C, D, H, W)."""
+    return _avg_pool("avg_pool3d", "AvgPool3DBackward0", 3, input, kernel_size, stride, padding,
                      ceil_mode, count_include_pad, divisor_override)
 
 

@@ -534,6 +534,12 @@ case("cummax", lambda x: F.cummax(x, 1), X(3, 4))
 case("cummin", lambda x: F.cummin(x, 0), X(3, 4, layout="S"))
 case("logcumsumexp", lambda x: F.logcumsumexp(x, -1), X(3, 4))
 case("Tensor.unfold", lambda x: x.unfold(1, 3, 2), X(2, 7, layout="T"))
+case("nn.conv3d", lambda x, w: NF.conv3d(x, w, stride=(1, 2, 1), padding=1), X(1, 2, 3, 4, 3),
+     X(2, 2, 2, 2, 2))
+case("nn.conv_transpose3d", lambda x, w: NF.conv_transpose3d(x, w, stride=2), X(1, 2, 2, 2, 2),
+     X(2, 1, 2, 1, 2))
+case("nn.max_pool3d", lambda x: NF.max_pool3d(x, 2, 1), X(1, 2, 3, 3, 3))
+case("nn.avg_pool3d", lambda x: NF.avg_pool3d(x, 2, 2, 1), X(1, 2, 3, 3, 3))
 case("nn.embedding", lambda i, w: NF.embedding(i, w), Idx([[0, 2], [3, 0]]), X(4, 3))
 case("nn.embedding-padding", lambda i, w: NF.embedding(i, w, padding_idx=0),
      Idx([0, 2, 0, 1]), X(4, 3))

@@ -22,13 +22,22 @@ from fusegrad.nn.modules.activation import (
     Tanh,
     Tanhshrink,
 )
-from fusegrad.nn.modules.batchnorm import BatchNorm1d, BatchNorm2d, InstanceNorm1d, InstanceNorm2d
+from fusegrad.nn.modules.batchnorm import (
+    BatchNorm1d,
+    BatchNorm2d,
+    BatchNorm3d,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    InstanceNorm3d,
+)
 from fusegrad.nn.modules.container import ModuleDict, ModuleList, Sequential
 from fusegrad.nn.modules.conv import (
     Conv1d,
     Conv2d,
+    Conv3d,
     ConvTranspose1d,
     ConvTranspose2d,
+    ConvTranspose3d,
     Fold,
     Unfold,
 )
@@ -51,8 +60,10 @@ from fusegrad.nn.modules.pooling import (
     AdaptiveMaxPool2d,
     AvgPool1d,
     AvgPool2d,
+    AvgPool3d,
     MaxPool1d,
     MaxPool2d,
+    MaxPool3d,
 )
 from fusegrad.nn.modules.sparse import Embedding
 
@@ -65,5 +76,6 @@ __all__ = [
     "MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
     "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "BatchNorm1d", "BatchNorm2d", "InstanceNorm1d",
     "InstanceNorm2d", "GroupNorm", "RMSNorm", "Hardtanh", "ReLU6", "ELU", "SELU", "CELU", "Mish",
-    "Hardswish", "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink",
+    "Hardswish", "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink", "Conv3d", "ConvTranspose3d",
+    "MaxPool3d", "AvgPool3d", "BatchNorm3d", "InstanceNorm3d",
 ]

@@ -1,4 +1,4 @@
-"""``BatchNorm1d``, ``BatchNorm2d``, ``InstanceNorm1d``, ``InstanceNorm2d``."""
+"""``BatchNorm1d/2d/3d``, ``InstanceNorm1d/2d/3d``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from fusegrad.ops import functional as F
 from fusegrad.ops.creation import empty, ones, tensor, zeros
 from fusegrad.tensor import Tensor
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "InstanceNorm1d", "InstanceNorm2d"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d", "InstanceNorm2d",
+           "InstanceNorm3d"]
 
 
 class _NormBase(Module):
@@ -99,6 +100,12 @@ class BatchNorm2d(_BatchNorm):
     _input_dims = (4,)
 
 
+class BatchNorm3d(_BatchNorm):
+    """Batch normalization of (N, C, D, H, W), per channel C."""
+
+    _input_dims = (5,)
+
+
 class _InstanceNorm(_NormBase):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = False, track_running_stats: bool = False, device=None,
@@ -126,3 +133,9 @@ class InstanceNorm2d(_InstanceNorm):
     """Instance normalization of (N, C, H, W) or (C, H, W) over H and W."""
 
     _input_dims = (3, 4)
+
+
+class InstanceNorm3d(_InstanceNorm):
+    """Instance normalization of (N, C, D, H, W) or (C, D, H, W) over D, H and W."""
+
+    _input_dims = (4, 5)

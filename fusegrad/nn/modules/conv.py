@@ -1,4 +1,4 @@
-"""``Conv1d``, ``Conv2d``, ``ConvTranspose1d``, ``ConvTranspose2d``, ``Unfold``, ``Fold``."""
+"""``Conv1d/2d/3d``, ``ConvTranspose1d/2d/3d``, ``Unfold``, ``Fold``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from fusegrad.ops.creation import empty
 from fusegrad.ops.windows import ntuple
 from fusegrad.tensor import Tensor
 
-__all__ = ["Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "Unfold", "Fold"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+           "Unfold", "Fold"]
 
 
 class _ConvNd(Module):
@@ -143,6 +144,23 @@ class Conv2d(_ConvNd):
                          self.groups)
 
 
+class Conv3d(_ConvNd):
+    """3-D convolution over (N, C, D, H, W); ``weight`` is (out, in/groups, kd, kh, kw)."""
+
+    _nd = 3
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                 dilation=1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
+                 device=None, dtype=None) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, padding_mode, device, dtype)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        x, padding = self._padded(input)
+        return NF.conv3d(x, self.weight, self.bias, self.stride, padding, self.dilation,
+                         self.groups)
+
+
 class _ConvTransposeNd(_ConvNd):
     _transposed = True
 
@@ -191,6 +209,17 @@ class ConvTranspose2d(_ConvTransposeNd):
 
     def forward(self, input: Tensor, output_size=None) -> Tensor:  # noqa: A002
         return NF.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding,
+                                   self._output_padding(input, output_size), self.groups,
+                                   self.dilation)
+
+
+class ConvTranspose3d(_ConvTransposeNd):
+    """Transposed 3-D convolution; ``weight`` is (in, out/groups, kd, kh, kw)."""
+
+    _nd = 3
+
+    def forward(self, input: Tensor, output_size=None) -> Tensor:  # noqa: A002
+        return NF.conv_transpose3d(input, self.weight, self.bias, self.stride, self.padding,
                                    self._output_padding(input, output_size), self.groups,
                                    self.dilation)
 

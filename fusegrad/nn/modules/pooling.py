@@ -7,7 +7,7 @@ from fusegrad.nn import functional as NF
 from fusegrad.nn.modules.module import Module
 from fusegrad.tensor import Tensor
 
-__all__ = ["MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d",
+__all__ = ["MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
            "AdaptiveAvgPool2d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d"]
 
 
@@ -41,6 +41,12 @@ class MaxPool2d(_MaxPoolNd):
     """Max over sliding windows of (N, C, H, W); see ``F.max_pool2d``."""
 
     _fn = staticmethod(NF.max_pool2d)
+
+
+class MaxPool3d(_MaxPoolNd):
+    """Max over sliding windows of (N, C, D, H, W); see ``F.max_pool3d``."""
+
+    _fn = staticmethod(NF.max_pool3d)
 
 
 class AvgPool1d(Module):
@@ -79,6 +85,14 @@ class AvgPool2d(Module):
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AvgPool3d(AvgPool2d):
+    """Mean over sliding windows of (N, C, D, H, W); see ``F.avg_pool3d``."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.avg_pool3d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                             self.count_include_pad, self.divisor_override)
 
 
 class _AdaptivePool(Module):
