@@ -137,6 +137,11 @@ from fusegrad import (  # noqa: E402
     nn,  # noqa: E402
     optim,  # noqa: E402
 )
+
+# Ops registered above the ops layer (nn.functional's softmax) are installed now too.
+globals().update(_public_ops.torch_functions())
+_methods.install_registered_methods()
+
 from fusegrad.tracer import (  # noqa: E402
     ConcretizationError,
     compile,

@@ -18,8 +18,34 @@ from typing import Sequence
 from fusegrad import dtypes
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
+from fusegrad.ops.convolution import (
+    conv1d,
+    conv2d,
+    conv3d,
+    conv_transpose1d,
+    conv_transpose2d,
+    conv_transpose3d,
+    fold,
+    unfold,
+)
 from fusegrad.ops.creation import arange, rand
 from fusegrad.ops.functional import composite
+from fusegrad.ops.normalization import batch_norm, group_norm, instance_norm, rms_norm
+from fusegrad.ops.pooling import (
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    adaptive_max_pool1d,
+    adaptive_max_pool2d,
+    avg_pool1d,
+    avg_pool2d,
+    avg_pool3d,
+    max_pool1d,
+    max_pool1d_with_indices,
+    max_pool2d,
+    max_pool2d_with_indices,
+    max_pool3d,
+)
+from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
 __all__ = [
@@ -27,6 +53,13 @@ __all__ = [
     "log_softmax", "linear", "dropout", "layer_norm", "embedding", "one_hot", "mse_loss",
     "l1_loss", "cross_entropy", "nll_loss", "binary_cross_entropy",
     "binary_cross_entropy_with_logits", "normalize", "pad",
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "unfold", "fold", "max_pool3d", "avg_pool3d",
+    "max_pool1d", "max_pool2d", "max_pool1d_with_indices", "max_pool2d_with_indices",
+    "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
+    "adaptive_max_pool1d", "adaptive_max_pool2d", "batch_norm", "group_norm", "instance_norm",
+    "rms_norm", "hardtanh", "relu6", "elu", "selu", "celu", "mish", "hardswish", "hardsigmoid",
+    "prelu", "softsign", "tanhshrink",
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")
@@ -135,6 +168,132 @@ def leaky_relu(input: Tensor, negative_slope: float = 0.01,  # noqa: A002
     return _leaky_relu(input, negative_slope)
 
 
+def _hardtanh_impl(x: Tensor, min_val: float, max_val: float) -> Tensor:
+    # where, not clamp: torch's gradient is 0 at the bounds themselves
+    return F.where(F.le(x, min_val), min_val, F.where(F.ge(x, max_val), max_val, x))
+
+
+_hardtanh = composite("HardtanhBackward0")(_hardtanh_impl)
+
+
+def _maybe_inplace(input: Tensor, out: Tensor, inplace: bool) -> Tensor:
+    return input.copy_(out) if inplace else out
+
+
+def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0,  # noqa: A002
+             inplace: bool = False) -> Tensor:
+    """``x`` clamped to [min_val, max_val]; the gradient is 0 outside and at the bounds."""
+    if min_val > max_val:
+        raise ValueError("min_val cannot be greater than max_val")
+    return _maybe_inplace(input, _hardtanh(input, min_val, max_val), inplace)
+
+
+def relu6(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """``min(max(x, 0), 6)``."""
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+def _expm1_left(x: Tensor, scale: float = 1.0) -> Tensor:
+    """``expm1(x * scale)`` where x <= 0 and 0 elsewhere: exp of the unselected positive
+    branch could overflow, and 0 * inf would poison the gradient."""
+    safe = F.where(F.gt(x, 0), 0.0, x)
+    return F.expm1(F.mul(safe, scale) if scale != 1.0 else safe)
+
+
+@composite("EluBackward0")
+def _elu(x: Tensor, alpha: float, scale: float) -> Tensor:
+    out = F.where(F.gt(x, 0), x, F.mul(_expm1_left(x), alpha))
+    return F.mul(out, scale) if scale != 1.0 else out
+
+
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:  # noqa: A002
+    """``x`` where positive, else ``alpha * (exp(x) - 1)``."""
+    return _maybe_inplace(input, _elu(input, alpha, 1.0), inplace)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def selu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """``scale * elu(x, alpha)`` with the self-normalizing constants of Klambauer et al."""
+    return _maybe_inplace(input, _elu(input, _SELU_ALPHA, _SELU_SCALE), inplace)
+
+
+@composite("CeluBackward0")
+def _celu(x: Tensor, alpha: float) -> Tensor:
+    return F.where(F.gt(x, 0), x, F.mul(_expm1_left(x, 1.0 / alpha), alpha))
+
+
+def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:  # noqa: A002
+    """``x`` where positive, else ``alpha * (exp(x / alpha) - 1)``."""
+    if alpha == 0:
+        raise RuntimeError("ZeroDivisionError")
+    return _maybe_inplace(input, _celu(input, alpha), inplace)
+
+
+@composite("MishBackward0")
+def _mish(x: Tensor) -> Tensor:
+    return F.mul(x, F.tanh(_softplus(x, 1.0, 20.0)))
+
+
+def mish(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """``x * tanh(softplus(x))``."""
+    return _maybe_inplace(input, _mish(input), inplace)
+
+
+@composite("HardswishBackward0")
+def _hardswish(x: Tensor) -> Tensor:
+    # torch's gradient: 0 below -3, (2x + 3) / 6 on [-3, 3], 1 above
+    middle = F.div(F.mul(x, F.add(x, 3.0)), 6.0)
+    return F.where(F.lt(x, -3.0), 0.0, F.where(F.le(x, 3.0), middle, x))
+
+
+def hardswish(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """``x * relu6(x + 3) / 6``."""
+    return _maybe_inplace(input, _hardswish(input), inplace)
+
+
+@composite("HardsigmoidBackward0")
+def _hardsigmoid(x: Tensor) -> Tensor:
+    ramp = F.add(F.div(x, 6.0), 0.5)
+    return F.where(F.le(x, -3.0), 0.0, F.where(F.ge(x, 3.0), 1.0, ramp))
+
+
+def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
+    """``relu6(x + 3) / 6``; the gradient is 1/6 strictly inside (-3, 3), else 0."""
+    return _maybe_inplace(input, _hardsigmoid(input), inplace)
+
+
+@composite("PreluKernelBackward0")
+def _prelu(x: Tensor, weight: Tensor) -> Tensor:
+    if weight.numel() > 1:
+        weight = F.reshape(weight, (1, weight.numel()) + (1,) * (x.ndim - 2))
+    return F.where(F.gt(x, 0), x, F.mul(weight, x))
+
+
+def prelu(input: Tensor, weight: Tensor) -> Tensor:  # noqa: A002
+    """``x`` where positive, else ``weight * x``; ``weight`` has one element or one per channel
+    (dim 1)."""
+    if weight.numel() != 1:
+        channels = input.shape[1] if input.ndim >= 2 else 1
+        if input.ndim == 0 or weight.numel() != channels:
+            raise RuntimeError(f"Mismatch of parameter numbers and input channel size. Found "
+                               f"parameter numbers = {weight.numel()} and channel size = "
+                               f"{channels}.")
+    return _prelu(input, weight)
+
+
+def softsign(input: Tensor) -> Tensor:  # noqa: A002
+    """``x / (1 + |x|)``."""
+    return F.div(input, F.add(F.abs(input), 1.0))
+
+
+def tanhshrink(input: Tensor) -> Tensor:  # noqa: A002
+    """``x - tanh(x)``."""
+    return F.sub(input, F.tanh(input))
+
+
 def _softmax_dim(name: str, ndim: int) -> int:
     warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to "
                   "include dim=X as an argument.", UserWarning, stacklevel=3)
@@ -191,6 +350,14 @@ def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3,  # 
     if dim is None:
         dim = _softmax_dim("log_softmax", input.ndim)
     return _log_softmax(_softmax_input(input, dtype), dim)
+
+
+# torch.softmax and Tensor.softmax are this function too
+public(softmax, torch=True, method=True)
+public(selu, torch=True)
+public(celu, torch=True)
+public(prelu, torch=True, method=True)
+public(log_softmax, torch=True, method=True)
 
 
 # --------------------------------------------------------------------------- layers
@@ -336,10 +503,9 @@ def pad(input: Tensor, pad: Sequence[int], mode: str = "constant",  # noqa: A002
         value: float | None = None) -> Tensor:
     """Pad the last dims: ``pad = (left, right, top, bottom, ...)`` starts from the last dim.
 
-    Negative amounts crop. Only ``mode='constant'`` is supported.
+    ``mode``: ``'constant'`` (``value``, default 0; negative amounts crop), ``'reflect'``
+    (mirror without the edge), ``'replicate'`` (repeat the edge), ``'circular'`` (wrap).
     """
-    if mode != "constant":
-        raise NotImplementedError(f"pad: mode '{mode}' is not supported (only 'constant')")
     pad = tuple(int(v) for v in pad)
     if len(pad) % 2:
         raise RuntimeError("Padding length must be divisible by 2")
@@ -350,10 +516,61 @@ def pad(input: Tensor, pad: Sequence[int], mode: str = "constant",  # noqa: A002
     widths = [(0, 0)] * input.ndim
     for i in range(len(pad) // 2):
         widths[input.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    if mode != "constant":
+        if value:
+            raise NotImplementedError(f"Padding mode \"{mode}\" doesn't take in value argument.")
+        if mode not in _PAD_MODES:
+            raise NotImplementedError(f"Unrecognised padding mode {mode}")
+        return _pad_by_copies(input, widths, mode)
     fill = 0 if value is None else value
     if all(lo >= 0 and hi >= 0 for lo, hi in widths):
         return F.pad_axes(input, widths, fill)
     return _pad_crop(input, tuple(widths), fill)
+
+
+def _edge_block(x: Tensor, dim: int, count: int, side: str, mode: str) -> Tensor:
+    """The ``count`` elements that ``mode`` puts before (``side='lo'``) or after the data."""
+    n = x.shape[dim]
+    if mode == "circular":
+        if count > n:
+            raise RuntimeError("Padding value causes wrapping around more than once.")
+        return F.narrow(x, dim, n - count, count) if side == "lo" else F.narrow(x, dim, 0, count)
+    if mode == "replicate":
+        if n == 0:
+            raise RuntimeError("padding size should be less than the corresponding input "
+                               "dimension")
+        edge = F.narrow(x, dim, 0 if side == "lo" else n - 1, 1)
+        shape = list(x.shape)
+        shape[dim] = count
+        return F.expand(edge, *shape)
+    if count >= n:   # reflect
+        raise RuntimeError(f"Argument #4: Padding size should be less than the corresponding "
+                           f"input dimension, but got: padding ({count}, {count}) at dimension "
+                           f"{dim} of input {list(x.shape)}")
+    block = F.narrow(x, dim, 1, count) if side == "lo" else F.narrow(x, dim, n - 1 - count, count)
+    return F.flip(block, (dim,))
+
+
+_PAD_MODES = ("reflect", "replicate", "circular")
+
+
+def _pad_by_copies(x: Tensor, widths, mode: str) -> Tensor:
+    """Non-constant padding: per padded dim, crop negative amounts, then concatenate the edge
+    blocks that ``mode`` copies from the data."""
+    for dim, (lo, hi) in enumerate(widths):
+        if lo == 0 and hi == 0:
+            continue
+        if lo < 0 or hi < 0:
+            start = max(-lo, 0)
+            x = F.narrow(x, dim, start, x.shape[dim] - start - max(-hi, 0))
+        parts = []
+        if lo > 0:
+            parts.append(_edge_block(x, dim, lo, "lo", mode))
+        parts.append(x)
+        if hi > 0:
+            parts.append(_edge_block(x, dim, hi, "hi", mode))
+        x = F.cat(parts, dim) if len(parts) > 1 else x
+    return x
 
 
 @composite("ConstantPadNdBackward0")

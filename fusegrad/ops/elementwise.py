@@ -4,6 +4,7 @@ and conversions (clone, to, type_as).
 
 from __future__ import annotations
 
+import builtins
 import math
 
 import numpy as np
@@ -495,3 +496,37 @@ def to(x: Tensor, *args, **kwargs) -> Tensor:
 @public(method=True)
 def type_as(x: Tensor, other: Tensor) -> Tensor:
     return cast(x, other.dtype)
+
+
+@public(torch=True, method=True, inplace=True)
+def lerp(x: Tensor, end, weight) -> Tensor:
+    """``x + weight * (end - x)``, evaluated from the nearer end as torch does (exact at
+    weight 0 and 1)."""
+    diff = sub(end, x)
+    near_start = add(x, mul(weight, diff))
+    near_end = sub(end, mul(diff, sub(1.0, weight)))
+    if _is_scalar(weight):
+        return near_start if builtins.abs(weight) < 0.5 else near_end
+    return where(lt(abs(weight), 0.5), near_start, near_end)
+
+
+@public(torch=True, method=True, inplace=True)
+def addcmul(x: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
+    """``x + value * tensor1 * tensor2``."""
+    prod = mul(tensor1, tensor2)
+    return add(x, mul(prod, value) if value != 1 else prod)
+
+
+@public(torch=True, method=True, inplace=True)
+def addcdiv(x: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
+    """``x + value * tensor1 / tensor2``."""
+    if not tensor1.dtype.is_floating_point and not tensor2.dtype.is_floating_point:
+        raise RuntimeError("Integer division with addcdiv is no longer supported, and in a "
+                           "future release addcdiv will perform a true division of tensor1 and "
+                           "tensor2. The historic addcdiv behavior can be implemented as "
+                           "(input + value * torch.trunc(tensor1 / tensor2)).to(input.dtype) "
+                           "for integer inputs and as (input + value * tensor1 / tensor2) for "
+                           "float inputs. The future addcdiv behavior is just the latter "
+                           "implementation: (input + value * tensor1 / tensor2), for all dtypes.")
+    quot = div(tensor1, tensor2)
+    return add(x, mul(quot, value) if value != 1 else quot)

@@ -20,6 +20,7 @@ torch does, then binds primitives. Compositions of several primitives are wrappe
 # ruff: noqa: F401, F403
 from fusegrad.ops.composite import *
 from fusegrad.ops.composite import _named
+from fusegrad.ops.convolution import *
 from fusegrad.ops.elementwise import *
 from fusegrad.ops.factories import *
 from fusegrad.ops.indexing import *
@@ -28,6 +29,7 @@ from fusegrad.ops.inplace import _check_inplace, _inplace, _rebase_history
 from fusegrad.ops.matmul import *
 from fusegrad.ops.movement import *
 from fusegrad.ops.movement import _mark_view
+from fusegrad.ops.normalization import *
 from fusegrad.ops.operands import *
 from fusegrad.ops.operands import (
     _at_user_line,
@@ -39,4 +41,5 @@ from fusegrad.ops.operands import (
     _promote,
     _scalar_tensor,
 )
+from fusegrad.ops.pooling import *
 from fusegrad.ops.reductions import *

@@ -1,13 +1,16 @@
-"""Contractions: matmul and its torch spellings (mm, bmm, dot, mv, outer).
-"""
+"""Contractions: matmul and its torch spellings (mm, bmm, dot, mv, outer), and einsum."""
 
 from __future__ import annotations
 
+import builtins
+import math
+
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
+from fusegrad.ops import reductions
 from fusegrad.ops.composite import _named, composite
 from fusegrad.ops.elementwise import mul
-from fusegrad.ops.movement import reshape_prim, unsqueeze
+from fusegrad.ops.movement import diagonal, permute, reshape, reshape_prim, unsqueeze
 from fusegrad.ops.operands import _at_user_line
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.registry import public
@@ -102,3 +105,114 @@ def mv(x: Tensor, vec: Tensor) -> Tensor:
 @public(torch=True, method=True)
 def outer(x: Tensor, other: Tensor) -> Tensor:
     return mul(unsqueeze(x, 1), unsqueeze(other, 0))
+
+
+def _einsum_terms(equation: str, operands) -> tuple[list[str], str]:
+    """Input terms and the output term of ``equation``, with ``...`` spelled out as one label
+    per broadcast dim (labels from a private range, right-aligned as numpy broadcasts)."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise RuntimeError(f"einsum(): {len(terms)} operands in the equation, but "
+                           f"{len(operands)} were given")
+    spans = []
+    for term, x in zip(terms, operands):
+        if "..." in term:
+            spans.append(x.ndim - (len(term) - 3))
+            if spans[-1] < 0:
+                raise RuntimeError(f"einsum(): the operand of '{term}' has only {x.ndim} dims")
+        elif len(term) != x.ndim:
+            raise RuntimeError(f"einsum(): the number of subscripts in the equation ({len(term)}) "
+                               f"does not match the number of dimensions ({x.ndim}) for operand "
+                               f"{len(spans)}")
+        else:
+            spans.append(0)
+    width = builtins.max(spans, default=0)
+    dots = "".join(chr(0x2460 + i) for i in range(width))
+    terms = [t.replace("...", dots[width - s:]) for t, s in zip(terms, spans)]
+    if arrow:
+        out = out.replace("...", dots)
+    else:
+        counts = {c: sum(t.count(c) for t in terms) for t in terms for c in t}
+        out = dots + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in dots))
+    for c in out:
+        if not builtins.any(c in t for t in terms):
+            raise RuntimeError(f"einsum(): output subscript {c} does not appear in the equation "
+                               "for any input operand")
+    return terms, out
+
+
+def _einsum_diagonals(x: Tensor, term: str) -> tuple[Tensor, str]:
+    """Take the diagonal for each label repeated within one term (``'ii->i'``)."""
+    while len(set(term)) != len(term):
+        c = next(c for c in term if term.count(c) > 1)
+        i = term.index(c)
+        j = term.index(c, i + 1)
+        x = diagonal(x, 0, i, j)
+        term = term[:i] + term[i + 1:j] + term[j + 1:] + c
+    return x, term
+
+
+def _sum_labels(x: Tensor, term: str, labels) -> tuple[Tensor, str]:
+    axes = tuple(i for i, c in enumerate(term) if c in labels)
+    if not axes:
+        return x, term
+    return reductions.sum(x, axes), "".join(c for c in term if c not in labels)
+
+
+def _contract(a: Tensor, ta: str, b: Tensor, tb: str, keep: str) -> tuple[Tensor, str]:
+    """``a`` and ``b`` multiplied and summed over their shared labels not in ``keep``: one
+    batched matmul (batch: shared labels kept; rows: a's own; columns: b's own)."""
+    shared = [c for c in ta if c in tb]
+    for c in shared:   # a size-1 dim against a size-n one: sum the n side first (broadcast)
+        na, nb = a.shape[ta.index(c)], b.shape[tb.index(c)]
+        if na != nb and c not in keep:
+            if na == 1:
+                b = reductions.sum(b, tb.index(c), keepdim=True)
+            elif nb == 1:
+                a = reductions.sum(a, ta.index(c), keepdim=True)
+    batch = [c for c in shared if c in keep]
+    inner = [c for c in shared if c not in keep]
+    left = [c for c in ta if c not in tb]
+    right = [c for c in tb if c not in ta]
+    sa = dict(zip(ta, a.shape))
+    sb = dict(zip(tb, b.shape))
+    a = permute(a, [ta.index(c) for c in batch + left + inner])
+    b = permute(b, [tb.index(c) for c in batch + inner + right])
+    rows = math.prod(sa[c] for c in left)
+    cols = math.prod(sb[c] for c in right)
+    depth = math.prod(sa[c] for c in inner)
+    a = reshape(a, tuple(sa[c] for c in batch) + (rows, depth))
+    b = reshape(b, tuple(sb[c] for c in batch) + (depth, cols))
+    out = matmul_nd(a, b)
+    shape = tuple(out.shape[:len(batch)]) + tuple(sa[c] for c in left) + \
+        tuple(sb[c] for c in right)
+    return reshape(out, shape), "".join(batch + left + right)
+
+
+@public(torch=True)
+def einsum(equation: str, *operands) -> Tensor:
+    """Einstein summation, as ``torch.einsum``: ``einsum('bij,bjk->bik', a, b)``.
+
+    Labels repeated within an operand take its diagonal; labels in no other operand and not
+    in the output are summed first; then the operands are contracted left to right, each
+    pair as one batched matmul; ``...`` broadcasts like numpy.
+    """
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not operands:
+        raise RuntimeError("einsum(): must provide at least one operand")
+    terms, out = _einsum_terms(equation, operands)
+    ops = []
+    for i, (x, term) in enumerate(zip(operands, terms)):
+        x, term = _einsum_diagonals(x, term)
+        others = out + "".join(t for j, t in enumerate(terms) if j != i)
+        x, term = _sum_labels(x, term, [c for c in term if c not in others])
+        ops.append((x, term))
+    x, term = ops[0]
+    for k in range(1, len(ops)):
+        later = out + "".join(t for _, t in ops[k + 1:])
+        x, term = _contract(x, term, ops[k][0], ops[k][1], later)
+    x, term = _sum_labels(x, term, [c for c in term if c not in out])
+    return permute(x, [term.index(c) for c in out]) if term != out else x

@@ -11,9 +11,20 @@ from fusegrad.ops import creation, registry
 from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
 
-# Methods that are exactly the functional op with the tensor first, from the op registry.
-for _name, _fn in registry.tensor_methods().items():
-    setattr(Tensor, _name, _fn)
+
+def install_registered_methods() -> None:
+    """Install the registry's ``Tensor`` methods and ``op_`` in-place variants. Run when this
+    module is imported, and again by :mod:`fusegrad` once ops defined above the ops layer
+    (``nn.functional``'s softmax) have registered."""
+    # Methods that are exactly the functional op with the tensor first.
+    for name, fn in registry.tensor_methods().items():
+        setattr(Tensor, name, fn)
+    # In-place variants: compute out of place, then write back (see functional.assign_).
+    for name, fn in registry.inplace_methods().items():
+        setattr(Tensor, name + "_", F._inplace(fn, name + "_"))
+
+
+install_registered_methods()
 
 
 def _where_method(self, condition, other):
@@ -22,10 +33,6 @@ def _where_method(self, condition, other):
 
 
 Tensor.where = _where_method
-
-# In-place variants: compute out of place, then write back (see functional.assign_).
-for _name, _fn in registry.inplace_methods().items():
-    setattr(Tensor, _name + "_", F._inplace(_fn, _name + "_"))
 
 
 def _binop(fn, reflected=False):

@@ -518,3 +518,66 @@ def roll(x: Tensor, shifts, dims=None) -> Tensor:
         n = x.shape[axis]
         out = take(out, _index_tensor((np.arange(n) - s) % n), axis)
     return _named(out, "RollBackward0", src=x)
+
+
+@public(torch=True, method=True)
+def diagonal(x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The diagonal ``offset`` (above the main one when positive) of the matrices in dims
+    ``dim1`` and ``dim2``, as a last dim: a strided slice of the flattened matrices."""
+    d1, d2 = normalize_axis(dim1, x.ndim, "diagonal"), normalize_axis(dim2, x.ndim, "diagonal")
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    m = movedim(x, (d1, d2), (-2, -1))
+    rows, cols = m.shape[-2:]
+    batch = tuple(m.shape[:-2])
+    if offset >= 0:
+        m = narrow(m, -1, builtins.min(offset, cols), builtins.max(cols - offset, 0))
+    else:
+        m = narrow(m, -2, builtins.min(-offset, rows), builtins.max(rows + offset, 0))
+    rows, cols = m.shape[-2:]
+    k = builtins.min(rows, cols)
+    flat = reshape(m, batch + (rows * cols,))
+    stop = (k - 1) * (cols + 1) + 1 if k else 0
+    return _named(slice_axes(flat, (0,) * len(batch) + (0,), batch + (stop,),
+                             (1,) * len(batch) + (cols + 1,)), "DiagonalBackward0")
+
+
+@public(torch=True, method=True)
+def diag(x: Tensor, diagonal: int = 0) -> Tensor:
+    """1-D: the square matrix with ``x`` on diagonal ``diagonal``; 2-D: that diagonal."""
+    if x.ndim == 2:
+        return _named(globals()["diagonal"](x, diagonal), "DiagBackward0")
+    if x.ndim != 1:
+        raise RuntimeError("diag(): Supports 1D or 2D tensors. Got " + f"{x.ndim}D")
+    n = x.shape[0]
+    # rows [x_i, 0 ... 0] of length n + 1, flattened and cut to n * n: x lands on the diagonal
+    rows = pad_axes(unsqueeze(x, 1), [(0, 0), (0, n)])
+    square = reshape(narrow(reshape(rows, (n * (n + 1),)), 0, 0, n * n), (n, n))
+    k = builtins.abs(diagonal)
+    widths = [(0, k), (k, 0)] if diagonal > 0 else [(k, 0), (0, k)]
+    return _named(pad_axes(square, widths), "DiagBackward0")
+
+
+def _tensor_unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
+    """``Tensor.unfold``: the windows of ``size`` elements every ``step`` along ``dimension``,
+    as a new last dim (``dimension`` becomes the window count)."""
+    axis = normalize_axis(dimension, builtins.max(x.ndim, 1), "unfold")
+    if x.ndim == 0:
+        x = reshape(x, (1,))
+    n = x.shape[axis]
+    if size > n:
+        raise RuntimeError(f"maximum size for tensor at dimension {axis} is {n} but size is {size}")
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")
+    count = (n - size) // step + 1
+    views = []
+    for i in range(size):
+        starts = [0] * x.ndim
+        stops = list(x.shape)
+        steps = [1] * x.ndim
+        starts[axis], stops[axis], steps[axis] = i, i + step * (count - 1) + 1, step
+        views.append(unsqueeze(slice_axes(x, starts, stops, steps), x.ndim))
+    return _named(cat(views, x.ndim) if size > 1 else views[0], "UnfoldBackward0")
+
+
+public(_tensor_unfold, name="unfold", method=True)

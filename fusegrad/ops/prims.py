@@ -563,10 +563,10 @@ def _slice_vjp(g, out, x, *, starts, stops, steps):
             g = g.reshape(merged)
             keep = min(m * s, d - a)
             g = g.narrow(axis, 0, keep)
-        widths = [(0, 0)] * g.ndim
-        widths[axis] = (a, d - a - g.shape[axis])
-        if widths[axis] != (0, 0):
-            g = _F().pad_axes(g, widths)
+    # one pad for all axes: a pad of a pad is a copy, one pad folds into its consumer's loop
+    widths = [(a, d - a - n) for d, a, n in zip(x.shape, starts, g.shape)]
+    if any(w != (0, 0) for w in widths):
+        g = _F().pad_axes(g, widths)
     return g
 
 

@@ -9,6 +9,7 @@ from collections import namedtuple
 
 import numpy as np
 
+from fusegrad import dtypes
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import _named, composite
 from fusegrad.ops.elementwise import (
@@ -316,3 +317,101 @@ def cumsum(x: Tensor, dim: int, *, dtype=None) -> Tensor:
     if dtype is not None:
         x = cast(x, dtype)
     return bind(P.cumsum, x, axis=normalize_axis(dim, x.ndim, "cumsum") if x.ndim else 0)
+
+
+@public(method=True)
+def trace(x: Tensor) -> Tensor:
+    """The sum of a matrix's main diagonal (``Tensor.trace``; ``fusegrad.trace`` is the
+    tracer, so there is no top-level function)."""
+    if x.ndim != 2:
+        raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {x.ndim}")
+    from fusegrad.ops.movement import diagonal
+    return _named(sum(diagonal(x)), "TraceBackward0")
+
+
+# Cumulative products, extrema and log-sum-exps as reductions over a masked (n, n) view of the
+# scanned dim: row i keeps elements 0..i and sets the rest to the reduction's identity. Exact,
+# differentiable by the reductions' own rules (prod's handles zeros), and fused when compiled;
+# the cost is an n x n intermediate per slice, fine for the dims these are used on.
+
+
+def _prefix_rows(x: Tensor, axis: int, identity) -> Tensor:
+    """(..., n, n) with row i holding x[..., :i+1] along ``axis`` and ``identity`` after."""
+    from fusegrad.ops.movement import movedim, unsqueeze
+    n = x.shape[axis]
+    keep = Tensor._wrap(np.tril(np.ones((n, n), dtype=bool)), dtypes.bool_)
+    return where(keep, unsqueeze(movedim(x, axis, -1), -2), identity)
+
+
+def _scan_result(out: Tensor, axis: int) -> Tensor:
+    from fusegrad.ops.movement import movedim
+    return movedim(out, -1, axis)
+
+
+def _scan_axis(x: Tensor, dim: int, op: str) -> int:
+    return normalize_axis(dim, x.ndim, op) if x.ndim else 0
+
+
+@public(torch=True, method=True)
+def cumprod(x: Tensor, dim: int, *, dtype=None) -> Tensor:
+    """Running product along ``dim``."""
+    if dtype is not None:
+        x = cast(x, dtype)
+    elif not x.dtype.is_floating_point:
+        x = cast(x, dtypes.int64)        # torch accumulates integers (and bool) in int64
+    if x.ndim == 0:
+        return _named(mul(x, 1), "CumprodBackward0")
+    axis = _scan_axis(x, dim, "cumprod")
+    rows = _prefix_rows(x, axis, 1)
+    return _named(_scan_result(bind(P.prod, rows, axes=(rows.ndim - 1,)), axis),
+                  "CumprodBackward0")
+
+
+def _cum_extremum(x: Tensor, dim: int, op: str, largest: bool):
+    axis = _scan_axis(x, dim, op)
+    if x.ndim == 0:
+        return ValuesIndices(mul(x, 1), Tensor._wrap(np.zeros((), np.int64), dtypes.int64))
+    n = x.shape[axis]
+    if x.dtype.is_floating_point:
+        lowest = -math.inf if largest else math.inf
+    else:
+        info = np.iinfo(x.dtype.np_dtype) if x.dtype is not dtypes.bool_ else None
+        lowest = (info.min if largest else info.max) if info else (not largest)
+    rows = _prefix_rows(x, axis, lowest)
+    from fusegrad.ops.movement import flip
+    # torch takes the last of equal extrema: the first one of the reversed row
+    picked = bind(P.argmax if largest else P.argmin, flip(rows, (rows.ndim - 1,)),
+                  axis=rows.ndim - 1)
+    indices = sub(n - 1, picked)
+    from fusegrad.ops.indexing import gather
+    values = gather(x, axis, _scan_result(indices, axis))
+    return ValuesIndices(values, _scan_result(indices, axis))
+
+
+@public(torch=True, method=True)
+def cummax(x: Tensor, dim: int):
+    """Running maximum along ``dim`` and the index where it was (the last, on ties)."""
+    out = _cum_extremum(x, dim, "cummax", largest=True)
+    return _CUMMAX_RESULT(_named(out.values, "CummaxBackward0"), out.indices)
+
+
+@public(torch=True, method=True)
+def cummin(x: Tensor, dim: int):
+    """Running minimum along ``dim`` and the index where it was (the last, on ties)."""
+    out = _cum_extremum(x, dim, "cummin", largest=False)
+    return _CUMMIN_RESULT(_named(out.values, "CumminBackward0"), out.indices)
+
+
+_CUMMAX_RESULT = namedtuple("cummax", ["values", "indices"])
+_CUMMIN_RESULT = namedtuple("cummin", ["values", "indices"])
+
+
+@public(torch=True, method=True)
+def logcumsumexp(x: Tensor, dim: int) -> Tensor:
+    """``log(cumsum(exp(x)))`` along ``dim``, computed stably."""
+    x = cast(x, _float_dtype(x.dtype))
+    if x.ndim == 0:
+        return _named(mul(x, 1), "LogcumsumexpBackward0")
+    axis = _scan_axis(x, dim, "logcumsumexp")
+    rows = _prefix_rows(x, axis, -math.inf)
+    return _named(_scan_result(logsumexp(rows, -1), axis), "LogcumsumexpBackward0")

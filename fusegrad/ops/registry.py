@@ -13,6 +13,8 @@ also the ``x.exp_()`` variant, computed out of place and written back. :mod:`fus
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,15 +37,41 @@ def public(fn: Callable | None = None, *, name: str | None = None, torch: bool =
            method: bool = False, inplace: bool = False):
     """Record ``fn`` as a public op; usable as ``@public(...)`` or ``alias = public(fn, name=...)``.
 
-    Returns ``fn`` unchanged. Recording a name twice is an error (one definition per name).
+    Returns ``fn``, or, when it takes a ``dim`` argument, ``fn`` accepting ``axis=`` as its
+    alias (torch's argument parser accepts both names). Recording a name twice is an error
+    (one definition per name).
     """
     def record(f: Callable) -> Callable:
         key = name or f.__name__
         if key in PUBLIC_OPS:
             raise ValueError(f"public op {key!r} is recorded twice")
+        f = accept_axis(f)
         PUBLIC_OPS[key] = PublicOp(key, f, torch, method, inplace)
         return f
     return record if fn is None else record(fn)
+
+
+def accept_axis(fn: Callable) -> Callable:
+    """``fn`` with ``axis=`` accepted for its ``dim`` argument (numpy's name, which torch
+    accepts too); ``fn`` itself when it has no ``dim`` or already takes ``axis``."""
+    if getattr(fn, "_accepts_axis", False):
+        return fn
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn
+    if "dim" not in params or "axis" in params:
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if "axis" in kwargs:
+            if "dim" in kwargs:
+                raise TypeError(f"{fn.__name__}() got both 'dim' and its alias 'axis'")
+            kwargs["dim"] = kwargs.pop("axis")
+        return fn(*args, **kwargs)
+    wrapper._accepts_axis = True
+    return wrapper
 
 
 def torch_functions() -> dict[str, Callable]:

@@ -408,6 +408,9 @@ case("assign_-nonleaf", lambda x, y: F.assign_(x * 1, y * y), X(3, 4), X(3, 4))
 case("inplace-add_", lambda x, y: _then_base(x, lambda b: b[:2].add_(y, alpha=2)), X(3, 4),
      X(4))
 case("inplace-mul_", _write_method("mul_", lambda b: b), X(3, 4), X(3, 1))
+case("inplace-lerp_", _write_method("lerp_", lambda b: b), X(3, 4), X(3, 4), X(4))
+case("inplace-addcmul_", _write_method("addcmul_", lambda b: b[1:]), X(3, 4), X(2, 4), X(4))
+case("inplace-addcdiv_", _write_method("addcdiv_", lambda b: b), X(3, 4), X(3, 4), Pos(3, 4))
 case("inplace-iops", lambda x, y: _iops(x, y), X(3, 4), Pos(4),
      covers=("__iadd__", "__isub__", "__imul__", "__itruediv__"))
 case("inplace-clamp_", _write_method("clamp_", lambda b: b, -1, 1), X(3, 4))
@@ -469,6 +472,74 @@ case("nn.dropout-eval", lambda x: NF.dropout(x, 0.5, training=False) * 2, X(3, 4
 case("nn.dropout-p0", lambda x: NF.dropout(x, 0.0) * 2, X(3, 4))
 case("nn.layer_norm", lambda x, w, b: NF.layer_norm(x, (4,), w, b), X(3, 4), X(4), X(4))
 case("nn.layer_norm-2d", lambda x: NF.layer_norm(x, (3, 4)), X(2, 3, 4, layout="T"))
+case("nn.conv2d", lambda x, w, b: NF.conv2d(x, w, b, stride=(2, 1), padding=1, groups=2),
+     X(2, 4, 5, 4), X(4, 2, 3, 2), X(4))
+case("nn.conv2d-same", lambda x, w: NF.conv2d(x, w, padding="same", dilation=2),
+     X(1, 2, 5, 5, layout="T"), X(3, 2, 3, 3))
+case("nn.conv1d", lambda x, w: NF.conv1d(x, w, stride=2, padding=1), X(2, 2, 7, layout="S"),
+     X(3, 2, 3))
+case("nn.conv_transpose2d", lambda x, w, b: NF.conv_transpose2d(x, w, b, stride=2, padding=1,
+                                                                 output_padding=1, groups=2),
+     X(1, 4, 3, 3), X(4, 1, 3, 2), X(2))
+case("nn.conv_transpose1d", lambda x, w: NF.conv_transpose1d(x, w, stride=3, dilation=2),
+     X(2, 2, 4), X(2, 3, 2))
+case("nn.unfold", lambda x: NF.unfold(x, 2, padding=1, stride=2), X(1, 2, 5, 4, layout="T"))
+case("nn.fold", lambda c: NF.fold(c, (4, 5), 2, padding=1, stride=2), X(1, 8, 9))
+case("nn.max_pool2d", lambda x: NF.max_pool2d(x, 3, 2, 1, ceil_mode=True, return_indices=True),
+     X(2, 2, 5, 6), covers=("max_pool2d_with_indices",))
+case("nn.max_pool1d", lambda x: NF.max_pool1d(x, 2, dilation=2, return_indices=True),
+     X(2, 3, 7, layout="S"), covers=("max_pool1d_with_indices",))
+case("nn.avg_pool2d", lambda x: NF.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+     X(2, 2, 5, 6))
+case("nn.avg_pool1d", lambda x: NF.avg_pool1d(x, 3, 2, 1), X(2, 3, 7))
+case("nn.adaptive_avg_pool2d", lambda x: NF.adaptive_avg_pool2d(x, (3, 2)), X(2, 2, 5, 7),
+     covers=("adaptive_avg_pool1d",))
+case("nn.adaptive_max_pool2d", lambda x: NF.adaptive_max_pool2d(x, (3, 2), return_indices=True),
+     X(2, 2, 5, 7))
+case("nn.adaptive_max_pool1d", lambda x: NF.adaptive_max_pool1d(x, 3), X(2, 2, 7))
+case("nn.adaptive_avg_pool1d-5", lambda x: NF.adaptive_avg_pool1d(x, 5), X(2, 2, 7))
+case("nn.batch_norm", lambda x, w, b: NF.batch_norm(x, None, None, w, b, training=True),
+     X(4, 3, 2, layout="T"), X(3), X(3))
+case("nn.batch_norm-eval", lambda x, m, v, w: NF.batch_norm(x, m, v, w, None, eps=1e-3),
+     X(2, 3, 2, 2), X(3), Pos(3), X(3))
+case("nn.group_norm", lambda x, w, b: NF.group_norm(x, 2, w, b), X(2, 4, 3), X(4), X(4))
+case("nn.instance_norm", lambda x: NF.instance_norm(x), X(2, 3, 4, layout="S"))
+case("nn.rms_norm", lambda x, w: NF.rms_norm(x, (4,), w), X(3, 4), X(4))
+case("lerp", lambda a, b, w: F.lerp(a, b, w), X(3, 4), X(3, 4, layout="T"), X(4))
+case("lerp-scalar", lambda a, b: F.lerp(a, b, 0.75), X(3, 4), X(3, 4))
+case("addcmul", lambda a, b, c: F.addcmul(a, b, c, value=0.5), X(3, 4), X(4), X(3, 1))
+case("addcdiv", lambda a, b, c: F.addcdiv(a, b, c, value=2), X(3, 4), X(3, 4), Pos(4))
+case("diagonal", lambda x: F.diagonal(x, 1, 2, 0), X(3, 4, 5, layout="T"))
+case("diagonal-neg", lambda x: F.diagonal(x, -1), X(4, 3, layout="S"))
+case("diag", lambda v, m: (F.diag(v, -1), F.diag(m, 1)), X(3), X(3, 4))
+case("trace", lambda m: F.trace(m), X(3, 4, layout="T"))
+case("nn.hardtanh", lambda x: NF.hardtanh(x, -1.0, 0.5), X(3, 4))
+case("nn.relu6", lambda x: NF.relu6(x * 4), X(3, 4))
+case("nn.elu", lambda x: NF.elu(x, 0.7), X(3, 4))
+case("nn.selu", lambda x: NF.selu(x), X(3, 4, layout="T"))
+case("nn.celu", lambda x: NF.celu(x, 2.0), X(3, 4))
+case("nn.mish", lambda x: NF.mish(x), X(3, 4))
+case("nn.hardswish", lambda x: NF.hardswish(x * 3), X(3, 4))
+case("nn.hardsigmoid", lambda x: NF.hardsigmoid(x * 3), X(3, 4))
+case("nn.prelu", lambda x, w: NF.prelu(x, w), X(2, 3, 4), X(3))
+case("nn.softsign", lambda x: NF.softsign(x), X(3, 4))
+case("nn.tanhshrink", lambda x: NF.tanhshrink(x), X(3, 4))
+case("nn.pad-modes", lambda x: (NF.pad(x, (2, 1), mode="reflect"), NF.pad(x, (1, 2), mode="circular"),
+                                NF.pad(x, (1, 1, 2, 0), mode="replicate")), X(2, 3, 4),
+     covers=("pad",))
+case("einsum", lambda a, b: F.einsum("bij,jk->bik", a, b), X(2, 3, 4), X(4, 5, layout="T"))
+case("einsum-diag", lambda a, v: F.einsum("ii,i->", a, v), X(3, 3), X(3))
+case("cumprod", lambda x: F.cumprod(x, 1), X(3, 4, layout="T"))
+case("cummax", lambda x: F.cummax(x, 1), X(3, 4))
+case("cummin", lambda x: F.cummin(x, 0), X(3, 4, layout="S"))
+case("logcumsumexp", lambda x: F.logcumsumexp(x, -1), X(3, 4))
+case("Tensor.unfold", lambda x: x.unfold(1, 3, 2), X(2, 7, layout="T"))
+case("nn.conv3d", lambda x, w: NF.conv3d(x, w, stride=(1, 2, 1), padding=1), X(1, 2, 3, 4, 3),
+     X(2, 2, 2, 2, 2))
+case("nn.conv_transpose3d", lambda x, w: NF.conv_transpose3d(x, w, stride=2), X(1, 2, 2, 2, 2),
+     X(2, 1, 2, 1, 2))
+case("nn.max_pool3d", lambda x: NF.max_pool3d(x, 2, 1), X(1, 2, 3, 3, 3))
+case("nn.avg_pool3d", lambda x: NF.avg_pool3d(x, 2, 2, 1), X(1, 2, 3, 3, 3))
 case("nn.embedding", lambda i, w: NF.embedding(i, w), Idx([[0, 2], [3, 0]]), X(4, 3))
 case("nn.embedding-padding", lambda i, w: NF.embedding(i, w, padding_idx=0),
      Idx([0, 2, 0, 1]), X(4, 3))

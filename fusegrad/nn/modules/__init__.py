@@ -1,17 +1,46 @@
 """The module classes of ``fusegrad.nn``, one file per family as in torch.nn.modules."""
 
 from fusegrad.nn.modules.activation import (
+    CELU,
+    ELU,
     GELU,
+    SELU,
+    Hardsigmoid,
+    Hardswish,
+    Hardtanh,
     LeakyReLU,
     LogSoftmax,
+    Mish,
+    PReLU,
     ReLU,
+    ReLU6,
     Sigmoid,
     SiLU,
     Softmax,
     Softplus,
+    Softsign,
     Tanh,
+    Tanhshrink,
+)
+from fusegrad.nn.modules.batchnorm import (
+    BatchNorm1d,
+    BatchNorm2d,
+    BatchNorm3d,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    InstanceNorm3d,
 )
 from fusegrad.nn.modules.container import ModuleDict, ModuleList, Sequential
+from fusegrad.nn.modules.conv import (
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+    Fold,
+    Unfold,
+)
 from fusegrad.nn.modules.dropout import Dropout
 from fusegrad.nn.modules.linear import Flatten, Identity, Linear, Unflatten
 from fusegrad.nn.modules.loss import (
@@ -23,7 +52,19 @@ from fusegrad.nn.modules.loss import (
     NLLLoss,
 )
 from fusegrad.nn.modules.module import Module
-from fusegrad.nn.modules.normalization import LayerNorm
+from fusegrad.nn.modules.normalization import GroupNorm, LayerNorm, RMSNorm
+from fusegrad.nn.modules.pooling import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
+)
 from fusegrad.nn.modules.sparse import Embedding
 
 __all__ = [
@@ -31,4 +72,10 @@ __all__ = [
     "Unflatten", "Embedding", "LayerNorm", "Dropout", "ReLU", "GELU", "Tanh", "Sigmoid", "SiLU",
     "Softmax", "LogSoftmax", "LeakyReLU", "Softplus", "MSELoss", "L1Loss", "CrossEntropyLoss",
     "NLLLoss", "BCELoss", "BCEWithLogitsLoss",
+    "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "Unfold", "Fold",
+    "MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
+    "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "BatchNorm1d", "BatchNorm2d", "InstanceNorm1d",
+    "InstanceNorm2d", "GroupNorm", "RMSNorm", "Hardtanh", "ReLU6", "ELU", "SELU", "CELU", "Mish",
+    "Hardswish", "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink", "Conv3d", "ConvTranspose3d",
+    "MaxPool3d", "AvgPool3d", "BatchNorm3d", "InstanceNorm3d",
 ]

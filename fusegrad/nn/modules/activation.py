@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from fusegrad.nn import functional as NF
 from fusegrad.nn.modules.module import Module
+from fusegrad.nn.parameter import Parameter
+from fusegrad.ops.creation import full
 from fusegrad.tensor import Tensor
 
 __all__ = ["ReLU", "GELU", "Tanh", "Sigmoid", "SiLU", "Softmax", "LogSoftmax", "LeakyReLU",
-           "Softplus"]
+           "Softplus", "Hardtanh", "ReLU6", "ELU", "SELU", "CELU", "Mish", "Hardswish",
+           "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink"]
 
 
 class ReLU(Module):
@@ -122,3 +125,122 @@ class Softplus(Module):
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class Hardtanh(Module):
+    """``x`` clamped to [min_val, max_val]."""
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        self.min_val, self.max_val, self.inplace = min_val, max_val, inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.hardtanh(input, self.min_val, self.max_val, self.inplace)
+
+    def extra_repr(self) -> str:
+        return (f"min_val={self.min_val}, max_val={self.max_val}"
+                + (", inplace=True" if self.inplace else ""))
+
+
+class ReLU6(Hardtanh):
+    """``min(max(x, 0), 6)``."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__(0.0, 6.0, inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
+class _Inplace(Module):
+    _fn = None
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return type(self)._fn(input, inplace=self.inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
+class ELU(Module):
+    """``x`` where positive, else ``alpha * (exp(x) - 1)``."""
+
+    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        self.alpha, self.inplace = alpha, inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.elu(input, self.alpha, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")
+
+
+class CELU(ELU):
+    """``x`` where positive, else ``alpha * (exp(x / alpha) - 1)``."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.celu(input, self.alpha, self.inplace)
+
+
+class SELU(_Inplace):
+    """Scaled ELU with the self-normalizing constants."""
+
+    _fn = staticmethod(NF.selu)
+
+
+class Mish(_Inplace):
+    """``x * tanh(softplus(x))``."""
+
+    _fn = staticmethod(NF.mish)
+
+
+class Hardswish(_Inplace):
+    """``x * relu6(x + 3) / 6``."""
+
+    _fn = staticmethod(NF.hardswish)
+
+
+class Hardsigmoid(_Inplace):
+    """``relu6(x + 3) / 6``."""
+
+    _fn = staticmethod(NF.hardsigmoid)
+
+
+class PReLU(Module):
+    """``x`` where positive, else ``weight * x``, with a learned slope (one, or one per
+    channel), initialized to ``init``."""
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, device=None,
+                 dtype=None) -> None:
+        super().__init__()
+        self.num_parameters = num_parameters
+        self.init = init
+        self.weight = Parameter(full((num_parameters,), init, dtype=dtype, device=device))
+
+    def reset_parameters(self) -> None:
+        self.weight.data.fill_(self.init)
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.prelu(input, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"
+
+
+class Softsign(Module):
+    """``x / (1 + |x|)``."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.softsign(input)
+
+
+class Tanhshrink(Module):
+    """``x - tanh(x)``."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.tanhshrink(input)

@@ -1,0 +1,190 @@
+"""Batch, group, instance and RMS normalization, as compositions of reductions and
+elementwise ops.
+
+``batch_norm`` in training mode updates the running statistics in place (under ``no_grad``,
+as torch does): in eager mode that writes the buffers; under ``fusegrad.compile`` the state
+capture turns the writes into outputs written back after each call, so a compiled training
+step updates them exactly as eager does. ``momentum`` may be a 0-d tensor (BatchNorm's
+cumulative average with ``momentum=None`` uses 1 / num_batches_tracked, a buffer, whose value
+a compiled step cannot read in Python).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from fusegrad import dtypes
+from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.ops.composite import composite
+from fusegrad.ops.elementwise import add, mul, rsqrt, sub
+from fusegrad.ops.inplace import copy_
+from fusegrad.ops.movement import reshape, reshape_prim
+from fusegrad.ops.reductions import mean
+from fusegrad.ops.registry import public
+from fusegrad.tensor import Tensor
+
+__all__ = ["batch_norm", "group_norm", "instance_norm", "rms_norm"]
+
+
+def _channel_view(t: Tensor, ndim: int) -> Tensor:
+    """A per-channel vector (C,) shaped (1, C, 1, ...) to broadcast over (N, C, *S)."""
+    return reshape_prim(t, (1, t.shape[0]) + (1,) * (ndim - 2))
+
+
+def _affine(out: Tensor, weight, bias) -> Tensor:
+    if weight is not None:
+        out = mul(out, _channel_view(weight, out.ndim))
+    if bias is not None:
+        out = add(out, _channel_view(bias, out.ndim))
+    return out
+
+
+def _moments(x: Tensor, axes: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """Mean and biased variance over ``axes``, kept as size-1 dims."""
+    mu = mean(x, axes, keepdim=True)
+    centered = sub(x, mu)
+    return mu, mean(mul(centered, centered), axes, keepdim=True)
+
+
+def _update_running(running: Tensor, batch: Tensor, momentum) -> None:
+    """``running = (1 - momentum) * running + momentum * batch``, in place, without history."""
+    with no_grad():
+        keep = sub(1.0, momentum) if isinstance(momentum, Tensor) else 1.0 - momentum
+        new = add(mul(running, keep), mul(batch.detach(), momentum))
+        copy_(running, new.to(running.dtype))
+
+
+@composite("NativeBatchNormBackward0")
+def _batch_norm_train(x: Tensor, weight, bias, running_mean, running_var, momentum,
+                      eps: float) -> Tensor:
+    axes = (0,) + tuple(range(2, x.ndim))
+    mu, var = _moments(x, axes)
+    out = mul(sub(x, mu), rsqrt(add(var, eps)))
+    count = x.numel() // x.shape[1]
+    if running_mean is not None:
+        _update_running(running_mean, reshape_prim(mu, (x.shape[1],)), momentum)
+    if running_var is not None:
+        # the running variance is the unbiased estimate, as torch's
+        unbiased = mul(reshape_prim(var, (x.shape[1],)), count / (count - 1))
+        _update_running(running_var, unbiased, momentum)
+    return _affine(out, weight, bias)
+
+
+@composite("NativeBatchNormBackward0")
+def _batch_norm_eval(x: Tensor, weight, bias, running_mean: Tensor, running_var: Tensor,
+                     eps: float) -> Tensor:
+    scale = rsqrt(add(_channel_view(running_var, x.ndim), eps))
+    return _affine(mul(sub(x, _channel_view(running_mean, x.ndim)), scale), weight, bias)
+
+
+def _check_channels(op: str, x: Tensor, *tensors) -> None:
+    if x.ndim < 2:
+        raise ValueError(f"{op}: expected an input of at least 2 dims (N, C, ...), got "
+                         f"{list(x.shape)}")
+    for t in tensors:
+        if t is not None and tuple(t.shape) != (x.shape[1],):
+            raise RuntimeError(f"{op}: expected per-channel tensors of {x.shape[1]} elements "
+                               f"for an input of size {list(x.shape)}, got one of size "
+                               f"{list(t.shape)}")
+
+
+@public(torch=True)
+def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None,  # noqa: A002
+               weight: Tensor | None = None, bias: Tensor | None = None, training: bool = False,
+               momentum: float | Tensor = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalize each channel (dim 1) of (N, C, *S) over the batch and spatial dims.
+
+    Training: by the batch's mean and biased variance, and (when given) the running statistics
+    become ``(1 - momentum) * running + momentum * batch`` (the running variance takes the
+    unbiased batch variance). Evaluation: by ``running_mean`` and ``running_var``.
+    """
+    _check_channels("batch_norm", input, running_mean, running_var, weight, bias)
+    if training:
+        if input.numel() // input.shape[1] <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got input "
+                             f"size {list(input.shape)}")
+        return _batch_norm_train(input, weight, bias, running_mean, running_var, momentum, eps)
+    if running_mean is None or running_var is None:
+        raise RuntimeError("batch_norm: running_mean and running_var must be defined in "
+                           "evaluation mode")
+    return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
+
+
+@composite("NativeGroupNormBackward0")
+def _group_norm(x: Tensor, num_groups: int, weight, bias, eps: float) -> Tensor:
+    grouped = reshape(x, (x.shape[0], num_groups, -1))
+    mu, var = _moments(grouped, (2,))
+    out = reshape(mul(sub(grouped, mu), rsqrt(add(var, eps))), tuple(x.shape))
+    return _affine(out, weight, bias)
+
+
+@public(torch=True)
+def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,  # noqa: A002
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """Normalize each of ``num_groups`` groups of channels of (N, C, *S) over its channels and
+    spatial dims, then scale and shift per channel."""
+    if input.ndim < 2:
+        raise RuntimeError(f"group_norm: expected an input of at least 2 dims, got "
+                           f"{list(input.shape)}")
+    if input.shape[1] % num_groups:
+        raise RuntimeError(f"Expected number of channels in input to be divisible by num_groups, "
+                           f"but got input of shape {list(input.shape)} and num_groups="
+                           f"{num_groups}")
+    return _group_norm(input, num_groups, weight, bias, eps)
+
+
+@composite("NativeBatchNormBackward0")
+def _instance_norm(x: Tensor, weight, bias, running_mean, running_var, momentum,
+                   eps: float) -> Tensor:
+    axes = tuple(range(2, x.ndim))
+    mu, var = _moments(x, axes)
+    out = mul(sub(x, mu), rsqrt(add(var, eps)))
+    count = math.prod(x.shape[2:])
+    # torch updates the running statistics with the instances' statistics averaged over N
+    if running_mean is not None:
+        _update_running(running_mean, mean(reshape_prim(mu, tuple(x.shape[:2])), 0), momentum)
+    if running_var is not None:
+        unbiased = mul(reshape_prim(var, tuple(x.shape[:2])), count / (count - 1))
+        _update_running(running_var, mean(unbiased, 0), momentum)
+    return _affine(out, weight, bias)
+
+
+@public(torch=True)
+def instance_norm(input: Tensor, running_mean: Tensor | None = None,  # noqa: A002
+                  running_var: Tensor | None = None, weight: Tensor | None = None,
+                  bias: Tensor | None = None, use_input_stats: bool = True,
+                  momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """Normalize each channel of each instance of (N, C, *S) over its spatial dims; with
+    ``use_input_stats=False``, by the running statistics instead."""
+    _check_channels("instance_norm", input, running_mean, running_var, weight, bias)
+    if not use_input_stats:
+        return batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    if math.prod(input.shape[2:]) <= 1:
+        raise ValueError(f"Expected more than 1 spatial element when training, got input size "
+                         f"{list(input.shape)}")
+    return _instance_norm(input, weight, bias, running_mean, running_var, momentum, eps)
+
+
+@composite("RmsNormBackward0")
+def _rms_norm(x: Tensor, axes: tuple[int, ...], weight, eps: float) -> Tensor:
+    out = mul(x, rsqrt(add(mean(mul(x, x), axes, keepdim=True), eps)))
+    return mul(out, weight) if weight is not None else out
+
+
+@public(torch=True)
+def rms_norm(input: Tensor, normalized_shape: Sequence[int] | int,  # noqa: A002
+             weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """``x / sqrt(mean(x**2) + eps) * weight`` over the last ``len(normalized_shape)`` dims;
+    ``eps=None`` is the dtype's machine epsilon, as torch's."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or input.ndim < k or tuple(input.shape[input.ndim - k:]) != shape:
+        raise RuntimeError(f"Given normalized_shape={list(shape)}, expected input with shape "
+                           f"[*, {', '.join(map(str, shape))}], but got input of size"
+                           f"{list(input.shape)}")
+    if eps is None:
+        from fusegrad.type_info import finfo
+        eps = finfo(input.dtype if input.dtype.is_floating_point
+                    else dtypes.get_default_dtype()).eps
+    return _rms_norm(input, tuple(range(input.ndim - k, input.ndim)), weight, eps)

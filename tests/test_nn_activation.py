@@ -1,0 +1,152 @@
+"""Activations added for torch parity (hardtanh, relu6, elu, selu, celu, mish, hardswish,
+hardsigmoid, prelu, softsign, tanhshrink), softmax as a function and a method, and the pad modes:
+values against numpy, torch's gradients at the kinks, finite differences, compiled against
+eager, torch as an optional oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fusegrad
+from fusegrad import nn
+from fusegrad.autograd.gradcheck import gradcheck
+from fusegrad.nn import functional as NF
+
+RNG = np.random.default_rng(5)
+ALPHA, SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+KINKS = np.array([-4.0, -3.0, -1.0, -0.5, 0.0, 0.5, 1.0, 3.0, 4.0, 7.0])
+
+
+def softplus(x):
+    return np.log1p(np.exp(x))
+
+
+ACTIVATIONS = {
+    "hardtanh": (lambda x: NF.hardtanh(x, -1.0, 0.5), lambda x: np.clip(x, -1.0, 0.5),
+                 lambda x: ((x > -1.0) & (x < 0.5)).astype(float)),
+    "relu6": (NF.relu6, lambda x: np.clip(x, 0, 6), lambda x: ((x > 0) & (x < 6)).astype(float)),
+    "elu": (lambda x: NF.elu(x, 0.7), lambda x: np.where(x > 0, x, 0.7 * np.expm1(x)),
+            lambda x: np.where(x > 0, 1.0, 0.7 * np.exp(x))),
+    "selu": (NF.selu, lambda x: SCALE * np.where(x > 0, x, ALPHA * np.expm1(x)),
+             lambda x: SCALE * np.where(x > 0, 1.0, ALPHA * np.exp(x))),
+    "celu": (lambda x: NF.celu(x, 2.0), lambda x: np.where(x > 0, x, 2.0 * np.expm1(x / 2.0)),
+             lambda x: np.where(x > 0, 1.0, np.exp(x / 2.0))),
+    "mish": (NF.mish, lambda x: x * np.tanh(softplus(x)), None),
+    "hardswish": (NF.hardswish, lambda x: x * np.clip(x + 3, 0, 6) / 6,
+                  lambda x: np.where(x < -3, 0.0, np.where(x <= 3, (2 * x + 3) / 6, 1.0))),
+    "hardsigmoid": (NF.hardsigmoid, lambda x: np.clip(x + 3, 0, 6) / 6,
+                    lambda x: np.where((x > -3) & (x < 3), 1 / 6, 0.0)),
+    "softsign": (NF.softsign, lambda x: x / (1 + np.abs(x)), None),
+    "tanhshrink": (NF.tanhshrink, lambda x: x - np.tanh(x), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activation_values_and_gradients(name):
+    fn, ref, dref = ACTIVATIONS[name]
+    x = fusegrad.tensor(KINKS, requires_grad=True)
+    y = fn(x)
+    np.testing.assert_allclose(y.detach().numpy(), ref(KINKS), rtol=1e-12, atol=1e-12)
+    if dref is not None:     # torch's gradient, including at the kinks
+        y.sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), dref(KINKS), rtol=1e-12, atol=1e-12)
+    smooth = fusegrad.tensor(RNG.uniform(-5, 5, 12) + 0.01, requires_grad=True)
+    assert gradcheck(fn, (smooth,))
+
+
+def test_activations_do_not_overflow_into_nan_gradients():
+    x = fusegrad.tensor([1000.0, -1000.0], requires_grad=True)
+    (NF.elu(x) + NF.celu(x, 0.5) + NF.selu(x) + NF.mish(x)).sum().backward()
+    assert np.isfinite(x.grad.numpy()).all()
+
+
+def test_inplace_variants_and_modules():
+    x = fusegrad.tensor(KINKS.copy())
+    NF.hardtanh(x, inplace=True)
+    np.testing.assert_array_equal(x.numpy(), np.clip(KINKS, -1, 1))
+    t = fusegrad.tensor(KINKS)
+    for module, fn in [(nn.Hardtanh(-2, 2), lambda v: NF.hardtanh(v, -2, 2)), (nn.ReLU6(), NF.relu6),
+                       (nn.ELU(0.5), lambda v: NF.elu(v, 0.5)), (nn.SELU(), NF.selu),
+                       (nn.CELU(0.5), lambda v: NF.celu(v, 0.5)), (nn.Mish(), NF.mish),
+                       (nn.Hardswish(), NF.hardswish), (nn.Hardsigmoid(), NF.hardsigmoid),
+                       (nn.Softsign(), NF.softsign), (nn.Tanhshrink(), NF.tanhshrink)]:
+        np.testing.assert_array_equal(module(t).numpy(), fn(t).numpy())
+    assert repr(nn.Hardtanh(-2, 2)) == "Hardtanh(min_val=-2, max_val=2)"
+    assert repr(nn.ELU(alpha=0.5, inplace=True)) == "ELU(alpha=0.5, inplace=True)"
+
+
+def test_prelu():
+    x = RNG.standard_normal((2, 3, 4))
+    w = np.array([0.1, 0.2, 0.3])
+    xt, wt = fusegrad.tensor(x, requires_grad=True), fusegrad.tensor(w, requires_grad=True)
+    y = NF.prelu(xt, wt)
+    np.testing.assert_allclose(y.detach().numpy(), np.where(x > 0, x, w[:, None] * x))
+    assert y.grad_fn.name() == "PreluKernelBackward0"
+    assert gradcheck(NF.prelu, (xt, wt))
+    m = nn.PReLU(3)
+    np.testing.assert_array_equal(m.weight.detach().numpy(), np.full(3, 0.25, np.float32))
+    assert fusegrad.prelu(fusegrad.tensor(x), fusegrad.tensor([0.5])).shape == (2, 3, 4)
+    with pytest.raises(RuntimeError, match="Mismatch of parameter numbers"):
+        NF.prelu(fusegrad.tensor(x), fusegrad.tensor([0.1, 0.2]))
+
+
+def test_softmax_is_a_function_and_a_method():
+    x = fusegrad.tensor(RNG.standard_normal((3, 4)))
+    e = np.exp(x.numpy() - x.numpy().max(1, keepdims=True))
+    np.testing.assert_allclose(x.softmax(1).numpy(), e / e.sum(1, keepdims=True))
+    np.testing.assert_allclose(fusegrad.softmax(x, dim=1).numpy(), x.softmax(dim=1).numpy())
+    np.testing.assert_allclose(fusegrad.log_softmax(x, 0).numpy(), NF.log_softmax(x, 0).numpy())
+    np.testing.assert_allclose(x.log_softmax(-1).exp().sum(-1).numpy(), np.ones(3))
+    assert fusegrad.softmax(x.float(), 1, dtype=fusegrad.float64).dtype is fusegrad.float64
+
+
+@pytest.mark.parametrize("mode,np_mode", [("reflect", "reflect"), ("replicate", "edge"),
+                                          ("circular", "wrap")])
+def test_pad_modes_match_numpy(mode, np_mode):
+    a = RNG.standard_normal((2, 3, 5, 4))
+    y = NF.pad(fusegrad.tensor(a), (1, 2, 3, 0), mode=mode)
+    np.testing.assert_array_equal(y.numpy(), np.pad(a, [(0, 0), (0, 0), (3, 0), (1, 2)],
+                                                    mode=np_mode))
+    y1 = NF.pad(fusegrad.tensor(a[0]), (2, 2), mode=mode)
+    np.testing.assert_array_equal(y1.numpy(), np.pad(a[0], [(0, 0), (0, 0), (2, 2)], mode=np_mode))
+    x = fusegrad.tensor(RNG.standard_normal((1, 2, 4)), requires_grad=True)
+    assert gradcheck(lambda x: NF.pad(x, (2, 3), mode=mode), (x,))
+
+
+def test_pad_mode_errors():
+    with pytest.raises(RuntimeError, match="Padding size should be less than"):
+        NF.pad(fusegrad.zeros(1, 1, 3), (3, 0), mode="reflect")
+    with pytest.raises(NotImplementedError, match="Unrecognised padding mode"):
+        NF.pad(fusegrad.zeros(1, 1, 3), (1, 1), mode="mirror")
+
+
+def test_compiled_activations_and_pads_match_eager():
+    x = fusegrad.tensor(RNG.standard_normal((2, 3, 5)).astype(np.float32) * 4)
+    w = fusegrad.tensor(np.array([0.1, 0.2, 0.3], np.float32))
+
+    def f(x):
+        ys = [fn(x) for fn, _, _ in ACTIVATIONS.values()]
+        ys += [NF.prelu(x, w), x.softmax(-1), NF.pad(x, (2, 1), mode="reflect"),
+               NF.pad(x, (1, 1), mode="circular"), NF.pad(x, (3, 0), mode="replicate")]
+        return tuple(ys)
+
+    def loss(x):
+        return sum((y * y).sum() for y in f(x))
+    for e, c in zip(f(x), fusegrad.compile(f)(x)):
+        np.testing.assert_allclose(c.numpy(), e.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fusegrad.compile(fusegrad.grad(loss))(x).numpy(),
+                               fusegrad.grad(loss)(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_against_torch():
+    torch = pytest.importorskip("torch")
+    x = RNG.standard_normal((2, 3, 5)).astype(np.float32) * 4
+    for name in ("hardtanh", "relu6", "selu", "mish", "hardswish", "hardsigmoid"):
+        ours = getattr(NF, name)(fusegrad.tensor(x))
+        ref = getattr(torch.nn.functional, name)(torch.tensor(x))
+        np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    for mode in ("reflect", "replicate", "circular"):
+        np.testing.assert_array_equal(
+            NF.pad(fusegrad.tensor(x), (2, 1), mode=mode).numpy(),
+            torch.nn.functional.pad(torch.tensor(x), (2, 1), mode=mode).numpy())
