@@ -13,7 +13,14 @@ from fusegrad import dtypes
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import _named, composite
 from fusegrad.ops.factories import ones_like, zeros_like
-from fusegrad.ops.operands import _float_dtype, _is_scalar, _promote, as_tensor_operand, cast
+from fusegrad.ops.operands import (
+    _dtype_title,
+    _float_dtype,
+    _is_scalar,
+    _promote,
+    as_tensor_operand,
+    cast,
+)
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
@@ -180,28 +187,59 @@ def logical_not(x) -> Tensor:
     return bind(P.logical_not, _to_bool(x))
 
 
-def _bitwise(name, logical):
+def _bitwise(name, logical, prim):
     def op(x, other):
         a, b = _promote(name, x, other)
-        if a.dtype is not dtypes.bool_:
-            raise NotImplementedError(f"{name} is supported on bool tensors only, got {a.dtype}")
-        return logical(a, b)
+        if a.dtype is dtypes.bool_:
+            return logical(a, b)
+        if a.dtype.is_floating_point:
+            raise NotImplementedError(f'"{name}_cpu" not implemented for '
+                                      f"'{_dtype_title(a.dtype)}'")
+        return bind(prim, a, b)
+    op.__name__ = name
+    op.__doc__ = f"Elementwise {name} of integer or bool tensors."
     return op
 
 
-bitwise_and = public(_bitwise("bitwise_and", logical_and), name="bitwise_and", torch=True,
-                     method=True)
-bitwise_or = public(_bitwise("bitwise_or", logical_or), name="bitwise_or", torch=True,
-                    method=True)
-bitwise_xor = public(_bitwise("bitwise_xor", logical_xor), name="bitwise_xor", torch=True,
-                     method=True)
+bitwise_and = public(_bitwise("bitwise_and", logical_and, P.bitwise_and), name="bitwise_and",
+                     torch=True, method=True, inplace=True)
+bitwise_or = public(_bitwise("bitwise_or", logical_or, P.bitwise_or), name="bitwise_or",
+                    torch=True, method=True, inplace=True)
+bitwise_xor = public(_bitwise("bitwise_xor", logical_xor, P.bitwise_xor), name="bitwise_xor",
+                     torch=True, method=True, inplace=True)
 
 
-@public(torch=True, method=True)
+@public(torch=True, method=True, inplace=True)
 def bitwise_not(x) -> Tensor:
-    if x.dtype is not dtypes.bool_:
-        raise NotImplementedError(f"bitwise_not is supported on bool tensors only, got {x.dtype}")
-    return logical_not(x)
+    """``~x``: logical not of a bool tensor, the bits flipped of an integer one."""
+    x = as_tensor_operand(x)
+    if x.dtype is dtypes.bool_:
+        return logical_not(x)
+    if x.dtype.is_floating_point:
+        raise TypeError("~ (operator.invert) is only implemented on integer and Boolean-type "
+                        "tensors")
+    ones = bind(P.full, shape=(), value=-1 if x.dtype.is_signed else
+                np.iinfo(x.dtype.np_dtype).max, dtype=x.dtype)
+    return bind(P.bitwise_xor, x, ones)
+
+
+def _shift(name, prim, kernel):
+    def op(x, other):
+        a, b = _promote(name, x, other)
+        if a.dtype.is_floating_point or a.dtype is dtypes.bool_:
+            raise NotImplementedError(f'"{kernel}_cpu" not implemented for '
+                                      f"'{_dtype_title(a.dtype)}'")
+        return bind(prim, a, b)
+    op.__name__ = name
+    op.__doc__ = (f"Elementwise {name} of integer tensors; torch's results for amounts that are "
+                  "negative or not below the width (0 to the left, the sign fill to the right).")
+    return op
+
+
+bitwise_left_shift = public(_shift("bitwise_left_shift", P.shift_left, "lshift"),
+                            name="bitwise_left_shift", torch=True, method=True, inplace=True)
+bitwise_right_shift = public(_shift("bitwise_right_shift", P.shift_right, "rshift"),
+                             name="bitwise_right_shift", torch=True, method=True, inplace=True)
 
 
 @public(torch=True)

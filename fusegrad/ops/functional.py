@@ -43,3 +43,4 @@ from fusegrad.ops.operands import (
 )
 from fusegrad.ops.pooling import *
 from fusegrad.ops.reductions import *
+from fusegrad.ops.trig import *

@@ -418,6 +418,31 @@ def _logical(b, node, a, dt):
     return b.binary(node.op, a[0], a[1], _r(dt))
 
 
+@lowering("bitand", "bitor", "bitxor", commutative=True)
+def _bitwise(b, node, a, dt):
+    return b.binary(node.op[3:], a[0], a[1], _r(dt))
+
+
+@lowering("shl", "shr")
+def _shift(b, node, a, dt):
+    """torch's shifts: out-of-range amounts (negative, or at least the width; for a signed
+    right shift at least width - 1) give 0 to the left and the sign fill to the right. The
+    amount is clamped before the machine shift, whose result C leaves undefined there."""
+    r = _r(dt)
+    bits = dt.itemsize * 8
+    limit = bits if node.op == "shl" or unsigned(dt) else bits - 1
+    zero = b.const(r, 0)
+    out_of_range = b.cmp("ge", a[1], b.const(r, limit), r)
+    if not unsigned(dt):
+        out_of_range = b.binary("or", out_of_range, b.cmp("lt", a[1], zero, r), dtypes.bool_)
+    amount = b.select(out_of_range, zero, a[1], r)
+    shifted = b.binary(node.op, a[0], amount, r)
+    if node.op == "shl":
+        return b.select(out_of_range, zero, shifted, r)
+    fill = b.binary("shr", a[0], b.const(r, bits - 1), r) if not unsigned(dt) else zero
+    return b.select(out_of_range, fill, shifted, r)
+
+
 @lowering("where")
 def _where(b, node, a, dt):
     return b.select(a[0], a[1], a[2], _r(node.output.type.dtype))

@@ -52,7 +52,8 @@ def _binop(fn, reflected=False):
 for _dunder, _fn in [("add", F.add), ("sub", F.sub), ("mul", F.mul), ("truediv", F.div),
                      ("floordiv", F.floor_divide), ("mod", F.remainder), ("pow", F.pow),
                      ("matmul", F.matmul), ("and", F.bitwise_and), ("or", F.bitwise_or),
-                     ("xor", F.bitwise_xor)]:
+                     ("xor", F.bitwise_xor), ("lshift", F.bitwise_left_shift),
+                     ("rshift", F.bitwise_right_shift)]:
     setattr(Tensor, f"__{_dunder}__", _binop(_fn))
     setattr(Tensor, f"__r{_dunder}__", _binop(_fn, reflected=True))
     setattr(Tensor, f"__i{_dunder}__", F._inplace(_fn, f"__i{_dunder}__"))

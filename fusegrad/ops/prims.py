@@ -172,6 +172,20 @@ cos = _unary("cos", _in_float64(np.cos), _rule_x(lambda g, out, x: -(g * x.sin()
 tan = _unary("tan", _in_float64(np.tan), _rule_out(lambda g, out, x: g * (1 + out * out)))
 tanh = _unary("tanh", _in_float64(np.tanh), _rule_out(lambda g, out, x: g * (1 - out * out)))
 # np.asarray: frompyfunc gives a Python float, not an array, for a 0-d input
+# Inverse and hyperbolic trig: primitives (not log/exp compositions, which lose accuracy
+# near 0 and overflow early); they have no kernel lowering, so compiled programs run these
+# numpy references. VJPs are torch's (derivatives.yaml).
+asin = _unary("asin", _in_float64(np.arcsin), _rule_x(lambda g, out, x: g * (1 - x * x).rsqrt()))
+acos = _unary("acos", _in_float64(np.arccos),
+              _rule_x(lambda g, out, x: -(g * (1 - x * x).rsqrt())))
+atan = _unary("atan", _in_float64(np.arctan), _rule_x(lambda g, out, x: g / (x * x + 1)))
+sinh = _unary("sinh", _in_float64(np.sinh), _rule_x(lambda g, out, x: g * x.cosh()))
+cosh = _unary("cosh", _in_float64(np.cosh), _rule_x(lambda g, out, x: g * x.sinh()))
+asinh = _unary("asinh", _in_float64(np.arcsinh),
+               _rule_x(lambda g, out, x: g * (x * x + 1).rsqrt()))
+acosh = _unary("acosh", _in_float64(np.arccosh),
+               _rule_x(lambda g, out, x: g * (x * x - 1).rsqrt()))
+atanh = _unary("atanh", _in_float64(np.arctanh), _rule_x(lambda g, out, x: g / (1 - x * x)))
 erf = _unary("erf", lambda x: np.asarray(_erf_np(x)).astype(x.dtype),
              _rule_x(lambda g, out, x: g * _TWO_OVER_SQRT_PI * (-(x * x)).exp()))
 sqrt = _unary("sqrt", np.sqrt, _rule_out(lambda g, out, x: g / (out * 2)))
@@ -359,6 +373,58 @@ eq = _binary("eq", np.equal, out_dtype=dtypes.bool_)
 ne = _binary("ne", np.not_equal, out_dtype=dtypes.bool_)
 logical_and = _binary("and", np.logical_and, out_dtype=dtypes.bool_)
 logical_or = _binary("or", np.logical_or, out_dtype=dtypes.bool_)
+
+
+def _atan2_impl(y, x):
+    if y.dtype == np.float32:
+        return np.arctan2(y.astype(np.float64), x.astype(np.float64)).astype(np.float32)
+    return np.arctan2(y, x)
+
+
+def _atan2_dy(g, out, y, x):
+    return _sum_to(g * x / (x * x + y * y), y.shape)
+
+
+def _atan2_dx(g, out, y, x):
+    return _sum_to(-(g * y) / (x * x + y * y), x.shape)
+
+
+atan2 = _binary("atan2", _atan2_impl, (Rule(_atan2_dy, (0, 1)), Rule(_atan2_dx, (0, 1))),
+                float_only=True)
+
+
+def _require_integral(name, impl):
+    def run(x, y):
+        if x.dtype.kind not in "biu":
+            raise ShapeError(f"{name}: expected integer or bool operands, got {x.dtype}")
+        return impl(x, y)
+    return run
+
+
+def _shift_impl(left: bool):
+    """torch's shifts (BinaryOpsKernel.cpp): a shift by a negative amount or by at least the
+    width gives 0 to the left; to the right, the sign fill (0 for unsigned types)."""
+    def impl(x, y):
+        bits = x.dtype.itemsize * 8
+        signed = x.dtype.kind == "i"
+        out_of_range = (y < 0) | (y >= bits - (0 if left else int(signed)))
+        amount = np.where(out_of_range, 0, y).astype(x.dtype)
+        if left:
+            u = x.view(f"u{x.dtype.itemsize}")
+            out = np.left_shift(u, amount.astype(u.dtype)).view(x.dtype)
+            return np.where(out_of_range, np.zeros((), x.dtype), out)
+        out = np.right_shift(x, amount)
+        fill = np.right_shift(x, bits - 1) if signed else np.zeros((), x.dtype)
+        return np.where(out_of_range, fill, out)
+    return impl
+
+
+# Bitwise ops of integer tensors (bool ones use the logical primitives), not differentiable.
+bitwise_and = _binary("bitand", _require_integral("bitand", np.bitwise_and))
+bitwise_or = _binary("bitor", _require_integral("bitor", np.bitwise_or))
+bitwise_xor = _binary("bitxor", _require_integral("bitxor", np.bitwise_xor))
+shift_left = _binary("shl", _require_integral("shl", _shift_impl(True)))
+shift_right = _binary("shr", _require_integral("shr", _shift_impl(False)))
 
 
 def _where_infer(c: TensorType, x: TensorType, y: TensorType) -> TensorType:

@@ -20,7 +20,7 @@ from tests.tracer.trace_cases import CASES, check_forward
 
 # The modules whose functions fusegrad.ops.functional gathers.
 OP_MODULES = ("composite", "operands", "elementwise", "movement", "reductions", "matmul", "indexing",
-              "inplace", "factories", "convolution", "pooling", "normalization")
+              "inplace", "factories", "convolution", "pooling", "normalization", "trig")
 
 # Public names deliberately not in the op table, and where they are tested instead.
 NOT_IN_TABLE = {

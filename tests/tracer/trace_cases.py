@@ -690,3 +690,31 @@ def check_gradient(c: OpCase) -> None:
     for i, g, e in zip(wrt, got, expected, strict=True):
         assert_same(g, e, f"{c.name}: interpret(grad_graph) wrt argument {i}", rtol=1e-10,
                     atol=1e-12)
+
+# -- integer bitwise ops and shifts, inverse and hyperbolic trig (tests/test_ops_more.py)
+_I = Idx([[5, -3, 7, 0], [-8, 2, 63, 1]])
+_K = Idx([[1, 64, -1, 3], [2, 63, 0, 70]])
+case("bitwise_and-int", lambda a, b: (a & b, a | b, a ^ b, ~a), _I, _K, grad=False,
+     covers=("__and__", "__or__", "__xor__", "__invert__"))
+case("bitwise_left_shift", lambda a, k: (a << k, a >> k, 3 << k, F.bitwise_right_shift(a, 2)),
+     _I, _K, grad=False, covers=("bitwise_right_shift", "__lshift__", "__rshift__"))
+case("inplace-bitwise_ops_", lambda a, k: a.clone().bitwise_and_(k).bitwise_or_(k)
+     .bitwise_xor_(a).bitwise_not_().bitwise_left_shift_(2).bitwise_right_shift_(k),
+     _I, _K, grad=False, covers=("bitwise_and_", "bitwise_or_", "bitwise_xor_", "bitwise_not_",
+                                 "bitwise_left_shift_", "bitwise_right_shift_"))
+for _name in ("atan", "sinh", "cosh", "asinh", "arctan", "arcsinh"):
+    case(_name, getattr(F, _name), X(3, 4, layout="T"))
+for _name in ("asin", "acos", "atanh", "arcsin", "arccos", "arctanh"):
+    case(_name, getattr(F, _name), Arr((3, 4), -0.9, 0.9, layout="S"))
+for _name in ("acosh", "arccosh"):
+    case(_name, getattr(F, _name), Arr((3, 4), 1.2, 3.0))
+case("atan2", lambda y, x: F.atan2(y, x), X(3, 4), X(4), covers=("arctan2",))
+for _name in ("asin", "acos", "atanh", "arcsin", "arccos", "arctanh"):
+    case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[1:]),
+         Arr((3, 4), -0.9, 0.9))
+for _name in ("atan", "sinh", "cosh", "asinh", "arctan", "arcsinh"):
+    case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[:, 1:]), X(3, 4))
+for _name in ("acosh", "arccosh"):
+    case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[1:]), Arr((3, 4), 1.2, 3.0))
+for _name in ("atan2", "arctan2"):
+    case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[:, :2]), X(3, 4), X(3, 2))
