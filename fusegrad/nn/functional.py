@@ -45,6 +45,7 @@ from fusegrad.ops.pooling import (
     max_pool2d_with_indices,
     max_pool3d,
 )
+from fusegrad.ops.products import cosine_similarity
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
@@ -63,6 +64,7 @@ __all__ = [
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")
+__all__ += ["cosine_similarity"]
 
 
 def _is_concrete(t: Tensor) -> bool:

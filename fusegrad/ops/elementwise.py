@@ -453,11 +453,40 @@ def isfinite(x: Tensor) -> Tensor:
 
 @public(torch=True, method=True)
 def isclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> Tensor:
+    """``|x - other| <= atol + rtol * |other|`` with a finite ``|x - other|``, or equal (so
+    inf is close to inf only); integer and bool tensors compare in the default float type."""
+    if isinstance(x, Tensor) and isinstance(other, Tensor) and x.dtype is not other.dtype:
+        raise RuntimeError(f"{_dtype_title(x.dtype)} did not match {_dtype_title(other.dtype)}")
+    if rtol < 0:
+        raise RuntimeError(f"rtol must be greater than or equal to zero, but got {rtol}")
+    if atol < 0:
+        raise RuntimeError(f"atol must be greater than or equal to zero, but got {atol}")
     a, b = _promote("isclose", x, other)
-    close = le(abs(sub(a, b)), add(mul(abs(b), rtol), atol)) | eq(a, b)
-    if equal_nan:
+    close = eq(a, b)
+    if equal_nan and a.dtype.is_floating_point:
         close = close | (isnan(a) & isnan(b))
-    return close
+    if rtol == 0 and atol == 0:
+        return close
+    if not a.dtype.is_floating_point:
+        a, b = cast(a, dtypes.get_default_dtype()), cast(b, dtypes.get_default_dtype())
+    error = abs(sub(a, b))
+    return close | (isfinite(error) & le(error, add(abs(mul(b, rtol)), atol)))
+
+
+@public(torch=True, method=True, inplace=True)
+def nan_to_num(x: Tensor, nan: float = 0.0, posinf: float | None = None,
+               neginf: float | None = None) -> Tensor:
+    """NaN, +inf and -inf replaced by ``nan``, ``posinf`` and ``neginf`` (by default the
+    largest and lowest finite values of the dtype); integer tensors come back unchanged.
+    The gradient passes where ``x`` is finite, as torch's."""
+    if not x.dtype.is_floating_point:
+        return clone(x)
+    info = np.finfo(x.dtype.np_dtype)
+    hi = float(info.max) if posinf is None else posinf
+    lo = float(info.min) if neginf is None else neginf
+    a, nan_v = _promote("nan_to_num", x, nan)
+    out = where(eq(a, math.inf), hi, where(eq(a, -math.inf), lo, a))
+    return _named(where(isnan(a), nan_v, out), "NanToNumBackward0")
 
 
 @public(torch=True, method=True)

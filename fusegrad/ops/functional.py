@@ -42,5 +42,8 @@ from fusegrad.ops.operands import (
     _scalar_tensor,
 )
 from fusegrad.ops.pooling import *
+from fusegrad.ops.products import *
 from fusegrad.ops.reductions import *
+from fusegrad.ops.sampling import *
+from fusegrad.ops.scatter import *
 from fusegrad.ops.trig import *

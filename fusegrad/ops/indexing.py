@@ -161,6 +161,12 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
 def nonzero(x: Tensor, *, as_tuple: bool = False):
     """Indices of nonzero elements (data-dependent shape: eager only)."""
     x._check_concrete("nonzero()")
+    if x.ndim == 0:
+        # torch treats a 0-d tensor as one element with no coordinates: (1, 0) or (0, 0).
+        hit = bool(x._data)
+        if as_tuple:
+            return (_index_tensor([0] if hit else []),)
+        return _index_tensor(np.zeros((int(hit), 0)))
     idx = np.nonzero(x._data)
     if as_tuple:
         return tuple(_index_tensor(i) for i in idx)

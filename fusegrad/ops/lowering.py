@@ -443,6 +443,15 @@ def _shift(b, node, a, dt):
     return b.select(out_of_range, fill, shifted, r)
 
 
+@lowering("bitcast")
+def _bitcast(b, node, a, dt):
+    # Registers of bool (i1) and of 16-bit floats (float32) do not hold the stored bits.
+    out = node.output.type.dtype
+    if dt.itemsize < 4 or out.itemsize < 4:
+        raise Unsupported(f"no scalar lowering for bitcast from {dt} to {out}")
+    return b.bitcast(a[0], dt, out)
+
+
 @lowering("where")
 def _where(b, node, a, dt):
     return b.select(a[0], a[1], a[2], _r(node.output.type.dtype))

@@ -90,7 +90,7 @@ def _viewable(a: np.ndarray, shape) -> bool:
 def view(x: Tensor, *shape) -> Tensor:
     """``reshape`` that never copies: torch's error when the strides do not allow a view."""
     if len(shape) == 1 and isinstance(shape[0], dtypes.DType):
-        raise NotImplementedError("view(dtype) is not supported; use .to(dtype)")
+        return _view_dtype(x, shape[0])
     shape = _infer_shape(x, shape, "view")
     layout = x._data if x._trace is None else _traced_layout(x)
     if not _viewable(layout, shape):
@@ -100,6 +100,29 @@ def view(x: Tensor, *shape) -> Tensor:
             f"(view({list(shape)}) of a tensor of size {list(x.shape)} and stride "
             f"{[st // layout.itemsize for st in layout.strides]})")
     return reshape_prim(x, shape)
+
+
+def _view_dtype(x: Tensor, dt: dtypes.DType) -> Tensor:
+    """``x.view(dtype)``: the same bytes read as ``dt``. Between dtypes of one size it is
+    elementwise (traced and compiled too); between sizes the last dim scales (eager only).
+    The result has no gradient (torch's neither, across dtypes)."""
+    if dt is x.dtype:
+        return reshape_prim(x, tuple(x.shape))
+    src, dst = x.dtype.itemsize, dt.itemsize
+    if src == dst:
+        return bind(P.bitcast, x.detach(), dtype=dt)
+    x._check_concrete("view(dtype) between dtypes of different sizes")
+    if x.ndim == 0:
+        raise RuntimeError(f"self.dim() cannot be 0 to view {x.dtype} as {dt} (different "
+                           f"element sizes)")
+    if src < dst and (x.shape[-1] * src) % dst:
+        raise RuntimeError(f"self.size(-1) must be divisible by {dst // src} to view {x.dtype} "
+                           f"as {dt} (different element sizes), but got {x.shape[-1]}")
+    a = x._data
+    if not (a.flags.c_contiguous or (a.ndim and a.strides[-1] == a.itemsize)):
+        raise RuntimeError(f"self.stride(-1) must be 1 to view {x.dtype} as {dt} (different "
+                           f"element sizes), but got {a.strides[-1] // a.itemsize}")
+    return Tensor._wrap(np.ascontiguousarray(a).view(dt.np_dtype), dt)
 
 
 def _layout_stand_in(shape) -> np.ndarray:
@@ -556,6 +579,57 @@ def diag(x: Tensor, diagonal: int = 0) -> Tensor:
     k = builtins.abs(diagonal)
     widths = [(0, k), (k, 0)] if diagonal > 0 else [(k, 0), (0, k)]
     return _named(pad_axes(square, widths), "DiagBackward0")
+
+
+@public(torch=True, method=True)
+def diag_embed(x: Tensor, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:
+    """Matrices with the last dim of ``x`` on diagonal ``offset``, in dims ``dim1`` and
+    ``dim2`` of the result (which has one dim more than ``x``)."""
+    nd = x.ndim + 1
+    d1, d2 = normalize_axis(dim1, nd, "diag_embed"), normalize_axis(dim2, nd, "diag_embed")
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    if x.ndim == 0:
+        x = reshape(x, (1,))
+    batch, n = tuple(x.shape[:-1]), x.shape[-1]
+    # rows [x_i, 0 ... 0] of length n + 1, flattened and cut to n * n: x lands on the diagonal
+    rows = pad_axes(unsqueeze(x, -1), [(0, 0)] * (x.ndim) + [(0, n)])
+    flat = reshape(rows, batch + (n * (n + 1),))
+    square = reshape(narrow(flat, -1, 0, n * n), batch + (n, n))
+    k = builtins.abs(offset)
+    widths = [(0, k), (k, 0)] if offset > 0 else [(k, 0), (0, k)]
+    square = pad_axes(square, [(0, 0)] * len(batch) + widths)
+    return _named(movedim(square, (-2, -1), (d1, d2)), "DiagEmbedBackward0")
+
+
+@public(torch=True)
+def meshgrid(*tensors, indexing: str = "ij") -> tuple[Tensor, ...]:
+    """Coordinate grids of 0-d or 1-D ``tensors``: each expanded over the others' lengths;
+    ``indexing='xy'`` swaps the first two dims (Cartesian, as numpy's default)."""
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        tensors = tuple(tensors[0])
+    if indexing not in ("ij", "xy"):
+        raise RuntimeError(f"torch.meshgrid: indexing must be one of \"xy\" or \"ij\", but "
+                           f"received: {indexing}")
+    for t in tensors:
+        if t.ndim > 1:
+            raise RuntimeError(f"torch.meshgrid: Expected 0D or 1D tensor in the tensor list but "
+                               f"got: {t}")
+    if len({t.dtype for t in tensors}) > 1:
+        raise RuntimeError("torch.meshgrid: expects all tensors to have the same dtype")
+    ts = [reshape(t, (-1,)) for t in tensors]
+    swap = indexing == "xy" and len(ts) >= 2
+    if swap:
+        ts[0], ts[1] = ts[1], ts[0]
+    shape = tuple(t.shape[0] for t in ts)
+    grids = []
+    for i, t in enumerate(ts):
+        view_shape = [1] * len(ts)
+        view_shape[i] = shape[i]
+        grids.append(expand(reshape(t, tuple(view_shape)), shape))
+    if swap:
+        grids[0], grids[1] = grids[1], grids[0]
+    return tuple(grids)
 
 
 def _tensor_unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:

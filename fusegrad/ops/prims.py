@@ -827,6 +827,131 @@ scatter_add = register(Primitive("scatter_add", Kind.INDEX, _scatter_add_infer, 
                                  "ScatterAddBackward0", attrs=("axis",)))
 
 
+SCATTER_REDUCTIONS = ("replace", "sum", "prod", "mean", "amax", "amin")
+
+
+def _scatter_reduce_infer(x: TensorType, idx: TensorType, src: TensorType, *, axis, reduce,
+                          include_self) -> TensorType:
+    _check_index("scatter", idx)
+    _same_dtype("scatter", x, src)
+    if not idx.ndim == src.ndim == x.ndim:
+        raise ShapeError(f"scatter(): Index tensor must have the same number of dimensions "
+                         f"as self and src (self {x}, index {idx}, src {src})")
+    for i, (a, b, c) in enumerate(zip(idx.shape, x.shape, src.shape)):
+        if a > c or (i != axis and a > b):
+            raise ShapeError(f"scatter(): Expected index {list(idx.shape)} to be smaller than "
+                             f"self {list(x.shape)} apart from dimension {axis} and to be "
+                             f"smaller size than src {list(src.shape)}")
+    return x
+
+
+def _scatter_reduce_impl(x, idx, src, *, axis, reduce, include_self):
+    out = np.array(x, copy=True)
+    _bounds("scatter", idx, x.shape[axis], axis)
+    coords = list(np.indices(idx.shape, sparse=True))
+    coords[axis] = idx
+    coords = tuple(coords)
+    src = src[tuple(slice(0, d) for d in idx.shape)]
+    if reduce == "replace":
+        out[coords] = src
+        return out
+    count = np.zeros(x.shape, np.int64)
+    np.add.at(count, coords, 1)
+    hit = count > 0
+    if not include_self:
+        if reduce in ("sum", "mean"):
+            fill = 0
+        elif reduce == "prod":
+            fill = 1
+        elif x.dtype.kind == "f":
+            fill = -np.inf if reduce == "amax" else np.inf
+        else:
+            info = np.iinfo(x.dtype) if x.dtype.kind in "iu" else None
+            fill = (info.min if reduce == "amax" else info.max) if info else reduce == "amin"
+        out[hit] = fill
+    ufunc = {"sum": np.add, "mean": np.add, "prod": np.multiply, "amax": np.maximum,
+             "amin": np.minimum}[reduce]
+    ufunc.at(out, coords, src)
+    if reduce == "mean":
+        n = np.maximum(count + int(include_self), 1).astype(x.dtype)
+        out = np.where(hit, out // n if x.dtype.kind in "iu" else out / n, out).astype(x.dtype)
+    return out
+
+
+def _scatter_reduce_dx(g, out, x, idx, src, *, axis, reduce, include_self):
+    hit = g.new_zeros(x.shape).scatter_add(axis, idx, g.new_ones(idx.shape)) > 0
+    if reduce == "replace" or not include_self:
+        return g.masked_fill(hit, 0)      # x's elements that were written over
+    if reduce == "sum":
+        return g
+    if reduce == "mean":
+        return g / g.new_ones(x.shape).scatter_add(axis, idx, g.new_ones(idx.shape))
+    if reduce == "prod":
+        # torch's rule (derivatives of scatter_reduce): the product of the others is the
+        # reduction over x with its zeros replaced by 1, divided by x there.
+        masked = x.masked_fill(x == 0, 1)
+        return g * masked.scatter_reduce(axis, idx, src, "prod") / masked
+    # amax/amin: the gradient is shared equally by the elements that equal the result.
+    x_wins = x == out
+    src_wins = _narrow_to(src, idx.shape) == out.gather(axis, idx)
+    n = x_wins.to(g.dtype).scatter_add(axis, idx, src_wins.to(g.dtype))
+    return (g / n).masked_fill(~x_wins, 0)
+
+
+def _narrow_to(t, shape):
+    for i, d in enumerate(shape):
+        if t.shape[i] != d:
+            t = t.narrow(i, 0, d)
+    return t
+
+
+def _pad_to(t, shape):
+    if tuple(t.shape) == tuple(shape):
+        return t
+    return _F().pad_axes(t, [(0, b - a) for a, b in zip(t.shape, shape)])
+
+
+def _scatter_reduce_dsrc(g, out, x, idx, src, *, axis, reduce, include_self):
+    s = _narrow_to(src, idx.shape)
+    if reduce in ("replace", "sum"):
+        return _pad_to(g.gather(axis, idx), src.shape)
+    if reduce == "mean":
+        count = g.new_full(x.shape, int(include_self)).scatter_add(axis, idx, g.new_ones(idx.shape))
+        return _pad_to((g / count).gather(axis, idx), src.shape)
+    if reduce == "prod":
+        zero = s == 0
+        zeros = g.new_zeros(x.shape).scatter_add(axis, idx, zero.to(g.dtype)).gather(axis, idx)
+        single = zero & (zeros == 1)
+        others = x.scatter_reduce(axis, idx, s.masked_fill(single, 1), "prod",
+                                  include_self=include_self)
+        grad = ((g * out).gather(axis, idx) / s.masked_fill(zero, 1)).masked_fill(zero, 0)
+        return _pad_to(grad.where(~single, (g * others).gather(axis, idx)), src.shape)
+    x_wins = (x == out) if include_self else \
+        (x == out) & ~(g.new_zeros(x.shape).scatter_add(axis, idx, g.new_ones(idx.shape)) > 0)
+    src_wins = s == out.gather(axis, idx)
+    n = x_wins.to(g.dtype).scatter_add(axis, idx, src_wins.to(g.dtype))
+    return _pad_to((g / n).gather(axis, idx).masked_fill(~src_wins, 0), src.shape)
+
+
+# scatter, scatter(reduce=) and scatter_reduce: the numpy reference runs in compiled programs.
+scatter_reduce = register(Primitive(
+    "scatter_reduce", Kind.EXTERN, _scatter_reduce_infer, _scatter_reduce_impl,
+    (Rule(_scatter_reduce_dx, (0, 1, 2), True), None, Rule(_scatter_reduce_dsrc, (0, 1, 2), True)),
+    "ScatterReduceBackward0", attrs=("axis", "reduce", "include_self")))
+
+
+def _bitcast_infer(x: TensorType, *, dtype: dtypes.DType) -> TensorType:
+    if x.dtype.itemsize != dtype.itemsize:
+        raise ShapeError(f"bitcast: {x.dtype} and {dtype} differ in size")
+    return TensorType(x.shape, dtype)
+
+
+# x.view(dtype) between dtypes of one size: the same bits, read as another type.
+bitcast = register(Primitive(
+    "bitcast", Kind.ELEMENTWISE, _bitcast_infer,
+    lambda x, *, dtype: np.ascontiguousarray(x).view(dtype.np_dtype), attrs=("dtype",)))
+
+
 # --------------------------------------------------------------------------- contraction
 
 

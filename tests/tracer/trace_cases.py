@@ -718,3 +718,33 @@ for _name in ("acosh", "arccosh"):
     case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[1:]), Arr((3, 4), 1.2, 3.0))
 for _name in ("atan2", "arctan2"):
     case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[:, :2]), X(3, 4), X(3, 2))
+
+# -- scatter, products and distances, grids, sampling (tests/test_ops_more.py)
+_SI = Idx([[0, 2, 1, 0], [2, 0, 0, 1]])
+_SD = Idx([[0, 2, 1, 0], [0, 2, 1, 1]])
+case("scatter", lambda x, i, s: x.scatter(0, i, s), X(3, 4), _SI, X(2, 5))
+case("scatter-value", lambda x, i: F.scatter(x, 0, i, 1.5), X(3, 4), _SI)
+case("scatter-add", lambda x, i, s: F.scatter(x, 0, i, s, reduce="add"), X(3, 4), _SD, X(2, 4))
+case("scatter-multiply", lambda x, i, s: F.scatter(x, 0, i, s, reduce="multiply"), X(3, 4), _SD,
+     X(2, 4))
+for _r in ("sum", "prod", "mean", "amax", "amin"):
+    case(f"scatter_reduce-{_r}", lambda x, i, s, r=_r: F.scatter_reduce(x, 0, i, s, r), X(3, 4),
+         _SD, X(2, 4, layout="T"))
+    case(f"scatter_reduce-{_r}-exclude", lambda x, i, s, r=_r: x.scatter_reduce(
+        1, i.T, s, r, include_self=False), X(4, 3), _SD, X(4, 2))
+case("inplace-scatter_", lambda x, i, s: _then_base(x, lambda b: b[1:].scatter_(0, i, s)),
+     X(4, 4), Idx([[0, 2, 1, 0]]), X(1, 4))
+case("inplace-scatter_reduce_", lambda x, i, s: _then_base(
+    x, lambda b: b.scatter_reduce_(0, i, s, "amax")), X(3, 4), _SD, X(2, 4))
+case("nan_to_num", lambda x: F.nan_to_num(F.log(x), posinf=5.0), Arr((3, 4), -0.5, 1.5))
+case("inplace-nan_to_num_", lambda x: _then_base(F.log(x), lambda b: b[1:].nan_to_num_(1.0)),
+     Arr((3, 4), -0.5, 1.5))
+case("tensordot", lambda a, b: F.tensordot(a, b, dims=([0, 2], [2, 1])), X(2, 3, 4),
+     X(5, 4, 2, layout="T"))
+case("tensordot-int", lambda a, b: F.tensordot(a, b, 1), X(2, 3), X(3, 4))
+case("meshgrid", lambda a, b, c: F.meshgrid(a, b, c, indexing="xy"), X(3), X(2), X(4))
+case("diag_embed", lambda x: F.diag_embed(x, 1, 0, 2), X(2, 3, layout="T"))
+case("cdist", lambda a, b: (F.cdist(a, b), F.cdist(a, b, p=1), F.cdist(a, b, p=3),
+                            F.cdist(a, b, p=math.inf)), X(2, 3, 4), X(2, 5, 4))
+case("nn.cosine_similarity", lambda a, b: NF.cosine_similarity(a, b, dim=-1), X(3, 4), X(4))
+case("view-dtype", lambda x: x.view(fg.int64) ^ 3, X(3, 4), grad=False)
