@@ -30,6 +30,7 @@ from fusegrad.ops.convolution import (
 )
 from fusegrad.ops.creation import arange, rand
 from fusegrad.ops.functional import composite
+from fusegrad.ops.interpolate import interpolate, upsample
 from fusegrad.ops.normalization import batch_norm, group_norm, instance_norm, rms_norm
 from fusegrad.ops.pooling import (
     adaptive_avg_pool1d,
@@ -64,7 +65,7 @@ __all__ = [
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")
-__all__ += ["cosine_similarity"]
+__all__ += ["cosine_similarity", "interpolate", "upsample"]
 
 
 def _is_concrete(t: Tensor) -> bool:

@@ -748,3 +748,12 @@ case("cdist", lambda a, b: (F.cdist(a, b), F.cdist(a, b, p=1), F.cdist(a, b, p=3
                             F.cdist(a, b, p=math.inf)), X(2, 3, 4), X(2, 5, 4))
 case("nn.cosine_similarity", lambda a, b: NF.cosine_similarity(a, b, dim=-1), X(3, 4), X(4))
 case("view-dtype", lambda x: x.view(fg.int64) ^ 3, X(3, 4), grad=False)
+
+# -- interpolate (tests/test_ops_interpolate.py)
+case("nn.interpolate", lambda x: (NF.interpolate(x, size=(5, 3), mode="bicubic"),
+                                  NF.interpolate(x, scale_factor=2, mode="bilinear",
+                                                 align_corners=True),
+                                  NF.interpolate(x, size=(3, 7)), NF.upsample(x, scale_factor=1.5)),
+     X(1, 2, 4, 5, layout="T"), covers=("upsample",))
+case("nn.interpolate-linear", lambda x: NF.interpolate(x, scale_factor=0.7, mode="linear"),
+     X(2, 3, 6))

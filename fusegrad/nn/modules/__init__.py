@@ -66,6 +66,7 @@ from fusegrad.nn.modules.pooling import (
     MaxPool3d,
 )
 from fusegrad.nn.modules.sparse import Embedding
+from fusegrad.nn.modules.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 
 __all__ = [
     "Module", "Sequential", "ModuleList", "ModuleDict", "Identity", "Linear", "Flatten",
@@ -79,3 +80,4 @@ __all__ = [
     "Hardswish", "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink", "Conv3d", "ConvTranspose3d",
     "MaxPool3d", "AvgPool3d", "BatchNorm3d", "InstanceNorm3d",
 ]
+__all__ += ["Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d"]
