@@ -16,6 +16,7 @@ import warnings
 from typing import Sequence
 
 from fusegrad import dtypes
+from fusegrad.nn.loss_functions import cosine_embedding_loss, huber_loss, kl_div, smooth_l1_loss
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
 from fusegrad.ops.convolution import (
@@ -35,8 +36,10 @@ from fusegrad.ops.normalization import batch_norm, group_norm, instance_norm, rm
 from fusegrad.ops.pooling import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
+    adaptive_avg_pool3d,
     adaptive_max_pool1d,
     adaptive_max_pool2d,
+    adaptive_max_pool3d,
     avg_pool1d,
     avg_pool2d,
     avg_pool3d,
@@ -45,6 +48,9 @@ from fusegrad.ops.pooling import (
     max_pool2d,
     max_pool2d_with_indices,
     max_pool3d,
+    max_unpool1d,
+    max_unpool2d,
+    max_unpool3d,
 )
 from fusegrad.ops.products import cosine_similarity
 from fusegrad.ops.registry import public
@@ -65,7 +71,9 @@ __all__ = [
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")
-__all__ += ["cosine_similarity", "interpolate", "upsample"]
+__all__ += ["cosine_similarity", "interpolate", "upsample", "smooth_l1_loss", "huber_loss", "kl_div",
+            "cosine_embedding_loss", "adaptive_avg_pool3d", "adaptive_max_pool3d", "max_unpool1d",
+            "max_unpool2d", "max_unpool3d"]
 
 
 def _is_concrete(t: Tensor) -> bool:

@@ -20,6 +20,7 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.ops import prims as P
 from fusegrad.ops.composite import composite
 from fusegrad.ops.elementwise import (
     div,
@@ -32,8 +33,9 @@ from fusegrad.ops.elementwise import (
 )
 from fusegrad.ops.indexing import gather
 from fusegrad.ops.matmul import matmul
-from fusegrad.ops.movement import cat, expand, narrow, pad_axes, reshape_prim, transpose
+from fusegrad.ops.movement import cat, expand, movedim, narrow, pad_axes, reshape_prim
 from fusegrad.ops.operands import take
+from fusegrad.ops.primitive import bind
 from fusegrad.ops.reductions import amax, argmax, sum
 from fusegrad.ops.registry import public
 from fusegrad.ops.windows import ntuple, out_size, windows
@@ -52,6 +54,11 @@ __all__ = [
     "adaptive_avg_pool2d",
     "adaptive_max_pool1d",
     "adaptive_max_pool2d",
+    "adaptive_avg_pool3d",
+    "adaptive_max_pool3d",
+    "max_unpool1d",
+    "max_unpool2d",
+    "max_unpool3d",
     "PoolWithIndices",
 ]
 
@@ -296,14 +303,15 @@ def _adaptive_avg(op: str, nd: int, x: Tensor, output_size) -> Tensor:
     if not x.dtype.is_floating_point:
         raise RuntimeError(f'"{op}" not implemented for \'{x.dtype.name.capitalize()}\'')
 
-    @composite("AdaptiveAvgPool2DBackward0" if nd == 2 else "AdaptiveAvgPool1DBackward0")
+    @composite(f"AdaptiveAvgPool{nd}DBackward0")
     def pool(b: Tensor) -> Tensor:
         y = b
         for a in range(nd - 1, -1, -1):
-            # average the last spatial dim, then bring the next one last
+            # average the last spatial dim, then bring the next one last: after nd steps the
+            # spatial dims are back in order
             y = matmul(y, _const(_averaging_matrix(b.shape[2 + a], sizes[a]), b.dtype))
-            if nd == 2:
-                y = transpose(y, -1, -2)
+            if nd > 1:
+                y = movedim(y, -1, 2)
         return y
     return _batched(pool, x, nd, op)
 
@@ -317,6 +325,11 @@ def adaptive_avg_pool1d(input: Tensor, output_size) -> Tensor:  # noqa: A002
 def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:  # noqa: A002
     """Mean over an ``output_size`` grid of windows tiling (N, C, H, W); ``None`` keeps a dim."""
     return _adaptive_avg("adaptive_avg_pool2d", 2, input, output_size)
+
+
+def adaptive_avg_pool3d(input: Tensor, output_size) -> Tensor:  # noqa: A002
+    """Mean over an ``output_size`` grid of windows tiling (N, C, D, H, W)."""
+    return _adaptive_avg("adaptive_avg_pool3d", 3, input, output_size)
 
 
 def _adaptive_table(spatial, sizes) -> np.ndarray:
@@ -373,3 +386,78 @@ def adaptive_max_pool2d(input: Tensor, output_size, return_indices: bool = False
     """Max over an ``output_size`` grid of windows tiling (N, C, H, W)."""
     return _adaptive_max("adaptive_max_pool2d", "AdaptiveMaxPool2DBackward0", 2, input,
                          output_size, return_indices)
+
+
+def adaptive_max_pool3d(input: Tensor, output_size, return_indices: bool = False):  # noqa: A002
+    """Max over an ``output_size`` grid of windows tiling (N, C, D, H, W)."""
+    return _adaptive_max("adaptive_max_pool3d", "AdaptiveMaxPool3DBackward0", 3, input,
+                         output_size, return_indices)
+
+
+def _max_unpool(op: str, nd: int, x: Tensor, indices: Tensor, kernel_size, stride, padding,
+                output_size) -> Tensor:
+    kernel = ntuple(kernel_size, nd, op, "kernel_size")
+    stride = ntuple(stride if stride is not None else kernel_size, nd, op, "stride")
+    padding = ntuple(padding, nd, op, "padding")
+    if tuple(indices.shape) != tuple(x.shape):
+        raise RuntimeError(f"Expected shape of indices to be same as that of the input tensor "
+                           f"({list(x.shape)}) but got indices tensor with shape: "
+                           f"{list(indices.shape)}")
+    if indices.dtype is not dtypes.int64:
+        raise RuntimeError(f"elements in indices should be type int64 but got: {indices.dtype}")
+    spatial_in = tuple(x.shape[-nd:])
+    default = tuple((i - 1) * st - 2 * p + k
+                    for i, st, p, k in zip(spatial_in, stride, padding, kernel))
+    if output_size is None:
+        sizes = default
+    else:
+        sizes = tuple(int(s) for s in output_size)[-nd:]
+        if len(sizes) != nd:
+            raise ValueError(f"output_size should be a sequence containing {nd} or {nd + 2} "
+                             f"elements, but it has a length of '{len(tuple(output_size))}'")
+        for s, d, st in zip(sizes, default, stride):
+            if not d - st < s < d + st:
+                raise ValueError(f"invalid output_size \"{list(sizes)}\" (dim {nd} must be "
+                                 f"between {[a - b for a, b in zip(default, stride)]} and "
+                                 f"{[a + b for a, b in zip(default, stride)]})")
+
+    def run(b: Tensor, i: Tensor) -> Tensor:
+        lead = tuple(b.shape[:2])
+        flat = reshape_prim(b, lead + (math.prod(spatial_in),))
+        idx = reshape_prim(i, lead + (math.prod(spatial_in),))
+        zeros = bind(P.full, shape=lead + (math.prod(sizes),), value=0, dtype=b.dtype)
+        out = bind(P.scatter_reduce, zeros, idx, flat, axis=2, reduce="replace",
+                   include_self=True)
+        return reshape_prim(out, lead + sizes)
+
+    if x.ndim == nd + 1:
+        return reshape_prim(run(reshape_prim(x, (1,) + tuple(x.shape)),
+                                reshape_prim(indices, (1,) + tuple(indices.shape))),
+                            (x.shape[0],) + sizes)
+    if x.ndim != nd + 2:
+        raise RuntimeError(f"{op}: Expected {nd + 1}D or {nd + 2}D input, but got input of size: "
+                           f"{list(x.shape)}")
+    return run(x, indices)
+
+
+def max_unpool1d(input: Tensor, indices: Tensor, kernel_size, stride=None, padding=0,  # noqa: A002
+                 output_size=None) -> Tensor:
+    """The inverse of ``max_pool1d(return_indices=True)``: each value written back at its
+    index, zeros elsewhere."""
+    return _max_unpool("max_unpool1d", 1, input, indices, kernel_size, stride, padding,
+                       output_size)
+
+
+def max_unpool2d(input: Tensor, indices: Tensor, kernel_size, stride=None, padding=0,  # noqa: A002
+                 output_size=None) -> Tensor:
+    """The inverse of ``max_pool2d(return_indices=True)``: each value written back at its
+    flat index in its H*W plane, zeros elsewhere."""
+    return _max_unpool("max_unpool2d", 2, input, indices, kernel_size, stride, padding,
+                       output_size)
+
+
+def max_unpool3d(input: Tensor, indices: Tensor, kernel_size, stride=None, padding=0,  # noqa: A002
+                 output_size=None) -> Tensor:
+    """The inverse of ``max_pool3d(return_indices=True)``."""
+    return _max_unpool("max_unpool3d", 3, input, indices, kernel_size, stride, padding,
+                       output_size)

@@ -757,3 +757,23 @@ case("nn.interpolate", lambda x: (NF.interpolate(x, size=(5, 3), mode="bicubic")
      X(1, 2, 4, 5, layout="T"), covers=("upsample",))
 case("nn.interpolate-linear", lambda x: NF.interpolate(x, scale_factor=0.7, mode="linear"),
      X(2, 3, 6))
+
+# -- more losses, 3-d adaptive pooling, unpooling (tests/test_nn_more.py)
+case("nn.smooth_l1_loss", lambda x, y: (NF.smooth_l1_loss(x, y, beta=0.5),
+                                        NF.smooth_l1_loss(x, y, reduction="none", beta=0.0)),
+     X(3, 4), X(3, 4, layout="T"))
+case("nn.huber_loss", lambda x, y: NF.huber_loss(x, y, reduction="sum", delta=0.7), X(3, 4),
+     X(3, 4))
+case("nn.kl_div", lambda x, y: (NF.kl_div(x, y, reduction="batchmean"),
+                                NF.kl_div(x, y.log(), reduction="sum", log_target=True)),
+     X(3, 4), Unit(3, 4))
+case("nn.cosine_embedding_loss", lambda a, b: NF.cosine_embedding_loss(
+    a, b, fg.tensor([1, -1, 1]), margin=0.1), X(3, 4), X(3, 4))
+case("nn.adaptive_avg_pool3d", lambda x: NF.adaptive_avg_pool3d(x, (2, 3, 2)), X(1, 2, 3, 4, 5))
+case("nn.adaptive_max_pool3d", lambda x: NF.adaptive_max_pool3d(x, 2), X(1, 2, 3, 4, 3))
+case("nn.max_unpool2d", lambda x, i: NF.max_unpool2d(x, i, 2), X(1, 1, 2, 2),
+     Idx([[[[1, 6], [8, 15]]]]))
+case("nn.max_unpool1d", lambda x, i: NF.max_unpool1d(x, i, 2, output_size=(5,)), X(2, 1, 2),
+     Idx([[[1, 2]], [[0, 3]]]))
+case("nn.max_unpool3d", lambda x, i: NF.max_unpool3d(x, i, 2), X(1, 1, 1, 1, 2),
+     Idx([[[[[1, 7]]]]]))

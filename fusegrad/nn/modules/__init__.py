@@ -51,19 +51,26 @@ from fusegrad.nn.modules.loss import (
     MSELoss,
     NLLLoss,
 )
+from fusegrad.nn.modules.loss_more import CosineEmbeddingLoss, HuberLoss, KLDivLoss, SmoothL1Loss
 from fusegrad.nn.modules.module import Module
 from fusegrad.nn.modules.normalization import GroupNorm, LayerNorm, RMSNorm
+from fusegrad.nn.modules.parameter_containers import ParameterDict, ParameterList
 from fusegrad.nn.modules.pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
     AdaptiveMaxPool1d,
     AdaptiveMaxPool2d,
+    AdaptiveMaxPool3d,
     AvgPool1d,
     AvgPool2d,
     AvgPool3d,
     MaxPool1d,
     MaxPool2d,
     MaxPool3d,
+    MaxUnpool1d,
+    MaxUnpool2d,
+    MaxUnpool3d,
 )
 from fusegrad.nn.modules.sparse import Embedding
 from fusegrad.nn.modules.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
@@ -80,4 +87,6 @@ __all__ = [
     "Hardswish", "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink", "Conv3d", "ConvTranspose3d",
     "MaxPool3d", "AvgPool3d", "BatchNorm3d", "InstanceNorm3d",
 ]
-__all__ += ["Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d"]
+__all__ += ["Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "SmoothL1Loss", "HuberLoss",
+            "KLDivLoss", "CosineEmbeddingLoss", "ParameterList", "ParameterDict", "MaxUnpool1d",
+            "MaxUnpool2d", "MaxUnpool3d", "AdaptiveAvgPool3d", "AdaptiveMaxPool3d"]

@@ -8,7 +8,8 @@ from fusegrad.nn.modules.module import Module
 from fusegrad.tensor import Tensor
 
 __all__ = ["MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
-           "AdaptiveAvgPool2d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d"]
+           "AdaptiveAvgPool2d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveAvgPool3d",
+           "AdaptiveMaxPool3d", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d"]
 
 
 class _MaxPoolNd(Module):
@@ -140,3 +141,50 @@ class AdaptiveMaxPool2d(_AdaptiveMaxPool):
     """Max over an ``output_size`` grid of windows tiling (N, C, H, W)."""
 
     _fn = staticmethod(NF.adaptive_max_pool2d)
+
+
+class AdaptiveAvgPool3d(_AdaptivePool):
+    """Mean over an ``output_size`` grid of windows of (N, C, D, H, W)."""
+
+    _fn = staticmethod(NF.adaptive_avg_pool3d)
+
+
+class AdaptiveMaxPool3d(_AdaptiveMaxPool):
+    """Max over an ``output_size`` grid of windows of (N, C, D, H, W)."""
+
+    _fn = staticmethod(NF.adaptive_max_pool3d)
+
+
+class _MaxUnpoolNd(Module):
+    _fn = None
+
+    def __init__(self, kernel_size, stride=None, padding=0) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding = padding
+
+    def forward(self, input: Tensor, indices: Tensor, output_size=None) -> Tensor:  # noqa: A002
+        return type(self)._fn(input, indices, self.kernel_size, self.stride, self.padding,
+                              output_size)
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxUnpool1d(_MaxUnpoolNd):
+    """The inverse of ``MaxPool1d(return_indices=True)``; see ``F.max_unpool1d``."""
+
+    _fn = staticmethod(NF.max_unpool1d)
+
+
+class MaxUnpool2d(_MaxUnpoolNd):
+    """The inverse of ``MaxPool2d(return_indices=True)``; see ``F.max_unpool2d``."""
+
+    _fn = staticmethod(NF.max_unpool2d)
+
+
+class MaxUnpool3d(_MaxUnpoolNd):
+    """The inverse of ``MaxPool3d(return_indices=True)``; see ``F.max_unpool3d``."""
+
+    _fn = staticmethod(NF.max_unpool3d)
