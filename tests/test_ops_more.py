@@ -440,6 +440,13 @@ def test_view_dtype_same_size(src, dst):
     np.testing.assert_array_equal(g(x).numpy(), a.view(dst))
 
 
+def test_view_dtype_of_0d_keeps_its_shape():
+    # Regression: np.ascontiguousarray made the 0-d result 1-d.
+    z = fusegrad.tensor(1.5)
+    assert tuple(z.view(fusegrad.int32).shape) == ()
+    assert z.view(fusegrad.int32).item() == np.float32(1.5).view(np.int32)
+
+
 def test_view_dtype_of_other_sizes():
     a = RNG.standard_normal((2, 4)).astype(np.float32)
     x = fusegrad.tensor(a)

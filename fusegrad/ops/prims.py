@@ -949,7 +949,7 @@ def _bitcast_infer(x: TensorType, *, dtype: dtypes.DType) -> TensorType:
 # x.view(dtype) between dtypes of one size: the same bits, read as another type.
 bitcast = register(Primitive(
     "bitcast", Kind.ELEMENTWISE, _bitcast_infer,
-    lambda x, *, dtype: np.ascontiguousarray(x).view(dtype.np_dtype), attrs=("dtype",)))
+    lambda x, *, dtype: np.array(x, order="C").view(dtype.np_dtype), attrs=("dtype",)))
 
 
 # --------------------------------------------------------------------------- contraction

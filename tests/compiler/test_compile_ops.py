@@ -136,7 +136,8 @@ BINARY_DTYPES = {
     "pow": FLOATS + INTS, "maximum": FLOATS + INTS + (B,), "minimum": FLOATS + INTS + (B,),
     "floordiv": FLOATS + INTS, "remainder": FLOATS + INTS, "fmod": FLOATS + INTS, "lt": FLOATS + INTS + (B,),
     "le": FLOATS + INTS + (B,), "eq": FLOATS + INTS + (B,), "ne": FLOATS + INTS + (B,),
-    "and": (B,), "or": (B,),
+    "and": (B,), "or": (B,), "bitand": INTS, "bitor": INTS, "bitxor": INTS, "shl": INTS,
+    "shr": INTS,
 }
 
 
@@ -178,6 +179,36 @@ def test_binary_primitives(dtype):
     check_primitives(dtype, cases, *args, *nonzero, *small, cond)
     if divisions:
         check_primitives(dtype, divisions, *args, *nonzero, *small, cond, in_numpy=in_numpy)
+
+
+INVERSE_TRIG = ("asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_inverse_trig_primitives_run_their_numpy_reference(dtype):
+    # No mathlib kernels for these yet: they run numpy between the LLVM kernels.
+    cases = {n: unary(lambda x, p=PRIMITIVES[n]: bind(p, x)) for n in INVERSE_TRIG}
+    check_primitives(dtype, cases, *layouts(dtype), in_numpy=INVERSE_TRIG)
+    check_primitives(dtype, {"atan2": binary(lambda x, y: bind(P.atan2, x, y))},
+                     *binary_args(dtype), in_numpy=("atan2",))
+
+
+@pytest.mark.parametrize("src,dst", [(fg.float32, fg.int32), (fg.int64, fg.float64),
+                                     (fg.float16, fg.int16)], ids=str)
+def test_bitcast_primitive(src, dst):
+    # 16-bit floats compute in float32 registers, which do not hold their bits: numpy runs.
+    in_numpy = ("bitcast",) if src.itemsize < 4 else ()
+    check_primitives(src, {"bitcast": unary(lambda x: bind(P.bitcast, x, dtype=dst))},
+                     *layouts(src, special=False), in_numpy=in_numpy)
+
+
+def test_scatter_reduce_primitive():
+    idx = np.array([[0, 2, 1, 0], [0, 2, 1, 1]])
+    cases = {"scatter_reduce": lambda x, s: tuple(
+        bind(P.scatter_reduce, x, fg.tensor(idx), s, axis=0, reduce=r, include_self=inc)
+        for r in ("replace", "sum", "prod", "mean", "amax", "amin") for inc in (True, False))}
+    check_primitives(fg.float32, cases, values((3, 4), fg.float32, 0),
+                     values((2, 5), fg.float32, 1), in_numpy=("scatter_reduce",))
 
 
 def test_pow_special_values():
@@ -381,7 +412,8 @@ def test_every_primitive_has_a_compiled_test():
     tested = set(UNARY_FLOAT + UNARY_ANY) | set(BINARY_DTYPES) | set(MOVEMENT_OPS) | {
         "not", "cast", "where", "sum", "prod", "max", "min", "argmax", "argmin", "take",
         "index_add", "gather", "scatter_add", "matmul", "full", "iota", "constant",
-        "random_uniform", "argsort", "cumsum", "check_target",
+        "random_uniform", "argsort", "cumsum", "check_target", "atan2", "bitcast",
+        "scatter_reduce", *INVERSE_TRIG,
         # fusegrad.distributed's collectives: tests/distributed/test_distributed.py
         "allreduce_start", "allreduce_wait"}
     assert sorted(set(PRIMITIVES) - tested) == []
