@@ -410,6 +410,47 @@ def locations() -> Case:
     return Case(g, (rand(4, 8, seed=16), rand(8, 16, seed=17)), None)
 
 
+@case
+def trig_bitwise_scatter() -> Case:
+    """Inverse and hyperbolic trig, integer bitwise ops and shifts, bitcast, scatter_reduce."""
+    g = Graph("more_elementwise")
+    u = g.add_input("u", T(2, 3))
+    x = g.add_input("x", T(2, 3))
+    i = g.add_input("i", T(2, 3, dtype=D.int32))
+    k = g.add_input("k", T(2, 3, dtype=D.int32))
+    idx = g.add_input("idx", T(2, 3, dtype=D.int64))
+    trig = [g.add_node(op, [u]) for op in ("asin", "acos", "atanh")]
+    trig += [g.add_node(op, [x]) for op in ("atan", "sinh", "cosh", "asinh")]
+    trig += [g.add_node("acosh", [g.add_node("add", [g.add_node("abs", [x]), f32(1.5)])]),
+             g.add_node("atan2", [u, x])]
+    bits = [g.add_node(op, [i, k]) for op in ("bitand", "bitor", "bitxor", "shl", "shr")]
+    cast = g.add_node("bitcast", [x], {"dtype": D.int32})
+    scatter = g.add_node("scatter_reduce", [x, idx, u],
+                         {"axis": 0, "reduce": "amax", "include_self": False})
+    g.set_outputs(trig + bits + [cast, scatter])
+    i_ = np.array([[5, -3, 7], [0, -8, 1]], np.int32)
+    k_ = np.array([[1, 2, 0], [3, 31, 4]], np.int32)
+    idx_ = np.array([[1, 0, 1], [1, 0, 0]])
+
+    def expected(u, x, i, k, idx):
+        f = np.float32
+        out = [np.arcsin(u), np.arccos(u), np.arctanh(u), np.arctan(x), np.sinh(x), np.cosh(x),
+               np.arcsinh(x), np.arccosh(np.abs(x) + f(1.5)), np.arctan2(u, x)]
+        out = [o.astype(np.float32) for o in out]
+        out += [i & k, i | k, i ^ k, i << k, i >> k, x.view(np.int32)]
+        scattered = x.copy()
+        for c in range(3):
+            rows = {}
+            for r in range(2):
+                rows.setdefault(idx[r, c], []).append(u[r, c])
+            for target, vals in rows.items():
+                scattered[target, c] = max(vals)
+        return out + [scattered]
+
+    return Case(g, (rand(2, 3, seed=20, low=-0.9, high=0.9), rand(2, 3, seed=21), i_, k_, idx_),
+                expected)
+
+
 def all_cases() -> dict[str, Case]:
     """A fresh instance of every case."""
     return {name: build() for name, build in CASES.items()}
