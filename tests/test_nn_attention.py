@@ -136,7 +136,7 @@ def test_sdpa_gradcheck_and_fully_masked_rows_have_finite_gradients():
     out = NF.scaled_dot_product_attention(q, k, v, attn_mask=bmask)
     out.sum().backward()
     assert np.isfinite(q.grad.numpy()).all() and np.isfinite(k.grad.numpy()).all()
-    assert out.grad_fn.name() == "ScaledDotProductAttentionBackward0"
+    assert out.grad_fn.name() == "ScaledDotProductFlashAttentionForCpuBackward0"
 
 
 def test_sdpa_traced_and_compiled_match_eager():
@@ -156,6 +156,19 @@ def test_sdpa_traced_and_compiled_match_eager():
     g_comp = fusegrad.compile(fusegrad.grad(loss, argnums=(0, 1, 2)))(q, k, v)
     for e, c in zip(g_eager, g_comp):
         np.testing.assert_allclose(c.numpy(), e.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_compiled_sdpa_is_three_kernels_and_dropout_matches_eager():
+    # the scale and mask fuse into the first matmul, the softmax is one reduction kernel
+    q, k, v = t(f32(2, 2, 4, 8)), t(f32(2, 2, 6, 8)), t(f32(2, 2, 6, 8))
+    f = fusegrad.compile(lambda q, k, v: NF.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert len(f.lower(q, k, v).kernels) == 3, f.lower(q, k, v).kernels
+    g = fusegrad.compile(lambda q, k, v: NF.scaled_dot_product_attention(q, k, v, dropout_p=0.5))
+    fusegrad.manual_seed(3)
+    a = g(q, k, v)
+    fusegrad.manual_seed(3)
+    b = NF.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_sdpa_against_torch():
@@ -263,7 +276,7 @@ def test_mha_unbatched_and_causal_hint():
     ref, ref_w = mha_ref(x[:, None], x[:, None], x[:, None], params_of(m), 2)
     np.testing.assert_allclose(out.detach().numpy(), ref[:, 0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(w.detach().numpy(), ref_w[0], rtol=1e-5, atol=1e-6)
-    causal = nn.modules.transformer.generate_square_subsequent_mask(5)
+    causal = nn.Transformer.generate_square_subsequent_mask(5)
     a = m(t(x), t(x), t(x), attn_mask=causal, is_causal=True, need_weights=False)[0]
     ref = mha_ref(x[:, None], x[:, None], x[:, None], params_of(m), 2,
                   ~np.tril(np.ones((5, 5), bool)))[0]
@@ -326,12 +339,17 @@ def test_decoder_layer_shapes_and_gelu():
     layer = nn.TransformerDecoderLayer(8, 2, 16, activation="gelu", batch_first=True)
     assert layer.activation is NF.gelu
     tgt, mem = fusegrad.randn(2, 4, 8), fusegrad.randn(2, 6, 8)
-    mask = nn.modules.transformer.generate_square_subsequent_mask(4)
+    mask = nn.Transformer.generate_square_subsequent_mask(4)
     assert layer(tgt, mem, tgt_mask=mask, tgt_is_causal=True).shape == (2, 4, 8)
     dec = nn.TransformerDecoder(layer, 2)
     assert dec(tgt, mem).shape == (2, 4, 8)
     with pytest.raises(RuntimeError, match="activation should be relu/gelu"):
         nn.TransformerEncoderLayer(8, 2, activation="swish")
+    model = nn.Transformer(8, 2, 1, 1, 16, dropout=0.0)
+    assert model(fusegrad.randn(5, 2, 8), fusegrad.randn(4, 2, 8)).shape == (4, 2, 8)
+    assert model.encoder.norm is not None and model.decoder.norm is not None
+    with pytest.raises(RuntimeError, match="the batch number of src and tgt must be equal"):
+        model(fusegrad.randn(5, 2, 8), fusegrad.randn(4, 3, 8))
 
 
 class TinyEncoder(nn.Module):
@@ -343,7 +361,7 @@ class TinyEncoder(nn.Module):
         self.head = nn.Linear(8, 11)
 
     def forward(self, ids):
-        mask = nn.modules.transformer.generate_square_subsequent_mask(ids.shape[1])
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
         return self.head(self.encoder(self.embed(ids), mask=mask, is_causal=True))
 
 
@@ -432,3 +450,22 @@ def test_mha_and_encoder_against_torch():
         o = od(t(x), t(mem), tgt_mask=t(causal))
         r = td(torch.tensor(x), torch.tensor(mem), tgt_mask=torch.tensor(causal))
         np.testing.assert_allclose(o.detach().numpy(), r.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+
+def test_transformer_model_against_torch():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    kw = dict(d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=1,
+              dim_feedforward=16, dropout=0.0, batch_first=True)
+    tm, m = torch.nn.Transformer(**kw), nn.Transformer(**kw)
+    assert [n for n, _ in m.named_parameters()] == [n for n, _ in tm.named_parameters()]
+    _copy_from_torch(m, tm)
+    src, tgt = f32(2, 5, 8), f32(2, 4, 8)
+    mask = nn.Transformer.generate_square_subsequent_mask(4)
+    np.testing.assert_array_equal(mask.numpy(),
+                                  torch.nn.Transformer.generate_square_subsequent_mask(4).numpy())
+    o = m(t(src), t(tgt), tgt_mask=mask, tgt_is_causal=True)
+    r = tm(torch.tensor(src), torch.tensor(tgt), tgt_mask=torch.tensor(mask.numpy()),
+           tgt_is_causal=True)
+    np.testing.assert_allclose(o.detach().numpy(), r.detach().numpy(), rtol=1e-4, atol=1e-5)

@@ -91,7 +91,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, scale: f
     return F.matmul(weights, v)
 
 
-_attention_node = composite("ScaledDotProductAttentionBackward0")(_attention)
+# torch names the node after its CPU kernel (flash attention for CPU)
+_attention_node = composite("ScaledDotProductFlashAttentionForCpuBackward0")(_attention)
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,

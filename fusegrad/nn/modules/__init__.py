@@ -69,6 +69,7 @@ from fusegrad.nn.modules.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from fusegrad.nn.modules.sparse import Embedding
 from fusegrad.nn.modules.transformer import (
     MultiheadAttention,
+    Transformer,
     TransformerDecoder,
     TransformerDecoderLayer,
     TransformerEncoder,
@@ -87,6 +88,6 @@ __all__ = [
     "Hardswish", "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink", "Conv3d", "ConvTranspose3d",
     "MaxPool3d", "AvgPool3d", "BatchNorm3d", "InstanceNorm3d",
     "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
-    "TransformerEncoder", "TransformerDecoder", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
+    "TransformerEncoder", "TransformerDecoder", "Transformer", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
     "GRUCell",
 ]

@@ -27,7 +27,7 @@ from fusegrad.ops.creation import empty, ones, zeros
 from fusegrad.tensor import Tensor
 
 __all__ = ["MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
-           "TransformerEncoder", "TransformerDecoder"]
+           "TransformerEncoder", "TransformerDecoder", "Transformer"]
 
 
 def _additive_mask(mask: Tensor | None, dtype, name: str) -> Tensor | None:
@@ -377,3 +377,58 @@ class TransformerDecoder(Module):
                         memory_key_padding_mask=memory_key_padding_mask,
                         tgt_is_causal=bool(tgt_is_causal), memory_is_causal=memory_is_causal)
         return out if self.norm is None else self.norm(out)
+
+
+class Transformer(Module):
+    """The encoder-decoder model of "Attention Is All You Need", as torch's ``nn.Transformer``:
+    an encoder and a decoder of ``num_*_layers`` layers, each ending in a LayerNorm, and every
+    matrix Xavier-uniform initialized."""
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6,
+                 num_decoder_layers: int = 6, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation: str | Callable = "relu",
+                 custom_encoder: Module | None = None, custom_decoder: Module | None = None,
+                 layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        kw = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+                  layer_norm_eps=layer_norm_eps, batch_first=batch_first,
+                  norm_first=norm_first, bias=bias, device=device, dtype=dtype)
+        norm = dict(eps=layer_norm_eps, bias=bias, device=device, dtype=dtype)
+        self.encoder = custom_encoder or TransformerEncoder(
+            TransformerEncoderLayer(d_model, nhead, **kw), num_encoder_layers,
+            LayerNorm(d_model, **norm))
+        self.decoder = custom_decoder or TransformerDecoder(
+            TransformerDecoderLayer(d_model, nhead, **kw), num_decoder_layers,
+            LayerNorm(d_model, **norm))
+        for p in self.parameters():
+            if p.ndim > 1:
+                init.xavier_uniform_(p)
+        self.d_model = d_model
+        self.nhead = nhead
+        self.batch_first = batch_first
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None,
+                tgt_mask: Tensor | None = None, memory_mask: Tensor | None = None,
+                src_key_padding_mask: Tensor | None = None,
+                tgt_key_padding_mask: Tensor | None = None,
+                memory_key_padding_mask: Tensor | None = None,
+                src_is_causal: bool | None = None, tgt_is_causal: bool | None = None,
+                memory_is_causal: bool = False) -> Tensor:
+        """Encode ``src``, then decode ``tgt`` attending to the encoding."""
+        batch_dim = 0 if self.batch_first else 1
+        if src.ndim == 3 and src.shape[batch_dim] != tgt.shape[batch_dim]:
+            raise RuntimeError("the batch number of src and tgt must be equal")
+        if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
+            raise RuntimeError("the feature number of src and tgt must be equal to d_model")
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask,
+                              is_causal=src_is_causal)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask,
+                            memory_key_padding_mask=memory_key_padding_mask,
+                            tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, device=None, dtype=None) -> Tensor:
+        """The (sz, sz) causal float mask: 0 on and below the diagonal, -inf above."""
+        return generate_square_subsequent_mask(sz, dtype)
