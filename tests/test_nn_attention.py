@@ -285,6 +285,17 @@ def test_mha_unbatched_and_causal_hint():
         m(t(x), t(x), t(x), is_causal=True)
 
 
+def test_mha_returns_the_weights_after_dropout():
+    m = nn.MultiheadAttention(4, 2, dropout=0.5)
+    x = t(f32(3, 2, 4))
+    fusegrad.manual_seed(2)
+    out, w = m(x, x, x, average_attn_weights=False)
+    dropped = (w.detach().numpy() == 0)
+    assert dropped.any() and not dropped.all()
+    m.eval()
+    assert not (m(x, x, x)[1].detach().numpy() == 0).any()
+
+
 def test_mha_gradcheck():
     m = nn.MultiheadAttention(4, 2, add_bias_kv=True, add_zero_attn=True, dtype=fusegrad.float64)
     q = fusegrad.tensor(RNG.standard_normal((3, 2, 4)), requires_grad=True)

@@ -177,6 +177,9 @@ def test_cells_match_one_step():
         np.testing.assert_allclose(got_h.detach().numpy(), ref_h, rtol=1e-5, atol=1e-5)
         if mode == "LSTM":
             np.testing.assert_allclose(got[1].detach().numpy(), ref_c, rtol=1e-5, atol=1e-5)
+        if mode == "LSTM":                         # the state may be a list, as in torch
+            np.testing.assert_array_equal(cell(t(x), [t(h), t(c)])[1].detach().numpy(),
+                                          got[1].detach().numpy())
         unbatched = cell(t(x[0]))                  # default zero state, (I,) input
         unbatched = unbatched[0] if mode == "LSTM" else unbatched
         np.testing.assert_allclose(unbatched.detach().numpy(),

@@ -313,7 +313,7 @@ class RNNCellBase(Module):
             raise RuntimeError(f"input has inconsistent input_size: got {input.shape[-1]} "
                                f"expected {self.input_size}")
         batched = input.ndim == 2
-        states = hx if isinstance(hx, tuple) else (hx,)
+        states = tuple(hx) if isinstance(hx, (tuple, list)) else (hx,)
         if not batched:
             input = F.unsqueeze(input, 0)
             states = tuple(None if s is None else F.unsqueeze(s, 0) for s in states)

@@ -197,11 +197,9 @@ class MultiheadAttention(Module):
             scores = F.matmul(F.mul(q, math.sqrt(1.0 / hd)), F.transpose(k, -2, -1))
             if attn_mask is not None:
                 scores = F.add(scores, attn_mask)
-            weights = NF.softmax(scores, -1)
-            if dropout_p > 0.0:
-                out = F.matmul(NF.dropout(weights, dropout_p), v)
-            else:
-                out = F.matmul(weights, v)
+            # as torch, the weights returned are the ones used: after dropout
+            weights = NF.dropout(NF.softmax(scores, -1), dropout_p)
+            out = F.matmul(weights, v)
         else:
             causal = is_causal and key_padding_mask is None
             out = NF.scaled_dot_product_attention(q, k, v, None if causal else attn_mask,
