@@ -690,3 +690,7 @@ def check_gradient(c: OpCase) -> None:
     for i, g, e in zip(wrt, got, expected, strict=True):
         assert_same(g, e, f"{c.name}: interpret(grad_graph) wrt argument {i}", rtol=1e-10,
                     atol=1e-12)
+case("nn.scaled_dot_product_attention",
+     lambda q, k, v, m: (NF.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                         NF.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)),
+     X(2, 3, 4), X(2, 5, 4, layout="T"), X(2, 5, 2), X(3, 5))

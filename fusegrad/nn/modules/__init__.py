@@ -65,7 +65,16 @@ from fusegrad.nn.modules.pooling import (
     MaxPool2d,
     MaxPool3d,
 )
+from fusegrad.nn.modules.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from fusegrad.nn.modules.sparse import Embedding
+from fusegrad.nn.modules.transformer import (
+    MultiheadAttention,
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 
 __all__ = [
     "Module", "Sequential", "ModuleList", "ModuleDict", "Identity", "Linear", "Flatten",
@@ -78,4 +87,7 @@ __all__ = [
     "InstanceNorm2d", "GroupNorm", "RMSNorm", "Hardtanh", "ReLU6", "ELU", "SELU", "CELU", "Mish",
     "Hardswish", "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink", "Conv3d", "ConvTranspose3d",
     "MaxPool3d", "AvgPool3d", "BatchNorm3d", "InstanceNorm3d",
+    "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
+    "TransformerEncoder", "TransformerDecoder", "Transformer", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
+    "GRUCell",
 ]
