@@ -19,7 +19,8 @@ Fresh-process probes (one thread) give two more figures:
 - first-call compile time of the compiled MLP step, with an empty kernel cache
   (``FUSEGRAD_CACHE_DIR`` a new folder) and then warm (a second process, same folder). A
   compiled step compiles twice: the first call sees no ``.grad`` and no optimizer state, the
-  second is the steady step; both are reported.
+  second is the steady step; both are reported. Python's bytecode cache is on in these
+  processes (``PYTHONDONTWRITEBYTECODE`` removed), as for an installed package.
 - peak memory per step, from the kernel's count of resident pages: after warm-up the probe
   resets its peak (``/proc/self/clear_refs``), runs steady steps and reads ``VmHWM``. Two
   figures: that peak minus the resident size just before those steps (what a step needs
@@ -383,6 +384,9 @@ def probe(system: str, workload: str, quick: bool) -> dict:
 def run_probe(system: str, workload: str, quick: bool, cache_dir: str) -> dict:
     env = dict(os.environ, **thread_env(1), FUSEGRAD_CACHE_DIR=cache_dir,
                MALLOC_MMAP_THRESHOLD_="65536")
+    # Python's bytecode cache on, as in an installed package: the first call imports the
+    # compiler's passes, and compiling their source on every run would be timed with it.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     cmd = [sys.executable, __file__, "--probe", system, workload] + (["--quick"] if quick else [])
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     return parse_result(done, f"probe {system} {workload}")

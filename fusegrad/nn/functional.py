@@ -19,6 +19,7 @@ from fusegrad import dtypes
 from fusegrad.nn.loss_functions import cosine_embedding_loss, huber_loss, kl_div, smooth_l1_loss
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
+from fusegrad.ops.attention import scaled_dot_product_attention
 from fusegrad.ops.convolution import (
     conv1d,
     conv2d,
@@ -67,7 +68,7 @@ __all__ = [
     "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
     "adaptive_max_pool1d", "adaptive_max_pool2d", "batch_norm", "group_norm", "instance_norm",
     "rms_norm", "hardtanh", "relu6", "elu", "selu", "celu", "mish", "hardswish", "hardsigmoid",
-    "prelu", "softsign", "tanhshrink",
+    "prelu", "softsign", "tanhshrink", "scaled_dot_product_attention",
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")

@@ -281,16 +281,22 @@ def codegen_identity() -> str:
     emission, fusion's views, dtypes, the IR printer): kernels are cached by a description
     of the kernel rather than by their IR (see :func:`kernel_key`), so a change to any of
     these files must miss the disk cache."""
-    import fusegrad
-    root = Path(fusegrad.__file__).parent
-    files = sorted((root / "codegen").rglob("*.py")) + [
-        root / "runtime" / "cpu.py", root / "runtime" / "jit.py", root / "passes" / "fusion.py",
-        root / "dtypes.py", root / "ir" / "graph.py", root / "ir" / "printer.py"]
+    root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for f in files:
+    for f in codegen_files():
         h.update(f.relative_to(root).as_posix().encode() + b"\0")
         h.update(f.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+def codegen_files() -> list[Path]:
+    """The source files :func:`codegen_identity` digests."""
+    root = Path(__file__).resolve().parent.parent
+    return sorted((root / "codegen").rglob("*.py")) + [
+        root / "runtime" / "cpu.py", root / "runtime" / "jit.py", root / "passes" / "fusion.py",
+        root / "runtime" / "memory_plan.py", root / "ir" / "kernel_graph.py",
+        root / "ops" / "lowering.py",      # each primitive's scalar code, shared with CUDA
+        root / "dtypes.py", root / "ir" / "graph.py", root / "ir" / "printer.py"]
 
 
 def kernel_key(description: str) -> str:

@@ -53,3 +53,29 @@ def test_donation_only_for_elementwise_reads_at_the_written_index():
     kg2 = fuse(g2)
     k2 = kg2.kernels[-1]
     assert not donation_safe(kg2, k2, [], g2.inputs[0], g2.outputs[0])
+
+
+def test_the_kernel_cache_identity_covers_the_code_kernels_are_made_from():
+    # Kernels are cached by a description, not by their IR: an edit to any module that
+    # shapes the IR must change the identity, or a stale kernel is served from disk (the
+    # scalar lowerings moved into ops/lowering.py and were missed once).
+    import ast
+    from pathlib import Path
+
+    from fusegrad.runtime import jit
+    files = set(jit.codegen_files())
+    assert all(f.exists() for f in files)
+    root = Path(jit.__file__).resolve().parent.parent
+    kernel = root / "codegen" / "llvm" / "kernel.py"
+    imported = set()
+    for node in ast.walk(ast.parse(kernel.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fusegrad"):
+            for alias in node.names:
+                base = root.parent / Path(*node.module.split("."))
+                for candidate in (base / f"{alias.name}.py", base.with_suffix(".py")):
+                    if candidate.exists():
+                        imported.add(candidate.resolve())
+                        break
+    exempt = {root / "config.py", root / "ops" / "primitive.py", root / "ir" / "__init__.py"}
+    missing = sorted(str(f.relative_to(root)) for f in imported - files - exempt)
+    assert missing == [], f"kernel.py's imports missing from the cache identity: {missing}"

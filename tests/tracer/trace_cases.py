@@ -777,3 +777,8 @@ case("nn.max_unpool1d", lambda x, i: NF.max_unpool1d(x, i, 2, output_size=(5,)),
      Idx([[[1, 2]], [[0, 3]]]))
 case("nn.max_unpool3d", lambda x, i: NF.max_unpool3d(x, i, 2), X(1, 1, 1, 1, 2),
      Idx([[[[[1, 7]]]]]))
+
+case("nn.scaled_dot_product_attention",
+     lambda q, k, v, m: (NF.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                         NF.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)),
+     X(2, 3, 4), X(2, 5, 4, layout="T"), X(2, 5, 2), X(3, 5))

@@ -72,7 +72,16 @@ from fusegrad.nn.modules.pooling import (
     MaxUnpool2d,
     MaxUnpool3d,
 )
+from fusegrad.nn.modules.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from fusegrad.nn.modules.sparse import Embedding
+from fusegrad.nn.modules.transformer import (
+    MultiheadAttention,
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 from fusegrad.nn.modules.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 
 __all__ = [
@@ -86,6 +95,9 @@ __all__ = [
     "InstanceNorm2d", "GroupNorm", "RMSNorm", "Hardtanh", "ReLU6", "ELU", "SELU", "CELU", "Mish",
     "Hardswish", "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink", "Conv3d", "ConvTranspose3d",
     "MaxPool3d", "AvgPool3d", "BatchNorm3d", "InstanceNorm3d",
+    "MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer",
+    "TransformerEncoder", "TransformerDecoder", "Transformer", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell",
+    "GRUCell",
 ]
 __all__ += ["Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "SmoothL1Loss", "HuberLoss",
             "KLDivLoss", "CosineEmbeddingLoss", "ParameterList", "ParameterDict", "MaxUnpool1d",
