@@ -12,7 +12,7 @@ Expressions (``Expr.op``):
 - ``load`` (``src`` = (index,), ``arg`` the :class:`Param`), ``load_shared`` (``arg`` the
   :class:`Shared`);
 - the :class:`fusegrad.ops.lowering.ScalarBuilder` operations: ``binary`` (``arg`` = (op,
-  reassociable, contract)), ``unary``, ``cmp``, ``select``, ``cast``, ``bitcast``, ``call``;
+  reassociable)), ``unary``, ``cmp``, ``select``, ``cast``, ``bitcast``, ``call``;
 - ``shfl_xor`` (``src`` = (value,), ``arg`` the lane mask): the value of the lane whose
   index in the warp differs by ``arg`` (a warp shuffle; the whole warp must be converged).
 
@@ -179,7 +179,7 @@ class ExprBuilder:
                     value -= 1 << bits
         return self.node("const", dt, (), value)
 
-    def binary(self, op, x, y, dt, reassociable=False, contract=True) -> Expr:
+    def binary(self, op, x, y, dt, reassociable=False) -> Expr:
         if dt is INDEX:
             # Fold the identities index arithmetic is full of (offset 0, stride 1).
             if op == "add" and _is_const(x, 0):
@@ -190,7 +190,7 @@ class ExprBuilder:
                 return x
             if op == "mul" and _is_const(x, 1):
                 return y
-        return self.node("binary", dt, (x, y), (op, reassociable, contract))
+        return self.node("binary", dt, (x, y), (op, reassociable))
 
     def unary(self, op, x, dt) -> Expr:
         return self.node("unary", dt, (x,), op)

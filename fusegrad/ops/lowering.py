@@ -17,10 +17,9 @@ stored or cast to):
   float ``rem`` is C's ``fmod``; ``shr`` is logical on unsigned types and arithmetic on
   signed ones; float ``max``/``min`` propagate NaN and order -0 below +0 (IEEE 754-2019
   maximum/minimum), integer ones compare by the dtype's signedness. ``reassociable=True``
-  marks a reduction's combine, whose order the backend may change; ``contract=False``
-  forbids fusing the operation with a multiplication that feeds it into one rounding (an
-  FMA), where the exact IEEE result of each step is the point (floor division, 16-bit
-  conversions);
+  marks a reduction's combine, whose order the backend may change. Every float operation
+  rounds on its own, as numpy's does: a backend never fuses it with a multiplication that
+  feeds it into one rounding (an FMA);
 - ``unary(op, x, dt)``: ``neg fabs floor ceil roundeven`` and the transcendental functions
   of :data:`MATH_FUNCTIONS` (the backend's accuracy contract: the CPU mathlib's);
 - ``cmp(pred, x, y, dt)``: ``lt le gt ge eq ne``, C's comparisons (``ne`` is true for NaN,
@@ -74,8 +73,7 @@ class ScalarBuilder(Protocol):
     each operation). Values are the backend's own (llvmlite values, kernel IR nodes)."""
 
     def const(self, dt: DType, value) -> Any: ...
-    def binary(self, op: str, x, y, dt: DType, reassociable: bool = False,
-               contract: bool = True) -> Any: ...
+    def binary(self, op: str, x, y, dt: DType, reassociable: bool = False) -> Any: ...
     def unary(self, op: str, x, dt: DType) -> Any: ...
     def cmp(self, pred: str, x, y, dt: DType) -> Any: ...
     def select(self, c, x, y, dt: DType) -> Any: ...
@@ -180,7 +178,7 @@ def half_to_float(b: ScalarBuilder, raw):
     h = b.cast(raw, BITS16, U32)
     magnitude = b.binary("shl", b.binary("and", h, c(0x7FFF), U32), c(13), U32)
     scaled = b.bitcast(b.binary("mul", b.bitcast(magnitude, U32, F32), b.const(F32, 2.0 ** 112),
-                                F32, contract=False), F32, U32)
+                                F32), F32, U32)
     special = b.cmp("ge", magnitude, c(0x7C00 << 13), U32)
     bits = b.select(special, b.binary("or", magnitude, c(0x7F800000), U32), scaled, U32)
     sign = b.binary("shl", b.binary("and", h, c(0x8000), U32), c(16), U32)
@@ -197,8 +195,7 @@ def float_to_half(b: ScalarBuilder, x):
     f = b.binary("xor", bits, sign, U32)
     # Subnormal halves: adding 0.5 (as float) lines the mantissa up and rounds it.
     magic = (127 - 15 + 23 - 10 + 1) << 23
-    added = b.binary("add", b.bitcast(f, U32, F32), b.bitcast(c(magic), U32, F32), F32,
-                     contract=False)
+    added = b.binary("add", b.bitcast(f, U32, F32), b.bitcast(c(magic), U32, F32), F32)
     sub = b.binary("sub", b.bitcast(added, F32, U32), c(magic), U32)
     odd = b.binary("and", b.binary("shr", f, c(13), U32), c(1), U32)
     normal = b.binary("shr", b.binary("add", b.binary("add", f, c(((15 - 127) << 23) + 0xFFF),
@@ -505,7 +502,7 @@ def _remainder(b, node, a, dt):
         fix = b.binary("and", b.cmp("ne", rem, zero, r),
                        b.binary("xor", b.cmp("lt", rem, zero, r), b.cmp("lt", y, zero, r),
                                 dtypes.bool_), dtypes.bool_)
-        return b.select(fix, b.binary("add", rem, y, r, contract=False), rem, r)
+        return b.select(fix, b.binary("add", rem, y, r), rem, r)
     zero = b.const(dt, 0)
     safe = safe_divisor(b, y, dt)
     if unsigned(dt):
@@ -532,7 +529,7 @@ def float_floordiv(b: ScalarBuilder, x, y, r: DType):
     bool_ = dtypes.bool_
 
     def exact(op, x, y):
-        return b.binary(op, x, y, r, contract=False)
+        return b.binary(op, x, y, r)
     zero, one = b.const(r, 0.0), b.const(r, 1.0)
     mod = b.binary("rem", x, y, r)
     div = exact("div", exact("sub", x, mod), y)

@@ -108,11 +108,6 @@ def nvrtc_version() -> str | None:
     return f"{major.value}.{minor.value}"
 
 
-# The graph's arithmetic rounds each op as numpy's does, on the GPU as on the CPU (see
-# codegen/llvm/kernel.py): CUDA's compilers would contract a*b + c into an FMA by default.
-NO_CONTRACTION = ("--fmad=false",)
-
-
 def _nvrtc_compile(source: str, arch: str, name: str) -> tuple[bytes, str]:
     """(PTX, log) from NVRTC; raises RuntimeError with the log on an error."""
     lib = _nvrtc()
@@ -121,8 +116,7 @@ def _nvrtc_compile(source: str, arch: str, name: str) -> tuple[bytes, str]:
     check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None,
                                  None))
     try:
-        opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", *(
-            o.encode() for o in NO_CONTRACTION)]
+        opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17"]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         status = lib.nvrtcCompileProgram(prog, len(opts), arr)
         size = ctypes.c_size_t()
@@ -158,8 +152,7 @@ def _nvcc_compile(source: str, arch: str, name: str) -> tuple[bytes, str]:
         with open(src, "w") as f:
             f.write(source)
         arch_flag = arch.replace("compute_", "sm_")
-        run = subprocess.run([nvcc, f"-arch={arch_flag}", "-ptx", *NO_CONTRACTION, src, "-o",
-                              out],
+        run = subprocess.run([nvcc, f"-arch={arch_flag}", "-ptx", src, "-o", out],
                              capture_output=True, text=True)
         log = (run.stdout + run.stderr).strip()
         if run.returncode != 0:
@@ -179,8 +172,7 @@ def compile_cuda(source: str, arch: str = "compute_90", name: str = "fusegrad",
         raise CudaUnavailable(f"NVRTC was not found; {INSTALL_HINT}")
     identity = f"nvrtc {nvrtc_version()}" if use_nvrtc else "nvcc"
     from fusegrad import __version__
-    key = hashlib.sha256("\n".join([__version__, identity, arch, *NO_CONTRACTION,
-                                    source]).encode()).hexdigest()
+    key = hashlib.sha256("\n".join([__version__, identity, arch, source]).encode()).hexdigest()
     cache_dir = cache_dir or _cache_dir()
     limit = 256 << 20
     if cache_dir:

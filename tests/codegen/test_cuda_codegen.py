@@ -53,6 +53,18 @@ def test_source_is_readable_cuda(source):
     assert "unsigned long long row" in source and "unsigned int row" in source
 
 
+def test_float_arithmetic_rounds_each_op(source):
+    # Plain float operators would let nvcc fuse a*b + c into one FMA, which the CPU kernels and
+    # eager never do (x*x - max(x*x) must be 0): every float op is a rounding intrinsic.
+    from fusegrad import dtypes
+    from fusegrad.codegen.cuda.printer import _Printer
+    printer = object.__new__(_Printer)          # binary() reads no kernel state
+    for dt, suffix in ((dtypes.float32, "f"), (dtypes.float64, "d")):
+        for op in ("add", "sub", "mul", "div"):
+            assert printer.binary(op, "a", "b", dt) == f"__{suffix}{op}_rn(a, b)"
+    assert "__fmul_rn(" in source and "__fadd_rn(" in source
+
+
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if shutil.os.path.exists(
     "/usr/local/cuda/bin/nvcc") else None)
 

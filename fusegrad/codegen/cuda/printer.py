@@ -6,9 +6,8 @@ It chooses C spellings that keep the builder's contract:
 
 - integer arithmetic that C leaves undefined on overflow (signed add, sub, mul, neg, shl)
   is done in the unsigned type and converted back, so it wraps as numpy's does;
-- float operations marked ``contract=False`` use the ``__fadd_rn``-style intrinsics, which
-  the compiler never fuses into an FMA; the others are plain operators (nvcc contracts them,
-  as LLVM does with ``contract``);
+- float add, sub, mul and div use the ``__fadd_rn``-style intrinsics, which the compiler
+  never fuses into an FMA: each rounds on its own, as numpy's and the CPU kernels' do;
 - float max/min propagate NaN and order -0 below +0 (small device functions), unlike
   ``fmaxf``;
 - constants are printed exactly (a float32 constant as the decimal of its float32 value,
@@ -124,7 +123,6 @@ def _int_const(value: int, dt) -> str:
 
 
 
-_FLOAT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _EXACT = {"add": "__fadd_rn", "sub": "__fsub_rn", "mul": "__fmul_rn", "div": "__fdiv_rn"}
 _EXACT_D = {"add": "__dadd_rn", "sub": "__dsub_rn", "mul": "__dmul_rn", "div": "__ddiv_rn"}
 _MATH = {"exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "erf", "sin", "cos",
@@ -175,7 +173,7 @@ class _Printer:
                 return f"__shfl_xor_sync(0xffffffffu, {a[0]}, {e.arg})"
             return f"({t})__shfl_xor_sync(0xffffffffu, (int){a[0]}, {e.arg})"
         if op == "binary":
-            return self.binary(e.arg[0], a[0], a[1], dt, e.arg[2])
+            return self.binary(e.arg[0], a[0], a[1], dt)
         if op == "unary":
             return self.unary(e.arg, a[0], dt)
         if op == "cmp":
@@ -199,14 +197,12 @@ class _Printer:
             return self.call(e.arg, a, dt)
         raise Unsupported(f"no CUDA spelling for {op}")
 
-    def binary(self, op: str, x: str, y: str, dt, contract: bool) -> str:
+    def binary(self, op: str, x: str, y: str, dt) -> str:
         t = self.ct(dt)
         if dt.is_floating_point:
             single = dt is not dtypes.float64
-            if op in _FLOAT_OPS:
-                if not contract:
-                    return f"{(_EXACT if single else _EXACT_D)[op]}({x}, {y})"
-                return f"({x} {_FLOAT_OPS[op]} {y})"
+            if op in _EXACT:
+                return f"{(_EXACT if single else _EXACT_D)[op]}({x}, {y})"
             if op == "rem":
                 return f"fmod{'f' if single else ''}({x}, {y})"
             if op in ("max", "min"):

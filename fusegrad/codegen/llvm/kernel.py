@@ -60,12 +60,6 @@ VOID = ir.VoidType()
 I8P = I8.as_pointer()
 KERNEL_ARGS = (I8P.as_pointer(), I64, I64)
 
-# No ``contract`` on the graph's own arithmetic: each op rounds as numpy's does. With it LLVM
-# fused ``x*x - m`` into one FMA, which is not 0 where eager's is (softmax over a dim of size
-# 1 of x*x gave exp(-3.2e8) or NaN where eager gives 1). The mathlib's polynomials, whose
-# error bound holds either way, keep their FMAs.
-_FLAGS = ()
-
 # Interleaving a loop body of transcendental math whose input is loop-invariant (a broadcast
 # load: ``a.expand(8, 100).cos().erf()``, a concat of one-element tensors) takes LLVM 22's
 # loop vectorizer time exponential in the body (cos+erf: 18 s, two of them: over 8 minutes).
@@ -269,8 +263,7 @@ class LLVMScalars:
         t = lltype(dt)
         return ir.Constant(t, int(value) if isinstance(t, ir.IntType) else float(value))
 
-    def binary(self, op: str, x, y, dt: dtypes.DType, reassociable: bool = False,
-               contract: bool = True):
+    def binary(self, op: str, x, y, dt: dtypes.DType, reassociable: bool = False):
         b = self.b
         if dt.is_floating_point:
             if op in ("max", "min"):
@@ -278,8 +271,10 @@ class LLVMScalars:
                                          [x, y])
             if op == "rem":
                 return b.frem(x, y)           # exact: IEEE fmod, as numpy and C
-            flags = _REDUCE_FLAGS if reassociable else _FLAGS if contract else ()
-            return getattr(b, "f" + op)(x, y, flags=flags)
+            # No ``contract``: each op rounds as numpy's does. With it LLVM fused ``x*x - m``
+            # into one FMA, which is not 0 where eager's is (softmax over a dim of size 1 of
+            # x*x gave NaN where eager gives 1). The mathlib's polynomials keep their FMAs.
+            return getattr(b, "f" + op)(x, y, flags=_REDUCE_FLAGS if reassociable else ())
         u = lowering.unsigned(dt)
         if op in ("max", "min"):
             return self.em.intrinsic(f"llvm.{'u' if u else 's'}{op}", [x, y])
@@ -296,7 +291,7 @@ class LLVMScalars:
     def unary(self, op: str, x, dt: dtypes.DType):
         b = self.b
         if op == "neg":
-            return b.fneg(x, flags=_FLAGS) if dt.is_floating_point else b.neg(x)
+            return b.fneg(x) if dt.is_floating_point else b.neg(x)
         if op in ("fabs", "floor", "ceil", "roundeven"):
             return self.em.intrinsic(f"llvm.{op}", [x])
         return mathlib.emit_unary(b, op, x)
