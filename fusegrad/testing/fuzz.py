@@ -493,24 +493,22 @@ def _check(program: Program, settings: Settings, index: int, result: Result) -> 
         _check_finite_differences(program, arrays, result)
 
 
+def _descendants(program: Program, source: int) -> set[int]:
+    """Node ``source`` and every node computed from it (the dual of :func:`_ancestors`)."""
+    below = {source}
+    for i, node in enumerate(program.nodes):
+        if i > source and isinstance(node, Op) and below.intersection(node.args):
+            below.add(i)
+    return below
+
+
 def _path_dtype(program: Program, values: list, source: int) -> str | None:
     """The least precise float dtype among the values on the paths from node ``source`` to
     the outputs: the precision of ``source``'s gradient (a float64 input cast to float16
     gets a gradient as accurate as float16 math, and one summed in float16 where the paths
     of several outputs meet, as eager autograd does)."""
-    users: dict[int, list[int]] = {}
-    for i, node in enumerate(program.nodes):
-        if isinstance(node, Op):
-            for a in node.args:
-                users.setdefault(a, []).append(i)
-    below, stack = set(), [source]
-    while stack:
-        j = stack.pop()
-        if j not in below:
-            below.add(j)
-            stack.extend(users.get(j, ()))
     above = set().union(*(_ancestors(program, o) for o in program.outputs))
-    path = below & above
+    path = _descendants(program, source) & above
     # The VJPs along the path read the other operands of its ops too (the gradient of
     # `x * y` is `y`): a float32 `y` makes a float64 `x`'s gradient as accurate as float32.
     read = set(path).union(*(program.nodes[j].args for j in path
@@ -612,30 +610,23 @@ def _cotangent_sizes(program: Program, arrays: list[np.ndarray]) -> dict[int, fl
     except Exception:  # noqa: BLE001 - in-place ops can leave no gradient per value
         return {}
     size = {k: _finite_max(c) for k, c in zip(mids, cots)}
-    users: dict[int, list[int]] = {}
-    for k, node in enumerate(program.nodes):
-        if isinstance(node, Op):
-            for a in node.args:
-                users.setdefault(a, []).append(k)
-    out = {}
-    for i in rg:
-        below, stack = set(), [i]
-        while stack:
-            j = stack.pop()
-            if j not in below:
-                below.add(j)
-                stack.extend(users.get(j, ()))
-        out[i] = max((size.get(j, 0.0) for j in below), default=0.0)
-    return out
+    return {i: max((size.get(j, 0.0) for j in _descendants(program, i)), default=0.0)
+            for i in rg}
+
+
+def _widened(program: Program, arrays: list[np.ndarray]) -> tuple[list[np.ndarray], Callable]:
+    """``arrays`` with every float one as float64, and the program reading every float
+    dtype as float64 (call it with float64 the default dtype)."""
+    wide = [a.astype(np.float64) if (a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16)
+            else a for a in arrays]
+    return wide, program.function(namespace(_Fg16As32(fg.float64, all_floats=True)))
 
 
 def _wide_gradient(program: Program, arrays: list[np.ndarray], i: int) -> np.ndarray | None:
     """Eager gradient of input ``i`` with every float read as float64, as float64."""
     rg = [k for k, s in enumerate(program.inputs) if s.requires_grad]
     k = program.input_ids.index(i)
-    wide = [a.astype(np.float64) if (a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16)
-            else a for a in arrays]
-    fn = program.function(namespace(_Fg16As32(fg.float64, all_floats=True)))
+    wide, fn = _widened(program, arrays)
     default = fg.get_default_dtype()
     fg.set_default_dtype(fg.float64)
     try:
@@ -692,9 +683,7 @@ def _check_finite_differences_wide(program: Program, arrays: list[np.ndarray], r
     if any(a.size and np.max(np.abs(a.astype(np.float64))) > 2.0 ** 20 for a in arrays
            if a.dtype.kind in "iu"):
         return
-    wide = [a.astype(np.float64) if (a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16)
-            else a for a in arrays]
-    fn = program.function(namespace(_Fg16As32(fg.float64, all_floats=True)))
+    wide, fn = _widened(program, arrays)
 
     def loss(ins) -> tuple:
         outs = [o for o in _flat(fn(*ins)) if isinstance(o, fg.Tensor)
