@@ -107,10 +107,10 @@ class _ConvNd(Module):
         return s
 
 
-class Conv1d(_ConvNd):
-    """1-D convolution over (N, C, L); ``weight`` is (out, in/groups, k)."""
+class _Conv(_ConvNd):
+    """A convolution module: torch's constructor (no ``output_padding``) and forward."""
 
-    _nd = 1
+    _function = None            # NF.conv1d, conv2d or conv3d
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
                  dilation=1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
@@ -120,45 +120,32 @@ class Conv1d(_ConvNd):
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         x, padding = self._padded(input)
-        return NF.conv1d(x, self.weight, self.bias, self.stride, padding, self.dilation,
-                         self.groups)
+        return type(self)._function(x, self.weight, self.bias, self.stride, padding,
+                                    self.dilation, self.groups)
 
 
-class Conv2d(_ConvNd):
+class Conv1d(_Conv):
+    """1-D convolution over (N, C, L); ``weight`` is (out, in/groups, k)."""
+
+    _nd = 1
+    _function = staticmethod(NF.conv1d)
+
+
+class Conv2d(_Conv):
     """2-D convolution over (N, C, H, W); ``weight`` is (out, in/groups, kh, kw).
 
     >>> conv = Conv2d(1, 6, 3, padding=1)     # (N, 1, 8, 8) -> (N, 6, 8, 8)
     """
 
     _nd = 2
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 dilation=1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
-                 device=None, dtype=None) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, padding_mode, device, dtype)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        x, padding = self._padded(input)
-        return NF.conv2d(x, self.weight, self.bias, self.stride, padding, self.dilation,
-                         self.groups)
+    _function = staticmethod(NF.conv2d)
 
 
-class Conv3d(_ConvNd):
+class Conv3d(_Conv):
     """3-D convolution over (N, C, D, H, W); ``weight`` is (out, in/groups, kd, kh, kw)."""
 
     _nd = 3
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 dilation=1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
-                 device=None, dtype=None) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, padding_mode, device, dtype)
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        x, padding = self._padded(input)
-        return NF.conv3d(x, self.weight, self.bias, self.stride, padding, self.dilation,
-                         self.groups)
+    _function = staticmethod(NF.conv3d)
 
 
 class _ConvTransposeNd(_ConvNd):
@@ -171,6 +158,13 @@ class _ConvTransposeNd(_ConvNd):
             raise ValueError(f"{type(self).__name__}: padding must be an int or a tuple")
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation,
                          groups, bias, padding_mode, device, dtype, output_padding)
+
+    _function = None            # NF.conv_transpose1d, 2d or 3d
+
+    def forward(self, input: Tensor, output_size=None) -> Tensor:  # noqa: A002
+        return type(self)._function(input, self.weight, self.bias, self.stride, self.padding,
+                                    self._output_padding(input, output_size), self.groups,
+                                    self.dilation)
 
     def _output_padding(self, input: Tensor, output_size) -> tuple[int, ...]:  # noqa: A002
         """torch's output_size argument: the output padding that reaches that size."""
@@ -195,33 +189,21 @@ class ConvTranspose1d(_ConvTransposeNd):
     """Transposed 1-D convolution; ``weight`` is (in, out/groups, k)."""
 
     _nd = 1
-
-    def forward(self, input: Tensor, output_size=None) -> Tensor:  # noqa: A002
-        return NF.conv_transpose1d(input, self.weight, self.bias, self.stride, self.padding,
-                                   self._output_padding(input, output_size), self.groups,
-                                   self.dilation)
+    _function = staticmethod(NF.conv_transpose1d)
 
 
 class ConvTranspose2d(_ConvTransposeNd):
     """Transposed 2-D convolution; ``weight`` is (in, out/groups, kh, kw)."""
 
     _nd = 2
-
-    def forward(self, input: Tensor, output_size=None) -> Tensor:  # noqa: A002
-        return NF.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding,
-                                   self._output_padding(input, output_size), self.groups,
-                                   self.dilation)
+    _function = staticmethod(NF.conv_transpose2d)
 
 
 class ConvTranspose3d(_ConvTransposeNd):
     """Transposed 3-D convolution; ``weight`` is (in, out/groups, kd, kh, kw)."""
 
     _nd = 3
-
-    def forward(self, input: Tensor, output_size=None) -> Tensor:  # noqa: A002
-        return NF.conv_transpose3d(input, self.weight, self.bias, self.stride, self.padding,
-                                   self._output_padding(input, output_size), self.groups,
-                                   self.dilation)
+    _function = staticmethod(NF.conv_transpose3d)
 
 
 class Unfold(Module):
