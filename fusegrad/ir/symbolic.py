@@ -22,7 +22,7 @@ from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.ops import prims as P
-from fusegrad.ops.primitive import ConstantData, Primitive, ShapeError, TensorType
+from fusegrad.ops.primitive import ConstantData, Primitive, ShapeError, TensorType, note_created
 from fusegrad.tensor import Size, Tensor, _contiguous_strides
 
 __all__ = ["SymbolicTensor", "GraphTrace", "ConcretizationError", "user_location"]
@@ -375,8 +375,10 @@ def _unique_name(graph: Graph, name: str) -> str:
 
 
 def literal_tensor(lit: Literal) -> Tensor:
-    """A concrete 0-d tensor for an inline literal."""
-    return Tensor._wrap(np.asarray(lit.value, dtype=lit.dtype.np_dtype), lit.dtype)
+    """A concrete 0-d tensor for an inline literal (a constant of a graph being traced)."""
+    t = Tensor._wrap(np.asarray(lit.value, dtype=lit.dtype.np_dtype), lit.dtype)
+    note_created(t)
+    return t
 
 
 def replay(graph: Graph, args: Sequence[Tensor]) -> list[Tensor]:

@@ -7,7 +7,7 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
-from fusegrad.ops.primitive import bind
+from fusegrad.ops.primitive import bind, note_created
 from fusegrad.ops.prims import normalize_axis
 from fusegrad.tensor import Tensor
 
@@ -18,7 +18,9 @@ def _is_scalar(v) -> bool:
 
 def _scalar_tensor(value, dtype: dtypes.DType, like: Tensor | None = None) -> Tensor:
     """A 0-d constant of ``dtype`` holding a Python scalar."""
-    return Tensor._wrap(np.asarray(value, dtype=dtype.np_dtype), dtype)
+    t = Tensor._wrap(np.asarray(value, dtype=dtype.np_dtype), dtype)
+    note_created(t)
+    return t
 
 
 def as_tensor_operand(v, dtype: dtypes.DType | None = None) -> Tensor:

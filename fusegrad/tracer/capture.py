@@ -101,9 +101,13 @@ class StateCapture:
         self._optimizer_signatures: list = []
         self.did_backward = False
         self._keep: list = []          # symbolic tensors whose ids key leaf_syms
-        # The storage of every tensor alive before the trace: a tensor made while tracing
-        # is internal unless it aliases one of these.
-        self.old_roots = _live_storage()
+        # A tensor made while tracing is internal (a constant of the graph) unless it
+        # aliases the storage of a tensor from before the trace (p.detach(), p.data). The
+        # storage the trace itself allocated (factories, eager ops on internal tensors) is
+        # recorded as it is made; only a tensor of other storage costs a scan of the heap
+        # for the older tensors (once per trace; 20-60 ms with many objects alive).
+        self.new_roots: dict[int, np.ndarray] = {}     # held, so that ids stay unique
+        self._old_roots: dict[int, np.ndarray] | None = None
         for sym, t in inputs:
             self._add_leaf(sym, t)
 
@@ -120,10 +124,22 @@ class StateCapture:
         if t._capture_owner is not self or id(t._data) in self.written:
             return False
         # Made while tracing, but maybe an alias of older storage (p.detach(), p.data).
-        return id(_root(t._data)) not in self.old_roots
+        root = id(_root(t._data))
+        if root in self.new_roots:
+            return True
+        if self._old_roots is None:
+            self._old_roots = _live_storage(exclude=self)
+        return root not in self._old_roots
 
     def note_created(self, t: Tensor) -> None:
+        """``t`` was made by a factory while tracing: fresh storage, a graph constant."""
         t._capture_owner = self
+        self._note_new(t)
+
+    def _note_new(self, t: Tensor) -> None:
+        if type(t._data) is np.ndarray:
+            root = _root(t._data)
+            self.new_roots[id(root)] = root
 
     def sym_for(self, t: Tensor) -> SymbolicTensor:
         """The symbolic tensor standing for concrete ``t`` in the graph (its current value).
@@ -160,7 +176,10 @@ class StateCapture:
                 out = primitive._eager_apply(prim, operands, attrs)
             finally:
                 primitive.CAPTURE.append(saved)
-            out._capture_owner = self
+            # Fresh storage, or a view of an internal operand's: internal either way.
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                t._capture_owner = self
+                self._note_new(t)
             return out
         return self.trace.process_primitive(prim, operands, attrs)
 
@@ -446,16 +465,20 @@ def _root(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _live_storage() -> dict[int, np.ndarray]:
-    """id -> array for the storage of every concrete tensor alive now (held, so that ids
-    stay unique while the trace runs)."""
+def _live_storage(exclude=None) -> dict[int, np.ndarray]:
+    """id -> array for the storage of every concrete tensor alive now but those made while
+    capture ``exclude`` traces (held, so that ids stay unique while the trace runs).
+
+    Scanned late, this misses storage whose every older tensor died while tracing and
+    that only a tensor made by the trace still holds; such storage is the trace's own from
+    then on, and becomes a constant of the graph."""
     import gc
     # Exact type tests: isinstance() on arbitrary objects can run their __class__ hooks
     # (lazy modules of other libraries warn when touched), and this scan sees every object.
     types_ = _tensor_types()
     out = {}
     for obj in gc.get_objects():
-        if type(obj) in types_:
+        if type(obj) in types_ and (exclude is None or obj._capture_owner is not exclude):
             try:
                 data = _DATA_SLOT(obj)
             except AttributeError:           # a tensor still being constructed

@@ -595,6 +595,38 @@ def test_detached_alias_of_a_parameter_is_read_at_call_time_without_gradient():
     np.testing.assert_allclose(p.grad.numpy(), [3, 4])
 
 
+def test_tracing_a_step_scans_the_heap_only_for_storage_of_unknown_origin(monkeypatch):
+    """Constants the trace makes (factories, Python scalars, literals of the backward) are
+    known to be its own; only a tensor of other storage (an alias made by ``.data``) costs
+    the scan for older tensors, and the alias still reads the parameter at call time."""
+    from fusegrad.tracer import capture
+    scans = []
+    real = capture._live_storage
+    monkeypatch.setattr(capture, "_live_storage", lambda **kw: scans.append(1) or real(**kw))
+    m = mlp()
+    opt = fg.optim.Adam(m.parameters(), lr=0.01)
+    x, y = data()
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x) / 2.0, y) + 0.5 * fg.ones(()).sum()
+        loss.backward()
+        opt.step()
+        return loss
+    c = fg.compile(step, fullgraph=True)
+    c(x, y)
+    c(x, y)
+    assert scans == []
+
+    w = m[0].weight
+    f = fg.compile(lambda x: x @ w.data.T, fullgraph=True)
+    np.testing.assert_allclose(f(x).numpy(), x.numpy() @ w.detach().numpy().T, rtol=1e-5)
+    assert len(scans) == 1
+    with fg.no_grad():
+        w.mul_(2.0)
+    np.testing.assert_allclose(f(x).numpy(), x.numpy() @ w.detach().numpy().T, rtol=1e-5)
+
+
 def test_clip_grad_norm_inside_a_compiled_step():
     def run(compiled):
         m = mlp()
