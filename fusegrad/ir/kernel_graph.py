@@ -84,7 +84,10 @@ class KernelGraph:
 
 def view_of(node: Node, source: View) -> View | None:
     """The strided form of a movement ``node`` applied to ``source``, or None when no
-    strides express it (a reshape that would need a copy)."""
+    strides express it (a reshape that would need a copy). ``stop_gradient`` is the
+    identity view: it only matters to differentiation, which is over by fusion."""
+    if node.op == "stop_gradient":
+        return source
     if node.prim.kind is not Kind.MOVEMENT or node.op in ("pad", "concat"):
         return None
     np_dtype = source.base.type.dtype.np_dtype

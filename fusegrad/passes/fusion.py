@@ -242,8 +242,10 @@ class _Partitioner:
     def place(self, node: Node) -> None:
         prim = node.prim
         src = node.inputs[0] if node.inputs else None
-        if prim.kind is Kind.MOVEMENT and node.op not in ("pad", "concat") and isinstance(
-                src, Value):
+        if (prim.kind is Kind.MOVEMENT and node.op not in ("pad", "concat") or
+                node.op == "stop_gradient") and isinstance(src, Value):
+            # stop_gradient as a view: alone in a kernel of its own it was a copy (of the
+            # transposed activations a backward matmul reads, say).
             # Computed in a kernel, even if already materialized for another reader: a view
             # of it inside its own kernel must be computed there, never loaded back.
             computed = src not in self.views and src.producer in self.group_of

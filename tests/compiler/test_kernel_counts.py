@@ -56,6 +56,12 @@ CASES = {
     "log_softmax_last_axis": (lambda x: NF.log_softmax(x, -1), (f32(8, 64),), 1),
     "layer_norm": (lambda x, w, b: NF.layer_norm(x, (64,), w, b),
                    (f32(8, 64), f32(64, seed=1), f32(64, seed=2)), 1),
+    # stop_gradient of a transposed view is the view: no copy kernel before the matmul
+    "detached_transpose_into_matmul": (lambda x, w: x.t().detach() @ w,
+                                       (f32(32, 8), f32(32, 16, seed=1)), 1),
+    "detached_head_split_into_matmul": (
+        lambda q, k: q.reshape(2, 8, 4, 4).permute(0, 2, 1, 3).detach() @ k,
+        (f32(2, 8, 16), f32(2, 4, 4, 8, seed=1)), 1),
     "relu_of_linear": (lambda x, w, b: (x @ w + b).relu(),
                        (f32(8, 32), f32(32, 64, seed=1), f32(64, seed=2)), 1),
     "nn_linear_relu": (lambda x, w, b: NF.relu(NF.linear(x, w, b)),
