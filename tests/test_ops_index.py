@@ -267,6 +267,32 @@ def test_index_add():
     check_grad(lambda x, s: x.index_add(1, fg.tensor([0, 3, 0]), s), arr(2, 4), arr(2, 3))
 
 
+def test_index_add_rows_with_repeated_and_negative_indices_matches_numpy():
+    """Along dim 0 (an embedding's gradient) rows accumulate in index order, as np.add.at
+    does; a negative index is refused, as torch does (indexing's gradient, which wraps
+    them, shares the primitive: see test_indexing_gradient_with_negative_indices)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 3, 2)).astype(np.float32)
+    idx = np.array([[0, 5, 5], [2, 0, 0]])
+    src = rng.standard_normal((2, 3, 3, 2)).astype(np.float32)
+    want = x.copy()
+    np.add.at(want, idx.reshape(-1), src.reshape(6, 3, 2))
+    got = fg.tensor(x).index_add(0, fg.tensor(idx.reshape(-1)), fg.tensor(src.reshape(6, 3, 2)))
+    np.testing.assert_array_equal(got.numpy(), want)
+    emb = fg.nn.Embedding(6, 4)
+    emb(fg.tensor(idx)).sum().backward()
+    counts = np.bincount(idx.reshape(-1), minlength=6).astype(np.float32)
+    np.testing.assert_array_equal(emb.weight.grad.numpy(), np.repeat(counts[:, None], 4, 1))
+    with pytest.raises(IndexError, match="index_add: index -1 is out of bounds"):
+        fg.zeros(6).index_add(0, fg.tensor([0, -1]), fg.ones(2))
+
+
+def test_indexing_gradient_with_negative_indices():
+    x = fg.tensor(np.arange(5.0), requires_grad=True)
+    x[fg.tensor([-1, 0, -1])].sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [1, 0, 0, 0, 2])
+
+
 def test_take_along_dim():
     a = fg.tensor([[10, 30, 20], [1, 2, 3]])
     assert fg.take_along_dim(a, fg.tensor([[2, 1]]), 1).tolist() == [[20, 30], [3, 2]]

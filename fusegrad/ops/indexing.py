@@ -29,6 +29,12 @@ from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
 
+def _checked_index(index: Tensor, op: str, size: int, dim: int) -> Tensor:
+    """``index``, checked to lie in ``[0, size)`` when it is read (at the call, or when the
+    compiled program runs): ``op`` does not wrap negative indices, as in torch."""
+    return bind(P.check_index, index, op=op, size=int(size), dim=int(dim))
+
+
 @public(torch=True, method=True)
 def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
     if index.ndim > 1:
@@ -37,6 +43,7 @@ def index_select(x: Tensor, dim: int, index: Tensor) -> Tensor:
         raise IndexError(f"index_select(): Expected dtype int32/int64 for index but got: "
                          f"{index.dtype}")
     axis = normalize_axis(dim, x.ndim, "index_select") if x.ndim else 0
+    index = _checked_index(index, "index_select", x.shape[axis] if x.ndim else 1, axis)
     return take(x, reshape_prim(index, (index.numel(),)) if index.ndim == 0 else index, axis)
 
 
@@ -45,6 +52,7 @@ def index_add(x: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) ->
     axis = normalize_axis(dim, x.ndim, "index_add")
     if alpha != 1:
         source = mul(source, alpha)
+    index = _checked_index(index, "index_add", x.shape[axis], axis)
     return take_add(x, index, cast(source, x.dtype), axis)
 
 
@@ -54,6 +62,7 @@ def gather(x: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> 
         raise RuntimeError(f"gather(): Expected dtype int64 for index, got {index.dtype}")
     index = cast(index, dtypes.int64)
     axis = normalize_axis(dim, x.ndim, "gather") if x.ndim else 0
+    index = _checked_index(index, "gather", x.shape[axis] if x.ndim else 1, axis)
     return bind(P.gather, x, index, axis=axis)
 
 
@@ -76,6 +85,7 @@ def take_along_dim(x: Tensor, indices: Tensor, dim: int) -> Tensor:
 @public(torch=True, method=True, inplace=True)
 def scatter_add(x: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
     axis = normalize_axis(dim, x.ndim, "scatter_add")
+    index = _checked_index(index, "scatter_add", x.shape[axis], axis)
     return bind(P.scatter_add, x, index, cast(src, x.dtype), axis=axis)
 
 

@@ -732,6 +732,15 @@ def _index_add_infer(x: TensorType, idx: TensorType, src: TensorType, *, axis: i
 def _index_add_impl(x, idx, src, *, axis):
     out = np.array(x, copy=True)
     _bounds("index_add", idx, x.shape[axis], axis)
+    if axis == 0 and out.ndim > 1 and out.size:
+        # Rows (an embedding's gradient): np.add.at on the flat array with one index per
+        # element is 2-4x faster than on rows, with the same additions in the same order.
+        inner = out.size // out.shape[0]
+        rows = idx.reshape(-1)
+        rows = np.where(rows < 0, rows + out.shape[0], rows)
+        lin = (rows[:, None] * inner + np.arange(inner)).reshape(-1)
+        np.add.at(out.reshape(-1), lin, src.reshape(-1))
+        return out
     # Move the axis to the front so np.add.at can accumulate repeated indices.
     moved = np.moveaxis(out, axis, 0)
     src_moved = np.moveaxis(src.reshape(x.shape[:axis] + (idx.size,) + x.shape[axis + 1:]), axis, 0)
@@ -797,6 +806,26 @@ def _check_target_impl(target, *, op, classes, ignore_index, input):  # noqa: A0
 check_target = register(Primitive("check_target", Kind.EXTERN, _check_target_infer,
                                   _check_target_impl,
                                   attrs=("op", "classes", "ignore_index", "input")))
+
+
+def _check_index_infer(idx: TensorType, *, op: str, size: int, dim: int) -> TensorType:
+    _check_index(op, idx)
+    return idx
+
+
+def _check_index_impl(idx, *, op, size, dim):
+    bad = (idx < 0) | (idx >= size)
+    if bad.any():
+        raise IndexError(f"{op}: index {idx[bad].flat[0]} is out of bounds for dimension {dim} "
+                         f"with size {size}")
+    return idx
+
+
+# Indices of the ops that torch bounds-checks without wrapping negative values (index_select,
+# embedding, index_add, gather, scatter_add): the primitives under them also serve indexing,
+# where -1 means the last element, so the check is a node of its own, as check_target is.
+check_index = register(Primitive("check_index", Kind.EXTERN, _check_index_infer,
+                                 _check_index_impl, attrs=("op", "size", "dim")))
 
 
 def _scatter_add_infer(x: TensorType, idx: TensorType, src: TensorType, *, axis) -> TensorType:

@@ -29,7 +29,7 @@ B = fg.bool
 # Primitives whose kernels run their numpy reference between LLVM kernels: data-dependent
 # addressing (index ops), sorting and scans, arg-reductions, and the Philox generator.
 NUMPY_PRIMITIVES = {"argmax", "argmin", "take", "index_add", "gather", "scatter_add",
-                    "argsort", "cumsum", "random_uniform", "check_target"}
+                    "argsort", "cumsum", "random_uniform", "check_target", "check_index"}
 
 
 def numpy_ops(compiled, *args) -> set[str]:
@@ -408,11 +408,36 @@ def test_check_target_primitive():
         f(fg.from_numpy(t))
 
 
+def test_check_index_primitive():
+    """index_select, embedding, index_add, gather and scatter_add do not wrap negative
+    indices (torch raises); the check runs when the compiled program reads the index."""
+    t = np.array([0, 3, 1], np.int64)
+    check_primitive("check_index", fg.int64,
+                    lambda t: bind(P.check_index, t, op="gather", size=4, dim=1) * 2, t)
+    emb = fg.nn.Embedding(4, 3)
+    f = fg.compile(lambda i: emb(i) * 2)
+    np.testing.assert_allclose(f(fg.from_numpy(t)).detach().numpy(),
+                               emb.weight.detach().numpy()[t] * 2)
+    with pytest.raises(IndexError, match=r"^embedding: index -1 is out of bounds for "
+                                         r"dimension 0 with size 4"):
+        f(fg.from_numpy(np.array([0, -1, 2])))
+    x = fg.randn(4, 5)
+    for name, call in [("index_select", lambda i: x.index_select(0, i)),
+                       ("index_add", lambda i: x.index_add(0, i, fg.ones(3, 5))),
+                       ("gather", lambda i: x.gather(0, i.reshape(3, 1))),
+                       ("scatter_add", lambda i: x.scatter_add(0, i.reshape(3, 1), fg.ones(3, 1))),
+                       ("embedding", lambda i: fg.nn.functional.embedding(i, x))]:
+        for bad in (-1, 4):
+            with pytest.raises(IndexError, match=rf"^{name}: index {bad} is out of bounds"):
+                call(fg.tensor([0, bad, 1]))
+    assert x[fg.tensor([-1])].shape == (1, 5)          # indexing still wraps, as in torch
+
+
 def test_every_primitive_has_a_compiled_test():
     tested = set(UNARY_FLOAT + UNARY_ANY) | set(BINARY_DTYPES) | set(MOVEMENT_OPS) | {
         "not", "cast", "where", "sum", "prod", "max", "min", "argmax", "argmin", "take",
         "index_add", "gather", "scatter_add", "matmul", "full", "iota", "constant",
-        "random_uniform", "argsort", "cumsum", "check_target", "atan2", "bitcast",
+        "random_uniform", "argsort", "cumsum", "check_target", "check_index", "atan2", "bitcast",
         "scatter_reduce", *INVERSE_TRIG,
         # fusegrad.distributed's collectives: tests/distributed/test_distributed.py
         "allreduce_start", "allreduce_wait"}
