@@ -250,6 +250,10 @@ def empty_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = Fals
 def _new_full(x: Tensor, size, value, dtype, requires_grad: bool) -> Tensor:
     dt = dtypes.as_dtype(dtype) if dtype is not None else x.dtype
     t = _source(P.full, x, shape=_shape(size), value=_py_value(value, dt), dtype=dt)
+    dev = _device_of(x)
+    if dev is not None:                  # x.new_zeros(...) is made where x is
+        from fusegrad.runtime.eager_cuda import transfer
+        t = transfer(t, dev)
     return _finish(t, requires_grad)
 
 

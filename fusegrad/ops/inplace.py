@@ -89,7 +89,11 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
         # x stays in the graph and passes a zero gradient to what it was (torch's
         # FillBackward0), rather than turning into a leaf.
         value = bind(P.where, _scalar_tensor(True, dtypes.bool_), value, x)
-    np.copyto(x._data, value._data)
+    if isinstance(x._data, np.ndarray):
+        np.copyto(x._data, value._data)
+    else:                               # a cuda tensor: into its device buffer
+        from fusegrad.runtime.eager_cuda import copy_into
+        copy_into(x._data, value._data)
     x._version_counter.value += 1
     # Under no_grad an in-place write leaves the history as it is, as in torch.
     if grad and value._requires_grad:

@@ -625,10 +625,14 @@ class CudaProgram:
 
 class HostCudaProgram(CudaProgram):
     """A :class:`CudaProgram` with the CPU program's interface (``fusegrad.compile``'s
-    ``backend="cuda"``): numpy arrays in, numpy arrays out, copied through the device."""
+    ``backend="cuda"``): numpy arrays in, numpy arrays out, copied through the device. When
+    any input is a :class:`DeviceArray` (cuda tensors' storage) the outputs stay on the
+    device too."""
 
-    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+    def __call__(self, *inputs) -> list:
         outs = super().__call__(*inputs)
+        if any(x.__class__ is DeviceArray for x in inputs):
+            return outs
         return [o.to_host() for o in outs]
 
     def kernels(self) -> list[str]:

@@ -35,7 +35,8 @@ from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import Kind, TensorType
 from fusegrad.runtime.cuda import CudaProgram, DeviceArray, allocator_of, driver
 
-__all__ = ["device_apply", "to_device", "to_host", "add_into", "STATS", "clear_cache"]
+__all__ = ["device_apply", "to_device", "to_host", "transfer", "add_into", "copy_into", "STATS",
+           "clear_cache"]
 
 CUDA0 = Device("cuda", 0)
 
@@ -126,6 +127,19 @@ def add_into(dst: DeviceArray, src: DeviceArray) -> None:
     total = prog(dst, src)[0]
     if dst.nbytes:
         dst.allocator.drv.dtod(dst.ptr, total.ptr, dst.nbytes)
+
+
+def copy_into(dst, src) -> None:
+    """Write ``src``'s values into the storage ``dst`` of the same shape and dtype, either
+    being a host array or a device array (an in-place write to a cuda tensor, a compiled
+    function's write-back)."""
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, src if isinstance(src, np.ndarray) else src.to_host())
+    elif isinstance(src, np.ndarray):
+        host = np.ascontiguousarray(np.broadcast_to(src, dst.shape), dtype=dst.dtype)
+        dst.allocator.drv.htod(dst.ptr, host)
+    elif dst.nbytes:
+        dst.allocator.drv.dtod(dst.ptr, src.ptr, dst.nbytes)
 
 
 # --------------------------------------------------------------------------- transfers
