@@ -144,10 +144,10 @@ class Tensor:
 
     @property
     def device(self):
-        data = self._data
-        if data.__class__ is np.ndarray or isinstance(data, np.ndarray):
-            return CPU
-        return _cuda_device()
+        # A traced tensor has no storage to ask; it reports the cpu, as its program's types do.
+        if self._trace is None and not isinstance(self._data, np.ndarray):
+            return _cuda_device()
+        return CPU
 
     def _host(self) -> np.ndarray:
         """The values as a host array: the storage itself on the cpu, a copy from a device."""
