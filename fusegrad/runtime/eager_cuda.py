@@ -15,7 +15,7 @@ same attributes (``shape``, ``ndim``, ``dtype``), so nothing above ``bind`` chan
   tensors (a Python scalar becomes one), which are copied to the device, as torch allows.
 - **Movement ops** (reshape, permute, slices, expand) produce a new contiguous buffer: cuda
   tensors have no views, so an in-place write to a slice of a cuda tensor does not reach its
-  base (it raises, see :func:`fusegrad.ops.inplace`).
+  base (``x[...] = v`` on the tensor itself writes through flat positions).
 - **Host fallback**: a primitive with no GPU lowering (an extern one: sort, cumsum, ...)
   runs its numpy reference on a host copy of its operands and copies its result back (the
   CUDA runtime's host steps); each such call is counted in ``STATS["host_fallbacks"]``.

@@ -282,3 +282,34 @@ def test_cpu_eager_code_loads_no_cuda_module():
             "assert not bad, bad\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+
+
+def test_indexing_a_cuda_tensor_with_masks_and_index_tensors_of_either_device(simulated):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    x = fg.tensor(a, device="cuda")
+    for got, want in [(x[x > 3.5], a[a > 3.5]), (x[fg.tensor([2, 0])], a[[2, 0]]),
+                      (x[fg.tensor([2, 0], device="cuda"), 1:], a[[2, 0], 1:]),
+                      (x.nonzero(), np.argwhere(a))]:
+        assert _on_cuda(got)
+        np.testing.assert_array_equal(got.cpu().numpy(), want)
+
+
+def test_index_assignment_writes_into_the_device_buffer(simulated):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    x = fg.tensor(a, device="cuda")
+    alias = x.detach()                     # shares the buffer, as a detached cpu tensor would
+    x[0] = 5.0
+    x[1:, ::2] = fg.tensor([[-1., -2.], [-3., -4.]])
+    want = a.copy()
+    want[0] = 5.0
+    want[1:, ::2] = [[-1., -2.], [-3., -4.]]
+    np.testing.assert_array_equal(x.cpu().numpy(), want)
+    np.testing.assert_array_equal(alias.cpu().numpy(), want)
+
+
+def test_dropout_on_cuda_masks_on_the_device(simulated):
+    x = fg.ones(200, device="cuda")
+    y = fg.nn.functional.dropout(x, 0.5, training=True)
+    assert _on_cuda(y)
+    values = y.cpu().numpy()
+    assert set(np.unique(values)) <= {0.0, 2.0} and 40 < (values == 0).sum() < 160
