@@ -481,6 +481,7 @@ class DeviceArray:
     # ``ndim``, ``numel``, eager type inference), so a cuda tensor's storage is this object
     # where a cpu tensor's is an ndarray. Device arrays are always row-major and contiguous.
     device = "cuda:0"
+    base = None                   # never a view of another array
 
     @property
     def ndim(self) -> int:

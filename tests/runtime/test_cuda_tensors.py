@@ -313,3 +313,34 @@ def test_dropout_on_cuda_masks_on_the_device(simulated):
     assert _on_cuda(y)
     values = y.cpu().numpy()
     assert set(np.unique(values)) <= {0.0, 2.0} and 40 < (values == 0).sum() < 160
+
+
+def test_compiled_training_step_of_a_cuda_model_matches_the_cpu(simulated):
+    def run(dev):
+        fg.manual_seed(0)
+        model = fg.nn.Sequential(fg.nn.Linear(4, 8), fg.nn.GELU(), fg.nn.Linear(8, 3)).to(dev)
+        opt = fg.optim.Adam(model.parameters(), lr=0.1)
+
+        @fg.compile
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        x, y = fg.randn(5, 4).to(dev), fg.tensor(np.array([0, 1, 2, 1, 0])).to(dev)
+        losses = [step(x, y).item() for _ in range(3)]
+        assert all(str(p.device).startswith(dev) for p in model.parameters())
+        return losses, [p.detach().cpu().numpy() for p in model.parameters()]
+    cpu_losses, cpu_params = run("cpu")
+    gpu_losses, gpu_params = run("cuda")
+    np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-5)
+    for a, b in zip(gpu_params, cpu_params):
+        np.testing.assert_allclose(a, b, **TOL)
+
+
+def test_saving_a_cuda_state_dict_writes_its_values(simulated, tmp_path):
+    model = fg.nn.Linear(3, 2).cuda()
+    fg.save(model.state_dict(), tmp_path / "m.pt")
+    loaded = fg.load(tmp_path / "m.pt")
+    np.testing.assert_array_equal(loaded["weight"].numpy(), model.weight.detach().cpu().numpy())
