@@ -184,7 +184,7 @@ def save(obj: Any, f, pickle_module=None, pickle_protocol: int = 2,
         start = MAGIC + len(header).to_bytes(8, "little") + header
         emit(out, start + _padding(len(start)))
         for t in enc.tensors:
-            chunk = to_little_endian_bytes(t._data)
+            chunk = to_little_endian_bytes(t._host())   # cuda tensors: a host copy
             emit(out, chunk + _padding(len(chunk)))
         out.write(digest.digest())
 

@@ -1,7 +1,9 @@
 """``Tensor``: an n-d array with a dtype, a device, strides, and define-by-run autograd.
 
 An eager tensor holds a numpy array (possibly a view of another tensor's array: views share
-storage as in PyTorch) and its autograd state. Math methods delegate to
+storage as in PyTorch) and its autograd state. A cuda tensor holds a contiguous
+:class:`fusegrad.runtime.cuda.DeviceArray` there instead (see
+:mod:`fusegrad.runtime.eager_cuda`); what reads its values copies them to the host. Math methods delegate to
 :mod:`fusegrad.ops.functional`, so a tracer's abstract tensor (a subclass) reuses every
 method and only swaps how primitives are applied.
 """
@@ -142,7 +144,20 @@ class Tensor:
 
     @property
     def device(self):
+        # A traced tensor has no storage to ask; it reports the cpu, as its program's types do.
+        if self._trace is None and not isinstance(self._data, np.ndarray):
+            return _cuda_device()
         return CPU
+
+    def _host(self) -> np.ndarray:
+        """The values as a host array: the storage itself on the cpu, a copy from a device."""
+        data = self._data
+        return data if isinstance(data, np.ndarray) else data.to_host()
+
+    def _check_host(self) -> None:
+        if not isinstance(self._data, np.ndarray):
+            raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
+                            "Tensor.cpu() to copy the tensor to host memory first.")
 
     @property
     def is_cuda(self) -> bool:
@@ -185,7 +200,8 @@ class Tensor:
         return False
 
     def data_ptr(self) -> int:
-        return self._data.ctypes.data
+        data = self._data
+        return data.ctypes.data if isinstance(data, np.ndarray) else data.ptr
 
     @property
     def itemsize(self) -> int:
@@ -358,10 +374,12 @@ class Tensor:
         if self._requires_grad and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use "
                                "tensor.detach().numpy() instead.")
+        self._check_host()
         return self._data
 
     def __array__(self, dtype=None, copy=None):
         self._check_concrete("np.asarray()")
+        self._check_host()
         return self._data if dtype is None else self._data.astype(dtype)
 
     def item(self):
@@ -370,14 +388,16 @@ class Tensor:
         if self._data.size != 1:
             raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be converted to "
                                "Scalar")
-        return self._data.reshape(()).item() if self._dtype is not dtypes.bfloat16 else \
-            float(self._data.reshape(()).astype(np.float32))
+        data = self._host()
+        return data.reshape(()).item() if self._dtype is not dtypes.bfloat16 else \
+            float(data.reshape(()).astype(np.float32))
 
     def tolist(self):
         self._check_concrete("tolist()")
+        data = self._host()
         if self._dtype is dtypes.bfloat16:
-            return self._data.astype(np.float32).tolist()
-        return self._data.tolist()
+            return data.astype(np.float32).tolist()
+        return data.tolist()
 
     def __float__(self) -> float:
         return float(self.item())
@@ -413,14 +433,16 @@ class Tensor:
         from fusegrad._tensor_str import format_tensor
         self._check_concrete("repr()")
         suffixes = []
+        data, device = self._data, None
+        if not isinstance(data, np.ndarray):      # printed from a host copy, as torch does
+            data, device = data.to_host(), str(self.device)
         if self.grad_fn is not None:
             suffixes.append(f"grad_fn=<{self.grad_fn.name()}>")
         elif self._requires_grad:
             suffixes.append("requires_grad=True")
-        data = self._data
         return format_tensor(data, dtype_name=self._dtype.name,
                              default_dtype=dtypes.get_default_dtype() is dtypes.float32,
-                             suffixes=suffixes)
+                             suffixes=suffixes, device=device)
 
     __str__ = __repr__
 
@@ -446,7 +468,7 @@ class Tensor:
         return self._data.__dlpack_device__()
 
     def __reduce_ex__(self, protocol):
-        return (_rebuild, (np.array(self._data), self._dtype.name, self._requires_grad))
+        return (_rebuild, (np.array(self._host()), self._dtype.name, self._requires_grad))
 
     def __deepcopy__(self, memo):
         if not self.is_leaf:
@@ -459,6 +481,11 @@ class Tensor:
             t.__dict__[k] = v
         memo[id(self)] = t
         return t
+
+
+def _cuda_device():
+    from fusegrad.runtime.eager_cuda import CUDA0
+    return CUDA0
 
 
 def _rebuild(array, dtype_name, requires_grad):

@@ -237,12 +237,13 @@ class GraphTrace:
         elif t._requires_grad and self.lift_requires_grad:
             return self._lift(t)
         if t.ndim == 0:
-            return Literal(t._data.item() if t.dtype is not dtypes.bfloat16 else float(t._data),
+            host = t._host()                # a cuda tensor's value comes from a host copy
+            return Literal(host.item() if t.dtype is not dtypes.bfloat16 else float(host),
                            t.dtype)
         hit = self._constants.get(id(t))
         if hit is not None and hit[0] is t:
             return hit[1]
-        value = self.graph.add_node(P.constant, [], {"value": ConstantData(np.array(t._data))},
+        value = self.graph.add_node(P.constant, [], {"value": ConstantData(np.array(t._host()))},
                                     loc=self._location())
         self._constants[id(t)] = (t, value)
         return value

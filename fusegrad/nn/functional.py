@@ -420,7 +420,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True,  # noqa: A002
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0 or input.numel() == 0:
         return input
-    keep = F.lt(rand(tuple(input.shape), dtype=input.dtype), 1.0 - p)
+    keep = F.lt(rand(tuple(input.shape), dtype=input.dtype, device=input.device), 1.0 - p)
     scale = F.mul(F.cast(keep, input.dtype), 1.0 / (1.0 - p)) if p < 1.0 else \
         F.zeros_like(input)
     return input.mul_(scale) if inplace else F.mul(input, scale)

@@ -7,6 +7,7 @@ numbers are a function of (seed, offset, index) only, so traced code draws the s
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -223,26 +224,36 @@ def empty(*size, dtype=None, device=None, requires_grad: bool = False, **_) -> T
 
 def full_like(x: Tensor, fill_value, *, dtype=None, device=None, requires_grad: bool = False,
               **_) -> Tensor:
+    """Filled like ``x``: its shape, and its dtype and device unless given."""
     dt = dtypes.as_dtype(dtype) if dtype is not None else x.dtype
     t = _source(P.full, x, shape=tuple(x.shape), value=_py_value(fill_value, dt), dtype=dt)
+    if device is not None or x._trace is None and not isinstance(x._data, np.ndarray):
+        dev = Device(device) if device is not None else x.device
+        if dev.type != "cpu":
+            from fusegrad.runtime.eager_cuda import transfer
+            t = transfer(t, dev)
     return _finish(t, requires_grad)
 
 
 def zeros_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, **_) -> Tensor:
-    return full_like(x, 0, dtype=dtype, requires_grad=requires_grad)
+    return full_like(x, 0, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def ones_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, **_) -> Tensor:
-    return full_like(x, 1, dtype=dtype, requires_grad=requires_grad)
+    return full_like(x, 1, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def empty_like(x: Tensor, *, dtype=None, device=None, requires_grad: bool = False, **_) -> Tensor:
-    return zeros_like(x, dtype=dtype, requires_grad=requires_grad)
+    return zeros_like(x, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def _new_full(x: Tensor, size, value, dtype, requires_grad: bool) -> Tensor:
     dt = dtypes.as_dtype(dtype) if dtype is not None else x.dtype
     t = _source(P.full, x, shape=_shape(size), value=_py_value(value, dt), dtype=dt)
+    dev = _device_of(x)
+    if dev is not None:                  # x.new_zeros(...) is made where x is
+        from fusegrad.runtime.eager_cuda import transfer
+        t = transfer(t, dev)
     return _finish(t, requires_grad)
 
 
@@ -457,13 +468,47 @@ def randperm(n: int, *, generator=None, dtype=None, device=None,
         return bind(P.argsort, u, axis=0, descending=False).to(dt)
 
 
-def rand_like(x: Tensor, *, dtype=None, **kw) -> Tensor:
-    return rand(tuple(x.shape), dtype=dtype or x.dtype)
+def rand_like(x: Tensor, *, dtype=None, device=None, **kw) -> Tensor:
+    return rand(tuple(x.shape), dtype=dtype or x.dtype, device=device or _device_of(x))
 
 
-def randn_like(x: Tensor, *, dtype=None, **kw) -> Tensor:
-    return randn(tuple(x.shape), dtype=dtype or x.dtype)
+def randn_like(x: Tensor, *, dtype=None, device=None, **kw) -> Tensor:
+    return randn(tuple(x.shape), dtype=dtype or x.dtype, device=device or _device_of(x))
 
 
-def randint_like(x: Tensor, low, high=None, *, dtype=None, **kw) -> Tensor:
-    return randint(low, high, tuple(x.shape), dtype=dtype or x.dtype)
+def randint_like(x: Tensor, low, high=None, *, dtype=None, device=None, **kw) -> Tensor:
+    return randint(low, high, tuple(x.shape), dtype=dtype or x.dtype,
+                   device=device or _device_of(x))
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def _device_of(x: Tensor):
+    """``x``'s device, or None on the cpu (and for traced tensors, which have none yet)."""
+    if x._trace is not None or isinstance(x._data, np.ndarray):
+        return None
+    return x.device
+
+
+def _placed(factory):
+    """``factory`` with ``device=``: a cuda tensor is made on the host and copied to the
+    device (the numbers are the ones the cpu draws, so a seed gives the same values on both
+    devices), then marked ``requires_grad`` there so that it is a leaf."""
+    def make(*args, device=None, **kwargs):
+        dev = Device(device) if device is not None else None
+        if dev is None or dev.type == "cpu":
+            return factory(*args, **kwargs)
+        check_device_available(dev)
+        requires_grad = kwargs.pop("requires_grad", False)
+        from fusegrad.runtime.eager_cuda import transfer
+        t = transfer(factory(*args, **kwargs), dev)
+        note_created(t)
+        return _finish(t, requires_grad)
+    functools.update_wrapper(make, factory)
+    return make
+
+
+for _name in ("tensor", "scalar_tensor", "as_tensor", "full", "zeros", "ones", "empty", "eye",
+              "arange", "linspace", "logspace", "rand", "randn", "randint", "randperm", "normal"):
+    globals()[_name] = _placed(globals()[_name])

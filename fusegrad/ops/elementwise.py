@@ -545,16 +545,20 @@ def parse_to_args(args, kwargs) -> tuple[dtypes.DType | None, object]:
 
 @public(method=True)
 def to(x: Tensor, *args, **kwargs) -> Tensor:
-    """``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)``; ``copy=True``."""
+    """``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)``; ``copy=True``.
+    A move between the cpu and cuda copies (differentiably: ``ToCopyBackward0``)."""
     from fusegrad.device import check_device_available
     from fusegrad.device import device as Device
     dtype, dev = parse_to_args(args, kwargs)
     copy = kwargs.get("copy", False)
+    out = x
     if dev is not None:
         dev = Device(dev)
-        if dev != x.device:
+        if dev.type != x.device.type:
             check_device_available(dev)
-    out = x if dtype is None else cast(x, dtype)
+            from fusegrad.runtime.eager_cuda import transfer
+            out = transfer(x, dev)
+    out = out if dtype is None else cast(out, dtype)
     if copy and out is x:
         out = clone(x)
     return out

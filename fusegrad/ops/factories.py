@@ -43,5 +43,5 @@ def new_empty(x: Tensor, *size, dtype=None, requires_grad: bool = False, **_) ->
 
 @public(method=True)
 def new_tensor(x: Tensor, data, *, dtype=None, requires_grad: bool = False, **_) -> Tensor:
-    from fusegrad.ops.creation import tensor
-    return tensor(data, dtype=dtype or x.dtype, requires_grad=requires_grad)
+    from fusegrad.ops.creation import _device_of, tensor
+    return tensor(data, dtype=dtype or x.dtype, device=_device_of(x), requires_grad=requires_grad)

@@ -173,14 +173,14 @@ def nonzero(x: Tensor, *, as_tuple: bool = False):
     x._check_concrete("nonzero()")
     if x.ndim == 0:
         # torch treats a 0-d tensor as one element with no coordinates: (1, 0) or (0, 0).
-        hit = bool(x._data)
+        hit = bool(x._host())
         if as_tuple:
-            return (_index_tensor([0] if hit else []),)
-        return _index_tensor(np.zeros((int(hit), 0)))
-    idx = np.nonzero(x._data)
+            return (_index_tensor([0] if hit else [], like=x),)
+        return _index_tensor(np.zeros((int(hit), 0)), like=x)
+    idx = np.nonzero(x._host())
     if as_tuple:
-        return tuple(_index_tensor(i) for i in idx)
-    return _index_tensor(np.stack(idx, axis=1) if idx else np.zeros((1, 0)))
+        return tuple(_index_tensor(i, like=x) for i in idx)
+    return _index_tensor(np.stack(idx, axis=1) if idx else np.zeros((1, 0)), like=x)
 
 
 @public(torch=True, method=True)
@@ -301,7 +301,7 @@ def _advanced_index(x: Tensor, advanced: list) -> Tensor:
     for pos, k in advanced:
         if k.dtype is dtypes.bool_:
             k._check_concrete("boolean mask indexing")
-            nz = np.nonzero(k._data.reshape(k.shape if k.ndim else (1,)))
+            nz = np.nonzero(k._host().reshape(k.shape if k.ndim else (1,)))
             for j, idx in enumerate(nz):
                 items.append((pos + j, _index_tensor(idx)))
         else:
@@ -323,7 +323,9 @@ def _advanced_index(x: Tensor, advanced: list) -> Tensor:
         if k._trace is None:
             # Check each index against its own dim: once linearized, an index past the end
             # of one dim would silently land in the next row.
-            P._bounds("index", k._data, size, p)
+            P._bounds("index", k._host(), size, p)
+            if k.device != x.device:        # a cpu index into a cuda tensor, as torch allows
+                k = k.to(x.device)
         k = expand(cast(k, dtypes.int64), idx_shape)
         k = where(lt(k, 0), add(k, size), k)
         term = mul(k, stride) if stride != 1 else k

@@ -89,7 +89,11 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
         # x stays in the graph and passes a zero gradient to what it was (torch's
         # FillBackward0), rather than turning into a leaf.
         value = bind(P.where, _scalar_tensor(True, dtypes.bool_), value, x)
-    np.copyto(x._data, value._data)
+    if isinstance(x._data, np.ndarray):
+        np.copyto(x._data, value._data)
+    else:                               # a cuda tensor: into its device buffer
+        from fusegrad.runtime.eager_cuda import copy_into
+        copy_into(x._data, value._data)
     x._version_counter.value += 1
     # Under no_grad an in-place write leaves the history as it is, as in torch.
     if grad and value._requires_grad:
@@ -225,16 +229,21 @@ def setitem(x: Tensor, key, value) -> None:
                                                                                x._data):
         # Advanced indexing produced a copy: write it back elementwise via a mask of flat
         # positions (eager only).
-        flat_idx = getitem(_index_tensor(np.arange(x.numel()).reshape(tuple(x.shape))), key)
-        value = expand(as_tensor_operand(value, x.dtype), tuple(flat_idx.shape))
+        # (On a cuda tensor, whose slices are copies too, the positions live on the device.)
+        flat_idx = getitem(_index_tensor(np.arange(x.numel()).reshape(tuple(x.shape)), like=x),
+                           key)
+        value = as_tensor_operand(value, x.dtype)
+        if value.device != x.device:        # copied in, as torch's copy_ does
+            value = value.to(x.device)
+        value = expand(value, tuple(flat_idx.shape))
         flat = reshape(x, (x.numel(),))
         idx, values = reshape(flat_idx, (-1,)), reshape(value, (-1,))
-        positions = idx._data
+        positions = idx._host()
         _, last = np.unique(positions[::-1], return_index=True)
         if len(last) != positions.size:
             # A position written twice: the last write wins, as on torch's CPU (adding the
             # differences below would sum them instead).
-            keep = _index_tensor(np.sort(positions.size - 1 - last))
+            keep = _index_tensor(np.sort(positions.size - 1 - last), like=x)
             idx, values = take(idx, keep, 0), take(values, keep, 0)
         updated = bind(P.index_add, mul(flat, 1), idx, sub(values, take(flat, idx, 0)), axis=0)
         assign_(x, reshape(updated, tuple(x.shape)), "index_put_")

@@ -93,7 +93,7 @@ for _name, _dt in [("float", dtypes.float32), ("double", dtypes.float64), ("half
 
 
 def _cpu(self):
-    return self
+    return F.to(self, "cpu")
 
 
 def _cuda(self, device=None, non_blocking=False):

@@ -100,8 +100,12 @@ def _dims(x: Tensor, dim, op: str) -> tuple[int, ...]:
     return axes if x.ndim else ()
 
 
-def _index_tensor(values) -> Tensor:
-    return Tensor._wrap(np.asarray(values, dtype=np.int64), dtypes.int64)
+def _index_tensor(values, like: Tensor | None = None) -> Tensor:
+    """An int64 tensor of ``values``; on ``like``'s device when that is a cuda tensor."""
+    t = Tensor._wrap(np.asarray(values, dtype=np.int64), dtypes.int64)
+    if like is not None and like._trace is None and not isinstance(like._data, np.ndarray):
+        t = t.to(like.device)
+    return t
 
 
 def take(x: Tensor, idx: Tensor, axis: int) -> Tensor:

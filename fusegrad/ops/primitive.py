@@ -185,6 +185,12 @@ def bind(prim: Primitive, *operands, **attrs):
         # A compiled function is being traced: concrete tensors from outside it (parameters,
         # captured globals) are read at call time, so ops on them are recorded too.
         return CAPTURE[-1].bind_concrete(prim, operands, attrs)
+    if _device_apply is not None:
+        # Set once a cuda tensor exists (fusegrad.runtime.eager_cuda): ops with a cuda
+        # operand run there; until then the CPU path pays only this test.
+        out = _device_apply(prim, operands, attrs)
+        if out is not None:
+            return out
     return _eager_apply(prim, operands, attrs)
 
 
@@ -209,6 +215,9 @@ def note_created(t) -> None:
 # Set by fusegrad.autograd.engine at import: (prim, operands, attrs, out) -> None.
 _record_eager_node: Callable | None = None
 _make_tensor: Callable | None = None
+# Set by fusegrad.runtime.eager_cuda when the first cuda tensor is made:
+# (prim, operands, attrs) -> the result on the device, or None when no operand is there.
+_device_apply: Callable | None = None
 
 
 # Result types of eager primitive calls by (primitive, operand shapes and dtypes, attributes):

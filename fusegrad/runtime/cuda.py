@@ -442,6 +442,15 @@ def allocator_of(drv: Driver) -> CachingAllocator:
         return _allocators[id(drv)]
 
 
+class _Flags:
+    c_contiguous = True
+    f_contiguous = False
+    writeable = True
+
+
+_CONTIGUOUS_FLAGS = _Flags()
+
+
 @dataclass(eq=False)
 class DeviceArray:
     """A contiguous array in device memory."""
@@ -467,6 +476,51 @@ class DeviceArray:
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    # The part of numpy's array interface that a tensor's metadata reads (``Tensor.shape``,
+    # ``ndim``, ``numel``, eager type inference), so a cuda tensor's storage is this object
+    # where a cpu tensor's is an ndarray. Device arrays are always row-major and contiguous.
+    device = "cuda:0"
+    base = None                   # never a view of another array
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        strides, acc = [], self.dtype.itemsize
+        for d in reversed(self.shape):
+            strides.append(acc)
+            acc *= max(d, 1)
+        return tuple(reversed(strides))
+
+    @property
+    def flags(self):
+        return _CONTIGUOUS_FLAGS
+
+    def copy(self) -> "DeviceArray":
+        """A new device array with the same contents (a device-to-device copy)."""
+        out = DeviceArray.empty(self.shape, self.dtype, self.allocator)
+        if self.nbytes:
+            self.allocator.drv.dtod(out.ptr, self.ptr, self.nbytes)
+        return out
+
+    def __iadd__(self, other: "DeviceArray") -> "DeviceArray":
+        """In-place ``self += other`` by an add kernel, written back into this buffer (so
+        that every tensor sharing it sees the sum, as with an ndarray). Autograd accumulates
+        a leaf's ``.grad`` this way on both devices."""
+        from fusegrad.runtime.eager_cuda import add_into
+        add_into(self, other)
+        return self
 
     def to_host(self) -> np.ndarray:
         host = np.empty(self.shape, dtype=self.dtype)
@@ -572,10 +626,14 @@ class CudaProgram:
 
 class HostCudaProgram(CudaProgram):
     """A :class:`CudaProgram` with the CPU program's interface (``fusegrad.compile``'s
-    ``backend="cuda"``): numpy arrays in, numpy arrays out, copied through the device."""
+    ``backend="cuda"``): numpy arrays in, numpy arrays out, copied through the device. When
+    any input is a :class:`DeviceArray` (cuda tensors' storage) the outputs stay on the
+    device too."""
 
-    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+    def __call__(self, *inputs) -> list:
         outs = super().__call__(*inputs)
+        if any(x.__class__ is DeviceArray for x in inputs):
+            return outs
         return [o.to_host() for o in outs]
 
     def kernels(self) -> list[str]:

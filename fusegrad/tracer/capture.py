@@ -173,7 +173,11 @@ class StateCapture:
         if all(self.is_internal(op) for op in operands):
             saved = primitive.CAPTURE.pop()
             try:
-                out = primitive._eager_apply(prim, operands, attrs)
+                out = None
+                if primitive._device_apply is not None:     # cuda operands run there
+                    out = primitive._device_apply(prim, operands, attrs)
+                if out is None:
+                    out = primitive._eager_apply(prim, operands, attrs)
             finally:
                 primitive.CAPTURE.append(saved)
             # Fresh storage, or a view of an internal operand's: internal either way.

@@ -40,6 +40,7 @@ from fusegrad.config import config
 from fusegrad.ir.graph import Graph, Value
 from fusegrad.ir.symbolic import ConcretizationError, replay
 from fusegrad.ops import creation, functional
+from fusegrad.ops import primitive as _primitive
 from fusegrad.passes.autodiff import vjp_graph
 from fusegrad.passes.dce import dce
 from fusegrad.passes.fusion import fuse
@@ -136,6 +137,7 @@ class CompiledFunction:
         self._warned_eager = False
         self._warned_limit = False
         self._last_key = None
+        self._cuda_twin: CompiledFunction | None = None
         functools.update_wrapper(self, fn if not self.module else type(fn).forward)
 
     def __getattr__(self, name: str):
@@ -242,6 +244,16 @@ class CompiledFunction:
     # ------------------------------------------------------------------ call
 
     def __call__(self, *args, **kwargs):
+        if _primitive._device_apply is not None and self.backend == "llvm" and \
+                self._on_cuda(args, kwargs):
+            # Cuda tensors exist and some reach this call: its twin on the cuda backend runs
+            # it, with device arrays in and out (the CPU path pays one test until then).
+            if self._cuda_twin is None:
+                self._cuda_twin = CompiledFunction(
+                    self.fn, backend="cuda", static_argnums=self.static_argnums,
+                    static_argnames=self.static_argnames, donate_argnums=self.donate_argnums,
+                    fullgraph=self.fullgraph, pipeline=self.pipeline)
+            return self._cuda_twin(*args, **kwargs)
         # Fast path: positional tensor arguments only, a signature seen before.
         if not kwargs and self._fast_ok:
             try:
@@ -290,6 +302,13 @@ class CompiledFunction:
             if not (is_grad_enabled() and any(t._requires_grad for t in leaves)):
                 entry.fast = _fast_call(entry)
         return self._run(entry, leaves)
+
+    def _on_cuda(self, args, kwargs) -> bool:
+        """Whether a tensor argument, or the module's state, is a cuda tensor."""
+        leaves, _ = tree_flatten((args, kwargs))
+        if self.module is not None:
+            leaves = leaves + [t for _, t in module_state(self.module)]
+        return any(t._trace is None and not isinstance(t._data, np.ndarray) for t in leaves)
 
     def entries(self) -> list[_Entry]:
         """Every compiled entry (a signature and the guards it was traced under)."""
@@ -381,7 +400,7 @@ class CompiledFunction:
                     target.is_leaf and target._requires_grad):
                 # A value without history (a buffer's running statistics, a parameter's
                 # update) is copied in; one with history is written as eager would.
-                np.copyto(target._data, value._data)
+                _copy_into(target._data, value._data)
                 target._version_counter.value += 1
             else:
                 functional.assign_(target, value)
@@ -583,6 +602,16 @@ def _differentiable_outputs(graph: Graph, wrt: tuple) -> list[bool]:
             for o in graph.outputs]
 
 
+def _copy_into(dst, src) -> None:
+    """Write ``src``'s values into the storage ``dst`` (host arrays, or device arrays of cuda
+    tensors)."""
+    if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
+        np.copyto(dst, src)
+    else:
+        from fusegrad.runtime.eager_cuda import copy_into
+        copy_into(dst, src)
+
+
 def _write_state(cap, inputs: list, results: list) -> None:
     """After a call: ``.grad`` slots and tensors made while tracing get their new values."""
     for leaf in cap.grad_clears:
@@ -592,7 +621,7 @@ def _write_state(cap, inputs: list, results: list) -> None:
         old = target._grad
         if in_place and old is not None:
             if value._data is not old._data:
-                np.copyto(old._data, value._data)
+                _copy_into(old._data, value._data)
             old._version_counter.value += 1
         else:
             if not target.is_leaf:
@@ -600,7 +629,7 @@ def _write_state(cap, inputs: list, results: list) -> None:
                                    "not a leaf at this call; its gradient cannot be written")
             target._grad = value
     for t, out in cap.internal_writes:
-        np.copyto(t._data, results[out]._data)
+        _copy_into(t._data, results[out]._data)
         t._version_counter.value += 1
 
 

@@ -84,3 +84,50 @@ def test_compiled_training_step_on_the_gpu_matches_eager():
     np.testing.assert_allclose(gpu_losses, eager_losses, rtol=1e-4)
     for a, b in zip(gpu_params, eager_params):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- cuda tensors
+
+
+def test_eager_cuda_tensors_match_numpy():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 1, 64)).astype(np.float32)
+    b = rng.standard_normal((50, 64)).astype(np.float32)
+    x, y = fg.tensor(a, device="cuda"), fg.tensor(b, device="cuda")
+    tol = {"rtol": 4e-5, "atol": 4e-5}
+    assert str((x + y).device) == "cuda:0"
+    np.testing.assert_allclose(((x * y).exp() - 1).cpu().numpy(), np.exp(a * b) - 1, **tol)
+    np.testing.assert_allclose((x + y).sum(1).cpu().numpy(), (a + b).sum(1), rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(y.amax(0).cpu().numpy(), b.max(0))
+    np.testing.assert_allclose((y @ y.T).cpu().numpy(), b @ b.T, rtol=1e-4, atol=1e-4)
+    s = fg.nn.functional.softmax(y, -1).cpu().numpy()
+    e = np.exp(b - b.max(-1, keepdims=True))
+    np.testing.assert_allclose(s, e / e.sum(-1, keepdims=True), **tol)
+    assert repr(fg.tensor([1., 2.], device="cuda")) == "tensor([1., 2.], device='cuda:0')"
+    with pytest.raises(RuntimeError, match="cuda:0 and cpu"):
+        x + fg.ones(64)
+    with pytest.raises(TypeError, match="Use Tensor.cpu()"):
+        x.numpy()
+
+
+def test_eager_mlp_on_cuda_matches_the_cpu():
+    fg.manual_seed(0)
+    cpu = fg.nn.Sequential(fg.nn.Linear(32, 64), fg.nn.GELU(), fg.nn.Linear(64, 10))
+    gpu = fg.nn.Sequential(fg.nn.Linear(32, 64), fg.nn.GELU(), fg.nn.Linear(64, 10))
+    gpu.load_state_dict(cpu.state_dict())
+    gpu.cuda()
+    x, y = fg.randn(16, 32), fg.tensor(np.arange(16) % 10)
+    fg.nn.functional.cross_entropy(cpu(x), y).backward()
+    fg.nn.functional.cross_entropy(gpu(x.cuda()), y.cuda()).backward()
+    for p, q in zip(cpu.parameters(), gpu.parameters()):
+        assert q.grad.is_cuda
+        np.testing.assert_allclose(q.grad.cpu().numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_compile_on_cuda_inputs_returns_cuda_tensors():
+    def f(x, w):
+        return fg.nn.functional.softmax(x @ w, -1).sum(0)
+    x, w = fg.randn(64, 32), fg.randn(32, 48)
+    got = fg.compile(f)(x.cuda(), w.cuda())
+    assert got.is_cuda
+    np.testing.assert_allclose(got.cpu().numpy(), f(x, w).numpy(), rtol=1e-4, atol=1e-5)
