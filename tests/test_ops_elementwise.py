@@ -384,6 +384,11 @@ def test_isclose_allclose_equal():
     assert fg.equal(fg.tensor([1, 2]), fg.tensor([1, 2]))
     assert not fg.equal(fg.tensor([1, 2]), fg.tensor([1, 3]))
     assert not fg.equal(fg.tensor([1, 2]), fg.tensor([[1, 2]]))
+    # more than one dimension: the whole tensor is reduced, not its rows
+    m = fg.tensor(np.arange(12.0).reshape(3, 4))
+    assert fg.equal(m, m.clone()) and m.equal(m) and fg.allclose(m, m + 1e-9)
+    assert not fg.equal(m, m.clone().masked_fill(m == 7.0, -1.0))
+    assert not fg.allclose(m, m + 1) and not m.allclose(m + 1)
 
 
 # --------------------------------------------------------------------------- where

@@ -491,13 +491,15 @@ def nan_to_num(x: Tensor, nan: float = 0.0, posinf: float | None = None,
 
 @public(torch=True, method=True)
 def allclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
-    return bool(all(isclose(x, other, rtol, atol, equal_nan)))
+    from fusegrad.ops.reductions import all as all_  # reductions imports this module
+    return bool(all_(isclose(x, other, rtol, atol, equal_nan)))
 
 
 @public(torch=True, method=True)
 def equal(x: Tensor, other: Tensor) -> bool:
     """True when both have the same shape and elements."""
-    return tuple(x.shape) == tuple(other.shape) and bool(all(eq(x, other)))
+    from fusegrad.ops.reductions import all as all_
+    return tuple(x.shape) == tuple(other.shape) and bool(all_(eq(x, other)))
 
 
 @public(torch=True, method=True)
