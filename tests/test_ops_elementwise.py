@@ -487,3 +487,18 @@ def test_aliases_and_functional_forms():
     p, q = fg.broadcast_tensors(fg.ones(3, 1), fg.zeros(4))
     assert p.shape == q.shape == (3, 4)
     assert fg.ones(6).reshape_as(fg.zeros(2, 3)).shape == (2, 3)
+
+
+def test_erf_float32_is_libm_rounded():
+    # float32 erf runs a table-driven expansion, not libm per element: its result must still
+    # be libm's erf rounded to float32, signed zeros, infinities and NaN included.
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(200_000) * np.exp(rng.uniform(-9, 3, 200_000))).astype(np.float32)
+    edge = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 5.9999, 6.0, -6.5, 1e-30, -1e-40,
+                     2.0 ** -11, 3.0 ** 0.5], dtype=np.float32)
+    x = np.concatenate([x, edge])
+    want = np.array([math.erf(v) for v in x.astype(np.float64).tolist()]).astype(np.float32)
+    got = fg.erf(fg.tensor(x)).numpy()
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    assert fg.erf(fg.tensor(np.float32(-0.5))).item() == np.float32(math.erf(-0.5))
