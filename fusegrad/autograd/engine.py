@@ -138,6 +138,7 @@ def _reads(prim, needs: tuple) -> tuple[frozenset, bool]:
 
 # (primitive, operands needing a gradient) -> what their rules read: a few entries per primitive.
 _READS: dict = {}
+_NO_EDGE = (None, 0)
 
 
 class PrimitiveNode(Node):
@@ -151,19 +152,26 @@ class PrimitiveNode(Node):
     __slots__ = ("prim", "attrs", "_in_types", "_needs", "_saved", "_out", "_freed")
 
     def __init__(self, prim, attrs: dict, operands: Sequence, out):
-        needs = tuple(op._requires_grad and prim.rule(i) is not None
-                      for i, op in enumerate(operands))
-        super().__init__(tuple(_edge(op) if n else (None, 0) for op, n in zip(operands, needs)),
+        # List comprehensions rather than generators: this runs once per recorded eager op.
+        rules = prim.vjp
+        if prim.variadic:
+            needs = tuple([op._requires_grad and rules[0] is not None for op in operands])
+        else:
+            needs = tuple([op._requires_grad and rule is not None
+                           for op, rule in zip(operands, rules)])
+        super().__init__(tuple([_edge(op) if n else _NO_EDGE for op, n in zip(operands, needs)]),
                          prim.grad_name or prim.name)
         self.prim = prim
         self.attrs = attrs
         self._needs = needs
-        self._in_types = tuple(op._type() for op in operands)
+        self._in_types = tuple([op._type() for op in operands])
         try:
             reads, reads_output = _READS[prim, needs]
         except KeyError:
             reads, reads_output = _READS.setdefault((prim, needs), _reads(prim, needs))
-        self._saved = tuple(_Saved(op) if i in reads else None for i, op in enumerate(operands))
+        self._saved = (tuple([_Saved(op) if i in reads else None
+                              for i, op in enumerate(operands)])
+                       if reads else (None,) * len(operands))
         # Keep the output's data, not the output itself: the output holds this node as its
         # grad_fn, and a strong reference back would make a cycle.
         self._out = _Saved(out.detach(), self._name) if reads_output else None
@@ -172,8 +180,8 @@ class PrimitiveNode(Node):
     def apply(self, grad, create_graph: bool, retain_graph: bool) -> tuple:
         if self._freed:
             raise RuntimeError(_FREED_MESSAGE)
-        primals = tuple(s.unpack(self) if s is not None else t
-                        for s, t in zip(self._saved, self._in_types))
+        primals = tuple([s.unpack(self) if s is not None else t
+                         for s, t in zip(self._saved, self._in_types)])
         out = None
         if self._out is not None:
             out = self._out.unpack(self)
@@ -181,8 +189,9 @@ class PrimitiveNode(Node):
                 out = out.detach()
                 out.grad_fn = self
                 out._requires_grad = True
-        grads = tuple(self.prim.cotangent(i, grad, out, primals, self.attrs) if n else None
-                      for i, n in enumerate(self._needs))
+        cotangent, attrs = self.prim.cotangent, self.attrs
+        grads = [cotangent(i, grad, out, primals, attrs) if n else None
+                 for i, n in enumerate(self._needs)]
         return _check_grads(self, grads)
 
     def release(self) -> None:
@@ -200,11 +209,11 @@ def _check_grads(node: Node, grads) -> tuple:
     fixed = []
     for g, t in zip(grads, types):
         if g is not None:
-            if tuple(g.shape) != t.shape:
+            if g._data.shape != t.shape:
                 raise RuntimeError(
                     f"Function {node.name()} returned an invalid gradient: got shape "
                     f"{list(g.shape)} but expected shape compatible with {list(t.shape)}")
-            if g.dtype is not t.dtype and t.dtype.is_floating_point:
+            if g._dtype is not t.dtype and t.dtype.is_floating_point:
                 g = g.to(t.dtype)
         fixed.append(g)
     return tuple(fixed)
@@ -483,7 +492,7 @@ def _record_eager_node(prim, operands, attrs, out) -> None:
     else:
         return
     out.grad_fn = PrimitiveNode(prim, attrs, operands, out)
-    out.requires_grad = True
+    out._requires_grad = True     # a float result with a grad_fn: requires_grad_'s checks pass
 
 
 _primitive._record_eager_node = _record_eager_node
