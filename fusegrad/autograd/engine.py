@@ -20,7 +20,8 @@ import itertools
 import weakref
 from typing import Sequence
 
-from fusegrad.autograd.grad_mode import is_grad_enabled, set_grad_enabled
+from fusegrad.autograd.grad_mode import _state as _grad_state
+from fusegrad.autograd.grad_mode import set_grad_enabled
 from fusegrad.ops import primitive as _primitive
 
 __all__ = ["Node", "PrimitiveNode", "AccumulateGrad", "run_backward", "backward", "grad"]
@@ -309,11 +310,13 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
     if restrict:
         needed = set(captures)
         # Reverse creation order visits every consumer before the nodes it consumes.
-        for node in sorted(order, key=lambda n: n._seq):
+        for node in sorted(order, key=_seq_of):
             if stop_at_inputs and node in captures:
                 continue
-            if any(c in needed for c, _ in node.next_functions if c is not None):
-                needed.add(node)
+            for c, _ in node.next_functions:
+                if c in needed:          # None never is
+                    needed.add(node)
+                    break
     else:
         needed = None
 
@@ -326,18 +329,20 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
             heapq.heappush(ready, (-node._seq, id(node), node))
     results: list = [None] * (len(inputs) if inputs is not None else 0)
 
+    heappop, heappush = heapq.heappop, heapq.heappush
     with set_grad_enabled(create_graph):
         while ready:
-            _, _, node = heapq.heappop(ready)
+            node = heappop(ready)[2]
             grad = buffers.pop(node, None)
             if grad is not None:
-                for hook in node._pre_hooks or ():
-                    out = hook(grad)
-                    if out is not None:
-                        grad = out
+                if node._pre_hooks:
+                    for hook in node._pre_hooks:
+                        out = hook(grad)
+                        if out is not None:
+                            grad = out
                 if node._retained:
                     _fill_retained(node, grad, create_graph)
-            if node in captures:
+            if captures and node in captures:
                 if grad is not None:
                     i = captures[node]
                     if accumulate and isinstance(node, AccumulateGrad):
@@ -355,15 +360,18 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
                 in_grads = ()
             if not retain_graph:
                 node.release()
+            n_grads = len(in_grads)
             for k, (child, _) in enumerate(node.next_functions):
                 if child is None:
                     continue
-                gi = in_grads[k] if k < len(in_grads) else None
+                gi = in_grads[k] if k < n_grads else None
                 if gi is not None and (needed is None or child in needed):
-                    _accumulate(buffers, child, gi, create_graph)
-                deps[child] -= 1
-                if deps[child] == 0:
-                    heapq.heappush(ready, (-child._seq, id(child), child))
+                    prev = buffers.get(child)
+                    buffers[child] = gi if prev is None else prev + gi
+                left = deps[child] - 1
+                deps[child] = left
+                if left == 0:
+                    heappush(ready, (-child._seq, id(child), child))
 
     if not accumulate and inputs is not None:
         for i, r in enumerate(results):
@@ -373,6 +381,10 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
                     "graph. Set allow_unused=True if this is the desired behavior.")
         return results
     return None
+
+
+def _seq_of(node: Node) -> int:
+    return node._seq
 
 
 def _accumulate(buffers: dict, node: Node, g, create_graph: bool) -> None:
@@ -482,7 +494,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
 
 def _record_eager_node(prim, operands, attrs, out) -> None:
     # Integer and bool results (x.long(), x // y on ints) are not differentiable, as in torch.
-    if prim.vjp is None or not is_grad_enabled() or not out._dtype.is_floating_point:
+    # (is_grad_enabled and is_floating_point spelled out: this runs for every eager op.)
+    if prim.vjp is None or not getattr(_grad_state, "enabled", True) or \
+            out._dtype.category != 2:
         return
     for op in operands:
         if op._base is not None:
