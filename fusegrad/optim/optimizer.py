@@ -14,6 +14,8 @@ from collections import defaultdict
 from itertools import chain
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import enable_grad
 from fusegrad.ops import functional as F
@@ -89,12 +91,12 @@ def eager_arrays(*tensors: Tensor | None) -> list | None:
     """The numpy arrays of ``tensors`` when an update may run on them directly, else None.
 
     An eager update (not traced, not captured by a compiled function) of float32 or float64
-    tensors of one dtype and shape, none a view or read-only, computes with numpy ufuncs
-    exactly what the tensor ops compute: the same ufuncs in the same order, with each Python
-    scalar first rounded to the tensors' dtype, as the ops' promotion does. It skips their
-    dispatch, autograd checks and out-of-place copies (torch's fused multi-tensor path plays
-    that part there). None entries are passed through. Callers bump version counters as the
-    in-place ops would.
+    tensors of one dtype and shape held in numpy arrays (on the CPU), none a view or
+    read-only, computes with numpy ufuncs exactly what the tensor ops compute: the same
+    ufuncs in the same order, with each Python scalar first rounded to the tensors' dtype,
+    as the ops' promotion does. It skips their dispatch, autograd checks and out-of-place
+    copies (torch's fused multi-tensor path plays that part there). None entries are passed
+    through. Callers bump version counters as the in-place ops would.
     """
     if primitive.CAPTURE:
         return None
@@ -109,7 +111,7 @@ def eager_arrays(*tensors: Tensor | None) -> list | None:
             continue
         a = t._data
         if (t._trace is not None or t._dtype is not dtype or t._base is not None
-                or a.shape != shape or not a.flags.writeable):
+                or type(a) is not np.ndarray or a.shape != shape or not a.flags.writeable):
             return None
         arrays.append(a)
     return arrays
