@@ -196,8 +196,9 @@ class PrimitiveNode(Node):
         return _check_grads(self, grads)
 
     def release(self) -> None:
-        if self._out is not None or any(s is not None for s in self._saved):
-            self._saved = tuple(None for _ in self._saved)
+        saved = self._saved
+        if self._out is not None or saved.count(None) != len(saved):
+            self._saved = (None,) * len(saved)
             self._out = None
             self._freed = True
 
