@@ -486,10 +486,12 @@ def _where_impl(c, x, y):
     """np.where's result, bit for bit, selected with integer bit operations: np.where
     branches per element, and on a random mask (ReLU's) mispredicts about half of them, which
     made it ten times slower than a ufunc pass. y ^ ((x ^ y) & mask), mask all ones where c."""
-    u = _UNSIGNED_OF_SIZE.get(x.dtype.itemsize)
-    if u is None or x.dtype != y.dtype or c.dtype != np.bool_ or c.ndim == x.ndim == y.ndim == 0:
-        return np.where(c, x, y)
-    mask = np.asarray(c).astype(u)      # an array even when c is a numpy scalar
+    if not (type(c) is type(x) is type(y) is np.ndarray) or c.dtype != np.bool_ \
+            or x.dtype != y.dtype or x.dtype.itemsize not in _UNSIGNED_OF_SIZE \
+            or c.ndim == x.ndim == y.ndim == 0:
+        return np.where(c, x, y)          # scalars, mixed types, 0-d: nothing to gain
+    u = _UNSIGNED_OF_SIZE[x.dtype.itemsize]
+    mask = c.astype(u)
     np.negative(mask, out=mask)          # 1 -> all ones (unsigned negation wraps)
     yb = y.view(u)
     out = np.bitwise_and(np.bitwise_xor(x.view(u), yb, order="C"), mask, order="C")
