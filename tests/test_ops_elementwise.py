@@ -492,3 +492,42 @@ def test_aliases_and_functional_forms():
     p, q = fg.broadcast_tensors(fg.ones(3, 1), fg.zeros(4))
     assert p.shape == q.shape == (3, 4)
     assert fg.ones(6).reshape_as(fg.zeros(2, 3)).shape == (2, 3)
+
+
+def test_erf_float32_is_libm_rounded():
+    # float32 erf runs a table-driven expansion, not libm per element: its result must still
+    # be libm's erf rounded to float32, signed zeros, infinities and NaN included.
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(200_000) * np.exp(rng.uniform(-9, 3, 200_000))).astype(np.float32)
+    edge = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 5.9999, 6.0, -6.5, 1e-30, -1e-40,
+                     2.0 ** -11, 3.0 ** 0.5], dtype=np.float32)
+    x = np.concatenate([x, edge])
+    want = np.array([math.erf(v) for v in x.astype(np.float64).tolist()]).astype(np.float32)
+    got = fg.erf(fg.tensor(x)).numpy()
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    assert fg.erf(fg.tensor(np.float32(-0.5))).item() == np.float32(math.erf(-0.5))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int64, np.int8, np.bool_])
+def test_where_primitive_matches_np_where_bitwise(dtype):
+    # where's reference selects with bit operations instead of np.where: the bits (NaN
+    # payloads, signed zeros), the broadcast shape and the C layout must be np.where's.
+    from fusegrad.ops.prims import where
+    rng = np.random.default_rng(0)
+    special = np.array([np.nan, -0.0, np.inf, -np.inf, 1.5]) if np.dtype(dtype).kind == "f" \
+        else np.array([1, 0])
+    cases = [((7, 1, 5), (1, 6, 5), (7, 6, 1)), ((4, 3), (), (4, 3)), ((), (5,), ()),
+             ((3, 4), (3, 4), (3, 4)), ((), (), ()), ((0, 3), (3,), (1, 3))]
+    for xs, ys, cs in cases:
+        x = (rng.standard_normal(xs) * 5).astype(dtype)
+        y = rng.choice(special, ys).astype(dtype) if ys else np.asarray(special[0], dtype)
+        c = rng.random(cs) < 0.5
+        got = where.impl(c, x, y)
+        want = np.where(c, x, y)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got).reshape(-1).view(np.uint8),
+                                      want.reshape(-1).view(np.uint8))
+    xt = rng.standard_normal((6, 5)).astype(dtype).T       # a transposed operand
+    c = rng.random((5, 6)) < 0.5
+    assert where.impl(c, xt, xt[::-1]).flags.c_contiguous

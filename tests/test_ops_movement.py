@@ -402,3 +402,21 @@ def test_repeat_interleave_matches_numpy():
     counts = fg.tensor([1, 2])
     np.testing.assert_array_equal(x.repeat_interleave(counts, dim=0).detach().numpy(),
                                   np.repeat(x.detach().numpy(), [1, 2], axis=0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int64])
+def test_pad_primitive_matches_np_pad(dtype):
+    # The pad primitive's reference fills and copies instead of calling np.pad: the bits,
+    # signed zeros and non-finite fill values included, must be np.pad's.
+    from fusegrad.ops.prims import pad
+    rng = np.random.default_rng(0)
+    cases = [((3, 4), ((1, 2), (0, 3))), ((2, 0, 3), ((0, 0), (2, 1), (1, 1))),
+             ((2, 3, 4, 5), ((0, 1), (1, 0), (2, 2), (0, 0))), ((5,), ((0, 0),))]
+    values = [0, -3] if dtype == np.int64 else [0, -0.0, 1.5, float("-inf"), float("nan")]
+    for shape, widths in cases:
+        x = (rng.standard_normal(shape) * 3).astype(dtype)
+        for v in values:
+            got = pad.impl(x, widths=widths, value=v)
+            want = np.pad(x, widths, constant_values=v)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

@@ -396,3 +396,61 @@ def test_training_a_model_end_to_end():
         first = loss.item() if first is None else first
     assert loss.item() < 0.2 * first
     assert (model(x).argmax(1) == y).float().mean().item() > 0.95
+
+
+_ARRAY_PATH_CONFIGS = [
+    (optim.SGD, {"lr": 0.1}),
+    (optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}),
+    (optim.SGD, {"lr": 0.1, "momentum": 0.9, "dampening": 0.3, "maximize": True}),
+    (optim.SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 1}),
+    (optim.Adam, {"lr": 1e-2}),
+    (optim.Adam, {"lr": 1e-2, "weight_decay": 0.1, "maximize": True}),
+    (optim.Adam, {"lr": 1e-2, "betas": (0.3, 0.9)}),      # lerp from the other end
+    (optim.AdamW, {"lr": 3e-3, "weight_decay": 0.1}),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("cls,kwargs", _ARRAY_PATH_CONFIGS)
+def test_eager_array_update_equals_the_tensor_ops(cls, kwargs, dtype, monkeypatch):
+    # Eager steps update float32/float64 parameters on their numpy arrays in place; the
+    # result, the state and the version counters must be the tensor ops' exactly.
+    from fusegrad.optim import adam, sgd
+    rng = np.random.default_rng(0)
+    shapes = [(5, 3), (3,), ()]
+    init = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(dtype) for s in shapes] for _ in range(3)]
+
+    def run():
+        params = [fusegrad.tensor(a.copy(), requires_grad=True) for a in init]
+        opt = cls(params, **kwargs)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads):
+                p.grad = fusegrad.tensor(g)
+            opt.step()
+        state = [{k: v.numpy() if hasattr(v, "numpy") else v for k, v in opt.state[p].items()}
+                 for p in params]
+        return ([p.detach().numpy() for p in params], state,
+                [p._version_counter.value for p in params], len(opt.state))
+
+    taken = []
+
+    def spy(*tensors):
+        arrays = eager_arrays(*tensors)
+        taken.append(arrays is not None)
+        return arrays
+    eager_arrays = sgd.eager_arrays
+    monkeypatch.setattr(sgd, "eager_arrays", spy)
+    monkeypatch.setattr(adam, "eager_arrays", spy)
+    fast = run()
+    assert taken and all(taken)
+    monkeypatch.setattr(sgd, "eager_arrays", lambda *t: None)
+    monkeypatch.setattr(adam, "eager_arrays", lambda *t: None)
+    slow = run()
+    for a, b in zip(fast[0], slow[0]):
+        np.testing.assert_array_equal(a, b)
+    for sa, sb in zip(fast[1], slow[1]):
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            np.testing.assert_array_equal(sa[k], sb[k])
+    assert fast[2:] == slow[2:]

@@ -20,7 +20,8 @@ import itertools
 import weakref
 from typing import Sequence
 
-from fusegrad.autograd.grad_mode import is_grad_enabled, set_grad_enabled
+from fusegrad.autograd.grad_mode import _state as _grad_state
+from fusegrad.autograd.grad_mode import set_grad_enabled
 from fusegrad.ops import primitive as _primitive
 
 __all__ = ["Node", "PrimitiveNode", "AccumulateGrad", "run_backward", "backward", "grad"]
@@ -138,6 +139,7 @@ def _reads(prim, needs: tuple) -> tuple[frozenset, bool]:
 
 # (primitive, operands needing a gradient) -> what their rules read: a few entries per primitive.
 _READS: dict = {}
+_NO_EDGE = (None, 0)
 
 
 class PrimitiveNode(Node):
@@ -151,19 +153,26 @@ class PrimitiveNode(Node):
     __slots__ = ("prim", "attrs", "_in_types", "_needs", "_saved", "_out", "_freed")
 
     def __init__(self, prim, attrs: dict, operands: Sequence, out):
-        needs = tuple(op._requires_grad and prim.rule(i) is not None
-                      for i, op in enumerate(operands))
-        super().__init__(tuple(_edge(op) if n else (None, 0) for op, n in zip(operands, needs)),
+        # List comprehensions rather than generators: this runs once per recorded eager op.
+        rules = prim.vjp
+        if prim.variadic:
+            needs = tuple([op._requires_grad and rules[0] is not None for op in operands])
+        else:
+            needs = tuple([op._requires_grad and rule is not None
+                           for op, rule in zip(operands, rules)])
+        super().__init__(tuple([_edge(op) if n else _NO_EDGE for op, n in zip(operands, needs)]),
                          prim.grad_name or prim.name)
         self.prim = prim
         self.attrs = attrs
         self._needs = needs
-        self._in_types = tuple(op._type() for op in operands)
+        self._in_types = tuple([op._type() for op in operands])
         try:
             reads, reads_output = _READS[prim, needs]
         except KeyError:
             reads, reads_output = _READS.setdefault((prim, needs), _reads(prim, needs))
-        self._saved = tuple(_Saved(op) if i in reads else None for i, op in enumerate(operands))
+        self._saved = (tuple([_Saved(op) if i in reads else None
+                              for i, op in enumerate(operands)])
+                       if reads else (None,) * len(operands))
         # Keep the output's data, not the output itself: the output holds this node as its
         # grad_fn, and a strong reference back would make a cycle.
         self._out = _Saved(out.detach(), self._name) if reads_output else None
@@ -172,8 +181,8 @@ class PrimitiveNode(Node):
     def apply(self, grad, create_graph: bool, retain_graph: bool) -> tuple:
         if self._freed:
             raise RuntimeError(_FREED_MESSAGE)
-        primals = tuple(s.unpack(self) if s is not None else t
-                        for s, t in zip(self._saved, self._in_types))
+        primals = tuple([s.unpack(self) if s is not None else t
+                         for s, t in zip(self._saved, self._in_types)])
         out = None
         if self._out is not None:
             out = self._out.unpack(self)
@@ -181,13 +190,15 @@ class PrimitiveNode(Node):
                 out = out.detach()
                 out.grad_fn = self
                 out._requires_grad = True
-        grads = tuple(self.prim.cotangent(i, grad, out, primals, self.attrs) if n else None
-                      for i, n in enumerate(self._needs))
+        cotangent, attrs = self.prim.cotangent, self.attrs
+        grads = [cotangent(i, grad, out, primals, attrs) if n else None
+                 for i, n in enumerate(self._needs)]
         return _check_grads(self, grads)
 
     def release(self) -> None:
-        if self._out is not None or any(s is not None for s in self._saved):
-            self._saved = tuple(None for _ in self._saved)
+        saved = self._saved
+        if self._out is not None or saved.count(None) != len(saved):
+            self._saved = (None,) * len(saved)
             self._out = None
             self._freed = True
 
@@ -200,11 +211,11 @@ def _check_grads(node: Node, grads) -> tuple:
     fixed = []
     for g, t in zip(grads, types):
         if g is not None:
-            if tuple(g.shape) != t.shape:
+            if g._data.shape != t.shape:
                 raise RuntimeError(
                     f"Function {node.name()} returned an invalid gradient: got shape "
                     f"{list(g.shape)} but expected shape compatible with {list(t.shape)}")
-            if g.dtype is not t.dtype and t.dtype.is_floating_point:
+            if g._dtype is not t.dtype and t.dtype.is_floating_point:
                 g = g.to(t.dtype)
         fixed.append(g)
     return tuple(fixed)
@@ -300,11 +311,13 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
     if restrict:
         needed = set(captures)
         # Reverse creation order visits every consumer before the nodes it consumes.
-        for node in sorted(order, key=lambda n: n._seq):
+        for node in sorted(order, key=_seq_of):
             if stop_at_inputs and node in captures:
                 continue
-            if any(c in needed for c, _ in node.next_functions if c is not None):
-                needed.add(node)
+            for c, _ in node.next_functions:
+                if c in needed:          # None never is
+                    needed.add(node)
+                    break
     else:
         needed = None
 
@@ -317,18 +330,20 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
             heapq.heappush(ready, (-node._seq, id(node), node))
     results: list = [None] * (len(inputs) if inputs is not None else 0)
 
+    heappop, heappush = heapq.heappop, heapq.heappush
     with set_grad_enabled(create_graph):
         while ready:
-            _, _, node = heapq.heappop(ready)
+            node = heappop(ready)[2]
             grad = buffers.pop(node, None)
             if grad is not None:
-                for hook in node._pre_hooks or ():
-                    out = hook(grad)
-                    if out is not None:
-                        grad = out
+                if node._pre_hooks:
+                    for hook in node._pre_hooks:
+                        out = hook(grad)
+                        if out is not None:
+                            grad = out
                 if node._retained:
                     _fill_retained(node, grad, create_graph)
-            if node in captures:
+            if captures and node in captures:
                 if grad is not None:
                     i = captures[node]
                     if accumulate and isinstance(node, AccumulateGrad):
@@ -346,15 +361,18 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
                 in_grads = ()
             if not retain_graph:
                 node.release()
+            n_grads = len(in_grads)
             for k, (child, _) in enumerate(node.next_functions):
                 if child is None:
                     continue
-                gi = in_grads[k] if k < len(in_grads) else None
+                gi = in_grads[k] if k < n_grads else None
                 if gi is not None and (needed is None or child in needed):
-                    _accumulate(buffers, child, gi, create_graph)
-                deps[child] -= 1
-                if deps[child] == 0:
-                    heapq.heappush(ready, (-child._seq, id(child), child))
+                    prev = buffers.get(child)
+                    buffers[child] = gi if prev is None else prev + gi
+                left = deps[child] - 1
+                deps[child] = left
+                if left == 0:
+                    heappush(ready, (-child._seq, id(child), child))
 
     if not accumulate and inputs is not None:
         for i, r in enumerate(results):
@@ -364,6 +382,10 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
                     "graph. Set allow_unused=True if this is the desired behavior.")
         return results
     return None
+
+
+def _seq_of(node: Node) -> int:
+    return node._seq
 
 
 def _accumulate(buffers: dict, node: Node, g, create_graph: bool) -> None:
@@ -473,7 +495,9 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
 
 def _record_eager_node(prim, operands, attrs, out) -> None:
     # Integer and bool results (x.long(), x // y on ints) are not differentiable, as in torch.
-    if prim.vjp is None or not is_grad_enabled() or not out._dtype.is_floating_point:
+    # (is_grad_enabled and is_floating_point spelled out: this runs for every eager op.)
+    if prim.vjp is None or not getattr(_grad_state, "enabled", True) or \
+            out._dtype.category != 2:
         return
     for op in operands:
         if op._base is not None:
@@ -483,7 +507,7 @@ def _record_eager_node(prim, operands, attrs, out) -> None:
     else:
         return
     out.grad_fn = PrimitiveNode(prim, attrs, operands, out)
-    out.requires_grad = True
+    out._requires_grad = True     # a float result with a grad_fn: requires_grad_'s checks pass
 
 
 _primitive._record_eager_node = _record_eager_node

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
 from fusegrad.ops.creation import tensor
 from fusegrad.optim._checks import check_adam_args
-from fusegrad.optim.optimizer import Optimizer, addcdiv_, addcmul_, lerp_
+from fusegrad.optim.optimizer import Optimizer, addcdiv_, addcmul_, eager_arrays, lerp_, plain_scalars
 
 __all__ = ["Adam", "AdamW"]
 
@@ -62,8 +64,12 @@ class Adam(Optimizer):
             beta1, beta2 = group["betas"]
             lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
             amsgrad = group["amsgrad"]
+            fast = (not amsgrad and not group["capturable"] and not primitive.is_compiling()
+                    and plain_scalars(lr, eps, weight_decay, beta1, beta2))
             for p in group["params"]:
                 if p.grad is None:
+                    continue
+                if fast and self._step_arrays(p, group):
                     continue
                 grad = F.neg(p.grad) if group["maximize"] else p.grad
                 state = self._state(p, amsgrad)
@@ -105,6 +111,51 @@ class Adam(Optimizer):
                     denom = F.add(F.div(F.sqrt(second), bias2 ** 0.5), eps)
                     addcdiv_(p, exp_avg, denom, -(lr / bias1))
         return loss
+
+    def _step_arrays(self, p, group: dict) -> bool:
+        """The eager update above (no amsgrad) on ``p``'s numpy arrays, in place (see
+        ``eager_arrays``); False when it must take the tensor ops."""
+        state = self._state(p, False)
+        step_t, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
+        if step_t._trace is not None or step_t._dtype is not dtypes.float32 \
+                or step_t._base is not None:
+            return False
+        arrays = eager_arrays(p, p.grad, exp_avg, exp_avg_sq)
+        if arrays is None:
+            return False
+        pd, grad, m, v = arrays
+        beta1, beta2 = group["betas"]
+        lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+        scalar = pd.dtype.type
+        if group["maximize"]:
+            grad = np.negative(grad)
+        step_t._data += np.float32(1)
+        if weight_decay != 0:
+            if group["decoupled_weight_decay"]:
+                pd *= scalar(1 - lr * weight_decay)
+                p._version_counter.value += 1
+            else:
+                grad = grad + pd * scalar(weight_decay)
+        # lerp_, addcmul_ and addcdiv_ of optimizer.py, in their order of operations
+        weight = 1 - beta1
+        if abs(weight) < 0.5:
+            m += (grad - m) * scalar(weight)
+        else:
+            np.subtract(grad, (grad - m) * scalar(1 - weight), out=m)
+        v *= scalar(beta2)
+        v += grad * scalar(1 - beta2) * grad
+        step = step_t._data.item()
+        bias1 = 1 - beta1 ** step
+        bias2 = 1 - beta2 ** step
+        denom = np.sqrt(v)
+        denom /= scalar(bias2 ** 0.5)
+        denom += scalar(eps)
+        pd += m * scalar(-(lr / bias1)) / denom
+        step_t._version_counter.value += 1
+        exp_avg._version_counter.value += 1
+        exp_avg_sq._version_counter.value += 2
+        p._version_counter.value += 1
+        return True
 
 
 class AdamW(Adam):

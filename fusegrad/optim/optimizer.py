@@ -14,12 +14,17 @@ from collections import defaultdict
 from itertools import chain
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
+from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import enable_grad
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
 from fusegrad.tensor import Tensor
 
 __all__ = ["Optimizer", "required"]
+
+_ARRAY_DTYPES = (dtypes.float32, dtypes.float64)
 
 
 def _captured_step(step: Callable) -> Callable:
@@ -80,6 +85,42 @@ def addcmul_(t: Tensor, a: Tensor, b: Tensor, value: float = 1.0) -> Tensor:
 def addcdiv_(t: Tensor, a: Tensor, b: Tensor, value: float = 1.0) -> Tensor:
     """``t += value * a / b``."""
     return t.add_(F.div(F.mul(a, value), b))
+
+
+def eager_arrays(*tensors: Tensor | None) -> list | None:
+    """The numpy arrays of ``tensors`` when an update may run on them directly, else None.
+
+    An eager update (not traced, not captured by a compiled function) of float32 or float64
+    tensors of one dtype and shape held in numpy arrays (on the CPU), none a view or
+    read-only, computes with numpy ufuncs exactly what the tensor ops compute: the same
+    ufuncs in the same order, with each Python scalar first rounded to the tensors' dtype,
+    as the ops' promotion does. It skips their dispatch, autograd checks and out-of-place
+    copies (torch's fused multi-tensor path plays that part there). None entries are passed
+    through. Callers bump version counters as the in-place ops would.
+    """
+    if primitive.CAPTURE:
+        return None
+    first = next(t for t in tensors if t is not None)
+    dtype, shape = first._dtype, first._data.shape
+    if dtype not in _ARRAY_DTYPES:
+        return None
+    arrays = []
+    for t in tensors:
+        if t is None:
+            arrays.append(None)
+            continue
+        a = t._data
+        if (t._trace is not None or t._dtype is not dtype or t._base is not None
+                or type(a) is not np.ndarray or a.shape != shape or not a.flags.writeable):
+            return None
+        arrays.append(a)
+    return arrays
+
+
+def plain_scalars(*values) -> bool:
+    """Whether every hyperparameter is a Python int or float (a tensor or numpy scalar
+    promotes differently, so it takes the tensor ops)."""
+    return all(type(v) is float or type(v) is int for v in values)
 
 
 class Optimizer:

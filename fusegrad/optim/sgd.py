@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops import functional as F
-from fusegrad.optim.optimizer import Optimizer
+from fusegrad.optim.optimizer import Optimizer, eager_arrays, plain_scalars
+from fusegrad.tensor import Tensor
 
 __all__ = ["SGD"]
 
@@ -47,8 +50,11 @@ class SGD(Optimizer):
         for group in self.param_groups:
             lr, momentum = group["lr"], group["momentum"]
             dampening, weight_decay = group["dampening"], group["weight_decay"]
+            fast = plain_scalars(lr, momentum, dampening, weight_decay)
             for p in group["params"]:
                 if p.grad is None:
+                    continue
+                if fast and self._step_arrays(p, group):
                     continue
                 grad = F.neg(p.grad) if group["maximize"] else p.grad
                 if weight_decay != 0:
@@ -64,3 +70,32 @@ class SGD(Optimizer):
                     grad = F.add(grad, buf, alpha=momentum) if group["nesterov"] else buf
                 p.add_(grad, alpha=-lr)
         return loss
+
+    def _step_arrays(self, p, group: dict) -> bool:
+        """The update above on ``p``'s numpy arrays, in place (see ``eager_arrays``); False
+        when it must take the tensor ops."""
+        state = self.state.get(p)     # not self.state[p]: no empty entry without momentum
+        buf = state.get("momentum_buffer") if state else None
+        arrays = eager_arrays(p, p.grad, buf)
+        if arrays is None:
+            return False
+        pd, grad, bd = arrays
+        lr, momentum = group["lr"], group["momentum"]
+        dampening, weight_decay = group["dampening"], group["weight_decay"]
+        scalar = pd.dtype.type
+        if group["maximize"]:
+            grad = np.negative(grad)
+        if weight_decay != 0:
+            grad = grad + pd * scalar(weight_decay)
+        if momentum != 0:
+            if bd is None:
+                buf = self.state[p]["momentum_buffer"] = Tensor._wrap(np.array(grad), p._dtype)
+                bd = buf._data
+            else:
+                bd *= scalar(momentum)
+                bd += grad * scalar(1 - dampening) if 1 - dampening != 1 else grad
+                buf._version_counter.value += 2
+            grad = grad + bd * scalar(momentum) if group["nesterov"] else bd
+        pd += grad * scalar(-lr) if -lr != 1 else grad
+        p._version_counter.value += 1
+        return True
