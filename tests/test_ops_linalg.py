@@ -153,3 +153,186 @@ def test_matmul_double_backward():
     x = fg.tensor(arr(2, 3), requires_grad=True)
     y = fg.tensor(arr(3, 2, seed=1), requires_grad=True)
     assert gradgradcheck(lambda p, q: (p @ q).tanh(), [x, y])
+
+
+# --------------------------------------------------------------------------- torch.linalg
+# Decompositions and solvers: values against numpy's LAPACK, gradients against central finite
+# differences in float64. Symmetric inputs are built inside the function (A = X X^T + n I) so
+# that the differences move through the whole matrix, as the analytic gradient assumes; losses
+# of SVD and eigh factors are invariant to the sign of each singular/eigen vector.
+
+
+def _spd(x):
+    n = x.shape[-1]
+    return x @ x.mT + n * fg.eye(n, dtype=x.dtype)
+
+
+def _well_conditioned(*shape, seed=0):
+    n = shape[-1]
+    return arr(*shape, seed=seed) + 3 * np.eye(n)
+
+
+@pytest.mark.parametrize("ord_", [2, 1, 3.5, np.inf, -np.inf, 0.5])
+def test_linalg_vector_norm_gradcheck(ord_):
+    check_grad(lambda x: fg.linalg.vector_norm(x, ord_, dim=-1), arr(3, 4, seed=2))
+    check_grad(lambda x: fg.linalg.norm(x, ord_), arr(5, seed=3))
+
+
+@pytest.mark.parametrize("ord_", ["fro", "nuc", 2, -2, 1, -1, np.inf, -np.inf])
+def test_linalg_matrix_norm_values_and_gradcheck(ord_):
+    a = arr(2, 3, 4, seed=4)
+    assert_close(fg.linalg.matrix_norm(fg.tensor(a), ord_), np.linalg.norm(a, ord_, axis=(-2, -1)),
+                 rtol=1e-10)
+    check_grad(lambda x: fg.linalg.matrix_norm(x, ord_), a)
+    check_grad(lambda x: fg.linalg.norm(x, ord_ if ord_ != "fro" else None), a[0])
+
+
+def test_linalg_inv_values_and_gradcheck():
+    a = _well_conditioned(2, 3, 3)
+    assert_close(fg.linalg.inv(fg.tensor(a)), np.linalg.inv(a), rtol=1e-10, atol=1e-12)
+    assert_close(fg.inverse(fg.tensor(a[0])), np.linalg.inv(a[0]), rtol=1e-10, atol=1e-12)
+    check_grad(fg.linalg.inv, a)
+    with pytest.raises(RuntimeError, match="singular"):
+        fg.linalg.inv(fg.zeros(2, 2))
+
+
+def test_linalg_solve_values_and_gradcheck():
+    a, b, v = _well_conditioned(2, 3, 3), arr(2, 3, 2, seed=1), arr(3, seed=5)
+    assert_close(fg.linalg.solve(fg.tensor(a), fg.tensor(b)), np.linalg.solve(a, b), rtol=1e-10)
+    # A vector right-hand side, broadcast over the batch of matrices.
+    got = fg.linalg.solve(fg.tensor(a), fg.tensor(v))
+    assert_close(got, np.linalg.solve(a, v[None, :, None].repeat(2, 0))[..., 0], rtol=1e-10)
+    check_grad(fg.linalg.solve, a, b)
+    check_grad(fg.linalg.solve, a[0], v)
+    check_grad(lambda x, y: fg.linalg.solve(x, y, left=False), a, arr(2, 2, 3, seed=6))
+
+
+def test_linalg_det_slogdet_logdet():
+    a = arr(3, 4, 4, seed=7)
+    assert_close(fg.linalg.det(fg.tensor(a)), np.linalg.det(a), rtol=1e-10)
+    sign, logabs = fg.linalg.slogdet(fg.tensor(a))
+    ref_sign, ref_log = np.linalg.slogdet(a)
+    assert_close(sign, ref_sign) and assert_close(logabs, ref_log, rtol=1e-10)
+    ref = np.where(ref_sign < 0, np.nan, ref_log)
+    assert_close(fg.logdet(fg.tensor(a)), ref, rtol=1e-10)
+    check_grad(fg.det, a)
+    check_grad(lambda x: fg.slogdet(x).logabsdet, a)
+    check_grad(lambda x: fg.logdet(_spd(x)), a)
+
+
+def test_linalg_cholesky_values_and_gradcheck():
+    x = arr(2, 3, 3, seed=8)
+    spd = x @ np.swapaxes(x, -1, -2) + 3 * np.eye(3)
+    low = np.linalg.cholesky(spd)
+    assert_close(fg.linalg.cholesky(fg.tensor(spd)), low, rtol=1e-10, atol=1e-12)
+    assert_close(fg.linalg.cholesky(fg.tensor(spd), upper=True), np.swapaxes(low, -1, -2),
+                 rtol=1e-10, atol=1e-12)
+    w = fg.tensor(arr(3, 3, seed=9))
+    check_grad(lambda x: fg.linalg.cholesky(_spd(x)) * w, x)
+    check_grad(lambda x: fg.cholesky(_spd(x), upper=True) * w, x)
+    assert_close(fg.cholesky_inverse(fg.tensor(low)), np.linalg.inv(spd), rtol=1e-9, atol=1e-12)
+    b = arr(2, 3, 2, seed=10)
+    assert_close(fg.cholesky_solve(fg.tensor(b), fg.tensor(low)), np.linalg.solve(spd, b),
+                 rtol=1e-9, atol=1e-12)
+    with pytest.raises(RuntimeError, match="positive-definite"):
+        fg.linalg.cholesky(-fg.eye(2))
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (5, 3), (2, 4, 3)])
+def test_linalg_qr_values_and_gradcheck(shape):
+    a = arr(*shape, seed=11)
+    q, r = fg.linalg.qr(fg.tensor(a))
+    ref_q, ref_r = np.linalg.qr(a)
+    assert_close(q, ref_q, rtol=1e-10, atol=1e-12) and assert_close(r, ref_r, rtol=1e-10, atol=1e-12)
+    wq, wr = fg.tensor(arr(*ref_q.shape, seed=12)), fg.tensor(arr(*ref_r.shape, seed=13))
+    check_grad(lambda x: (fg.linalg.qr(x).Q * wq).sum() + (fg.linalg.qr(x).R * wr).sum(), a)
+    check_grad(lambda x: fg.qr(x).R * wr, a)
+    check_grad(lambda x: fg.qr(x).Q * wq, a)
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (5, 3), (3, 5), (2, 4, 3)])
+def test_linalg_svd_values_and_gauge_invariant_gradients(shape):
+    a = arr(*shape, seed=14)
+    u, s, vh = fg.linalg.svd(fg.tensor(a), full_matrices=False)
+    assert_close(s, np.linalg.svd(a, compute_uv=False), rtol=1e-10)
+    assert_close(u @ (s.unsqueeze(-1) * vh), a, rtol=1e-10, atol=1e-12)
+    assert_close(fg.linalg.svdvals(fg.tensor(a)), np.linalg.svd(a, compute_uv=False), rtol=1e-10)
+    w = fg.tensor(arr(*shape, seed=15))
+    # Sum of singular values (its gradient is U Vh), the reconstruction, and the projectors
+    # U U^T and V V^T: each unchanged when a singular vector pair flips sign.
+    check_grad(lambda x: fg.linalg.svdvals(x).sum(), a)
+    check_grad(lambda x: fg.linalg.svd(x, full_matrices=False).S ** 2, a)
+
+    def reconstruction(x):
+        u, s, vh = fg.linalg.svd(x, full_matrices=False)
+        return (u @ (s.unsqueeze(-1) * vh) * w).sum()
+    check_grad(reconstruction, a)
+
+    def projectors(x):
+        u, s, vh = fg.linalg.svd(x, full_matrices=False)
+        return (u @ u.mT).sum() * 0.3 + (vh.mT @ vh * vh.mT.sum()).sum() + (s * s).sum()
+    check_grad(projectors, a)
+
+    def weighted_projector(x):
+        u, s, vh = fg.linalg.svd(x, full_matrices=False)
+        return ((u * s.unsqueeze(-2)) @ u.mT * (x @ x.mT)).sum()
+    check_grad(weighted_projector, a)
+    # torch.svd's V is Vh transposed.
+    u2, s2, v2 = fg.svd(fg.tensor(a))
+    assert_close(u2 @ (s2.unsqueeze(-1) * v2.mT), a, rtol=1e-10, atol=1e-12)
+
+
+def test_linalg_eigh_values_and_gauge_invariant_gradients():
+    x = arr(2, 4, 4, seed=16)
+    sym = x + np.swapaxes(x, -1, -2)
+    lam, vec = fg.linalg.eigh(fg.tensor(sym))
+    assert_close(lam, np.linalg.eigvalsh(sym), rtol=1e-10)
+    assert_close(vec @ (lam.unsqueeze(-1) * vec.mT), sym, rtol=1e-10, atol=1e-12)
+    assert_close(fg.linalg.eigvalsh(fg.tensor(sym)), np.linalg.eigvalsh(sym), rtol=1e-10)
+    weights = fg.tensor(np.array([0.3, -1.0, 2.0, 0.7]))
+
+    def eigenvalues(x):
+        return fg.linalg.eigvalsh(x + x.mT) * weights
+
+    def spectral_function(x):
+        lam, v = fg.linalg.eigh(x + x.mT)
+        return (v * fg.tanh(lam).unsqueeze(-2)) @ v.mT
+
+    def top_projector(x):
+        lam, v = fg.linalg.eigh(x + x.mT)
+        top = v[..., -1:]
+        return top @ top.mT
+    check_grad(eigenvalues, x)
+    check_grad(spectral_function, x)
+    check_grad(top_projector, x)
+
+
+def test_pinverse_and_matrix_power():
+    a = arr(4, 3, seed=17)
+    assert_close(fg.pinverse(fg.tensor(a)), np.linalg.pinv(a), rtol=1e-9, atol=1e-12)
+    assert_close(fg.linalg.pinv(fg.tensor(a)), np.linalg.pinv(a), rtol=1e-9, atol=1e-12)
+    check_grad(fg.pinverse, a)
+    m = _well_conditioned(3, 3, seed=18)
+    for n in (0, 1, 2, 5, -1, -3):
+        assert_close(fg.matrix_power(fg.tensor(m), n), np.linalg.matrix_power(m, n), rtol=1e-9,
+                     atol=1e-12)
+    check_grad(lambda x: fg.linalg.matrix_power(x, 3), m)
+    check_grad(lambda x: x.matrix_power(-2), m)
+
+
+def test_linalg_compiled_matches_eager():
+    x = fg.tensor(arr(3, 3, seed=19), requires_grad=True)
+    b = fg.tensor(arr(3, 2, seed=20))
+
+    def fn(x):
+        spd = x @ x.mT + 3 * fg.eye(3, dtype=x.dtype)
+        low = fg.linalg.cholesky(spd)
+        return (fg.linalg.solve(spd, b).sum() + fg.linalg.det(x) + fg.linalg.svdvals(x).sum()
+                + (low * low).sum() + fg.linalg.eigvalsh(spd).max())
+
+    eager = fn(x)
+    (g_eager,) = fg.autograd.grad(eager, [x])
+    compiled = fg.compile(fn)(x)
+    (g_compiled,) = fg.autograd.grad(compiled, [x])
+    assert_close(compiled, eager, rtol=1e-10)
+    assert_close(g_compiled, g_eager, rtol=1e-9, atol=1e-12)
