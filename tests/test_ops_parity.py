@@ -1,0 +1,228 @@
+"""Functions torch has both as ``torch.f`` and ``Tensor.f``: values against numpy, gradients
+against finite differences, and, for compositions, compiled against eager."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from tests.conftest import arr, assert_close, check_grad, positive
+
+NAN, INF = math.nan, math.inf
+
+
+def _both(name, *args, **kwargs):
+    """``fg.name(*args)`` and ``args[0].name(*args[1:])``, checked equal; the first."""
+    a = getattr(fg, name)(*args, **kwargs)
+    b = getattr(args[0], name)(*args[1:], **kwargs)
+    a_val = a if not isinstance(a, fg.Tensor) else a.detach().numpy()
+    b_val = b if not isinstance(b, fg.Tensor) else b.detach().numpy()
+    np.testing.assert_array_equal(a_val, b_val)
+    return a
+
+
+# --------------------------------------------------------------------------- elementwise
+
+SPECIAL = np.array([-2.5, -1.0, -0.0, 0.0, 0.5, 3.0, NAN, INF, -INF])
+
+
+def test_sign_and_magnitude_ops():
+    x = fg.tensor(SPECIAL)
+    assert_close(_both("signbit", x), np.signbit(SPECIAL))
+    assert_close(_both("copysign", x, -1.0), np.copysign(SPECIAL, -1.0))
+    assert_close(_both("copysign", fg.tensor([1, 2]), fg.tensor([-0.0, 1.0])), [-1.0, 2.0],
+                 dtype=fg.float32)
+    assert_close(_both("frac", x), np.where(np.isinf(SPECIAL), NAN, SPECIAL - np.trunc(SPECIAL)))
+    assert_close(_both("sgn", x), np.nan_to_num(np.sign(SPECIAL)))  # torch: sign(nan) == 0
+    assert_close(_both("positive", x), SPECIAL)
+    with pytest.raises(RuntimeError):
+        fg.positive(fg.tensor([True]))
+    assert_close(_both("deg2rad", x), np.deg2rad(SPECIAL), rtol=1e-15)
+    assert_close(_both("rad2deg", x), np.rad2deg(SPECIAL), rtol=1e-15)
+    assert _both("deg2rad", fg.tensor([180])).dtype is fg.float32
+    check_grad(lambda t: fg.copysign(t, fg.tensor([1.0, -1.0, -0.0])), arr(3, seed=1))
+    check_grad(fg.frac, arr(4, seed=2) + 0.05)
+
+
+def test_nan_aware_extrema_and_predicates():
+    a = np.array([1.0, NAN, 3.0, NAN, -INF])
+    b = np.array([NAN, 2.0, 1.0, NAN, 0.0])
+    assert_close(_both("fmax", fg.tensor(a), fg.tensor(b)), np.fmax(a, b))
+    assert_close(_both("fmin", fg.tensor(a), fg.tensor(b)), np.fmin(a, b))
+    x = fg.tensor(SPECIAL)
+    assert_close(_both("isposinf", x), np.isposinf(SPECIAL))
+    assert_close(_both("isneginf", x), np.isneginf(SPECIAL))
+    assert_close(_both("isreal", x), np.ones(SPECIAL.shape, bool))
+    assert not fg.isposinf(fg.tensor([1, 2])).any()
+    assert _both("is_same_size", x, fg.zeros(9)) and not x.is_same_size(fg.zeros(3))
+    assert fg.is_signed(x) and not fg.tensor([1], dtype=fg.uint8).is_signed()
+    assert _both("is_nonzero", fg.tensor([2.0])) and not fg.tensor(0).is_nonzero()
+    with pytest.raises(RuntimeError, match="more than one value"):
+        fg.is_nonzero(fg.ones(2))
+
+
+def test_heaviside_and_hardshrink():
+    x = np.array([-1.5, 0.0, 0.2, 2.0])
+    assert_close(_both("heaviside", fg.tensor(x), fg.tensor(0.5)), np.heaviside(x, 0.5))
+    assert_close(_both("hardshrink", fg.tensor(x), 0.5), np.where(np.abs(x) > 0.5, x, 0))
+
+
+def test_hypot_logaddexp_xlogy_values():
+    a, b = arr(5, seed=3), arr(5, seed=4)
+    assert_close(_both("hypot", fg.tensor(a), fg.tensor(b)), np.hypot(a, b), rtol=1e-14)
+    for x, y in [(a * 50, b * 50), (np.array([INF, -INF, INF, 1.0]), np.array([INF, -INF, 1.0, NAN]))]:
+        assert_close(_both("logaddexp", fg.tensor(x), fg.tensor(y)), np.logaddexp(x, y), rtol=1e-14)
+        assert_close(_both("logaddexp2", fg.tensor(x), fg.tensor(y)), np.logaddexp2(x, y),
+                     rtol=1e-14)
+    x, y = np.array([0.0, 0.0, 2.0, 1.5, 0.0]), np.array([0.0, NAN, 3.0, 0.5, INF])
+    with np.errstate(all="ignore"):
+        ref = np.where((x == 0) & ~np.isnan(y), 0.0, x * np.log(y))
+    assert_close(_both("xlogy", fg.tensor(x), fg.tensor(y)), ref)
+    assert_close(fg.xlogy(2, fg.tensor([3.0])), [2 * math.log(3.0)], rtol=1e-6)
+
+
+def test_elementwise_gradients():
+    a, b = arr(6, seed=5), arr(6, seed=6)
+    check_grad(fg.hypot, a, b)
+    check_grad(fg.logaddexp, a, b)
+    check_grad(fg.logaddexp2, a, b)
+    check_grad(fg.xlogy, a, positive(6, seed=7))
+    check_grad(fg.fmax, a, b)
+    check_grad(fg.ldexp, a, b)
+    check_grad(fg.float_power, positive(6), b)
+    check_grad(lambda t: fg.logit(t), positive(6) / 3)
+    check_grad(lambda t: fg.logit(t, eps=0.2), positive(6) / 3)
+    check_grad(fg.sinc, a)
+    check_grad(fg.deg2rad, a)
+    # logaddexp splits the gradient evenly at a tie, as torch.
+    x = fg.tensor([1.0], requires_grad=True)
+    fg.logaddexp(x, x.detach()).sum().backward()
+    assert_close(x.grad, [0.5])
+
+
+def test_logit_sinc_float_power_ldexp_values():
+    p = np.array([0.0, 0.1, 0.5, 0.9, 1.0])
+    with np.errstate(all="ignore"):
+        assert_close(_both("logit", fg.tensor(p)), np.log(p / (1 - p)), rtol=1e-13)
+    q = np.clip(p, 0.2, 0.8)
+    assert_close(_both("logit", fg.tensor(p), 0.2), np.log(q / (1 - q)), rtol=1e-13)
+    x = np.array([0.0, 0.5, -1.5, 2.25])
+    assert_close(_both("sinc", fg.tensor(x)), np.sinc(x), rtol=1e-14, atol=1e-16)
+    s = fg.tensor(0.0, requires_grad=True)
+    fg.sinc(s).backward()
+    assert s.grad.item() == 0.0
+    out = _both("float_power", fg.tensor([2, 3]), 2)
+    assert out.dtype is fg.float64 and out.tolist() == [4.0, 9.0]
+    assert_close(_both("ldexp", fg.tensor([1.0, 3.0]), fg.tensor([3, -1])), [8.0, 1.5])
+
+
+def test_aliases_and_clamp_variants():
+    x = fg.tensor(arr(5, seed=8))
+    assert_close(_both("clamp_min", x, 0.3), np.maximum(x.numpy(), 0.3))
+    assert_close(_both("clamp_max", x, 0.3), np.minimum(x.numpy(), 0.3))
+    assert_close(_both("divide", x, 2.0), x.numpy() / 2)
+    assert_close(_both("multiply", x, 2.0), x.numpy() * 2)
+    assert_close(_both("subtract", x, 2.0, alpha=2), x.numpy() - 4)
+    y = x.clone()
+    y.clamp_min_(0.0)
+    assert_close(y, np.maximum(x.numpy(), 0))
+    check_grad(lambda t: fg.clamp_min(t, 0.1), arr(5, seed=9))
+
+
+# --------------------------------------------------------------------------- products
+
+def test_addmm_family_values():
+    m, a, b = arr(2, 4, seed=1), arr(2, 3, seed=2), arr(3, 4, seed=3)
+    assert_close(_both("addmm", fg.tensor(m), fg.tensor(a), fg.tensor(b)), m + a @ b, rtol=1e-14)
+    got = fg.addmm(fg.tensor(m), fg.tensor(a), fg.tensor(b), beta=0.5, alpha=2.0)
+    assert_close(got, 0.5 * m + 2 * a @ b, rtol=1e-14)
+    nan = fg.full((2, 4), NAN, dtype=fg.float64)
+    assert_close(fg.addmm(nan, fg.tensor(a), fg.tensor(b), beta=0), a @ b, rtol=1e-14)
+    v = arr(3, seed=4)
+    assert_close(_both("addmv", fg.tensor(m[:, 0]), fg.tensor(a), fg.tensor(v)), m[:, 0] + a @ v)
+    assert_close(_both("addr", fg.tensor(m), fg.tensor(a[:, 0]), fg.tensor(b[0])),
+                 m + np.outer(a[:, 0], b[0]))
+    b1, b2 = arr(5, 2, 3, seed=5), arr(5, 3, 4, seed=6)
+    assert_close(_both("baddbmm", fg.tensor(m), fg.tensor(b1), fg.tensor(b2)), m + b1 @ b2,
+                 rtol=1e-13)
+    assert_close(_both("addbmm", fg.tensor(m), fg.tensor(b1), fg.tensor(b2)),
+                 m + (b1 @ b2).sum(0), rtol=1e-13)
+    x = fg.tensor(m.copy())
+    x.addmm_(fg.tensor(a), fg.tensor(b))
+    assert_close(x, m + a @ b, rtol=1e-14)
+
+
+def test_addmm_family_gradients():
+    check_grad(lambda m, a, b: fg.addmm(m, a, b, beta=0.5, alpha=1.5), arr(2, 4), arr(2, 3, seed=1),
+               arr(3, 4, seed=2))
+    check_grad(fg.addmv, arr(2), arr(2, 3, seed=1), arr(3, seed=2))
+    check_grad(fg.addr, arr(2, 3), arr(2, seed=1), arr(3, seed=2))
+    check_grad(fg.baddbmm, arr(2, 4), arr(3, 2, 5, seed=1), arr(3, 5, 4, seed=2))
+    check_grad(fg.addbmm, arr(2, 4), arr(3, 2, 5, seed=1), arr(3, 5, 4, seed=2))
+
+
+def test_inner_vdot_ger_kron_cross():
+    a, b = arr(2, 3, seed=1), arr(4, 3, seed=2)
+    assert_close(_both("inner", fg.tensor(a), fg.tensor(b)), np.inner(a, b), rtol=1e-14)
+    assert_close(_both("inner", fg.tensor(a), fg.tensor(2.0)), a * 2)
+    assert_close(_both("vdot", fg.tensor(a[0]), fg.tensor(b[0])), np.vdot(a[0], b[0]), rtol=1e-14)
+    assert_close(_both("ger", fg.tensor(a[0]), fg.tensor(b[:, 0])), np.outer(a[0], b[:, 0]))
+    for sa, sb in [((2, 3), (4, 5)), ((3,), (2,)), ((2, 2, 2), (3, 1)), ((2,), (2, 3))]:
+        x, y = arr(*sa, seed=3), arr(*sb, seed=4)
+        assert_close(_both("kron", fg.tensor(x), fg.tensor(y)), np.kron(x, y), rtol=1e-14)
+    u, v = arr(4, 3, seed=5), arr(4, 3, seed=6)
+    assert_close(_both("cross", fg.tensor(u), fg.tensor(v), dim=1), np.cross(u, v), rtol=1e-14)
+    assert_close(fg.linalg.cross(fg.tensor(u), fg.tensor(v)), np.cross(u, v), rtol=1e-14)
+    assert_close(fg.cross(fg.tensor(u.T), fg.tensor(v.T)), np.cross(u, v).T, rtol=1e-14)
+    check_grad(fg.inner, a, b)
+    check_grad(fg.kron, arr(2, 3), arr(3, 2, seed=1))
+    check_grad(lambda x, y: fg.cross(x, y, dim=-1), u, v)
+
+
+def test_dist_diff_cov_corrcoef_adjoint():
+    a, b = arr(3, 4, seed=1), arr(3, 4, seed=2)
+    for p in (1, 2, 3.0, INF):
+        assert_close(_both("dist", fg.tensor(a), fg.tensor(b), p),
+                     np.linalg.norm((a - b).ravel(), p), rtol=1e-13)
+    assert_close(_both("diff", fg.tensor(a)), np.diff(a), rtol=1e-14)
+    assert_close(fg.diff(fg.tensor(a), n=2, dim=0), np.diff(a, n=2, axis=0), rtol=1e-14)
+    pre, app = fg.tensor(a[:, :1]), fg.tensor(b[:, :2])
+    assert_close(fg.diff(fg.tensor(a), prepend=pre, append=app),
+                 np.diff(a, prepend=a[:, :1], append=b[:, :2]), rtol=1e-14)
+    assert_close(_both("cov", fg.tensor(a)), np.cov(a), rtol=1e-13)
+    assert_close(fg.cov(fg.tensor(a), correction=0), np.cov(a, bias=True), rtol=1e-13)
+    fw, aw = np.array([1, 2, 1, 3]), positive(4, seed=3)
+    assert_close(fg.cov(fg.tensor(a), fweights=fg.tensor(fw), aweights=fg.tensor(aw)),
+                 np.cov(a, fweights=fw, aweights=aw), rtol=1e-12)
+    assert_close(fg.cov(fg.tensor(a[0])), np.cov(a[0]), rtol=1e-13)
+    assert_close(_both("corrcoef", fg.tensor(a)), np.corrcoef(a), rtol=1e-12)
+    assert_close(_both("adjoint", fg.tensor(a)), a.T)
+    check_grad(lambda x: fg.dist(x, fg.tensor(b), 3.0), a)
+    check_grad(lambda x: fg.diff(x, n=2), a)
+    check_grad(fg.cov, a)
+    check_grad(fg.corrcoef, a)
+
+
+def test_compositions_compile_to_the_eager_values():
+    a, b = fg.tensor(arr(4, 3, seed=1)), fg.tensor(arr(4, 3, seed=2))
+    m = fg.tensor(arr(4, 4, seed=3))
+
+    def fn(a, b, m):
+        return (fg.logaddexp(a, b).sum() + fg.hypot(a, b).mean() + fg.xlogy(a.abs(), b.abs()).sum()
+                + fg.addmm(m, a, b.mT, beta=0.5).sum() + fg.kron(a, b).sum()
+                + fg.cross(a, b).pow(2).sum() + fg.sinc(a).sum() + fg.copysign(a, b).sum()
+                + fg.cov(a).sum() + fg.fmax(a, b).sum())
+
+    compiled = fg.compile(fn)
+    assert_close(compiled(a, b, m), fn(a, b, m), rtol=1e-12)
+    af, bf, mf = (t.float().requires_grad_() for t in (a, b, m))
+    eager = fn(af, bf, mf)
+    g_eager = fg.autograd.grad(eager, [af, bf, mf])
+    out = compiled(af, bf, mf)
+    g_compiled = fg.autograd.grad(out, [af, bf, mf])
+    assert_close(out, eager, rtol=1e-5, atol=1e-5)
+    for gc, ge in zip(g_compiled, g_eager):
+        assert_close(gc, ge, rtol=1e-4, atol=1e-5)
