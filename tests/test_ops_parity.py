@@ -18,9 +18,10 @@ def _both(name, *args, **kwargs):
     """``fg.name(*args)`` and ``args[0].name(*args[1:])``, checked equal; the first."""
     a = getattr(fg, name)(*args, **kwargs)
     b = getattr(args[0], name)(*args[1:], **kwargs)
-    a_val = a if not isinstance(a, fg.Tensor) else a.detach().numpy()
-    b_val = b if not isinstance(b, fg.Tensor) else b.detach().numpy()
-    np.testing.assert_array_equal(a_val, b_val)
+    pairs = zip(a, b) if isinstance(a, tuple) else [(a, b)]
+    for x, y in pairs:
+        np.testing.assert_array_equal(*(v.detach().numpy() if isinstance(v, fg.Tensor) else v
+                                        for v in (x, y)))
     return a
 
 
@@ -226,3 +227,107 @@ def test_compositions_compile_to_the_eager_values():
     assert_close(out, eager, rtol=1e-5, atol=1e-5)
     for gc, ge in zip(g_compiled, g_eager):
         assert_close(gc, ge, rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- splits and slices
+
+def test_splits_flips_tiles():
+    a = arr(4, 6, 2, seed=1)
+    x = fg.tensor(a)
+    for sections in (3, [1, 4], [2, 2, 9], [5]):
+        got = _both("tensor_split", x, sections, dim=1)
+        ref = np.array_split(a, sections, axis=1)
+        assert len(got) == len(ref)
+        for g, r in zip(got, ref):
+            assert_close(g, r)
+    for name, axis, n in [("hsplit", 1, 3), ("vsplit", 0, 2), ("dsplit", 2, 2)]:
+        got = _both(name, x, n)
+        for g, r in zip(got, np.split(a, n, axis=axis)):
+            assert_close(g, r)
+    with pytest.raises(RuntimeError, match="not divisible"):
+        fg.hsplit(x, 4)
+    parts = _both("split_with_sizes", x, [1, 3])
+    assert [tuple(p.shape) for p in parts] == [(1, 6, 2), (3, 6, 2)]
+    assert len(fg.unsafe_chunk(x, 2, 1)) == 2 and len(x.unsafe_split(2)) == 2
+    assert_close(_both("ravel", x), a.ravel())
+    assert_close(_both("tile", x, (2,)), np.tile(a, (2,)))
+    assert_close(_both("tile", x, (2, 1, 1, 3)), np.tile(a, (2, 1, 1, 3)))
+    assert_close(_both("fliplr", x), np.fliplr(a))
+    assert_close(_both("flipud", x), np.flipud(a))
+    assert_close(_both("moveaxis", x, 0, -1), np.moveaxis(a, 0, -1))
+    assert_close(_both("narrow_copy", x, 1, 2, 3), a[:, 2:5])
+    assert_close(_both("msort", x), np.sort(a, axis=0))
+    assert_close(_both("diagflat", fg.tensor(a[:2, :2, 0]), 1), np.diagflat(a[:2, :2, 0], 1))
+    assert_close(_both("take", x, fg.tensor([[0, -1], [5, 7]])), np.take(a, [[0, -1], [5, 7]]))
+    assert fg.detach(fg.ones(2, requires_grad=True)).requires_grad is False
+    check_grad(lambda t: fg.tensor_split(t, 3, dim=1)[1], a)
+    check_grad(lambda t: fg.take(t, fg.tensor([3, 0, 3])), a)
+    check_grad(lambda t: fg.tile(t, (2, 1)), a[:, :, 0])
+
+
+def test_index_writes_out_of_place():
+    a, src = arr(4, 3, seed=2), arr(2, 3, seed=3)
+    idx = np.array([3, 0])
+    ref = a.copy()
+    ref[idx] = src
+    x = fg.tensor(a)
+    assert_close(_both("index_copy", x, 0, fg.tensor(idx), fg.tensor(src)), ref)
+    ref = a.copy()
+    ref[:, [2, -3]] = 7.0
+    assert_close(_both("index_fill", x, 1, fg.tensor([2, -3]), 7.0), ref)
+    y = x.clone()
+    y.index_fill_(0, fg.tensor([1]), -1.0)
+    assert_close(y[1], [-1.0] * 3)
+    rows, cols = np.array([0, 2, 0]), np.array([1, 1, 1])
+    vals = np.array([10.0, 20.0, 30.0])
+    ref = a.copy()
+    np.add.at(ref, (rows, cols), vals)
+    got = _both("index_put", x, (fg.tensor(rows), fg.tensor(cols)), fg.tensor(vals), True)
+    assert_close(got, ref)
+    ref = a.copy()
+    ref[[1, 2]] = 5.0
+    assert_close(fg.index_put(x, (fg.tensor([1, 2]),), fg.tensor(5.0)), ref)
+    ref = a.copy().ravel()
+    np.add.at(ref, [0, 11, 0], [1.0, 2.0, 3.0])
+    got = _both("put", x, fg.tensor([0, -1, 0]), fg.tensor([1.0, 2.0, 3.0]), True)
+    assert_close(got, ref.reshape(4, 3))
+    mask = a > 0
+    ref = a.copy()
+    ref[mask] = np.arange(mask.sum()) * 1.0
+    assert_close(_both("masked_scatter", x, fg.tensor(mask), fg.arange(12.0, dtype=fg.float64)), ref)
+    check_grad(lambda t, s: fg.index_copy(t, 0, fg.tensor(idx), s), a, src)
+    check_grad(lambda t, v: fg.index_put(t, (fg.tensor(rows), fg.tensor(cols)), v, True), a, vals)
+    check_grad(lambda t, s: fg.masked_scatter(t, fg.tensor(mask), s), a, arr(12, seed=4))
+
+
+def test_scatter_into_slices():
+    a = arr(4, 5, seed=5)
+    x = fg.tensor(a)
+    ref = a.copy()
+    ref[:, 2] = np.arange(4.0)
+    assert_close(_both("select_scatter", x, fg.arange(4.0, dtype=fg.float64), 1, 2), ref)
+    ref = a.copy()
+    ref[1:5:2] = 1.5
+    assert_close(_both("slice_scatter", x, fg.full((2, 5), 1.5, dtype=fg.float64), 0, 1, None, 2),
+                 ref)
+    for offset in (0, 1, -2):
+        ref = a.copy()
+        n = len(np.diagonal(a, offset))
+        r0, c0 = max(-offset, 0), max(offset, 0)
+        ref[np.arange(n) + r0, np.arange(n) + c0] = -np.arange(1.0, n + 1)
+        src = fg.tensor(-np.arange(1.0, n + 1))
+        assert_close(_both("diagonal_scatter", x, src, offset), ref)
+    check_grad(lambda t, s: fg.diagonal_scatter(t, s, 1), a, arr(4, seed=6))
+    check_grad(lambda t, s: fg.slice_scatter(t, s, 1, 1, 4), a, arr(4, 3, seed=7))
+
+
+def test_slicing_ops_compile():
+    a, s = fg.tensor(arr(4, 5, seed=8)), fg.tensor(arr(4, 3, seed=9))
+
+    def fn(a, s):
+        parts = fg.tensor_split(a, 3, dim=1)
+        return (fg.slice_scatter(a, s, 1, 1, 4).sum() + parts[0].sum() * 2 + fg.fliplr(a)[0].sum()
+                + fg.masked_scatter(a, a > 0, a.flip(0)).sum() + fg.diagonal_scatter(a, a[0, :4]).sum()
+                + fg.index_fill(a, 1, fg.tensor([0, 2]), 3.0).sum() + fg.take(a, fg.tensor([1, 7])).sum())
+
+    assert_close(fg.compile(fn)(a, s), fn(a, s), rtol=1e-12)

@@ -49,4 +49,5 @@ from fusegrad.ops.products import *
 from fusegrad.ops.reductions import *
 from fusegrad.ops.sampling import *
 from fusegrad.ops.scatter import *
+from fusegrad.ops.slicing import *
 from fusegrad.ops.trig import *
