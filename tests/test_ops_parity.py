@@ -331,3 +331,111 @@ def test_slicing_ops_compile():
                 + fg.index_fill(a, 1, fg.tensor([0, 2]), 3.0).sum() + fg.take(a, fg.tensor([1, 7])).sum())
 
     assert_close(fg.compile(fn)(a, s), fn(a, s), rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- statistics
+
+def test_nan_reductions():
+    a = arr(3, 4, seed=1)
+    a[0, 1] = a[2, 3] = NAN
+    a[1, :] = NAN
+    x = fg.tensor(a)
+    assert_close(_both("nansum", x), np.nansum(a), rtol=1e-14)
+    assert_close(_both("nansum", x, 1, keepdim=True), np.nansum(a, 1, keepdims=True), rtol=1e-14)
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+        ref = np.nanmean(a, 1)
+    assert_close(_both("nanmean", x, 1), ref, rtol=1e-14)
+    assert_close(fg.nansum(fg.tensor([1, 2])), 3)
+    holes = fg.tensor(np.isnan(a))
+    check_grad(lambda t: fg.nansum(fg.where(holes, NAN, t), 1), arr(3, 4))
+    check_grad(lambda t: fg.nanmean(fg.where(holes[0], NAN, t)), arr(4))
+
+
+def test_order_statistics_match_numpy():
+    a = arr(3, 5, seed=2)
+    x = fg.tensor(a)
+    assert_close(_both("median", x), np.sort(a.ravel())[(a.size - 1) // 2])
+    vals, idx = _both("median", x, 1)
+    ref = np.sort(a, 1)[:, 2]
+    assert_close(vals, ref) and assert_close(idx, np.argsort(a, 1, kind="stable")[:, 2])
+    vals, idx = fg.median(x, 0, keepdim=True)
+    assert vals.shape == (1, 5) and idx.shape == (1, 5)
+    assert_close(np.take_along_axis(a, idx.numpy(), 0), vals)
+    vals, idx = _both("kthvalue", x, 4, 1)
+    assert_close(vals, np.sort(a, 1)[:, 3])
+    assert_close(np.take_along_axis(a, idx.numpy()[:, None], 1)[:, 0], vals)
+    b = a.copy()
+    b[0, 1] = b[2, :] = NAN
+    vals, idx = _both("nanmedian", fg.tensor(b), 1)
+    ref = [np.sort(r[~np.isnan(r)])[(np.sum(~np.isnan(r)) - 1) // 2] if np.any(~np.isnan(r))
+           else NAN for r in b]
+    assert_close(vals, ref)
+    assert_close(fg.median(fg.tensor(b), 1).values, [NAN, a[1, 2] * 0 + np.sort(a[1])[2], NAN])
+    counts = fg.tensor([[3.0, 1.0, 3.0, 1.0, 2.0], [5.0, 5.0, 2.0, 2.0, 7.0]])
+    vals, idx = _both("mode", counts, 1)
+    assert vals.tolist() == [1.0, 2.0] and idx.tolist() == [3, 3]
+    check_grad(lambda t: fg.median(t, 1).values, a)
+    check_grad(lambda t: fg.kthvalue(t, 2, 0).values, a)
+    check_grad(lambda t: fg.mode(t.round(), 1).values * 0 + fg.mode(t, 1).values, a)
+
+
+@pytest.mark.parametrize("interpolation", ["linear", "lower", "higher", "midpoint", "nearest"])
+def test_quantile_matches_numpy(interpolation):
+    a = arr(4, 7, seed=3)
+    x = fg.tensor(a)
+    q = np.array([0.0, 0.1, 0.5, 0.77, 1.0])
+    got = _both("quantile", x, fg.tensor(q), 1, interpolation=interpolation)
+    assert_close(got, np.quantile(a, q, axis=1, method=interpolation), rtol=1e-13)
+    got = fg.quantile(x, 0.3, interpolation=interpolation, keepdim=True)
+    assert_close(got, np.quantile(a, 0.3, method=interpolation, keepdims=True), rtol=1e-13)
+    b = a.copy()
+    b[1, 2] = NAN
+    b[3, :] = NAN
+    with np.errstate(all="ignore"), pytest.warns(RuntimeWarning):
+        ref = np.nanquantile(b, q, axis=1, method=interpolation)
+    assert_close(_both("nanquantile", fg.tensor(b), fg.tensor(q), 1, interpolation=interpolation),
+                 ref, rtol=1e-13)
+    assert_close(fg.quantile(fg.tensor(b), 0.5, 1), np.quantile(b, 0.5, axis=1))
+
+
+def test_quantile_gradient_and_compile():
+    a = arr(3, 6, seed=4)
+    check_grad(lambda t: fg.quantile(t, fg.tensor([0.2, 0.9]), dim=1), a)
+    check_grad(lambda t: fg.nanquantile(t, 0.4), a)
+
+    def fn(t):
+        return (fg.quantile(t, 0.3, dim=1).sum() + fg.median(t, 0).values.sum()
+                + fg.nansum(t) + fg.kthvalue(t, 2).values.sum() + fg.rot90(t).sum(0)[1])
+    t = fg.tensor(a)
+    assert_close(fg.compile(fn)(t), fn(t), rtol=1e-12)
+
+
+def test_aminmax_histc_histogram_renorm_rot90_unique_consecutive():
+    a = arr(3, 4, seed=5)
+    x = fg.tensor(a)
+    mn, mx = _both("aminmax", x)
+    assert mn.item() == a.min() and mx.item() == a.max()
+    mn, mx = fg.aminmax(x, dim=1, keepdim=True)
+    assert_close(mn, a.min(1, keepdims=True)) and assert_close(mx, a.max(1, keepdims=True))
+    h = np.array([1.0, 2.0, 1.0, 4.0, 4.5, -1.0])
+    assert_close(_both("histc", fg.tensor(h), 4, 0, 4), [0.0, 2.0, 1.0, 1.0])
+    assert_close(fg.histc(fg.tensor(h), bins=5), np.histogram(h, 5)[0].astype(float))
+    hist, edges = _both("histogram", fg.tensor(h), 3)
+    ref_hist, ref_edges = np.histogram(h, 3)
+    assert_close(hist, ref_hist) and assert_close(edges, ref_edges)
+    for p, maxnorm in [(2, 1.0), (1, 2.5), (INF, 0.5)]:
+        norms = np.linalg.norm(a, p, axis=1, keepdims=True)
+        ref = a * np.where(norms > maxnorm, maxnorm / (norms + 1e-7), 1.0)
+        assert_close(_both("renorm", x, p, 0, maxnorm), ref, rtol=1e-13)
+    check_grad(lambda t: fg.renorm(t, 2, 1, 1.0), a)
+    for k in range(-1, 5):
+        assert_close(_both("rot90", x, k, [0, 1]), np.rot90(a, k, (0, 1)))
+    b = fg.tensor(arr(2, 3, 4, seed=6))
+    assert_close(fg.rot90(b, 1, (2, 0)), np.rot90(b.numpy(), 1, (2, 0)))
+    check_grad(lambda t: fg.rot90(t, 3), a)
+    r = fg.tensor([1, 1, 2, 2, 3, 1, 1, 2])
+    out, inverse, counts = _both("unique_consecutive", r, return_inverse=True, return_counts=True)
+    assert out.tolist() == [1, 2, 3, 1, 2] and counts.tolist() == [2, 2, 1, 2, 1]
+    assert inverse.tolist() == [0, 0, 1, 1, 2, 3, 3, 4]
+    m = fg.tensor([[1, 1], [1, 1], [2, 3], [1, 1]])
+    assert fg.unique_consecutive(m, dim=0).tolist() == [[1, 1], [2, 3], [1, 1]]

@@ -50,4 +50,5 @@ from fusegrad.ops.reductions import *
 from fusegrad.ops.sampling import *
 from fusegrad.ops.scatter import *
 from fusegrad.ops.slicing import *
+from fusegrad.ops.statistics import *
 from fusegrad.ops.trig import *
