@@ -50,5 +50,6 @@ from fusegrad.ops.reductions import *
 from fusegrad.ops.sampling import *
 from fusegrad.ops.scatter import *
 from fusegrad.ops.slicing import *
+from fusegrad.ops.special import *
 from fusegrad.ops.statistics import *
 from fusegrad.ops.trig import *
