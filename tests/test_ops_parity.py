@@ -537,3 +537,63 @@ def test_special_functions_compile():
     (g_eager,) = fg.autograd.grad(fn(xg), [xg])
     (g_compiled,) = fg.autograd.grad(fg.compile(fn)(xg), [xg])
     assert_close(g_compiled, g_eager, rtol=1e-10)
+
+
+# --------------------------------------------------------------------------- in place, index_reduce
+
+@pytest.mark.parametrize("name,args", [
+    ("eq_", (fg.tensor([1.0, 0.0, 3.0]),)), ("lt_", (2.0,)), ("greater_equal_", (2.0,)),
+    ("not_equal_", (2.0,)), ("logical_xor_", (fg.tensor([1.0, 0.0, 0.0]),)),
+    ("tan_", ()), ("exp2_", ()), ("log2_", ()), ("log10_", ()), ("negative_", ()),
+    ("absolute_", ()), ("fix_", ()), ("fmod_", (1.5,)), ("cumsum_", (0,)), ("cumprod_", (0,)),
+    ("heaviside_", (fg.tensor(0.5),)), ("ldexp_", (fg.tensor(2.0),)), ("lgamma_", ()),
+    ("digamma_", ()), ("erfinv_", ()), ("i0_", ()), ("sinc_", ()), ("logit_", ()),
+    ("xlogy_", (2.0,)), ("hypot_", (2.0,)), ("copysign_", (-1.0,)), ("frac_", ()),
+    ("clamp_min_", (1.5,)), ("deg2rad_", ()), ("nextafter_", (fg.tensor(0.0),)),
+])
+def test_inplace_variants_match_out_of_place(name, args):
+    base = fg.tensor([1.0, 2.0, 0.25]) * (0.5 if name in ("erfinv_", "logit_") else 1.0)
+    x = base.clone()
+    out = getattr(x, name)(*args)
+    assert out is x
+    ref = getattr(fg, name[:-1])(base, *args)
+    assert_close(x, ref.to(x.dtype), rtol=0, atol=0)
+
+
+def test_float_power_inplace_and_is_inference():
+    x = fg.tensor([2.0, 3.0], dtype=fg.float64)
+    x.float_power_(2)
+    assert x.tolist() == [4.0, 9.0]
+    with pytest.raises(RuntimeError, match="requires dtype Double"):
+        fg.tensor([2.0]).float_power_(2)
+    with fg.inference_mode():
+        assert not fg.ones(1).is_inference() and not fg.is_inference(fg.ones(1))
+    y = fg.tensor([1, 2])
+    y.gcd_(fg.tensor([4, 4]))
+    assert y.tolist() == [1, 2]
+    z = fg.tensor([2.0, 3.0])
+    z.polygamma_(1)
+    assert_close(z, fg.polygamma(1, fg.tensor([2.0, 3.0])))
+
+
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_index_reduce_matches_a_loop(reduce, include_self):
+    a, src = arr(4, 3, seed=1), arr(5, 3, seed=2)
+    index = np.array([0, 2, 0, 3, 2])
+    ref = a.copy()
+    fns = {"prod": np.prod, "mean": np.mean, "amax": np.max, "amin": np.min}
+    for row in set(index.tolist()):
+        parts = [src[index == row]] + ([a[row:row + 1]] if include_self else [])
+        ref[row] = fns[reduce](np.concatenate(parts), axis=0)
+    got = _both("index_reduce", fg.tensor(a), 0, fg.tensor(index), fg.tensor(src), reduce,
+                include_self=include_self)
+    assert_close(got, ref, rtol=1e-13)
+    got = fg.index_reduce(fg.tensor(a.T), 1, fg.tensor(index), fg.tensor(src.T), reduce,
+                          include_self=include_self)
+    assert_close(got, ref.T, rtol=1e-13)
+    x = fg.tensor(a.copy())
+    x.index_reduce_(0, fg.tensor(index), fg.tensor(src), reduce, include_self=include_self)
+    assert_close(x, ref, rtol=1e-13)
+    check_grad(lambda t, s: fg.index_reduce(t, 0, fg.tensor(index), s, reduce,
+                                            include_self=include_self), a, src)

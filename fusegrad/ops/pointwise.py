@@ -188,7 +188,7 @@ def float_power(x, exponent) -> Tensor:
     return pow(a, b)
 
 
-@public(torch=True, method=True)
+@public(torch=True, method=True, inplace=True)
 def ldexp(x, other) -> Tensor:
     """``x * 2**other``."""
     a, b = _floats("ldexp", x, other)
@@ -213,7 +213,7 @@ def sinc(x: Tensor) -> Tensor:
     return _named(where(zero, ones_like(a), div(sin(px), px)), "SincBackward0")
 
 
-@public(torch=True, method=True)
+@public(torch=True, method=True, inplace=True)
 def heaviside(x: Tensor, values) -> Tensor:
     """The Heaviside step: 0 below zero, 1 above, ``values`` at zero (no gradient)."""
     a, v = _promote("heaviside", x, values)
@@ -265,6 +265,27 @@ def is_nonzero(x: Tensor) -> bool:
 
 
 @public(torch=True, method=True)
+def is_inference(x: Tensor) -> bool:
+    """False: fusegrad has no inference tensors (``inference_mode`` is ``no_grad`` plus a
+    flag), so every tensor can take part in autograd later."""
+    return False
+
+
+@public(torch=True, method=True)
 def hardshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
     """``x`` where ``|x| > lambd``, else 0."""
     return where(lt(lambd, abs(x)), x, zeros_like(x))
+
+
+def _float_power_(x: Tensor, exponent) -> Tensor:
+    """``x.float_power_(exponent)``: in place, so ``x`` must already be float64 (torch's rule)."""
+    from fusegrad.ops.inplace import assign_
+    if x.dtype is not dtypes.float64:
+        raise RuntimeError(f"the base given to float_power_ has dtype "
+                           f"{x.dtype.name.capitalize()} but the operation's result requires "
+                           f"dtype Double")
+    return assign_(x, float_power(x, exponent), "float_power_")
+
+
+# Not a registry in-place variant: those cast the result to x's dtype, torch refuses here.
+Tensor.float_power_ = _float_power_

@@ -286,3 +286,21 @@ def diagonal_scatter(x: Tensor, src: Tensor, offset: int = 0, dim1: int = 0,
         flat = index_copy(flat, -1, _index_tensor(lin), src)
     return movedim(reshape(flat, tuple(y.shape)), (-2, -1), (d1, d2))
 
+
+
+@public(torch=True, method=True, inplace=True)
+def index_reduce(x: Tensor, dim: int, index: Tensor, source: Tensor, reduce: str, *,
+                 include_self: bool = True) -> Tensor:
+    """Reduce the slices of ``source`` into those of ``x`` at ``index`` along ``dim`` with
+    'prod', 'mean', 'amax' or 'amin' (``scatter_reduce`` with the index spread over the
+    slices)."""
+    from fusegrad.ops.scatter import scatter_reduce
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or "
+                           f"amin but got {reduce}.")
+    axis = normalize_axis(dim, x.ndim, "index_reduce") if x.ndim else 0
+    shape = [1] * source.ndim
+    shape[axis] = -1
+    spread = reshape(_positions(index, x.shape[axis]), tuple(shape)).expand(tuple(source.shape))
+    return scatter_reduce(x, axis, spread, cast(source, x.dtype), reduce,
+                          include_self=include_self)
