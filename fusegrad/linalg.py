@@ -20,7 +20,8 @@ from fusegrad.tensor import Tensor
 
 __all__ = ["norm", "vector_norm", "matrix_norm", "matmul", "vecdot", "inv", "solve", "det",
            "slogdet", "cholesky", "qr", "svd", "svdvals", "eigh", "eigvalsh", "pinv",
-           "matrix_power", "cross"]
+           "matrix_power", "cross", "matrix_exp", "solve_triangular", "multi_dot", "matrix_rank",
+           "diagonal", "inv_ex", "cholesky_ex"]
 
 matmul = F.matmul
 det = D.det
@@ -29,6 +30,54 @@ solve = D.solve
 eigh = D.eigh
 svd = D.linalg_svd
 matrix_power = F.matrix_power
+matrix_exp = D.matrix_exp
+solve_triangular = D.solve_triangular
+
+
+def multi_dot(tensors) -> Tensor:
+    """The product of a chain of matrices (the first may be a vector, as may the last)."""
+    tensors = list(tensors)
+    if len(tensors) < 2:
+        raise RuntimeError("multi_dot(): expected at least 2 tensors but got " + str(len(tensors)))
+    out = tensors[0]
+    for t in tensors[1:]:
+        out = F.matmul(out, t)
+    return out
+
+
+def matrix_rank(x: Tensor, *, atol: float | None = None, rtol: float | None = None,
+                hermitian: bool = False) -> Tensor:
+    """The number of singular values above ``max(atol, rtol * largest)`` (``rtol`` defaults
+    to ``max(m, n)`` times the dtype's epsilon when neither is given)."""
+    import numpy as np
+    s = svdvals(x)
+    if rtol is None:
+        rtol = 0.0 if atol is not None and atol > 0 else \
+            max(x.shape[-2:]) * float(np.finfo(x.dtype.np_dtype).eps)
+    largest = F.amax(s, -1, True) if s.shape[-1] else F.zeros_like(s)
+    tol = F.maximum(largest * rtol, atol or 0.0)
+    return F.sum(F.lt(tol, s), -1)
+
+
+def diagonal(x: Tensor, *, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:
+    """The diagonal ``offset`` of the matrices in dims ``dim1`` and ``dim2``."""
+    return F.diagonal(x, offset, dim1, dim2)
+
+
+def inv_ex(x: Tensor, *, check_errors: bool = False):
+    """(inverse, info): info 0 where the inversion succeeded (errors are raised)."""
+    return inv(x), _zero_info(x)
+
+
+def _zero_info(x: Tensor) -> Tensor:
+    from fusegrad import dtypes
+    from fusegrad.ops.creation import zeros
+    return zeros(tuple(x.shape[:-2]), dtype=dtypes.int32)
+
+
+def cholesky_ex(x: Tensor, *, upper: bool = False, check_errors: bool = False):
+    """(L, info): info 0 where the factorization succeeded (errors are raised)."""
+    return cholesky(x, upper=upper), _zero_info(x)
 
 
 def inv(x: Tensor) -> Tensor:

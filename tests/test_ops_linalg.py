@@ -336,3 +336,65 @@ def test_linalg_compiled_matches_eager():
     (g_compiled,) = fg.autograd.grad(compiled, [x])
     assert_close(compiled, eager, rtol=1e-10)
     assert_close(g_compiled, g_eager, rtol=1e-9, atol=1e-12)
+
+
+def _expm_reference(a):
+    """exp(A) from the eigendecomposition of a diagonalizable matrix (numpy only)."""
+    w, v = np.linalg.eig(a)
+    return (v * np.exp(w)) @ np.linalg.inv(v)
+
+
+def test_matrix_exp_values_and_gradcheck():
+    a = arr(2, 3, 3, seed=21)
+    ref = np.stack([_expm_reference(m).real for m in a])
+    assert_close(fg.matrix_exp(fg.tensor(a)), ref, rtol=1e-12, atol=1e-13)
+    assert_close(fg.linalg.matrix_exp(fg.tensor(a * 20)),
+                 np.stack([_expm_reference(m * 20).real for m in a]), rtol=1e-9)
+    # exp of a nilpotent matrix is a finite sum; of a diagonal one, elementwise.
+    assert_close(fg.tensor([[0.0, 1.0], [0.0, 0.0]]).matrix_exp(), [[1.0, 1.0], [0.0, 1.0]])
+    assert_close(fg.matrix_exp(fg.diag(fg.tensor([1.0, -2.0]))), np.diag(np.exp([1.0, -2.0])),
+                 rtol=1e-6)
+    check_grad(fg.matrix_exp, a)
+    check_grad(fg.matrix_exp, a[0] * 3)
+
+
+@pytest.mark.parametrize("upper", [True, False])
+@pytest.mark.parametrize("unitriangular", [True, False])
+def test_triangular_solves(upper, unitriangular):
+    a = _well_conditioned(2, 3, 3, seed=22)
+    b = arr(2, 3, 2, seed=23)
+    t = np.triu(a) if upper else np.tril(a)
+    if unitriangular:
+        t[..., range(3), range(3)] = 1.0
+    sol, coeff = fg.triangular_solve(fg.tensor(b), fg.tensor(a), upper, unitriangular=unitriangular)
+    assert_close(sol, np.linalg.solve(t, b), rtol=1e-10) and assert_close(coeff, a)
+    sol_t = fg.tensor(b).triangular_solve(fg.tensor(a), upper, True, unitriangular).solution
+    assert_close(sol_t, np.linalg.solve(np.swapaxes(t, -1, -2), b), rtol=1e-10)
+    got = fg.linalg.solve_triangular(fg.tensor(a), fg.tensor(b), upper=upper,
+                                     unitriangular=unitriangular)
+    assert_close(got, np.linalg.solve(t, b), rtol=1e-10)
+    right = fg.linalg.solve_triangular(fg.tensor(a), fg.tensor(np.swapaxes(b, -1, -2)),
+                                       upper=upper, left=False, unitriangular=unitriangular)
+    assert_close(right @ fg.tensor(t), np.swapaxes(b, -1, -2), rtol=1e-10)
+    check_grad(lambda x, y: fg.triangular_solve(y, x, upper, unitriangular=unitriangular)[0], a, b)
+    # Only the triangle that is read gets a gradient, as in torch.
+    x = fg.tensor(a, requires_grad=True)
+    fg.linalg.solve_triangular(x, fg.tensor(b), upper=upper).sum().backward()
+    other = np.tril(np.ones((3, 3)), -1) if upper else np.triu(np.ones((3, 3)), 1)
+    assert np.all(x.grad.numpy() * other == 0)
+
+
+def test_linalg_helpers():
+    a, b, c = arr(2, 3, seed=24), arr(3, 4, seed=25), arr(4, seed=26)
+    assert_close(fg.linalg.multi_dot([fg.tensor(a), fg.tensor(b), fg.tensor(c)]),
+                 np.linalg.multi_dot([a, b, c]), rtol=1e-13)
+    m = arr(3, 4, 4, seed=27)
+    m[1, 3] = m[1, 0] + m[1, 1]
+    m[2] = 0
+    assert fg.linalg.matrix_rank(fg.tensor(m)).tolist() == np.linalg.matrix_rank(m).tolist()
+    assert_close(fg.linalg.diagonal(fg.tensor(m), offset=1), np.diagonal(m, 1, -2, -1))
+    inverse, info = fg.linalg.inv_ex(fg.tensor(m[0]))
+    assert_close(inverse, np.linalg.inv(m[0]), rtol=1e-10) and info.tolist() == 0
+    spd = m[0] @ m[0].T + np.eye(4)
+    low, info = fg.linalg.cholesky_ex(fg.tensor(spd))
+    assert_close(low, np.linalg.cholesky(spd), rtol=1e-10) and info.dtype is fg.int32

@@ -15,6 +15,7 @@ from collections import namedtuple
 
 import numpy as np
 
+from fusegrad import dtypes
 from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, register
 from fusegrad.ops.prims import broadcast_shapes
 from fusegrad.ops.registry import public
@@ -492,3 +493,99 @@ def eigh(x: Tensor, UPLO: str = "L"):  # noqa: N803 - torch's name
     """Eigenvalues (ascending) and orthonormal eigenvectors of symmetric matrices, from the
     triangle ``UPLO`` of ``x``."""
     return EighResult(eigh_values(x, UPLO), eigh_vectors(x, UPLO))
+
+
+# --------------------------------------------------------------------------- matrix_exp
+
+
+def _matrix_exp_np(x):
+    """exp of each matrix: scaled by 2^-s into norm <= 1/2, a Taylor series of 20 terms
+    (truncation below 1e-25 relative there), then squared s times."""
+    out = np.empty_like(x, dtype=np.float64)
+    flat = x.reshape((-1,) + x.shape[-2:]).astype(np.float64)
+    n = x.shape[-1]
+    for i, a in enumerate(flat):
+        norm = np.abs(a).sum(axis=0).max() if n else 0.0
+        s = max(0, int(np.ceil(np.log2(norm / 0.5)))) if norm > 0.5 and np.isfinite(norm) else 0
+        a = a / 2.0 ** s
+        term = np.eye(n)
+        total = np.eye(n)
+        for k in range(1, 21):
+            term = term @ a / k
+            total = total + term
+        for _ in range(s):
+            total = total @ total
+        if not np.all(np.isfinite(a)):
+            total = np.full((n, n), np.nan)
+        out.reshape((-1,) + x.shape[-2:])[i] = total
+    return out.astype(x.dtype)
+
+
+def _matrix_exp_vjp(g, out, x):
+    # The adjoint of the Frechet derivative of exp at A applied to G is the upper right block
+    # of exp([[A^T, G], [0, A^T]]) (Mathias 1996; what torch's backward computes too).
+    F = _F()
+    n = x.shape[-1]
+    at = _mT(x)
+    top = F.cat([at, g], -1)
+    bottom = F.cat([F.zeros_like(at), at], -1)
+    big = _bind(matrix_exp_prim, F.cat([top, bottom], -2))
+    return F.narrow(F.narrow(big, -2, 0, n), -1, n, n)
+
+
+def _matrix_exp_infer(x: TensorType) -> TensorType:
+    _check_matrices("linalg.matrix_exp", x)
+    return x
+
+
+matrix_exp_prim = _extern("matrix_exp", _matrix_exp_infer, _matrix_exp_np,
+                          (Rule(_matrix_exp_vjp, (0,)),), "LinalgMatrixExpBackward0")
+
+
+@public(torch=True, method=True)
+def matrix_exp(x: Tensor) -> Tensor:
+    """The matrix exponential of the square matrices in the last two dims."""
+    return _bind(matrix_exp_prim, x)
+
+
+# --------------------------------------------------------------------------- triangular solves
+
+TriangularSolveResult = namedtuple("triangular_solve", ["solution", "cloned_coefficient"])
+
+
+def _triangle(a: Tensor, upper: bool, unitriangular: bool) -> Tensor:
+    """The triangle of ``a`` that a triangular solve reads (ones on the diagonal when
+    ``unitriangular``): the other elements get no gradient, as in torch."""
+    from fusegrad.ops import functional as F
+    t = F.triu(a) if upper else F.tril(a)
+    if unitriangular:
+        n = a.shape[-1]
+        from fusegrad.ops.creation import eye
+        t = F.where(eye(n, dtype=dtypes.bool_), 1.0, t)
+    return t
+
+
+def solve_triangular(a: Tensor, b: Tensor, *, upper: bool, left: bool = True,
+                     unitriangular: bool = False) -> Tensor:
+    """torch.linalg.solve_triangular: ``X`` with ``T X = b`` (``X T = b`` when not ``left``)
+    for the triangle ``T`` of ``a``."""
+    t = _triangle(a, upper, unitriangular)
+    return solve(t, b, left=left) if b.ndim >= 2 else solve(t, b)
+
+
+@public(torch=True, method=True)
+def triangular_solve(b: Tensor, a: Tensor, upper: bool = True, transpose: bool = False,
+                     unitriangular: bool = False):
+    """(solution, a copy of ``a``) for the triangular system ``T X = b`` (``T^T X = b`` when
+    ``transpose``), ``T`` the upper or lower triangle of ``a``."""
+    t = _triangle(a, upper, unitriangular)
+    if transpose:
+        t = _mT(t)
+    return TriangularSolveResult(_bind_solve(t, b), a.clone())
+
+
+def _bind_solve(a: Tensor, b: Tensor) -> Tensor:
+    from fusegrad.ops import functional as F
+    batch = broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]), op="triangular_solve")
+    return _bind(solve_prim, F.broadcast_to(a, batch + tuple(a.shape[-2:])),
+                 F.broadcast_to(b, batch + tuple(b.shape[-2:])))
