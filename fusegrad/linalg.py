@@ -21,7 +21,8 @@ from fusegrad.tensor import Tensor
 __all__ = ["norm", "vector_norm", "matrix_norm", "matmul", "vecdot", "inv", "solve", "det",
            "slogdet", "cholesky", "qr", "svd", "svdvals", "eigh", "eigvalsh", "pinv",
            "matrix_power", "cross", "matrix_exp", "solve_triangular", "multi_dot", "matrix_rank",
-           "diagonal", "inv_ex", "cholesky_ex"]
+           "diagonal", "inv_ex", "cholesky_ex", "lu", "lu_factor", "lu_solve",
+           "householder_product"]
 
 matmul = F.matmul
 det = D.det
@@ -31,6 +32,10 @@ eigh = D.eigh
 svd = D.linalg_svd
 matrix_power = F.matrix_power
 matrix_exp = D.matrix_exp
+lu = D.linalg_lu
+lu_factor = D.lu_factor
+lu_solve = D.linalg_lu_solve
+householder_product = D.householder_product
 solve_triangular = D.solve_triangular
 
 

@@ -398,3 +398,72 @@ def test_linalg_helpers():
     spd = m[0] @ m[0].T + np.eye(4)
     low, info = fg.linalg.cholesky_ex(fg.tensor(spd))
     assert_close(low, np.linalg.cholesky(spd), rtol=1e-10) and info.dtype is fg.int32
+
+
+def _lu_reference(a):
+    """(P, L, U) by Doolittle elimination with partial pivoting, written out plainly."""
+    n = a.shape[0]
+    u, perm, low = a.copy(), np.arange(n), np.eye(n)
+    for j in range(n):
+        p = j + np.argmax(np.abs(u[j:, j]))
+        u[[j, p]], perm[[j, p]] = u[[p, j]], perm[[p, j]]
+        low[[j, p], :j] = low[[p, j], :j]
+        for i in range(j + 1, n):
+            low[i, j] = u[i, j] / u[j, j]
+            u[i] -= low[i, j] * u[j]
+    return np.eye(n)[perm].T, low, np.triu(u)
+
+
+def test_lu_values_and_gradcheck():
+    a = arr(2, 4, 4, seed=30)
+    p, low, up = fg.linalg.lu(fg.tensor(a))
+    for i in range(2):
+        ref = _lu_reference(a[i])
+        for got, want in zip((p[i], low[i], up[i]), ref):
+            assert_close(got, want, rtol=1e-12, atol=1e-14)
+    packed, pivots = fg.linalg.lu_factor(fg.tensor(a))
+    assert pivots.dtype is fg.int32 and pivots.min().item() >= 1
+    assert_close(packed, np.tril(low.numpy(), -1) + up.numpy(), rtol=1e-14)
+    packed2, pivots2, infos = fg.lu(fg.tensor(a), get_infos=True)
+    assert_close(packed2, packed) and infos.tolist() == [0, 0]
+    # Rectangular factorizations reconstruct the input.
+    for shape in [(5, 3), (3, 5)]:
+        r = arr(*shape, seed=31)
+        p, low, up = fg.linalg.lu(fg.tensor(r))
+        assert_close(p @ low @ up, r, rtol=1e-12, atol=1e-14)
+    check_grad(lambda x: fg.linalg.lu(x).L * fg.tensor(arr(4, 4, seed=32)), a[0])
+    check_grad(lambda x: fg.linalg.lu(x).U, a[0])
+    check_grad(lambda x: fg.linalg.lu_factor(x).LU, a)
+
+
+def test_lu_solve_and_gradcheck():
+    a, b = _well_conditioned(2, 3, 3, seed=33), arr(2, 3, 2, seed=34)
+    packed, pivots = fg.linalg.lu_factor(fg.tensor(a))
+    assert_close(fg.linalg.lu_solve(packed, pivots, fg.tensor(b)), np.linalg.solve(a, b),
+                 rtol=1e-12)
+    assert_close(fg.lu_solve(fg.tensor(b), packed, pivots), np.linalg.solve(a, b), rtol=1e-12)
+    at = np.swapaxes(a, -1, -2)
+    assert_close(fg.linalg.lu_solve(packed, pivots, fg.tensor(b), adjoint=True),
+                 np.linalg.solve(at, b), rtol=1e-12)
+    bt = np.swapaxes(b, -1, -2)
+    right = fg.linalg.lu_solve(packed, pivots, fg.tensor(bt), left=False)
+    assert_close(right @ fg.tensor(a), bt, rtol=1e-12)
+    check_grad(lambda x, y: fg.linalg.lu_solve(*fg.linalg.lu_factor(x), y), a, b)
+
+
+def test_geqrf_householder_product_ormqr():
+    a = arr(5, 3, seed=35)
+    h, tau = fg.geqrf(fg.tensor(a))
+    raw_h, raw_tau = np.linalg.qr(a, mode="raw")
+    assert_close(h, raw_h.T, rtol=1e-14) and assert_close(tau, raw_tau, rtol=1e-14)
+    q = fg.linalg.householder_product(h, tau)
+    assert_close(q, np.linalg.qr(a)[0], rtol=1e-12, atol=1e-14)
+    assert_close(fg.orgqr(h, tau), q)
+    c = arr(5, 2, seed=36)
+    full_q = np.linalg.qr(a, mode="complete")[0]
+    assert_close(fg.ormqr(h, tau, fg.tensor(c)), full_q @ c, rtol=1e-12, atol=1e-14)
+    assert_close(fg.ormqr(h, tau, fg.tensor(c), transpose=True), full_q.T @ c, rtol=1e-12,
+                 atol=1e-14)
+    assert_close(fg.ormqr(h, tau, fg.tensor(c.T), left=False), c.T @ full_q, rtol=1e-12,
+                 atol=1e-14)
+    check_grad(fg.linalg.householder_product, raw_h.T, raw_tau)

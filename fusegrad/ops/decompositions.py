@@ -589,3 +589,238 @@ def _bind_solve(a: Tensor, b: Tensor) -> Tensor:
     batch = broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]), op="triangular_solve")
     return _bind(solve_prim, F.broadcast_to(a, batch + tuple(a.shape[-2:])),
                  F.broadcast_to(b, batch + tuple(b.shape[-2:])))
+
+
+# --------------------------------------------------------------------------- LU
+
+
+def _lu_np(a):
+    """(packed L and U, LAPACK's 1-based pivots): Doolittle elimination with partial pivoting,
+    as getrf (the largest magnitude in the column is the pivot; the first on ties)."""
+    m, n = a.shape[-2:]
+    k = min(m, n)
+    flat = a.reshape((-1, m, n)).astype(np.float64)
+    pivots = np.zeros((flat.shape[0], k), np.int32)
+    for b, mat in enumerate(flat):
+        for j in range(k):
+            p = j + int(np.argmax(np.abs(mat[j:, j])))
+            pivots[b, j] = p + 1
+            if p != j:
+                mat[[j, p]] = mat[[p, j]]
+            if mat[j, j] != 0:
+                mat[j + 1:, j] /= mat[j, j]
+                mat[j + 1:, j + 1:] -= np.outer(mat[j + 1:, j], mat[j, j + 1:])
+    return flat.reshape(a.shape).astype(a.dtype), pivots.reshape(a.shape[:-2] + (k,))
+
+
+def _permutation_np(pivots, m: int, dtype):
+    """P with ``A = P L U`` from LAPACK pivots (row ``j`` swapped with ``pivots[j] - 1``)."""
+    flat = pivots.reshape((-1, pivots.shape[-1]))
+    out = np.zeros((flat.shape[0], m, m), dtype)
+    for b, piv in enumerate(flat):
+        perm = np.arange(m)
+        for j, p in enumerate(piv):
+            perm[[j, p - 1]] = perm[[p - 1, j]]
+        out[b, perm, np.arange(m)] = 1
+    return out.reshape(pivots.shape[:-1] + (m, m))
+
+
+def _lu_part_impl(which: str):
+    def impl(x):
+        packed, pivots = _lu_np(x)
+        m, n = x.shape[-2:]
+        k = min(m, n)
+        if which == "pivots":
+            return pivots
+        if which == "p":
+            return _permutation_np(pivots, m, x.dtype)
+        if which == "l":
+            low = np.tril(packed[..., :, :k], -1)
+            low[..., range(k), range(k)] = 1
+            return low
+        return np.triu(packed[..., :k, :])
+    return impl
+
+
+def _lu_infer(which: str):
+    def infer(x: TensorType) -> TensorType:
+        _check_matrices("linalg.lu", x, square=False)
+        m, n = x.shape[-2:]
+        k = min(m, n)
+        batch = x.shape[:-2]
+        if which == "pivots":
+            return TensorType(batch + (k,), dtypes.int32)
+        shape = {"p": (m, m), "l": (m, k), "u": (k, n)}[which]
+        return TensorType(batch + shape, x.dtype)
+    return infer
+
+
+def _lu_backward(x, gl, gu):
+    """torch's linalg_lu_backward for square inputs:
+    gA = P L^-T (tril(L^T gL, -1) + triu(gU U^T)) U^-T."""
+    F = _F()
+    if x.shape[-1] != x.shape[-2]:
+        raise NotImplementedError("linalg.lu: the gradient is implemented for square inputs")
+    p, low, up = (_bind(prim, x) for prim in (lu_p_prim, lu_l_prim, lu_u_prim))
+    inner = F.tril(_mT(low) @ gl, -1) if gl is not None else F.triu(gu @ _mT(up))
+    return p @ (_mT(inv(low)) @ inner @ _mT(inv(up)))
+
+
+lu_p_prim = _extern("lu_p", _lu_infer("p"), _lu_part_impl("p"), None, "LinalgLuBackward0")
+lu_pivots_prim = _extern("lu_pivots", _lu_infer("pivots"), _lu_part_impl("pivots"), None,
+                         "LinalgLuFactorExBackward0")
+lu_l_prim = _extern("lu_l", _lu_infer("l"), _lu_part_impl("l"),
+                    (Rule(lambda g, out, x: _lu_backward(x, g, None), (0,)),), "LinalgLuBackward0")
+lu_u_prim = _extern("lu_u", _lu_infer("u"), _lu_part_impl("u"),
+                    (Rule(lambda g, out, x: _lu_backward(x, None, g), (0,)),), "LinalgLuBackward0")
+
+
+def _pivots_to_p_infer(pivots: TensorType, *, m: int, dtype) -> TensorType:
+    return TensorType(pivots.shape[:-1] + (m, m), dtype)
+
+
+pivots_to_p_prim = register(Primitive(
+    "pivots_to_p", Kind.EXTERN, _pivots_to_p_infer,
+    lambda piv, *, m, dtype: _permutation_np(piv, m, dtype.np_dtype), None, "",
+    attrs=("m", "dtype")))
+
+LUResult = namedtuple("linalg_lu", ["P", "L", "U"])
+LUFactorResult = namedtuple("linalg_lu_factor", ["LU", "pivots"])
+
+
+def linalg_lu(x: Tensor, *, pivot: bool = True):
+    """(P, L, U) with ``x = P L U``, L unit lower triangular and U upper triangular."""
+    if not pivot:
+        raise NotImplementedError("linalg.lu: pivot=False is a CUDA-only option in torch")
+    return LUResult(_bind(lu_p_prim, x), _bind(lu_l_prim, x), _bind(lu_u_prim, x))
+
+
+def lu_factor(x: Tensor, *, pivot: bool = True):
+    """(LU, pivots): L below the diagonal (its unit diagonal implied) and U on and above it,
+    with LAPACK's 1-based int32 row pivots."""
+    from fusegrad.ops import functional as F
+    _, low, up = linalg_lu(x, pivot=pivot)
+    m, n = x.shape[-2:]
+    k = min(m, n)
+    lower = F.tril(low, -1)
+    if n > k:
+        lower = F.cat([lower, F.zeros_like(x)[..., :, k:]], -1)
+    upper = up if m == k else F.cat([up, F.zeros_like(x)[..., k:, :]], -2)
+    return LUFactorResult(lower + upper, _bind(lu_pivots_prim, x))
+
+
+@public(torch=True, method=True)
+def lu(x: Tensor, pivot: bool = True, get_infos: bool = False):
+    """torch.lu: (LU, pivots[, infos]) as ``linalg.lu_factor``."""
+    packed, pivots = lu_factor(x, pivot=pivot)
+    if get_infos:
+        from fusegrad.ops.creation import zeros
+        return packed, pivots, zeros(tuple(x.shape[:-2]), dtype=dtypes.int32)
+    return packed, pivots
+
+
+def linalg_lu_solve(lu_data: Tensor, pivots: Tensor, b: Tensor, *, left: bool = True,
+                    adjoint: bool = False) -> Tensor:
+    """``X`` with ``A X = b`` from A's ``lu_factor`` (``X A = b`` when not ``left``, ``A^T``
+    when ``adjoint``): two triangular solves and the row permutation."""
+    from fusegrad.ops import functional as F
+    n = lu_data.shape[-1]
+    low = _triangle(lu_data, False, True)
+    up = F.triu(lu_data)
+    p = _bind(pivots_to_p_prim, pivots, m=n, dtype=lu_data.dtype)
+    a_factors = (p, low, up)
+    if not left:
+        # X A = b  <=>  A^T X^T = b^T.
+        return _mT(linalg_lu_solve(lu_data, pivots, _mT(b), adjoint=not adjoint))
+    if adjoint:
+        # A^T = U^T L^T P^T: solve U^T y = b, then L^T z = y, then X = P z.
+        y = _bind_solve(_mT(up), b)
+        z = _bind_solve(_mT(low), y)
+        return a_factors[0] @ z
+    y = _bind_solve(low, _mT(p) @ b)
+    return _bind_solve(up, y)
+
+
+@public(torch=True, method=True)
+def lu_solve(b: Tensor, lu_data: Tensor, lu_pivots: Tensor) -> Tensor:
+    """torch.lu_solve: ``X`` with ``A X = b`` from A's ``lu_factor``."""
+    return linalg_lu_solve(lu_data, lu_pivots, b)
+
+
+# --------------------------------------------------------------------------- Householder
+
+
+def _geqrf_a_infer(x: TensorType) -> TensorType:
+    _check_matrices("geqrf", x, square=False)
+    return x
+
+
+def _geqrf_tau_infer(x: TensorType) -> TensorType:
+    _check_matrices("geqrf", x, square=False)
+    return TensorType(x.shape[:-2] + (min(x.shape[-2:]),), x.dtype)
+
+
+def _geqrf_np(x):
+    flat = x.reshape((-1,) + x.shape[-2:])
+    hs, taus = zip(*(np.linalg.qr(m, mode="raw") for m in flat)) if len(flat) else ((), ())
+    a = np.stack([h.T for h in hs]) if hs else np.zeros(flat.shape, x.dtype)
+    tau = np.stack(taus) if taus else np.zeros((0, min(x.shape[-2:])), x.dtype)
+    return a.reshape(x.shape).astype(x.dtype), tau.reshape(x.shape[:-2] + (-1,)).astype(x.dtype)
+
+
+geqrf_a_prim = _extern("geqrf_a", _geqrf_a_infer, lambda x: _geqrf_np(x)[0], None,
+                       "GeqrfBackward0")
+geqrf_tau_prim = _extern("geqrf_tau", _geqrf_tau_infer, lambda x: _geqrf_np(x)[1], None,
+                         "GeqrfBackward0")
+GeqrfResult = namedtuple("geqrf", ["a", "tau"])
+
+
+@public(torch=True, method=True)
+def geqrf(x: Tensor):
+    """LAPACK's geqrf: R on and above the diagonal of ``a``, the Householder vectors below it,
+    and their scales ``tau`` (not differentiable, as in torch)."""
+    return GeqrfResult(_bind(geqrf_a_prim, x), _bind(geqrf_tau_prim, x))
+
+
+def _reflectors(a: Tensor, tau: Tensor):
+    """The Householder matrices ``H_i = I - tau_i v_i v_i^T`` of geqrf's output, in order."""
+    from fusegrad.ops import functional as F
+    from fusegrad.ops.creation import arange, eye
+    m = a.shape[-2]
+    rows = arange(m)
+    out = []
+    for i in range(tau.shape[-1]):
+        col = a[..., :, i]
+        v = F.where(F.lt(rows, i), 0.0, F.where(F.eq(rows, i), 1.0, col))
+        outer = F.unsqueeze(v, -1) * F.unsqueeze(v, -2)
+        out.append(eye(m, dtype=a.dtype) - F.unsqueeze(F.unsqueeze(tau[..., i], -1), -1) * outer)
+    return out
+
+
+def householder_product(a: Tensor, tau: Tensor) -> Tensor:
+    """The first ``n`` columns of ``H_1 H_2 ... H_k`` (torch.linalg.householder_product)."""
+    from fusegrad.ops import functional as F
+    from fusegrad.ops.creation import eye
+    m, n = a.shape[-2:]
+    q = eye(m, dtype=a.dtype)
+    for h in _reflectors(a, tau):
+        q = q @ h
+    return F.narrow(q, -1, 0, n) if n < m else q + F.zeros_like(a)
+
+
+orgqr = public(householder_product, name="orgqr", torch=True, method=True)
+
+
+@public(torch=True, method=True)
+def ormqr(a: Tensor, tau: Tensor, other: Tensor, left: bool = True,
+          transpose: bool = False) -> Tensor:
+    """``Q other`` (``other Q`` when not ``left``; ``Q^T`` when ``transpose``) with Q the
+    full product of geqrf's Householder reflectors."""
+    from fusegrad.ops.creation import eye
+    m = a.shape[-2]
+    q = eye(m, dtype=a.dtype)
+    for h in _reflectors(a, tau):
+        q = q @ h
+    if transpose:
+        q = _mT(q)
+    return q @ other if left else other @ q
