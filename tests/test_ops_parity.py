@@ -507,6 +507,8 @@ def test_special_function_gradients():
     check_grad(lambda t: fg.mvlgamma(t, 2), x + 1)
     check_grad(lambda t: fg.igamma(fg.tensor(x), t), positive(5, seed=5))
     check_grad(lambda t: fg.igammac(fg.tensor(x), t), positive(5, seed=6))
+    # x broadcast against a: the gradient sums over the broadcast dim (a regression).
+    check_grad(lambda t: fg.igamma(fg.tensor(positive(3, 5, seed=9)), t), positive(5, seed=10))
     check_grad(lambda t: fg.frexp(t).mantissa, arr(5, seed=7))
 
 

@@ -88,18 +88,18 @@ def _solve_infer(a: TensorType, b: TensorType) -> TensorType:
 
 
 def _solve_gb(g, out, a, b):
-    return solve_prim_apply(_mT(a), g)
+    return _solve_prim_apply(_mT(a), g)
 
 
 def _solve_ga(g, out, a, b):
-    return -(solve_prim_apply(_mT(a), g) @ _mT(out))
+    return -(_solve_prim_apply(_mT(a), g) @ _mT(out))
 
 
 solve_prim = _extern("solve", _solve_infer, lambda a, b: np.linalg.solve(a, b),
                      (Rule(_solve_ga, (0,), True), Rule(_solve_gb, (0,))), "LinalgSolveExBackward0")
 
 
-def solve_prim_apply(a, b):
+def _solve_prim_apply(a, b):
     from fusegrad.ops.primitive import bind
     return bind(solve_prim, a, b)
 

@@ -170,12 +170,12 @@ logaddexp2.__doc__ = "``log2(2**x + 2**other)``, without overflow."
 def xlogy(x, other) -> Tensor:
     """``x * log(other)``, 0 where ``x`` is 0 (unless ``other`` is NaN), as torch."""
     a, b = _floats("xlogy", x, other)
-    zero = logical_and(eq(a, 0), logical_not_nan(b))
+    zero = logical_and(eq(a, 0), _not_nan(b))
     safe_b = where(zero, ones_like(b), b)
     return _named(where(zero, zeros_like(a), mul(a, log(safe_b))), "XlogyBackward0")
 
 
-def logical_not_nan(x: Tensor) -> Tensor:
+def _not_nan(x: Tensor) -> Tensor:
     """Where ``x`` is not NaN."""
     return eq(x, x)
 

@@ -266,7 +266,9 @@ def _igamma_x_vjp(upper: bool):
     # d/dx P(a, x) = x^(a-1) e^-x / Gamma(a); Q = 1 - P. torch has no gradient for a.
     def vjp(g, out, a, x):
         density = exp(sub(sub(mul(sub(a, 1.0), x.log()), x), bind(lgamma_prim, a)))
-        return mul(g, density.neg() if upper else density)
+        grad = mul(g, density.neg() if upper else density)
+        # x may have been broadcast against a: its cotangent sums over the broadcast dims.
+        return grad.sum_to_size(tuple(x.shape)) if tuple(grad.shape) != tuple(x.shape) else grad
     return Rule(vjp, (0, 1))
 
 

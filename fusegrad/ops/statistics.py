@@ -65,11 +65,11 @@ def nanmean(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor
     if not x.is_floating_point() and dtype is None:
         raise RuntimeError(f"nanmean(): expected input to have floating point dtype but got "
                            f"{x.dtype.name.capitalize()}")
-    count = sum(logical_not_nan(x), dim, keepdim)
+    count = sum(_not_nan(x), dim, keepdim)
     return div(nansum(x, dim, keepdim, dtype=dtype), count)
 
 
-def logical_not_nan(x: Tensor) -> Tensor:
+def _not_nan(x: Tensor) -> Tensor:
     return eq(x, x)
 
 
