@@ -1,7 +1,9 @@
-"""``fusegrad.linalg``: the part of torch.linalg that is a composition of fusegrad's ops.
+"""``fusegrad.linalg``: torch.linalg's norms, products, decompositions and solvers.
 
-Norms and products only: decompositions and solvers (inv, solve, svd, eigh, ...) need
-primitives fusegrad does not have, and asking for one says so (see ``__getattr__``).
+Norms and products are compositions of fusegrad's ops; decompositions and solvers (``inv``,
+``solve``, ``det``, ``slogdet``, ``cholesky``, ``qr``, ``svd``, ``eigh``) are primitives of
+:mod:`fusegrad.ops.decompositions` with torch's gradients, library calls when compiled. A torch
+name fusegrad lacks says so (see ``__getattr__``).
 
 >>> import fusegrad as torch
 >>> torch.linalg.vector_norm(torch.tensor([3., 4.]))
@@ -12,12 +14,114 @@ from __future__ import annotations
 
 import math
 
+from fusegrad.ops import decompositions as D
 from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
 
-__all__ = ["norm", "vector_norm", "matrix_norm", "matmul", "vecdot"]
+__all__ = ["norm", "vector_norm", "matrix_norm", "matmul", "vecdot", "inv", "solve", "det",
+           "slogdet", "cholesky", "qr", "svd", "svdvals", "eigh", "eigvalsh", "pinv",
+           "matrix_power", "cross", "matrix_exp", "solve_triangular", "multi_dot", "matrix_rank",
+           "diagonal", "inv_ex", "cholesky_ex", "lu", "lu_factor", "lu_solve",
+           "householder_product"]
 
 matmul = F.matmul
+det = D.det
+slogdet = D.slogdet
+solve = D.solve
+eigh = D.eigh
+svd = D.linalg_svd
+matrix_power = F.matrix_power
+matrix_exp = D.matrix_exp
+lu = D.linalg_lu
+lu_factor = D.lu_factor
+lu_solve = D.linalg_lu_solve
+householder_product = D.householder_product
+solve_triangular = D.solve_triangular
+
+
+def multi_dot(tensors) -> Tensor:
+    """The product of a chain of matrices (the first may be a vector, as may the last)."""
+    tensors = list(tensors)
+    if len(tensors) < 2:
+        raise RuntimeError("multi_dot(): expected at least 2 tensors but got " + str(len(tensors)))
+    out = tensors[0]
+    for t in tensors[1:]:
+        out = F.matmul(out, t)
+    return out
+
+
+def matrix_rank(x: Tensor, *, atol: float | None = None, rtol: float | None = None,
+                hermitian: bool = False) -> Tensor:
+    """The number of singular values above ``max(atol, rtol * largest)`` (``rtol`` defaults
+    to ``max(m, n)`` times the dtype's epsilon when neither is given)."""
+    import numpy as np
+    s = svdvals(x)
+    if rtol is None:
+        rtol = 0.0 if atol is not None and atol > 0 else \
+            max(x.shape[-2:]) * float(np.finfo(x.dtype.np_dtype).eps)
+    largest = F.amax(s, -1, True) if s.shape[-1] else F.zeros_like(s)
+    tol = F.maximum(largest * rtol, atol or 0.0)
+    return F.sum(F.lt(tol, s), -1)
+
+
+def diagonal(x: Tensor, *, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:
+    """The diagonal ``offset`` of the matrices in dims ``dim1`` and ``dim2``."""
+    return F.diagonal(x, offset, dim1, dim2)
+
+
+def inv_ex(x: Tensor, *, check_errors: bool = False):
+    """(inverse, info): info 0 where the inversion succeeded (errors are raised)."""
+    return inv(x), _zero_info(x)
+
+
+def _zero_info(x: Tensor) -> Tensor:
+    from fusegrad import dtypes
+    from fusegrad.ops.creation import zeros
+    return zeros(tuple(x.shape[:-2]), dtype=dtypes.int32)
+
+
+def cholesky_ex(x: Tensor, *, upper: bool = False, check_errors: bool = False):
+    """(L, info): info 0 where the factorization succeeded (errors are raised)."""
+    return cholesky(x, upper=upper), _zero_info(x)
+
+
+def inv(x: Tensor) -> Tensor:
+    """The inverse of the square matrices in the last two dims; an error when singular."""
+    return D.inv(x)
+
+
+def cholesky(x: Tensor, *, upper: bool = False) -> Tensor:
+    """The Cholesky factor of symmetric positive-definite matrices (lower, or upper)."""
+    return D.cholesky(x, upper)
+
+
+def qr(x: Tensor, mode: str = "reduced"):
+    """(Q, R) with ``x = Q R``; ``mode`` 'reduced', 'complete' or 'r' (Q empty)."""
+    return D.QRResult(D.qr_q(x, mode), D.qr_r(x, mode))
+
+
+def svdvals(x: Tensor) -> Tensor:
+    """The singular values of ``x``, descending."""
+    return D.svd_part(x, 1, False)
+
+
+def eigvalsh(x: Tensor, UPLO: str = "L") -> Tensor:  # noqa: N803 - torch's name
+    """The eigenvalues of symmetric matrices, ascending."""
+    return D.eigh_values(x, UPLO)
+
+
+def pinv(x: Tensor, *, rtol: float | None = None, hermitian: bool = False) -> Tensor:
+    """The Moore-Penrose pseudo-inverse; singular values at most ``rtol`` times the largest
+    are dropped (by default ``max(m, n)`` times the dtype's epsilon)."""
+    import numpy as np
+    if rtol is None:
+        rtol = max(x.shape[-2:]) * float(np.finfo(x.dtype.np_dtype).eps)
+    return D.pinverse(x, rtol)
+
+
+def cross(x: Tensor, other: Tensor, *, dim: int = -1) -> Tensor:
+    """The cross product of 3-vectors along ``dim``."""
+    return F.cross(x, other, dim)
 
 
 def vector_norm(x: Tensor, ord=2, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
@@ -32,8 +136,9 @@ def vector_norm(x: Tensor, ord=2, dim=None, keepdim: bool = False, *, dtype=None
 
 
 def matrix_norm(x: Tensor, ord="fro", dim=(-2, -1), keepdim: bool = False, *, dtype=None) -> Tensor:
-    """Matrix norm over the two dims ``dim``: 'fro', 1 / -1 (max / min absolute column sum),
-    inf / -inf (max / min absolute row sum). 'nuc' and 2 need an SVD fusegrad lacks."""
+    """Matrix norm over the two dims ``dim``: 'fro', 'nuc' (sum of singular values), 2 / -2
+    (largest / smallest singular value), 1 / -1 (max / min absolute column sum), inf / -inf
+    (max / min absolute row sum)."""
     if x.ndim < 2:
         raise RuntimeError("linalg.matrix_norm: The input tensor A must have at least 2 dimensions.")
     if dtype is not None:
@@ -49,8 +154,14 @@ def matrix_norm(x: Tensor, ord="fro", dim=(-2, -1), keepdim: bool = False, *, dt
         sums = F.sum(F.abs(x), summed, True)
         out = F.amax(sums, kept, True) if ord > 0 else F.amin(sums, kept, True)
         return out if keepdim else F.squeeze(out, (rows, cols))
-    raise NotImplementedError(f"linalg.matrix_norm: ord={ord!r} is not implemented in fusegrad "
-                              f"yet (it needs singular values)")
+    if ord in ("nuc", 2, -2):
+        moved = F.movedim(x, (rows, cols), (-2, -1))
+        s = svdvals(moved)
+        out = F.sum(s, -1) if ord == "nuc" else F.amax(s, -1) if ord == 2 else F.amin(s, -1)
+        if keepdim:
+            out = F.unsqueeze(F.unsqueeze(out, min(rows, cols)), max(rows, cols))
+        return out
+    raise RuntimeError(f"linalg.matrix_norm: Order {ord} not supported.")
 
 
 def norm(x: Tensor, ord=None, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:

@@ -108,7 +108,7 @@ def remainder(x, other) -> Tensor:
     return bind(P.remainder, a, b)
 
 
-@public(torch=True, method=True)
+@public(torch=True, method=True, inplace=True)
 def fmod(x, other) -> Tensor:
     """C's fmod: the exact remainder of the truncated quotient, with the sign of ``x``."""
     a, b = _promote("fmod", x, other)
@@ -149,17 +149,17 @@ def _compare(prim, swap=False):
     return op
 
 
-lt = public(_compare(P.lt), name="lt", torch=True, method=True)
-le = public(_compare(P.le), name="le", torch=True, method=True)
-gt = public(_compare(P.lt, swap=True), name="gt", torch=True, method=True)
-ge = public(_compare(P.le, swap=True), name="ge", torch=True, method=True)
-eq = public(_compare(P.eq), name="eq", torch=True, method=True)
-ne = public(_compare(P.ne), name="ne", torch=True, method=True)
-less = public(lt, name="less", torch=True, method=True)
-less_equal = public(le, name="less_equal", torch=True, method=True)
-greater = public(gt, name="greater", torch=True, method=True)
-greater_equal = public(ge, name="greater_equal", torch=True, method=True)
-not_equal = public(ne, name="not_equal", torch=True, method=True)
+lt = public(_compare(P.lt), name="lt", torch=True, method=True, inplace=True)
+le = public(_compare(P.le), name="le", torch=True, method=True, inplace=True)
+gt = public(_compare(P.lt, swap=True), name="gt", torch=True, method=True, inplace=True)
+ge = public(_compare(P.le, swap=True), name="ge", torch=True, method=True, inplace=True)
+eq = public(_compare(P.eq), name="eq", torch=True, method=True, inplace=True)
+ne = public(_compare(P.ne), name="ne", torch=True, method=True, inplace=True)
+less = public(lt, name="less", torch=True, method=True, inplace=True)
+less_equal = public(le, name="less_equal", torch=True, method=True, inplace=True)
+greater = public(gt, name="greater", torch=True, method=True, inplace=True)
+greater_equal = public(ge, name="greater_equal", torch=True, method=True, inplace=True)
+not_equal = public(ne, name="not_equal", torch=True, method=True, inplace=True)
 
 
 def _to_bool(x) -> Tensor:
@@ -177,7 +177,7 @@ def logical_or(x, other) -> Tensor:
     return bind(P.logical_or, _to_bool(x), _to_bool(other))
 
 
-@public(torch=True, method=True)
+@public(torch=True, method=True, inplace=True)
 def logical_xor(x, other) -> Tensor:
     return bind(P.ne, _to_bool(x), _to_bool(other))
 
@@ -262,7 +262,7 @@ def neg(x: Tensor) -> Tensor:
     return bind(P.neg, x)
 
 
-negative = public(neg, name="negative", torch=True, method=True)
+negative = public(neg, name="negative", torch=True, method=True, inplace=True)
 
 
 @public(torch=True, method=True, inplace=True)
@@ -270,7 +270,7 @@ def abs(x: Tensor) -> Tensor:  # noqa: A001
     return x if x.dtype is dtypes.bool_ else bind(P.abs_, x)
 
 
-absolute = public(abs, name="absolute", torch=True, method=True)
+absolute = public(abs, name="absolute", torch=True, method=True, inplace=True)
 
 
 def _float_unary(prim):
@@ -283,15 +283,15 @@ def _float_unary(prim):
 
 
 exp = public(_float_unary(P.exp), name="exp", torch=True, method=True, inplace=True)
-exp2 = public(_float_unary(P.exp2), name="exp2", torch=True, method=True)
+exp2 = public(_float_unary(P.exp2), name="exp2", torch=True, method=True, inplace=True)
 log = public(_float_unary(P.log), name="log", torch=True, method=True, inplace=True)
-log2 = public(_float_unary(P.log2), name="log2", torch=True, method=True)
-log10 = public(_float_unary(P.log10), name="log10", torch=True, method=True)
+log2 = public(_float_unary(P.log2), name="log2", torch=True, method=True, inplace=True)
+log10 = public(_float_unary(P.log10), name="log10", torch=True, method=True, inplace=True)
 log1p = public(_float_unary(P.log1p), name="log1p", torch=True, method=True, inplace=True)
 expm1 = public(_float_unary(P.expm1), name="expm1", torch=True, method=True, inplace=True)
 sin = public(_float_unary(P.sin), name="sin", torch=True, method=True, inplace=True)
 cos = public(_float_unary(P.cos), name="cos", torch=True, method=True, inplace=True)
-tan = public(_float_unary(P.tan), name="tan", torch=True, method=True)
+tan = public(_float_unary(P.tan), name="tan", torch=True, method=True, inplace=True)
 tanh = public(_float_unary(P.tanh), name="tanh", torch=True, method=True, inplace=True)
 erf = public(_float_unary(P.erf), name="erf", torch=True, method=True, inplace=True)
 sqrt = public(_float_unary(P.sqrt), name="sqrt", torch=True, method=True, inplace=True)
@@ -358,7 +358,7 @@ def trunc(x: Tensor) -> Tensor:
     return _named(where(lt(x, 0), ceil(x), floor(x)), "TruncBackward0")
 
 
-fix = public(trunc, name="fix", torch=True, method=True)
+fix = public(trunc, name="fix", torch=True, method=True, inplace=True)
 
 
 @public(torch=True, method=True, inplace=True)

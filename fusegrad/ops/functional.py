@@ -18,9 +18,11 @@ torch does, then binds primitives. Compositions of several primitives are wrappe
 """
 
 # ruff: noqa: F401, F403
+from fusegrad.ops.blas import *
 from fusegrad.ops.composite import *
 from fusegrad.ops.composite import _named
 from fusegrad.ops.convolution import *
+from fusegrad.ops.decompositions import *
 from fusegrad.ops.elementwise import *
 from fusegrad.ops.factories import *
 from fusegrad.ops.indexing import *
@@ -41,9 +43,13 @@ from fusegrad.ops.operands import (
     _promote,
     _scalar_tensor,
 )
+from fusegrad.ops.pointwise import *
 from fusegrad.ops.pooling import *
 from fusegrad.ops.products import *
 from fusegrad.ops.reductions import *
 from fusegrad.ops.sampling import *
 from fusegrad.ops.scatter import *
+from fusegrad.ops.slicing import *
+from fusegrad.ops.special import *
+from fusegrad.ops.statistics import *
 from fusegrad.ops.trig import *

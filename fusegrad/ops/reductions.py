@@ -312,7 +312,7 @@ def norm(x: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Ten
     return _root_with_zero_grad(sum(pow(abs(x), p), dim, keepdim), lambda s: pow(s, 1.0 / p))
 
 
-@public(torch=True, method=True)
+@public(torch=True, method=True, inplace=True)
 def cumsum(x: Tensor, dim: int, *, dtype=None) -> Tensor:
     if dtype is not None:
         x = cast(x, dtype)
@@ -352,7 +352,7 @@ def _scan_axis(x: Tensor, dim: int, op: str) -> int:
     return normalize_axis(dim, x.ndim, op) if x.ndim else 0
 
 
-@public(torch=True, method=True)
+@public(torch=True, method=True, inplace=True)
 def cumprod(x: Tensor, dim: int, *, dtype=None) -> Tensor:
     """Running product along ``dim``."""
     if dtype is not None:

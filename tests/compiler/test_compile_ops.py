@@ -434,13 +434,16 @@ def test_check_index_primitive():
 
 
 def test_every_primitive_has_a_compiled_test():
+    from tests.compiler.test_compile_extern_ops import EXTERN_PRIMITIVES
     tested = set(UNARY_FLOAT + UNARY_ANY) | set(BINARY_DTYPES) | set(MOVEMENT_OPS) | {
         "not", "cast", "where", "sum", "prod", "max", "min", "argmax", "argmin", "take",
         "index_add", "gather", "scatter_add", "matmul", "full", "iota", "constant",
         "random_uniform", "argsort", "cumsum", "check_target", "check_index", "atan2", "bitcast",
         "scatter_reduce", *INVERSE_TRIG,
         # fusegrad.distributed's collectives: tests/distributed/test_distributed.py
-        "allreduce_start", "allreduce_wait"}
+        "allreduce_start", "allreduce_wait",
+        # decompositions, special functions, mode: tests/compiler/test_compile_extern_ops.py
+        *EXTERN_PRIMITIVES}
     assert sorted(set(PRIMITIVES) - tested) == []
 
 

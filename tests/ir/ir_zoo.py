@@ -452,6 +452,119 @@ def trig_bitwise_scatter() -> Case:
                 expected)
 
 
+@case
+def decompositions() -> Case:
+    """The linear-algebra extern primitives (fusegrad.ops.decompositions) and their attributes."""
+    import fusegrad.ops.decompositions  # noqa: F401  (registers the primitives)
+    g = Graph("decompositions")
+    a = g.add_input("a", T(2, 3, 3, dtype=D.float64))
+    b = g.add_input("b", T(2, 3, 2, dtype=D.float64))
+    spd = g.add_input("spd", T(3, 3, dtype=D.float64))
+    piv = g.add_input("piv", T(2, 3, dtype=D.int32))
+    outs = [g.add_node(op, [a]) for op in ("inv", "det", "slogdet_sign", "logabsdet", "matrix_exp",
+                                           "lu_p", "lu_l", "lu_u", "lu_pivots", "geqrf_a",
+                                           "geqrf_tau")]
+    outs.append(g.add_node("solve", [a, b]))
+    outs.append(g.add_node("cholesky", [spd], {"upper": True}))
+    outs += [g.add_node(op, [a], {"mode": "complete"}) for op in ("qr_q", "qr_r")]
+    outs += [g.add_node(op, [a], {"full_matrices": False}) for op in ("svd_u", "svd_s", "svd_vh")]
+    outs += [g.add_node(op, [spd], {"uplo": "U"}) for op in ("eigh_values", "eigh_vectors")]
+    outs.append(g.add_node("pivots_to_p", [piv], {"m": 3, "dtype": D.float64}))
+    g.set_outputs(outs)
+    rng = np.random.default_rng(40)
+    a_ = rng.standard_normal((2, 3, 3)) + 3 * np.eye(3)
+    m = rng.standard_normal((3, 3))
+    spd_ = m @ m.T + np.eye(3)
+    piv_ = np.array([[3, 2, 3], [1, 3, 3]], np.int32)
+
+    def permutation(p):
+        perm = np.arange(3)
+        for j, k in enumerate(p):
+            perm[[j, k - 1]] = perm[[k - 1, j]]
+        return np.eye(3)[perm].T
+
+    def lu(m):
+        # Doolittle elimination with partial pivoting, written out.
+        u, perm, low, pivots = m.copy(), np.arange(3), np.eye(3), []
+        for c in range(3):
+            p = c + int(np.argmax(np.abs(u[c:, c])))
+            pivots.append(p + 1)
+            u[[c, p]], perm[[c, p]] = u[[p, c]], perm[[p, c]]
+            low[[c, p], :c] = low[[p, c], :c]
+            for r in range(c + 1, 3):
+                low[r, c] = u[r, c] / u[c, c]
+                u[r] -= low[r, c] * u[c]
+        return np.eye(3)[perm].T, low, np.triu(u), np.array(pivots, np.int32)
+
+    def expected(a, b, spd, piv):
+        sign, logabs = np.linalg.slogdet(a)
+        w, v = np.linalg.eig(a)
+        factors = [lu(m) for m in a]
+        raw = [np.linalg.qr(m, mode="raw") for m in a]
+        u, s, vh = np.linalg.svd(a, full_matrices=False)
+        lam, vec = np.linalg.eigh(spd, UPLO="U")
+        return [np.linalg.inv(a), np.linalg.det(a), sign, logabs,
+                ((v * np.exp(w)[..., None, :]) @ np.linalg.inv(v)).real,
+                *[np.stack([f[k] for f in factors]) for k in range(4)],
+                np.stack([h.T for h, _ in raw]), np.stack([t for _, t in raw]),
+                np.linalg.solve(a, b), np.linalg.cholesky(spd).T, *np.linalg.qr(a, mode="complete"),
+                u, s, vh, lam, vec, np.stack([permutation(p) for p in piv])]
+
+    return Case(g, (a_, rng.standard_normal((2, 3, 2)), spd_, piv_), expected)
+
+
+@case
+def special_functions() -> Case:
+    """The special-function extern primitives (fusegrad.ops.special), and mode's index."""
+    import fusegrad.ops.special  # noqa: F401
+    import fusegrad.ops.statistics  # noqa: F401
+    g = Graph("special")
+    x = g.add_input("x", T(4, dtype=D.float64))
+    y = g.add_input("y", T(4, dtype=D.float64))
+    e = g.add_input("e", T(4, dtype=D.float64))
+    i = g.add_input("i", T(4, dtype=D.int64))
+    j = g.add_input("j", T(4, dtype=D.int64))
+    rows = g.add_input("rows", T(2, 5))
+    outs = [g.add_node("polygamma", [x], {"n": 0}), g.add_node("polygamma", [x], {"n": 1})]
+    outs += [g.add_node(op, [x]) for op in ("lgamma", "erfc", "i0", "i1")]
+    outs.append(g.add_node("erfinv", [e]))
+    outs += [g.add_node(op, [g.add_node("div", [x, x]), y]) for op in ("igamma", "igammac")]
+    outs.append(g.add_node("nextafter", [x, y]))
+    outs += [g.add_node(op, [y]) for op in ("frexp_mantissa", "frexp_exponent")]
+    outs += [g.add_node(op, [i, j]) for op in ("gcd", "lcm")]
+    outs.append(g.add_node("mode_index", [rows]))
+    g.set_outputs(outs)
+    x_ = np.array([1.0, 0.5, 2.0, 3.5])
+    y_ = np.array([0.25, 1.0, 3.0, -6.5])
+    v = np.array([-1.5, -0.2, 0.3, 2.0])
+    e_ = np.array([math.erf(t) for t in v])
+    gamma = 0.5772156649015329
+
+    def bessel(x, order):
+        # I_n(x) = 1/pi * integral_0^pi exp(x cos t) cos(n t) dt; the trapezoid rule on a
+        # periodic analytic integrand converges geometrically.
+        t = np.linspace(0.0, np.pi, 2001)
+        f = np.exp(x[:, None] * np.cos(t)) * np.cos(order * t)
+        return (f[:, 1:-1].sum(1) + (f[:, 0] + f[:, -1]) / 2) * (t[1] - t[0]) / np.pi
+
+    def expected(x, y, e, i, j, rows):
+        mantissa, exponent = np.frexp(y)
+        # digamma and trigamma at 1 and 1/2 are known; 2 and 7/2 follow by the recurrence.
+        return [np.array([-gamma, -gamma - 2 * math.log(2), 1 - gamma,
+                          -gamma - 2 * math.log(2) + 2 + 2 / 3 + 2 / 5]),
+                np.array([math.pi ** 2 / 6, math.pi ** 2 / 2, math.pi ** 2 / 6 - 1,
+                          math.pi ** 2 / 2 - 4 - 4 / 9 - 4 / 25]),
+                np.array([math.lgamma(t) for t in x]), np.array([math.erfc(t) for t in x]),
+                bessel(x, 0), bessel(x, 1), v, 1 - np.exp(-y.clip(0)) + np.where(y < 0, np.nan, 0),
+                np.exp(-y.clip(0)) + np.where(y < 0, np.nan, 0), np.nextafter(x, y), mantissa,
+                exponent.astype(np.int32), np.gcd(i, j), np.lcm(i, j),
+                np.array([[3], [3]])]
+
+    rows_ = np.array([[3, 1, 3, 1, 2], [5, 5, 2, 2, 7]], np.float32)
+    return Case(g, (x_, y_, e_, np.array([12, -18, 0, 7]), np.array([8, 12, 5, 0]), rows_),
+                expected)
+
+
 def all_cases() -> dict[str, Case]:
     """A fresh instance of every case."""
     return {name: build() for name, build in CASES.items()}

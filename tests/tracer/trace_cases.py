@@ -782,3 +782,138 @@ case("nn.scaled_dot_product_attention",
      lambda q, k, v, m: (NF.scaled_dot_product_attention(q, k, v, attn_mask=m),
                          NF.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)),
      X(2, 3, 4), X(2, 5, 4, layout="T"), X(2, 5, 2), X(3, 5))
+
+# -- torch.f / Tensor.f parity (fusegrad.ops.pointwise, blas, slicing, statistics, special,
+# decompositions): elementwise compositions, products, slice writes, order statistics, and the
+# extern primitives of special functions and decompositions, traced and differentiated.
+case("copysign", lambda x, y: (F.copysign(x, y), F.frac(x), F.sgn(x), F.positive(x),
+                               F.deg2rad(x), F.rad2deg(x), F.fmax(x, y), F.fmin(x, y)),
+     X(3, 4), X(4), covers=("frac", "sgn", "positive", "deg2rad", "rad2deg", "fmax", "fmin",
+                            "signbit", "divide", "multiply", "subtract", "clamp_min",
+                            "clamp_max"))
+case("hypot", lambda x, y: (F.hypot(x, y), F.logaddexp(x, y), F.logaddexp2(x, y),
+                            F.xlogy(x, y), F.ldexp(x, y), F.float_power(y, x), F.sinc(x),
+                            F.logit(y / 3, 0.1), F.hardshrink(x, 0.5),
+                            F.clamp_min(x, 0.1) + F.clamp_max(x, 0.2) + F.divide(x, y)
+                            + F.multiply(x, y) + F.subtract(x, y) + F.signbit(x)),
+     X(3, 4, layout="T"), Pos(3, 4),
+     covers=("logaddexp", "logaddexp2", "xlogy", "ldexp", "float_power", "sinc", "logit",
+             "hardshrink"))
+case("heaviside", lambda x, y: (F.heaviside(x, y), F.isposinf(x / 0), F.isneginf(x / 0),
+                                F.isreal(x)), X(3, 4), X(4), grad=False,
+     covers=("isposinf", "isneginf", "isreal"))
+case("addmm", lambda m, a, b, v: (F.addmm(m, a, b, beta=0.5, alpha=2), F.addmv(m[:, 0], a, v),
+                                  F.addr(m, a[:, 0], b[0]), F.inner(a, b.mT), F.vdot(v, v),
+                                  F.ger(v, v), F.kron(a, b), F.adjoint(a)),
+     X(3, 5), X(3, 2), X(2, 5), X(2),
+     covers=("addmv", "addr", "inner", "vdot", "ger", "kron", "adjoint"))
+case("baddbmm", lambda m, a, b: (F.baddbmm(m, a, b), F.addbmm(m, a, b)), X(3, 5), X(2, 3, 4),
+     X(2, 4, 5, layout="T"), covers=("addbmm",))
+case("cross", lambda x, y: (F.cross(x, y, dim=1), F.dist(x, y, 3), F.diff(x, 2, 0),
+                            F.cov(x), F.corrcoef(x), F.matrix_power(y[:3], 3)),
+     X(4, 3), X(4, 3, layout="S"), covers=("dist", "diff", "cov", "corrcoef", "matrix_power"))
+case("tensor_split", lambda x: (*F.tensor_split(x, 3, 1), *F.hsplit(x, [1]), *F.vsplit(x, 2),
+                                *F.split_with_sizes(x, [1, 3]), F.ravel(x), F.tile(x, (2, 1)),
+                                F.fliplr(x), F.flipud(x), F.moveaxis(x, 0, 1),
+                                F.narrow_copy(x, 1, 1, 2), F.msort(x), F.diagflat(x[0]),
+                                fg.take(x, fg.tensor([0, 7, -1])), *F.unsafe_chunk(x, 2),
+                                *F.unsafe_split(x, 2), *F.unsafe_split_with_sizes(x, [3, 1])),
+     X(4, 5),
+     covers=("hsplit", "vsplit", "split_with_sizes", "ravel", "tile", "fliplr", "flipud",
+             "moveaxis", "narrow_copy", "msort", "diagflat", "take", "unsafe_chunk",
+             "unsafe_split", "unsafe_split_with_sizes"))
+case("dsplit", lambda x: (*F.dsplit(x, 2), F.detach(x) * x, F.histc(x, 4, -1, 1)), X(2, 3, 4),
+     covers=("detach", "histc"))
+case("index_copy", lambda x, s, i: (F.index_copy(x, 0, i, s), F.index_fill(x, 1, i, 2.0),
+                                    F.index_put(x, (i, i), s[:, 0], True), F.put(x, i, s[0, :2]),
+                                    F.masked_scatter(x, x > 0, s.flip(0)),
+                                    F.select_scatter(x, s[0], 0, 1),
+                                    F.slice_scatter(x, s, 0, 1, 3),
+                                    F.diagonal_scatter(x, s[0, :3], 1),
+                                    F.index_reduce(x, 0, i, s, "amax")),
+     X(3, 4), X(2, 4), Idx([2, 0]),
+     covers=("index_fill", "index_put", "put", "masked_scatter", "select_scatter",
+             "slice_scatter", "diagonal_scatter", "index_reduce"))
+case("median", lambda x: (F.median(x), F.median(x, 1).values, F.nanmedian(x, 0).values,
+                          F.kthvalue(x, 2, 1).values, F.mode(x.round(), 1).values,
+                          F.quantile(x, fg.tensor([0.2, 0.7]), 1), F.nanquantile(x, 0.5),
+                          F.nansum(x), F.nanmean(x, 0), F.aminmax(x, dim=1).max,
+                          F.renorm(x, 2, 0, 1.0), F.rot90(x, 1)),
+     X(3, 5),
+     covers=("nanmedian", "kthvalue", "mode", "quantile", "nanquantile", "nansum", "nanmean",
+             "aminmax", "renorm", "rot90"))
+case("lgamma", lambda p, u: (F.lgamma(p), F.digamma(p), F.polygamma(2, p), F.mvlgamma(p + 1, 2),
+                             F.erfc(u), F.erfinv(u), F.i0(p), F.igamma(p, u), F.igammac(p, u),
+                             F.frexp(p).mantissa, F.nextafter(p, u)),
+     Pos(3, 4), Unit(3, 4),
+     covers=("digamma", "polygamma", "mvlgamma", "erfc", "erfinv", "i0", "igamma", "igammac",
+             "frexp", "nextafter"))
+case("gcd", lambda i, j: (F.gcd(i, j), F.lcm(i, j), F.frexp(i * 1.5).exponent), Idx([[4, 6], [9, 3]]),
+     Idx([2, 3]), grad=False, covers=("lcm",))
+case("det", lambda a, b: (F.det(a), F.slogdet(a).logabsdet, F.logdet(a @ a.mT), F.inverse(a),
+                          F.cholesky(a @ a.mT + fg.eye(3, dtype=a.dtype)),
+                          F.qr(a).R, F.svd(a).S, F.pinverse(a), F.matrix_exp(a),
+                          F.triangular_solve(b, a).solution, F.lu_solve(b, *F.lu(a)),
+                          F.cholesky_solve(b, F.cholesky(a @ a.mT + fg.eye(3, dtype=a.dtype))),
+                          F.cholesky_inverse(F.tril(a) + 3 * fg.eye(3, dtype=a.dtype))),
+     X(3, 3), X(3, 2),
+     covers=("slogdet", "logdet", "inverse", "cholesky", "qr", "svd", "pinverse", "matrix_exp",
+             "triangular_solve", "lu_solve", "lu", "cholesky_solve", "cholesky_inverse"))
+case("geqrf", lambda a, c: (F.orgqr(*F.geqrf(a.detach())), F.ormqr(*F.geqrf(a.detach()), c),
+                            F.householder_product(a, F.geqrf(a.detach()).tau)),
+     X(4, 3), X(4, 2), covers=("orgqr", "ormqr", "householder_product"))
+for _name in ("fmod", "lt", "le", "gt", "ge", "eq", "ne", "less", "less_equal", "greater",
+              "greater_equal", "not_equal", "logical_xor", "divide", "multiply", "subtract",
+              "copysign", "hypot", "xlogy", "ldexp", "heaviside", "nextafter", "igamma",
+              "igammac"):
+    case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[:, 1:]), Pos(3, 4), Pos(3))
+for _name in ("negative", "absolute", "exp2", "log2", "log10", "tan", "fix", "sgn", "frac",
+              "deg2rad", "rad2deg", "sinc", "lgamma", "digamma", "erfc", "i0"):
+    case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[1:]), Pos(3, 4))
+case("inplace-logit_", _write_method("logit_", lambda b: b), Unit(3, 4))
+case("inplace-erfinv_", _write_method("erfinv_", lambda b: b), Unit(3, 4))
+case("inplace-cumsum_", _write_method("cumsum_", lambda b: b, 1), X(3, 4))
+case("inplace-cumprod_", _write_method("cumprod_", lambda b: b, 0), X(3, 4))
+case("inplace-clamp_min_", _write_method("clamp_min_", lambda b: b, 0.2), X(3, 4))
+case("inplace-clamp_max_", _write_method("clamp_max_", lambda b: b, 0.2), X(3, 4))
+case("inplace-mvlgamma_", _write_method("mvlgamma_", lambda b: b, 2), Pos(3, 4))
+case("inplace-renorm_", _write_method("renorm_", lambda b: b, 2, 0, 1.0), X(3, 4))
+case("inplace-addmm_", _write_method("addmm_", lambda b: b), X(3, 4), X(3, 2), X(2, 4))
+case("inplace-addmv_", _write_method("addmv_", lambda b: b[0]), X(3, 4), X(4, 2), X(2))
+case("inplace-addr_", _write_method("addr_", lambda b: b), X(3, 4), X(3), X(4))
+case("inplace-baddbmm_", _write_method("baddbmm_", lambda b: b), X(2, 3, 4), X(2, 3, 2),
+     X(2, 2, 4))
+case("inplace-addbmm_", _write_method("addbmm_", lambda b: b), X(3, 4), X(2, 3, 2), X(2, 2, 4))
+case("inplace-index_fill_", _write_method("index_fill_", lambda b: b, 0, fg.tensor([1]), 2.0),
+     X(3, 4))
+case("inplace-index_copy_", lambda x, s: _then_base(x, lambda b: b.index_copy_(
+    0, fg.tensor([2, 0]), s)), X(3, 4), X(2, 4))
+case("inplace-index_put_", lambda x, s: _then_base(x, lambda b: b.index_put_(
+    (fg.tensor([2, 0]),), s, True)), X(3, 4), X(2, 4))
+case("inplace-put_", lambda x, s: _then_base(x, lambda b: b.put_(fg.tensor([2, 5]), s)),
+     X(3, 4), X(2))
+case("inplace-masked_scatter_", lambda x, s: _then_base(x, lambda b: b.masked_scatter_(
+    b > 0, s)), X(3, 4), X(12))
+case("inplace-index_reduce_", lambda x, s: _then_base(x, lambda b: b.index_reduce_(
+    0, fg.tensor([2, 0]), s, "prod")), X(3, 4), X(2, 4))
+case("inplace-gcd_", lambda i, j: _int_write(i, lambda b: b[1:].gcd_(j)), Idx([[4, 6], [9, 3]]),
+     Idx([2, 3]), grad=False)
+case("inplace-lcm_", lambda i, j: _int_write(i, lambda b: b[:, 1].lcm_(j[0])),
+     Idx([[4, 6], [9, 3]]), Idx([2, 3]), grad=False)
+
+
+def _int_write(i, write):
+    """Write through a view of an integer intermediate; return it."""
+    base = i + 0
+    write(base)
+    return base
+case("inv", lambda a, b, s: (F.inv(a), F.solve(a, b), F.solve(a, b[:, 0]), F.qr_q(a), F.qr_r(a),
+                             F.svd_part(a, 1, False), F.linalg_svd(a, False).S,
+                             F.eigh_values(s + s.mT), F.eigh(s + s.mT).eigenvalues,
+                             (F.eigh_vectors(s + s.mT) ** 2).sum(0),
+                             F.solve_triangular(a, b, upper=False),
+                             F.linalg_lu(a).U, F.lu_factor(a).LU,
+                             F.linalg_lu_solve(*F.lu_factor(a), b)),
+     X(3, 3), X(3, 2), X(3, 3, layout="T"),
+     covers=("qr_q", "qr_r", "svd_part", "linalg_svd", "eigh_values", "eigh", "eigh_vectors",
+             "solve", "solve_triangular", "linalg_lu", "lu_factor", "linalg_lu_solve"))
