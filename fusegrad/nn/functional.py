@@ -673,7 +673,9 @@ def _nll_impl(logp: Tensor, target: Tensor, weight: Tensor | None, ignore_index:
     ignored = F.eq(target, ignore_index)
     # Ignored targets (often -100) would index out of range: gather row 0 and weigh it 0.
     safe = F.where(ignored, 0, target)
-    picked = F.squeeze(F.gather(logp, class_dim, F.unsqueeze(safe, class_dim)), class_dim)
+    # The gather primitive, not F.gather: check_target has checked the targets.
+    picked = F.squeeze(F.bind(P.gather, logp, F.unsqueeze(safe, class_dim), axis=class_dim),
+                       class_dim)
     w = F.take(weight, safe, 0) if weight is not None else F.ones_like(picked)
     w = F.where(ignored, 0.0, F.cast(w, logp.dtype))
     loss = F.mul(F.neg(picked), w)

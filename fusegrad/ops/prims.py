@@ -854,7 +854,8 @@ def _gather_impl(x, idx, *, axis):
 
 
 def _gather_vjp(g, out, x, idx, *, axis):
-    return g.new_zeros(x.shape).scatter_add(axis, idx, g)
+    # The scatter_add primitive, not the public op: the forward read (and checked) idx.
+    return _F().bind(scatter_add, g.new_zeros(x.shape), idx, g, axis=axis)
 
 
 gather = register(Primitive("gather", Kind.INDEX, _gather_infer, _gather_impl,
