@@ -72,6 +72,12 @@ def test_diag_trace_and_gradients():
     assert gradcheck(lambda m: m.diagonal(-1), (m,))
     assert gradcheck(lambda m: m.trace(), (m,))
     assert m.trace().grad_fn.name() == "TraceBackward0"
+    # torch.trace(m): the top-level name given a tensor (given a function it is the tracer)
+    np.testing.assert_allclose(fusegrad.trace(m).item(), np.trace(m.detach().numpy()))
+    assert gradcheck(lambda m: fusegrad.trace(m), (m,))
+    compiled = fusegrad.compile(lambda a: fusegrad.trace(a @ a.T))
+    np.testing.assert_allclose(compiled(m.detach()).item(),
+                               np.trace(m.detach().numpy() @ m.detach().numpy().T), rtol=1e-5)
     with pytest.raises(RuntimeError, match="diagonal dimensions cannot be identical"):
         m.diagonal(0, 1, 1)
 

@@ -321,8 +321,8 @@ def cumsum(x: Tensor, dim: int, *, dtype=None) -> Tensor:
 
 @public(method=True)
 def trace(x: Tensor) -> Tensor:
-    """The sum of a matrix's main diagonal (``Tensor.trace``; ``fusegrad.trace`` is the
-    tracer, so there is no top-level function)."""
+    """The sum of a matrix's main diagonal (``Tensor.trace``; ``fusegrad.trace`` given a
+    tensor calls this, given a function it is the tracer)."""
     if x.ndim != 2:
         raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {x.ndim}")
     from fusegrad.ops.movement import diagonal

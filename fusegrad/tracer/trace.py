@@ -203,7 +203,13 @@ def trace(fn: Callable, *args, **kwargs) -> Graph:
 
     >>> g = fusegrad.trace(lambda x: (x * 2).relu(), fusegrad.randn(4))
     >>> print(g)   # doctest: +SKIP
+
+    Given a tensor instead of a function, ``fusegrad.trace(x)`` is ``torch.trace``: the sum
+    of the matrix's main diagonal (``Tensor.trace``), so that torch code runs unchanged.
     """
+    if isinstance(fn, Tensor):
+        from fusegrad.ops.reductions import trace as matrix_trace
+        return matrix_trace(fn, *args, **kwargs)
     return _trace(fn, args, kwargs, capture_state=False)
 
 
