@@ -15,12 +15,15 @@ bit-exact rewrites); the default pipeline of ``fusegrad.compile`` runs it.
 
 from __future__ import annotations
 
-from fusegrad.ir.graph import Graph, Value
+import numpy as np
+
+from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.ir.rewrite import GraphCopier
+from fusegrad.ops.primitive import Kind
 from fusegrad.passes.dce import dce
 from fusegrad.passes.manager import Pass, register_pass
 
-__all__ = ["transpose_matmuls", "MatmulLayout"]
+__all__ = ["transpose_matmuls", "epilogues_through_reshape", "MatmulLayout"]
 
 
 def _swap_last_two(ndim: int) -> tuple[int, ...]:
@@ -56,12 +59,82 @@ def transpose_matmuls(g: Graph) -> Graph:
     return dce(c.finish())
 
 
+def _strided_reshape(shape, target, into) -> bool:
+    """Whether a value of ``shape`` broadcast to ``target`` and reshaped to ``into`` is a
+    strided view (fusion folds it into loads instead of copying it)."""
+    stand = np.broadcast_to(np.empty(shape, dtype=np.uint8), target)
+    try:
+        np.reshape(stand, into, copy=False)
+    except ValueError:
+        return False
+    return True
+
+
+def epilogues_through_reshape(g: Graph) -> Graph:
+    """A copy of ``g`` where elementwise ops applied to ``reshape(matmul(...))`` are applied
+    to the matmul's result and reshaped after: ``relu(reshape(x @ w + b))`` (a convolution's
+    activation: the product is (N, 1, C, H*W), the conv's result (N, C, H, W)) becomes
+    ``reshape(relu(x @ w + b))``, which fusion joins to the matmul as its epilogue. Only
+    where every other operand is a literal, another such reshape, or a value whose
+    broadcast reshapes to the product's shape as a strided view (so nothing is copied).
+    Elementwise ops are bit-exact under any reshape of all their operands."""
+    at_product: set[Value] = set()        # new values computed in a matmul's shape
+
+    def product_shaped(v) -> bool:
+        return isinstance(v, Value) and (v in at_product or (
+            v.producer is not None and v.producer.op == "matmul"))
+
+    def source(op):
+        """The product-shaped value that new operand ``op`` reshapes, or None."""
+        p = op.producer if isinstance(op, Value) else None
+        if p is None or p.op != "reshape" or not product_shaped(p.inputs[0]):
+            return None
+        return p.inputs[0]
+
+    c = GraphCopier(g)
+    for node in g.nodes:
+        if node.prim.kind is Kind.ELEMENTWISE and node.inputs:
+            ins = [c.get(op) for op in node.inputs]
+            sources = [source(op) for op in ins]
+            shape = node.output.type.shape
+            inner = next((s for s in sources if s is not None), None)
+            if inner is not None and tuple(ins[sources.index(inner)].type.shape) == shape:
+                into = inner.type.shape
+                moved = []
+                for op, src in zip(ins, sources):
+                    if isinstance(op, Literal):
+                        moved.append(op)
+                    elif src is not None and src.type.shape == into:
+                        moved.append(src)
+                    elif _strided_reshape(op.type.shape, shape, into):
+                        if op.type.shape != shape:
+                            op = c.new.add_node("broadcast_to", [op], {"shape": shape},
+                                                loc=node.loc)
+                        moved.append(c.new.add_node("reshape", [op], {"shape": into},
+                                                    loc=node.loc))
+                    else:
+                        break
+                else:
+                    out = c.new.add_node(node.prim, moved, node.attrs, loc=node.loc)
+                    at_product.add(out)
+                    c.alias(node.output, c.new.add_node("reshape", [out], {"shape": shape},
+                                                        loc=node.loc))
+                    continue
+        out = c.emit(node)
+        if node.prim.kind is Kind.ELEMENTWISE and any(
+                product_shaped(op) and op.type.shape == out.type.shape for op in out.producer.inputs):
+            at_product.add(out)         # the matmul's epilogue so far (its bias)
+    return dce(c.finish())
+
+
 @register_pass
 class MatmulLayout(Pass):
     """``permute(matmul(a, b))`` (last two axes) -> ``matmul(bᵀ, aᵀ)``: transposed
-    products written in their user's layout (see the module docstring)."""
+    products written in their user's layout; and elementwise ops after a reshape of a
+    product computed in the product's shape, so that they join it as its epilogue (see
+    :func:`epilogues_through_reshape`)."""
 
     name = "matmul-layout"
 
     def run(self, graph: Graph) -> Graph:
-        return transpose_matmuls(graph)
+        return epilogues_through_reshape(transpose_matmuls(graph))

@@ -62,6 +62,14 @@ CASES = {
     "detached_head_split_into_matmul": (
         lambda q, k: q.reshape(2, 8, 4, 4).permute(0, 2, 1, 3).detach() @ k,
         (f32(2, 8, 16), f32(2, 4, 4, 8, seed=1)), 1),
+    # a convolution's bias and activation (and a residual) join its matmul as the epilogue,
+    # through the reshape from the product's (N, 1, C, H*W) to (N, C, H, W): pad, the
+    # window gather and the matmul
+    "conv_bias_relu": (lambda x, w, b: NF.relu(NF.conv2d(x, w, b, padding=1)),
+                       (f32(2, 3, 8, 8), f32(4, 3, 3, 3, seed=1), f32(4, seed=2)), 3),
+    "conv_residual_gelu": (lambda x, w, r: NF.gelu(NF.conv2d(x, w, padding=1) + r),
+                           (f32(2, 3, 8, 8), f32(4, 3, 3, 3, seed=1), f32(2, 4, 8, 8, seed=2)),
+                           3),
     "relu_of_linear": (lambda x, w, b: (x @ w + b).relu(),
                        (f32(8, 32), f32(32, 64, seed=1), f32(64, seed=2)), 1),
     "nn_linear_relu": (lambda x, w, b: NF.relu(NF.linear(x, w, b)),
