@@ -278,6 +278,9 @@ class Program:
         for slot, arr in self.constants.items():
             self.arrays[slot] = arr
         self._allocated = False
+        # Value -> (base array, strided view of it): numpy takes ~10 us to build a view, and
+        # a step reads the same views of the same buffers on every call.
+        self._views: dict[Value, tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ steps
 
@@ -397,7 +400,12 @@ class Program:
         if view is None:
             return self.arrays[self.slots[v]]
         base = self.arrays[self.slots[view.base]]
-        return _as_view(base, view)
+        hit = self._views.get(v)
+        if hit is not None and hit[0] is base:
+            return hit[1]
+        arr = _as_view(base, view)
+        self._views[v] = (base, arr)
+        return arr
 
     def _allocate(self) -> None:
         for slot, (shape, dt) in self.intermediate_specs.items():
