@@ -203,6 +203,19 @@ def test_below_underflow_is_exactly_plus_zero() -> None:
         assert not got[xs < cut].any()
 
 
+def test_single_scaling_exp_equals_exp_where_results_are_normal(monkeypatch) -> None:
+    """erf's exp(H(a) - a**2) scales by 2**k once (no clamp, no split): bit for bit the same as
+    exp wherever the result is a normal float, which erf's arguments (>= -16 + H(4)) are."""
+    x = np.concatenate([np.linspace(-87.0, 88.0, 400_001, dtype=np.float32),
+                        np.arange(0, 1 << 32, 997, dtype=np.uint64).astype(np.uint32)
+                        .view(np.float32)])
+    x = x[(x >= -87.0) & (x <= 88.0)]
+    ref = build_unary_kernel("exp")(x)
+    monkeypatch.setitem(mathlib._F32_IMPLS, "exp", mathlib._exp_normal)
+    got = mathlib.UnaryKernel("exp", "f32")(x)
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
 def test_sincos_large_arguments_exact() -> None:
     """Regression: sin([3e7, 1e10, 1e30]) was [1, -0, 0]; the Payne-Hanek path is exact up to FLT_MAX.
 
