@@ -184,6 +184,38 @@ def test_gradual_underflow_not_flushed() -> None:
         assert ulp_error(build_unary_kernel(name)(tiny), reference(name, tiny)).max() <= MAX_ULP, name
 
 
+def test_below_underflow_is_exactly_plus_zero() -> None:
+    """exp below -104, exp2 below -151 and sigmoid below -104 round to +0: those lanes select 0
+    instead of scaling into an underflowing product (an FP assist per vector on Intel cores);
+    just above the cut the denormal results are still produced."""
+    x = _f32([-104.0001, -105.0, -150.0, -1e9, -3.4e38, -np.inf])
+    for name in ("exp", "sigmoid"):
+        got = build_unary_kernel(name)(x)
+        assert got.view(np.uint32).tolist() == [0] * len(x), name
+    x2 = _f32([-151.0001, -152.0, -1e9, -np.inf])
+    assert build_unary_kernel("exp2")(x2).view(np.uint32).tolist() == [0] * len(x2)
+    edge = np.linspace(-110.0, -100.0, 4001, dtype=np.float32)
+    for name, cut in (("exp", -104.0), ("exp2", -151.0)):
+        xs = edge if name == "exp" else edge - np.float32(47.0)
+        got = build_unary_kernel(name)(xs)
+        ref = reference(name, xs)
+        assert ulp_error(got, ref).max() <= MAX_ULP, name
+        assert not got[xs < cut].any()
+
+
+def test_single_scaling_exp_equals_exp_where_results_are_normal(monkeypatch) -> None:
+    """erf's exp(H(a) - a**2) scales by 2**k once (no clamp, no split): bit for bit the same as
+    exp wherever the result is a normal float, which erf's arguments (>= -16 + H(4)) are."""
+    x = np.concatenate([np.linspace(-87.0, 88.0, 400_001, dtype=np.float32),
+                        np.arange(0, 1 << 32, 997, dtype=np.uint64).astype(np.uint32)
+                        .view(np.float32)])
+    x = x[(x >= -87.0) & (x <= 88.0)]
+    ref = build_unary_kernel("exp")(x)
+    monkeypatch.setitem(mathlib._F32_IMPLS, "exp", mathlib._exp_normal)
+    got = mathlib.UnaryKernel("exp", "f32")(x)
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
 def test_sincos_large_arguments_exact() -> None:
     """Regression: sin([3e7, 1e10, 1e30]) was [1, -0, 0]; the Payne-Hanek path is exact up to FLT_MAX.
 

@@ -322,6 +322,34 @@ def test_threads_split_large_kernels_without_changing_results(monkeypatch):
         np.testing.assert_array_equal(results["1"][name].numpy(), results["2"][name].numpy())
 
 
+def test_large_kernels_take_the_fast_call_path_and_still_thread(monkeypatch):
+    """A function whose kernels are large enough to thread calls them without the general
+    path's per-call work when one thread is configured, and threads them when more are
+    configured later, with the same results either way."""
+    rows = cpu.PARALLEL_THRESHOLD // 256 + 7
+    x = f32(rows, 256)
+    submitted = []
+    real_pool = cpu.thread_pool
+
+    class CountingPool:
+        def submit(self, *a):
+            submitted.append(a)
+            return real_pool().submit(*a)
+
+    monkeypatch.setattr(cpu, "thread_pool", CountingPool)
+    monkeypatch.setattr(fg_config.config, "num_threads", 1)
+    compiled = fg.compile(lambda x: (x * 0.5).exp())
+    first = compiled(x)
+    keep = first.numpy().copy()
+    assert [e.fast is not None for e in compiled.entries()] == [True]
+    np.testing.assert_allclose(keep, np.exp(x.numpy().astype(np.float64) * 0.5), rtol=4e-7)
+    monkeypatch.setattr(fg_config.config, "num_threads", 2)
+    second = compiled(x)
+    assert submitted
+    np.testing.assert_array_equal(second.numpy(), keep)
+    np.testing.assert_array_equal(first.numpy(), keep)      # not overwritten by the call
+
+
 def test_in_place_update_is_written_in_the_parameters_own_buffer():
     @fg.compile
     def step(p, g):

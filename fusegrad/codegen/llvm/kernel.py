@@ -1144,7 +1144,20 @@ class KernelEmitter:
         return index
 
     def combine(self, op: str, acc, x, dt) -> ir.Value:
+        if op in ("max", "min") and dt.is_floating_point:
+            # A masked max (softmax's ``masked_fill(~m, -inf)``) reduces select(c, x, -inf);
+            # InstCombine folds maximum(acc, select(c, x, -inf)) into select(c, maximum(acc,
+            # x), acc), a conditional min/max reduction the loop vectorizer does not handle
+            # (the row stayed scalar: 6x slower). Freezing the operand (a no-op on values
+            # that are not poison, and no instruction in the machine code) hides the select.
+            x = self.freeze(x)
         return lowering.combine(self.sb, op, acc, x, dt)
+
+    def freeze(self, x: ir.Value) -> ir.Value:
+        """LLVM's ``freeze`` of ``x`` (llvmlite's builder has no method for it)."""
+        instr = ir.instructions.Instruction(self.b.block, x.type, "freeze", [x])
+        self.b._insert(instr)
+        return instr
 
     def emit_epilogue(self) -> None:
         """matmul kernels: the product is already in memory (BLAS); apply the epilogue."""

@@ -308,15 +308,22 @@ def _pow2(em: _Emitter, k: ir.Value) -> ir.Value:
     return em.from_bits(em.b.shl(em.b.add(k, em.ci(127)), em.ci(23)))
 
 
-def _ldexp(em: _Emitter, p: ir.Value, k: ir.Value) -> ir.Value:
-    """p * 2**k for k in [-252, 254] with one final rounding (gradual underflow, overflow to inf).
+def _ldexp(em: _Emitter, p: ir.Value, k: ir.Value, zero: ir.Value | None = None) -> ir.Value:
+    """p * 2**k for k in [-252, 254] with one final rounding (gradual underflow, overflow to inf);
+    +0 (for p >= 0) where the mask ``zero`` is set.
 
     2**k alone is not representable over that range, so k is split into two halves that are
     (cf. SLEEF's ldexp2k); p * 2**k1 is exact for p near 1, the second product rounds once.
+    ``zero`` replaces the second factor by 0: callers set it where p * 2**k is known to
+    round to +0, because a product that underflows costs a floating-point assist of about a
+    hundred cycles per vector on Intel cores, and a product with 0 costs nothing extra.
     """
     k1 = em.b.ashr(k, em.ci(1))
     k2 = em.b.sub(k, k1)
-    return em.mul(em.mul(p, _pow2(em, k1), _EXACT), _pow2(em, k2), _EXACT)
+    s2 = _pow2(em, k2)
+    if zero is not None:
+        s2 = em.select(zero, em.c(0.0), s2)
+    return em.mul(em.mul(p, _pow2(em, k1), _EXACT), s2, _EXACT)
 
 
 def _reduce_ln2(em: _Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -352,11 +359,28 @@ def _exp(em: _Emitter, x: ir.Value) -> ir.Value:
     x is clamped to [-104, 89]: outside, exp is already 0 (below 2**-150) or inf in float32, and
     the clamp keeps k within _ldexp's range.  Overflow and gradual underflow then happen in the
     final multiply of _ldexp, so exp(88.8) = inf and exp(-100) is the correctly scaled denormal.
+    Below -104 that multiply is by 0 instead (see _ldexp: masked softmax rows, exp(-inf - max),
+    ran 3x slower through underflowing products).
     """
-    xc = em.clamp(x, -104.0, 89.0)
-    r, k = _reduce_ln2(em, xc)
-    p = em.add(em.c(1.0), em.mad(em.mul(r, r), em.poly(r, _EXP_Q), r))
-    return _ldexp(em, p, k)
+    below = em.fcmp("<", x, em.c(-104.0))
+    xc = em.select(em.fcmp(">", x, em.c(89.0)), em.c(89.0), x)
+    xc = em.select(below, em.c(-104.0), xc)
+    p, k = _exp_parts(em, xc)
+    return _ldexp(em, p, k, zero=below)
+
+
+def _exp_parts(em: _Emitter, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(p, k) with exp(x) = p * 2**k, p = e**r for the reduced argument r (|r| <= ln2/2)."""
+    r, k = _reduce_ln2(em, x)
+    return em.add(em.c(1.0), em.mad(em.mul(r, r), em.poly(r, _EXP_Q), r)), k
+
+
+def _exp_normal(em: _Emitter, x: ir.Value) -> ir.Value:
+    """exp(x) for callers whose x keeps the result a normal float (-87 <= x <= 88): no clamp
+    and a single scaling by 2**k (exact there, so equal to _exp bit for bit). Other x give
+    garbage (no poison), for lanes a select discards."""
+    p, k = _exp_parts(em, x)
+    return em.mul(p, _pow2(em, k), _EXACT)
 
 
 def _expm1_core(em: _Emitter, x: ir.Value) -> ir.Value:
@@ -490,7 +514,8 @@ def _erf(em: _Emitter, x: ir.Value) -> ir.Value:
     a = em.select(em.fcmp(">", a, em.c(_ERF_CLAMP)), em.c(_ERF_CLAMP), a)
     small = em.mad(a, em.poly(em.mul(a, a), _ERF_SMALL), a)
     h = em.poly(em.sub(a, em.c(_ERF_CENTER), _EXACT), _ERF_LARGE)
-    erfc = _exp(em, em.mad(em.neg(a), a, h))
+    # a <= 4 keeps the argument >= -16 + H(4): e**-16 is far from underflow.
+    erfc = _exp_normal(em, em.mad(em.neg(a), a, h))
     large = em.sub(em.c(1.0), erfc)
     y = em.select(em.fcmp("<", a, em.c(_ERF_SPLIT)), small, large)
     return em.copysign(y, x)
@@ -622,11 +647,13 @@ def _exp2(em: _Emitter, x: ir.Value) -> ir.Value:
 
     x is clamped to [-151, 129] (0 and inf beyond, as in exp); NaN passes the clamp and the rest.
     """
-    xc = em.clamp(x, -151.0, 129.0)
+    below = em.fcmp("<", x, em.c(-151.0))
+    xc = em.select(em.fcmp(">", x, em.c(129.0)), em.c(129.0), x)
+    xc = em.select(below, em.c(-151.0), xc)
     kf, ki = _round_to_int(em, xc)
     r = em.sub(xc, kf, _EXACT)
     p = em.mad(r, em.poly(r, _EXP2_P), em.c(1.0))
-    return _ldexp(em, p, ki)
+    return _ldexp(em, p, ki, zero=below)
 
 
 def _log2_wide(em: _Emitter, x: ir.Value) -> ir.Value:
