@@ -120,8 +120,21 @@ class Tensor:
     @classmethod
     def _wrap(cls, array: np.ndarray, dtype: dtypes.DType) -> "Tensor":
         """A tensor around ``array`` (no copy, no checks): the eager fast path."""
+        # _init and _init_state spelled out: every eager op's result is made here.
         t = object.__new__(Tensor)
-        t._init(array, dtype)
+        t._data = array
+        t._dtype = dtype
+        if _primitive.CAPTURE:
+            t._capture_owner = _primitive.CAPTURE[-1]
+        t._requires_grad = False
+        t._grad = None
+        t.grad_fn = None
+        t._version_counter = _VersionCounter()
+        t._base = None
+        t._view_ops = None
+        t._grad_acc = None
+        t._hooks = None
+        t._retains_grad = False
         return t
 
     # ------------------------------------------------------------------ metadata
