@@ -209,9 +209,17 @@ class PrimitiveNode(Node):
                 out = out.detach()
                 out.grad_fn = self
                 out._requires_grad = True
-        cotangent, attrs = self.prim.cotangent, self.attrs
-        grads = [cotangent(i, grad, out, primals, attrs) if n else None
-                 for i, n in enumerate(self._needs)]
+        # The rules called directly, as Primitive.cotangent calls them: two calls fewer per
+        # gradient.
+        prim, attrs = self.prim, self.attrs
+        if prim.variadic:
+            fn = prim.vjp[0].fn
+            grads = [fn(grad, out, *primals, argnum=i, **attrs) if n else None
+                     for i, n in enumerate(self._needs)]
+        else:
+            rules = prim.vjp
+            grads = [rules[i].fn(grad, out, *primals, **attrs) if n else None
+                     for i, n in enumerate(self._needs)]
         return _check_grads(self, grads)
 
     def release(self) -> None:

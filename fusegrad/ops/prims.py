@@ -619,7 +619,7 @@ def _reshape_infer(x: TensorType, *, shape: tuple[int, ...]) -> TensorType:
 
 
 reshape = register(Primitive(
-    "reshape", Kind.MOVEMENT, _reshape_infer, lambda x, *, shape: np.reshape(x, shape),
+    "reshape", Kind.MOVEMENT, _reshape_infer, lambda x, *, shape: x.reshape(shape),
     (Rule(lambda g, out, x, *, shape: g.reshape(x.shape)),), "ViewBackward0", attrs=("shape",)))
 
 
@@ -637,7 +637,7 @@ def _permute_vjp(g, out, x, *, perm):
 
 
 permute = register(Primitive(
-    "permute", Kind.MOVEMENT, _permute_infer, lambda x, *, perm: np.transpose(x, perm),
+    "permute", Kind.MOVEMENT, _permute_infer, lambda x, *, perm: x.transpose(perm),
     (Rule(_permute_vjp),), "PermuteBackward0", attrs=("perm",)))
 
 
