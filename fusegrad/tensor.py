@@ -67,8 +67,8 @@ class Tensor:
     """A multi-dimensional array with autograd, following ``torch.Tensor``."""
 
     __slots__ = ("_data", "_dtype", "_requires_grad", "_grad", "grad_fn", "_version_counter",
-                 "_base", "_view_ops", "_grad_acc", "_hooks", "_retains_grad", "__weakref__",
-                 "__dict__")
+                 "_base", "_view_ops", "_grad_acc", "_hooks", "_retains_grad", "_view_version",
+                 "__weakref__", "__dict__")
 
     # Set on the tracer's abstract tensors; ``bind`` hands their primitives to the trace.
     _trace = None

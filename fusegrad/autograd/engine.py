@@ -162,26 +162,28 @@ class PrimitiveNode(Node):
     __slots__ = ("prim", "attrs", "_in_meta", "_needs", "_saved", "_out")
 
     def __init__(self, prim, attrs: dict, operands: Sequence, out):
-        # List comprehensions rather than generators, Node's fields set here rather than by
-        # Node.__init__, no TensorType made: this runs once per recorded eager op.
+        # One plain loop (a comprehension is a call of its own in Python 3.11), Node's fields
+        # set here rather than by Node.__init__, no TensorType made: this runs once per
+        # recorded eager op.
         rules = prim.vjp
-        if prim.variadic:
-            needs = tuple([op._requires_grad and rules[0] is not None for op in operands])
-        else:
-            needs = tuple([op._requires_grad and rule is not None
-                           for op, rule in zip(operands, rules)])
-        self.next_functions = tuple([_edge(op) if n else _NO_EDGE
-                                     for op, n in zip(operands, needs)])
+        variadic = prim.variadic
+        needs, edges, meta = [], [], []
+        for i, op in enumerate(operands):
+            n = op._requires_grad and (rules[0] if variadic else rules[i]) is not None
+            needs.append(n)
+            edges.append(_edge(op) if n else _NO_EDGE)
+            # Operand shapes and dtypes: the rules get them for the operands not saved, and
+            # the gradients are checked against them.
+            meta.append((op._data.shape, op._dtype))
+        self.next_functions = tuple(edges)
         self._seq = next(_sequence)
         self._name = name = prim.grad_name or prim.name
         self._pre_hooks = None
         self._retained = None
         self.prim = prim
         self.attrs = attrs
-        self._needs = needs
-        # Operand shapes and dtypes: the rules get them for the operands not saved, and the
-        # gradients are checked against them.
-        self._in_meta = tuple([(op._data.shape, op._dtype) for op in operands])
+        self._needs = needs = tuple(needs)
+        self._in_meta = tuple(meta)
         try:
             reads, reads_output = _READS[prim, needs]
         except KeyError:

@@ -256,11 +256,25 @@ def _infer(prim: Primitive, operands, attrs) -> "TensorType":
 
 
 def _eager_apply(prim: Primitive, operands, attrs):
+    # The inference key (as _infer_key makes it) and the arrays, spelled out for one and two
+    # operands: this runs for every eager op, and a comprehension is a call of its own.
+    n = len(operands)
+    if n == 2:
+        x, y = operands
+        arrays = (x._data, y._data)
+        key = (prim, (arrays[0].shape, x._dtype), (arrays[1].shape, y._dtype))
+    elif n == 1:
+        x = operands[0]
+        arrays = (x._data,)
+        key = (prim, (arrays[0].shape, x._dtype))
+    else:
+        arrays = [op._data for op in operands]
+        key = (prim, *[(a.shape, op._dtype) for a, op in zip(arrays, operands)])
     try:
-        out_type = _INFER_CACHE[_infer_key(prim, operands, attrs)]
+        out_type = _INFER_CACHE[(*key, *attrs.items()) if attrs else key]
     except (KeyError, TypeError):
         out_type = _infer(prim, operands, attrs)
-    result = prim.impl(*[op._data for op in operands], **attrs)
+    result = prim.impl(*arrays, **attrs)
     # numpy returns scalars from 0-d ufuncs and its own dtypes from some reductions:
     # the primitive's rule decides the result type.
     if type(result) is not np.ndarray:

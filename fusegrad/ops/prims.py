@@ -556,7 +556,7 @@ def _sum_vjp(g, out, x, *, axes):
     return _expand_back(g, x, axes)
 
 
-sum_ = _reduce("sum", np.sum, Rule(_sum_vjp), "SumBackward1", out_dtype=_sum_dtype)
+sum_ = _reduce("sum", np.add.reduce, Rule(_sum_vjp), "SumBackward1", out_dtype=_sum_dtype)
 
 
 def _prod_vjp(g, out, x, *, axes):
@@ -571,7 +571,7 @@ def _prod_vjp(g, out, x, *, axes):
     return _expand_back(g, x, axes) * grad_x
 
 
-prod = _reduce("prod", np.prod, Rule(_prod_vjp, (0,), True), "ProdBackward1",
+prod = _reduce("prod", np.multiply.reduce, Rule(_prod_vjp, (0,), True), "ProdBackward1",
                out_dtype=_sum_dtype)
 
 
@@ -583,9 +583,9 @@ def _extremum_vjp(g, out, x, *, axes):
     return _expand_back(g, x, axes) * mask / count
 
 
-max_ = _reduce("max", np.max, Rule(_extremum_vjp, (0,), True), "AmaxBackward0",
+max_ = _reduce("max", np.maximum.reduce, Rule(_extremum_vjp, (0,), True), "AmaxBackward0",
                identity_needed=True)
-min_ = _reduce("min", np.min, Rule(_extremum_vjp, (0,), True), "AminBackward0",
+min_ = _reduce("min", np.minimum.reduce, Rule(_extremum_vjp, (0,), True), "AminBackward0",
                identity_needed=True)
 
 
