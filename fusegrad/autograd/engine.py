@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 import weakref
 from typing import Sequence
 
@@ -415,8 +416,8 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
     return None
 
 
-def _seq_of(node: Node) -> int:
-    return node._seq
+# A node's creation number; attrgetter rather than a function: a C call per sorted node.
+_seq_of = operator.attrgetter("_seq")
 
 
 def _accumulate(buffers: dict, node: Node, g, create_graph: bool) -> None:

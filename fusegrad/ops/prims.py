@@ -133,7 +133,7 @@ def _zero_rule(argnum: int) -> Rule:
 
 def _sum_to(g, shape: tuple[int, ...]):
     """Reduce a broadcast gradient back to ``shape``."""
-    return g.sum_to_size(shape) if tuple(g.shape) != tuple(shape) else g
+    return g.sum_to_size(shape) if g.shape != tuple(shape) else g
 
 
 def _rule_x(fn, reads=(0,), reads_output=False) -> Rule:
