@@ -677,7 +677,7 @@ def _slice_infer(x: TensorType, *, starts, stops, steps) -> TensorType:
 
 
 def _slice_impl(x, *, starts, stops, steps):
-    return x[tuple(slice(a, b, s) for a, b, s in zip(starts, stops, steps))]
+    return x[tuple(map(slice, starts, stops, steps))]     # map: no Python frame per axis
 
 
 def _slice_vjp(g, out, x, *, starts, stops, steps):
