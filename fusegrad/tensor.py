@@ -67,8 +67,8 @@ class Tensor:
     """A multi-dimensional array with autograd, following ``torch.Tensor``."""
 
     __slots__ = ("_data", "_dtype", "_requires_grad", "_grad", "grad_fn", "_version_counter",
-                 "_base", "_view_ops", "_grad_acc", "_hooks", "_retains_grad", "__weakref__",
-                 "__dict__")
+                 "_base", "_view_ops", "_grad_acc", "_hooks", "_retains_grad", "_view_version",
+                 "__weakref__", "__dict__")
 
     # Set on the tracer's abstract tensors; ``bind`` hands their primitives to the trace.
     _trace = None
@@ -120,8 +120,21 @@ class Tensor:
     @classmethod
     def _wrap(cls, array: np.ndarray, dtype: dtypes.DType) -> "Tensor":
         """A tensor around ``array`` (no copy, no checks): the eager fast path."""
+        # _init and _init_state spelled out: every eager op's result is made here.
         t = object.__new__(Tensor)
-        t._init(array, dtype)
+        t._data = array
+        t._dtype = dtype
+        if _primitive.CAPTURE:
+            t._capture_owner = _primitive.CAPTURE[-1]
+        t._requires_grad = False
+        t._grad = None
+        t.grad_fn = None
+        t._version_counter = _VersionCounter()
+        t._base = None
+        t._view_ops = None
+        t._grad_acc = None
+        t._hooks = None
+        t._retains_grad = False
         return t
 
     # ------------------------------------------------------------------ metadata

@@ -90,6 +90,18 @@ def test_version_counter_catches_a_modified_saved_output():
         y.sum().backward()
 
 
+def test_modified_saved_input_is_named_by_the_node_that_made_it_when_saved():
+    # The saved input's origin is the node that made it at save time; the in-place op gives
+    # y a new grad_fn (AddBackward0) afterwards, which the message must not name.
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    y = x.exp()
+    z = y * y
+    y.add_(1)
+    assert y.grad_fn.name() != "ExpBackward0"
+    with pytest.raises(RuntimeError, match=MODIFIED + r".*output 0 of ExpBackward0"):
+        z.sum().backward()
+
+
 def test_version_counter_is_shared_with_detached_tensors_and_views():
     x = fg.tensor([1.0, 2.0], requires_grad=True)
     y = x * x

@@ -23,7 +23,9 @@ from fusegrad.tensor import Size, Tensor
 
 def _mark_view(out: Tensor, src: Tensor, prim, attrs: dict) -> Tensor:
     """Record that ``out`` is a view of ``src``'s storage, for in-place writes through it."""
-    if out._trace is not None or np.shares_memory(out._data, src._data):
+    # Bounds overlap (may_share_memory) is exact here and cheaper than shares_memory: the
+    # view prims give either a view into src's elements or a fresh copy.
+    if out._trace is not None or np.may_share_memory(out._data, src._data):
         base = src._base if src._base is not None else src
         out._base = base
         out._view_ops = (src._view_ops or ()) + ((prim, attrs),)
@@ -80,7 +82,12 @@ def reshape(x: Tensor, *shape) -> Tensor:
 
 def _viewable(a: np.ndarray, shape) -> bool:
     try:
-        np.reshape(a, shape, copy=False)
+        # the method where it is an ndarray (numpy's wrapper costs a microsecond per call);
+        # a device array's layout goes through numpy's function
+        if type(a) is np.ndarray:
+            a.reshape(shape, copy=False)
+        else:
+            np.reshape(a, shape, copy=False)
         return True
     except ValueError:
         return False

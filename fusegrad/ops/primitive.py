@@ -227,8 +227,21 @@ _INFER_CACHE: dict = {}
 _INFER_CACHE_LIMIT = 8192
 
 
+def _infer_key(prim: Primitive, operands, attrs) -> tuple:
+    # Spelled out for one and two operands, the common cases: this runs for every eager op.
+    if len(operands) == 1:
+        x = operands[0]
+        key = (prim, (x._data.shape, x._dtype))
+    elif len(operands) == 2:
+        x, y = operands
+        key = (prim, (x._data.shape, x._dtype), (y._data.shape, y._dtype))
+    else:
+        key = (prim, *[(op._data.shape, op._dtype) for op in operands])
+    return (*key, *attrs.items()) if attrs else key
+
+
 def _infer(prim: Primitive, operands, attrs) -> "TensorType":
-    key = (prim, *[(op._data.shape, op._dtype) for op in operands], *attrs.items())
+    key = _infer_key(prim, operands, attrs)
     try:
         return _INFER_CACHE[key]
     except KeyError:
@@ -243,13 +256,34 @@ def _infer(prim: Primitive, operands, attrs) -> "TensorType":
 
 
 def _eager_apply(prim: Primitive, operands, attrs):
-    out_type = _infer(prim, operands, attrs)
+    # The inference key (as _infer_key makes it) and the arrays, spelled out for one and two
+    # operands: this runs for every eager op, and a comprehension is a call of its own.
+    n = len(operands)
+    if n == 2:
+        x, y = operands
+        arrays = (x._data, y._data)
+        key = (prim, (arrays[0].shape, x._dtype), (arrays[1].shape, y._dtype))
+    elif n == 1:
+        x = operands[0]
+        arrays = (x._data,)
+        key = (prim, (arrays[0].shape, x._dtype))
+    else:
+        arrays = [op._data for op in operands]
+        key = (prim, *[(a.shape, op._dtype) for a, op in zip(arrays, operands)])
+    try:
+        out_type = _INFER_CACHE[(*key, *attrs.items()) if attrs else key]
+    except (KeyError, TypeError):
+        out_type = _infer(prim, operands, attrs)
+    result = prim.impl(*arrays, **attrs)
     # numpy returns scalars from 0-d ufuncs and its own dtypes from some reductions:
     # the primitive's rule decides the result type.
-    result = np.asarray(prim.impl(*[op._data for op in operands], **attrs))
-    want = out_type.dtype.np_dtype
+    if type(result) is not np.ndarray:
+        result = np.asarray(result)
+    dtype = out_type.dtype
+    want = dtype.np_dtype
     if result.dtype is not want and result.dtype != want:
         result = result.astype(want)
-    out = _make_tensor(result, out_type.dtype)
-    _record_eager_node(prim, operands, attrs, out)
+    out = _make_tensor(result, dtype)
+    if prim.vjp is not None:          # else no node is recorded: spare the call
+        _record_eager_node(prim, operands, attrs, out)
     return out

@@ -133,7 +133,7 @@ def _zero_rule(argnum: int) -> Rule:
 
 def _sum_to(g, shape: tuple[int, ...]):
     """Reduce a broadcast gradient back to ``shape``."""
-    return g.sum_to_size(shape) if tuple(g.shape) != tuple(shape) else g
+    return g.sum_to_size(shape) if g.shape != tuple(shape) else g
 
 
 def _rule_x(fn, reads=(0,), reads_output=False) -> Rule:
@@ -556,7 +556,7 @@ def _sum_vjp(g, out, x, *, axes):
     return _expand_back(g, x, axes)
 
 
-sum_ = _reduce("sum", np.sum, Rule(_sum_vjp), "SumBackward1", out_dtype=_sum_dtype)
+sum_ = _reduce("sum", np.add.reduce, Rule(_sum_vjp), "SumBackward1", out_dtype=_sum_dtype)
 
 
 def _prod_vjp(g, out, x, *, axes):
@@ -571,7 +571,7 @@ def _prod_vjp(g, out, x, *, axes):
     return _expand_back(g, x, axes) * grad_x
 
 
-prod = _reduce("prod", np.prod, Rule(_prod_vjp, (0,), True), "ProdBackward1",
+prod = _reduce("prod", np.multiply.reduce, Rule(_prod_vjp, (0,), True), "ProdBackward1",
                out_dtype=_sum_dtype)
 
 
@@ -583,9 +583,9 @@ def _extremum_vjp(g, out, x, *, axes):
     return _expand_back(g, x, axes) * mask / count
 
 
-max_ = _reduce("max", np.max, Rule(_extremum_vjp, (0,), True), "AmaxBackward0",
+max_ = _reduce("max", np.maximum.reduce, Rule(_extremum_vjp, (0,), True), "AmaxBackward0",
                identity_needed=True)
-min_ = _reduce("min", np.min, Rule(_extremum_vjp, (0,), True), "AminBackward0",
+min_ = _reduce("min", np.minimum.reduce, Rule(_extremum_vjp, (0,), True), "AminBackward0",
                identity_needed=True)
 
 
@@ -619,7 +619,7 @@ def _reshape_infer(x: TensorType, *, shape: tuple[int, ...]) -> TensorType:
 
 
 reshape = register(Primitive(
-    "reshape", Kind.MOVEMENT, _reshape_infer, lambda x, *, shape: np.reshape(x, shape),
+    "reshape", Kind.MOVEMENT, _reshape_infer, lambda x, *, shape: x.reshape(shape),
     (Rule(lambda g, out, x, *, shape: g.reshape(x.shape)),), "ViewBackward0", attrs=("shape",)))
 
 
@@ -637,7 +637,7 @@ def _permute_vjp(g, out, x, *, perm):
 
 
 permute = register(Primitive(
-    "permute", Kind.MOVEMENT, _permute_infer, lambda x, *, perm: np.transpose(x, perm),
+    "permute", Kind.MOVEMENT, _permute_infer, lambda x, *, perm: x.transpose(perm),
     (Rule(_permute_vjp),), "PermuteBackward0", attrs=("perm",)))
 
 
@@ -677,7 +677,7 @@ def _slice_infer(x: TensorType, *, starts, stops, steps) -> TensorType:
 
 
 def _slice_impl(x, *, starts, stops, steps):
-    return x[tuple(slice(a, b, s) for a, b, s in zip(starts, stops, steps))]
+    return x[tuple(map(slice, starts, stops, steps))]     # map: no Python frame per axis
 
 
 def _slice_vjp(g, out, x, *, starts, stops, steps):
