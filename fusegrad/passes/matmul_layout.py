@@ -75,9 +75,12 @@ def epilogues_through_reshape(g: Graph) -> Graph:
     to the matmul's result and reshaped after: ``relu(reshape(x @ w + b))`` (a convolution's
     activation: the product is (N, 1, C, H*W), the conv's result (N, C, H, W)) becomes
     ``reshape(relu(x @ w + b))``, which fusion joins to the matmul as its epilogue. Only
-    where every other operand is a literal, another such reshape, or a value whose
-    broadcast reshapes to the product's shape as a strided view (so nothing is copied).
-    Elementwise ops are bit-exact under any reshape of all their operands."""
+    where every other operand is a literal, another such reshape, or a graph input whose
+    broadcast reshapes to the product's shape as a strided view (so nothing is copied). A
+    value computed elsewhere stays where it is: moving its users into the product's shape
+    split them from the reductions they fused with in their own (the transformer step's
+    residual adds and layer norms went from one kernel to two). Elementwise ops are
+    bit-exact under any reshape of all their operands."""
     at_product: set[Value] = set()        # new values computed in a matmul's shape
 
     def product_shaped(v) -> bool:
@@ -106,7 +109,7 @@ def epilogues_through_reshape(g: Graph) -> Graph:
                         moved.append(op)
                     elif src is not None and src.type.shape == into:
                         moved.append(src)
-                    elif _strided_reshape(op.type.shape, shape, into):
+                    elif op.producer is None and _strided_reshape(op.type.shape, shape, into):
                         if op.type.shape != shape:
                             op = c.new.add_node("broadcast_to", [op], {"shape": shape},
                                                 loc=node.loc)
