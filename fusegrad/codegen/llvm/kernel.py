@@ -70,6 +70,8 @@ KERNEL_ARGS = (I8P.as_pointer(), I64, I64)
 # interleaved (``llvm.loop.interleave.count`` 1); other loops keep interleaving, which long
 # bodies gain from too (((x*1.5).tanh()*x).sum(): 15-40% slower with the cap).
 MAX_INTERLEAVED_BODY = 48
+# Constant loops this short are unrolled completely (see KernelEmitter.loop).
+FULL_UNROLL_TRIPS = 8
 
 # Elements per block of a blocked float sum (KernelEmitter.blocked_sum): a block is summed in
 # vector registers, block sums in float64. Sums of this many elements or fewer (softmax and
@@ -419,8 +421,13 @@ class KernelEmitter:
     @contextlib.contextmanager
     def loop(self, start, stop, name: str, unroll: bool = True):
         """A canonical counted loop ``for i in [start, stop)``; yields ``i``. ``unroll=False``
-        forbids LLVM to unroll it (``llvm.loop.unroll.disable``)."""
+        forbids LLVM to unroll it (``llvm.loop.unroll.disable``); otherwise an innermost loop
+        of at most ``FULL_UNROLL_TRIPS`` constant iterations is unrolled completely
+        (``llvm.loop.unroll.full``: the pipeline runs no unroller of its own, see
+        :func:`fusegrad.runtime.jit._optimize`), so that the loop around it is innermost
+        and vectorizes across rows (a softmax over 3 classes, a (4000, 3) broadcast)."""
         b = self.b
+        trips = stop - start if isinstance(start, int) and isinstance(stop, int) else None
         start = start if isinstance(start, ir.Value) else ir.Constant(I64, start)
         stop = stop if isinstance(stop, ir.Value) else ir.Constant(I64, stop)
         first_block = len(self.fn.blocks)
@@ -435,14 +442,18 @@ class KernelEmitter:
         b.cbranch(b.icmp_signed("<", i, stop), body, done)
         b.position_at_end(body)
         self.scopes.append({})
-        self.loops.append([i, pre, False, body])
+        if self.loops:
+            self.loops[-1][4] = True                  # the enclosing loop is not innermost
+        self.loops.append([i, pre, False, body, False])
         yield i
-        invariant_load = self.loops.pop()[2]
+        _, _, invariant_load, _, outer = self.loops.pop()
         self.scopes.pop()
         nxt = b.add(i, ir.Constant(I64, 1), name=f"{name}.next", flags=("nsw",))
         i.add_incoming(nxt, b.block)
         latch = b.branch(header)
-        flags: list = [] if unroll else ["llvm.loop.unroll.disable"]
+        short = trips is not None and 1 < trips <= FULL_UNROLL_TRIPS and not outer
+        flags: list = ["llvm.loop.unroll.disable"] if not unroll else \
+            ["llvm.loop.unroll.full"] if short else []
         size = sum(len(block.instructions) for block in self.fn.blocks[first_block:])
         if size > MAX_INTERLEAVED_BODY and invariant_load:
             flags.append(("llvm.loop.interleave.count", ir.Constant(I32, 1)))
