@@ -242,10 +242,13 @@ def allreduce_array(arr: np.ndarray, op: str) -> np.ndarray:
 
 
 class Work:
-    """A collective in flight (``async_op=True``): ``wait()`` finishes it."""
+    """A collective in flight (``async_op=True``): ``wait()`` finishes it. Without a
+    request (a group of one rank) it is finished when made."""
 
     def __init__(self, request, what: str, finish=None):
         self._request, self._what, self._finish = request, what, finish
+        if request is None and finish is not None:
+            finish()
 
     def is_completed(self) -> bool:
         return self._request is None or bool(self._request.Test())
@@ -288,13 +291,7 @@ def all_reduce(tensor, op: str = ReduceOp.SUM, async_op: bool = False):
         tensor._version_counter.value += 1
 
     request = start_allreduce(arr, op) if g.size > 1 else None
-    work = Work(request, what, finish)
-    if request is None:
-        finish()
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _complete(Work(request, what, finish), async_op)
 
 
 def broadcast(tensor, src: int = 0, async_op: bool = False):
@@ -311,9 +308,12 @@ def broadcast(tensor, src: int = 0, async_op: bool = False):
     def finish():
         tensor._version_counter.value += 1     # written in place, as an in-place op would
 
-    work = Work(request, f"broadcast of {arr.size} {arr.dtype} elements from rank {src}", finish)
-    if request is None:
-        finish()
+    return _complete(Work(request, f"broadcast of {arr.size} {arr.dtype} elements from rank {src}",
+                          finish), async_op)
+
+
+def _complete(work: Work, async_op: bool) -> Work | None:
+    """``work`` for an async call; else None once it is done."""
     if async_op:
         return work
     work.wait()

@@ -33,7 +33,13 @@ from fusegrad.ops.convolution import (
 from fusegrad.ops.creation import arange, rand
 from fusegrad.ops.functional import composite
 from fusegrad.ops.interpolate import interpolate, upsample
-from fusegrad.ops.normalization import batch_norm, group_norm, instance_norm, rms_norm
+from fusegrad.ops.normalization import (
+    _normalized_axes,
+    batch_norm,
+    group_norm,
+    instance_norm,
+    rms_norm,
+)
 from fusegrad.ops.pooling import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
@@ -448,14 +454,7 @@ def layer_norm(input: Tensor, normalized_shape: Sequence[int],  # noqa: A002
                eps: float = 1e-5) -> Tensor:
     """Normalize over the last ``len(normalized_shape)`` dims to zero mean and unit
     (biased) variance, then scale by ``weight`` and shift by ``bias``."""
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    k = len(shape)
-    if k == 0 or input.ndim < k or tuple(input.shape[input.ndim - k:]) != shape:
-        raise RuntimeError(f"Given normalized_shape={list(shape)}, expected input with shape "
-                           f"[*, {', '.join(map(str, shape))}], but got input of size"
-                           f"{list(input.shape)}")
-    axes = tuple(range(input.ndim - k, input.ndim))
-    return _layer_norm(input, axes, weight, bias, eps)
+    return _layer_norm(input, _normalized_axes(input, normalized_shape), weight, bias, eps)
 
 
 @composite("EmbeddingBackward0")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fusegrad.ops.composite import _named
 from fusegrad.ops.elementwise import add, clamp, div, mul, sqrt, sub
-from fusegrad.ops.matmul import bmm, matmul, mm, mv, outer
+from fusegrad.ops.matmul import bmm, dot, matmul, mm, mv, outer
 from fusegrad.ops.movement import broadcast_to, cat, narrow, reshape, transpose, unsqueeze
 from fusegrad.ops.prims import broadcast_shapes, normalize_axis
 from fusegrad.ops.reductions import mean, norm, sum
@@ -78,9 +78,7 @@ def inner(x: Tensor, other: Tensor) -> Tensor:
 @public(torch=True, method=True)
 def vdot(x: Tensor, other: Tensor) -> Tensor:
     """The dot product of two 1-D tensors (conjugating the first: a no-op for real ones)."""
-    if x.ndim != 1 or other.ndim != 1:
-        raise RuntimeError(f"1D tensors expected, but got {x.ndim}D and {other.ndim}D tensors")
-    return matmul(x, other)
+    return dot(x, other)
 
 
 @public(torch=True, method=True)

@@ -172,19 +172,26 @@ def _rms_norm(x: Tensor, axes: tuple[int, ...], weight, eps: float) -> Tensor:
     return mul(out, weight) if weight is not None else out
 
 
-@public(torch=True)
-def rms_norm(input: Tensor, normalized_shape: Sequence[int] | int,  # noqa: A002
-             weight: Tensor | None = None, eps: float | None = None) -> Tensor:
-    """``x / sqrt(mean(x**2) + eps) * weight`` over the last ``len(normalized_shape)`` dims;
-    ``eps=None`` is the dtype's machine epsilon, as torch's."""
+def _normalized_axes(input: Tensor, normalized_shape: Sequence[int] | int) -> tuple[int, ...]:  # noqa: A002
+    """The trailing axes of ``input`` that ``normalized_shape`` names (layer_norm, rms_norm),
+    or torch's error when they are not its last dims."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(shape)
     if k == 0 or input.ndim < k or tuple(input.shape[input.ndim - k:]) != shape:
         raise RuntimeError(f"Given normalized_shape={list(shape)}, expected input with shape "
                            f"[*, {', '.join(map(str, shape))}], but got input of size"
                            f"{list(input.shape)}")
+    return tuple(range(input.ndim - k, input.ndim))
+
+
+@public(torch=True)
+def rms_norm(input: Tensor, normalized_shape: Sequence[int] | int,  # noqa: A002
+             weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """``x / sqrt(mean(x**2) + eps) * weight`` over the last ``len(normalized_shape)`` dims;
+    ``eps=None`` is the dtype's machine epsilon, as torch's."""
+    axes = _normalized_axes(input, normalized_shape)
     if eps is None:
         from fusegrad.type_info import finfo
         eps = finfo(input.dtype if input.dtype.is_floating_point
                     else dtypes.get_default_dtype()).eps
-    return _rms_norm(input, tuple(range(input.ndim - k, input.ndim)), weight, eps)
+    return _rms_norm(input, axes, weight, eps)

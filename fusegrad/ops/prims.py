@@ -777,9 +777,13 @@ def _take_infer(x: TensorType, idx: TensorType, *, axis: int) -> TensorType:
     return TensorType(x.shape[:axis] + idx.shape + x.shape[axis + 1:], x.dtype)
 
 
-def _bounds(op: str, idx: np.ndarray, size: int, axis: int | None = None) -> np.ndarray:
-    if idx.size and (idx.min() < -size or idx.max() >= size):
-        bad = idx[(idx < -size) | (idx >= size)].flat[0]
+def _bounds(op: str, idx: np.ndarray, size: int, axis: int | None = None,
+            wrap: bool = True) -> np.ndarray:
+    """``idx``, or torch's IndexError naming ``op`` when an index is out of range: ``[-size,
+    size)`` where negative indices count from the end (``wrap``), else ``[0, size)``."""
+    low = -size if wrap else 0
+    if idx.size and (idx.min() < low or idx.max() >= size):
+        bad = idx[(idx < low) | (idx >= size)].flat[0]
         dim = "dimension" if axis is None else f"dimension {axis}"
         raise IndexError(f"{op}: index {bad} is out of bounds for {dim} with size {size}")
     return idx
@@ -892,11 +896,7 @@ def _check_index_infer(idx: TensorType, *, op: str, size: int, dim: int) -> Tens
 
 
 def _check_index_impl(idx, *, op, size, dim):
-    bad = (idx < 0) | (idx >= size)
-    if bad.any():
-        raise IndexError(f"{op}: index {idx[bad].flat[0]} is out of bounds for dimension {dim} "
-                         f"with size {size}")
-    return idx
+    return _bounds(op, idx, size, dim, wrap=False)
 
 
 # Indices of the ops that torch bounds-checks without wrapping negative values (index_select,

@@ -469,7 +469,7 @@ def _root(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _live_storage(exclude=None) -> dict[int, np.ndarray]:
+def _live_storage(exclude) -> dict[int, np.ndarray]:
     """id -> array for the storage of every concrete tensor alive now but those made while
     capture ``exclude`` traces (held, so that ids stay unique while the trace runs).
 
@@ -482,7 +482,7 @@ def _live_storage(exclude=None) -> dict[int, np.ndarray]:
     types_ = _tensor_types()
     out = {}
     for obj in gc.get_objects():
-        if type(obj) in types_ and (exclude is None or obj._capture_owner is not exclude):
+        if type(obj) in types_ and obj._capture_owner is not exclude:
             try:
                 data = _DATA_SLOT(obj)
             except AttributeError:           # a tensor still being constructed

@@ -50,27 +50,11 @@ class MaxPool3d(_MaxPoolNd):
     _fn = staticmethod(NF.max_pool3d)
 
 
-class AvgPool1d(Module):
-    """Mean over sliding windows of (N, C, L); see ``F.avg_pool1d``."""
+class _AvgPoolNd(Module):
+    """The state and repr the AvgPool modules share; ``_fn`` is the functional op (1-d has no
+    ``divisor_override``, as in torch)."""
 
-    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
-                 count_include_pad: bool = True) -> None:
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = stride if stride is not None else kernel_size
-        self.padding, self.ceil_mode = padding, ceil_mode
-        self.count_include_pad = count_include_pad
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return NF.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
-                             self.count_include_pad)
-
-    def extra_repr(self) -> str:
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
-
-
-class AvgPool2d(Module):
-    """Mean over sliding windows of (N, C, H, W); see ``F.avg_pool2d``."""
+    _fn = None
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                  count_include_pad: bool = True, divisor_override: int | None = None) -> None:
@@ -81,19 +65,35 @@ class AvgPool2d(Module):
         self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return NF.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
-                             self.count_include_pad, self.divisor_override)
+        return type(self)._fn(input, self.kernel_size, self.stride, self.padding,
+                              self.ceil_mode, self.count_include_pad, self.divisor_override)
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
-class AvgPool3d(AvgPool2d):
-    """Mean over sliding windows of (N, C, D, H, W); see ``F.avg_pool3d``."""
+class AvgPool1d(_AvgPoolNd):
+    """Mean over sliding windows of (N, C, L); see ``F.avg_pool1d``."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+                 count_include_pad: bool = True) -> None:
+        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return NF.avg_pool3d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
-                             self.count_include_pad, self.divisor_override)
+        return NF.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                             self.count_include_pad)
+
+
+class AvgPool2d(_AvgPoolNd):
+    """Mean over sliding windows of (N, C, H, W); see ``F.avg_pool2d``."""
+
+    _fn = staticmethod(NF.avg_pool2d)
+
+
+class AvgPool3d(_AvgPoolNd):
+    """Mean over sliding windows of (N, C, D, H, W); see ``F.avg_pool3d``."""
+
+    _fn = staticmethod(NF.avg_pool3d)
 
 
 class _AdaptivePool(Module):
