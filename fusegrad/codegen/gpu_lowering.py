@@ -34,18 +34,17 @@ from fusegrad.codegen.kernel_ir import (
     Assign,
     Barrier,
     Declare,
-    ExprBuilder,
     If,
     Loop,
     LoweredKernel,
-    Param,
     Shared,
     Store,
     StoreShared,
     Var,
 )
-from fusegrad.ir.graph import Literal, Node, Value
-from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view
+from fusegrad.codegen.values import KernelValues
+from fusegrad.ir.graph import Node, Value
+from fusegrad.ir.kernel_graph import Kernel, KernelGraph
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
 
@@ -83,33 +82,10 @@ def _name(kernel: Kernel, family: str) -> str:
     return f"{kernel.name}_{family}" + (f"_{text}" if text else "")
 
 
-class _Lowering:
+class _Lowering(KernelValues):
     def __init__(self, kernel: Kernel, kg: KernelGraph):
-        self.k, self.kg = kernel, kg
-        self.b = ExprBuilder()
-        self.internal = set(kernel.nodes)
-        self.params: dict[Value, Param] = {}
+        super().__init__(kernel, kg)
         self.shared: list[Shared] = []
-        self.acc: dict[Value, object] = {}
-        self.memo: dict = {}
-        self.nvars = 0
-        for v in kernel.inputs:
-            self.param(v)
-        for v in kernel.outputs:
-            self.param(v).writes = True
-
-    # -- helpers
-    def param(self, v: Value) -> Param:
-        if v not in self.params:
-            self.params[v] = Param(f"p{len(self.params)}", lowering.memory_dtype(v.type.dtype), v)
-        return self.params[v]
-
-    def var(self, name: str, dt) -> Var:
-        self.nvars += 1
-        return Var(f"{name}{self.nvars}", dt)
-
-    def idx(self, n: int):
-        return self.b.const(INDEX, n)
 
     def loop(self, name: str, start, stop, step, body_fn) -> Loop:
         v = self.var(name, INDEX)
@@ -117,71 +93,10 @@ class _Lowering:
         body_fn(self.b.read(v), body)
         return Loop(v, start, stop, step, body)
 
-    def view(self, v: Value) -> View:
-        return self.kg.views.get(v) or identity_view(v)
-
-    # -- values
-    def emit(self, v, coords):
-        """The register of ``v`` at index ``coords`` (one INDEX expression per dim)."""
-        b = self.b
-        if isinstance(v, Literal):
-            return lowering.constant(b, v.dtype, v.value)
-        if v in self.acc:
-            # A 16-bit sum accumulates in float32; eager rounds the result to 16 bits.
-            return lowering.round_half(b, self.acc[v], v.type.dtype)
-        key = (v, tuple(id(c) for c in coords))
-        hit = self.memo.get(key)
-        if hit is not None:
-            return hit[0]
-        node = v.producer
-        if node is None or node not in self.internal or node.op == "matmul":
-            out = self.load(v, coords)
-        else:
-            out = self.emit_node(node, coords)
-        self.memo[key] = (out, tuple(coords))
-        return out
-
-    def load(self, v: Value, coords):
-        view = self.view(v)
-        b = self.b
-        offset = self.idx(view.offset)
-        for c, s, d in zip(coords, view.strides, view.shape):
-            if s == 0 or d == 1:
-                continue
-            term = c if s == 1 else b.mul(c, self.idx(s))
-            offset = b.add(offset, term)
-        raw = b.load(self.param(view.base), offset)
-        return lowering.from_memory(b, raw, v.type.dtype)
-
-    def emit_node(self, node: Node, coords):
-        b, op = self.b, node.op
-        out_shape = node.output.type.shape
-        if op == "reshape":
-            return self.emit(node.inputs[0], indexing.reshape_coords(
-                b, node.inputs[0].type.shape, out_shape, coords))
-        if op == "broadcast_to":
-            return self.emit(node.inputs[0], indexing.operand_coords(
-                b, node.inputs[0], out_shape, coords))
-        if op == "iota":
-            return lowering.convert(b, coords[node.attrs["axis"]], INDEX, node.attrs["dtype"])
-        if op == "pad":
-            return indexing.pad_value(b, node, coords, self.emit)
-        if op == "concat":
-            return indexing.concat_value(b, node, coords, self.emit)
-        if op in lowering.REDUCE_OPS and node.attrs["axes"]:
-            raise Unsupported(f"{op} over axes outside a reduction kernel")
-        args = [self.emit(x, indexing.operand_coords(b, x, out_shape, coords))
-                for x in node.inputs]
-        return lowering.lower_scalar(b, node, args)
-
     def store(self, v: Value, coords, body: list) -> None:
         index = indexing.linear_index(self.b, coords, v.type.shape)
         value = lowering.to_memory(self.b, self.emit(v, coords), v.type.dtype)
         body.append(Store(self.param(v), index, value))
-
-    def outputs_at(self, level: str) -> list[Value]:
-        return [v for v in self.k.outputs if self.k.level.get(v) == level and
-                (v.producer is None or v.producer.op != "matmul")]
 
     def thread_id(self):
         b = self.b

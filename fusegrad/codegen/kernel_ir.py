@@ -7,18 +7,26 @@ body of statements; statements hold pure scalar expressions (:class:`Expr`, a DA
 Expressions (``Expr.op``):
 
 - ``const`` (``arg`` the value), ``special`` (``arg``: ``blockIdx``, ``threadIdx``,
-  ``blockDim``, ``gridDim``; one dimension, x), ``read`` (the current value of a
+  ``blockDim``, ``gridDim``, one dimension, x, on a GPU; ``start`` and ``end``, the range
+  of the parallel loop a call of a CPU kernel runs), ``read`` (the current value of a
   :class:`Var`: a loop index or an accumulator);
 - ``load`` (``src`` = (index,), ``arg`` the :class:`Param`), ``load_shared`` (``arg`` the
-  :class:`Shared`);
+  :class:`Shared`), ``load_local`` (``arg`` the :class:`Local`);
 - the :class:`fusegrad.ops.lowering.ScalarBuilder` operations: ``binary`` (``arg`` = (op,
   reassociable)), ``unary``, ``cmp``, ``select``, ``cast``, ``bitcast``, ``call``;
+  and ``unary`` ``freeze``: the value itself, which a backend's optimizer must not look
+  through (LLVM's ``freeze``; nothing elsewhere);
 - ``shfl_xor`` (``src`` = (value,), ``arg`` the lane mask): the value of the lane whose
   index in the warp differs by ``arg`` (a warp shuffle; the whole warp must be converged).
 
 Statements: :class:`Declare` (a variable and its initial value), :class:`Assign`,
-:class:`Store`, :class:`StoreShared`, :class:`Loop` (``for v = start; v < stop; v += step``),
-:class:`If`, :class:`Barrier` (``__syncthreads``).
+:class:`Store`, :class:`StoreShared`, :class:`StoreLocal`, :class:`Loop` (``for v = start;
+v < stop; v += step``; ``unroll=False`` forbids the backend to unroll it), :class:`If`,
+:class:`Barrier` (``__syncthreads``).
+
+Two lowerings produce it from a fused kernel: :mod:`fusegrad.codegen.gpu_lowering` (a grid
+of blocks and threads) and :mod:`fusegrad.codegen.cpu_lowering` (loop nests whose outermost
+loop a thread pool splits); both compute values with :mod:`fusegrad.codegen.values`.
 
 Indices are of dtype :data:`INDEX` (64-bit, never negative where they address memory; the
 unsigned comparison of ``shifted`` relies on wrap-around, as C's unsigned arithmetic does).
@@ -36,8 +44,8 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.dtypes import DType
 
-__all__ = ["INDEX", "Expr", "Var", "Param", "Shared", "Declare", "Assign", "Store",
-           "StoreShared", "Loop", "If", "Barrier", "LoweredKernel", "ExprBuilder",
+__all__ = ["INDEX", "Expr", "Var", "Param", "Shared", "Local", "Declare", "Assign", "Store",
+           "StoreShared", "StoreLocal", "Loop", "If", "Barrier", "LoweredKernel", "ExprBuilder",
            "format_kernel", "format_expr"]
 
 # Index arithmetic: unsigned 64-bit (udiv/urem in LLVM; wraps like C's unsigned).
@@ -66,6 +74,16 @@ class Param:
 @dataclass(eq=False)
 class Shared:
     """A shared-memory array of a block."""
+
+    name: str
+    dtype: DType
+    size: int
+
+
+@dataclass(eq=False)
+class Local:
+    """An array of one thread's own (a CPU kernel's stack array: a row kept for a second
+    pass, a tile of accumulators)."""
 
     name: str
     dtype: DType
@@ -109,12 +127,20 @@ class StoreShared:
 
 
 @dataclass(eq=False)
+class StoreLocal:
+    local: Local
+    index: Expr
+    value: Expr
+
+
+@dataclass(eq=False)
 class Loop:
     var: Var
     start: Expr
     stop: Expr
     step: Expr
     body: list = field(default_factory=list)
+    unroll: bool = True
 
 
 @dataclass(eq=False)
@@ -144,6 +170,10 @@ class LoweredKernel:
     grid: int
     family: str = ""
     index_bits: int = 64      # 32 when every index fits: backends may use 32-bit registers
+    locals: list[Local] = field(default_factory=list)
+    # Whether a load whose index does not depend on a loop may be done ahead of it, even
+    # when the loop would not run (every index the kernel computes is then in bounds).
+    hoistable: bool = False
 
     def __str__(self) -> str:
         return format_kernel(self)
@@ -225,6 +255,10 @@ class ExprBuilder:
         # Never hash-consed: shared memory changes across barriers.
         return Expr("load_shared", shared.dtype, (index,), shared)
 
+    def load_local(self, local: Local, index: Expr) -> Expr:
+        # Never hash-consed: a local array changes between statements.
+        return Expr("load_local", local.dtype, (index,), local)
+
     def shfl_xor(self, x: Expr, mask: int) -> Expr:
         return Expr("shfl_xor", x.dtype, (x,), mask)
 
@@ -233,6 +267,9 @@ class ExprBuilder:
 
     def add(self, x, y):
         return self.binary("add", x, y, INDEX)
+
+    def sub(self, x, y):
+        return self.binary("sub", x, y, INDEX)
 
     def mul(self, x, y):
         return self.binary("mul", x, y, INDEX)
@@ -249,7 +286,7 @@ def _is_const(e: Expr, value) -> bool:
 
 
 def _hashable(arg):
-    if isinstance(arg, (Param, Shared, Var, DType)):
+    if isinstance(arg, (Param, Shared, Local, Var, DType)):
         return ("obj", id(arg))
     if isinstance(arg, tuple):
         return tuple(_hashable(a) for a in arg)
@@ -315,7 +352,7 @@ class Linearizer:
 
 def _text_render(e: Expr, args: list[str]) -> str:
     joined = ", ".join(args)
-    if e.op in ("load", "load_shared"):
+    if e.op in ("load", "load_shared", "load_local"):
         return f"{e.arg.name}[{joined}]"
     if e.op == "binary":
         return f"{e.arg[0]}.{e.dtype.short}({joined})"
@@ -352,6 +389,8 @@ def format_kernel(k: LoweredKernel) -> str:
              f" grid<={k.grid} block={k.block} {{"]
     for s in k.shared:
         lines.append(f"  shared {s.name}: {s.dtype.short}[{s.size}]")
+    for s in k.locals:
+        lines.append(f"  local {s.name}: {s.dtype.short}[{s.size}]")
     lin = Linearizer(_text_render, lambda n, e, t: f"{n} = {t}", _text_leaf, "%")
     _format_body(k.body, lines, 1, lin)
     lines.append("}")
@@ -374,13 +413,15 @@ def _format_body(body: list, lines: list, depth: int, lin: Linearizer) -> None:
         elif isinstance(st, Assign):
             value = t(st.value)
             lines.append(f"{pad}{st.var.name} = {value}")
-        elif isinstance(st, (Store, StoreShared)):
-            target = st.param.name if isinstance(st, Store) else st.shared.name
+        elif isinstance(st, (Store, StoreShared, StoreLocal)):
+            target = st.param.name if isinstance(st, Store) else \
+                st.shared.name if isinstance(st, StoreShared) else st.local.name
             index, value = t(st.index), t(st.value)
             lines.append(f"{pad}{target}[{index}] = {value}")
         elif isinstance(st, Loop):
             start, stop, step = t(st.start), t(st.stop), t(st.step)
-            lines.append(f"{pad}for {st.var.name} in [{start}, {stop}) step {step} {{")
+            rolled = "" if st.unroll else " rolled"
+            lines.append(f"{pad}for {st.var.name} in [{start}, {stop}) step {step}{rolled} {{")
             lin.push()
             _format_body(st.body, lines, depth + 1, lin)
             lin.pop()

@@ -35,7 +35,8 @@ import llvmlite.ir as ir
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel, kernel_phases, split_plan
+from fusegrad.codegen.cpu_lowering import kernel_phases, split_plan
+from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph, IRError, Literal, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View

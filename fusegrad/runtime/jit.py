@@ -177,7 +177,7 @@ def _optimize(mod, tm, speed_level: int = 3) -> None:
     loops on top of that made the MLP training step's first compile 35% slower (the
     transformer step's 46%) with no measurable change in step time. Short constant loops,
     which only the unroller made vectorizable, ask for it themselves (see
-    ``KernelEmitter.loop`` in fusegrad.codegen.llvm.kernel)."""
+    ``KernelPrinter.loop`` in fusegrad.codegen.llvm.kernel)."""
     pto = llvm.create_pipeline_tuning_options(speed_level=speed_level)
     wide = speed_level >= 2
     pto.loop_vectorization = wide

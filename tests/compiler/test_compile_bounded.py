@@ -20,7 +20,8 @@ import pytest
 
 import fusegrad as fg
 import fusegrad.nn.functional as NF
-from fusegrad.codegen.llvm.kernel import MAX_INTERLEAVED_BODY, KernelEmitter
+from fusegrad.codegen.kernel_ir import INDEX, ExprBuilder, Loop, LoweredKernel, Param, Store, Var
+from fusegrad.codegen.llvm.kernel import MAX_INTERLEAVED_BODY, KernelPrinter
 from tests.compiler.compare import assert_same, tensors, values
 
 
@@ -81,25 +82,28 @@ def test_invariant_loads_leave_long_loop_bodies(name):
     assert heavy_loops and not any(has_load for _, has_load in heavy_loops), found
 
 
-@pytest.mark.parametrize("derived", [False, True])
-def test_long_loops_holding_an_invariant_load_are_not_interleaved(derived):
-    # A load in a loop of 100 at an index computed inside that loop from the outer loop's
-    # index only (no kernel emits one today) stays there, and the loop is not interleaved;
-    # at the outer index itself it moves to the preheader and the loop keeps interleaving.
-    program = fg.compile(lambda a: a.cos()).lower(fg.ones(8, 1)).program
-    kernel = program.kg.kernels[0]
-    em = KernelEmitter(ir.Module(), kernel, program.kg, program.slots)
-    src = kernel.nodes[0].inputs[0]
-    with em.loop(0, 8, "i0") as i:
-        with em.loop(0, 100, "i1") as j:
-            row = em.b.add(i, ir.Constant(ir.IntType(64), 0)) if derived else i
-            x = em.load(src, [row, ir.Constant(ir.IntType(64), 0)])
-            for _ in range(MAX_INTERLEAVED_BODY):
-                x = em.b.fadd(x, x)
-            em.store(kernel.outputs[0], [i, j], x)
-    text = str(em.finish().module)
+@pytest.mark.parametrize("hoistable", [True, False])
+def test_long_loops_holding_an_invariant_load_are_not_interleaved(hoistable):
+    # A load at the outer loop's index inside a loop of 100 moves to that loop's preheader
+    # when the kernel allows it, and the loop keeps interleaving; where loads may not move
+    # ahead of loops (a kernel with an empty buffer) it stays, and the loop is not
+    # interleaved.
+    b = ExprBuilder()
+    f32 = fg.float32
+    src, dst = Param("src", f32), Param("dst", f32)
+    i, j = Var("i", INDEX), Var("j", INDEX)
+    x = b.load(src, b.read(i))
+    for _ in range(MAX_INTERLEAVED_BODY):
+        x = b.binary("add", x, x, f32)
+    store = Store(dst, b.add(b.mul(b.read(i), b.index(100)), b.read(j)), x)
+    inner = Loop(j, b.index(0), b.index(100), b.index(1), [store])
+    kernel = LoweredKernel("k", [src, dst], [], [Loop(i, b.index(0), b.index(8), b.index(1),
+                                                      [inner])], 1, 1, hoistable=hoistable)
+    module = ir.Module()
+    KernelPrinter(module, kernel, {src: 0, dst: 1}.__getitem__).print()
+    text = str(module)
     found = loops(text)
-    assert [(off, has_load) for body, off, has_load in found] == [(derived, derived)]
+    assert [(off, has_load) for body, off, has_load in found] == [(not hoistable,) * 2]
 
 
 @pytest.mark.parametrize("fn", [lambda a, b: (a + b).sum(-1), lambda a, b: heavy(a * b),

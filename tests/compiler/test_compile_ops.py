@@ -686,7 +686,7 @@ def test_casts_to_16_bit_round_inside_fused_kernels():
 ])
 def test_short_inner_loops_over_bytes_stay_rolled(shapes, dtype, rolled):
     # Fuzzer finding 6: unrolled, the 5x6 body of a bool `a & b` made LLVM vectorize the
-    # loop around it 64 lanes wide, 7 to 14 s of compile (see KernelEmitter._wide_byte_body).
+    # loop around it 64 lanes wide, 7 to 14 s of compile (see cpu_lowering's _wide_byte_body).
     a, b = (fg.ones(*s, dtype=dtype) for s in shapes)
     op = (lambda a, b: a & b) if dtype is fg.bool else (lambda a, b: a * b)
     compiled = fg.compile(op)
@@ -707,6 +707,6 @@ def test_float16_is_held_as_16_raw_bits():
                                            (65, False)])
 def test_mid_sized_inner_loops_stay_rolled(extent, rolled):
     # Unrolled, a loop of 8 to 64 makes LLVM vectorize the loop around it with interleaved
-    # accesses, which takes seconds to compile (see KernelEmitter.nest).
+    # accesses, which takes seconds to compile (see cpu_lowering's nest).
     ir_text = fg.compile(lambda x: x.sign()).lower(fg.ones(3, extent)).llvm_ir
     assert ('"llvm.loop.unroll.disable"' in ir_text) == rolled

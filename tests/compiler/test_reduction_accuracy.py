@@ -3,8 +3,8 @@
 A reduction loop that the vectorizer turns into a few dozen partial sums, each adding n / 64
 values in sequence, loses accuracy linearly in n: ``((x*1.5).tanh()*x).sum()`` over 2**27
 normals was off by 0.31%, ``(x*x).mean()`` over 2**24 by 5e-5. Codegen now sums blocks of
-``kernel.SUM_BLOCK`` elements in registers and adds block sums in float64
-(``KernelEmitter.blocked_sum``). The bound used here, ``c * eps * sum(|x|)`` with a small c,
+``cpu_lowering.SUM_BLOCK`` elements in registers and adds block sums in float64
+(``_CPULowering.blocked_sum``). The bound used here, ``c * eps * sum(|x|)`` with a small c,
 is what pairwise summation guarantees up to a log factor; sequential float32 sums of these
 sizes miss it by orders of magnitude.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
-from fusegrad.codegen.llvm.kernel import SUM_BLOCK
+from fusegrad.codegen.cpu_lowering import SUM_BLOCK
 
 EPS32 = float(np.finfo(np.float32).eps)
 

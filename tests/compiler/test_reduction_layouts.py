@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
-from fusegrad.codegen.llvm.kernel import (
+from fusegrad.codegen.cpu_lowering import (
     COLUMN_BLOCK,
     COLUMN_TILE,
     SPLIT_PARTS,

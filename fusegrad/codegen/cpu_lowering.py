@@ -1,0 +1,819 @@
+"""The CPU-shaped lowering: a fused kernel as loop nests that a thread pool splits.
+
+:func:`lower_kernel` turns a :class:`fusegrad.ir.kernel_graph.Kernel` into one or more
+:class:`fusegrad.codegen.kernel_ir.LoweredKernel` functions (:func:`kernel_phases`), which
+the LLVM printer (:mod:`fusegrad.codegen.llvm.kernel`) compiles. Values come from
+:class:`fusegrad.codegen.values.KernelValues`, as in the GPU lowering; this module decides
+only the loops. Each function runs the part ``[start, end)`` (the ``special`` expressions
+``start`` and ``end``) of its outermost loop, so the runtime can split it across threads.
+
+Loop structure: an elementwise kernel is a loop nest over its shape. A reduction kernel
+loops over its kept ("row") axes and, per row, runs one loop over the reduced axes per
+reduction (each into an accumulator variable: LLVM's mem2reg makes it a phi, so the loop
+vectorizer sees a reduction; sums are ``reassociable``) and a last loop storing full-size
+outputs. A reduction that keeps the innermost axis runs interchanged instead
+(:class:`ColumnPlan`: the reduced axes outside, a tile of accumulators inside), and a large
+full reduction is split into parts reduced in parallel and combined in order
+(:class:`SplitPlan`, several functions per kernel). Float sums add blocks in float32 and
+block sums in float64 (:data:`SUM_BLOCK`). The innermost loop of an elementwise nest is kept
+rolled when it runs 8 to 64 times (see :meth:`_CPULowering.nest`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+from fusegrad import dtypes
+from fusegrad.codegen.kernel_ir import (
+    INDEX,
+    Assign,
+    Declare,
+    Local,
+    Loop,
+    LoweredKernel,
+    Param,
+    Store,
+    StoreLocal,
+    Var,
+)
+from fusegrad.codegen.values import KernelValues
+from fusegrad.ir.graph import Node, Value
+from fusegrad.ir.kernel_graph import Kernel, KernelGraph
+from fusegrad.ops import lowering
+from fusegrad.ops.lowering import Unsupported
+
+__all__ = ["lower_kernel", "ColumnPlan", "column_plan", "SplitPlan", "split_plan",
+           "kernel_phases", "parallel_extent", "SCRATCH", "SUM_BLOCK", "COLUMN_TILE",
+           "COLUMN_BLOCK", "SPLIT_WORK", "SPLIT_PARTS"]
+
+F64 = dtypes.float64
+
+# ``Param.value`` of a split reduction's scratch cells (the runtime gives them a buffer).
+SCRATCH = "scratch"
+
+# Elements per block of a blocked float sum (_CPULowering.blocked_sum): a block is summed in
+# vector registers, block sums in float64. Sums of this many elements or fewer (softmax and
+# layer_norm rows) are one block, with no outer accumulator.
+SUM_BLOCK = 2048
+
+# Column reductions (the innermost axis kept, see ColumnPlan): a tile holds at most this many
+# accumulators (a few KiB: they stay in L1 while the reduced axis streams past them), and a
+# float sum adds this many rows per float32 block before the block joins a float64 total
+# (each accumulator adds its rows in sequence, so its block must be short to stay accurate).
+COLUMN_TILE = 1024
+COLUMN_BLOCK = 64
+# Tiles are split until a kernel has this many parallel units (when its columns allow tiles
+# of at least MIN_COLUMN_CHUNK): the runtime splits the unit loop across threads. Narrower
+# tiles read each row in short pieces, which the prefetchers follow badly (a 4096x1024
+# column sum: 4.3 ms in tiles of 1024, 11 ms in tiles of 128, on one thread).
+COLUMN_UNITS = 8
+MIN_COLUMN_CHUNK = 256
+
+# Full reductions (no kept axes) of at least SPLIT_WORK elements (the runtime's threading
+# threshold) are split into at most SPLIT_PARTS parts along their leading axes, reduced
+# in parallel and combined in part order. The parts are fixed by the shape, so a result
+# has the same bits whatever the thread count.
+SPLIT_WORK = 1 << 16
+SPLIT_PARTS = 16
+
+
+@dataclass(frozen=True)
+class ColumnPlan:
+    """Loop order of a reduction whose innermost axis is kept (``x.sum(0)`` of a row-major
+    matrix): the reduced axes run outside and a tile of accumulators, one per kept element
+    of the trailing kept axes, runs inside at unit stride, where the vectorizer finds it.
+    Looping the other way (one strided reduction per kept element) is 10-30x slower.
+
+    ``outer``: kept axes before the tile, one per parallel unit; ``tile``: trailing kept
+    axes held in the tile; ``chunk``: when nonzero the tile is a chunk of that many
+    elements of the last axis (``tile`` is then that axis alone). ``units``: the parallel
+    loop's extent, ``prod(outer)`` times the chunks per row."""
+
+    outer: tuple[int, ...]
+    tile: tuple[int, ...]
+    chunk: int
+    units: int
+
+
+def column_plan(kernel: Kernel) -> ColumnPlan | None:
+    """The loop order of ``kernel`` when it is a reduction that keeps its innermost axis,
+    else None (elementwise kernels, reductions over the last axis)."""
+    shape, axes = kernel.shape, kernel.axes
+    n = len(shape)
+    if kernel.kind != "reduction" or not axes or n - 1 in axes or 0 in shape:
+        return None
+    tail = list(range(max(axes) + 1, n))
+    tile, size = [], 1
+    while tail and size * shape[tail[-1]] <= COLUMN_TILE:
+        size *= shape[tail[-1]]
+        tile.insert(0, tail.pop())
+    last = shape[n - 1]
+    chunk = 0
+    if not tile:                     # the last axis alone is longer than a tile
+        fewest = -(-last // COLUMN_TILE)
+        tile, chunk = [n - 1], _even_chunk(last, range(fewest, 2 * fewest + 1)) or COLUMN_TILE
+    outer = [a for a in range(n) if a not in axes and a not in tile]
+    units = math.prod(shape[a] for a in outer)
+    # More units for the thread pool: move tile axes out, then chunk the last axis.
+    while len(tile) > 1 and units < COLUMN_UNITS and size // shape[tile[0]] >= MIN_COLUMN_CHUNK:
+        size //= shape[tile[0]]
+        units *= shape[tile[0]]
+        outer.append(tile.pop(0))
+    if len(tile) == 1 and units < COLUMN_UNITS and not chunk:
+        chunk = _even_chunk(last, range(-(-COLUMN_UNITS // units), 1, -1))
+    if chunk:
+        units *= -(-last // chunk)
+    return ColumnPlan(tuple(outer), tuple(tile), chunk, units)
+
+
+def _even_chunk(n: int, pieces) -> int:
+    """The chunk of the first count in ``pieces`` that cuts ``n`` into equal chunks of at
+    least MIN_COLUMN_CHUNK and at most COLUMN_TILE elements, each a multiple of 16; 0 if
+    none does. Equal chunks give the tile loop a constant trip count: LLVM then keeps the
+    accumulators in registers (a 1000x3x300 sum(0) in chunks of 256 and 44: 5x slower)."""
+    for p in pieces:
+        c = n // p
+        if n % p == 0 and c % 16 == 0 and MIN_COLUMN_CHUNK <= c <= COLUMN_TILE:
+            return c
+    return 0
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How a full reduction is split: the leading ``lead`` axes (``lead_size`` indices in
+    all) are cut into ``parts`` ranges. Each reduction of the kernel runs as a parallel
+    phase that reduces each part into a scratch cell (``kN_p<i>``, over the parts), then a
+    serial one that combines the cells in order (``kN_c<i>``); the last combine stores the
+    kernel's scalar outputs, and a parallel phase over the leading indices stores its
+    full-size outputs (``kN``)."""
+
+    lead: int
+    lead_size: int
+    parts: int
+    reductions: int
+
+    def cells(self) -> int:
+        """8-byte cells of scratch: two per part and reduction (a float64 sum's
+        compensation beside its total), then one final value per reduction."""
+        return 2 * self.reductions * self.parts + self.reductions
+
+
+def _reductions(kernel: Kernel) -> list[Node]:
+    """The reductions a reduction kernel loops over, in order."""
+    return [n for n in kernel.nodes if n.op in lowering.REDUCE_OPS and
+            tuple(n.attrs["axes"]) == kernel.axes and kernel.level[n.output] == "row"]
+
+
+def split_plan(kernel: Kernel) -> SplitPlan | None:
+    """How ``kernel`` is split across threads when it is a large full reduction, else None."""
+    shape = kernel.shape
+    if kernel.kind != "reduction" or len(kernel.axes) != len(shape) or not shape or \
+            math.prod(shape) < SPLIT_WORK:
+        return None
+    count = len(_reductions(kernel))
+    if not count:
+        return None
+    lead, size = 0, 1
+    while lead < len(shape) and size < 4 * SPLIT_PARTS:
+        size *= shape[lead]
+        lead += 1
+    return SplitPlan(lead, size, min(SPLIT_PARTS, size), count)
+
+
+def kernel_phases(kernel: Kernel) -> list[tuple[str, int]]:
+    """(function name, parallel extent) of each function ``kernel`` compiles to, in launch
+    order: one for most kernels, several for a split full reduction (:class:`SplitPlan`)."""
+    plan = split_plan(kernel)
+    if plan is None:
+        return [(kernel.name, parallel_extent(kernel))]
+    phases = []
+    for i in range(plan.reductions):
+        phases += [(f"{kernel.name}_p{i}", plan.parts), (f"{kernel.name}_c{i}", 1)]
+    if any(kernel.level.get(v) == "full" for v in kernel.outputs):
+        phases.append((kernel.name, plan.lead_size))
+    return phases
+
+
+def parallel_extent(kernel: Kernel) -> int:
+    """Extent of ``kernel``'s parallel loop (the ``[start, end)`` the runtime splits)."""
+    plan = column_plan(kernel)
+    if plan is not None:
+        return plan.units
+    if kernel.kind == "reduction":
+        kept = [d for i, d in enumerate(kernel.shape) if i not in kernel.axes]
+        return kept[0] if kept else 1
+    return kernel.shape[0] if kernel.shape else 1
+
+
+class _Slot:
+    """A register-sized place that statements read and write: a variable, or an element
+    of a local array."""
+
+    def __init__(self, low: "_CPULowering", var: Var | None = None,
+                 local: Local | None = None, index=None):
+        self.low, self.var_, self.local, self.index = low, var, local, index
+
+    def read(self):
+        b = self.low.b
+        return b.read(self.var_) if self.var_ is not None else b.load_local(self.local,
+                                                                           self.index)
+
+    def assign(self, value) -> None:
+        self.low.stmt(Assign(self.var_, value) if self.var_ is not None else
+                      StoreLocal(self.local, self.index, value))
+
+
+class _CPULowering(KernelValues):
+    def __init__(self, kernel: Kernel, kg: KernelGraph):
+        super().__init__(kernel, kg)
+        self.body: list = []
+        self.locals: list[Local] = []
+        self.cells: dict[dtypes.DType, Param] = {}
+        self.scratch: tuple | None = None      # (value, Local): see row_scratch
+
+    # -- statements
+    def stmt(self, st) -> None:
+        self.body.append(st)
+
+    @contextlib.contextmanager
+    def loop(self, start, stop, name: str, unroll: bool = True):
+        """``for i in [start, stop)`` around the statements made inside; yields ``i``."""
+        v = self.var(name, INDEX)
+        lp = Loop(v, self._index(start), self._index(stop), self.idx(1), [], unroll)
+        self.body.append(lp)
+        outer, self.body = self.body, lp.body
+        try:
+            yield self.b.read(v)
+        finally:
+            self.body = outer
+
+    def _index(self, x):
+        return self.idx(x) if isinstance(x, int) else x
+
+    def local(self, name: str, dt, size: int) -> Local:
+        arr = Local(f"{name}{len(self.locals)}", dt, size)
+        self.locals.append(arr)
+        return arr
+
+    def declare(self, name: str, dt, init) -> _Slot:
+        v = self.var(name, dt)
+        self.stmt(Declare(v, init))
+        return _Slot(self, v)
+
+    def store(self, v: Value, coords) -> None:
+        index, value = self.stored(v, coords)
+        self.stmt(Store(self.param(v), index, value))
+
+    def store_all(self, values, coords) -> None:
+        for v in values:
+            self.store(v, coords)
+
+    def start_end(self):
+        return self.b.special("start"), self.b.special("end")
+
+    def combine(self, op: str, acc, x, dt):
+        if op in ("max", "min") and dt.is_floating_point:
+            # A masked max (softmax's ``masked_fill(~m, -inf)``) reduces select(c, x, -inf);
+            # InstCombine folds maximum(acc, select(c, x, -inf)) into select(c, maximum(acc,
+            # x), acc), a conditional min/max reduction the loop vectorizer does not handle
+            # (the row stayed scalar: 6x slower). Freezing the operand (a no-op on values
+            # that are not poison, and no instruction in the machine code) hides the select.
+            x = self.b.unary("freeze", x, lowering.register_dtype(dt))
+        return lowering.combine(self.b, op, acc, x, dt)
+
+    def step(self, node: Node, acc: _Slot, coords) -> None:
+        """One step of reduction ``node``: ``acc`` combined with its operand at ``coords``."""
+        src, out_dt = node.inputs[0], node.output.type.dtype
+        x = self.emit(src, coords)
+        if src.type.dtype is not out_dt:
+            x = lowering.convert(self.b, x, src.type.dtype, out_dt)
+        acc.assign(self.combine(node.op, acc.read(), x, out_dt))
+
+    # -- loop nests
+    def nest(self, shape, body, parallel: bool, coords=(), vectorize_inner: bool = False) -> None:
+        """Loops over ``shape``; the first loop runs [start, end) when ``parallel``.
+
+        ``vectorize_inner``: an innermost loop of 8 to 64 iterations is kept rolled, so that
+        LLVM vectorizes it. Fully unrolled, it would make LLVM vectorize the loop around it
+        with interleaved accesses as wide as the unrolled body, which LLVM 22's SLP vectorizer
+        and loop-load elimination take seconds over (a 3x33 float32 sign: 2.4 s; a 3x17
+        bfloat16 copy: 5 s). Shorter loops still unroll: across rows is the better
+        vectorization there (softmax over 3 classes)."""
+        depth = len(coords)
+        if depth == len(shape):
+            body(list(coords))
+            return
+        if parallel and depth == 0:
+            lo, hi = self.start_end()
+        else:
+            lo, hi = 0, shape[depth]
+        innermost = depth == len(shape) - 1
+        unroll = not (vectorize_inner and innermost and isinstance(hi, int)
+                      and (8 <= hi <= 64 or (hi < 8 and self._wide_byte_body(shape))))
+        with self.loop(lo, hi, f"i{depth}", unroll=unroll) as i:
+            self.nest(shape, body, parallel, coords + (i,), vectorize_inner)
+
+    def _wide_byte_body(self, shape) -> bool:
+        """Whether fully unrolling the short trailing loops of ``shape`` would give a body of
+        16 or more elements in a kernel that moves bytes (bool, int8). LLVM then vectorizes
+        the loop around that body 64 lanes wide with interleaved accesses as wide as the
+        body: a bool ``a & b`` over (3000, 5, 6) and (3000, 1, 6) took 7 to 14 s to compile
+        (0.1 s with the innermost loop kept rolled; float32 loads vectorize at 16 lanes and
+        compile in 0.2 s either way)."""
+        body = 1
+        for d in reversed(shape[1:]):
+            if d >= 8:
+                break
+            body *= d
+        return body >= 16 and any(v.type.dtype.itemsize == 1
+                                  for v in [*self.k.inputs, *self.k.outputs])
+
+    # -- kernels
+    def elementwise(self) -> None:
+        outs = self.outputs_at("full")
+        self.nest(self.k.shape, lambda coords: self.store_all(outs, coords), parallel=True,
+                  vectorize_inner=True)
+
+    epilogue = elementwise     # matmul kernels: BLAS wrote the product; apply the rest
+
+    def reduction(self) -> None:
+        k, b = self.k, self.b
+        kept = [i for i in range(len(k.shape)) if i not in k.axes]
+        reductions = _reductions(k)
+        row_outs = self.outputs_at("row")
+        full_outs = self.outputs_at("full")
+        zero = self.idx(0)
+        red_shape = [k.shape[a] for a in k.axes]
+
+        def full_coords(row, red):
+            coords, r, q = [], iter(row), iter(red)
+            for i in range(len(k.shape)):
+                coords.append(next(q) if i in k.axes else next(r))
+            return coords
+
+        plan = column_plan(k)
+        if plan is not None and reductions:
+            self.columns(plan, reductions)
+            return
+        # Keep the last reduction's input per row in a scratch row when the stores read it
+        # too (softmax's exp(x - max)): the final loop then loads it instead of recomputing.
+        self.scratch = self.row_scratch(reductions[-1] if reductions else None, full_outs,
+                                        red_shape)
+
+        def per_row(row):
+            for node in reductions:
+                self.reduce_loop(node, row, full_coords)
+            for v in row_outs:
+                coords = full_coords(row, [zero] * len(k.axes))
+                if len(v.type.shape) != len(k.shape):       # not the keepdim shape
+                    coords = list(row)
+                self.store(v, coords)
+            if full_outs:
+                def store_full(red):
+                    coords = full_coords(row, red)
+                    if self.scratch is not None:
+                        value, buf = self.scratch
+                        cached = b.load_local(buf, self.red_index(red, red_shape))
+                        self.memo[(value, tuple(id(c) for c in coords))] = (cached, coords)
+                    self.store_all(full_outs, coords)
+                self.nest(red_shape, store_full, parallel=False)
+
+        self.nest([k.shape[i] for i in kept], per_row, parallel=bool(kept))
+
+    def reduce_loop(self, node: Node, row, full_coords) -> None:
+        b = self.b
+        out_dt = node.output.type.dtype
+        identity = lowering.reduction_identity(b, node.op, out_dt)
+        acc = self.declare("acc", lowering.register_dtype(out_dt), identity)
+        red_shape = [self.k.shape[a] for a in self.k.axes]
+
+        def body(red):
+            coords = full_coords(row, red)
+            if self.scratch is not None and self.scratch[0] is node.inputs[0]:
+                self.stmt(StoreLocal(self.scratch[1], self.red_index(red, red_shape),
+                                     self.emit(node.inputs[0], coords)))
+            self.step(node, acc, coords)
+        if node.op == "sum" and out_dt.is_floating_point and math.prod(red_shape) > SUM_BLOCK:
+            self.acc[node.output] = self.blocked_sum(red_shape, body, acc, identity)
+            return
+        self.nest(red_shape, body, parallel=False)
+        self.acc[node.output] = acc.read()
+
+    def blocks(self, red_shape, size: int, body, begin, end) -> None:
+        """Loops over ``red_shape`` in blocks of at most ``size`` elements: ``begin()``,
+        ``body(red)`` for each element of the block, ``end()``. A block is the innermost
+        dims whose product fits ``size``, or a chunk of the innermost dim when that alone
+        is longer."""
+        b = self.b
+        inner, split = 1, len(red_shape)
+        while split > 0 and inner * red_shape[split - 1] <= size:
+            split -= 1
+            inner *= red_shape[split]
+        chunked = split == len(red_shape)        # the last dim alone exceeds the block
+        outer_shape = list(red_shape[:-1] if chunked else red_shape[:split])
+        if chunked:
+            outer_shape.append(-(-red_shape[-1] // size))
+
+        def block(outer):
+            begin()
+            if chunked:
+                n = self.idx(red_shape[-1])
+                lo = b.mul(outer[-1], self.idx(size))
+                hi = b.add(lo, self.idx(size))
+                hi = b.select(b.cmp("lt", hi, n, INDEX), hi, n, INDEX)
+                with self.loop(lo, hi, f"r{len(outer)}") as i:
+                    body(list(outer[:-1]) + [i])
+            else:
+                self.nest(red_shape, body, parallel=False, coords=tuple(outer))
+            end()
+        self.nest(outer_shape, block, parallel=False)
+
+    def add_to_total(self, part, part_dt, total: _Slot, comp: _Slot | None) -> None:
+        """``total += part`` in float64: a float32 part is widened, a float64 one is added
+        with Neumaier's compensation (the low-order bits lost go to ``comp``)."""
+        b = self.b
+        compensated = part_dt is F64
+        if not compensated:
+            part = b.cast(part, part_dt, F64)
+        s = total.read()
+        t = b.binary("add", s, part, F64)
+        if compensated:
+            # Neumaier: the low-order bits lost by s + part, from whichever is larger.
+            big = b.cmp("ge", b.unary("fabs", s, F64), b.unary("fabs", part, F64), F64)
+            lost = b.select(big, b.binary("add", b.binary("sub", s, t, F64), part, F64),
+                            b.binary("add", b.binary("sub", part, t, F64), s, F64), F64)
+            comp.assign(b.binary("add", comp.read(), lost, F64))
+        total.assign(t)
+
+    def total_value(self, total: _Slot, comp: _Slot | None, acc_dt):
+        """The sum kept by :meth:`add_to_total`, in the accumulator's dtype."""
+        b = self.b
+        s = total.read()
+        if acc_dt is not F64:
+            return b.cast(s, F64, acc_dt)
+        # An infinite or NaN total leaves a NaN compensation (inf - inf): keep the total.
+        finite = b.cmp("lt", b.unary("fabs", s, F64), b.const(F64, math.inf), F64)
+        # A zero compensation leaves the total as it is (-0.0 + 0.0 would lose the sign).
+        c = comp.read()
+        bool_ = dtypes.bool_
+        exact = b.binary("or", b.cmp("eq", c, b.const(F64, 0.0), F64), b.cmp("ne", c, c, F64),
+                         bool_)
+        keep = b.binary("or", exact, b.binary("xor", finite, b.const(bool_, 1), bool_), bool_)
+        return b.select(keep, s, b.binary("add", s, c, F64), F64)
+
+    def blocked_sum(self, red_shape, body, acc: _Slot, identity):
+        """A float sum over ``red_shape`` in blocks of at most SUM_BLOCK elements: ``body``
+        accumulates a block into ``acc`` (a loop the vectorizer turns into a few dozen
+        partial sums), and block sums are added in float64 (float32 and 16-bit sums) or
+        with Neumaier's compensation (float64 sums). The error is then that of a block
+        plus one rounding, not that of n / lanes sequential additions (0.3% on 2**27
+        elements); numpy sums pairwise and torch in cascades for the same reason."""
+        total = self.declare("total", F64, self.b.const(F64, 0.0))
+        comp = self.declare("comp", F64, self.b.const(F64, 0.0))
+        dt = acc.var_.dtype
+        self.blocks(red_shape, SUM_BLOCK, body, lambda: acc.assign(identity),
+                    lambda: self.add_to_total(acc.read(), dt, total, comp))
+        return self.total_value(total, comp, dt)
+
+    def row_scratch(self, node: Node | None, full_outs: list, red_shape) -> tuple | None:
+        """(value, local row) when ``node``'s input is computed in this kernel, read again
+        by the full-size outputs, and a row of it fits in 64 KiB of stack."""
+        n = math.prod(red_shape)
+        if node is None or not full_outs or n * 8 > 65536:
+            return None
+        src = node.inputs[0]
+        if not isinstance(src, Value) or src.producer not in self.internal or \
+                src.type.shape != self.k.shape:
+            return None
+        seen, stack, used = set(), list(full_outs), False
+        while stack and not used:
+            v = stack.pop()
+            if v is src:
+                used = True
+            elif v.producer in self.internal and self.k.level.get(v) != "row" and v not in seen:
+                seen.add(v)
+                stack.extend(op for op in v.producer.inputs if isinstance(op, Value))
+        if not used:
+            return None
+        return src, self.local("row", lowering.register_dtype(src.type.dtype), n)
+
+    def red_index(self, red, red_shape):
+        """Linear index of the reduced coordinates ``red`` within a row."""
+        b = self.b
+        index = self.idx(0)
+        for c, d in zip(red, red_shape):
+            index = b.add(b.mul(index, self.idx(d)), c)
+        return index
+
+    # -- split full reductions
+    def cell(self, index, dt):
+        """(param, element index) of 8-byte scratch cell ``index`` (an INDEX expression)
+        holding a register of ``dt`` (a bool as a byte)."""
+        mem = dtypes.uint8 if dt is dtypes.bool_ else dt
+        p = self.cells.get(mem)
+        if p is None:
+            p = self.cells[mem] = Param(f"cells_{mem.short}", mem, SCRATCH, writes=True)
+        return p, self.b.mul(index, self.idx(8 // mem.itemsize))
+
+    def load_cell(self, index, dt):
+        p, i = self.cell(self._index(index), dt)
+        raw = self.b.load(p, i)
+        return self.b.cmp("ne", raw, self.b.const(dtypes.uint8, 0), dtypes.uint8) \
+            if dt is dtypes.bool_ else raw
+
+    def store_cell(self, index, dt, value) -> None:
+        p, i = self.cell(self._index(index), dt)
+        if dt is dtypes.bool_:
+            value = self.b.cast(value, dt, dtypes.uint8)
+        self.stmt(Store(p, i, value))
+
+    def lead_coords(self, lead: int, f) -> list:
+        """Coordinates of leading index ``f`` over the kernel's first ``lead`` axes."""
+        b, out, rest = self.b, [], f
+        for d in reversed(self.k.shape[:lead]):
+            out.insert(0, b.rem(rest, self.idx(d)) if lead > 1 else rest)
+            rest = b.div(rest, self.idx(d))
+        return out
+
+    def lead_loop(self, plan: SplitPlan, lo, hi, body) -> None:
+        """``body(coords)`` over the leading indices ``[lo, hi)`` and all the other axes.
+        The last leading axis runs as a loop of its own (a range of each of its rows), so
+        no element pays a division."""
+        b, shape = self.b, self.k.shape
+        if plan.lead == 1:
+            with self.loop(lo, hi, "f") as f:
+                self.nest(shape, body, parallel=False, coords=(f,))
+            return
+        d = self.idx(shape[plan.lead - 1])
+        first = b.div(lo, d)
+        stop = b.div(b.add(hi, self.idx(shape[plan.lead - 1] - 1)), d)
+        with self.loop(first, stop, "q") as q:
+            base = b.mul(q, d)
+            a = b.select(b.cmp("gt", lo, base, INDEX), b.sub(lo, base), self.idx(0), INDEX)
+            e = b.sub(hi, base)
+            e = b.select(b.cmp("lt", e, d, INDEX), e, d, INDEX)
+            outer = self.lead_coords(plan.lead - 1, q)
+            with self.loop(a, e, "f") as f:
+                self.nest(shape, body, parallel=False, coords=tuple(outer) + (f,))
+
+    def split_phase(self, plan: SplitPlan, phase: str, index: int) -> None:
+        """One function of a split full reduction: ``phase`` "p" (reduction ``index`` over
+        the parts [start, end)), "c" (its combination) or "full" (the full-size stores)."""
+        b = self.b
+        reductions = _reductions(self.k)
+        finals = 2 * plan.reductions * plan.parts
+
+        def load_finals(count):
+            for i, node in enumerate(reductions[:count]):
+                self.acc[node.output] = self.load_cell(
+                    finals + i, lowering.register_dtype(node.output.type.dtype))
+
+        start, end = self.start_end()
+        if phase == "full":
+            load_finals(len(reductions))
+            outs = self.outputs_at("full")
+            self.lead_loop(plan, start, end, lambda coords: self.store_all(outs, coords))
+            return
+        node = reductions[index]
+        out_dt = node.output.type.dtype
+        acc_dt = lowering.register_dtype(out_dt)
+        load_finals(index)
+        if phase == "p":
+            with self.loop(start, end, "part") as part:
+                self.split_part(plan, node, part, index)
+            return
+        # Combine the parts in order.
+        if node.op == "sum" and out_dt.is_floating_point:
+            total = self.declare("total", F64, b.const(F64, 0.0))
+            comp = self.declare("comp", F64, b.const(F64, 0.0))
+            for p in range(plan.parts):
+                cell = 2 * (index * plan.parts + p)
+                self.add_to_total(self.load_cell(cell, F64), F64, total, comp)
+                if acc_dt is F64:
+                    comp.assign(b.binary("add", comp.read(), self.load_cell(cell + 1, F64), F64))
+            value = self.total_value(total, comp, acc_dt)
+        else:
+            value = lowering.reduction_identity(b, node.op, out_dt)
+            for p in range(plan.parts):
+                part = self.load_cell(2 * (index * plan.parts + p), acc_dt)
+                value = self.combine(node.op, value, part, out_dt)
+        self.store_cell(finals + index, acc_dt, value)
+        if index == len(reductions) - 1:
+            self.acc[node.output] = value
+            for v in self.outputs_at("row"):
+                self.store(v, [self.idx(0)] * len(v.type.shape))
+
+    def split_part(self, plan: SplitPlan, node: Node, part, index: int) -> None:
+        """Reduce ``node`` over part ``part`` into its scratch cells."""
+        b, shape = self.b, self.k.shape
+        out_dt = node.output.type.dtype
+        acc_dt = lowering.register_dtype(out_dt)
+        n, parts = self.idx(plan.lead_size), self.idx(plan.parts)
+        lo = b.div(b.mul(part, n), parts)
+        hi = b.div(b.mul(b.add(part, self.idx(1)), n), parts)
+        identity = lowering.reduction_identity(b, node.op, out_dt)
+        acc = self.declare("acc", acc_dt, identity)
+        out = b.add(self.idx(2 * index * plan.parts), b.mul(part, self.idx(2)))
+
+        def body(coords):
+            self.step(node, acc, coords)
+        if not (node.op == "sum" and out_dt.is_floating_point):
+            self.lead_loop(plan, lo, hi, body)
+            self.store_cell(out, acc_dt, acc.read())
+            return
+        # Blocks of at most SUM_BLOCK elements, as blocked_sum: whole inner rows of a
+        # leading index when they are that long, else groups of leading indices.
+        total = self.declare("total", F64, b.const(F64, 0.0))
+        comp = self.declare("comp", F64, b.const(F64, 0.0))
+
+        def begin():
+            acc.assign(identity)
+
+        def end():
+            self.add_to_total(acc.read(), acc_dt, total, comp)
+        inner = math.prod(shape[plan.lead:])
+        if inner > SUM_BLOCK:
+            with self.loop(lo, hi, "f") as f:
+                lead_coords = self.lead_coords(plan.lead, f)
+                self.blocks(list(shape[plan.lead:]), SUM_BLOCK,
+                            lambda red: body(lead_coords + list(red)), begin, end)
+        else:
+            group = self.idx(SUM_BLOCK // inner)
+            count = b.div(b.add(b.sub(hi, lo), self.idx(SUM_BLOCK // inner - 1)), group)
+            with self.loop(0, count, "blk") as blk:
+                first = b.add(lo, b.mul(blk, group))
+                last = b.add(first, group)
+                last = b.select(b.cmp("lt", last, hi, INDEX), last, hi, INDEX)
+                begin()
+                self.lead_loop(plan, first, last, body)
+                end()
+        self.store_cell(out, F64, total.read())
+        self.store_cell(b.add(out, self.idx(1)), F64, comp.read())
+
+    # -- column reductions
+    def columns(self, plan: ColumnPlan, reductions: list[Node]) -> None:
+        """A reduction kernel in the order of ``plan`` (see :class:`ColumnPlan`): per
+        parallel unit, each reduction fills a tile of accumulators (the reduced axes
+        outside, the tile inside), then the row-level outputs are stored from the tile and
+        the full-size outputs computed over the reduced axes again. Each accumulator adds
+        its elements in index order, whatever the tile and the thread count."""
+        k, b = self.k, self.b
+        shape = k.shape
+        last = len(shape) - 1
+        red_shape = [shape[a] for a in k.axes]
+        tile_size = plan.chunk or math.prod(shape[a] for a in plan.tile)
+        n_chunks = -(-shape[last] // plan.chunk) if plan.chunk else 1
+        finished: dict[Value, Local] = {}          # reduction result -> its tile
+
+        def per_unit(unit):
+            kept: dict = {}
+            rest, lo = unit, None
+            if plan.chunk:
+                chunk = b.rem(rest, self.idx(n_chunks))
+                rest = b.div(rest, self.idx(n_chunks))
+                lo = b.mul(chunk, self.idx(plan.chunk))
+            for a in reversed(plan.outer):
+                kept[a] = b.rem(rest, self.idx(shape[a]))
+                rest = b.div(rest, self.idx(shape[a]))
+
+            def tile(body):
+                """``body(kept coords, index in the tile)`` over the unit's tile."""
+                def inner(coords, index):
+                    for v, buf in finished.items():
+                        self.acc[v] = b.load_local(buf, index)
+                    body({**kept, **coords}, index)
+                    for v in finished:
+                        del self.acc[v]
+                if plan.chunk:
+                    hi = b.add(lo, self.idx(plan.chunk))
+                    if shape[last] % plan.chunk:
+                        n = self.idx(shape[last])
+                        hi = b.select(b.cmp("lt", hi, n, INDEX), hi, n, INDEX)
+                    with self.loop(lo, hi, "j") as j:
+                        inner({last: j}, b.sub(j, lo))
+                    return
+                self.tile_nest(plan.tile, {}, self.idx(0), inner)
+
+            def coords_at(kept_coords, red):
+                q = iter(red)
+                return [next(q) if a in k.axes else kept_coords[a] for a in range(len(shape))]
+
+            for node in reductions:
+                finished[node.output] = self.column_reduce(node, tile, coords_at, red_shape,
+                                                           tile_size)
+            self.column_stores(tile, coords_at, red_shape)
+            finished.clear()
+
+        self.nest([plan.units], lambda u: per_unit(u[0]), parallel=True)
+
+    def tile_nest(self, axes, coords: dict, index, body) -> None:
+        """Loops over the tile ``axes`` (trailing axes of the kernel), with the linear index
+        into the tile: ``body(coords, index)``. A loop of 8 to 64 iterations stays rolled:
+        unrolled, LLVM would vectorize the reduced loop around it with interleaved accesses
+        (see :meth:`nest`)."""
+        if not axes:
+            body(coords, index)
+            return
+        n = self.k.shape[axes[0]]
+        with self.loop(0, n, f"j{len(coords)}", unroll=n < 8) as j:
+            inner = self.b.add(self.b.mul(index, self.idx(n)), j)
+            self.tile_nest(axes[1:], {**coords, axes[0]: j}, inner, body)
+
+    def column_reduce(self, node: Node, tile, coords_at, red_shape, tile_size: int) -> Local:
+        """Reduce ``node`` into a tile of accumulators; returns the tile."""
+        b = self.b
+        out_dt = node.output.type.dtype
+        acc_dt = lowering.register_dtype(out_dt)
+        identity = lowering.reduction_identity(b, node.op, out_dt)
+        accs = self.local("cols", acc_dt, tile_size)
+
+        def reset(_coords, index):
+            self.stmt(StoreLocal(accs, index, identity))
+
+        def body(red):
+            tile(lambda kept, index: self.step(node, _Slot(self, local=accs, index=index),
+                                               coords_at(kept, red)))
+
+        if not (node.op == "sum" and out_dt.is_floating_point and
+                math.prod(red_shape) > COLUMN_BLOCK):
+            tile(reset)
+            self.nest(red_shape, body, parallel=False)
+            return accs
+        # Blocks of COLUMN_BLOCK rows per accumulator, block sums added in float64.
+        total = self.local("total", F64, tile_size)
+        comp = self.local("comp", F64, tile_size) if acc_dt is F64 else None
+
+        def slots(index):
+            return (_Slot(self, local=total, index=index),
+                    comp and _Slot(self, local=comp, index=index))
+
+        def start(_coords, index):
+            for slot in slots(index):
+                if slot is not None:
+                    slot.assign(b.const(F64, 0.0))
+
+        def add(_coords, index):
+            self.add_to_total(b.load_local(accs, index), acc_dt, *slots(index))
+
+        def finish(_coords, index):
+            self.stmt(StoreLocal(accs, index, self.total_value(*slots(index), acc_dt)))
+        tile(start)
+        self.blocks(red_shape, COLUMN_BLOCK, body, lambda: tile(reset), lambda: tile(add))
+        tile(finish)
+        return accs
+
+    def column_stores(self, tile, coords_at, red_shape) -> None:
+        """Stores of a column kernel's outputs: row-level ones from the tile, full-size ones
+        over the reduced axes again."""
+        k, zero = self.k, self.idx(0)
+        row_outs, full_outs = self.outputs_at("row"), self.outputs_at("full")
+
+        def rows(kept, _index):
+            for v in row_outs:
+                coords = coords_at(kept, [zero] * len(k.axes))
+                if len(v.type.shape) != len(k.shape):        # not the keepdim shape
+                    coords = [c for a, c in enumerate(coords) if a not in k.axes]
+                self.store(v, coords)
+        if row_outs:
+            tile(rows)
+        if full_outs:
+            def full(red):
+                tile(lambda kept, _index: self.store_all(full_outs, coords_at(kept, red)))
+            self.nest(red_shape, full, parallel=False)
+
+    def finish(self, name: str, family: str) -> LoweredKernel:
+        params = list(self.params.values()) + list(self.cells.values())
+        return LoweredKernel(name, params, [], self.body, 1, 1, family, 64, self.locals,
+                             hoistable=0 not in self.k.shape)
+
+
+def lower_kernel(kernel: Kernel, kg: KernelGraph) -> list[LoweredKernel]:
+    """``kernel`` as the functions of :func:`kernel_phases`, in launch order; raises
+    :class:`Unsupported` if some primitive or dtype in it has no lowering. A split full
+    reduction's partial results are in :data:`SCRATCH` parameters (:meth:`SplitPlan.cells`
+    8-byte cells)."""
+    plan = split_plan(kernel)
+    if plan is not None:
+        out = []
+        for i in range(plan.reductions):
+            for phase in ("p", "c"):
+                low = _CPULowering(kernel, kg)
+                low.split_phase(plan, phase, i)
+                out.append(low.finish(f"{kernel.name}_{phase}{i}", f"split_{phase}"))
+        if any(kernel.level.get(v) == "full" for v in kernel.outputs):
+            low = _CPULowering(kernel, kg)
+            low.split_phase(plan, "full", 0)
+            out.append(low.finish(kernel.name, "split_full"))
+        return out
+    low = _CPULowering(kernel, kg)
+    if kernel.kind == "elementwise":
+        low.elementwise()
+    elif kernel.kind == "reduction":
+        low.reduction()
+    elif kernel.kind == "matmul":
+        low.epilogue()
+    else:
+        raise Unsupported(f"{kernel.kind} kernels run in numpy")
+    return [low.finish(kernel.name, kernel.kind)]

@@ -1,0 +1,128 @@
+"""The values of a fused kernel as lowered-IR expressions at a multi-index.
+
+Both lowerings (:mod:`fusegrad.codegen.cpu_lowering`, :mod:`fusegrad.codegen.gpu_lowering`)
+compute what a kernel stores the same way, and differ only in the loops around it: a value
+computed in the kernel is its primitive applied to its operands at the matching (broadcast)
+index (:func:`fusegrad.ops.lowering.lower_scalar`), a value in memory is a load through the
+strides of its view, a reduction's result is its accumulator (``acc``), and reshapes,
+broadcasts, pads and concatenations only change the index (:mod:`fusegrad.codegen.indexing`).
+Values are memoized by (value, index), so a value used twice at one index is one expression.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from fusegrad.codegen import indexing
+from fusegrad.codegen.kernel_ir import INDEX, ExprBuilder, Param, Var
+from fusegrad.ir.graph import Literal, Node, Value
+from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view
+from fusegrad.ops import lowering
+from fusegrad.ops.lowering import Unsupported
+
+__all__ = ["KernelValues"]
+
+
+class KernelValues:
+    """Expression building for one kernel: its buffer parameters, variables, and values."""
+
+    def __init__(self, kernel: Kernel, kg: KernelGraph):
+        self.k, self.kg = kernel, kg
+        self.b = ExprBuilder()
+        self.internal = set(kernel.nodes)
+        self.params: dict[Value, Param] = {}
+        self.acc: dict[Value, object] = {}       # reduction result -> its expression
+        self.memo: dict = {}
+        self.nvars = 0
+        for v in kernel.inputs:
+            self.param(v)
+        for v in kernel.outputs:
+            self.param(v).writes = True
+
+    def param(self, v: Value) -> Param:
+        if v not in self.params:
+            self.params[v] = Param(f"p{len(self.params)}", lowering.memory_dtype(v.type.dtype), v)
+        return self.params[v]
+
+    def var(self, name: str, dt) -> Var:
+        self.nvars += 1
+        return Var(f"{name}{self.nvars}", dt)
+
+    def idx(self, n: int):
+        return self.b.const(INDEX, n)
+
+    def view(self, v: Value) -> View:
+        return self.kg.views.get(v) or identity_view(v)
+
+    def outputs_at(self, level: str) -> list[Value]:
+        """The outputs stored at ``level`` ("row" or "full"); a matmul's own product is in
+        memory already (BLAS wrote it)."""
+        return [v for v in self.k.outputs if self.k.level.get(v) == level and
+                (v.producer is None or v.producer.op != "matmul")]
+
+    def emit(self, v, coords: Sequence):
+        """The register of ``v`` at index ``coords`` (one INDEX expression per dim)."""
+        b = self.b
+        if isinstance(v, Literal):
+            return lowering.constant(b, v.dtype, v.value)
+        if v in self.acc:
+            # A 16-bit sum accumulates in float32; eager rounds the result to 16 bits.
+            return lowering.round_half(b, self.acc[v], v.type.dtype)
+        key = (v, tuple(id(c) for c in coords))
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit[0]
+        node = v.producer
+        if node is None or node not in self.internal or node.op == "matmul":
+            out = self.load(v, coords)
+        else:
+            out = self.emit_node(node, coords)
+        # The coordinates stay alive with the entry, so their ids stay theirs.
+        self.memo[key] = (out, tuple(coords))
+        return out
+
+    def address(self, view: View, coords: Sequence):
+        """The element index of ``coords`` in ``view``'s buffer."""
+        b = self.b
+        offset = self.idx(view.offset)
+        for c, s, d in zip(coords, view.strides, view.shape):
+            if s == 0 or d == 1:
+                continue
+            offset = b.add(offset, c if s == 1 else b.mul(c, self.idx(s)))
+        return offset
+
+    def load(self, v: Value, coords: Sequence):
+        view = self.view(v)
+        producer = view.base.producer
+        if producer in self.internal and producer.op != "matmul":
+            # Its buffer is written after this kernel's loops: the load would read stale
+            # memory. Fusion must not build such a kernel (_Partitioner.reads_own_view).
+            raise AssertionError(f"{self.k.describe()} reads its own {producer.op} from memory")
+        raw = self.b.load(self.param(view.base), self.address(view, coords))
+        return lowering.from_memory(self.b, raw, v.type.dtype)
+
+    def emit_node(self, node: Node, coords: Sequence):
+        b, op = self.b, node.op
+        out_shape = node.output.type.shape
+        if op == "reshape":
+            return self.emit(node.inputs[0], indexing.reshape_coords(
+                b, node.inputs[0].type.shape, out_shape, coords))
+        if op == "broadcast_to":
+            return self.emit(node.inputs[0], indexing.operand_coords(
+                b, node.inputs[0], out_shape, coords))
+        if op == "iota":
+            return lowering.convert(b, coords[node.attrs["axis"]], INDEX, node.attrs["dtype"])
+        if op == "pad":
+            return indexing.pad_value(b, node, coords, self.emit)
+        if op == "concat":
+            return indexing.concat_value(b, node, coords, self.emit)
+        if op in lowering.REDUCE_OPS and node.attrs["axes"]:
+            raise Unsupported(f"{op} over axes outside a reduction kernel")
+        args = [self.emit(x, indexing.operand_coords(b, x, out_shape, coords))
+                for x in node.inputs]
+        return lowering.lower_scalar(b, node, args)
+
+    def stored(self, v: Value, coords: Sequence):
+        """(index, memory value) of ``v``'s element at ``coords`` in its own buffer."""
+        value = lowering.to_memory(self.b, self.emit(v, coords), v.type.dtype)
+        return self.address(identity_view(v), coords), value
