@@ -71,6 +71,10 @@ COLUMN_BLOCK = 64
 COLUMN_UNITS = 8
 MIN_COLUMN_CHUNK = 256
 
+# The innermost loop of an elementwise nest stays rolled from this many iterations (see
+# _CPULowering.nest); shorter ones unroll completely.
+ROLL_FROM = 8
+
 # Full reductions (no kept axes) of at least SPLIT_WORK elements (the runtime's threading
 # threshold) are split into at most SPLIT_PARTS parts along their leading axes, reduced
 # in parallel and combined in part order. The parts are fixed by the shape, so a result
@@ -311,7 +315,7 @@ class _CPULowering(KernelValues):
             lo, hi = 0, shape[depth]
         innermost = depth == len(shape) - 1
         unroll = not (vectorize_inner and innermost and isinstance(hi, int)
-                      and (8 <= hi <= 64 or (hi < 8 and self._wide_byte_body(shape))))
+                      and (ROLL_FROM <= hi <= 64 or (hi < ROLL_FROM and self._wide_byte_body(shape))))
         with self.loop(lo, hi, f"i{depth}", unroll=unroll) as i:
             self.nest(shape, body, parallel, coords + (i,), vectorize_inner)
 

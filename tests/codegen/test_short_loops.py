@@ -40,3 +40,19 @@ def test_loops_with_inner_loops_or_many_iterations_are_not_forced():
     assert "llvm.loop.unroll.full" not in text      # one flat loop of 480
     # the 3-iteration loop holds other loops: unrolling it would copy their bodies
     assert "llvm.loop.unroll.full" in outer and outer.count("llvm.loop.unroll.full") == 1
+
+
+def test_rolled_short_innermost_loop_is_vectorized():
+    # Rows of 10 stay a rolled loop (unrolled, the loop around them vectorizes, but LLVM
+    # takes up to seconds over heavy bodies); LLVM vectorizes loops of under 16 known
+    # iterations only when asked, and left alone this one ran scalar, 3-4x slower.
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((40, 10), dtype=np.float32)
+    b = rng.standard_normal(10, dtype=np.float32)
+    compiled = fg.compile(lambda x, b: (x * b).exp())
+    np.testing.assert_allclose(compiled(fg.tensor(x), fg.tensor(b)).numpy(),
+                               np.exp(x.astype(np.float64) * b), rtol=2e-6)
+    text = compiled.lower(fg.tensor(x), fg.tensor(b)).llvm_ir
+    assert "llvm.loop.vectorize.enable" in text and "llvm.loop.unroll.disable" in text
+    _, optimized = jit._compile_object(jit._prefer_wide_vectors(text), keep_ir=True)
+    assert re.search(r"<\d+ x float>", optimized), "the row loop was not vectorized"
