@@ -296,7 +296,8 @@ class _CPULowering(KernelValues):
         acc.assign(self.combine(node.op, acc.read(), x, out_dt))
 
     # -- loop nests
-    def nest(self, shape, body, parallel: bool, coords=(), vectorize_inner: bool = False) -> None:
+    def nest(self, shape, body, parallel: bool, coords=(), vectorize_inner: bool = False,
+             segments=None) -> None:
         """Loops over ``shape``; the first loop runs [start, end) when ``parallel``.
 
         ``vectorize_inner``: an innermost loop of 8 to 64 iterations is kept rolled, so that
@@ -304,20 +305,55 @@ class _CPULowering(KernelValues):
         with interleaved accesses as wide as the unrolled body, which LLVM 22's SLP vectorizer
         and loop-load elimination take seconds over (a 3x33 float32 sign: 2.4 s; a 3x17
         bfloat16 copy: 5 s). Shorter loops still unroll: across rows is the better
-        vectorization there (softmax over 3 classes)."""
+        vectorization there (softmax over 3 classes). ``segments``: ranges the innermost
+        axis is cut into, one loop (and one copy of the body) each."""
         depth = len(coords)
         if depth == len(shape):
             body(list(coords))
             return
-        if parallel and depth == 0:
-            lo, hi = self.start_end()
-        else:
-            lo, hi = 0, shape[depth]
         innermost = depth == len(shape) - 1
-        unroll = not (vectorize_inner and innermost and isinstance(hi, int)
-                      and (ROLL_FROM <= hi <= 64 or (hi < ROLL_FROM and self._wide_byte_body(shape))))
-        with self.loop(lo, hi, f"i{depth}", unroll=unroll) as i:
-            self.nest(shape, body, parallel, coords + (i,), vectorize_inner)
+        if parallel and depth == 0:
+            ranges = [self.start_end()]
+        elif innermost and segments:
+            ranges = segments
+        else:
+            ranges = [(0, shape[depth])]
+        for lo, hi in ranges:
+            trips = hi - lo if isinstance(hi, int) else None
+            unroll = not (vectorize_inner and innermost and trips is not None and (
+                ROLL_FROM <= trips <= 64 or (trips < ROLL_FROM and self._wide_byte_body(shape))))
+            with self.loop(lo, hi, f"i{depth}", unroll=unroll) as i:
+                self.nest(shape, body, parallel, coords + (i,), vectorize_inner, segments)
+
+    def segments(self) -> list[tuple[int, int]] | None:
+        """Where the pads and concatenations along the kernel's innermost axis switch
+        operands, as ranges of that axis (None when there are none, or the axis is also
+        the parallel one). In a loop over one range every select of a pad or concat is
+        decided by the loop's bounds, which LLVM sees: the loads become unit-stride and
+        the loop vectorizes (over the whole axis, each clamped load was a gather)."""
+        shape = self.k.shape
+        if len(shape) < 2:
+            return None
+        last = shape[-1]
+        cuts = set()
+        for n in self.k.nodes:
+            out = n.output.type.shape
+            if n.op not in ("pad", "concat") or not out or out[-1] != last:
+                continue
+            if n.op == "concat":
+                if n.attrs["axis"] % len(out) != len(out) - 1:
+                    continue
+                start = 0
+                for x in n.inputs:
+                    start += x.type.shape[-1]
+                    cuts.add(start)
+            else:
+                lo, _ = n.attrs["widths"][-1]
+                cuts.update((lo, lo + n.inputs[0].type.shape[-1]))
+        points = sorted({0, last} | {c for c in cuts if 0 < c < last})
+        if len(points) <= 2 or len(points) > 17:
+            return None
+        return list(zip(points[:-1], points[1:]))
 
     def _wide_byte_body(self, shape) -> bool:
         """Whether fully unrolling the short trailing loops of ``shape`` would give a body of
@@ -338,7 +374,7 @@ class _CPULowering(KernelValues):
     def elementwise(self) -> None:
         outs = self.outputs_at("full")
         self.nest(self.k.shape, lambda coords: self.store_all(outs, coords), parallel=True,
-                  vectorize_inner=True)
+                  vectorize_inner=True, segments=self.segments())
 
     epilogue = elementwise     # matmul kernels: BLAS wrote the product; apply the rest
 

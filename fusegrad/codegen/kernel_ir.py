@@ -371,7 +371,7 @@ def _text_leaf(e: Expr) -> str:
     if e.op == "const":
         return repr(e.arg)
     if e.op == "special":
-        return f"{e.arg}.x"
+        return e.arg if e.arg in ("start", "end") else f"{e.arg}.x"
     return e.arg.name
 
 
