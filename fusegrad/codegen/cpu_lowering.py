@@ -21,6 +21,7 @@ rolled when it runs 8 to 64 times (see :meth:`_CPULowering.nest`).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 from dataclasses import dataclass
@@ -232,6 +233,7 @@ class _Slot:
 class _CPULowering(KernelValues):
     def __init__(self, kernel: Kernel, kg: KernelGraph):
         super().__init__(kernel, kg)
+        self.memo = collections.ChainMap()
         self.body: list = []
         self.locals: list[Local] = []
         self.cells: dict[dtypes.DType, Param] = {}
@@ -248,10 +250,15 @@ class _CPULowering(KernelValues):
         lp = Loop(v, self._index(start), self._index(stop), self.idx(1), [], unroll)
         self.body.append(lp)
         outer, self.body = self.body, lp.body
+        # Values are memoized per loop body: one computed inside may read an accumulator
+        # the next loop reads at another index (a column tile's), even at the same
+        # coordinates (a value broadcast from a reduction's result, at constant ones).
+        self.memo = self.memo.new_child()
         try:
             yield self.b.read(v)
         finally:
             self.body = outer
+            self.memo = self.memo.parents
 
     def _index(self, x):
         return self.idx(x) if isinstance(x, int) else x

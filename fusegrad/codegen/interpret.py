@@ -1,5 +1,8 @@
 """A reference interpreter of the lowered kernel IR, on numpy, for small shapes.
 
+It runs the kernels of both lowerings: a GPU grid, and a CPU kernel as one block of one
+thread whose ``start`` and ``end`` are the whole parallel loop.
+
 It runs every thread of a grid at once, as lanes of numpy arrays (SIMT in lockstep): an
 expression is evaluated for all lanes, a statement takes effect in the lanes of the current
 mask, a loop runs while any lane is still in it. Blocks, threads, shared memory (one array
@@ -30,6 +33,7 @@ from fusegrad.codegen.kernel_ir import (
     Loop,
     LoweredKernel,
     Store,
+    StoreLocal,
     StoreShared,
 )
 from fusegrad.ops.lowering import BITS16, unsigned
@@ -61,7 +65,8 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 
 class _Machine:
-    def __init__(self, k: LoweredKernel, buffers: list[np.ndarray], grid: int):
+    def __init__(self, k: LoweredKernel, buffers: list[np.ndarray], grid: int,
+                 extent: int = 0):
         self.k = k
         self.grid, self.block = grid, k.block
         self.lanes = grid * k.block
@@ -69,11 +74,16 @@ class _Machine:
         self.special = {"blockIdx": lane // np.uint64(k.block),
                         "threadIdx": lane % np.uint64(k.block),
                         "blockDim": np.full(self.lanes, k.block, np.uint64),
-                        "gridDim": np.full(self.lanes, grid, np.uint64)}
+                        "gridDim": np.full(self.lanes, grid, np.uint64),
+                        "start": np.zeros(self.lanes, np.uint64),
+                        "end": np.full(self.lanes, extent, np.uint64)}
         self.block_of = (lane // np.uint64(k.block)).astype(np.int64)
         self.buffers = {id(p): buf.reshape(-1) for p, buf in zip(k.params, buffers)}
         self.shared = {id(s): np.zeros((grid, s.size), dtype=numpy_dtype(s.dtype))
                        for s in k.shared}
+        # A local array per lane, holding garbage until written (NaN, or all bits set).
+        self.local = {id(a): _garbage((self.lanes, a.size), numpy_dtype(a.dtype))
+                      for a in k.locals}
         # Race detection on shared memory: per element, the lane that last wrote it and the
         # last lane that read it, and in which barrier epoch of its block. Lanes run in
         # lockstep here, so a race a GPU would expose must be found by bookkeeping.
@@ -105,6 +115,10 @@ class _Machine:
             buf = self.buffers[id(e.arg)]
             index = self.check(args[0], mask, buf.size, e.arg.name)
             return buf[index]
+        if op == "load_local":
+            mem = self.local[id(e.arg)]
+            index = self.check(args[0], mask, mem.shape[1], e.arg.name)
+            return mem[np.arange(self.lanes), index]
         if op == "load_shared":
             mem = self.shared[id(e.arg)]
             index = self.check(args[0], mask, mem.shape[1], e.arg.name)
@@ -190,6 +204,12 @@ class _Machine:
                 index = self.check(self.eval(st.index, mask, memo), mask, buf.size, st.param.name)
                 value = self.eval(st.value, mask, memo)
                 buf[index[mask]] = value[mask].astype(buf.dtype)
+            elif isinstance(st, StoreLocal):
+                mem = self.local[id(st.local)]
+                index = self.check(self.eval(st.index, mask, memo), mask, mem.shape[1],
+                                   st.local.name)
+                value = self.eval(st.value, mask, memo)
+                mem[np.nonzero(mask)[0], index[mask]] = value[mask]
             elif isinstance(st, StoreShared):
                 mem = self.shared[id(st.shared)]
                 index = self.check(self.eval(st.index, mask, memo), mask, mem.shape[1],
@@ -221,6 +241,12 @@ class _Machine:
                 self.epoch += per_block.any(axis=1)
             else:
                 raise InterpreterError(f"unknown statement {st!r}")
+
+
+def _garbage(shape, dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "f":
+        return np.full(shape, np.nan, dtype)
+    return np.full(shape, -1, np.int64).astype(dtype)
 
 
 def _binary(op: str, x, y, dt):
@@ -285,6 +311,8 @@ def _unary(op: str, x, dt):
                 np.subtract(npdt.type(0), x, dtype=npdt)
         if op == "erf":
             return _erf(x)
+        if op == "freeze":
+            return x
         return _MATH[op](x).astype(npdt)
 
 
@@ -312,10 +340,12 @@ def _call(fn: str, args, dt):
     raise InterpreterError(f"call {fn}")
 
 
-def run_kernel(k: LoweredKernel, buffers: list[np.ndarray], grid: int | None = None) -> None:
+def run_kernel(k: LoweredKernel, buffers: list[np.ndarray], grid: int | None = None,
+               extent: int = 0) -> None:
     """Run ``k`` on ``buffers`` (numpy arrays in the order of ``k.params``, each of the
     param's memory dtype; written in place) with ``grid`` blocks (default: the kernel's,
-    at most 4: the loops stride over the rest, which is what this exercises)."""
+    at most 4: the loops stride over the rest, which is what this exercises). A CPU
+    kernel (one block of one thread) runs its parallel loop over ``[0, extent)``."""
     grid = max(1, min(k.grid, 4) if grid is None else grid)
-    _Machine(k, buffers, grid).run(k.body, np.ones(grid * k.block, dtype=bool))
+    _Machine(k, buffers, grid, extent).run(k.body, np.ones(grid * k.block, dtype=bool))
 
