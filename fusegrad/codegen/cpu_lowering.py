@@ -40,6 +40,7 @@ from fusegrad.codegen.kernel_ir import (
     Var,
 )
 from fusegrad.codegen.values import KernelValues
+from fusegrad.codegen.values import reductions as kernel_reductions
 from fusegrad.ir.graph import Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph
 from fusegrad.ops import lowering
@@ -165,11 +166,6 @@ class SplitPlan:
         return 2 * self.reductions * self.parts + self.reductions
 
 
-def _reductions(kernel: Kernel) -> list[Node]:
-    """The reductions a reduction kernel loops over, in order."""
-    return [n for n in kernel.nodes if n.op in lowering.REDUCE_OPS and
-            tuple(n.attrs["axes"]) == kernel.axes and kernel.level[n.output] == "row"]
-
 
 def split_plan(kernel: Kernel) -> SplitPlan | None:
     """How ``kernel`` is split across threads when it is a large full reduction, else None."""
@@ -177,7 +173,7 @@ def split_plan(kernel: Kernel) -> SplitPlan | None:
     if kernel.kind != "reduction" or len(kernel.axes) != len(shape) or not shape or \
             math.prod(shape) < SPLIT_WORK:
         return None
-    count = len(_reductions(kernel))
+    count = len(kernel_reductions(kernel))
     if not count:
         return None
     lead, size = 0, 1
@@ -388,7 +384,7 @@ class _CPULowering(KernelValues):
     def reduction(self) -> None:
         k, b = self.k, self.b
         kept = [i for i in range(len(k.shape)) if i not in k.axes]
-        reductions = _reductions(k)
+        reductions = kernel_reductions(k)
         row_outs = self.outputs_at("row")
         full_outs = self.outputs_at("full")
         zero = self.idx(0)
@@ -609,7 +605,7 @@ class _CPULowering(KernelValues):
         """One function of a split full reduction: ``phase`` "p" (reduction ``index`` over
         the parts [start, end)), "c" (its combination) or "full" (the full-size stores)."""
         b = self.b
-        reductions = _reductions(self.k)
+        reductions = kernel_reductions(self.k)
         finals = 2 * plan.reductions * plan.parts
 
         def load_finals(count):

@@ -42,7 +42,7 @@ from fusegrad.codegen.kernel_ir import (
     StoreShared,
     Var,
 )
-from fusegrad.codegen.values import KernelValues
+from fusegrad.codegen.values import KernelValues, reductions
 from fusegrad.ir.graph import Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph
 from fusegrad.ops import lowering
@@ -65,11 +65,6 @@ def kernel_family(kernel: Kernel) -> str:
     if kernel.kind == "reduction":
         return "row_reduce" if len(kernel.shape) - 1 in kernel.axes else "col_reduce"
     raise Unsupported(f"{kernel.kind} kernels run their numpy reference")
-
-
-def _reductions(kernel: Kernel) -> list[Node]:
-    return [n for n in kernel.nodes if n.op in lowering.REDUCE_OPS and
-            tuple(n.attrs["axes"]) == kernel.axes and kernel.level[n.output] == "row"]
 
 
 def _name(kernel: Kernel, family: str) -> str:
@@ -156,7 +151,7 @@ class _Lowering(KernelValues):
         warp = b.div(tid, self.idx(WARP))
 
         def per_row(row, body):
-            for node in _reductions(k):
+            for node in reductions(k):
                 out_dt = node.output.type.dtype
                 reg = lowering.register_dtype(out_dt)
                 acc = self.var("acc", reg)
@@ -211,7 +206,7 @@ class _Lowering(KernelValues):
         one = self.idx(1)
 
         def per_row(row, body):
-            for node in _reductions(k):
+            for node in reductions(k):
                 out_dt = node.output.type.dtype
                 acc = self.var("acc", lowering.register_dtype(out_dt))
                 body.append(Declare(acc, lowering.reduction_identity(b, node.op, out_dt)))

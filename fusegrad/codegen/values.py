@@ -20,7 +20,13 @@ from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
 
-__all__ = ["KernelValues"]
+__all__ = ["KernelValues", "reductions"]
+
+
+def reductions(kernel: Kernel) -> list[Node]:
+    """The reductions a reduction kernel loops over (its own axes, row level), in order."""
+    return [n for n in kernel.nodes if n.op in lowering.REDUCE_OPS and
+            tuple(n.attrs["axes"]) == kernel.axes and kernel.level[n.output] == "row"]
 
 
 class KernelValues:
