@@ -9,7 +9,11 @@ numerics are the CPU kernels', only the loop structure is the GPU's.
 Families (``LoweredKernel.family``):
 
 - ``elementwise``: a grid-stride loop over the output's elements, one element a thread per
-  step; outputs and loads index through their views (broadcasts are index maps);
+  step; outputs and loads index through their views (broadcasts are index maps). Where the
+  innermost axis holds whole groups of 4 and no reshape, pad or concat is fused in, a
+  thread takes 4 consecutive elements a step instead, with 16-byte loads and stores of the
+  4-byte buffers read at unit stride (when their pointers are aligned; else the scalar
+  loop runs);
 - ``row_reduce`` (the reduced axes include the innermost one: softmax, layer_norm,
   log_softmax, sums over the last axis): a block per row. Each thread folds a strided part
   of the row into a register, the warp combines with shuffles, the warps through shared
@@ -37,9 +41,11 @@ from fusegrad.codegen.kernel_ir import (
     If,
     Loop,
     LoweredKernel,
+    Param,
     Shared,
     Store,
     StoreShared,
+    StoreVec,
     Var,
 )
 from fusegrad.codegen.values import KernelValues, reductions
@@ -51,6 +57,10 @@ from fusegrad.ops.lowering import Unsupported
 __all__ = ["lower_kernel", "kernel_family", "BLOCK", "WARP", "TILE", "MAX_GRID"]
 
 BLOCK = 256          # threads per block
+VEC = 4              # elements a thread loads and stores at once in elementwise kernels
+VEC_MIN = 4096       # smaller kernels keep the one scalar loop
+# Nodes whose operand is read at other coordinates along the innermost axis.
+_MOVES_ELEMENTS = frozenset({"reshape", "broadcast_to", "pad", "concat", "iota"})
 WARP = 32
 TILE = 16            # matmul output tile (TILE x TILE threads)
 MAX_GRID = 8192      # blocks at most: the loops stride over the rest
@@ -81,6 +91,7 @@ class _Lowering(KernelValues):
     def __init__(self, kernel: Kernel, kg: KernelGraph):
         super().__init__(kernel, kg)
         self.shared: list[Shared] = []
+        self.lane = None       # (lane, lane 0's coordinates, vectorized params): vector_loop
 
     def loop(self, name: str, start, stop, step, body_fn) -> Loop:
         v = self.var(name, INDEX)
@@ -111,8 +122,70 @@ class _Lowering(KernelValues):
             coords = indexing.unravel(self.b, i, shape, bounded=True)
             for v in outs:
                 self.store(v, coords, out)
-        return [self.loop("i", self.thread_id(), self.idx(n), self.grid_stride(), body)], \
-            -(-n // BLOCK)
+        scalar = self.loop("i", self.thread_id(), self.idx(n), self.grid_stride(), body)
+        vector = self.vector_loop(outs)
+        if vector is None:
+            return [scalar], -(-n // BLOCK)
+        loop, params = vector
+        aligned = None
+        for p in params:
+            ok = self.b.aligned(p, VEC * p.dtype.itemsize)
+            aligned = ok if aligned is None else self.b.binary("and", aligned, ok, dtypes.bool_)
+        misaligned = self.b.binary("xor", aligned, self.b.const(dtypes.bool_, 1), dtypes.bool_)
+        return [If(aligned, [loop]), If(misaligned, [scalar])], -(-n // (VEC * BLOCK))
+
+    def vector_loop(self, outs) -> tuple[Loop, list[Param]] | None:
+        """The elementwise loop with ``VEC`` consecutive elements a thread per step, when
+        the kernel's innermost axis holds whole groups of them and no reshape, pad or
+        concat moves elements across the axis: each buffer read with unit stride along
+        the axis is read ``VEC`` elements at once (``load_vec``: a 16-byte load for 4-byte
+        elements), each output stored so; a value broadcast along the axis is one scalar
+        load for the group. None when the kernel does not qualify or nothing would be
+        vectorized. Returns the loop and the parameters it reads or writes in vectors (the
+        caller runs it only where all of them are aligned)."""
+        shape = self.k.shape
+        n = math.prod(shape)
+        if not shape or shape[-1] % VEC or n < VEC_MIN or any(
+                nd.op in _MOVES_ELEMENTS for nd in self.k.nodes):
+            return None
+        b = self.b
+        vectorized: dict[int, Param] = {}
+
+        def body(i, out):
+            coords0 = indexing.unravel(b, b.mul(i, self.idx(VEC)), shape, bounded=True)
+            lanes = [coords0[:-1] + [b.add(coords0[-1], self.idx(k))] for k in range(VEC)]
+            for v in outs:
+                values = []
+                for k, coords in enumerate(lanes):
+                    self.lane = (k, coords0, vectorized)
+                    values.append(lowering.to_memory(b, self.emit(v, coords), v.type.dtype))
+                self.lane = None
+                p = self.param(v)
+                if p.dtype.itemsize == 4:
+                    vectorized[id(p)] = p
+                    out.append(StoreVec(p, i, tuple(values)))      # outputs are contiguous
+                else:
+                    for coords, value in zip(lanes, values):
+                        out.append(Store(p, indexing.linear_index(b, coords, shape), value))
+        loop = self.loop("i", self.thread_id(), self.idx(n // VEC), self.grid_stride(), body)
+        return (loop, list(vectorized.values())) if vectorized else None
+
+    def load(self, v: Value, coords):
+        lane = self.lane
+        view = self.view(v)
+        shape = self.k.shape
+        if lane is None or not coords or v.type.shape[-1] != shape[-1] or shape[-1] == 1 or \
+                view.strides[-1] != 1 or view.offset % VEC or \
+                any(s % VEC for s in view.strides[:-1]) or \
+                lowering.memory_dtype(v.type.dtype).itemsize != 4:
+            return super().load(v, coords)
+        # Lane k reads the element k after lane 0's: the group is one vector.
+        k, coords0, vectorized = lane
+        p = self.param(view.base)
+        vectorized[id(p)] = p
+        start = self.address(view, list(coords[:-1]) + [coords0[-1]])
+        vec = self.b.load_vec(p, self.b.div(start, self.idx(VEC)), VEC)
+        return lowering.from_memory(self.b, self.b.extract(vec, k), v.type.dtype)
 
     def split(self, flat_row, flat_red):
         """Full coordinates from a row's and a reduced element's linear indices."""

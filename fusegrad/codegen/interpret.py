@@ -35,6 +35,7 @@ from fusegrad.codegen.kernel_ir import (
     Store,
     StoreLocal,
     StoreShared,
+    StoreVec,
 )
 from fusegrad.ops.lowering import BITS16, unsigned
 
@@ -115,6 +116,19 @@ class _Machine:
             buf = self.buffers[id(e.arg)]
             index = self.check(args[0], mask, buf.size, e.arg.name)
             return buf[index]
+        if op == "aligned":
+            p, size = e.arg
+            start = self.buffers[id(p)].__array_interface__["data"][0]
+            return np.full(self.lanes, start % size == 0)
+        if op == "extract":
+            return args[0][:, e.arg]
+        if op == "load_vec":
+            p, width = e.arg
+            buf = self.buffers[id(p)]
+            self.check_aligned(p, width, mask)
+            index = args[0].astype(np.uint64) * np.uint64(width)
+            lanes = [self.check(index + np.uint64(j), mask, buf.size, p.name) for j in range(width)]
+            return np.stack([buf[i] for i in lanes], axis=1)
         if op == "load_local":
             mem = self.local[id(e.arg)]
             index = self.check(args[0], mask, mem.shape[1], e.arg.name)
@@ -145,6 +159,13 @@ class _Machine:
         if op == "call":
             return _call(e.arg, args, dt)
         raise InterpreterError(f"unknown expression {op}")
+
+    def check_aligned(self, p, width: int, mask) -> None:
+        """A vector access needs its buffer aligned to the vector's size (a GPU faults)."""
+        buf = self.buffers[id(p)]
+        if mask.any() and buf.__array_interface__["data"][0] % (width * buf.itemsize):
+            raise InterpreterError(f"{self.k.name}: a vector access of {p.name}, whose buffer "
+                                   f"is not aligned to {width * buf.itemsize} bytes")
 
     def check(self, index: np.ndarray, mask, size: int, name: str) -> np.ndarray:
         index = index.astype(np.uint64)
@@ -204,6 +225,15 @@ class _Machine:
                 index = self.check(self.eval(st.index, mask, memo), mask, buf.size, st.param.name)
                 value = self.eval(st.value, mask, memo)
                 buf[index[mask]] = value[mask].astype(buf.dtype)
+            elif isinstance(st, StoreVec):
+                buf = self.buffers[id(st.param)]
+                width = len(st.values)
+                self.check_aligned(st.param, width, mask)
+                base = self.eval(st.index, mask, memo).astype(np.uint64) * np.uint64(width)
+                for j, v in enumerate(st.values):
+                    index = self.check(base + np.uint64(j), mask, buf.size, st.param.name)
+                    value = self.eval(v, mask, memo)
+                    buf[index[mask]] = value[mask].astype(buf.dtype)
             elif isinstance(st, StoreLocal):
                 mem = self.local[id(st.local)]
                 index = self.check(self.eval(st.index, mask, memo), mask, mem.shape[1],

@@ -17,10 +17,15 @@ Expressions (``Expr.op``):
   and ``unary`` ``freeze``: the value itself, which a backend's optimizer must not look
   through (LLVM's ``freeze``; nothing elsewhere);
 - ``shfl_xor`` (``src`` = (value,), ``arg`` the lane mask): the value of the lane whose
-  index in the warp differs by ``arg`` (a warp shuffle; the whole warp must be converged).
+  index in the warp differs by ``arg`` (a warp shuffle; the whole warp must be converged);
+- ``load_vec`` (``src`` = (vector index,), ``arg`` = (:class:`Param`, width)): ``width``
+  consecutive elements at once (elements ``width * index`` on; a 16-byte load on a GPU),
+  read lane by lane with ``extract`` (``arg`` the lane); ``aligned`` (``arg`` = (param,
+  bytes)): whether the parameter's buffer starts at a multiple of ``bytes``.
 
 Statements: :class:`Declare` (a variable and its initial value), :class:`Assign`,
-:class:`Store`, :class:`StoreShared`, :class:`StoreLocal`, :class:`Loop` (``for v = start;
+:class:`Store`, :class:`StoreVec` (``width`` consecutive elements at once, as ``load_vec``
+reads them), :class:`StoreShared`, :class:`StoreLocal`, :class:`Loop` (``for v = start;
 v < stop; v += step``; ``unroll=False`` forbids the backend to unroll it), :class:`If`,
 :class:`Barrier` (``__syncthreads``).
 
@@ -45,7 +50,7 @@ from fusegrad import dtypes
 from fusegrad.dtypes import DType
 
 __all__ = ["INDEX", "Expr", "Var", "Param", "Shared", "Local", "Declare", "Assign", "Store",
-           "StoreShared", "StoreLocal", "Loop", "If", "Barrier", "LoweredKernel", "ExprBuilder",
+           "StoreVec", "StoreShared", "StoreLocal", "Loop", "If", "Barrier", "LoweredKernel", "ExprBuilder",
            "format_kernel", "format_expr"]
 
 # Index arithmetic: unsigned 64-bit (udiv/urem in LLVM; wraps like C's unsigned).
@@ -124,6 +129,13 @@ class StoreShared:
     shared: Shared
     index: Expr
     value: Expr
+
+
+@dataclass(eq=False)
+class StoreVec:
+    param: Param
+    index: Expr          # in vectors of len(values) elements
+    values: tuple
 
 
 @dataclass(eq=False)
@@ -259,6 +271,15 @@ class ExprBuilder:
         # Never hash-consed: a local array changes between statements.
         return Expr("load_local", local.dtype, (index,), local)
 
+    def load_vec(self, param: Param, index: Expr, width: int) -> Expr:
+        return self.node("load_vec", param.dtype, (index,), (param, width))
+
+    def extract(self, vec: Expr, lane: int) -> Expr:
+        return self.node("extract", vec.dtype, (vec,), lane)
+
+    def aligned(self, param: Param, size: int) -> Expr:
+        return self.node("aligned", dtypes.bool_, (), (param, size))
+
     def shfl_xor(self, x: Expr, mask: int) -> Expr:
         return Expr("shfl_xor", x.dtype, (x,), mask)
 
@@ -354,6 +375,12 @@ def _text_render(e: Expr, args: list[str]) -> str:
     joined = ", ".join(args)
     if e.op in ("load", "load_shared", "load_local"):
         return f"{e.arg.name}[{joined}]"
+    if e.op == "load_vec":
+        return f"{e.arg[0].name}.v{e.arg[1]}[{joined}]"
+    if e.op == "extract":
+        return f"{joined}.{e.arg}"
+    if e.op == "aligned":
+        return f"aligned({e.arg[0].name}, {e.arg[1]})"
     if e.op == "binary":
         return f"{e.arg[0]}.{e.dtype.short}({joined})"
     if e.op == "cmp":
@@ -413,6 +440,10 @@ def _format_body(body: list, lines: list, depth: int, lin: Linearizer) -> None:
         elif isinstance(st, Assign):
             value = t(st.value)
             lines.append(f"{pad}{st.var.name} = {value}")
+        elif isinstance(st, StoreVec):
+            index = t(st.index)
+            values = ", ".join(t(v) for v in st.values)
+            lines.append(f"{pad}{st.param.name}.v{len(st.values)}[{index}] = ({values})")
         elif isinstance(st, (Store, StoreShared, StoreLocal)):
             target = st.param.name if isinstance(st, Store) else \
                 st.shared.name if isinstance(st, StoreShared) else st.local.name

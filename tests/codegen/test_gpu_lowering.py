@@ -158,3 +158,51 @@ def test_interpreter_finds_the_race_of_a_missing_barrier(name):
     arrays = [np.zeros(p.value.type.shape, p.value.type.dtype.np_dtype) for p in lk.params]
     with pytest.raises(InterpreterError, match="race on"):
         run_kernel(lk, arrays)
+
+
+def _misaligned(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` whose data starts 4 bytes past a 16-byte boundary."""
+    raw = np.empty(a.size + 4, dtype=a.dtype)
+    skip = (-raw.__array_interface__["data"][0] % 16) // a.itemsize + 1
+    out = raw[skip:skip + a.size].reshape(a.shape)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_vector_loop_runs_where_every_vector_buffer_is_aligned(aligned):
+    fn, args = ZOO["elementwise_vec4"]
+    kg = kernel_graph(fn, args)
+    (k,) = [k for k in kg.kernels if k.kind == "elementwise"]
+    lk = lower_kernel(k, kg)
+    text = format_kernel(lk)
+    # a and the bias are read 4 at a time, the (64, 1) column and the transpose per element
+    inputs = dict(zip(kg.graph.inputs, [a._data for a in args]))
+    vec = {p.name for p in lk.params if f"{p.name}.v4[" in text}
+    assert {p.value for p in lk.params if p.name in vec} >= {kg.graph.inputs[0],
+                                                               kg.graph.inputs[1]}
+    assert not {kg.graph.inputs[2], kg.graph.inputs[3]} & {p.value for p in lk.params
+                                                          if p.name in vec}
+    buffers = []
+    for p in lk.params:
+        arr = inputs[p.value].copy() if p.value in inputs else \
+            np.zeros(p.value.type.shape, np.float32)
+        buffers.append(arr if aligned or p.value is not kg.graph.inputs[0] else _misaligned(arr))
+    run_kernel(lk, buffers)
+    outs = [buffers[i] for i, p in enumerate(lk.params) if p.writes]
+    eager = fn(*args)
+    for got, ref in zip(outs, eager):
+        np.testing.assert_allclose(got, ref.numpy(), rtol=2e-6, atol=1e-6)
+
+
+def test_interpreter_refuses_a_misaligned_vector_access():
+    b = ExprBuilder()
+    f32 = fg.float32
+    src, dst = Param("src", f32), Param("dst", f32, writes=True)
+    vec = b.load_vec(src, b.index(0), 4)
+    k = LoweredKernel("k", [src, dst], [], [Store(dst, b.index(0), b.extract(vec, 3))], 1, 1)
+    out = np.zeros(1, np.float32)
+    run_kernel(k, [np.arange(8, dtype=np.float32)[:4].copy(), out])
+    assert out[0] == 3.0
+    with pytest.raises(InterpreterError, match="not aligned"):
+        run_kernel(k, [_misaligned(np.arange(4, dtype=np.float32)), out])

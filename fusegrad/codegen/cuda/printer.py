@@ -16,7 +16,8 @@ It chooses C spellings that keep the builder's contract:
   conversions), so no ``cuda_fp16.h`` is needed and NVRTC compiles the source without any
   header.
 
-Read-only buffers are loaded through ``__ldg`` (the read-only data cache).
+Read-only buffers are loaded through ``__ldg`` (the read-only data cache); ``load_vec`` and
+``StoreVec`` of 4 lanes are ``float4``/``int4``/``uint4`` accesses.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from fusegrad.codegen.kernel_ir import (
     LoweredKernel,
     Store,
     StoreShared,
+    StoreVec,
 )
 from fusegrad.ops.lowering import BITS16, Unsupported, unsigned
 
@@ -51,6 +53,9 @@ _CTYPES = {
 }
 _UNSIGNED_OF = {"signed char": "unsigned char", "short": "unsigned short", "int": "unsigned int",
                 "long long": "unsigned long long"}
+# 16-byte vectors of 4-byte elements (load_vec / StoreVec with 4 lanes).
+_VEC4 = {"float": "float4", "int": "int4", "unsigned int": "uint4"}
+_LANES = "xyzw"
 _LDG = {"unsigned char", "signed char", "short", "unsigned short", "int", "unsigned int",
         "long long", "unsigned long long", "float", "double"}
 
@@ -155,7 +160,14 @@ class _Printer:
         return e.arg.name
 
     def define(self, name: str, e: Expr, text: str) -> str:
-        return f"const {self.ct(e.dtype)} {name} = {text};"
+        t = self.vec_type(e.arg[0].dtype, e.arg[1]) if e.op == "load_vec" else self.ct(e.dtype)
+        return f"const {t} {name} = {text};"
+
+    def vec_type(self, dt, width: int) -> str:
+        t = self.ct(dt)
+        if width != 4 or t not in _VEC4:
+            raise Unsupported(f"no CUDA vector of {width} {t}")
+        return _VEC4[t]
 
     def render(self, e: Expr, a: list[str]) -> str:
         op, dt = e.op, e.dtype
@@ -166,6 +178,17 @@ class _Printer:
             return f"{p.name}[{a[0]}]"
         if op == "load_shared":
             return f"{e.arg.name}[{a[0]}]"
+        if op == "load_vec":
+            p, width = e.arg
+            vt = self.vec_type(p.dtype, width)
+            if id(p) in self.readonly:
+                return f"__ldg(reinterpret_cast<const {vt}*>({p.name}) + {a[0]})"
+            return f"reinterpret_cast<const {vt}*>({p.name})[{a[0]}]"
+        if op == "extract":
+            return f"{a[0]}.{_LANES[e.arg]}"
+        if op == "aligned":
+            p, size = e.arg
+            return f"((((unsigned long long){p.name}) & {size - 1}ULL) == 0ULL)"
         if op == "shfl_xor":
             t = self.ct(dt)
             if t in ("int", "unsigned int", "long long", "unsigned long long", "float",
@@ -278,6 +301,12 @@ class _Printer:
             elif isinstance(st, StoreShared):
                 index, value = t(st.index), t(st.value)
                 lines.append(f"{pad}{st.shared.name}[{index}] = {value};")
+            elif isinstance(st, StoreVec):
+                index = t(st.index)
+                values = ", ".join(t(v) for v in st.values)
+                vt = self.vec_type(st.param.dtype, len(st.values))
+                lines.append(f"{pad}reinterpret_cast<{vt}*>({st.param.name})[{index}] = "
+                             f"make_{vt}({values});")
             elif isinstance(st, Loop):
                 start, stop, step = t(st.start), t(st.stop), t(st.step)
                 v = st.var.name
