@@ -127,8 +127,12 @@ class _CopySlices(Node):
         keep = np.ones(n, dtype=grad.dtype.np_dtype)
         keep[positions.reshape(-1)] = 0
         flat = reshape(grad, (n,))
-        g_view = reshape(take(flat, _index_tensor(positions.reshape(-1)), 0), positions.shape)
-        g_base = mul(grad, Tensor._wrap(keep.reshape(self._shape), grad.dtype))
+        g_view = reshape(take(flat, _index_tensor(positions.reshape(-1), like=grad), 0),
+                         positions.shape)
+        keep = Tensor._wrap(keep.reshape(self._shape), grad.dtype)
+        if grad._trace is None and not isinstance(grad._data, np.ndarray):
+            keep = keep.to(grad.device)          # a cuda gradient
+        g_base = mul(grad, keep)
         return g_base, g_view
 
 
