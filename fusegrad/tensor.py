@@ -173,6 +173,11 @@ class Tensor:
             raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
                             "Tensor.cpu() to copy the tensor to host memory first.")
 
+    def get_device(self) -> int:
+        """The index of a cuda tensor's device; -1 on the cpu (torch's convention)."""
+        dev = self.device
+        return -1 if dev.type == "cpu" else dev.index
+
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"

@@ -202,6 +202,7 @@ class Driver(Protocol):
 
     def device_count(self) -> int: ...
     def use(self, ordinal: int) -> None: ...
+    def device_name(self, ordinal: int) -> str: ...
     def malloc(self, nbytes: int) -> int: ...
     def free(self, ptr: int) -> None: ...
     def htod(self, ptr: int, host: np.ndarray) -> None: ...
@@ -217,6 +218,7 @@ class CudaPythonDriver:
     """:class:`Driver` on NVIDIA's cuda-python bindings (``cuda.bindings.driver``)."""
 
     name = "cuda-python"
+    package = "cuda"
 
     def __init__(self, ordinal: int = 0):
         from cuda.bindings import driver as cu  # optional dependency
@@ -255,6 +257,11 @@ class CudaPythonDriver:
     @property
     def stream(self):
         return self.contexts[self.current][1]
+
+    def device_name(self, ordinal: int) -> str:
+        dev = self._check(self.cu.cuDeviceGet(ordinal))
+        name = self._check(self.cu.cuDeviceGetName(256, dev))
+        return bytes(name).split(b"\0", 1)[0].decode()
 
     def _check(self, result):
         err, *rest = result if isinstance(result, tuple) else (result,)
@@ -304,6 +311,7 @@ class PyCudaDriver:
     """:class:`Driver` on pycuda."""
 
     name = "pycuda"
+    package = "pycuda"
 
     def __init__(self, ordinal: int = 0):
         import pycuda.driver as drv  # optional dependency
@@ -338,6 +346,9 @@ class PyCudaDriver:
 
     def device_count(self) -> int:
         return self.count
+
+    def device_name(self, ordinal: int) -> str:
+        return self.drv.Device(ordinal).name()
 
     def malloc(self, nbytes: int) -> int:
         alloc = self.drv.mem_alloc(max(nbytes, 1))
@@ -378,9 +389,36 @@ _driver: Driver | None = None
 _driver_error: str | None = None
 
 
+def find_libcuda() -> str | None:
+    """Path of the NVIDIA driver library (``libcuda.so``): ``FUSEGRAD_LIBCUDA``, the usual
+    system folders, ``LD_LIBRARY_PATH``, or the loader's cache; None on a machine without
+    the driver. Looked for before any CUDA package is imported."""
+    env = os.environ.get("FUSEGRAD_LIBCUDA")
+    if env:
+        return env if os.path.exists(env) else None
+    folders = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+               "/usr/lib", "/usr/local/cuda/compat", "/usr/lib/wsl/lib"]
+    folders += [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    for folder in folders:
+        hits = sorted(glob.glob(os.path.join(folder, "libcuda.so*")))
+        if hits:
+            return hits[0]
+    return ctypes.util.find_library("cuda")
+
+
+def _package_present(name: str) -> bool:
+    """Whether top-level package ``name`` is installed, without importing it."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):          # a None entry in sys.modules: blocked
+        return False
+
+
 def driver() -> Driver:
     """The process's CUDA driver (cuda-python, else pycuda), made on first use; raises
-    :class:`CudaUnavailable` naming what is missing."""
+    :class:`CudaUnavailable` naming what is missing. No CUDA package is imported on a
+    machine without the driver library."""
     global _driver, _driver_error
     with _driver_lock:
         if _driver is not None:
@@ -388,7 +426,15 @@ def driver() -> Driver:
         if _driver_error is not None:          # looked once already: the answer stands
             raise CudaUnavailable(f"CUDA is not available ({_driver_error}); {INSTALL_HINT}")
         reasons = []
+        has_driver = find_libcuda() is not None
         for cls in (CudaPythonDriver, PyCudaDriver):
+            if not _package_present(cls.package):
+                reasons.append(f"{cls.name}: not installed ({cls.package})")
+                continue
+            if not has_driver:
+                reasons.append(f"{cls.name}: installed, but no NVIDIA driver (libcuda.so) "
+                               f"was found")
+                continue
             try:
                 _driver = cls()
                 return _driver

@@ -42,6 +42,9 @@ class SimulatedDriver:
     def device_count(self) -> int:
         return self.devices
 
+    def device_name(self, ordinal: int) -> str:
+        return f"fusegrad simulated CUDA device {ordinal}"
+
     def use(self, ordinal: int) -> None:
         if not 0 <= ordinal < self.devices:
             raise RuntimeError(f"CUDA error: invalid device ordinal {ordinal}")
