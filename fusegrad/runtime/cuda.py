@@ -644,7 +644,7 @@ class DeviceArray:
 
     @classmethod
     def from_host(cls, host: np.ndarray, allocator: CachingAllocator) -> "DeviceArray":
-        host = np.ascontiguousarray(host)
+        host = np.asarray(host, order="C")       # (ascontiguousarray makes 0-d arrays 1-d)
         out = cls.empty(host.shape, host.dtype, allocator)
         if host.nbytes:
             allocator.activate().htod(out.ptr, host)

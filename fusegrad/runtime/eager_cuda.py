@@ -226,7 +226,7 @@ def copy_into(dst, src) -> None:
     if dst.size == 0:
         return
     if isinstance(src, np.ndarray):
-        host = np.ascontiguousarray(np.broadcast_to(src, dst.shape), dtype=dst.dtype)
+        host = np.asarray(np.broadcast_to(src, dst.shape), dtype=dst.dtype, order="C")
     elif src.allocator.device != dst.allocator.device:
         host = src.to_host()                    # between devices: through the host
     else:
@@ -277,7 +277,7 @@ def to_device(array: np.ndarray, index: int | None = None) -> DeviceArray:
     _install()
     drv = driver()
     index = current_device() if index is None else check_ordinal(index)
-    return DeviceArray.from_host(np.ascontiguousarray(array), allocator_of(drv, index))
+    return DeviceArray.from_host(array, allocator_of(drv, index))
 
 
 def to_host(array: DeviceArray) -> np.ndarray:

@@ -43,6 +43,9 @@ def test_to_cuda_and_back_keeps_values_and_reports_the_device(simulated):
         back = moved.cpu()
         assert back.device == fg.device("cpu") and not back.is_cuda
         np.testing.assert_array_equal(back.numpy(), x.numpy())
+    for scalar in (fg.tensor(2.5).cuda(), fg.tensor(7, device="cuda")):   # 0-d stays 0-d
+        assert scalar.shape == () and scalar.ndim == 0 and scalar.cpu().shape == ()
+    assert fg.tensor(2.5).cuda().tolist() == 2.5
     y = x.to("cuda", fg.float64)
     assert _on_cuda(y) and y.dtype is fg.float64
     assert x.cpu() is x and y.cuda() is y
@@ -353,4 +356,6 @@ def test_saving_a_cuda_state_dict_writes_its_values(simulated, tmp_path):
     model = fg.nn.Linear(3, 2).cuda()
     fg.save(model.state_dict(), tmp_path / "m.pt")
     loaded = fg.load(tmp_path / "m.pt")
-    np.testing.assert_array_equal(loaded["weight"].numpy(), model.weight.detach().cpu().numpy())
+    assert _on_cuda(loaded["weight"])
+    np.testing.assert_array_equal(loaded["weight"].cpu().numpy(),
+                                  model.weight.detach().cpu().numpy())
