@@ -83,6 +83,8 @@ WRITE_PROGRAMS = {
     "narrow_copy_": _write(lambda x: x.narrow(1, 2, 3).copy_(fg.ones(4, 3, device=x.device))),
     "view_of_view": _write(lambda x: x[1:3][:, 2:4].sub_(10)),
     "detached_view": _write(lambda x: x.detach()[3].neg_()),
+    "t_then_write": _write(lambda x: x.t_()[1].mul_(-2)),
+    "unsqueeze_of_a_view": _write(lambda x: x[:, 2].unsqueeze_(1).add_(100)),
 }
 
 
