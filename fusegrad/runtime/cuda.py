@@ -685,13 +685,23 @@ class DeviceArray:
         return self.byte_strides
 
     @property
+    def c_contiguous(self) -> bool:
+        """Row-major without gaps (the strides of size-1 dims do not matter, as in numpy):
+        what a kernel can read through ``ptr`` alone."""
+        if self.byte_strides is None:
+            return True
+        expected = _contiguous_byte_strides(self.shape, self.dtype.itemsize)
+        return self.size == 0 or all(s == e for s, e, d in zip(self.byte_strides, expected,
+                                                                 self.shape) if d > 1)
+
+    @property
     def flags(self):
         if self.byte_strides is None:
             return _CONTIGUOUS_FLAGS
         # Writes through a view that maps two elements to one address (an expand) are
         # refused, as torch refuses them.
         overlapping = any(s == 0 and d > 1 for s, d in zip(self.byte_strides, self.shape))
-        return _Flags(False, not overlapping)
+        return _Flags(self.c_contiguous, not overlapping)
 
     def shares_storage(self, other) -> bool:
         """Whether ``self`` and ``other`` read the same allocation."""
@@ -713,11 +723,10 @@ class DeviceArray:
         out = fn(stand)
         shift = out.__array_interface__["data"][0] - stand.__array_interface__["data"][0]
         strides = tuple(out.strides)
-        contiguous = all(s == c for s, c, d in zip(
-            strides, _contiguous_byte_strides(out.shape, self.dtype.itemsize), out.shape)
-            if d > 1) or out.size == 0
+        if strides == _contiguous_byte_strides(out.shape, self.dtype.itemsize):
+            strides = None
         return DeviceArray(self.ptr + shift, tuple(out.shape), self.dtype, self.allocator,
-                           None if contiguous else strides, self.owner or self)
+                           strides, self.owner or self)
 
     def reshape(self, shape, order: str = "C", copy=None) -> "DeviceArray":
         """A view of ``shape``; ValueError when the strides allow none (numpy's rule)."""
@@ -725,7 +734,7 @@ class DeviceArray:
 
     def contiguous(self) -> "DeviceArray":
         """This array when it is contiguous, else a contiguous copy made on the device."""
-        if self.byte_strides is None:
+        if self.c_contiguous:
             return self
         from fusegrad.runtime.eager_cuda import strided_copy
         return strided_copy(self)
@@ -740,7 +749,7 @@ class DeviceArray:
 
     def copy(self) -> "DeviceArray":
         """A new contiguous device array with the same contents (made on the device)."""
-        if self.byte_strides is not None:
+        if not self.c_contiguous:
             return self.contiguous()
         out = DeviceArray.empty(self.shape, self.dtype, self.allocator)
         if self.nbytes:
@@ -762,7 +771,7 @@ class DeviceArray:
         if not host.nbytes:
             return host
         drv = self.allocator.activate()
-        if self.byte_strides is None:
+        if self.c_contiguous:
             drv.dtoh(host, self.ptr)
             return host
         raw = np.empty(self.span().shape, dtype=self.dtype)

@@ -232,7 +232,7 @@ def copy_into(dst, src) -> None:
     else:
         host = None
         src = src.contiguous()
-    if dst.byte_strides is not None:
+    if not dst.c_contiguous:
         _write_strided(dst, host if host is not None else src.to_host())
     elif host is not None:
         dst.allocator.activate().htod(dst.ptr, host)

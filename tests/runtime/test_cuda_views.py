@@ -50,6 +50,8 @@ VIEW_PROGRAMS = {
     "t": lambda x: x.t(),
     "expand": lambda x: x[:1].expand(3, 6),
     "narrow": lambda x: x.narrow(1, 2, 3),
+    "size_one_column": lambda x: x[:, 2:3],
+    "unsqueezed_row": lambda x: x[2].unsqueeze(1),
     "unsqueeze_squeeze": lambda x: x.unsqueeze(0)[:, 2:].squeeze(0),
     "chained": lambda x: x.t()[1:5:2],
     "unbind": lambda x: x.unbind(1),
@@ -83,6 +85,7 @@ WRITE_PROGRAMS = {
     "narrow_copy_": _write(lambda x: x.narrow(1, 2, 3).copy_(fg.ones(4, 3, device=x.device))),
     "view_of_view": _write(lambda x: x[1:3][:, 2:4].sub_(10)),
     "detached_view": _write(lambda x: x.detach()[3].neg_()),
+    "size_one_column_add_": _write(lambda x: x[:, 2:3].add_(fg.ones(4, 1, device=x.device))),
     "t_then_write": _write(lambda x: x.t_()[1].mul_(-2)),
     "unsqueeze_of_a_view": _write(lambda x: x[:, 2].unsqueeze_(1).add_(100)),
 }
