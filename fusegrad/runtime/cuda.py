@@ -449,9 +449,10 @@ def driver() -> Driver:
 def set_driver(d: Driver | None) -> None:
     """Use ``d`` as the process's driver (tests use a simulated one); None forgets it and
     any failure to find one, so the next use looks again."""
-    global _driver, _driver_error
+    global _driver, _driver_error, _current_device
     with _driver_lock:
         _driver, _driver_error = d, None
+        _current_device = 0
 
 
 def device_count() -> int:

@@ -42,6 +42,7 @@ from fusegrad.ir.kernel_graph import View
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import Kind, TensorType
+from fusegrad.runtime import cuda as _cuda
 from fusegrad.runtime.cuda import (
     CudaProgram,
     DeviceArray,
@@ -102,7 +103,7 @@ def _program(prim, operands, attrs) -> tuple[CudaProgram, bool]:
     except TypeError:             # an unhashable attribute (a list): compiled every time
         key = None
     prog = _PROGRAMS.get(key) if key is not None else None
-    if prog is not None:
+    if prog is not None and prog.drv is _cuda._driver:     # (not one of a replaced driver)
         return prog, True
     from fusegrad.ir.graph import Graph
     from fusegrad.passes.fusion import fuse

@@ -183,3 +183,17 @@ def test_cuda_queries_import_no_cuda_package_on_this_machine():
             "    assert not bad, bad\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+
+
+def test_a_replaced_driver_gets_programs_of_its_own(two_devices):
+    x = fg.ones(3, 4, device="cuda")
+    (x + x).sum()
+    x.t() * 2                                   # a strided-copy program too
+    fg.cuda.set_device(1)
+    other = SimulatedDriver(devices=1)          # the cache is not cleared on purpose
+    rt.set_driver(other)
+    assert fg.cuda.current_device() == 0        # a new driver starts on device 0
+    y = fg.ones(3, 4, device="cuda")
+    got = ((y + y).sum(), y.t() * 2)
+    assert {name for name, _, _ in other.launches} and got[0].item() == 24.0
+    np.testing.assert_array_equal(got[1].cpu().numpy(), np.full((4, 3), 2.0))
