@@ -20,10 +20,13 @@ same attributes (``shape``, ``ndim``, ``dtype``), so nothing above ``bind`` chan
 - **Devices**: operands on the cpu and on cuda in one op raise torch's error, except 0-d cpu
   tensors (a Python scalar becomes one), which are copied to the device, as torch allows;
   so do operands on two cuda devices. A program runs on the device of its operands.
-- **Strided writes**: a kernel writes contiguous outputs, so a write into a non-contiguous
-  view (``x[:, 0] = v``, ``x.t().add_(1)``) goes through the host: the view's span is read,
-  updated and written back (counted in ``STATS["strided_writes"]``). A store through a
-  view in the GPU lowering would keep it on the device.
+- **Strided writes**: kernels store contiguously, so a write into a non-contiguous view
+  (``x[:, 0] = v``, ``x.t().add_(1)``) runs a store program over the row-major box that
+  starts at the view's pointer: ``where(inside the view, new value, old value)``, copied
+  back over the view's span (:func:`_strided_store`). A view whose strides do not nest as
+  a box (a step that does not divide the row: ``x[:, ::2]`` of 5 columns) goes through the
+  host (``STATS["strided_writes"]``); a store through a view in the GPU lowering would
+  cover those too.
 - **Host fallback**: a primitive with no GPU lowering (an extern one: sort, cumsum, ...)
   runs its numpy reference on a host copy of its operands and copies its result back (the
   CUDA runtime's host steps); each such call is counted in ``STATS["host_fallbacks"]``.
@@ -68,9 +71,10 @@ def cuda_device(index: int) -> Device:
 
 # Counters for tests and tuning: programs compiled, launches from the cache, calls that ran
 # on the host for want of a GPU lowering, views made without a launch, strided operands
-# copied on the device, and writes into strided views done through the host.
+# copied on the device, writes into strided views on the device, and those done through
+# the host.
 STATS = {"compiled": 0, "cached": 0, "host_fallbacks": 0, "views": 0, "strided_copies": 0,
-         "strided_writes": 0}
+         "strided_stores": 0, "strided_writes": 0}
 
 # (primitive, operand (shape, dtype, on-device) triples, attributes) -> CudaProgram
 _PROGRAMS: dict = {}
@@ -80,6 +84,7 @@ def clear_cache() -> None:
     """Forget the compiled single-op programs (tests switch drivers between cases)."""
     _PROGRAMS.clear()
     _STRIDED.clear()
+    _STORES.clear()
     for k in STATS:
         STATS[k] = 0
 
@@ -233,22 +238,109 @@ def copy_into(dst, src) -> None:
     else:
         host = None
         src = src.contiguous()
-    if not dst.c_contiguous:
+    if dst.c_contiguous:
+        if host is not None:
+            dst.allocator.activate().htod(dst.ptr, host)
+        else:
+            dst.allocator.activate().dtod(dst.ptr, src.ptr, dst.nbytes)
+        return
+    program = _strided_store(dst)
+    if program is None:
         _write_strided(dst, host if host is not None else src.to_host())
-    elif host is not None:
-        dst.allocator.activate().htod(dst.ptr, host)
-    else:
-        dst.allocator.activate().dtod(dst.ptr, src.ptr, dst.nbytes)
+        return
+    if host is not None:
+        src = DeviceArray.from_host(host, dst.allocator)
+    span = dst.span()
+    box = program(span, src)[0]
+    STATS["strided_stores"] += 1
+    dst.allocator.activate().dtod(span.ptr, box.ptr, span.nbytes)
 
 
 def _write_strided(dst: DeviceArray, values: np.ndarray) -> None:
-    """Write ``values`` into the strided view ``dst``: its span read back, updated on the
-    host, and written again (kernels store contiguously; see the module's notes)."""
+    """Write ``values`` into the strided view ``dst`` through the host: its span read
+    back, updated there, and written again (the views :func:`_store_box` refuses)."""
     STATS["strided_writes"] += 1
     span = dst.span()
     raw = span.to_host()
     np.lib.stride_tricks.as_strided(raw, dst.shape, dst.byte_strides)[...] = values
     dst.allocator.activate().htod(span.ptr, raw)
+
+
+def _store_box(dst: DeviceArray):
+    """``(box, dims)`` when the strided view ``dst`` is a sub-box of the row-major box that
+    starts at its pointer: ``dims`` its dims of size above 1 as (stride, size, view dim),
+    outermost first, and ``box`` the box's shape (the outermost size, each stride over the
+    next, and the innermost stride). None when strides do not nest that way (a step that
+    does not divide the row: the host writes those)."""
+    item = dst.dtype.itemsize
+    dims = sorted(((st // item, d, k) for k, (d, st) in enumerate(zip(dst.shape, dst.strides))
+                   if d > 1), reverse=True)
+    if not dims or dims[-1][0] < 1 or len({st for st, _, _ in dims}) != len(dims):
+        return None
+    for (outer, _, _), (inner, size, _) in zip(dims, dims[1:]):
+        if outer % inner or size * inner > outer:
+            return None
+    box = [dims[0][1]] + [dims[i - 1][0] // dims[i][0] for i in range(1, len(dims))]
+    return tuple(box + [dims[-1][0]]), dims
+
+
+# (shape, byte strides, dtype) -> the program writing a view's values into its span
+_STORES: dict = {}
+
+
+def _strided_store(dst: DeviceArray):
+    """The program that writes a contiguous ``src`` into the strided view ``dst`` on the
+    device, or None (see :func:`_store_box`). It runs over the box from the view's pointer:
+    ``where(inside the view, src read through a View, the span's old value)``, the span
+    read padded to the box, the result a fresh box buffer whose first ``span`` elements
+    are copied back. Kernels store contiguously, so the box stands in for a strided store."""
+    key = (dst.shape, dst.byte_strides, dst.dtype)
+    prog = _STORES.get(key)
+    if prog is not None and prog.drv is _cuda._driver:
+        return prog
+    found = _store_box(dst)
+    if found is None:
+        return None
+    box, dims = found
+    from fusegrad import dtypes
+    from fusegrad.dtypes import from_numpy_dtype
+    from fusegrad.ir.graph import Graph, Literal
+    from fusegrad.passes.fusion import fuse
+    dt = from_numpy_dtype(dst.dtype)
+    span_len = dst.span().shape[0]
+    total = int(np.prod(box))
+    g = Graph("strided_store")
+    old = g.add_input("span", TensorType((span_len,), dt))
+    src = g.add_input("src", TensorType(dst.shape, dt))
+    padded = g.add_node(P.pad, [old], {"widths": ((0, total - span_len),), "value": 0})
+    old_box = g.add_node(P.reshape, [padded], {"shape": box})
+    nd = len(dst.shape)
+    first = g.add_node(P.slice_, [src], {"starts": (0,) * nd, "stops": (1,) * nd,
+                                         "steps": (1,) * nd})
+    ones = g.add_node(P.reshape, [first], {"shape": (1,) * len(box)})
+    new_box = g.add_node(P.broadcast_to, [ones], {"shape": box})
+    # Inside the view: each box coordinate below the view's size, the innermost one 0.
+    limits = [(axis, size) for axis, (_, size, _) in enumerate(dims) if size < box[axis]]
+    if box[-1] > 1:
+        limits.append((len(box) - 1, 1))
+    inside = None
+    for axis, size in limits:
+        coord = g.add_node(P.iota, [], {"shape": box, "axis": axis, "dtype": dtypes.int64})
+        test = g.add_node(P.lt, [coord, Literal(size, dtypes.int64)])
+        inside = test if inside is None else g.add_node(P.logical_and, [inside, test])
+    out = g.add_node(P.where, [inside, new_box, old_box]) if inside is not None else \
+        g.add_node(P.copy, [new_box])
+    g.set_outputs([out])
+    kg = fuse(g)
+    if new_box not in kg.views:
+        return None                              # fusion did not fold it: the host writes
+    contiguous = [st // dst.dtype.itemsize for st in _cuda._contiguous_byte_strides(
+        dst.shape, dst.dtype.itemsize)]
+    strides = tuple(contiguous[k] for _, _, k in dims) + (0,)
+    kg.views[new_box] = View(src, box, strides, 0)
+    prog = _STORES[key] = CudaProgram(kg, driver(), name="strided_store")
+    STATS["compiled"] += 1
+    return prog
 
 
 # --------------------------------------------------------------------------- transfers

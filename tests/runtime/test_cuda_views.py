@@ -170,3 +170,23 @@ def test_clone_contiguous_and_printing_of_strided_views(simulated):
     np.testing.assert_array_equal(v.clone().cpu().numpy(), a.T[::2])
     assert repr(v) == repr(fg.tensor(a).t()[::2])[:-1] + ", device='cuda:0')"
     assert v.contiguous() is not v and c.contiguous() is c
+
+
+def test_strided_writes_run_on_the_device_where_strides_nest(simulated):
+    cases = [((4, 6), lambda x: x[:, 1], True), ((4, 6), lambda x: x.t(), True),
+             ((4, 6), lambda x: x[1:, ::2], True), ((4, 6), lambda x: x[:, 5:6], True),
+             ((2, 3, 4), lambda x: x.permute(2, 0, 1)[1:3, :, 1:], True),
+             ((4, 5), lambda x: x[:, ::2], False), ((3, 8), lambda x: x[:, 1:7:3], False)]
+    for shape, view, on_device in cases:
+        a = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        results = []
+        for dev in ("cpu", "cuda"):
+            x = fg.tensor(a, device=dev)
+            v = view(x)
+            before = dict(eager_cuda.STATS)
+            v.copy_(-fg.arange(v.numel(), dtype=fg.float32, device=dev).reshape(v.shape) - 1)
+            results.append(x.cpu().numpy())
+        stores = eager_cuda.STATS["strided_stores"] - before["strided_stores"]
+        host = eager_cuda.STATS["strided_writes"] - before["strided_writes"]
+        assert (stores, host) == ((1, 0) if on_device else (0, 1)), shape
+        np.testing.assert_array_equal(results[1], results[0])
