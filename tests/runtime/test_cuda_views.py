@@ -190,3 +190,42 @@ def test_strided_writes_run_on_the_device_where_strides_nest(simulated):
         host = eager_cuda.STATS["strided_writes"] - before["strided_writes"]
         assert (stores, host) == ((1, 0) if on_device else (0, 1)), shape
         np.testing.assert_array_equal(results[1], results[0])
+
+
+def _random_view(x, rng):
+    """One random view op on ``x`` (the same choice on either device for a seeded rng)."""
+    kind = rng.integers(5)
+    if kind == 0 and x.ndim >= 2:
+        a, b = rng.choice(x.ndim, 2, replace=False)
+        return x.transpose(int(a), int(b))
+    if kind == 1 and x.ndim >= 1:
+        dim = int(rng.integers(x.ndim))
+        n = x.shape[dim]
+        start = int(rng.integers(n))
+        step = int(rng.integers(1, 4))
+        key = [slice(None)] * x.ndim
+        key[dim] = slice(start, n, step)
+        return x[tuple(key)]
+    if kind == 2 and x.ndim < 4:
+        return x.unsqueeze(int(rng.integers(x.ndim + 1)))
+    if kind == 3 and x.ndim >= 2 and x.shape[0] > 1:
+        return x[int(rng.integers(x.shape[0]))]
+    return x.permute(*[int(i) for i in rng.permutation(x.ndim)])
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_view_chains_read_and_write_like_the_cpu(simulated, seed):
+    a = np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6)
+    finals = []
+    for dev in ("cpu", "cuda"):
+        rng = np.random.default_rng(seed)
+        x = fg.tensor(a, device=dev)
+        v = x
+        for _ in range(int(rng.integers(1, 4))):
+            v = _random_view(v, rng)
+        read = (v * 1).cpu().numpy()                       # a kernel reading the view
+        strides = v.stride()
+        v.mul_(-1).add_(fg.arange(v.numel(), dtype=fg.float32, device=dev).reshape(v.shape))
+        finals.append((read, strides, x.cpu().numpy(), v.cpu().numpy()))
+    for c, g in zip(*finals):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(c))
