@@ -229,3 +229,20 @@ def test_random_view_chains_read_and_write_like_the_cpu(simulated, seed):
         finals.append((read, strides, x.cpu().numpy(), v.cpu().numpy()))
     for c, g in zip(*finals):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(c))
+
+
+def test_compiled_functions_take_views_and_write_back_through_them(simulated):
+    results = []
+    for dev in ("cpu", "cuda"):
+        base = fg.arange(12, dtype=fg.float32, device=dev).reshape(3, 4)
+
+        @fg.compile
+        def f(a, b):
+            a.add_(b)
+            return (a * 2).sum(0)
+        out = f(base.t(), fg.ones(4, 3, device=dev))           # a transposed argument
+        out2 = f(base[:, 1:3], fg.ones(3, 2, device=dev))      # a sliced one
+        results.append((base.cpu().numpy(), out.cpu().numpy(), out2.cpu().numpy()))
+    for c, g in zip(*results):
+        np.testing.assert_array_equal(g, c)
+    np.testing.assert_array_equal(results[1][0][:, 0], [1, 5, 9])
