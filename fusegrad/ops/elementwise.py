@@ -542,6 +542,8 @@ def parse_to_args(args, kwargs) -> tuple[dtypes.DType | None, object]:
             dev = a
         elif isinstance(a, bool):
             continue
+        elif isinstance(a, int):             # to(1): cuda device 1, as torch reads it
+            dev = Device(a)
         else:
             raise TypeError(f"to() received an invalid combination of arguments: {a!r}")
     return (dtypes.as_dtype(dtype) if dtype is not None else None), dev

@@ -45,6 +45,7 @@ def test_tensors_remember_their_device_and_move_between_devices(two_devices):
     moved = x0.to("cuda:1")
     assert moved.device == fg.device("cuda:1") and x0.to("cuda:0") is x0
     assert x0.cuda(1).device == fg.device("cuda:1") and x1.cuda() is not x1
+    assert x0.to(1).device == fg.device("cuda:1") and x1.to(device=0).device == x0.device
     np.testing.assert_array_equal(moved.cpu().numpy(), a)
     y = (moved * 2 + x1).sum(0)                # runs on device 1, its memory there
     assert y.device == fg.device("cuda:1") and _device_of_memory(two_devices, y) == 1
