@@ -102,37 +102,9 @@ def can_cast(from_: _dtypes.DType, to: _dtypes.DType) -> "bool":
     return from_.category <= to.category
 
 
-class _Cuda:
-    """``fusegrad.cuda``: availability queries that never crash without a GPU."""
-
-    @staticmethod
-    def is_available() -> "bool":
-        from fusegrad.device import cuda_is_available
-        return cuda_is_available()
-
-    @staticmethod
-    def device_count() -> "int":
-        from fusegrad.device import cuda_device_count
-        return cuda_device_count()
-
-    @staticmethod
-    def manual_seed(value: "int") -> None:
-        manual_seed(value)
-
-    @staticmethod
-    def manual_seed_all(value: "int") -> None:
-        manual_seed(value)
-
-    @staticmethod
-    def synchronize() -> None:
-        from fusegrad.runtime.cuda import synchronize
-        synchronize()
-
-
-cuda = _Cuda()
-
 from fusegrad import (  # noqa: E402
     autograd,  # noqa: E402
+    cuda,  # noqa: E402  (torch.cuda's queries; imports no CUDA package)
     ir,  # noqa: E402
     nn,  # noqa: E402
     optim,  # noqa: E402

@@ -2,7 +2,9 @@
 
 A CUDA request is validated against what the machine has, so that asking for a GPU on a
 machine without one fails at once with a clear error, as in PyTorch, rather than later inside
-a kernel launch. Cuda tensors live on device 0 (see :mod:`fusegrad.runtime.eager_cuda`).
+a kernel launch. ``cuda`` without an index is the current device
+(:func:`fusegrad.cuda.set_device`); ``cuda:N`` is device N (see
+:mod:`fusegrad.runtime.eager_cuda`).
 """
 
 from __future__ import annotations
@@ -81,6 +83,4 @@ def check_device_available(dev: device) -> device:
                 f"and installed a driver, and {INSTALL_HINT}.")
         if dev.index is not None and dev.index >= count:
             raise RuntimeError(f"CUDA error: invalid device ordinal {dev.index} ({count} available)")
-        if (dev.index or 0) != 0:
-            raise NotImplementedError("fusegrad runs cuda tensors on device 0 only")
     return dev

@@ -14,12 +14,14 @@ fusegrad checkpoint is data only:
 
 The header is ``{"format": "fusegrad.checkpoint", "version": 1, "root": NODE,
 "tensors": [{"dtype", "shape", "offset", "nbytes", "requires_grad", "parameter"}, ...],
-"data_nbytes": size}``. A NODE is a JSON string, integer, boolean or null standing for
-itself, or an object tagged by ``"type"``: ``float`` (its ``repr``, so inf and nan survive),
-``tensor`` (an index into ``tensors``), ``list``, ``tuple``, ``size``, ``dict`` (``items``
-as ``[key, value]`` pairs, so integer keys such as an optimizer's state indices survive,
-and ``ordered`` for OrderedDict), ``dtype`` and ``device``. A tensor saved twice in one
-object is stored once and loads as one tensor; views of one storage are stored separately.
+"data_nbytes": size}``; a cuda tensor's entry also names its ``"device"`` (``"cuda:1"``),
+where loading puts it back unless ``map_location`` says otherwise. A NODE is a JSON
+string, integer, boolean or null standing for itself, or an object tagged by ``"type"``:
+``float`` (its ``repr``, so inf and nan survive), ``tensor`` (an index into ``tensors``),
+``list``, ``tuple``, ``size``, ``dict`` (``items`` as ``[key, value]`` pairs, so integer
+keys such as an optimizer's state indices survive, and ``ordered`` for OrderedDict),
+``dtype`` and ``device``. A tensor saved twice in one object is stored once and loads as
+one tensor; views of one storage are stored separately.
 
 Loading checks the magic, the sizes and the digest before anything else, so a truncated or
 corrupted file is refused with a message that says which.
@@ -146,9 +148,12 @@ def _tensor_entries(tensors: list[Tensor]) -> tuple[list[dict], int]:
     entries, offset = [], 0
     for t in tensors:
         nbytes = t.numel() * t.dtype.itemsize
-        entries.append({"dtype": t.dtype.name, "shape": list(t.shape), "offset": offset,
-                        "nbytes": nbytes, "requires_grad": t.requires_grad,
-                        "parameter": isinstance(t, Parameter)})
+        entry = {"dtype": t.dtype.name, "shape": list(t.shape), "offset": offset,
+                 "nbytes": nbytes, "requires_grad": t.requires_grad,
+                 "parameter": isinstance(t, Parameter)}
+        if t.is_cuda:
+            entry["device"] = str(t.device)
+        entries.append(entry)
         offset += -(-nbytes // ALIGN) * ALIGN
     return entries, offset
 
@@ -259,17 +264,38 @@ def _check_framing(buf: bytes) -> dict:
 
 
 def _resolve_location(map_location):
-    """The device tensors load to, or a callable ``(tensor, "cpu") -> tensor``."""
+    """What ``map_location`` becomes: None (each tensor to its saved device), a device, a
+    dict from saved location strings to devices, or a callable ``(tensor, location)``."""
     if map_location is None:
-        return CPU
+        return None
     if callable(map_location) and not isinstance(map_location, (str, Device)):
         return map_location
     if isinstance(map_location, dict):
-        # Every saved tensor was on the CPU: only that entry of the mapping applies.
-        map_location = map_location.get("cpu", "cpu")
+        return {str(k): Device(v) for k, v in map_location.items()}
     dev = Device(map_location)
     if dev != CPU:
         check_device_available(dev)
+    return dev
+
+
+def _check_restorable(location: str) -> Device:
+    """The device a tensor saved on ``location`` loads to with no ``map_location``;
+    torch's errors when this machine lacks it."""
+    dev = Device(location)
+    if dev.type == "cuda":
+        from fusegrad.device import cuda_device_count
+        count = cuda_device_count()
+        if count == 0:
+            raise RuntimeError(
+                "Attempting to deserialize object on a CUDA device but "
+                "fusegrad.cuda.is_available() is False. If you are running on a CPU-only "
+                "machine, please use fusegrad.load with map_location=fusegrad.device('cpu') "
+                "to map your storages to the CPU.")
+        if (dev.index or 0) >= count:
+            raise RuntimeError(
+                f"Attempting to deserialize object on CUDA device {dev.index} but "
+                f"fusegrad.cuda.device_count() is {count}. Please use fusegrad.load with "
+                f"map_location to map your storages to an existing device.")
     return dev
 
 
@@ -327,7 +353,7 @@ class _Decoder:
         start = self.data_start + offset
         arr = from_little_endian_bytes(memoryview(self.buf)[start:start + nbytes], dt, shape)
         t = Tensor._wrap(arr, dt)
-        t = self._place(t)
+        t = self._place(t, str(e.get("device", "cpu")))
         if e.get("parameter"):
             from fusegrad.nn.parameter import Parameter
             t = Parameter(t, requires_grad=bool(e.get("requires_grad")))
@@ -336,21 +362,39 @@ class _Decoder:
         self.loaded[index] = t
         return t
 
-    def _place(self, t: Tensor) -> Tensor:
-        if callable(self.location) and not isinstance(self.location, Device):
-            moved = self.location(t, "cpu")
-            return moved if isinstance(moved, Tensor) else t
-        return t
+    def _place(self, t: Tensor, saved: str) -> Tensor:
+        """``t`` (read on the cpu) where ``map_location`` sends a tensor saved on ``saved``."""
+        where = self.location
+        if where is None:
+            target = _check_restorable(saved)
+        elif isinstance(where, Device):
+            target = where
+        elif isinstance(where, dict):
+            target = where[saved] if saved in where else _check_restorable(saved)
+        else:
+            moved = where(t, saved)
+            if isinstance(moved, Tensor):
+                return moved
+            target = _check_restorable(saved)       # torch: None means the saved device
+        if target.type == "cpu":
+            return t
+        check_device_available(target)
+        from fusegrad.runtime.eager_cuda import transfer
+        return transfer(t, target)
 
 
 def load(f, map_location=None, pickle_module=None, *, weights_only: bool | None = None,
          mmap: bool | None = None, **pickle_load_args) -> Any:
     """Read an object written by :func:`save` from a path, a binary file object or bytes.
 
-    ``map_location`` may be ``None``, ``"cpu"``, a device, a dict of device names or a
-    callable ``(tensor, location) -> tensor``, as in torch. ``weights_only`` is accepted:
-    the format holds data only, so loading never runs code whatever its value. A truncated
-    or corrupted file raises :class:`CheckpointError` (a RuntimeError) saying which.
+    Tensors load on the device they were saved from. ``map_location`` may be ``None``,
+    ``"cpu"``, a device (every tensor goes there), a dict from saved location to device
+    (``{"cuda:1": "cuda:0"}``; locations it does not name stay), or a callable
+    ``(tensor on the cpu, saved location) -> tensor`` (None: the saved device), as in torch.
+    A tensor saved on a cuda device this machine lacks raises torch's error unless
+    ``map_location`` moves it. ``weights_only`` is accepted: the format holds data only, so
+    loading never runs code whatever its value. A truncated or corrupted file raises
+    :class:`CheckpointError` (a RuntimeError) saying which.
     """
     buf = _read_all(f)
     header = _check_framing(buf)

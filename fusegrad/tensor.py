@@ -2,8 +2,9 @@
 
 An eager tensor holds a numpy array (possibly a view of another tensor's array: views share
 storage as in PyTorch) and its autograd state. A cuda tensor holds a contiguous
-:class:`fusegrad.runtime.cuda.DeviceArray` there instead (see
-:mod:`fusegrad.runtime.eager_cuda`); what reads its values copies them to the host. Math methods delegate to
+:class:`fusegrad.runtime.cuda.DeviceArray` there instead (views of it share its device
+memory, see :mod:`fusegrad.runtime.eager_cuda`); what reads its values copies them to the
+host. Math methods delegate to
 :mod:`fusegrad.ops.functional`, so a tracer's abstract tensor (a subclass) reuses every
 method and only swaps how primitives are applied.
 """
@@ -159,7 +160,7 @@ class Tensor:
     def device(self):
         # A traced tensor has no storage to ask; it reports the cpu, as its program's types do.
         if self._trace is None and not isinstance(self._data, np.ndarray):
-            return _cuda_device()
+            return _cuda_device(self._data.allocator.device)
         return CPU
 
     def _host(self) -> np.ndarray:
@@ -171,6 +172,11 @@ class Tensor:
         if not isinstance(self._data, np.ndarray):
             raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
                             "Tensor.cpu() to copy the tensor to host memory first.")
+
+    def get_device(self) -> int:
+        """The index of a cuda tensor's device; -1 on the cpu (torch's convention)."""
+        dev = self.device
+        return -1 if dev.type == "cpu" else dev.index
 
     @property
     def is_cuda(self) -> bool:
@@ -496,9 +502,9 @@ class Tensor:
         return t
 
 
-def _cuda_device():
-    from fusegrad.runtime.eager_cuda import CUDA0
-    return CUDA0
+def _cuda_device(index: int):
+    from fusegrad.runtime.eager_cuda import cuda_device
+    return cuda_device(index)
 
 
 def _rebuild(array, dtype_name, requires_grad):

@@ -521,7 +521,9 @@ def contiguous(x: Tensor, memory_format=None) -> Tensor:
         return x
     out = clone(x)
     # clone keeps a transposed layout (torch's preserve_format); contiguous means row-major.
-    out._data = np.ascontiguousarray(out._data)
+    # (A cuda tensor's clone is a contiguous device buffer already.)
+    if isinstance(out._data, np.ndarray):
+        out._data = np.ascontiguousarray(out._data)
     return out
 
 
@@ -540,6 +542,8 @@ def parse_to_args(args, kwargs) -> tuple[dtypes.DType | None, object]:
             dev = a
         elif isinstance(a, bool):
             continue
+        elif isinstance(a, int):             # to(1): cuda device 1, as torch reads it
+            dev = Device(a)
         else:
             raise TypeError(f"to() received an invalid combination of arguments: {a!r}")
     return (dtypes.as_dtype(dtype) if dtype is not None else None), dev
@@ -556,10 +560,10 @@ def to(x: Tensor, *args, **kwargs) -> Tensor:
     out = x
     if dev is not None:
         dev = Device(dev)
-        if dev.type != x.device.type:
+        if dev.type != x.device.type or dev.type == "cuda" and x._trace is None:
             check_device_available(dev)
             from fusegrad.runtime.eager_cuda import transfer
-            out = transfer(x, dev)
+            out = transfer(x, dev)      # x itself when it is there (cuda: the current device)
     out = out if dtype is None else cast(out, dtype)
     if copy and out is x:
         out = clone(x)

@@ -13,7 +13,7 @@ from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.elementwise import mul, sub, where
 from fusegrad.ops.indexing import getitem
-from fusegrad.ops.movement import expand, reshape
+from fusegrad.ops.movement import expand, reshape, squeeze, t, transpose, unsqueeze
 from fusegrad.ops.operands import _dtype_title, _index_tensor, _scalar_tensor, as_tensor_operand, cast, take
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.registry import public
@@ -30,7 +30,10 @@ def _is_grad_leaf(t: Tensor) -> bool:
     return t._value in t._trace.grad_leaves
 
 
-def _check_inplace(x: Tensor, op: str) -> None:
+def _check_inplace(x: Tensor, op: str, writes: bool = True) -> None:
+    """torch's refusals of an in-place op on ``x``: on a leaf that requires grad (or a view
+    of one) under grad mode, and, for an op that ``writes`` values, on memory that holds
+    one element for several (an expand)."""
     if is_grad_enabled():
         if _is_grad_leaf(x):
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
@@ -39,7 +42,7 @@ def _check_inplace(x: Tensor, op: str) -> None:
         if base is not None and _is_grad_leaf(base):
             raise RuntimeError("a view of a leaf Variable that requires grad is being used in an "
                                "in-place operation.")
-    if x._trace is not None:
+    if x._trace is not None or not writes:
         return
     if not x._data.flags.writeable:
         raise RuntimeError(
@@ -127,8 +130,12 @@ class _CopySlices(Node):
         keep = np.ones(n, dtype=grad.dtype.np_dtype)
         keep[positions.reshape(-1)] = 0
         flat = reshape(grad, (n,))
-        g_view = reshape(take(flat, _index_tensor(positions.reshape(-1)), 0), positions.shape)
-        g_base = mul(grad, Tensor._wrap(keep.reshape(self._shape), grad.dtype))
+        g_view = reshape(take(flat, _index_tensor(positions.reshape(-1), like=grad), 0),
+                         positions.shape)
+        keep = Tensor._wrap(keep.reshape(self._shape), grad.dtype)
+        if grad._trace is None and not isinstance(grad._data, np.ndarray):
+            keep = keep.to(grad.device)          # a cuda gradient
+        g_base = mul(grad, keep)
         return g_base, g_view
 
 
@@ -250,3 +257,61 @@ def setitem(x: Tensor, key, value) -> None:
         return
     value = as_tensor_operand(value, x.dtype) if not isinstance(value, Tensor) else value
     copy_(target, expand(cast(value, x.dtype), tuple(target.shape)))
+
+
+# --------------------------------------------------------------------------- in-place views
+# torch's in-place shape methods change a tensor's own sizes and strides, not its values:
+# the tensor takes the layout of the out-of-place view (same storage), its version is
+# bumped, and a tensor with history gets the view's node (named as torch names the
+# in-place variant). Eager only: a traced value cannot change its type in place.
+
+
+def _take_view(x: Tensor, out: Tensor, name: str) -> Tensor:
+    if out is x:                     # nothing to change (a squeeze of no size-1 dim)
+        x._version_counter.value += 1
+        return x
+    x._data = out._data
+    x._version_counter.value += 1
+    if out.grad_fn is not None:
+        out.grad_fn._name = name
+        x.grad_fn = out.grad_fn
+    if x._base is not None:          # still a view of its base, through one more op
+        x._view_ops = out._view_ops
+        x._view_version = getattr(out, "_view_version", x._version_counter.value)
+    return x
+
+
+def _inplace_view(op: str, name: str, view_fn):
+    def method(x: Tensor, *args, **kwargs) -> Tensor:
+        if x._trace is not None or _primitive.CAPTURE:
+            raise NotImplementedError(
+                f"{op}: an in-place change of a tensor's shape is not traced by "
+                f"fusegrad.compile; use the out-of-place {op[:-1]}()")
+        _check_inplace(x, op, writes=False)
+        return _take_view(x, view_fn(x, *args, **kwargs), name)
+    method.__name__ = op
+    method.__doc__ = (f"In-place :func:`{view_fn.__name__}`: ``x`` takes the view's shape and "
+                      f"strides (its storage stays), as torch's ``{op}``.")
+    return method
+
+
+def _squeeze_name(x: Tensor, dim=None) -> str:
+    return "SqueezeBackward3" if dim is None else (
+        "SqueezeBackward4" if isinstance(dim, (int, np.integer)) else "SqueezeBackward5")
+
+
+def squeeze_(x: Tensor, dim=None) -> Tensor:
+    """In-place :func:`squeeze`: ``x`` drops its size-1 dims (those of ``dim``)."""
+    return _inplace_view("squeeze_", _squeeze_name(x, dim), squeeze)(x, dim)
+
+
+unsqueeze_ = public(_inplace_view("unsqueeze_", "UnsqueezeBackward1", unsqueeze),
+                    name="unsqueeze_", method=True)
+t_ = public(_inplace_view("t_", "TBackward1", t), name="t_", method=True)
+transpose_ = public(_inplace_view("transpose_", "TransposeBackward1", transpose),
+                    name="transpose_", method=True)
+swapaxes_ = public(_inplace_view("swapaxes_", "TransposeBackward1", transpose),
+                   name="swapaxes_", method=True)
+swapdims_ = public(_inplace_view("swapdims_", "TransposeBackward1", transpose),
+                   name="swapdims_", method=True)
+public(squeeze_, name="squeeze_", method=True)

@@ -97,6 +97,8 @@ def _cpu(self):
 
 
 def _cuda(self, device=None, non_blocking=False):
+    if isinstance(device, int):           # x.cuda(1): an index
+        device = f"cuda:{device}"
     return F.to(self, "cuda" if device is None else device)
 
 

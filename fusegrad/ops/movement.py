@@ -25,7 +25,10 @@ def _mark_view(out: Tensor, src: Tensor, prim, attrs: dict) -> Tensor:
     """Record that ``out`` is a view of ``src``'s storage, for in-place writes through it."""
     # Bounds overlap (may_share_memory) is exact here and cheaper than shares_memory: the
     # view prims give either a view into src's elements or a fresh copy.
-    if out._trace is not None or np.may_share_memory(out._data, src._data):
+    # (A cuda tensor's storage is no ndarray: may_share_memory says False, and a test of
+    # its allocation decides; the cpu path pays for that test only when it made a copy.)
+    if out._trace is not None or np.may_share_memory(out._data, src._data) or (
+            type(out._data) is not np.ndarray and out._data.shares_storage(src._data)):
         base = src._base if src._base is not None else src
         out._base = base
         out._view_ops = (src._view_ops or ()) + ((prim, attrs),)

@@ -45,8 +45,9 @@ from fusegrad.runtime import disk_cache
 from fusegrad.runtime.memory_plan import plan_memory
 
 __all__ = ["CudaUnavailable", "Driver", "driver", "device_count", "is_available", "synchronize",
-           "compile_cuda", "find_nvrtc", "nvrtc_version", "CachingAllocator", "DeviceArray",
-           "CudaProgram", "HostCudaProgram", "INSTALL_HINT"]
+           "current_device", "set_device", "check_ordinal", "memory_stats", "empty_cache",
+           "reset_peak_memory_stats", "compile_cuda", "find_nvrtc", "nvrtc_version",
+           "CachingAllocator", "DeviceArray", "CudaProgram", "HostCudaProgram", "INSTALL_HINT"]
 
 INSTALL_HINT = ("install NVIDIA's CUDA Python bindings (pip install 'fusegrad[cuda]', which "
                 "brings cuda-bindings and nvidia-cuda-nvrtc) or pycuda (pip install "
@@ -200,6 +201,8 @@ class Driver(Protocol):
     name: str
 
     def device_count(self) -> int: ...
+    def use(self, ordinal: int) -> None: ...
+    def device_name(self, ordinal: int) -> str: ...
     def malloc(self, nbytes: int) -> int: ...
     def free(self, ptr: int) -> None: ...
     def htod(self, ptr: int, host: np.ndarray) -> None: ...
@@ -215,6 +218,7 @@ class CudaPythonDriver:
     """:class:`Driver` on NVIDIA's cuda-python bindings (``cuda.bindings.driver``)."""
 
     name = "cuda-python"
+    package = "cuda"
 
     def __init__(self, ordinal: int = 0):
         from cuda.bindings import driver as cu  # optional dependency
@@ -223,6 +227,9 @@ class CudaPythonDriver:
         self.count = self._check(cu.cuDeviceGetCount())
         if self.count == 0:
             raise CudaUnavailable("the CUDA driver reports no device")
+        self.contexts: dict[int, tuple] = {}      # ordinal -> (context, stream)
+        self.current = -1
+        self.use(ordinal)
         dev = self._check(cu.cuDeviceGet(ordinal))
         try:
             attr = cu.CUdevice_attribute
@@ -233,9 +240,28 @@ class CudaPythonDriver:
             self.arch = f"compute_{major}{minor}"
         except AttributeError:               # a binding without the attribute enum
             self.arch = "compute_90"
-        self.ctx = self._check(cu.cuDevicePrimaryCtxRetain(dev))
-        self._check(cu.cuCtxSetCurrent(self.ctx))
-        self.stream = self._check(cu.cuStreamCreate(0))
+
+    def use(self, ordinal: int) -> None:
+        """Make device ``ordinal``'s primary context current (retained on first use)."""
+        if ordinal == self.current:
+            return
+        cu = self.cu
+        if ordinal not in self.contexts:
+            ctx = self._check(cu.cuDevicePrimaryCtxRetain(self._check(cu.cuDeviceGet(ordinal))))
+            self._check(cu.cuCtxSetCurrent(ctx))
+            self.contexts[ordinal] = (ctx, self._check(cu.cuStreamCreate(0)))
+        else:
+            self._check(cu.cuCtxSetCurrent(self.contexts[ordinal][0]))
+        self.current = ordinal
+
+    @property
+    def stream(self):
+        return self.contexts[self.current][1]
+
+    def device_name(self, ordinal: int) -> str:
+        dev = self._check(self.cu.cuDeviceGet(ordinal))
+        name = self._check(self.cu.cuDeviceGetName(256, dev))
+        return bytes(name).split(b"\0", 1)[0].decode()
 
     def _check(self, result):
         err, *rest = result if isinstance(result, tuple) else (result,)
@@ -285,6 +311,7 @@ class PyCudaDriver:
     """:class:`Driver` on pycuda."""
 
     name = "pycuda"
+    package = "pycuda"
 
     def __init__(self, ordinal: int = 0):
         import pycuda.driver as drv  # optional dependency
@@ -295,12 +322,33 @@ class PyCudaDriver:
             raise CudaUnavailable("the CUDA driver reports no device")
         major, minor = drv.Device(ordinal).compute_capability()
         self.arch = f"compute_{major}{minor}"
-        self.ctx = drv.Device(ordinal).retain_primary_context()
-        self.ctx.push()
-        self.stream = drv.Stream()
+        self.contexts: dict[int, tuple] = {}      # ordinal -> (context, stream)
+        self.current = -1
+        self.use(ordinal)
+
+    def use(self, ordinal: int) -> None:
+        """Make device ``ordinal``'s primary context current (retained on first use)."""
+        if ordinal == self.current:
+            return
+        if self.current >= 0:
+            self.contexts[self.current][0].pop()
+        if ordinal not in self.contexts:
+            ctx = self.drv.Device(ordinal).retain_primary_context()
+            ctx.push()
+            self.contexts[ordinal] = (ctx, self.drv.Stream())
+        else:
+            self.contexts[ordinal][0].push()
+        self.current = ordinal
+
+    @property
+    def stream(self):
+        return self.contexts[self.current][1]
 
     def device_count(self) -> int:
         return self.count
+
+    def device_name(self, ordinal: int) -> str:
+        return self.drv.Device(ordinal).name()
 
     def malloc(self, nbytes: int) -> int:
         alloc = self.drv.mem_alloc(max(nbytes, 1))
@@ -341,9 +389,36 @@ _driver: Driver | None = None
 _driver_error: str | None = None
 
 
+def find_libcuda() -> str | None:
+    """Path of the NVIDIA driver library (``libcuda.so``): ``FUSEGRAD_LIBCUDA``, the usual
+    system folders, ``LD_LIBRARY_PATH``, or the loader's cache; None on a machine without
+    the driver. Looked for before any CUDA package is imported."""
+    env = os.environ.get("FUSEGRAD_LIBCUDA")
+    if env:
+        return env if os.path.exists(env) else None
+    folders = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+               "/usr/lib", "/usr/local/cuda/compat", "/usr/lib/wsl/lib"]
+    folders += [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    for folder in folders:
+        hits = sorted(glob.glob(os.path.join(folder, "libcuda.so*")))
+        if hits:
+            return hits[0]
+    return ctypes.util.find_library("cuda")
+
+
+def _package_present(name: str) -> bool:
+    """Whether top-level package ``name`` is installed, without importing it."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):          # a None entry in sys.modules: blocked
+        return False
+
+
 def driver() -> Driver:
     """The process's CUDA driver (cuda-python, else pycuda), made on first use; raises
-    :class:`CudaUnavailable` naming what is missing."""
+    :class:`CudaUnavailable` naming what is missing. No CUDA package is imported on a
+    machine without the driver library."""
     global _driver, _driver_error
     with _driver_lock:
         if _driver is not None:
@@ -351,7 +426,15 @@ def driver() -> Driver:
         if _driver_error is not None:          # looked once already: the answer stands
             raise CudaUnavailable(f"CUDA is not available ({_driver_error}); {INSTALL_HINT}")
         reasons = []
+        has_driver = find_libcuda() is not None
         for cls in (CudaPythonDriver, PyCudaDriver):
+            if not _package_present(cls.package):
+                reasons.append(f"{cls.name}: not installed ({cls.package})")
+                continue
+            if not has_driver:
+                reasons.append(f"{cls.name}: installed, but no NVIDIA driver (libcuda.so) "
+                               f"was found")
+                continue
             try:
                 _driver = cls()
                 return _driver
@@ -366,9 +449,10 @@ def driver() -> Driver:
 def set_driver(d: Driver | None) -> None:
     """Use ``d`` as the process's driver (tests use a simulated one); None forgets it and
     any failure to find one, so the next use looks again."""
-    global _driver, _driver_error
+    global _driver, _driver_error, _current_device
     with _driver_lock:
         _driver, _driver_error = d, None
+        _current_device = 0
 
 
 def device_count() -> int:
@@ -384,81 +468,174 @@ def is_available() -> bool:
     return device_count() > 0
 
 
-def synchronize() -> None:
-    """Wait for the kernels launched so far (nothing to do when CUDA was never used)."""
+def synchronize(device: int | None = None) -> None:
+    """Wait for the kernels launched so far on ``device`` (the current one by default;
+    nothing to do when CUDA was never used)."""
     if _driver is not None:
+        _driver.use(current_device() if device is None else check_ordinal(device))
         _driver.synchronize()
+
+
+# The device that ``cuda`` without an index means (``torch.cuda.set_device``). Process-wide
+# as in torch (where it is per thread); explicit indices never read it.
+_current_device = 0
+
+
+def check_ordinal(index: int) -> int:
+    """``index`` if the driver has a device of that ordinal, else torch's error."""
+    count = device_count()
+    if count == 0:
+        raise CudaUnavailable(f"CUDA is not available ({_driver_error}); {INSTALL_HINT}")
+    if not 0 <= index < count:
+        raise RuntimeError(f"CUDA error: invalid device ordinal {index} ({count} available)")
+    return index
+
+
+def current_device() -> int:
+    """The index of the device ``cuda`` means (0 until :func:`set_device`)."""
+    return _current_device
+
+
+def set_device(index: int) -> None:
+    """Make device ``index`` the one ``cuda`` without an index means."""
+    global _current_device
+    _current_device = check_ordinal(int(index))
 
 
 # --------------------------------------------------------------------------- memory
 
 
 class CachingAllocator:
-    """Device memory in size classes (powers of two from 512 bytes), freed blocks kept for
-    reuse; ``release()`` returns them to the driver."""
+    """Device memory of one device in size classes (powers of two from 512 bytes), freed
+    blocks kept for reuse; ``release()`` returns them to the driver. ``allocated`` counts
+    the bytes of blocks in use (``torch.cuda.memory_allocated`` counts the same, by block),
+    ``peak`` its maximum, ``reserved`` what is held from the driver."""
 
-    def __init__(self, drv: Driver):
+    def __init__(self, drv: Driver, device: int = 0):
         self.drv = drv
+        self.device = device
         self.free_blocks: dict[int, list[int]] = {}
         self.sizes: dict[int, int] = {}
         self.lock = threading.Lock()
+        self.allocated = self.peak = self.reserved = 0
 
     @staticmethod
     def size_class(nbytes: int) -> int:
         return max(512, 1 << (max(nbytes, 1) - 1).bit_length())
+
+    def activate(self) -> Driver:
+        """The driver, with this allocator's device current."""
+        self.drv.use(self.device)
+        return self.drv
 
     def alloc(self, nbytes: int) -> int:
         size = self.size_class(nbytes)
         with self.lock:
             blocks = self.free_blocks.get(size)
             if blocks:
+                self._count(size)
                 return blocks.pop()
-        ptr = self.drv.malloc(size)
+        ptr = self.activate().malloc(size)
         with self.lock:
             self.sizes[ptr] = size
+            self.reserved += size
+            self._count(size)
         return ptr
+
+    def _count(self, size: int) -> None:
+        self.allocated += size
+        self.peak = max(self.peak, self.allocated)
 
     def free(self, ptr: int) -> None:
         with self.lock:
-            self.free_blocks.setdefault(self.sizes[ptr], []).append(ptr)
+            size = self.sizes[ptr]
+            self.allocated -= size
+            self.free_blocks.setdefault(size, []).append(ptr)
 
     def release(self) -> None:
         with self.lock:
             for blocks in self.free_blocks.values():
                 for ptr in blocks:
-                    self.drv.free(ptr)
-                    del self.sizes[ptr]
+                    self.activate().free(ptr)
+                    self.reserved -= self.sizes.pop(ptr)
             self.free_blocks.clear()
 
 
-_allocators: dict[int, CachingAllocator] = {}
+_allocators: dict[tuple[int, int], CachingAllocator] = {}
 
 
-def allocator_of(drv: Driver) -> CachingAllocator:
-    """The caching allocator of driver ``drv`` (one per driver, shared by its programs)."""
-    with _driver_lock:
-        if id(drv) not in _allocators:
-            _allocators[id(drv)] = CachingAllocator(drv)
-        return _allocators[id(drv)]
+def allocator_of(drv: Driver, device: int = 0) -> CachingAllocator:
+    """The caching allocator of device ``device`` of driver ``drv`` (shared by its
+    programs and tensors)."""
+    key = (id(drv), device)
+    alloc = _allocators.get(key)
+    if alloc is None or alloc.drv is not drv:
+        with _driver_lock:
+            alloc = _allocators[key] = CachingAllocator(drv, device)
+    return alloc
+
+
+def memory_stats(device: int | None = None) -> dict[str, int]:
+    """``allocated``, ``peak`` and ``reserved`` bytes of ``device``'s caching allocator
+    (zeros when CUDA was never used)."""
+    if _driver is None:
+        return {"allocated": 0, "peak": 0, "reserved": 0}
+    a = allocator_of(_driver, current_device() if device is None else device)
+    return {"allocated": a.allocated, "peak": a.peak, "reserved": a.reserved}
+
+
+def reset_peak_memory_stats(device: int | None = None) -> None:
+    """Restart the peak count of ``device``'s allocator from what is allocated now."""
+    if _driver is not None:
+        a = allocator_of(_driver, current_device() if device is None else device)
+        a.peak = a.allocated
+
+
+def empty_cache() -> None:
+    """Return every cached free block of every device to the driver."""
+    for a in list(_allocators.values()):
+        if a.drv is _driver:
+            a.release()
 
 
 class _Flags:
-    c_contiguous = True
+    """The part of numpy's ``flags`` a tensor reads."""
+
+    __slots__ = ("c_contiguous", "writeable")
     f_contiguous = False
-    writeable = True
+
+    def __init__(self, c_contiguous: bool, writeable: bool):
+        self.c_contiguous, self.writeable = c_contiguous, writeable
 
 
-_CONTIGUOUS_FLAGS = _Flags()
+_CONTIGUOUS_FLAGS = _Flags(True, True)
+
+
+def _contiguous_byte_strides(shape, itemsize: int) -> tuple[int, ...]:
+    strides, acc = [], itemsize
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(strides))
 
 
 @dataclass(eq=False)
 class DeviceArray:
-    """A contiguous array in device memory."""
+    """An array in device memory: an allocation of its own (``owner`` None), or a strided
+    view of another's (``owner`` is the allocation, kept alive by the view). ``ptr`` is
+    the address of the first element; ``byte_strides`` None means row-major contiguous.
+
+    Views are what torch's views are: slicing, reshape, permute and expand of a cuda tensor
+    make one (:func:`fusegrad.runtime.eager_cuda.device_apply`) and an in-place write
+    through it changes the owner's memory. Kernels read contiguous buffers: a program
+    given a strided view first copies it (:meth:`contiguous`)."""
 
     ptr: int
     shape: tuple[int, ...]
     dtype: np.dtype
     allocator: CachingAllocator
+    byte_strides: tuple[int, ...] | None = None
+    owner: "DeviceArray | None" = None
 
     @classmethod
     def empty(cls, shape, dtype, allocator: CachingAllocator) -> "DeviceArray":
@@ -468,9 +645,10 @@ class DeviceArray:
 
     @classmethod
     def from_host(cls, host: np.ndarray, allocator: CachingAllocator) -> "DeviceArray":
-        host = np.ascontiguousarray(host)
+        host = np.asarray(host, order="C")       # (ascontiguousarray makes 0-d arrays 1-d)
         out = cls.empty(host.shape, host.dtype, allocator)
-        allocator.drv.htod(out.ptr, host)
+        if host.nbytes:
+            allocator.activate().htod(out.ptr, host)
         return out
 
     @property
@@ -478,10 +656,16 @@ class DeviceArray:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     # The part of numpy's array interface that a tensor's metadata reads (``Tensor.shape``,
-    # ``ndim``, ``numel``, eager type inference), so a cuda tensor's storage is this object
-    # where a cpu tensor's is an ndarray. Device arrays are always row-major and contiguous.
-    device = "cuda:0"
-    base = None                   # never a view of another array
+    # ``ndim``, ``numel``, ``stride()``, ``is_contiguous()``, eager type inference), so a
+    # cuda tensor's storage is this object where a cpu tensor's is an ndarray.
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.allocator.device}"
+
+    @property
+    def base(self) -> "DeviceArray | None":
+        return self.owner
 
     @property
     def ndim(self) -> int:
@@ -497,21 +681,80 @@ class DeviceArray:
 
     @property
     def strides(self) -> tuple[int, ...]:
-        strides, acc = [], self.dtype.itemsize
-        for d in reversed(self.shape):
-            strides.append(acc)
-            acc *= max(d, 1)
-        return tuple(reversed(strides))
+        if self.byte_strides is None:
+            return _contiguous_byte_strides(self.shape, self.dtype.itemsize)
+        return self.byte_strides
+
+    @property
+    def c_contiguous(self) -> bool:
+        """Row-major without gaps (the strides of size-1 dims do not matter, as in numpy):
+        what a kernel can read through ``ptr`` alone."""
+        if self.byte_strides is None:
+            return True
+        expected = _contiguous_byte_strides(self.shape, self.dtype.itemsize)
+        return self.size == 0 or all(s == e for s, e, d in zip(self.byte_strides, expected,
+                                                                 self.shape) if d > 1)
 
     @property
     def flags(self):
-        return _CONTIGUOUS_FLAGS
+        if self.byte_strides is None:
+            return _CONTIGUOUS_FLAGS
+        # Writes through a view that maps two elements to one address (an expand) are
+        # refused, as torch refuses them.
+        overlapping = any(s == 0 and d > 1 for s, d in zip(self.byte_strides, self.shape))
+        return _Flags(self.c_contiguous, not overlapping)
+
+    def shares_storage(self, other) -> bool:
+        """Whether ``self`` and ``other`` read the same allocation."""
+        return (other.__class__ is DeviceArray and
+                (self.owner or self) is (other.owner or other))
+
+    # -- views
+
+    def _stand_in(self) -> np.ndarray:
+        # An array with this layout over one element: numpy computes the strides of a
+        # reshape / transpose / slice / broadcast of it without reading memory.
+        return np.lib.stride_tricks.as_strided(np.zeros(1, self.dtype), self.shape,
+                                               self.strides)
+
+    def view_by(self, fn) -> "DeviceArray":
+        """The view of this array that ``fn`` (numpy movement ops that give views) makes of
+        an ndarray of the same layout."""
+        stand = self._stand_in()
+        out = fn(stand)
+        shift = out.__array_interface__["data"][0] - stand.__array_interface__["data"][0]
+        strides = tuple(out.strides)
+        if strides == _contiguous_byte_strides(out.shape, self.dtype.itemsize):
+            strides = None
+        return DeviceArray(self.ptr + shift, tuple(out.shape), self.dtype, self.allocator,
+                           strides, self.owner or self)
+
+    def reshape(self, shape, order: str = "C", copy=None) -> "DeviceArray":
+        """A view of ``shape``; ValueError when the strides allow none (numpy's rule)."""
+        return self.view_by(lambda a: np.reshape(a, shape, copy=False))
+
+    def contiguous(self) -> "DeviceArray":
+        """This array when it is contiguous, else a contiguous copy made on the device."""
+        if self.c_contiguous:
+            return self
+        from fusegrad.runtime.eager_cuda import strided_copy
+        return strided_copy(self)
+
+    def span(self) -> "DeviceArray":
+        """The bytes from the first element to the last one this view reads, as a flat
+        contiguous view (what a strided copy reads, and a strided write rewrites)."""
+        item = self.dtype.itemsize
+        extent = sum((d - 1) * s for d, s in zip(self.shape, self.strides)) + item
+        return DeviceArray(self.ptr, (extent // item,), self.dtype, self.allocator, None,
+                           self.owner or self)
 
     def copy(self) -> "DeviceArray":
-        """A new device array with the same contents (a device-to-device copy)."""
+        """A new contiguous device array with the same contents (made on the device)."""
+        if not self.c_contiguous:
+            return self.contiguous()
         out = DeviceArray.empty(self.shape, self.dtype, self.allocator)
         if self.nbytes:
-            self.allocator.drv.dtod(out.ptr, self.ptr, self.nbytes)
+            self.allocator.activate().dtod(out.ptr, self.ptr, self.nbytes)
         return out
 
     def __iadd__(self, other: "DeviceArray") -> "DeviceArray":
@@ -523,12 +766,23 @@ class DeviceArray:
         return self
 
     def to_host(self) -> np.ndarray:
+        """The values in a new contiguous host array (a strided view copies its span and
+        picks its elements on the host)."""
         host = np.empty(self.shape, dtype=self.dtype)
-        if host.nbytes:
-            self.allocator.drv.dtoh(host, self.ptr)
+        if not host.nbytes:
+            return host
+        drv = self.allocator.activate()
+        if self.c_contiguous:
+            drv.dtoh(host, self.ptr)
+            return host
+        raw = np.empty(self.span().shape, dtype=self.dtype)
+        drv.dtoh(raw, self.ptr)
+        host[...] = np.lib.stride_tricks.as_strided(raw, self.shape, self.byte_strides)
         return host
 
     def __del__(self):
+        if self.owner is not None:
+            return
         try:
             self.allocator.free(self.ptr)
         except Exception:     # interpreter shutdown
@@ -547,7 +801,6 @@ class CudaProgram:
         self.kg, self.graph, self.name = kg, kg.graph, name
         self.drv = drv or driver()
         arch = arch or getattr(self.drv, "arch", "compute_90")
-        self.allocator = allocator_of(self.drv)
         self.plan = plan_memory(kg)
         self.lowered: dict[int, object] = {}
         self.host_steps: dict[int, str] = {}
@@ -557,34 +810,62 @@ class CudaProgram:
             except Unsupported as e:
                 self.host_steps[i] = str(e)
         self.source = cuda_source(list(self.lowered.values())) if self.lowered else ""
-        kernels = {lk.name: lk for lk in self.lowered.values()}
+        self.kernel_map = {lk.name: lk for lk in self.lowered.values()}
         needs_ptx = getattr(self.drv, "needs_ptx", True)
-        self.ptx = compile_cuda(self.source, arch, name) if kernels and needs_ptx else b""
-        module = self.drv.load_module(self.ptx, kernels) if kernels else None
-        self.functions = {i: self.drv.function(module, lk.name) for i, lk in self.lowered.items()}
-        self._constants: dict[int, DeviceArray] | None = None
+        self.ptx = compile_cuda(self.source, arch, name) if self.kernel_map and needs_ptx \
+            else b""
+        # A module is loaded into one device's context: per device, on its first call there.
+        self._functions: dict[int, dict] = {}
+        self._constants: dict[int, dict[int, DeviceArray]] = {}
+        self.allocator = None     # the allocator of the device of the latest call
+
+    def _device_of(self, inputs) -> int:
+        devices = {x.allocator.device for x in inputs if x.__class__ is DeviceArray}
+        if len(devices) > 1:
+            a, b = sorted(devices)[:2]
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found at "
+                               f"least two devices, cuda:{a} and cuda:{b}!")
+        return devices.pop() if devices else current_device()
+
+    def _load(self, device: int) -> dict:
+        functions = self._functions.get(device)
+        if functions is None:
+            self.drv.use(device)
+            module = self.drv.load_module(self.ptx, self.kernel_map) if self.kernel_map \
+                else None
+            functions = self._functions[device] = {
+                i: self.drv.function(module, lk.name) for i, lk in self.lowered.items()}
+        return functions
 
     def __call__(self, *inputs) -> list[DeviceArray]:
         plan, drv = self.plan, self.drv
+        device = self._device_of(inputs)
+        allocator = self.allocator = allocator_of(drv, device)
+        functions = self._load(device)
+        drv.use(device)
         buffers: dict[int, DeviceArray] = {}
         for i, x in enumerate(inputs):
-            buffers[i] = x if isinstance(x, DeviceArray) else \
-                DeviceArray.from_host(np.asarray(x), self.allocator)
-        if self._constants is None:         # uploaded once, on the first call
-            self._constants = {slot: DeviceArray.from_host(arr, self.allocator)
-                               for slot, arr in plan.constants.items()}
-        buffers.update(self._constants)
+            # Kernels index their inputs as contiguous buffers: a strided view is copied.
+            buffers[i] = x.contiguous() if x.__class__ is DeviceArray else \
+                DeviceArray.from_host(np.asarray(x), allocator)
+        constants = self._constants.get(device)
+        if constants is None:         # uploaded once per device, on its first call
+            constants = self._constants[device] = {
+                slot: DeviceArray.from_host(arr, allocator)
+                for slot, arr in plan.constants.items()}
+        buffers.update(constants)
         for slot, (shape, dt) in plan.intermediate_specs.items():
-            buffers[slot] = DeviceArray.empty(shape, dt, self.allocator)
+            buffers[slot] = DeviceArray.empty(shape, dt, allocator)
         for slot, shape, dt in plan.output_specs:
-            buffers[slot] = DeviceArray.empty(shape, dt, self.allocator)
+            buffers[slot] = DeviceArray.empty(shape, dt, allocator)
+        drv.use(device)
         for i, k in enumerate(self.kg.kernels):
             if i in self.lowered:
                 lk = self.lowered[i]
                 if lk.grid == 0:
                     continue
                 args = [buffers[plan.slots[p.value]].ptr for p in lk.params]
-                drv.launch(self.functions[i], lk.grid, lk.block, args)
+                drv.launch(functions[i], lk.grid, lk.block, args)
             else:
                 self._host_step(k, buffers)
         return [self._output(o, buffers) for o in self.graph.outputs]
@@ -611,8 +892,8 @@ class CudaProgram:
                 out = np.asarray(node.prim.impl(*args, **node.attrs))
             out = out.astype(node.output.type.dtype.np_dtype, copy=False)
             env[node.output] = out
-            if node.output in self.plan.slots:
-                self.drv.htod(buffers[self.plan.slots[node.output]].ptr, out)
+            if node.output in self.plan.slots and out.size:
+                self.allocator.activate().htod(buffers[self.plan.slots[node.output]].ptr, out)
 
     def _output(self, o, buffers) -> DeviceArray:
         if isinstance(o, Literal):

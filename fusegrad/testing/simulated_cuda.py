@@ -2,9 +2,16 @@
 reference interpreter. It lets the CUDA runtime (:mod:`fusegrad.runtime.cuda`) run whole
 programs on a machine without a GPU: the memory plan, the launches and their arguments,
 the host steps and the GPU-shaped kernels' numbers are all checked; the CUDA C and the
-real driver calls are not (see ``benchmarks/gpu_check.sh`` for those)."""
+real driver calls are not (see ``benchmarks/gpu_check.sh`` for those).
+
+Like a real driver it takes pointers into the middle of an allocation (views of a cuda
+tensor pass ``base + offset``), and with ``devices=2`` it pretends to have two devices:
+each allocation belongs to the device current when it was made, and using it while
+another device is current raises, as an illegal address would on a GPU."""
 
 from __future__ import annotations
+
+import bisect
 
 import numpy as np
 
@@ -15,41 +22,73 @@ __all__ = ["SimulatedDriver"]
 
 class SimulatedDriver:
     """A :class:`fusegrad.runtime.cuda.Driver` with no device. ``max_grid`` caps the blocks
-    a launch runs (the kernels' grid-stride loops cover the rest), to keep it fast."""
+    a launch runs (the kernels' grid-stride loops cover the rest), to keep it fast;
+    ``devices`` is how many devices it reports."""
 
     name = "simulated"
     needs_ptx = False
 
-    def __init__(self, max_grid: int = 4):
+    def __init__(self, max_grid: int = 4, devices: int = 1):
         self.memory: dict[int, np.ndarray] = {}
+        self.owner: dict[int, int] = {}       # allocation -> device it was made on
+        self.starts: list[int] = []           # allocations, sorted
         self.next = 1 << 20
         self.max_grid = max_grid
+        self.devices = devices
+        self.current = 0
         self.launches: list[tuple[str, int, int]] = []
         self.mallocs = 0
 
     def device_count(self) -> int:
-        return 1
+        return self.devices
+
+    def device_name(self, ordinal: int) -> str:
+        return f"fusegrad simulated CUDA device {ordinal}"
+
+    def use(self, ordinal: int) -> None:
+        if not 0 <= ordinal < self.devices:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {ordinal}")
+        self.current = ordinal
 
     def malloc(self, nbytes: int) -> int:
         ptr = self.next
         self.next += (nbytes + 255) // 256 * 256 + 256
         self.memory[ptr] = np.zeros(max(nbytes, 1), dtype=np.uint8)
+        self.owner[ptr] = self.current
+        bisect.insort(self.starts, ptr)
         self.mallocs += 1
         return ptr
 
     def free(self, ptr: int) -> None:
-        del self.memory[ptr]
+        self._check_device(ptr)
+        del self.memory[ptr], self.owner[ptr]
+        self.starts.remove(ptr)
+
+    def _check_device(self, start: int) -> None:
+        if self.owner[start] != self.current:
+            raise RuntimeError(f"CUDA error: an illegal memory access was encountered (memory "
+                               f"of device {self.owner[start]} used on device {self.current})")
+
+    def resolve(self, ptr: int) -> np.ndarray:
+        """The bytes of the allocation holding ``ptr``, from ``ptr`` to its end."""
+        i = bisect.bisect_right(self.starts, ptr) - 1
+        start = self.starts[i] if i >= 0 else None
+        if start is None or ptr >= start + self.memory[start].size:
+            raise RuntimeError(f"CUDA error: an illegal memory access was encountered "
+                               f"(address {ptr:#x})")
+        self._check_device(start)
+        return self.memory[start][ptr - start:]
 
     def htod(self, ptr: int, host: np.ndarray) -> None:
         raw = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
-        self.memory[ptr][:raw.size] = raw
+        self.resolve(ptr)[:raw.size] = raw
 
     def dtoh(self, host: np.ndarray, ptr: int) -> None:
         raw = host.reshape(-1).view(np.uint8)
-        raw[...] = self.memory[ptr][:raw.size]
+        raw[...] = self.resolve(ptr)[:raw.size]
 
     def dtod(self, dst: int, src: int, nbytes: int) -> None:
-        self.memory[dst][:nbytes] = self.memory[src][:nbytes]
+        self.resolve(dst)[:nbytes] = self.resolve(src)[:nbytes].copy()
 
     def load_module(self, ptx: bytes, kernels: dict):
         return kernels
@@ -62,7 +101,7 @@ class SimulatedDriver:
         arrays = []
         for p, ptr in zip(fn.params, args):
             dt = numpy_dtype(p.dtype)
-            mem = self.memory[ptr]
+            mem = self.resolve(ptr)
             arrays.append(mem[:mem.size // dt.itemsize * dt.itemsize].view(dt))
         run_kernel(fn, arrays, grid=min(grid, self.max_grid))
 

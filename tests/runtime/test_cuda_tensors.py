@@ -43,6 +43,9 @@ def test_to_cuda_and_back_keeps_values_and_reports_the_device(simulated):
         back = moved.cpu()
         assert back.device == fg.device("cpu") and not back.is_cuda
         np.testing.assert_array_equal(back.numpy(), x.numpy())
+    for scalar in (fg.tensor(2.5).cuda(), fg.tensor(7, device="cuda")):   # 0-d stays 0-d
+        assert scalar.shape == () and scalar.ndim == 0 and scalar.cpu().shape == ()
+    assert fg.tensor(2.5).cuda().tolist() == 2.5
     y = x.to("cuda", fg.float64)
     assert _on_cuda(y) and y.dtype is fg.float64
     assert x.cpu() is x and y.cuda() is y
@@ -105,14 +108,18 @@ def test_matmul_and_softmax_match_numpy(simulated):
     np.testing.assert_allclose(s, e / e.sum(-1, keepdims=True), **TOL)
 
 
-def test_movement_ops_give_contiguous_device_copies(simulated):
+def test_movement_ops_are_views_of_the_device_memory(simulated):
     a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     x = fg.tensor(a, device="cuda")
+    launches = len(simulated.launches)
     for got, want in [(x.permute(2, 0, 1), a.transpose(2, 0, 1)), (x[:, 1:, ::2], a[:, 1:, ::2]),
                       (x.reshape(6, 4), a.reshape(6, 4)), (x.expand(5, 2, 3, 4), np.broadcast_to(
                           a, (5, 2, 3, 4)))]:
-        assert _on_cuda(got) and got.is_contiguous()
+        assert _on_cuda(got) and got._data.shares_storage(x._data)
+        assert got.stride() == tuple(s // 4 for s in want.strides)
+        assert got.is_contiguous() == want.flags.c_contiguous
         np.testing.assert_array_equal(got.cpu().numpy(), want)
+    assert len(simulated.launches) == launches        # no kernel made a view
 
 
 def test_each_op_signature_compiles_once(simulated):
@@ -122,8 +129,14 @@ def test_each_op_signature_compiles_once(simulated):
     for _ in range(3):
         x + y
     assert eager_cuda.STATS["compiled"] == compiled
-    x + fg.randn(5, 4, device="cuda")[:3]       # another shape: one more program (and a slice)
-    assert eager_cuda.STATS["compiled"] > compiled
+    x + fg.randn(5, 4, device="cuda")[:3]       # a contiguous view at an offset: no copy
+    assert eager_cuda.STATS["compiled"] == compiled
+    x + fg.randn(4, 3, device="cuda").t()       # a strided view: one strided-copy program
+    assert eager_cuda.STATS["compiled"] == compiled + 1
+    x + fg.randn(6, 5, device="cuda")[::2, :4]  # another view geometry: another copy program
+    assert eager_cuda.STATS["compiled"] == compiled + 2
+    x + fg.randn(4, 3, device="cuda").t()       # both cached now
+    assert eager_cuda.STATS["compiled"] == compiled + 2
 
 
 def test_extern_ops_run_on_the_host_and_are_counted(simulated):
@@ -343,4 +356,6 @@ def test_saving_a_cuda_state_dict_writes_its_values(simulated, tmp_path):
     model = fg.nn.Linear(3, 2).cuda()
     fg.save(model.state_dict(), tmp_path / "m.pt")
     loaded = fg.load(tmp_path / "m.pt")
-    np.testing.assert_array_equal(loaded["weight"].numpy(), model.weight.detach().cpu().numpy())
+    assert _on_cuda(loaded["weight"])
+    np.testing.assert_array_equal(loaded["weight"].cpu().numpy(),
+                                  model.weight.detach().cpu().numpy())

@@ -478,6 +478,8 @@ class Module:
         return self.to("cpu")
 
     def cuda(self, device=None) -> "Module":
+        if isinstance(device, int):       # module.cuda(1): an index
+            device = f"cuda:{device}"
         return self.to("cuda" if device is None else device)
 
     # ------------------------------------------------------------------ state dict

@@ -1,0 +1,122 @@
+"""``fusegrad.cuda``: what a torch training script asks of ``torch.cuda``.
+
+Every function here answers without a GPU: with no NVIDIA driver (or no CUDA package)
+``is_available()`` is False and ``device_count()`` 0, and no CUDA package is imported (the
+driver library is looked for first, see :func:`fusegrad.runtime.cuda.driver`). The runtime
+module itself is imported on first call, so ``import fusegrad`` stays free of it.
+
+Random numbers on cuda are drawn by the cpu generator and copied (a seed gives the same
+values on both devices), so :func:`manual_seed` and :func:`manual_seed_all` seed that one.
+``torch.cuda.amp`` has no counterpart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+__all__ = ["is_available", "device_count", "current_device", "set_device", "device",
+           "synchronize", "manual_seed", "manual_seed_all", "get_device_name",
+           "memory_allocated", "max_memory_allocated", "memory_reserved", "empty_cache",
+           "reset_peak_memory_stats"]
+
+
+def _rt():
+    from fusegrad.runtime import cuda
+    return cuda
+
+
+def _index(dev) -> int | None:
+    """The ordinal ``dev`` names (an int, ``"cuda:1"``, a device), None for the current."""
+    if dev is None or isinstance(dev, int):
+        return dev
+    from fusegrad.device import device as Device
+    d = Device(dev)
+    if d.type != "cuda":
+        raise ValueError(f"Expected a cuda device, but got: {d}")
+    return d.index
+
+
+def is_available() -> bool:
+    """Whether a CUDA device can be used (False without a driver or a CUDA package)."""
+    return _rt().is_available()
+
+
+def device_count() -> int:
+    """How many CUDA devices there are; 0 without a driver or a CUDA package."""
+    return _rt().device_count()
+
+
+def current_device() -> int:
+    """The index of the device ``"cuda"`` without an index means."""
+    return _rt().current_device()
+
+
+def set_device(dev) -> None:
+    """Make ``dev`` (an index, ``"cuda:1"``, a device) the device ``"cuda"`` means; torch's
+    error for an index the machine does not have."""
+    index = _index(dev)
+    if index is not None:
+        _rt().set_device(index)
+
+
+@contextlib.contextmanager
+def device(dev):
+    """``with fusegrad.cuda.device(1):`` runs its body with device 1 current."""
+    rt = _rt()
+    before = rt.current_device()
+    set_device(dev)
+    try:
+        yield
+    finally:
+        if rt.is_available():
+            rt.set_device(before)
+
+
+def synchronize(device=None) -> None:
+    """Wait for the work launched on ``device`` (the current one by default)."""
+    _rt().synchronize(_index(device))
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the generator cuda tensors draw from (the cpu one, see the module's notes)."""
+    from fusegrad import manual_seed as seed_all
+    seed_all(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    """:func:`manual_seed`: every device draws from the one generator."""
+    manual_seed(seed)
+
+
+def get_device_name(device=None) -> str:
+    """The name of ``device`` (the current one by default), as the driver reports it."""
+    rt = _rt()
+    index = rt.current_device() if _index(device) is None else rt.check_ordinal(_index(device))
+    return rt.driver().device_name(index)
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes of device memory held by tensors and programs on ``device`` (by allocator
+    block, as torch counts them); 0 when CUDA was never used."""
+    return _rt().memory_stats(_index(device))["allocated"]
+
+
+def max_memory_allocated(device=None) -> int:
+    """The most :func:`memory_allocated` has been since the start or the last
+    :func:`reset_peak_memory_stats`."""
+    return _rt().memory_stats(_index(device))["peak"]
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes the caching allocator holds from the driver on ``device`` (in use or cached)."""
+    return _rt().memory_stats(_index(device))["reserved"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Restart :func:`max_memory_allocated` from what is allocated now."""
+    _rt().reset_peak_memory_stats(_index(device))
+
+
+def empty_cache() -> None:
+    """Return the allocator's cached free blocks to the driver (memory in use stays)."""
+    _rt().empty_cache()

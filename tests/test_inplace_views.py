@@ -1,0 +1,108 @@
+"""torch's in-place shape methods (``squeeze_``, ``unsqueeze_``, ``t_``, ``transpose_``,
+``swapaxes_``, ``swapdims_``): the tensor itself takes the view's sizes and strides over the
+same storage, its version is bumped, and autograd behaves as torch's (checked against
+torch 2.x: a leaf that requires grad, or a view of one, refuses under grad mode)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+
+CASES = [
+    ("squeeze_", (), (1, 3, 1), (3,)),
+    ("squeeze_", (2,), (1, 3, 1), (1, 3)),
+    ("squeeze_", ((0, 2),), (1, 3, 1), (3,)),
+    ("unsqueeze_", (-1,), (2, 3), (2, 3, 1)),
+    ("unsqueeze_", (0,), (2, 3), (1, 2, 3)),
+    ("t_", (), (2, 3), (3, 2)),
+    ("transpose_", (0, 2), (2, 3, 4), (4, 3, 2)),
+    ("swapaxes_", (0, 1), (2, 3, 4), (3, 2, 4)),
+    ("swapdims_", (2, 1), (2, 3, 4), (2, 4, 3)),
+]
+
+
+@pytest.mark.parametrize("op, args, shape, want", CASES)
+def test_the_tensor_itself_takes_the_views_layout(op, args, shape, want):
+    a = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    x = fg.tensor(a)
+    storage = x.data_ptr()
+    out_of_place = getattr(x, op[:-1])(*args)
+    assert getattr(x, op)(*args) is x
+    assert tuple(x.shape) == want and x._version == 1 and x.data_ptr() == storage
+    assert x.stride() == out_of_place.stride()
+    np.testing.assert_array_equal(x.numpy(), out_of_place.numpy())
+    x.add_(1)                                            # still the same memory
+    np.testing.assert_array_equal(out_of_place.numpy(), x.numpy())
+
+
+def test_autograd_follows_torch():
+    w = fg.ones(2, 3, requires_grad=True)
+    for op, args in [("t_", ()), ("unsqueeze_", (0,)), ("squeeze_", ()), ("transpose_", (0, 1))]:
+        with pytest.raises(RuntimeError, match="a leaf Variable that requires grad is being used "
+                                               "in an in-place operation"):
+            getattr(w, op)(*args)
+        with pytest.raises(RuntimeError, match="a view of a leaf Variable"):
+            getattr(w[0:1], op)(*args)
+    assert tuple(w.shape) == (2, 3)
+    with fg.no_grad():                                   # allowed, and w stays a leaf
+        w.t_()
+    assert tuple(w.shape) == (3, 2) and w.is_leaf and w.requires_grad
+    names = {}
+    for op, args in [("squeeze_", ()), ("squeeze_", (0,)), ("squeeze_", ((0,),)),
+                     ("unsqueeze_", (0,)), ("t_", ()), ("transpose_", (0, 1)),
+                     ("swapaxes_", (0, 1)), ("swapdims_", (0, 1))]:
+        a = fg.ones(1, 3, requires_grad=True)
+        h = a * 1
+        getattr(h, op)(*args)
+        names[(op, args)] = (h.grad_fn.name(), h._version)
+    assert names == {("squeeze_", ()): ("SqueezeBackward3", 1),
+                     ("squeeze_", (0,)): ("SqueezeBackward4", 1),
+                     ("squeeze_", ((0,),)): ("SqueezeBackward5", 1),
+                     ("unsqueeze_", (0,)): ("UnsqueezeBackward1", 1),
+                     ("t_", ()): ("TBackward1", 1), ("transpose_", (0, 1)): ("TransposeBackward1", 1),
+                     ("swapaxes_", (0, 1)): ("TransposeBackward1", 1),
+                     ("swapdims_", (0, 1)): ("TransposeBackward1", 1)}
+
+
+def test_gradients_flow_through_the_changed_tensor():
+    a = fg.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
+    h = a * 2
+    h.t_()
+    (h * fg.tensor([[1.], [2.], [3.]])).sum().backward()     # h is (3, 2) now
+    np.testing.assert_array_equal(a.grad.numpy(), [[2, 4, 6], [2, 4, 6]])
+    b = fg.ones(2, 3, requires_grad=True)
+    v = (b * 1)[0]
+    v.unsqueeze_(0)
+    assert v.grad_fn.name() == "UnsqueezeBackward1" and tuple(v.shape) == (1, 3)
+    (v * fg.arange(3, dtype=fg.float32)).sum().backward()
+    np.testing.assert_array_equal(b.grad.numpy(), [[0, 1, 2], [0, 0, 0]])
+
+
+def test_a_view_stays_a_view_of_its_base():
+    base = fg.zeros(2, 3)
+    v = base[0]
+    v.unsqueeze_(0)
+    assert tuple(v.shape) == (1, 3) and v._base is base and tuple(base.shape) == (2, 3)
+    v.add_(1)
+    np.testing.assert_array_equal(base.numpy(), [[1, 1, 1], [0, 0, 0]])
+    e = fg.ones(3).expand(2, 3)
+    e.t_()                                  # a layout change writes nothing: allowed
+    assert e.stride() == (1, 0)
+
+
+def test_errors_match_torch():
+    with pytest.raises(RuntimeError, match="t\\(\\) expects a tensor with <= 2 dimensions, "
+                                           "but self is 3D"):
+        fg.ones(2, 3, 4).t_()
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        fg.ones(2, 3).unsqueeze_(4)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        fg.ones(2, 3).transpose_(0, 2)
+    for op, args, want in [("t_", (), ()), ("unsqueeze_", (0,), (1,)), ("squeeze_", (), ())]:
+        assert tuple(getattr(fg.tensor(1.0), op)(*args).shape) == want
+    x = fg.ones(2, 3)
+    assert x.squeeze_(0) is x and tuple(x.shape) == (2, 3)
+    with pytest.raises(NotImplementedError, match="use the out-of-place t\\(\\)"):
+        fg.compile(lambda y: y.t_() * 1)(fg.ones(2, 3))
