@@ -350,8 +350,13 @@ class _Lowering(KernelValues):
                 def inner(j, body2):
                     x = b.load_shared(a_tile, b.add(b.mul(ty, self.idx(TILE)), j))
                     y = b.load_shared(b_tile, b.add(b.mul(j, self.idx(TILE)), tx))
-                    body2.append(Assign(acc, b.binary(
-                        "add", b.read(acc), b.binary("mul", x, y, reg), reg)))
+                    # Floats: a fused multiply-add, as BLAS accumulates (the CPU's
+                    # products): a product past the float range then does not become an
+                    # infinity of its own (inf - inf: NaN where BLAS keeps the sum's sign).
+                    # Integers wrap, as numpy's.
+                    step = b.call("fma", [x, y, b.read(acc)], reg) if reg.is_floating_point \
+                        else b.binary("add", b.read(acc), b.binary("mul", x, y, reg), reg)
+                    body2.append(Assign(acc, step))
                 out.append(self.loop("kk", self.idx(0), self.idx(TILE), self.idx(1), inner))
                 out.append(Barrier())
             body.append(self.loop("k0", self.idx(0), self.idx(kk), self.idx(TILE), per_k))

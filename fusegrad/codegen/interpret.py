@@ -341,6 +341,11 @@ def _unary(op: str, x, dt):
                 np.subtract(npdt.type(0), x, dtype=npdt)
         if op == "erf":
             return _erf(x)
+        if op in _MATH and npdt == np.float32:
+            # Through float64, as eager's float32 transcendentals: correctly rounded in
+            # practice (numpy's float32 loops may be an ulp off, which cancellation in
+            # 1 + tanh(x) and the like turns into a visible relative error).
+            return _MATH[op](x.astype(np.float64)).astype(npdt)
         if op == "freeze":
             return x
         return _MATH[op](x).astype(npdt)
@@ -367,6 +372,12 @@ def _call(fn: str, args, dt):
             return np.power(args[0].astype(npdt), args[1].astype(npdt)).astype(npdt)
         if fn == "copysign":
             return np.copysign(args[0], args[1]).astype(npdt)
+        if fn == "fma":
+            # float32: the product is exact in float64, one rounding of the sum there and
+            # one to float32 (a second rounding only on ties of the first); float64 is
+            # approximated by two roundings.
+            x, y, z = (a.astype(np.float64) for a in args)
+            return (x * y + z).astype(npdt)
     raise InterpreterError(f"call {fn}")
 
 

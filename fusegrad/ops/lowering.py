@@ -27,7 +27,8 @@ stored or cast to):
 - ``select(c, x, y, dt)``; ``cast(x, src, dst)``: C's conversion between register types
   (float to int only for values the destination holds); ``bitcast(x, src, dst)``;
 - ``call(fn, args, dt)``: ``pow`` (float power, numpy's special cases), ``ipow`` (integer
-  power by a non-negative exponent, wrapping), ``copysign``.
+  power by a non-negative exponent, wrapping), ``copysign``, ``fma`` (``x * y + z`` rounded
+  once: only a GPU matmul's accumulation, as BLAS's).
 
 The table: :data:`LOWERINGS` maps a primitive name to its :class:`Lowering` (its scalar
 function, whether it is commutative, and for reductions the identity and the combine).

@@ -7,6 +7,8 @@ Each program (see :mod:`fusegrad.testing.programs`) runs
 - compiled by the LLVM backend after the default pipeline, with inputs requiring grad, so the
   compiled backward is checked too, and after one more pipeline of :data:`LLVM_PIPELINES`
   (which one turns with the program's number);
+- compiled by the CUDA backend on the simulated driver (``cuda-sim``: the GPU lowering run
+  by the kernel IR's interpreter; ``--no-cuda`` skips it);
 - eagerly in float64 against central finite differences, when the program is smooth and its
   inputs are finite (this checks the VJP rules themselves).
 
@@ -119,6 +121,9 @@ class Settings:
     grads: bool = True
     finite_differences: bool = True
     extra_llvm: bool = True          # one more LLVM pipeline besides the default
+    # The CUDA backend on the simulated driver: the GPU lowering run by the kernel IR's
+    # interpreter (what can be checked of the GPU path without a GPU).
+    cuda_sim: bool = True
 
 
 # --------------------------------------------------------------------------- comparison
@@ -458,6 +463,12 @@ def _check(program: Program, settings: Settings, index: int, result: Result) -> 
     llvm = run_compiled("llvm", lambda: fg.compile(fn, fullgraph=True), want_grad)
     if llvm:
         check_values("llvm", llvm[2])
+    if settings.cuda_sim:
+        with _simulated_cuda():
+            run = run_compiled("cuda-sim", lambda: fg.compile(fn, backend="cuda",
+                                                              fullgraph=True), False)
+        if run:
+            check_values("cuda-sim", run[2])
     if settings.extra_llvm and len(settings.llvm_pipelines) > 1:
         p = settings.llvm_pipelines[1 + index % (len(settings.llvm_pipelines) - 1)]
         stage = f"llvm[{p.strip()}]"
@@ -491,6 +502,17 @@ def _check(program: Program, settings: Settings, index: int, result: Result) -> 
                          every_value, arrays)
     if settings.finite_differences:
         _check_finite_differences(program, arrays, result)
+
+
+@contextlib.contextmanager
+def _simulated_cuda():
+    from fusegrad.runtime import cuda as rt
+    from fusegrad.testing.simulated_cuda import SimulatedDriver
+    rt.set_driver(SimulatedDriver())
+    try:
+        yield
+    finally:
+        rt.set_driver(None)
 
 
 def _descendants(program: Program, source: int) -> set[int]:
@@ -878,7 +900,7 @@ def _signature(m: Mismatch) -> str:
 def _run_worker(args) -> int:
     """Run programs ``start .. start+count-1``, one JSON line each, on stdout."""
     out = sys.stdout
-    settings = Settings(finite_differences=not args.no_fd)
+    settings = Settings(finite_differences=not args.no_fd, cuda_sim=not args.no_cuda)
     for index in range(args.start, args.start + args.count):
         print(json.dumps({"event": "start", "index": index}), file=out, flush=True)
         program, drawn = program_for(args.seed, index, args.max_ops)
@@ -935,6 +957,7 @@ def _run_parent(args) -> int:
                str(args.max_ops), "--shrink-budget", str(args.shrink_budget)]
         cmd += ["--no-shrink"] if args.no_shrink else []
         cmd += ["--no-fd"] if args.no_fd else []
+        cmd += ["--no-cuda"] if args.no_cuda else []
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         tag_counter += 1
         running[tag_counter] = [proc, None, time.monotonic(), first + count]
@@ -1038,7 +1061,8 @@ def _run_parent(args) -> int:
 
 def _run_one(args) -> int:
     program, _ = program_for(args.seed, args.index, args.max_ops)
-    result = check_program(program, Settings(finite_differences=not args.no_fd), args.index)
+    result = check_program(program, Settings(finite_differences=not args.no_fd,
+                                             cuda_sim=not args.no_cuda), args.index)
     print(report(result))
     print(f"# {len(result.mismatches)} mismatches ({len(result.unexplained)} unexplained), "
           f"{result.seconds:.2f} s" + (f"; eager rejected it: {result.invalid}"
@@ -1063,6 +1087,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-shrink", action="store_true", help="report failures unreduced")
     ap.add_argument("--shrink-budget", type=float, default=60.0, help="seconds per reduction")
     ap.add_argument("--no-fd", action="store_true", help="skip finite differences")
+    ap.add_argument("--no-cuda", action="store_true",
+                    help="skip the CUDA backend on the simulated driver")
     ap.add_argument("--report", help="write one JSON line per program to this file")
     ap.add_argument("--index", type=int, help="run this one program and print it")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

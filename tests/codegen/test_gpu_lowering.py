@@ -206,3 +206,21 @@ def test_interpreter_refuses_a_misaligned_vector_access():
     assert out[0] == 3.0
     with pytest.raises(InterpreterError, match="not aligned"):
         run_kernel(k, [_misaligned(np.arange(4, dtype=np.float32)), out])
+
+
+def test_matmul_accumulates_floats_with_fma_and_integers_wrapping():
+    # Products past the float range: BLAS's fused multiply-add keeps the sum's sign where
+    # a rounded product would be an infinity of its own (inf - inf = NaN); integer
+    # products wrap as numpy's do. Both found by the fuzzer's cuda-sim way.
+    big = np.array([[1.7e11, 6.5e8, 6.6e37], [-4.3e29, -1.05e33, 3.05e5]], np.float32)
+    a = fg.tensor(big).to(fg.bfloat16)
+    i = fg.tensor(np.array([[[46341, -3, 2**30]]], np.int32))
+
+    def f(a, i):
+        return a @ a.mT, i @ i.mT
+    kg = kernel_graph(f, [a, i])
+    got = run_simulated(kg, [a._data, i._data])
+    eager = f(a, i)
+    assert not np.isnan(as_float(got[0])).any()
+    np.testing.assert_array_equal(as_float(got[0]), as_float(eager[0]._data))
+    np.testing.assert_array_equal(got[1], eager[1]._data)

@@ -7,7 +7,8 @@ It chooses C spellings that keep the builder's contract:
 - integer arithmetic that C leaves undefined on overflow (signed add, sub, mul, neg, shl)
   is done in the unsigned type and converted back, so it wraps as numpy's does;
 - float add, sub, mul and div use the ``__fadd_rn``-style intrinsics, which the compiler
-  never fuses into an FMA: each rounds on its own, as numpy's and the CPU kernels' do;
+  never fuses into an FMA: each rounds on its own, as numpy's and the CPU kernels' do (the
+  one FMA is the lowering's own ``fma``, a matmul's accumulation, as BLAS's);
 - float max/min propagate NaN and order -0 below +0 (small device functions), unlike
   ``fmaxf``;
 - constants are printed exactly (a float32 constant as the decimal of its float32 value,
@@ -265,6 +266,8 @@ class _Printer:
             return f"pow{f}({a[0]}, {a[1]})"
         if fn == "copysign":
             return f"copysign{f}({a[0]}, {a[1]})"
+        if fn == "fma":
+            return f"__fma{'f' if f else ''}_rn({a[0]}, {a[1]}, {a[2]})"
         if fn == "ipow":
             t = self.ct(dt)
             name = f"fg_ipow_{t.replace(' ', '_')}"
