@@ -225,10 +225,12 @@ def test_ill_conditioned_gradients_of_seed_6_are_not_mismatches(index):
     # layer_norm VJP cancels to 22 (float64: one ulp of 1e17 is 16). 1843: cos of a float32
     # matmul result of magnitude 1e5 in the VJP (eager float32 is as far from float64).
     # 7679: a float64 input's gradient is a float32 log's value (x * log(n)).
+    # Without cuda-sim: 1513's forward log2 is of that layer_norm residue of 1e-17, rounding
+    # noise that the GPU lowering's sums (in tree order) leave at exactly 0 (-inf).
     program, _ = program_for(6, index)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        result = check_program(program, Settings(finite_differences=False))
+        result = check_program(program, Settings(finite_differences=False, cuda_sim=False))
     assert not result.unexplained, report(result)
 
 
