@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from fusegrad import dtypes
+from fusegrad.codegen import indexing
 from fusegrad.codegen.kernel_ir import (
     INDEX,
     Assign,
@@ -42,12 +43,12 @@ from fusegrad.codegen.kernel_ir import (
 from fusegrad.codegen.values import KernelValues
 from fusegrad.codegen.values import reductions as kernel_reductions
 from fusegrad.ir.graph import Node, Value
-from fusegrad.ir.kernel_graph import Kernel, KernelGraph
+from fusegrad.ir.kernel_graph import Kernel, KernelGraph, identity_view
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
 
 __all__ = ["lower_kernel", "ColumnPlan", "column_plan", "SplitPlan", "split_plan",
-           "kernel_phases", "parallel_extent", "SCRATCH", "SUM_BLOCK", "COLUMN_TILE",
+           "kernel_phases", "parallel_extent", "loop_groups", "SCRATCH", "SUM_BLOCK", "COLUMN_TILE",
            "COLUMN_BLOCK", "SPLIT_WORK", "SPLIT_PARTS"]
 
 F64 = dtypes.float64
@@ -183,12 +184,14 @@ def split_plan(kernel: Kernel) -> SplitPlan | None:
     return SplitPlan(lead, size, min(SPLIT_PARTS, size), count)
 
 
-def kernel_phases(kernel: Kernel) -> list[tuple[str, int]]:
+def kernel_phases(kernel: Kernel, kg: KernelGraph | None) -> list[tuple[str, int]]:
     """(function name, parallel extent) of each function ``kernel`` compiles to, in launch
-    order: one for most kernels, several for a split full reduction (:class:`SplitPlan`)."""
+    order: one for most kernels, several for a split full reduction (:class:`SplitPlan`).
+    ``kg`` (the kernel's graph: its views decide which axes loop as one) is needed for
+    elementwise and matmul kernels."""
     plan = split_plan(kernel)
     if plan is None:
-        return [(kernel.name, parallel_extent(kernel))]
+        return [(kernel.name, parallel_extent(kernel, kg))]
     phases = []
     for i in range(plan.reductions):
         phases += [(f"{kernel.name}_p{i}", plan.parts), (f"{kernel.name}_c{i}", 1)]
@@ -197,7 +200,7 @@ def kernel_phases(kernel: Kernel) -> list[tuple[str, int]]:
     return phases
 
 
-def parallel_extent(kernel: Kernel) -> int:
+def parallel_extent(kernel: Kernel, kg: KernelGraph | None = None) -> int:
     """Extent of ``kernel``'s parallel loop (the ``[start, end)`` the runtime splits)."""
     plan = column_plan(kernel)
     if plan is not None:
@@ -205,7 +208,58 @@ def parallel_extent(kernel: Kernel) -> int:
     if kernel.kind == "reduction":
         kept = [d for i, d in enumerate(kernel.shape) if i not in kernel.axes]
         return kept[0] if kept else 1
-    return kernel.shape[0] if kernel.shape else 1
+    if not kernel.shape:
+        return 1
+    if kg is None:
+        raise ValueError(f"{kernel.describe()}: its loops depend on its graph's views")
+    return math.prod(kernel.shape[a] for a in loop_groups(kernel, kg)[0])
+
+
+# Nodes that read their operand at other coordinates than their own (or make values of
+# coordinates): a kernel holding one loops over every axis of its own.
+_MOVES = frozenset({"reshape", "broadcast_to", "pad", "concat", "iota"})
+
+
+def loop_groups(kernel: Kernel, kg: KernelGraph) -> list[list[int]]:
+    """The axes of an elementwise (or matmul epilogue) kernel in groups of adjacent axes
+    that run as one loop: axes ``d`` and ``d + 1`` join when every buffer the kernel reads
+    or writes steps over them as one row-major block (stride of ``d`` = extent of ``d + 1``
+    times its stride, broadcast axes counting as stride 0). A (500, 10, 3) by (3,) product
+    then loops over (5000, 3), whose short inner loop unrolls and whose outer loop
+    vectorizes; over (500, 10, 3) the loop of 10 around it ran scalar. Other kernels, and
+    kernels with nodes in :data:`_MOVES`, loop over each axis."""
+    shape = kernel.shape
+    n = len(shape)
+    single = [[d] for d in range(n)]
+    if kernel.kind not in ("elementwise", "matmul") or n < 2 or \
+            any(nd.op in _MOVES for nd in kernel.nodes):
+        return single
+    internal = set(kernel.nodes)
+
+    def steps(dims, strides) -> list[int]:
+        # A broadcast axis (size 1 in the buffer) steps by 0; missing leading axes too.
+        return [0] * (n - len(dims)) + [st if d != 1 else 0 for d, st in zip(dims, strides)]
+    accesses = []
+    for v in kernel.outputs:
+        if v.producer is None or v.producer.op != "matmul":
+            view = identity_view(v)
+            accesses.append(steps(view.shape, view.strides))
+    for node in kernel.nodes:
+        # A matmul's operands are BLAS's (the kernel reads the product): leaving them out
+        # keeps the loops a function of the kernel's description, by which code is cached.
+        for x in node.inputs if node.op != "matmul" else ():
+            if isinstance(x, Value) and (x.producer not in internal or x.producer.op == "matmul"):
+                view = kg.views.get(x) or identity_view(x)
+                accesses.append(steps(view.shape, view.strides))
+    groups = [[n - 1]]
+    for d in range(n - 2, -1, -1):
+        inner = groups[0]
+        size = math.prod(shape[a] for a in inner)
+        if shape[d] == 1 or all(a[d] == size * a[inner[-1]] for a in accesses):
+            inner.insert(0, d)
+        else:
+            groups.insert(0, [d])
+    return groups
 
 
 class _Slot:
@@ -230,6 +284,8 @@ class _CPULowering(KernelValues):
     def __init__(self, kernel: Kernel, kg: KernelGraph):
         super().__init__(kernel, kg)
         self.memo = collections.ChainMap()
+        # Coordinates split from a loop group's index: id -> (index, position, sizes, expr).
+        self.linear: dict[int, tuple] = {}
         self.body: list = []
         self.locals: list[Local] = []
         self.cells: dict[dtypes.DType, Param] = {}
@@ -376,8 +432,62 @@ class _CPULowering(KernelValues):
     # -- kernels
     def elementwise(self) -> None:
         outs = self.outputs_at("full")
-        self.nest(self.k.shape, lambda coords: self.store_all(outs, coords), parallel=True,
-                  vectorize_inner=True, segments=self.segments())
+        shape = self.k.shape
+        groups = loop_groups(self.k, self.kg)
+        if len(groups) == len(shape):
+            self.nest(shape, lambda coords: self.store_all(outs, coords), parallel=True,
+                      vectorize_inner=True, segments=self.segments())
+            return
+
+        def body(loops):
+            # Each group's axes from its loop index; address() turns them back into the
+            # loop index times the innermost stride where a buffer steps over the group.
+            coords: list = []
+            for m, group in zip(loops, groups):
+                if len(group) == 1:
+                    coords.append(m)
+                    continue
+                sizes = [shape[a] for a in group]
+                parts = indexing.unravel(self.b, m, sizes, bounded=True)
+                for k, part in enumerate(parts):
+                    if part.op != "const":
+                        self.linear[id(part)] = (m, k, sizes, part)
+                coords += parts
+            self.store_all(outs, coords)
+        self.nest([math.prod(shape[a] for a in g) for g in groups], body, parallel=True,
+                  vectorize_inner=True)
+
+    def address(self, view, coords):
+        """As :meth:`KernelValues.address`, with the axes of a loop group (see
+        :func:`loop_groups`) that a buffer steps over as one block addressed by the group's
+        loop index (the division and remainder that split it are then dead)."""
+        if not self.linear:
+            return super().address(view, coords)
+        b = self.b
+        terms, groups = [], {}
+        for c, st, d in zip(coords, view.strides, view.shape):
+            if st == 0 or d == 1:
+                continue
+            hit = self.linear.get(id(c))
+            if hit is None:
+                terms.append((c, st))
+            else:
+                groups.setdefault(id(hit[0]), []).append((hit, st))
+        for parts in groups.values():
+            m, _, sizes, _ = parts[0][0]
+            ks = [hit[1] for hit, _ in parts]
+            full = [k for k in range(len(sizes)) if sizes[k] != 1]
+            block = ks == full and all(
+                parts[j][1] == parts[j + 1][1] * math.prod(sizes[ks[j] + 1:ks[j + 1] + 1])
+                for j in range(len(parts) - 1))
+            if block:
+                terms.append((m, parts[-1][1]))
+            else:
+                terms += [(hit[3], st) for hit, st in parts]
+        offset = self.idx(view.offset)
+        for c, st in terms:
+            offset = b.add(offset, c if st == 1 else b.mul(c, self.idx(st)))
+        return offset
 
     epilogue = elementwise     # matmul kernels: BLAS wrote the product; apply the rest
 

@@ -301,7 +301,7 @@ class Program:
                 work = math.prod(k.shape)
                 table = self.tables_address + ctypes.sizeof(ctypes.c_void_p) * emitted[i].offset
                 # A split reduction is several functions (phases), named after the kernel's.
-                for name, extent in kernel_phases(k):
+                for name, extent in kernel_phases(k, self.kg):
                     symbol = emitted[i].record.symbol + name[len(k.name):]
                     fn = _KERNEL_FN(self.jit.address(symbol))
                     self.steps.append(LaunchStep(k, fn, extent, work, table))

@@ -40,13 +40,33 @@ def loops(body) -> list[Loop]:
 
 
 def test_elementwise_kernel_is_a_nest_split_by_start_and_end():
-    (k,) = lowered(lambda x: (x * 2).exp(), fg.ones(30, 40))
+    (k,) = lowered(lambda x, c: (x * c).exp(), fg.ones(30, 40), fg.ones(30, 1))
     text = format_kernel(k)
     outer, inner = loops(k.body)
     assert outer.start.op == "special" and outer.start.arg == "start" and outer.stop.arg == "end"
     # rows of 8 to 64 stay a rolled loop, which LLVM vectorizes
     assert inner.stop.arg == 40 and not inner.unroll
-    assert "exp.f32" in text and text.count("p1[") == 1
+    assert "exp.f32" in text and text.count("p2[") == 1
+
+
+@pytest.mark.parametrize("shapes, extents", [
+    (((30, 40), (30, 40)), [1200]),                 # contiguous: one loop
+    (((500, 10, 3), (3,)), [5000, 3]),              # broadcast over the leading axes
+    (((8, 6, 28, 28), (6, 1, 1)), [8, 6, 784]),     # a conv bias: the image is one row
+    (((4, 5, 6), (4, 1, 6)), [4, 5, 6]),            # broadcast in the middle: no merge
+])
+def test_axes_that_every_buffer_steps_over_as_one_block_loop_as_one(shapes, extents):
+    args = [fg.randn(*sh) for sh in shapes]
+
+    def f(a, b):
+        return (a * b).exp() + 1
+    (k,) = lowered(f, *args)
+    assert [lp.stop.arg if lp.stop.op == "const" else "end" for lp in loops(k.body)] == \
+        ["end"] + extents[1:]
+    kg = fuse(PassManager(DEFAULT_PIPELINE).run(fg.trace(f, *args)))
+    assert cpu_lowering.parallel_extent(kg.kernels[0], kg) == extents[0]
+    assert "div" not in format_kernel(k) and "rem" not in format_kernel(k)
+    np.testing.assert_allclose(fg.compile(f)(*args).numpy(), f(*args).numpy(), rtol=2e-6)
 
 
 def test_concat_along_the_innermost_axis_gets_a_loop_per_operand():
@@ -180,3 +200,20 @@ def test_column_kernel_reads_each_tiles_own_accumulators(shape):
     ref = x.detach().clone().requires_grad_()
     ref.logsumexp(dim=0).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), ref.grad.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_loop_groups_depend_only_on_what_the_kernel_cache_keys_on():
+    # Kernels are cached by description, which leaves out a matmul's operands (BLAS reads
+    # them): the epilogue's loops must not depend on them either. They did, and a cached
+    # epilogue compiled for one grouping ran with another's extent, writing out of bounds
+    # (a heap corruption in an AdamW training step).
+    from fusegrad.runtime.cpu import kernel_description
+    a, b, c = fg.randn(16, 5), fg.randn(5, 5), fg.randn(16, 5)
+    found = []
+    for f, args in [(lambda a, b, c: (a @ b) * c, (a, b, c)),
+                    (lambda a, bt, c: (a @ bt.t()) * c, (a, b.t().contiguous(), c))]:
+        kg = fuse(PassManager(DEFAULT_PIPELINE).run(fg.trace(f, *args)))
+        (k,) = [k for k in kg.kernels if k.kind == "matmul"]
+        found.append((kernel_description(k, kg, 3)[0], cpu_lowering.loop_groups(k, kg),
+                      cpu_lowering.parallel_extent(k, kg)))
+    assert found[0] == found[1]

@@ -198,9 +198,9 @@ def test_split_plans_and_phases():
     plan = split_plan(kernel)
     assert plan.lead == 2 and plan.lead_size == 200000 and plan.parts == SPLIT_PARTS
     x = np.ones(SPLIT_WORK, dtype=np.float32)
-    kernels = fg.compile(lambda a: fg.nn.functional.softmax(a, 0)).lower(
-        fg.from_numpy(x)).program.kg.kernels
-    phases = kernel_phases(kernels[0])
+    kg = fg.compile(lambda a: fg.nn.functional.softmax(a, 0)).lower(fg.from_numpy(x)).program.kg
+    kernels = kg.kernels
+    phases = kernel_phases(kernels[0], kg)
     # max, then the sum of exponentials: a parallel and a combining phase each, then the
     # parallel full-size stores.
     assert [name[-3:] for name, _ in phases[:4]] == ["_p0", "_c0", "_p1", "_c1"]
