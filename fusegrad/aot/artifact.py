@@ -69,7 +69,8 @@ class Artifact:
                 blob += raw
             state_plan.append(entry)
         plan = dict(self.plan, code=ranges, state_data=state_plan)
-        header = {"fusegrad": __version__, "llvm": self.target["llvm"],
+        header = {"fusegrad": __version__, "codegen": jit.codegen_identity()[:16],
+                  "llvm": self.target["llvm"],
                   "triple": self.target["triple"],
                   "cpu": self.target.get("host_cpu", self.target["cpu"]),
                   "host_build": self.target["cpu"] == "host",
@@ -527,6 +528,12 @@ def _check_version(header: dict, what: str) -> None:
         raise ArtifactError("version", f"{what} was built by fusegrad {header.get('fusegrad')}; "
                             f"this is fusegrad {__version__}, which runs only artifacts of its "
                             "own version: rebuild it with fusegrad.aot.compile")
+    # The object code's loops and the plan's launch extents come from one code generator:
+    # another build of the same version may loop differently (its extents would not match).
+    if header.get("codegen") != jit.codegen_identity()[:16]:
+        raise ArtifactError("version", f"{what} was built by a fusegrad {__version__} whose "
+                            "kernel code generator differs from this one's (another build of "
+                            "the same version): rebuild it with fusegrad.aot.compile")
 
 
 def _check_header(header: dict, what: str) -> None:

@@ -13,7 +13,9 @@ Layout (every integer little endian)::
     -32 checksum        32 bytes  SHA-256 of every byte before it
 
 The header is a JSON object: ``format`` (the version again), ``fusegrad`` (the version
-that wrote it: object code and plan are only read by that version), ``llvm``, ``triple``,
+that wrote it: object code and plan are only read by that version), ``codegen`` (the first
+16 hex digits of the digest of the code generator's source, which must match too), ``llvm``,
+``triple``,
 ``cpu`` (the LLVM CPU name the code was generated for), ``features`` (the CPU features the
 code may use, LLVM's names without ``+``) and ``sections``: a list of ``{"name", "offset",
 "length"}`` with offsets counted from the end of the header. The sections are ``graph``

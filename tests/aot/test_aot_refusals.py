@@ -111,6 +111,13 @@ def test_other_fusegrad_version(blob):
     assert e.value.reason == "version"
 
 
+def test_other_code_generator_of_the_same_version(blob):
+    # Its kernels' loops need not match this build's launch extents.
+    with pytest.raises(ArtifactError, match="code generator differs") as e:
+        fg.aot.loads(_with_header(blob, codegen="0" * 16))
+    assert e.value.reason == "version"
+
+
 def test_features_this_machine_lacks(blob, monkeypatch):
     header = format.decode(blob).header
     # A machine with AVX2 but no AVX-512, as LLVM would report it.
