@@ -156,6 +156,7 @@ _erf_np = np.frompyfunc(math.erf, 1, 1)
 _ERF_STEPS = 1024        # table points per unit of x
 _ERF_LIMIT = 6.0         # erf(x) is 1.0 in float64 from here on
 _ERF_TABLE: list = []
+_ROUND_TO_INTEGER = 1.5 * 2.0 ** 52
 
 
 def _erf_table() -> tuple[int, list]:
@@ -182,8 +183,11 @@ def _erf_impl(x: np.ndarray) -> np.ndarray:
         return np.asarray(_erf_np(x)).astype(x.dtype)
     m, coeffs = _erf_table()
     a = np.asarray(np.clip(x, -_ERF_LIMIT, _ERF_LIMIT, dtype=np.float64))   # 0-d stays an array
-    kf = np.rint(a * _ERF_STEPS)
-    kf += m
+    # kf = rint(a * steps) + m by adding and taking off 1.5 * 2**52: the sum rounds to an
+    # integer (half to even; m is even), exactly, at a fifth of np.rint's cost on float64.
+    kf = a * _ERF_STEPS
+    kf += m + _ROUND_TO_INTEGER
+    kf -= _ROUND_TO_INTEGER
     # h = a - x0 (exact), written (m - k) * step + a so that h, and erf, is -0.0 at -0.0.
     h = (kf - m) * (-1.0 / _ERF_STEPS) + a
     # NaN gives a valid index; h is NaN there, so is erf
