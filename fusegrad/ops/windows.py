@@ -28,7 +28,7 @@ from fusegrad.ops.movement import narrow, pad_axes, reshape_prim, slice_axes, st
 from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
 from fusegrad.tensor import Tensor
 
-__all__ = ["ntuple", "out_size", "windows", "overlap_add", "crop_or_pad"]
+__all__ = ["ntuple", "out_size", "windows", "overlap_add", "crop_or_pad", "eager_cpu"]
 
 
 def ntuple(value, n: int, op: str, name: str) -> tuple[int, ...]:
@@ -57,7 +57,7 @@ def out_size(length: int, kernel: int, stride: int, pad_lo: int, pad_hi: int, di
     return span // stride + 1
 
 
-def _eager_cpu(x: Tensor) -> bool:
+def eager_cpu(x: Tensor) -> bool:
     """Whether an op on ``x`` runs eagerly on numpy (as ``bind`` would route it)."""
     return x._trace is None and not _primitive.CAPTURE and type(x._data) is np.ndarray
 
@@ -139,7 +139,7 @@ def windows(xp: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: 
     Axis 2 runs over the kernel offsets in row-major order, matching a weight of shape
     (..., *kernel) reshaped to (..., prod(kernel)).
     """
-    if _eager_cpu(xp):
+    if eager_cpu(xp):
         return bind(windows_prim, xp, kernel=tuple(kernel), stride=tuple(stride),
                     dilation=tuple(dilation), positions=tuple(out))
     return windows_by_slices(xp, kernel, stride, dilation, out)
@@ -178,7 +178,7 @@ def overlap_add(blocks: Tensor, padded: Sequence[int], kernel: Sequence[int],
                 stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
     """The adjoint of :func:`windows`: ``blocks`` (N, C, prod(kernel), *out) summed into an
     (N, C, *padded) tensor, each block at its kernel offset with the windows' stride."""
-    if _eager_cpu(blocks):
+    if eager_cpu(blocks):
         return bind(overlap_add_prim, blocks, padded=tuple(padded), kernel=tuple(kernel),
                     stride=tuple(stride), dilation=tuple(dilation))
     return overlap_add_by_pads(blocks, padded, kernel, stride, dilation)
