@@ -104,16 +104,30 @@ def _overlap_add_infer(x: TensorType, *, padded, kernel, stride, dilation) -> Te
 
 
 def _overlap_add_impl(x: np.ndarray, *, padded, kernel, stride, dilation) -> np.ndarray:
-    # The blocks added in kernel-offset order, as the composition's chain of adds does.
+    # The composition's sum, element for element: the first block padded with zeros, plus
+    # each further block padded with zeros, in kernel-offset order. Adding a padding zero
+    # changes only a -0.0 (to +0.0): those additions are made once, at the end, where some
+    # block after the first leaves the element uncovered.
     out = x.shape[3:]
     result = np.zeros(x.shape[:2] + tuple(padded), dtype=x.dtype)
     if 0 in out:
         return result
     blocks = x.reshape(x.shape[:2] + tuple(kernel) + out)
-    for offsets in itertools.product(*(range(k) for k in kernel)):
+    covered = np.zeros(tuple(padded), dtype=np.intp)
+    for i, offsets in enumerate(itertools.product(*(range(k) for k in kernel))):
         region = tuple(slice(o * d, o * d + t * (n - 1) + 1, t)
                        for o, d, t, n in zip(offsets, dilation, stride, out))
-        result[(slice(None), slice(None)) + region] += blocks[(slice(None), slice(None)) + offsets]
+        block = blocks[(slice(None), slice(None)) + offsets]
+        if i == 0:
+            result[(slice(None), slice(None)) + region] = block
+        else:
+            result[(slice(None), slice(None)) + region] += block
+            covered[region] += 1
+    partial = covered < math.prod(kernel) - 1
+    if result.dtype.kind not in "biu" and partial.any():
+        part = result[:, :, partial]
+        part += part.dtype.type(0)
+        result[:, :, partial] = part
     return result
 
 
