@@ -11,6 +11,8 @@ entries beyond that size and entries unused for that long.
 ``FUSEGRAD_RECOMPILE_LIMIT`` (default 8, torch's ``recompile_limit``): how many signatures
 (shapes, dtypes, ...) one compiled function compiles for; calls with further signatures run
 eagerly, with one warning.
+``FUSEGRAD_MALLOC_TOP_PAD`` (default 16 MiB; ``0``: glibc's default): freed heap memory the
+process keeps for the next eager op's arrays (:mod:`fusegrad.host_memory`).
 
 Settings can also be changed at run time, as attributes of this module or of ``config``::
 

@@ -18,10 +18,14 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.device import CPU
+from fusegrad.host_memory import keep_freed_heap
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops.primitive import TensorType
 
 __all__ = ["Tensor", "Size"]
+
+# Eager ops make and drop a numpy array each: keep freed heap pages for the next one.
+keep_freed_heap()
 
 
 class Size(tuple):

@@ -597,3 +597,93 @@ def test_the_same_output_twice_adds_its_gradients():
     z = b * 3
     fg.autograd.backward([z, z], [fg.tensor([1.0, 1.0]), fg.tensor([2.0, 0.0])])
     np.testing.assert_array_equal(b.grad.numpy(), [9.0, 3.0])
+
+
+def _alias(a, b) -> bool:
+    return np.shares_memory(a.detach().numpy(), b.detach().numpy())
+
+
+def _copies_during(fn) -> int:
+    """How many ``copy`` primitives ``fn`` applies eagerly."""
+    from fusegrad.ops import primitive
+    apply, n = primitive._eager_apply, [0]
+
+    def counted(prim, operands, attrs):
+        n[0] += prim.name == "copy"
+        return apply(prim, operands, attrs)
+    primitive._eager_apply = counted
+    try:
+        fn()
+    finally:
+        primitive._eager_apply = apply
+    return n[0]
+
+
+def test_a_gradient_only_the_engine_holds_becomes_grad_without_a_copy():
+    # The first gradient of a leaf is taken as it is when nothing else can see it; it must
+    # still be a C-ordered array of its own that later backward calls add into.
+    w = fg.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    x = fg.tensor([[0.5, -1.0], [2.0, 0.25]])
+    assert _copies_during(lambda: (w * x).sum().backward()) == 0
+    assert_close(w.grad, x)
+    assert w.grad.numpy().flags.c_contiguous and w.grad.grad_fn is None
+    assert not _alias(w.grad, x) and not _alias(w.grad, w)
+    (w * x).sum().backward()
+    assert_close(w.grad, 2 * x.numpy())
+    assert_close(x, [[0.5, -1.0], [2.0, 0.25]])
+
+
+def test_a_gradient_shared_by_two_leaves_is_copied_for_each():
+    # AddBackward sends one gradient tensor to both operands: each leaf gets its own.
+    a = fg.tensor([1.0, 2.0], requires_grad=True)
+    b = fg.tensor([3.0, 4.0], requires_grad=True)
+    (a + b).backward(fg.tensor([1.0, 1.0]))
+    assert not _alias(a.grad, b.grad)
+    a.grad.add_(5.0)
+    assert_close(b.grad, [1.0, 1.0])
+
+
+def test_a_gradient_seen_elsewhere_is_copied():
+    # Held by a hook, by a retained non-leaf .grad, or passed in by the caller: the leaf's
+    # .grad must not share its memory, or an in-place update would reach the other holder.
+    kept = []
+    a = fg.tensor([1.0, 2.0], requires_grad=True)
+    a.register_hook(lambda g: kept.append(g))
+    (a * 3).sum().backward()
+    assert not _alias(a.grad, kept[0])
+
+    b = fg.tensor([1.0, 2.0], requires_grad=True)
+    y = b.clone()                  # CloneBackward0 passes its gradient on unchanged
+    y.retain_grad()
+    y.backward(fg.tensor([2.0, 3.0]))
+    assert not _alias(b.grad, y.grad)
+
+    c = fg.tensor([1.0, 2.0], requires_grad=True)
+    g = fg.tensor([4.0, 5.0])
+    c.backward(g)
+    assert not _alias(c.grad, g)
+    c.grad.zero_()
+    assert_close(g, [4.0, 5.0])
+
+
+def test_a_gradient_that_views_a_product_only_it_holds_is_taken_as_it_is():
+    # The weight of a linear layer gets a transposed view of a product that nothing else
+    # holds: .grad is that view, a tensor of its own, and accumulates in place.
+    w = fg.tensor(np.arange(6.0, dtype=np.float32).reshape(2, 3), requires_grad=True)
+    x = fg.tensor(np.ones((4, 3), dtype=np.float32))
+    assert _copies_during(lambda: (x @ w.T).sum().backward()) == 0
+    assert_close(w.grad, np.full((2, 3), 4.0))
+    assert w.grad._base is None and w.grad.grad_fn is None
+    (x @ w.T).sum().backward()
+    assert_close(w.grad, np.full((2, 3), 8.0))
+
+
+def test_a_gradient_viewing_an_array_held_elsewhere_is_copied():
+    # Two views of one gradient (a reshape VJP's view sent on, and the gradient itself): the
+    # leaf's .grad must be its own memory.
+    a = fg.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    b = fg.tensor([[1.0, 1.0], [1.0, 1.0]], requires_grad=True)
+    (a.reshape(2, 2) + b).backward(fg.ones(2, 2))
+    assert not _alias(a.grad, b.grad)
+    a.grad.add_(1.0)
+    assert_close(b.grad, np.ones((2, 2)))

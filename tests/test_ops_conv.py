@@ -325,3 +325,86 @@ def test_conv3d_and_conv_transpose3d_match_loops():
     assert nn.ConvTranspose3d(4, 2, 2, stride=2)(fusegrad.tensor(x)).shape == (2, 2, 8, 10, 6)
     xs, ws = f64(1, 2, 3, 3, 2), f64(2, 2, 2, 2, 1)
     assert gradcheck(lambda x, w: NF.conv3d(x, w, padding=1), (xs, ws))
+
+
+# --------------------------------------------------------------------------- windows primitives
+
+WINDOW_GEOMETRIES = [
+    # spatial, kernel, stride, dilation, positions
+    ((7,), (3,), (2,), (1,), (3,)),
+    ((6, 7), (3, 2), (1, 2), (2, 1), (2, 3)),
+    ((5, 5), (1, 1), (2, 2), (1, 1), (3, 3)),
+    ((4, 5, 6), (2, 2, 3), (1, 2, 1), (1, 1, 2), (3, 2, 1)),
+    ((6, 6), (3, 3), (1, 1), (1, 1), (0, 4)),
+]
+
+
+@pytest.mark.parametrize("spatial,kernel,stride,dilation,positions", WINDOW_GEOMETRIES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64])
+def test_window_primitives_equal_their_compositions(spatial, kernel, stride, dilation, positions,
+                                                    dtype):
+    # Eager CPU code binds the windows/overlap_add primitives; traced code records the slices
+    # and pads they are defined by: both must give the same bits.
+    from fusegrad.ops import windows as W
+    x = fusegrad.tensor((RNG.standard_normal((2, 3) + spatial) * 4).astype(dtype))
+    x = x.transpose(0, 1).contiguous().transpose(0, 1)       # a non-contiguous operand too
+    got = W.windows(x, kernel, stride, dilation, positions)
+    want = W.windows_by_slices(x, kernel, stride, dilation, positions)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert not np.shares_memory(got.numpy(), x.numpy())
+    values = (RNG.standard_normal(tuple(got.shape)) * 4).astype(dtype)
+    if dtype is not np.int64:
+        values[0] = -0.0               # signed zeros: the sums' signs must agree too
+    blocks = fusegrad.tensor(values)
+    got = W.overlap_add(blocks, spatial, kernel, stride, dilation)
+    want = W.overlap_add_by_pads(blocks, spatial, kernel, stride, dilation)
+    assert got.shape == want.shape == (2, 3) + spatial
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    np.testing.assert_array_equal(np.signbit(got.numpy()), np.signbit(want.numpy()))
+
+
+@pytest.mark.parametrize("spatial,kernel,stride,dilation,positions", WINDOW_GEOMETRIES[:4])
+def test_window_primitives_gradients(spatial, kernel, stride, dilation, positions):
+    # Each primitive's VJP is the other one: finite differences, twice (gradgradcheck through
+    # the adjoint), and the adjoint identity <windows(x), b> = <x, overlap_add(b)>.
+    from fusegrad.autograd.gradcheck import gradgradcheck
+    from fusegrad.ops import windows as W
+
+    def win(x):
+        return W.windows(x, kernel, stride, dilation, positions)
+
+    def add_back(b):
+        return W.overlap_add(b, spatial, kernel, stride, dilation)
+    x = f64(1, 2, *spatial)
+    b = f64(1, 2, math.prod(kernel), *positions)
+    assert gradcheck(win, (x,)) and gradcheck(add_back, (b,))
+    assert gradgradcheck(win, (x,)) and gradgradcheck(add_back, (b,))
+    with fusegrad.no_grad():
+        lhs = float((win(x) * b).sum())
+        rhs = float((x * add_back(b)).sum())
+    assert math.isclose(lhs, rhs, rel_tol=1e-12)
+    assert win(x).grad_fn.name() == "Im2ColBackward0"
+
+
+def test_window_primitives_reject_windows_that_do_not_fit():
+    from fusegrad.ops import windows as W
+    with pytest.raises(RuntimeError, match="do not fit"):
+        W.windows(fusegrad.zeros(1, 1, 5), (3,), (2,), (1,), (3,))
+    with pytest.raises(RuntimeError, match="blocks"):
+        W.overlap_add(fusegrad.zeros(1, 1, 2, 3), (5,), (3,), (1,), (1,))
+
+
+def test_compiled_convolution_and_pooling_record_slices_not_window_primitives():
+    # The compiler sees the compositions (views folded into index arithmetic), never the
+    # primitives that eager code binds.
+    x = fusegrad.tensor(f32(2, 3, 8, 8))
+    w = fusegrad.tensor(f32(4, 3, 3, 3))
+
+    def f(x, w):
+        return NF.max_pool2d(NF.conv2d(x, w, padding=1), 2).sum()
+    graph = fusegrad.trace(f, x, w)
+    ops = {n.op for n in graph.nodes}
+    assert "slice" in ops and not ops & {"windows", "overlap_add"}
+    compiled = fusegrad.compile(f)
+    np.testing.assert_allclose(compiled(x, w).item(), f(x, w).item(), rtol=1e-5)

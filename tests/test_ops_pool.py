@@ -261,3 +261,27 @@ def test_pool3d_matches_loops():
                                atol=1e-6)
     assert nn.MaxPool3d(2)(fusegrad.tensor(x)).shape == (2, 2, 2, 2, 3)
     assert nn.AvgPool3d(2)(fusegrad.tensor(x)).shape == (2, 2, 2, 2, 3)
+
+
+def test_eager_max_pool_mask_from_argmax_equals_the_traced_elementwise_mask():
+    # Eager CPU max pooling finds each window's first maximum with argmax; traced code builds
+    # the elementwise mask. Ties, NaNs, signed zeros and infinities: same values and the
+    # same gradient element, eager against compiled.
+    rng = np.random.default_rng(5)
+    x = rng.integers(-2, 3, (2, 3, 6, 6)).astype(np.float32)
+    x[0, 0, 0, :2] = [np.nan, np.nan]
+    x[0, 1, :2, :2] = [[-0.0, 0.0], [0.0, -0.0]]
+    x[1, 2, 2:4, 2:4] = [[-np.inf, -np.inf], [-np.inf, -np.inf]]
+    x[1, 0, 4:, 4:] = [[1.0, np.inf], [np.inf, np.nan]]
+    t = fusegrad.tensor(x)
+    w = fusegrad.tensor(rng.standard_normal((2, 3, 3, 3)).astype(np.float32))
+
+    def loss(t):
+        return (NF.max_pool2d(t, 2) * w).sum()
+    eager_v = NF.max_pool2d(t, 2).numpy()
+    compiled_v = fusegrad.compile(lambda t: NF.max_pool2d(t, 2))(t).numpy()
+    np.testing.assert_array_equal(eager_v, compiled_v)
+    np.testing.assert_array_equal(np.signbit(eager_v), np.signbit(compiled_v))
+    eager_g = fusegrad.grad(loss)(t).numpy()
+    compiled_g = fusegrad.compile(fusegrad.grad(loss))(t).numpy()
+    np.testing.assert_array_equal(eager_g, compiled_g)

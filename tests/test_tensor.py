@@ -392,3 +392,21 @@ def test_grad_setter_checks():
     x.grad = fg.ones(2)
     x.grad = None
     assert x.grad is None
+
+
+def test_keep_freed_heap_sets_glibcs_top_pad_unless_told_not_to(monkeypatch):
+    import os
+
+    from fusegrad import host_memory
+    glibc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
+    monkeypatch.delenv("MALLOC_TOP_PAD_", raising=False)
+    assert host_memory.keep_freed_heap(0) is False
+    monkeypatch.setenv("FUSEGRAD_MALLOC_TOP_PAD", "0")
+    assert host_memory.keep_freed_heap() is False
+    monkeypatch.setenv("MALLOC_TOP_PAD_", str(1 << 20))     # glibc's own setting wins
+    monkeypatch.setenv("FUSEGRAD_MALLOC_TOP_PAD", str(1 << 24))
+    assert host_memory.keep_freed_heap() is False
+    monkeypatch.delenv("MALLOC_TOP_PAD_")
+    expected = bool(glibc and glibc.startswith("glibc"))
+    assert host_memory.keep_freed_heap() is expected
+    assert host_memory.keep_freed_heap(host_memory.DEFAULT_TOP_PAD) is expected

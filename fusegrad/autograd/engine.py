@@ -18,8 +18,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import operator
+import sys
 import weakref
 from typing import Sequence
+
+import numpy as np
 
 from fusegrad.autograd.grad_mode import _state as _grad_state
 from fusegrad.autograd.grad_mode import set_grad_enabled
@@ -253,6 +256,63 @@ def _check_grads(node: Node, grads) -> tuple:
     return tuple(fixed)
 
 
+def _refs_of_param(t) -> int:
+    return sys.getrefcount(t)
+
+
+def _refs_of_local() -> int:
+    t = object()
+    return _refs_of_param(t)
+
+
+def _refs_of_attr(holder) -> int:
+    a = holder.x
+    return sys.getrefcount(a)
+
+
+class _Holder:
+    __slots__ = ("x",)
+
+
+def _refs_of_held() -> int:
+    h = _Holder()
+    h.x = object()
+    return _refs_of_attr(h)
+
+
+# The reference counts of a gradient that only the engine holds, seen from
+# AccumulateGrad.apply: the tensor is run_backward's local and apply's argument; its array is
+# the tensor's attribute and a local. Measured on functions of the same shape rather than
+# written down, so that an interpreter that counts differently gets its own numbers.
+_SOLE_TENSOR_REFS = _refs_of_local()
+_SOLE_ARRAY_REFS = _refs_of_held()
+
+
+def _sole_owner(grad) -> bool:
+    """Whether ``grad``, arriving at a leaf, is held by the engine alone, so that it can become
+    ``.grad`` as it is (torch's AccumulateGrad steals such a gradient instead of copying it).
+
+    Anything else holding the tensor or its memory (another edge's buffer, a hook, a retained
+    ``.grad``, the caller's ``gradient``, another view) shows in the reference counts, and the
+    gradient is copied as before. A view is taken when it views, one level deep, an array that
+    only its base tensor holds (the transposed product that a linear layer's weight gets)."""
+    if sys.getrefcount(grad) != _SOLE_TENSOR_REFS + 1 or grad.grad_fn is not None or \
+            grad._hooks:
+        return False
+    a = grad._data
+    if type(a) is not np.ndarray or not a.flags.writeable or \
+            sys.getrefcount(a) != _SOLE_ARRAY_REFS:
+        return False
+    base = grad._base
+    if base is None:
+        return a.base is None
+    # the base tensor: grad's attribute only; its array: the base tensor's and the view's
+    if base._base is not None or sys.getrefcount(base) != _SOLE_ARRAY_REFS:
+        return False
+    b = base._data
+    return a.base is b and b.base is None and sys.getrefcount(b) == _SOLE_ARRAY_REFS + 1
+
+
 class AccumulateGrad(Node):
     """The node of a leaf tensor: adds incoming gradients into ``variable.grad``."""
 
@@ -269,7 +329,13 @@ class AccumulateGrad(Node):
             if out is not None:
                 grad = out
         if var.grad is None:
-            var.grad = grad if create_graph else grad.detach().clone()
+            if create_graph:
+                var.grad = grad
+            elif _sole_owner(grad):
+                # nobody else can see it: no copy (a view becomes a tensor of its own)
+                var.grad = grad if grad._base is None else type(grad)._wrap(grad._data, grad._dtype)
+            else:
+                var.grad = grad.detach().clone()
         elif create_graph or var.grad.requires_grad:
             var.grad = var.grad + grad
         else:
@@ -405,6 +471,9 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
                 deps[child] = left
                 if left == 0:
                     heappush(ready, (-child._seq, id(child), child))
+            # No stale references to gradients: a leaf's gradient held by nothing else is
+            # taken as its .grad without a copy (see _sole_owner).
+            in_grads = gi = prev = None
 
     if not accumulate and inputs is not None:
         for i, r in enumerate(results):

@@ -38,7 +38,7 @@ from fusegrad.ops.operands import take
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.reductions import amax, argmax, sum
 from fusegrad.ops.registry import public
-from fusegrad.ops.windows import ntuple, out_size, windows
+from fusegrad.ops.windows import eager_cpu, ntuple, out_size, windows
 from fusegrad.tensor import Tensor
 
 __all__ = [
@@ -137,7 +137,14 @@ def _first_max(cols: Tensor) -> Tensor:
     """The window maxima (N, C, *out), differentiable into the first maximum of each window
     only, as torch's max pooling: a mask of the first element equal to the maximum, built
     with elementwise ops over the (few) window positions, so compiled code fuses it (argmax
-    and gather would run as numpy steps)."""
+    and gather would run as numpy steps). Eager CPU code makes the same mask from argmax
+    (numpy's: the first NaN, else the first of the largest), three ops where the elementwise
+    mask takes three per window position."""
+    if eager_cpu(cols):
+        first = argmax(cols.detach(), 2, keepdim=True)
+        offsets = _const(np.arange(cols.shape[2]).reshape((1, 1, -1) + (1,) * (cols.ndim - 3)),
+                         dtypes.int64)
+        return sum(where(eq(first, offsets), cols, 0), 2).to(cols.dtype)
     top = amax(cols.detach(), 2, keepdim=True)
     # a NaN is the maximum of its window (NaN != NaN, so it is marked by isnan)
     hit = logical_or(eq(cols, top), isnan(cols))

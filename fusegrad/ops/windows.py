@@ -1,22 +1,34 @@
-"""Sliding windows over the spatial dims of an ``(N, C, *spatial)`` tensor, as primitives.
+"""Sliding windows over the spatial dims of an ``(N, C, *spatial)`` tensor.
 
 Convolution, pooling, ``unfold`` and ``fold`` are built on two movements: gathering the
 windows (one strided slice of the padded input per kernel offset, stacked on a new axis:
-im2col), and its adjoint, placing blocks back at strided offsets and summing (col2im). Both
-are compositions of ``pad``, ``slice``, ``reshape`` and ``concat``, so they trace, differentiate
-and compile like any view, and the compiler folds them into index arithmetic.
+im2col), and its adjoint, placing blocks back at strided offsets and summing (col2im).
+
+Each is one primitive (``windows``, ``overlap_add``: a numpy reference and a VJP, the other
+one) defined by a composition of ``pad``, ``slice``, ``reshape`` and ``concat``. Eager code on
+the CPU binds the primitive: one numpy gather (or one loop of strided adds) and one autograd
+node, where the composition costs an op per kernel offset forward and backward. Traced code
+(``fusegrad.compile``, ``fusegrad.trace``) and device tensors get the composition, so graphs
+hold only views that the compiler folds into index arithmetic; the primitives never reach a
+graph from these functions (they are ``extern`` if built into one by hand). Tests check the
+primitives against their compositions.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Sequence
 
+import numpy as np
+
+from fusegrad.ops import primitive as _primitive
 from fusegrad.ops.elementwise import add
 from fusegrad.ops.movement import narrow, pad_axes, reshape_prim, slice_axes, stack, unsqueeze
+from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
 from fusegrad.tensor import Tensor
 
-__all__ = ["ntuple", "out_size", "windows", "overlap_add", "crop_or_pad"]
+__all__ = ["ntuple", "out_size", "windows", "overlap_add", "crop_or_pad", "eager_cpu"]
 
 
 def ntuple(value, n: int, op: str, name: str) -> tuple[int, ...]:
@@ -45,6 +57,95 @@ def out_size(length: int, kernel: int, stride: int, pad_lo: int, pad_hi: int, di
     return span // stride + 1
 
 
+def eager_cpu(x: Tensor) -> bool:
+    """Whether an op on ``x`` runs eagerly on numpy (as ``bind`` would route it)."""
+    return x._trace is None and not _primitive.CAPTURE and type(x._data) is np.ndarray
+
+
+def _check_geometry(op: str, spatial, kernel, stride, dilation, out) -> None:
+    if not len(spatial) == len(kernel) == len(stride) == len(dilation) == len(out):
+        raise ShapeError(f"{op}: spatial dims {list(spatial)}, kernel {list(kernel)}, stride "
+                         f"{list(stride)}, dilation {list(dilation)} and output {list(out)} "
+                         "must have one length")
+    for s, k, t, d, n in zip(spatial, kernel, stride, dilation, out):
+        if k < 1 or t < 1 or d < 1 or n < 0 or (n > 0 and (n - 1) * t + (k - 1) * d >= s):
+            raise ShapeError(f"{op}: windows of kernel {list(kernel)}, stride {list(stride)}, "
+                             f"dilation {list(dilation)} and output {list(out)} do not fit "
+                             f"spatial dims {list(spatial)}")
+
+
+# ``positions``: the number of windows along each spatial axis (the output's spatial shape).
+def _windows_infer(x: TensorType, *, kernel, stride, dilation, positions) -> TensorType:
+    if x.ndim != len(kernel) + 2:
+        raise ShapeError(f"windows: expected an (N, C, *spatial) operand with {len(kernel)} "
+                         f"spatial dims, got {x}")
+    _check_geometry("windows", x.shape[2:], kernel, stride, dilation, positions)
+    return TensorType(x.shape[:2] + (math.prod(kernel),) + tuple(positions), x.dtype)
+
+
+def _windows_impl(x: np.ndarray, *, kernel, stride, dilation, positions) -> np.ndarray:
+    # One strided view (N, C, *kernel, *out) of x, copied once into a fresh C-ordered array.
+    steps = x.strides[2:]
+    view = np.lib.stride_tricks.as_strided(
+        x, x.shape[:2] + tuple(kernel) + tuple(positions),
+        x.strides[:2] + tuple(s * d for s, d in zip(steps, dilation))
+        + tuple(s * t for s, t in zip(steps, stride)), writeable=False)
+    result = np.empty(x.shape[:2] + (math.prod(kernel),) + tuple(positions), dtype=x.dtype)
+    np.copyto(result.reshape(view.shape), view)
+    return result
+
+
+def _overlap_add_infer(x: TensorType, *, padded, kernel, stride, dilation) -> TensorType:
+    if x.ndim != len(kernel) + 3 or x.shape[2] != math.prod(kernel):
+        raise ShapeError(f"overlap_add: expected (N, C, {math.prod(kernel)}, *out) blocks for "
+                         f"kernel {list(kernel)}, got {x}")
+    _check_geometry("overlap_add", padded, kernel, stride, dilation, x.shape[3:])
+    return TensorType(x.shape[:2] + tuple(padded), x.dtype)
+
+
+def _overlap_add_impl(x: np.ndarray, *, padded, kernel, stride, dilation) -> np.ndarray:
+    # The composition's sum, element for element: the first block padded with zeros, plus
+    # each further block padded with zeros, in kernel-offset order. Adding a padding zero
+    # changes only a -0.0 (to +0.0): those additions are made once, at the end, where some
+    # block after the first leaves the element uncovered.
+    out = x.shape[3:]
+    result = np.zeros(x.shape[:2] + tuple(padded), dtype=x.dtype)
+    if 0 in out:
+        return result
+    blocks = x.reshape(x.shape[:2] + tuple(kernel) + out)
+    covered = np.zeros(tuple(padded), dtype=np.intp)
+    for i, offsets in enumerate(itertools.product(*(range(k) for k in kernel))):
+        region = tuple(slice(o * d, o * d + t * (n - 1) + 1, t)
+                       for o, d, t, n in zip(offsets, dilation, stride, out))
+        block = blocks[(slice(None), slice(None)) + offsets]
+        if i == 0:
+            result[(slice(None), slice(None)) + region] = block
+        else:
+            result[(slice(None), slice(None)) + region] += block
+            covered[region] += 1
+    partial = covered < math.prod(kernel) - 1
+    if result.dtype.kind not in "biu" and partial.any():
+        part = result[:, :, partial]
+        part += part.dtype.type(0)
+        result[:, :, partial] = part
+    return result
+
+
+windows_prim = register(Primitive(
+    "windows", Kind.EXTERN, _windows_infer, _windows_impl,
+    (Rule(lambda g, out, x, *, kernel, stride, dilation, positions:
+          overlap_add(g, x.shape[2:], kernel, stride, dilation)),), "Im2ColBackward0",
+    attrs=("kernel", "stride", "dilation", "positions"),
+    doc="The windows of an (N, C, *S) tensor: (N, C, prod(kernel), *out) (im2col)."))
+
+overlap_add_prim = register(Primitive(
+    "overlap_add", Kind.EXTERN, _overlap_add_infer, _overlap_add_impl,
+    (Rule(lambda g, out, x, *, padded, kernel, stride, dilation:
+          windows(g, kernel, stride, dilation, x.shape[3:])),), "Col2ImBackward0",
+    attrs=("padded", "kernel", "stride", "dilation"),
+    doc="The adjoint of windows: (N, C, prod(kernel), *out) blocks summed into (N, C, *padded)."))
+
+
 def windows(xp: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
             out: Sequence[int]) -> Tensor:
     """The windows of an already padded ``xp`` (N, C, *S): shape (N, C, prod(kernel), *out).
@@ -52,6 +153,16 @@ def windows(xp: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: 
     Axis 2 runs over the kernel offsets in row-major order, matching a weight of shape
     (..., *kernel) reshaped to (..., prod(kernel)).
     """
+    if eager_cpu(xp):
+        return bind(windows_prim, xp, kernel=tuple(kernel), stride=tuple(stride),
+                    dilation=tuple(dilation), positions=tuple(out))
+    return windows_by_slices(xp, kernel, stride, dilation, out)
+
+
+def windows_by_slices(xp: Tensor, kernel: Sequence[int], stride: Sequence[int],
+                      dilation: Sequence[int], out: Sequence[int]) -> Tensor:
+    """:func:`windows` as the ``windows`` primitive is defined: one strided slice per kernel
+    offset, stacked (what traced code records)."""
     lead = tuple(xp.shape[:2])
     views = []
     for offsets in itertools.product(*(range(k) for k in kernel)):
@@ -81,6 +192,16 @@ def overlap_add(blocks: Tensor, padded: Sequence[int], kernel: Sequence[int],
                 stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
     """The adjoint of :func:`windows`: ``blocks`` (N, C, prod(kernel), *out) summed into an
     (N, C, *padded) tensor, each block at its kernel offset with the windows' stride."""
+    if eager_cpu(blocks):
+        return bind(overlap_add_prim, blocks, padded=tuple(padded), kernel=tuple(kernel),
+                    stride=tuple(stride), dilation=tuple(dilation))
+    return overlap_add_by_pads(blocks, padded, kernel, stride, dilation)
+
+
+def overlap_add_by_pads(blocks: Tensor, padded: Sequence[int], kernel: Sequence[int],
+                        stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
+    """:func:`overlap_add` as the ``overlap_add`` primitive is defined: each block spread by
+    the stride, padded to its offset, and the blocks added in kernel-offset order."""
     nd = len(kernel)
     out = tuple(blocks.shape[3:])
     total = None

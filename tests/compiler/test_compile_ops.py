@@ -433,13 +433,26 @@ def test_check_index_primitive():
     assert x[fg.tensor([-1])].shape == (1, 5)          # indexing still wraps, as in torch
 
 
+def test_window_primitives_in_a_graph_run_their_numpy_reference():
+    # The windows/overlap_add primitives reach a graph only when bound on traced tensors by
+    # hand (conv and pooling trace their slice compositions): they run as numpy steps.
+    from fusegrad.ops import windows as W
+    x = values((2, 3, 5, 6), fg.float32, 0)
+    b = values((2, 3, 4, 2, 2), fg.float32, 1)
+    geometry = {"kernel": (2, 2), "stride": (2, 1), "dilation": (1, 2)}
+    check_primitives(fg.float32, {
+        "windows": lambda x, b: bind(W.windows_prim, x, positions=(2, 2), **geometry),
+        "overlap_add": lambda x, b: bind(W.overlap_add_prim, b, padded=(5, 6), **geometry)},
+        x, b, in_numpy=("windows", "overlap_add"))
+
+
 def test_every_primitive_has_a_compiled_test():
     from tests.compiler.test_compile_extern_ops import EXTERN_PRIMITIVES
     tested = set(UNARY_FLOAT + UNARY_ANY) | set(BINARY_DTYPES) | set(MOVEMENT_OPS) | {
         "not", "cast", "where", "sum", "prod", "max", "min", "argmax", "argmin", "take",
         "index_add", "gather", "scatter_add", "matmul", "full", "iota", "constant",
         "random_uniform", "argsort", "cumsum", "check_target", "check_index", "atan2", "bitcast",
-        "scatter_reduce", *INVERSE_TRIG,
+        "scatter_reduce", "windows", "overlap_add", *INVERSE_TRIG,
         # fusegrad.distributed's collectives: tests/distributed/test_distributed.py
         "allreduce_start", "allreduce_wait",
         # decompositions, special functions, mode: tests/compiler/test_compile_extern_ops.py

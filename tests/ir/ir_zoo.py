@@ -315,6 +315,28 @@ def extern_ops() -> Case:
 
 
 @case
+def window_ops() -> Case:
+    # im2col and its adjoint (fusegrad.ops.windows), checked against explicit loops.
+    import fusegrad.ops.windows  # noqa: F401  (registers the primitives)
+    g = Graph("windows")
+    x = g.add_input("x", T(1, 2, 5, 6))
+    b = g.add_input("b", T(1, 2, 4, 2, 2))
+    geometry = {"kernel": (2, 2), "stride": (2, 1), "dilation": (1, 2)}
+    g.set_outputs([g.add_node("windows", [x], {**geometry, "positions": (2, 2)}),
+                   g.add_node("overlap_add", [b], {**geometry, "padded": (5, 6)})])
+
+    def expected(x, b):
+        w = np.zeros((1, 2, 4, 2, 2), np.float32)
+        y = np.zeros((1, 2, 5, 6), np.float32)
+        for k, (i, j) in enumerate(np.ndindex(2, 2)):
+            for p, q in np.ndindex(2, 2):
+                w[:, :, k, p, q] = x[:, :, 2 * p + i, q + 2 * j]
+                y[:, :, 2 * p + i, q + 2 * j] += b[:, :, k, p, q]
+        return [w, y]
+    return Case(g, (rand(1, 2, 5, 6, seed=31), rand(1, 2, 4, 2, 2, seed=32)), expected)
+
+
+@case
 def collectives() -> Case:
     # fusegrad.distributed's all-reduce pair; outside mpiexec a job of one rank (identity).
     import fusegrad.distributed  # noqa: F401  (registers the primitives)
