@@ -32,13 +32,23 @@ def _int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))
     except ValueError:
+        _ignored(name, default)
         return default
+
+
+def _ignored(name: str, default) -> None:
+    """Say that an environment variable's value is not understood (it is not ignored
+    silently); ``default`` is used instead."""
+    import warnings
+    warnings.warn(f"{name}={os.environ.get(name)!r} is not a number; fusegrad uses {default}",
+                  RuntimeWarning, stacklevel=3)
 
 
 def _float(name: str, default: float) -> float:
     try:
         return float(os.environ.get(name, default))
     except ValueError:
+        _ignored(name, default)
         return default
 
 

@@ -41,10 +41,8 @@ def keep_freed_heap(pad: int | None = None) -> bool:
     if pad is None:
         if "MALLOC_TOP_PAD_" in os.environ:
             return False
-        try:
-            pad = int(os.environ.get("FUSEGRAD_MALLOC_TOP_PAD", DEFAULT_TOP_PAD))
-        except ValueError:
-            pad = DEFAULT_TOP_PAD
+        from fusegrad.config import _int
+        pad = _int("FUSEGRAD_MALLOC_TOP_PAD", DEFAULT_TOP_PAD)
     if pad <= 0 or not _glibc():
         return False
     try:

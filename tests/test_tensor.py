@@ -410,3 +410,12 @@ def test_keep_freed_heap_sets_glibcs_top_pad_unless_told_not_to(monkeypatch):
     expected = bool(glibc and glibc.startswith("glibc"))
     assert host_memory.keep_freed_heap() is expected
     assert host_memory.keep_freed_heap(host_memory.DEFAULT_TOP_PAD) is expected
+
+
+def test_an_environment_setting_that_is_not_a_number_is_reported(monkeypatch):
+    from fusegrad import config
+    monkeypatch.setenv("FUSEGRAD_NUM_THREADS", "four")
+    with pytest.warns(RuntimeWarning, match="FUSEGRAD_NUM_THREADS='four' is not a number"):
+        config.reload()
+    monkeypatch.delenv("FUSEGRAD_NUM_THREADS")
+    config.reload()
