@@ -3,9 +3,11 @@
 Codegen turns a fused kernel into scalar code per element. What a primitive *means* per
 element (numpy-exact floor division and remainder, powers, casts with NaN and Inf going to
 integers, 16-bit float rounding, reduction identities) is written here, once, against a
-small backend-neutral :class:`ScalarBuilder`. A backend implements the builder: the LLVM
-emitter builds llvmlite instructions, the kernel IR builder (``fusegrad.codegen.kernel_ir``)
-builds nodes that the CUDA C printer and the reference interpreter read.
+small backend-neutral :class:`ScalarBuilder`. The lowerings (``fusegrad.codegen.cpu_lowering``,
+``fusegrad.codegen.gpu_lowering``) call it through the kernel IR's builder
+(``fusegrad.codegen.kernel_ir``), whose nodes the LLVM printer (whose ``LLVMScalars``
+implements the builder with llvmlite instructions), the CUDA C printer and the reference
+interpreter read.
 
 The builder's operations have C's meaning on registers of a dtype (bool, the integer types,
 float32, float64; a 16-bit float computes in a float32 register and is rounded where it is

@@ -533,7 +533,7 @@ def _scratch_cells(k: Kernel) -> int | None:
 
 
 class _LocalSlots(dict):
-    """A kernel's own buffer numbers: the emitter asks for a value's slot, and gets the next
+    """A kernel's own buffer numbers: the LLVM printer asks for a value's slot, and gets the next
     local number the first time; ``order`` maps local numbers to the program's slots."""
 
     def __init__(self, slots: dict[Value, int]):
