@@ -212,7 +212,9 @@ def parallel_extent(kernel: Kernel, kg: KernelGraph | None = None) -> int:
         return 1
     if kg is None:
         raise ValueError(f"{kernel.describe()}: its loops depend on its graph's views")
-    return math.prod(kernel.shape[a] for a in loop_groups(kernel, kg)[0])
+    groups = loop_groups(kernel, kg)
+    first = math.prod(kernel.shape[a] for a in groups[0])
+    return -(-first // TILE) if len(groups) == 2 and tiled(kernel, kg) else first
 
 
 # Nodes that read their operand at other coordinates than their own (or make values of
@@ -220,20 +222,18 @@ def parallel_extent(kernel: Kernel, kg: KernelGraph | None = None) -> int:
 _MOVES = frozenset({"reshape", "broadcast_to", "pad", "concat", "iota"})
 
 
-def loop_groups(kernel: Kernel, kg: KernelGraph) -> list[list[int]]:
-    """The axes of an elementwise (or matmul epilogue) kernel in groups of adjacent axes
-    that run as one loop: axes ``d`` and ``d + 1`` join when every buffer the kernel reads
-    or writes steps over them as one row-major block (stride of ``d`` = extent of ``d + 1``
-    times its stride, broadcast axes counting as stride 0). A (500, 10, 3) by (3,) product
-    then loops over (5000, 3), whose short inner loop unrolls and whose outer loop
-    vectorizes; over (500, 10, 3) the loop of 10 around it ran scalar. Other kernels, and
-    kernels with nodes in :data:`_MOVES`, loop over each axis."""
+def _accesses(kernel: Kernel, kg: KernelGraph) -> list[list[int]] | None:
+    """For each buffer an elementwise (or matmul epilogue) kernel reads or writes, the
+    element step of each of the kernel's axes (0 where the buffer broadcasts); None for
+    other kernels and kernels with nodes in :data:`_MOVES`, whose buffers are not read at
+    the kernel's own coordinates. A matmul's operands are BLAS's (the kernel reads the
+    product) and are left out: loops must be a function of the kernel's description, by
+    which code is cached."""
     shape = kernel.shape
     n = len(shape)
-    single = [[d] for d in range(n)]
     if kernel.kind not in ("elementwise", "matmul") or n < 2 or \
             any(nd.op in _MOVES for nd in kernel.nodes):
-        return single
+        return None
     internal = set(kernel.nodes)
 
     def steps(dims, strides) -> list[int]:
@@ -245,14 +245,27 @@ def loop_groups(kernel: Kernel, kg: KernelGraph) -> list[list[int]]:
             view = identity_view(v)
             accesses.append(steps(view.shape, view.strides))
     for node in kernel.nodes:
-        # A matmul's operands are BLAS's (the kernel reads the product): leaving them out
-        # keeps the loops a function of the kernel's description, by which code is cached.
         for x in node.inputs if node.op != "matmul" else ():
             if isinstance(x, Value) and (x.producer not in internal or x.producer.op == "matmul"):
                 view = kg.views.get(x) or identity_view(x)
                 accesses.append(steps(view.shape, view.strides))
-    groups = [[n - 1]]
-    for d in range(n - 2, -1, -1):
+    return accesses
+
+
+def loop_groups(kernel: Kernel, kg: KernelGraph) -> list[list[int]]:
+    """The axes of an elementwise (or matmul epilogue) kernel in groups of adjacent axes
+    that run as one loop: axes ``d`` and ``d + 1`` join when every buffer the kernel reads
+    or writes steps over them as one row-major block (stride of ``d`` = extent of ``d + 1``
+    times its stride, broadcast axes counting as stride 0). A (500, 10, 3) by (3,) product
+    then loops over (5000, 3), whose short inner loop unrolls and whose outer loop
+    vectorizes; over (500, 10, 3) the loop of 10 around it ran scalar. Other kernels, and
+    kernels with nodes in :data:`_MOVES`, loop over each axis."""
+    shape = kernel.shape
+    accesses = _accesses(kernel, kg)
+    if accesses is None:
+        return [[d] for d in range(len(shape))]
+    groups = [[len(shape) - 1]]
+    for d in range(len(shape) - 2, -1, -1):
         inner = groups[0]
         size = math.prod(shape[a] for a in inner)
         if shape[d] == 1 or all(a[d] == size * a[inner[-1]] for a in accesses):
@@ -260,6 +273,39 @@ def loop_groups(kernel: Kernel, kg: KernelGraph) -> list[list[int]]:
         else:
             groups.insert(0, [d])
     return groups
+
+
+# A transposing kernel (a buffer read across its rows) loops over tiles of TILE x TILE of its
+# last two loops, from this many elements: the lines of the buffer read across stay in cache
+# for the tile's rows (a 2048x2048 ``x.t() * 2``: 37 ms row by row).
+TILE = 32
+TILE_WORK = 1 << 16
+TILE_STRIDE = 16          # elements: a buffer read across rows this far apart (a cache line)
+
+
+def tiled(kernel: Kernel, kg: KernelGraph) -> bool:
+    """Whether ``kernel``'s last two loops run in tiles (see :data:`TILE`): a buffer steps
+    by one along the next-to-last loop and by :data:`TILE_STRIDE` or more along the last."""
+    accesses = _accesses(kernel, kg)
+    if accesses is None or math.prod(kernel.shape) < TILE_WORK:
+        return False
+    groups = loop_groups(kernel, kg)
+    if len(groups) < 2:
+        return False
+    extents = [math.prod(kernel.shape[a] for a in g) for g in groups]
+    if extents[-1] < TILE or extents[-2] < TILE:
+        return False
+    outer, inner = groups[-2][-1], groups[-1][-1]
+    return any(a[outer] == 1 and a[inner] >= TILE_STRIDE for a in accesses)
+
+
+def tuning() -> str:
+    """This module's tunable constants as text: code made under other values loops
+    differently (other launch extents too), so the kernel cache keys on them."""
+    return (f"SUM_BLOCK={SUM_BLOCK} COLUMN_TILE={COLUMN_TILE} COLUMN_BLOCK={COLUMN_BLOCK} "
+            f"COLUMN_UNITS={COLUMN_UNITS} MIN_COLUMN_CHUNK={MIN_COLUMN_CHUNK} "
+            f"SPLIT_WORK={SPLIT_WORK} SPLIT_PARTS={SPLIT_PARTS} ROLL_FROM={ROLL_FROM} "
+            f"TILE={TILE} TILE_WORK={TILE_WORK} TILE_STRIDE={TILE_STRIDE}")
 
 
 class _Slot:
@@ -434,7 +480,8 @@ class _CPULowering(KernelValues):
         outs = self.outputs_at("full")
         shape = self.k.shape
         groups = loop_groups(self.k, self.kg)
-        if len(groups) == len(shape):
+        is_tiled = tiled(self.k, self.kg)
+        if len(groups) == len(shape) and not is_tiled:
             self.nest(shape, lambda coords: self.store_all(outs, coords), parallel=True,
                       vectorize_inner=True, segments=self.segments())
             return
@@ -454,8 +501,37 @@ class _CPULowering(KernelValues):
                         self.linear[id(part)] = (m, k, sizes, part)
                 coords += parts
             self.store_all(outs, coords)
-        self.nest([math.prod(shape[a] for a in g) for g in groups], body, parallel=True,
-                  vectorize_inner=True)
+        extents = [math.prod(shape[a] for a in g) for g in groups]
+        if is_tiled:
+            self.tiles(extents, body)
+            return
+        self.nest(extents, body, parallel=True, vectorize_inner=True)
+
+    def tiles(self, extents, body) -> None:
+        """The loops over ``extents`` with the last two in tiles of TILE x TILE (tile rows
+        outside, tile columns, then the tile's rows and columns): ``body(indices)``. The
+        first loop runs [start, end): the tile rows when there are two loops."""
+        b = self.b
+        lead, (rows, cols) = extents[:-2], extents[-2:]
+
+        def in_tile(t, size):
+            lo = b.mul(t, self.idx(TILE))
+            hi = b.add(lo, self.idx(TILE))
+            if size % TILE:
+                hi = b.select(b.cmp("lt", hi, self.idx(size), INDEX), hi, self.idx(size), INDEX)
+            return lo, hi
+
+        def tile_loops(outer):
+            start, end = self.start_end() if not lead else (0, -(-rows // TILE))
+            with self.loop(start, end, "ti") as ti:
+                with self.loop(0, -(-cols // TILE), "tj") as tj:
+                    with self.loop(*in_tile(ti, rows), "i") as i:
+                        with self.loop(*in_tile(tj, cols), "j") as j:
+                            body(list(outer) + [i, j])
+        if lead:
+            self.nest(lead, tile_loops, parallel=True)
+        else:
+            tile_loops([])
 
     def address(self, view, coords):
         """As :meth:`KernelValues.address`, with the axes of a loop group (see

@@ -309,9 +309,11 @@ def codegen_files() -> list[Path]:
 def kernel_key(description: str) -> str:
     """The cache key of a kernel described by ``description`` (everything its LLVM IR is
     made from, see ``fusegrad.runtime.cpu.kernel_description``): a warm cache then skips
-    building the IR, which costs more than loading the machine code."""
-    return hashlib.sha256("\n".join([target_identity(), codegen_identity(), description])
-                          .encode()).hexdigest()
+    building the IR, which costs more than loading the machine code. The code generator's
+    tunable constants are part of it: code made under others loops differently."""
+    from fusegrad.codegen.llvm.kernel import tuning
+    return hashlib.sha256("\n".join([target_identity(), codegen_identity(), tuning(),
+                                     description]).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -217,3 +217,34 @@ def test_loop_groups_depend_only_on_what_the_kernel_cache_keys_on():
         found.append((kernel_description(k, kg, 3)[0], cpu_lowering.loop_groups(k, kg),
                       cpu_lowering.parallel_extent(k, kg)))
     assert found[0] == found[1]
+
+
+@pytest.mark.parametrize("shape, perm", [((7, 10), (1, 0)), ((3, 9, 6), (0, 2, 1)),
+                                         ((2, 3, 7, 5), (0, 1, 3, 2))])
+def test_transposing_kernels_loop_in_tiles(shape, perm, monkeypatch):
+    # Small tiles on small shapes: edge tiles, a leading loop, and the kernel cache keyed on
+    # the tile size (its code and its launch extent change with it).
+    monkeypatch.setattr(cpu_lowering, "TILE", 4)
+    monkeypatch.setattr(cpu_lowering, "TILE_WORK", 1)
+    monkeypatch.setattr(cpu_lowering, "TILE_STRIDE", 2)
+    x = fg.randn(*shape)
+    b = fg.randn(shape[perm[-1]])
+
+    def f(x, b):
+        return x.permute(*perm) * 2 + b
+    kg = kernel_graph(f, [x, b])
+    (k,) = [k for k in kg.kernels if k.kind == "elementwise"]
+    assert cpu_lowering.tiled(k, kg)
+    (lk,) = cpu_lowering.lower_kernel(k, kg)
+    names = [lp.var.name.rstrip("0123456789") for lp in loops(lk.body)]
+    assert names[-4:] == ["ti", "tj", "i", "j"]
+    want = f(x, b).numpy()
+    np.testing.assert_allclose(interpreted_program(kg)(x._data, b._data)[0], want, rtol=1e-6)
+    np.testing.assert_allclose(fg.compile(f)(x, b).numpy(), want, rtol=1e-6)
+
+
+def test_kernel_cache_keys_on_the_lowerings_constants(monkeypatch):
+    # Code made with other tiles or blocks loops (and launches) differently.
+    before = jit.kernel_key("elementwise [4, 4]")
+    monkeypatch.setattr(cpu_lowering, "TILE", 8)
+    assert jit.kernel_key("elementwise [4, 4]") != before

@@ -47,7 +47,8 @@ from fusegrad.ir.kernel_graph import Kernel, KernelGraph
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
 
-__all__ = ["Unsupported", "KernelPrinter", "emit_kernel", "KERNEL_ARGS", "lltype", "LLVMScalars"]
+__all__ = ["Unsupported", "KernelPrinter", "emit_kernel", "KERNEL_ARGS", "lltype", "LLVMScalars",
+           "tuning"]
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -72,6 +73,13 @@ FULL_UNROLL_TRIPS = 8
 MIN_VECTOR_TRIPS = 16
 
 _REDUCE_FLAGS = ("reassoc",)
+
+
+def tuning() -> str:
+    """The printer's and the CPU lowering's tunable constants as text (the kernel cache
+    keys on them: tests change them)."""
+    return (f"{cpu_lowering.tuning()} MAX_INTERLEAVED_BODY={MAX_INTERLEAVED_BODY} "
+            f"FULL_UNROLL_TRIPS={FULL_UNROLL_TRIPS} MIN_VECTOR_TRIPS={MIN_VECTOR_TRIPS}")
 
 
 def lltype(dt: dtypes.DType) -> ir.Type:
