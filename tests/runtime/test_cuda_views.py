@@ -8,23 +8,9 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
-from fusegrad.ops import primitive
-from fusegrad.runtime import cuda as rt
 from fusegrad.runtime import eager_cuda
-from fusegrad.testing.simulated_cuda import SimulatedDriver
 
 TOL = {"rtol": 1e-6, "atol": 1e-6}
-
-
-@pytest.fixture
-def simulated():
-    drv = SimulatedDriver()
-    rt.set_driver(drv)
-    eager_cuda.clear_cache()
-    yield drv
-    eager_cuda.clear_cache()
-    primitive._device_apply = None
-    rt.set_driver(None)
 
 
 def _both(program, shape=(4, 6)):
