@@ -710,21 +710,8 @@ class _CPULowering(KernelValues):
         """(value, local row) when ``node``'s input is computed in this kernel, read again
         by the full-size outputs, and a row of it fits in 64 KiB of stack."""
         n = math.prod(red_shape)
-        if node is None or not full_outs or n * 8 > 65536:
-            return None
-        src = node.inputs[0]
-        if not isinstance(src, Value) or src.producer not in self.internal or \
-                src.type.shape != self.k.shape:
-            return None
-        seen, stack, used = set(), list(full_outs), False
-        while stack and not used:
-            v = stack.pop()
-            if v is src:
-                used = True
-            elif v.producer in self.internal and self.k.level.get(v) != "row" and v not in seen:
-                seen.add(v)
-                stack.extend(op for op in v.producer.inputs if isinstance(op, Value))
-        if not used:
+        src = self.reused_operand(node, full_outs) if n * 8 <= 65536 else None
+        if src is None:
             return None
         return src, self.local("row", lowering.register_dtype(src.type.dtype), n)
 

@@ -59,6 +59,7 @@ __all__ = ["lower_kernel", "kernel_family", "BLOCK", "WARP", "TILE", "MAX_GRID"]
 BLOCK = 256          # threads per block
 VEC = 4              # elements a thread loads and stores at once in elementwise kernels
 VEC_MIN = 4096       # smaller kernels keep the one scalar loop
+MAX_KEPT_ROW = 2048  # elements of a row a row_reduce block keeps in shared memory
 # Nodes whose operand is read at other coordinates along the innermost axis.
 _MOVES_ELEMENTS = frozenset({"reshape", "broadcast_to", "pad", "concat", "iota"})
 WARP = 32
@@ -223,16 +224,35 @@ class _Lowering(KernelValues):
         lane = b.rem(tid, self.idx(WARP))
         warp = b.div(tid, self.idx(WARP))
 
+        nodes = reductions(k)
+        full = self.outputs_at("full")
+        # The last reduction's operand, when the stores read it again (softmax's exp(x -
+        # max)), kept in shared memory: each thread reads back the elements it wrote, so the
+        # stores compute nothing the reduction did (the CPU kernel keeps such a row too).
+        kept = self.reused_operand(nodes[-1] if nodes else None, full) \
+            if rowlen <= MAX_KEPT_ROW else None
+        row_buf = None
+        if kept is not None:
+            row_buf = Shared(f"row{len(self.shared)}", lowering.register_dtype(kept.type.dtype),
+                             rowlen)
+            self.shared.append(row_buf)
+
+        def reduce_and_keep(node, acc, row, j, out):
+            coords = self.split(row, j)
+            if row_buf is not None and node.inputs[0] is kept:
+                out.append(StoreShared(row_buf, j, self.emit(kept, coords)))
+            self.reduce_step(node, acc, coords, out)
+
         def per_row(row, body):
-            for node in reductions(k):
+            for node in nodes:
                 out_dt = node.output.type.dtype
                 reg = lowering.register_dtype(out_dt)
                 acc = self.var("acc", reg)
                 identity = lowering.reduction_identity(b, node.op, out_dt)
                 body.append(Declare(acc, identity))
                 body.append(self.loop("j", tid, self.idx(rowlen), b.special("blockDim"),
-                                      lambda j, out, node=node, acc=acc: self.reduce_step(
-                                          node, acc, self.split(row, j), out)))
+                                      lambda j, out, node=node, acc=acc: reduce_and_keep(
+                                          node, acc, row, j, out)))
                 # The warp's partial results, then the warps' through shared memory.
                 for off in (16, 8, 4, 2, 1):
                     body.append(Assign(acc, lowering.combine(
@@ -261,10 +281,12 @@ class _Lowering(KernelValues):
             self.row_outputs(row, row_body)
             if row_body:
                 body.append(If(b.cmp("eq", tid, self.idx(0), INDEX), row_body))
-            full = self.outputs_at("full")
             if full:
                 def store_full(j, out):
                     coords = self.split(row, j)
+                    if row_buf is not None:
+                        self.memo[(kept, tuple(id(c) for c in coords))] = (
+                            b.load_shared(row_buf, j), tuple(coords))
                     for v in full:
                         self.store(v, coords, out)
                 body.append(self.loop("j", tid, self.idx(rowlen), b.special("blockDim"),

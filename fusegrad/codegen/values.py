@@ -128,6 +128,26 @@ class KernelValues:
                 for x in node.inputs]
         return lowering.lower_scalar(b, node, args)
 
+    def reused_operand(self, node: Node | None, full_outs: list) -> Value | None:
+        """``node``'s operand when it is computed in this kernel at the kernel's shape and
+        the full-size outputs read it again (softmax's ``exp(x - max)``, the last
+        reduction's input): a lowering can keep its row rather than compute it twice."""
+        if node is None or not full_outs:
+            return None
+        src = node.inputs[0]
+        if not isinstance(src, Value) or src.producer not in self.internal or \
+                src.type.shape != self.k.shape:
+            return None
+        seen, stack = set(), list(full_outs)
+        while stack:
+            v = stack.pop()
+            if v is src:
+                return src
+            if v.producer in self.internal and self.k.level.get(v) != "row" and v not in seen:
+                seen.add(v)
+                stack.extend(op for op in v.producer.inputs if isinstance(op, Value))
+        return None
+
     def stored(self, v: Value, coords: Sequence):
         """(index, memory value) of ``v``'s element at ``coords`` in its own buffer."""
         value = lowering.to_memory(self.b, self.emit(v, coords), v.type.dtype)
