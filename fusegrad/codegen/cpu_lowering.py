@@ -40,7 +40,7 @@ from fusegrad.codegen.kernel_ir import (
     StoreLocal,
     Var,
 )
-from fusegrad.codegen.values import KernelValues
+from fusegrad.codegen.values import MOVES_ELEMENTS, KernelValues
 from fusegrad.codegen.values import reductions as kernel_reductions
 from fusegrad.ir.graph import Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, identity_view
@@ -48,7 +48,7 @@ from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
 
 __all__ = ["lower_kernel", "ColumnPlan", "column_plan", "SplitPlan", "split_plan",
-           "kernel_phases", "parallel_extent", "loop_groups", "SCRATCH", "SUM_BLOCK", "COLUMN_TILE",
+           "kernel_phases", "parallel_extent", "loop_plan", "LoopPlan", "SCRATCH", "SUM_BLOCK", "COLUMN_TILE",
            "COLUMN_BLOCK", "SPLIT_WORK", "SPLIT_PARTS"]
 
 F64 = dtypes.float64
@@ -212,27 +212,20 @@ def parallel_extent(kernel: Kernel, kg: KernelGraph | None = None) -> int:
         return 1
     if kg is None:
         raise ValueError(f"{kernel.describe()}: its loops depend on its graph's views")
-    groups = loop_groups(kernel, kg)
-    first = math.prod(kernel.shape[a] for a in groups[0])
-    return -(-first // TILE) if len(groups) == 2 and tiled(kernel, kg) else first
-
-
-# Nodes that read their operand at other coordinates than their own (or make values of
-# coordinates): a kernel holding one loops over every axis of its own.
-_MOVES = frozenset({"reshape", "broadcast_to", "pad", "concat", "iota"})
+    return loop_plan(kernel, kg).parallel_extent
 
 
 def _accesses(kernel: Kernel, kg: KernelGraph) -> list[list[int]] | None:
     """For each buffer an elementwise (or matmul epilogue) kernel reads or writes, the
     element step of each of the kernel's axes (0 where the buffer broadcasts); None for
-    other kernels and kernels with nodes in :data:`_MOVES`, whose buffers are not read at
-    the kernel's own coordinates. A matmul's operands are BLAS's (the kernel reads the
+    other kernels and kernels with a node of ``MOVES_ELEMENTS``, whose buffers are not
+    read at the kernel's own coordinates. A matmul's operands are BLAS's (the kernel reads the
     product) and are left out: loops must be a function of the kernel's description, by
     which code is cached."""
     shape = kernel.shape
     n = len(shape)
     if kernel.kind not in ("elementwise", "matmul") or n < 2 or \
-            any(nd.op in _MOVES for nd in kernel.nodes):
+            any(nd.op in MOVES_ELEMENTS for nd in kernel.nodes):
         return None
     internal = set(kernel.nodes)
 
@@ -252,29 +245,6 @@ def _accesses(kernel: Kernel, kg: KernelGraph) -> list[list[int]] | None:
     return accesses
 
 
-def loop_groups(kernel: Kernel, kg: KernelGraph) -> list[list[int]]:
-    """The axes of an elementwise (or matmul epilogue) kernel in groups of adjacent axes
-    that run as one loop: axes ``d`` and ``d + 1`` join when every buffer the kernel reads
-    or writes steps over them as one row-major block (stride of ``d`` = extent of ``d + 1``
-    times its stride, broadcast axes counting as stride 0). A (500, 10, 3) by (3,) product
-    then loops over (5000, 3), whose short inner loop unrolls and whose outer loop
-    vectorizes; over (500, 10, 3) the loop of 10 around it ran scalar. Other kernels, and
-    kernels with nodes in :data:`_MOVES`, loop over each axis."""
-    shape = kernel.shape
-    accesses = _accesses(kernel, kg)
-    if accesses is None:
-        return [[d] for d in range(len(shape))]
-    groups = [[len(shape) - 1]]
-    for d in range(len(shape) - 2, -1, -1):
-        inner = groups[0]
-        size = math.prod(shape[a] for a in inner)
-        if shape[d] == 1 or all(a[d] == size * a[inner[-1]] for a in accesses):
-            inner.insert(0, d)
-        else:
-            groups.insert(0, [d])
-    return groups
-
-
 # A transposing kernel (a buffer read across its rows) loops over tiles of TILE x TILE of its
 # last two loops, from this many elements: the lines of the buffer read across stay in cache
 # for the tile's rows (a 2048x2048 ``x.t() * 2``: 37 ms row by row).
@@ -283,20 +253,52 @@ TILE_WORK = 1 << 16
 TILE_STRIDE = 16          # elements: a buffer read across rows this far apart (a cache line)
 
 
-def tiled(kernel: Kernel, kg: KernelGraph) -> bool:
-    """Whether ``kernel``'s last two loops run in tiles (see :data:`TILE`): a buffer steps
-    by one along the next-to-last loop and by :data:`TILE_STRIDE` or more along the last."""
+@dataclass(frozen=True)
+class LoopPlan:
+    """How an elementwise kernel (or matmul epilogue) loops: ``groups`` of adjacent axes
+    that run as one loop (of ``extents``), and whether the last two loops run in tiles.
+    The lowering and the runtime's launch extent both read it, so they cannot disagree."""
+
+    groups: tuple[tuple[int, ...], ...]
+    extents: tuple[int, ...]
+    tiled: bool
+
+    @property
+    def parallel_extent(self) -> int:
+        """The first loop's extent: its tiles when it is the tiled rows."""
+        first = self.extents[0]
+        return -(-first // TILE) if self.tiled and len(self.extents) == 2 else first
+
+
+def loop_plan(kernel: Kernel, kg: KernelGraph) -> LoopPlan:
+    """The :class:`LoopPlan` of an elementwise (or matmul epilogue) kernel.
+
+    Axes ``d`` and ``d + 1`` loop as one when every buffer the kernel reads or writes steps
+    over them as one row-major block (stride of ``d`` = extent of ``d + 1`` times its
+    stride, broadcast axes counting as stride 0): a (500, 10, 3) by (3,) product loops over
+    (5000, 3), whose short inner loop unrolls and whose outer loop vectorizes (over (500,
+    10, 3) the loop of 10 around it ran scalar). The last two loops run in tiles of
+    :data:`TILE` when a buffer steps by one along the next-to-last and by
+    :data:`TILE_STRIDE` or more along the last (a transpose), from :data:`TILE_WORK`
+    elements. Kernels whose buffers are not read at their own coordinates (see
+    :func:`_accesses`) loop over each axis, untiled."""
+    shape = kernel.shape
     accesses = _accesses(kernel, kg)
-    if accesses is None or math.prod(kernel.shape) < TILE_WORK:
-        return False
-    groups = loop_groups(kernel, kg)
-    if len(groups) < 2:
-        return False
-    extents = [math.prod(kernel.shape[a] for a in g) for g in groups]
-    if extents[-1] < TILE or extents[-2] < TILE:
-        return False
-    outer, inner = groups[-2][-1], groups[-1][-1]
-    return any(a[outer] == 1 and a[inner] >= TILE_STRIDE for a in accesses)
+    if accesses is None:
+        return LoopPlan(tuple((d,) for d in range(len(shape))), tuple(shape), False)
+    groups = [[len(shape) - 1]]
+    for d in range(len(shape) - 2, -1, -1):
+        inner = groups[0]
+        size = math.prod(shape[a] for a in inner)
+        if shape[d] == 1 or all(a[d] == size * a[inner[-1]] for a in accesses):
+            inner.insert(0, d)
+        else:
+            groups.insert(0, [d])
+    extents = tuple(math.prod(shape[a] for a in g) for g in groups)
+    tiled = len(groups) >= 2 and min(extents[-2:]) >= TILE and \
+        math.prod(shape) >= TILE_WORK and \
+        any(a[groups[-2][-1]] == 1 and a[groups[-1][-1]] >= TILE_STRIDE for a in accesses)
+    return LoopPlan(tuple(tuple(g) for g in groups), extents, tiled)
 
 
 def tuning() -> str:
@@ -479,18 +481,13 @@ class _CPULowering(KernelValues):
     def elementwise(self) -> None:
         outs = self.outputs_at("full")
         shape = self.k.shape
-        groups = loop_groups(self.k, self.kg)
-        is_tiled = tiled(self.k, self.kg)
-        if len(groups) == len(shape) and not is_tiled:
-            self.nest(shape, lambda coords: self.store_all(outs, coords), parallel=True,
-                      vectorize_inner=True, segments=self.segments())
-            return
+        plan = loop_plan(self.k, self.kg)
 
         def body(loops):
             # Each group's axes from its loop index; address() turns them back into the
             # loop index times the innermost stride where a buffer steps over the group.
             coords: list = []
-            for m, group in zip(loops, groups):
+            for m, group in zip(loops, plan.groups):
                 if len(group) == 1:
                     coords.append(m)
                     continue
@@ -501,11 +498,13 @@ class _CPULowering(KernelValues):
                         self.linear[id(part)] = (m, k, sizes, part)
                 coords += parts
             self.store_all(outs, coords)
-        extents = [math.prod(shape[a] for a in g) for g in groups]
-        if is_tiled:
-            self.tiles(extents, body)
-            return
-        self.nest(extents, body, parallel=True, vectorize_inner=True)
+        if plan.tiled:
+            self.tiles(plan.extents, body)
+        else:
+            # Pads and concats only stand in kernels whose axes loop one by one.
+            segments = self.segments() if len(plan.groups) == len(shape) else None
+            self.nest(plan.extents, body, parallel=True, vectorize_inner=True,
+                      segments=segments)
 
     def tiles(self, extents, body) -> None:
         """The loops over ``extents`` with the last two in tiles of TILE x TILE (tile rows
@@ -535,7 +534,7 @@ class _CPULowering(KernelValues):
 
     def address(self, view, coords):
         """As :meth:`KernelValues.address`, with the axes of a loop group (see
-        :func:`loop_groups`) that a buffer steps over as one block addressed by the group's
+        :func:`loop_plan`) that a buffer steps over as one block addressed by the group's
         loop index (the division and remainder that split it are then dead)."""
         if not self.linear:
             return super().address(view, coords)

@@ -48,7 +48,7 @@ from fusegrad.codegen.kernel_ir import (
     StoreVec,
     Var,
 )
-from fusegrad.codegen.values import KernelValues, reductions
+from fusegrad.codegen.values import MOVES_ELEMENTS, KernelValues, reductions
 from fusegrad.ir.graph import Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph
 from fusegrad.ops import lowering
@@ -60,8 +60,6 @@ BLOCK = 256          # threads per block
 VEC = 4              # elements a thread loads and stores at once in elementwise kernels
 VEC_MIN = 4096       # smaller kernels keep the one scalar loop
 MAX_KEPT_ROW = 2048  # elements of a row a row_reduce block keeps in shared memory
-# Nodes whose operand is read at other coordinates along the innermost axis.
-_MOVES_ELEMENTS = frozenset({"reshape", "broadcast_to", "pad", "concat", "iota"})
 WARP = 32
 TILE = 16            # matmul output tile (TILE x TILE threads)
 MAX_GRID = 8192      # blocks at most: the loops stride over the rest
@@ -147,7 +145,7 @@ class _Lowering(KernelValues):
         shape = self.k.shape
         n = math.prod(shape)
         if not shape or shape[-1] % VEC or n < VEC_MIN or any(
-                nd.op in _MOVES_ELEMENTS for nd in self.k.nodes):
+                nd.op in MOVES_ELEMENTS for nd in self.k.nodes):
             return None
         b = self.b
         vectorized: dict[int, Param] = {}

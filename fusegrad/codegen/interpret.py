@@ -118,8 +118,7 @@ class _Machine:
             return buf[index]
         if op == "aligned":
             p, size = e.arg
-            start = self.buffers[id(p)].__array_interface__["data"][0]
-            return np.full(self.lanes, start % size == 0)
+            return np.full(self.lanes, self.aligned(p, size))
         if op == "extract":
             return args[0][:, e.arg]
         if op == "load_vec":
@@ -160,12 +159,16 @@ class _Machine:
             return _call(e.arg, args, dt)
         raise InterpreterError(f"unknown expression {op}")
 
+    def aligned(self, p, size: int) -> bool:
+        """Whether parameter ``p``'s buffer starts at a multiple of ``size`` bytes."""
+        return self.buffers[id(p)].ctypes.data % size == 0
+
     def check_aligned(self, p, width: int, mask) -> None:
         """A vector access needs its buffer aligned to the vector's size (a GPU faults)."""
-        buf = self.buffers[id(p)]
-        if mask.any() and buf.__array_interface__["data"][0] % (width * buf.itemsize):
+        size = width * self.buffers[id(p)].itemsize
+        if mask.any() and not self.aligned(p, size):
             raise InterpreterError(f"{self.k.name}: a vector access of {p.name}, whose buffer "
-                                   f"is not aligned to {width * buf.itemsize} bytes")
+                                   f"is not aligned to {size} bytes")
 
     def check(self, index: np.ndarray, mask, size: int, name: str) -> np.ndarray:
         index = index.astype(np.uint64)

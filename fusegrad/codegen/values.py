@@ -20,7 +20,12 @@ from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
 
-__all__ = ["KernelValues", "reductions"]
+__all__ = ["KernelValues", "reductions", "MOVES_ELEMENTS"]
+
+# Nodes that read their operand at other coordinates than their own, or make values of
+# coordinates: in a kernel holding one, buffers are not read at the kernel's coordinates,
+# so a lowering cannot merge, tile or vectorize its axes by the buffers' strides alone.
+MOVES_ELEMENTS = frozenset({"reshape", "broadcast_to", "pad", "concat", "iota"})
 
 
 def reductions(kernel: Kernel) -> list[Node]:

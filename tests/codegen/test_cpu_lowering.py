@@ -202,7 +202,7 @@ def test_column_kernel_reads_each_tiles_own_accumulators(shape):
     np.testing.assert_allclose(x.grad.numpy(), ref.grad.numpy(), rtol=1e-6, atol=1e-7)
 
 
-def test_loop_groups_depend_only_on_what_the_kernel_cache_keys_on():
+def test_loop_plans_depend_only_on_what_the_kernel_cache_keys_on():
     # Kernels are cached by description, which leaves out a matmul's operands (BLAS reads
     # them): the epilogue's loops must not depend on them either. They did, and a cached
     # epilogue compiled for one grouping ran with another's extent, writing out of bounds
@@ -214,7 +214,7 @@ def test_loop_groups_depend_only_on_what_the_kernel_cache_keys_on():
                     (lambda a, bt, c: (a @ bt.t()) * c, (a, b.t().contiguous(), c))]:
         kg = fuse(PassManager(DEFAULT_PIPELINE).run(fg.trace(f, *args)))
         (k,) = [k for k in kg.kernels if k.kind == "matmul"]
-        found.append((kernel_description(k, kg, 3)[0], cpu_lowering.loop_groups(k, kg),
+        found.append((kernel_description(k, kg, 3)[0], cpu_lowering.loop_plan(k, kg),
                       cpu_lowering.parallel_extent(k, kg)))
     assert found[0] == found[1]
 
@@ -234,7 +234,7 @@ def test_transposing_kernels_loop_in_tiles(shape, perm, monkeypatch):
         return x.permute(*perm) * 2 + b
     kg = kernel_graph(f, [x, b])
     (k,) = [k for k in kg.kernels if k.kind == "elementwise"]
-    assert cpu_lowering.tiled(k, kg)
+    assert cpu_lowering.loop_plan(k, kg).tiled
     (lk,) = cpu_lowering.lower_kernel(k, kg)
     names = [lp.var.name.rstrip("0123456789") for lp in loops(lk.body)]
     assert names[-4:] == ["ti", "tj", "i", "j"]

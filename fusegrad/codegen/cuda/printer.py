@@ -164,6 +164,13 @@ class _Printer:
         t = self.vec_type(e.arg[0].dtype, e.arg[1]) if e.op == "load_vec" else self.ct(e.dtype)
         return f"const {t} {name} = {text};"
 
+    def load(self, p, pointer: str, t: str, index: str) -> str:
+        """``pointer[index]``, through ``__ldg`` (the read-only data cache) when ``p`` is
+        read-only and ``__ldg`` takes type ``t``."""
+        if id(p) in self.readonly and (t in _LDG or t in _VEC4.values()):
+            return f"__ldg({pointer} + {index})"
+        return f"{pointer}[{index}]"
+
     def vec_type(self, dt, width: int) -> str:
         t = self.ct(dt)
         if width != 4 or t not in _VEC4:
@@ -173,18 +180,13 @@ class _Printer:
     def render(self, e: Expr, a: list[str]) -> str:
         op, dt = e.op, e.dtype
         if op == "load":
-            p = e.arg
-            if id(p) in self.readonly and self.ct(p.dtype) in _LDG:
-                return f"__ldg({p.name} + {a[0]})"
-            return f"{p.name}[{a[0]}]"
+            return self.load(e.arg, e.arg.name, self.ct(e.arg.dtype), a[0])
         if op == "load_shared":
             return f"{e.arg.name}[{a[0]}]"
         if op == "load_vec":
             p, width = e.arg
             vt = self.vec_type(p.dtype, width)
-            if id(p) in self.readonly:
-                return f"__ldg(reinterpret_cast<const {vt}*>({p.name}) + {a[0]})"
-            return f"reinterpret_cast<const {vt}*>({p.name})[{a[0]}]"
+            return self.load(p, f"reinterpret_cast<const {vt}*>({p.name})", vt, a[0])
         if op == "extract":
             return f"{a[0]}.{_LANES[e.arg]}"
         if op == "aligned":
