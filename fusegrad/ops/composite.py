@@ -62,7 +62,7 @@ def composite(grad_name: str):
             operands = [a for a in args if isinstance(a, Tensor)]
             operands += [v for v in kwargs.values() if isinstance(v, Tensor)]
             if not builtins.any(t._requires_grad for t in operands) or \
-                    builtins.any(t._trace for t in operands) or _primitive.CAPTURE:
+                    _primitive.traced(*operands):
                 return fn(*args, **kwargs)
             alias_of = {}
             for t in operands:

@@ -283,7 +283,7 @@ def _take_view(x: Tensor, out: Tensor, name: str) -> Tensor:
 
 def _inplace_view(op: str, name: str, view_fn):
     def method(x: Tensor, *args, **kwargs) -> Tensor:
-        if x._trace is not None or _primitive.CAPTURE:
+        if _primitive.traced(x):
             raise NotImplementedError(
                 f"{op}: an in-place change of a tensor's shape is not traced by "
                 f"fusegrad.compile; use the out-of-place {op[:-1]}()")

@@ -205,6 +205,12 @@ def is_compiling() -> bool:
     return bool(CAPTURE)
 
 
+def traced(*tensors) -> bool:
+    """Whether an op on ``tensors`` is recorded rather than run: one of them belongs to a
+    trace (``fusegrad.trace``), or a compiled function is being traced."""
+    return bool(CAPTURE) or any(t._trace is not None for t in tensors)
+
+
 def note_created(t) -> None:
     """Mark ``t``, made by a tensor factory, as created by the code being traced (a constant
     of the graph) rather than captured from outside it (an input read at call time)."""

@@ -59,7 +59,7 @@ def out_size(length: int, kernel: int, stride: int, pad_lo: int, pad_hi: int, di
 
 def eager_cpu(x: Tensor) -> bool:
     """Whether an op on ``x`` runs eagerly on numpy (as ``bind`` would route it)."""
-    return x._trace is None and not _primitive.CAPTURE and type(x._data) is np.ndarray
+    return not _primitive.traced(x) and type(x._data) is np.ndarray
 
 
 def _check_geometry(op: str, spatial, kernel, stride, dilation, out) -> None:
