@@ -132,7 +132,7 @@ def _gelu_impl(x: Tensor, approximate: str) -> Tensor:
     return F.mul(F.mul(x, 0.5), F.add(F.erf(F.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
 
 
-_gelu = composite("GeluBackward0")(_gelu_impl)
+_gelu = composite("GeluBackward0", kernel=True)(_gelu_impl)
 
 
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:  # noqa: A002
@@ -143,7 +143,7 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:  # noqa: A002
     return _gelu(input, approximate)
 
 
-@composite("SiluBackward0")
+@composite("SiluBackward0", kernel=True)
 def _silu(x: Tensor) -> Tensor:
     return F.mul(x, F.sigmoid(x))
 
@@ -153,7 +153,7 @@ def silu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
     return input.copy_(_silu(input)) if inplace else _silu(input)
 
 
-@composite("SoftplusBackward0")
+@composite("SoftplusBackward0", kernel=True)
 def _softplus(x: Tensor, beta: float, threshold: float) -> Tensor:
     xb = F.mul(x, beta) if beta != 1 else x
     linear = F.gt(xb, threshold)
@@ -218,7 +218,7 @@ def _expm1_left(x: Tensor, scale: float = 1.0) -> Tensor:
     return F.expm1(F.mul(safe, scale) if scale != 1.0 else safe)
 
 
-@composite("EluBackward0")
+@composite("EluBackward0", kernel=True)
 def _elu(x: Tensor, alpha: float, scale: float) -> Tensor:
     out = F.where(F.gt(x, 0), x, F.mul(_expm1_left(x), alpha))
     return F.mul(out, scale) if scale != 1.0 else out
@@ -238,7 +238,7 @@ def selu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
     return _maybe_inplace(input, _elu(input, _SELU_ALPHA, _SELU_SCALE), inplace)
 
 
-@composite("CeluBackward0")
+@composite("CeluBackward0", kernel=True)
 def _celu(x: Tensor, alpha: float) -> Tensor:
     return F.where(F.gt(x, 0), x, F.mul(_expm1_left(x, 1.0 / alpha), alpha))
 
@@ -250,7 +250,7 @@ def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:  #
     return _maybe_inplace(input, _celu(input, alpha), inplace)
 
 
-@composite("MishBackward0")
+@composite("MishBackward0", kernel=True)
 def _mish(x: Tensor) -> Tensor:
     return F.mul(x, F.tanh(_softplus(x, 1.0, 20.0)))
 
@@ -341,8 +341,8 @@ def _log_softmax_impl(x: Tensor, dim: int) -> Tensor:
     return F.sub(s, F.log(F.sum(F.exp(s), dim, keepdim=True)))
 
 
-_softmax = composite("SoftmaxBackward0")(_softmax_impl)
-_log_softmax = composite("LogSoftmaxBackward0")(_log_softmax_impl)
+_softmax = composite("SoftmaxBackward0", kernel=True)(_softmax_impl)
+_log_softmax = composite("LogSoftmaxBackward0", kernel=True)(_log_softmax_impl)
 
 
 def _softmax_input(x: Tensor, dtype) -> Tensor:
@@ -432,7 +432,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True,  # noqa: A002
     return input.mul_(scale) if inplace else F.mul(input, scale)
 
 
-@composite("NativeLayerNormBackward0")
+@composite("NativeLayerNormBackward0", kernel=True)
 def _layer_norm(x: Tensor, axes: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
                 eps: float) -> Tensor:
     n = 1
@@ -608,7 +608,7 @@ def _warn_size(input: Tensor, target: Tensor) -> None:
                       stacklevel=3)
 
 
-@composite("MseLossBackward0")
+@composite("MseLossBackward0", kernel=True)
 def _mse_loss(input: Tensor, target: Tensor, reduction: str) -> Tensor:  # noqa: A002
     d = F.sub(input, target)
     return _reduce(F.mul(d, d), reduction)
@@ -754,7 +754,7 @@ def _ce_index_impl(x: Tensor, target: Tensor, weight: Tensor | None, ignore_inde
     return _nll_impl(logp, target, weight, ignore_index, reduction)
 
 
-_ce_index = composite("NllLossBackward0")(_ce_index_impl)
+_ce_index = composite("NllLossBackward0", kernel=True)(_ce_index_impl)
 _ce_smooth = composite("AddBackward0")(_ce_smooth_impl)
 _ce_prob_mean = composite("DivBackward1")(_ce_prob_impl)
 _ce_prob_neg = composite("NegBackward0")(_ce_prob_impl)

@@ -52,11 +52,23 @@ class CompositeNode(Node):
         self._inner = None
 
 
-def composite(grad_name: str):
-    """Make an op built of several primitives one autograd node named ``grad_name``."""
+def composite(grad_name: str, kernel: bool = False):
+    """Make an op built of several primitives one autograd node named ``grad_name``.
+
+    ``kernel``: eager calls on large float32 CPU tensors run as the fused kernels of the op's
+    compiled definition (:mod:`fusegrad.tracer.eager_kernels`); for pure ops only."""
     def decorate(fn):
+        kernels = []
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            if kernel:
+                if not kernels:
+                    from fusegrad.tracer.eager_kernels import EagerKernel
+                    kernels.append(EagerKernel(fn, grad_name))
+                out = kernels[0](args, kwargs)
+                if out is not NotImplemented:
+                    return out
             if not is_grad_enabled():
                 return fn(*args, **kwargs)
             operands = [a for a in args if isinstance(a, Tensor)]

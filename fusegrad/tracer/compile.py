@@ -109,6 +109,8 @@ class _Entry:
 class CompiledFunction:
     """The callable ``fusegrad.compile`` returns."""
 
+    grad_name = "CompiledFunctionBackward"      # the grad_fn name of its outputs
+
     def __init__(self, fn: Callable, *, backend: str = "llvm", static_argnums=(),
                  static_argnames=(), donate_argnums=(), fullgraph: bool = False,
                  pipeline: str | None = None):
@@ -179,7 +181,7 @@ class CompiledFunction:
         start = time.perf_counter()
         # Non-tensor arguments are baked into the trace (and part of the guard key); what the
         # function reads from its closure and globals is guarded.
-        closure = ClosureGuard.of(self.fn if self.module is None else type(self.fn).forward)
+        closure = self._closure_guard()
         graph = trace_with_state(self.fn, args, kwargs)
         info = graph.meta
         optimized = PassManager(self.pipeline).run(graph)
@@ -216,6 +218,13 @@ class CompiledFunction:
                 print(f"[fusegrad] recompile reason: {_diff(self._last_key, key)}",
                       file=sys.stderr)
         return entry
+
+    def _closure_guard(self) -> ClosureGuard:
+        """What the function reads from its closure and globals, guarded on each call."""
+        return ClosureGuard.of(self.fn if self.module is None else type(self.fn).forward)
+
+    def _recompile_limit(self) -> int:
+        return config.recompile_limit
 
     def _donations(self, graph: Graph, args) -> list[tuple[int, int]]:
         """(input, output) pairs offered by ``donate_argnums``: each donated tensor may give
@@ -278,7 +287,7 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         entry = self._lookup(key, leaves)
         if entry is None:
-            if self.compiles >= config.recompile_limit:
+            if self.compiles >= self._recompile_limit():
                 # torch's recompile_limit: past it, new signatures run eagerly.
                 if not self._warned_limit:
                     warnings.warn(_recompile_limit_message(self, key), UserWarning, stacklevel=2)
@@ -387,7 +396,7 @@ class CompiledFunction:
             flagged = tuple(k for k, f in enumerate(flags) if f)
             joint = _CompiledBackward(self, entry, wrt, saved, inputs, flagged)
             for k in flagged:
-                results[k].grad_fn = _OutputBackward(joint, k)
+                results[k].grad_fn = _OutputBackward(joint, k, self.grad_name)
                 results[k]._requires_grad = True
         # In-place writes to inputs land in the caller's tensors. A parameter (a leaf that
         # requires grad: an optimizer step) is written as is; any other input is written the
@@ -534,8 +543,9 @@ class _OutputBackward(Node):
 
     __slots__ = ("k", "freed")
 
-    def __init__(self, joint: "_CompiledBackward", k: int):
-        super().__init__(((joint, 0),), "CompiledFunctionBackward")
+    def __init__(self, joint: "_CompiledBackward", k: int,
+                 name: str = "CompiledFunctionBackward"):
+        super().__init__(((joint, 0),), name)
         self.k, self.freed = k, False
 
     def apply(self, grad, create_graph, retain_graph):

@@ -1,0 +1,209 @@
+"""Eager composite ops on large float32 CPU tensors run as the fused kernels of their compiled
+definition (fusegrad.tracer.eager_kernels): values and gradients against numpy references
+and against the same op run primitive by primitive, higher-order gradients, torch's node
+names, and every case that must stay eager."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad.ops.composite import CompositeNode
+from fusegrad.tracer.compile import _OutputBackward
+
+F = fg.nn.functional
+THRESHOLD = 4096
+SHAPE = (64, 96)                   # 6144 elements: above THRESHOLD
+
+
+@pytest.fixture
+def kernels():
+    """Eager kernels on from THRESHOLD elements; the setting is restored afterwards."""
+    old = fg.config.eager_kernel_threshold
+    fg.config.eager_kernel_threshold = THRESHOLD
+    yield
+    fg.config.eager_kernel_threshold = old
+
+
+def _both(fn, *arrays, requires_grad=True):
+    """(output, input grads) of ``fn`` on tensors of ``arrays`` with eager kernels on, then
+    off; the first output's grad_fn is returned too."""
+    results = []
+    for threshold in (THRESHOLD, 0):
+        fg.config.eager_kernel_threshold = threshold
+        ts = [fg.tensor(a, requires_grad=requires_grad and a.dtype.kind == "f") for a in arrays]
+        out = fn(*ts)
+        seed = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
+        if requires_grad:
+            out.backward(fg.tensor(seed))
+        grads = [t.grad.numpy() if t.grad is not None else None for t in ts]
+        results.append((out, grads))
+    fg.config.eager_kernel_threshold = THRESHOLD
+    return results
+
+
+def _gelu_ref(x):
+    erf = np.vectorize(math.erf)
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def _softmax_ref(x, dim):
+    e = np.exp(x - x.max(dim, keepdims=True))
+    return e / e.sum(dim, keepdims=True)
+
+
+CASES = {
+    "gelu": (lambda x: F.gelu(x), lambda x: _gelu_ref(x), "GeluBackward0"),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"),
+                  lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) *
+                                                   (x + 0.044715 * x ** 3))), "GeluBackward0"),
+    "silu": (lambda x: F.silu(x), lambda x: x / (1 + np.exp(-x)), "SiluBackward0"),
+    "softplus": (lambda x: F.softplus(x), lambda x: np.log1p(np.exp(x)), "SoftplusBackward0"),
+    "elu": (lambda x: F.elu(x), lambda x: np.where(x > 0, x, np.expm1(x)), "EluBackward0"),
+    "mish": (lambda x: F.mish(x), lambda x: x * np.tanh(np.log1p(np.exp(x))), "MishBackward0"),
+    "softmax": (lambda x: F.softmax(x, dim=-1), lambda x: _softmax_ref(x, -1),
+                "SoftmaxBackward0"),
+    "softmax0": (lambda x: F.softmax(x, dim=0), lambda x: _softmax_ref(x, 0),
+                 "SoftmaxBackward0"),
+    "log_softmax": (lambda x: F.log_softmax(x, dim=1), lambda x: np.log(_softmax_ref(x, 1)),
+                    "LogSoftmaxBackward0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_unary_composites_match_numpy_and_the_primitive_path(kernels, name):
+    fn, ref, grad_name = CASES[name]
+    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32) * 3
+    (out_k, (gk,)), (out_e, (ge,)) = _both(fn, x)
+    assert isinstance(out_k.grad_fn, _OutputBackward)          # the kernel path ran
+    assert isinstance(out_e.grad_fn, CompositeNode)            # the primitive path ran
+    assert out_k.grad_fn.name() == out_e.grad_fn.name() == grad_name
+    np.testing.assert_allclose(out_k.detach().numpy(), ref(x.astype(np.float64)), rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(out_k.detach().numpy(), out_e.detach().numpy(), rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(gk, ge, rtol=2e-5, atol=2e-6)
+
+
+def test_gelu_gradient_matches_finite_differences(kernels):
+    x = np.random.default_rng(0).standard_normal(SHAPE)
+    t = fg.tensor(x.astype(np.float32), requires_grad=True)
+    F.gelu(t).sum().backward()
+    h = 1e-6
+    fd = (_gelu_ref(x + h) - _gelu_ref(x - h)) / (2 * h)
+    np.testing.assert_allclose(t.grad.numpy(), fd, rtol=1e-5, atol=1e-5)
+
+
+def test_layer_norm_with_affine_parameters(kernels):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 16, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
+    (out_k, gk), (out_e, ge) = _both(lambda x, w, b: F.layer_norm(x, (64,), w, b), x, w, b)
+    assert isinstance(out_k.grad_fn, _OutputBackward)
+    assert out_k.grad_fn.name() == "NativeLayerNormBackward0"
+    x64 = x.astype(np.float64)
+    mean, var = x64.mean(-1, keepdims=True), x64.var(-1, keepdims=True)
+    ref = (x64 - mean) / np.sqrt(var + 1e-5) * w + b
+    np.testing.assert_allclose(out_k.detach().numpy(), ref, rtol=1e-5, atol=1e-5)
+    for a, e in zip(gk, ge):           # x, weight and bias each get their gradient
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_and_mse(kernels, reduction):
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((512, 20)).astype(np.float32)
+    target = rng.integers(0, 20, 512)
+    (out_k, (gk, _)), (out_e, (ge, _)) = _both(
+        lambda x, t: F.cross_entropy(x, t, reduction=reduction), logits, target)
+    assert isinstance(out_k.grad_fn, _OutputBackward)
+    x64 = logits.astype(np.float64)
+    logp = x64 - x64.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    losses = -logp[np.arange(512), target]
+    ref = {"mean": losses.mean(), "sum": losses.sum(), "none": losses}[reduction]
+    np.testing.assert_allclose(out_k.detach().numpy(), ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gk, ge, rtol=1e-5, atol=1e-7)
+
+    y = rng.standard_normal((512, 20)).astype(np.float32)
+    (out_k, (gk, _)), (_, (ge, _)) = _both(
+        lambda a, b: F.mse_loss(a, b.detach(), reduction=reduction), logits, y)
+    ref = {"mean": np.mean, "sum": np.sum, "none": lambda v: v}[reduction](
+        (x64 - y) ** 2)
+    np.testing.assert_allclose(out_k.detach().numpy(), ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gk, ge, rtol=1e-5, atol=1e-7)
+
+
+def test_second_order_gradients_through_a_kernel(kernels):
+    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
+    results = []
+    for threshold in (THRESHOLD, 0):
+        fg.config.eager_kernel_threshold = threshold
+        t = fg.tensor(x, requires_grad=True)
+        (g,) = fg.autograd.grad(F.gelu(t).sum(), t, create_graph=True)
+        (gg,) = fg.autograd.grad((g * g).sum(), t)
+        results.append(gg.numpy())
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-4, atol=1e-5)
+
+
+def test_inference_and_inputs_without_grad(kernels):
+    x = fg.tensor(np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32))
+    with fg.no_grad():
+        y = F.softmax(x, -1)
+    assert y.grad_fn is None and not y.requires_grad
+    np.testing.assert_allclose(y.numpy(), _softmax_ref(x.numpy().astype(np.float64), -1),
+                               rtol=2e-6, atol=1e-7)
+    z = F.gelu(x)                      # grad mode, nothing requires grad
+    assert z.grad_fn is None and not z.requires_grad
+
+
+def test_hooks_retain_grad_and_version_checks(kernels):
+    t = fg.tensor(np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32),
+                  requires_grad=True)
+    y = F.gelu(t)
+    y.retain_grad()
+    seen = []
+    y.register_hook(lambda g: seen.append(g.shape))
+    y.sum().backward()
+    assert seen == [fg.Size(SHAPE)]
+    np.testing.assert_array_equal(y.grad.numpy(), np.ones(SHAPE, np.float32))
+
+    u = t * 1.0
+    v = F.gelu(u)
+    with fg.no_grad():
+        u.add_(1.0)                    # the input the backward needs is changed
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        v.sum().backward()
+
+
+def test_small_float64_and_half_tensors_stay_eager(kernels):
+    rng = np.random.default_rng(0)
+    small = fg.tensor(rng.standard_normal((4, 8)).astype(np.float32), requires_grad=True)
+    assert isinstance(F.gelu(small).grad_fn, CompositeNode)
+    wide = fg.tensor(rng.standard_normal(SHAPE), requires_grad=True)          # float64
+    assert isinstance(F.gelu(wide).grad_fn, CompositeNode)
+    half = fg.tensor(rng.standard_normal(SHAPE).astype(np.float16), requires_grad=True)
+    assert isinstance(F.gelu(half).grad_fn, CompositeNode)
+    fg.config.eager_kernel_threshold = 0                                       # off
+    big = fg.tensor(rng.standard_normal(SHAPE).astype(np.float32), requires_grad=True)
+    assert isinstance(F.gelu(big).grad_fn, CompositeNode)
+
+
+def test_a_users_mistake_gets_the_eager_ops_error(kernels):
+    x = fg.tensor(np.zeros(SHAPE, np.float32), requires_grad=True)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        F.softmax(x, dim=5)
+    target = fg.tensor(np.full(SHAPE[0], 500))
+    with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+        F.cross_entropy(x, target)
+
+
+def test_inside_a_compiled_function_the_composite_is_traced(kernels):
+    x = fg.tensor(np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32))
+    f = fg.compile(lambda x: F.gelu(x) * 2)
+    lowered = f.lower(x)
+    assert any(n.op == "erf" for n in lowered.graph.nodes)     # fused, not a nested call
+    np.testing.assert_allclose(f(x).detach().numpy(), 2 * _gelu_ref(x.numpy().astype(np.float64)),
+                               rtol=2e-6, atol=2e-6)
