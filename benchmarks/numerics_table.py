@@ -199,6 +199,9 @@ The promise (tested in `tests/codegen/test_mathlib.py` and `tests/codegen/test_n
 transcendental within 2 ulp over its whole range, eager and compiled. Composites (tan = sin / cos,
 rsqrt = 1 / sqrt, sigmoid) round their intermediate steps, which can add an ulp; x ** n for a
 literal integer n in -1..3 is computed by products (within 1 ulp).
+Eager composite ops on float32 tensors of at least `FUSEGRAD_EAGER_KERNELS` elements (gelu,
+softmax, layer_norm, cross_entropy, ...) run as compiled kernels and get the compiled column's
+accuracy (see `docs/design.md`).
 
 Regenerate with `python benchmarks/numerics_table.py --out docs/numerics.md` (a few minutes).
 
