@@ -207,3 +207,27 @@ def test_inside_a_compiled_function_the_composite_is_traced(kernels):
     assert any(n.op == "erf" for n in lowered.graph.nodes)     # fused, not a nested call
     np.testing.assert_allclose(f(x).detach().numpy(), 2 * _gelu_ref(x.numpy().astype(np.float64)),
                                rtol=2e-6, atol=2e-6)
+
+
+def test_conv2d_with_padding_stride_and_groups(kernels):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 4, 16, 16)).astype(np.float32)
+    w = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    (out_k, gk), (out_e, ge) = _both(
+        lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=2), x, w, b)
+    assert isinstance(out_k.grad_fn, _OutputBackward)
+    assert out_k.grad_fn.name() == out_e.grad_fn.name() == "ConvolutionBackward0"
+    # direct sum over the window, in float64
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((8, 6, 8, 8))
+    for o in range(6):
+        g = o // 3
+        for i in range(3):
+            for j in range(3):
+                patch = xp[:, 2 * g:2 * g + 2, i:i + 16:2, j:j + 16:2]
+                ref[:, o] += np.einsum("nchw,c->nhw", patch, w[o, :, i, j])
+        ref[:, o] += b[o]
+    np.testing.assert_allclose(out_k.detach().numpy(), ref, rtol=1e-4, atol=1e-4)
+    for a, e in zip(gk, ge):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)

@@ -84,7 +84,7 @@ def _padding_pairs(op: str, padding, kernel, dilation, stride, nd) -> list[tuple
     return [(p, p) for p in ntuple(padding, nd, op, "padding")]
 
 
-@composite("ConvolutionBackward0")
+@composite("ConvolutionBackward0", kernel=True)
 def _conv(x: Tensor, weight: Tensor, bias, stride, pads, dilation, groups) -> Tensor:
     nd = weight.ndim - 2
     n, c = x.shape[:2]
