@@ -231,3 +231,29 @@ def test_conv2d_with_padding_stride_and_groups(kernels):
     np.testing.assert_allclose(out_k.detach().numpy(), ref, rtol=1e-4, atol=1e-4)
     for a, e in zip(gk, ge):
         np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)
+
+
+def test_a_tensor_argument_and_a_none_in_its_place_are_different_kernels(kernels):
+    # layer_norm without, then with, its affine parameters: same shapes, same other
+    # arguments; the second must not run the first's kernel (which ignores weight and bias)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 8, 192)).astype(np.float32)
+    w = rng.standard_normal(192).astype(np.float32)
+    F.layer_norm(fg.tensor(x), (192,))
+    out = F.layer_norm(fg.tensor(x), (192,), fg.tensor(w), fg.tensor(w * 0.5))
+    mu = x.astype(np.float64).mean(-1, keepdims=True)
+    ref = (x - mu) / np.sqrt(x.astype(np.float64).var(-1, keepdims=True) + 1e-5) * w + w * 0.5
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_static_arguments_of_equal_value_and_another_type_are_different_kernels(kernels):
+    x = fg.tensor(np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32))
+    # softplus(beta=1) and softplus(beta=True) would share a key if 1 == True decided it
+    a = F.softplus(x, beta=2, threshold=20)
+    b = F.softplus(x, beta=2.0, threshold=20.0)
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+    from fusegrad.tracer.eager_kernels import _static
+    assert _static(1) != _static(True) != _static(1.0)
+    assert _static([1, 2]) == _static([1, 2]) != _static((1, 2))
+    with pytest.raises(TypeError):
+        _static([x])

@@ -73,11 +73,14 @@ class _KernelFunction(CompiledFunction):
 
 
 def _static(v):
-    """``v`` as part of a dict key (lists as tuples); TypeError if it cannot be one."""
-    if isinstance(v, list):
-        return tuple(_static(x) for x in v)
+    """``v`` as part of a dict key, with its type (``1``, ``1.0`` and ``True`` are equal keys
+    but may trace differently; lists as tuples); TypeError if it cannot be one."""
+    if isinstance(v, (list, tuple)):
+        return (type(v), tuple(_static(x) for x in v))
+    if isinstance(v, Tensor):        # inside a container: not a constant of the kernel
+        raise TypeError("a tensor is not a static argument")
     hash(v)
-    return v
+    return (type(v), v)
 
 
 class EagerKernel:
@@ -111,7 +114,9 @@ class EagerKernel:
         if not big or any(isinstance(v, Tensor) for v in kwargs.values()):
             return NotImplemented
         try:
-            key = (tuple(None if is_tensor else _static(v) for is_tensor, v in layout),
+            # a tensor argument must not share a key with a None (layer_norm with and
+            # without its weight)
+            key = (tuple((is_tensor, v if is_tensor else _static(v)) for is_tensor, v in layout),
                    tuple(sorted((k, _static(v)) for k, v in kwargs.items())))
         except TypeError:
             return NotImplemented
