@@ -11,9 +11,9 @@ entries beyond that size and entries unused for that long.
 ``FUSEGRAD_RECOMPILE_LIMIT`` (default 8, torch's ``recompile_limit``): how many signatures
 (shapes, dtypes, ...) one compiled function compiles for; calls with further signatures run
 eagerly, with one warning.
-``FUSEGRAD_EAGER_KERNELS`` (default 1024; ``0`` turns it off): composite ops (gelu, softmax,
-layer_norm, cross_entropy...) called eagerly on float32 CPU tensors with at least this many
-elements run as the fused kernels of their compiled definition
+``FUSEGRAD_EAGER_KERNELS`` (default 512; ``0`` turns it off): composite ops (gelu, softmax,
+layer_norm, cross_entropy, conv2d, max_pool2d...) called eagerly on float32 CPU tensors with at
+least this many elements run as the fused kernels of their compiled definition
 (:mod:`fusegrad.tracer.eager_kernels`).
 ``FUSEGRAD_MALLOC_TOP_PAD`` (default 16 MiB; ``0``: glibc's default): freed heap memory the
 process keeps for the next eager op's arrays (:mod:`fusegrad.host_memory`).
@@ -87,7 +87,7 @@ class Config:
             cache_max_bytes=max(0, _int("FUSEGRAD_CACHE_MAX_BYTES", 256 << 20)),
             cache_max_age_days=max(0.0, _float("FUSEGRAD_CACHE_MAX_AGE_DAYS", 30.0)),
             recompile_limit=max(1, _int("FUSEGRAD_RECOMPILE_LIMIT", 8)),
-            eager_kernel_threshold=max(0, _int("FUSEGRAD_EAGER_KERNELS", 1024)),
+            eager_kernel_threshold=max(0, _int("FUSEGRAD_EAGER_KERNELS", 512)),
         )
 
     @property

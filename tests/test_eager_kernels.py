@@ -233,6 +233,27 @@ def test_conv2d_with_padding_stride_and_groups(kernels):
         np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("padding,stride", [(0, 2), (1, 1)])
+def test_max_pool2d_sends_the_gradient_to_the_first_maximum(kernels, padding, stride):
+    # small integers: many windows hold their maximum twice; a NaN is its window's maximum
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 3, (8, 4, 16, 16)).astype(np.float32)
+    x[0, 0, 0, 1] = np.nan
+    (out_k, gk), (out_e, ge) = _both(
+        lambda x: F.max_pool2d(x, 3, stride=stride, padding=padding), x)
+    assert isinstance(out_k.grad_fn, _OutputBackward)
+    assert out_k.grad_fn.name() == out_e.grad_fn.name() == "MaxPool2DWithIndicesBackward0"
+    xp = np.pad(x, ((0, 0), (0, 0), (padding,) * 2, (padding,) * 2), constant_values=-np.inf)
+    n = out_k.shape[-1]
+    ref = np.stack([xp[:, :, i:i + stride * n:stride, j:j + stride * n:stride]
+                    for i in range(3) for j in range(3)]).max(axis=0)
+    np.testing.assert_array_equal(out_k.detach().numpy(), ref)
+    np.testing.assert_allclose(gk[0], ge[0], rtol=1e-5, atol=1e-6)
+    # each window's gradient lands on one element: the totals agree
+    seed = np.random.default_rng(1).standard_normal(out_k.shape).astype(np.float32)
+    np.testing.assert_allclose(np.nansum(gk[0]), seed.sum(), rtol=1e-4)
+
+
 def test_a_tensor_argument_and_a_none_in_its_place_are_different_kernels(kernels):
     # layer_norm without, then with, its affine parameters: same shapes, same other
     # arguments; the second must not run the first's kernel (which ignores weight and bias)

@@ -157,17 +157,24 @@ def _first_max(cols: Tensor) -> Tensor:
     return sum(where(mask, cols, 0), 2).to(cols.dtype)
 
 
-def _max_pool(op: str, grad_name: str, nd: int, x: Tensor, kernel_size, stride, padding,
+def _max_pool_values(b: Tensor, kernel, stride, dilation, out, pads) -> Tensor:
+    return _first_max(_padded_windows(b, kernel, stride, dilation, out, pads))
+
+
+# One composite per dimensionality (torch names each node after it); module-level, with the
+# geometry as static arguments, so that eager calls run as cached kernels.
+_MAX_POOL = {nd: composite(f"MaxPool{nd}DWithIndicesBackward0", kernel=True)(_max_pool_values)
+             for nd in (1, 2, 3)}
+
+
+def _max_pool(op: str, nd: int, x: Tensor, kernel_size, stride, padding,
               dilation, ceil_mode: bool, return_indices: bool):
     geometry = _pool_geometry(op, x, nd, kernel_size, stride, padding, dilation, ceil_mode)
     kernel, stride, padding, dilation, spatial, out, pads = geometry
-
-    @composite(grad_name)
-    def pool(b: Tensor) -> Tensor:
-        return _first_max(_padded_windows(b, kernel, stride, dilation, out, pads))
+    pads = tuple(tuple(p) for p in pads)
 
     def run(b: Tensor):
-        values = pool(b)
+        values = _MAX_POOL[nd](b, kernel, stride, dilation, out, pads)
         if not return_indices:
             return values
         with no_grad():
@@ -187,8 +194,8 @@ def max_pool1d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1,  
                ceil_mode: bool = False, return_indices: bool = False):
     """Max over sliding windows of (N, C, L); with ``return_indices``, (values, indices) where
     an index is the position of the maximum in its input row (the first one, on ties)."""
-    return _max_pool("max_pool1d", "MaxPool1DWithIndicesBackward0", 1, input, kernel_size,
-                     stride, padding, dilation, ceil_mode, return_indices)
+    return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation, ceil_mode,
+                     return_indices)
 
 
 @public(torch=True)
@@ -198,8 +205,8 @@ def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1,  
 
     >>> y = max_pool2d(x, 2)            # halve H and W
     """
-    return _max_pool("max_pool2d", "MaxPool2DWithIndicesBackward0", 2, input, kernel_size,
-                     stride, padding, dilation, ceil_mode, return_indices)
+    return _max_pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode,
+                     return_indices)
 
 
 @public(torch=True)
@@ -207,8 +214,8 @@ def max_pool3d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1,  
                ceil_mode: bool = False, return_indices: bool = False):
     """Max over sliding windows of (N, C, D, H, W); indices are flat positions in each
     D*H*W volume."""
-    return _max_pool("max_pool3d", "MaxPool3DWithIndicesBackward0", 3, input, kernel_size,
-                     stride, padding, dilation, ceil_mode, return_indices)
+    return _max_pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode,
+                     return_indices)
 
 
 def max_pool1d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1,  # noqa: A002

@@ -124,7 +124,11 @@ def _overlap_add_impl(x: np.ndarray, *, padded, kernel, stride, dilation) -> np.
             result[(slice(None), slice(None)) + region] += block
             covered[region] += 1
     partial = covered < math.prod(kernel) - 1
-    if result.dtype.kind not in "biu" and partial.any():
+    if result.dtype.kind in "biu":
+        return result
+    if partial.all():                    # windows that do not overlap (pooling's): in place
+        result += result.dtype.type(0)
+    elif partial.any():
         part = result[:, :, partial]
         part += part.dtype.type(0)
         result[:, :, partial] = part
