@@ -278,3 +278,18 @@ def test_static_arguments_of_equal_value_and_another_type_are_different_kernels(
     assert _static([1, 2]) == _static([1, 2]) != _static((1, 2))
     with pytest.raises(TypeError):
         _static([x])
+
+
+@pytest.mark.parametrize("shape", [(64, 96), (4, 16, 96)])
+def test_linear_2d_and_batched(kernels, shape):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((80, 96)).astype(np.float32)
+    b = rng.standard_normal(80).astype(np.float32)
+    (out_k, gk), (out_e, ge) = _both(F.linear, x, w, b)
+    assert isinstance(out_k.grad_fn, _OutputBackward)
+    assert out_k.grad_fn.name() == out_e.grad_fn.name()
+    ref = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    np.testing.assert_allclose(out_k.detach().numpy(), ref, rtol=1e-4, atol=1e-4)
+    for a, e in zip(gk, ge):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)

@@ -393,8 +393,8 @@ def _linear_nd(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return F.reshape(out, lead + (weight.shape[0],))
 
 
-_addmm = composite("AddmmBackward0")(_linear_2d)
-_linear_view = composite("ViewBackward0")(_linear_nd)
+_addmm = composite("AddmmBackward0", kernel=True)(_linear_2d)
+_linear_view = composite("ViewBackward0", kernel=True)(_linear_nd)
 _linear_unsafe_view = composite("UnsafeViewBackward0")(_linear_nd)
 _linear_squeeze = composite("SqueezeBackward4")(_linear_nd)
 

@@ -76,6 +76,8 @@ def _static(v):
     """``v`` as part of a dict key, with its type (``1``, ``1.0`` and ``True`` are equal keys
     but may trace differently; lists as tuples); TypeError if it cannot be one."""
     if isinstance(v, (list, tuple)):
+        if all(type(x) is int for x in v):          # sizes, strides, axes: the common case
+            return (type(v), int, tuple(v))
         return (type(v), tuple(_static(x) for x in v))
     if isinstance(v, Tensor):        # inside a container: not a constant of the kernel
         raise TypeError("a tensor is not a static argument")
