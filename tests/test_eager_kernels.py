@@ -267,17 +267,15 @@ def test_a_tensor_argument_and_a_none_in_its_place_are_different_kernels(kernels
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
-def test_static_arguments_of_equal_value_and_another_type_are_different_kernels(kernels):
-    x = fg.tensor(np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32))
-    # softplus(beta=1) and softplus(beta=True) would share a key if 1 == True decided it
-    a = F.softplus(x, beta=2, threshold=20)
-    b = F.softplus(x, beta=2.0, threshold=20.0)
-    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+def test_static_arguments_of_equal_value_and_another_type_are_different_keys():
+    # 1 == 1.0 == True, and they hash alike, but they may trace differently
     from fusegrad.tracer.eager_kernels import _static
-    assert _static(1) != _static(True) != _static(1.0)
+    assert len({_static(1), _static(1.0), _static(True)}) == 3
+    assert len({_static((1, 2)), _static((1.0, 2)), _static((True, 2))}) == 3
     assert _static([1, 2]) == _static([1, 2]) != _static((1, 2))
+    assert _static([(0, 1), (1, 1)]) == _static([(0, 1), (1, 1)])
     with pytest.raises(TypeError):
-        _static([x])
+        _static([fg.ones(2)])
 
 
 @pytest.mark.parametrize("shape", [(64, 96), (4, 16, 96)])

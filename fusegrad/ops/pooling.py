@@ -171,7 +171,6 @@ def _max_pool(op: str, nd: int, x: Tensor, kernel_size, stride, padding,
               dilation, ceil_mode: bool, return_indices: bool):
     geometry = _pool_geometry(op, x, nd, kernel_size, stride, padding, dilation, ceil_mode)
     kernel, stride, padding, dilation, spatial, out, pads = geometry
-    pads = tuple(tuple(p) for p in pads)
 
     def run(b: Tensor):
         values = _MAX_POOL[nd](b, kernel, stride, dilation, out, pads)

@@ -2,8 +2,9 @@
 
 A composite op (``gelu``, ``softmax``, ``layer_norm``, ``cross_entropy``, ``linear``,
 ``conv2d``, ``max_pool2d``...) runs eagerly as a chain of primitives: a numpy pass over the
-whole tensor and an autograd node each, forward and backward. GELU of a 512x256 float32 tensor, forward and backward, costs 5.8 ms that way
-and 0.8 ms as the compiled function of the same definition. So a composite made with
+whole tensor and an autograd node each, forward and backward. GELU of a 512x256 float32
+tensor, forward and backward, costs 5.8 ms that way and 0.8 ms as the compiled function of the
+same definition. So a composite made with
 ``composite(name, kernel=True)``, called eagerly on CPU tensors whose floating ones are
 float32 and of which one has at least ``config.eager_kernel_threshold`` elements
 (``FUSEGRAD_EAGER_KERNELS``; 0 turns this off), runs through a compiled function of its own
@@ -74,7 +75,7 @@ class _KernelFunction(CompiledFunction):
 
 def _static(v):
     """``v`` as part of a dict key, with its type (``1``, ``1.0`` and ``True`` are equal keys
-    but may trace differently; lists as tuples); TypeError if it cannot be one."""
+    but may trace differently; a list is keyed by its items); TypeError if it cannot be one."""
     if isinstance(v, (list, tuple)):
         if all(type(x) is int for x in v):          # sizes, strides, axes: the common case
             return (type(v), int, tuple(v))
