@@ -155,6 +155,17 @@ class SymbolicTensor(Tensor):
     def detach(self) -> "SymbolicTensor":
         return self._tr.process_primitive(P.stop_gradient, (self,), {})
 
+    def requires_grad_(self, requires_grad: bool = True) -> "SymbolicTensor":
+        super().requires_grad_(requires_grad)
+        value = self._value
+        if self._requires_grad and value not in self._tr.grad_values:
+            # A leaf made while tracing (x.detach().requires_grad_()): a gradient root.
+            if self._tr.capture is not None:
+                self._tr.capture.internal_leaf(self, value)
+            else:
+                self._tr.grad_values.add(value)
+        return self
+
     def retain_grad(self) -> None:
         self._check_concrete("retain_grad()")
 
@@ -236,7 +247,7 @@ class GraphTrace:
                 return op
         elif t._requires_grad and self.lift_requires_grad:
             return self._lift(t)
-        if t.ndim == 0:
+        if t.ndim == 0 and not (self.capture is not None and t._requires_grad):
             host = t._host()                # a cuda tensor's value comes from a host copy
             return Literal(host.item() if t.dtype is not dtypes.bfloat16 else float(host),
                            t.dtype)
@@ -246,6 +257,8 @@ class GraphTrace:
         value = self.graph.add_node(P.constant, [], {"value": ConstantData(np.array(t._host()))},
                                     loc=self._location())
         self._constants[id(t)] = (t, value)
+        if self.capture is not None and t._requires_grad and t.grad_fn is None:
+            self.capture.internal_leaf(t, value)     # fusegrad.ones(3, requires_grad=True)
         return value
 
     def _location(self) -> str | None:

@@ -48,7 +48,9 @@ def _forward(g: Graph, trace: GraphTrace, wrt: set[int]):
 def _reverse(g: Graph, trace: GraphTrace, env, active, get, seeds: dict) -> dict:
     cts = dict(seeds)
     for node in reversed(g.nodes):
-        ct = cts.pop(node.output, None)
+        # Read, not popped: a leaf made inside a traced function (x.detach().requires_grad_())
+        # is a node's output whose cotangent backward() reads afterwards.
+        ct = cts.get(node.output)
         if ct is None or node.output not in active:
             continue
         primals = tuple(get(op) for op in node.inputs)

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import enable_grad, no_grad
+from fusegrad.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from fusegrad.ir.graph import Value
 from fusegrad.ir.symbolic import (
     USER_LINE,
@@ -101,6 +101,10 @@ class StateCapture:
         self._optimizer_signatures: list = []
         self.did_backward = False
         self._keep: list = []          # symbolic tensors whose ids key leaf_syms
+        # Leaves made while tracing that require grad (``x.detach().requires_grad_()``, a
+        # factory's ``requires_grad=True``): (tensor or a weak reference to a concrete one,
+        # its value). backward() accumulates into their ``.grad`` as eager would.
+        self.internal_leaves: list[tuple[Any, Value]] = []
         # A tensor made while tracing is internal (a constant of the graph) unless it
         # aliases the storage of a tensor from before the trace (p.detach(), p.data). The
         # storage the trace itself allocated (factories, eager ops on internal tensors) is
@@ -165,8 +169,29 @@ class StateCapture:
     def operand(self, t: Tensor):
         """The graph operand of concrete ``t``, or None for an internal constant."""
         if self.is_internal(t):
+            if t._requires_grad and t.grad_fn is not None and is_grad_enabled():
+                raise ConcretizationError(
+                    f"a tensor {_describe(t)} computed eagerly inside the compiled function "
+                    f"from tensors made there that require grad{_at()}: the compiled graph "
+                    "cannot differentiate through that eager history. Create the leaf from an "
+                    "argument (x.detach().requires_grad_()) or outside the function.")
             return None
         return self.sym_for(t)._value
+
+    def internal_leaf(self, t: Tensor, value: Value) -> None:
+        """``t``, a leaf made while tracing that requires grad, stands for ``value``: a
+        gradient root, whose ``.grad`` backward() accumulates into."""
+        if value in self.trace.grad_values and any(v is value for _, v in self.internal_leaves):
+            return
+        self.trace.grad_values.add(value)
+        ref = t if isinstance(t, SymbolicTensor) else weakref.ref(t)
+        self.internal_leaves.append((ref, value))
+
+    def _internal_leaves(self):
+        for ref, value in self.internal_leaves:
+            t = ref if isinstance(ref, SymbolicTensor) else ref()
+            if t is not None:
+                yield t, value
 
     def bind_concrete(self, prim, operands, attrs):
         """A primitive on concrete operands only: eager if they are all internal."""
@@ -306,8 +331,16 @@ class StateCapture:
         self.did_backward = True
         if not accumulate:
             results = []
+            internal = {id(t): v for t, v in self._internal_leaves()}
             for t in inputs:
-                v = t._value if isinstance(t, SymbolicTensor) else self.sym_for(t)._value
+                if id(t) in internal:
+                    v = internal[id(t)]
+                elif isinstance(t, SymbolicTensor):
+                    v = t._value
+                elif self.is_internal(t):
+                    raise RuntimeError("One of the differentiated Tensors does not require grad")
+                else:
+                    v = self.sym_for(t)._value
                 if v not in tr.grad_values:
                     raise RuntimeError("One of the differentiated Tensors does not require grad")
                 g = cts.get(v)
@@ -317,10 +350,11 @@ class StateCapture:
                                        "the desired behavior.")
                 results.append(g)
             return results
-        wanted = None
+        wanted = wanted_ids = None
         if inputs is not None:
-            wanted = {self._leaf(t) for t in (inputs if isinstance(inputs, (list, tuple))
-                                              else [inputs])}
+            inputs = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+            wanted = {self._leaf(t) for t in inputs}
+            wanted_ids = {id(t) for t in inputs}
         accumulated = []
         for leaf in list(self.concrete_of):
             if leaf not in tr.grad_values or (wanted is not None and leaf not in wanted):
@@ -342,6 +376,17 @@ class StateCapture:
                 tr.assign(cur, cur + g)         # AccumulateGrad adds in place
             else:
                 self.grads[leaf] = self._fresh(cur + g)
+        for t, value in self._internal_leaves():
+            g = cts.get(value)
+            if g is None or (wanted_ids is not None and id(t) not in wanted_ids):
+                continue
+            cur = t._grad
+            if cur is None:
+                t._grad = self._fresh(g)
+            elif isinstance(cur, SymbolicTensor) and cur._tr is tr:
+                tr.assign(cur, cur + g)
+            else:
+                t._grad = self._fresh(cur + g)
         self._post_accumulate_hooks(accumulated)
         return None
 
@@ -432,6 +477,15 @@ class StateCapture:
             if t is not None:
                 info.internal_writes.append((t, len(outputs)))
                 outputs.append(sym._value)
+        for ref, _ in self.internal_leaves:
+            # A leaf made while tracing, alive after it (kept by the function's closure, a
+            # module): its traced gradient is filled at each call of this graph.
+            t = None if isinstance(ref, SymbolicTensor) else ref()
+            if t is not None and isinstance(t._grad, SymbolicTensor):
+                g = t._grad
+                t._grad = Tensor._wrap(np.zeros(g.shape, g.dtype.np_dtype), g.dtype)
+                info.internal_writes.append((t._grad, len(outputs)))
+                outputs.append(self.trace.operand(g))
         for opt in self.optimizers:
             # State made from traced values on a first step (SGD's momentum buffer is a clone
             # of the gradient): a tensor of its own, filled at each call of this graph.

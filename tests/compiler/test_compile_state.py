@@ -250,6 +250,56 @@ def test_autograd_grad_inside_a_compiled_function():
     assert w.grad is None
 
 
+def _input_gradient(x):
+    # A gradient with respect to the input, as saliency maps and gradient penalties take it.
+    x = x.detach().requires_grad_()
+    (x.sin() * 2).sum().backward()
+    return x.grad
+
+
+def _grad_of_a_leaf_made_inside(x):
+    w = fg.ones(3, requires_grad=True)          # a factory's leaf
+    s = fg.tensor(1.5, requires_grad=True)      # a 0-d one
+    ((x * w).sum() * s).backward()
+    ((x * w) ** 2).sum().backward()             # accumulates
+    return w.grad, s.grad
+
+
+def _autograd_grad_of_a_leaf_made_inside(x):
+    x = x.detach().requires_grad_()
+    (g,) = fg.autograd.grad((x ** 3).sum(), [x])
+    return g
+
+
+@pytest.mark.parametrize("fn", [_input_gradient, _grad_of_a_leaf_made_inside,
+                                _autograd_grad_of_a_leaf_made_inside])
+def test_grad_of_a_leaf_made_inside_the_compiled_function(fn):
+    # Leaves made while tracing get their gradients as in eager (they were left None, with
+    # no error: a gradient silently lost).
+    x = fg.randn(3)
+    want = fn(x)
+    compiled = fg.compile(fn, fullgraph=True)
+    for _ in range(2):
+        got = compiled(x)
+        for g, w in zip(got if isinstance(got, tuple) else (got,),
+                        want if isinstance(want, tuple) else (want,)):
+            assert g is not None
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-6, atol=1e-6)
+        x = fg.randn(3)
+        want = fn(x)
+
+
+def test_backward_through_eager_history_made_inside_is_refused():
+    def f(x):
+        w = fg.ones(3, requires_grad=True)
+        w2 = w * 2                  # eager: both made inside, no traced operand
+        (x * w2).sum().backward()
+        return w.grad
+    with pytest.raises(ConcretizationError, match="computed eagerly inside the compiled "
+                                                  "function.*test_compile_state.py"):
+        fg.compile(f, fullgraph=True)(fg.randn(3))
+
+
 def test_learning_rate_is_an_input_no_recompile():
     def run(compiled):
         m = mlp()
