@@ -378,8 +378,15 @@ class _CPULowering(KernelValues):
         self.stmt(Store(self.param(v), index, value))
 
     def store_all(self, values, coords) -> None:
-        for v in values:
-            self.store(v, coords)
+        """Store ``values`` at ``coords``, each computed before any is stored: an output may
+        have taken the buffer of an input that another output still reads (donation)."""
+        self.store_each([(v, coords) for v in values])
+
+    def store_each(self, items) -> None:
+        """Store each (value, coords) of ``items``, all computed before the first store."""
+        stores = [(self.param(v), *self.stored(v, coords)) for v, coords in items]
+        for param, index, value in stores:
+            self.stmt(Store(param, index, value))
 
     def start_end(self):
         return self.b.special("start"), self.b.special("end")
@@ -593,11 +600,13 @@ class _CPULowering(KernelValues):
         def per_row(row):
             for node in reductions:
                 self.reduce_loop(node, row, full_coords)
+            items = []
             for v in row_outs:
                 coords = full_coords(row, [zero] * len(k.axes))
                 if len(v.type.shape) != len(k.shape):       # not the keepdim shape
                     coords = list(row)
-                self.store(v, coords)
+                items.append((v, coords))
+            self.store_each(items)
             if full_outs:
                 def store_full(red):
                     coords = full_coords(row, red)
@@ -986,11 +995,13 @@ class _CPULowering(KernelValues):
         row_outs, full_outs = self.outputs_at("row"), self.outputs_at("full")
 
         def rows(kept, _index):
+            items = []
             for v in row_outs:
                 coords = coords_at(kept, [zero] * len(k.axes))
                 if len(v.type.shape) != len(k.shape):        # not the keepdim shape
                     coords = [c for a, c in enumerate(coords) if a not in k.axes]
-                self.store(v, coords)
+                items.append((v, coords))
+            self.store_each(items)
         if row_outs:
             tile(rows)
         if full_outs:

@@ -257,6 +257,8 @@ class Program:
         self._build_steps(prebuilt, fallbacks)
         self.compile_ms = (time.perf_counter() - start) * 1e3
         self.donated: dict[int, int] = {}
+        self._donor_slots: dict[int, list[int]] = {}      # input index -> donated outputs
+        self._fresh_specs = list(self.output_specs)        # outputs in buffers of their own
         # When every output is a buffer the program writes, return those without checks.
         plain = all(isinstance(o, Value) and o in self.slots and self.slots[o] in
                     self.output_slots for o in self.graph.outputs)
@@ -438,10 +440,18 @@ class Program:
             if self._alias_safe(v, o):
                 accepted[self.slots[o]] = in_index
         self.donated = accepted
+        self._donor_slots = {}
+        for slot, in_index in accepted.items():
+            self._donor_slots.setdefault(in_index, []).append(slot)
+        self._fresh_specs = [spec for spec in self.output_specs if spec[0] not in accepted]
+        for i in range(self.n_inputs):
+            self.arrays[i] = None           # the next call binds every input (and donor) anew
         return accepted
 
     def _alias_safe(self, v: Value, o: Value) -> bool:
-        steps = [i for i, st in enumerate(self.steps) if o in st.kernel.outputs]
+        # (A matmul kernel is two steps, the product and then its epilogue, which writes o.)
+        steps = [i for i, st in enumerate(self.steps)
+                 if o in st.kernel.outputs and not isinstance(st, MatmulStep)]
         if len(steps) != 1 or not isinstance(self.steps[steps[0]], LaunchStep):
             return False
         later = [st.kernel for st in self.steps[steps[0] + 1:]]
@@ -475,21 +485,20 @@ class Program:
         """Point the kernels' buffer tables at this call's inputs and outputs."""
         if not self._allocated:
             self._allocate()
-        arrays, tables, uses = self.arrays, self.tables, self.uses
+        arrays, tables, uses, donors = self.arrays, self.tables, self.uses, self._donor_slots
         for i, a in enumerate(inputs):
             if arrays[i] is a:
-                continue          # the same array as last call: its pointer is already set
+                continue          # the same array as last call: its pointers are already set
             if not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
             arrays[i] = a
             address = data_pointer(a)
             for pos in uses[i]:
                 tables[pos] = address
-        for slot, shape, dt in self.output_specs:
-            if slot in self.donated:
-                arrays[slot] = arrays[self.donated[slot]]
-                self._point(slot, data_pointer(arrays[slot]))
-                continue
+            for slot in donors.get(i, ()):
+                arrays[slot] = a                    # a donated output is its input's array
+                self._point(slot, address)
+        for slot, shape, dt in self._fresh_specs:
             prev = arrays[slot]
             # Reuse last call's output when only this program still refers to it (the
             # references: the list, this local and getrefcount's argument).

@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from fusegrad.codegen.cpu_lowering import split_plan
 from fusegrad.ir.graph import Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, identity_view
 
@@ -120,16 +121,32 @@ def plan_memory(kg: KernelGraph,
 def donation_safe(kg: KernelGraph, kernel: Kernel, later: list[Kernel], v: Value,
                   o: Value) -> bool:
     """Whether output ``o``, written by ``kernel`` (a compiled kernel), may take the buffer of
-    input ``v``: ``kernel`` reads ``v`` only element for element at the index it writes (so
-    each element is read before it is overwritten), and none of the ``later`` kernels reads
-    ``v``."""
-    if kernel.kind not in ("elementwise", "reduction") or kernel.level.get(o) != "full" or \
-            o.type.shape != kernel.shape:
+    input ``v``: ``kernel`` reads ``v`` only element for element at the index it writes, in
+    the loop body that stores ``o`` (which computes every value it stores before it stores
+    any, so each element is read before it is overwritten), and none of the ``later`` kernels
+    reads ``v``. ``o`` is full-size, or a reduction kernel's row-level result (a bias's
+    update after its gradient's sum). In a matmul kernel the reads are its epilogue's: the
+    product (written before the epilogue runs) must neither read ``v`` nor be ``o`` (an
+    optimizer's update of a weight from its gradient's product writes the weight in
+    place)."""
+    level = kernel.level.get(o)
+    if kernel.kind not in ("elementwise", "reduction", "matmul"):
+        return False
+    if level == "full":
+        shape = kernel.shape
+    elif level == "row" and kernel.kind == "reduction" and split_plan(kernel) is None:
+        shape = kernel.row_shape
+    else:
+        return False
+    if o.type.shape != shape and (level == "full" or
+                                  o.type.shape != _keepdim(kernel.shape, kernel.axes)):
         return False
     if any(v in k.inputs for k in later):
         return False
     identity = identity_view(v).strides
     for n in kernel.nodes:
+        if n.op == "matmul" and n.output is o:
+            return False
         for op in n.inputs:
             if not isinstance(op, Value):
                 continue
@@ -137,11 +154,17 @@ def donation_safe(kg: KernelGraph, kernel: Kernel, later: list[Kernel], v: Value
             base = view.base if view is not None else op
             if base is not v:
                 continue
-            shape = view.shape if view is not None else op.type.shape
+            if n.op == "matmul":
+                return False
+            op_shape = view.shape if view is not None else op.type.shape
             strides = view.strides if view is not None else identity
-            same = all(a == b for a, b, d in zip(strides, identity, shape) if d != 1)
-            if shape != kernel.shape or not same or \
+            same = all(a == b for a, b, d in zip(strides, identity, op_shape) if d != 1)
+            if op_shape != o.type.shape or not same or kernel.level.get(n.output) != level or \
                     (view is not None and view.offset != 0) or \
                     n.prim.kind.value not in ("elementwise",):
                 return False
     return True
+
+
+def _keepdim(shape, axes) -> tuple[int, ...]:
+    return tuple(1 if i in axes else d for i, d in enumerate(shape))

@@ -55,6 +55,80 @@ def test_donation_only_for_elementwise_reads_at_the_written_index():
     assert not donation_safe(kg2, k2, [], g2.inputs[0], g2.outputs[0])
 
 
+def test_donation_into_a_matmul_epilogue_when_the_product_does_not_read_the_input():
+    # An SGD update of a weight from its gradient's product: the weight is read only by the
+    # epilogue, at the index it writes.
+    g = fg.trace(lambda w, x, gr: w - 0.1 * (x.t() @ gr), fg.randn(6, 5), fg.randn(4, 6),
+                 fg.randn(4, 5))
+    kg = fuse(g)
+    (k,) = [k for k in kg.kernels if k.kind == "matmul"]
+    assert donation_safe(kg, k, [], g.inputs[0], g.outputs[0])
+    # The product reads the weight: BLAS would read it while writing the output.
+    g2 = fg.trace(lambda w, x: w - 0.1 * (w @ x), fg.randn(5, 5), fg.randn(5, 5))
+    kg2 = fuse(g2)
+    (k2,) = [k for k in kg2.kernels if k.kind == "matmul"]
+    assert not donation_safe(kg2, k2, [], g2.inputs[0], g2.outputs[0])
+    # The output is the product itself: BLAS writes it before the epilogue reads the input.
+    g3 = fg.trace(lambda a, x, y: (x @ y, a * 2), fg.randn(4, 4), fg.randn(4, 4), fg.randn(4, 4))
+    kg3 = fuse(g3)
+    (k3,) = [k for k in kg3.kernels if k.kind == "matmul"]
+    if g3.outputs[0] in k3.outputs:
+        assert not donation_safe(kg3, k3, [], g3.inputs[0], g3.outputs[0])
+
+
+def test_donation_of_a_row_level_result_of_a_reduction():
+    # A bias's update after its gradient's sum over the batch: read and written per row.
+    g = fg.trace(lambda b, gr: b - 0.1 * gr.sum(0), fg.randn(8), fg.randn(16, 8))
+    kg = fuse(g)
+    (k,) = kg.kernels
+    assert k.kind == "reduction"
+    assert donation_safe(kg, k, [], g.inputs[0], g.outputs[0])
+    # The input read at full size too (broadcast over the reduced axis): refused here, and
+    # at run time a later kernel reads it.
+    g2 = fg.trace(lambda b, gr: (gr * b).sum(0) + b, fg.randn(8), fg.randn(16, 8))
+    kg2 = fuse(g2)
+    (k2,) = kg2.kernels
+    assert not donation_safe(kg2, k2, [], g2.inputs[0], g2.outputs[0])
+    f = fg.compile(lambda b, gr: (b - gr.sum(0), gr * b + gr.sum(0)), donate_argnums=0)
+    b, gr = fg.randn(8), fg.randn(16, 8)
+    want = [b.numpy() - gr.numpy().sum(0), gr.numpy() * b.numpy() + gr.numpy().sum(0)]
+    assert not f.lower(b, gr).program.donated
+    for out, w in zip(f(b, gr), want):
+        np.testing.assert_allclose(out.numpy(), w, rtol=1e-6, atol=1e-6)
+
+
+def test_donated_outputs_are_all_computed_before_any_is_stored():
+    # Three outputs of one kernel take the buffers of the three inputs they update, and each
+    # reads all three inputs (an Adam-like update, full-size and per row after a reduction):
+    # every value must be loaded before any output overwrites it.
+    def update(p, m, v, gr):
+        m2 = 0.9 * m + 0.1 * gr
+        v2 = 0.99 * v + 0.01 * gr * gr + m * 0.5
+        return p - 0.1 * m2 / (v2.abs().sqrt() + 1e-3) + v * 0.25 + m, m2, v2
+
+    def full(p, m, v, gr):
+        return update(p, m, v, gr)
+
+    def per_row(p, m, v, gr):
+        return update(p, m, v, gr.sum(0))
+
+    rng = np.random.default_rng(0)
+    for fn, gshape in ((full, (32,)), (per_row, (16, 32))):
+        state = [rng.standard_normal(32).astype(np.float32) for _ in range(3)]
+        gr = rng.standard_normal(gshape).astype(np.float32)
+        p, m, v = (fg.tensor(a.copy()) for a in state)
+        with fg.no_grad():
+            want = [t.numpy() for t in fn(*(fg.tensor(a.copy()) for a in state), fg.tensor(gr))]
+        f = fg.compile(fn, donate_argnums=(0, 1, 2))
+        outs = f(p, m, v, fg.tensor(gr))
+        program = f.lower(p, m, v, fg.tensor(gr)).program
+        # Full size: one kernel, all three donated. Per row: m and v are also read by a
+        # later kernel; the last kernel's outputs take p's and m's buffers and read m.
+        assert len(program.donated) == (3 if fn is full else 2)
+        for out, w in zip(outs, want):
+            np.testing.assert_allclose(out.numpy(), w, rtol=1e-5, atol=1e-6)
+
+
 def test_the_kernel_cache_identity_covers_the_code_kernels_are_made_from():
     # Kernels are cached by a description, not by their IR: an edit to any module that
     # shapes the IR must change the identity, or a stale kernel is served from disk (the
