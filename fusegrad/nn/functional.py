@@ -664,6 +664,25 @@ def _check_targets(op: str, input: Tensor, target: Tensor, ignore_index: int) ->
         raise IndexError(f"{e}{F._at_user_line(input, target)}") from None
 
 
+def _pick(logp: Tensor, index: Tensor, class_dim: int) -> Tensor:
+    """``logp`` at class ``index`` (checked by check_target). Traced (a compiled function,
+    an eager kernel), it is the sum over ``class_dim`` of ``logp`` where the class equals
+    the index: the other terms add exact zeros, so the values are the gather's, and the
+    comparison with the classes' iota and the masked sum fuse into the log_softmax's kernel
+    and their gradient (a select) into its backward's, where a gather and its scatter_add
+    are steps of their own, run by numpy. Eager it is the gather, which reads one element
+    per row."""
+    if logp._trace is None:
+        # The gather primitive, not F.gather: check_target has checked the targets.
+        return F.squeeze(F.bind(P.gather, logp, F.unsqueeze(index, class_dim),
+                                axis=class_dim), class_dim)
+    from fusegrad.ops.creation import _source
+    classes = _source(P.iota, logp, shape=tuple(logp.shape), axis=class_dim,
+                      dtype=dtypes.int64)
+    hit = F.eq(classes, F.unsqueeze(index, class_dim))
+    return F.sum(F.where(hit, logp, 0.0), class_dim)
+
+
 def _nll_impl(logp: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
               reduction: str) -> Tensor:
     """torch's nll_loss: ``-w[t] * logp[t]``, the mean weighted by ``sum(w[t])``."""
@@ -672,9 +691,7 @@ def _nll_impl(logp: Tensor, target: Tensor, weight: Tensor | None, ignore_index:
     ignored = F.eq(target, ignore_index)
     # Ignored targets (often -100) would index out of range: gather row 0 and weigh it 0.
     safe = F.where(ignored, 0, target)
-    # The gather primitive, not F.gather: check_target has checked the targets.
-    picked = F.squeeze(F.bind(P.gather, logp, F.unsqueeze(safe, class_dim), axis=class_dim),
-                       class_dim)
+    picked = _pick(logp, safe, class_dim)
     w = F.take(weight, safe, 0) if weight is not None else F.ones_like(picked)
     w = F.where(ignored, 0.0, F.cast(w, logp.dtype))
     loss = F.mul(F.neg(picked), w)

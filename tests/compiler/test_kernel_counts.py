@@ -129,3 +129,32 @@ def test_max_inputs_bounds_the_buffers_a_kernel_reads():
     split = fuse(g, max_inputs=2)
     assert len(split.kernels) == 3
     assert all(len(k.inputs) <= 2 for k in split.kernels)
+
+
+def test_cross_entropy_picks_the_target_inside_the_log_softmax_kernels():
+    # The target's log-probability is a masked sum over the classes (an iota compared with
+    # the target), which joins the log_softmax's reduction; its gradient is a select that
+    # joins the backward's. Only the target check stays a numpy step: no gather, no
+    # scatter_add. Values against eager (which gathers), with an ignored target and a class
+    # at -inf (a masked logit: where() must not let its -inf or a NaN gradient through).
+    logits = f32(6, 5, seed=3)
+    logits[1, 2] = -np.inf
+    target = np.array([4, 0, -100, 1, 3, 2])
+
+    def loss_and_grad(x, t):
+        x = x.detach().requires_grad_()
+        loss = NF.cross_entropy(x, t)
+        loss.backward()
+        return loss, x.grad
+
+    with fg.enable_grad():
+        want = loss_and_grad(fg.from_numpy(logits), fg.from_numpy(target))
+        compiled = fg.compile(loss_and_grad, fullgraph=True)
+        got = compiled(fg.from_numpy(logits), fg.from_numpy(target))
+    assert_same(got, want, rtol=1e-6, atol=1e-7)
+    assert np.isfinite(got[1].numpy()).all()
+    lowered = compiled.lower(fg.from_numpy(logits), fg.from_numpy(target))
+    ops = ",".join(lowered.kernels)
+    assert "gather" not in ops and "scatter" not in ops and "iota" in ops, lowered.kernels
+    steps = [s.kernel.describe() for s in lowered.program.steps if isinstance(s, NumpyStep)]
+    assert len(steps) == 1 and "check_target" in steps[0], steps

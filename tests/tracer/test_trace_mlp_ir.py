@@ -61,8 +61,12 @@ def test_forward_ir(graphs):
         r"= exp %\d+ : f32\[2,3\]",
         r"= sum %\d+ \{axes=\[1\]\} : f32\[2\]",
         r"= log %\d+ : f32\[2,1\]",
-        # nll: pick the target's log-probability, mean over the batch
-        r"= gather %\d+, %\d+ \{axis=1\} : f32\[2,1\]",
+        # nll: pick the target's log-probability (the sum over the classes where the
+        # class's iota equals the target), mean over the batch
+        r"(%\d+) = iota \{shape=\[2, 3\], axis=1, dtype=i64\} : i64\[2,3\]",
+        r"= eq %\d+, %\d+ : i1\[2,3\]",
+        r"= where %\d+, %\d+, 0\.0 : f32\[2,3\]",
+        r"= sum %\d+ \{axes=\[1\]\} : f32\[2\]",
         r"= div %\d+, %\d+ : f32\[\]",
         r"^  return %\d+$",
     ])
@@ -70,15 +74,16 @@ def test_forward_ir(graphs):
 
 
 def test_backward_ir(graphs):
-    """The gradient graph repeats the forward, then runs the VJPs: gather's is a scatter_add,
-    and each matmul's are matmuls against transposes (no input gradient for the batch)."""
+    """The gradient graph repeats the forward, then runs the VJPs: the pick's is a select
+    (where the class is the target), and each matmul's are matmuls against transposes (no
+    input gradient for the batch)."""
     _, forward, backward = graphs
     text = print_graph(backward)
     check_in_order(text, [
         r"^graph @TrainingLoss_grad\(.*\) -> \(f32\[\], f32\[8,4\], f32\[8\], f32\[3,8\], "
         r"f32\[3\]\)",
         r"= full \{shape=\[\], value=1\.0, dtype=f32\} : f32\[\]",      # the seed d loss = 1
-        r"= scatter_add %\d+, %\d+, %\d+ \{axis=1\} : f32\[2,3\]",     # gather's VJP
+        r"= where %\d+, %\d+, %\d+ : f32\[2,3\]",                    # the pick's VJP
         r"= sum %\d+ \{axes=\[0\]\} : f32\[3\]",                       # d b2
         r"= permute %\d+ \{perm=\[1, 0\]\} : f32\[3,8\]",              # W2.T.T
         r"= matmul %\d+, %\d+ : f32\[2,8\]",                           # d h = d z @ W2
