@@ -275,7 +275,9 @@ class CompiledFunction:
                 if entry is not None:
                     if entry.fast is not None:
                         return entry.fast(args)
-                    return self._run(entry, args)
+                    if entry.guard is None or entry.guard(
+                            lambda e=entry: self._inputs(e, args, read_only=True)):
+                        return self._run(entry, args)
         else:
             fast = None
         leaves, _ = tree_flatten((args, kwargs))
@@ -306,9 +308,12 @@ class CompiledFunction:
                 return self.fn(*args, **kwargs)
             self.cache.setdefault(key, []).append(entry)
             self._last_key = key
-        if fast is not None and len(leaves) == len(args) and entry.guard is None:
+        if fast is not None and len(leaves) == len(args):
+            # Guarded entries too (a training step's): the guard runs on each fast call, and
+            # when it fails the full lookup below finds or compiles the entry that holds.
             self._fast[fast] = entry
-            if not (is_grad_enabled() and any(t._requires_grad for t in leaves)):
+            if entry.guard is None and not (
+                    is_grad_enabled() and any(t._requires_grad for t in leaves)):
                 entry.fast = _fast_call(entry)
         return self._run(entry, leaves)
 
@@ -383,8 +388,7 @@ class CompiledFunction:
             results = [Tensor._wrap(a, dt) for a, dt in zip(outs[:n], entry.out_dtypes)]
             residuals = outs[n:]
         elif entry.program is not None:
-            outs = entry.program(*arrays)
-            results = [Tensor._wrap(a, dt) for a, dt in zip(outs, entry.out_dtypes)]
+            results = _Outputs(entry.program(*arrays), entry.out_dtypes)
         else:
             from fusegrad.autograd.grad_mode import no_grad
             with no_grad():
@@ -402,10 +406,12 @@ class CompiledFunction:
         # requires grad: an optimizer step) is written as is; any other input is written the
         # way eager in-place ops write, so that its history becomes the compiled backward.
         for in_index, out_index in mutations:
-            target, value = inputs[in_index], results[out_index]
-            if value._data is target._data:
+            target = inputs[in_index]
+            if _output_array(results, out_index) is target._data:
                 target._version_counter.value += 1      # written in place by the kernel
-            elif not is_grad_enabled() or not value._requires_grad or (
+                continue
+            value = results[out_index]
+            if not is_grad_enabled() or not value._requires_grad or (
                     target.is_leaf and target._requires_grad):
                 # A value without history (a buffer's running statistics, a parameter's
                 # update) is copied in; one with history is written as eager would.
@@ -597,6 +603,33 @@ class _CompiledBackward(Node):
         return tuple(grads)
 
 
+class _Outputs(list):
+    """A program's outputs as tensors, each wrapped when first read: a training step returns
+    every parameter, gradient and optimizer state it updates, most of them written in place
+    and never read as tensors."""
+
+    def __init__(self, arrays: list, out_dtypes: list):
+        super().__init__([None] * len(arrays))
+        self.arrays, self.out_dtypes = arrays, out_dtypes
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        t = list.__getitem__(self, k)
+        if t is None:
+            t = Tensor._wrap(self.arrays[k], self.out_dtypes[k])
+            list.__setitem__(self, k, t)
+        return t
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+def _output_array(results, k: int):
+    """Output ``k``'s array, without wrapping it as a tensor."""
+    return results.arrays[k] if isinstance(results, _Outputs) else results[k]._data
+
+
 def _differentiable_outputs(graph: Graph, wrt: tuple) -> list[bool]:
     """Which outputs of ``graph`` depend on the inputs ``wrt`` through operands that have a
     VJP rule: not the results of comparisons, argmax or stop_gradient (detach), which eager
@@ -627,19 +660,20 @@ def _write_state(cap, inputs: list, results: list) -> None:
     for leaf in cap.grad_clears:
         inputs[leaf]._grad = None
     for leaf, out, in_place in cap.grad_writes:
-        target, value = inputs[leaf], results[out]
+        target = inputs[leaf]
         old = target._grad
         if in_place and old is not None:
-            if value._data is not old._data:
-                _copy_into(old._data, value._data)
+            value = _output_array(results, out)
+            if value is not old._data:
+                _copy_into(old._data, value)
             old._version_counter.value += 1
         else:
             if not target.is_leaf:
                 raise RuntimeError("a compiled function's backward() reached a tensor that is "
                                    "not a leaf at this call; its gradient cannot be written")
-            target._grad = value
+            target._grad = results[out]
     for t, out in cap.internal_writes:
-        _copy_into(t._data, results[out]._data)
+        _copy_into(t._data, _output_array(results, out))
         t._version_counter.value += 1
 
 
