@@ -907,6 +907,8 @@ def _check_target_infer(target: TensorType, *, op: str, classes: int, ignore_ind
 
 
 def _check_target_impl(target, *, op, classes, ignore_index, input):  # noqa: A002
+    if not target.size or (target.min() >= 0 and target.max() < classes):
+        return target           # every target a class (the common case: two reductions)
     bad = (target != ignore_index) & ((target < 0) | (target >= classes))
     if bad.any():
         raise IndexError(f"Target {target[bad].flat[0]} is out of bounds. ({op}: input {input} "
