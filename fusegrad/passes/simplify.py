@@ -20,6 +20,11 @@ cast                               to ``x``'s own dtype -> ``x``; ``cast(cast(x,
                                    (f32->f64->f32, i8->f16->i8, i8->u8->i8, bool->any->bool)
 where                              ``where(c, x, x)`` -> ``x``; a constant condition picks
                                    its branch
+index runs                         ``take(x, i)`` with a constant ``i`` of consecutive
+                                   indices ``a, a+1, ...`` in range -> a ``slice`` (a view);
+                                   ``index_add(x, i, s)`` with ``i`` every index in order
+                                   -> ``x + s`` (positions: ``pos_emb(arange(T))`` and its
+                                   gradient)
 canonical order                    a literal operand of a commutative op moves to the right
                                    (``add 1.0, %x`` -> ``add %x, 1.0``), so CSE and rules
                                    see one form
@@ -299,6 +304,46 @@ def where_same_or_known(opts: RewriteOptions, ins: list, attrs: dict, out: Tenso
             return x
         if not np.any(cond):
             return y
+    return None
+
+
+def _index_run(op: Operand, size: int) -> int | None:
+    """The first index of ``op`` when it is a 1-D integer constant of consecutive indices
+    ``a, a+1, ...`` within ``[0, size)``; else None."""
+    node = _producer(op)
+    if node is None or node.op != "constant":
+        return None
+    a = node.attrs["value"].array
+    if a.ndim != 1 or not a.size or a.dtype.kind not in "iu":
+        return None
+    start = int(a[0])
+    if start < 0 or start + a.size > size or \
+            not np.array_equal(a, np.arange(start, start + a.size)):
+        return None
+    return start
+
+
+@rule("take")
+def take_of_a_run(opts: RewriteOptions, ins: list, attrs: dict, out: TensorType) -> Rewrite:
+    x, idx = ins
+    axis = attrs["axis"]
+    start = _index_run(idx, x.type.shape[axis])
+    if start is None:
+        return None
+    starts, stops = [0] * len(x.type.shape), list(x.type.shape)
+    starts[axis], stops[axis] = start, start + idx.type.shape[0]
+    return ("slice", [x], {"starts": tuple(starts), "stops": tuple(stops),
+                           "steps": (1,) * len(starts)})
+
+
+@rule("index_add")
+def index_add_of_every_index(opts: RewriteOptions, ins: list, attrs: dict,
+                             out: TensorType) -> Rewrite:
+    # Each element gets one addition, as np.add.at with distinct indices does.
+    x, idx, src = ins
+    size = x.type.shape[attrs["axis"]]
+    if idx.type.shape == (size,) and _index_run(idx, size) == 0:
+        return ("add", [x, src], {})
     return None
 
 

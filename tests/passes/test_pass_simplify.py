@@ -91,3 +91,30 @@ def test_constant_splats_count_as_one_and_zero():
     out = check_pass(simplify, g, (np.ones((2, 2), np.float32), np.ones((2, 2), np.int64)))
     assert out.outputs[0] is out.inputs[0]
     assert [n.op for n in out.nodes] == ["full"]
+
+
+def test_index_runs_become_a_slice_and_an_add():
+    # take at consecutive constant indices is a slice of the rows; index_add at every index
+    # in order adds each row once. Not at other constants: a repeated, reordered, partial or
+    # negative index keeps the index op.
+    g = parse("""graph @f(%w: f32[5,3], %s: f32[5,3], %t: f32[2,3])
+    -> (f32[3,3], f32[5,3], f32[5,3], f32[2,3], f32[5,3], f32[3,3]) {
+  %0 = constant {value=dense<[1, 2, 3]>} : i64[3]
+  %1 = take %w, %0 {axis=0} : f32[3,3]
+  %2 = constant {value=dense<[0, 1, 2, 3, 4]>} : i64[5]
+  %3 = index_add %w, %2, %s {axis=0} : f32[5,3]
+  %4 = constant {value=dense<[0, 2, 1, 3, 4]>} : i64[5]
+  %5 = index_add %w, %4, %s {axis=0} : f32[5,3]
+  %6 = constant {value=dense<[0, 0]>} : i64[2]
+  %7 = take %w, %6 {axis=0} : f32[2,3]
+  %8 = constant {value=dense<[3, 4]>} : i64[2]
+  %9 = index_add %w, %8, %t {axis=0} : f32[5,3]
+  %10 = constant {value=dense<[-2, -1, 0]>} : i64[3]
+  %11 = take %w, %10 {axis=0} : f32[3,3]
+  return %1, %3, %5, %7, %9, %11
+}""")
+    rng = np.random.default_rng(0)
+    args = tuple(rng.standard_normal(s).astype(np.float32) for s in ((5, 3), (5, 3), (2, 3)))
+    out = check_pass(simplify, g, args)
+    ops = [n.op for n in out.nodes if n.op != "constant"]
+    assert sorted(ops) == ["add", "index_add", "index_add", "slice", "take", "take"], ops
