@@ -16,7 +16,7 @@ from fusegrad.codegen.kernel_ir import INDEX
 from fusegrad.ir.graph import Literal, Node
 from fusegrad.ops import lowering
 
-__all__ = ["operand_coords", "reshape_coords", "shifted", "pad_value", "concat_value",
+__all__ = ["operand_coords", "reshape_coords", "shifted", "pad_value", "take_value", "concat_value",
            "unravel", "linear_index"]
 
 
@@ -94,6 +94,19 @@ def pad_value(b, node: Node, coords: Sequence, emit: Callable):
         inside = ok if inside is None else b.binary("and", inside, ok, _BOOL)
     x = emit(src, src_coords)
     return x if inside is None else b.select(inside, x, fill, lowering.register_dtype(dt))
+
+
+def take_value(b, node: Node, coords: Sequence, emit: Callable):
+    """The value of a ``take`` at ``coords``: its operand at the index read from the index
+    operand. Fusion lowers only takes whose indices a ``check_index`` of the axis's size
+    produced (the check runs first and raises for any index outside ``[0, size)``), so the
+    load stays in bounds without a test of its own."""
+    x, idx = node.inputs
+    axis = node.attrs["axis"]
+    n = len(idx.type.shape)
+    i = emit(idx, list(coords[axis:axis + n]))
+    at = lowering.convert(b, i, idx.type.dtype, INDEX)
+    return emit(x, list(coords[:axis]) + [at] + list(coords[axis + n:]))
 
 
 def concat_value(b, node: Node, coords: Sequence, emit: Callable):

@@ -25,7 +25,7 @@ __all__ = ["KernelValues", "reductions", "MOVES_ELEMENTS"]
 # Nodes that read their operand at other coordinates than their own, or make values of
 # coordinates: in a kernel holding one, buffers are not read at the kernel's coordinates,
 # so a lowering cannot merge, tile or vectorize its axes by the buffers' strides alone.
-MOVES_ELEMENTS = frozenset({"reshape", "broadcast_to", "pad", "concat", "iota"})
+MOVES_ELEMENTS = frozenset({"reshape", "broadcast_to", "pad", "concat", "iota", "take"})
 
 
 def reductions(kernel: Kernel) -> list[Node]:
@@ -127,6 +127,8 @@ class KernelValues:
             return indexing.pad_value(b, node, coords, self.emit)
         if op == "concat":
             return indexing.concat_value(b, node, coords, self.emit)
+        if op == "take":
+            return indexing.take_value(b, node, coords, self.emit)
         if op in lowering.REDUCE_OPS and node.attrs["axes"]:
             raise Unsupported(f"{op} over axes outside a reduction kernel")
         args = [self.emit(x, indexing.operand_coords(b, x, out_shape, coords))

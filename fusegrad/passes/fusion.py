@@ -23,7 +23,10 @@ The rules, in the order they are tried:
   elementwise epilogue of its output's shape fused in (bias, activation, residual).
 - **pad and concat are not views** (no strides express them): each starts an elementwise
   kernel over its result, which reads its operands from memory and which its elementwise
-  consumers join.
+  consumers join. So does a **take** whose indices a ``check_index`` of its axis's size
+  produced (an embedding's lookup): the check, an extern step, runs first, and the kernel
+  loads rows at the indices it reads. Other takes stay extern steps (their numpy reference
+  raises for an index out of range).
 - Anything else (gathers and scatters, argmax/argmin, sort, cumsum, random numbers) is an
   **extern step**: its numpy reference runs between kernels.
 
@@ -46,6 +49,15 @@ __all__ = ["Kernel", "KernelGraph", "View", "view_of", "identity_view", "fuse", 
 
 # Elementwise primitives with a scalar lowering in codegen.
 _FUSIBLE_SOURCES = {"full", "iota"}
+
+
+def _checked_take(node: Node) -> bool:
+    """Whether a take's indices are the output of a ``check_index`` of the size of the axis
+    it indexes (so every index is in ``[0, size)`` by the time the take runs)."""
+    x, idx = node.inputs
+    check = idx.producer if isinstance(idx, Value) else None
+    return isinstance(x, Value) and check is not None and check.op == "check_index" and \
+        check.attrs["size"] == x.type.shape[node.attrs["axis"]]
 
 
 # --------------------------------------------------------------------------- grouping
@@ -137,7 +149,8 @@ class _Partitioner:
         after its loops (a reduction's result after every reduction of the row): the load
         would read the buffer before it is written (stale memory, often NaN)."""
         own = {n.output for n in nodes}
-        return any(isinstance(op, Value) and op in self.views and self.views[op].base in own
+        return any(isinstance(op, Value) and (op in self.views and self.views[op].base in own
+                                              or n.op == "take" and op in own)
                    for n in nodes for op in n.inputs)
 
     def acyclic_join(self, node: Node, k: Kernel) -> bool:
@@ -292,6 +305,9 @@ class _Partitioner:
             k = self.new_kernel("reduction", node, node.inputs[0].type.shape,
                                 node.attrs["axes"])
             k.level[node.output] = "row"
+        elif node.op == "take" and _checked_take(node):
+            k = self.new_kernel("elementwise", node, node.output.type.shape)
+            k.level[node.output] = "full"
         elif prim.kind is Kind.CONTRACTION:
             k = self.new_kernel("matmul", node, node.output.type.shape)
             k.level[node.output] = "full"

@@ -158,3 +158,47 @@ def test_cross_entropy_picks_the_target_inside_the_log_softmax_kernels():
     assert "gather" not in ops and "scatter" not in ops and "iota" in ops, lowered.kernels
     steps = [s.kernel.describe() for s in lowered.program.steps if isinstance(s, NumpyStep)]
     assert len(steps) == 1 and "check_target" in steps[0], steps
+
+
+def test_embedding_lookup_is_loaded_inside_its_consumers_kernel():
+    # The rows are loaded at the (checked) indices inside the kernel of what consumes them
+    # (here the position add and a layer_norm); positions by arange are a slice of the
+    # table. The check stays a numpy step and runs first: an index out of range raises
+    # before any load.
+    fg.manual_seed(0)
+    tok, pos = nn.Embedding(50, 16), nn.Embedding(8, 16)
+    ln = nn.LayerNorm(16)
+
+    def embed(idx):
+        return ln(tok(idx) + pos(fg.arange(idx.shape[1])))
+
+    idx = fg.tensor(np.random.default_rng(0).integers(0, 50, (4, 8)))
+    with fg.no_grad():
+        want = embed(idx)
+        compiled = fg.compile(embed, fullgraph=True)
+        got = compiled(idx)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    lowered = compiled.lower(idx)
+    steps = [s.kernel.describe() for s in lowered.program.steps if isinstance(s, NumpyStep)]
+    assert len(steps) == 1 and "check_index" in steps[0], steps
+    assert any("take" in k and "reduction" in k for k in lowered.kernels), lowered.kernels
+    bad = idx.clone()
+    bad[2, 3] = 50
+    with fg.no_grad(), pytest.raises(IndexError, match="index 50 is out of bounds"):
+        compiled(bad)
+
+
+def test_take_of_unchecked_indices_stays_a_numpy_step():
+    # x[idx] wraps negative indices and raises for others out of range: its numpy
+    # reference does both, so it is not loaded in a kernel.
+    x = fg.from_numpy(f32(6, 3))
+    idx = fg.tensor([0, -1, 2, -6])
+    compiled = check_compiled(lambda x, i: x[i] * 2, x, idx)
+    assert any("take" in s for s in numpy_steps_of(compiled, x, idx))
+    with pytest.raises(IndexError):
+        compiled(x, fg.tensor([0, 6]))
+
+
+def numpy_steps_of(compiled, *args) -> list[str]:
+    program = compiled.lower(*args).program
+    return [s.kernel.describe() for s in program.steps if isinstance(s, NumpyStep)]
