@@ -131,6 +131,16 @@ class Graph:
         self.nodes.append(node)
         return out
 
+    def append_node(self, prim: Primitive, inputs: Sequence[Operand], attrs: dict,
+                    out_type: TensorType, loc: str | None = None) -> Value:
+        """Append a node whose result type is already known (a copy of a node whose operands
+        have the types of the original's: see ``GraphCopier.emit``)."""
+        out = Value(out_type)
+        node = Node(prim, list(inputs), dict(attrs), out, loc)
+        out.producer = node
+        self.nodes.append(node)
+        return out
+
     def set_outputs(self, outputs: Iterable[Operand]) -> None:
         self.outputs = list(outputs)
 

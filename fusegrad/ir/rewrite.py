@@ -34,8 +34,15 @@ class GraphCopier:
              prim=None) -> Value:
         """Append a copy of ``node`` (optionally with other operands/attrs/primitive)."""
         ins = [self.get(op) for op in node.inputs] if inputs is None else inputs
-        out = self.new.add_node(prim or node.prim, ins, node.attrs if attrs is None else attrs,
-                                loc=node.loc)
+        if attrs is None and (prim is None or prim is node.prim) and all(
+                a.type == b.type for a, b in zip(ins, node.inputs)) and \
+                len(ins) == len(node.inputs):
+            # The same primitive, attributes and operand types: the same result type (type
+            # rules are pure), so the copy skips inferring it again.
+            out = self.new.append_node(node.prim, ins, node.attrs, node.output.type, node.loc)
+        else:
+            out = self.new.add_node(prim or node.prim, ins,
+                                    node.attrs if attrs is None else attrs, loc=node.loc)
         self.map[node.output] = out
         return out
 
