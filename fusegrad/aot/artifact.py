@@ -237,12 +237,13 @@ def _build(graph: Graph, io: dict, target: dict, pipeline: str | None):
                          f"({e})") from e
     kg = fuse(reparsed)
     name = _symbol(graph.name)
+    donations = [tuple(p) for p in io["donations"]]
     if target["cpu"] == "host":
-        program = Program(kg, name)
+        program = Program(kg, name, donate=donations)
     else:
         with jit.compile_target(target["cpu"], target["llvm_features"]):
-            program = Program(kg, name)
-    accepted = program.donate(io["donations"])
+            program = Program(kg, name, donate=donations)
+    accepted = program.donated
     printed = value_names(reparsed)
     inputs = [dict(f, value=printed[v]) for f, v in zip(io["inputs"], reparsed.inputs)]
     plan = {"role": "steady", "name": name, "inputs": inputs, "writes": io["writes"],

@@ -244,21 +244,31 @@ class Program:
 
     def __init__(self, kg: KernelGraph, name: str = "program",
                  prebuilt: "dict[int, KernelCode] | None" = None,
-                 fallbacks: dict[int, str] | None = None):
+                 fallbacks: dict[int, str] | None = None, donate=()):
         """``prebuilt`` (ahead-of-time artifacts): the machine code of every LLVM kernel by
         kernel index, with the program slot of each of its buffers, and ``fallbacks``, the
-        kernels that run on numpy; nothing is compiled then, the code is only linked."""
+        kernels that run on numpy; nothing is compiled then, the code is only linked.
+        ``donate``: (graph input, graph output) pairs offered as for :meth:`donate`, decided
+        before the kernels are compiled, so that a kernel writing an output in its input's
+        buffer reads and writes it through one pointer (see :meth:`_compile_kernels`)."""
         self.kg = kg
         self.graph: Graph = kg.graph
         self.name = name
         self._lock = threading.Lock()
         start = time.perf_counter()
         self._assign_slots()
+        self.fallbacks: dict[int, str] = dict(fallbacks or {})
+        self._baked: dict[Value, Value] = {}          # output -> the input it aliases in code
+        self._set_donated(self._accept(donate) if donate and prebuilt is None else {})
         self._build_steps(prebuilt, fallbacks)
+        if self.donated:
+            # A kernel that fell back to numpy (which copies each result into its buffer as
+            # it goes) may not write over an input it still reads: its pairs are dropped.
+            dropped = {self.slots[o] for i in self.fallbacks for o in self.kg.kernels[i].outputs
+                       if o in self.slots}
+            self._set_donated({slot: i for slot, i in self.donated.items()
+                               if slot not in dropped})
         self.compile_ms = (time.perf_counter() - start) * 1e3
-        self.donated: dict[int, int] = {}
-        self._donor_slots: dict[int, list[int]] = {}      # input index -> donated outputs
-        self._fresh_specs = list(self.output_specs)        # outputs in buffers of their own
         # When every output is a buffer the program writes, return those without checks.
         plain = all(isinstance(o, Value) and o in self.slots and self.slots[o] in
                     self.output_slots for o in self.graph.outputs)
@@ -288,7 +298,6 @@ class Program:
     # ------------------------------------------------------------------ steps
 
     def _build_steps(self, prebuilt=None, fallbacks=None) -> None:
-        self.fallbacks: dict[int, str] = dict(fallbacks or {})
         emitted = self._compile_kernels() if prebuilt is None else dict(prebuilt)
         # Kept: an ahead-of-time artifact saves each kernel's object code and buffer slots.
         self.kernel_code: dict[int, KernelCode] = emitted
@@ -336,12 +345,21 @@ class Program:
             # A split reduction's scratch cells are not a value of its description: such
             # kernels are compiled for their program, not cached by description.
             described = None if split else kernel_description(k, self.kg, level)
+            # A donated input is read through its output's buffer pointer: the same pointer
+            # for the load and the store of an element, which the loop vectorizer sees as
+            # no conflict (two pointers that overlap fail its runtime check, and the loop
+            # ran scalar: an Adam update 4x slower).
+            alias = self._aliases(k)
+            if described is not None and alias:
+                index = {v: j for j, v in enumerate(described[1])}
+                described = (described[0] + "\nsame buffer " + " ".join(
+                    f"%{index[v]}=%{index[o]}" for v, o in alias.items()), described[1])
             key = jit.kernel_key(described[0]) if described is not None else None
             record = jit.find_kernel(key) if key is not None else None
             values = described[1] if described is not None else []
             if record is None or max(record.buffers, default=-1) >= len(values):
                 module = ir.Module(name="kernel")
-                local = _LocalSlots(self.slots)
+                local = _LocalSlots(self.slots, alias)
                 scratch = local.reserve(self.scratch_slots[i]) if split else None
                 try:
                     emit_kernel(module, dataclasses.replace(k, name=jit.KERNEL_PLACEHOLDER),
@@ -359,6 +377,8 @@ class Program:
             else:
                 emitted[i] = KernelCode(record, [self.slots[values[j]]
                                                   for j in record.buffers])
+            for v, o in alias.items():
+                self._baked[o] = v
         return emitted
 
     def _make_tables(self, emitted: dict[int, "KernelCode"]) -> None:
@@ -389,7 +409,7 @@ class Program:
         module = ir.Module(name=self.name)
         for i, k in enumerate(self.kg.kernels):
             if self._lowered(i, k):
-                local = _LocalSlots(self.slots)
+                local = _LocalSlots(self.slots, self._aliases(k))
                 scratch = local.reserve(self.scratch_slots[i]) if i in self.scratch_slots \
                     else None
                 emit_kernel(module, k, self.kg, local, scratch)
@@ -427,8 +447,21 @@ class Program:
         an LLVM kernel that reads the input only element for element at the index it writes
         (so each element is read before it is overwritten), and no later step reads the
         input. Returns the accepted {output slot: input index}; at a call, that output is
-        the input's own array (its old contents are gone, as with JAX's donation)."""
+        the input's own array (its old contents are gone, as with JAX's donation).
+
+        Pairs given to the constructor were decided before compiling, and their kernels
+        read the input through the output's buffer: those must stay accepted."""
+        accepted = self._accept(pairs)
+        lost = [o for o in self._baked if self.slots[o] not in accepted]
+        if lost:
+            raise ValueError(f"{self.name}: donate() would drop donations its kernels were "
+                             f"compiled for ({len(lost)} outputs)")
+        self._set_donated(accepted)
+        return accepted
+
+    def _accept(self, pairs) -> dict[int, int]:
         accepted: dict[int, int] = {}
+        kernels = self.kg.kernels
         for in_index, out_index in pairs:
             v = self.graph.inputs[in_index]
             o = self.graph.outputs[out_index]
@@ -437,25 +470,34 @@ class Program:
                     in_index in accepted.values() or o.type != v.type or \
                     any(o2 is v for o2 in self.graph.outputs):
                 continue
-            if self._alias_safe(v, o):
+            # The one compiled kernel writing o (a split reduction's phases are several
+            # functions: not that), and what runs after it.
+            writers = [i for i, k in enumerate(kernels) if o in k.outputs]
+            if len(writers) != 1 or not self._lowered(writers[0], kernels[writers[0]]) or \
+                    split_plan(kernels[writers[0]]) is not None:
+                continue
+            i = writers[0]
+            if donation_safe(self.kg, kernels[i], kernels[i + 1:], v, o):
                 accepted[self.slots[o]] = in_index
+        return accepted
+
+    def _set_donated(self, accepted: dict[int, int]) -> None:
         self.donated = accepted
-        self._donor_slots = {}
+        self._donor_slots: dict[int, list[int]] = {}      # input index -> donated outputs
         for slot, in_index in accepted.items():
             self._donor_slots.setdefault(in_index, []).append(slot)
+        # Outputs in buffers of their own.
         self._fresh_specs = [spec for spec in self.output_specs if spec[0] not in accepted]
         for i in range(self.n_inputs):
             self.arrays[i] = None           # the next call binds every input (and donor) anew
-        return accepted
 
-    def _alias_safe(self, v: Value, o: Value) -> bool:
-        # (A matmul kernel is two steps, the product and then its epilogue, which writes o.)
-        steps = [i for i, st in enumerate(self.steps)
-                 if o in st.kernel.outputs and not isinstance(st, MatmulStep)]
-        if len(steps) != 1 or not isinstance(self.steps[steps[0]], LaunchStep):
-            return False
-        later = [st.kernel for st in self.steps[steps[0] + 1:]]
-        return donation_safe(self.kg, self.steps[steps[0]].kernel, later, v, o)
+    def _aliases(self, k: Kernel) -> dict[Value, Value]:
+        """{input: output} of the donations whose output kernel ``k`` writes, where ``k``
+        reads the input (directly or through a view)."""
+        by_slot = {self.slots[o]: o for o in k.outputs if o in self.slots}
+        read = {self.kg.views[v].base if v in self.kg.views else v for v in k.inputs}
+        return {self.graph.inputs[i]: by_slot[slot] for slot, i in self.donated.items()
+                if slot in by_slot and self.graph.inputs[i] in read}
 
     def fast_runner(self):
         """A call path for the common case, or None: a program of LLVM kernels, contiguous
@@ -545,9 +587,10 @@ class _LocalSlots(dict):
     """A kernel's own buffer numbers: the LLVM printer asks for a value's slot, and gets the next
     local number the first time; ``order`` maps local numbers to the program's slots."""
 
-    def __init__(self, slots: dict[Value, int]):
+    def __init__(self, slots: dict[Value, int], alias: dict[Value, Value] | None = None):
         super().__init__()
         self.slots = slots
+        self.alias = alias or {}          # a donated input -> the output in its buffer
         self.values: list[Value] = []
         self.order: list[int] = []
 
@@ -558,6 +601,9 @@ class _LocalSlots(dict):
         return len(self.order) - 1
 
     def __missing__(self, value: Value) -> int:
+        if value in self.alias:
+            self[value] = self[self.alias[value]]
+            return self[value]
         self.order.append(self.slots[value])
         self.values.append(value)
         self[value] = len(self.order) - 1

@@ -189,10 +189,8 @@ class CompiledFunction:
         if self.backend == "cuda":
             program = self._program(optimized, _symbol(graph.name))
         if self.backend == "llvm":
-            program = Program(fuse(optimized), name=_symbol(graph.name))
-            if config.debug >= 4:
-                print(f"[fusegrad] LLVM IR of {graph.name}:\n{program.llvm_ir}", file=sys.stderr)
             leaves, _ = tree_flatten((args, kwargs))
+            pairs = []
             if info.capture.did_backward or not (
                     is_grad_enabled() and any(t._requires_grad for t in leaves) or
                     any(t._requires_grad for t, _ in info.lifted)):
@@ -201,7 +199,10 @@ class CompiledFunction:
                 # when a compiled backward may need the inputs as they were.)
                 grads = [(gi, out) for leaf, out, in_place in info.capture.grad_writes
                          if in_place for leaf2, gi in info.capture.grad_inputs if leaf2 == leaf]
-                program.donate(list(info.mutations) + grads + self._donations(graph, args))
+                pairs = list(info.mutations) + grads + self._donations(graph, args)
+            program = Program(fuse(optimized), name=_symbol(graph.name), donate=pairs)
+            if config.debug >= 4:
+                print(f"[fusegrad] LLVM IR of {graph.name}:\n{program.llvm_ir}", file=sys.stderr)
         entry = _Entry(graph, optimized, program, info)
         entry.out_dtypes = [o.type.dtype for o in optimized.outputs]
         entry.guard = _entry_guard(info, closure)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import fusegrad as fg
 from fusegrad.passes.fusion import fuse
@@ -153,3 +154,32 @@ def test_the_kernel_cache_identity_covers_the_code_kernels_are_made_from():
     exempt = {root / "config.py", root / "ops" / "primitive.py", root / "ir" / "__init__.py"}
     missing = sorted(str(f.relative_to(root)) for f in imported - files - exempt)
     assert missing == [], f"kernel.py's imports missing from the cache identity: {missing}"
+
+
+def test_a_donated_input_is_read_through_its_outputs_buffer():
+    # Decided before compiling: the kernel loads and stores each updated tensor through one
+    # pointer (two pointers that overlap fail the loop vectorizer's runtime check, and the
+    # update ran scalar). The state evolves over calls as numpy's does.
+    def update(p, m, g):
+        m2 = m * 0.9 + g
+        return p - 0.1 * m2, m2
+
+    rng = np.random.default_rng(0)
+    p0, m0 = (rng.standard_normal(64).astype(np.float32) for _ in range(2))
+    p, m = fg.tensor(p0.copy()), fg.tensor(m0.copy())
+    f = fg.compile(update, donate_argnums=(0, 1))
+    for _ in range(3):
+        g = rng.standard_normal(64).astype(np.float32)
+        m0 = m0 * np.float32(0.9) + g
+        p0 = p0 - np.float32(0.1) * m0
+        p, m = f(p, m, fg.tensor(g))
+        np.testing.assert_allclose(p.numpy(), p0, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(m.numpy(), m0, rtol=1e-6, atol=1e-6)
+    program = f.lower(p, m, fg.tensor(g)).program
+    assert sorted(program.donated.values()) == [0, 1]
+    (code,) = program.kernel_code.values()
+    inputs = {program.slots[v] for v in program.graph.inputs[:2]}
+    assert not inputs & set(code.slots)          # p and m are read through the outputs
+    assert set(program.donated) <= set(code.slots)
+    with pytest.raises(ValueError, match="would drop donations its kernels were compiled"):
+        program.donate([])
