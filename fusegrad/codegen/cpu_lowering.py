@@ -378,15 +378,13 @@ class _CPULowering(KernelValues):
         self.stmt(Store(self.param(v), index, value))
 
     def store_all(self, values, coords) -> None:
-        """Store ``values`` at ``coords``, each computed before any is stored: an output may
-        have taken the buffer of an input that another output still reads (donation)."""
         self.store_each([(v, coords) for v in values])
 
     def store_each(self, items) -> None:
-        """Store each (value, coords) of ``items``, all computed before the first store."""
-        stores = [(self.param(v), *self.stored(v, coords)) for v, coords in items]
-        for param, index, value in stores:
-            self.stmt(Store(param, index, value))
+        """Store each (value, coords) of ``items``: one run of consecutive stores, whose
+        values the printer computes before the first store (see ``KernelPrinter.block``)."""
+        for v, coords in items:
+            self.store(v, coords)
 
     def start_end(self):
         return self.b.special("start"), self.b.special("end")

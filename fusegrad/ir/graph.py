@@ -119,23 +119,21 @@ class Graph:
                  loc: str | None = None, name: str | None = None) -> Value:
         """Append a node applying ``prim``; its result type comes from the primitive's rule."""
         prim = PRIMITIVES[prim] if isinstance(prim, str) else prim
-        attrs = dict(attrs or {})
+        attrs = attrs or {}
         try:
             out_type = infer_type(prim, [op.type for op in inputs], attrs)
         except (ShapeError, TypeError, IndexError) as e:
             where = f" (at {loc})" if loc else ""
             raise IRError(f"{prim.name}: {e}{where}") from e
-        out = Value(out_type, name)
-        node = Node(prim, list(inputs), attrs, out, loc)
-        out.producer = node
-        self.nodes.append(node)
-        return out
+        return self.append_node(prim, inputs, attrs, out_type, loc, name)
 
     def append_node(self, prim: Primitive, inputs: Sequence[Operand], attrs: dict,
-                    out_type: TensorType, loc: str | None = None) -> Value:
-        """Append a node whose result type is already known (a copy of a node whose operands
-        have the types of the original's: see ``GraphCopier.emit``)."""
-        out = Value(out_type)
+                    out_type: TensorType, loc: str | None = None,
+                    name: str | None = None) -> Value:
+        """Append a node whose result type is already known (``add_node`` infers it; a copy
+        of a node whose operands have the types of the original's keeps it: see
+        ``GraphCopier.emit``)."""
+        out = Value(out_type, name)
         node = Node(prim, list(inputs), dict(attrs), out, loc)
         out.producer = node
         self.nodes.append(node)

@@ -158,12 +158,11 @@ class SymbolicTensor(Tensor):
     def requires_grad_(self, requires_grad: bool = True) -> "SymbolicTensor":
         super().requires_grad_(requires_grad)
         value = self._value
-        if self._requires_grad and value not in self._tr.grad_values:
-            # A leaf made while tracing (x.detach().requires_grad_()): a gradient root.
-            if self._tr.capture is not None:
-                self._tr.capture.internal_leaf(self, value)
-            else:
-                self._tr.grad_values.add(value)
+        if self._requires_grad and self._tr.capture is not None and \
+                value not in self._tr.grad_values:
+            # A leaf made while compile traces (x.detach().requires_grad_()): a gradient
+            # root of backward() inside the function.
+            self._tr.capture.internal_leaf(self, value)
         return self
 
     def retain_grad(self) -> None:

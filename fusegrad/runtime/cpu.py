@@ -258,7 +258,7 @@ class Program:
         start = time.perf_counter()
         self._assign_slots()
         self.fallbacks: dict[int, str] = dict(fallbacks or {})
-        self._baked: dict[Value, Value] = {}          # output -> the input it aliases in code
+        self._baked: set[Value] = set()     # outputs whose kernels read their input through them
         self._set_donated(self._accept(donate) if donate and prebuilt is None else {})
         self._build_steps(prebuilt, fallbacks)
         if self.donated:
@@ -377,8 +377,7 @@ class Program:
             else:
                 emitted[i] = KernelCode(record, [self.slots[values[j]]
                                                   for j in record.buffers])
-            for v, o in alias.items():
-                self._baked[o] = v
+            self._baked.update(alias.values())
         return emitted
 
     def _make_tables(self, emitted: dict[int, "KernelCode"]) -> None:
@@ -470,11 +469,9 @@ class Program:
                     in_index in accepted.values() or o.type != v.type or \
                     any(o2 is v for o2 in self.graph.outputs):
                 continue
-            # The one compiled kernel writing o (a split reduction's phases are several
-            # functions: not that), and what runs after it.
+            # The one compiled kernel writing o, and what runs after it.
             writers = [i for i, k in enumerate(kernels) if o in k.outputs]
-            if len(writers) != 1 or not self._lowered(writers[0], kernels[writers[0]]) or \
-                    split_plan(kernels[writers[0]]) is not None:
+            if len(writers) != 1 or not self._lowered(writers[0], kernels[writers[0]]):
                 continue
             i = writers[0]
             if donation_safe(self.kg, kernels[i], kernels[i + 1:], v, o):

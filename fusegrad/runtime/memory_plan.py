@@ -130,11 +130,13 @@ def donation_safe(kg: KernelGraph, kernel: Kernel, later: list[Kernel], v: Value
     optimizer's update of a weight from its gradient's product writes the weight in
     place)."""
     level = kernel.level.get(o)
-    if kernel.kind not in ("elementwise", "reduction", "matmul"):
+    # (A split reduction runs as several functions, each storing what it computes.)
+    if kernel.kind not in ("elementwise", "reduction", "matmul") or \
+            split_plan(kernel) is not None:
         return False
     if level == "full":
         shape = kernel.shape
-    elif level == "row" and kernel.kind == "reduction" and split_plan(kernel) is None:
+    elif level == "row" and kernel.kind == "reduction":
         shape = kernel.row_shape
     else:
         return False

@@ -181,8 +181,8 @@ class StateCapture:
     def internal_leaf(self, t: Tensor, value: Value) -> None:
         """``t``, a leaf made while tracing that requires grad, stands for ``value``: a
         gradient root, whose ``.grad`` backward() accumulates into."""
-        if value in self.trace.grad_values and any(v is value for _, v in self.internal_leaves):
-            return
+        if any(v is value for _, v in self.internal_leaves):
+            return                          # registered already: one accumulation per leaf
         self.trace.grad_values.add(value)
         ref = t if isinstance(t, SymbolicTensor) else weakref.ref(t)
         self.internal_leaves.append((ref, value))
@@ -337,11 +337,9 @@ class StateCapture:
                     v = internal[id(t)]
                 elif isinstance(t, SymbolicTensor):
                     v = t._value
-                elif self.is_internal(t):
-                    raise RuntimeError("One of the differentiated Tensors does not require grad")
-                else:
-                    v = self.sym_for(t)._value
-                if v not in tr.grad_values:
+                else:       # an internal tensor that is no leaf requiring grad: no value
+                    v = None if self.is_internal(t) else self.sym_for(t)._value
+                if v is None or v not in tr.grad_values:
                     raise RuntimeError("One of the differentiated Tensors does not require grad")
                 g = cts.get(v)
                 if g is None and not allow_unused:

@@ -276,8 +276,7 @@ class CompiledFunction:
                 if entry is not None:
                     if entry.fast is not None:
                         return entry.fast(args)
-                    if entry.guard is None or entry.guard(
-                            lambda e=entry: self._inputs(e, args, read_only=True)):
+                    if self._holds(entry, args):
                         return self._run(entry, args)
         else:
             fast = None
@@ -333,10 +332,14 @@ class CompiledFunction:
         """The cached entry for ``key`` whose guards hold now, if any."""
         # Newest first: a training step's steady graph is traced after its first step's.
         for entry in reversed(self.cache.get(key, ())):
-            if entry.guard is None or entry.guard(
-                    lambda e=entry: self._inputs(e, leaves, read_only=True)):
+            if self._holds(entry, leaves):
                 return entry
         return None
+
+    def _holds(self, entry: _Entry, leaves) -> bool:
+        """Whether ``entry``'s guards hold for a call with ``leaves``."""
+        return entry.guard is None or entry.guard(
+            lambda: self._inputs(entry, leaves, read_only=True))
 
     def _inputs(self, entry: _Entry, leaves, read_only: bool = False) -> list[Tensor]:
         info = entry.info

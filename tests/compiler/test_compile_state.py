@@ -318,6 +318,29 @@ def test_gradient_penalty_step_compiled_equals_eager():
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
+def test_gradient_of_a_leaf_made_inside_and_kept_is_written_at_each_call():
+    # The leaf outlives the trace (the function stores it): its .grad holds the gradient of
+    # the latest call, as the latest eager call's leaf does.
+    store = {}
+
+    def f(x):
+        w = fg.ones(3, requires_grad=True)
+        store["w"] = w
+        (x * x * w).sum().backward()
+        return x * 2
+
+    compiled = fg.compile(f, fullgraph=True)
+    compiled(fg.randn(3))
+    kept = store["w"]                   # the leaf the trace made
+    for seed in range(3):
+        x = fg.randn(3, generator=fg.Generator().manual_seed(seed))
+        compiled(x)
+        f(x)                            # eager: a new leaf in store["w"]
+        assert store["w"] is not kept
+        np.testing.assert_allclose(kept.grad.numpy(), store["w"].grad.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(kept.grad.numpy(), x.numpy() ** 2, rtol=1e-6)
+
+
 def test_backward_through_eager_history_made_inside_is_refused():
     def f(x):
         w = fg.ones(3, requires_grad=True)

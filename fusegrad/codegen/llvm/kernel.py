@@ -290,13 +290,24 @@ class KernelPrinter:
     # -- statements
     def block(self, body: list) -> None:
         b = self.b
-        for st in body:
+        for k, st in enumerate(body):
             if isinstance(st, (Declare, Assign)):
                 value = st.init if isinstance(st, Declare) else st.value
                 b.store(self.value(value), self.slot(st.var))
             elif isinstance(st, Store):
-                index, value = self.value(st.index), self.value(st.value)
-                b.store(value, b.gep(self.ptr(st.param), [index], inbounds=True, name="addr"))
+                if k and isinstance(body[k - 1], Store):
+                    continue                    # printed with the first store of its run
+                # A run of stores (a kernel's outputs at one index) computes every value
+                # before the first store: an output may write the buffer of an input
+                # (donation) that another output of the run still reads.
+                run = []
+                for nxt in body[k:]:
+                    if not isinstance(nxt, Store):
+                        break
+                    run.append((nxt, self.value(nxt.index), self.value(nxt.value)))
+                for nxt, index, value in run:
+                    b.store(value, b.gep(self.ptr(nxt.param), [index], inbounds=True,
+                                         name="addr"))
             elif isinstance(st, StoreLocal):
                 index, value = self.value(st.index), self.value(st.value)
                 b.store(value, b.gep(self.slot(st.local, st.local.size), [index]))
