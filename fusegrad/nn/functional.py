@@ -124,12 +124,37 @@ sigmoid = F.sigmoid
 tanh = F.tanh
 
 
+def _gelu_tanh_inner(x: Tensor) -> Tensor:
+    # torch's kBeta = sqrt(2) * (2 / sqrt(pi)) * 0.5 = sqrt(2 / pi)
+    return F.mul(F.add(x, F.mul(F.mul(F.mul(x, x), x), 0.044715)), math.sqrt(2.0 / math.pi))
+
+
 def _gelu_impl(x: Tensor, approximate: str) -> Tensor:
     if approximate == "tanh":
-        # torch's kBeta = sqrt(2) * (2 / sqrt(pi)) * 0.5 = sqrt(2 / pi)
-        inner = F.mul(F.add(x, F.mul(F.mul(F.mul(x, x), x), 0.044715)), math.sqrt(2.0 / math.pi))
-        return F.mul(F.mul(x, 0.5), F.add(F.tanh(inner), 1.0))
-    return F.mul(F.mul(x, 0.5), F.add(F.erf(F.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+        y = F.mul(F.mul(x, 0.5), F.add(F.tanh(_gelu_tanh_inner(x)), 1.0))
+    else:
+        y = F.mul(F.mul(x, 0.5), F.add(F.erf(F.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+    return F.custom_vjp(y, (x,), "gelu", (approximate,))
+
+
+@P.register_vjp("gelu")
+def _gelu_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    """torch's GeluBackward: ``g * (cdf + x * pdf)``, one factor of ``x`` alone, which the
+    forward's kernel computes beside the output (sharing its erf or tanh) and saves in place
+    of the three values the chain rule through the forward's primitives reads."""
+    (x,), (approximate,) = operands, params
+    if approximate == "tanh":
+        t = F.tanh(_gelu_tanh_inner(x))
+        right = F.add(t, 1.0)
+        # d/dx of 0.5 * x * (1 + t): 0.5 * right + 0.5 * x * (1 - t^2) * kBeta * (1 + 3 kKappa x^2)
+        inner_grad = F.mul(F.add(F.mul(F.mul(x, x), 3 * 0.044715), 1.0), math.sqrt(2.0 / math.pi))
+        d = F.add(F.mul(right, 0.5),
+                  F.mul(F.mul(F.mul(x, 0.5), F.sub(1.0, F.mul(t, t))), inner_grad))
+    else:
+        cdf = F.mul(F.add(F.erf(F.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
+        pdf = F.mul(F.exp(F.mul(F.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
+        d = F.add(cdf, F.mul(x, pdf))
+    return (F.mul(g, d),)
 
 
 _gelu = composite("GeluBackward0", kernel=True)(_gelu_impl)
@@ -333,12 +358,27 @@ def _shift_by_max(x: Tensor, dim: int) -> Tensor:
 
 def _softmax_impl(x: Tensor, dim: int) -> Tensor:
     e = F.exp(_shift_by_max(x, dim))
-    return F.div(e, F.sum(e, dim, keepdim=True))
+    return F.custom_vjp(F.div(e, F.sum(e, dim, keepdim=True)), (x,), "softmax", (dim,))
 
 
 def _log_softmax_impl(x: Tensor, dim: int) -> Tensor:
     s = _shift_by_max(x, dim)
-    return F.sub(s, F.log(F.sum(F.exp(s), dim, keepdim=True)))
+    out = F.sub(s, F.log(F.sum(F.exp(s), dim, keepdim=True)))
+    return F.custom_vjp(out, (x,), "log_softmax", (dim,))
+
+
+@P.register_vjp("softmax")
+def _softmax_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    """torch's SoftmaxBackward: ``out * (g - sum(g * out))``, which reads the output alone."""
+    (dim,) = params
+    return (F.mul(out, F.sub(g, F.sum(F.mul(g, out), dim, keepdim=True))),)
+
+
+@P.register_vjp("log_softmax")
+def _log_softmax_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    """torch's LogSoftmaxBackward: ``g - exp(out) * sum(g)``."""
+    (dim,) = params
+    return (F.sub(g, F.mul(F.exp(out), F.sum(g, dim, keepdim=True))),)
 
 
 _softmax = composite("SoftmaxBackward0", kernel=True)(_softmax_impl)

@@ -84,7 +84,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, scale: f
     dead = F.eq(F.amax(scores.detach(), -1, keepdim=True), -math.inf)
     e = F.exp(F.sub(scores, F.amax(F.where(dead, 0.0, scores).detach(), -1, keepdim=True)))
     total = F.sum(e, -1, keepdim=True)
-    weights = F.div(e, F.where(dead, 1.0, total))
+    # softmax's VJP (out * (g - sum(g * out))) reads the weights alone
+    weights = F.custom_vjp(F.div(e, F.where(dead, 1.0, total)), (scores,), "softmax", (-1,))
     if dropout_p > 0.0:
         from fusegrad.nn.functional import dropout  # nn.functional imports this module
         weights = dropout(weights, dropout_p)

@@ -44,7 +44,11 @@ class CompositeNode(Node):
     def apply(self, grad, create_graph, retain_graph):
         if self._inner is None:
             raise RuntimeError(_FREED_MESSAGE)
-        return tuple(run_backward([self._inner], [grad], retain_graph, create_graph,
+        # The inner graph is kept (it goes with this node's release()): after a backward
+        # with create_graph, the recorded gradient reaches the inner nodes too, and a second
+        # backward runs them both from there and from here; freeing them on the first visit
+        # failed the second (torch's composite ops have one node and never meet this).
+        return tuple(run_backward([self._inner], [grad], True, create_graph,
                                   inputs=self._aliases, accumulate=False, allow_unused=True,
                                   stop_at_inputs=True))
 
@@ -108,4 +112,15 @@ def _named(out: Tensor, name: str, src: Tensor | None = None) -> Tensor:
     """
     if out.grad_fn is not None and out._trace is None and out is not src:
         out.grad_fn._name = name
+    return out
+
+
+def custom_vjp(out: Tensor, operands: Sequence[Tensor], rule: str, params: tuple = ()) -> Tensor:
+    """``out``, computed from ``operands``, whose gradient traced code takes from the VJP
+    registered as ``rule`` (:func:`fusegrad.ops.prims.register_vjp`, given ``params``)
+    instead of from the primitives that computed it: a ``custom_vjp`` node when traced
+    (``simplify`` removes it once the graph is differentiated), ``out`` itself otherwise."""
+    if _primitive.traced(out, *operands):
+        from fusegrad.ops import prims
+        return _primitive.bind(prims.custom_vjp, out, *operands, rule=rule, params=tuple(params))
     return out

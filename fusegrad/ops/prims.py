@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import Callable
 
 import ml_dtypes
 import numpy as np
@@ -1236,3 +1237,47 @@ cumsum = register(Primitive(
     "cumsum", Kind.EXTERN, _cumsum_infer,
     lambda x, *, axis: np.cumsum(_np_float_compute(x), axis=axis) if x.ndim else x.copy(),
     (Rule(_cumsum_vjp),), "CumsumBackward0", attrs=("axis",)))
+
+
+# --------------------------------------------------------------------------- custom VJPs
+
+# name -> fn(ct, out, operands, params) -> one cotangent (or None) per operand: the backward
+# formula of a composite op (softmax, gelu), registered by the module defining the op.
+CUSTOM_VJPS: dict[str, Callable] = {}
+
+
+def register_vjp(name: str):
+    """Register ``fn(ct, out, operands, params)`` as the VJP named ``name`` of
+    :data:`custom_vjp` nodes."""
+    def decorate(fn):
+        CUSTOM_VJPS[name] = fn
+        return fn
+    return decorate
+
+
+def _custom_vjp_infer(y: TensorType, *operands: TensorType, rule, params) -> TensorType:
+    if rule not in CUSTOM_VJPS:
+        raise ShapeError(f"custom_vjp: no VJP named {rule!r} is registered "
+                         f"(known: {', '.join(sorted(CUSTOM_VJPS))})")
+    if not isinstance(params, tuple):
+        raise ShapeError(f"custom_vjp: params must be a tuple, got {params!r}")
+    return y
+
+
+def _custom_vjp_rule(ct, out, y, *operands, argnum, rule, params):
+    if argnum == 0:
+        return None     # the value's own computation gets no cotangent: the rule replaces it
+    return CUSTOM_VJPS[rule](ct, out, operands, params)[argnum - 1]
+
+
+# ``custom_vjp(y, *operands, rule, params)`` is ``y``, computed from ``operands`` by the
+# primitives before it, with the gradient of ``operands`` given by the registered VJP
+# ``rule`` instead of by differentiating those primitives. Composites (softmax, gelu) emit it
+# when traced, so a compiled backward uses torch's formula (softmax: out * (g - sum(g * out)),
+# saving only ``out``) rather than the chain of the forward's primitives, which saves more.
+# ``simplify`` replaces it by ``y`` (after differentiation nothing reads the rule); a graph
+# differentiated after that differentiates the primitives computing ``y``, which is correct.
+custom_vjp = register(Primitive(
+    "custom_vjp", Kind.EXTERN, _custom_vjp_infer, lambda y, *operands, rule, params: y,
+    (Rule(_custom_vjp_rule, tuple(range(1, 65)), reads_output=True),), "CustomVjpBackward0",
+    attrs=("rule", "params"), variadic=True))

@@ -2,6 +2,7 @@
 
 from fusegrad.passes import (  # noqa: F401
     autodiff,
+    barriers,
     constant_folding,
     cse,
     dce,

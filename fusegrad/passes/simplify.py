@@ -25,6 +25,8 @@ index runs                         ``take(x, i)`` with a constant ``i`` of conse
                                    ``index_add(x, i, s)`` with ``i`` every index in order
                                    -> ``x + s`` (positions: ``pos_emb(arange(T))`` and its
                                    gradient)
+custom VJP                         ``custom_vjp(y, ...)`` -> ``y`` (the rule it carries is
+                                   for differentiation, which is done by then)
 canonical order                    a literal operand of a commutative op moves to the right
                                    (``add 1.0, %x`` -> ``add %x, 1.0``), so CSE and rules
                                    see one form
@@ -321,6 +323,11 @@ def _index_run(op: Operand, size: int) -> int | None:
             not np.array_equal(a, np.arange(start, start + a.size)):
         return None
     return start
+
+
+@rule("custom_vjp")
+def drop_custom_vjp(opts: RewriteOptions, ins: list, attrs: dict, out: TensorType) -> Rewrite:
+    return ins[0]
 
 
 @rule("take")

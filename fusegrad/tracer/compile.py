@@ -60,7 +60,7 @@ from fusegrad.tracer.trace import (
 __all__ = ["compile", "CompiledFunction", "Lowered", "RECOMPILE_WARNING_LIMIT"]
 
 RECOMPILE_WARNING_LIMIT = 8        # the default of config.recompile_limit (kept for imports)
-DEFAULT_PIPELINE = "simplify,cse,dce,matmul-layout,overlap-collectives"
+DEFAULT_PIPELINE = "simplify,strip-barriers,cse,dce,matmul-layout,overlap-collectives"
 BACKENDS = ("llvm", "interpreter", "cuda")
 
 

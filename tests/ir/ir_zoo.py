@@ -219,6 +219,19 @@ def concat3() -> Case:
     return Case(g, args, lambda *xs: [np.concatenate(xs, axis=1)])
 
 
+@case
+def custom_vjp_softmax() -> Case:
+    """softmax over the last axis, marked with the registered softmax VJP."""
+    g = Graph("custom_vjp")
+    x = g.add_input("x", T(2, 3))
+    e = g.add_node("exp", [x])
+    p = g.add_node("div", [e, g.add_node("reshape", [g.add_node("sum", [e], {"axes": (1,)})],
+                                         {"shape": (2, 1)})])
+    g.set_outputs([g.add_node("custom_vjp", [p, x], {"rule": "softmax", "params": (-1,)})])
+    return Case(g, (rand(2, 3, seed=12),),
+                lambda x: [np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)])
+
+
 # --------------------------------------------------------------------------- index
 
 

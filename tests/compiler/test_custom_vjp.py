@@ -1,0 +1,233 @@
+"""Composites with their own VJP (softmax, log_softmax, GELU, attention's softmax), and the
+``strip-barriers`` pass that lets CSE see a backward's recomputation of forward values.
+
+Traced, these ops emit a ``custom_vjp`` node: autodiff takes torch's backward formula
+(softmax: ``out * (g - sum(g * out))``) instead of differentiating the forward's primitives,
+so the forward saves less. The gradients must equal finite differences and eager's, first and
+second order, and the kernels must show the saving.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad.ir import Graph, TensorType, interpret, parse
+from fusegrad.ir.graph import IRError
+from fusegrad.passes.autodiff import grad_graph
+from fusegrad.passes.barriers import strip_barriers
+from fusegrad.passes.cse import cse
+from fusegrad.passes.simplify import simplify
+
+F = fg.nn.functional
+
+OPS = {
+    "softmax": lambda x: F.softmax(x, dim=-1),
+    "softmax_dim0": lambda x: F.softmax(x, dim=0),
+    "log_softmax": lambda x: F.log_softmax(x, dim=1),
+    "gelu": lambda x: F.gelu(x),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "sdpa_causal": lambda x: F.scaled_dot_product_attention(x, x * 0.5, x.flip(-1), is_causal=True),
+}
+
+
+def _weights(shape, seed=1):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def _loss(op, x, w):
+    return (op(x) * w).sum()
+
+
+def _grad(op, x0, w, compiled):
+    x = fg.from_numpy(x0.copy()).requires_grad_()
+    wt = fg.from_numpy(w)
+
+    def f(x):
+        return _loss(op, x, wt)
+    (fg.compile(f) if compiled else f)(x).backward()
+    return x.grad.numpy()
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_compiled_gradient_equals_finite_differences_in_float64(name):
+    op = OPS[name]
+    x0 = np.random.default_rng(0).standard_normal((3, 4, 5)) * 2
+    w = _weights(x0.shape)
+    got = _grad(op, x0, w, compiled=True)
+    eps = 1e-6
+    num = np.zeros_like(x0)
+    for i in range(x0.size):
+        d = np.zeros(x0.size)
+        d[i] = eps
+        d = d.reshape(x0.shape)
+        hi = float(_loss(op, fg.from_numpy(x0 + d), fg.from_numpy(w)))
+        lo = float(_loss(op, fg.from_numpy(x0 - d), fg.from_numpy(w)))
+        num.flat[i] = (hi - lo) / (2 * eps)
+    np.testing.assert_allclose(got, num, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_compiled_gradient_equals_eager_in_float32(name):
+    op = OPS[name]
+    x0 = (np.random.default_rng(2).standard_normal((4, 6, 8)) * 3).astype(np.float32)
+    w = _weights(x0.shape, 3).astype(np.float32)
+    np.testing.assert_allclose(_grad(op, x0, w, compiled=True), _grad(op, x0, w, compiled=False),
+                               rtol=1e-5, atol=2e-6)
+
+
+def test_softmax_gradient_is_torchs_formula_with_masked_entries():
+    # -inf scores (a causal mask) get a zero gradient; a row that is all -inf gives NaN, as
+    # softmax's value there does.
+    x0 = np.random.default_rng(4).standard_normal((3, 5)).astype(np.float32)
+    x0[0, 3:] = -np.inf
+    w = _weights(x0.shape, 5).astype(np.float32)
+    got = _grad(OPS["softmax"], x0, w, compiled=True)
+    e = np.exp(x0 - x0.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    want = p * (w - (w * p).sum(-1, keepdims=True))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    assert np.all(got[0, 3:] == 0)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "gelu", "gelu_tanh"])
+def test_second_derivative_through_the_custom_rule(name):
+    # grad(grad(f)) under compile differentiates the rule's own graph.
+    op = OPS[name]
+    x0 = np.random.default_rng(6).standard_normal((2, 5)) * 1.5
+    w = _weights(x0.shape, 7)
+    v = _weights(x0.shape, 8)
+
+    def first(x):
+        (g,) = fg.autograd.grad(_loss(op, x, fg.from_numpy(w)), [x], create_graph=True)
+        return g
+
+    def second(x):
+        g = first(x)
+        (gg,) = fg.autograd.grad((g * fg.from_numpy(v)).sum(), [x])
+        return gg
+
+    got = fg.compile(second)(fg.from_numpy(x0).requires_grad_()).numpy()
+    eps = 1e-6
+    num = np.zeros_like(x0)
+    for i in range(x0.size):
+        d = np.zeros(x0.size)
+        d[i] = eps
+        d = d.reshape(x0.shape)
+        hi = (first(fg.from_numpy(x0 + d).requires_grad_()).detach().numpy() * v).sum()
+        lo = (first(fg.from_numpy(x0 - d).requires_grad_()).detach().numpy() * v).sum()
+        num.flat[i] = (hi - lo) / (2 * eps)
+    np.testing.assert_allclose(got, num, rtol=1e-5, atol=1e-6)
+
+
+def _step_kernels(fn, *arrays):
+    ts = [fg.from_numpy(a).requires_grad_() for a in arrays]
+
+    def step(*ts):
+        loss = fn(*ts)
+        loss.backward()
+        return loss
+    lowered = fg.compile(step).lower(*ts)
+    return lowered.program.kg
+
+
+def test_gelu_forward_kernel_saves_one_tensor_for_the_backward():
+    # The chain rule through x * 0.5 * (1 + erf(x / sqrt 2)) reads three forward values of
+    # the GELU's shape (x * 0.5, 1 + erf, exp(-x^2 / 2)); torch's formula one (cdf + x * pdf),
+    # which the forward's kernel computes beside the output, sharing one erf.
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((32, 16), (16, 64), (64,)))
+    v = rng.standard_normal((64, 8)).astype(np.float32)
+    kg = _step_kernels(lambda x, w, b, v: (F.gelu(x @ w + b) @ v).sum(), x, w, b, v)
+    gelu = [k for k in kg.kernels if any(n.op == "erf" for n in k.nodes)]
+    assert len(gelu) == 1
+    assert sum(n.op == "erf" for n in gelu[0].nodes) == 1
+    assert [o.type.shape for o in gelu[0].outputs] == [(32, 64), (32, 64)]
+
+
+def test_softmax_forward_kernel_writes_only_the_probabilities():
+    rng = np.random.default_rng(1)
+    x, v = (rng.standard_normal(s).astype(np.float32) for s in ((8, 4, 16, 16), (8, 4, 16, 8)))
+    # The squared loss makes the probabilities' cotangent depend on the forward's result, so
+    # the backward's reduction is a kernel of its own that reads what the forward saved.
+    kg = _step_kernels(lambda x, v: ((F.softmax(x, dim=-1) @ v) ** 2).sum(), x, v)
+    fwd = [k for k in kg.kernels if any(n.op == "exp" for n in k.nodes)]
+    assert len(fwd) == 1
+    assert [o.type.shape for o in fwd[0].outputs] == [(8, 4, 16, 16)]
+
+
+def test_eager_large_gelu_and_softmax_use_the_rule_with_higher_order_gradients():
+    # Large eager calls run as compiled kernels of the composite (eager_kernels); their
+    # backward, and a double backward through it, must equal the small-tensor path's.
+    rng = np.random.default_rng(9)
+    x0 = rng.standard_normal((256, 300)).astype(np.float32)
+    for op in (OPS["gelu"], OPS["softmax"]):
+        results = []
+        for threshold in (1, 10**9):
+            old = fg.config.eager_kernel_threshold
+            fg.config.eager_kernel_threshold = threshold
+            try:
+                x = fg.from_numpy(x0.copy()).requires_grad_()
+                (g,) = fg.autograd.grad((op(x) * x).sum(), [x], create_graph=True)
+                (gg,) = fg.autograd.grad((g * g).sum(), [x])
+                results.append((g.detach().numpy(), gg.numpy()))
+            finally:
+                fg.config.eager_kernel_threshold = old
+        for a, b in zip(*results):
+            np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+
+
+def test_custom_vjp_node_refuses_an_unknown_rule():
+    g = Graph("bad")
+    x = g.add_input("x", TensorType((3,), fg.float32))
+    with pytest.raises(IRError, match="no VJP named 'nope' is registered"):
+        g.add_node("custom_vjp", [x, x], {"rule": "nope", "params": ()})
+
+
+def test_simplify_drops_custom_vjp_and_the_graph_still_differentiates():
+    # Without the node, autodiff goes through the forward's primitives: the same gradient.
+    def f(x):
+        return (F.softmax(x, dim=-1) * fg.arange(4.0)).sum()
+    x0 = np.random.default_rng(3).standard_normal((2, 4))
+    g = fg.trace(f, fg.from_numpy(x0))
+    assert any(n.op == "custom_vjp" for n in g.nodes)
+    plain = simplify(g)
+    assert not any(n.op == "custom_vjp" for n in plain.nodes)
+    with_rule = interpret(grad_graph(g, [0]), x0)
+    without = interpret(grad_graph(plain, [0]), x0)
+    np.testing.assert_allclose(with_rule[-1], without[-1], rtol=1e-12, atol=1e-14)
+
+
+STRIP = """
+graph @f(%x: f32[4], %y: f32[4]) -> (f32[4], f32[4], f32[4]) {
+  %0 = exp %x : f32[4]
+  %1 = stop_gradient %x : f32[4]
+  %2 = exp %1 : f32[4]
+  %3 = add %0, %2 : f32[4]
+  %4 = stop_gradient %y : f32[4]
+  %5 = stop_gradient %3 : f32[4]
+  return %3, %4, %5
+}
+"""
+
+
+def test_strip_barriers_lets_cse_merge_and_keeps_outputs_that_are_inputs():
+    g = parse(STRIP)
+    out = cse(strip_barriers(g))
+    ops = [n.op for n in out.nodes]
+    assert ops.count("exp") == 1
+    # %4 stays a node (an output must not become the input itself); %5 becomes %3.
+    assert ops.count("stop_gradient") == 1
+    assert out.outputs[2] is out.outputs[0]
+    x, y = np.array([0.5, -1.0, 2.0, 0.0], np.float32), np.arange(4, dtype=np.float32)
+    for a, b in zip(interpret(out, x, y), interpret(g, x, y)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_strip_barriers_is_in_the_default_pipeline_and_named_for_pipelines():
+    from fusegrad.passes.manager import PassManager
+    from fusegrad.tracer.compile import DEFAULT_PIPELINE
+    assert "strip-barriers" in DEFAULT_PIPELINE.split(",")
+    out = PassManager("strip-barriers,cse").run(parse(STRIP))
+    assert [n.op for n in out.nodes].count("exp") == 1
