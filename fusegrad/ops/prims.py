@@ -851,11 +851,12 @@ def _index_add_impl(x, idx, src, *, axis):
     if axis == 0 and out.ndim > 1 and out.size:
         rows = idx.reshape(-1)
         rows = np.where(rows < 0, rows + out.shape[0], rows)
-        # Rows (an embedding's gradient): a native loop (fusegrad.runtime.scatter), else
+        # Rows (an embedding's gradient): a native loop (fusegrad.runtime.native), else
         # np.add.at on the flat array with one index per element, 2-4x faster than on rows;
         # both add in the same order.
-        from fusegrad.runtime.scatter import index_add_rows
-        if index_add_rows(out, rows, src.reshape((rows.size,) + out.shape[1:])):
+        from fusegrad.runtime.native import index_add_rows
+        if index_add_rows(out, out, np.ascontiguousarray(rows, dtype=np.int64),
+                          np.ascontiguousarray(src.reshape((rows.size,) + out.shape[1:]))):
             return out
         inner = out.size // out.shape[0]
         lin = (rows[:, None] * inner + np.arange(inner)).reshape(-1)

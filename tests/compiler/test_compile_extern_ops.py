@@ -73,3 +73,48 @@ def test_float32_special_functions_compiled():
     x = values((3, 7), fg.float32, 7, special=False, low=0.1)
     check_compiled(lambda t: (fg.lgamma(t), fg.erfinv(t / 4), fg.i0(t), fg.digamma(t)), x,
                    rtol=1e-6)
+
+
+def test_embedding_and_loss_checks_run_native_loops_and_raise_as_numpy_does():
+    """A step's embedding gradient (index_add of rows) and its target and index checks run
+    native loops (runtime.native); a failing check, and a case the loop does not cover (a
+    loss's ignore_index), goes to the numpy reference, which accepts it or raises."""
+    import pytest
+
+    from fusegrad.runtime.cpu import NativeStep
+    rng = np.random.default_rng(0)
+    emb = fg.nn.Embedding(10, 4)
+    head = fg.nn.Linear(4, 6)
+
+    def step(tokens, targets):
+        logits = head(emb(tokens)).reshape(-1, 6)
+        loss = fg.nn.functional.cross_entropy(logits, targets, ignore_index=-100)
+        loss.backward()
+        return loss
+
+    def run(tokens, targets, compiled):
+        emb.weight.grad = head.weight.grad = head.bias.grad = None
+        loss = (compiled or step)(fg.tensor(tokens), fg.tensor(targets))
+        return float(loss), emb.weight.grad.numpy().copy()
+
+    cstep = fg.compile(step)
+    tokens = rng.integers(0, 10, (3, 5))
+    targets = rng.integers(0, 6, 15)
+    targets_ignored = targets.copy()
+    targets_ignored[[2, 7]] = -100
+    for t in (targets, targets_ignored):
+        want = run(tokens, t, None)
+        got = run(tokens, t, cstep)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6, atol=1e-7)
+    program = cstep.entries()[-1].program
+    native = sorted(s.kernel.nodes[0].op for s in program.steps if isinstance(s, NativeStep))
+    assert native == ["check_index", "check_target", "index_add"]
+    bad = targets.copy()
+    bad[4] = 6
+    with pytest.raises(IndexError, match="Target 6 is out of bounds"):
+        cstep(fg.tensor(tokens), fg.tensor(bad))
+    bad_tokens = tokens.copy()
+    bad_tokens[1, 2] = 10
+    with pytest.raises(IndexError, match="index 10 is out of bounds"):
+        cstep(fg.tensor(bad_tokens), fg.tensor(targets))
