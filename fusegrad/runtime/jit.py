@@ -242,10 +242,12 @@ def _write_disk(key: str, obj: bytes) -> None:
                                config.cache_max_age_days * 86400.0)
 
 
-def compile_ir(ir_text: str, names: list[str], keep_ir: bool = False) -> JitModule:
-    """Optimize and compile ``ir_text``; return the loaded module (cached)."""
+def compile_ir(ir_text: str, names: list[str], keep_ir: bool = False,
+               speed_level: int = 3) -> JitModule:
+    """Optimize (at ``speed_level``, see :func:`_optimize`) and compile ``ir_text``; return
+    the loaded module (cached)."""
     ir_text = _prefer_wide_vectors(ir_text)
-    key = cache_key(ir_text)
+    key = cache_key(ir_text if speed_level == 3 else f"{ir_text}\n; speed level {speed_level}")
     with _lock:
         hit = _memory.get(key)
         if hit is not None and (not keep_ir or hit.optimized_ir is not None):
@@ -257,7 +259,7 @@ def compile_ir(ir_text: str, names: list[str], keep_ir: bool = False) -> JitModu
             jm = JitModule(_engine_with([obj]), names, None, "disk")
             stats["disk_hits"] += 1
         else:
-            obj, optimized = _compile_object(ir_text, keep_ir)
+            obj, optimized = _compile_object(ir_text, keep_ir, speed_level)
             _write_disk(key, obj)
             jm = JitModule(_engine_with([obj]), names, optimized, "compiled")
             stats["compiles"] += 1

@@ -133,17 +133,18 @@ _CHECK_FN = ctypes.CFUNCTYPE(ctypes.c_int32, _P, _P, ctypes.c_int64, ctypes.c_in
                              ctypes.c_int64)
 
 
-@functools.lru_cache(maxsize=1)
-def _module():
+# Speed level 1 (no vectorizer): these loops are short, and at level 3 LLVM took 40-80 ms
+# per module, which a compiled step's first call pays with an empty cache (the checks alone:
+# 13 ms at level 1). Each module is compiled when a step first needs it.
+@functools.lru_cache(maxsize=None)
+def _function(name: str, llvm_type: str | None = None):
     from fusegrad.runtime.jit import compile_ir
-    text = _CHECKS_IR + "".join(re.sub(r"\bT\b", t, _ROWS_IR).replace("_T(", f"_{t}(")
-                                for t in _TYPES.values())
-    names = ["fg_check_copy_i64"] + [f"fg_index_add_rows_{t}" for t in _TYPES.values()]
-    module = compile_ir(text, names)
-    fns = {"check": _CHECK_FN(module.address("fg_check_copy_i64"))}
-    for t in _TYPES.values():
-        fns[t] = _ROWS_FN(module.address(f"fg_index_add_rows_{t}"))
-    return module, fns
+    text = _CHECKS_IR
+    if llvm_type is not None:
+        text += re.sub(r"\bT\b", llvm_type, _ROWS_IR).replace("_T(", f"_{llvm_type}(")
+    module = compile_ir(text, [name], speed_level=1)
+    fn = (_ROWS_FN if llvm_type is not None else _CHECK_FN)(module.address(name))
+    return module, fn
 
 
 def _c_array(a: np.ndarray, dtype) -> bool:
@@ -161,7 +162,7 @@ def index_add_rows(out: np.ndarray, x: np.ndarray, rows: np.ndarray, src: np.nda
             _c_array(rows, np.int64) and out.shape == x.shape and out.flags.writeable and
             src.size == rows.size * (x.size // max(x.shape[0], 1))):
         return False
-    fn = _module()[1][llvm_type]
+    fn = _function(f"fg_index_add_rows_{llvm_type}", llvm_type)[1]
     return bool(fn(out.ctypes.data, x.ctypes.data, rows.ctypes.data, src.ctypes.data, rows.size,
                    x.size // max(x.shape[0], 1), x.shape[0]))
 
@@ -172,4 +173,5 @@ def check_copy(src: np.ndarray, dst: np.ndarray, lo: int, hi: int) -> bool:
     if not (_c_array(src, np.int64) and _c_array(dst, np.int64) and src.size == dst.size and
             dst.flags.writeable):
         return False
-    return bool(_module()[1]["check"](src.ctypes.data, dst.ctypes.data, src.size, lo, hi))
+    fn = _function("fg_check_copy_i64")[1]
+    return bool(fn(src.ctypes.data, dst.ctypes.data, src.size, lo, hi))
