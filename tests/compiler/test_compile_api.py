@@ -14,6 +14,7 @@ import fusegrad as fg
 import fusegrad.nn as nn
 import fusegrad.nn.functional as NF
 from fusegrad import config as fg_config
+from fusegrad.ir.kernel_graph import Kernel
 from fusegrad.ir.symbolic import ConcretizationError
 from fusegrad.runtime import cpu
 from fusegrad.tracer.compile import RECOMPILE_WARNING_LIMIT
@@ -315,11 +316,44 @@ def test_threads_split_large_kernels_without_changing_results(monkeypatch):
     for threads in ("1", "2"):
         monkeypatch.setenv("FUSEGRAD_NUM_THREADS", threads)
         fg_config.reload()
-        results[threads] = {name: fg.compile(fn)(x, w) for name, fn in fns.items()}
+        # Each large kernel runs untimed, then once on one thread and once split (TUNE_RUNS
+        # 1), then as timed: every call's result must be the same.
+        monkeypatch.setattr(cpu, "TUNE_RUNS", 1)
+        compiled = {name: fg.compile(fn) for name, fn in fns.items()}
+        results[threads] = {name: [c(x, w).numpy().copy() for _ in range(4)]
+                            for name, c in compiled.items()}
         assert bool(submitted) == (threads == "2")
     assert len(submitted) >= 2          # the elementwise and the row-reduction kernels
     for name in fns:
-        np.testing.assert_array_equal(results["1"][name].numpy(), results["2"][name].numpy())
+        for got in results["1"][name][1:] + results["2"][name]:
+            np.testing.assert_array_equal(got, results["1"][name][0])
+
+
+def _sleeping_step(per_element: float, fixed: float) -> cpu.LaunchStep:
+    """A LaunchStep whose 'kernel' sleeps (releasing the GIL, as a kernel call does)
+    ``fixed`` seconds plus ``per_element`` per element of its range."""
+    import time
+
+    def fn(table, lo, hi):
+        time.sleep(fixed + per_element * (hi - lo))
+    return cpu.LaunchStep(Kernel("k", "elementwise", shape=(8,)), fn, 8,
+                          cpu.PARALLEL_THRESHOLD, 0)
+
+
+def test_large_kernels_are_split_only_where_splitting_was_measured_faster(monkeypatch):
+    monkeypatch.setattr(fg_config.config, "num_threads", 2)
+    divisible = _sleeping_step(0.002, 0.0)        # 16 ms alone, 8 ms in two halves
+    fixed = _sleeping_step(0.0, 0.01)             # 10 ms however it is cut
+    for step in (divisible, fixed):
+        for _ in range(1 + 2 * cpu.TUNE_RUNS):
+            step.run(None)
+    assert divisible.split[2] is True and fixed.split[2] is False
+    fg.set_num_threads(3)         # another thread count is measured again
+    try:
+        fixed.run(None)
+        assert isinstance(fixed.split[3], tuple) and fixed.split[2] is False
+    finally:
+        fg.set_num_threads(2)
 
 
 def test_large_kernels_take_the_fast_call_path_and_still_thread(monkeypatch):
@@ -344,9 +378,11 @@ def test_large_kernels_take_the_fast_call_path_and_still_thread(monkeypatch):
     assert [e.fast is not None for e in compiled.entries()] == [True]
     np.testing.assert_allclose(keep, np.exp(x.numpy().astype(np.float64) * 0.5), rtol=4e-7)
     monkeypatch.setattr(fg_config.config, "num_threads", 2)
-    second = compiled(x)
+    monkeypatch.setattr(cpu, "TUNE_RUNS", 1)
+    for _ in range(3):          # untimed, one thread, split (then as measured)
+        second = compiled(x)
+        np.testing.assert_array_equal(second.numpy(), keep)
     assert submitted
-    np.testing.assert_array_equal(second.numpy(), keep)
     np.testing.assert_array_equal(first.numpy(), keep)      # not overwritten by the call
 
 
