@@ -301,8 +301,17 @@ def test_index_add_row_loop_equals_np_add_at_bit_for_bit(dtype):
     np.add.at(want, np.where(idx < 0, idx + 50, idx), src)
     got = P._index_add_impl(x, idx, src, axis=0)
     np.testing.assert_array_equal(got, want)
-    y = x.copy()
-    assert index_add_rows(y, y, np.zeros(1, np.int64), np.ascontiguousarray(src[:1])) == (dtype != np.int32)
+    # Into another buffer (a compiled step's output slot, holding last call's values): x is
+    # copied in first; an index out of range writes nothing and reports it.
+    rows = np.where(idx < 0, idx + 50, idx)
+    out = np.full_like(x, 7)
+    native = index_add_rows(out, x, rows, np.ascontiguousarray(src))
+    assert native == (dtype != np.int32)
+    if native:
+        np.testing.assert_array_equal(out, want)
+        stale = out.copy()
+        assert not index_add_rows(out, x, np.array([0, 50]), np.ascontiguousarray(src[:2]))
+        np.testing.assert_array_equal(out, stale)
 
 
 def test_indexing_gradient_with_negative_indices():

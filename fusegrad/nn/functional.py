@@ -124,16 +124,22 @@ sigmoid = F.sigmoid
 tanh = F.tanh
 
 
+# The forward and its VJP build these factors alike, so that CSE (after strip-barriers)
+# computes each once: the VJP's tanh or erf is the forward's.
 def _gelu_tanh_inner(x: Tensor) -> Tensor:
     # torch's kBeta = sqrt(2) * (2 / sqrt(pi)) * 0.5 = sqrt(2 / pi)
     return F.mul(F.add(x, F.mul(F.mul(F.mul(x, x), x), 0.044715)), math.sqrt(2.0 / math.pi))
 
 
-def _gelu_impl(x: Tensor, approximate: str) -> Tensor:
+def _gelu_one_plus(x: Tensor, approximate: str) -> Tensor:
+    """``1 + tanh(inner)`` or ``1 + erf(x / sqrt 2)``: twice the normal CDF (or its tanh form)."""
     if approximate == "tanh":
-        y = F.mul(F.mul(x, 0.5), F.add(F.tanh(_gelu_tanh_inner(x)), 1.0))
-    else:
-        y = F.mul(F.mul(x, 0.5), F.add(F.erf(F.mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+        return F.add(F.tanh(_gelu_tanh_inner(x)), 1.0)
+    return F.add(F.erf(F.mul(x, 1.0 / math.sqrt(2.0))), 1.0)
+
+
+def _gelu_impl(x: Tensor, approximate: str) -> Tensor:
+    y = F.mul(F.mul(x, 0.5), _gelu_one_plus(x, approximate))
     return F.custom_vjp(y, (x,), "gelu", (approximate,))
 
 
@@ -143,15 +149,13 @@ def _gelu_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
     forward's kernel computes beside the output (sharing its erf or tanh) and saves in place
     of the three values the chain rule through the forward's primitives reads."""
     (x,), (approximate,) = operands, params
+    cdf = F.mul(_gelu_one_plus(x, approximate), 0.5)
     if approximate == "tanh":
+        # d/dx of 0.5 * x * (1 + t): cdf + 0.5 * x * (1 - t^2) * kBeta * (1 + 3 kKappa x^2)
         t = F.tanh(_gelu_tanh_inner(x))
-        right = F.add(t, 1.0)
-        # d/dx of 0.5 * x * (1 + t): 0.5 * right + 0.5 * x * (1 - t^2) * kBeta * (1 + 3 kKappa x^2)
         inner_grad = F.mul(F.add(F.mul(F.mul(x, x), 3 * 0.044715), 1.0), math.sqrt(2.0 / math.pi))
-        d = F.add(F.mul(right, 0.5),
-                  F.mul(F.mul(F.mul(x, 0.5), F.sub(1.0, F.mul(t, t))), inner_grad))
+        d = F.add(cdf, F.mul(F.mul(F.mul(x, 0.5), F.sub(1.0, F.mul(t, t))), inner_grad))
     else:
-        cdf = F.mul(F.add(F.erf(F.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
         pdf = F.mul(F.exp(F.mul(F.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
         d = F.add(cdf, F.mul(x, pdf))
     return (F.mul(g, d),)

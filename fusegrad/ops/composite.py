@@ -11,6 +11,7 @@ from typing import Sequence
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, run_backward
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.ops import primitive as _primitive
+from fusegrad.ops import prims
 from fusegrad.tensor import Tensor
 
 
@@ -121,6 +122,5 @@ def custom_vjp(out: Tensor, operands: Sequence[Tensor], rule: str, params: tuple
     instead of from the primitives that computed it: a ``custom_vjp`` node when traced
     (``simplify`` removes it once the graph is differentiated), ``out`` itself otherwise."""
     if _primitive.traced(out, *operands):
-        from fusegrad.ops import prims
         return _primitive.bind(prims.custom_vjp, out, *operands, rule=rule, params=tuple(params))
     return out

@@ -36,17 +36,13 @@ def strip_barriers(g: Graph) -> Graph:
         if node.op in BARRIERS:
             src = node.inputs[0]
             if node.output in outputs and (not isinstance(src, Value) or src in inputs):
-                c.emit(node, [c.get(src)], {}, prim=_stop_gradient())
+                c.alias(node.output, c.new.add_node("stop_gradient", [c.get(src)], {},
+                                                    loc=node.loc))
             else:
                 c.alias(node.output, c.get(src))
             continue
         c.emit(node)
     return c.finish()
-
-
-def _stop_gradient():
-    from fusegrad.ops import prims
-    return prims.stop_gradient
 
 
 @register_pass

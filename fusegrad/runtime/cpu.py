@@ -135,18 +135,19 @@ class LaunchStep:
     extent: int                # length of the parallel loop
     work: int                  # elements, for the threading decision
     table: int = 0             # address of the kernel's buffer pointers
-    # thread count -> whether to split (decided), or the timings so far (single, split)
+    # thread count -> whether to split, once measured; and its timings until then
     split: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    timings: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def run(self, prog: "Program") -> None:
         threads = config.num_threads
         if threads > 1 and self.work >= PARALLEL_THRESHOLD and self.extent > 1:
-            decided = self.split.get(threads)
-            if decided is True:
-                self.run_split(threads)
+            split = self.split.get(threads)
+            if split is None:
+                self._tune(threads)
                 return
-            if decided is not False:
-                self._tune(threads, decided)
+            if split:
+                self.run_split(threads)
                 return
         self.fn(self.table, 0, self.extent)
 
@@ -162,9 +163,10 @@ class LaunchStep:
         for f in futures:
             f.result()
 
-    def _tune(self, threads: int, times) -> None:
+    def _tune(self, threads: int) -> None:
+        times = self.timings.get(threads)
         if times is None:                 # the first run: cold caches, not timed
-            self.split[threads] = ([], [])
+            self.timings[threads] = ([], [])
             self.fn(self.table, 0, self.extent)
             return
         single, split = times

@@ -52,24 +52,16 @@ done:
 define i32 @fg_check_copy_i64(i64* noalias %src, i64* noalias %dst, i64 %n, i64 %lo, i64 %hi) {
 entry:
   %bad = call i1 @fg_out_of_range_i64(i64* %src, i64 %n, i64 %lo, i64 %hi)
-  br i1 %bad, label %fail, label %check.empty
+  br i1 %bad, label %fail, label %copy
 fail:
   ret i32 0
-check.empty:
-  %empty = icmp eq i64 %n, 0
-  br i1 %empty, label %done, label %loop
-loop:
-  %i = phi i64 [0, %check.empty], [%i.next, %loop]
-  %sp = getelementptr inbounds i64, i64* %src, i64 %i
-  %v = load i64, i64* %sp
-  %dp = getelementptr inbounds i64, i64* %dst, i64 %i
-  store i64 %v, i64* %dp
-  %i.next = add i64 %i, 1
-  %end = icmp eq i64 %i.next, %n
-  br i1 %end, label %done, label %loop
-done:
+copy:
+  %bytes = shl i64 %n, 3
+  call void @llvm.memcpy.p0.p0.i64(i64* %dst, i64* %src, i64 %bytes, i1 false)
   ret i32 1
 }
+
+declare void @llvm.memcpy.p0.p0.i64(i8*, i8*, i64, i1)
 """
 
 _ROWS_IR = """
@@ -82,17 +74,13 @@ fail:
   ret i32 0
 copy.check:
   %same = icmp eq T* %out, %x
-  %total = mul i64 %rows, %inner
   br i1 %same, label %scatter, label %copy
 copy:
-  %k = phi i64 [0, %copy.check], [%k.next, %copy]
-  %xp = getelementptr inbounds T, T* %x, i64 %k
-  %xv = load T, T* %xp
-  %op = getelementptr inbounds T, T* %out, i64 %k
-  store T %xv, T* %op
-  %k.next = add i64 %k, 1
-  %copied = icmp eq i64 %k.next, %total
-  br i1 %copied, label %scatter, label %copy
+  %rows.end = getelementptr T, T* null, i64 %rows
+  %rows.bytes = ptrtoint T* %rows.end to i64
+  %bytes = mul i64 %rows.bytes, %inner
+  call void @llvm.memcpy.p0.p0.i64(T* %out, T* %x, i64 %bytes, i1 false)
+  br label %scatter
 scatter:
   %none = icmp eq i64 %n, 0
   br i1 %none, label %done, label %row
