@@ -43,6 +43,7 @@ from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View
 from fusegrad.ir.printer import format_attrs, format_scalar, format_type
 from fusegrad.runtime import jit, native
 from fusegrad.runtime.memory_plan import donation_safe, plan_memory
+from fusegrad.runtime.native import data_pointer
 
 __all__ = ["Program", "KernelCode", "thread_pool", "set_num_threads", "get_num_threads"]
 
@@ -53,27 +54,6 @@ warnings.filterwarnings("ignore", category=RuntimeWarning, module=__name__)
 _KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
 
-def _find_data_offset() -> int | None:
-    """Offset of the data pointer inside a numpy array object (its C struct starts with
-    the object header, then ``char *data``). Reading it directly costs ~0.1 us where
-    ``arr.ctypes.data`` costs ~1 us, which matters for the per-call overhead of small
-    compiled functions. Verified against ``__array_interface__`` at import."""
-    probe = np.arange(3, dtype=np.float32)
-    want = probe.__array_interface__["data"][0]
-    for offset in (16, 24):
-        if ctypes.c_void_p.from_address(id(probe) + offset).value == want:
-            return offset
-    return None
-
-
-_DATA_OFFSET = _find_data_offset()
-
-
-def data_pointer(a: np.ndarray) -> int:
-    """Address of ``a``'s first element."""
-    if _DATA_OFFSET is not None:
-        return ctypes.c_void_p.from_address(id(a) + _DATA_OFFSET).value or 0
-    return a.__array_interface__["data"][0]
 # Work (elements) below which a kernel runs on the calling thread only.
 PARALLEL_THRESHOLD = 1 << 16
 # Work (elements) below which a kernel is optimized at LLVM's speed level 1 instead of 3:
