@@ -315,9 +315,12 @@ def _binary(op: str, x, y, dt):
             safe = np.where(y == 0, 1, y).astype(npdt)
             if unsigned(dt):
                 return (x // safe if op == "div" else x % safe).astype(npdt)
-            q = (np.abs(x.astype(np.int64)) // np.abs(safe.astype(np.int64))) * \
-                np.sign(x.astype(np.int64)) * np.sign(safe.astype(np.int64))
-            q = q.astype(npdt)
+            # C's division truncates: numpy's floor quotient, one up where the exact quotient
+            # is negative and not whole. (Through |x| // |y|, INT64_MIN // 2 came out positive:
+            # |INT64_MIN| wraps to itself.)
+            floor = x // safe
+            up = (x - floor * safe != 0) & ((x < 0) != (safe < 0))
+            q = (floor + up.astype(npdt)).astype(npdt)
             return q if op == "div" else (x - q * safe).astype(npdt)
         if op == "and":
             return x & y

@@ -258,8 +258,7 @@ def _scales(program: Program, values: list) -> list[_Scale]:
         floats = [values[j].dtype.name for j in anc if isinstance(values[j], fg.Tensor)
                   and values[j].dtype.is_floating_point]
         least = max(floats, key=RTOL.__getitem__, default=None)
-        unordered = any(op_name(program.nodes[j]) == "prod"
-                        and _product_overflows(values[program.nodes[j].args[0]]) for j in ops)
+        unordered = any(_overflows_on_the_way(program.nodes[j], values) for j in ops)
         jump = any(_at_a_jump(program, values, j) for j in ops)
         out.append(_Scale(len(ops), math.prod(summed.get(j, 1) for j in ops), magnitude,
                           least, unordered, jump))
@@ -346,6 +345,31 @@ def _product_overflows(t) -> bool:
         np.finfo(t.dtype.name)
     with np.errstate(over="ignore", under="ignore"):
         return bool(a.max() * a.max() > float(info.max) or a.min() * a.min() < float(info.tiny))
+
+
+def _overflows_on_the_way(node, values: list) -> bool:
+    """Whether ``node`` is a product (``prod``) or a matmul whose terms can leave the float
+    range: a matmul's sum of an overflowing +inf and -inf term is NaN with separate
+    multiplies and adds (the CUDA kernels, spelled without contraction) and -inf or +inf
+    in a BLAS that fuses them (the exact product never rounds to inf inside an FMA)."""
+    if op_name(node) == "prod":
+        return _product_overflows(values[node.args[0]])
+    if node.kind != "matmul":
+        return False
+    a = values[node.args[0]]
+    b = values[node.args[1]] if len(node.args) > 1 else a     # x @ x.mT
+    if not all(isinstance(t, fg.Tensor) and t.dtype.is_floating_point for t in (a, b)):
+        return False
+    big = []
+    for t in (a, b):
+        v = np.abs(_np64(t).astype(np.float64))
+        if not np.isfinite(v).all():
+            return True
+        big.append(float(v.max(initial=0.0)))
+    info = ml_dtypes.finfo(ml_dtypes.bfloat16) if values[node.args[0]].dtype.name == \
+        "bfloat16" else np.finfo(values[node.args[0]].dtype.name)
+    with np.errstate(over="ignore"):
+        return big[0] * big[1] > float(info.max)
 
 
 # --------------------------------------------------------------------------- running

@@ -9,6 +9,8 @@ second order, and the kernels must show the saving.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -152,11 +154,11 @@ def test_softmax_forward_kernel_writes_only_the_probabilities():
     assert [o.type.shape for o in fwd[0].outputs] == [(8, 4, 16, 16)]
 
 
-def test_eager_kernels_and_primitive_path_agree_to_second_order():
+def test_eager_kernels_and_composite_path_agree_to_second_order():
     # Large eager calls run as compiled kernels of the composite (eager_kernels, whose traced
     # definition carries the custom VJP); their backward, and a double backward through it,
-    # must equal the primitive-by-primitive path's (which raised "backward through the graph
-    # a second time" before composites kept their inner graph).
+    # must equal the eager composite's (which applies the rule to its inner graph's aliases,
+    # and raised "backward through the graph a second time" before composites kept it).
     rng = np.random.default_rng(9)
     x0 = rng.standard_normal((256, 300)).astype(np.float32)
     for op in (OPS["gelu"], OPS["softmax"]):
@@ -173,6 +175,46 @@ def test_eager_kernels_and_primitive_path_agree_to_second_order():
                 fg.config.eager_kernel_threshold = old
         for a, b in zip(*results):
             np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("threshold", [1, 10**9])
+def test_eager_gelu_gradient_is_the_rule_where_the_chain_rule_meets_zero_times_inf(
+        approximate, threshold):
+    # exp(gelu(100)) overflows float32: the gradient is inf * gelu'(100) = inf * 1. The chain
+    # rule through the primitives multiplied inf by the pdf's 0 (NaN); torch, the compiled
+    # function, the eager kernels and now the eager composite all apply g * (cdf + x * pdf).
+    x0 = np.array([100.0, 3.0, -0.5, 0.0, -20.0], np.float32)
+    if approximate == "none":       # (the tanh form's x**3 overflows float32 there: NaN)
+        x0 = np.append(x0, np.float32([1e30, -1e30]))
+    old = fg.config.eager_kernel_threshold
+    fg.config.eager_kernel_threshold = threshold
+    try:
+        x = fg.from_numpy(x0.copy()).requires_grad_()
+        fg.nn.functional.gelu(x, approximate=approximate).exp().sum().backward()
+        eager = x.grad.numpy()
+    finally:
+        fg.config.eager_kernel_threshold = old
+
+    def grad(v):
+        return fg.autograd.grad(fg.nn.functional.gelu(v, approximate=approximate).exp().sum(),
+                                [v])[0]
+    compiled = fg.compile(grad)(fg.from_numpy(x0.copy()).requires_grad_()).numpy()
+    xd = x0.astype(np.float64)
+    if approximate == "none":
+        cdf = 0.5 * (1 + np.vectorize(math.erf)(xd / math.sqrt(2)))
+        d = cdf + xd * np.exp(-0.5 * xd * xd) / math.sqrt(2 * math.pi)
+        y = xd * cdf
+    else:
+        t = np.tanh(math.sqrt(2 / math.pi) * (xd + 0.044715 * xd ** 3))
+        d = 0.5 * (1 + t) + 0.5 * xd * (1 - t * t) * math.sqrt(2 / math.pi) * (
+            1 + 3 * 0.044715 * xd * xd)
+        y = 0.5 * xd * (1 + t)
+    with np.errstate(all="ignore"):
+        want = np.exp(y.astype(np.float32)) * d   # exp() overflows in float32, as eager's
+    for got in (eager, compiled):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30, equal_nan=True)
+    assert np.isinf(eager[0]) and eager[0] > 0
 
 
 def test_custom_vjp_node_refuses_an_unknown_rule():

@@ -5,6 +5,7 @@ Each test is the reduced program of a finding, compiled against eager (the refer
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -208,3 +209,44 @@ def test_square_root_power_at_negative_infinity_and_zero(dtype):
         got = fg.compile(lambda v: v ** 0.5)(t).numpy().astype(np.float64)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def _divisions(a, y):
+    return a // y, fg.remainder(a, y), fg.fmod(a, y)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int8])
+def test_simulated_cuda_integer_division_truncates_at_the_minimum(dtype):
+    # Finding 11 (seed 20261202, program 794): the kernel IR interpreter (the simulated CUDA
+    # driver's) divided integers as |x| // |y| with the signs restored, and |INT64_MIN| wraps
+    # to itself: INT64_MIN // 2 came out positive. C's truncating division is now numpy's
+    # floor quotient, one up where the exact quotient is negative and not whole.
+    from fusegrad.runtime import cuda as rt
+    from fusegrad.testing.simulated_cuda import SimulatedDriver
+    info = np.iinfo(dtype)
+    x = np.array([info.min, info.min + 1, -7, -6, -1, 0, 5, info.max], dtype)
+    rt.set_driver(SimulatedDriver())
+    try:
+        for y in (2, 3, -2, -3, 7):
+            f = fg.compile(functools.partial(_divisions, y=y), backend="cuda")
+            got = [t.numpy() for t in f(fg.from_numpy(x.copy()))]
+            want = [np.floor_divide(x, dtype(y)), np.remainder(x, dtype(y)),
+                    np.fmod(x, dtype(y))]
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+    finally:
+        rt.set_driver(None)
+
+
+def test_eager_gelu_gradient_under_an_overflowing_exp_is_inf_as_torchs():
+    # Finding 12 (seed 20261202, program 26): exp(gelu(100)) overflows float32, and the
+    # gradient is inf * gelu'(100) = inf. Compiled code (GELU's custom VJP) gave inf, as
+    # torch; eager differentiated the primitives and multiplied inf by the pdf's 0 (NaN).
+    # Eager composites now apply the registered rule too (tests/compiler/test_custom_vjp.py).
+    x = fg.tensor([100.0, -1.0568868], requires_grad=True)
+    F.gelu(x).exp().sum().backward()
+    eager = x.grad.numpy()
+    compiled = fg.compile(lambda v: fg.autograd.grad(F.gelu(v).exp().sum(), [v])[0])(
+        fg.tensor([100.0, -1.0568868], requires_grad=True)).numpy()
+    assert np.isposinf(eager[0]) and np.isposinf(compiled[0])
+    np.testing.assert_allclose(eager[1], compiled[1], rtol=1e-6)

@@ -135,6 +135,24 @@ def test_products_that_overflow_on_the_way_compare_loosely():
     assert "differ" in compare(t([nan]), t([inf]), 1e-5, 0.0)
 
 
+@pytest.mark.parametrize("index", [70, 2176])
+def test_matmul_terms_that_overflow_compare_loosely(index):
+    # seed 20261202: `x @ x.mT` of float64 values near 1e295. A BLAS that fuses each term
+    # into an FMA gives -inf where the simulated CUDA kernel (separate multiplies and adds)
+    # adds an overflowed +inf term to -inf: NaN. Which infinity or NaN is order-dependent.
+    program, _ = program_for(20261202, index)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        result = check_program(program, Settings(finite_differences=False))
+    assert not result.unexplained, report(result)
+    from fusegrad.testing.fuzz import _overflows_on_the_way
+    values = [fg.tensor([[1e200, -1e200]], dtype=fg.float64), fg.tensor([[1e150], [1e150]],
+                                                                           dtype=fg.float64)]
+    assert _overflows_on_the_way(Op("matmul", (0, 1)), values)
+    assert not _overflows_on_the_way(Op("matmul", (0,)), [fg.tensor([[1e100, 3.0]],
+                                                                     dtype=fg.float64)])
+
+
 def test_a_compiled_function_is_checked():
     # A program the compiled path gets right has no mismatches; its gradients are checked
     # (compiled against eager, eager float64 against central differences).
