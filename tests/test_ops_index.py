@@ -287,6 +287,18 @@ def test_index_add_rows_with_repeated_and_negative_indices_matches_numpy():
         fg.zeros(6).index_add(0, fg.tensor([0, -1]), fg.ones(2))
 
 
+def test_index_add_rows_of_no_elements():
+    """Rows of no elements (x of shape (3, 0)): nothing to add, the indices still checked.
+    The native loop's column loop ran at least once and wrote past the buffer."""
+    from fusegrad.runtime.native import index_add_rows
+    x = np.zeros((3, 0, 2), np.float32)
+    out = np.empty_like(x)
+    assert index_add_rows(out, x, np.array([2, 0, 2]), np.zeros((3, 0, 2), np.float32))
+    assert not index_add_rows(out, x, np.array([3]), np.zeros((1, 0, 2), np.float32))
+    got = fg.zeros(3, 0).index_add(0, fg.tensor([2, 0]), fg.zeros(2, 0))
+    assert tuple(got.shape) == (3, 0)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
 def test_index_add_row_loop_equals_np_add_at_bit_for_bit(dtype):
     """The native row loop (float32/float64; other dtypes take np.add.at) adds in np.add.at's

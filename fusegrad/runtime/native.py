@@ -107,7 +107,10 @@ copy:
   call void @llvm.memcpy.p0.p0.i64(T* %out, T* %x, i64 %bytes, i1 false)
   br label %scatter
 scatter:
-  %none = icmp eq i64 %n, 0
+  ; the column loop below runs at least once: rows of no elements must not enter it
+  %no.rows = icmp eq i64 %n, 0
+  %no.cols = icmp eq i64 %inner, 0
+  %none = or i1 %no.rows, %no.cols
   br i1 %none, label %done, label %row
 row:
   %i = phi i64 [0, %scatter], [%i.next, %row.end]

@@ -250,3 +250,20 @@ def test_eager_gelu_gradient_under_an_overflowing_exp_is_inf_as_torchs():
         fg.tensor([100.0, -1.0568868], requires_grad=True)).numpy()
     assert np.isposinf(eager[0]) and np.isposinf(compiled[0])
     np.testing.assert_allclose(eager[1], compiled[1], rtol=1e-6)
+
+
+def test_backward_of_a_flip_of_an_empty_tensor_in_a_fresh_process():
+    # Finding 13 (seed 20261202, programs 3003, 3457, 3764, 4950, 6926: a crash): the
+    # compiled backward of `flip` scatters rows with the native row loop, whose column loop
+    # ran at least once. Rows of no elements, as in a (2, 0, 1) tensor, wrote past the
+    # buffer until the process died. Run in a fresh process, so that a regression fails.
+    code = ("import fusegrad as fg\n"
+            "x = fg.zeros(2, 0, 1, dtype=fg.float64, requires_grad=True)\n"
+            "f = fg.compile(lambda v: v.flip((0, 1, 2)).var(dim=(0, 1)), fullgraph=True)\n"
+            "out = f(x)\n"
+            "g, = fg.autograd.grad(out.sum(), [x])\n"
+            "print(tuple(g.shape), out.isnan().all().item())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "(2, 0, 1) True"
