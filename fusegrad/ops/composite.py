@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import builtins
 import functools
-import threading
 from typing import Sequence
 
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, run_backward
@@ -36,20 +35,16 @@ class CompositeNode(Node):
     real operands, so higher-order gradients see through the composite.
     """
 
-    __slots__ = ("_aliases", "_inner", "_vjp")
+    __slots__ = ("_aliases", "_inner")
 
-    def __init__(self, name: str, operands: Sequence[Tensor], aliases: Sequence[Tensor], inner,
-                 vjp: "_Rule | None" = None):
+    def __init__(self, name: str, operands: Sequence[Tensor], aliases: Sequence[Tensor], inner):
         super().__init__(tuple(_edge(t) for t in operands), name)
         self._aliases = list(aliases)
         self._inner = inner
-        self._vjp = vjp
 
     def apply(self, grad, create_graph, retain_graph):
         if self._inner is None:
             raise RuntimeError(_FREED_MESSAGE)
-        if self._vjp is not None:
-            return self._vjp.apply(grad, self._inner, self._aliases)
         # The inner graph is kept (it goes with this node's release()): after a backward
         # with create_graph, the recorded gradient reaches the inner nodes too, and a second
         # backward runs them both from there and from here; freeing them on the first visit
@@ -60,34 +55,29 @@ class CompositeNode(Node):
 
     def release(self) -> None:
         self._inner = None
-        self._vjp = None
 
 
-class _Rule:
-    """A registered VJP (``custom_vjp``) that an eager composite's output was marked with:
-    the composite's backward applies it to the aliases of its operands, as traced code's
-    backward does, instead of differentiating the primitives. The two differ where the
-    chain rule meets ``0 * inf``: GELU's gradient at x = 100 under exp() was NaN through the
-    primitives and is inf by the rule, as in torch."""
+class CustomVJPNode(Node):
+    """The node of an eager ``custom_vjp``: the gradient of its operands is the registered
+    rule's, as traced code's backward computes it, not the chain rule through the primitives
+    that computed the value. The two differ where the chain rule meets ``0 * inf``: GELU's
+    gradient at x = 100 under exp() was NaN through the primitives and is inf by the rule,
+    as in torch. ``out`` (the primitives' result, connected to the operands) is what the
+    rule reads, so a gradient of the gradient differentiates the rule and the forward."""
 
-    __slots__ = ("operands", "rule", "params")
+    __slots__ = ("_out", "_operands", "_rule", "_params")
 
-    def __init__(self, operands: tuple, rule: str, params: tuple):
-        self.operands, self.rule, self.params = operands, rule, params
+    def __init__(self, out: Tensor, operands: tuple, rule: str, params: tuple):
+        super().__init__(tuple(_edge(t) for t in operands), "CustomVjpBackward0")
+        self._out, self._operands, self._rule, self._params = out, operands, rule, params
 
-    def apply(self, grad, out: Tensor, aliases: list) -> tuple:
-        grads = prims.CUSTOM_VJPS[self.rule](grad, out, self.operands, self.params)
-        by_alias: dict[int, object] = {}
-        for op, g in zip(self.operands, grads):
-            if g is not None and isinstance(op, Tensor):
-                prev = by_alias.get(id(op))
-                by_alias[id(op)] = g if prev is None else prev + g
-        return tuple(by_alias.get(id(a)) for a in aliases)
+    def apply(self, grad, create_graph, retain_graph):
+        if self._out is None:
+            raise RuntimeError(_FREED_MESSAGE)
+        return tuple(prims.CUSTOM_VJPS[self._rule](grad, self._out, self._operands, self._params))
 
-
-# The custom_vjp marks made while an eager composite's definition runs (one list per
-# composite call being recorded, innermost last).
-_marks = threading.local()
+    def release(self) -> None:
+        self._out = self._operands = None
 
 
 def composite(grad_name: str, kernel: bool = False):
@@ -125,20 +115,13 @@ def composite(grad_name: str, kernel: bool = False):
 
             def swap(v):
                 return alias_of[id(v)][1] if isinstance(v, Tensor) and id(v) in alias_of else v
-            stack = _marks.__dict__.setdefault("stack", [])
-            stack.append(marks := [])
-            try:
-                inner = fn(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()})
-            finally:
-                stack.pop()
+            inner = fn(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()})
             if not isinstance(inner, Tensor) or not inner._requires_grad:
                 return inner
             real = [t for t, _ in alias_of.values()]
             out = Tensor._wrap(inner._data, inner._dtype)
             out._version_counter = inner._version_counter
-            vjp = next((r for o, r in marks if o is inner), None)
-            out.grad_fn = CompositeNode(grad_name, real, [a for _, a in alias_of.values()], inner,
-                                        vjp)
+            out.grad_fn = CompositeNode(grad_name, real, [a for _, a in alias_of.values()], inner)
             out._requires_grad = True
             return out
         return wrapper
@@ -160,13 +143,17 @@ def custom_vjp(out: Tensor, operands: Sequence[Tensor], rule: str, params: tuple
     """``out``, computed from ``operands``, whose gradient traced code takes from the VJP
     registered as ``rule`` (:func:`fusegrad.ops.prims.register_vjp`, given ``params``)
     instead of from the primitives that computed it: a ``custom_vjp`` node when traced
-    (``simplify`` removes it once the graph is differentiated), ``out`` itself otherwise. An
-    eager composite whose definition returns such an ``out`` applies the rule in its backward
-    (:class:`_Rule`), so eager and compiled gradients are computed alike."""
+    (``simplify`` removes it once the graph is differentiated); eagerly, ``out``'s values
+    with a :class:`CustomVJPNode` that applies the rule (where an operand requires grad), so
+    eager and compiled gradients are computed alike."""
     if _primitive.traced(out, *operands):
         return _primitive.bind(prims.custom_vjp, out, *operands, rule=rule, params=tuple(params))
-    stack = getattr(_marks, "stack", None)
-    if stack:
-        # Eager, inside a composite's definition: its backward applies the rule too.
-        stack[-1].append((out, _Rule(tuple(operands), rule, tuple(params))))
-    return out
+    operands = tuple(operands)
+    if not is_grad_enabled() or not builtins.any(
+            isinstance(t, Tensor) and t._requires_grad for t in operands):
+        return out
+    res = Tensor._wrap(out._data, out._dtype)
+    res._version_counter = out._version_counter
+    res.grad_fn = CustomVJPNode(out, operands, rule, tuple(params))
+    res._requires_grad = True
+    return res

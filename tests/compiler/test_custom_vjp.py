@@ -157,8 +157,8 @@ def test_softmax_forward_kernel_writes_only_the_probabilities():
 def test_eager_kernels_and_composite_path_agree_to_second_order():
     # Large eager calls run as compiled kernels of the composite (eager_kernels, whose traced
     # definition carries the custom VJP); their backward, and a double backward through it,
-    # must equal the eager composite's (which applies the rule to its inner graph's aliases,
-    # and raised "backward through the graph a second time" before composites kept it).
+    # must equal the eager composite's (whose custom_vjp node applies the rule; it raised
+    # "backward through the graph a second time" before composites kept their inner graph).
     rng = np.random.default_rng(9)
     x0 = rng.standard_normal((256, 300)).astype(np.float32)
     for op in (OPS["gelu"], OPS["softmax"]):
@@ -183,7 +183,7 @@ def test_eager_gelu_gradient_is_the_rule_where_the_chain_rule_meets_zero_times_i
         approximate, threshold):
     # exp(gelu(100)) overflows float32: the gradient is inf * gelu'(100) = inf * 1. The chain
     # rule through the primitives multiplied inf by the pdf's 0 (NaN); torch, the compiled
-    # function, the eager kernels and now the eager composite all apply g * (cdf + x * pdf).
+    # function, the eager kernels and eager custom_vjp's node all apply g * (cdf + x * pdf).
     x0 = np.array([100.0, 3.0, -0.5, 0.0, -20.0], np.float32)
     if approximate == "none":       # (the tanh form's x**3 overflows float32 there: NaN)
         x0 = np.append(x0, np.float32([1e30, -1e30]))
@@ -270,3 +270,31 @@ def test_strip_barriers_is_in_the_default_pipeline_and_named_for_pipelines():
     assert "strip-barriers" in DEFAULT_PIPELINE.split(",")
     out = PassManager("strip-barriers,cse").run(parse(STRIP))
     assert [n.op for n in out.nodes].count("exp") == 1
+
+
+def test_eager_custom_vjp_records_the_rule_inside_attention_and_stops_without_grad():
+    # scaled_dot_product_attention marks its inner softmax: eagerly that is a CustomVJPNode
+    # in the composite's inner graph; its gradient is torch's formula, equal to the chain
+    # rule's in float64. Without an operand that requires grad, custom_vjp returns its value.
+    from fusegrad.ops.composite import CustomVJPNode, custom_vjp
+    rng = np.random.default_rng(3)
+    q0 = rng.standard_normal((2, 3, 5, 4))
+    q = fg.from_numpy(q0.copy()).requires_grad_()
+    y = fg.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    (g,) = fg.autograd.grad((y * y).sum(), [q])
+
+    mask = fg.from_numpy(np.triu(np.full((5, 5), -np.inf), 1))
+
+    def f(a):
+        s = (a @ a.mT) / 2.0 + mask
+        e = (s - s.amax(-1, keepdim=True)).exp()
+        out = (e / e.sum(-1, keepdim=True)) @ a
+        return (out * out).sum()
+    ((jac,),) = numerical_jacobian(f, [fg.from_numpy(q0.copy()).requires_grad_()])
+    want = jac.reshape(q0.shape)
+    np.testing.assert_allclose(g.numpy(), want, rtol=1e-6, atol=1e-8)
+    x = fg.from_numpy(q0.copy()).requires_grad_()
+    marked = custom_vjp(fg.nn.functional.softmax(x, -1), (x,), "softmax", (-1,))
+    assert isinstance(marked.grad_fn, CustomVJPNode)
+    plain = fg.from_numpy(q0.copy())
+    assert custom_vjp(plain * 2, (plain,), "softmax", (-1,)).grad_fn is None

@@ -242,7 +242,7 @@ def test_eager_gelu_gradient_under_an_overflowing_exp_is_inf_as_torchs():
     # Finding 12 (seed 20261202, program 26): exp(gelu(100)) overflows float32, and the
     # gradient is inf * gelu'(100) = inf. Compiled code (GELU's custom VJP) gave inf, as
     # torch; eager differentiated the primitives and multiplied inf by the pdf's 0 (NaN).
-    # Eager composites now apply the registered rule too (tests/compiler/test_custom_vjp.py).
+    # Eager custom_vjp now records a node applying the rule (tests/compiler/test_custom_vjp.py).
     x = fg.tensor([100.0, -1.0568868], requires_grad=True)
     F.gelu(x).exp().sum().backward()
     eager = x.grad.numpy()
