@@ -174,14 +174,16 @@ def index_add_rows(out: np.ndarray, x: np.ndarray, rows: np.ndarray, src: np.nda
     ``src`` of shape ``(rows.size, *x.shape[1:])``. False, with nothing written, when the
     arrays are of other kinds or a row index is outside ``[0, len(x))``."""
     llvm_type = _TYPES.get(x.dtype)
-    if llvm_type is None or x.ndim < 2 or not (
-            _c_array(out, x.dtype) and _c_array(x, x.dtype) and _c_array(src, x.dtype) and
+    if llvm_type is None or x.ndim < 2:
+        return False
+    inner = x.size // max(x.shape[0], 1)        # elements per row
+    if not (_c_array(out, x.dtype) and _c_array(x, x.dtype) and _c_array(src, x.dtype) and
             _c_array(rows, _INT64) and out.shape == x.shape and out.flags.writeable and
-            src.size == rows.size * (x.size // max(x.shape[0], 1))):
+            src.size == rows.size * inner):
         return False
     fn = _function(f"fg_index_add_rows_{llvm_type}", llvm_type)[1]
     return bool(fn(data_pointer(out), data_pointer(x), data_pointer(rows), data_pointer(src),
-                   rows.size, x.size // max(x.shape[0], 1), x.shape[0]))
+                   rows.size, inner, x.shape[0]))
 
 
 def check_copy(src: np.ndarray, dst: np.ndarray, lo: int, hi: int) -> bool:

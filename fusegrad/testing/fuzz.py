@@ -140,8 +140,7 @@ def tolerance(dtype: str, n_ops: int, n_summed: int, magnitude: float) -> tuple[
     """(rtol, atol) for a float output of ``dtype`` computed by ``n_ops`` ops, summing up to
     ``n_summed`` elements into one, from values of at most ``magnitude`` (finite)."""
     rtol = RTOL[dtype] * (1 + 0.5 * n_ops) * math.sqrt(max(n_summed, 1))
-    tiny = float(ml_dtypes.finfo(ml_dtypes.bfloat16).tiny if dtype == "bfloat16"
-                 else np.finfo(dtype).tiny)
+    tiny = float(fg.finfo(getattr(fg, dtype)).tiny)
     return rtol, rtol * magnitude + 4 * tiny
 
 
@@ -341,8 +340,7 @@ def _product_overflows(t) -> bool:
     a = a[a > 0]
     if a.size < 2:
         return False
-    info = ml_dtypes.finfo(ml_dtypes.bfloat16) if t.dtype.name == "bfloat16" else \
-        np.finfo(t.dtype.name)
+    info = fg.finfo(t.dtype)
     with np.errstate(over="ignore", under="ignore"):
         return bool(a.max() * a.max() > float(info.max) or a.min() * a.min() < float(info.tiny))
 
@@ -360,16 +358,12 @@ def _overflows_on_the_way(node, values: list) -> bool:
     b = values[node.args[1]] if len(node.args) > 1 else a     # x @ x.mT
     if not all(isinstance(t, fg.Tensor) and t.dtype.is_floating_point for t in (a, b)):
         return False
-    big = []
-    for t in (a, b):
-        v = np.abs(_np64(t).astype(np.float64))
-        if not np.isfinite(v).all():
-            return True
-        big.append(float(v.max(initial=0.0)))
-    info = ml_dtypes.finfo(ml_dtypes.bfloat16) if values[node.args[0]].dtype.name == \
-        "bfloat16" else np.finfo(values[node.args[0]].dtype.name)
+    mags = [np.abs(_np64(t).astype(np.float64)) for t in (a, b)]
+    if not all(np.isfinite(m).all() for m in mags):
+        return True
     with np.errstate(over="ignore"):
-        return big[0] * big[1] > float(info.max)
+        largest = mags[0].max(initial=0.0) * mags[1].max(initial=0.0)
+    return bool(largest > fg.finfo(a.dtype).max)
 
 
 # --------------------------------------------------------------------------- running

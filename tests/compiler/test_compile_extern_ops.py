@@ -5,6 +5,7 @@ computed (views, transposes and elementwise producers around it), and agrees wit
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import fusegrad as fg
 from tests.compiler.compare import check_compiled, strided, values
@@ -79,8 +80,6 @@ def test_embedding_and_loss_checks_run_native_loops_and_raise_as_numpy_does():
     """A step's embedding gradient (index_add of rows) and its target and index checks run
     native loops (runtime.native); a failing check, and a case the loop does not cover (a
     loss's ignore_index), goes to the numpy reference, which accepts it or raises."""
-    import pytest
-
     from fusegrad.runtime.cpu import NativeStep
     rng = np.random.default_rng(0)
     emb = fg.nn.Embedding(10, 4)

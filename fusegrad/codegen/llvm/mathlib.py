@@ -250,8 +250,9 @@ class _Emitter:
         """``sum(coeffs[i] * x**i)`` with fmuladd, by Estrin's scheme: pairs ``c[i] + c[i+1] x``,
         then pairs of those in ``x**2``, and so on. Its chain of dependent operations grows
         with the log of the degree instead of the degree (Horner's), which is what bounds a
-        vectorized loop of polynomials (float32 exp 20-25% faster than with Horner's scheme,
-        tanh 25%); the rounding errors of the fits here stay well inside their ulp bounds."""
+        vectorized loop of polynomials (compiled float32 functions of 2**17 elements on one
+        thread: exp 20-25% faster than with Horner's scheme, tanh 25%, GELU 5%); the test
+        sweep's maximum errors are the same as with Horner's."""
         terms: list[ir.Value] = [self.c(coef) for coef in coeffs]
         power = x
         while len(terms) > 1:
