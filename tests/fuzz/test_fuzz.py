@@ -131,8 +131,24 @@ def test_products_that_overflow_on_the_way_compare_loosely():
     assert _product_overflows(t([1e30, 1e-30, 2.0], dtype=fg.bfloat16))
     assert not _product_overflows(t([3.0, 0.5, -2.0]))
     assert compare(t([nan, 0.0, 2.0]), t([inf, -1e-3, 2.0]), 1e-5, 0.0, unordered=True) is None
-    assert "differ" in compare(t([nan, 3.0]), t([inf, 2.0]), 1e-5, 0.0, unordered=True)
+    assert "differ" in compare(t([nan, 3.0]), t([inf, -2.0]), 1e-5, 0.0, unordered=True)
     assert "differ" in compare(t([nan]), t([inf]), 1e-5, 0.0)
+
+
+def test_products_that_pass_through_the_subnormals_compare_by_sign():
+    # seed 20261203, program 1247: the bfloat16 product of [2.2e-35, 2.9e32, 3.5e-3, 2.8e-11,
+    # 2.5e-8] is 1.63e-23 multiplied in order; the simulated CUDA kernel's shuffle tree makes
+    # 2.2e-35 * 2.5e-8 * 3.5e-3 first, 1.4 times the smallest float32 subnormal, rounded to 1:
+    # its result is 1.16e-23. Only the sign of such a product is order-independent.
+    program, _ = program_for(20261203, 1247)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        result = check_program(program, Settings(finite_differences=False))
+    assert not result.unexplained, report(result)
+    t = fg.tensor
+    assert compare(t([1.16e-23]), t([1.63e-23]), 1e-2, 0.0, unordered=True) is None
+    assert "differ" in compare(t([-1.16e-23]), t([1.63e-23]), 1e-2, 0.0, unordered=True)
+    assert "differ" in compare(t([1.16e-23]), t([1.63e-23]), 1e-2, 0.0)
 
 
 @pytest.mark.parametrize("index", [70, 2176])
