@@ -149,14 +149,17 @@ def test_products_that_pass_through_the_subnormals_compare_by_sign():
     assert compare(t([1.16e-23]), t([1.63e-23]), 1e-2, 0.0, unordered=True) is None
     assert "differ" in compare(t([-1.16e-23]), t([1.63e-23]), 1e-2, 0.0, unordered=True)
     assert "differ" in compare(t([1.16e-23]), t([1.63e-23]), 1e-2, 0.0)
+    assert compare(t([True, False]), t([False, False]), 0.0, 0.0, unordered=True) is None
+    assert "differ" in compare(t([True, False]), t([False, False]), 0.0, 0.0)
 
 
-@pytest.mark.parametrize("index", [70, 2176])
-def test_matmul_terms_that_overflow_compare_loosely(index):
-    # seed 20261202: `x @ x.mT` of float64 values near 1e295. A BLAS that fuses each term
-    # into an FMA gives -inf where the simulated CUDA kernel (separate multiplies and adds)
-    # adds an overflowed +inf term to -inf: NaN. Which infinity or NaN is order-dependent.
-    program, _ = program_for(20261202, index)
+@pytest.mark.parametrize("seed,index", [(20261202, 70), (20261202, 2176), (20261203, 4396)])
+def test_matmul_terms_that_overflow_compare_loosely(seed, index):
+    # `x @ x.mT` of float64 values near 1e295. A BLAS that fuses each term into an FMA gives
+    # -inf where the simulated CUDA kernel (separate multiplies and adds) adds an overflowed
+    # +inf term to -inf: NaN. Which infinity or NaN is order-dependent, and so is a bool
+    # computed from it (seed 20261203, program 4396: `isnan` of the product).
+    program, _ = program_for(seed, index)
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         result = check_program(program, Settings(finite_differences=False))
