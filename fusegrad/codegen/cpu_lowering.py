@@ -95,8 +95,10 @@ class ColumnPlan:
 
     ``outer``: kept axes before the tile, one per parallel unit; ``tile``: trailing kept
     axes held in the tile; ``chunk``: when nonzero the tile is a chunk of that many
-    elements of the last axis (``tile`` is then that axis alone). ``units``: the parallel
-    loop's extent, ``prod(outer)`` times the chunks per row."""
+    elements of the last axis (``tile`` is then that axis alone); when the axis would fit
+    one tile the chunks are there for the threads only, and the chunks of one row in a
+    thread's range run as one tile. ``units``: the parallel loop's extent, ``prod(outer)``
+    times the chunks per row."""
 
     outer: tuple[int, ...]
     tile: tuple[int, ...]
@@ -885,17 +887,30 @@ class _CPULowering(KernelValues):
         shape = k.shape
         last = len(shape) - 1
         red_shape = [shape[a] for a in k.axes]
-        tile_size = plan.chunk or math.prod(shape[a] for a in plan.tile)
         n_chunks = -(-shape[last] // plan.chunk) if plan.chunk else 1
+        # Chunks cut only for the thread pool (the row fits one tile): the chunks of one row
+        # that a thread's range of units holds run as one tile, so one thread reads each
+        # row whole instead of once per chunk in 1 KiB pieces (a 4096x1024 sum(0) on one
+        # thread: 2.1-2.6 ms in four chunks, numpy 0.9-1.4).
+        merged = bool(plan.chunk) and shape[last] <= COLUMN_TILE
+        tile_size = shape[last] if merged else \
+            plan.chunk or math.prod(shape[a] for a in plan.tile)
         finished: dict[Value, Local] = {}          # reduction result -> its tile
 
-        def per_unit(unit):
+        def per_unit(unit, span=None):
+            """The unit's tile; ``span``: the (lo, hi) columns of a merged range instead."""
             kept: dict = {}
-            rest, lo = unit, None
-            if plan.chunk:
+            rest, lo, hi = unit, None, None
+            if span is not None:
+                lo, hi = span
+            elif plan.chunk:
                 chunk = b.rem(rest, self.idx(n_chunks))
                 rest = b.div(rest, self.idx(n_chunks))
                 lo = b.mul(chunk, self.idx(plan.chunk))
+                hi = b.add(lo, self.idx(plan.chunk))
+                if shape[last] % plan.chunk:
+                    n = self.idx(shape[last])
+                    hi = b.select(b.cmp("lt", hi, n, INDEX), hi, n, INDEX)
             for a in reversed(plan.outer):
                 kept[a] = b.rem(rest, self.idx(shape[a]))
                 rest = b.div(rest, self.idx(shape[a]))
@@ -908,11 +923,7 @@ class _CPULowering(KernelValues):
                     body({**kept, **coords}, index)
                     for v in finished:
                         del self.acc[v]
-                if plan.chunk:
-                    hi = b.add(lo, self.idx(plan.chunk))
-                    if shape[last] % plan.chunk:
-                        n = self.idx(shape[last])
-                        hi = b.select(b.cmp("lt", hi, n, INDEX), hi, n, INDEX)
+                if lo is not None:
                     with self.loop(lo, hi, "j") as j:
                         inner({last: j}, b.sub(j, lo))
                     return
@@ -928,7 +939,27 @@ class _CPULowering(KernelValues):
             self.column_stores(tile, coords_at, red_shape)
             finished.clear()
 
-        self.nest([plan.units], lambda u: per_unit(u[0]), parallel=True)
+        if not merged:
+            self.nest([plan.units], lambda u: per_unit(u[0]), parallel=True)
+            return
+        # Units [start, end) cover rows first // n .. (end - 1) // n of the outer axes, each
+        # from its first unit in the range to its last.
+        start, end = self.start_end()
+        n = self.idx(n_chunks)
+
+        def clamp(op, x, bound):
+            return b.select(b.cmp(op, x, bound, INDEX), x, bound, INDEX)
+        first = b.div(start, n)
+        stop = b.div(b.add(end, self.idx(n_chunks - 1)), n)
+        with self.loop(first, stop, "u") as row:
+            base = b.mul(row, n)
+            # (index arithmetic is unsigned: start - base only where start > base)
+            c_lo = b.select(b.cmp("gt", start, base, INDEX), b.sub(start, base), self.idx(0),
+                            INDEX)
+            c_hi = clamp("lt", b.sub(end, base), n)         # end > base: row < stop
+            lo = b.mul(c_lo, self.idx(plan.chunk))
+            hi = clamp("lt", b.mul(c_hi, self.idx(plan.chunk)), self.idx(shape[last]))
+            per_unit(row, (lo, hi))
 
     def tile_nest(self, axes, coords: dict, index, body) -> None:
         """Loops over the tile ``axes`` (trailing axes of the kernel), with the linear index
