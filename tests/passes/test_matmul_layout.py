@@ -6,7 +6,7 @@ from fusegrad import dtypes
 from fusegrad.ir.graph import Graph
 from fusegrad.ir.interpreter import interpret
 from fusegrad.ops.primitive import TensorType
-from fusegrad.passes.matmul_layout import epilogues_through_reshape, transpose_matmuls
+from fusegrad.passes.matmul_layout import copies_before_reshape, epilogues_through_reshape, transpose_matmuls
 
 
 def _graph(shape_a, shape_b, perm, extra_use=False):
@@ -63,3 +63,46 @@ def test_elementwise_ops_behind_a_reshape_of_a_product_move_before_it():
         ops = [n.op for n in h.nodes]
         assert (ops[-1] == "reshape") == moved, ops
         np.testing.assert_array_equal(interpret(h, *args)[0], interpret(g, *args)[0])
+
+
+def _heads_merged(user: str):
+    """pad(reshape(permute(a @ b))) or another ``user``: attention heads (B, H, T, D)
+    merged to (B, T, H * D), as the gradient of a qkv split makes them."""
+    g = Graph("f")
+    a = g.add_input("a", TensorType((2, 3, 4, 5), dtypes.float32))
+    b = g.add_input("b", TensorType((2, 3, 5, 8), dtypes.float32))
+    t = g.add_node("permute", [g.add_node("matmul", [a, b])], {"perm": (0, 2, 1, 3)})
+    r = g.add_node("reshape", [t], {"shape": (2, 4, 24)})
+    if user == "pad":
+        out = g.add_node("pad", [r], {"widths": ((0, 0), (0, 0), (0, 48)), "value": 0.0})
+    else:
+        out = g.add_node(user, [r])
+    g.set_outputs([out])
+    return g
+
+
+def test_a_reshape_merging_permuted_axes_reads_a_copy_in_the_views_shape():
+    import fusegrad as fg
+    from fusegrad.passes.fusion import fuse
+    rng = np.random.RandomState(2)
+    for user, copied in [("pad", True), ("neg", False)]:   # neg would join the copy
+        g = _heads_merged(user)
+        args = [rng.randn(*v.type.shape).astype(np.float32) for v in g.inputs]
+        h = copies_before_reshape(g)
+        ops = [n.op for n in h.nodes]
+        assert ("copy" in ops) == copied, ops
+        if copied:
+            copy = next(n for n in h.nodes if n.op == "copy")
+            assert copy.output.type.shape == (2, 4, 3, 8)
+            assert copy.inputs[0].producer.op == "permute"
+            # fused: the copy is a kernel of the view's shape, the reshape a free view
+            kernels = [k for k in fuse(h).kernels if k.kind == "elementwise"]
+            assert any(k.shape == (2, 4, 3, 8) and [n.op for n in k.nodes] == ["copy"]
+                       for k in kernels)
+        np.testing.assert_array_equal(interpret(h, *args)[0], interpret(g, *args)[0])
+    # end to end, compiled against eager
+    x = fg.randn(2, 3, 4, 8)
+    f = fg.compile(lambda v: fg.nn.functional.pad((v * 2).transpose(1, 2).reshape(2, 4, 24),
+                                                  (0, 8)))
+    np.testing.assert_array_equal(f(x).numpy(), fg.nn.functional.pad(
+        (x * 2).transpose(1, 2).reshape(2, 4, 24), (0, 8)).numpy())
