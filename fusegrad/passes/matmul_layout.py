@@ -8,6 +8,11 @@ materializes ``xᵀ @ g`` and then reads it transposed, so an optimizer update c
 the matmul as its epilogue and a transposed copy is made for ``W.grad``. After the rewrite
 the product is written in ``W``'s own layout.
 
+The pass also places two other layouts for fusion: elementwise ops behind a reshape of a
+product move before it, into the product's epilogue (:func:`epilogues_through_reshape`), and
+a reshape merging the axes of a permuted view reads a copy made in the view's shape
+(:func:`copies_before_reshape`).
+
 Like any change of BLAS call, the summation order may differ from the unrewritten
 program's in the last bits, so the pass is not part of ``simplify`` (which only makes
 bit-exact rewrites); the default pipeline of ``fusegrad.compile`` runs it.
