@@ -947,8 +947,8 @@ class _CPULowering(KernelValues):
         start, end = self.start_end()
         n = self.idx(n_chunks)
 
-        def clamp(op, x, bound):
-            return b.select(b.cmp(op, x, bound, INDEX), x, bound, INDEX)
+        def least(x, y):
+            return b.select(b.cmp("lt", x, y, INDEX), x, y, INDEX)
         first = b.div(start, n)
         stop = b.div(b.add(end, self.idx(n_chunks - 1)), n)
         with self.loop(first, stop, "u") as row:
@@ -956,9 +956,9 @@ class _CPULowering(KernelValues):
             # (index arithmetic is unsigned: start - base only where start > base)
             c_lo = b.select(b.cmp("gt", start, base, INDEX), b.sub(start, base), self.idx(0),
                             INDEX)
-            c_hi = clamp("lt", b.sub(end, base), n)         # end > base: row < stop
+            c_hi = least(b.sub(end, base), n)         # end > base: row < stop
             lo = b.mul(c_lo, self.idx(plan.chunk))
-            hi = clamp("lt", b.mul(c_hi, self.idx(plan.chunk)), self.idx(shape[last]))
+            hi = least(b.mul(c_hi, self.idx(plan.chunk)), self.idx(shape[last]))
             per_unit(row, (lo, hi))
 
     def tile_nest(self, axes, coords: dict, index, body) -> None:
