@@ -176,11 +176,12 @@ def copies_before_reshape(g: Graph) -> Graph:
                                                  u.op not in ("pad", "concat"))
                    for u in users.get(node.output, []))
 
-    if not any(wanted(n) for n in g.nodes):
+    targets = {n for n in g.nodes if wanted(n)}
+    if not targets:
         return g
     c = GraphCopier(g)
     for node in g.nodes:
-        if wanted(node):
+        if node in targets:
             copied = c.new.add_node("copy", [c.get(node.inputs[0])], {}, loc=node.loc)
             c.alias(node.output, c.new.add_node("reshape", [copied], node.attrs,
                                                 loc=node.loc))
