@@ -80,6 +80,14 @@ class CustomVJPNode(Node):
         self._out = self._operands = None
 
 
+def _made_by(t: Tensor, node: Node) -> Tensor:
+    """A tensor on ``t``'s storage (and version counter) whose gradient flows into ``node``."""
+    out = t.detach()
+    out.grad_fn = node
+    out._requires_grad = True
+    return out
+
+
 def composite(grad_name: str, kernel: bool = False):
     """Make an op built of several primitives one autograd node named ``grad_name``.
 
@@ -107,11 +115,7 @@ def composite(grad_name: str, kernel: bool = False):
             alias_of = {}
             for t in operands:
                 if t._requires_grad and id(t) not in alias_of:
-                    a = Tensor._wrap(t._data, t._dtype)
-                    a._version_counter = t._version_counter
-                    a.grad_fn = AliasNode(t)
-                    a._requires_grad = True
-                    alias_of[id(t)] = (t, a)
+                    alias_of[id(t)] = (t, _made_by(t, AliasNode(t)))
 
             def swap(v):
                 return alias_of[id(v)][1] if isinstance(v, Tensor) and id(v) in alias_of else v
@@ -119,11 +123,8 @@ def composite(grad_name: str, kernel: bool = False):
             if not isinstance(inner, Tensor) or not inner._requires_grad:
                 return inner
             real = [t for t, _ in alias_of.values()]
-            out = Tensor._wrap(inner._data, inner._dtype)
-            out._version_counter = inner._version_counter
-            out.grad_fn = CompositeNode(grad_name, real, [a for _, a in alias_of.values()], inner)
-            out._requires_grad = True
-            return out
+            return _made_by(inner, CompositeNode(grad_name, real,
+                                                 [a for _, a in alias_of.values()], inner))
         return wrapper
     return decorate
 
@@ -149,11 +150,6 @@ def custom_vjp(out: Tensor, operands: Sequence[Tensor], rule: str, params: tuple
     if _primitive.traced(out, *operands):
         return _primitive.bind(prims.custom_vjp, out, *operands, rule=rule, params=tuple(params))
     operands = tuple(operands)
-    if not is_grad_enabled() or not builtins.any(
-            isinstance(t, Tensor) and t._requires_grad for t in operands):
+    if not is_grad_enabled() or not builtins.any(t._requires_grad for t in operands):
         return out
-    res = Tensor._wrap(out._data, out._dtype)
-    res._version_counter = out._version_counter
-    res.grad_fn = CustomVJPNode(out, operands, rule, tuple(params))
-    res._requires_grad = True
-    return res
+    return _made_by(out, CustomVJPNode(out, operands, rule, tuple(params)))

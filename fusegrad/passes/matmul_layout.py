@@ -10,8 +10,8 @@ the product is written in ``W``'s own layout.
 
 The pass also places two other layouts for fusion: elementwise ops behind a reshape of a
 product move before it, into the product's epilogue (:func:`epilogues_through_reshape`), and
-a reshape merging the axes of a permuted view reads a copy made in the view's shape
-(:func:`copies_before_reshape`).
+a reshape of a view that no strides express (the axes of a permuted view merged) reads a
+copy made in the view's shape (:func:`copies_before_reshape`).
 
 Like any change of BLAS call, the summation order may differ from the unrewritten
 program's in the last bits, so the pass is not part of ``simplify`` (which only makes
@@ -143,38 +143,38 @@ _READ_FROM_MEMORY = {"pad", "concat", "matmul"}
 
 
 def copies_before_reshape(g: Graph) -> Graph:
-    """A copy of ``g`` where a reshape that merges axes of a permuted view, which no strides
-    express, reads a copy of the view made in the view's own shape: ``reshape(permute(x))``
-    becomes ``reshape(copy(permute(x)))``, where the reshape of the contiguous copy is a
-    free view. Fusion would copy the view anyway, but in the reshape's shape, whose merged
-    axis the loads take apart again by division (the attention heads' gradients,
-    (B, H, T, D) -> (B, T, H * D): an unvectorized loop, 54 us per copy of 32K floats in the
-    char transformer's step); in the view's shape the innermost axis is contiguous on both
-    sides. Only where every user of the reshape reads it from memory anyway (a pad, a
-    concatenation, a matmul, another view, the graph's outputs): an elementwise user would
-    have joined the copy. Copies are bit-exact."""
+    """A copy of ``g`` where a reshape of a view (a permute, slice, broadcast, ...) that no
+    strides express reads a copy of the view made in the view's own shape:
+    ``reshape(permute(x))`` becomes ``reshape(copy(permute(x)))``, where the reshape of the
+    contiguous copy is a free view. Fusion would copy the view anyway, but in the reshape's
+    shape, whose merged axes the loads take apart again by division (the attention heads'
+    gradients, (B, H, T, D) -> (B, T, H * D): an unvectorized loop, 54 us per copy of 32K
+    floats in the char transformer's step); in the view's shape the innermost axis is
+    contiguous on both sides. Only where every user of the reshape reads it from memory
+    anyway (a pad, a concatenation, a matmul, another view, the graph's outputs): an
+    elementwise user would have joined the copy. Copies are bit-exact."""
     users = g.users()
+
+    def is_view(p) -> bool:
+        return p is not None and p.prim.kind is Kind.MOVEMENT and p.op not in ("pad", "concat")
 
     def strided(v):
         """``v`` as a view of the value its movement ops start from, or None."""
-        p = v.producer
-        if p is None or p.prim.kind is not Kind.MOVEMENT or p.op in ("pad", "concat"):
+        if not is_view(v.producer):
             return identity_view(v)
-        src = strided(p.inputs[0])
-        return view_of(p, src) if src is not None else None
+        src = strided(v.producer.inputs[0])
+        return view_of(v.producer, src) if src is not None else None
 
     def wanted(node) -> bool:
         if node.op != "reshape":
             return False
         x = node.inputs[0]
-        if not isinstance(x, Value) or x.producer is None or x.producer.op != "permute":
+        if not isinstance(x, Value) or not is_view(x.producer):
             return False
         source = strided(x)
         if source is None or view_of(node, source) is not None:
             return False
-        return all(u.op in _READ_FROM_MEMORY or (u.prim.kind is Kind.MOVEMENT and
-                                                 u.op not in ("pad", "concat"))
-                   for u in users.get(node.output, []))
+        return all(u.op in _READ_FROM_MEMORY or is_view(u) for u in users.get(node.output, []))
 
     targets = {n for n in g.nodes if wanted(n)}
     if not targets:
@@ -195,8 +195,8 @@ class MatmulLayout(Pass):
     """``permute(matmul(a, b))`` (last two axes) -> ``matmul(bᵀ, aᵀ)``: transposed
     products written in their user's layout; and elementwise ops after a reshape of a
     product computed in the product's shape, so that they join it as its epilogue (see
-    :func:`epilogues_through_reshape`); and a copy of a permuted view in its own shape before
-    a reshape that merges its axes (see :func:`copies_before_reshape`)."""
+    :func:`epilogues_through_reshape`); and a copy of a view in its own shape before a
+    reshape that no strides express (see :func:`copies_before_reshape`)."""
 
     name = "matmul-layout"
 

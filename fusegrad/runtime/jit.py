@@ -306,7 +306,7 @@ def codegen_identity() -> str:
 def codegen_files() -> list[Path]:
     """The source files :func:`codegen_identity` digests."""
     root = Path(__file__).resolve().parent.parent
-    # os.walk, not Path.rglob: a first call with a warm cache pays this (1.3 ms against 0.2)
+    # os.walk, not Path.rglob: a first call with a warm cache pays this (0.4 ms against 1.3)
     codegen = sorted(Path(d, f) for d, _, fs in os.walk(root / "codegen")
                      for f in fs if f.endswith(".py"))
     return codegen + [

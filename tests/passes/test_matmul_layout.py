@@ -106,3 +106,23 @@ def test_a_reshape_merging_permuted_axes_reads_a_copy_in_the_views_shape():
                                                   (0, 8)))
     np.testing.assert_array_equal(f(x).numpy(), fg.nn.functional.pad(
         (x * 2).transpose(1, 2).reshape(2, 4, 24), (0, 8)).numpy())
+
+
+def test_a_reshape_of_any_view_no_strides_express_reads_a_copy_and_others_are_left():
+    import fusegrad as fg
+    x = fg.randn(4, 6)
+    cases = [(lambda a: a[:, :4].reshape(16), True),                       # a slice
+             (lambda a: a.unsqueeze(1).expand(4, 3, 6).reshape(12, 6), True),  # a broadcast
+             (lambda a: a[:2].reshape(12), False),          # strides express it: a free view
+             (lambda a: a.t().reshape(24) + 1.0, False)]    # an elementwise user joins it
+    for fn, copied in cases:
+        g = fg.trace(fn, x)
+        h = copies_before_reshape(g)
+        ops = [n.op for n in h.nodes]
+        assert ("copy" in ops) == copied, ops
+        if copied:
+            copy = next(n for n in h.nodes if n.op == "copy")
+            assert copy.output.type.shape == copy.inputs[0].type.shape != \
+                h.outputs[0].type.shape
+        np.testing.assert_array_equal(interpret(h, x.numpy())[0], fn(x).numpy())
+        np.testing.assert_array_equal(fg.compile(fn)(x).numpy(), fn(x).numpy())
