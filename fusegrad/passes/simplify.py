@@ -330,6 +330,21 @@ def drop_custom_vjp(opts: RewriteOptions, ins: list, attrs: dict, out: TensorTyp
     return ins[0]
 
 
+@rule("slice")
+def slice_of_a_pad(opts: RewriteOptions, ins: list, attrs: dict, out: TensorType) -> Rewrite:
+    """A slice that takes exactly what a pad padded (the gradient of a slice, sliced again)
+    is the pad's input."""
+    pad = _producer(ins[0])
+    if pad is None or pad.op != "pad" or not isinstance(pad.inputs[0], Value):
+        return None
+    x = pad.inputs[0]
+    lows = tuple(lo for lo, _ in pad.attrs["widths"])
+    if attrs["starts"] == lows and all(s == 1 for s in attrs["steps"]) and \
+            tuple(b - a for a, b in zip(attrs["starts"], attrs["stops"])) == x.type.shape:
+        return x
+    return None
+
+
 @rule("take")
 def take_of_a_run(opts: RewriteOptions, ins: list, attrs: dict, out: TensorType) -> Rewrite:
     x, idx = ins

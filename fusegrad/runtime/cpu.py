@@ -41,7 +41,7 @@ from fusegrad.config import config
 from fusegrad.ir.graph import Graph, IRError, Literal, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View
 from fusegrad.ir.printer import format_attrs, format_scalar, format_type
-from fusegrad.runtime import jit, native
+from fusegrad.runtime import jit, native, native_attention
 from fusegrad.runtime.memory_plan import donation_safe, plan_memory
 from fusegrad.runtime.native import data_pointer
 
@@ -209,7 +209,8 @@ class NumpyStep:
                 np.copyto(prog.arrays[prog.slots[node.output]], out)
 
 
-_NATIVE_OPS = frozenset({"index_add", "check_target", "check_index"})
+_NATIVE_OPS = frozenset({"index_add", "check_target", "check_index", "fused_attention",
+                         "fused_attention_backward"})
 
 
 @dataclass
@@ -231,6 +232,15 @@ class NativeStep(NumpyStep):
     def _native(prog: "Program", node, out: np.ndarray) -> bool:
         if any(isinstance(op, Literal) for op in node.inputs):
             return False
+        if node.op == "fused_attention":
+            q, k, v, *mask = (prog.array(op) for op in node.inputs)
+            return native_attention.attention_forward(out, q, k, v, mask[0] if mask else None,
+                                                      **node.attrs)
+        if node.op == "fused_attention_backward":
+            q, k, v, packed, dout, *mask = (prog.array(op) for op in node.inputs)
+            return native_attention.attention_backward(
+                out, q, k, v, dout, packed, mask[0] if mask else None,
+                scale=node.attrs["scale"], keep=node.attrs["keep"])
         if node.op == "index_add":
             if node.attrs["axis"] != 0:
                 return False

@@ -324,7 +324,14 @@ class StateCapture:
             value = out._value
             ct = self.trace_operand_tensor(ct)
             seeds[value] = ct if value not in seeds else seeds[value] + ct
+        from fusegrad.passes.attention import fuse_attention
         from fusegrad.passes.autodiff import _reverse
+        if not create_graph:
+            # Attention chains recorded so far become one primitive with a fused backward
+            # (passes/attention.py); a backward that is differentiated keeps the chain.
+            for packed, y in fuse_attention(tr.graph).items():
+                if y in tr.grad_values:
+                    tr.grad_values.add(packed)
         env = _Env(tr)
         with enable_grad() if create_graph else no_grad():
             cts = _reverse(tr.graph, tr, env, tr.grad_values, env.get, seeds)

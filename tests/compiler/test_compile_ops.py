@@ -457,6 +457,8 @@ def test_every_primitive_has_a_compiled_test():
         "allreduce_start", "allreduce_wait",
         # composites' own VJPs: tests/compiler/test_custom_vjp.py
         "custom_vjp",
+        # the attention fusion's primitives: tests/compiler/test_fused_attention.py
+        "fused_attention", "fused_attention_backward",
         # decompositions, special functions, mode: tests/compiler/test_compile_extern_ops.py
         *EXTERN_PRIMITIVES}
     assert sorted(set(PRIMITIVES) - tested) == []

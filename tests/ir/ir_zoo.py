@@ -232,6 +232,52 @@ def custom_vjp_softmax() -> Case:
                 lambda x: [np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)])
 
 
+_ATTENTION = {"scale": 0.5, "keep": True, "zero_dead": True}
+_KEEP = np.array([[True, False, False], [True, True, False], [False, False, False]])
+
+
+def _attention_weights(q, k, mask):
+    s = np.where(mask, q @ k.transpose(0, 2, 1) * np.float32(0.5), -np.inf)
+    live = mask.any(-1, keepdims=True)              # the last row is all masked: zeros
+    e = np.where(mask, np.exp(s - np.where(live, s.max(-1, keepdims=True), 0)), 0)
+    return e / np.where(live, e.sum(-1, keepdims=True), 1)
+
+
+@case
+def fused_attention() -> Case:
+    """Masked self-attention as the attention fusion writes it: results, then weights."""
+    g = Graph("attention")
+    q, k, v = (g.add_input(n, T(2, 3, 4)) for n in ("q", "k", "v"))
+    mask = g.add_input("mask", T(3, 3, dtype=D.bool_))
+    g.set_outputs([g.add_node("fused_attention", [q, k, v, mask], dict(_ATTENTION))])
+
+    def expected(q, k, v, mask):
+        p = _attention_weights(q, k, mask)
+        return [np.concatenate([p @ v, p], -1)]
+    return Case(g, tuple(rand(2, 3, 4, seed=20 + i) for i in range(3)) + (_KEEP,), expected)
+
+
+@case
+def fused_attention_backward() -> Case:
+    """Its gradients, from the weights the forward packed."""
+    g = Graph("attention_backward")
+    q, k, v, dout = (g.add_input(n, T(2, 3, 4)) for n in ("q", "k", "v", "dout"))
+    packed = g.add_input("packed", T(2, 3, 7))
+    mask = g.add_input("mask", T(3, 3, dtype=D.bool_))
+    g.set_outputs([g.add_node("fused_attention_backward", [q, k, v, packed, dout, mask],
+                              dict(_ATTENTION))])
+
+    def expected(q, k, v, dout, packed, mask):
+        p = packed[..., 4:]
+        dp = dout @ v.transpose(0, 2, 1)
+        ds = np.where(mask, p * (dp - (p * dp).sum(-1, keepdims=True)), 0) * np.float32(0.5)
+        return [np.stack([ds @ k, ds.transpose(0, 2, 1) @ q, p.transpose(0, 2, 1) @ dout])]
+    q_, k_, v_ = (rand(2, 3, 4, seed=20 + i) for i in range(3))
+    p = _attention_weights(q_, k_, _KEEP)
+    packed_ = np.concatenate([p @ v_, p], -1).astype(np.float32)
+    return Case(g, (q_, k_, v_, rand(2, 3, 4, seed=23), packed_, _KEEP), expected)
+
+
 # --------------------------------------------------------------------------- index
 
 

@@ -221,10 +221,17 @@ def test_outputs_after_n_outputs_are_forward_only():
         assert len(p.forward.outputs) == len(g.outputs) + len(p.saved)
 
 
+# A primitive whose VJP raises: the attention fusion never puts it where a backward is
+# itself differentiated (tests/compiler/test_fused_attention.py checks that).
+_NOT_DIFFERENTIABLE_TWICE = {"fused_attention_backward"}
+
+
 def _zoo_cases():
     out = []
     for name, build in sorted(CASES.items()):
         case = build()
+        if any(n.op in _NOT_DIFFERENTIABLE_TWICE for n in case.graph.nodes):
+            continue
         if _float_inputs(case.graph) and case.graph.outputs:
             out.append(name)
     return out
