@@ -222,25 +222,27 @@ class NativeStep(NumpyStep):
     other case, and every failing check, runs the numpy reference, which raises torch's
     error."""
 
+    memo: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
     def run(self, prog: "Program") -> None:
         node = self.kernel.nodes[0]
         slot = prog.slots.get(node.output)
-        if slot is None or not self._native(prog, node, prog.arrays[slot]):
+        if slot is None or not self._native(prog, node, prog.arrays[slot], self.memo):
             NumpyStep.run(self, prog)
 
     @staticmethod
-    def _native(prog: "Program", node, out: np.ndarray) -> bool:
+    def _native(prog: "Program", node, out: np.ndarray, memo: dict) -> bool:
         if any(isinstance(op, Literal) for op in node.inputs):
             return False
         if node.op == "fused_attention":
             q, k, v, *mask = (prog.array(op) for op in node.inputs)
             return native_attention.attention_forward(out, q, k, v, mask[0] if mask else None,
-                                                      **node.attrs)
+                                                      memo=memo, **node.attrs)
         if node.op == "fused_attention_backward":
             q, k, v, packed, dout, *mask = (prog.array(op) for op in node.inputs)
             return native_attention.attention_backward(
                 out, q, k, v, dout, packed, mask[0] if mask else None,
-                scale=node.attrs["scale"], keep=node.attrs["keep"])
+                scale=node.attrs["scale"], keep=node.attrs["keep"], memo=memo)
         if node.op == "index_add":
             if node.attrs["axis"] != 0:
                 return False

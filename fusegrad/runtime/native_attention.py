@@ -452,10 +452,6 @@ class _Call:
         self.arrays = arrays                # kept alive: the table points into them
 
 
-_CALLS: dict = {}
-_MAX_CALLS = 256
-
-
 def _key(arrays) -> tuple:
     return tuple((data_pointer(a), a.shape, a.strides, a.dtype.char) if a is not None else None
                  for a in arrays)
@@ -516,17 +512,19 @@ def _prepare(kind: str, arrays: list, out: np.ndarray, flags: tuple) -> _Call | 
                  (strided, packed, out), reusable=not any(copied))
 
 
-def _call(kind: str, arrays: list, out: np.ndarray, scale: float, flags: tuple) -> bool:
+def _call(kind: str, arrays: list, out: np.ndarray, scale: float, flags: tuple,
+          memo: dict | None) -> bool:
+    """Run the call; ``memo`` (the caller's, e.g. a program step's) keeps the last prepared
+    call, reused while the arrays are the same buffers with the same layout."""
     key = (kind, _key(arrays), _key([out]), flags)
-    call = _CALLS.get(key)
+    call = memo.get(key) if memo is not None else None
     if call is None:
         call = _prepare(kind, arrays, out, flags)
         if call is None:
             return False
-        if call.reusable:
-            if len(_CALLS) >= _MAX_CALLS:
-                _CALLS.clear()
-            _CALLS[key] = call
+        if memo is not None and call.reusable:
+            memo.clear()
+            memo[key] = call
     from fusegrad.config import config
     threads, heads = config.num_threads, call.heads
     if threads > 1 and heads > 1 and call.work >= _PARALLEL_WORK:
@@ -544,17 +542,17 @@ def _call(kind: str, arrays: list, out: np.ndarray, scale: float, flags: tuple) 
 
 
 def attention_forward(out: np.ndarray, q, k, v, mask, *, scale: float, keep: bool,
-                      zero_dead: bool) -> bool:
+                      zero_dead: bool, memo: dict | None = None) -> bool:
     """``out[..., :E] = p @ v`` and ``out[..., E:] = p``, the weights ``softmax(q @ k.T *
     scale, masked)``, for (..., L, E) arrays of one shape and ``out`` of (..., L, E + L);
     ``mask`` (bool, broadcastable to (..., L, L), or None): where it is not ``keep`` the
     score is -inf. False, with nothing written, for calls the native code does not take."""
-    return _call("forward", [q, k, v, mask], out, scale, (keep, zero_dead))
+    return _call("forward", [q, k, v, mask], out, scale, (keep, zero_dead), memo)
 
 
 def attention_backward(out: np.ndarray, q, k, v, dout, packed, mask, *, scale: float,
-                       keep: bool) -> bool:
+                       keep: bool, memo: dict | None = None) -> bool:
     """``out[0], out[1], out[2] = dq, dk, dv`` given the gradient ``dout`` of the attention's
     result and ``packed``, the forward's output (its weights). False, with nothing written,
     for calls the native code does not take."""
-    return _call("backward", [q, k, v, mask, dout, packed], out, scale, (keep,))
+    return _call("backward", [q, k, v, mask, dout, packed], out, scale, (keep,), memo)
