@@ -23,7 +23,9 @@ It applies to self-attention (``q``, ``k`` and ``v`` of one shape) of float32 or
 the CPU, with a boolean mask or none, at sizes the native code takes
 (:func:`fusegrad.runtime.native_attention.supported`); anything else is left as written. It
 runs when a compiled function calls ``backward()``, on the graph recorded so far, unless the
-backward is itself to be differentiated (``create_graph=True``).
+backward is itself to be differentiated (``create_graph=True``), and on a copy of a compiled
+function's graph before it is partitioned into a forward and a backward for eager autograd
+(``fg.compile(model)``, then ``loss.backward()``). Inference graphs are not rewritten.
 """
 
 from __future__ import annotations

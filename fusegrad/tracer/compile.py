@@ -38,9 +38,11 @@ from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph, Value
+from fusegrad.ir.rewrite import copy_graph
 from fusegrad.ir.symbolic import ConcretizationError, replay
 from fusegrad.ops import creation, functional
 from fusegrad.ops import primitive as _primitive
+from fusegrad.passes.attention import fuse_attention
 from fusegrad.passes.autodiff import vjp_graph
 from fusegrad.passes.dce import dce
 from fusegrad.passes.fusion import fuse
@@ -439,7 +441,12 @@ class CompiledFunction:
             info = entry.info
             # Parameters and captured tensors stay alive anyway: saving them costs nothing.
             free = list(range(info.n_state)) + [i for _, i in info.lifted]
-            part = partition_joint(entry.graph, wrt=list(wrt), free_inputs=free)
+            # Attention chains fuse before the graph is differentiated, as in a traced
+            # backward() (passes/attention.py); on a copy: the entry's graph stays as it is.
+            graph = copy_graph(entry.graph)
+            if not fuse_attention(graph):
+                graph = entry.graph
+            part = partition_joint(graph, wrt=list(wrt), free_inputs=free)
             name = _symbol(entry.graph.name)
             hit = entry.backward[key] = _SplitPrograms(
                 part, self._program(PassManager(self.pipeline).run(part.forward), name + "_fwd"),

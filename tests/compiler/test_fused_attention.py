@@ -278,6 +278,29 @@ def test_weights_read_elsewhere_keep_their_chain_and_gradient():
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5 * np.abs(b).max())
 
 
+@pytest.mark.parametrize("style", ["masked_fill", "sdpa"])
+def test_a_compiled_model_with_eager_backward_fuses_its_attention(style):
+    """``fg.compile(model)``, ``loss.backward()`` outside: the partitioned forward and
+    backward programs use the fused primitives, and the gradients are eager's."""
+    def run(compiled):
+        fg.manual_seed(0)
+        model = Block(style=style)
+        f = fg.compile(model) if compiled else model
+        x = fg.randn(4, 8, 16)
+        loss = (f(x) ** 2).mean()
+        loss.backward()
+        return float(loss), [p.grad.numpy().copy() for p in model.parameters()], f
+    le, ge, _ = run(False)
+    lc, gc, f = run(True)
+    split = [v for v in f.entries()[-1].backward.values() if hasattr(v, "partition")]
+    assert [n.op for n in split[0].partition.forward.nodes].count("fused_attention") == 1
+    assert any(n.op == "fused_attention_backward" for n in split[0].partition.backward.nodes)
+    assert "fused_attention" not in _ops(f)           # the entry's own graph is unchanged
+    np.testing.assert_allclose(lc, le, rtol=2e-5)
+    for a, b in zip(gc, ge):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5 * np.abs(b).max())
+
+
 def test_a_backward_that_is_differentiated_is_not_fused():
     fg.manual_seed(0)
     model = Block()
