@@ -50,7 +50,7 @@ def _literal(v) -> float | None:
     return float(v.value) if isinstance(v, Literal) else None
 
 
-def _split_scale(t: Value) -> tuple[Value, float] | None:
+def _split_scale(t: Value) -> tuple[Value, float]:
     """(the product, the scale) of ``product * scale``, ``product / d`` or a bare product."""
     node = t.producer
     if node is not None and node.op == "mul":

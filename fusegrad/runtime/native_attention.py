@@ -65,7 +65,7 @@ class _Emit:
                  E: int):
         self.m, self.b, self.t, self.suffix = module, b, t, suffix
         self.S, self.E = S, E
-        self.vs, self.ve = ir.VectorType(t, S), ir.VectorType(t, E)
+        self.vs = ir.VectorType(t, S)
 
     def const(self, v: int) -> ir.Constant:
         return ir.Constant(I64, v)
@@ -233,11 +233,12 @@ def _row_blocks(em: _Emit, L: int, rows: int, block) -> None:
         em.loop(L, [], lambda i, _: block(i, 1) or [], start=em.const(full * rows))
 
 
-def _block_rows(em: _Emit) -> int:
-    """Rows per block: sums of rows of S lanes in 8 of AVX2's 16 vector registers (the rest
-    hold operands and temporaries; more rows spill), at most 4."""
-    lanes = 8 if isinstance(em.t, ir.FloatType) else 4
-    return max(1, min(4, 8 // -(-em.S // lanes)))
+def _block_rows(t: ir.Type, width: int) -> int:
+    """Rows per block for sums that are rows of ``width`` lanes: as many as fill 8 of AVX2's
+    16 vector registers (the rest hold operands and temporaries; more rows spill), at most
+    4."""
+    lanes = 8 if isinstance(t, ir.FloatType) else 4
+    return max(1, min(4, 8 // -(-width // lanes)))
 
 
 def _function(module: ir.Module, name: str, t: ir.Type):
@@ -286,8 +287,7 @@ def _forward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool, keep: bool,
     q, k, v, out = pointer(0), pointer(1), pointer(2), pointer(5)
     mask = pointer(3, ir.PointerType(I8)) if has_mask else None
     em = _Emit(module, b, t, suffix, S, E)
-    R = _block_rows(em)
-    RE = _block_rows(_Emit(module, b, t, suffix, E, E))
+    R, RE = _block_rows(t, S), _block_rows(t, E)
     kt = b.alloca(t, size=S * E, name="kt")
     body, exit_ = fn.append_basic_block("heads"), fn.append_basic_block("exit")
     b.cbranch(b.icmp_signed("<", start, end), body, exit_)
@@ -337,8 +337,7 @@ def _backward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool,
                                   pointer(6))
     mask = pointer(3, ir.PointerType(I8)) if has_mask else None
     em = _Emit(module, b, t, suffix, S, E)
-    R = _block_rows(em)
-    RE = _block_rows(_Emit(module, b, t, suffix, E, E))
+    R, RE = _block_rows(t, S), _block_rows(t, E)
     vt = b.alloca(t, size=S * E, name="vt")
     dst = b.alloca(t, size=L * S, name="ds")        # the gradient of the head's scores
     body, exit_ = fn.append_basic_block("heads"), fn.append_basic_block("exit")
