@@ -242,6 +242,22 @@ def test_an_integer_step_at_an_inexact_value_is_not_a_mismatch():
     assert not _scales(exact, _all_values(exact, [np.array(1.0, np.float32)]))[0].jump
 
 
+def test_a_remainder_keeps_the_absolute_error_of_its_dividend():
+    # seed 20261206, program 2097: cos(0.6794) % 0.001 is 9.4655e-4 in eager and 9.4661e-4
+    # compiled: the two cos values are 1 ulp apart (6e-8), 6e-5 of the remainder. The
+    # dividend's magnitude sets the absolute tolerance, as for a subtraction.
+    from fusegrad.testing.fuzz import _all_values, _scales, tolerance
+    program = Program([Input((), "float32", "normal", 0), Op("unary", (0,), ("cos",)),
+                       Op("scalar", (1,), ("%", 0.001, False))], [2])
+    x = [np.array(0.67940515, np.float32)]
+    scale = _scales(program, _all_values(program, x))[0]
+    assert scale.magnitude >= 0.77
+    rtol, atol = tolerance("float32", scale.n_ops, scale.n_summed, scale.magnitude)
+    eager, compiled = np.float32(0.00094655447), np.float32(0.00094661408)
+    assert abs(compiled - eager) <= atol + rtol * abs(eager)
+    assert not scale.jump
+
+
 def test_a_remainder_by_an_inexact_divisor_at_a_huge_quotient_is_excused():
     # seed 4, program 1282: remainder(x, pow(gelu(1), x)) with x / divisor ~ 1e8: one ulp
     # of the divisor moves the remainder by more than its size.
