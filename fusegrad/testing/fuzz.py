@@ -353,13 +353,27 @@ def _product_overflows(t) -> bool:
         return bool(a.max() * a.max() > float(info.max) or a.min() * a.min() < float(info.tiny))
 
 
+# Ops that square their input on the way (a variance).
+SQUARING = {"var", "std", "layer_norm"}
+
+
 def _overflows_on_the_way(node, values: list) -> bool:
     """Whether ``node`` is a product (``prod``) or a matmul whose terms can leave the float
     range: a matmul's sum of an overflowing +inf and -inf term is NaN with separate
     multiplies and adds (the CUDA kernels, spelled without contraction) and -inf or +inf
-    in a BLAS that fuses them (the exact product never rounds to inf inside an FMA)."""
+    in a BLAS that fuses them (the exact product never rounds to inf inside an FMA). Or a
+    variance whose sum of squares can overflow: after it, ``rstd = 0`` meets terms that
+    overflowed too, and whether a gradient is 0 or NaN depends on the formula (seed 1207,
+    program 662: a float32 ``layer_norm`` over a window holding 2**127; its gradient is 0
+    in eager, NaN compiled and in torch)."""
     if op_name(node) == "prod":
         return _product_overflows(values[node.args[0]])
+    if op_name(node) in SQUARING:
+        x = values[node.args[0]]
+        if not (isinstance(x, fg.Tensor) and x.dtype.is_floating_point):
+            return False
+        m = _finite_max(x)
+        return m * m * max(x.numel(), 1) > float(fg.finfo(x.dtype).max)
     if node.kind != "matmul":
         return False
     a = values[node.args[0]]

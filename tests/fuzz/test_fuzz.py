@@ -242,6 +242,18 @@ def test_an_integer_step_at_an_inexact_value_is_not_a_mismatch():
     assert not _scales(exact, _all_values(exact, [np.array(1.0, np.float32)]))[0].jump
 
 
+def test_a_variance_that_overflows_compares_loosely():
+    # seed 1207, program 662: layer_norm over a float32 window holding 2**127; its squares
+    # overflow, rstd is 0, and the gradient is 0 in eager but NaN compiled (and in torch).
+    from fusegrad.testing.fuzz import _all_values, _scales
+    program = Program([Input((3, 3), "float32", "normal", 0), Op("layer_norm", (0,), (2,))],
+                      [1])
+    x = np.ones((3, 3), np.float32)
+    assert not _scales(program, _all_values(program, [x]))[0].unordered
+    x[1, 1] = 2.0 ** 127
+    assert _scales(program, _all_values(program, [x]))[0].unordered
+
+
 def test_a_remainder_keeps_the_absolute_error_of_its_dividend():
     # seed 20261206, program 2097: cos(0.6794) % 0.001 is 9.4655e-4 in eager and 9.4661e-4
     # compiled: the two cos values are 1 ulp apart (6e-8), 6e-5 of the remainder. The
