@@ -257,6 +257,22 @@ def _function(module: ir.Module, name: str, t: ir.Type):
     return fn, b, pointer, layout, scale_t, start, end
 
 
+def _enter_heads(fn: ir.Function, b: ir.IRBuilder, start, end) -> ir.Block:
+    """Skip to the returned exit block when the range of heads is empty."""
+    body, exit_ = fn.append_basic_block("heads"), fn.append_basic_block("exit")
+    b.cbranch(b.icmp_signed("<", start, end), body, exit_)
+    b.position_at_end(body)
+    return exit_
+
+
+def _over_heads(em: _Emit, head, start, end, exit_: ir.Block) -> None:
+    """``head(n, [])`` for each head in ``[start, end)``, then return."""
+    em.loop(end, [], head, start=start)
+    em.b.branch(exit_)
+    em.b.position_at_end(exit_)
+    em.b.ret_void()
+
+
 def _broadcast_products(em: _Emit, count: int, n_terms: int, rows: int, left, right, store):
     """``out[c] = sum over t of left(c, t) * right(t)`` for ``count`` output rows (vectors of
     E) in blocks of ``rows``: per term, one row of ``right`` and ``rows`` broadcast scalars
@@ -289,9 +305,7 @@ def _forward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool, keep: bool,
     em = _Emit(module, b, t, suffix, S, E)
     R, RE = _block_rows(t, S), _block_rows(t, E)
     kt = b.alloca(t, size=S * E, name="kt")
-    body, exit_ = fn.append_basic_block("heads"), fn.append_basic_block("exit")
-    b.cbranch(b.icmp_signed("<", start, end), body, exit_)
-    b.position_at_end(body)
+    exit_ = _enter_heads(fn, b, start, end)
     strides = [_row_stride(em, layout, a) for a in range(4)]
 
     def head(n, _):
@@ -316,10 +330,7 @@ def _forward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool, keep: bool,
             lambda j: em.load_vec(v, b.add(off[_V], b.mul(j, strides[_V])), E),
             lambda i, x: em.store_vec(x, out, b.add(first, b.mul(i, em.const(W))), E))
         return []
-    em.loop(end, [], head, start=start)
-    b.branch(exit_)
-    b.position_at_end(exit_)
-    b.ret_void()
+    _over_heads(em, head, start, end, exit_)
     return str(module), name
 
 
@@ -340,9 +351,7 @@ def _backward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool,
     R, RE = _block_rows(t, S), _block_rows(t, E)
     vt = b.alloca(t, size=S * E, name="vt")
     dst = b.alloca(t, size=L * S, name="ds")        # the gradient of the head's scores
-    body, exit_ = fn.append_basic_block("heads"), fn.append_basic_block("exit")
-    b.cbranch(b.icmp_signed("<", start, end), body, exit_)
-    b.position_at_end(body)
+    exit_ = _enter_heads(fn, b, start, end)
     strides = [_row_stride(em, layout, a) for a in range(5)]
     heads = b.load(b.gep(layout, [em.const(_LAYOUT)]))      # all heads: where dk, dv start
     dk_out = b.gep(out, [b.mul(heads, em.const(L * E))])
@@ -397,10 +406,7 @@ def _backward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool,
                             lambda j, i: em.scalar(packed, b.add(p_at(i), j)),
                             lambda i: row_of(dout, _DO, i), lambda j, x: row_out(dv_out, j, x))
         return []
-    em.loop(end, [], head, start=start)
-    b.branch(exit_)
-    b.position_at_end(exit_)
-    b.ret_void()
+    _over_heads(em, head, start, end, exit_)
     return str(module), name
 
 
