@@ -60,7 +60,7 @@ def _forward_infer(q, k, v, *mask, scale, keep, zero_dead) -> TensorType:
     return _packed(q)
 
 
-def _backward_infer(q, k, v, packed, dout, *mask, scale, keep, zero_dead) -> TensorType:
+def _backward_infer(q, k, v, packed, dout, *mask, scale, keep) -> TensorType:
     op = "fused_attention_backward"
     _check(op, q, k, v, mask)
     if packed != _packed(q) or dout.shape != q.shape or dout.dtype != q.dtype:
@@ -91,7 +91,7 @@ def _forward_impl(q, k, v, *mask, scale, keep, zero_dead):
         return np.concatenate([np.matmul(p, v), p], axis=-1).astype(q.dtype, copy=False)
 
 
-def _backward_impl(q, k, v, packed, dout, *mask, scale, keep, zero_dead):
+def _backward_impl(q, k, v, packed, dout, *mask, scale, keep):
     p = packed[..., q.shape[-1]:]
     with np.errstate(all="ignore"):
         dp = np.matmul(dout, np.swapaxes(v, -1, -2))
@@ -111,25 +111,26 @@ def _grad_rule(ct, out, q, k, v, *mask, argnum, scale, keep, zero_dead):
     # the backward alone); the fusion's slice gives its cotangent a pad that simplify
     # removes again. CSE keeps one backward node for the three operands.
     dout = ct[..., :q.shape[-1]]
-    return bind(fused_attention_backward, q, k, v, out, dout, *mask, scale=scale, keep=keep,
-                zero_dead=zero_dead)[argnum]
+    # The weights are given: how a row of all -inf became them (zero_dead) does not matter.
+    return bind(fused_attention_backward, q, k, v, out, dout, *mask, scale=scale,
+                keep=keep)[argnum]
 
 
-def _no_second_order(ct, out, *operands, argnum, scale, keep, zero_dead):
+def _no_second_order(ct, out, *operands, argnum, scale, keep):
     raise NotImplementedError("fused_attention_backward: the gradient of a fused attention's "
                               "gradient is not implemented (the fusion is not applied where "
                               "a backward is differentiated, with create_graph=True)")
 
 
-_ATTRS = ("scale", "keep", "zero_dead")
 
 # Variadic: the mask is optional (a primitive's operand count is otherwise fixed).
 fused_attention = register(Primitive(
     "fused_attention", Kind.EXTERN, _forward_infer, _forward_impl,
     (Rule(_grad_rule, (0, 1, 2, 3), reads_output=True),),
-    "ScaledDotProductFlashAttentionForCpuBackward0", attrs=_ATTRS, variadic=True))
+    "ScaledDotProductFlashAttentionForCpuBackward0", attrs=("scale", "keep", "zero_dead"),
+    variadic=True))
 
 fused_attention_backward = register(Primitive(
     "fused_attention_backward", Kind.EXTERN, _backward_infer, _backward_impl,
-    (Rule(_no_second_order),), "FusedAttentionBackwardBackward0", attrs=_ATTRS,
+    (Rule(_no_second_order),), "FusedAttentionBackwardBackward0", attrs=("scale", "keep"),
     variadic=True))

@@ -108,6 +108,18 @@ TUNE_RUNS = 3
 SPLIT_GAIN = 0.85
 
 
+def run_in_parts(fn, args: tuple, extent: int, threads: int) -> None:
+    """``fn(*args, start, end)`` over ``[0, extent)`` cut into ``min(threads, extent)`` equal
+    parts: the first on the calling thread, the others on the pool, all finished on return."""
+    chunks = min(threads, extent)
+    bounds = [extent * i // chunks for i in range(chunks + 1)]
+    pool = thread_pool()
+    futures = [pool.submit(fn, *args, bounds[i], bounds[i + 1]) for i in range(1, chunks)]
+    fn(*args, bounds[0], bounds[1])
+    for f in futures:
+        f.result()
+
+
 @dataclass
 class LaunchStep:
     kernel: Kernel
@@ -133,15 +145,7 @@ class LaunchStep:
 
     def run_split(self, threads: int) -> None:
         """Run the kernel with its parallel loop split over ``threads`` threads."""
-        table = self.table
-        chunks = min(threads, self.extent)
-        bounds = [self.extent * i // chunks for i in range(chunks + 1)]
-        pool = thread_pool()
-        futures = [pool.submit(self.fn, table, bounds[i], bounds[i + 1])
-                   for i in range(1, chunks)]
-        self.fn(table, bounds[0], bounds[1])
-        for f in futures:
-            f.result()
+        run_in_parts(self.fn, (self.table,), self.extent, threads)
 
     def _tune(self, threads: int) -> None:
         times = self.timings.get(threads)

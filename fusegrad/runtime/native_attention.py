@@ -533,14 +533,8 @@ def _call(kind: str, arrays: list, out: np.ndarray, scale: float, flags: tuple,
     from fusegrad.config import config
     threads, heads = config.num_threads, call.heads
     if threads > 1 and heads > 1 and call.work >= _PARALLEL_WORK:
-        from fusegrad.runtime.cpu import thread_pool
-        chunks = min(threads, heads)
-        bounds = [heads * i // chunks for i in range(chunks + 1)]
-        futures = [thread_pool().submit(call.fn, call.table, call.layout_ptr, scale, bounds[i],
-                                        bounds[i + 1]) for i in range(1, chunks)]
-        call.fn(call.table, call.layout_ptr, scale, bounds[0], bounds[1])
-        for f in futures:
-            f.result()
+        from fusegrad.runtime.cpu import run_in_parts  # cpu.py imports this module
+        run_in_parts(call.fn, (call.table, call.layout_ptr, scale), heads, threads)
     else:
         call.fn(call.table, call.layout_ptr, scale, 0, heads)
     return True

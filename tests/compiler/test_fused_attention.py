@@ -63,8 +63,7 @@ def test_native_code_matches_the_numpy_reference(dtype, shape, mask, keep, zero_
     want = FA._forward_impl(q, k, v, *ms, scale=0.3, keep=keep, zero_dead=zero_dead)
     tol = 3e-6 if dtype == np.float32 else 1e-13
     np.testing.assert_allclose(packed, want, rtol=tol, atol=tol)
-    want_grads = FA._backward_impl(q, k, v, want, dout, *ms, scale=0.3, keep=keep,
-                                   zero_dead=zero_dead)
+    want_grads = FA._backward_impl(q, k, v, want, dout, *ms, scale=0.3, keep=keep)
     np.testing.assert_allclose(grads, want_grads, rtol=10 * tol, atol=10 * tol)
     if m is not None and mask == "random":
         # the all-masked row: zeros (sdpa's rule) or NaN (softmax's 0/0)
@@ -103,8 +102,8 @@ def test_native_code_takes_any_number_of_batch_dimensions(shape):
     want = FA._forward_impl(q, k, v, m, scale=0.5, keep=False, zero_dead=True)
     np.testing.assert_allclose(packed, want, rtol=3e-6, atol=3e-6)
     np.testing.assert_allclose(
-        grads, FA._backward_impl(q, k, v, want, dout, m, scale=0.5, keep=False,
-                                 zero_dead=True), rtol=3e-5, atol=3e-5)
+        grads, FA._backward_impl(q, k, v, want, dout, m, scale=0.5, keep=False),
+        rtol=3e-5, atol=3e-5)
 
 
 def test_native_code_declines_what_it_does_not_take():
@@ -343,5 +342,4 @@ def test_fused_primitives_check_their_operands():
         FA.fused_attention.infer(q, q, q, TensorType((3, 4, 4), fg.bool), scale=1.0,
                                  keep=False, zero_dead=False)
     with pytest.raises(fg.ops.ShapeError, match="does not match"):
-        FA.fused_attention_backward.infer(q, q, q, q, q, scale=1.0, keep=False,
-                                          zero_dead=False)
+        FA.fused_attention_backward.infer(q, q, q, q, q, scale=1.0, keep=False)

@@ -265,7 +265,7 @@ def fused_attention_backward() -> Case:
     packed = g.add_input("packed", T(2, 3, 7))
     mask = g.add_input("mask", T(3, 3, dtype=D.bool_))
     g.set_outputs([g.add_node("fused_attention_backward", [q, k, v, packed, dout, mask],
-                              dict(_ATTENTION))])
+                              {"scale": 0.5, "keep": True})])
 
     def expected(q, k, v, dout, packed, mask):
         p = packed[..., 4:]
