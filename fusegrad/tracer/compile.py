@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import operator
 import sys
 import time
 import warnings
@@ -411,9 +412,11 @@ class CompiledFunction:
         # In-place writes to inputs land in the caller's tensors. A parameter (a leaf that
         # requires grad: an optimizer step) is written as is; any other input is written the
         # way eager in-place ops write, so that its history becomes the compiled backward.
+        out_arrays = results.arrays if isinstance(results, _Outputs) else \
+            [r._data for r in results]
         for in_index, out_index in mutations:
             target = inputs[in_index]
-            if _output_array(results, out_index) is target._data:
+            if out_arrays[out_index] is target._data:
                 target._version_counter.value += 1      # written in place by the kernel
                 continue
             value = results[out_index]
@@ -690,28 +693,43 @@ def _write_state(cap, inputs: list, results: list) -> None:
 
 def _entry_guard(info, closure: ClosureGuard) -> Callable | None:
     """What an entry depends on beyond the key: captured names, .grad slots present or not,
-    optimizer state, the shapes of captured tensors. None when nothing."""
+    optimizer state, the shapes of captured tensors. None when nothing.
+
+    The guard runs at every call of a training step, over every parameter and optimizer
+    state: its checks are list comparisons, not a loop of Python statements per tensor."""
     cap = info.capture
-    lifted = [(t, t._data.shape, t._dtype) for t, _ in info.lifted]
     grad_guards = cap.grad_guards
-    optimizers = list(zip(cap.optimizers, cap.optimizer_signatures))
-    if closure.empty and not lifted and not grad_guards and not optimizers:
+    if closure.empty and not info.lifted and not grad_guards and not cap.optimizers:
         return None
-    from fusegrad.tracer.capture import optimizer_signature
+    from fusegrad.tracer.capture import OptimizerGuard
+    same = operator.is_
+    lifted = tuple(t for t, _ in info.lifted)
+    lifted_shapes = [t._data.shape for t in lifted]
+    lifted_dtypes = tuple(t._dtype for t in lifted)
+    optimizers = [OptimizerGuard(o, sig) for o, sig in zip(cap.optimizers,
+                                                            cap.optimizer_signatures)]
+    # The leaves whose .grad is guarded, where they are captured tensors: read directly,
+    # without building the call's whole input list.
+    captured = {index: t for t, index in info.lifted}
+    direct = tuple(captured[leaf] for leaf, _ in grad_guards) \
+        if all(leaf in captured for leaf, _ in grad_guards) else None
+    grad_sigs = [None if sig is None else (tuple(sig[0]), sig[1]) for _, sig in grad_guards]
 
     def guard(get_inputs: Callable[[], list]) -> bool:
         if not closure.holds():
             return False
-        for t, shape, dt in lifted:
-            if t._data.shape != shape or t._dtype is not dt:
-                return False
-        inputs = get_inputs() if grad_guards else ()
-        for leaf, sig in grad_guards:
-            g = inputs[leaf]._grad
-            if (g is None) != (sig is None) or (
-                    g is not None and (tuple(g.shape), g.dtype) != sig):
-                return False
-        return all(optimizer_signature(o) == sig for o, sig in optimizers)
+        if [t._data.shape for t in lifted] != lifted_shapes or \
+                not all(map(same, [t._dtype for t in lifted], lifted_dtypes)):
+            return False
+        if direct is not None:
+            leaves = direct
+        else:
+            inputs = get_inputs()
+            leaves = [inputs[leaf] for leaf, _ in grad_guards]
+        grads = [t._grad for t in leaves]
+        if [None if g is None else (g._data.shape, g._dtype) for g in grads] != grad_sigs:
+            return False
+        return all(o.holds() for o in optimizers)
     return guard
 
 

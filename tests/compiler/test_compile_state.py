@@ -391,6 +391,71 @@ def test_lr_scheduler_between_compiled_steps(name):
     assert f.compiles == 2
 
 
+def test_hyperparameters_changed_between_calls_take_effect():
+    """weight_decay and betas are baked into the step: changing them between calls (a new
+    object each time) recompiles, and an equal value written anew does not."""
+    def run(compiled):
+        m = mlp()
+        opt = fg.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.0)
+        x, y = data()
+        step = training_step(m, opt)
+        f = fg.compile(step, fullgraph=True) if compiled else step
+        for k in range(6):
+            if k == 2:
+                opt.param_groups[0]["weight_decay"] = 0.5
+            if k == 3:
+                opt.param_groups[0]["weight_decay"] = float("0.5")    # equal, another object
+            if k == 4:
+                opt.param_groups[0]["betas"] = (0.5, 0.9)
+            f(x, y)
+        return params(m), f
+    pe, _ = run(False)
+    pc, f = run(True)
+    assert_close_lists(pc, pe)
+    assert f.compiles == 4           # first step, steady step, weight decay, betas
+
+
+def test_optimizer_state_replaced_between_calls_is_seen():
+    """A state tensor replaced by another object (a user resetting Adam's moments) is what the
+    next compiled step reads and writes."""
+    def run(compiled):
+        m = mlp()
+        opt = fg.optim.Adam(m.parameters(), lr=1e-2)
+        x, y = data()
+        step = training_step(m, opt)
+        f = fg.compile(step, fullgraph=True) if compiled else step
+        for k in range(5):
+            if k == 3:
+                for p in m.parameters():
+                    opt.state[p]["exp_avg"] = fg.zeros_like(p)
+            f(x, y)
+        return params(m), [opt.state[p]["exp_avg"].numpy().copy() for p in m.parameters()], f
+    pe, me, _ = run(False)
+    pc, mc, f = run(True)
+    assert_close_lists(pc, pe)
+    assert_close_lists(mc, me)
+    assert f.compiles == 3
+
+
+def test_parameter_group_added_between_calls_is_seen():
+    def run(compiled):
+        m = mlp()
+        first, second = list(m[0].parameters()), list(m[2].parameters())
+        opt = fg.optim.SGD(first, lr=0.1, momentum=0.9)
+        x, y = data()
+        step = training_step(m, opt)
+        f = fg.compile(step, fullgraph=True) if compiled else step
+        for k in range(5):
+            if k == 2:
+                opt.add_param_group({"params": second, "lr": 0.05})
+            f(x, y)
+        return params(m), f
+    pe, _ = run(False)
+    pc, f = run(True)
+    assert_close_lists(pc, pe)
+    assert f.compiles == 4           # first step, steady, new group's first, its steady
+
+
 def test_changing_hyperparameters_inside_the_step_is_refused():
     m = mlp()
     opt = fg.optim.SGD(m.parameters(), lr=0.1)
@@ -871,3 +936,15 @@ def test_small_causal_transformer_compiled_steps_equal_eager(steps):
     np.testing.assert_allclose(lc, le, rtol=1e-5)
     for a, b in zip(pc, pe):
         assert np.max(np.abs(a - b)) <= 1e-5 * max(np.max(np.abs(b)), 1.0)
+
+
+def test_module_flags_follow_modules_order_with_shared_and_missing_children():
+    from fusegrad.tracer.guards import module_flags
+    shared = fg.nn.Linear(2, 2)
+    inner = fg.nn.Sequential(fg.nn.Dropout(0.5), shared)
+    m = fg.nn.Sequential(fg.nn.Linear(2, 2), inner, shared, fg.nn.Sequential(shared))
+    m.register_module("nothing", None)
+    inner[0].eval()
+    m[3].eval()
+    assert module_flags(m) == tuple(x.training for x in m.modules())
+    assert len(module_flags(m)) == 6
