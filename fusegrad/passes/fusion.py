@@ -163,6 +163,19 @@ class _Partitioner:
                 return False
         return True
 
+    def epilogue_can_take(self, k: Kernel, other: Kernel) -> bool:
+        """Whether elementwise kernel ``other`` can run in matmul kernel ``k``'s epilogue:
+        its nodes are elementwise math, and the product's operands do not depend on it (the
+        epilogue runs after the product)."""
+        if not all(n.prim.kind is Kind.ELEMENTWISE or n.op in _FUSIBLE_SOURCES
+                   for n in other.nodes):
+            return False
+        for op in k.nodes[0].inputs:
+            pk = self._producer_kernel(op)
+            if pk is not None and (pk is other or self.depends(pk, other)):
+                return False
+        return True
+
     def all_producer_kernels(self, node: Node) -> list[Kernel]:
         out = []
         for op in node.inputs:
@@ -288,10 +301,13 @@ class _Partitioner:
                         self.within_budget(k.nodes + [node]):
                     self.join(node, k, level)
                     # Pull in other elementwise producers of the same shape (a diamond
-                    # whose two arms started separate kernels).
+                    # whose two arms started separate kernels; into a matmul's epilogue,
+                    # an optimizer's decay of its state, ``m * beta1``, beside the
+                    # gradient the product computes).
                     for other in producers:
                         if other is not k and other.kind == "elementwise" and \
-                                other.shape == k.shape and k.kind != "matmul" and \
+                                other.shape == k.shape and \
+                                (k.kind != "matmul" or self.epilogue_can_take(k, other)) and \
                                 self.mergeable(k, other) and \
                                 not self.reads_own_view(k.nodes + other.nodes) and \
                                 self.within_budget(k.nodes + other.nodes):

@@ -78,6 +78,15 @@ CASES = {
     "optimizer_like_siblings": (lambda w, g, m: (w - 0.1 * g, 0.9 * m + g),
                                 (f32(8, 64), f32(8, 64, seed=1), f32(8, 64, seed=2)), 1),
     "view_of_input_is_free": (lambda x: x.t() * 2 + x.t(), (f32(16, 8),), 1),
+    # an optimizer's decay of its state (m * beta1) joins the epilogue of the product that
+    # computes the gradient, beside the update it feeds
+    "state_decay_into_matmul_epilogue": (
+        lambda a, b, m: m * 0.9 + (a.t() @ b) * 0.1,
+        (f32(32, 8), f32(32, 16, seed=1), f32(8, 16, seed=2)), 1),
+    # ... but not an elementwise value the product itself reads: it runs before the product
+    "product_operand_not_in_its_epilogue": (
+        lambda x, w: (x * 2) @ w + (x * 2),
+        (f32(16, 16), f32(16, 16, seed=1)), 2),
 }
 
 
