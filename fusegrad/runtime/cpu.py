@@ -24,6 +24,7 @@ import ctypes
 import dataclasses
 import linecache
 import math
+import operator
 import sys
 import threading
 import time
@@ -593,6 +594,8 @@ class Program:
         if not self._allocated:
             self._allocate()
         arrays, tables, uses, donors = self.arrays, self.tables, self.uses, self._donor_slots
+        if len(inputs) == self.n_inputs and all(map(operator.is_, inputs, arrays)):
+            inputs = ()           # the same arrays as last call: their pointers are set
         for i, a in enumerate(inputs):
             if arrays[i] is a:
                 continue          # the same array as last call: its pointers are already set

@@ -107,6 +107,7 @@ class _Entry:
     plain_inputs: bool = False                       # graph inputs are exactly the leaves
     fast: Callable | None = None                     # see _fast_call
     guard: Callable | None = None                    # checks what the key does not cover
+    lifted_run: tuple | None = None                  # (start, stop, tensors) if contiguous
 
 
 class CompiledFunction:
@@ -357,8 +358,18 @@ class CompiledFunction:
             full[info.rng_input] = gen.get_state()
             if not read_only:
                 gen._offset += info.rng_counters
-        for t, index in info.lifted:
-            full[index] = t
+        lifted = entry.lifted_run
+        if lifted is None:
+            indices = [index for _, index in info.lifted]
+            start = indices[0] if indices else 0
+            contiguous = indices == list(range(start, start + len(indices)))
+            lifted = entry.lifted_run = (start, start + len(indices),
+                                         [t for t, _ in info.lifted]) if contiguous else ()
+        if lifted:
+            full[lifted[0]:lifted[1]] = lifted[2]      # captured tensors, usually one run
+        else:
+            for t, index in info.lifted:
+                full[index] = t
         cap = info.capture
         if cap is not None:
             for leaf, index in cap.grad_inputs:
