@@ -179,6 +179,23 @@ def test_matmul_terms_that_overflow_compare_loosely(seed, index):
                                                                      dtype=fg.float64)])
 
 
+def test_products_whose_large_factors_overflow_together_compare_loosely():
+    # Seed 1202, program 1533: a float32 prod of 32 values holding 9.2e18, 9.2e18, -9.2e17,
+    # -9.2e17 and a zero. No two factors overflow together, but the four do: eager's order
+    # reaches the zero first (0), the CUDA kernel's tree meets inf * 0 (NaN).
+    program, _ = program_for(1202, 1533, max_ops=14)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        result = check_program(program, Settings(finite_differences=False))
+    assert not result.unexplained, report(result)
+    from fusegrad.testing.fuzz import _overflows_on_the_way
+    x = fg.tensor([[9e18, 9e18, 9e18, 0.0], [1.0, 2.0, 3.0, 4.0]])
+    assert _overflows_on_the_way(Op("reduce", (0,), ("prod", None, False, None)), [x])
+    assert _overflows_on_the_way(Op("reduce", (0,), ("prod", (1,), False, None)), [x])
+    # Over the other axis no slice holds two large factors: compared as usual.
+    assert not _overflows_on_the_way(Op("reduce", (0,), ("prod", (0,), False, None)), [x])
+
+
 def test_a_compiled_function_is_checked():
     # A program the compiled path gets right has no mismatches; its gradients are checked
     # (compiled against eager, eager float64 against central differences).
