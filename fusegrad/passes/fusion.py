@@ -20,7 +20,9 @@ The rules, in the order they are tried:
   broadcast back over the row: last-axis softmax and layer_norm each become one kernel, as
   Inductor's persistent reductions do. All reductions of a kernel share its axes.
 - **matmul is its own kernel** (a BLAS call or the project's own loop nest) with an
-  elementwise epilogue of its output's shape fused in (bias, activation, residual).
+  elementwise epilogue of its output's shape fused in (bias, activation, residual). An
+  elementwise kernel of that shape that the epilogue reads joins it when the product's
+  operands do not depend on it (an optimizer's ``m * beta1`` beside the gradient's update).
 - **pad and concat are not views** (no strides express them): each starts an elementwise
   kernel over its result, which reads its operands from memory and which its elementwise
   consumers join. So does a **take** whose indices a ``check_index`` of its axis's size
