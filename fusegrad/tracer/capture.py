@@ -620,16 +620,18 @@ class OptimizerGuard:
     Recomputing the signature builds a tuple per parameter (about 180 us per call for the 30
     parameters of a small transformer, after the step has cooled the caches). So the check
     first compares, by identity, the objects the last matching signature was computed from:
-    the group dicts' values, the parameter lists, each parameter's state dict and its values,
-    and the state tensors' shapes and dtypes. Only when one of them differs is the signature
-    recomputed; if it still matches, this call's objects become the reference."""
+    the group list and each group dict, their values, the parameter lists, each parameter's
+    state dict and its values. Only when one of them differs is the signature recomputed;
+    if it still matches, this call's objects become the reference. The shapes of state
+    tensors are not compared here: those a step reads are captured tensors, whose shapes the
+    entry's guard checks."""
 
     def __init__(self, opt, signature: tuple):
         self.opt, self.signature = opt, signature
         self._objects: tuple | None = None
 
     def holds(self) -> bool:
-        if self._objects is not None and self._same(self._objects):
+        if self._objects is not None and self._same(*self._objects):
             return True
         if optimizer_signature(self.opt) != self.signature:
             return False
@@ -638,41 +640,35 @@ class OptimizerGuard:
 
     def _take(self) -> tuple:
         opt = self.opt
-        groups = []
-        for group in opt.param_groups:
+        groups = tuple(opt.param_groups)
+        contents = []
+        for group in groups:
             params = group["params"]
-            values = tuple((k, v) for k, v in group.items() if k not in ("params", "lr"))
-            states = []
-            for p in params:
-                st = opt.state.get(p)
-                states.append((p, st, 0 if st is None else len(st),
-                               () if st is None else tuple(st.items())))
-            groups.append((group, len(group), values, params, tuple(params), tuple(states)))
-        return opt.param_groups, len(opt.param_groups), opt.state, tuple(groups)
+            states = tuple((p, st, tuple(st.items()) if st is not None else ())
+                           for p, st in zip(params, map(opt.state.get, params)))
+            contents.append((len(group), tuple((k, v) for k, v in group.items()
+                                               if k not in ("params", "lr")),
+                             params, tuple(params), states))
+        return opt.param_groups, groups, opt.state, tuple(contents)
 
-    def _same(self, objects: tuple) -> bool:
-        """Whether the optimizer holds the same objects as when ``objects`` was taken. The
-        shapes of its state tensors are not compared: those a step reads are captured
-        tensors, whose shapes the entry's guard checks."""
+    def _same(self, param_groups, groups, state, contents) -> bool:
         opt = self.opt
-        param_groups, n_groups, state, groups = objects
-        if opt.param_groups is not param_groups or len(param_groups) != n_groups or \
-                opt.state is not state:
+        same = operator.is_
+        if opt.param_groups is not param_groups or opt.state is not state or \
+                len(param_groups) != len(groups) or not all(map(same, param_groups, groups)):
             return False
-        missing = _MISSING
-        get = state.get
-        for group, size, values, params, members, states in groups:
+        for group, (size, values, params, members, states) in zip(groups, contents):
             if len(group) != size or group.get("params") is not params or \
-                    len(params) != len(members) or not all(map(operator.is_, params, members)):
+                    len(params) != len(members) or not all(map(same, params, members)):
                 return False
             for k, v in values:
-                if group.get(k, missing) is not v:
+                if group.get(k, _MISSING) is not v:
                     return False
-            for p, st, n, items in states:
-                if get(p) is not st or (st is not None and len(st) != n):
+            for p, st, items in states:
+                if state.get(p) is not st or (st is not None and len(st) != len(items)):
                     return False
                 for k, v in items:
-                    if st.get(k, missing) is not v:
+                    if st.get(k, _MISSING) is not v:
                         return False
         return True
 

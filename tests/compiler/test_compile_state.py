@@ -68,6 +68,26 @@ def train(make_opt, compiled: bool, steps: int, **compile_kw):
     return losses, m, opt, f
 
 
+
+def edited_between_calls(make_opt, edit, steps: int = 6, state=None):
+    """Run the training step eagerly and compiled, calling ``edit(k, model, opt)`` before
+    step ``k``; assert that both end with the same parameters (and the same ``state(model,
+    opt)`` arrays when given), and return the compiled function."""
+    def run(compiled):
+        m = mlp()
+        opt = make_opt(m)
+        x, y = data()
+        step = training_step(m, opt)
+        f = fg.compile(step, fullgraph=True) if compiled else step
+        for k in range(steps):
+            edit(k, m, opt)
+            f(x, y)
+        return params(m) + (state(m, opt) if state else []), f
+    pe, _ = run(False)
+    pc, f = run(True)
+    assert_close_lists(pc, pe)
+    return f
+
 OPTIMIZERS = {
     "rmsprop": lambda p: fg.optim.RMSprop(p, lr=1e-2, momentum=0.9),
     "rmsprop-centered": lambda p: fg.optim.RMSprop(p, lr=1e-2, momentum=0.9, centered=True),
@@ -353,21 +373,10 @@ def test_backward_through_eager_history_made_inside_is_refused():
 
 
 def test_learning_rate_is_an_input_no_recompile():
-    def run(compiled):
-        m = mlp()
-        opt = fg.optim.Adam(m.parameters(), lr=1e-2)
-        x, y = data()
-
-        step = training_step(m, opt)
-        f = fg.compile(step, fullgraph=True) if compiled else step
-        for k in range(6):
-            for group in opt.param_groups:
-                group["lr"] = 1e-2 / (k + 1)           # a scheduler, outside the step
-            f(x, y)
-        return params(m), f
-    pe, _ = run(False)
-    pc, f = run(True)
-    assert_close_lists(pc, pe)
+    def schedule(k, m, opt):
+        for group in opt.param_groups:
+            group["lr"] = 1e-2 / (k + 1)           # a scheduler, outside the step
+    f = edited_between_calls(lambda m: fg.optim.Adam(m.parameters(), lr=1e-2), schedule)
     assert f.compiles == 2
 
 
@@ -394,65 +403,49 @@ def test_lr_scheduler_between_compiled_steps(name):
 def test_hyperparameters_changed_between_calls_take_effect():
     """weight_decay and betas are baked into the step: changing them between calls (a new
     object each time) recompiles, and an equal value written anew does not."""
-    def run(compiled):
-        m = mlp()
-        opt = fg.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.0)
-        x, y = data()
-        step = training_step(m, opt)
-        f = fg.compile(step, fullgraph=True) if compiled else step
-        for k in range(6):
-            if k == 2:
-                opt.param_groups[0]["weight_decay"] = 0.5
-            if k == 3:
-                opt.param_groups[0]["weight_decay"] = float("0.5")    # equal, another object
-            if k == 4:
-                opt.param_groups[0]["betas"] = (0.5, 0.9)
-            f(x, y)
-        return params(m), f
-    pe, _ = run(False)
-    pc, f = run(True)
-    assert_close_lists(pc, pe)
+    def edit(k, m, opt):
+        group = opt.param_groups[0]
+        if k == 2:
+            group["weight_decay"] = 0.5
+        if k == 3:
+            group["weight_decay"] = float("0.5")           # equal, another object
+        if k == 4:
+            group["betas"] = (0.5, 0.9)
+    f = edited_between_calls(
+        lambda m: fg.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.0), edit)
     assert f.compiles == 4           # first step, steady step, weight decay, betas
+
+
+def test_parameter_group_replaced_between_calls_is_seen():
+    """A group dict replaced by a new one (same count of groups, same parameters, another
+    weight decay) is what the next compiled step uses."""
+    def edit(k, m, opt):
+        if k == 3:
+            opt.param_groups[0] = {**opt.param_groups[0], "weight_decay": 0.9}
+    f = edited_between_calls(
+        lambda m: fg.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.0), edit)
+    assert f.compiles == 3
 
 
 def test_optimizer_state_replaced_between_calls_is_seen():
     """A state tensor replaced by another object (a user resetting Adam's moments) is what the
     next compiled step reads and writes."""
-    def run(compiled):
-        m = mlp()
-        opt = fg.optim.Adam(m.parameters(), lr=1e-2)
-        x, y = data()
-        step = training_step(m, opt)
-        f = fg.compile(step, fullgraph=True) if compiled else step
-        for k in range(5):
-            if k == 3:
-                for p in m.parameters():
-                    opt.state[p]["exp_avg"] = fg.zeros_like(p)
-            f(x, y)
-        return params(m), [opt.state[p]["exp_avg"].numpy().copy() for p in m.parameters()], f
-    pe, me, _ = run(False)
-    pc, mc, f = run(True)
-    assert_close_lists(pc, pe)
-    assert_close_lists(mc, me)
+    def edit(k, m, opt):
+        if k == 3:
+            for p in m.parameters():
+                opt.state[p]["exp_avg"] = fg.zeros_like(p)
+    f = edited_between_calls(
+        lambda m: fg.optim.Adam(m.parameters(), lr=1e-2), edit, steps=5,
+        state=lambda m, opt: [opt.state[p]["exp_avg"].numpy().copy() for p in m.parameters()])
     assert f.compiles == 3
 
 
 def test_parameter_group_added_between_calls_is_seen():
-    def run(compiled):
-        m = mlp()
-        first, second = list(m[0].parameters()), list(m[2].parameters())
-        opt = fg.optim.SGD(first, lr=0.1, momentum=0.9)
-        x, y = data()
-        step = training_step(m, opt)
-        f = fg.compile(step, fullgraph=True) if compiled else step
-        for k in range(5):
-            if k == 2:
-                opt.add_param_group({"params": second, "lr": 0.05})
-            f(x, y)
-        return params(m), f
-    pe, _ = run(False)
-    pc, f = run(True)
-    assert_close_lists(pc, pe)
+    def edit(k, m, opt):
+        if k == 2:
+            opt.add_param_group({"params": list(m[2].parameters()), "lr": 0.05})
+    f = edited_between_calls(
+        lambda m: fg.optim.SGD(m[0].parameters(), lr=0.1, momentum=0.9), edit, steps=5)
     assert f.compiles == 4           # first step, steady, new group's first, its steady
 
 
