@@ -358,8 +358,9 @@ def _product_overflows(t, dims=None) -> bool:
     info = fg.finfo(t.dtype)
     nonzero = a[a > 0]
     with np.errstate(over="ignore", under="ignore"):
-        # Two factors alone (a 16-bit product computed in float32 is rounded to the dtype,
-        # where the pair can leave its range).
+        # The rule's first form, kept: the largest (or smallest) factor of the whole tensor
+        # squared leaves the range. It flags more than any order can reach (1e30, 1e-30
+        # and 2 in bfloat16), which only makes the comparison looser.
         if nonzero.size >= 2 and (nonzero.max() ** 2 > float(info.max) or
                                   nonzero.min() ** 2 < float(info.tiny)):
             return True

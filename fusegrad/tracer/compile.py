@@ -107,7 +107,14 @@ class _Entry:
     plain_inputs: bool = False                       # graph inputs are exactly the leaves
     fast: Callable | None = None                     # see _fast_call
     guard: Callable | None = None                    # checks what the key does not cover
-    lifted_run: tuple | None = None                  # (start, stop, tensors) if contiguous
+    lifted_run: tuple | None = field(init=False, default=None)   # see __post_init__
+
+    def __post_init__(self):
+        # Where the captured tensors go in the input list: one slice when their indices are
+        # a run (the usual case), else None and they are placed one by one.
+        indices = [index for _, index in self.info.lifted]
+        self.lifted_run = (indices[0], indices[-1] + 1, [t for t, _ in self.info.lifted]) \
+            if indices and indices == list(range(indices[0], indices[-1] + 1)) else None
 
 
 class CompiledFunction:
@@ -358,15 +365,9 @@ class CompiledFunction:
             full[info.rng_input] = gen.get_state()
             if not read_only:
                 gen._offset += info.rng_counters
-        lifted = entry.lifted_run
-        if lifted is None:
-            indices = [index for _, index in info.lifted]
-            start = indices[0] if indices else 0
-            contiguous = indices == list(range(start, start + len(indices)))
-            lifted = entry.lifted_run = (start, start + len(indices),
-                                         [t for t, _ in info.lifted]) if contiguous else ()
-        if lifted:
-            full[lifted[0]:lifted[1]] = lifted[2]      # captured tensors, usually one run
+        if entry.lifted_run is not None:
+            start, stop, captured = entry.lifted_run
+            full[start:stop] = captured
         else:
             for t, index in info.lifted:
                 full[index] = t
@@ -423,8 +424,7 @@ class CompiledFunction:
         # In-place writes to inputs land in the caller's tensors. A parameter (a leaf that
         # requires grad: an optimizer step) is written as is; any other input is written the
         # way eager in-place ops write, so that its history becomes the compiled backward.
-        out_arrays = results.arrays if isinstance(results, _Outputs) else \
-            [r._data for r in results]
+        out_arrays = _output_arrays(results)
         for in_index, out_index in mutations:
             target = inputs[in_index]
             if out_arrays[out_index] is target._data:
@@ -650,9 +650,9 @@ class _Outputs(list):
         return (self[i] for i in range(len(self)))
 
 
-def _output_array(results, k: int):
-    """Output ``k``'s array, without wrapping it as a tensor."""
-    return results.arrays[k] if isinstance(results, _Outputs) else results[k]._data
+def _output_arrays(results) -> list:
+    """The outputs' arrays, without wrapping them as tensors."""
+    return results.arrays if isinstance(results, _Outputs) else [r._data for r in results]
 
 
 def _differentiable_outputs(graph: Graph, wrt: tuple) -> list[bool]:
@@ -682,13 +682,14 @@ def _copy_into(dst, src) -> None:
 
 def _write_state(cap, inputs: list, results: list) -> None:
     """After a call: ``.grad`` slots and tensors made while tracing get their new values."""
+    arrays = _output_arrays(results)
     for leaf in cap.grad_clears:
         inputs[leaf]._grad = None
     for leaf, out, in_place in cap.grad_writes:
         target = inputs[leaf]
         old = target._grad
         if in_place and old is not None:
-            value = _output_array(results, out)
+            value = arrays[out]
             if value is not old._data:
                 _copy_into(old._data, value)
             old._version_counter.value += 1
@@ -698,7 +699,7 @@ def _write_state(cap, inputs: list, results: list) -> None:
                                    "not a leaf at this call; its gradient cannot be written")
             target._grad = results[out]
     for t, out in cap.internal_writes:
-        _copy_into(t._data, _output_array(results, out))
+        _copy_into(t._data, arrays[out])
         t._version_counter.value += 1
 
 

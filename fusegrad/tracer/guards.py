@@ -37,20 +37,8 @@ def hashable(v):
 
 
 def module_flags(module) -> tuple:
-    """Every submodule's ``training`` flag, in the order of ``module.modules()`` (depth first,
-    each module once). Walked with a stack instead of ``modules()``' nested generators: a
-    compiled step checks this at every call."""
-    flags, seen, todo = [], set(), [module]
-    while todo:
-        m = todo.pop()
-        if id(m) in seen:
-            continue
-        seen.add(id(m))
-        flags.append(m.training)
-        children = getattr(m, "_modules", None)
-        if children:
-            todo.extend(c for c in reversed(children.values()) if c is not None)
-    return tuple(flags)
+    """Every submodule's ``training`` flag, in order."""
+    return tuple(m.training for m in module.modules())
 
 
 def _is_module(v) -> bool:

@@ -350,8 +350,17 @@ class Module:
             yield from module.named_modules(memo, sub, remove_duplicate)
 
     def modules(self) -> Iterator["Module"]:
-        for _, module in self.named_modules():
-            yield module
+        """This module and every descendant, in ``named_modules()``' order (depth first, each
+        module once), walked with a stack: without names, and without a generator per level
+        (a compiled step reads every module's ``training`` flag at each call)."""
+        seen, todo = set(), [self]
+        while todo:
+            m = todo.pop()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            yield m
+            todo.extend(c for c in reversed(m._modules.values()) if c is not None)
 
     def get_submodule(self, target: str) -> "Module":
         """The submodule at dotted path ``target`` ('' is this module)."""
