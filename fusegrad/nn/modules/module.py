@@ -360,7 +360,9 @@ class Module:
                 continue
             seen.add(id(m))
             yield m
-            todo.extend(c for c in reversed(m._modules.values()) if c is not None)
+            children = m._modules
+            if children:
+                todo.extend(c for c in reversed(children.values()) if c is not None)
 
     def get_submodule(self, target: str) -> "Module":
         """The submodule at dotted path ``target`` ('' is this module)."""
