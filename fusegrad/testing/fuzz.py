@@ -229,7 +229,7 @@ class _Scale:
     magnitude: float
     dtype: str | None = None     # the least precise float dtype the output depends on
     unordered: bool = False      # depends on a product whose order decides inf, 0 or NaN
-    jump: bool = False           # depends on a float-to-integer step at an inexact float
+    jump: bool = False           # depends on a step, or a pole or comparison at rounding noise
 
 
 # Ops whose result can cancel: an error of one ulp of their operands is an absolute error
@@ -240,9 +240,8 @@ CANCELLING = {"add", "sub", "+", "-", "sum", "mean", "var", "std", "logsumexp", 
               "fmod", "remainder", "%"}
 
 
-def _scales(program: Program, values: list) -> list[_Scale]:
-    """Per output: the ops it depends on, the elements a reduction it depends on sums, and
-    the largest finite magnitude among the operands of the cancelling ops it depends on."""
+def _summed(program: Program, values: list) -> dict[int, int]:
+    """Per reducing node: how many elements it sums into one."""
     summed = {}
     for i, node in enumerate(program.nodes):
         if isinstance(node, Op):
@@ -255,21 +254,85 @@ def _scales(program: Program, values: list) -> list[_Scale]:
                 summed[i] = math.prod(src.shape[-node.params[0]:])
             elif node.kind == "matmul":
                 summed[i] = int(src.shape[-1])
+    return summed
+
+
+def _scale_of(program: Program, values: list, summed: dict, i: int) -> _Scale:
+    """The ops node ``i`` depends on, the elements they sum, and the largest finite magnitude
+    among the operands of the cancelling ops among them."""
+    anc = _ancestors(program, i)
+    ops = [j for j in anc if isinstance(program.nodes[j], Op)]
+    magnitude = max((_finite_max(values[a]) for j in ops
+                     if op_name(program.nodes[j]) in CANCELLING
+                     for a in program.nodes[j].args), default=0.0)
+    floats = [values[j].dtype.name for j in anc if isinstance(values[j], fg.Tensor)
+              and values[j].dtype.is_floating_point]
+    least = max(floats, key=RTOL.__getitem__, default=None)
+    return _Scale(len(ops), math.prod(summed.get(j, 1) for j in ops), magnitude, least)
+
+
+def _scales(program: Program, values: list) -> list[_Scale]:
+    """Per output: its :func:`_scale_of`, whether it depends on a product that can overflow
+    on the way, and whether on a step or a pole met by a value within its rounding of it."""
+    summed = _summed(program, values)
     out = []
     for i in program.outputs:
-        anc = _ancestors(program, i)
-        ops = [j for j in anc if isinstance(program.nodes[j], Op)]
-        magnitude = max((_finite_max(values[a]) for j in ops
-                         if op_name(program.nodes[j]) in CANCELLING
-                         for a in program.nodes[j].args), default=0.0)
-        floats = [values[j].dtype.name for j in anc if isinstance(values[j], fg.Tensor)
-                  and values[j].dtype.is_floating_point]
-        least = max(floats, key=RTOL.__getitem__, default=None)
-        unordered = any(_overflows_on_the_way(program.nodes[j], values) for j in ops)
-        jump = any(_at_a_jump(program, values, j) for j in ops)
-        out.append(_Scale(len(ops), math.prod(summed.get(j, 1) for j in ops), magnitude,
-                          least, unordered, jump))
+        scale = _scale_of(program, values, summed, i)
+        ops = [j for j in _ancestors(program, i) if isinstance(program.nodes[j], Op)]
+        scale.unordered = any(_overflows_on_the_way(program.nodes[j], values) for j in ops)
+        scale.jump = any(_at_a_jump(program, values, j) or
+                         _at_a_pole(program, values, summed, j) for j in ops)
+        out.append(scale)
     return out
+
+
+# Ops with a jump or a pole where an operand is 0 (a comparison: where the operands meet).
+POLES = {"log", "log2", "log10", "reciprocal", "rsqrt", "sign", "div", "/", "lt", "le", "gt",
+         "ge", "eq", "ne", "where"}
+
+
+def _at_a_pole(program: Program, values: list, summed: dict, j: int) -> bool:
+    """Whether node ``j`` is a logarithm, reciprocal, sign, division or comparison whose
+    operand (the divisor; for a comparison, the difference of its operands; for ``where``,
+    its condition ``x > 0``) is within the absolute error that cancellation leaves in it of
+    0: that operand is rounding noise whose sign and size depend on the order of a sum. Seed
+    31415, program 2070 (max-ops 16): the mean of a layer norm's output, 0 up to rounding,
+    selects in ``where(mean > 0, mean, y)`` a different side in the CUDA kernel's order than
+    in eager's; ``log`` of the same sum is -17.3 in one order and -inf in another."""
+    node = program.nodes[j]
+    name = op_name(node)
+    if name not in POLES:
+        return False
+    if node.kind == "where":
+        if node.params[0]:
+            return False            # a bool condition: exact, or flagged where it was made
+        args, sub = node.args[:1], False
+    elif name in ("div", "/"):
+        if node.kind == "scalar":
+            sym, c, reflected = node.params
+            if not reflected:
+                return False        # x / c: no pole
+            args, sub = node.args[:1], False
+        else:
+            args, sub = node.args[1:2], False
+    elif node.kind == "binary":
+        args, sub = node.args[:2], True
+    elif node.kind == "unary":
+        args, sub = node.args[:1], False
+    else:
+        return False
+    operands = [values[a] for a in args]
+    if not all(isinstance(t, fg.Tensor) and t.dtype.is_floating_point for t in operands):
+        return False
+    scales = [_scale_of(program, values, summed, a) for a in args]
+    if not any(s.magnitude for s in scales):
+        return False                # no cancelling op on the way: no cancellation noise
+    atol = sum(tolerance(s.dtype or "float32", s.n_ops, s.n_summed, s.magnitude)[1]
+               for s in scales)
+    with np.errstate(all="ignore"):
+        arrays = [_np64(t).astype(np.float64) for t in operands]
+        d = np.subtract(*np.broadcast_arrays(*arrays)) if sub else arrays[0]
+    return bool((np.abs(d[np.isfinite(d)]) <= atol).any())
 
 
 # Ops whose float result is rounded (not exact): a few ulp apart between eager and compiled.

@@ -196,6 +196,29 @@ def test_products_whose_large_factors_overflow_together_compare_loosely():
     assert not _overflows_on_the_way(Op("reduce", (0,), ("prod", (0,), False, None)), [x])
 
 
+def test_a_pole_or_comparison_at_cancellation_noise_compares_loosely():
+    # Seed 31415, program 2070: the mean of a layer norm's output is 0 up to rounding; in
+    # ``where(mean > 0, mean, y)`` its sign picks a side, and it is 2e-9 in eager's order of
+    # summation and below 0 in the CUDA kernel's. Reduced: ``log`` of the same sum is -17.3
+    # in one order and -inf in another.
+    program, _ = program_for(31415, 2070, max_ops=16)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        result = check_program(program, Settings(finite_differences=False))
+    assert not result.unexplained, report(result)
+    from fusegrad.testing.fuzz import _all_values, _at_a_pole, _summed
+    logged = Program([Input((4,), "float32", "normal", 0), Op("layer_norm", (0,), (1,)),
+                      Op("reduce", (1,), ("sum", None, False, None)),
+                      Op("unary", (2,), ("log",))], [3])
+    values = _all_values(logged, logged.arrays())
+    assert _at_a_pole(logged, values, _summed(logged, values), 3)
+    # The log of an input near 0 (no cancelling op before it) is compared as usual.
+    tiny = Program([Input((4,), "float32", "normal", 0), Op("scalar", (0,), ("*", 1e-3, False)),
+                    Op("unary", (1,), ("log",))], [2])
+    values = _all_values(tiny, tiny.arrays())
+    assert not _at_a_pole(tiny, values, _summed(tiny, values), 2)
+
+
 def test_a_compiled_function_is_checked():
     # A program the compiled path gets right has no mismatches; its gradients are checked
     # (compiled against eager, eager float64 against central differences).
