@@ -128,6 +128,18 @@ def test_instance_norm_matches_numpy_and_updates_running_stats():
     assert m(fusegrad.randn(2, 4, 4)).shape == (2, 4, 4)
 
 
+def test_instance_norm_with_momentum_none_keeps_its_running_stats():
+    # torch's _InstanceNorm passes momentum 0.0 when it is None (no cumulative average as in
+    # BatchNorm): the running statistics stay at their initial 0 and 1.
+    m = nn.InstanceNorm2d(2, track_running_stats=True, momentum=None)
+    m(fusegrad.tensor(f32(3, 2, 4, 4) * 2 + 1))
+    np.testing.assert_array_equal(m.running_mean.numpy(), np.zeros(2, np.float32))
+    np.testing.assert_array_equal(m.running_var.numpy(), np.ones(2, np.float32))
+    m.eval()
+    x = f32(1, 2, 4, 4)
+    np.testing.assert_allclose(m(fusegrad.tensor(x)).numpy(), x / np.sqrt(1 + 1e-5), rtol=1e-6)
+
+
 def test_rms_norm_matches_numpy_and_gradcheck():
     x, w = f32(3, 4, 5), f32(4, 5)
     y = NF.rms_norm(fusegrad.tensor(x), (4, 5), fusegrad.tensor(w))

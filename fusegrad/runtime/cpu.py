@@ -254,7 +254,8 @@ class NativeStep(NumpyStep):
             x, idx, src = (prog.array(op) for op in node.inputs)
             return native.index_add_rows(out, x, idx, src)
         high = node.attrs["classes"] if node.op == "check_target" else node.attrs["size"]
-        return native.check_copy(prog.array(node.inputs[0]), out, 0, high)
+        low = -high if node.attrs.get("wrap") else 0
+        return native.check_copy(prog.array(node.inputs[0]), out, low, high)
 
 
 def _with_progress(steps: list) -> list:
@@ -340,6 +341,12 @@ class Program:
         # When every output is a buffer the program writes, return those without checks.
         plain = all(isinstance(o, Value) and o in self.slots and self.slots[o] in
                     self.output_slots for o in self.graph.outputs)
+        # An output given twice (two zero gradients of one shape, merged by CSE) is returned
+        # as copies: the caller may keep both and write each in place.
+        seen: set = set()
+        self._repeated_outputs = [k for k, o in enumerate(self.graph.outputs)
+                                  if isinstance(o, Value) and (o in seen or seen.add(o))]
+        plain = plain and not self._repeated_outputs
         self._plain_outputs = [self.slots[o] for o in self.graph.outputs] if plain else None
 
     # ------------------------------------------------------------------ slots
@@ -629,7 +636,10 @@ class Program:
                 step.run(self)
         if self._plain_outputs is not None:
             return [self.arrays[s] for s in self._plain_outputs]
-        return [self._output(o) for o in self.graph.outputs]
+        outs = [self._output(o) for o in self.graph.outputs]
+        for k in self._repeated_outputs:
+            outs[k] = outs[k].copy()
+        return outs
 
     def _output(self, o) -> np.ndarray:
         if isinstance(o, Literal):

@@ -75,6 +75,7 @@ class CaptureInfo:
     internal_writes: list[tuple[Tensor, int]] = field(default_factory=list)  # tensor, output
     optimizers: list = field(default_factory=list)
     optimizer_signatures: list = field(default_factory=list)
+    modules: list = field(default_factory=list)     # the modules the trace called
     did_backward: bool = False
     rollback: Callable[[], None] | None = None   # undo the trace's Python-level effects
 
@@ -98,6 +99,9 @@ class StateCapture:
         self.grad_guards: dict[Value, tuple | None] = {}
         self.scalars: list[tuple[Callable[[], Any], SymbolicTensor]] = []
         self.optimizers: list = []
+        # id -> module, for every module called while tracing (Module.__call__ adds itself):
+        # the guard compares their state, however the function reached them.
+        self.modules: dict[int, Any] = {}
         self._optimizer_snapshots: list = []
         self._optimizer_signatures: list = []
         self.did_backward = False
@@ -350,6 +354,8 @@ class StateCapture:
                 if v is None or v not in tr.grad_values:
                     raise RuntimeError("One of the differentiated Tensors does not require grad")
                 g = cts.get(v)
+                if g is not None and not isinstance(t, SymbolicTensor):
+                    g = _run_hooks(t, g)
                 if g is None and not allow_unused:
                     raise RuntimeError("One of the differentiated Tensors appears to not have "
                                        "been used in the graph. Set allow_unused=True if this is "
@@ -368,8 +374,9 @@ class StateCapture:
             g = cts.get(leaf)
             if g is None:
                 continue
-            accumulated.append((g, self.concrete_of[leaf]))
             concrete = self.concrete_of[leaf]
+            g = _run_hooks(concrete, g)
+            accumulated.append((g, concrete))
             if not concrete.is_leaf:
                 raise ConcretizationError(
                     f"backward(){_at()} reached a tensor {_describe(concrete)} that was computed "
@@ -428,10 +435,12 @@ class StateCapture:
             # then needs a graph of its own).
             self._optimizer_signatures.append(optimizer_signature(opt))
         replaced = []
-        for group in opt.param_groups:
+        for i, group in enumerate(opt.param_groups):
             lr = group.get("lr")
             if isinstance(lr, (int, float)) and not isinstance(lr, bool):
-                sym = self.scalar_input("lr", lambda g=group: g["lr"])
+                # Read through the optimizer: a group dict replaced between calls (a copy
+                # with another lr, load_state_dict's new groups) is the one read.
+                sym = self.scalar_input("lr", lambda o=opt, i=i: o.param_groups[i]["lr"])
                 replaced.append((group, lr))
                 group["lr"] = sym
         return replaced
@@ -520,6 +529,7 @@ class StateCapture:
         info.grad_guards = [(index[leaf], sig) for leaf, sig in self.grad_guards.items()]
         info.scalar_inputs = [(getter, index[sym._val], np.float64) for getter, sym in self.scalars]
         info.optimizer_signatures = list(self._optimizer_signatures)
+        info.modules = list(self.modules.values())
         return info
 
 
@@ -584,6 +594,15 @@ class _Env(dict):
         return self[op] if isinstance(op, Value) else literal_tensor(op)
 
 
+def _run_hooks(t: Tensor, g):
+    """``g`` after the hooks of leaf ``t`` (``register_hook``), traced as eager runs them."""
+    for hook in list(t._hooks or ()):
+        out = hook(g)
+        if out is not None:
+            g = out
+    return g
+
+
 def _at() -> str:
     loc = user_location()
     return f" at {loc}" if loc else ""
@@ -595,11 +614,17 @@ def _describe(t: Tensor) -> str:
 
 def optimizer_signature(opt) -> tuple:
     """What a traced optimizer step depends on besides tensor values: hyperparameters other
-    than the learning rate, and per parameter which state it has (identity, shape, dtype)."""
+    than a float learning rate's value, and per parameter which state it has (identity,
+    shape, dtype)."""
     parts = []
     for group in opt.param_groups:
         hyper = tuple((k, hashable(v)) for k, v in sorted(group.items())
                       if k not in ("params", "lr", "param_names"))
+        # A float learning rate is an input read at each call; a tensor one is captured, read
+        # through the tensor the trace saw: another tensor in its place needs another trace.
+        lr = group.get("lr")
+        hyper += (("lr", (id(lr), lr._data.shape, lr._dtype) if isinstance(lr, Tensor)
+                   else type(lr)),)
         per_param = []
         for p in group["params"]:
             state = opt.state.get(p)
@@ -648,7 +673,7 @@ class OptimizerGuard:
                            for p, st in zip(params, map(opt.state.get, params)))
             contents.append((len(group), tuple((k, v) for k, v in group.items()
                                                if k not in ("params", "lr")),
-                             params, tuple(params), states))
+                             params, tuple(params), states, _lr_ref(group.get("lr"))))
         return opt.param_groups, groups, opt.state, tuple(contents)
 
     def _same(self, param_groups, groups, state, contents) -> bool:
@@ -657,9 +682,10 @@ class OptimizerGuard:
         if opt.param_groups is not param_groups or opt.state is not state or \
                 len(param_groups) != len(groups) or not all(map(same, param_groups, groups)):
             return False
-        for group, (size, values, params, members, states) in zip(groups, contents):
+        for group, (size, values, params, members, states, lr) in zip(groups, contents):
             if len(group) != size or group.get("params") is not params or \
-                    len(params) != len(members) or not all(map(same, params, members)):
+                    len(params) != len(members) or not all(map(same, params, members)) or \
+                    _lr_ref(group.get("lr")) is not lr:
                 return False
             for k, v in values:
                 if group.get(k, _MISSING) is not v:
@@ -674,6 +700,11 @@ class OptimizerGuard:
 
 
 _MISSING = object()
+
+
+def _lr_ref(lr):
+    """A float learning rate changes freely (an input); a tensor one is compared by identity."""
+    return lr if isinstance(lr, Tensor) else type(lr)
 
 
 def _snapshot(opt) -> tuple:

@@ -51,7 +51,7 @@ from fusegrad.passes.manager import PassManager
 from fusegrad.passes.partition import partition_joint
 from fusegrad.runtime.cpu import Program
 from fusegrad.tensor import Tensor
-from fusegrad.tracer.guards import ClosureGuard, hashable, module_flags
+from fusegrad.tracer.guards import ClosureGuard, ModuleGuard, hashable, module_flags
 from fusegrad.tracer.trace import (
     arg_input_ranges,
     module_state,
@@ -101,13 +101,17 @@ class _Entry:
     program: Program | None
     info: Any
     backward: dict = field(default_factory=dict)     # (wrt, seeded) -> (Program, Graph)
-    differentiable: dict = field(default_factory=dict)   # wrt tuple -> [bool per output]
+    # wrt tuple -> (the inputs of wrt that reach those outputs, [differentiable per output])
+    differentiable: dict = field(default_factory=dict)
     compile_ms: float = 0.0
     out_dtypes: list = field(default_factory=list)
     plain_inputs: bool = False                       # graph inputs are exactly the leaves
     fast: Callable | None = None                     # see _fast_call
     guard: Callable | None = None                    # checks what the key does not cover
     lifted_run: tuple | None = field(init=False, default=None)   # see __post_init__
+    # The trace made optimizer state (a first step): the program writes those tensors, so it
+    # is right only while the optimizer still holds them, and runs once (see _run).
+    one_shot: bool = False
 
     def __post_init__(self):
         # Where the captured tensors go in the input list: one slice when their indices are
@@ -173,7 +177,7 @@ class CompiledFunction:
         # The default dtype decides the dtype of every float the function creates
         # (fusegrad.zeros(3), fusegrad.rand(...)), so it is part of what the trace saw.
         parts = [is_grad_enabled(), dtypes.get_default_dtype().name, self._split(args, kwargs),
-                 _tree_key(tree)]
+                 _tree_key(tree), _alias_pattern(leaves)]
         for t in leaves:
             d = t._data
             # A leaf that requires grad may not be written in place: leafness is traced too.
@@ -216,7 +220,8 @@ class CompiledFunction:
                 print(f"[fusegrad] LLVM IR of {graph.name}:\n{program.llvm_ir}", file=sys.stderr)
         entry = _Entry(graph, optimized, program, info)
         entry.out_dtypes = [o.type.dtype for o in optimized.outputs]
-        entry.guard = _entry_guard(info, closure)
+        entry.guard = _entry_guard(info, closure, self.module)
+        entry.one_shot = _makes_optimizer_state(info.capture)
         cap = info.capture
         entry.plain_inputs = self.module is None and info.rng_input is None and \
             not info.lifted and not cap.grad_inputs and not cap.scalar_inputs
@@ -282,6 +287,8 @@ class CompiledFunction:
                     (a._data.shape, a._dtype, a._requires_grad, a.grad_fn is None) for a in args)
             except (AttributeError, RuntimeError):
                 fast = None
+            if fast is not None and len(args) > 1 and _alias_pattern(args):
+                fast = None             # arguments sharing storage: the full path below
             if fast is not None:
                 entry = self._fast.get(fast)
                 if entry is not None:
@@ -319,6 +326,20 @@ class CompiledFunction:
                 return self.fn(*args, **kwargs)
             self.cache.setdefault(key, []).append(entry)
             self._last_key = key
+        if key[4] and _writes_an_argument(entry):
+            # f(a, a), or two slices of one tensor, where the function writes one of them in
+            # place: the trace took them for separate inputs, and the other would not see
+            # the write. Eager sees it. (What the trace did, e.g. an optimizer's first-step
+            # state, is taken back first.)
+            if entry.info.capture is not None:
+                entry.info.capture.rollback()
+            if not self._warned_eager:
+                warnings.warn(f"fusegrad.compile: running {getattr(self.fn, '__name__', 'fn')} "
+                              "eagerly for arguments that share storage, one of which it "
+                              "writes in place", UserWarning, stacklevel=2)
+                self._warned_eager = True
+            self._eager_keys.add(key)
+            return self.fn(*args, **kwargs)
         if fast is not None and len(leaves) == len(args):
             # Guarded entries too (a training step's): the guard runs on each fast call, and
             # when it fails the full lookup below finds or compiles the entry that holds.
@@ -395,9 +416,13 @@ class CompiledFunction:
                 any(t is not None and t._requires_grad for t in inputs):
             wrt = tuple(i for i, t in enumerate(inputs) if t is not None and t._requires_grad
                         and t.dtype.is_floating_point)
-            flags = entry.differentiable.get(wrt)
-            if flags is None:
-                flags = entry.differentiable[wrt] = _differentiable_outputs(entry.graph, wrt)
+            found = entry.differentiable.get(wrt)
+            if found is None:
+                flags = _differentiable_outputs(entry.graph, wrt)
+                found = entry.differentiable[wrt] = (_reaching(entry.graph, wrt, flags), flags)
+            # Only the inputs some differentiable output depends on get a gradient: a
+            # parameter the forward does not use keeps .grad None, as in eager.
+            wrt, flags = found
             if any(flags) and entry.program is not None:
                 split = self.split_programs(entry, wrt)
         arrays = [t._data for t in inputs]
@@ -441,6 +466,11 @@ class CompiledFunction:
                 functional.assign_(target, value)
         if cap is not None:
             _write_state(cap, inputs, results)
+        if entry.one_shot:
+            # Its state tensors are now the optimizer's, and a later call with no state
+            # (opt.load_state_dict of a fresh state, state.clear()) must make new ones, as
+            # eager does: that call traces again.
+            entry.guard, entry.fast = _never, None
         user = results[:info.n_user_outputs] if len(results) > info.n_user_outputs else results
         return tree_unflatten(info.out_tree, user)
 
@@ -670,6 +700,60 @@ def _differentiable_outputs(graph: Graph, wrt: tuple) -> list[bool]:
             for o in graph.outputs]
 
 
+def _hook_key(t: Tensor):
+    """The gradient hooks of a captured tensor, compared by identity (None: none)."""
+    hooks, post = t._hooks, t._post_accumulate_grad_hooks
+    return (tuple(hooks) if hooks else None, tuple(post) if post else None) \
+        if hooks or post else None
+
+
+def _never(*_) -> bool:
+    return False
+
+
+def _makes_optimizer_state(cap) -> bool:
+    """Whether a trace made tensors that its optimizers keep as state."""
+    if cap is None or not cap.internal_writes or not cap.optimizers:
+        return False
+    made = {id(t) for t, _ in cap.internal_writes}
+    return any(id(v) in made for opt in cap.optimizers for st in opt.state.values()
+               for v in (st.values() if isinstance(st, dict) else ()))
+
+
+def _alias_pattern(tensors) -> tuple:
+    """For tensors of which some share storage (``f(a, a)``, two slices of one tensor): per
+    tensor, the position of the first one sharing its storage; () when none do."""
+    if len(tensors) < 2:
+        return ()
+    roots = []
+    for t in tensors:
+        d = t._data
+        while isinstance(getattr(d, "base", None), np.ndarray):
+            d = d.base
+        roots.append(id(d))
+    if len(set(roots)) == len(roots):
+        return ()
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(r, i) for i, r in enumerate(roots))
+
+
+def _writes_an_argument(entry: "_Entry") -> bool:
+    """Whether ``entry``'s function writes one of its tensor arguments in place."""
+    info = entry.info
+    return any(i >= info.n_state for i, _ in info.mutations or ())
+
+
+def _reaching(graph: Graph, wrt: tuple, flags: list[bool]) -> tuple:
+    """The inputs of ``wrt`` that the outputs ``flags`` marks depend on through operands with
+    a VJP rule (the others get no gradient from this call, not a zero one)."""
+    need = {o for o, f in zip(graph.outputs, flags) if f}
+    for node in reversed(graph.nodes):
+        if node.output in need:
+            need.update(op for j, op in enumerate(node.inputs)
+                        if isinstance(op, Value) and node.prim.rule(j) is not None)
+    return tuple(i for i in wrt if graph.inputs[i] in need)
+
+
 def _copy_into(dst, src) -> None:
     """Write ``src``'s values into the storage ``dst`` (host arrays, or device arrays of cuda
     tensors)."""
@@ -685,6 +769,7 @@ def _write_state(cap, inputs: list, results: list) -> None:
     arrays = _output_arrays(results)
     for leaf in cap.grad_clears:
         inputs[leaf]._grad = None
+    taken: set[int] = set()         # arrays given to a .grad this call: each .grad owns one
     for leaf, out, in_place in cap.grad_writes:
         target = inputs[leaf]
         old = target._grad
@@ -697,27 +782,40 @@ def _write_state(cap, inputs: list, results: list) -> None:
             if not target.is_leaf:
                 raise RuntimeError("a compiled function's backward() reached a tensor that is "
                                    "not a leaf at this call; its gradient cannot be written")
-            target._grad = results[out]
+            grad = results[out]
+            if id(grad._data) in taken:
+                grad = Tensor._wrap(grad._data.copy(), grad._dtype)
+            taken.add(id(grad._data))
+            target._grad = grad
     for t, out in cap.internal_writes:
         _copy_into(t._data, arrays[out])
         t._version_counter.value += 1
 
 
-def _entry_guard(info, closure: ClosureGuard) -> Callable | None:
-    """What an entry depends on beyond the key: captured names, .grad slots present or not,
-    optimizer state, the shapes of captured tensors. None when nothing.
+def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
+    """What an entry depends on beyond the key: captured names, the modules the trace called
+    (and those among the names, and a compiled module), .grad slots present or not,
+    optimizer state, the shapes, dtypes and ``requires_grad`` of captured tensors. None when
+    nothing.
 
     The guard runs at every call of a training step, over every parameter and optimizer
     state: its checks are list comparisons, not a loop of Python statements per tensor."""
     cap = info.capture
     grad_guards = cap.grad_guards
-    if closure.empty and not info.lifted and not grad_guards and not cap.optimizers:
+    modules = ModuleGuard(closure.modules + cap.modules + ([module] if module is not None
+                                                            else []))
+    if closure.empty and modules.empty and not info.lifted and not grad_guards and \
+            not cap.optimizers:
         return None
     from fusegrad.tracer.capture import OptimizerGuard
     same = operator.is_
     lifted = tuple(t for t, _ in info.lifted)
     lifted_shapes = [t._data.shape for t in lifted]
     lifted_dtypes = tuple(t._dtype for t in lifted)
+    # Freezing a parameter (requires_grad_(False)) takes it out of backward and the update;
+    # its gradient hooks are traced into the backward.
+    lifted_grad = [t._requires_grad for t in lifted]
+    lifted_hooks = [_hook_key(t) for t in lifted]
     optimizers = [OptimizerGuard(o, sig) for o, sig in zip(cap.optimizers,
                                                             cap.optimizer_signatures)]
     # The leaves whose .grad is guarded, where they are captured tensors: read directly,
@@ -728,10 +826,12 @@ def _entry_guard(info, closure: ClosureGuard) -> Callable | None:
     grad_sigs = [None if sig is None else (tuple(sig[0]), sig[1]) for _, sig in grad_guards]
 
     def guard(get_inputs: Callable[[], list]) -> bool:
-        if not closure.holds():
+        if not closure.holds() or not modules.holds():
             return False
         if [t._data.shape for t in lifted] != lifted_shapes or \
-                not all(map(same, [t._dtype for t in lifted], lifted_dtypes)):
+                not all(map(same, [t._dtype for t in lifted], lifted_dtypes)) or \
+                [t._requires_grad for t in lifted] != lifted_grad or \
+                [_hook_key(t) for t in lifted] != lifted_hooks:
             return False
         if direct is not None:
             leaves = direct
@@ -769,7 +869,8 @@ def _tree_key(tree) -> Any:
 
 def _changed_guards(keys: list) -> list[str]:
     """Which parts of the guard keys ``keys`` (see ``CompiledFunction._key``) differ."""
-    names = ["grad mode", "default dtype", "static arguments", "argument structure"]
+    names = ["grad mode", "default dtype", "static arguments", "argument structure",
+             "arguments sharing storage"]
     fields = ("shape", "dtype", "leafness", "requires_grad", "memory layout")
     changed = []
     for i in range(max(len(k) for k in keys)):
@@ -802,7 +903,8 @@ def _recompile_limit_message(cf: "CompiledFunction", key) -> str:
 
 
 def _diff(old, new) -> str:
-    names = ["grad mode", "default dtype", "static arguments", "argument structure"]
+    names = ["grad mode", "default dtype", "static arguments", "argument structure",
+             "arguments sharing storage"]
     for i, (a, b) in enumerate(zip(old, new)):
         if a != b:
             what = names[i] if i < len(names) else f"tensor {i - len(names)} (shape, dtype, " \

@@ -59,7 +59,10 @@ def _flatten(o, leaves: list) -> TreeDef:
     if isinstance(o, tuple) and hasattr(o, "_fields"):
         return TreeDef("namedtuple", tuple(_flatten(c, leaves) for c in o), type(o))
     if isinstance(o, (tuple, list)):
-        return TreeDef(type(o).__name__, tuple(_flatten(c, leaves) for c in o))
+        # A subclass (a returned ``x.shape``, a Size) keeps its type.
+        kind = "tuple" if isinstance(o, tuple) else "list"
+        return TreeDef(kind, tuple(_flatten(c, leaves) for c in o),
+                       None if type(o) in (tuple, list) else type(o))
     if isinstance(o, dict):
         keys = tuple(o.keys())
         return TreeDef("dict", tuple(_flatten(o[k], leaves) for k in keys), keys)
@@ -79,10 +82,8 @@ def _build(t: TreeDef, it) -> Any:
     if t.kind == "static":
         return t.meta
     kids = [_build(c, it) for c in t.children]
-    if t.kind == "tuple":
-        return tuple(kids)
-    if t.kind == "list":
-        return kids
+    if t.kind in ("tuple", "list"):
+        return t.meta(kids) if t.meta is not None else tuple(kids) if t.kind == "tuple" else kids
     if t.kind == "namedtuple":
         return t.meta(*kids)
     return dict(zip(t.meta, kids))

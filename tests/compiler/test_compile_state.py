@@ -4,6 +4,7 @@ Python values, module flags, optimizer state, and the effects it refuses.
 Each compiled result is checked against the same code run eagerly.
 """
 
+import copy
 import re
 import warnings
 
@@ -521,6 +522,154 @@ def test_train_and_eval_between_calls():
     np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-6)
 
 
+def batch_norm_inputs(seed=0):
+    rng = np.random.RandomState(seed)
+    return fg.tensor((rng.randn(8, 3) * 2 + 1).astype(np.float32))
+
+
+@pytest.mark.parametrize("how", ["closure", "module", "argument", "method"])
+def test_module_attribute_changed_between_calls_is_seen(how):
+    # A BatchNorm's momentum is a literal of the traced running-statistics update: changing
+    # it between calls was silently ignored, however the module was reached.
+    def run(compiled):
+        bn = fg.nn.BatchNorm1d(3)
+
+        class Runner:
+            def __init__(self):
+                self.model = bn
+
+            def forward(self, t):
+                return self.model(t)
+        if how == "closure":
+            f = lambda t: bn(t)  # noqa: E731
+        elif how == "module":
+            f = bn
+        elif how == "argument":
+            f = lambda t, m: m(t)  # noqa: E731
+        else:
+            f = Runner().forward
+        g = fg.compile(f) if compiled else f
+        x = batch_norm_inputs()
+        for momentum in (0.1, 0.9, 0.9, 0.3):
+            bn.momentum = momentum
+            out = g(x, bn) if how == "argument" else g(x)
+        return bn.running_mean.numpy().copy(), bn.running_var.numpy().copy(), \
+            out.detach().numpy()
+    assert_close_lists(run(True), run(False))
+
+
+@pytest.mark.parametrize("how", ["argument", "method"])
+def test_eval_of_a_module_reached_through_an_argument_or_self_is_seen(how):
+    # The module's training flag was guarded only for a compiled module and modules in the
+    # function's closure: reached as an argument, or as self.model of a bound method, eval()
+    # between calls still ran the training-mode graph (batch statistics, updated buffers).
+    def run(compiled):
+        fg.manual_seed(0)
+        model = fg.nn.Sequential(fg.nn.Linear(3, 4), fg.nn.BatchNorm1d(4))
+
+        class Runner:
+            def __init__(self):
+                self.model = model
+
+            def forward(self, t):
+                return self.model(t)
+        fn = (lambda m, t: m(t)) if how == "argument" else Runner().forward
+        g = fg.compile(fn) if compiled else fn
+        x = batch_norm_inputs()
+        outs = []
+        for mode in (True, False, False, True, False):
+            model.train(mode)
+            outs.append((g(model, x) if how == "argument" else g(x)).detach().numpy())
+        bn = model[1]
+        return outs + [bn.running_mean.numpy().copy(), bn.num_batches_tracked.numpy().copy()]
+    assert_close_lists(run(True), run(False))
+
+
+@pytest.mark.parametrize("frozen_from", [None, 2])
+def test_freezing_or_unfreezing_a_parameter_between_compiled_steps(frozen_from):
+    # requires_grad_ of a captured parameter between calls of a compiled step was ignored:
+    # a frozen weight kept training (and kept a .grad), an unfrozen one never trained.
+    def run(compiled):
+        m = mlp()
+        opt = fg.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        f = training_step(m, opt)
+        f = fg.compile(f, fullgraph=True) if compiled else f
+        x, y = data()
+        losses = []
+        for s in range(5):
+            trainable = s < 2 if frozen_from is not None else s >= 2
+            m[0].weight.requires_grad_(trainable)
+            losses.append(float(f(x, y)))
+        return [np.array(losses)] + params(m) + grads(m)
+    assert_close_lists(run(True), run(False))
+
+
+def test_replacing_appending_or_hooking_modules_between_calls_recompiles():
+    fg.manual_seed(0)
+    model = fg.nn.Sequential(fg.nn.Linear(3, 3))
+    f = fg.compile(lambda t: model(t))
+    x = fg.randn(4, 3)
+
+    def check():
+        np.testing.assert_allclose(f(x).detach().numpy(), model(x).detach().numpy(),
+                                   rtol=1e-6)
+    check()
+    model[0].weight = fg.nn.Parameter(fg.randn(3, 3))         # a replaced parameter
+    check()
+    model.append(fg.nn.Tanh())                                # a submodule added
+    check()
+    handle = model.register_forward_hook(lambda mod, args, out: out * 2)
+    check()
+    handle.remove()
+    check()
+    del model[1]
+    check()
+    # Unchanged modules: the guard holds without comparing them, and nothing recompiles.
+    n = f.compiles
+    for _ in range(3):
+        check()
+    assert f.compiles == n
+
+
+def test_module_state_counter_survives_copies_and_pickles():
+    import copy
+    import pickle
+
+    from fusegrad.nn.modules.module import STATE_VERSION
+    m = fg.nn.Sequential(fg.nn.Linear(2, 2))
+    for clone in (copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        before = STATE_VERSION[0]
+        clone.append(fg.nn.ReLU())
+        assert STATE_VERSION[0] > before
+        assert [type(c).__name__ for c in clone] == ["Linear", "ReLU"]
+
+
+def test_unused_parameter_of_a_compiled_module_keeps_grad_none():
+    # fg.compile(model) then loss.backward(): a parameter the forward does not use got a
+    # zero .grad, which momentum and weight decay then turned into updates.
+    class Net(fg.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = fg.nn.Linear(3, 2)
+            self.unused = fg.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.used(x)
+
+    def run(compiled):
+        fg.manual_seed(0)
+        m = Net()
+        f = fg.compile(m) if compiled else m
+        opt = fg.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            f(fg.ones(4, 3)).sum().backward()
+            opt.step()
+        assert m.unused.weight.grad is None and m.unused.bias.grad is None
+        return params(m)
+    assert_close_lists(run(True), run(False))
+
+
 def test_compiled_optimizer_step_alone():
     def run(compiled):
         p = fg.nn.Parameter(fg.tensor([1.0, -2.0, 3.0]))
@@ -941,3 +1090,136 @@ def test_modules_follow_named_modules_order_with_shared_and_missing_children():
     assert [type(x).__name__ for x in walked] == [
         "Sequential", "Linear", "Sequential", "Dropout", "Linear", "Sequential"]
     assert walked[4] is shared and walked[5] is m[3]
+
+
+def test_python_numbers_of_equal_value_and_other_type_trace_apart():
+    # 2 == 2.0 == True in Python: the cache reused x // 2's integer trace for x // 2.0.
+    f = fg.compile(lambda x, k: x // k)
+    x = fg.tensor([-7, 3, 5])
+    assert f(x, 2).dtype is fg.int64
+    out = f(x, 2.0)
+    assert out.dtype is fg.float32 and out.tolist() == [-4.0, 1.0, 2.0]
+    g = fg.compile(lambda x, k: x * k)
+    b = fg.tensor([True, False])
+    assert g(b, True).dtype is fg.bool and g(b, 1).dtype is fg.int64
+
+
+def test_a_compiled_function_may_return_shapes():
+    x = fg.ones(2, 3)
+    out, shape = fg.compile(lambda t: (t * 2, t.shape))(x)
+    assert shape == (2, 3) and type(shape) is type(x.shape)
+    np.testing.assert_array_equal(out.numpy(), 2 * np.ones((2, 3)))
+    assert fg.compile(lambda t: t.size())(x) == (2, 3)
+
+
+def test_learning_rate_of_a_replaced_group_dict_is_read():
+    # The lr input read the group dict of the trace: a group replaced by a copy with another
+    # lr (and load_state_dict's new groups) kept the old learning rate.
+    def edit(k, m, opt):
+        if k == 3:
+            opt.param_groups[0] = {**opt.param_groups[0], "lr": 0.0}
+        if k == 5:
+            state = opt.state_dict()
+            state["param_groups"][0]["lr"] = 0.3
+            opt.load_state_dict(state)
+    f = edited_between_calls(lambda m: fg.optim.SGD(m.parameters(), lr=0.1), edit, steps=7)
+    assert f.compiles == 1
+
+
+@pytest.mark.parametrize("reset", ["load_fresh_state_dict", "clear"])
+def test_optimizer_state_reset_between_calls_starts_again(reset):
+    # After load_state_dict of a state taken before any step, the compiled step ran the
+    # first-step program, whose momentum buffers the optimizer no longer held: opt.state
+    # stayed empty and every later step ran without momentum.
+    fresh = {}
+
+    def edit(k, m, opt):
+        if k == 0:
+            fresh["state"] = copy.deepcopy(opt.state_dict())
+        if k == 3:
+            if reset == "clear":
+                opt.state.clear()
+            else:
+                opt.load_state_dict(fresh["state"])
+    edited_between_calls(
+        lambda m: fg.optim.SGD(m.parameters(), lr=0.1, momentum=0.5), edit, steps=6,
+        state=lambda m, opt: [opt.state[p]["momentum_buffer"].numpy().copy()
+                              for p in m.parameters()])
+
+
+def test_zero_gradients_written_by_a_compiled_step_are_separate_tensors():
+    # zero_grad(set_to_none=False) of two same-shaped parameters entered with .grad None:
+    # both .grad were one array (CSE merged the zeros), so accumulating into them mixed the
+    # two gradients.
+    def run(compiled):
+        w1, w2 = fg.nn.Parameter(fg.ones(3)), fg.nn.Parameter(fg.ones(3))
+        opt = fg.optim.SGD([w1, w2], lr=0.1)
+
+        def step(x, do_step):
+            loss = (w1 * x).sum() + (w2 * x * 2).sum()
+            loss.backward()
+            if do_step:
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            return loss
+        f = fg.compile(step) if compiled else step
+        x = fg.ones(3)
+        f(x, True)
+        assert not np.shares_memory(w1.grad.numpy(), w2.grad.numpy())
+        f(x, False)
+        w1.grad = None                  # the user drops one gradient between calls
+        f(x, False)
+        f(x, True)
+        return [w1.detach().numpy(), w2.detach().numpy(), w1.grad.numpy(), w2.grad.numpy()]
+    assert_close_lists(run(True), run(False))
+
+
+@pytest.mark.parametrize("when", [0, 2])
+def test_parameter_gradient_hooks_in_a_compiled_step(when):
+    # A hook on a parameter (p.register_hook) was ignored by the compiled step, whether
+    # registered before the first call or between calls.
+    handles = []
+
+    def edit(k, m, opt):
+        if k == when:
+            handles.append(m[0].weight.register_hook(lambda g: g * 0.5))
+            m[2].bias.register_hook(lambda g: None)       # returns nothing: g as it is
+        if k == 4:
+            handles.pop().remove()
+    edited_between_calls(lambda m: fg.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), edit,
+                         steps=6, state=lambda m, opt: grads(m))
+
+
+def test_module_compile_in_place():
+    # torch's Module.compile(): the module's own calls run compiled, its copies too.
+    fg.manual_seed(0)
+    m = mlp()
+    x, _ = data()
+    want = m(x).detach().numpy()
+    m.compile()
+    out = m(x)
+    np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-6)
+    assert m._compiled_call.compiles == 1
+    out.sum().backward()
+    assert m[0].weight.grad is not None
+    # Inside another compiled function, the module is traced inline.
+    np.testing.assert_allclose(fg.compile(lambda t: m(t) * 2)(x).detach().numpy(), 2 * want,
+                               rtol=1e-6)
+    clone = copy.deepcopy(m)
+    assert clone._compiled_call is not m._compiled_call
+    with fg.no_grad():
+        clone[2].bias.add_(1.0)
+    np.testing.assert_allclose(clone(x).detach().numpy(), want + 1, rtol=1e-5)
+
+
+@pytest.mark.parametrize("new_lr", ["tensor", "float"])
+def test_tensor_learning_rate_replaced_between_calls_is_seen(new_lr):
+    # A tensor lr is captured (read through the tensor the trace saw): another tensor, or a
+    # float, in its place kept the old rate. Edited in place (lr.fill_), it is read anyway.
+    def edit(k, m, opt):
+        if k == 2:
+            opt.param_groups[0]["lr"].fill_(0.05)
+        if k == 4:
+            opt.param_groups[0]["lr"] = fg.tensor(0.0) if new_lr == "tensor" else 0.0
+    edited_between_calls(lambda m: fg.optim.SGD(m.parameters(), lr=fg.tensor(0.1),
+                                                momentum=0.9), edit, steps=6)

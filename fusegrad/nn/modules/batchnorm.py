@@ -117,8 +117,10 @@ class _InstanceNorm(_NormBase):
         batched = input.ndim == self._input_dims[-1]
         x = input if batched else F.unsqueeze(input, 0)
         use_input_stats = self.training or not self.track_running_stats
+        # momentum=None leaves the running statistics as they are (torch passes 0.0 here; no
+        # cumulative average as in BatchNorm).
         out = NF.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                               use_input_stats, 0.1 if self.momentum is None else self.momentum,
+                               use_input_stats, 0.0 if self.momentum is None else self.momentum,
                                self.eps)
         return out if batched else F.squeeze(out, 0)
 

@@ -20,6 +20,7 @@ from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.nn.parameter import Parameter
 from fusegrad.ops import functional as F
+from fusegrad.ops import primitive
 from fusegrad.tensor import Tensor
 
 __all__ = ["Module", "RemovableHandle"]
@@ -45,6 +46,52 @@ def _addindent(text: str, spaces: int) -> str:
     first = lines.pop(0)
     rest = [(" " * spaces) + line if line.strip() else "" for line in lines]
     return first + "\n" + "\n".join(rest)
+
+
+class _Registry(OrderedDict):
+    """A module's parameters, buffers, submodules or hooks: an ordered dict whose changes
+    move :data:`STATE_VERSION` (``Sequential.append``, ``del model._modules[k]``, a removed
+    hook), as assignments to the module's attributes do."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key, value) -> None:
+        STATE_VERSION[0] += 1
+        OrderedDict.__setitem__(self, key, value)
+
+    def __delitem__(self, key) -> None:
+        STATE_VERSION[0] += 1
+        OrderedDict.__delitem__(self, key)
+
+    def clear(self) -> None:
+        STATE_VERSION[0] += 1
+        OrderedDict.clear(self)
+
+    def pop(self, *args):
+        STATE_VERSION[0] += 1
+        return OrderedDict.pop(self, *args)
+
+    def popitem(self, last: bool = True):
+        STATE_VERSION[0] += 1
+        return OrderedDict.popitem(self, last)
+
+    def update(self, *args, **kwargs) -> None:
+        STATE_VERSION[0] += 1
+        OrderedDict.update(self, *args, **kwargs)
+
+    def setdefault(self, key, default=None):
+        STATE_VERSION[0] += 1
+        return OrderedDict.setdefault(self, key, default)
+
+    def move_to_end(self, key, last: bool = True) -> None:
+        STATE_VERSION[0] += 1
+        OrderedDict.move_to_end(self, key, last)
+
+
+# Moved by every change of any module's attributes (``training``, ``momentum``, a replaced
+# parameter), registrations and hooks. A compiled function compares the state of the modules
+# its trace read only when this moved since its last call (fusegrad.tracer.guards).
+STATE_VERSION = [0]
 
 
 class _IncompatibleKeys(namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])):
@@ -100,12 +147,12 @@ class Module:
         # object.__setattr__ because our __setattr__ reads these dicts.
         set_ = object.__setattr__
         set_(self, "training", True)
-        set_(self, "_parameters", OrderedDict())
-        set_(self, "_buffers", OrderedDict())
+        set_(self, "_parameters", _Registry())
+        set_(self, "_buffers", _Registry())
         set_(self, "_non_persistent_buffers_set", set())
-        set_(self, "_modules", OrderedDict())
-        set_(self, "_forward_hooks", OrderedDict())
-        set_(self, "_forward_pre_hooks", OrderedDict())
+        set_(self, "_modules", _Registry())
+        set_(self, "_forward_hooks", _Registry())
+        set_(self, "_forward_pre_hooks", _Registry())
 
     def forward(self, *args, **kwargs):
         """The computation; every subclass defines it."""
@@ -113,6 +160,13 @@ class Module:
                                   f'"forward" function')
 
     def __call__(self, *args, **kwargs):
+        if primitive.CAPTURE:
+            # A compiled function is being traced: its guard compares this module's state.
+            primitive.CAPTURE[-1].modules[id(self)] = self
+        compiled = self.__dict__.get("_compiled_call")
+        if compiled is not None and not primitive.CAPTURE and not any(
+                isinstance(a, Tensor) and a._trace is not None for a in args):
+            return compiled(*args, **kwargs)
         # The hook dicts are tested first: most modules have none, and copying an empty dict's
         # values twice per call is most of what a call costs beyond forward.
         if self._forward_pre_hooks:
@@ -127,6 +181,21 @@ class Module:
                 if result is not None:
                     out = result
         return out
+
+    def compile(self, *args, **kwargs) -> None:
+        """Compile this module's calls in place (torch's ``Module.compile``): ``module(x)``
+        then runs ``fusegrad.compile(module, *args, **kwargs)``; the arguments are
+        ``fusegrad.compile``'s."""
+        from fusegrad.tracer.compile import compile as compile_
+        object.__setattr__(self, "_compiled_call", compile_(self, *args, **kwargs))
+        object.__setattr__(self, "_compile_args", (args, kwargs))
+
+    def __getstate__(self) -> dict:
+        # A copy (deepcopy, pickle) compiles itself again (see __setstate__): the compiled
+        # programs are of this module's tensors.
+        state = self.__dict__.copy()
+        state.pop("_compiled_call", None)
+        return state
 
     def register_forward_pre_hook(self, hook: Callable) -> RemovableHandle:
         """``hook(module, args)`` runs before ``forward``; it may return replacement args."""
@@ -218,6 +287,7 @@ class Module:
                     else:
                         d.discard(name)
 
+        STATE_VERSION[0] += 1
         params = self.__dict__.get("_parameters")
         if isinstance(value, Parameter):
             if params is None:
@@ -264,6 +334,7 @@ class Module:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __delattr__(self, name: str) -> None:
+        STATE_VERSION[0] += 1
         if name in self._parameters:
             del self._parameters[name]
         elif name in self._buffers:
@@ -280,10 +351,16 @@ class Module:
         return sorted(k for k in set(keys) if not k[0].isdigit())
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self.__dict__.setdefault("_forward_hooks", OrderedDict())
-        self.__dict__.setdefault("_forward_pre_hooks", OrderedDict())
-        self.__dict__.setdefault("_non_persistent_buffers_set", set())
+        d = self.__dict__
+        d.update(state)
+        for key in ("_parameters", "_buffers", "_modules", "_forward_hooks",
+                    "_forward_pre_hooks"):
+            if not isinstance(d.get(key), _Registry):     # an older pickle's plain dicts
+                d[key] = _Registry(d.get(key) or ())
+        d.setdefault("_non_persistent_buffers_set", set())
+        if "_compile_args" in d:
+            args, kwargs = d["_compile_args"]
+            self.compile(*args, **kwargs)
 
     # ------------------------------------------------------------------ traversal
 
