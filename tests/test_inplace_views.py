@@ -106,3 +106,91 @@ def test_errors_match_torch():
     assert x.squeeze_(0) is x and tuple(x.shape) == (2, 3)
     with pytest.raises(NotImplementedError, match="use the out-of-place t\\(\\)"):
         fg.compile(lambda y: y.t_() * 1)(fg.ones(2, 3))
+
+
+# Writes through what eager returns as a copy or as a view, compiled as in eager (torch's
+# rules): a reshape that cannot be a view copies, detach() and .data share storage.
+_COPY_OR_VIEW = {
+    "t().reshape(-1)": (lambda y: y.t().reshape(-1), False),
+    "t().flatten()": (lambda y: y.t().flatten(), False),
+    "permute(1, 0).reshape(6)": (lambda y: y.permute(1, 0).reshape(6), False),
+    "[:, ::2].reshape(-1)": (lambda y: y[:, ::2].reshape(-1), False),
+    "repeat(1, 1)": (lambda y: y.repeat(1, 1), False),
+    "tile((1,))": (lambda y: y.tile((1,)), False),
+    "expand(2, 2, 3).reshape(4, 3)": (lambda y: y.expand(2, 2, 3).reshape(4, 3), False),
+    "t().reshape(3, 2)": (lambda y: y.t().reshape(3, 2), True),
+    "ravel()": (lambda y: y.ravel(), True),
+    "detach()": (lambda y: y.detach(), True),
+    "data": (lambda y: y.data, True),
+    "diagonal(1)": (lambda y: y.diagonal(1), True),
+    "t().diagonal(-1)": (lambda y: y.t().diagonal(-1), True),
+}
+
+
+@pytest.mark.parametrize("name", list(_COPY_OR_VIEW))
+def test_a_write_reaches_the_source_exactly_when_eager_returns_a_view(name):
+    make, is_view = _COPY_OR_VIEW[name]
+
+    def f(x):
+        y = x * 1
+        make(y).fill_(-1)
+        return y
+    x = fg.arange(6.0).reshape(2, 3)
+    want = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    if is_view:                     # numpy's view of the same elements, written
+        ref = fg.from_numpy(want.copy())
+        make(ref).fill_(-1)
+        want = ref.numpy()
+        assert (want == -1).any()
+    np.testing.assert_array_equal(f(x).numpy(), want)
+    np.testing.assert_array_equal(fg.compile(f)(x).numpy(), want)
+
+
+def test_traced_layout_queries_answer_as_eager():
+    # Compiled, is_contiguous() was always True and stride() row-major, so a branch on the
+    # layout took the other side.
+    def f(x):
+        y = x.t()
+        flat = y.reshape(-1) if y.is_contiguous() else y * 1
+        return flat, fg.tensor(y.stride()), fg.tensor(x[:, ::2].stride())
+    x = fg.zeros(3, 4)
+    for e, c in zip(f(x), fg.compile(f)(x)):
+        assert e.shape == c.shape
+        np.testing.assert_array_equal(e.numpy(), c.numpy())
+
+
+def test_write_through_detach_of_a_tensor_requiring_grad_runs_eagerly():
+    # Eager hides the write from autograd; a graph cannot: the function runs eagerly.
+    def f(x):
+        y = x * 2
+        y.detach()[0] = 100.0
+        return y
+    x = fg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    with pytest.warns(UserWarning, match="eagerly"):
+        out = fg.compile(f)(x)
+    np.testing.assert_array_equal(out.detach().numpy(), [100.0, 4.0, 6.0])
+    with pytest.raises(fg.ir.symbolic.ConcretizationError, match="detach"):
+        fg.compile(f, fullgraph=True)(x)
+
+
+@pytest.mark.parametrize("args", ["same", "overlapping"])
+def test_arguments_sharing_storage_see_each_others_writes(args):
+    # The trace took f(a, a) for two inputs: y did not see the write to x.
+    def f(x, y):
+        x.mul_(2)
+        return y + 1
+    base = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+
+    def call(g):
+        a = fg.tensor(base.copy())
+        out = g(a, a) if args == "same" else g(a[:3], a[1:])
+        return out.numpy(), a.numpy()
+    want = call(f)
+    with pytest.warns(UserWarning, match="share storage"):
+        got = call(fg.compile(f))
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
+    # Without a write, shared arguments stay compiled.
+    h = fg.compile(lambda x, y: x + y)
+    a = fg.tensor(base)
+    np.testing.assert_array_equal(h(a, a).numpy(), 2 * base)

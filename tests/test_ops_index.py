@@ -445,3 +445,72 @@ def test_topk():
 def test_topk_grad(kind):
     check_grad(lambda x: x.topk(2, dim=1).values, arr(3, 4), kind=kind)
     check_grad(lambda x: x.topk(2, dim=0, largest=False).values, arr(3, 4), kind=kind)
+
+
+def _setitem_repeated(x, v, i):
+    y = x.clone()
+    y[i] = v
+    return y
+
+
+def _add_repeated(x, i):
+    y = x.clone()
+    y[i] += 1
+    return y
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_setitem_with_repeated_indices_lets_the_last_write_win(compiled):
+    # Compiled, x[i] = v summed the differences of repeated positions (40 where numpy, torch
+    # and eager write 30), and the duplicated element's gradient was -w instead of 0.
+    f = fg.compile(_setitem_repeated) if compiled else _setitem_repeated
+    g = fg.compile(_add_repeated) if compiled else _add_repeated
+    i = np.array([0, 2, 0, 4])
+    x = leaf(np.arange(1.0, 6.0, dtype=np.float32))
+    v = leaf(np.array([10.0, 20.0, 30.0, 40.0], np.float32))
+    w = np.array([1.0, 2.0, 3.0, 4.0, 5.0], np.float32)
+    out = f(x * 1, v, fg.tensor(i))
+    want = np.arange(1.0, 6.0, dtype=np.float32)
+    want[i] = [10.0, 20.0, 30.0, 40.0]
+    np.testing.assert_array_equal(out.detach().numpy(), want)
+    (out * fg.tensor(w)).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [0, 2, 0, 4, 0])
+    np.testing.assert_array_equal(v.grad.numpy(), [0, 3, 1, 5])    # overwritten: no effect
+    np.testing.assert_array_equal(g(fg.zeros(5), fg.tensor([0, 0, 1, 3, 3, 3])).numpy(),
+                                  [1, 1, 0, 1, 0])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_index_copy_and_index_put_with_repeated_indices_take_the_last(compiled):
+    # They summed the slices (3 from writes of 1 and 2): torch leaves the winner unspecified,
+    # its CPU kernel (and numpy's assignment) keeps the last.
+    def f(x, i, v):
+        return x.index_copy(0, i, v), x.index_put((i,), v), x.clone().index_put_((i,), v)
+    g = fg.compile(f) if compiled else f
+    x = fg.zeros(4, 2)
+    v = fg.tensor(np.arange(1.0, 7.0, dtype=np.float32).reshape(3, 2))
+    for out in g(x, fg.tensor([0, 3, 0]), v):
+        np.testing.assert_array_equal(out.numpy(), [[5, 6], [0, 0], [0, 0], [3, 4]])
+
+
+def test_index_fill_keeps_the_dtype_of_its_input():
+    out = fg.tensor([1, 2, 3]).index_fill(0, fg.tensor([1]), 3.9)
+    assert out.dtype is fg.int64 and out.tolist() == [1, 3, 3]
+    assert fg.tensor([True, False]).index_fill(0, fg.tensor([1]), 2).tolist() == [True, True]
+
+
+@pytest.mark.parametrize("fn, i", [
+    (lambda x, i: x[fg.tensor([0]), i], [4]),
+    (lambda x, i: x[:, i], [-5]),
+    (lambda x, i: x[i, 1:], [3, 4]),
+])
+def test_compiled_advanced_index_out_of_range_raises(fn, i):
+    # Compiled, each index tensor was linearized unchecked: x[0, 4] of a 4x4 read x[1, 0].
+    x = fg.arange(16.0).reshape(4, 4)
+    with pytest.raises(IndexError, match="out of bounds"):
+        fn(x, fg.tensor(i))
+    with pytest.raises(IndexError, match="out of bounds"):
+        fg.compile(fn)(x, fg.tensor(i))
+    # In range, negative indices wrap as in eager.
+    j = fg.tensor([-1, 0])
+    np.testing.assert_array_equal(fg.compile(fn)(x, j).numpy(), fn(x, j).numpy())

@@ -420,3 +420,15 @@ def test_pad_primitive_matches_np_pad(dtype):
             want = np.pad(x, widths, constant_values=v)
             assert got.dtype == want.dtype and got.shape == want.shape
             np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_flip_and_tile_take_torchs_varargs_and_keywords():
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    x = fg.tensor(a)
+    for out, want in [(x.flip(0, 1), a[::-1, ::-1]), (x.flip(1), a[:, ::-1]),
+                      (fg.flip(x, [0]), a[::-1]), (fg.flip(x, dims=(0, 1)), a[::-1, ::-1]),
+                      (x.tile(2), np.tile(a, 2)), (x.tile(2, 1, 1), np.tile(a, (2, 1, 1))),
+                      (fg.tile(x, dims=(2,)), np.tile(a, 2)), (x.tile((1, 2)), np.tile(a, (1, 2)))]:
+        np.testing.assert_array_equal(out.numpy(), want)
+    with pytest.raises(TypeError, match="multiple values"):
+        x.flip(0, dims=(1,))

@@ -377,3 +377,30 @@ def test_reduction_repeated_dim_and_int_mean():
                                            "Got: Long"):
         fg.tensor([1, 2]).mean()
     assert fg.tensor([1, 2]).mean(dtype=fg.float32).item() == 1.5
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "amax", "amin", "std", "var"])
+@pytest.mark.parametrize("dim", [(), []])
+def test_an_empty_dim_list_reduces_every_dim(name, dim):
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    x = leaf(a)
+    out = getattr(x, name)(dim=dim)
+    ref = {"std": lambda v: v.std(ddof=1), "var": lambda v: v.var(ddof=1),
+           "amax": np.max, "amin": np.min}.get(name, getattr(np, name))(a)
+    assert out.shape == ()
+    np.testing.assert_allclose(out.detach().numpy(), ref, rtol=1e-6)
+    np.testing.assert_allclose(fg.compile(lambda t: getattr(t, name)(dim=dim))(x).detach()
+                               .numpy(), ref, rtol=1e-6)
+
+
+def test_integer_dtype_of_a_reduction_is_kept():
+    x = fg.tensor([1, 2, 3], dtype=fg.int32)
+    assert x.sum(dtype=fg.int32).dtype is fg.int32
+    assert x.sum(0, dtype=fg.int16).dtype is fg.int16
+    assert x.prod(dtype=fg.int32).dtype is fg.int32
+    assert x.cumsum(0, dtype=fg.int32).dtype is fg.int32
+    assert x.cumprod(0, dtype=fg.int16).dtype is fg.int16
+    assert x.sum().dtype is fg.int64                      # without dtype: int64, as torch
+    # Accumulated in that dtype: uint8 wraps (200 + 100 = 44).
+    assert fg.tensor([200, 100], dtype=fg.uint8).sum(dtype=fg.uint8).item() == 44
+    assert fg.compile(lambda t: t.sum(dtype=fg.int32))(x).dtype is fg.int32

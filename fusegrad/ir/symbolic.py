@@ -132,12 +132,25 @@ class SymbolicTensor(Tensor):
     def _type(self) -> TensorType:
         return self._val.type
 
+    # The layout eager would give this tensor (a transpose's strides), replayed from its view
+    # ops: code that branches on it (``if x.is_contiguous()``) traces the branch eager takes.
     def stride(self, dim: int | None = None):
-        strides = _contiguous_strides(self._val.type.shape)
+        shape = self._val.type.shape
+        if self._view_of is None or not self._view_ops:
+            strides = _contiguous_strides(shape)
+        else:
+            from fusegrad.ops.movement import _traced_layout
+            a = _traced_layout(self)
+            strides = tuple(st // a.itemsize for st in a.strides)
+            if a.size <= 1 or 0 in a.shape:
+                strides = _contiguous_strides(shape)
         return strides if dim is None else strides[dim]
 
     def is_contiguous(self, memory_format=None) -> bool:
-        return True
+        if self._view_of is None or not self._view_ops:
+            return True
+        from fusegrad.ops.movement import _traced_layout
+        return bool(_traced_layout(self).flags.c_contiguous)
 
     def data_ptr(self) -> int:
         self._check_concrete("data_ptr()")
@@ -153,7 +166,11 @@ class SymbolicTensor(Tensor):
             "tracing only its shape and dtype are known, " + (why or _CONTROL_FLOW))
 
     def detach(self) -> "SymbolicTensor":
-        return self._tr.process_primitive(P.stop_gradient, (self,), {})
+        # A view of this tensor, as in eager (detach shares storage): a write through it
+        # (``y.detach()[0] = 1``, ``y.data.mul_(0)``) reaches y (see assign).
+        from fusegrad.ops.movement import _mark_view
+        out = self._tr.process_primitive(P.stop_gradient, (self,), {})
+        return _mark_view(out, self, P.stop_gradient, {})
 
     def requires_grad_(self, requires_grad: bool = True) -> "SymbolicTensor":
         super().requires_grad_(requires_grad)
@@ -330,10 +347,21 @@ class GraphTrace:
                 if prim is P.broadcast_to:
                     raise RuntimeError("in-place write through an expanded view is not supported "
                                        "(more than one element refers to one memory location)")
+                if prim is P.stop_gradient and (base._requires_grad or value._requires_grad):
+                    # Eager hides such a write from autograd (the base's history stays as it
+                    # was): a graph cannot say that, so the function runs eagerly instead.
+                    raise ConcretizationError(
+                        f"an in-place write through .detach() or .data of a tensor that "
+                        f"requires grad ({user_location() or 'in the traced function'}) is "
+                        "hidden from autograd in eager mode, which a traced graph cannot "
+                        "express; write to the tensor itself, or compile with "
+                        "fullgraph=False to run this function eagerly")
                 types.append(prim.infer(types[-1], **attrs))
             embedded = value
             mask = F.ones_like(value, dtype=dtypes.bool_)
             for (prim, attrs), t in zip(reversed(x._view_ops), reversed(types[:-1])):
+                if prim is P.stop_gradient:
+                    continue                # the same elements: nothing to invert
                 embedded = prim.cotangent(0, embedded, None, (t,), attrs)
                 mask = prim.cotangent(0, mask, None, (t,), attrs)
             new_base = F.where(mask, embedded, base)

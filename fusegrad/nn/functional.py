@@ -527,7 +527,8 @@ def embedding(input: Tensor, weight: Tensor, padding_idx: int | None = None,  # 
         if not -n <= padding_idx < n:
             raise AssertionError("Padding_idx must be within num_embeddings")
         padding_idx %= n
-    input = F.bind(P.check_index, input, op="embedding", size=weight.shape[0], dim=0)
+    input = F.bind(P.check_index, input, op="embedding", size=weight.shape[0], dim=0,
+                   wrap=False)
     return _embedding(input, weight, padding_idx)
 
 

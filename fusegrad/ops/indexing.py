@@ -12,7 +12,7 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import _named
-from fusegrad.ops.elementwise import add, ge, le, lt, mul, sub, where
+from fusegrad.ops.elementwise import add, eq, ge, le, lt, mul, sub, where
 from fusegrad.ops.movement import (
     broadcast_tensors,
     expand,
@@ -32,7 +32,7 @@ from fusegrad.tensor import Tensor
 def _checked_index(index: Tensor, op: str, size: int, dim: int) -> Tensor:
     """``index``, checked to lie in ``[0, size)`` when it is read (at the call, or when the
     compiled program runs): ``op`` does not wrap negative indices, as in torch."""
-    return bind(P.check_index, index, op=op, size=int(size), dim=int(dim))
+    return bind(P.check_index, index, op=op, size=int(size), dim=int(dim), wrap=False)
 
 
 @public(torch=True, method=True)
@@ -54,6 +54,18 @@ def index_add(x: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) ->
         source = mul(source, alpha)
     index = _checked_index(index, "index_add", x.shape[axis], axis)
     return take_add(x, index, cast(source, x.dtype), axis)
+
+
+def _last_writes(positions: Tensor, size: int) -> Tensor:
+    """For 1-D int64 ``positions`` in ``[0, size)``: True where no later element repeats the
+    position. Where several writes meet one place, the last wins (numpy's assignment and
+    torch's CPU kernels); adding up their differences instead gave their sum. Traceable: the
+    positions may be data of a compiled call."""
+    n = positions.shape[0]
+    order = _index_tensor(np.arange(n, dtype=np.int64), like=positions)
+    last = bind(P.scatter_reduce, _index_tensor(np.full(size, -1, np.int64), like=positions),
+                positions, order, axis=0, reduce="amax", include_self=True)
+    return eq(take(last, positions, 0), order)
 
 
 @public(torch=True, method=True)
@@ -320,12 +332,14 @@ def _advanced_index(x: Tensor, advanced: list) -> Tensor:
     linear = None
     stride = 1
     for (p, k), size in reversed(list(zip(items, sizes))):
+        # Check each index against its own dim: once linearized, an index past the end of
+        # one dim would silently land in the next row.
         if k._trace is None:
-            # Check each index against its own dim: once linearized, an index past the end
-            # of one dim would silently land in the next row.
             P._bounds("index", k._host(), size, p)
             if k.device != x.device:        # a cpu index into a cuda tensor, as torch allows
                 k = k.to(x.device)
+        else:
+            k = bind(P.check_index, k, op="index", size=int(size), dim=int(p), wrap=True)
         k = expand(cast(k, dtypes.int64), idx_shape)
         k = where(lt(k, 0), add(k, size), k)
         term = mul(k, stride) if stride != 1 else k

@@ -12,7 +12,7 @@ from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.elementwise import mul, sub, where
-from fusegrad.ops.indexing import getitem
+from fusegrad.ops.indexing import _last_writes, getitem
 from fusegrad.ops.movement import expand, reshape, squeeze, t, transpose, unsqueeze
 from fusegrad.ops.operands import _dtype_title, _index_tensor, _scalar_tensor, as_tensor_operand, cast, take
 from fusegrad.ops.primitive import bind
@@ -222,14 +222,15 @@ def setitem(x: Tensor, key, value) -> None:
     target = getitem(x, key)
     if x._trace is not None and target._base is None:
         # Under a trace an advanced index gathers a symbolic copy: scatter the new values
-        # into x's flat positions instead (a position given twice gets the sum of the
-        # differences, where eager lets the last write win).
+        # into x's flat positions instead, the last write to a position winning as in eager
+        # (the differences of the others are dropped, not added up).
         flat_idx = reshape(getitem(_index_tensor(np.arange(x.numel()).reshape(tuple(x.shape))),
                                    key), (-1,))
         values = reshape(expand(as_tensor_operand(value, x.dtype), tuple(target.shape)), (-1,))
         flat = reshape(x, (x.numel(),))
-        updated = bind(P.index_add, flat, flat_idx, sub(cast(values, x.dtype),
-                                                       take(flat, flat_idx, 0)), axis=0)
+        diff = sub(cast(values, x.dtype), take(flat, flat_idx, 0))
+        diff = where(_last_writes(flat_idx, x.numel()), diff, _scalar_tensor(0, x.dtype))
+        updated = bind(P.index_add, flat, flat_idx, diff, axis=0)
         assign_(x, reshape(updated, tuple(x.shape)), "index_put_")
         return
     if target._base is None and target._trace is None and not np.shares_memory(target._data,

@@ -39,6 +39,17 @@ def _mark_view(out: Tensor, src: Tensor, prim, attrs: dict) -> Tensor:
     return out
 
 
+def _int_sequence(args: tuple, given, op: str, name: str) -> tuple[int, ...]:
+    """Ints passed as one sequence, as varargs (torch's methods), or as the keyword ``name``."""
+    if given is not None:
+        if args:
+            raise TypeError(f"{op}() got multiple values for argument '{name}'")
+        args = (given,)
+    if len(args) == 1 and not isinstance(args[0], (int, np.integer)):
+        args = tuple(args[0])
+    return tuple(int(d) for d in args)
+
+
 def _view_prim(prim, x: Tensor, **attrs) -> Tensor:
     return _mark_view(bind(prim, x, **attrs), x, prim, attrs)
 
@@ -78,8 +89,15 @@ def _infer_shape(x: Tensor, shape, op: str) -> tuple[int, ...]:
 def reshape(x: Tensor, *shape) -> Tensor:
     """A tensor of ``shape`` with ``x``'s elements: a view when strides allow, else a copy."""
     shape = _infer_shape(x, shape, "reshape")
-    if x._trace is None and not _viewable(x._data, shape):
-        x = clone(x)
+    if x._trace is None:
+        if not _viewable(x._data, shape):
+            x = clone(x)
+        return reshape_prim(x, shape)
+    if tuple(x.shape) != shape and not _viewable(_traced_layout(x), shape):
+        # Eager copies here (a reshape of a transposed view): the result is a value of its
+        # own, not a view, so that a write through it does not reach x. (No copy node: the
+        # layout passes decide where the reshape's elements are gathered.)
+        return bind(P.reshape, x, shape=shape)
     return reshape_prim(x, shape)
 
 
@@ -493,7 +511,7 @@ def repeat(x: Tensor, *sizes) -> Tensor:
         full += [r, d]
     y = expand(y, tuple(full))
     out = reshape(y, tuple(r * d for r, d in zip(sizes, x.shape)))
-    if out._trace is None and np.shares_memory(out._data, x._data):
+    if np.shares_memory(out._data, x._data) if out._trace is None else out._base is not None:
         # Repeats of 1 (or of a size-1 dim) leave a view; repeat always owns its memory.
         out = clone(out)
     return _named(out, "RepeatBackward0")
@@ -524,9 +542,9 @@ def repeat_interleave(x: Tensor, repeats, dim: int | None = None) -> Tensor:
 
 
 @public(torch=True, method=True)
-def flip(x: Tensor, dims) -> Tensor:
-    if isinstance(dims, int):
-        dims = (dims,)
+def flip(x: Tensor, *args, dims=None) -> Tensor:
+    """``x`` reversed along ``dims`` (a list, or ``x.flip(0, 1)`` as torch's method takes)."""
+    dims = _int_sequence(args, dims, "flip", "dims")
     axes = [normalize_axis(d, x.ndim, "flip") for d in dims]
     if len(set(axes)) != len(axes):
         raise RuntimeError(f"flip: dim {list(dims)} appears multiple times in the list of dims")
@@ -561,17 +579,27 @@ def diagonal(x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor
     if d1 == d2:
         raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
     m = movedim(x, (d1, d2), (-2, -1))
+    layout = m._data if m._trace is None else _traced_layout(m)
+    if not _viewable(layout, tuple(m.shape[:-2]) + (m.shape[-2] * m.shape[-1],)) and \
+            _viewable(np.swapaxes(layout, -1, -2), tuple(m.shape[:-2]) +
+                      (m.shape[-2] * m.shape[-1],)):
+        # A transposed matrix: the same elements are the diagonal -offset of its transpose,
+        # whose rows flatten in place (so the result stays a view, as torch's is).
+        m, offset = transpose(m, -1, -2), -offset
     rows, cols = m.shape[-2:]
     batch = tuple(m.shape[:-2])
+    # The diagonal as a strided slice of the flattened matrices, starting at its first
+    # element (not of a narrowed matrix, whose flattening would be a copy).
     if offset >= 0:
-        m = narrow(m, -1, builtins.min(offset, cols), builtins.max(cols - offset, 0))
+        k = builtins.max(builtins.min(rows, cols - offset), 0)
+        first = offset
     else:
-        m = narrow(m, -2, builtins.min(-offset, rows), builtins.max(rows + offset, 0))
-    rows, cols = m.shape[-2:]
-    k = builtins.min(rows, cols)
+        k = builtins.max(builtins.min(rows + offset, cols), 0)
+        first = -offset * cols
     flat = reshape(m, batch + (rows * cols,))
-    stop = (k - 1) * (cols + 1) + 1 if k else 0
-    return _named(slice_axes(flat, (0,) * len(batch) + (0,), batch + (stop,),
+    start = first if k else 0
+    stop = start + (k - 1) * (cols + 1) + 1 if k else 0
+    return _named(slice_axes(flat, (0,) * len(batch) + (start,), batch + (stop,),
                              (1,) * len(batch) + (cols + 1,)), "DiagonalBackward0")
 
 

@@ -932,20 +932,23 @@ check_target = register(Primitive("check_target", Kind.EXTERN, _check_target_inf
                                   attrs=("op", "classes", "ignore_index", "input")))
 
 
-def _check_index_infer(idx: TensorType, *, op: str, size: int, dim: int) -> TensorType:
+def _check_index_infer(idx: TensorType, *, op: str, size: int, dim: int,
+                       wrap: bool = False) -> TensorType:
     _check_index(op, idx)
     return idx
 
 
-def _check_index_impl(idx, *, op, size, dim):
-    return _bounds(op, idx, size, dim, wrap=False)
+def _check_index_impl(idx, *, op, size, dim, wrap=False):
+    return _bounds(op, idx, size, dim, wrap=wrap)
 
 
 # Indices of the ops that torch bounds-checks without wrapping negative values (index_select,
 # embedding, index_add, gather, scatter_add): the primitives under them also serve indexing,
 # where -1 means the last element, so the check is a node of its own, as check_target is.
+# ``wrap``: ``[-size, size)`` is in range (an index tensor of ``x[i, j]`` in a compiled call,
+# checked against its own dim before the dims are linearized).
 check_index = register(Primitive("check_index", Kind.EXTERN, _check_index_infer,
-                                 _check_index_impl, attrs=("op", "size", "dim")))
+                                 _check_index_impl, attrs=("op", "size", "dim", "wrap")))
 
 
 def _scatter_add_infer(x: TensorType, idx: TensorType, src: TensorType, *, axis) -> TensorType:

@@ -50,12 +50,24 @@ def _reduce(prim, x: Tensor, dim, keepdim: bool, op: str) -> Tensor:
     return _keep(bind(prim, x, axes=axes), x, axes, keepdim)
 
 
+def _all_if_empty(dim):
+    """torch's sum, mean, amax, amin, var and std read ``dim=()`` (or ``[]``) as every dim."""
+    return None if isinstance(dim, (tuple, list)) and not dim else dim
+
+
+def _in_dtype(out: Tensor, dtype) -> Tensor:
+    """A reduction asked for an integer ``dtype`` keeps it (its int64 sum wraps as torch's
+    accumulation in that dtype does); others already have theirs."""
+    return out if dtype is None or out.dtype is dtypes.as_dtype(dtype) else cast(out, dtype)
+
+
 @public(torch=True, method=True)
 def sum(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:  # noqa: A001
     """Sum over ``dim`` (all dims when None); bools and integers sum to int64."""
     if dtype is not None:
         x = cast(x, dtype)
-    out = _reduce(P.sum_, x, dim, keepdim, "sum")
+    dim = _all_if_empty(dim)
+    out = _in_dtype(_reduce(P.sum_, x, dim, keepdim, "sum"), dtype)
     return _named(out, "SumBackward0" if dim is None else "SumBackward1")
 
 
@@ -86,7 +98,7 @@ def prod(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
         x = cast(x, dtype)
     if dim is not None and not isinstance(dim, (int, np.integer)):
         raise TypeError("prod(): argument 'dim' must be int")
-    out = _reduce(P.prod, x, dim, keepdim, "prod")
+    out = _in_dtype(_reduce(P.prod, x, dim, keepdim, "prod"), dtype)
     return _named(out, "ProdBackward0" if dim is None else "ProdBackward1")
 
 
@@ -112,6 +124,7 @@ def mean(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
         raise RuntimeError(
             f"mean(): could not infer output dtype. Input dtype must be either a floating point "
             f"or complex dtype. Got: {_dtype_title(x.dtype)}")
+    dim = _all_if_empty(dim)
     out = _mean(x, dim, keepdim)
     return _named(out, "MeanBackward0" if dim is None else "MeanBackward1")
 
@@ -124,7 +137,7 @@ def _correction(unbiased, correction) -> float:
 
 @composite("VarBackward0")
 def _var(x: Tensor, dim, correction: float, keepdim: bool) -> Tensor:
-    axes = _dims(x, dim, "var")
+    axes = _dims(x, _all_if_empty(dim), "var")
     n = _count(x, axes)
     mu = reshape_prim(div(bind(P.sum_, x, axes=axes), n), P._keepdim_shape(tuple(x.shape), axes))
     d = sub(x, mu)
@@ -226,12 +239,12 @@ def min(x: Tensor, dim=None, keepdim: bool = False):  # noqa: A001
 
 @public(torch=True, method=True)
 def amax(x: Tensor, dim=(), keepdim: bool = False) -> Tensor:
-    return _reduce(P.max_, x, dim if dim != () else None, keepdim, "amax")
+    return _reduce(P.max_, x, _all_if_empty(dim), keepdim, "amax")
 
 
 @public(torch=True, method=True)
 def amin(x: Tensor, dim=(), keepdim: bool = False) -> Tensor:
-    return _reduce(P.min_, x, dim if dim != () else None, keepdim, "amin")
+    return _reduce(P.min_, x, _all_if_empty(dim), keepdim, "amin")
 
 
 def _arg(prim, x: Tensor, dim, keepdim: bool) -> Tensor:
@@ -316,7 +329,8 @@ def norm(x: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Ten
 def cumsum(x: Tensor, dim: int, *, dtype=None) -> Tensor:
     if dtype is not None:
         x = cast(x, dtype)
-    return bind(P.cumsum, x, axis=normalize_axis(dim, x.ndim, "cumsum") if x.ndim else 0)
+    out = bind(P.cumsum, x, axis=normalize_axis(dim, x.ndim, "cumsum") if x.ndim else 0)
+    return _in_dtype(out, dtype)
 
 
 @public(method=True)
@@ -363,8 +377,8 @@ def cumprod(x: Tensor, dim: int, *, dtype=None) -> Tensor:
         return _named(mul(x, 1), "CumprodBackward0")
     axis = _scan_axis(x, dim, "cumprod")
     rows = _prefix_rows(x, axis, 1)
-    return _named(_scan_result(bind(P.prod, rows, axes=(rows.ndim - 1,)), axis),
-                  "CumprodBackward0")
+    return _named(_in_dtype(_scan_result(bind(P.prod, rows, axes=(rows.ndim - 1,)), axis),
+                            dtype), "CumprodBackward0")
 
 
 def _cum_extremum(x: Tensor, dim: int, op: str, largest: bool):

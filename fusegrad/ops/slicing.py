@@ -11,8 +11,9 @@ from fusegrad import dtypes
 from fusegrad.ops.creation import ones, zeros
 from fusegrad.ops.elementwise import add, clone, lt, where
 from fusegrad.ops.factories import zeros_like
-from fusegrad.ops.indexing import index_add, sort
+from fusegrad.ops.indexing import _last_writes, index_add, sort
 from fusegrad.ops.movement import (
+    _int_sequence,
     diag,
     flatten,
     flip,
@@ -62,9 +63,10 @@ def ravel(x: Tensor) -> Tensor:
 
 
 @public(torch=True, method=True)
-def tile(x: Tensor, dims) -> Tensor:
-    """``x`` repeated ``dims[i]`` times along each dim (ones prepended to the shorter)."""
-    dims = tuple(dims)
+def tile(x: Tensor, *args, dims=None) -> Tensor:
+    """``x`` repeated ``dims[i]`` times along each dim (ones prepended to the shorter); the
+    method also takes ``x.tile(2)`` and ``x.tile(2, 3)``, as torch's does."""
+    dims = _int_sequence(args, dims, "tile", "dims")
     if len(dims) < x.ndim:
         dims = (1,) * (x.ndim - len(dims)) + dims
     return repeat(x, dims)
@@ -174,18 +176,25 @@ def index_fill(x: Tensor, dim: int, index: Tensor, value) -> Tensor:
     if x.ndim == 0:
         return reshape(index_fill(reshape(x, (1,)), 0, index, value), ())
     axis = normalize_axis(dim, x.ndim, "index_fill")
-    if isinstance(value, Tensor):
-        value = cast(value, x.dtype)
+    # The value takes x's dtype (3.9 into an int64 tensor is 3), as torch's fill does.
+    value = cast(as_tensor_operand(value), x.dtype)
     return where(_hit_mask(x, axis, index), value, x)
 
 
 @public(torch=True, method=True, inplace=True)
 def index_copy(x: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
-    """``x`` with the slices at ``index`` along ``dim`` replaced by those of ``source`` (each
-    index once: with repeats, which one wins is unspecified, as in torch)."""
+    """``x`` with the slices at ``index`` along ``dim`` replaced by those of ``source``; of an
+    index given twice, the last slice wins (torch leaves which unspecified)."""
     axis = normalize_axis(dim, x.ndim, "index_copy") if x.ndim else 0
-    pos = reshape(_positions(index, x.shape[axis] if x.ndim else 1), (-1,))
-    placed = index_add(zeros_like(x), axis, pos, cast(source, x.dtype))
+    size = x.shape[axis] if x.ndim else 1
+    pos = reshape(_positions(index, size), (-1,))
+    source = cast(source, x.dtype)
+    keep = _last_writes(where(lt(pos, 0), 0, where(lt(pos, size), pos, 0)), size)
+    shape = [1] * source.ndim
+    if source.ndim:
+        shape[axis] = pos.shape[0]
+    source = where(reshape(keep, tuple(shape)), source, zeros((), dtype=x.dtype))
+    placed = index_add(zeros_like(x), axis, pos, source)
     return where(_hit_mask(x, axis, pos), placed, x)
 
 

@@ -59,7 +59,7 @@ def _checked_take(node: Node) -> bool:
     x, idx = node.inputs
     check = idx.producer if isinstance(idx, Value) else None
     return isinstance(x, Value) and check is not None and check.op == "check_index" and \
-        check.attrs["size"] == x.type.shape[node.attrs["axis"]]
+        not check.attrs.get("wrap") and check.attrs["size"] == x.type.shape[node.attrs["axis"]]
 
 
 # --------------------------------------------------------------------------- grouping

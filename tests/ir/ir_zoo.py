@@ -296,7 +296,8 @@ def index_ops() -> Case:
     checked = g.add_node("check_target", [gidx], {"op": "nll_loss", "classes": 4,
                                                    "ignore_index": -100, "input": "f32[4, 3]"})
     gather = g.add_node("gather", [x, checked], {"axis": 0})
-    in_range = g.add_node("check_index", [gidx], {"op": "scatter_add", "size": 4, "dim": 0})
+    in_range = g.add_node("check_index", [gidx], {"op": "scatter_add", "size": 4, "dim": 0,
+                                                  "wrap": False})
     scatter = g.add_node("scatter_add", [x, in_range, gsrc], {"axis": 0})
     g.set_outputs([take, index_add, gather, scatter])
     idx_ = np.array([[3, 0], [1, 3]])
