@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -230,9 +231,46 @@ def _compile_object(ir_text: str, keep_ir: bool = False,
     mod.triple = tm.triple
     mod.data_layout = str(tm.target_data)
     mod.verify()
-    _optimize(mod, tm, speed_level)
+    with _quiet_missed_vectorization():
+        _optimize(mod, tm, speed_level)
     optimized = str(mod) if keep_ir or config.debug >= 4 else None
     return tm.emit_object(mod), optimized
+
+
+# LLVM prints "warning: ... loop not vectorized: the optimizer was unable to perform the
+# requested transformation" to the process's stderr when a short loop that the kernel asks to
+# vectorize (KernelPrinter.loop) cannot be: expected, and nothing a user can act on.
+_MISSED = b"loop not vectorized: the optimizer was unable to perform the requested"
+
+
+_stderr_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _quiet_missed_vectorization():
+    """Run LLVM with file descriptor 2 captured; pass on everything it held but LLVM's
+    missed-vectorization warnings (a write from another thread meanwhile comes out after)."""
+    import tempfile
+    with _stderr_lock, tempfile.TemporaryFile() as capture:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, AttributeError, ValueError):
+            saved = None        # no file descriptor 2 (an embedded interpreter): as it is
+        if saved is None:
+            yield
+            return
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().splitlines(keepends=True)
+                    if _MISSED not in line]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def _read_disk(key: str) -> bytes | None:
