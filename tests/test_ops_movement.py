@@ -432,3 +432,13 @@ def test_flip_and_tile_take_torchs_varargs_and_keywords():
         np.testing.assert_array_equal(out.numpy(), want)
     with pytest.raises(TypeError, match="multiple values"):
         x.flip(0, dims=(1,))
+
+
+def test_chunk_and_softmax_of_an_empty_dim_as_torch():
+    assert [tuple(c.shape) for c in fg.zeros(0, 4).chunk(2, 0)] == [(0, 4), (0, 4)]
+    assert [tuple(c.shape) for c in fg.zeros(0).chunk(3)] == [(0,), (0,), (0,)]
+    assert [tuple(c.shape) for c in fg.zeros(5).chunk(3)] == [(2,), (2,), (1,)]
+    F = fg.nn.functional
+    for fn, x in [(lambda t: F.log_softmax(t, 0), fg.zeros(0, 4)),
+                  (lambda t: F.softmax(t, 1), fg.zeros(4, 0))]:
+        assert fn(x).shape == x.shape and fg.compile(fn)(x).shape == x.shape

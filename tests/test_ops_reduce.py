@@ -404,3 +404,13 @@ def test_integer_dtype_of_a_reduction_is_kept():
     # Accumulated in that dtype: uint8 wraps (200 + 100 = 44).
     assert fg.tensor([200, 100], dtype=fg.uint8).sum(dtype=fg.uint8).item() == 44
     assert fg.compile(lambda t: t.sum(dtype=fg.int32))(x).dtype is fg.int32
+
+
+def test_gradient_of_a_product_over_no_axes():
+    # The prod primitive's VJP counted zeros with sum(dim=[]), which (as in torch) now sums
+    # every dim: over no axes each element is its own product.
+    from fusegrad.ops import prims as P
+    from fusegrad.ops.primitive import bind
+    x = leaf(np.array([0.5, 0.0, -2.0], np.float32))
+    bind(P.prod, x, axes=()).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [1.0, 1.0, 1.0])

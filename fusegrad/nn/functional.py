@@ -403,7 +403,10 @@ def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3,  # noqa
     """``exp(x) / sum(exp(x))`` along ``dim``, computed stably (the max is subtracted)."""
     if dim is None:
         dim = _softmax_dim("softmax", input.ndim)
-    return _softmax(_softmax_input(input, dtype), dim)
+    x = _softmax_input(input, dtype)
+    if x.numel() == 0:
+        return F.mul(x, 1)          # nothing to normalize (a dim of size 0): torch's empty
+    return _softmax(x, dim)
 
 
 def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3,  # noqa: A002
@@ -411,7 +414,10 @@ def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3,  # 
     """``x - logsumexp(x)`` along ``dim``: the log of softmax without its underflow."""
     if dim is None:
         dim = _softmax_dim("log_softmax", input.ndim)
-    return _log_softmax(_softmax_input(input, dtype), dim)
+    x = _softmax_input(input, dtype)
+    if x.numel() == 0:
+        return F.mul(x, 1)
+    return _log_softmax(x, dim)
 
 
 # torch.softmax and Tensor.softmax are this function too

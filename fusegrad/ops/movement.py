@@ -410,8 +410,9 @@ def chunk(x: Tensor, chunks: int, dim: int = 0):
     axis = normalize_axis(dim, x.ndim, "chunk")
     if chunks <= 0:
         raise RuntimeError("chunk expects `chunks` to be greater than 0, got: " + str(chunks))
-    step = -(-x.shape[axis] // chunks) if x.shape[axis] else 1
-    return split(x, step, axis)
+    if not x.shape[axis]:
+        return tuple(narrow(x, axis, 0, 0) for _ in range(chunks))     # torch: chunks empties
+    return split(x, -(-x.shape[axis] // chunks), axis)
 
 
 @public(torch=True, method=True)

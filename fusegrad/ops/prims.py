@@ -600,7 +600,9 @@ def _prod_vjp(g, out, x, *, axes):
     full = _expand_back(out, x, axes)
     zero_free = x.where(x != 0, x.new_ones(()))
     others = _expand_back(_F().reduce_prod(zero_free, axes), x, axes) / zero_free
-    nzeros = _expand_back((x == 0).to(x.dtype).sum(dim=list(axes)), x, axes)
+    zeros = (x == 0).to(x.dtype)
+    # (dim=() would be every dim, as in torch: a product over no axes counts each element.)
+    nzeros = _expand_back(zeros.sum(dim=list(axes)), x, axes) if axes else zeros
     only_zero_is_self = (x == 0) & (nzeros == 1)
     grad_x = (full / zero_free).where(x != 0, others.where(only_zero_is_self, x.new_zeros(())))
     return _expand_back(g, x, axes) * grad_x
