@@ -124,6 +124,8 @@ _COPY_OR_VIEW = {
     "data": (lambda y: y.data, True),
     "diagonal(1)": (lambda y: y.diagonal(1), True),
     "t().diagonal(-1)": (lambda y: y.t().diagonal(-1), True),
+    "unfold(1, 1, 2)": (lambda y: y.unfold(1, 1, 2), True),       # windows that do not overlap
+    "unfold(0, 2, 2)": (lambda y: y.unfold(0, 2, 2), True),
 }
 
 

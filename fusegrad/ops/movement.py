@@ -683,6 +683,13 @@ def _tensor_unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
     if step <= 0:
         raise RuntimeError(f"step is {step} but must be > 0")
     count = (n - size) // step + 1
+    if step >= size and count * step <= n:
+        # Windows that do not overlap are a view, as torch's are (writes through them reach
+        # x): the dim split into (count, step), each row cut to its first ``size``.
+        rows = reshape(narrow(x, axis, 0, count * step),
+                       tuple(x.shape[:axis]) + (count, step) + tuple(x.shape[axis + 1:]))
+        rows = narrow(rows, axis + 1, 0, size)
+        return _named(movedim(rows, axis + 1, x.ndim), "UnfoldBackward0")
     views = []
     for i in range(size):
         starts = [0] * x.ndim
