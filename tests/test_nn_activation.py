@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fusegrad
+import fusegrad as fg
 from fusegrad import nn
 from fusegrad.autograd.gradcheck import gradcheck
 from fusegrad.nn import functional as NF
@@ -34,7 +35,8 @@ ACTIVATIONS = {
              lambda x: np.where(x > 0, 1.0, np.exp(x / 2.0))),
     "mish": (NF.mish, lambda x: x * np.tanh(softplus(x)), None),
     "hardswish": (NF.hardswish, lambda x: x * np.clip(x + 3, 0, 6) / 6,
-                  lambda x: np.where(x < -3, 0.0, np.where(x <= 3, (2 * x + 3) / 6, 1.0))),
+                  # torch 2.13: 0 at -3 and 1 at 3 (its hardswish_backward's bounds)
+                  lambda x: np.where(x <= -3, 0.0, np.where(x < 3, (2 * x + 3) / 6, 1.0))),
     "hardsigmoid": (NF.hardsigmoid, lambda x: np.clip(x + 3, 0, 6) / 6,
                     lambda x: np.where((x > -3) & (x < 3), 1 / 6, 0.0)),
     "softsign": (NF.softsign, lambda x: x / (1 + np.abs(x)), None),
@@ -150,3 +152,26 @@ def test_against_torch():
         np.testing.assert_array_equal(
             NF.pad(fusegrad.tensor(x), (2, 1), mode=mode).numpy(),
             torch.nn.functional.pad(torch.tensor(x), (2, 1), mode=mode).numpy())
+
+
+def test_hardswish_gradient_at_its_bounds_is_torchs():
+    # torch: 0 up to -3, 1 from 3 (the middle piece's (2x + 3) / 6 gave -0.5 and 1.5 there).
+    x = fg.tensor([-4.0, -3.0, -1.0, 2.0, 3.0, 5.0], requires_grad=True)
+    fg.nn.functional.hardswish(x).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [0.0, 0.0, 1 / 6, 7 / 6, 1.0, 1.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["silu", "hardswish", "hardsigmoid", "mish", "elu", "selu",
+                                  "celu", "hardtanh", "relu6", "leaky_relu"])
+def test_inplace_activation_of_a_tensor_with_history_has_a_gradient(name):
+    # The in-place form read its input in the backward after overwriting it: "modified by an
+    # inplace operation". It now reads a copy, as torch saves the original.
+    a = np.array([[-4.0, -1.0, 0.5, 2.0, 7.0]], np.float32)
+    fn = getattr(fg.nn.functional, name)
+    x = fg.tensor(a, requires_grad=True)
+    y = fn(x * 1.0, inplace=True)
+    y.sum().backward()
+    x2 = fg.tensor(a, requires_grad=True)
+    fn(x2 * 1.0).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), x2.grad.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(y.detach().numpy(), fn(fg.tensor(a)).numpy(), rtol=1e-6)

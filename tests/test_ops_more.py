@@ -485,3 +485,16 @@ def test_group2_against_torch():
             (to * torch.tensor(w)).sum().backward()
             np.testing.assert_allclose(fx.grad.numpy(), tx.grad.numpy(), rtol=1e-12, atol=1e-14)
             np.testing.assert_allclose(fs.grad.numpy(), ts.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_cosine_similarity_gradient_at_a_zero_vector_is_torchs():
+    # torch clamps the norm under no_grad: the gradient is finite (b / eps / |b|), not NaN
+    # from sqrt at 0.
+    a = fusegrad.tensor([[0.0, 0.0, 0.0]], requires_grad=True)
+    b = fusegrad.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    y = fusegrad.nn.functional.cosine_similarity(a, b)
+    y.sum().backward()
+    assert y.item() == 0.0
+    np.testing.assert_allclose(a.grad.numpy(), [[1.0, 2.0, 3.0]] / np.sqrt(14.0) / 1e-8,
+                               rtol=1e-5)
+    np.testing.assert_array_equal(b.grad.numpy(), [[0.0, 0.0, 0.0]])

@@ -16,6 +16,7 @@ import warnings
 from typing import Sequence
 
 from fusegrad import dtypes
+from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.nn.loss_functions import cosine_embedding_loss, huber_loss, kl_div, smooth_l1_loss
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
@@ -179,7 +180,7 @@ def _silu(x: Tensor) -> Tensor:
 
 def silu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
     """``x * sigmoid(x)`` (swish)."""
-    return input.copy_(_silu(input)) if inplace else _silu(input)
+    return _maybe_inplace(input, inplace, _silu)
 
 
 @composite("SoftplusBackward0", kernel=True)
@@ -223,8 +224,14 @@ def _hardtanh_impl(x: Tensor, min_val: float, max_val: float) -> Tensor:
 _hardtanh = composite("HardtanhBackward0")(_hardtanh_impl)
 
 
-def _maybe_inplace(input: Tensor, out: Tensor, inplace: bool) -> Tensor:
-    return input.copy_(out) if inplace else out
+def _maybe_inplace(input: Tensor, inplace: bool, fn, *args) -> Tensor:
+    """``fn(input, *args)``, written into ``input`` when ``inplace``. The activation then reads
+    a copy of the input: its backward needs the values the write replaces (torch saves the
+    original for such in-place ops too; reading ``input`` itself failed the version check)."""
+    if not inplace:
+        return fn(input, *args)
+    src = input.clone() if is_grad_enabled() and input.requires_grad else input
+    return input.copy_(fn(src, *args))
 
 
 def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0,  # noqa: A002
@@ -232,7 +239,7 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0,  # noqa
     """``x`` clamped to [min_val, max_val]; the gradient is 0 outside and at the bounds."""
     if min_val > max_val:
         raise ValueError("min_val cannot be greater than max_val")
-    return _maybe_inplace(input, _hardtanh(input, min_val, max_val), inplace)
+    return _maybe_inplace(input, inplace, _hardtanh, min_val, max_val)
 
 
 def relu6(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
@@ -255,7 +262,7 @@ def _elu(x: Tensor, alpha: float, scale: float) -> Tensor:
 
 def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:  # noqa: A002
     """``x`` where positive, else ``alpha * (exp(x) - 1)``."""
-    return _maybe_inplace(input, _elu(input, alpha, 1.0), inplace)
+    return _maybe_inplace(input, inplace, _elu, alpha, 1.0)
 
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
@@ -264,7 +271,7 @@ _SELU_SCALE = 1.0507009873554804934193349852946
 
 def selu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
     """``scale * elu(x, alpha)`` with the self-normalizing constants of Klambauer et al."""
-    return _maybe_inplace(input, _elu(input, _SELU_ALPHA, _SELU_SCALE), inplace)
+    return _maybe_inplace(input, inplace, _elu, _SELU_ALPHA, _SELU_SCALE)
 
 
 @composite("CeluBackward0", kernel=True)
@@ -276,7 +283,7 @@ def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:  #
     """``x`` where positive, else ``alpha * (exp(x / alpha) - 1)``."""
     if alpha == 0:
         raise RuntimeError("ZeroDivisionError")
-    return _maybe_inplace(input, _celu(input, alpha), inplace)
+    return _maybe_inplace(input, inplace, _celu, alpha)
 
 
 @composite("MishBackward0", kernel=True)
@@ -286,19 +293,20 @@ def _mish(x: Tensor) -> Tensor:
 
 def mish(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
     """``x * tanh(softplus(x))``."""
-    return _maybe_inplace(input, _mish(input), inplace)
+    return _maybe_inplace(input, inplace, _mish)
 
 
 @composite("HardswishBackward0")
 def _hardswish(x: Tensor) -> Tensor:
-    # torch's gradient: 0 below -3, (2x + 3) / 6 on [-3, 3], 1 above
+    # torch's gradient: 0 up to -3, (2x + 3) / 6 strictly inside, 1 from 3 (the values of the
+    # pieces agree at the bounds; the gradient there is the outer piece's)
     middle = F.div(F.mul(x, F.add(x, 3.0)), 6.0)
-    return F.where(F.lt(x, -3.0), 0.0, F.where(F.le(x, 3.0), middle, x))
+    return F.where(F.le(x, -3.0), 0.0, F.where(F.lt(x, 3.0), middle, x))
 
 
 def hardswish(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
     """``x * relu6(x + 3) / 6``."""
-    return _maybe_inplace(input, _hardswish(input), inplace)
+    return _maybe_inplace(input, inplace, _hardswish)
 
 
 @composite("HardsigmoidBackward0")
@@ -309,7 +317,7 @@ def _hardsigmoid(x: Tensor) -> Tensor:
 
 def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
     """``relu6(x + 3) / 6``; the gradient is 1/6 strictly inside (-3, 3), else 0."""
-    return _maybe_inplace(input, _hardsigmoid(input), inplace)
+    return _maybe_inplace(input, inplace, _hardsigmoid)
 
 
 @composite("PreluKernelBackward0")

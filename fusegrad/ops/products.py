@@ -8,7 +8,7 @@ import math
 from fusegrad.ops import reductions
 from fusegrad.ops.composite import _named
 from fusegrad.ops.elementwise import abs as abs_
-from fusegrad.ops.elementwise import clamp, div, eq, mul, ne, pow, sqrt, sub, where
+from fusegrad.ops.elementwise import add, clamp, div, eq, mul, ne, pow, sqrt, sub, where
 from fusegrad.ops.matmul import matmul
 from fusegrad.ops.movement import broadcast_tensors, permute, reshape, unsqueeze
 from fusegrad.ops.prims import normalize_axis
@@ -100,6 +100,11 @@ def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -
     each operand is divided by its clamped norm first, as torch does."""
     a, b = broadcast_tensors(x1, x2)
     axis = normalize_axis(dim, a.ndim, "cosine_similarity")
-    na = clamp(sqrt(reductions.sum(mul(a, a), axis, keepdim=True)), min=eps)
-    nb = clamp(sqrt(reductions.sum(mul(b, b), axis, keepdim=True)), min=eps)
-    return reductions.sum(mul(div(a, na), div(b, nb)), axis)
+
+    def norm(t: Tensor) -> Tensor:
+        # torch clamps the norm in place under no_grad: the gradient is the norm's own (0 at
+        # a zero vector, not the inf * 0 of sqrt's), the value at least eps.
+        n = reductions._root_with_zero_grad(reductions.sum(mul(t, t), axis, keepdim=True),
+                                            sqrt)
+        return add(n, sub(clamp(n, min=eps), n).detach())
+    return reductions.sum(mul(div(a, norm(a)), div(b, norm(b))), axis)
