@@ -19,7 +19,8 @@ where loading puts it back unless ``map_location`` says otherwise. A NODE is a J
 string, integer, boolean or null standing for itself, or an object tagged by ``"type"``:
 ``float`` (its ``repr``, so inf and nan survive), ``tensor`` (an index into ``tensors``),
 ``list``, ``tuple``, ``size``, ``dict`` (``items`` as ``[key, value]`` pairs, so integer
-keys such as an optimizer's state indices survive, and ``ordered`` for OrderedDict),
+keys such as an optimizer's state indices survive; ``ordered`` for an OrderedDict, ``counter``
+for a Counter),
 ``dtype`` and ``device``. A tensor saved twice in one object is stored once and loads as
 one tensor; views of one storage are stored separately.
 
@@ -35,7 +36,7 @@ import json
 import math
 import os
 import sys
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -124,10 +125,17 @@ class _Encoder:
                                             for i, v in enumerate(obj)]}
         if isinstance(obj, dict):
             items = [[self.key(k, path), self.node(v, f"{path}[{k!r}]")] for k, v in obj.items()]
-            return {"type": "dict", "ordered": isinstance(obj, OrderedDict), "items": items}
-        raise TypeError(f"fusegrad.save can't store an object of type {type(obj).__name__} (at "
-                        f"{path or 'the top level'}): checkpoints hold tensors, numbers, strings, "
-                        "None, dtypes, devices and lists, tuples and dicts of them")
+            node = {"type": "dict", "ordered": isinstance(obj, OrderedDict), "items": items}
+            if isinstance(obj, Counter):
+                node["counter"] = True      # MultiStepLR's milestones (step(epoch) reads them)
+            return node
+        module = type(obj).__module__
+        what = type(obj).__name__ if module == "builtins" else f"{module}.{type(obj).__name__}"
+        hint = " (a torch tensor: convert it with fusegrad.tensor(t.numpy()))" \
+            if what.startswith("torch.") and hasattr(obj, "numpy") else ""
+        raise TypeError(f"fusegrad.save can't store an object of type {what}{hint} (at "
+                        f"{path or 'the top level'}): checkpoints hold fusegrad tensors, numbers, "
+                        "strings, None, dtypes, devices and lists, tuples and dicts of them")
 
     def key(self, k: Any, path: str):
         if isinstance(k, Tensor):
@@ -325,7 +333,7 @@ class _Decoder:
         if kind == "size":
             return Size(int(d) for d in n["items"])
         if kind == "dict":
-            out = OrderedDict() if n.get("ordered") else {}
+            out = Counter() if n.get("counter") else OrderedDict() if n.get("ordered") else {}
             for k, v in n["items"]:
                 out[self.node(k)] = self.node(v)
             return out

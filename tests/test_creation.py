@@ -303,3 +303,58 @@ def test_random_tensors_can_require_grad():
     x = fg.randn(3, requires_grad=True)
     assert x.requires_grad and x.is_leaf
     assert not math.isnan(x.sum().item())
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_sixteen_bit_uniforms_stay_below_one(name):
+    # A float32 uniform rounded to 16 bits reached 1.0: randn gave inf (log(1 - u)),
+    # trunc_normal_ NaN, uniform_(a, b) gave b.
+    dt = getattr(fg, name)
+    fg.manual_seed(0)
+    u = fg.rand(100000, dtype=dt)
+    assert float(u.float().max()) < 1.0 and float(u.float().min()) >= 0.0
+    assert not fg.randn(100000, dtype=dt).isinf().any()
+    w = fg.nn.init.trunc_normal_(fg.empty(100000, dtype=dt), a=-6.0, b=6.0).float()
+    assert not w.isnan().any() and float(w.min()) >= -6.0 and float(w.max()) <= 6.0
+    v = fg.nn.init.uniform_(fg.empty(100000, dtype=dt), -0.5, 0.5).float()
+    assert float(v.max()) < 0.5 and float(v.min()) >= -0.5
+    # bfloat16's few levels no longer bias a truncated normal (std of N(0,1) on [2, 3]: 0.25)
+    t = fg.nn.init.trunc_normal_(fg.empty(100000, dtype=dt), a=2.0, b=3.0).float()
+    assert abs(float(t.std()) - 0.2484) < 0.01 and float(t.max()) > 2.95
+
+
+def test_random_integers_and_doubles_have_all_their_bits():
+    # randint drew from 24-bit uniforms: above 2**24 the low bits were always 0; float64
+    # uniforms sat on a 2**-24 grid.
+    fg.manual_seed(0)
+    v = fg.randint(0, 2**25, (20000,)).numpy()
+    assert 0.45 < (v % 2).mean() < 0.55
+    w = fg.randint(0, 2**62, (20000,)).numpy()
+    assert (w % 128 != 0).mean() > 0.98 and w.min() >= 0
+    x = fg.rand(20000, dtype=fg.float64).numpy()
+    assert (x * 2**24 != np.floor(x * 2**24)).mean() > 0.99
+    r = fg.randint(-5, -2, (1000,)).numpy()
+    assert set(np.unique(r)) == {-5, -4, -3}
+    # compiled draws are eager's
+    f = fg.compile(lambda: fg.randint(0, 10, (5,)) + fg.rand(3, dtype=fg.float64).sum().long())
+    fg.manual_seed(1)
+    a = f()
+    fg.manual_seed(1)
+    b = fg.randint(0, 10, (5,)) + fg.rand(3, dtype=fg.float64).sum().long()
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 2**64 - 1])
+def test_seeds_over_the_whole_unsigned_range(seed):
+    # -1 and seeds of 2**63 and up were accepted, then every random op overflowed the key.
+    fg.manual_seed(seed)
+    assert fg.initial_seed() == seed % 2**64
+    a = fg.randn(3)
+    state = fg.get_rng_state()
+    b = fg.randn(2)
+    fg.set_rng_state(state)
+    np.testing.assert_array_equal(fg.randn(2).numpy(), b.numpy())
+    fg.manual_seed(seed % 2**64)
+    np.testing.assert_array_equal(fg.randn(3).numpy(), a.numpy())
+    with pytest.raises(ValueError, match="Overflow"):
+        fg.manual_seed(2**64)

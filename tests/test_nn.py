@@ -1088,3 +1088,30 @@ def test_erfinv_helper_is_accurate():
     y = np.linspace(-0.999, 0.999, 101)
     x = _erfinv(t64(y)).numpy()
     np.testing.assert_allclose(_erf(x), y, atol=1e-12)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_batch_of_ignored_targets_has_a_nan_loss_and_zero_gradients(smoothing, weighted):
+    # torch: the mean over no targets is NaN and the gradient 0 (an all-padding batch must
+    # not poison the parameters); the 0/0 gave NaN gradients to every logit.
+    x = fusegrad.tensor([[0.1, 0.2, 0.3], [0.5, -1.0, 2.0]], requires_grad=True)
+    w = fusegrad.tensor([1.0, 2.0, 3.0]) if weighted else None
+    loss = fusegrad.nn.functional.cross_entropy(x, fusegrad.tensor([-100, -100]), weight=w,
+                                                label_smoothing=smoothing)
+    loss.backward()
+    assert np.isnan(loss.item())
+    np.testing.assert_array_equal(x.grad.numpy(), np.zeros((2, 3), np.float32))
+
+
+def test_out_arguments_are_written():
+    x = fusegrad.randn(3, 4)
+    out = fusegrad.zeros(3, 4)
+    assert fusegrad.nn.functional.normalize(x, out=out) is out
+    np.testing.assert_allclose(out.numpy(), fusegrad.nn.functional.normalize(x).numpy())
+    a, b = fusegrad.randn(2, 3), fusegrad.randn(3, 4)
+    out = fusegrad.zeros(2, 4)
+    fusegrad.tensordot(a, b, 1, out=out)
+    np.testing.assert_allclose(out.numpy(), (a @ b).numpy(), rtol=1e-6)
+    with pytest.raises(RuntimeError, match="not resized"):
+        fusegrad.tensordot(a, b, 1, out=fusegrad.zeros(2, 5))

@@ -454,3 +454,27 @@ def test_eager_array_update_equals_the_tensor_ops(cls, kwargs, dtype, monkeypatc
         for k in sa:
             np.testing.assert_array_equal(sa[k], sb[k])
     assert fast[2:] == slow[2:]
+
+
+def test_a_torch_optimizers_state_dict_loads_as_fusegrad_tensors():
+    # torch tensors were kept in opt.state as they were, and the next step failed.
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    tp = torch.nn.Parameter(torch.randn(3))
+    to = torch.optim.Adam([tp], lr=0.1)
+    for _ in range(3):
+        to.zero_grad()
+        (tp ** 2).sum().backward()
+        to.step()
+    fp = fusegrad.nn.Parameter(fusegrad.tensor(tp.detach().numpy()))
+    fo = fusegrad.optim.Adam([fp], lr=0.1)
+    fo.load_state_dict(to.state_dict())
+    assert isinstance(fo.state[fp]["exp_avg"], fusegrad.Tensor)
+    for _ in range(3):
+        to.zero_grad()
+        (tp ** 2).sum().backward()
+        to.step()
+        fo.zero_grad()
+        (fp ** 2).sum().backward()
+        fo.step()
+    np.testing.assert_allclose(fp.detach().numpy(), tp.detach().numpy(), rtol=1e-6)

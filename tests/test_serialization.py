@@ -318,3 +318,20 @@ def test_load_state_dict_from_torch_module():
                                       tm.weight.detach().float().numpy())
     with pytest.raises(RuntimeError, match="size mismatch for weight"):
         fg.nn.Linear(4, 2).load_state_dict(torch.nn.Linear(3, 2).state_dict())
+
+
+def test_counters_survive_and_a_multistep_scheduler_resumes(tmp_path):
+    # MultiStepLR's milestones are a Counter: saved as a plain dict, its step(epoch) form
+    # failed after loading ('dict' object has no attribute 'elements').
+    from collections import Counter
+    opt = fg.optim.SGD([fg.nn.Parameter(fg.zeros(2))], lr=1.0)
+    sched = fg.optim.lr_scheduler.MultiStepLR(opt, [3, 6], gamma=0.5)
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    fg.save(sched.state_dict(), tmp_path / "s.pt")
+    state = fg.load(tmp_path / "s.pt")
+    assert isinstance(state["milestones"], Counter)
+    sched.load_state_dict(state)
+    sched.step(7)
+    assert sched.get_last_lr() == [0.25]

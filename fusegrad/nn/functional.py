@@ -16,7 +16,7 @@ import warnings
 from typing import Sequence
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad.autograd.grad_mode import is_grad_enabled as _grad_enabled
 from fusegrad.nn.loss_functions import cosine_embedding_loss, huber_loss, kl_div, smooth_l1_loss
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
@@ -230,7 +230,7 @@ def _maybe_inplace(input: Tensor, inplace: bool, fn, *args) -> Tensor:
     original for such in-place ops too; reading ``input`` itself failed the version check)."""
     if not inplace:
         return fn(input, *args)
-    src = input.clone() if is_grad_enabled() and input.requires_grad else input
+    src = input.clone() if _grad_enabled() and input.requires_grad else input
     return input.copy_(fn(src, *args))
 
 
@@ -565,9 +565,10 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12,  # noqa: A002
               out=None) -> Tensor:
-    """``input / max(||input||_p, eps)`` along ``dim``."""
+    """``input / max(||input||_p, eps)`` along ``dim`` (into ``out`` when given)."""
+    from fusegrad.ops.products import _write_out
     denom = F.expand_as(F.clamp(F.norm(input, p, dim, keepdim=True), min=eps), input)
-    return F.div(input, denom)
+    return _write_out(F.div(input, denom), out, "normalize")
 
 
 def pad(input: Tensor, pad: Sequence[int], mode: str = "constant",  # noqa: A002
@@ -758,7 +759,14 @@ def _nll_impl(logp: Tensor, target: Tensor, weight: Tensor | None, ignore_index:
         return loss
     if reduction == "sum":
         return F.sum(loss)
-    return F.div(F.sum(loss), F.sum(w))
+    return _weighted_mean(F.sum(loss), F.sum(w))
+
+
+def _weighted_mean(total: Tensor, weight: Tensor) -> Tensor:
+    """``total / weight``: NaN when the weight is 0 (every target ignored), as torch's loss,
+    with a zero gradient there, as torch's (the 0/0 gave NaN gradients to every logit)."""
+    none = F.eq(weight, 0)
+    return F.where(none, math.nan, F.div(total, F.where(none, 1.0, weight)))
 
 
 _nll_loss = composite("NllLossBackward0")(_nll_impl)
@@ -814,9 +822,10 @@ def _ce_smooth_impl(x: Tensor, target: Tensor, weight: Tensor | None, ignore_ind
     if reduction == "mean":
         if weight is not None:
             w = F.where(ignored, 0.0, F.take(weight, F.where(ignored, 0, target), 0))
-            ret = F.div(F.sum(smooth), F.sum(w))
+            ret = _weighted_mean(F.sum(smooth), F.sum(w))
         else:
-            ret = F.div(F.sum(smooth), F.sum(F.logical_not(ignored)))
+            ret = _weighted_mean(F.sum(smooth), F.cast(F.sum(F.logical_not(ignored)),
+                                                       smooth.dtype))
     elif reduction == "sum":
         ret = F.sum(smooth)
     else:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 import warnings
 
+from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops import functional as F
 from fusegrad.ops.creation import Generator, eye
+from fusegrad.ops.creation import empty as _empty
 from fusegrad.tensor import Tensor
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_",
@@ -112,9 +114,11 @@ def trunc_normal_(tensor: Tensor, mean: float = 0.0, std: float = 1.0, a: float 
                       "distribution of values may be incorrect.", stacklevel=2)
     with no_grad():
         lo, hi = norm_cdf((a - mean) / std), norm_cdf((b - mean) / std)
-        tensor.uniform_(2 * lo - 1, 2 * hi - 1, generator=generator)
-        # Computed in float64: float32 erfinv near +-1 loses the tails.
-        u = F.cast(tensor, "float64") if tensor.dtype.name != "float64" else tensor
+        # Drawn and inverted in float64: float32 erfinv near +-1 loses the tails, and a
+        # 16-bit draw rounds to +-1 and beyond (erfinv gave NaN there, and bfloat16's few
+        # levels biased the result).
+        u = _empty(tuple(tensor.shape), dtype=dtypes.float64).uniform_(
+            2 * lo - 1, 2 * hi - 1, generator=generator)
         values = F.add(F.mul(_erfinv(u), std * math.sqrt(2.0)), mean)
         return tensor.copy_(F.clamp(values, min=a, max=b))
 

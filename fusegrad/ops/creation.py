@@ -319,10 +319,17 @@ class Generator:
     def manual_seed(self, seed: int) -> "Generator":
         _refuse_rng_state("manual_seed()")
         seed = int(seed)
-        if seed < 0:
-            seed &= 0xFFFFFFFFFFFFFFFF
-        self._seed, self._offset = seed, 0
+        if not -(1 << 63) <= seed < (1 << 64):
+            raise ValueError(f"Overflow when unpacking long long: manual_seed takes a seed in "
+                             f"[-2**63, 2**64 - 1], got {seed}")
+        # Kept as torch reports it (an unsigned 64-bit seed: -1 is 2**64 - 1), and stored in
+        # the int64 key as the same 64 bits.
+        self._seed, self._offset = seed & 0xFFFFFFFFFFFFFFFF, 0
         return self
+
+    def _key(self) -> np.ndarray:
+        seed = self._seed - (1 << 64) if self._seed >= (1 << 63) else self._seed
+        return np.array([seed, self._offset], dtype=np.int64)
 
     def seed(self) -> int:
         import secrets
@@ -334,11 +341,12 @@ class Generator:
 
     def get_state(self) -> Tensor:
         _refuse_rng_state("get_state()")
-        return Tensor._wrap(np.array([self._seed, self._offset], dtype=np.int64), dtypes.int64)
+        return Tensor._wrap(self._key(), dtypes.int64)
 
     def set_state(self, state: Tensor) -> None:
         _refuse_rng_state("set_state()")
-        self._seed, self._offset = (int(v) for v in state._data[:2])
+        seed, self._offset = (int(v) for v in state._data[:2])
+        self._seed = seed & 0xFFFFFFFFFFFFFFFF
 
     def next_key(self, count: int) -> Tensor:
         """The (seed, offset) key for ``count`` numbers, advancing the offset past them.
@@ -348,7 +356,7 @@ class Generator:
         """
         if _key_sources:
             return _key_sources[-1](self, count)
-        key = Tensor._wrap(np.array([self._seed, self._offset], dtype=np.int64), dtypes.int64)
+        key = Tensor._wrap(self._key(), dtypes.int64)
         self._offset += philox.counters_used(count)
         return key
 
@@ -390,7 +398,7 @@ def set_rng_state(state: Tensor) -> None:
 def _uniform01(shape: tuple[int, ...], dt: dtypes.DType, generator: Generator | None) -> Tensor:
     gen = generator or default_generator
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    key = gen.next_key(n)
+    key = gen.next_key(n * philox.words_per_number(dt.np_dtype))
     return bind(P.random_uniform, key, shape=shape, dtype=dt)
 
 
@@ -454,8 +462,10 @@ def randint(low, high=None, size=None, *, generator=None, dtype=None, device=Non
                            f">= to={high}")
     dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.int64
     with no_grad():
-        u = _uniform01(_shape((size,)), dtypes.float64, generator)
-        t = (u * (high - low)).floor().to(dtypes.int64) + low
+        # 63 random bits per number, reduced to the range (a float64 uniform has 53: the
+        # low bits of a range of 2**62 were always 0).
+        bits = _uniform01(_shape((size,)), dtypes.int64, generator)
+        t = bits % (high - low) + low
     return t.to(dt)
 
 

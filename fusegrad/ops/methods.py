@@ -111,8 +111,17 @@ Tensor.mH = Tensor.mT
 
 def _uniform_(self, a: float = 0.0, b: float = 1.0, *, generator=None):
     """Fill with uniform numbers in [a, b)."""
-    u = creation.rand(tuple(self.shape), generator=generator, dtype=self.dtype)
-    return F.assign_(self, u * (b - a) + a, "uniform_")
+    if self.dtype.itemsize >= 4 or not self.dtype.is_floating_point:
+        u = creation.rand(tuple(self.shape), generator=generator, dtype=self.dtype)
+        return F.assign_(self, u * (b - a) + a, "uniform_")
+    # 16-bit floats: scaled in float32, then rounded; a value that rounds up to b becomes the
+    # largest one below it (b itself is outside [a, b)).
+    u = creation.rand(tuple(self.shape), generator=generator, dtype=dtypes.float32)
+    v = F.cast(u * (b - a) + a, self.dtype)
+    if b > a:
+        top = creation.full((), b, dtype=self.dtype)
+        v = F.where(F.ge(v, top), F.nextafter(top, creation.full((), a, dtype=self.dtype)), v)
+    return F.assign_(self, v, "uniform_")
 
 
 def _normal_(self, mean: float = 0.0, std: float = 1.0, *, generator=None):

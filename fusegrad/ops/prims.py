@@ -1194,7 +1194,7 @@ def _rand_infer(key: TensorType, *, shape, dtype) -> TensorType:
 
 def _rand_impl(key, *, shape, dtype):
     from fusegrad.ops import philox
-    return philox.uniform(int(key[0]), int(key[1]), shape).astype(dtype.np_dtype)
+    return philox.uniform(int(key[0]), int(key[1]), shape, dtype.np_dtype)
 
 
 random_uniform = register(Primitive(

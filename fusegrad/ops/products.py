@@ -46,7 +46,21 @@ def tensordot(a: Tensor, b: Tensor, dims=2, out=None) -> Tensor:
     shape_b = tuple(b.shape[d] for d in free_b)
     lhs = reshape(permute(a, free_a + dims_a), (math.prod(shape_a), k))
     rhs = reshape(permute(b, dims_b + free_b), (k, math.prod(shape_b)))
-    return reshape(matmul(lhs, rhs), shape_a + shape_b)
+    return _write_out(reshape(matmul(lhs, rhs), shape_a + shape_b), out, "tensordot")
+
+
+def _write_out(result: Tensor, out: Tensor | None, op: str) -> Tensor:
+    """``result``, or ``out`` holding it (torch's ``out=``; ``out`` must have the result's
+    shape and dtype, where torch would resize or cast it)."""
+    if out is None:
+        return result
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{op}(): argument 'out' must be Tensor, not {type(out).__name__}")
+    if tuple(out.shape) != tuple(result.shape) or out.dtype is not result.dtype:
+        raise RuntimeError(f"{op}(): out= has shape {list(out.shape)} and dtype {out.dtype}, the "
+                           f"result {list(result.shape)} and {result.dtype} (out= is not resized "
+                           f"or cast)")
+    return out.copy_(result)
 
 
 def _safe_root(total: Tensor, p: float) -> Tensor:

@@ -81,8 +81,9 @@ class NAdam(Optimizer):
                     else:
                         grad = F.add(grad, p, alpha=weight_decay)
                 if group["capturable"]:
-                    step = step_t
-                    bias_correction2 = F.rsub(F.pow(beta2, step_t), 1)
+                    # in float64, as eager's Python floats (float32 was 2e-5 off per update)
+                    step = F.cast(step_t, dtypes.float64)
+                    bias_correction2 = F.rsub(F.pow(beta2, step), 1)
                     mu = F.mul(F.rsub(F.mul(F.pow(0.96, F.mul(step, momentum_decay)), 0.5), 1),
                                beta1)
                     mu_next = F.mul(F.rsub(F.mul(F.pow(0.96, F.mul(F.add(step, 1),

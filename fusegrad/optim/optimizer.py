@@ -264,6 +264,11 @@ class Optimizer:
                           chain.from_iterable(g["params"] for g in groups), strict=True))
 
         def cast(param: Tensor, value, key=None):
+            if not isinstance(value, (Tensor, dict, list, tuple)):
+                # A torch optimizer's state dict holds torch tensors (the layout is the same):
+                # copied into fusegrad tensors, as Module.load_state_dict does.
+                from fusegrad.nn.modules.module import _checkpoint_tensor
+                value = _checkpoint_tensor(value)
             if isinstance(value, Tensor):
                 if key == "step":
                     return F.clone(value)

@@ -238,9 +238,10 @@ def _compile_object(ir_text: str, keep_ir: bool = False,
 
 
 # LLVM prints "warning: ... loop not vectorized: the optimizer was unable to perform the
-# requested transformation" to the process's stderr when a short loop that the kernel asks to
+# requested transformation" (and "remark: ... loop not vectorized: value that could not be
+# identified as reduction ...") to the process's stderr when a loop that the kernel asks to
 # vectorize (KernelPrinter.loop) cannot be: expected, and nothing a user can act on.
-_MISSED = b"loop not vectorized: the optimizer was unable to perform the requested"
+_MISSED = b"loop not vectorized"
 
 
 _stderr_lock = threading.Lock()

@@ -256,7 +256,9 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool) -> Grap
     try:
         with swap_module_state(module, sym_state) if module is not None else contextlib.nullcontext(), \
                 capturing(cap) if cap is not None else contextlib.nullcontext():
-            out = target(*sym_args, **sym_kwargs)
+            # A module runs through __call__: its own forward hooks and pre-hooks are part
+            # of what it computes (fg.compile(model) skipped them).
+            out = (module if module is not None else target)(*sym_args, **sym_kwargs)
             out_leaves, out_tree = tree_flatten(out)
             # Still active: an output may be a free variable (a tensor of an enclosing trace).
             outputs = [tr.operand(t) for t in out_leaves]

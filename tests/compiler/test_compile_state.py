@@ -1223,3 +1223,48 @@ def test_tensor_learning_rate_replaced_between_calls_is_seen(new_lr):
             opt.param_groups[0]["lr"] = fg.tensor(0.0) if new_lr == "tensor" else 0.0
     edited_between_calls(lambda m: fg.optim.SGD(m.parameters(), lr=fg.tensor(0.1),
                                                 momentum=0.9), edit, steps=6)
+
+
+@pytest.mark.parametrize("name", ["radam", "nadam"])
+def test_compiled_radam_and_nadam_updates_equal_eager_updates(name):
+    # Compiled, they take their capturable branch, whose step factors were float32: RAdam's
+    # rectifier (rho_inf - a number close to it) was 0.5% off in early steps.
+    rng = np.random.default_rng(0)
+    w0, gs = rng.standard_normal(64).astype(np.float32), rng.standard_normal((12, 64))
+
+    def run(compiled):
+        w = fg.nn.Parameter(fg.tensor(w0))
+        make = {"radam": fg.optim.RAdam, "nadam": fg.optim.NAdam}[name]
+        opt = make([w], lr=0.01)
+
+        def step(g):
+            opt.zero_grad()
+            (w * g).sum().backward()
+            opt.step()
+        f = fg.compile(step) if compiled else step
+        ws = [w0.astype(np.float64)]
+        for g in gs:
+            f(fg.tensor(g.astype(np.float32)))
+            ws.append(w.detach().numpy().astype(np.float64))
+        return np.diff(np.array(ws), axis=0)
+    eager, compiled = run(False), run(True)
+    for e, c in zip(eager, compiled):
+        assert np.abs(c - e).max() <= 1e-4 * np.abs(e).max()
+
+
+def test_a_compiled_modules_own_hooks_run():
+    # fg.compile(model) traced model.forward: the model's own forward hooks and pre-hooks
+    # (registered before or after compiling) were skipped.
+    fg.manual_seed(0)
+    m = fg.nn.Sequential(fg.nn.Linear(3, 2), fg.nn.ReLU())
+    cm = fg.compile(m)
+    x = fg.randn(4, 3)
+
+    def same():
+        np.testing.assert_allclose(cm(x).detach().numpy(), m(x).detach().numpy(), rtol=1e-6)
+    m.register_forward_hook(lambda mod, args, out: out * 10)
+    same()
+    handle = m.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    same()
+    handle.remove()
+    same()

@@ -142,8 +142,6 @@ def _write_method(method: str, view: Callable, *consts) -> Callable:
 EAGER_LEAF_WRITE = ("eager bug: an in-place write of a leaf tensor (copy_/setitem of a value "
                     "with grad_fn None) drops its gradient and keeps the old one of the "
                     "overwritten region (functional._rebase_history returns early)")
-EAGER_SILU_INPLACE = ("eager bug: silu(inplace=True) overwrites the input its composite saved "
-                      "for backward, so backward() raises a version-counter error")
 # Tracer-side bugs in fusegrad/ops/functional.py.setitem (owned elsewhere).
 TRACE_SETITEM_INDEX = ("functional.setitem under a trace: writes through integer-tensor "
                        "indices are lost (getitem gathers a copy with no base, and copy_ only "
@@ -452,8 +450,7 @@ case("nn.relu", lambda x: NF.relu(x), X(3, 4, layout="T"))
 case("nn.gelu", lambda x: NF.gelu(x), X(3, 4))
 case("nn.gelu-tanh", lambda x: NF.gelu(x, approximate="tanh"), X(3, 4, layout="S"))
 case("nn.silu", lambda x: NF.silu(x), X(3, 4))
-case("nn.silu-inplace", lambda x: NF.silu(x * 1, inplace=True), X(3, 4),
-     xfail_grad=EAGER_SILU_INPLACE)
+case("nn.silu-inplace", lambda x: NF.silu(x * 1, inplace=True), X(3, 4))
 case("nn.softplus", lambda x: NF.softplus(x, beta=2.0, threshold=3.0), X(3, 4))
 case("nn.leaky_relu", lambda x: NF.leaky_relu(x, 0.1), X(3, 4))
 case("nn.leaky_relu-inplace", lambda x: NF.leaky_relu(x * 1, 0.2, inplace=True), X(3, 4))
