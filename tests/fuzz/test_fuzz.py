@@ -219,6 +219,17 @@ def test_a_pole_or_comparison_at_cancellation_noise_compares_loosely():
     assert not _at_a_pole(tiny, values, _summed(tiny, values), 2)
 
 
+def test_sine_of_a_large_argument_compares_with_the_arguments_magnitude():
+    # Seed 20261205, program 3509: sin(-7 ** layer_norm(x)) with arguments up to 158. One ulp
+    # of the argument is 1.5e-5 of the result, which the simulated CUDA kernels' order of
+    # summation (in the layer norm) moved; sin is compared as a cancelling op now.
+    program, _ = program_for(20261205, 3509, max_ops=16)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        result = check_program(program, Settings(finite_differences=False))
+    assert not result.unexplained, report(result)
+
+
 def test_a_compiled_function_is_checked():
     # A program the compiled path gets right has no mismatches; its gradients are checked
     # (compiled against eager, eager float64 against central differences).
