@@ -12,6 +12,7 @@ counters.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 M0, M1 = 0xD2511F53, 0xCD9E8D57
@@ -54,20 +55,16 @@ def counters_used(n: int) -> int:
     return (n + 3) // 4
 
 
-# Random bits per number of each dtype: its significand's digits, as torch draws them, so
-# that every value is exact and below 1 (a float32 uniform rounded to float16 reaches 1.0,
-# whose log in Box-Muller is an infinite normal). float64 takes two words per number.
-_DIGITS = {np.dtype(np.float64): 53, np.dtype(np.float32): 24, np.dtype(np.float16): 11}
-
-
 def words_per_number(dtype) -> int:
     """32-bit words one number of ``dtype`` takes: 2 for float64 and int64, else 1."""
     return 2 if np.dtype(dtype).itemsize == 8 else 1
 
 
 def uniform(seed: int, offset: int, shape, dtype=np.float32) -> np.ndarray:
-    """Numbers of ``dtype`` in [0, 1): the top ``digits`` random bits scaled by 2**-digits
-    (53 of two words for float64; 8 for bfloat16). ``int64``: non-negative 63-bit integers
+    """Numbers of ``dtype`` in [0, 1): as many random bits as its significand has digits (as
+    torch draws them), scaled by 2**-digits, so that every value is exact and below 1 (a
+    float32 uniform rounded to float16 reaches 1.0, whose log in Box-Muller is an infinite
+    normal). float64 takes two words per number. ``int64``: non-negative 63-bit integers
     from two words (``randint`` reduces them to its range)."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
@@ -76,8 +73,7 @@ def uniform(seed: int, offset: int, shape, dtype=np.float32) -> np.ndarray:
         bits = (w[:, 0] << np.uint64(32)) | w[:, 1]
         if dtype == np.int64:
             return (bits >> np.uint64(1)).astype(np.int64).reshape(shape)
-        return ((bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53).astype(
-            dtype).reshape(shape)
-    digits = _DIGITS.get(dtype, 8)           # bfloat16 (ml_dtypes): 8 significand digits
+        return ((bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53).reshape(shape)
+    digits = ml_dtypes.finfo(dtype).nmant + 1        # float32 24, float16 11, bfloat16 8
     bits = random_bits(seed, offset, n) >> np.uint32(32 - digits)
     return (bits.astype(np.float32) * np.float32(2.0 ** -digits)).astype(dtype).reshape(shape)

@@ -341,12 +341,6 @@ class Program:
         # When every output is a buffer the program writes, return those without checks.
         plain = all(isinstance(o, Value) and o in self.slots and self.slots[o] in
                     self.output_slots for o in self.graph.outputs)
-        # An output given twice (two zero gradients of one shape, merged by CSE) is returned
-        # as copies: the caller may keep both and write each in place.
-        seen: set = set()
-        self._repeated_outputs = [k for k, o in enumerate(self.graph.outputs)
-                                  if isinstance(o, Value) and (o in seen or seen.add(o))]
-        plain = plain and not self._repeated_outputs
         self._plain_outputs = [self.slots[o] for o in self.graph.outputs] if plain else None
 
     # ------------------------------------------------------------------ slots
@@ -636,10 +630,7 @@ class Program:
                 step.run(self)
         if self._plain_outputs is not None:
             return [self.arrays[s] for s in self._plain_outputs]
-        outs = [self._output(o) for o in self.graph.outputs]
-        for k in self._repeated_outputs:
-            outs[k] = outs[k].copy()
-        return outs
+        return [self._output(o) for o in self.graph.outputs]
 
     def _output(self, o) -> np.ndarray:
         if isinstance(o, Literal):

@@ -99,9 +99,7 @@ class StateCapture:
         self.grad_guards: dict[Value, tuple | None] = {}
         self.scalars: list[tuple[Callable[[], Any], SymbolicTensor]] = []
         self.optimizers: list = []
-        # id -> module, for every module called while tracing (Module.__call__ adds itself):
-        # the guard compares their state, however the function reached them.
-        self.modules: dict[int, Any] = {}
+        self.modules: dict[int, Any] = {}          # id -> module called (note_module)
         self._optimizer_snapshots: list = []
         self._optimizer_signatures: list = []
         self.did_backward = False
@@ -425,6 +423,11 @@ class StateCapture:
 
     # ------------------------------------------------------------------ optimizers
 
+    def note_module(self, module) -> None:
+        """Called by ``Module.__call__`` while tracing: the entry's guard compares this
+        module's state, however the function reached it."""
+        self.modules[id(module)] = module
+
     def enter_optimizer(self, opt) -> list:
         """Called as ``opt.step()`` starts under this capture: guard its state and make its
         float learning rates graph inputs. Returns what :meth:`exit_optimizer` restores."""
@@ -533,8 +536,9 @@ class StateCapture:
         return info
 
 
-def _root(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
+def _root(a):
+    """The array owning ``a``'s memory (``a`` itself for a device array or a base)."""
+    while isinstance(getattr(a, "base", None), np.ndarray):
         a = a.base
     return a
 

@@ -51,6 +51,7 @@ from fusegrad.passes.manager import PassManager
 from fusegrad.passes.partition import partition_joint
 from fusegrad.runtime.cpu import Program
 from fusegrad.tensor import Tensor
+from fusegrad.tracer.capture import OptimizerGuard, _root
 from fusegrad.tracer.guards import ClosureGuard, ModuleGuard, hashable, module_flags
 from fusegrad.tracer.trace import (
     arg_input_ranges,
@@ -326,7 +327,7 @@ class CompiledFunction:
                 return self.fn(*args, **kwargs)
             self.cache.setdefault(key, []).append(entry)
             self._last_key = key
-        if key[4] and _writes_an_argument(entry):
+        if key[_ALIASES] and _writes_an_argument(entry):
             # f(a, a), or two slices of one tensor, where the function writes one of them in
             # place: the trace took them for separate inputs, and the other would not see
             # the write. Eager sees it. (What the trace did, e.g. an optimizer's first-step
@@ -725,12 +726,7 @@ def _alias_pattern(tensors) -> tuple:
     tensor, the position of the first one sharing its storage; () when none do."""
     if len(tensors) < 2:
         return ()
-    roots = []
-    for t in tensors:
-        d = t._data
-        while isinstance(getattr(d, "base", None), np.ndarray):
-            d = d.base
-        roots.append(id(d))
+    roots = [id(_root(t._data)) for t in tensors]
     if len(set(roots)) == len(roots):
         return ()
     first: dict[int, int] = {}
@@ -807,7 +803,6 @@ def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
     if closure.empty and modules.empty and not info.lifted and not grad_guards and \
             not cap.optimizers:
         return None
-    from fusegrad.tracer.capture import OptimizerGuard
     same = operator.is_
     lifted = tuple(t for t, _ in info.lifted)
     lifted_shapes = [t._data.shape for t in lifted]
@@ -867,10 +862,15 @@ def _tree_key(tree) -> Any:
             tree.meta if tree.kind == "dict" else None)
 
 
+# The parts of CompiledFunction._key before one part per tensor argument.
+_KEY_PARTS = ("grad mode", "default dtype", "static arguments", "argument structure",
+              "arguments sharing storage")
+_ALIASES = _KEY_PARTS.index("arguments sharing storage")
+
+
 def _changed_guards(keys: list) -> list[str]:
     """Which parts of the guard keys ``keys`` (see ``CompiledFunction._key``) differ."""
-    names = ["grad mode", "default dtype", "static arguments", "argument structure",
-             "arguments sharing storage"]
+    names = _KEY_PARTS
     fields = ("shape", "dtype", "leafness", "requires_grad", "memory layout")
     changed = []
     for i in range(max(len(k) for k in keys)):
@@ -903,8 +903,7 @@ def _recompile_limit_message(cf: "CompiledFunction", key) -> str:
 
 
 def _diff(old, new) -> str:
-    names = ["grad mode", "default dtype", "static arguments", "argument structure",
-             "arguments sharing storage"]
+    names = _KEY_PARTS
     for i, (a, b) in enumerate(zip(old, new)):
         if a != b:
             what = names[i] if i < len(names) else f"tensor {i - len(names)} (shape, dtype, " \

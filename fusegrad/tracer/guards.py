@@ -64,11 +64,13 @@ def _is_scalar(v) -> bool:
                                        all(isinstance(x, _SCALARS) for x in v))
 
 
-def _snapshot(v) -> tuple[str, Any]:
-    return ("eq", v) if _is_scalar(v) else ("is", None)
+def _kind(v) -> str:
+    """How a value is compared with what it was: numbers, strings and tuples of them by value
+    ("eq"), anything else by identity ("is")."""
+    return "eq" if _is_scalar(v) else "is"
 
 
-def _holds(kind: str, saved, old, new) -> bool:
+def _holds(kind: str, old, new) -> bool:
     if kind == "eq":
         return type(new) is type(old) and (new == old or new != new and old != old)  # NaN
     return new is old
@@ -99,7 +101,7 @@ def _same_state(old: list, new: list) -> bool:
             if a != b or len(values) != len(values2) or \
                     not all(map(operator.is_, values, values2)):
                 return False
-        elif not _holds(kind, None, a, b):
+        elif not _holds(kind, a, b):
             return False
     return True
 
@@ -142,8 +144,8 @@ class ClosureGuard:
     __slots__ = ("cells", "globals_", "modules")
 
     def __init__(self):
-        self.cells: list[tuple[Any, str, Any, Any]] = []       # cell, kind, saved, value
-        self.globals_: list[tuple[dict, str, str, Any, Any]] = []   # dict, name, kind, ...
+        self.cells: list[tuple[Any, str, Any]] = []            # cell, kind, value
+        self.globals_: list[tuple[dict, str, str, Any]] = []   # dict, name, kind, value
         self.modules: list = []         # the modules among them, for a ModuleGuard
 
     @classmethod
@@ -169,24 +171,20 @@ class ClosureGuard:
             for name in _names(code):
                 if name in glob:
                     v = glob[name]
-                    if isinstance(v, types.ModuleType):
-                        continue
-                    kind, saved = _snapshot(v)
-                    self.globals_.append((glob, name, kind, saved, v))
-                    self._follow(v, depth, seen)
-                    if _is_module(v):
-                        self.modules.append(v)
+                    if not isinstance(v, types.ModuleType):
+                        self.globals_.append((glob, name, _kind(v), v))
+                        self._follow(v, depth, seen)
 
     def _record_cell(self, cell, v, depth: int, seen: set) -> None:
-        if isinstance(v, types.ModuleType):
-            return
-        kind, saved = _snapshot(v)
-        self.cells.append((cell, kind, saved, v))
-        self._follow(v, depth, seen)
-        if _is_module(v):
-            self.modules.append(v)
+        if not isinstance(v, types.ModuleType):
+            self.cells.append((cell, _kind(v), v))
+            self._follow(v, depth, seen)
 
     def _follow(self, v, depth: int, seen: set) -> None:
+        """A recorded value: a module is guarded by a ModuleGuard, a user's function read in
+        turn."""
+        if _is_module(v):
+            self.modules.append(v)
         if isinstance(v, (types.FunctionType, types.MethodType)) and \
                 not getattr(v, "__module__", "").startswith("fusegrad"):
             self._add(v, depth + 1, seen)
@@ -197,16 +195,16 @@ class ClosureGuard:
 
     def holds(self) -> bool:
         """Whether every recorded name still holds what it held at trace time."""
-        for cell, kind, saved, old in self.cells:
+        for cell, kind, old in self.cells:
             try:
                 new = cell.cell_contents
             except ValueError:
                 return False
-            if not _holds(kind, saved, old, new):
+            if not _holds(kind, old, new):
                 return False
         missing = _MISSING
-        for glob, name, kind, saved, old in self.globals_:
-            if not _holds(kind, saved, old, glob.get(name, missing)):
+        for glob, name, kind, old in self.globals_:
+            if not _holds(kind, old, glob.get(name, missing)):
                 return False
         return True
 

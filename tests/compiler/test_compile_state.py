@@ -1249,7 +1249,8 @@ def test_compiled_radam_and_nadam_updates_equal_eager_updates(name):
         return np.diff(np.array(ws), axis=0)
     eager, compiled = run(False), run(True)
     for e, c in zip(eager, compiled):
-        assert np.abs(c - e).max() <= 1e-4 * np.abs(e).max()
+        # float32 rounding of the elementwise update: 2.7e-6 for NAdam (1.7e-5 before)
+        assert np.abs(c - e).max() <= 1e-5 * np.abs(e).max()
 
 
 def test_a_compiled_modules_own_hooks_run():

@@ -135,16 +135,22 @@ def test_products_that_overflow_on_the_way_compare_loosely():
     assert "differ" in compare(t([nan]), t([inf]), 1e-5, 0.0)
 
 
+def assert_explained(seed: int, index: int, **draw) -> None:
+    """Program ``index`` of ``seed`` runs every way with no unexplained mismatch (a fuzzer
+    finding whose tolerance rule is now in place)."""
+    program, _ = program_for(seed, index, **draw)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        result = check_program(program, Settings(finite_differences=False))
+    assert not result.unexplained, report(result)
+
+
 def test_products_that_pass_through_the_subnormals_compare_by_sign():
     # seed 20261203, program 1247: the bfloat16 product of [2.2e-35, 2.9e32, 3.5e-3, 2.8e-11,
     # 2.5e-8] is 1.63e-23 multiplied in order; the simulated CUDA kernel's shuffle tree makes
     # 2.2e-35 * 2.5e-8 * 3.5e-3 first, 1.4 times the smallest float32 subnormal, rounded to 1:
     # its result is 1.16e-23. Only the sign of such a product is order-independent.
-    program, _ = program_for(20261203, 1247)
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        result = check_program(program, Settings(finite_differences=False))
-    assert not result.unexplained, report(result)
+    assert_explained(20261203, 1247)
     t = fg.tensor
     assert compare(t([1.16e-23]), t([1.63e-23]), 1e-2, 0.0, unordered=True) is None
     assert "differ" in compare(t([-1.16e-23]), t([1.63e-23]), 1e-2, 0.0, unordered=True)
@@ -166,11 +172,7 @@ def test_matmul_terms_that_overflow_compare_loosely(seed, index):
     # -inf where the simulated CUDA kernel (separate multiplies and adds) adds an overflowed
     # +inf term to -inf: NaN. Which infinity or NaN is order-dependent, and so is a bool
     # computed from it (seed 20261203, program 4396: `isnan` of the product).
-    program, _ = program_for(seed, index)
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        result = check_program(program, Settings(finite_differences=False))
-    assert not result.unexplained, report(result)
+    assert_explained(seed, index)
     from fusegrad.testing.fuzz import _overflows_on_the_way
     values = [fg.tensor([[1e200, -1e200]], dtype=fg.float64), fg.tensor([[1e150], [1e150]],
                                                                            dtype=fg.float64)]
@@ -183,11 +185,7 @@ def test_products_whose_large_factors_overflow_together_compare_loosely():
     # Seed 1202, program 1533: a float32 prod of 32 values holding 9.2e18, 9.2e18, -9.2e17,
     # -9.2e17 and a zero. No two factors overflow together, but the four do: eager's order
     # reaches the zero first (0), the CUDA kernel's tree meets inf * 0 (NaN).
-    program, _ = program_for(1202, 1533, max_ops=14)
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        result = check_program(program, Settings(finite_differences=False))
-    assert not result.unexplained, report(result)
+    assert_explained(1202, 1533, max_ops=14)
     from fusegrad.testing.fuzz import _overflows_on_the_way
     x = fg.tensor([[9e18, 9e18, 9e18, 0.0], [1.0, 2.0, 3.0, 4.0]])
     assert _overflows_on_the_way(Op("reduce", (0,), ("prod", None, False, None)), [x])
@@ -201,11 +199,7 @@ def test_a_pole_or_comparison_at_cancellation_noise_compares_loosely():
     # ``where(mean > 0, mean, y)`` its sign picks a side, and it is 2e-9 in eager's order of
     # summation and below 0 in the CUDA kernel's. Reduced: ``log`` of the same sum is -17.3
     # in one order and -inf in another.
-    program, _ = program_for(31415, 2070, max_ops=16)
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        result = check_program(program, Settings(finite_differences=False))
-    assert not result.unexplained, report(result)
+    assert_explained(31415, 2070, max_ops=16)
     from fusegrad.testing.fuzz import _all_values, _at_a_pole, _summed
     logged = Program([Input((4,), "float32", "normal", 0), Op("layer_norm", (0,), (1,)),
                       Op("reduce", (1,), ("sum", None, False, None)),
@@ -223,11 +217,7 @@ def test_sine_of_a_large_argument_compares_with_the_arguments_magnitude():
     # Seed 20261205, program 3509: sin(-7 ** layer_norm(x)) with arguments up to 158. One ulp
     # of the argument is 1.5e-5 of the result, which the simulated CUDA kernels' order of
     # summation (in the layer norm) moved; sin is compared as a cancelling op now.
-    program, _ = program_for(20261205, 3509, max_ops=16)
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        result = check_program(program, Settings(finite_differences=False))
-    assert not result.unexplained, report(result)
+    assert_explained(20261205, 3509, max_ops=16)
 
 
 def test_a_compiled_function_is_checked():

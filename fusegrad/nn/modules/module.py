@@ -161,8 +161,7 @@ class Module:
 
     def __call__(self, *args, **kwargs):
         if primitive.CAPTURE:
-            # A compiled function is being traced: its guard compares this module's state.
-            primitive.CAPTURE[-1].modules[id(self)] = self
+            primitive.CAPTURE[-1].note_module(self)     # a compiled function is being traced
         compiled = self.__dict__.get("_compiled_call")
         if compiled is not None and not primitive.CAPTURE and not any(
                 isinstance(a, Tensor) and a._trace is not None for a in args):
