@@ -53,12 +53,16 @@ class Size(tuple):
 
 
 class _VersionCounter:
-    """Shared by a tensor and its views: bumped by every in-place write."""
+    """Shared by a tensor and its views: bumped by every in-place write. Where an in-place
+    view op (``t_``, ``squeeze_``) changed the base's own layout, its views' ops start from
+    the layout the base was made with: ``layout`` holds the view ops from there to the
+    base's layout now, ``undo`` those back."""
 
-    __slots__ = ("value",)
+    __slots__ = ("value", "layout", "undo")
 
     def __init__(self):
         self.value = 0
+        self.layout = self.undo = ()
 
 
 _TYPE_STRINGS = {
@@ -315,6 +319,7 @@ class Tensor:
         if self._post_accumulate_grad_hooks is None:
             self._post_accumulate_grad_hooks = []
         self._post_accumulate_grad_hooks.append(hook)
+        HOOK_VERSION[0] += 1
         return _HookHandle(self._post_accumulate_grad_hooks, hook)
 
     def retain_grad(self) -> None:
@@ -353,6 +358,7 @@ class Tensor:
                 self._hooks = []
             self._hooks.append(hook)
             hooks = self._hooks
+        HOOK_VERSION[0] += 1
         return _HookHandle(hooks, hook)
 
     def backward(self, gradient=None, retain_graph: bool | None = None,
@@ -374,7 +380,13 @@ class Tensor:
 
     @property
     def data(self) -> "Tensor":
-        return self.detach()
+        out = self.detach()
+        if out is not self and out._trace is None and not _primitive.CAPTURE:
+            # torch's .data: the same storage, a version of its own, so that a write through
+            # it (w.data.clamp_(-c, c) between forward and backward) is not an error for the
+            # tensors autograd saved (detach() shares the version and refuses)
+            out._version_counter = _VersionCounter()
+        return out
 
     @data.setter
     def data(self, value: "Tensor") -> None:
@@ -525,6 +537,11 @@ def _contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+# Moved by every registration and removal of a tensor's gradient hooks: a compiled step
+# compares its captured tensors' hooks only when it moved.
+HOOK_VERSION = [0]
+
+
 class _HookHandle:
     def __init__(self, hooks: list, hook):
         self._hooks, self._hook = hooks, hook
@@ -532,6 +549,7 @@ class _HookHandle:
     def remove(self) -> None:
         if self._hook in self._hooks:
             self._hooks.remove(self._hook)
+            HOOK_VERSION[0] += 1
 
 
 _primitive._make_tensor = Tensor._wrap

@@ -539,6 +539,110 @@ def test_custom_function_wrong_number_of_gradients():
         Bad.apply(x, x).sum().backward()
 
 
+class MatMul(fg.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        return grad @ w.t(), x.t() @ grad
+
+
+def test_custom_function_inside_compile_keeps_its_gradient():
+    """Traced, the user's backward is the compiled backward: a whole step with
+    loss.backward() inside, a compiled forward with the backward outside, and
+    autograd.grad inside (the gradient was lost: w.grad stayed None)."""
+    xs = fg.tensor(arr(4, 3))
+    w0 = arr(3, 2) + 1.0
+    want_w = (xs.numpy().T @ np.ones((4, 2)))            # d sum(x @ w) / dw
+
+    w = fg.tensor(w0, requires_grad=True)
+
+    @fg.compile
+    def step(x):
+        loss = (MatMul.apply(x, w) * 1).sum()
+        loss.backward()
+        return loss
+    for calls in (1, 2, 3):
+        step(xs)
+        assert_close(w.grad, want_w * calls)
+
+    w.grad = None
+    out = fg.compile(lambda x: MatMul.apply(x, w).sin().sum())(xs)
+    assert out.requires_grad
+    out.backward()
+    assert_close(w.grad, xs.numpy().T @ np.cos(xs.numpy() @ w0))
+
+    g = fg.compile(lambda x: fg.autograd.grad(Square.apply(x * w[0, 0]).sum(), [x])[0])
+    x = fg.tensor(arr(5), requires_grad=True)
+    assert_close(g(x), 2 * x.detach().numpy() * w0[0, 0] ** 2)
+
+
+def test_custom_function_saved_tensor_modified_in_place_is_refused():
+    a = fg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    h = a * 1
+    y = Square.apply(h)
+    h.mul_(10)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_custom_function_gradients_are_checked_as_torch_checks_them():
+    class Broadcast(fg.autograd.Function):        # a gradient of a broadcast shape: summed
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad.expand(2, 3)
+
+    class Scalar(fg.autograd.Function):           # a gradient no broadcast explains: refused
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad.sum()
+
+    x = fg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    Broadcast.apply(x).sum().backward()
+    assert_close(x.grad, [2.0, 2.0, 2.0])
+    with pytest.raises(RuntimeError, match=r"ScalarBackward returned an invalid gradient at index "
+                                           r"0 - got \[\] but expected shape compatible with \[3\]"):
+        (Scalar.apply(x) * fg.tensor([1.0, 2.0, 3.0])).sum().backward()
+
+
+def test_once_differentiable_and_unsupported_ctx_features():
+    class Twice(fg.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        @fg.autograd.function.once_differentiable
+        def backward(ctx, grad):
+            assert not fg.is_grad_enabled()
+            return grad * 2
+
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    Twice.apply(x).sum().backward()
+    assert_close(x.grad, [2.0, 2.0])
+
+    class Dirty(fg.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.mark_dirty(x)
+            return x.add_(1)
+
+    with pytest.raises(NotImplementedError, match="mark_dirty"):
+        Dirty.apply(x * 1)
+
+
 # --------------------------------------------------------------------------- gradcheck itself
 
 
@@ -687,3 +791,27 @@ def test_a_gradient_viewing_an_array_held_elsewhere_is_copied():
     assert not _alias(a.grad, b.grad)
     a.grad.add_(1.0)
     assert_close(b.grad, np.ones((2, 2)))
+
+
+def test_writes_through_data_are_not_seen_by_autograd():
+    """torch's .data has a version of its own: clipping a weight through it between forward
+    and backward is allowed (through detach() it is refused), and the backward reads the
+    clipped values."""
+    x = fg.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    y = x.tanh()                                    # saves its output
+    y.data.mul_(0.5)
+    y.sum().backward()
+    t = np.tanh(np.array([0.5, -1.0, 2.0], dtype=np.float32)) * 0.5
+    assert_close(x.grad, 1 - t * t)
+    w = fg.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    inp = fg.tensor([[1.0, 1.0]], requires_grad=True)
+    out = inp @ w
+    w.data.clamp_(-0.5, 0.5)
+    out.sum().backward()
+    assert_close(inp.grad, [[1.0, 1.0]])
+    assert w._version == 0
+    z = fg.tensor([1.0, 2.0], requires_grad=True)
+    h = z.exp()
+    h.detach().mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        h.sum().backward()

@@ -15,6 +15,8 @@ import pytest
 import fusegrad as fg
 from fusegrad import dtypes
 
+F = fg.nn.functional
+
 SHORT = {"b": fg.bool, "u8": fg.uint8, "i8": fg.int8, "i16": fg.int16, "i32": fg.int32,
          "i64": fg.int64, "f16": fg.float16, "bf16": fg.bfloat16, "f32": fg.float32,
          "f64": fg.float64}
@@ -255,3 +257,63 @@ def test_bfloat16_values_and_item():
     assert x.tolist() == [1.0, 1.0, 3.140625]
     assert isinstance(x[2].item(), float) and x[2].item() == 3.140625
     assert x.float().dtype is fg.float32
+
+
+# --------------------------------------------------------------------------- 16-bit accumulation
+
+
+def _half_rows(seed=0, shape=(4, 2000), scale=10.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_reductions_accumulate_in_float32(dtype):
+    """A float16 sum of 1000 hundreds is inf (65504 at most), their mean is 100: means,
+    variances and norms of 16-bit tensors compute in float32 and round once, as torch's."""
+    dt = getattr(fg, dtype)
+    x = fg.full((1000,), 100.0).to(dt)
+    assert x.mean().item() == 100.0 and x.mean().dtype is dt
+    assert fg.compile(lambda a: a.mean())(x).item() == 100.0
+    r = _half_rows(shape=(1000,))
+    h = fg.tensor(r).to(dt)
+    wide = h.float().numpy().astype(np.float64)             # the 16-bit values, exactly
+    rel = 1e-2 if dtype == "bfloat16" else 1e-3
+    np.testing.assert_allclose(h.var().item(), wide.var(ddof=1), rtol=rel)
+    np.testing.assert_allclose(h.std().item(), wide.std(ddof=1), rtol=rel)
+    np.testing.assert_allclose(h.norm().item(), np.linalg.norm(wide), rtol=rel)
+    np.testing.assert_allclose(fg.linalg.vector_norm(h).item(), np.linalg.norm(wide), rtol=rel)
+    np.testing.assert_allclose(F.mse_loss(h, h * 0).item(), (wide ** 2).mean(), rtol=rel)
+    pooled = F.avg_pool1d((h * 100).view(1, 1, 1000), 1000).item()
+    np.testing.assert_allclose(pooled, (wide * 100).mean(), rtol=rel, atol=0.5)
+
+
+def test_16_bit_normalization_layers_match_float32():
+    r = _half_rows()                                         # rows of 2000: sum of squares 2e5
+    h = fg.tensor(r).half()
+    want_rows = (r - r.mean(1, keepdims=True)) / np.sqrt(r.var(1, keepdims=True) + 1e-5)
+    got = F.layer_norm(h, (2000,)).float().numpy()
+    np.testing.assert_allclose(got, want_rows, rtol=2e-3, atol=4e-3)
+    got = F.group_norm(h.view(2, 4, 1000), 2).float().numpy().reshape(4, 2000)
+    np.testing.assert_allclose(got, want_rows, rtol=2e-3, atol=4e-3)
+    bn = fg.nn.BatchNorm1d(4).half()
+    got = bn(h.t().contiguous()).detach().float().numpy().T
+    np.testing.assert_allclose(got, want_rows, rtol=2e-3, atol=4e-3)
+    np.testing.assert_allclose(bn.running_mean.float().numpy(), 0.1 * r.mean(1), rtol=2e-2,
+                               atol=2e-3)
+    got = F.rms_norm(h, (2000,)).float().numpy()
+    want = r / np.sqrt((r ** 2).mean(1, keepdims=True) + np.finfo(np.float16).eps)
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=4e-3)
+
+
+def test_16_bit_attention_scores_do_not_overflow():
+    """q @ k.T of 1e5 is inf in float16; the scaled scores are not."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 1, 4, 64)).astype(np.float32) * 40 for _ in range(3))
+    s = (q @ k.transpose(0, 1, 3, 2)) / 8.0
+    w = np.exp(s - s.max(-1, keepdims=True))
+    want = (w / w.sum(-1, keepdims=True)) @ v
+    qh, kh, vh = (fg.tensor(a).half() for a in (q, k, v))
+    for fn in (F.scaled_dot_product_attention, fg.compile(F.scaled_dot_product_attention)):
+        got = fn(qh, kh, vh).float().numpy()
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=0.5)

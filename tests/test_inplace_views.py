@@ -80,6 +80,61 @@ def test_gradients_flow_through_the_changed_tensor():
     np.testing.assert_array_equal(b.grad.numpy(), [[0, 1, 2], [0, 0, 0]])
 
 
+def test_views_taken_before_the_base_changed_layout_keep_their_elements():
+    """A view of ``b`` taken before ``b.t_()`` still reads (and gets gradients for) the
+    elements it viewed; a view taken after starts from the new layout. The gradient went to
+    the transposed positions, or replaying the view on the new layout raised."""
+    a = fg.tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
+    b = a * 1
+    row = b[0]                                           # a[0, :]
+    b.t_()                                               # (3, 2)
+    col = b[:, 1]                                        # a[1, :], taken after
+    loss = (row * fg.tensor([1.0, 2.0, 3.0])).sum() + (col * fg.tensor([10.0, 20.0, 30.0])).sum() \
+        + (b * fg.tensor(np.arange(6, dtype=np.float32).reshape(3, 2))).sum()
+    loss.backward(retain_graph=True)
+    # row: a[0] gets [1, 2, 3]; col: a[1] gets [10, 20, 30]; b: a[i, j] gets b's weight [j, i]
+    np.testing.assert_array_equal(a.grad.numpy(), [[1, 4, 7], [11, 23, 35]])
+    row.mul_(2)                                          # a write through the old view
+    np.testing.assert_array_equal(b.detach().numpy().T[0], [0, 2, 4])
+    a.grad = None
+    (b * b).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), [[0, 8, 16], [6, 8, 10]])
+
+
+def test_views_and_in_place_layout_changes_in_any_order_match_torch():
+    torch = pytest.importorskip("torch")
+    import random
+
+    def run(lib, seed):
+        rng = random.Random(seed)
+        a = lib.tensor(np.arange(24.0).reshape(2, 3, 4) / 7, requires_grad=True)
+        views = [a * 1]
+        for _ in range(6):
+            t, r = views[rng.randrange(len(views))], rng.random()
+            if r < 0.25 and t.dim() >= 2:
+                t.transpose_(*rng.sample(range(t.dim()), 2))
+            elif r < 0.4:
+                t.unsqueeze_(0)
+            elif r < 0.5:
+                t.squeeze_()
+            elif r < 0.75 and t.dim() >= 1 and t.shape[0] > 1:
+                views.append(t[1:])
+            elif t.dim() >= 2:
+                views.append(t.transpose(0, t.dim() - 1))
+            else:
+                t.mul_(3)
+            if rng.random() < 0.3:
+                views[rng.randrange(len(views))].mul_(2)
+        sum((v * v).sum() * (i + 1) for i, v in enumerate(views)).backward()
+        return a.grad.detach().numpy(), [tuple(v.shape) for v in views]
+
+    for seed in range(120):
+        got, shapes = run(fg, seed)
+        want, want_shapes = run(torch, seed)
+        assert shapes == want_shapes, seed
+        np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"seed {seed}")
+
+
 def test_a_view_stays_a_view_of_its_base():
     base = fg.zeros(2, 3)
     v = base[0]

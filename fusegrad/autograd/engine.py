@@ -89,7 +89,7 @@ def _refresh_view(t) -> None:
         return
     with set_grad_enabled(True):
         v = base
-        for prim, attrs in t._view_ops:
+        for prim, attrs in t._version_counter.undo + t._view_ops:
             v = _primitive.bind(prim, v, **attrs)
     t.grad_fn, t._requires_grad = v.grad_fn, v._requires_grad
 
@@ -375,12 +375,15 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
         roots.append((node, g))
 
     captures: dict[Node, int] = {}
+    repeats: list[tuple[int, int]] = []      # an input given twice: (its index, the first's)
     if inputs is not None:
         for i, t in enumerate(inputs):
             node, _ = _edge(t)
             if node is None:
                 raise RuntimeError("One of the differentiated Tensors does not require grad")
-            captures.setdefault(node, i)
+            first = captures.setdefault(node, i)
+            if first != i:
+                repeats.append((i, first))
 
     # Discover the graph: how many edges point at each node, and which nodes lead to a
     # captured input (only those need to run when gradients are requested).
@@ -447,6 +450,12 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
                     if accumulate and isinstance(node, AccumulateGrad):
                         node.apply(grad, create_graph, retain_graph)
                     elif not accumulate:
+                        if isinstance(node, AccumulateGrad):
+                            # a leaf's own hooks see its gradient (torch runs them here too)
+                            for hook in node.variable._hooks or ():
+                                out = hook(grad)
+                                if out is not None:
+                                    grad = out
                         results[i] = grad
                     elif accumulate:
                         _accumulate_into(inputs[i], grad, create_graph)
@@ -476,6 +485,8 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
             in_grads = gi = prev = None
 
     if not accumulate and inputs is not None:
+        for i, first in repeats:
+            results[i] = results[first]
         for i, r in enumerate(results):
             if r is None and not allow_unused:
                 raise RuntimeError(

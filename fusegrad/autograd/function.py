@@ -1,46 +1,150 @@
-"""``autograd.Function``: user-defined ops with a hand-written backward, as in torch."""
+"""``autograd.Function``: user-defined ops with a hand-written backward, as in torch.
+
+Eagerly, the output gets a node that calls ``backward``. Traced (inside ``fusegrad.compile``),
+the output is a ``custom_vjp`` node over the function's tensor inputs and saved tensors: the
+compiled backward calls the same ``backward`` on traced values, so compiled gradients are
+the user's formula too (they were lost: the forward runs under ``no_grad``)."""
 
 from __future__ import annotations
 
-from fusegrad.autograd.engine import Node, _edge
+import copy
+import functools
+
+import numpy as np
+
+from fusegrad.autograd.engine import Node, _edge, _Saved
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
 
-__all__ = ["Function", "FunctionCtx"]
+__all__ = ["Function", "FunctionCtx", "once_differentiable"]
+
+_RULE = "autograd.Function"
 
 
 class FunctionCtx:
     """The ``ctx`` of ``forward``/``backward``: ``save_for_backward`` and any attributes."""
 
     def __init__(self):
-        self.saved_tensors: tuple = ()
+        self._saved: tuple = ()
+        self._node = None               # the backward node, once made
         self.needs_input_grad: tuple = ()
         self._non_differentiable: set = set()
 
     def save_for_backward(self, *tensors) -> None:
-        self.saved_tensors = tensors
+        from fusegrad.tensor import Tensor
+        # Each with its version: backward refuses one modified in place since (as torch).
+        self._saved = tuple(_Saved(t, origin="") if isinstance(t, Tensor) and t._trace is None
+                            else t for t in tensors)
+
+    @property
+    def saved_tensors(self) -> tuple:
+        node = self._node
+        return tuple(s.unpack(node) if isinstance(s, _Saved) and node is not None else
+                     s.tensor if isinstance(s, _Saved) else s for s in self._saved)
 
     def mark_non_differentiable(self, *tensors) -> None:
         self._non_differentiable.update(id(t) for t in tensors)
 
+    def mark_dirty(self, *tensors) -> None:
+        raise NotImplementedError(
+            "ctx.mark_dirty: custom Functions that modify their inputs in place are not "
+            "implemented yet in fusegrad; return a new tensor instead")
+
     def set_materialize_grads(self, value: bool) -> None:
+        # A single output: backward is called only with a gradient, so there is nothing to
+        # materialize either way.
         pass
 
 
+def once_differentiable(fn):
+    """``backward`` decorated so that it runs under ``no_grad`` (as torch's: its result has
+    no history, so it cannot be differentiated again)."""
+    @functools.wraps(fn)
+    def wrapper(ctx, *args):
+        with no_grad():
+            return fn(ctx, *args)
+    return wrapper
+
+
+def _input_grads(cls, ctx, grad, positions, n_args, inputs) -> tuple:
+    """``cls.backward(ctx, grad)``, checked as torch checks it: one gradient per argument,
+    each of its input's shape (summed down where the input broadcasts to it) and dtype."""
+    from fusegrad.ops.reductions import sum_to_size
+    from fusegrad.tensor import Tensor
+    grads = cls.backward(ctx, grad)
+    if not isinstance(grads, tuple):
+        grads = (grads,)
+    if len(grads) != n_args:
+        raise RuntimeError(f"function {cls.__name__}Backward returned an incorrect number of "
+                           f"gradients (expected {n_args}, got {len(grads)})")
+    out = []
+    for p, x in zip(positions, inputs):
+        g = grads[p]
+        if g is not None and isinstance(g, Tensor):
+            if tuple(g.shape) != tuple(x.shape):
+                if not _expandable(tuple(x.shape), tuple(g.shape)):
+                    raise RuntimeError(
+                        f"Function {cls.__name__}Backward returned an invalid gradient at index "
+                        f"{p} - got {list(g.shape)} but expected shape compatible with "
+                        f"{list(x.shape)}")
+                g = sum_to_size(g, tuple(x.shape))
+            if g.dtype != x.dtype and x.dtype.is_floating_point:
+                g = g.to(x.dtype)
+        out.append(g)
+    return tuple(out)
+
+
+def _expandable(shape: tuple, to: tuple) -> bool:
+    """Whether ``shape`` broadcasts to ``to`` (torch's is_expandable_to)."""
+    if len(shape) > len(to):
+        return False
+    return all(s == t or s == 1 for s, t in zip(shape[::-1], to[::-1]))
+
+
 class _FunctionNode(Node):
-    __slots__ = ("_cls", "_ctx", "_positions", "_n")
+    __slots__ = ("_cls", "_ctx", "_positions", "_n", "_inputs")
 
     def __init__(self, cls, ctx, tensor_args, positions, n_args):
         super().__init__(tuple(_edge(t) for t in tensor_args), f"{cls.__name__}Backward")
         self._cls, self._ctx, self._positions, self._n = cls, ctx, positions, n_args
+        # shapes and dtypes only, for the checks of backward's result
+        self._inputs = [_Meta(t) for t in tensor_args]
 
     def apply(self, grad, create_graph, retain_graph):
-        grads = self._cls.backward(self._ctx, grad)
-        if not isinstance(grads, tuple):
-            grads = (grads,)
-        if len(grads) != self._n:
-            raise RuntimeError(f"function {self._cls.__name__}Backward returned an incorrect "
-                               f"number of gradients (expected {self._n}, got {len(grads)})")
-        return tuple(grads[p] for p in self._positions)
+        return _input_grads(self._cls, self._ctx, grad, self._positions, self._n, self._inputs)
+
+
+class _Meta:
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, t):
+        self.shape, self.dtype = tuple(t.shape), t.dtype
+
+
+class _Traced:
+    """What the traced rule needs of one call (a ``custom_vjp`` parameter, by identity)."""
+
+    __slots__ = ("cls", "ctx", "positions", "n_args", "n_inputs", "inputs")
+
+    def __init__(self, cls, ctx, positions, n_args, inputs):
+        self.cls, self.ctx, self.positions, self.n_args = cls, ctx, positions, n_args
+        self.n_inputs = len(inputs)
+        self.inputs = [_Meta(t) for t in inputs]
+
+    def __repr__(self) -> str:
+        return f"{self.cls.__name__}.backward"
+
+
+def _traced_vjp(g, out, operands, params) -> tuple:
+    """The compiled backward of an ``autograd.Function``: the user's ``backward`` on traced
+    values, with the saved tensors as the graph has them now."""
+    (call,) = params
+    inputs, saved = operands[:call.n_inputs], iter(operands[call.n_inputs:])
+    ctx = copy.copy(call.ctx)
+    from fusegrad.tensor import Tensor
+    ctx._saved = tuple(next(saved) if isinstance(s, Tensor) else s for s in call.ctx._saved)
+    ctx._node = None
+    grads = _input_grads(call.cls, ctx, g, call.positions, call.n_args, call.inputs)
+    return grads + (None,) * (len(operands) - len(inputs))
 
 
 class Function:
@@ -57,6 +161,7 @@ class Function:
 
     @classmethod
     def apply(cls, *args):
+        from fusegrad.ops import primitive as _primitive
         from fusegrad.tensor import Tensor
         ctx = FunctionCtx()
         positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
@@ -64,10 +169,29 @@ class Function:
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         with no_grad():
             out = cls.forward(ctx, *args)
-        if is_grad_enabled() and any(t.requires_grad for t in tensors) and \
-                id(out) not in ctx._non_differentiable:
-            if out.grad_fn is not None or out.requires_grad:
-                out = out.detach()
-            out.grad_fn = _FunctionNode(cls, ctx, tensors, positions, len(args))
-            out._requires_grad = True
+        if isinstance(out, tuple):
+            raise NotImplementedError(
+                f"{cls.__name__}.forward returned {len(out)} outputs: custom Functions with "
+                "several outputs are not implemented yet in fusegrad; return one tensor")
+        if not (is_grad_enabled() and any(t.requires_grad for t in tensors) and
+                id(out) not in ctx._non_differentiable):
+            return out
+        if _primitive.traced(out, *tensors):
+            from fusegrad.ops.composite import custom_vjp
+            saved = [s for s in ctx._saved if isinstance(s, Tensor)]
+            return custom_vjp(out, tensors + saved, _RULE,
+                              (_Traced(cls, ctx, positions, len(args), tensors),))
+        if out.grad_fn is not None or out.requires_grad:
+            out = out.detach()
+        out.grad_fn = ctx._node = _FunctionNode(cls, ctx, tensors, positions, len(args))
+        out._requires_grad = True
         return out
+
+
+def _register() -> None:
+    from fusegrad.ops import prims
+    prims.register_vjp(_RULE)(_traced_vjp)
+
+
+_register()
+del np

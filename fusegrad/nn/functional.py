@@ -21,6 +21,7 @@ from fusegrad.nn.loss_functions import cosine_embedding_loss, huber_loss, kl_div
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
 from fusegrad.ops.attention import scaled_dot_product_attention
+from fusegrad.ops.composite import opmath
 from fusegrad.ops.convolution import (
     conv1d,
     conv2d,
@@ -491,6 +492,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True,  # noqa: A002
 
 
 @composite("NativeLayerNormBackward0", kernel=True)
+@opmath
 def _layer_norm(x: Tensor, axes: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
                 eps: float) -> Tensor:
     n = 1
@@ -902,15 +904,22 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
 @composite("BinaryCrossEntropyWithLogitsBackward0")
 def _bce_logits(x: Tensor, target: Tensor, weight: Tensor | None, pos_weight: Tensor | None,
                 reduction: str) -> Tensor:
-    # softplus(-x) = max(-x, 0) + log1p(exp(-|x|)). maximum() splits the gradient at the
-    # kink, abs() gives 0 there: together exactly sigmoid(0) - t at x == 0.
-    soft = F.add(F.maximum(F.neg(x), 0.0), F.log1p(F.exp(F.neg(F.abs(x)))))
+    # softplus(-x) = max(-x, 0) + log1p(exp(-|x|)), with the gradient -sigmoid(-x) (the
+    # kinks of max and abs at 0 would give the second derivative 0 there, not 1/4)
+    soft = F.custom_vjp(F.add(F.maximum(F.neg(x), 0.0), F.log1p(F.exp(F.neg(F.abs(x))))),
+                        (x,), "softplus_of_neg")
     if pos_weight is not None:
         soft = F.mul(soft, F.add(F.mul(F.sub(pos_weight, 1.0), target), 1.0))
     loss = F.add(F.mul(F.rsub(target, 1.0), x), soft)
     if weight is not None:
         loss = F.mul(loss, weight)
     return _reduce(loss, reduction)
+
+
+@P.register_vjp("softplus_of_neg")
+def _softplus_of_neg_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    (x,) = operands
+    return (F.mul(g, F.neg(F.sigmoid(F.neg(x)))),)
 
 
 def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,  # noqa: A002

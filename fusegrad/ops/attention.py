@@ -15,7 +15,7 @@ import math
 
 from fusegrad import dtypes
 from fusegrad.ops import functional as F
-from fusegrad.ops.composite import composite
+from fusegrad.ops.composite import composite, opmath
 from fusegrad.ops.creation import ones
 from fusegrad.tensor import Tensor
 
@@ -92,8 +92,9 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, scale: f
     return F.matmul(weights, v)
 
 
-# torch names the node after its CPU kernel (flash attention for CPU)
-_attention_node = composite("ScaledDotProductFlashAttentionForCpuBackward0")(_attention)
+# torch names the node after its CPU kernel (flash attention for CPU); 16-bit inputs are
+# computed in float32 (their scores overflow float16 long before the result does)
+_attention_node = composite("ScaledDotProductFlashAttentionForCpuBackward0")(opmath(_attention))
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,

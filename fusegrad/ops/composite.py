@@ -88,6 +88,27 @@ def _made_by(t: Tensor, node: Node) -> Tensor:
     return out
 
 
+def opmath(fn):
+    """``fn`` computed in float32 for float16 and bfloat16 tensors, its result rounded back
+    once: torch's accumulate type for reductions (a sum of float16 values passes 65504, and
+    becomes inf, long before their mean or norm does)."""
+    from fusegrad import dtypes
+    from fusegrad.ops.operands import cast
+    narrow = (dtypes.float16, dtypes.bfloat16)
+
+    def up(v):
+        return cast(v, dtypes.float32) if isinstance(v, Tensor) and v.dtype in narrow else v
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        dt = next((a.dtype for a in args if isinstance(a, Tensor) and a.dtype in narrow), None)
+        if dt is None:
+            return fn(*args, **kwargs)
+        out = fn(*map(up, args), **{k: up(v) for k, v in kwargs.items()})
+        return cast(out, dt) if out.dtype is dtypes.float32 else out
+    return wrapper
+
+
 def composite(grad_name: str, kernel: bool = False):
     """Make an op built of several primitives one autograd node named ``grad_name``.
 

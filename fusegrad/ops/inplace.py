@@ -155,11 +155,12 @@ def _rebase_history(x: Tensor, value: Tensor) -> None:
     base = x._base
     if value.grad_fn is None:
         return
-    base.grad_fn = _CopySlices(base, x._view_ops, value.grad_fn)
+    ops = x._version_counter.undo + x._view_ops          # from the base's layout
+    base.grad_fn = _CopySlices(base, ops, value.grad_fn)
     base._requires_grad = True
     # The view now reads from the base's new history.
     v = base
-    for prim, attrs in x._view_ops:
+    for prim, attrs in ops:
         v = bind(prim, v, **attrs)
     x.grad_fn = v.grad_fn
     x._requires_grad = True
@@ -271,6 +272,14 @@ def _take_view(x: Tensor, out: Tensor, name: str) -> Tensor:
     if out is x:                     # nothing to change (a squeeze of no size-1 dim)
         x._version_counter.value += 1
         return x
+    if x._base is None:
+        # The base's own layout changes: its views' ops start from the layout before, so
+        # the way back is kept (a permute's inverse, a reshape to the old shape).
+        prim, attrs = out._view_ops[-1]
+        back = (P.permute, {"perm": tuple(int(i) for i in np.argsort(attrs["perm"]))}) \
+            if prim is P.permute else (P.reshape, {"shape": tuple(x.shape)})
+        counter = x._version_counter
+        counter.layout, counter.undo = out._view_ops, (back,) + counter.undo
     x._data = out._data
     x._version_counter.value += 1
     if out.grad_fn is not None:

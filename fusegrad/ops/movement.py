@@ -31,7 +31,7 @@ def _mark_view(out: Tensor, src: Tensor, prim, attrs: dict) -> Tensor:
             type(out._data) is not np.ndarray and out._data.shares_storage(src._data)):
         base = src._base if src._base is not None else src
         out._base = base
-        out._view_ops = (src._view_ops or ()) + ((prim, attrs),)
+        out._view_ops = (src._view_ops or src._version_counter.layout) + ((prim, attrs),)
         out._version_counter = src._version_counter
         if out._trace is None and is_grad_enabled():
             # the version its history is valid for (see engine._refresh_view)

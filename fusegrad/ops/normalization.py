@@ -16,10 +16,11 @@ from typing import Sequence
 
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
-from fusegrad.ops.composite import composite
+from fusegrad.ops.composite import composite, opmath
 from fusegrad.ops.elementwise import add, mul, rsqrt, sub
 from fusegrad.ops.inplace import copy_
 from fusegrad.ops.movement import reshape, reshape_prim
+from fusegrad.ops.operands import cast
 from fusegrad.ops.reductions import mean
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
@@ -38,6 +39,12 @@ def _affine(out: Tensor, weight, bias) -> Tensor:
     if bias is not None:
         out = add(out, _channel_view(bias, out.ndim))
     return out
+
+
+def _wide(x: Tensor) -> Tensor:
+    """``x`` in float32 if it is float16 or bfloat16 (torch's accumulate type): the batch
+    statistics of 16-bit inputs are computed in float32, and the output rounded once."""
+    return cast(x, dtypes.float32) if x.dtype in (dtypes.float16, dtypes.bfloat16) else x
 
 
 def _moments(x: Tensor, axes: tuple[int, ...]) -> tuple[Tensor, Tensor]:
@@ -59,8 +66,9 @@ def _update_running(running: Tensor, batch: Tensor, momentum) -> None:
 def _batch_norm_train(x: Tensor, weight, bias, running_mean, running_var, momentum,
                       eps: float) -> Tensor:
     axes = (0,) + tuple(range(2, x.ndim))
-    mu, var = _moments(x, axes)
-    out = mul(sub(x, mu), rsqrt(add(var, eps)))
+    xw = _wide(x)
+    mu, var = _moments(xw, axes)
+    out = mul(sub(xw, mu), rsqrt(add(var, eps)))
     count = x.numel() // x.shape[1]
     if running_mean is not None:
         _update_running(running_mean, reshape_prim(mu, (x.shape[1],)), momentum)
@@ -68,7 +76,7 @@ def _batch_norm_train(x: Tensor, weight, bias, running_mean, running_var, moment
         # the running variance is the unbiased estimate, as torch's
         unbiased = mul(reshape_prim(var, (x.shape[1],)), count / (count - 1))
         _update_running(running_var, unbiased, momentum)
-    return _affine(out, weight, bias)
+    return cast(_affine(out, weight, bias), x.dtype)
 
 
 @composite("NativeBatchNormBackward0")
@@ -112,6 +120,7 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
 
 
 @composite("NativeGroupNormBackward0")
+@opmath
 def _group_norm(x: Tensor, num_groups: int, weight, bias, eps: float) -> Tensor:
     grouped = reshape(x, (x.shape[0], num_groups, -1))
     mu, var = _moments(grouped, (2,))
@@ -138,8 +147,9 @@ def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None,  # 
 def _instance_norm(x: Tensor, weight, bias, running_mean, running_var, momentum,
                    eps: float) -> Tensor:
     axes = tuple(range(2, x.ndim))
-    mu, var = _moments(x, axes)
-    out = mul(sub(x, mu), rsqrt(add(var, eps)))
+    xw = _wide(x)
+    mu, var = _moments(xw, axes)
+    out = mul(sub(xw, mu), rsqrt(add(var, eps)))
     count = math.prod(x.shape[2:])
     # torch updates the running statistics with the instances' statistics averaged over N
     if running_mean is not None:
@@ -147,7 +157,7 @@ def _instance_norm(x: Tensor, weight, bias, running_mean, running_var, momentum,
     if running_var is not None:
         unbiased = mul(reshape_prim(var, tuple(x.shape[:2])), count / (count - 1))
         _update_running(running_var, mean(unbiased, 0), momentum)
-    return _affine(out, weight, bias)
+    return cast(_affine(out, weight, bias), x.dtype)
 
 
 @public(torch=True)
@@ -167,6 +177,7 @@ def instance_norm(input: Tensor, running_mean: Tensor | None = None,  # noqa: A0
 
 
 @composite("RmsNormBackward0")
+@opmath
 def _rms_norm(x: Tensor, axes: tuple[int, ...], weight, eps: float) -> Tensor:
     out = mul(x, rsqrt(add(mean(mul(x, x), axes, keepdim=True), eps)))
     return mul(out, weight) if weight is not None else out

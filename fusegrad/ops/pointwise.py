@@ -18,8 +18,10 @@ from fusegrad.ops.elementwise import (
     div,
     eq,
     exp2,
+    ge,
     isinf,
     isnan,
+    le,
     log,
     log1p,
     logical_and,
@@ -122,20 +124,21 @@ def rad2deg(x: Tensor) -> Tensor:
     return mul(a, 180.0 / math.pi)
 
 
-def _nan_aware(name, extremum):
+def _nan_aware(name, extremum, keeps):
     def op(x, other) -> Tensor:
         a, b = _promote(name, x, other)
         if not a.dtype.is_floating_point:
             return extremum(a, b)
-        return where(isnan(b), a, where(isnan(a), b, extremum(a, b)))
+        # a where it wins or ties, or b is NaN: a tie's gradient goes to a alone, as torch's
+        return where(logical_or(keeps(a, b), isnan(b)), a, b)
     op.__name__ = name
     op.__doc__ = (f"Elementwise {name[1:]}imum that ignores a NaN when the other element is a "
                   "number (NaN only where both are).")
     return op
 
 
-fmax = public(_nan_aware("fmax", maximum), name="fmax", torch=True, method=True)
-fmin = public(_nan_aware("fmin", minimum), name="fmin", torch=True, method=True)
+fmax = public(_nan_aware("fmax", maximum, ge), name="fmax", torch=True, method=True)
+fmin = public(_nan_aware("fmin", minimum, le), name="fmin", torch=True, method=True)
 
 
 @public(torch=True, method=True, inplace=True)

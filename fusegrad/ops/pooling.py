@@ -21,7 +21,7 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops import prims as P
-from fusegrad.ops.composite import composite
+from fusegrad.ops.composite import composite, opmath
 from fusegrad.ops.elementwise import (
     div,
     eq,
@@ -256,6 +256,7 @@ def _avg_pool(op: str, grad_name: str, nd: int, x: Tensor, kernel_size, stride, 
                            divisor_override)
 
     @composite(grad_name)
+    @opmath
     def pool(b: Tensor) -> Tensor:
         cols = windows(pad_axes(b, [(0, 0), (0, 0)] + pads), kernel, stride, (1,) * nd, out)
         return div(sum(cols, 2), _const(divisor, b.dtype))

@@ -462,11 +462,14 @@ def _atan2_impl(y, x):
 
 
 def _atan2_dy(g, out, y, x):
-    return _sum_to(g * x / (x * x + y * y), y.shape)
+    # at the origin (0 / 0) the gradient is 0, as torch's
+    r2 = x * x + y * y
+    return _sum_to((g * x / r2).where(r2 != 0, g.new_zeros(())), y.shape)
 
 
 def _atan2_dx(g, out, y, x):
-    return _sum_to(-(g * y) / (x * x + y * y), x.shape)
+    r2 = x * x + y * y
+    return _sum_to((-(g * y) / r2).where(r2 != 0, g.new_zeros(())), x.shape)
 
 
 atan2 = _binary("atan2", _atan2_impl, (Rule(_atan2_dy, (0, 1)), Rule(_atan2_dx, (0, 1))),
@@ -597,14 +600,21 @@ sum_ = _reduce("sum", np.add.reduce, Rule(_sum_vjp), "SumBackward1", out_dtype=_
 def _prod_vjp(g, out, x, *, axes):
     # d prod / d x_i = prod_{j != i} x_j; computed as out / x away from zeros, and by an
     # explicit product of the others where x_i == 0 (one zero keeps a nonzero gradient).
+    # Where x_i is one of exactly two zeros the value is 0, written P * (S - x_i) (P: the
+    # product of the nonzeros, S: the sum of x over the zeros, 0 with gradient 1 at each) so
+    # that its own derivative, P towards the other zero, is right (second derivatives).
     full = _expand_back(out, x, axes)
     zero_free = x.where(x != 0, x.new_ones(()))
-    others = _expand_back(_F().reduce_prod(zero_free, axes), x, axes) / zero_free
+    nonzeros = _expand_back(_F().reduce_prod(zero_free, axes), x, axes)
+    others = nonzeros / zero_free
     zeros = (x == 0).to(x.dtype)
+    at_zeros = x.where(x == 0, x.new_zeros(()))
     # (dim=() would be every dim, as in torch: a product over no axes counts each element.)
     nzeros = _expand_back(zeros.sum(dim=list(axes)), x, axes) if axes else zeros
+    total = _expand_back(at_zeros.sum(dim=list(axes)), x, axes) if axes else at_zeros
+    two = (nonzeros * (total - x)).where(nzeros == 2, x.new_zeros(()))
     only_zero_is_self = (x == 0) & (nzeros == 1)
-    grad_x = (full / zero_free).where(x != 0, others.where(only_zero_is_self, x.new_zeros(())))
+    grad_x = (full / zero_free).where(x != 0, others.where(only_zero_is_self, two))
     return _expand_back(g, x, axes) * grad_x
 
 
@@ -1153,6 +1163,16 @@ matmul = register(Primitive("matmul", Kind.CONTRACTION, _matmul_infer, _matmul_i
 
 
 def _full_infer(*, shape, value, dtype) -> TensorType:
+    # A value the dtype cannot hold would wrap in compiled code and raise in numpy.
+    if isinstance(dtype, dtypes.DType) and not dtype.is_floating_point and \
+            isinstance(value, (int, float, np.integer, np.floating)):
+        if dtype is dtypes.bool_:
+            fits = value in (0, 1)
+        else:
+            info = np.iinfo(dtype.np_dtype)
+            fits = float(value).is_integer() and info.min <= value <= info.max
+        if not fits:
+            raise ShapeError(f"full: value {value!r} is not a value of dtype {dtype.short}")
     return TensorType(tuple(shape), dtype)
 
 
@@ -1172,6 +1192,8 @@ constant = register(Primitive(
 
 
 def _iota_infer(*, shape, axis, dtype) -> TensorType:
+    if not 0 <= axis < len(shape):
+        raise ShapeError(f"iota: axis {axis} is out of range for shape {list(shape)}")
     return TensorType(tuple(shape), dtype)
 
 

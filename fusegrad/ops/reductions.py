@@ -11,7 +11,7 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
-from fusegrad.ops.composite import _named, composite
+from fusegrad.ops.composite import _named, composite, opmath
 from fusegrad.ops.elementwise import (
     _to_bool,
     abs,
@@ -110,6 +110,7 @@ def _count(x: Tensor, axes) -> int:
 
 
 @composite("MeanBackward1")
+@opmath
 def _mean(x: Tensor, dim, keepdim: bool) -> Tensor:
     axes = _dims(x, dim, "mean")
     return _keep(div(bind(P.sum_, x, axes=axes), _count(x, axes)), x, axes, keepdim)
@@ -136,6 +137,7 @@ def _correction(unbiased, correction) -> float:
 
 
 @composite("VarBackward0")
+@opmath
 def _var(x: Tensor, dim, correction: float, keepdim: bool) -> Tensor:
     axes = _dims(x, _all_if_empty(dim), "var")
     n = _count(x, axes)
@@ -169,6 +171,7 @@ def _root_with_zero_grad(s: Tensor, root) -> Tensor:
 
 
 @composite("StdBackward0")
+@opmath
 def _std(x, dim, correction, keepdim):
     return _root_with_zero_grad(_var(x, dim, correction, keepdim), sqrt)
 
@@ -312,6 +315,9 @@ def norm(x: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Ten
         x = cast(x, dtype)
     if p in ("fro", None):
         p = 2
+    if x.dtype in (dtypes.float16, dtypes.bfloat16) and p not in (math.inf, -math.inf, 0):
+        # sums of 16-bit powers overflow long before the norm does: float32 inside
+        return cast(norm(cast(x, dtypes.float32), p, dim, keepdim), x.dtype)
     if p == math.inf:
         return amax(abs(x), dim if dim is not None else (), keepdim)
     if p == -math.inf:

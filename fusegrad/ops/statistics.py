@@ -27,6 +27,7 @@ from fusegrad.ops.elementwise import (
     floor,
     isnan,
     logical_and,
+    logical_or,
     lt,
     mul,
     pow,
@@ -105,8 +106,23 @@ def _order_statistic(x, dim, keepdim, result, name, position_of):
     nan_count = sum(isnan(y), -1, True) if y.dtype.is_floating_point else None
     position = position_of(y, nan_count)
     values, idx = _pick(y, order, cast(position, dtypes.int64))
+    if dim is None and name != "kthvalue" and values.requires_grad:
+        values = _shared_by_ties(x, values)
     values = _named(values, f"{name.capitalize()}Backward{0 if dim is None else 1}")
     return _finish(values, idx, x, dim, keepdim, result)
+
+
+def _shared_by_ties(x: Tensor, value: Tensor) -> Tensor:
+    """``value`` (one of ``x``'s elements), whose gradient the elements equal to it share
+    evenly (NaN: the NaN elements), as torch's gradient of a median of all elements. The
+    value itself is kept exactly: ``value + (a - a)`` with ``a`` the mean of the ties."""
+    from fusegrad.ops.reductions import sum as total
+    v = reshape(value.detach(), ())
+    ties = eq(x, v)
+    if x.dtype.is_floating_point:
+        ties = logical_or(ties, logical_and(isnan(x), isnan(v)))
+    a = div(total(where(ties, x, 0.0)), total(cast(ties, x.dtype)))
+    return reshape(add(v, sub(a, a.detach())), tuple(value.shape))
 
 
 def _const_position(y_shape, value):

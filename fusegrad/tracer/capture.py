@@ -52,7 +52,7 @@ from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
 from fusegrad.ops.primitive import TensorType
 from fusegrad.tensor import Tensor
-from fusegrad.tracer.guards import hashable
+from fusegrad.tracer.guards import ClosureGuard, hashable
 
 __all__ = ["StateCapture", "CaptureInfo", "capturing"]
 
@@ -73,6 +73,8 @@ class CaptureInfo:
     grad_drops: list[int] = field(default_factory=list)
     scalar_inputs: list[tuple[Callable[[], Any], int, Any]] = field(default_factory=list)
     internal_writes: list[tuple[Tensor, int]] = field(default_factory=list)  # tensor, output
+    # a module attribute set to a traced tensor: its dict, the name, the output it takes
+    attribute_writes: list[tuple[dict, str, int]] = field(default_factory=list)
     optimizers: list = field(default_factory=list)
     optimizer_signatures: list = field(default_factory=list)
     modules: list = field(default_factory=list)     # the modules the trace called
@@ -100,6 +102,8 @@ class StateCapture:
         self.scalars: list[tuple[Callable[[], Any], SymbolicTensor]] = []
         self.optimizers: list = []
         self.modules: dict[int, Any] = {}          # id -> module called (note_module)
+        # (id(dict), name) -> [dict, name, value before the trace, traced value now, buffer?]
+        self.attributes: dict[tuple[int, str], list] = {}
         self._optimizer_snapshots: list = []
         self._optimizer_signatures: list = []
         self.did_backward = False
@@ -414,7 +418,7 @@ class StateCapture:
         with no_grad():
             for _, t in hooked:
                 for hook in list(t._post_accumulate_grad_hooks):
-                    hook(t)
+                    _call_hook(hook, t)
 
     def trace_operand_tensor(self, t: Tensor) -> SymbolicTensor:
         if isinstance(t, SymbolicTensor):
@@ -427,6 +431,30 @@ class StateCapture:
         """Called by ``Module.__call__`` while tracing: the entry's guard compares this
         module's state, however the function reached it."""
         self.modules[id(module)] = module
+
+    def note_attribute(self, holder: dict, name: str, value, buffer: bool) -> None:
+        """Called by ``Module.__setattr__`` while tracing, before it stores the traced tensor
+        ``value`` in ``holder`` (a module's ``__dict__`` or buffer dict) as ``name``
+        (``self.weights = att`` in a forward): a compiled call stores the value it computes
+        there, as eager does, and the trace leaves the attribute as it found it."""
+        key = (id(holder), name)
+        record = self.attributes.get(key)
+        if record is None:
+            old = holder.get(name, _MISSING)
+            if isinstance(old, SymbolicTensor):
+                # a compiled module's buffer: the tensor its graph input stands for, read
+                # from the module at each call (so the call stores a new tensor, as eager)
+                old, buffer = self.concrete_of.get(old._val, old), False
+            self.attributes[key] = [holder, name, old, value, buffer]
+        else:
+            record[3] = value
+
+    def _restore_attributes(self) -> None:
+        for holder, name, old, _value, _buffer in self.attributes.values():
+            if old is _MISSING:
+                holder.pop(name, None)
+            else:
+                holder[name] = old
 
     def enter_optimizer(self, opt) -> list:
         """Called as ``opt.step()`` starts under this capture: guard its state and make its
@@ -464,6 +492,7 @@ class StateCapture:
         first step), so that running the function eagerly next starts from the same state."""
         for opt, snap in zip(self.optimizers, self._optimizer_snapshots):
             _restore(opt, snap)
+        self._restore_attributes()
 
     def check_hyperparameters(self) -> None:
         for opt, snap in zip(self.optimizers, self._optimizer_snapshots):
@@ -490,6 +519,19 @@ class StateCapture:
             if sym._value is not value and i not in mutated_inputs:
                 mutations.append((i, len(outputs)))
                 outputs.append(sym._value)
+        for holder, name, old, value, buffer in self.attributes.values():
+            if not isinstance(value, SymbolicTensor) or value._trace is not self.trace:
+                continue
+            if buffer and isinstance(old, Tensor) and old.shape == value.shape and \
+                    old.dtype == value.dtype:
+                # A buffer reassigned (self.count = self.count + 1) of a module the function
+                # reaches: the graph reads that tensor, so it takes the new values at each
+                # call, as the parameters of an optimizer step do.
+                info.internal_writes.append((old, len(outputs)))
+            else:
+                info.attribute_writes.append((holder, name, len(outputs)))
+            outputs.append(self.trace.operand(value))
+        self._restore_attributes()
         for ref, sym, _ in self.written.values():
             t = ref()
             if t is not None:
@@ -601,10 +643,30 @@ class _Env(dict):
 def _run_hooks(t: Tensor, g):
     """``g`` after the hooks of leaf ``t`` (``register_hook``), traced as eager runs them."""
     for hook in list(t._hooks or ()):
-        out = hook(g)
+        out = _call_hook(hook, g)
         if out is not None:
             g = out
     return g
+
+
+def _call_hook(hook, arg):
+    """``hook(arg)`` while tracing. A user's hook that changes a Python value it reads (a
+    list it appends gradients to, a counter) would do so once, when traced, and never at the
+    compiled calls: refused (the function then runs eagerly), its changes undone."""
+    if getattr(hook, "__module__", "").startswith("fusegrad"):
+        return hook(arg)             # fusegrad's own (data-parallel all-reduce launches)
+    guard = ClosureGuard.of(hook)
+    out = hook(arg)
+    changed = guard.changed()
+    if changed is not None:
+        guard.restore()
+        name = getattr(hook, "__name__", type(hook).__name__)
+        raise ConcretizationError(
+            f"the gradient hook {name}{_at()} changes a Python value it reads ({changed}); "
+            "traced into a compiled backward, it would run once, when the function is traced, "
+            "and never at the compiled calls. Keep such state in tensors, or run the step "
+            "eagerly")
+    return out
 
 
 def _at() -> str:
@@ -673,11 +735,13 @@ class OptimizerGuard:
         contents = []
         for group in groups:
             params = group["params"]
-            states = tuple((p, st, tuple(st.items()) if st is not None else ())
-                           for p, st in zip(params, map(opt.state.get, params)))
+            states = tuple(map(opt.state.get, params))
+            held = [st for st in states if st is not None]
+            # each state dict's size and, flat, its values (insertion order)
             contents.append((len(group), tuple((k, v) for k, v in group.items()
                                                if k not in ("params", "lr")),
-                             params, tuple(params), states, _lr_ref(group.get("lr"))))
+                             params, tuple(params), states, [len(st) for st in held],
+                             [v for st in held for v in st.values()], _lr_ref(group.get("lr"))))
         return opt.param_groups, groups, opt.state, tuple(contents)
 
     def _same(self, param_groups, groups, state, contents) -> bool:
@@ -686,7 +750,9 @@ class OptimizerGuard:
         if opt.param_groups is not param_groups or opt.state is not state or \
                 len(param_groups) != len(groups) or not all(map(same, param_groups, groups)):
             return False
-        for group, (size, values, params, members, states, lr) in zip(groups, contents):
+        get = state.get
+        for group, (size, values, params, members, states, sizes, items, lr) in \
+                zip(groups, contents):
             if len(group) != size or group.get("params") is not params or \
                     len(params) != len(members) or not all(map(same, params, members)) or \
                     _lr_ref(group.get("lr")) is not lr:
@@ -694,12 +760,14 @@ class OptimizerGuard:
             for k, v in values:
                 if group.get(k, _MISSING) is not v:
                     return False
-            for p, st, items in states:
-                if state.get(p) is not st or (st is not None and len(st) != len(items)):
-                    return False
-                for k, v in items:
-                    if st.get(k, _MISSING) is not v:
-                        return False
+            # Lists built in comprehensions, compared at once: a loop per parameter and
+            # state item was most of a transformer step's guard.
+            if not all(map(same, list(map(get, members)), states)):
+                return False
+            held = [st for st in states if st is not None]
+            if [len(st) for st in held] != sizes or \
+                    not all(map(same, [v for st in held for v in st.values()], items)):
+                return False
         return True
 
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import copy
 import functools
-import operator
 import sys
 import time
+import types
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -50,7 +51,7 @@ from fusegrad.passes.fusion import fuse
 from fusegrad.passes.manager import PassManager
 from fusegrad.passes.partition import partition_joint
 from fusegrad.runtime.cpu import Program
-from fusegrad.tensor import Tensor
+from fusegrad.tensor import HOOK_VERSION, Tensor
 from fusegrad.tracer.capture import OptimizerGuard, _root
 from fusegrad.tracer.guards import ClosureGuard, ModuleGuard, hashable, module_flags
 from fusegrad.tracer.trace import (
@@ -156,7 +157,37 @@ class CompiledFunction:
         self._warned_limit = False
         self._last_key = None
         self._cuda_twin: CompiledFunction | None = None
+        self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         functools.update_wrapper(self, fn if not self.module else type(fn).forward)
+
+    def _options(self) -> dict:
+        return dict(backend=self.backend, static_argnums=self.static_argnums,
+                    static_argnames=self.static_argnames, donate_argnums=self.donate_argnums,
+                    fullgraph=self.fullgraph, pipeline=self.pipeline)
+
+    def __deepcopy__(self, memo):
+        # A compiled module's copy (an EMA model, the best model so far) is the copied
+        # module, compiled the same way; its programs are traced again, of its own tensors.
+        fn = copy.deepcopy(self.fn, memo) if self.module is not None else self.fn
+        return CompiledFunction(fn, **self._options())
+
+    def __get__(self, obj, objtype=None):
+        # @fusegrad.compile on a method in a class body: each instance gets its own compiled
+        # bound method (its own traces and recompile limit; what it reads of self is guarded).
+        if obj is None:
+            return self
+        try:
+            bound = self._bound.get(obj)
+        except TypeError:               # an instance that is unhashable or not weakly held
+            return types.MethodType(self, obj)
+        if bound is None:
+            # Argument positions counted self (as jax.jit's on a method); now it is bound.
+            options = self._options()
+            options["static_argnums"] = [i - 1 for i in self.static_argnums if i > 0]
+            options["donate_argnums"] = [i - 1 for i in self.donate_argnums if i > 0]
+            bound = self._bound[obj] = CompiledFunction(types.MethodType(self.fn, obj),
+                                                        **options)
+        return bound
 
     def __getattr__(self, name: str):
         # A compiled module still looks like the module (parameters(), train(), ...).
@@ -197,9 +228,22 @@ class CompiledFunction:
         start = time.perf_counter()
         # Non-tensor arguments are baked into the trace (and part of the guard key); what the
         # function reads from its closure and globals is guarded.
-        closure = self._closure_guard()
+        closure = self._closure_guard(args, kwargs)
         graph = trace_with_state(self.fn, args, kwargs)
         info = graph.meta
+        effect = closure.changed()
+        if effect is not None:
+            # The function changed a Python value it reads (a counter, a list it appends
+            # to) while it was traced: a compiled call runs no Python, so the change would
+            # happen once. The trace's changes are undone and the function runs eagerly.
+            closure.restore()
+            info.capture.rollback()
+            name = getattr(self.fn, "__name__", type(self.fn).__name__)
+            raise ConcretizationError(
+                f"{name} changes a Python value it reads ({effect}) when it runs; a compiled "
+                "call runs no Python, so the change would happen only once, when the function "
+                "is traced. Keep such state in tensors, or change it outside the compiled "
+                "function")
         optimized = PassManager(self.pipeline).run(graph)
         program = None
         if self.backend == "cuda":
@@ -233,13 +277,24 @@ class CompiledFunction:
             print(f"[fusegrad] compiled {graph.name}: {len(graph.nodes)} nodes, "
                   f"{len(kernels)} kernels, {entry.compile_ms:.1f} ms", file=sys.stderr)
             if self._last_key is not None:
-                print(f"[fusegrad] recompile reason: {_diff(self._last_key, key)}",
-                      file=sys.stderr)
+                print(f"[fusegrad] recompile reason: {self._reason(key)}", file=sys.stderr)
         return entry
 
-    def _closure_guard(self) -> ClosureGuard:
-        """What the function reads from its closure and globals, guarded on each call."""
-        return ClosureGuard.of(self.fn if self.module is None else type(self.fn).forward)
+    def _closure_guard(self, args, kwargs) -> ClosureGuard:
+        """What the function reads from its closure and globals, and of the objects among
+        its arguments, guarded on each call."""
+        statics = _static_values(tree_flatten((args, kwargs))[1])
+        if self.module is None:
+            return ClosureGuard.of(self.fn, statics)
+        return ClosureGuard.of(type(self.fn).forward, [self.fn] + statics)
+
+    def _reason(self, key) -> str:
+        """Why a call with ``key`` needs a new trace: the key part that differs from the
+        last trace's, or the guard of the last entry for this key that no longer holds."""
+        entries = self.cache.get(key)
+        if entries and entries[-1].guard is not None:
+            return f"{entries[-1].guard.why()} changed"
+        return _diff(self._last_key, key) if self._last_key is not None else "a new signature"
 
     def _recompile_limit(self) -> int:
         return config.recompile_limit
@@ -530,7 +585,8 @@ def _fast_call(entry: _Entry) -> Callable | None:
     """The whole call for an entry with nothing to do around its program: inputs are the
     arguments, no autograd, no write-backs, outputs are the program's buffers."""
     info = entry.info
-    if entry.program is None or not entry.plain_inputs or info.mutations or config.debug >= 2:
+    if entry.program is None or not entry.plain_inputs or info.mutations or config.debug >= 2 \
+            or (info.capture is not None and info.capture.attribute_writes):
         return None
     run = entry.program.fast_runner()
     if run is None:
@@ -786,6 +842,8 @@ def _write_state(cap, inputs: list, results: list) -> None:
     for t, out in cap.internal_writes:
         _copy_into(t._data, arrays[out])
         t._version_counter.value += 1
+    for holder, name, out in cap.attribute_writes:
+        holder[name] = results[out]            # self.weights = att: this call's tensor
 
 
 def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
@@ -798,19 +856,30 @@ def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
     state: its checks are list comparisons, not a loop of Python statements per tensor."""
     cap = info.capture
     grad_guards = cap.grad_guards
+    closure.add_modules(closure.modules + cap.modules + ([module] if module is not None
+                                                         else []))
+    written = frozenset((id(holder), name) for holder, name, _ in cap.attribute_writes)
+    closure.forget(written)
     modules = ModuleGuard(closure.modules + cap.modules + ([module] if module is not None
-                                                            else []))
+                                                            else []), written)
     if closure.empty and modules.empty and not info.lifted and not grad_guards and \
             not cap.optimizers:
         return None
-    same = operator.is_
     lifted = tuple(t for t, _ in info.lifted)
-    lifted_shapes = [t._data.shape for t in lifted]
-    lifted_dtypes = tuple(t._dtype for t in lifted)
     # Freezing a parameter (requires_grad_(False)) takes it out of backward and the update;
-    # its gradient hooks are traced into the backward.
-    lifted_grad = [t._requires_grad for t in lifted]
+    # its gradient hooks are traced into the backward (compared when any hook changed).
+    lifted_sig = [(t._data.shape, t._dtype, t._requires_grad) for t in lifted]
     lifted_hooks = [_hook_key(t) for t in lifted]
+    hooks_seen = [HOOK_VERSION[0]]
+
+    def lifted_hold() -> bool:
+        if [(t._data.shape, t._dtype, t._requires_grad) for t in lifted] != lifted_sig:
+            return False
+        if HOOK_VERSION[0] != hooks_seen[0]:
+            if [_hook_key(t) for t in lifted] != lifted_hooks:
+                return False
+            hooks_seen[0] = HOOK_VERSION[0]
+        return True
     optimizers = [OptimizerGuard(o, sig) for o, sig in zip(cap.optimizers,
                                                             cap.optimizer_signatures)]
     # The leaves whose .grad is guarded, where they are captured tensors: read directly,
@@ -821,12 +890,7 @@ def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
     grad_sigs = [None if sig is None else (tuple(sig[0]), sig[1]) for _, sig in grad_guards]
 
     def guard(get_inputs: Callable[[], list]) -> bool:
-        if not closure.holds() or not modules.holds():
-            return False
-        if [t._data.shape for t in lifted] != lifted_shapes or \
-                not all(map(same, [t._dtype for t in lifted], lifted_dtypes)) or \
-                [t._requires_grad for t in lifted] != lifted_grad or \
-                [_hook_key(t) for t in lifted] != lifted_hooks:
+        if not closure.holds() or not modules.holds() or not lifted_hold():
             return False
         if direct is not None:
             leaves = direct
@@ -837,6 +901,20 @@ def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
         if [None if g is None else (g._data.shape, g._dtype) for g in grads] != grad_sigs:
             return False
         return all(o.holds() for o in optimizers)
+
+    def why() -> str:
+        """What no longer holds, in words (for the recompile messages)."""
+        changed = closure.changed()
+        if changed is not None:
+            return changed
+        if not modules.holds():
+            return "a module's attributes, parameters, buffers, submodules or hooks"
+        if not lifted_hold():
+            return "the shape, dtype, requires_grad or hooks of a captured tensor"
+        if not all(o.holds() for o in optimizers):
+            return "an optimizer's state or hyperparameters"
+        return "which parameters have a .grad (or its shape or dtype)"
+    guard.why = why
     return guard
 
 
@@ -853,6 +931,13 @@ def _zeros(t) -> Tensor:
 def _symbol(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name) or "graph"
 
+
+
+def _static_values(tree) -> list:
+    """The non-tensor values in an argument tree."""
+    if tree.kind == "static":
+        return [tree.meta]
+    return [v for c in tree.children for v in _static_values(c)]
 
 
 def _tree_key(tree) -> Any:
@@ -892,11 +977,13 @@ def _recompile_limit_message(cf: "CompiledFunction", key) -> str:
     to do about it."""
     name = getattr(cf.fn, "__name__", type(cf.fn).__name__)
     keys = list(cf.cache) + [key]
-    last = _diff(keys[-2], key) if len(keys) > 1 else "a new signature"
+    last = cf._reason(key)
+    changed = ', '.join(_changed_guards(keys)) if key not in cf.cache else \
+        "what the function reads from its closure, globals, modules or objects"
     return (f"fusegrad.compile: {name} hit the recompile limit (fusegrad.config.recompile_limit"
             f" = {config.recompile_limit}): it was compiled for {cf.compiles} different "
             f"signatures and this call needs another; the guards that kept changing: "
-            f"{', '.join(_changed_guards(keys))} (last: {last}). Calls with new signatures now "
+            f"{changed} (last: {last}). Calls with new signatures now "
             "run eagerly; signatures compiled so far still run compiled. Raise the limit with "
             "fusegrad.config.recompile_limit = N (or FUSEGRAD_RECOMPILE_LIMIT=N), or keep those "
             "guards fixed (e.g. pad inputs to a few shapes).")

@@ -65,7 +65,7 @@ class _KernelFunction(CompiledFunction):
         self._warned_limit = True        # past the limit: eager, silently
         self.failed: set = set()
 
-    def _closure_guard(self) -> ClosureGuard:
+    def _closure_guard(self, args, kwargs) -> ClosureGuard:
         # fusegrad's own definitions: nothing they read changes between calls.
         return ClosureGuard()
 

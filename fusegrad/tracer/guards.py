@@ -19,10 +19,16 @@ they are the same:
   counter (``fusegrad.nn.modules.module.STATE_VERSION``); the modules are compared only
   when it moved since the last call.
 
-Python modules (``math``, ``fusegrad``) and builtins are not guarded. Attributes of other
-objects (``self.k``, ``cfg.lr``) are not seen, nor a list or dict attribute of a module
-changed in place: make such values arguments (``static_argnums``) or tensors, which are read
-at call time.
+- attributes and items of the other objects reached that way, or given as non-tensor
+  arguments (``self`` of a compiled method, a config object, a dict): those whose names the
+  code mentions (``self.k``, ``cfg.lr``, ``cfg["clip"]``: an attribute name or a constant key
+  in the code), by value or identity, and followed in turn (``self.cfg.lr``); a list of
+  numbers and strings by its items.
+
+Python modules (``math``, ``fusegrad``), builtins and fusegrad's own objects (optimizers,
+schedulers: the optimizer's hyperparameters have their own guard) are not followed; nor
+an item reached with a computed key (``cfg[name]``), nor a list or dict attribute of a
+module changed in place: make such values arguments or tensors, which are read at call time.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any, Callable
 __all__ = ["ClosureGuard", "ModuleGuard", "module_flags", "hashable"]
 
 _MAX_DEPTH = 3
+_MAX_ITEMS = 64        # a longer list of numbers is guarded by identity only
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 
 
@@ -76,13 +83,19 @@ def _holds(kind: str, old, new) -> bool:
     return new is old
 
 
-def _module_state(m) -> list:
+def _module_state(m, skip=frozenset()) -> list:
     """What a trace may have read of module ``m``: each plain attribute (``training``,
     ``momentum``: by value if a number, string or tuple of them, else by identity) and what
-    each dict attribute (parameters, buffers, submodules, hooks) holds, by identity."""
+    each dict attribute (parameters, buffers, submodules, hooks) holds, by identity. Not the
+    attributes in ``skip`` ((id of the dict, name): those the compiled call itself sets)."""
     out = []
-    for k, v in m.__dict__.items():
+    d = m.__dict__
+    for k, v in d.items():
+        if skip and (id(d), k) in skip:
+            continue
         if isinstance(v, dict):
+            if skip and any((id(v), name) in skip for name in v):
+                v = {name: x for name, x in v.items() if (id(v), name) not in skip}
             out.append((k, "dict", tuple(v), tuple(v.values())))
         elif _is_scalar(v):
             out.append((k, "eq", v, None))
@@ -111,16 +124,17 @@ class ModuleGuard:
     trace saw it. Compared only when ``STATE_VERSION`` moved since the last call that held:
     a call of a step whose modules nobody touched costs one integer comparison."""
 
-    __slots__ = ("modules", "states", "version", "_counter")
+    __slots__ = ("modules", "states", "version", "_counter", "_skip")
 
-    def __init__(self, roots):
+    def __init__(self, roots, skip=frozenset()):
         from fusegrad.nn.modules.module import STATE_VERSION
         found: dict[int, Any] = {}
         for root in roots:
             for m in root.modules():
                 found.setdefault(id(m), m)
         self.modules = list(found.values())
-        self.states = [_module_state(m) for m in self.modules]
+        self._skip = skip
+        self.states = [_module_state(m, skip) for m in self.modules]
         self._counter = STATE_VERSION
         self.version = STATE_VERSION[0]
 
@@ -132,84 +146,214 @@ class ModuleGuard:
         version = self._counter[0]
         if version == self.version:
             return True
-        if not all(_same_state(s, _module_state(m)) for m, s in zip(self.modules, self.states)):
+        skip = self._skip
+        if not all(_same_state(s, _module_state(m, skip))
+                   for m, s in zip(self.modules, self.states)):
             return False
         self.version = version
         return True
 
 
 class ClosureGuard:
-    """The closure cells and globals a function's code reads, with what they held."""
+    """The closure cells and globals a function's code reads, and the attributes and items
+    of objects it reaches through them, with what they held."""
 
-    __slots__ = ("cells", "globals_", "modules")
+    __slots__ = ("cells", "globals_", "entries", "modules", "_seen")
 
     def __init__(self):
         self.cells: list[tuple[Any, str, Any]] = []            # cell, kind, value
         self.globals_: list[tuple[dict, str, str, Any]] = []   # dict, name, kind, value
+        # an object's __dict__ or a dict, the attribute name or key, kind, value, and
+        # "attribute" or "item"; or a list, _LIST, its items' kinds, its items, "list"
+        self.entries: list[tuple[Any, Any, Any, Any, str]] = []
         self.modules: list = []         # the modules among them, for a ModuleGuard
+        self._seen: set = set()         # the code and objects followed
 
     @classmethod
-    def of(cls, fn: Callable) -> "ClosureGuard":
+    def of(cls, fn: Callable, args=()) -> "ClosureGuard":
+        """The guard of ``fn`` called with the non-tensor values ``args`` (objects whose
+        attributes the code may read)."""
         guard = cls()
-        guard._add(fn, 0, set())
+        seen = guard._seen
+        guard._add(fn, 0, seen)
+        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+        if code is not None:
+            names, keys = _names(code), _keys(code)
+            for v in args:
+                guard._contents(v, names, keys, 0, seen)
         return guard
 
     def _add(self, fn, depth: int, seen: set) -> None:
-        fn = getattr(fn, "__func__", fn)              # bound methods
+        owner = getattr(fn, "__self__", None)          # bound methods: self is read too
+        fn = getattr(fn, "__func__", fn)
         code = getattr(fn, "__code__", None)
         if code is None or id(code) in seen or depth > _MAX_DEPTH:
             return
         seen.add(id(code))
+        names, keys = _names(code), _keys(code)
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            self._follow(owner, depth, seen, names, keys)
         for cell in getattr(fn, "__closure__", None) or ():
             try:
                 v = cell.cell_contents
             except ValueError:                         # an empty cell (defined later)
                 continue
-            self._record_cell(cell, v, depth, seen)
+            if not isinstance(v, types.ModuleType):
+                self.cells.append((cell, _kind(v), v))
+                self._follow(v, depth, seen, names, keys)
         glob = getattr(fn, "__globals__", None)
         if glob is not None:
-            for name in _names(code):
+            for name in names:
                 if name in glob:
                     v = glob[name]
                     if not isinstance(v, types.ModuleType):
                         self.globals_.append((glob, name, _kind(v), v))
-                        self._follow(v, depth, seen)
+                        self._follow(v, depth, seen, names, keys)
 
-    def _record_cell(self, cell, v, depth: int, seen: set) -> None:
-        if not isinstance(v, types.ModuleType):
-            self.cells.append((cell, _kind(v), v))
-            self._follow(v, depth, seen)
-
-    def _follow(self, v, depth: int, seen: set) -> None:
+    def _follow(self, v, depth: int, seen: set, names: set, keys: set) -> None:
         """A recorded value: a module is guarded by a ModuleGuard, a user's function read in
-        turn."""
+        turn, a user's object or container by the attributes and items the code names."""
         if _is_module(v):
             self.modules.append(v)
-        if isinstance(v, (types.FunctionType, types.MethodType)) and \
-                not getattr(v, "__module__", "").startswith("fusegrad"):
-            self._add(v, depth + 1, seen)
+            self._contents(v, names, keys, depth, seen)     # a user's module: self.cfg.k
+        elif isinstance(v, (types.FunctionType, types.MethodType)):
+            if not getattr(v, "__module__", "").startswith("fusegrad"):
+                self._add(v, depth + 1, seen)
+        else:
+            self._contents(v, names, keys, depth, seen)
+
+    def _contents(self, v, names: set, keys: set, depth: int, seen: set) -> None:
+        """Guard what the code may read of ``v``: the items of a dict under the code's
+        constant keys, the items of a short list, the attributes of a user's object, and of
+        its class, that the code names; and follow those values."""
+        if depth > _MAX_DEPTH or id(v) in seen or _is_scalar(v):
+            return
+        if isinstance(v, dict):
+            seen.add(id(v))
+            held, label = [k for k in keys if k in v], "item"
+        elif type(v) is list:
+            seen.add(id(v))
+            if len(v) <= _MAX_ITEMS:
+                self.entries.append((v, _LIST, tuple(map(_kind, v)), tuple(v), "list"))
+            return
+        else:
+            d = _user_dict(v)
+            if d is None:
+                return
+            seen.add(id(v))
+            if not isinstance(v, type):
+                self._contents(type(v), names, keys, depth, seen)
+            v, label = d, "attribute"
+            held = [n for n in names if n in d]
+        for k in held:
+            value = v[k]
+            self.entries.append((v, k, _kind(value), value, label))
+            self._follow(value, depth + 1, seen, names, keys)
+
+    def add_modules(self, modules) -> None:
+        """Follow the ``forward`` of each of the user's modules that a trace called: the
+        globals it reads, and the attributes of the module that it names."""
+        for m in modules:
+            forward = getattr(type(m), "forward", None)
+            code = getattr(forward, "__code__", None)
+            if code is None or _user_dict(m) is None:
+                continue
+            # (m may have been followed already, for the names of the function's own code)
+            self._contents(m, _names(code), _keys(code), 1, {id(code)})
+            self._add(forward, 1, self._seen)
+
+    def forget(self, skip) -> None:
+        """Stop guarding the attributes in ``skip`` ((id of the dict, name)): the compiled
+        call sets them itself."""
+        if skip:
+            self.entries = [e for e in self.entries if (id(e[0]), e[1]) not in skip]
 
     @property
     def empty(self) -> bool:
-        return not self.cells and not self.globals_
+        return not self.cells and not self.globals_ and not self.entries
 
     def holds(self) -> bool:
         """Whether every recorded name still holds what it held at trace time."""
+        return self.changed() is None
+
+    def changed(self) -> str | None:
+        """What no longer holds what it held at trace time, in words; None if all holds."""
         for cell, kind, old in self.cells:
             try:
                 new = cell.cell_contents
             except ValueError:
-                return False
+                return "a closure variable (now deleted)"
             if not _holds(kind, old, new):
-                return False
+                return f"a closure variable: {_show(old)} -> {_show(new)}"
         missing = _MISSING
         for glob, name, kind, old in self.globals_:
-            if not _holds(kind, old, glob.get(name, missing)):
-                return False
-        return True
+            new = glob.get(name, missing)
+            if not _holds(kind, old, new):
+                return f"global {name!r}: {_show(old)} -> {_show(new)}"
+        for holder, key, kind, old, label in self.entries:
+            if key is _LIST:
+                if len(holder) != len(old) or not all(map(_holds, kind, old, holder)):
+                    return f"a list: {_show(list(old))} -> {_show(holder)}"
+            elif not _holds(kind, old, holder.get(key, missing)):
+                return f"{label} {key!r}: {_show(old)} -> {_show(holder.get(key, missing))}"
+        return None
+
+
+    def restore(self) -> None:
+        """Put back what changed since the guard was made (what a trace of a function with
+        Python side effects changed), where it can be written."""
+        for cell, kind, old in self.cells:
+            try:
+                if not _holds(kind, old, cell.cell_contents):
+                    cell.cell_contents = old
+            except ValueError:
+                cell.cell_contents = old
+        for glob, name, kind, old in self.globals_:
+            if not _holds(kind, old, glob.get(name, _MISSING)):
+                glob[name] = old
+        for holder, key, kind, old, _ in self.entries:
+            if key is _LIST:
+                if len(holder) != len(old) or not all(map(_holds, kind, old, holder)):
+                    holder[:] = old
+            elif not _holds(kind, old, holder.get(key, _MISSING)) and isinstance(holder, dict):
+                holder[key] = old
+
+
+def _user_dict(v):
+    """The attribute dict of a user's object or class (not fusegrad's, numpy's, a tensor's
+    or a builtin's), or None."""
+    t = v if isinstance(v, type) else type(v)
+    module = getattr(t, "__module__", "") or ""
+    if module == "builtins" or module.split(".")[0] in _FOREIGN:
+        return None
+    d = getattr(v, "__dict__", None)
+    return d if isinstance(d, (dict, types.MappingProxyType)) else None
+
+
+def _show(v) -> str:
+    if v is _MISSING:
+        return "(deleted)"
+    text = repr(v) if _is_scalar(v) or type(v) is list else f"<{type(v).__name__} object>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# Packages whose objects the guards do not follow: their state that a trace reads has its
+# own guards (modules, optimizers) or is read at call time (tensors).
+_FOREIGN = frozenset({"fusegrad", "numpy", "torch", "jax", "jaxlib", "ml_dtypes"})
+_LIST = object()          # the key of an entry that guards a whole list by its items
 
 
 _MISSING = object()
+
+
+def _keys(code) -> set:
+    """Constant strings and ints in ``code`` and the code nested in it: the keys that
+    ``cfg["clip"]`` or ``sizes[0]`` may read."""
+    keys = {c for c in code.co_consts if type(c) in (str, int)}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            keys |= _keys(const)
+    return keys
 
 
 def _names(code) -> set[str]:

@@ -204,7 +204,7 @@ def test_module_train_and_eval_are_separate_programs():
 def test_lower_compiles_without_running():
     calls = []
 
-    def f(x):
+    def f(x, calls=calls):       # a default argument: not a value the compile guards
         calls.append(x)
         return (x * 2).exp().sum(-1)
 
@@ -434,3 +434,38 @@ def test_lowered_drawing_shows_each_kernel_as_a_cluster():
     dot = f.lower(fg.randn(4, 8), fg.randn(8, 3)).to_dot()
     assert dot.count("subgraph cluster_") == 2      # matmul+relu, then the row reduction
     assert "matmul" in dot and "exp" in dot
+
+
+def test_compile_decorates_a_method_per_instance():
+    """@fg.compile in a class body: bound through each instance (self is not lost), each
+    instance with its own traces; static_argnums count self, as jax.jit's do."""
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+
+        @fg.compile(static_argnums=2)
+        def f(self, x, n):
+            return x * self.k * n
+
+    x = fg.ones(2)
+    scalers = [Scaler(float(k)) for k in range(fg.config.recompile_limit + 2)]
+    for k, s in enumerate(scalers):                 # more instances than the recompile limit
+        np.testing.assert_array_equal(s.f(x, 3).numpy(), [3.0 * k] * 2)
+        assert s.f.compiles == 1
+    np.testing.assert_array_equal(Scaler.f(scalers[2], x, 5).numpy(), [10.0, 10.0])
+
+
+def test_deepcopy_of_a_compiled_module_is_a_compiled_copy():
+    import copy
+    fg.manual_seed(0)
+    model = fg.nn.Sequential(fg.nn.Linear(2, 3), fg.nn.ReLU(), fg.nn.Linear(3, 1))
+    compiled = fg.compile(model)
+    x = fg.randn(4, 2)
+    before = compiled(x).detach().numpy()
+    twin = copy.deepcopy(compiled)                   # e.g. the best model so far
+    with fg.no_grad():
+        for p in model.parameters():
+            p.mul_(2)
+    np.testing.assert_array_equal(twin(x).detach().numpy(), before)
+    assert not np.allclose(compiled(x).detach().numpy(), before)
+    assert isinstance(twin, type(compiled)) and len(list(twin.parameters())) == 4

@@ -6,6 +6,7 @@ Each compiled result is checked against the same code run eagerly.
 
 import copy
 import re
+import types
 import warnings
 
 import numpy as np
@@ -715,6 +716,256 @@ def test_changing_a_captured_python_float_recompiles():
     np.testing.assert_array_equal(f(x).numpy(), [2, 4])
     k = 10.0
     np.testing.assert_array_equal(f(x).numpy(), [10, 20])
+
+
+class _Trainer:
+    """A user's object holding the values a compiled step reads."""
+
+    LR_SCALE = 1.0                                   # a class attribute
+
+    def __init__(self):
+        self.k = 2.0
+        self.cfg = types.SimpleNamespace(scale=3.0)
+        self.opts = {"shift": 1.0}
+        self.sizes = [1, 2]
+
+    @fg.compile
+    def f(self, x):
+        return x * self.k * self.cfg.scale * self.LR_SCALE + self.opts["shift"] + \
+            self.sizes[1]
+
+
+@pytest.mark.parametrize("change,expected", [
+    (lambda t: setattr(t, "k", 3.0), 12.0),
+    (lambda t: setattr(t.cfg, "scale", 1.0), 5.0),
+    (lambda t: t.opts.__setitem__("shift", 5.0), 13.0),
+    (lambda t: t.sizes.__setitem__(1, 0), 7.0),
+    (lambda t: setattr(_Trainer, "LR_SCALE", 0.5), 6.0),
+], ids=["attribute", "attribute-of-attribute", "dict-item", "list-item", "class-attribute"])
+def test_values_read_from_objects_are_guarded(change, expected):
+    """self.k, self.cfg.scale, self.opts["shift"], self.sizes[1] and a class attribute,
+    read by a method compiled with @fg.compile in its class body: a change recompiles (they
+    were baked in as they were at the first call)."""
+    t = _Trainer()
+    x = fg.ones(2)
+    try:
+        np.testing.assert_array_equal(t.f(x).numpy(), [9.0, 9.0])
+        change(t)
+        np.testing.assert_array_equal(t.f(x).numpy(), [expected] * 2)
+    finally:
+        _Trainer.LR_SCALE = 1.0
+
+
+def test_attributes_of_self_and_of_object_arguments_are_guarded():
+    class Scaler:
+        def __init__(self):
+            self.k = 2.0
+
+        def step(self, x):
+            return x * self.k
+
+    s = Scaler()
+    bound = fg.compile(s.step)                       # a bound method
+    cfg = types.SimpleNamespace(a=2.0)
+    by_arg = fg.compile(lambda x, c: x * c.a)        # an object argument
+    x = fg.ones(2)
+    assert bound(x).tolist() == [2.0, 2.0] and by_arg(x, cfg).tolist() == [2.0, 2.0]
+    s.k, cfg.a = 5.0, 7.0
+    assert bound(x).tolist() == [5.0, 5.0] and by_arg(x, cfg).tolist() == [7.0, 7.0]
+
+
+def test_dict_attribute_of_a_user_module_is_guarded():
+    class Scaled(fg.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = fg.nn.Linear(3, 3)
+            self.opts = {"mul": 2.0}
+
+        def forward(self, x):
+            return self.lin(x) * self.opts["mul"]
+
+    m = Scaled()
+    cm = fg.compile(m)
+    x = fg.ones(2, 3)
+    before = cm(x).detach().numpy()
+    m.opts["mul"] = 4.0
+    np.testing.assert_allclose(cm(x).detach().numpy(), 2 * before, rtol=1e-6)
+
+
+_FORWARD_SCALE = 1.0
+
+
+class _ScaledByGlobal(fg.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = fg.nn.Linear(3, 1)
+        self.cfg = types.SimpleNamespace(shift=0.0)
+
+    def forward(self, x):
+        return self.lin(x) * _FORWARD_SCALE + self.cfg.shift
+
+
+def test_globals_and_attributes_read_by_a_called_modules_forward_are_guarded():
+    """A compiled function calls a module whose forward reads a global and an attribute of a
+    plain object: changing either recompiles (the function saw neither name)."""
+    global _FORWARD_SCALE
+    fg.manual_seed(0)
+    model = _ScaledByGlobal()
+    f = fg.compile(lambda x: model(x).sum())
+    x = fg.ones(2, 3)
+    try:
+        base = f(x).item()
+        _FORWARD_SCALE = 3.0
+        assert f(x).item() == pytest.approx(3 * base, rel=1e-6)
+        model.cfg.shift = 1.0
+        assert f(x).item() == pytest.approx(3 * base + 2.0, rel=1e-6)
+    finally:
+        _FORWARD_SCALE = 1.0
+
+
+class _KeepsWeights(fg.nn.Module):
+    """A forward that stores its attention weights and counts its calls in a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = fg.nn.Linear(4, 4)
+        self.register_buffer("calls", fg.zeros(()))
+
+    def forward(self, x):
+        w = (self.lin(x) @ x.t()).softmax(-1)
+        self.weights = w
+        self.calls = self.calls + 1
+        return w @ x
+
+
+def test_tensors_a_compiled_forward_stores_on_its_module_are_this_calls():
+    """``self.weights = w`` and a buffer reassigned in a compiled forward: after each call
+    the module holds that call's tensors (the trace's placeholders stayed there), with the
+    gradient eager gives through them; the buffer counts the calls."""
+    fg.manual_seed(0)
+    model, twin = _KeepsWeights(), _KeepsWeights()
+    twin.load_state_dict(model.state_dict())
+    compiled = fg.compile(model)
+    x = fg.randn(3, 4)
+    kept = []
+    for _ in range(3):
+        compiled(x)
+        kept.append(model.weights)
+        twin(x)
+    assert compiled.compiles == 1 and model.calls.item() == 3.0
+    assert len({id(w) for w in kept}) == 3 and model.weights.requires_grad
+    np.testing.assert_allclose(model.weights.detach().numpy(), twin.weights.detach().numpy(),
+                               rtol=1e-6)
+    (model.weights ** 2).sum().backward()
+    (twin.weights ** 2).sum().backward()
+    np.testing.assert_allclose(model.lin.weight.grad.numpy(), twin.lin.weight.grad.numpy(),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_tensors_stored_on_a_module_in_a_compiled_step():
+    fg.manual_seed(0)
+    model = _KeepsWeights()
+    opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+    @fg.compile
+    def step(x):
+        opt.zero_grad()
+        loss = model(x).sum() + (model.weights ** 2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+    fg.manual_seed(0)
+    twin = _KeepsWeights()
+    topt = fg.optim.SGD(twin.parameters(), lr=0.1)
+    x = fg.randn(3, 4)
+    for _ in range(3):
+        step(x)
+        topt.zero_grad()
+        (twin(x).sum() + (twin.weights ** 2).sum()).backward()
+        topt.step()
+    assert step.compiles == 1 and model.calls.item() == 3.0
+    np.testing.assert_allclose(model.weights.detach().numpy(), twin.weights.detach().numpy(),
+                               rtol=1e-5)
+
+
+def test_gradient_hooks_with_python_side_effects_run_at_every_call():
+    """A post-accumulate hook that records each gradient, and a tensor hook that counts: in
+    a compiled step they would run once, at trace time (recording traced placeholders), so
+    the step runs eagerly and they run at every call."""
+    w = fg.tensor([0.0, 1.0, 2.0], requires_grad=True)
+    seen, calls = [], [0]
+
+    def record(p):
+        seen.append(p.grad.clone())
+
+    def count(g):
+        calls[0] += 1
+    w.register_post_accumulate_grad_hook(record)
+    w.register_hook(count)
+
+    def step(x):
+        loss = ((x * w) ** 2).sum()
+        loss.backward()
+        return loss
+    compiled = fg.compile(step)
+    x = fg.tensor([1.0, 2.0, 3.0])
+    with pytest.warns(UserWarning, match="gradient hook .* changes a Python value it reads"):
+        compiled(x)
+    for _ in range(3):
+        compiled(x)
+    assert calls[0] == 4 and len(seen) == 4
+    np.testing.assert_array_equal(sum(s.numpy() for s in seen), [0.0, 80.0, 360.0])
+    with pytest.raises(ConcretizationError, match="gradient hook"):
+        fg.compile(step, fullgraph=True)(x)
+    assert calls[0] == 4 and len(seen) == 4          # the trace's changes undone
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_python_side_effects_in_a_compiled_function_run_eagerly_or_raise(fullgraph):
+    """A counter incremented and a list appended to inside the compiled function: a
+    compiled call runs no Python, so the changes would happen once. The function runs
+    eagerly (warning), or fullgraph=True raises; the trace's own changes are undone."""
+    class Counter:
+        def __init__(self):
+            self.n = 0
+            self.seen = []
+
+        def step(self, x):
+            self.n += 1
+            self.seen.append(x.shape[0])
+            return x * 2
+
+    c = Counter()
+    f = fg.compile(c.step, fullgraph=fullgraph)
+    x = fg.ones(3)
+    effect = r"changes a Python value it reads \((attribute 'n': 0 -> 1|a list: \[\] -> \[3\])\)"
+    if fullgraph:
+        with pytest.raises(ConcretizationError, match=effect):
+            f(x)
+        assert c.n == 0 and c.seen == []               # the trace's changes undone
+        return
+    with pytest.warns(UserWarning, match="running step eagerly: step " + effect):
+        out = f(x)
+    for _ in range(4):
+        out = f(x)
+    assert c.n == 5 and c.seen == [3] * 5
+    np.testing.assert_array_equal(out.numpy(), [2.0] * 3)
+
+
+def test_recompile_limit_message_names_the_changing_value():
+    class Holder:
+        k = 0
+
+    h = Holder()
+    f = fg.compile(lambda x: x * h.k)
+    x = fg.ones(2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(fg.config.recompile_limit + 2):
+            h.k = i
+            np.testing.assert_array_equal(f(x).numpy(), [i, i])    # eager past the limit
+    text = " ".join(str(w.message) for w in caught)
+    assert "recompile limit" in text and "attribute 'k'" in text, text
 
 
 def test_teacher_updated_by_ema_is_seen():

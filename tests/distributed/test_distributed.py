@@ -142,10 +142,7 @@ def test_post_accumulate_grad_hook_eager_and_compiled():
     def run(compiled: bool):
         fg.manual_seed(0)
         lin = fg.nn.Linear(3, 2)
-        seen = []
-
         def hook(p):
-            seen.append(tuple(p.grad.shape))
             p.grad = p.grad * 2
 
         for p in lin.parameters():
@@ -162,14 +159,14 @@ def test_post_accumulate_grad_hook_eager_and_compiled():
             step = fg.compile(step, fullgraph=True)
         x = fg.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
         losses = [float(step(x)) for _ in range(3)]
-        return losses, [p.detach().numpy() for p in lin.parameters()], seen
+        return losses, [p.detach().numpy() for p in lin.parameters()]
 
     eager, compiled = run(False), run(True)
     np.testing.assert_allclose(eager[0], compiled[0], rtol=1e-5)
     for a, b in zip(eager[1], compiled[1]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    assert sorted(eager[2][:2]) == [(2,), (2, 3)]
-    assert len(compiled[2]) == 2                   # once, while tracing
+    # (a hook that also records into a Python list is refused in a compiled step:
+    # tests/compiler/test_compile_state.py)
 
 
 def test_data_parallel_on_one_rank_is_the_module(one_rank):

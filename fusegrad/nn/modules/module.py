@@ -126,6 +126,23 @@ class RemovableHandle:
         self.remove()
 
 
+class _Hook:
+    """A forward hook registered with options (``with_kwargs``, ``always_call``)."""
+
+    __slots__ = ("fn", "with_kwargs", "always_call")
+
+    def __init__(self, fn: Callable, with_kwargs: bool, always_call: bool):
+        self.fn, self.with_kwargs, self.always_call = fn, with_kwargs, always_call
+
+
+def _register(hooks: dict, hook, prepend: bool) -> RemovableHandle:
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    if prepend:
+        hooks.move_to_end(handle.id, last=False)
+    return handle
+
+
 class Module:
     """Base class for all neural network modules, with ``torch.nn.Module``'s API.
 
@@ -170,15 +187,37 @@ class Module:
         # values twice per call is most of what a call costs beyond forward.
         if self._forward_pre_hooks:
             for hook in tuple(self._forward_pre_hooks.values()):
+                if type(hook) is _Hook:
+                    result = hook.fn(self, args, kwargs)
+                    if result is not None:
+                        if not (isinstance(result, tuple) and len(result) == 2):
+                            raise RuntimeError(
+                                "forward pre-hook must return None or a tuple of (new_args, "
+                                f"new_kwargs), but got {result!r}.")
+                        args, kwargs = result
+                        args = args if isinstance(args, tuple) else (args,)
+                    continue
                 result = hook(self, args)
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
-        out = self.forward(*args, **kwargs)
-        if self._forward_hooks:
+        if not self._forward_hooks:
+            return self.forward(*args, **kwargs)
+        try:
+            out = self.forward(*args, **kwargs)
+        except BaseException:
             for hook in tuple(self._forward_hooks.values()):
+                if type(hook) is _Hook and hook.always_call:
+                    hook.fn(self, args, kwargs, None) if hook.with_kwargs else \
+                        hook.fn(self, args, None)
+            raise
+        for hook in tuple(self._forward_hooks.values()):
+            if type(hook) is _Hook:
+                result = hook.fn(self, args, kwargs, out) if hook.with_kwargs else \
+                    hook.fn(self, args, out)
+            else:
                 result = hook(self, args, out)
-                if result is not None:
-                    out = result
+            if result is not None:
+                out = result
         return out
 
     def compile(self, *args, **kwargs) -> None:
@@ -196,17 +235,22 @@ class Module:
         state.pop("_compiled_call", None)
         return state
 
-    def register_forward_pre_hook(self, hook: Callable) -> RemovableHandle:
-        """``hook(module, args)`` runs before ``forward``; it may return replacement args."""
-        handle = RemovableHandle(self._forward_pre_hooks)
-        self._forward_pre_hooks[handle.id] = hook
-        return handle
+    def register_forward_pre_hook(self, hook: Callable, *, prepend: bool = False,
+                                  with_kwargs: bool = False) -> RemovableHandle:
+        """``hook(module, args)`` runs before ``forward``; it may return replacement args.
+        ``with_kwargs``: ``hook(module, args, kwargs)``, which may return ``(args, kwargs)``.
+        ``prepend``: before the hooks registered so far."""
+        return _register(self._forward_pre_hooks,
+                         _Hook(hook, with_kwargs, False) if with_kwargs else hook, prepend)
 
-    def register_forward_hook(self, hook: Callable) -> RemovableHandle:
-        """``hook(module, args, output)`` runs after ``forward``; it may replace the output."""
-        handle = RemovableHandle(self._forward_hooks)
-        self._forward_hooks[handle.id] = hook
-        return handle
+    def register_forward_hook(self, hook: Callable, *, prepend: bool = False,
+                              with_kwargs: bool = False,
+                              always_call: bool = False) -> RemovableHandle:
+        """``hook(module, args, output)`` runs after ``forward``; it may replace the output.
+        ``with_kwargs``: ``hook(module, args, kwargs, output)``. ``prepend``: before the hooks
+        registered so far. ``always_call``: also when ``forward`` raises (with output None)."""
+        return _register(self._forward_hooks, _Hook(hook, with_kwargs, always_call)
+                         if with_kwargs or always_call else hook, prepend)
 
     # ------------------------------------------------------------------ registration
 
@@ -320,8 +364,12 @@ class Module:
             if value is not None and not isinstance(value, Tensor):
                 raise TypeError(f"cannot assign '{_typename(value)}' as buffer '{name}' "
                                 "(torch.Tensor or None expected)")
+            if primitive.CAPTURE and value is not None and value._trace is not None:
+                primitive.CAPTURE[-1].note_attribute(buffers, name, value, True)
             buffers[name] = value
             return
+        if primitive.CAPTURE and isinstance(value, Tensor) and value._trace is not None:
+            primitive.CAPTURE[-1].note_attribute(self.__dict__, name, value, False)
         object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str):
@@ -330,7 +378,8 @@ class Module:
         for key in ("_parameters", "_buffers", "_modules"):
             if key in d and name in d[key]:
                 return d[key][name]
-        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        from fusegrad.torch_api import missing_attribute
+        raise missing_attribute("torch.nn.Module", type(self).__name__, name)
 
     def __delattr__(self, name: str) -> None:
         STATE_VERSION[0] += 1

@@ -1,0 +1,94 @@
+"""Gradients at the edges where torch defines a value: ties, the origin, kinks, hooks and
+repeated inputs of ``autograd.grad``. Each expected value is torch 2.x's, checked by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+
+F = fg.nn.functional
+
+
+def test_autograd_grad_runs_a_leafs_hooks():
+    x = fg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    x.register_hook(lambda g: g * 10)
+    (g,) = fg.autograd.grad((x * x).sum(), x)
+    np.testing.assert_array_equal(g.numpy(), [20.0, 40.0, 60.0])    # was [2, 4, 6]
+
+
+def test_autograd_grad_of_an_input_given_twice():
+    x = fg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    a, b = fg.autograd.grad((x * x).sum(), [x, x])
+    np.testing.assert_array_equal(a.numpy(), [2.0, 4.0, 6.0])
+    np.testing.assert_array_equal(b.numpy(), [2.0, 4.0, 6.0])
+
+
+def test_atan2_gradient_at_the_origin_is_zero():
+    y = fg.tensor([0.0, 1.0], requires_grad=True)
+    x = fg.tensor([0.0, 1.0], requires_grad=True)
+    fg.atan2(y, x).sum().backward()
+    np.testing.assert_array_equal(y.grad.numpy(), [0.0, 0.5])
+    np.testing.assert_array_equal(x.grad.numpy(), [0.0, -0.5])
+
+
+@pytest.mark.parametrize("op", ["fmax", "fmin"])
+def test_fmax_fmin_give_a_tie_to_the_first_operand(op):
+    a = fg.tensor([1.0, 2.0, float("nan")], requires_grad=True)
+    b = fg.tensor([1.0, float("nan"), 3.0], requires_grad=True)
+    getattr(fg, op)(a, b).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), [1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(b.grad.numpy(), [0.0, 0.0, 1.0])
+
+
+def test_bce_with_logits_second_derivative_at_zero():
+    x = fg.tensor([0.0, 0.5, -1.0], dtype=fg.float64, requires_grad=True)
+    t = fg.tensor([0.3, 0.3, 0.3], dtype=fg.float64)
+    loss = F.binary_cross_entropy_with_logits(x, t, reduction="sum")
+    (g,) = fg.autograd.grad(loss, x, create_graph=True)
+    (h,) = fg.autograd.grad(g.sum(), x)
+    s = 1 / (1 + np.exp(-x.detach().numpy()))
+    np.testing.assert_allclose(g.detach().numpy(), s - 0.3, rtol=1e-12)
+    np.testing.assert_allclose(h.numpy(), s * (1 - s), rtol=1e-12)    # 0.25 at 0 (was 0)
+
+
+@pytest.mark.parametrize("op", ["median", "nanmedian"])
+def test_median_of_all_elements_shares_its_gradient_among_ties(op):
+    x = fg.tensor([[1.0, 3.0, 2.0], [2.0, 2.0, 5.0]], requires_grad=True)
+    m = getattr(x, op)()
+    assert m.item() == 2.0
+    m.backward()
+    third = np.float32(1.0) / np.float32(3.0)
+    np.testing.assert_array_equal(x.grad.numpy(), [[0, 0, third], [third, third, 0]])
+    v = fg.tensor([0.1, 0.1, 0.1, 0.7], requires_grad=True)
+    assert v.median().item() == np.float32(0.1)          # the value itself is exact
+
+
+def test_median_along_a_dim_keeps_one_index():
+    x = fg.tensor([[2.0, 2.0, 5.0]], requires_grad=True)
+    values, indices = x.median(1)
+    values.sum().backward()
+    assert x.grad.numpy().sum() == 1.0 and x.grad.numpy()[0, indices.item()] == 1.0
+
+
+@pytest.mark.parametrize("xs,want", [
+    ([0.0, 0.0, 3.0], [30.0, 3.0, 0.0]),             # two zeros: d(prod of the others)/dx
+    ([0.0, 2.0, 3.0], [230.0, 3.0, 2.0]),
+    ([0.0, 0.0, 0.0], [0.0, 0.0, 0.0]),
+    ([1.0, 2.0, 3.0], [230.0, 103.0, 12.0]),
+])
+def test_prod_second_derivative_with_zeros(xs, want):
+    a = fg.tensor(xs, dtype=fg.float64, requires_grad=True)
+    (g,) = fg.autograd.grad(a.prod(), a, create_graph=True)
+    (h,) = fg.autograd.grad((g * fg.tensor([1.0, 10.0, 100.0], dtype=fg.float64)).sum(), a)
+    np.testing.assert_allclose(h.numpy(), want, rtol=1e-12)
+
+
+def test_cumprod_second_derivative_with_zeros():
+    r = fg.tensor([1.5, -2.0, 0.7], dtype=fg.float64)
+    a = fg.zeros(3, dtype=fg.float64, requires_grad=True)
+    (g,) = fg.autograd.grad((a.cumprod(0) * r).sum(), a, create_graph=True)
+    (h,) = fg.autograd.grad((g * g).sum(), a)
+    np.testing.assert_array_equal(g.detach().numpy(), [1.5, 0.0, 0.0])
+    np.testing.assert_array_equal(h.numpy(), [0.0, 2 * 1.5 * -2.0, 0.0])
