@@ -227,6 +227,24 @@ TORCH_NAMES: dict[str, frozenset[str]] = {
     UpsamplingNearest2d ZeroPad1d ZeroPad2d ZeroPad3d attention common_types factory_kwargs
     functional grad init intrinsic modules parallel parameter qat quantizable quantized utils
     """.split()),
+    "torch.nn.Module": frozenset("""
+    T_destination add_module apply bfloat16 buffers call_super_init children compile cpu
+    cuda double dump_patches eval extra_repr float forward get_buffer get_extra_state
+    get_parameter get_submodule half ipu load_state_dict modules mtia named_buffers
+    named_children named_modules named_parameters parameters register_backward_hook
+    register_buffer register_forward_hook register_forward_pre_hook
+    register_full_backward_hook register_full_backward_pre_hook
+    register_load_state_dict_post_hook register_load_state_dict_pre_hook register_module
+    register_parameter register_state_dict_post_hook register_state_dict_pre_hook
+    requires_grad_ set_extra_state set_submodule share_memory state_dict to to_empty train
+    type xpu zero_grad
+    """.split()),
+    "torch.optim.Optimizer": frozenset("""
+    OptimizerPostHook OptimizerPreHook add_param_group load_state_dict profile_hook_step
+    register_load_state_dict_post_hook register_load_state_dict_pre_hook
+    register_state_dict_post_hook register_state_dict_pre_hook register_step_post_hook
+    register_step_pre_hook state_dict step zero_grad
+    """.split()),
     "torch.nn.functional": frozenset("""
     ScalingType SwizzleType adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d
     adaptive_max_pool1d adaptive_max_pool1d_with_indices adaptive_max_pool2d

@@ -26,10 +26,12 @@ NAMESPACES: dict[str, str] = {
     "torch": "fusegrad",
     "torch.Tensor": "fusegrad.Tensor",
     "torch.nn": "fusegrad.nn",
+    "torch.nn.Module": "fusegrad.nn.Module",
     "torch.nn.functional": "fusegrad.nn.functional",
     "torch.nn.init": "fusegrad.nn.init",
     "torch.nn.utils": "fusegrad.nn.utils",
     "torch.optim": "fusegrad.optim",
+    "torch.optim.Optimizer": "fusegrad.optim.Optimizer",
     "torch.optim.lr_scheduler": "fusegrad.optim.lr_scheduler",
     "torch.utils.data": "fusegrad.utils.data",
     "torch.linalg": "fusegrad.linalg",
@@ -97,6 +99,12 @@ def _resolve(path: str):
     if path == "fusegrad.Tensor":
         from fusegrad.tensor import Tensor
         return Tensor
+    if path == "fusegrad.nn.Module":
+        from fusegrad.nn import Module
+        return Module
+    if path == "fusegrad.optim.Optimizer":
+        from fusegrad.optim import Optimizer
+        return Optimizer
     return importlib.import_module(path)
 
 
@@ -119,6 +127,8 @@ def fusegrad_names(namespace: str) -> set[str]:
     obj = _resolve(path)
     if path == "fusegrad.Tensor":  # placeholders for missing names make hasattr False
         return {n for n in dir(obj) if not n.startswith("_") and hasattr(obj, n)}
+    if isinstance(obj, type):        # a class: its methods and attributes
+        return {n for n in dir(obj) if not n.startswith("_")}
     names = {n for n in dir(obj) if not n.startswith("_") and _is_own(getattr(obj, n))}
     is_package = hasattr(obj, "__path__")
     for name in torch_names(namespace):

@@ -249,6 +249,8 @@ def test_default_collate_types():
     assert [t.tolist() for t in lists] == [[1, 3], [2, 4]]
     stacked = D.default_collate([fusegrad.ones(2, 2), fusegrad.zeros(2, 2)])
     assert stacked.shape == (2, 2, 2) and stacked.sum().item() == 4
+    # strings in a tuple sample stay the tuple zip makes (torch's); in a dict, a list
+    assert D.default_collate([(0.0, "a"), (1.0, "b")])[1] == ("a", "b")
 
 
 def test_default_collate_errors_match_torch():

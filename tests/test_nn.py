@@ -967,6 +967,46 @@ def test_forward_hooks():
     assert lin(fusegrad.ones(1, 2)).abs().sum().item() > 0 and calls == ["pre"]
 
 
+def test_forward_hook_options_follow_torch():
+    """prepend, with_kwargs (pre-hook: may return (args, kwargs); hook: sees kwargs) and
+    always_call (runs, with output None, when forward raises)."""
+    class Scale(nn.Module):
+        def forward(self, x, *, k=1.0):
+            if k < 0:
+                raise ValueError("negative k")
+            return x * k
+
+    m = Scale()
+    order = []
+    m.register_forward_pre_hook(lambda mod, args: order.append("first"))
+    m.register_forward_pre_hook(lambda mod, args: order.append("prepended"), prepend=True)
+    m.register_forward_pre_hook(lambda mod, args, kwargs: (args, {"k": kwargs["k"] * 10}),
+                                with_kwargs=True)
+    seen = []
+    m.register_forward_hook(lambda mod, args, kwargs, out: seen.append(kwargs["k"]) or out + 1,
+                            with_kwargs=True)
+    ended = []
+    m.register_forward_hook(lambda mod, args, out: ended.append(out), always_call=True)
+    out = m(fusegrad.ones(2), k=2.0)
+    assert out.tolist() == [21.0, 21.0] and order == ["prepended", "first"] and seen == [20.0]
+    assert ended[-1].tolist() == [21.0, 21.0]
+    with pytest.raises(ValueError, match="negative k"):
+        m(fusegrad.ones(2), k=-1.0)
+    assert ended[-1] is None and seen == [20.0]
+    bad = nn.Identity()
+    bad.register_forward_pre_hook(lambda mod, args, kwargs: args, with_kwargs=True)
+    with pytest.raises(RuntimeError, match="forward pre-hook must return None or a tuple"):
+        bad(fusegrad.ones(1))
+
+
+def test_missing_module_methods_say_they_are_not_implemented():
+    with pytest.raises(AttributeError, match="register_full_backward_hook is not implemented in "
+                                             "fusegrad yet"):
+        _ = nn.Linear(2, 2).register_full_backward_hook
+    with pytest.raises(AttributeError, match="^'Linear' object has no attribute 'nonsense'$"):
+        _ = nn.Linear(2, 2).nonsense
+
+
 # --------------------------------------------------------------------------- containers
 
 

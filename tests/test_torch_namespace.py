@@ -116,6 +116,10 @@ NOT_YET = [  # (fusegrad object, torch namespace, a torch name fusegrad lacks)
     (torch.nn.functional, "torch.nn.functional", "ctc_loss"),
     (torch.optim, "torch.optim", "LBFGS"),
     (torch.linalg, "torch.linalg", "lstsq"),
+    (torch.nn.init, "torch.nn.init", "orthogonal_"),
+    (torch.nn.utils, "torch.nn.utils", "weight_norm"),
+    (torch.utils.data, "torch.utils.data", "WeightedRandomSampler"),
+    (torch.optim.lr_scheduler, "torch.optim.lr_scheduler", "CyclicLR"),
 ]
 
 
@@ -130,7 +134,9 @@ def test_torch_name_fusegrad_lacks_says_not_implemented_yet(owner, namespace, na
     assert not hasattr(owner, name)
 
 
-@pytest.mark.parametrize("owner", [torch, torch.nn, torch.nn.functional, torch.optim, torch.linalg])
+@pytest.mark.parametrize("owner", [torch, torch.nn, torch.nn.functional, torch.optim, torch.linalg,
+                                   torch.nn.init, torch.nn.utils, torch.utils.data,
+                                   torch.optim.lr_scheduler])
 def test_typo_gives_the_plain_message(owner):
     with pytest.raises(AttributeError, match=rf"^module '{owner.__name__}' has no attribute 'relux'$"):
         owner.relux  # noqa: B018
@@ -206,3 +212,12 @@ def test_tensor_placeholders_do_not_shadow_real_attributes():
             assert "is not implemented in fusegrad yet" in str(e), name
         except Exception:
             pass  # a property that needs a different tensor (e.g. .T on 3-D) is implemented
+
+
+
+def test_optimizers_say_which_torch_methods_they_lack():
+    opt = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
+    with pytest.raises(AttributeError, match="torch.optim.Optimizer.register_step_pre_hook is "
+                                             "not implemented"):
+        _ = opt.register_step_pre_hook
+    assert not hasattr(opt, "no_such_name")

@@ -110,6 +110,7 @@ def describe(target: dict, plan: dict, graph_text: str) -> str:
         lines.append(f"  out {k}: {o}")
     lines.append("state (kept by the artifact; * carried in the file, <- written by a call):")
     written = {w["state"] for p in plan["programs"] for w in p["writes"] if "state" in w}
+    written |= {n for p in plan["programs"] for n in p.get("sets", {})}
     for spec in plan["state"]:
         mark = "*" if spec.get("carried") else " "
         arrow = " <-" if spec["name"] in written else ""
@@ -124,6 +125,9 @@ def describe(target: dict, plan: dict, graph_text: str) -> str:
         lines.append("  inputs: " + ", ".join(
             f"{f['value']} = " + (f"arg{f['arg']}" if "arg" in f else f["state"])
             for f in p["inputs"]))
+        if p.get("sets"):
+            lines.append("  then sets: " + ", ".join(
+                f"{n} = {e['value']}" for n, e in p["sets"].items()))
         for k in summary["kernels"]:
             lines.append(f"  {k['step']:<9} {k['describe']}")
         lines.append("  memory plan (intermediate buffers; values whose lives do not overlap "
@@ -192,10 +196,20 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
         if first is not None:
             first.rollback()
     programs = [_build(g, io, target, pipeline) for g, io in zip(graphs, ios)]
-    if len(programs) == 2:
-        programs[0][0]["role"] = "first"
-        table.add("aot.calls", "i64[]", [], "int64", np.zeros((), np.int64))
     needed, written = set(), set()
+    if len(programs) == 2:
+        first_plan, steady_plan = programs[0][0], programs[1][0]
+        first_plan["role"] = "first"
+        table.add("aot.calls", "i64[]", [], "int64", np.zeros((), np.int64))
+        # State the first step makes from constants (Adam's step count: 1), which its
+        # program therefore does not write: the first call sets it to those values (a fresh
+        # start given step 0 trained with every bias correction one step behind).
+        made = {f["state"] for f in steady_plan["inputs"] if "state" in f} - \
+            {f["state"] for f in first_plan["inputs"] if "state" in f} - \
+            {w["state"] for w in first_plan["writes"] if "state" in w}
+        first_plan["sets"] = {n: {"dtype": table.initial[n].dtype.name,
+                                  "value": table.initial[n].tolist()} for n in sorted(made)}
+        written |= made
     for plan, _, _ in programs:
         needed |= {f["state"] for f in plan["inputs"] if "state" in f} - written
         written |= {w["state"] for w in plan["writes"] if "state" in w}
@@ -568,6 +582,7 @@ class _Linked:
     feeds: list[tuple[bool, Any]]         # (is an argument, argument index or state name)
     writes: list[tuple[int, bool, Any]]   # (output, to an argument, argument or state name)
     rng_counters: int
+    sets: dict = field(default_factory=dict)   # state name -> the value the call sets
 
 
 class LoadedArtifact:
@@ -624,7 +639,9 @@ class LoadedArtifact:
         feeds = [(True, f["arg"]) if "arg" in f else (False, f["state"]) for f in plan["inputs"]]
         writes = [(w["output"], "arg" in w, w["arg"] if "arg" in w else w["state"])
                   for w in plan["writes"]]
-        return _Linked(plan["role"], program, feeds, writes, int(plan["rng_counters"]))
+        sets = {n: np.array(e["value"], dtype=np.dtype(e["dtype"]))
+                for n, e in plan.get("sets", {}).items()}
+        return _Linked(plan["role"], program, feeds, writes, int(plan["rng_counters"]), sets)
 
     def _state(self, plan: dict, blob: bytes, given: dict) -> dict[str, np.ndarray]:
         data = {e["name"]: e for e in plan["state_data"]}
@@ -687,6 +704,8 @@ class LoadedArtifact:
                 target = leaves[key]._data if to_arg else state[key]
                 if outs[j] is not target:
                     np.copyto(target, outs[j])
+            for key, value in linked.sets.items():
+                np.copyto(state[key], value)
             if linked.rng_counters:
                 state["rng"][1] += linked.rng_counters
             if "aot.calls" in state:

@@ -103,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {args.output}: {size} bytes, {len(art.plan['programs'])} program(s), "
               f"{kernels} compiled kernels, cpu {art.target['cpu']}")
         return 0
-    except (ArtifactError, ValueError, OSError, ImportError, AttributeError) as e:
+    except (ArtifactError, ValueError, TypeError, RuntimeError, OSError, ImportError,
+            AttributeError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
 

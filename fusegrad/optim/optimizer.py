@@ -131,6 +131,11 @@ class Optimizer:
     Subclasses implement :meth:`step`; per-parameter state lives in ``self.state[param]``.
     """
 
+    def __getattr__(self, name: str):
+        # Only called when normal lookup fails: torch's names fusegrad lacks say so.
+        from fusegrad.torch_api import missing_attribute
+        raise missing_attribute("torch.optim.Optimizer", type(self).__name__, name)
+
     # Set by optimizers whose capturable branch is what a traced step should run.
     _capturable_when_compiled = False
 

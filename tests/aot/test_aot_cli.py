@@ -82,3 +82,16 @@ def test_compile_errors_are_one_line(tmp_path, capsys):
                      "-o", str(tmp_path / "o")]) == 1
     assert capsys.readouterr().err.startswith("fusegrad-aot: error:")
     assert cli.main(["compile", "os:path", "--example", "q7[2", "-o", str(tmp_path / "o")]) == 1
+
+
+def test_unknown_dtypes_and_wrong_argument_counts_are_one_line(tmp_path, capsys, monkeypatch):
+    (tmp_path / "two_args.py").write_text("def f(x, y):\n    return x + y\n")
+    monkeypatch.chdir(tmp_path)
+    for examples, why in ((["bool8[3]", "f32[3]"], "unknown dtype 'bool8'"),
+                          (["f32[3]"], "missing 1 required positional argument")):
+        argv = ["compile", "two_args:f", "-o", str(tmp_path / "o")]
+        for e in examples:
+            argv += ["--example", e]
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("fusegrad-aot: error:") and why in err and err.count("\n") == 1

@@ -111,6 +111,29 @@ def test_state_given_at_load_is_trained_in_place():
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_fresh_adam_state_given_at_load_counts_steps_as_eager():
+    """carry_state=False with a fresh optimizer's state (step counts 0, calls 0): the first
+    call sets the step count its program does not write (Adam makes it from a constant),
+    so every later bias correction is eager's (it trained one step behind)."""
+    step, model, opt, x, y = mlp_step("adamw")
+    art = fg.aot.compile(step, x, y, carry_state=False)
+    names = [n for n in art.plan["state"] if n["name"].endswith(".step")]
+    assert names and all(not n["needed"] for n in names)
+    state = {"model." + n: p.detach().numpy().copy() for n, p in model.named_parameters()}
+    state.update({"lr": np.array(opt.param_groups[0]["lr"]), "aot.calls": np.array(0)})
+    state.update({n["name"]: np.zeros((), np.float32) for n in names})
+    run = fg.aot.loads(art.to_bytes(), state=state)
+    text = run.describe()
+    assert "then sets: " in text and "opt.state.model.0.weight.step = 1.0" in text
+    for xb, yb in batches(4):
+        np.testing.assert_allclose(run(xb, yb).numpy(), step(xb, yb).detach().numpy(), rtol=1e-5)
+    p0 = next(iter(model.parameters()))
+    assert run.state["opt.state.model.0.weight.step"] == opt.state[p0]["step"].item() == 4.0
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(run.state["model." + name], p.detach().numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_module_forward_roundtrip():
     fg.manual_seed(1)
     model = fg.nn.Sequential(fg.nn.Linear(5, 7), fg.nn.GELU(), fg.nn.LayerNorm(7))

@@ -9,3 +9,8 @@ from fusegrad.nn.utils.convert_parameters import parameters_to_vector, vector_to
 
 __all__ = ["clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "parameters_to_vector",
            "vector_to_parameters"]
+
+
+def __getattr__(name: str):
+    from fusegrad.torch_api import missing_attribute
+    raise missing_attribute("torch.nn.utils", "fusegrad.nn.utils", name)

@@ -28,3 +28,8 @@ __all__ = [
     "BatchSampler", "DistributedSampler", "DataLoader", "default_collate", "default_convert",
     "get_worker_info", "WorkerInfo",
 ]
+
+
+def __getattr__(name: str):
+    from fusegrad.torch_api import missing_attribute
+    raise missing_attribute("torch.utils.data", "fusegrad.utils.data", name)

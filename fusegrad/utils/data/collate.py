@@ -115,7 +115,8 @@ def default_collate(batch: list) -> Any:
         if not all(len(e) == size for e in batch):
             raise RuntimeError("each element in list of batch should be of equal size")
         transposed = list(zip(*batch))
-        collated = [default_collate(list(samples)) for samples in transposed]
+        # each field as the tuple zip gives (strings stay a tuple, as torch returns them)
+        collated = [default_collate(samples) for samples in transposed]
         if isinstance(elem, tuple):
             return collated
         return _rebuild_sequence(elem, collated)
