@@ -10,8 +10,6 @@ from __future__ import annotations
 import copy
 import functools
 
-import numpy as np
-
 from fusegrad.autograd.engine import Node, _edge, _Saved
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
 
@@ -25,7 +23,7 @@ class FunctionCtx:
 
     def __init__(self):
         self._saved: tuple = ()
-        self._node = None               # the backward node, once made
+        self._node = None               # the backward node, while it runs
         self.needs_input_grad: tuple = ()
         self._non_differentiable: set = set()
 
@@ -110,7 +108,12 @@ class _FunctionNode(Node):
         self._inputs = [_Meta(t) for t in tensor_args]
 
     def apply(self, grad, create_graph, retain_graph):
-        return _input_grads(self._cls, self._ctx, grad, self._positions, self._n, self._inputs)
+        ctx = self._ctx
+        ctx._node = self            # saved_tensors checks versions, naming this node
+        try:
+            return _input_grads(self._cls, ctx, grad, self._positions, self._n, self._inputs)
+        finally:
+            ctx._node = None        # (no reference cycle between the node and its ctx)
 
 
 class _Meta:
@@ -183,7 +186,7 @@ class Function:
                               (_Traced(cls, ctx, positions, len(args), tensors),))
         if out.grad_fn is not None or out.requires_grad:
             out = out.detach()
-        out.grad_fn = ctx._node = _FunctionNode(cls, ctx, tensors, positions, len(args))
+        out.grad_fn = _FunctionNode(cls, ctx, tensors, positions, len(args))
         out._requires_grad = True
         return out
 
@@ -194,4 +197,3 @@ def _register() -> None:
 
 
 _register()
-del np
