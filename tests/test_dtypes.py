@@ -317,3 +317,69 @@ def test_16_bit_attention_scores_do_not_overflow():
         got = fn(qh, kh, vh).float().numpy()
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, want, rtol=2e-2, atol=0.5)
+
+
+def test_16_bit_tensor_with_a_scalar_its_dtype_cannot_hold():
+    """torch's kernels take the scalar in float32: 1e-3 * 1e5 is 100 in float16 (the scalar
+    rounded to float16 first is inf), 3 / 1e5 is 3e-5."""
+    h = fg.tensor([1e-3, 0.0], dtype=fg.float16)
+    np.testing.assert_array_equal((h * 1e5).numpy(), np.float16([100.0625, 0.0]))
+    assert (h * 1e5).dtype is fg.float16
+    np.testing.assert_array_equal((fg.tensor([3.0], dtype=fg.float16) / 1e5).numpy(),
+                                  np.float16([3e-5]))
+    np.testing.assert_array_equal((1e5 * h).numpy(), (h * 1e5).numpy())
+    np.testing.assert_array_equal(fg.compile(lambda t: t * 1e5)(h).numpy(), (h * 1e5).numpy())
+
+
+def test_16_bit_composites_compute_in_float32():
+    f16 = fg.float16
+    assert fg.hypot(fg.tensor([60000.0], dtype=f16), fg.tensor([1.0], dtype=f16)).item() == 60000
+    assert fg.lerp(fg.tensor([6e4], dtype=f16), fg.tensor([-6e4], dtype=f16), 0.5).item() == 0
+    assert F.cosine_similarity(fg.tensor([[300.0, 400.0]], dtype=f16),
+                               fg.tensor([[300.0, 400.0]], dtype=f16)).item() == 1.0
+    out = fg.addcmul(fg.tensor([-60000.0], dtype=f16), fg.tensor([300.0], dtype=f16),
+                     fg.tensor([300.0], dtype=f16), value=0.5)
+    assert out.item() == -15000.0 and out.dtype is f16
+
+
+def test_addcmul_promotes_its_three_operands_first():
+    out = fg.addcmul(fg.tensor([255], dtype=fg.uint8), fg.tensor([-128], dtype=fg.int8),
+                     fg.tensor([3], dtype=fg.int8), value=2)
+    assert out.dtype is fg.int16 and out.tolist() == [-513]          # was 255 (int8 wrap)
+    out = fg.addcmul(fg.tensor([1], dtype=fg.int8), fg.tensor([True]), fg.tensor([True]), value=2)
+    assert out.dtype is fg.int8 and out.tolist() == [3]
+
+
+def test_nan_through_erfinv_and_hardshrink():
+    for dt in (fg.float16, fg.float32, fg.float64):
+        assert np.isnan(fg.erfinv(fg.tensor([float("nan")], dtype=dt)).item())
+        assert np.isnan(fg.hardshrink(fg.tensor([float("nan")], dtype=dt)).item())
+
+
+def test_python_ints_outside_a_narrow_integer_dtype_wrap_as_torch():
+    """torch converts the scalar to the tensor's dtype, wrapping (it raised OverflowError):
+    uint8 + -3 is 253; int8 < 300 compares with 44; true division takes it as a float."""
+    u = fg.tensor([255, 1], dtype=fg.uint8)
+    i = fg.tensor([50, -5], dtype=fg.int8)
+    assert (u == -1).tolist() == [True, False]
+    assert (u + (-3)).tolist() == [252, 254] and (u + (-3)).dtype is fg.uint8
+    assert (u * 300).tolist() == [212, 44]
+    assert (i < 300).tolist() == [False, True] and (i + 300).tolist() == [94, 39]
+    assert (i // 300).tolist() == [1, -1]
+    np.testing.assert_allclose((i / 300).numpy(), [50 / 300, -5 / 300], rtol=1e-6)
+    x = fg.tensor([1, 2, 3], dtype=fg.uint8)
+    x[fg.tensor([0])] = -1
+    assert x.tolist() == [255, 2, 3]
+    with pytest.raises(OverflowError):
+        fg.tensor([1]) + (1 << 64)                 # beyond int64: torch raises too
+
+
+def test_integer_power_with_a_negative_exponent_tensor():
+    """torch: 1 / x**n truncated (it raised); a negative Python int exponent still raises."""
+    x = fg.tensor([2, 3, 1, -1, -1])
+    y = fg.tensor([-1, -2, -3, -1, -2])
+    assert (x ** y).tolist() == [0, 0, 1, -1, 1]
+    assert fg.compile(lambda a, b: a ** b)(x, y).tolist() == [0, 0, 1, -1, 1]
+    assert (2 ** fg.tensor([-1, 3], dtype=fg.int8)).tolist() == [0, 8]
+    with pytest.raises(RuntimeError, match="Integers to negative integer powers"):
+        fg.tensor([2]) ** -1

@@ -92,3 +92,40 @@ def test_cumprod_second_derivative_with_zeros():
     (h,) = fg.autograd.grad((g * g).sum(), a)
     np.testing.assert_array_equal(g.detach().numpy(), [1.5, 0.0, 0.0])
     np.testing.assert_array_equal(h.numpy(), [0.0, 2 * 1.5 * -2.0, 0.0])
+
+
+def test_xlogy_gradient_at_x_zero_is_log_y():
+    x = fg.tensor([0.0, 0.0, 1.0], requires_grad=True)
+    out = fg.xlogy(x, fg.tensor([6.0, 0.5, 2.0]))
+    np.testing.assert_array_equal(out.detach().numpy(), [0.0, 0.0, np.log(np.float32(2.0))])
+    out.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.log([6.0, 0.5, 2.0]), rtol=1e-6)
+
+
+def test_max_and_amax_of_a_nan_give_its_gradient_to_the_nan():
+    for reduce in (lambda t: t.max(), lambda t: t.amax(0)):
+        x = fg.tensor([0.5, float("nan"), 2.0], requires_grad=True)
+        reduce(x).backward()
+        np.testing.assert_array_equal(x.grad.numpy(), [0.0, 1.0, 0.0])
+
+
+def test_small_torch_parities_found_by_a_sweep():
+    """all/any of uint8 keep uint8; diff and sign of bools; quantile of a 0-d tensor with
+    keepdim keeps no dim (each raised, or differed from torch)."""
+    u = fg.tensor([1, 2], dtype=fg.uint8)
+    assert u.all().dtype is fg.uint8 and u.all().item() == 1
+    assert fg.tensor([[1, 0]], dtype=fg.uint8).any(1).tolist() == [1]
+    assert fg.tensor([True, False]).all().dtype is fg.bool
+    assert fg.diff(fg.tensor([True, False, False, True])).tolist() == [True, False, True]
+    assert fg.sign(fg.tensor([True, False])).tolist() == [True, False]
+    assert fg.quantile(fg.tensor(2.5), 0.5, dim=-1, keepdim=True).shape == ()
+    empty = fg.cummax(fg.zeros(2, 0), 1)
+    assert empty.values.shape == (2, 0) and empty.indices.dtype is fg.int64
+
+
+def test_unique_consecutive_of_a_tensor_requiring_grad_and_of_a_0d_tensor():
+    x = fg.tensor([1.0, 1.0, 2.0], requires_grad=True)
+    assert x.unique_consecutive().tolist() == [1.0, 2.0]        # raised (numpy() of x)
+    values, inverse, counts = fg.tensor(True).unique_consecutive(return_inverse=True,
+                                                                 return_counts=True)
+    assert values.tolist() == [True] and inverse.shape == () and counts.tolist() == [1]

@@ -475,9 +475,30 @@ def test_setitem_with_repeated_indices_lets_the_last_write_win(compiled):
     np.testing.assert_array_equal(out.detach().numpy(), want)
     (out * fg.tensor(w)).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), [0, 2, 0, 4, 0])
-    np.testing.assert_array_equal(v.grad.numpy(), [0, 3, 1, 5])    # overwritten: no effect
+    # every write gets its position's gradient, the overruled one too (torch's)
+    np.testing.assert_array_equal(v.grad.numpy(), [1, 3, 1, 5])
     np.testing.assert_array_equal(g(fg.zeros(5), fg.tensor([0, 0, 1, 3, 3, 3])).numpy(),
                                   [1, 1, 0, 1, 0])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_setitem_writes_exact_values_over_inf_nan_and_large_elements(compiled):
+    # The write added v - old: NaN over inf and NaN, and 1e8 + (1.0 - 1e8) is 0 in float32.
+    def f(x, v):
+        x = x.clone()
+        x[fg.tensor([0, 1, 2])] = v
+        return x
+    g = fg.compile(f) if compiled else f
+    x = fg.tensor([float("inf"), float("nan"), 1e8, 4.0])
+    v = fg.tensor([5.0, -0.0, 1.0])
+    masked = x.clone()
+    masked[fg.tensor([True, True, True, False])] = v
+    for out in (g(x, v), masked):
+        np.testing.assert_array_equal(out.numpy(), [5.0, -0.0, 1.0, 4.0])
+        assert np.signbit(out.numpy()[1])
+    b = fg.tensor([True, False, True])
+    b[fg.tensor([1])] = True                           # bool: raised (bool subtraction)
+    assert b.tolist() == [True, True, True]
 
 
 @pytest.mark.parametrize("compiled", [False, True])

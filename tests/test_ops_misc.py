@@ -145,6 +145,25 @@ def test_cumulative_ops_match_numpy():
                                   [3, 3, 4])
 
 
+def test_cummax_cummin_when_the_first_element_is_the_dtypes_extreme():
+    # The scan filled with the dtype's extreme, which then won where x held it: cummin of
+    # [inf, 7, ...] was [1, 7, 7, 7, 1] with indices pointing past the row.
+    inf, imin = float("inf"), np.iinfo(np.int64).min
+    for x, op, values, indices in [
+            (fusegrad.tensor([inf, 7.0, inf, 9.0, 1.0]), "cummin", [inf, 7, 7, 7, 1],
+             [0, 1, 1, 1, 4]),
+            (fusegrad.tensor([255, 7, 9, 1], dtype=fusegrad.uint8), "cummin", [255, 7, 7, 1],
+             [0, 1, 1, 3]),
+            (fusegrad.tensor([imin, imin, 3, 1, imin]), "cummax", [imin, imin, 3, 3, 3],
+             [0, 1, 2, 2, 2]),
+            (fusegrad.tensor([False, True, False, True]), "cummax", [False, True, True, True],
+             [0, 1, 1, 3])]:
+        out = getattr(x, op)(0)
+        assert out.values.tolist() == values and out.indices.tolist() == indices, (x, op)
+    scalar = fusegrad.tensor(True).cummax(0)
+    assert scalar.values.dtype is fusegrad.bool and scalar.values.item() is True
+
+
 def test_cumulative_gradients():
     x = fusegrad.tensor([[1.0, 3.0, 0.0, 2.0], [-1.0, 0.5, 4.0, 0.0]], dtype=fusegrad.float64,
                         requires_grad=True)

@@ -8,8 +8,9 @@ rules of its own.
 
 from __future__ import annotations
 
+from fusegrad import dtypes
 from fusegrad.ops.composite import _named
-from fusegrad.ops.elementwise import add, clamp, div, mul, sqrt, sub
+from fusegrad.ops.elementwise import add, clamp, div, mul, ne, sqrt, sub
 from fusegrad.ops.matmul import bmm, dot, matmul, mm, mv, outer
 from fusegrad.ops.movement import broadcast_to, cat, narrow, reshape, transpose, unsqueeze
 from fusegrad.ops.prims import broadcast_shapes, normalize_axis
@@ -133,7 +134,9 @@ def diff(x: Tensor, n: int = 1, dim: int = -1, prepend: Tensor | None = None,
         size = x.shape[axis]
         if size == 0:
             break
-        x = sub(narrow(x, axis, 1, size - 1), narrow(x, axis, 0, size - 1))
+        later, earlier = narrow(x, axis, 1, size - 1), narrow(x, axis, 0, size - 1)
+        # bool: where neighbours differ (torch's logical_xor)
+        x = ne(later, earlier) if x.dtype is dtypes.bool_ else sub(later, earlier)
     return x
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import builtins
 import math
 
+import ml_dtypes
 import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
-from fusegrad.ops.composite import _named, composite
+from fusegrad.ops.composite import _named, composite, opmath
 from fusegrad.ops.factories import ones_like, zeros_like
 from fusegrad.ops.operands import (
     _dtype_title,
@@ -25,9 +26,40 @@ from fusegrad.ops.primitive import bind
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
+_NARROW = {dtypes.float16: np.float16, dtypes.bfloat16: ml_dtypes.bfloat16}
+
+
+def _outside(x, other) -> dtypes.DType | None:
+    """The 16-bit float dtype of ``x`` (or ``other``) when the other operand is a Python number
+    that dtype cannot hold: finite beyond its largest value, or nonzero below its smallest.
+    torch's kernels take such a scalar in float32 (float16 1e-3 * 1e5 is 100, not inf)."""
+    if type(other) is float or type(other) is int:
+        t, v = x, other
+    elif type(x) is float or type(x) is int:
+        t, v = other, x
+    else:
+        return None                     # two tensors (the common case)
+    narrow = _NARROW.get(getattr(t, "_dtype", None))
+    if narrow is None:
+        return None
+    with np.errstate(over="ignore"):
+        held = float(narrow(v))
+    if (math.isinf(held) and math.isfinite(v)) or (held == 0.0 and v != 0):
+        return t._dtype
+    return None
+
+
+def _in_float32(fn, x, other, narrow, **kwargs):
+    """``fn(x, other)`` with the 16-bit tensor in float32, rounded back to ``narrow``."""
+    wide = [cast(v, dtypes.float32) if isinstance(v, Tensor) else v for v in (x, other)]
+    out = fn(*wide, **kwargs)
+    return cast(out, narrow) if out.dtype is dtypes.float32 else out
+
 
 def _binary_op(prim, grad_name=None):
     def op(x, other, *, dtype=None):
+        if dtype is None and (narrow := _outside(x, other)) is not None:
+            return _in_float32(op, x, other, narrow)
         a, b = _promote(prim.name, x, other, dtype=dtype)
         out = bind(prim, a, b)
         return _named(out, grad_name) if grad_name else out
@@ -37,6 +69,8 @@ def _binary_op(prim, grad_name=None):
 @public(torch=True, method=True, inplace=True)
 def add(x, other, *, alpha=1) -> Tensor:
     """``x + alpha * other``."""
+    if (narrow := _outside(x, other)) is not None:
+        return _in_float32(add, x, other, narrow, alpha=alpha)
     if isinstance(alpha, Tensor) or alpha != 1:
         other = mul(other, alpha)
     a, b = _promote("add", x, other)
@@ -48,6 +82,8 @@ def add(x, other, *, alpha=1) -> Tensor:
 @public(torch=True, method=True, inplace=True)
 def sub(x, other, *, alpha=1) -> Tensor:
     """``x - alpha * other``."""
+    if (narrow := _outside(x, other)) is not None:
+        return _in_float32(sub, x, other, narrow, alpha=alpha)
     if isinstance(alpha, Tensor) or alpha != 1:
         other = mul(other, alpha)
     a, b = _promote("sub", x, other)
@@ -64,6 +100,8 @@ def rsub(x, other, *, alpha=1) -> Tensor:
 
 @public(torch=True, method=True, inplace=True)
 def mul(x, other) -> Tensor:
+    if (narrow := _outside(x, other)) is not None:
+        return _in_float32(mul, x, other, narrow)
     a, b = _promote("mul", x, other)
     if a.dtype is dtypes.bool_:
         return bind(P.logical_and, a, b)
@@ -73,7 +111,14 @@ def mul(x, other) -> Tensor:
 @public(torch=True, method=True, inplace=True)
 def div(x, other, *, rounding_mode: str | None = None) -> Tensor:
     """True division (integers give floats); ``rounding_mode`` 'floor' or 'trunc'."""
+    if (narrow := _outside(x, other)) is not None:
+        return _in_float32(div, x, other, narrow, rounding_mode=rounding_mode)
     if rounding_mode is None:
+        if not dtypes.result_type(x, other).is_floating_point:
+            # true division of integers: in the default float dtype, the Python int too
+            # (int8 / 300 is 0.167; 300 wrapped to int8 first would be 44)
+            fdt = dtypes.get_default_dtype()
+            x, other = (cast(v, fdt) if isinstance(v, Tensor) else v for v in (x, other))
         a, b = _promote("div", x, other)
         if not a.dtype.is_floating_point:
             a, b = cast(a, dtypes.get_default_dtype()), cast(b, dtypes.get_default_dtype())
@@ -120,6 +165,8 @@ def pow(x, exponent) -> Tensor:  # noqa: A001 - torch's name
     """``x ** exponent``; ``x ** 2`` and other small integer powers stay exact."""
     # Promote first: int_tensor ** 2.0 is float, bool_tensor ** 2 is int64.
     a, b = _promote("pow", x, exponent)
+    if type(exponent) is int and exponent < 0 and not a.dtype.is_floating_point:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
     if isinstance(x, Tensor) and _is_scalar(exponent) and not isinstance(exponent, bool):
         if exponent == 2:
             return _named(bind(P.mul, a, a), "PowBackward0")
@@ -338,6 +385,8 @@ def square(x: Tensor) -> Tensor:
 
 @public(torch=True, method=True, inplace=True)
 def sign(x: Tensor) -> Tensor:
+    if x.dtype is dtypes.bool_:
+        return x                 # torch's sign of a bool is the bool itself
     return bind(P.sign, x)
 
 
@@ -576,6 +625,7 @@ def type_as(x: Tensor, other: Tensor) -> Tensor:
 
 
 @public(torch=True, method=True, inplace=True)
+@opmath
 def lerp(x: Tensor, end, weight) -> Tensor:
     """``x + weight * (end - x)``, evaluated from the nearer end as torch does (exact at
     weight 0 and 1)."""
@@ -589,9 +639,23 @@ def lerp(x: Tensor, end, weight) -> Tensor:
 
 @public(torch=True, method=True, inplace=True)
 def addcmul(x: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
-    """``x + value * tensor1 * tensor2``."""
+    """``x + value * tensor1 * tensor2``, in the dtype the three promote to (16-bit floats
+    computed in float32 and rounded once, as torch's)."""
+    (x, tensor1, tensor2), narrow = _addc_operands("addcmul", x, tensor1, tensor2)
     prod = mul(tensor1, tensor2)
-    return add(x, mul(prod, value) if value != 1 else prod)
+    out = add(x, mul(prod, value) if value != 1 else prod)
+    return cast(out, narrow) if narrow is not None else out
+
+
+def _addc_operands(op: str, *operands):
+    """The operands of addcmul/addcdiv in their common dtype (float32 for a 16-bit one: the
+    product 300 * 300 overflows float16 before a sum with -60000 brings it back), and that
+    16-bit dtype to round the result to (else None)."""
+    values = _promote(op, *operands)
+    dt = values[0].dtype
+    if dt in (dtypes.float16, dtypes.bfloat16):
+        return [cast(v, dtypes.float32) for v in values], dt
+    return values, None
 
 
 @public(torch=True, method=True, inplace=True)
@@ -605,5 +669,7 @@ def addcdiv(x: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
                            "for integer inputs and as (input + value * tensor1 / tensor2) for "
                            "float inputs. The future addcdiv behavior is just the latter "
                            "implementation: (input + value * tensor1 / tensor2), for all dtypes.")
+    (x, tensor1, tensor2), narrow = _addc_operands("addcdiv", x, tensor1, tensor2)
     quot = div(tensor1, tensor2)
-    return add(x, mul(quot, value) if value != 1 else quot)
+    out = add(x, mul(quot, value) if value != 1 else quot)
+    return cast(out, narrow) if narrow is not None else out

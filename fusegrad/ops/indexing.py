@@ -56,16 +56,20 @@ def index_add(x: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) ->
     return take_add(x, index, cast(source, x.dtype), axis)
 
 
-def _last_writes(positions: Tensor, size: int) -> Tensor:
+def _last_writes(positions: Tensor, size: int, written: bool = False):
     """For 1-D int64 ``positions`` in ``[0, size)``: True where no later element repeats the
     position. Where several writes meet one place, the last wins (numpy's assignment and
     torch's CPU kernels); adding up their differences instead gave their sum. Traceable: the
-    positions may be data of a compiled call."""
+    positions may be data of a compiled call. ``written``: also the (size,) mask of the
+    positions written."""
     n = positions.shape[0]
     order = _index_tensor(np.arange(n, dtype=np.int64), like=positions)
     last = bind(P.scatter_reduce, _index_tensor(np.full(size, -1, np.int64), like=positions),
                 positions, order, axis=0, reduce="amax", include_self=True)
-    return eq(take(last, positions, 0), order)
+    is_last = eq(take(last, positions, 0), order)
+    if written:
+        return is_last, bind(P.le, _index_tensor(np.zeros((), np.int64), like=positions), last)
+    return is_last
 
 
 @public(torch=True, method=True)

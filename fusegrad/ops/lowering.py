@@ -581,10 +581,10 @@ def _pow(b, node, a, dt):
         # 1**y = 1 and 0**0 = 1, 0**1 = 0: x or not y.
         return b.binary("or", x, b.binary("xor", y, b.const(dt, 1), dt), dt)
     if not dt.is_floating_point and dt.is_signed and (not _is_literal(lit) or lit.value < 0):
-        # Eager (numpy, and torch) raise "Integers to negative integer powers are not
-        # allowed"; a kernel cannot raise, so this one runs its numpy reference, which does.
-        raise Unsupported("integer pow by a tensor or a negative exponent (raises on a "
-                          "negative exponent)")
+        # A negative exponent gives torch's truncated 1 / x**n (0, or +-1 for x = +-1), which
+        # the square-and-multiply loop does not: this one runs its numpy reference.
+        raise Unsupported("integer pow by a tensor or a negative exponent (1 / x**n "
+                          "truncated for a negative exponent)")
     # Float products stay within 1 ulp up to the cube (x**4 reaches 1.5 ulp, and 1 / (x * x)
     # loses bits where x * x is denormal), so other float powers go through the math pow.
     lo, hi = (-1, 3) if dt.is_floating_point else (0, 8)

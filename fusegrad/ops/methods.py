@@ -9,6 +9,7 @@ from __future__ import annotations
 from fusegrad import dtypes
 from fusegrad.ops import creation, registry
 from fusegrad.ops import functional as F
+from fusegrad.ops.elementwise import _in_float32, _outside
 from fusegrad.tensor import Tensor
 
 
@@ -38,8 +39,12 @@ Tensor.where = _where_method
 def _binop(fn, reflected=False):
     if reflected:
         def op(self, other):
-            return fn(other, self) if isinstance(other, Tensor) else \
-                fn(F.as_tensor_operand(other, dtypes.result_type(self, other)), self)
+            if isinstance(other, Tensor):
+                return fn(other, self)
+            narrow = _outside(self, other)
+            if narrow is not None:           # 1e5 * float16: the scalar in float32, as torch
+                return _in_float32(fn, F.as_tensor_operand(other, dtypes.float32), self, narrow)
+            return fn(F.as_tensor_operand(other, dtypes.result_type(self, other)), self)
     else:
         def op(self, other):
             try:

@@ -17,7 +17,14 @@ def _is_scalar(v) -> bool:
 
 
 def _scalar_tensor(value, dtype: dtypes.DType, like: Tensor | None = None) -> Tensor:
-    """A 0-d constant of ``dtype`` holding a Python scalar."""
+    """A 0-d constant of ``dtype`` holding a Python scalar. A Python int outside a narrower
+    integer dtype wraps to it, as torch's scalar conversion does (uint8 + -3 is 253,
+    int8 < 300 compares with 44); beyond int64 numpy's OverflowError stands."""
+    if type(value) is int and dtype.category == 1 and dtype.itemsize < 8 and \
+            -(1 << 63) <= value < (1 << 63):
+        info = np.iinfo(dtype.np_dtype)
+        if not info.min <= value <= info.max:
+            value = (value - int(info.min)) % (1 << (8 * dtype.itemsize)) + int(info.min)
     t = Tensor._wrap(np.asarray(value, dtype=dtype.np_dtype), dtype)
     note_created(t)
     return t

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from fusegrad import dtypes
-from fusegrad.ops.composite import _named
+from fusegrad.ops.composite import _named, opmath
 from fusegrad.ops.elementwise import (
     abs,
     add,
@@ -19,6 +19,7 @@ from fusegrad.ops.elementwise import (
     eq,
     exp2,
     ge,
+    isfinite,
     isinf,
     isnan,
     le,
@@ -142,6 +143,7 @@ fmin = public(_nan_aware("fmin", minimum, le), name="fmin", torch=True, method=T
 
 
 @public(torch=True, method=True, inplace=True)
+@opmath
 def hypot(x, other) -> Tensor:
     """``sqrt(x**2 + other**2)``."""
     a, b = _promote("hypot", x, other)
@@ -175,7 +177,12 @@ def xlogy(x, other) -> Tensor:
     a, b = _floats("xlogy", x, other)
     zero = logical_and(eq(a, 0), _not_nan(b))
     safe_b = where(zero, ones_like(b), b)
-    return _named(where(zero, zeros_like(a), mul(a, log(safe_b))), "XlogyBackward0")
+    out = where(zero, zeros_like(a), mul(a, log(safe_b)))
+    # Where x is 0 the value is 0, and the derivative in x is still log(y) (torch's): a term
+    # x * log(y) that is 0 there, log(y) kept where finite.
+    at_zero = log(where(zero, b, ones_like(b)))
+    slope = where(isfinite(at_zero), at_zero, zeros_like(at_zero))
+    return _named(add(out, mul(a, slope)), "XlogyBackward0")
 
 
 def _not_nan(x: Tensor) -> Tensor:
@@ -208,6 +215,7 @@ def logit(x: Tensor, eps: float | None = None) -> Tensor:
 
 
 @public(torch=True, method=True, inplace=True)
+@opmath
 def sinc(x: Tensor) -> Tensor:
     """``sin(pi x) / (pi x)``, 1 at 0 (with gradient 0 there)."""
     (a,) = _floats("sinc", x)
@@ -276,8 +284,8 @@ def is_inference(x: Tensor) -> bool:
 
 @public(torch=True, method=True)
 def hardshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
-    """``x`` where ``|x| > lambd``, else 0."""
-    return where(lt(lambd, abs(x)), x, zeros_like(x))
+    """``x`` where ``|x| > lambd`` (or NaN), else 0."""
+    return where(logical_or(lt(lambd, abs(x)), isnan(x)), x, zeros_like(x))
 
 
 def _float_power_(x: Tensor, exponent) -> Tensor:

@@ -365,7 +365,12 @@ def _pow_dy(g, out, x, y):
 
 def _pow_impl(x, y):
     if x.dtype.kind in "iu" and np.any(y < 0):
-        raise RuntimeError("Integers to negative integer powers are not allowed.")
+        # torch's integer pow with a negative exponent tensor: 1 / x**n truncated, so 1 for
+        # x = 1, +-1 for x = -1 (by the exponent's parity), 0 otherwise
+        x, y = np.broadcast_arrays(x, y)
+        out = np.power(x, np.maximum(y, 0))
+        ones = np.where(x == -1, np.where(y % 2 == 0, 1, -1), np.where(x == 1, 1, 0))
+        return np.where(y < 0, ones, out).astype(out.dtype)
     return np.power(x, y)
 
 
@@ -623,9 +628,10 @@ prod = _reduce("prod", np.multiply.reduce, Rule(_prod_vjp, (0,), True), "ProdBac
 
 
 def _extremum_vjp(g, out, x, *, axes):
-    # Evenly split among ties, as torch's amax/amin (and max() without dim) do.
+    # Evenly split among ties, as torch's amax/amin (and max() without dim) do; a NaN result
+    # is shared by the NaN elements (it was NaN everywhere: no element equals NaN).
     o = _expand_back(out, x, axes)
-    mask = (x == o).to(g.dtype)
+    mask = ((x == o) | ((x != x) & (o != o))).to(g.dtype)
     count = _expand_back(mask.sum(dim=list(axes)), x, axes) if axes else mask
     return _expand_back(g, x, axes) * mask / count
 
@@ -1163,15 +1169,12 @@ matmul = register(Primitive("matmul", Kind.CONTRACTION, _matmul_infer, _matmul_i
 
 
 def _full_infer(*, shape, value, dtype) -> TensorType:
-    # A value the dtype cannot hold would wrap in compiled code and raise in numpy.
-    if isinstance(dtype, dtypes.DType) and not dtype.is_floating_point and \
+    # An integer the dtype cannot hold would wrap in compiled code and raise in numpy (a
+    # fraction truncates in both, as torch's fill does; any number is a bool).
+    if isinstance(dtype, dtypes.DType) and dtype.category == 1 and \
             isinstance(value, (int, float, np.integer, np.floating)):
-        if dtype is dtypes.bool_:
-            fits = value in (0, 1)
-        else:
-            info = np.iinfo(dtype.np_dtype)
-            fits = float(value).is_integer() and info.min <= value <= info.max
-        if not fits:
+        info = np.iinfo(dtype.np_dtype)
+        if not (math.isfinite(value) and info.min <= math.trunc(value) <= info.max):
             raise ShapeError(f"full: value {value!r} is not a value of dtype {dtype.short}")
     return TensorType(tuple(shape), dtype)
 

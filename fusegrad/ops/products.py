@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from fusegrad.ops import reductions
-from fusegrad.ops.composite import _named
+from fusegrad.ops.composite import _named, opmath
 from fusegrad.ops.elementwise import abs as abs_
 from fusegrad.ops.elementwise import add, clamp, div, eq, mul, ne, pow, sqrt, sub, where
 from fusegrad.ops.matmul import matmul
@@ -109,6 +109,7 @@ def cdist(x1: Tensor, x2: Tensor, p: float = 2.0, compute_mode=None) -> Tensor:
 
 
 @public(torch=True)
+@opmath
 def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
     """``sum(x1 * x2) / (max(|x1|, eps) * max(|x2|, eps))`` along ``dim``, after broadcasting:
     each operand is divided by its clamped norm first, as torch does."""

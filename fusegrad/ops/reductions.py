@@ -289,17 +289,24 @@ def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
 
 @public(torch=True, method=True)
 def all(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
+    """Whether every element (along ``dim``) is nonzero: bool, or uint8 for a uint8 input
+    (torch keeps that dtype for backward compatibility)."""
     if x.numel():
-        return _reduce(P.min_, _to_bool(x), dim, keepdim, "all")
-    # min has no identity on an empty reduction; counting the False elements does.
-    return eq(sum(logical_not(x), dim, keepdim), 0)
+        out = _reduce(P.min_, _to_bool(x), dim, keepdim, "all")
+    else:
+        # min has no identity on an empty reduction; counting the False elements does.
+        out = eq(sum(logical_not(x), dim, keepdim), 0)
+    return cast(out, dtypes.uint8) if x.dtype is dtypes.uint8 else out
 
 
 @public(torch=True, method=True)
 def any(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001
+    """Whether some element (along ``dim``) is nonzero: bool, or uint8 for a uint8 input."""
     if x.numel():
-        return _reduce(P.max_, _to_bool(x), dim, keepdim, "any")
-    return ne(sum(_to_bool(x), dim, keepdim), 0)
+        out = _reduce(P.max_, _to_bool(x), dim, keepdim, "any")
+    else:
+        out = ne(sum(_to_bool(x), dim, keepdim), 0)
+    return cast(out, dtypes.uint8) if x.dtype is dtypes.uint8 else out
 
 
 @public(torch=True, method=True)
@@ -390,19 +397,24 @@ def cumprod(x: Tensor, dim: int, *, dtype=None) -> Tensor:
 def _cum_extremum(x: Tensor, dim: int, op: str, largest: bool):
     axis = _scan_axis(x, dim, op)
     if x.ndim == 0:
-        return ValuesIndices(mul(x, 1), Tensor._wrap(np.zeros((), np.int64), dtypes.int64))
+        return ValuesIndices(cast(mul(x, 1), x.dtype),
+                             Tensor._wrap(np.zeros((), np.int64), dtypes.int64))
     n = x.shape[axis]
-    if x.dtype.is_floating_point:
-        lowest = -math.inf if largest else math.inf
-    else:
-        info = np.iinfo(x.dtype.np_dtype) if x.dtype is not dtypes.bool_ else None
-        lowest = (info.min if largest else info.max) if info else (not largest)
-    rows = _prefix_rows(x, axis, lowest)
-    from fusegrad.ops.movement import flip
-    # torch takes the last of equal extrema: the first one of the reversed row
+    if x.numel() == 0:
+        return ValuesIndices(mul(x, 1) if x.dtype.is_floating_point else cast(x, x.dtype),
+                             Tensor._wrap(np.zeros(x.shape, np.int64), dtypes.int64))
+    from fusegrad.ops.movement import flip, movedim, unsqueeze
+    # Row i holds x[..., :i+1] and then x[..., i] again: a fill of the dtype's extreme made
+    # the fill win where x itself starts with that extreme (cummin([inf, 7]) was [7, 7]).
+    last = unsqueeze(movedim(x, axis, -1), -1)
+    keep = Tensor._wrap(np.tril(np.ones((n, n), dtype=bool)), dtypes.bool_)
+    rows = where(keep, unsqueeze(movedim(x, axis, -1), -2), last)
+    # torch takes the last of equal extrema: the first one of the reversed row; a copy of
+    # x[..., i] after it stands for i
     picked = bind(P.argmax if largest else P.argmin, flip(rows, (rows.ndim - 1,)),
                   axis=rows.ndim - 1)
-    indices = sub(n - 1, picked)
+    row = Tensor._wrap(np.arange(n, dtype=np.int64), dtypes.int64)
+    indices = minimum(sub(n - 1, picked), row)
     from fusegrad.ops.indexing import gather
     values = gather(x, axis, _scan_result(indices, axis))
     return ValuesIndices(values, _scan_result(indices, axis))

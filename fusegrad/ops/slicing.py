@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 
 from fusegrad import dtypes
-from fusegrad.ops.creation import ones, zeros
+from fusegrad.ops.composite import custom_vjp
+from fusegrad.ops.creation import full_like, ones, zeros
 from fusegrad.ops.elementwise import add, clone, lt, where
 from fusegrad.ops.factories import zeros_like
 from fusegrad.ops.indexing import _last_writes, index_add, sort
@@ -25,7 +26,7 @@ from fusegrad.ops.movement import (
     unsqueeze,
 )
 from fusegrad.ops.operands import _index_tensor, as_tensor_operand, cast, take
-from fusegrad.ops.prims import normalize_axis
+from fusegrad.ops.prims import normalize_axis, register_vjp
 from fusegrad.ops.reductions import cumsum
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
@@ -193,9 +194,24 @@ def index_copy(x: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
     shape = [1] * source.ndim
     if source.ndim:
         shape[axis] = pos.shape[0]
-    source = where(reshape(keep, tuple(shape)), source, zeros((), dtype=x.dtype))
-    placed = index_add(zeros_like(x), axis, pos, source)
-    return where(_hit_mask(x, axis, pos), placed, x)
+    kept = where(reshape(keep, tuple(shape)), source, zeros((), dtype=x.dtype))
+    # -0.0 + v is v, -0.0 included (+0.0 + -0.0 is +0.0)
+    base = full_like(x, -0.0) if x.dtype.is_floating_point else zeros_like(x)
+    placed = index_add(base, axis, pos, kept)
+    hit = _hit_mask(x, axis, pos)
+    out = where(hit, placed, x)
+    if not x.dtype.is_floating_point:
+        return out
+    # torch's gradient: every slice, an overruled one too, gets its position's gradient
+    return custom_vjp(out, (x, source, pos, hit), "index_copy", (axis,))
+
+
+@register_vjp("index_copy")
+def _index_copy_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    _, _, pos, hit = operands
+    (axis,) = params
+    from fusegrad.ops.indexing import index_select
+    return where(hit, zeros((), dtype=g.dtype), g), index_select(g, axis, pos), None, None
 
 
 @public(torch=True, method=True, inplace=True)

@@ -149,7 +149,7 @@ def _erfinv_np(x):
             step = np.where(ax > 0.5, (np.log(tail) - np.log1p(-ax)) * tail / -slope,
                             (head - ax) / slope)
         y = y - np.where(ok, step, 0.0)
-    y = np.where(ax == 1.0, np.inf, np.where(ax > 1.0, np.nan, y))
+    y = np.where(ax == 1.0, np.inf, np.where((ax > 1.0) | np.isnan(ax), np.nan, y))
     return np.copysign(y, x)
 
 

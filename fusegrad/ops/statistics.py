@@ -16,7 +16,7 @@ from collections import namedtuple
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.ops.composite import _named
+from fusegrad.ops.composite import _named, opmath
 from fusegrad.ops.elementwise import (
     abs,
     add,
@@ -246,7 +246,7 @@ def _quantile(x, q, dim, keepdim, interpolation, ignore_nan, name):
     if keepdim:
         if dim is None:
             out = reshape(out, (out.shape[0],) + (1,) * x.ndim)
-        else:
+        elif x.ndim:                 # (a 0-d input keeps no dim: torch's shape is ())
             out = unsqueeze(out, normalize_axis(dim, x.ndim, name) + 1)
     if scalar_q or (qt is not None and qt.ndim == 0):
         out = squeeze(out, 0)
@@ -312,6 +312,7 @@ def histogram(x: Tensor, bins=100, *, range=None, weight=None, density: bool = F
 
 
 @public(torch=True, method=True, inplace=True)
+@opmath
 def renorm(x: Tensor, p: float, dim: int, maxnorm: float) -> Tensor:
     """``x`` with each slice along ``dim`` whose ``p``-norm exceeds ``maxnorm`` scaled down to
     that norm (``maxnorm / (norm + 1e-7)``, as torch)."""
@@ -351,11 +352,11 @@ def unique_consecutive(x: Tensor, return_inverse: bool = False, return_counts: b
     """Each run of equal consecutive elements (or slices along ``dim``) reduced to one, with
     the run index of every element and the run lengths on request (eager)."""
     x._check_concrete("unique_consecutive()")
-    a = x.numpy()
+    a = x.detach().numpy()                  # (its results have no gradient, as torch's)
     axis = 0 if dim is None else normalize_axis(dim, x.ndim, "unique_consecutive")
     b = a.reshape(-1) if dim is None else np.moveaxis(a, axis, 0)
-    if b.shape[0] == 0:
-        starts = np.zeros(0, bool)
+    if b.shape[0] <= 1:
+        starts = np.ones(b.shape[0], bool)
     else:
         change = np.any((b[1:] != b[:-1]).reshape(b.shape[0] - 1, -1), axis=1)
         starts = np.concatenate([[True], change])

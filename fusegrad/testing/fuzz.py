@@ -289,9 +289,10 @@ def _scales(program: Program, values: list) -> list[_Scale]:
     return out
 
 
-# Ops with a jump or a pole where an operand is 0 (a comparison: where the operands meet).
-POLES = {"log", "log2", "log10", "reciprocal", "rsqrt", "sign", "div", "/", "lt", "le", "gt",
-         "ge", "eq", "ne", "where"}
+# Ops with a jump or a pole where an operand is 0 (a comparison: where the operands meet;
+# sqrt: the edge of its domain, NaN below it).
+POLES = {"log", "log2", "log10", "reciprocal", "rsqrt", "sqrt", "sign", "div", "/", "lt", "le",
+         "gt", "ge", "eq", "ne", "where"}
 
 
 def _at_a_pole(program: Program, values: list, summed: dict, j: int) -> bool:
@@ -301,7 +302,9 @@ def _at_a_pole(program: Program, values: list, summed: dict, j: int) -> bool:
     0: that operand is rounding noise whose sign and size depend on the order of a sum. Seed
     31415, program 2070 (max-ops 16): the mean of a layer norm's output, 0 up to rounding,
     selects in ``where(mean > 0, mean, y)`` a different side in the CUDA kernel's order than
-    in eager's; ``log`` of the same sum is -17.3 in one order and -inf in another."""
+    in eager's; ``log`` of the same sum is -17.3 in one order and -inf in another. Seed
+    20261207, program 372: ``sqrt`` of a layer norm's output, an element 0 in one order
+    and below 0 (NaN) in the other."""
     node = program.nodes[j]
     name = op_name(node)
     if name not in POLES:

@@ -213,6 +213,19 @@ def test_a_pole_or_comparison_at_cancellation_noise_compares_loosely():
     assert not _at_a_pole(tiny, values, _summed(tiny, values), 2)
 
 
+def test_square_root_of_cancellation_noise_compares_loosely():
+    # Seed 20261207, program 372 (max-ops 16): sqrt of a layer norm's output, where an
+    # element is 0 in eager's order of summation and just below 0 (NaN) in the simulated CUDA
+    # kernel's. sqrt's domain ends at 0: it counts as a pole.
+    assert_explained(20261207, 372, max_ops=16)
+    from fusegrad.testing.fuzz import _all_values, _at_a_pole, _summed
+    rooted = Program([Input((4,), "float32", "normal", 0), Op("layer_norm", (0,), (1,)),
+                      Op("reduce", (1,), ("sum", None, False, None)),
+                      Op("unary", (2,), ("sqrt",))], [3])
+    values = _all_values(rooted, rooted.arrays())
+    assert _at_a_pole(rooted, values, _summed(rooted, values), 3)
+
+
 def test_sine_of_a_large_argument_compares_with_the_arguments_magnitude():
     # Seed 20261205, program 3509: sin(-7 ** layer_norm(x)) with arguments up to 158. One ulp
     # of the argument is 1.5e-5 of the result, which the simulated CUDA kernels' order of
