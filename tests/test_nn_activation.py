@@ -41,6 +41,12 @@ ACTIVATIONS = {
                     lambda x: np.where((x > -3) & (x < 3), 1 / 6, 0.0)),
     "softsign": (NF.softsign, lambda x: x / (1 + np.abs(x)), None),
     "tanhshrink": (NF.tanhshrink, lambda x: x - np.tanh(x), None),
+    "logsigmoid": (NF.logsigmoid, lambda x: -softplus(-x), lambda x: 1 / (1 + np.exp(x))),
+    "softshrink": (lambda x: NF.softshrink(x, 0.5),
+                   lambda x: np.where(x > 0.5, x - 0.5, np.where(x < -0.5, x + 0.5, 0.0)),
+                   lambda x: ((x > 0.5) | (x < -0.5)).astype(float)),
+    "hardshrink": (lambda x: NF.hardshrink(x, 0.5), lambda x: np.where(np.abs(x) > 0.5, x, 0.0),
+                   lambda x: (np.abs(x) > 0.5).astype(float)),
 }
 
 
@@ -175,3 +181,15 @@ def test_inplace_activation_of_a_tensor_with_history_has_a_gradient(name):
     fn(x2 * 1.0).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), x2.grad.numpy(), rtol=1e-6)
     np.testing.assert_allclose(y.detach().numpy(), fn(fg.tensor(a)).numpy(), rtol=1e-6)
+
+
+def test_logsigmoid_is_stable_and_twice_differentiable_at_zero():
+    x = fusegrad.tensor([-200.0, 0.0, 200.0], dtype=fusegrad.float64, requires_grad=True)
+    y = nn.LogSigmoid()(x)
+    np.testing.assert_allclose(y.detach().numpy(), [-200.0, -np.log(2.0), 0.0], atol=1e-12)
+    (g,) = fg.autograd.grad(y.sum(), x, create_graph=True)
+    (h,) = fg.autograd.grad(g.sum(), x)
+    np.testing.assert_allclose(h.numpy(), [0.0, -0.25, 0.0], atol=1e-12)   # -sigmoid'(x)
+    out = nn.Softshrink(0.5)(fusegrad.tensor([float("nan"), -1.0]))
+    assert np.isnan(out.numpy()[0]) and out.numpy()[1] == -0.5
+    assert repr(nn.Hardshrink(0.25)) == "Hardshrink(0.25)"

@@ -76,7 +76,8 @@ __all__ = [
     "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
     "adaptive_max_pool1d", "adaptive_max_pool2d", "batch_norm", "group_norm", "instance_norm",
     "rms_norm", "hardtanh", "relu6", "elu", "selu", "celu", "mish", "hardswish", "hardsigmoid",
-    "prelu", "softsign", "tanhshrink", "scaled_dot_product_attention",
+    "prelu", "softsign", "tanhshrink", "scaled_dot_product_attention", "logsigmoid",
+    "softshrink", "hardshrink",
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")
@@ -348,6 +349,28 @@ def softsign(input: Tensor) -> Tensor:  # noqa: A002
 def tanhshrink(input: Tensor) -> Tensor:  # noqa: A002
     """``x - tanh(x)``."""
     return F.sub(input, F.tanh(input))
+
+
+def logsigmoid(input: Tensor) -> Tensor:  # noqa: A002
+    """``log(sigmoid(x)) = -softplus(-x)``, stable for large |x|, with the gradient
+    ``sigmoid(-x)`` (second derivatives included)."""
+    x = input
+    soft = F.add(F.maximum(F.neg(x), 0.0), F.log1p(F.exp(F.neg(F.abs(x)))))
+    return F.neg(F.custom_vjp(soft, (x,), "softplus_of_neg"))
+
+
+def softshrink(input: Tensor, lambd: float = 0.5) -> Tensor:  # noqa: A002
+    """``x - lambd`` above ``lambd``, ``x + lambd`` below ``-lambd``, else 0 (NaN stays)."""
+    if lambd < 0:
+        raise RuntimeError(f"lambda must be greater or equal to 0, but found to be {lambd}.")
+    x = input
+    return F.where(F.gt(x, lambd), F.sub(x, lambd),
+                   F.where(F.lt(x, -lambd), F.add(x, lambd), F.mul(x, 0.0)))
+
+
+def hardshrink(input: Tensor, lambd: float = 0.5) -> Tensor:  # noqa: A002
+    """``x`` where ``|x| > lambd`` (or NaN), else 0."""
+    return F.hardshrink(input, lambd)
 
 
 def _softmax_dim(name: str, ndim: int) -> int:

@@ -521,6 +521,9 @@ case("nn.hardsigmoid", lambda x: NF.hardsigmoid(x * 3), X(3, 4))
 case("nn.prelu", lambda x, w: NF.prelu(x, w), X(2, 3, 4), X(3))
 case("nn.softsign", lambda x: NF.softsign(x), X(3, 4))
 case("nn.tanhshrink", lambda x: NF.tanhshrink(x), X(3, 4))
+case("nn.logsigmoid", lambda x: NF.logsigmoid(x), X(3, 4))
+case("nn.softshrink", lambda x: NF.softshrink(x, 0.3), X(3, 4))
+case("nn.hardshrink", lambda x: NF.hardshrink(x, 0.3), X(3, 4))
 case("nn.pad-modes", lambda x: (NF.pad(x, (2, 1), mode="reflect"), NF.pad(x, (1, 2), mode="circular"),
                                 NF.pad(x, (1, 1, 2, 0), mode="replicate")), X(2, 3, 4),
      covers=("pad",))

@@ -239,6 +239,41 @@ class Softsign(Module):
         return NF.softsign(input)
 
 
+class LogSigmoid(Module):
+    """``log(sigmoid(x))``."""
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.logsigmoid(input)
+
+
+class Softshrink(Module):
+    """``x -+ lambd`` outside ``[-lambd, lambd]``, else 0."""
+
+    def __init__(self, lambd: float = 0.5) -> None:
+        super().__init__()
+        self.lambd = lambd
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.softshrink(input, self.lambd)
+
+    def extra_repr(self) -> str:
+        return str(self.lambd)
+
+
+class Hardshrink(Module):
+    """``x`` outside ``[-lambd, lambd]``, else 0."""
+
+    def __init__(self, lambd: float = 0.5) -> None:
+        super().__init__()
+        self.lambd = lambd
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.hardshrink(input, self.lambd)
+
+    def extra_repr(self) -> str:
+        return str(self.lambd)
+
+
 class Tanhshrink(Module):
     """``x - tanh(x)``."""
 
