@@ -96,15 +96,11 @@ def install_tensor_placeholders(tensor_class: type) -> None:
 
 
 def _resolve(path: str):
-    if path == "fusegrad.Tensor":
-        from fusegrad.tensor import Tensor
-        return Tensor
-    if path == "fusegrad.nn.Module":
-        from fusegrad.nn import Module
-        return Module
-    if path == "fusegrad.optim.Optimizer":
-        from fusegrad.optim import Optimizer
-        return Optimizer
+    """The module ``path`` names, or the class when its last name is capitalized
+    (``fusegrad.Tensor``, ``fusegrad.nn.Module``)."""
+    parent, _, name = path.rpartition(".")
+    if name[:1].isupper():
+        return getattr(importlib.import_module(parent), name)
     return importlib.import_module(path)
 
 

@@ -590,24 +590,16 @@ def test_custom_function_saved_tensor_modified_in_place_is_refused():
         y.sum().backward()
 
 
+def _doubling(name: str, backward):
+    """An autograd.Function named ``name``: forward ``x * 2``, the given ``backward``."""
+    return type(name, (fg.autograd.Function,), {
+        "forward": staticmethod(lambda ctx, x: x * 2), "backward": staticmethod(backward)})
+
+
 def test_custom_function_gradients_are_checked_as_torch_checks_them():
-    class Broadcast(fg.autograd.Function):        # a gradient of a broadcast shape: summed
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, grad):
-            return grad.expand(2, 3)
-
-    class Scalar(fg.autograd.Function):           # a gradient no broadcast explains: refused
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, grad):
-            return grad.sum()
+    # a gradient of a broadcast shape is summed; one no broadcast explains is refused
+    Broadcast = _doubling("Broadcast", lambda ctx, grad: grad.expand(2, 3))
+    Scalar = _doubling("Scalar", lambda ctx, grad: grad.sum())
 
     x = fg.tensor([1.0, 2.0, 3.0], requires_grad=True)
     Broadcast.apply(x).sum().backward()
@@ -618,16 +610,10 @@ def test_custom_function_gradients_are_checked_as_torch_checks_them():
 
 
 def test_once_differentiable_and_unsupported_ctx_features():
-    class Twice(fg.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        @fg.autograd.function.once_differentiable
-        def backward(ctx, grad):
-            assert not fg.is_grad_enabled()
-            return grad * 2
+    def backward(ctx, grad):
+        assert not fg.is_grad_enabled()
+        return grad * 2
+    Twice = _doubling("Twice", fg.autograd.function.once_differentiable(backward))
 
     x = fg.tensor([1.0, 2.0], requires_grad=True)
     Twice.apply(x).sum().backward()
@@ -647,14 +633,7 @@ def test_once_differentiable_and_unsupported_ctx_features():
 
 
 def test_gradcheck_catches_a_wrong_gradient():
-    class WrongScale(fg.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 2
-
-        @staticmethod
-        def backward(ctx, grad):
-            return grad * 3
+    WrongScale = _doubling("WrongScale", lambda ctx, grad: grad * 3)
 
     x = fg.tensor(arr(3), requires_grad=True)
     with pytest.raises(GradcheckError, match="Jacobian mismatch for output 0 with respect to "

@@ -340,6 +340,13 @@ def test_16_bit_composites_compute_in_float32():
     out = fg.addcmul(fg.tensor([-60000.0], dtype=f16), fg.tensor([300.0], dtype=f16),
                      fg.tensor([300.0], dtype=f16), value=0.5)
     assert out.item() == -15000.0 and out.dtype is f16
+    # with a float32 operand the result is float32, as the operands promote (it was rounded
+    # to float16)
+    f32 = fg.tensor([4.0])
+    assert fg.hypot(fg.tensor([3.0], dtype=f16), f32).dtype is fg.float32
+    assert fg.lerp(f32, fg.tensor([2.0], dtype=f16), 0.5).dtype is fg.float32
+    assert fg.addcmul(f32, fg.tensor([2.0], dtype=f16), fg.tensor([3.0], dtype=f16)).dtype \
+        is fg.float32
 
 
 def test_addcmul_promotes_its_three_operands_first():

@@ -354,9 +354,7 @@ def tanhshrink(input: Tensor) -> Tensor:  # noqa: A002
 def logsigmoid(input: Tensor) -> Tensor:  # noqa: A002
     """``log(sigmoid(x)) = -softplus(-x)``, stable for large |x|, with the gradient
     ``sigmoid(-x)`` (second derivatives included)."""
-    x = input
-    soft = F.add(F.maximum(F.neg(x), 0.0), F.log1p(F.exp(F.neg(F.abs(x)))))
-    return F.neg(F.custom_vjp(soft, (x,), "softplus_of_neg"))
+    return F.neg(_softplus_of_neg(input))
 
 
 def softshrink(input: Tensor, lambd: float = 0.5) -> Tensor:  # noqa: A002
@@ -927,16 +925,21 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
 @composite("BinaryCrossEntropyWithLogitsBackward0")
 def _bce_logits(x: Tensor, target: Tensor, weight: Tensor | None, pos_weight: Tensor | None,
                 reduction: str) -> Tensor:
-    # softplus(-x) = max(-x, 0) + log1p(exp(-|x|)), with the gradient -sigmoid(-x) (the
-    # kinks of max and abs at 0 would give the second derivative 0 there, not 1/4)
-    soft = F.custom_vjp(F.add(F.maximum(F.neg(x), 0.0), F.log1p(F.exp(F.neg(F.abs(x))))),
-                        (x,), "softplus_of_neg")
+    soft = _softplus_of_neg(x)
     if pos_weight is not None:
         soft = F.mul(soft, F.add(F.mul(F.sub(pos_weight, 1.0), target), 1.0))
     loss = F.add(F.mul(F.rsub(target, 1.0), x), soft)
     if weight is not None:
         loss = F.mul(loss, weight)
     return _reduce(loss, reduction)
+
+
+def _softplus_of_neg(x: Tensor) -> Tensor:
+    """``softplus(-x) = max(-x, 0) + log1p(exp(-|x|))``, stable for large |x|, with the
+    gradient ``-sigmoid(-x)``: the kinks of max and abs at 0 would give the second derivative
+    0 there, not 1/4 (binary_cross_entropy_with_logits, logsigmoid)."""
+    soft = F.add(F.maximum(F.neg(x), 0.0), F.log1p(F.exp(F.neg(F.abs(x)))))
+    return F.custom_vjp(soft, (x,), "softplus_of_neg")
 
 
 @P.register_vjp("softplus_of_neg")

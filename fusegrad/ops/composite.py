@@ -89,9 +89,11 @@ def _made_by(t: Tensor, node: Node) -> Tensor:
 
 
 def opmath(fn):
-    """``fn`` computed in float32 for float16 and bfloat16 tensors, its result rounded back
-    once: torch's accumulate type for reductions (a sum of float16 values passes 65504, and
-    becomes inf, long before their mean or norm does)."""
+    """``fn`` computed in float32 for float16 and bfloat16 tensors, its result rounded once to
+    the dtype the tensor arguments promote to (float32 when one of them is: hypot(f16, f32)
+    is float32): torch's accumulate type (a sum of float16 values passes 65504, and becomes
+    inf, long before their mean or norm does; a Python scalar a float16 tensor meets is taken
+    in float32 too, as a float32 0-d tensor that promotes no further)."""
     from fusegrad import dtypes
     from fusegrad.ops.operands import cast
     narrow = (dtypes.float16, dtypes.bfloat16)
@@ -101,11 +103,12 @@ def opmath(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        dt = next((a.dtype for a in args if isinstance(a, Tensor) and a.dtype in narrow), None)
-        if dt is None:
+        tensors = [a for a in args if isinstance(a, Tensor)]
+        if not any(t.dtype in narrow for t in tensors):
             return fn(*args, **kwargs)
+        dt = dtypes.result_type(*tensors)
         out = fn(*map(up, args), **{k: up(v) for k, v in kwargs.items()})
-        return cast(out, dt) if out.dtype is dtypes.float32 else out
+        return cast(out, dt) if dt in narrow and out.dtype is dtypes.float32 else out
     return wrapper
 
 

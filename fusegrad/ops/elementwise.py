@@ -49,17 +49,10 @@ def _outside(x, other) -> dtypes.DType | None:
     return None
 
 
-def _in_float32(fn, x, other, narrow, **kwargs):
-    """``fn(x, other)`` with the 16-bit tensor in float32, rounded back to ``narrow``."""
-    wide = [cast(v, dtypes.float32) if isinstance(v, Tensor) else v for v in (x, other)]
-    out = fn(*wide, **kwargs)
-    return cast(out, narrow) if out.dtype is dtypes.float32 else out
-
-
 def _binary_op(prim, grad_name=None):
     def op(x, other, *, dtype=None):
-        if dtype is None and (narrow := _outside(x, other)) is not None:
-            return _in_float32(op, x, other, narrow)
+        if dtype is None and _outside(x, other):
+            return opmath(op)(x, other)
         a, b = _promote(prim.name, x, other, dtype=dtype)
         out = bind(prim, a, b)
         return _named(out, grad_name) if grad_name else out
@@ -69,8 +62,8 @@ def _binary_op(prim, grad_name=None):
 @public(torch=True, method=True, inplace=True)
 def add(x, other, *, alpha=1) -> Tensor:
     """``x + alpha * other``."""
-    if (narrow := _outside(x, other)) is not None:
-        return _in_float32(add, x, other, narrow, alpha=alpha)
+    if _outside(x, other):
+        return opmath(add)(x, other, alpha=alpha)
     if isinstance(alpha, Tensor) or alpha != 1:
         other = mul(other, alpha)
     a, b = _promote("add", x, other)
@@ -82,8 +75,8 @@ def add(x, other, *, alpha=1) -> Tensor:
 @public(torch=True, method=True, inplace=True)
 def sub(x, other, *, alpha=1) -> Tensor:
     """``x - alpha * other``."""
-    if (narrow := _outside(x, other)) is not None:
-        return _in_float32(sub, x, other, narrow, alpha=alpha)
+    if _outside(x, other):
+        return opmath(sub)(x, other, alpha=alpha)
     if isinstance(alpha, Tensor) or alpha != 1:
         other = mul(other, alpha)
     a, b = _promote("sub", x, other)
@@ -100,8 +93,8 @@ def rsub(x, other, *, alpha=1) -> Tensor:
 
 @public(torch=True, method=True, inplace=True)
 def mul(x, other) -> Tensor:
-    if (narrow := _outside(x, other)) is not None:
-        return _in_float32(mul, x, other, narrow)
+    if _outside(x, other):
+        return opmath(mul)(x, other)
     a, b = _promote("mul", x, other)
     if a.dtype is dtypes.bool_:
         return bind(P.logical_and, a, b)
@@ -111,8 +104,8 @@ def mul(x, other) -> Tensor:
 @public(torch=True, method=True, inplace=True)
 def div(x, other, *, rounding_mode: str | None = None) -> Tensor:
     """True division (integers give floats); ``rounding_mode`` 'floor' or 'trunc'."""
-    if (narrow := _outside(x, other)) is not None:
-        return _in_float32(div, x, other, narrow, rounding_mode=rounding_mode)
+    if _outside(x, other):
+        return opmath(div)(x, other, rounding_mode=rounding_mode)
     if rounding_mode is None:
         if not dtypes.result_type(x, other).is_floating_point:
             # true division of integers: in the default float dtype, the Python int too
@@ -638,27 +631,17 @@ def lerp(x: Tensor, end, weight) -> Tensor:
 
 
 @public(torch=True, method=True, inplace=True)
+@opmath
 def addcmul(x: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
-    """``x + value * tensor1 * tensor2``, in the dtype the three promote to (16-bit floats
-    computed in float32 and rounded once, as torch's)."""
-    (x, tensor1, tensor2), narrow = _addc_operands("addcmul", x, tensor1, tensor2)
+    """``x + value * tensor1 * tensor2``, in the dtype the three promote to, promoted before
+    the product (uint8 + int8 * int8 wrapped in int8; 16-bit floats in float32)."""
+    x, tensor1, tensor2 = _promote("addcmul", x, tensor1, tensor2)
     prod = mul(tensor1, tensor2)
-    out = add(x, mul(prod, value) if value != 1 else prod)
-    return cast(out, narrow) if narrow is not None else out
-
-
-def _addc_operands(op: str, *operands):
-    """The operands of addcmul/addcdiv in their common dtype (float32 for a 16-bit one: the
-    product 300 * 300 overflows float16 before a sum with -60000 brings it back), and that
-    16-bit dtype to round the result to (else None)."""
-    values = _promote(op, *operands)
-    dt = values[0].dtype
-    if dt in (dtypes.float16, dtypes.bfloat16):
-        return [cast(v, dtypes.float32) for v in values], dt
-    return values, None
+    return add(x, mul(prod, value) if value != 1 else prod)
 
 
 @public(torch=True, method=True, inplace=True)
+@opmath
 def addcdiv(x: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
     """``x + value * tensor1 / tensor2``."""
     if not tensor1.dtype.is_floating_point and not tensor2.dtype.is_floating_point:
@@ -669,7 +652,6 @@ def addcdiv(x: Tensor, tensor1: Tensor, tensor2: Tensor, *, value=1) -> Tensor:
                            "for integer inputs and as (input + value * tensor1 / tensor2) for "
                            "float inputs. The future addcdiv behavior is just the latter "
                            "implementation: (input + value * tensor1 / tensor2), for all dtypes.")
-    (x, tensor1, tensor2), narrow = _addc_operands("addcdiv", x, tensor1, tensor2)
+    x, tensor1, tensor2 = _promote("addcdiv", x, tensor1, tensor2)
     quot = div(tensor1, tensor2)
-    out = add(x, mul(quot, value) if value != 1 else quot)
-    return cast(out, narrow) if narrow is not None else out
+    return add(x, mul(quot, value) if value != 1 else quot)

@@ -11,13 +11,13 @@ from fusegrad.autograd.engine import Node, _edge, _refresh_view
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
-from fusegrad.ops.composite import custom_vjp
 from fusegrad.ops.elementwise import mul, where
-from fusegrad.ops.indexing import _last_writes, getitem
+from fusegrad.ops.indexing import getitem
 from fusegrad.ops.movement import expand, reshape, squeeze, t, transpose, unsqueeze
 from fusegrad.ops.operands import _dtype_title, _index_tensor, _scalar_tensor, as_tensor_operand, cast, take
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.registry import public
+from fusegrad.ops.slicing import index_copy
 from fusegrad.tensor import Tensor
 
 
@@ -229,7 +229,7 @@ def setitem(x: Tensor, key, value) -> None:
         flat_idx = reshape(getitem(_index_tensor(np.arange(x.numel()).reshape(tuple(x.shape))),
                                    key), (-1,))
         values = reshape(expand(as_tensor_operand(value, x.dtype), tuple(target.shape)), (-1,))
-        updated = _overwrite(reshape(x, (x.numel(),)), flat_idx, values)
+        updated = index_copy(reshape(x, (x.numel(),)), 0, flat_idx, values)
         assign_(x, reshape(updated, tuple(x.shape)), "index_put_")
         return
     if target._base is None and target._trace is None and not np.shares_memory(target._data,
@@ -243,7 +243,7 @@ def setitem(x: Tensor, key, value) -> None:
         if value.device != x.device:        # copied in, as torch's copy_ does
             value = value.to(x.device)
         value = expand(value, tuple(flat_idx.shape))
-        updated = _overwrite(reshape(x, (x.numel(),)), reshape(flat_idx, (-1,)),
+        updated = index_copy(reshape(x, (x.numel(),)), 0, reshape(flat_idx, (-1,)),
                              reshape(value, (-1,)))
         assign_(x, reshape(updated, tuple(x.shape)), "index_put_")
         return
@@ -256,36 +256,6 @@ def setitem(x: Tensor, key, value) -> None:
 # the tensor takes the layout of the out-of-place view (same storage), its version is
 # bumped, and a tensor with history gets the view's node (named as torch names the
 # in-place variant). Eager only: a traced value cannot change its type in place.
-
-
-def _overwrite(flat: Tensor, idx: Tensor, values: Tensor) -> Tensor:
-    """1-D ``flat`` with ``values`` written at positions ``idx``, the last write to a position
-    winning (numpy's assignment, torch's CPU kernels); traceable and differentiable (the
-    overwritten elements and the overruled writes get no gradient). A where over a scatter of
-    the kept values into -0.0, to which adding v gives v exactly (-0.0, inf and NaN
-    included): adding the differences v - old instead gave NaN where old was inf, and lost v
-    next to a large old value (1e8 + (1.0 - 1e8) is 0 in float32)."""
-    n = flat.shape[0]
-    is_last, written = _last_writes(idx, n, written=True)
-    carrier = dtypes.uint8 if flat.dtype is dtypes.bool_ else flat.dtype
-    zero = -0.0 if carrier.is_floating_point else 0
-    values = cast(values, flat.dtype)
-    kept = where(is_last, cast(values, carrier), _scalar_tensor(zero, carrier))
-    base = bind(P.full, shape=(n,), value=zero, dtype=carrier)
-    if flat._trace is None and not isinstance(flat._data, np.ndarray):
-        base = base.to(flat.device)                     # a cuda tensor
-    scattered = bind(P.index_add, base, idx, kept, axis=0)
-    out = where(written, cast(scattered, flat.dtype), flat)
-    if not flat.dtype.is_floating_point:
-        return out
-    # torch's gradient: every write, the overruled ones too, gets its position's gradient
-    return custom_vjp(out, (flat, values, idx, written), "overwrite")
-
-
-@P.register_vjp("overwrite")
-def _overwrite_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
-    _, _, idx, written = operands
-    return where(written, _scalar_tensor(0, g.dtype), g), take(g, idx, 0), None, None
 
 
 def _take_view(x: Tensor, out: Tensor, name: str) -> Tensor:

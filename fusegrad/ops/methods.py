@@ -9,7 +9,8 @@ from __future__ import annotations
 from fusegrad import dtypes
 from fusegrad.ops import creation, registry
 from fusegrad.ops import functional as F
-from fusegrad.ops.elementwise import _in_float32, _outside
+from fusegrad.ops.composite import opmath
+from fusegrad.ops.elementwise import _outside
 from fusegrad.tensor import Tensor
 
 
@@ -41,9 +42,8 @@ def _binop(fn, reflected=False):
         def op(self, other):
             if isinstance(other, Tensor):
                 return fn(other, self)
-            narrow = _outside(self, other)
-            if narrow is not None:           # 1e5 * float16: the scalar in float32, as torch
-                return _in_float32(fn, F.as_tensor_operand(other, dtypes.float32), self, narrow)
+            if _outside(self, other):        # 1e5 * float16: the scalar in float32, as torch
+                return opmath(fn)(F.as_tensor_operand(other, dtypes.float32), self)
             return fn(F.as_tensor_operand(other, dtypes.result_type(self, other)), self)
     else:
         def op(self, other):

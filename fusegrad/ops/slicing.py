@@ -9,9 +9,8 @@ import math
 
 from fusegrad import dtypes
 from fusegrad.ops.composite import custom_vjp
-from fusegrad.ops.creation import full_like, ones, zeros
+from fusegrad.ops.creation import full, full_like, ones, zeros
 from fusegrad.ops.elementwise import add, clone, lt, where
-from fusegrad.ops.factories import zeros_like
 from fusegrad.ops.indexing import _last_writes, index_add, sort
 from fusegrad.ops.movement import (
     _int_sequence,
@@ -185,20 +184,28 @@ def index_fill(x: Tensor, dim: int, index: Tensor, value) -> Tensor:
 @public(torch=True, method=True, inplace=True)
 def index_copy(x: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
     """``x`` with the slices at ``index`` along ``dim`` replaced by those of ``source``; of an
-    index given twice, the last slice wins (torch leaves which unspecified)."""
+    index given twice, the last slice wins (numpy's assignment and torch's CPU kernels; torch
+    leaves which unspecified). Also ``x[i] = v`` and ``index_put``.
+
+    A where over a scatter of the kept slices into -0.0, to which adding v gives v exactly
+    (-0.0, inf and NaN included): adding the differences v - old instead gave NaN where old
+    was inf, and lost v next to a large old value (1e8 + (1.0 - 1e8) is 0 in float32)."""
     axis = normalize_axis(dim, x.ndim, "index_copy") if x.ndim else 0
     size = x.shape[axis] if x.ndim else 1
     pos = reshape(_positions(index, size), (-1,))
     source = cast(source, x.dtype)
-    keep = _last_writes(where(lt(pos, 0), 0, where(lt(pos, size), pos, 0)), size)
+    keep, written = _last_writes(where(lt(pos, 0), 0, where(lt(pos, size), pos, 0)), size,
+                                 written=True)
     shape = [1] * source.ndim
     if source.ndim:
         shape[axis] = pos.shape[0]
-    kept = where(reshape(keep, tuple(shape)), source, zeros((), dtype=x.dtype))
-    # -0.0 + v is v, -0.0 included (+0.0 + -0.0 is +0.0)
-    base = full_like(x, -0.0) if x.dtype.is_floating_point else zeros_like(x)
-    placed = index_add(base, axis, pos, kept)
-    hit = _hit_mask(x, axis, pos)
+    zero = -0.0 if x.dtype.is_floating_point else 0     # (+0.0 + -0.0 is +0.0)
+    kept = where(reshape(keep, tuple(shape)), source, full((), zero, dtype=x.dtype))
+    placed = index_add(full_like(x, zero), axis, pos, kept)
+    hit = [1] * x.ndim
+    if x.ndim:
+        hit[axis] = size
+    hit = reshape(written, tuple(hit))
     out = where(hit, placed, x)
     if not x.dtype.is_floating_point:
         return out

@@ -889,21 +889,12 @@ def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
         if all(leaf in captured for leaf, _ in grad_guards) else None
     grad_sigs = [None if sig is None else (tuple(sig[0]), sig[1]) for _, sig in grad_guards]
 
-    def guard(get_inputs: Callable[[], list]) -> bool:
-        if not closure.holds() or not modules.holds() or not lifted_hold():
-            return False
-        if direct is not None:
-            leaves = direct
-        else:
-            inputs = get_inputs()
-            leaves = [inputs[leaf] for leaf, _ in grad_guards]
-        grads = [t._grad for t in leaves]
-        if [None if g is None else (g._data.shape, g._dtype) for g in grads] != grad_sigs:
-            return False
-        return all(o.holds() for o in optimizers)
+    grads_changed = "which parameters have a .grad (or its shape or dtype)"
 
-    def why() -> str:
-        """What no longer holds, in words (for the recompile messages)."""
+    def failing(get_inputs: Callable[[], list] | None = None) -> str | None:
+        """What no longer holds, in words (for the recompile messages); None if all holds.
+        Without ``get_inputs`` the .grad slots of arguments are not read, and are named as
+        what changed when everything else holds."""
         changed = closure.changed()
         if changed is not None:
             return changed
@@ -911,10 +902,21 @@ def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
             return "a module's attributes, parameters, buffers, submodules or hooks"
         if not lifted_hold():
             return "the shape, dtype, requires_grad or hooks of a captured tensor"
+        leaves = direct
+        if leaves is None and get_inputs is not None:
+            inputs = get_inputs()
+            leaves = [inputs[leaf] for leaf, _ in grad_guards]
+        if leaves is not None and [None if t._grad is None else
+                                   (t._grad._data.shape, t._grad._dtype) for t in leaves] \
+                != grad_sigs:
+            return grads_changed
         if not all(o.holds() for o in optimizers):
             return "an optimizer's state or hyperparameters"
-        return "which parameters have a .grad (or its shape or dtype)"
-    guard.why = why
+        return grads_changed if leaves is None else None
+
+    def guard(get_inputs: Callable[[], list]) -> bool:
+        return failing(get_inputs) is None
+    guard.why = failing
     return guard
 
 

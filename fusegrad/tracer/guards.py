@@ -178,7 +178,7 @@ class ClosureGuard:
         guard._add(fn, 0, seen)
         code = getattr(getattr(fn, "__func__", fn), "__code__", None)
         if code is not None:
-            names, keys = _names(code), _keys(code)
+            names, keys = _refs(code)
             for v in args:
                 guard._contents(v, names, keys, 0, seen)
         return guard
@@ -190,7 +190,7 @@ class ClosureGuard:
         if code is None or id(code) in seen or depth > _MAX_DEPTH:
             return
         seen.add(id(code))
-        names, keys = _names(code), _keys(code)
+        names, keys = _refs(code)
         if owner is not None and not isinstance(owner, types.ModuleType):
             self._follow(owner, depth, seen, names, keys)
         for cell in getattr(fn, "__closure__", None) or ():
@@ -259,7 +259,7 @@ class ClosureGuard:
             if code is None or _user_dict(m) is None:
                 continue
             # (m may have been followed already, for the names of the function's own code)
-            self._contents(m, _names(code), _keys(code), 1, {id(code)})
+            self._contents(m, *_refs(code), 1, {id(code)})
             self._add(forward, 1, self._seen)
 
     def forget(self, skip) -> None:
@@ -271,10 +271,6 @@ class ClosureGuard:
     @property
     def empty(self) -> bool:
         return not self.cells and not self.globals_ and not self.entries
-
-    def holds(self) -> bool:
-        """Whether every recorded name still holds what it held at trace time."""
-        return self.changed() is None
 
     def changed(self) -> str | None:
         """What no longer holds what it held at trace time, in words; None if all holds."""
@@ -346,20 +342,15 @@ _LIST = object()          # the key of an entry that guards a whole list by its 
 _MISSING = object()
 
 
-def _keys(code) -> set:
-    """Constant strings and ints in ``code`` and the code nested in it: the keys that
-    ``cfg["clip"]`` or ``sizes[0]`` may read."""
+def _refs(code) -> tuple[set[str], set]:
+    """What ``code`` and the code nested in it (lambdas, inner functions) may read by name:
+    its global and attribute names, and its constant strings and ints (the keys that
+    ``cfg["clip"]`` or ``sizes[0]`` read)."""
+    names = set(code.co_names)
     keys = {c for c in code.co_consts if type(c) in (str, int)}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            keys |= _keys(const)
-    return keys
-
-
-def _names(code) -> set[str]:
-    """Global names read by ``code`` and the code nested in it (lambdas, inner functions)."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names(const)
-    return names
+            inner_names, inner_keys = _refs(const)
+            names |= inner_names
+            keys |= inner_keys
+    return names, keys

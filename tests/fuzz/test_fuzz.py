@@ -194,36 +194,33 @@ def test_products_whose_large_factors_overflow_together_compare_loosely():
     assert not _overflows_on_the_way(Op("reduce", (0,), ("prod", (0,), False, None)), [x])
 
 
-def test_a_pole_or_comparison_at_cancellation_noise_compares_loosely():
+def _pole_after(name: str, scale: float | None = None) -> bool:
+    """Whether ``_at_a_pole`` flags the unary op ``name`` of a layer norm's sum (0 up to
+    rounding) or, with ``scale``, of a normal input times it."""
+    from fusegrad.testing.fuzz import _all_values, _at_a_pole, _summed
+    first = Op("scalar", (0,), ("*", scale, False)) if scale is not None else \
+        Op("layer_norm", (0,), (1,))
+    nodes = [Input((4,), "float32", "normal", 0), first]
+    if scale is None:
+        nodes.append(Op("reduce", (1,), ("sum", None, False, None)))
+    nodes.append(Op("unary", (len(nodes) - 1,), (name,)))
+    program = Program(nodes, [len(nodes) - 1])
+    values = _all_values(program, program.arrays())
+    return _at_a_pole(program, values, _summed(program, values), len(nodes) - 1)
+
+
+@pytest.mark.parametrize("seed,index,name", [(31415, 2070, "log"), (20261207, 372, "sqrt")])
+def test_a_pole_or_comparison_at_cancellation_noise_compares_loosely(seed, index, name):
     # Seed 31415, program 2070: the mean of a layer norm's output is 0 up to rounding; in
     # ``where(mean > 0, mean, y)`` its sign picks a side, and it is 2e-9 in eager's order of
     # summation and below 0 in the CUDA kernel's. Reduced: ``log`` of the same sum is -17.3
-    # in one order and -inf in another.
-    assert_explained(31415, 2070, max_ops=16)
-    from fusegrad.testing.fuzz import _all_values, _at_a_pole, _summed
-    logged = Program([Input((4,), "float32", "normal", 0), Op("layer_norm", (0,), (1,)),
-                      Op("reduce", (1,), ("sum", None, False, None)),
-                      Op("unary", (2,), ("log",))], [3])
-    values = _all_values(logged, logged.arrays())
-    assert _at_a_pole(logged, values, _summed(logged, values), 3)
-    # The log of an input near 0 (no cancelling op before it) is compared as usual.
-    tiny = Program([Input((4,), "float32", "normal", 0), Op("scalar", (0,), ("*", 1e-3, False)),
-                    Op("unary", (1,), ("log",))], [2])
-    values = _all_values(tiny, tiny.arrays())
-    assert not _at_a_pole(tiny, values, _summed(tiny, values), 2)
-
-
-def test_square_root_of_cancellation_noise_compares_loosely():
-    # Seed 20261207, program 372 (max-ops 16): sqrt of a layer norm's output, where an
-    # element is 0 in eager's order of summation and just below 0 (NaN) in the simulated CUDA
-    # kernel's. sqrt's domain ends at 0: it counts as a pole.
-    assert_explained(20261207, 372, max_ops=16)
-    from fusegrad.testing.fuzz import _all_values, _at_a_pole, _summed
-    rooted = Program([Input((4,), "float32", "normal", 0), Op("layer_norm", (0,), (1,)),
-                      Op("reduce", (1,), ("sum", None, False, None)),
-                      Op("unary", (2,), ("sqrt",))], [3])
-    values = _all_values(rooted, rooted.arrays())
-    assert _at_a_pole(rooted, values, _summed(rooted, values), 3)
+    # in one order and -inf in another. Seed 20261207, program 372: ``sqrt`` of a layer
+    # norm's output, 0 in eager's order and just below 0 (NaN) in the simulated CUDA
+    # kernel's: sqrt's domain ends at 0, so it counts as a pole.
+    assert_explained(seed, index, max_ops=16)
+    assert _pole_after(name)
+    # The same op of an input near 0 (no cancelling op before it) is compared as usual.
+    assert not _pole_after(name, scale=1e-3)
 
 
 def test_sine_of_a_large_argument_compares_with_the_arguments_magnitude():

@@ -246,32 +246,32 @@ class LogSigmoid(Module):
         return NF.logsigmoid(input)
 
 
-class Softshrink(Module):
+class _Shrink(Module):
+    """An activation of one threshold ``lambd``, applied by ``_fn``."""
+
+    _fn = None
+
+    def __init__(self, lambd: float = 0.5) -> None:
+        super().__init__()
+        self.lambd = lambd
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return self._fn(input, self.lambd)
+
+    def extra_repr(self) -> str:
+        return str(self.lambd)
+
+
+class Softshrink(_Shrink):
     """``x -+ lambd`` outside ``[-lambd, lambd]``, else 0."""
 
-    def __init__(self, lambd: float = 0.5) -> None:
-        super().__init__()
-        self.lambd = lambd
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return NF.softshrink(input, self.lambd)
-
-    def extra_repr(self) -> str:
-        return str(self.lambd)
+    _fn = staticmethod(NF.softshrink)
 
 
-class Hardshrink(Module):
+class Hardshrink(_Shrink):
     """``x`` outside ``[-lambd, lambd]``, else 0."""
 
-    def __init__(self, lambd: float = 0.5) -> None:
-        super().__init__()
-        self.lambd = lambd
-
-    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return NF.hardshrink(input, self.lambd)
-
-    def extra_repr(self) -> str:
-        return str(self.lambd)
+    _fn = staticmethod(NF.hardshrink)
 
 
 class Tanhshrink(Module):
