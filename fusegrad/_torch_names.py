@@ -308,6 +308,16 @@ TORCH_NAMES: dict[str, frozenset[str]] = {
     matmul matrix_exp matrix_norm matrix_power matrix_rank multi_dot norm pinv qr slogdet solve
     solve_ex solve_triangular svd svdvals tensorinv tensorsolve vander vecdot vector_norm
     """.split()),
+    "torch.special": frozenset("""
+    airy_ai bessel_j0 bessel_j1 bessel_y0 bessel_y1 chebyshev_polynomial_t chebyshev_polynomial_u
+    chebyshev_polynomial_v chebyshev_polynomial_w digamma entr erf erfc erfcx erfinv exp2 expit
+    expm1 gammainc gammaincc gammaln hermite_polynomial_h hermite_polynomial_he i0 i0e i1 i1e
+    laguerre_polynomial_l legendre_polynomial_p log1p log_ndtr log_softmax logit logsumexp
+    modified_bessel_i0 modified_bessel_i1 modified_bessel_k0 modified_bessel_k1 multigammaln ndtr
+    ndtri polygamma psi round scaled_modified_bessel_k0 scaled_modified_bessel_k1
+    shifted_chebyshev_polynomial_t shifted_chebyshev_polynomial_u shifted_chebyshev_polynomial_v
+    shifted_chebyshev_polynomial_w sinc softmax spherical_bessel_j0 xlog1py xlogy zeta
+    """.split()),
     "torch.autograd": frozenset("""
     Function NestedIOFunction Variable anomaly_mode backward detect_anomaly enable_grad
     enforce_grad_layout_policy forward_ad function functional grad grad_mode gradcheck

@@ -446,6 +446,19 @@ def test_aminmax_histc_histogram_renorm_rot90_unique_consecutive():
 
 # --------------------------------------------------------------------------- special functions
 
+def test_the_special_namespace_names_the_same_functions():
+    x = fg.tensor([-3.0, -0.5, 0.0, 0.25, 2.0])
+    assert fg.special.expit is fg.sigmoid and fg.special.psi is fg.digamma
+    assert fg.special.gammaln is fg.lgamma and fg.special.multigammaln is fg.mvlgamma
+    assert_close(fg.special.xlogy(x, 2.0), fg.xlogy(x, 2.0))
+    # ndtr from erfc: exact in the lower tail, where 1 + erf(x / sqrt 2) cancels to 0
+    v = [-30.0, -8.0, -1.0, 0.0, 0.5, 6.0]
+    assert_close(fg.special.ndtr(fg.tensor(v, dtype=fg.float64)),
+                 [0.5 * math.erfc(-u / math.sqrt(2)) for u in v], rtol=1e-14)
+    with pytest.raises(AttributeError, match="torch.special.zeta is not implemented"):
+        fg.special.zeta
+
+
 def test_special_functions_identities():
     x = np.array([0.3, 1.0, 2.5, 7.0, 40.0, -0.5, -2.25])
     t = fg.tensor(x)
@@ -458,6 +471,8 @@ def test_special_functions_identities():
     assert_close(t.polygamma(2), fg.polygamma(2, t + 1) - 2 / t**3, rtol=1e-12)
     assert_close(fg.polygamma(1, fg.tensor([1.0])), [math.pi**2 / 6], rtol=1e-15)
     assert_close(fg.digamma(fg.tensor([0.0, -1.0, INF])), [-INF, NAN, INF])
+    # the sign of a zero picks the side of the pole, as torch's
+    assert_close(_both("digamma", fg.tensor([-0.0, 0.0])), [INF, -INF])
     assert_close(fg.lgamma(fg.tensor([0.0, -2.0, INF, -INF])), [INF, INF, INF, INF])
     assert_close(fg.polygamma(0, t), fg.digamma(t))
     p = np.array([-0.999999, -0.7, -0.1, 0.0, 0.3, 0.9, 1 - 1e-12])

@@ -75,7 +75,7 @@ def _lgamma_np(x):
 
 def _digamma_np(x):
     """digamma: the reflection formula below 0, the recurrence up to 10, then the asymptotic
-    series; -inf at 0 and NaN at the negative integers, as torch."""
+    series; -inf at +0, inf at -0 and NaN at the negative integers, as torch."""
     pole = (x <= 0) & (x == np.floor(x))
     neg = (x < 0) & ~pole
     y = np.where(neg, 1.0 - x, x)
@@ -87,7 +87,8 @@ def _digamma_np(x):
     inv2 = 1.0 / (y * y)
     series = sum(b / (2 * (j + 1)) * inv2 ** (j + 1) for j, b in enumerate(_BERNOULLI))
     result = result + np.log(y) - 0.5 / y - series
-    result = np.where(pole, np.where(x == 0, -np.inf, np.nan), result)
+    # at 0 the sign of the zero picks the side of the pole: -inf at +0, inf at -0 (torch's)
+    result = np.where(pole, np.where(x == 0, np.copysign(np.inf, -x), np.nan), result)
     return np.where(np.isposinf(x), np.inf, result)
 
 
