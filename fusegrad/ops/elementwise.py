@@ -350,6 +350,7 @@ def rsqrt(x: Tensor) -> Tensor:
 
 @public(torch=True, method=True, inplace=True)
 @composite("SigmoidBackward0")
+@opmath
 def sigmoid(x: Tensor) -> Tensor:
     """``1 / (1 + exp(-x))``, computed as ``e / (1 + e)`` with ``e = exp(x)`` for x < 0.
 

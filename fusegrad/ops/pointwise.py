@@ -151,6 +151,7 @@ def hypot(x, other) -> Tensor:
 
 
 def _logaddexp(name, log1p_exp, scale):
+    @opmath
     def op(x, other) -> Tensor:
         a, b = _floats(name, x, other)
         m = maximum(a, b)
@@ -206,6 +207,7 @@ def ldexp(x, other) -> Tensor:
 
 
 @public(torch=True, method=True, inplace=True)
+@opmath
 def logit(x: Tensor, eps: float | None = None) -> Tensor:
     """``log(x / (1 - x))``, with ``x`` clamped into [eps, 1 - eps] when ``eps`` is given."""
     (a,) = _floats("logit", x)
