@@ -460,6 +460,14 @@ def test_special_functions_identities():
     assert_close(fg.digamma(fg.tensor([0.0, -1.0, INF])), [-INF, NAN, INF])
     assert_close(fg.lgamma(fg.tensor([0.0, -2.0, INF, -INF])), [INF, INF, INF, INF])
     assert_close(fg.polygamma(0, t), fg.digamma(t))
+    # Large negative non-integers (the reflection's tan(pi x) of the exact fraction) against
+    # mpmath; -0 is a pole from the left, as torch.
+    big = fg.tensor([-5409150358.27088, -8495329.19819762, -1e15 - 0.5, -123456.75],
+                    dtype=fg.float64)
+    assert_close(fg.digamma(big), [25.165650419215253, 20.330951762480650,
+                                   34.538776394910686, 8.5820575676918837], rtol=1e-13)
+    assert_close(fg.compile(fg.digamma)(big), fg.digamma(big), rtol=1e-13)
+    assert fg.digamma(fg.tensor([-0.0, 0.0])).tolist() == [INF, -INF]
     p = np.array([-0.999999, -0.7, -0.1, 0.0, 0.3, 0.9, 1 - 1e-12])
     assert_close(fg.erf(_both("erfinv", fg.tensor(p))), p, rtol=1e-15, atol=1e-16)
     assert_close(fg.erfinv(fg.tensor([1.0, -1.0, 1.5])), [INF, -INF, NAN])
