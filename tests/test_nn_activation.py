@@ -193,3 +193,55 @@ def test_logsigmoid_is_stable_and_twice_differentiable_at_zero():
     out = nn.Softshrink(0.5)(fusegrad.tensor([float("nan"), -1.0]))
     assert np.isnan(out.numpy()[0]) and out.numpy()[1] == -0.5
     assert repr(nn.Hardshrink(0.25)) == "Hardshrink(0.25)"
+
+
+def _erf(x):
+    import math
+    return np.vectorize(math.erf)(x)
+
+
+def _sixteen_bit_ok(got, want: np.ndarray, x: np.ndarray, dtype) -> np.ndarray:
+    """Where ``got`` is ``want`` (float64) rounded once to ``dtype`` from float32 math: within
+    half an ulp (subnormal ulps included) plus a few float32 ulps of the input's scale (gelu's
+    1 + erf cancels in float32 for x < -3; torch's does too)."""
+    info = fg.finfo(dtype)
+    g = got.float().numpy().astype(np.float64)
+    tol = info.eps / 2 * np.abs(want) + float(info.smallest_normal) * info.eps / 2
+    return np.abs(g - want) <= tol + 2.0 ** -22 * np.maximum(np.abs(x), 1)
+
+
+SIXTEEN_BIT = {
+    "gelu": (NF.gelu, lambda x: x * 0.5 * (1 + _erf(x / np.sqrt(2)))),
+    "silu": (NF.silu, lambda x: x / (1 + np.exp(-x))),
+    "sigmoid": (fg.sigmoid, lambda x: 1 / (1 + np.exp(-x))),
+    "softplus": (NF.softplus, lambda x: np.log1p(np.exp(x))),
+    "logsigmoid": (NF.logsigmoid, lambda x: -np.log1p(np.exp(-x))),
+    "elu": (NF.elu, lambda x: np.where(x > 0, x, np.expm1(x))),
+    "mish": (NF.mish, lambda x: x * np.tanh(np.log1p(np.exp(x)))),
+    "hardswish": (NF.hardswish, lambda x: x * np.clip(x + 3, 0, 6) / 6),
+    "hardsigmoid": (NF.hardsigmoid, lambda x: np.clip(x + 3, 0, 6) / 6),
+    "leaky_relu": (lambda x: NF.leaky_relu(x, 0.1), lambda x: np.where(x > 0, x, 0.1 * x)),
+    "logaddexp": (lambda x: fg.logaddexp(x, x * 0.5), lambda x: np.logaddexp(x, x * 0.5)),
+    "softmax": (lambda x: NF.softmax(x, -1), lambda x: np.exp(x) / np.exp(x).sum(-1, keepdims=True)),
+    "log_softmax": (lambda x: NF.log_softmax(x, -1),
+                    lambda x: x - x.max(-1, keepdims=True)
+                    - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True))),
+}
+
+
+@pytest.mark.parametrize("dtype", [fg.float16, fg.bfloat16], ids=str)
+@pytest.mark.parametrize("name", sorted(SIXTEEN_BIT))
+def test_sixteen_bit_activations_round_once_from_float32(name, dtype):
+    """torch computes these in float32 for float16 and bfloat16 and rounds the result once;
+    rounding every intermediate gave bfloat16 gelu(-4.34) = -0.0 (not -3.0e-5), float16
+    sigmoid(8) = 1.0 (not 0.99951) and softmax 16 ulp off, eager and compiled alike."""
+    fn, ref = SIXTEEN_BIT[name]
+    x = fg.tensor(np.random.default_rng(3).standard_normal((4, 64)) * 4 + [[0.0], [-4.34375],
+                                                                          [8.0], [2.0]])
+    x = x.to(dtype)
+    x64 = x.double().numpy()
+    want = ref(x64)
+    for got in (fn(x), fusegrad.compile(fn)(x)):
+        assert got.dtype is dtype
+        ok = _sixteen_bit_ok(got, want, x64, dtype)
+        assert ok.all(), (name, got.float().numpy()[~ok][:4], want[~ok][:4])

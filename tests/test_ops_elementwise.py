@@ -550,3 +550,35 @@ def test_float32_transcendentals_in_blocks_equal_one_pass(name):
         assert got.shape == operand.shape
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("dtype", [fg.float16, fg.bfloat16], ids=str)
+def test_sixteen_bit_times_or_over_a_python_float_rounds_once(dtype):
+    """torch's mul and div (every rounding mode) take a Python scalar in float32 with a 16-bit
+    tensor and round once: float16 2.39453125 * 0.1 is 0.2395 (x * float16(0.1) rounded is
+    0.23938), -1.7998046875 / 0.3 truncates to -5 (the quotient rounded first is -6). add and
+    sub round the scalar to the tensor's dtype first."""
+    x = np.random.default_rng(4).standard_normal(512).astype(np.float32) * 4
+    x = np.concatenate([x, [2.39453125, -1.7998046875, 3.900390625, -1.203125]])
+    t = fg.tensor(x).to(dtype)
+    x32 = t.float().numpy()
+    narrow = t.numpy().dtype
+
+    def rounded(v):
+        return np.asarray(v, np.float32).astype(narrow).astype(np.float32)
+    s = np.float32(0.3)
+    cases = {
+        "mul": (lambda a: a * 0.3, rounded(x32 * s)),
+        "rmul": (lambda a: 0.3 * a, rounded(x32 * s)),
+        "div": (lambda a: a / 0.3, rounded(x32 / s)),
+        "trunc": (lambda a: fg.div(a, 0.3, rounding_mode="trunc"), rounded(np.trunc(x32 / s))),
+        "add": (lambda a: a + 0.3, rounded(x32 + np.float32(s.astype(narrow)))),
+    }
+    for name, (fn, want) in cases.items():
+        for got in (fn(t), fg.compile(fn)(t)):
+            assert got.dtype is dtype
+            np.testing.assert_array_equal(got.float().numpy(), want, err_msg=name)
+    # floor division: torch's div_floor_floating of the float32 values
+    floor = fg.floor_divide(fg.tensor(x32), float(s)).to(dtype).float().numpy()
+    for got in (t // 0.3, fg.compile(lambda a: a // 0.3)(t)):
+        np.testing.assert_array_equal(got.float().numpy(), floor)

@@ -86,6 +86,20 @@ def test_hypot_logaddexp_xlogy_values():
         ref = np.where((x == 0) & ~np.isnan(y), 0.0, x * np.log(y))
     assert_close(_both("xlogy", fg.tensor(x), fg.tensor(y)), ref)
     assert_close(fg.xlogy(2, fg.tensor([3.0])), [2 * math.log(3.0)], rtol=1e-6)
+    # Infinite x: the product's infinity (the gradient's x-is-0 term gave inf * 0 = NaN).
+    inf_x, inf_y = fg.tensor([INF, -INF, INF]), fg.tensor([0.0, 2.0, INF])
+    for f in (fg.xlogy, fg.compile(fg.xlogy)):
+        assert f(inf_x, inf_y).tolist() == [-INF, -INF, INF]
+    # hypot neither overflows nor underflows in its squares, and is inf at inf even with NaN.
+    big = np.array([1e200, 1e-200, 3.0, INF, NAN, 0.0, -INF])
+    other = np.array([1e200, 1e-200, 4.0, NAN, 1.0, 0.0, 2.0])
+    for f in (fg.hypot, fg.compile(fg.hypot)):
+        assert_close(f(fg.tensor(big, dtype=fg.float64), fg.tensor(other, dtype=fg.float64)),
+                     np.hypot(big, other), rtol=1e-15)
+        with np.errstate(over="ignore"):
+            assert_close(f(fg.tensor([1e20, 1e-25]), fg.tensor([1e20, 1e-25])),
+                         np.hypot(np.float32([1e20, 1e-25]), np.float32([1e20, 1e-25])),
+                         rtol=1e-6)
 
 
 def test_elementwise_gradients():
@@ -475,6 +489,14 @@ def test_special_functions_identities():
     assert_close(_both("digamma", fg.tensor([-0.0, 0.0])), [INF, -INF])
     assert_close(fg.lgamma(fg.tensor([0.0, -2.0, INF, -INF])), [INF, INF, INF, INF])
     assert_close(fg.polygamma(0, t), fg.digamma(t))
+    # Large negative non-integers (the reflection's tan(pi x) of the exact fraction) against
+    # mpmath; -0 is a pole from the left, as torch.
+    big = fg.tensor([-5409150358.27088, -8495329.19819762, -1e15 - 0.5, -123456.75],
+                    dtype=fg.float64)
+    assert_close(fg.digamma(big), [25.165650419215253, 20.330951762480650,
+                                   34.538776394910686, 8.5820575676918837], rtol=1e-13)
+    assert_close(fg.compile(fg.digamma)(big), fg.digamma(big), rtol=1e-13)
+    assert fg.digamma(fg.tensor([-0.0, 0.0])).tolist() == [INF, -INF]
     p = np.array([-0.999999, -0.7, -0.1, 0.0, 0.3, 0.9, 1 - 1e-12])
     assert_close(fg.erf(_both("erfinv", fg.tensor(p))), p, rtol=1e-15, atol=1e-16)
     assert_close(fg.erfinv(fg.tensor([1.0, -1.0, 1.5])), [INF, -INF, NAN])

@@ -141,6 +141,7 @@ def _gelu_one_plus(x: Tensor, approximate: str) -> Tensor:
     return F.add(F.erf(F.mul(x, 1.0 / math.sqrt(2.0))), 1.0)
 
 
+@opmath
 def _gelu_impl(x: Tensor, approximate: str) -> Tensor:
     y = F.mul(F.mul(x, 0.5), _gelu_one_plus(x, approximate))
     return F.custom_vjp(y, (x,), "gelu", (approximate,))
@@ -176,6 +177,7 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:  # noqa: A002
 
 
 @composite("SiluBackward0", kernel=True)
+@opmath
 def _silu(x: Tensor) -> Tensor:
     return F.mul(x, F.sigmoid(x))
 
@@ -186,6 +188,7 @@ def silu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
 
 
 @composite("SoftplusBackward0", kernel=True)
+@opmath
 def _softplus(x: Tensor, beta: float, threshold: float) -> Tensor:
     xb = F.mul(x, beta) if beta != 1 else x
     linear = F.gt(xb, threshold)
@@ -202,6 +205,7 @@ def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tenso
     return _softplus(input, beta, threshold)
 
 
+@opmath
 def _leaky_relu_impl(x: Tensor, negative_slope: float) -> Tensor:
     return F.where(F.gt(x, 0), x, F.mul(x, negative_slope))
 
@@ -257,6 +261,7 @@ def _expm1_left(x: Tensor, scale: float = 1.0) -> Tensor:
 
 
 @composite("EluBackward0", kernel=True)
+@opmath
 def _elu(x: Tensor, alpha: float, scale: float) -> Tensor:
     out = F.where(F.gt(x, 0), x, F.mul(_expm1_left(x), alpha))
     return F.mul(out, scale) if scale != 1.0 else out
@@ -277,6 +282,7 @@ def selu(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
 
 
 @composite("CeluBackward0", kernel=True)
+@opmath
 def _celu(x: Tensor, alpha: float) -> Tensor:
     return F.where(F.gt(x, 0), x, F.mul(_expm1_left(x, 1.0 / alpha), alpha))
 
@@ -289,6 +295,7 @@ def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:  #
 
 
 @composite("MishBackward0", kernel=True)
+@opmath
 def _mish(x: Tensor) -> Tensor:
     return F.mul(x, F.tanh(_softplus(x, 1.0, 20.0)))
 
@@ -299,6 +306,7 @@ def mish(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
 
 
 @composite("HardswishBackward0")
+@opmath
 def _hardswish(x: Tensor) -> Tensor:
     # torch's gradient: 0 up to -3, (2x + 3) / 6 strictly inside, 1 from 3 (the values of the
     # pieces agree at the bounds; the gradient there is the outer piece's)
@@ -312,6 +320,7 @@ def hardswish(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
 
 
 @composite("HardsigmoidBackward0")
+@opmath
 def _hardsigmoid(x: Tensor) -> Tensor:
     ramp = F.add(F.div(x, 6.0), 0.5)
     return F.where(F.le(x, -3.0), 0.0, F.where(F.ge(x, 3.0), 1.0, ramp))
@@ -390,11 +399,13 @@ def _shift_by_max(x: Tensor, dim: int) -> Tensor:
     return F.sub(x, m)
 
 
+@opmath
 def _softmax_impl(x: Tensor, dim: int) -> Tensor:
     e = F.exp(_shift_by_max(x, dim))
     return F.custom_vjp(F.div(e, F.sum(e, dim, keepdim=True)), (x,), "softmax", (dim,))
 
 
+@opmath
 def _log_softmax_impl(x: Tensor, dim: int) -> Tensor:
     s = _shift_by_max(x, dim)
     out = F.sub(s, F.log(F.sum(F.exp(s), dim, keepdim=True)))
@@ -934,6 +945,7 @@ def _bce_logits(x: Tensor, target: Tensor, weight: Tensor | None, pos_weight: Te
     return _reduce(loss, reduction)
 
 
+@opmath
 def _softplus_of_neg(x: Tensor) -> Tensor:
     """``softplus(-x) = max(-x, 0) + log1p(exp(-|x|))``, stable for large |x|, with the
     gradient ``-sigmoid(-x)``: the kinks of max and abs at 0 would give the second derivative

@@ -29,6 +29,15 @@ from fusegrad.tensor import Tensor
 _NARROW = {dtypes.float16: np.float16, dtypes.bfloat16: ml_dtypes.bfloat16}
 
 
+def _scalar_of_narrow(x, other) -> bool:
+    """Whether ``x`` is a 16-bit float tensor and ``other`` a Python number. torch's mul and
+    div kernels (all rounding modes) take such a scalar in float32 and round the result once:
+    float16 x * 0.1 is x * 0.1f rounded, not x * float16(0.1) (0.0999756) rounded. add, sub
+    and the other binary ops round the scalar to the tensor's dtype first (see _outside)."""
+    return (type(other) is float or type(other) is int) and \
+        getattr(x, "_dtype", None) in _NARROW
+
+
 def _outside(x, other) -> dtypes.DType | None:
     """The 16-bit float dtype of ``x`` (or ``other``) when the other operand is a Python number
     that dtype cannot hold: finite beyond its largest value, or nonzero below its smallest.
@@ -93,7 +102,7 @@ def rsub(x, other, *, alpha=1) -> Tensor:
 
 @public(torch=True, method=True, inplace=True)
 def mul(x, other) -> Tensor:
-    if _outside(x, other):
+    if _scalar_of_narrow(x, other) or _scalar_of_narrow(other, x) or _outside(x, other):
         return opmath(mul)(x, other)
     a, b = _promote("mul", x, other)
     if a.dtype is dtypes.bool_:
@@ -104,7 +113,7 @@ def mul(x, other) -> Tensor:
 @public(torch=True, method=True, inplace=True)
 def div(x, other, *, rounding_mode: str | None = None) -> Tensor:
     """True division (integers give floats); ``rounding_mode`` 'floor' or 'trunc'."""
-    if _outside(x, other):
+    if _scalar_of_narrow(x, other) or _outside(x, other):
         return opmath(div)(x, other, rounding_mode=rounding_mode)
     if rounding_mode is None:
         if not dtypes.result_type(x, other).is_floating_point:
@@ -136,6 +145,8 @@ true_divide = public(div, name="true_divide", torch=True, method=True, inplace=T
 def floor_divide(x, other) -> Tensor:
     """Python's ``//``: for floats, torch's (and numpy's) floor of the exact quotient, so
     ``1 // 0.1`` is 9, ``1 // -inf`` is -1 and ``inf // 1`` is nan."""
+    if _scalar_of_narrow(x, other) or _outside(x, other):
+        return opmath(floor_divide)(x, other)
     a, b = _promote("floor_divide", x, other)
     return bind(P.floordiv, a, b)
 
@@ -350,6 +361,7 @@ def rsqrt(x: Tensor) -> Tensor:
 
 @public(torch=True, method=True, inplace=True)
 @composite("SigmoidBackward0")
+@opmath
 def sigmoid(x: Tensor) -> Tensor:
     """``1 / (1 + exp(-x))``, computed as ``e / (1 + e)`` with ``e = exp(x)`` for x < 0.
 

@@ -40,8 +40,8 @@ Tensor.where = _where_method
 def _binop(fn, reflected=False):
     if reflected:
         def op(self, other):
-            if isinstance(other, Tensor):
-                return fn(other, self)
+            if isinstance(other, Tensor) or fn is F.mul:
+                return fn(other, self)      # 0.1 * float16: torch's mul(x, 0.1), see mul
             if _outside(self, other):        # 1e5 * float16: the scalar in float32, as torch
                 return opmath(fn)(F.as_tensor_operand(other, dtypes.float32), self)
             return fn(F.as_tensor_operand(other, dtypes.result_type(self, other)), self)

@@ -145,12 +145,20 @@ fmin = public(_nan_aware("fmin", minimum, le), name="fmin", torch=True, method=T
 @public(torch=True, method=True, inplace=True)
 @opmath
 def hypot(x, other) -> Tensor:
-    """``sqrt(x**2 + other**2)``."""
+    """``sqrt(x**2 + other**2)`` without overflow or underflow in the squares (the operands
+    scaled by the larger magnitude, held constant: the gradient stays x / hypot); infinite
+    where either operand is, NaN or not, as C's hypot."""
     a, b = _promote("hypot", x, other)
-    return _named(pow(add(mul(a, a), mul(b, b)), 0.5), "HypotBackward0")
+    m = maximum(abs(a), abs(b)).detach()
+    scale = where(logical_or(eq(m, 0), isinf(m)), ones_like(m), m)
+    sa, sb = div(a, scale), div(b, scale)
+    out = mul(pow(add(mul(sa, sa), mul(sb, sb)), 0.5), scale)
+    out = where(logical_or(isinf(a), isinf(b)), math.inf, out)
+    return _named(out, "HypotBackward0")
 
 
 def _logaddexp(name, log1p_exp, scale):
+    @opmath
     def op(x, other) -> Tensor:
         a, b = _floats(name, x, other)
         m = maximum(a, b)
@@ -179,10 +187,11 @@ def xlogy(x, other) -> Tensor:
     safe_b = where(zero, ones_like(b), b)
     out = where(zero, zeros_like(a), mul(a, log(safe_b)))
     # Where x is 0 the value is 0, and the derivative in x is still log(y) (torch's): a term
-    # x * log(y) that is 0 there, log(y) kept where finite.
+    # x * log(y) that is 0 there, log(y) kept where finite. x is masked to 0 elsewhere, where
+    # the slope is 0: an infinite x times it was NaN (xlogy(inf, 0) is -inf).
     at_zero = log(where(zero, b, ones_like(b)))
     slope = where(isfinite(at_zero), at_zero, zeros_like(at_zero))
-    return _named(add(out, mul(a, slope)), "XlogyBackward0")
+    return _named(add(out, mul(where(zero, a, zeros_like(a)), slope)), "XlogyBackward0")
 
 
 def _not_nan(x: Tensor) -> Tensor:
@@ -206,6 +215,7 @@ def ldexp(x, other) -> Tensor:
 
 
 @public(torch=True, method=True, inplace=True)
+@opmath
 def logit(x: Tensor, eps: float | None = None) -> Tensor:
     """``log(x / (1 - x))``, with ``x`` clamped into [eps, 1 - eps] when ``eps`` is given."""
     (a,) = _floats("logit", x)
