@@ -7,6 +7,7 @@ The promotion tables below were printed by torch 2.13 (``torch.promote_types`` a
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -329,6 +330,23 @@ def test_16_bit_tensor_with_a_scalar_its_dtype_cannot_hold():
                                   np.float16([3e-5]))
     np.testing.assert_array_equal((1e5 * h).numpy(), (h * 1e5).numpy())
     np.testing.assert_array_equal(fg.compile(lambda t: t * 1e5)(h).numpy(), (h * 1e5).numpy())
+    # 1e5 / float16 is finite too (torch: reciprocal(x) * 1e5)
+    np.testing.assert_array_equal((1e5 / fg.tensor([3.0], dtype=fg.float16)).numpy(),
+                                  np.float16([33344.0]))
+
+
+def test_16_bit_add_and_sub_round_the_scalar_to_the_dtype_first():
+    """torch's add and sub convert a Python scalar to the tensor's dtype before adding: float16
+    -65000 + 1e5 is inf (1e5 is inf in float16), and 1 + 1e-8 is 1, silently."""
+    h = fg.tensor([-65000.0, 1.0], dtype=fg.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for got in (h + 1e5, 1e5 + h, h.add(1e5), fg.compile(lambda t: t + 1e5)(h)):
+            assert got.dtype is fg.float16
+            np.testing.assert_array_equal(got.numpy(), np.float16([np.inf, np.inf]))
+        np.testing.assert_array_equal((h - 1e5).numpy(), np.float16([-np.inf, -np.inf]))
+        np.testing.assert_array_equal((1e5 - h).numpy(), np.float16([np.inf, np.inf]))
+        np.testing.assert_array_equal((h + 1e-8).numpy(), h.numpy())
 
 
 def test_16_bit_composites_compute_in_float32():

@@ -32,47 +32,16 @@ _NARROW = {dtypes.float16: np.float16, dtypes.bfloat16: ml_dtypes.bfloat16}
 def _scalar_of_narrow(x, other) -> bool:
     """Whether ``x`` is a 16-bit float tensor and ``other`` a Python number. torch's mul and
     div kernels (all rounding modes) take such a scalar in float32 and round the result once:
-    float16 x * 0.1 is x * 0.1f rounded, not x * float16(0.1) (0.0999756) rounded. add, sub
-    and the other binary ops round the scalar to the tensor's dtype first (see _outside)."""
+    float16 x * 0.1 is x * 0.1f rounded, not x * float16(0.1) (0.0999756) rounded, and x *
+    1e5 is finite where x * float16(1e5) is inf. add, sub and the other binary ops round the
+    scalar to the tensor's dtype first, as torch's do (float16 1 + 1e5 is inf there too)."""
     return (type(other) is float or type(other) is int) and \
         getattr(x, "_dtype", None) in _NARROW
-
-
-def _outside(x, other) -> dtypes.DType | None:
-    """The 16-bit float dtype of ``x`` (or ``other``) when the other operand is a Python number
-    that dtype cannot hold: finite beyond its largest value, or nonzero below its smallest.
-    torch's kernels take such a scalar in float32 (float16 1e-3 * 1e5 is 100, not inf)."""
-    if type(other) is float or type(other) is int:
-        t, v = x, other
-    elif type(x) is float or type(x) is int:
-        t, v = other, x
-    else:
-        return None                     # two tensors (the common case)
-    narrow = _NARROW.get(getattr(t, "_dtype", None))
-    if narrow is None:
-        return None
-    with np.errstate(over="ignore"):
-        held = float(narrow(v))
-    if (math.isinf(held) and math.isfinite(v)) or (held == 0.0 and v != 0):
-        return t._dtype
-    return None
-
-
-def _binary_op(prim, grad_name=None):
-    def op(x, other, *, dtype=None):
-        if dtype is None and _outside(x, other):
-            return opmath(op)(x, other)
-        a, b = _promote(prim.name, x, other, dtype=dtype)
-        out = bind(prim, a, b)
-        return _named(out, grad_name) if grad_name else out
-    return op
 
 
 @public(torch=True, method=True, inplace=True)
 def add(x, other, *, alpha=1) -> Tensor:
     """``x + alpha * other``."""
-    if _outside(x, other):
-        return opmath(add)(x, other, alpha=alpha)
     if isinstance(alpha, Tensor) or alpha != 1:
         other = mul(other, alpha)
     a, b = _promote("add", x, other)
@@ -84,8 +53,6 @@ def add(x, other, *, alpha=1) -> Tensor:
 @public(torch=True, method=True, inplace=True)
 def sub(x, other, *, alpha=1) -> Tensor:
     """``x - alpha * other``."""
-    if _outside(x, other):
-        return opmath(sub)(x, other, alpha=alpha)
     if isinstance(alpha, Tensor) or alpha != 1:
         other = mul(other, alpha)
     a, b = _promote("sub", x, other)
@@ -102,7 +69,7 @@ def rsub(x, other, *, alpha=1) -> Tensor:
 
 @public(torch=True, method=True, inplace=True)
 def mul(x, other) -> Tensor:
-    if _scalar_of_narrow(x, other) or _scalar_of_narrow(other, x) or _outside(x, other):
+    if _scalar_of_narrow(x, other) or _scalar_of_narrow(other, x):
         return opmath(mul)(x, other)
     a, b = _promote("mul", x, other)
     if a.dtype is dtypes.bool_:
@@ -113,7 +80,7 @@ def mul(x, other) -> Tensor:
 @public(torch=True, method=True, inplace=True)
 def div(x, other, *, rounding_mode: str | None = None) -> Tensor:
     """True division (integers give floats); ``rounding_mode`` 'floor' or 'trunc'."""
-    if _scalar_of_narrow(x, other) or _outside(x, other):
+    if _scalar_of_narrow(x, other) or _scalar_of_narrow(other, x):
         return opmath(div)(x, other, rounding_mode=rounding_mode)
     if rounding_mode is None:
         if not dtypes.result_type(x, other).is_floating_point:
@@ -145,7 +112,7 @@ true_divide = public(div, name="true_divide", torch=True, method=True, inplace=T
 def floor_divide(x, other) -> Tensor:
     """Python's ``//``: for floats, torch's (and numpy's) floor of the exact quotient, so
     ``1 // 0.1`` is 9, ``1 // -inf`` is -1 and ``inf // 1`` is nan."""
-    if _scalar_of_narrow(x, other) or _outside(x, other):
+    if _scalar_of_narrow(x, other):
         return opmath(floor_divide)(x, other)
     a, b = _promote("floor_divide", x, other)
     return bind(P.floordiv, a, b)

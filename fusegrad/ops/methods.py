@@ -9,8 +9,6 @@ from __future__ import annotations
 from fusegrad import dtypes
 from fusegrad.ops import creation, registry
 from fusegrad.ops import functional as F
-from fusegrad.ops.composite import opmath
-from fusegrad.ops.elementwise import _outside
 from fusegrad.tensor import Tensor
 
 
@@ -40,10 +38,10 @@ Tensor.where = _where_method
 def _binop(fn, reflected=False):
     if reflected:
         def op(self, other):
-            if isinstance(other, Tensor) or fn is F.mul:
-                return fn(other, self)      # 0.1 * float16: torch's mul(x, 0.1), see mul
-            if _outside(self, other):        # 1e5 * float16: the scalar in float32, as torch
-                return opmath(fn)(F.as_tensor_operand(other, dtypes.float32), self)
+            if isinstance(other, Tensor) or fn is F.mul or fn is F.div:
+                # 0.1 * float16 is torch's mul(x, 0.1); 1e5 / float16 its reciprocal(x) * 1e5,
+                # finite, here computed as one float32 division (see mul and div)
+                return fn(other, self)
             return fn(F.as_tensor_operand(other, dtypes.result_type(self, other)), self)
     else:
         def op(self, other):

@@ -25,7 +25,8 @@ def _scalar_tensor(value, dtype: dtypes.DType, like: Tensor | None = None) -> Te
         info = np.iinfo(dtype.np_dtype)
         if not info.min <= value <= info.max:
             value = (value - int(info.min)) % (1 << (8 * dtype.itemsize)) + int(info.min)
-    t = Tensor._wrap(np.asarray(value, dtype=dtype.np_dtype), dtype)
+    with np.errstate(over="ignore"):          # float16 1 + 1e5 is inf, silently, as torch's
+        t = Tensor._wrap(np.asarray(value, dtype=dtype.np_dtype), dtype)
     note_created(t)
     return t
 

@@ -288,7 +288,8 @@ def _eager_apply(prim: Primitive, operands, attrs):
     dtype = out_type.dtype
     want = dtype.np_dtype
     if result.dtype is not want and result.dtype != want:
-        result = result.astype(want)
+        with np.errstate(over="ignore"):      # a float out of the dtype's range is inf
+            result = result.astype(want)
     out = _make_tensor(result, dtype)
     if prim.vjp is not None:          # else no node is recorded: spare the call
         _record_eager_node(prim, operands, attrs, out)
