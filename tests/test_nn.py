@@ -463,6 +463,36 @@ def test_cross_entropy_single_sample_and_errors():
         NF.cross_entropy(fusegrad.randn(3, 4), fusegrad.tensor([0.0, 1.0, 2.0]))
 
 
+@pytest.mark.parametrize("weight_shape", [(3,), (5,), (1, 4), ()])
+def test_class_weight_of_another_size_is_an_error(weight_shape):
+    # Targets 0..2 never reach the missing class: without the check a weight of 3 (or 5)
+    # entries for 4 classes gave a loss, silently.
+    x, target = fusegrad.randn(3, 4), fusegrad.tensor([0, 1, 2])
+    w = fusegrad.ones(weight_shape)
+    msg = (r"weight tensor should be defined either for all 4 classes or no classes but got "
+           rf"weight tensor of shape: \[{', '.join(map(str, weight_shape))}\]")
+    with pytest.raises(RuntimeError, match=msg):
+        NF.nll_loss(NF.log_softmax(x, 1), target, weight=w)
+    with pytest.raises(RuntimeError, match=msg):
+        NF.cross_entropy(x, target, weight=w)
+    with pytest.raises(RuntimeError, match=msg):
+        NF.cross_entropy(x, target, weight=w, label_smoothing=0.1)
+    with pytest.raises(RuntimeError, match="cross_entropy: " + msg):
+        NF.cross_entropy(x, NF.softmax(x, 1), weight=w)
+
+
+def test_class_weight_of_spatial_loss_is_checked_by_count():
+    # torch's (N, C, d1, ...) path: any weight with C elements, another count an error
+    x = randn(2, 4, 3)
+    target = RNG.integers(0, 4, (2, 3))
+    w = RNG.uniform(0.5, 2.0, 4)
+    out = NF.cross_entropy(t64(x), fusegrad.tensor(target), weight=t64(w.reshape(1, 4)))
+    close(out, np_cross_entropy(x, target, w))
+    with pytest.raises(RuntimeError, match="weight tensor should be defined either for all or "
+                                           "no classes"):
+        NF.nll_loss(t64(x), fusegrad.tensor(target), weight=t64(w[:3]))
+
+
 def test_cross_entropy_all_ignored_mean_is_nan():
     out = NF.cross_entropy(fusegrad.randn(2, 3), fusegrad.tensor([-100, -100]))
     assert math.isnan(out.item())

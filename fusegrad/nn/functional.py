@@ -733,6 +733,27 @@ def _check_nll(input: Tensor, target: Tensor) -> None:  # noqa: A002
         raise RuntimeError(f"Expected target size {list(want)}, got {list(target.shape)}")
 
 
+def _check_class_weight(input: Tensor, weight: Tensor | None,  # noqa: A002
+                        op: str = "") -> Tensor | None:
+    """``weight`` as a vector, after torch's check that a class weight has one entry per
+    class: one of another size would otherwise be read only at the targets' classes,
+    silently, while they stay in range."""
+    if weight is None:
+        return None
+    n_classes = input.shape[0 if input.ndim == 1 else 1]
+    if input.ndim > 2 and not op:
+        # torch's (N, C, d1, ...) path checks only the count, with a message of its own
+        if weight.numel() != n_classes:
+            raise RuntimeError("weight tensor should be defined either for all or no classes")
+        return F.reshape(weight, (n_classes,))
+    if weight.ndim == 1 and weight.shape[0] == n_classes:
+        return weight
+    prefix = f"{op}: " if op else ""
+    raise RuntimeError(f"{prefix}weight tensor should be defined either for all {n_classes} "
+                       f"classes or no classes but got weight tensor of shape: "
+                       f"{list(weight.shape)}")
+
+
 def _check_targets(op: str, input: Tensor, target: Tensor, ignore_index: int) -> Tensor:  # noqa: A002
     """``target``, checked as torch checks class indices ("Target 5 is out of bounds."),
     naming the op and its operands. A traced target is checked by a node of the graph
@@ -803,6 +824,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,  # noq
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
     _check_nll(input, target)
+    weight = _check_class_weight(input, weight)
     target = _check_targets("nll_loss", input, target, ignore_index)
     return _nll_loss(input, target, weight, ignore_index, reduction)
 
@@ -883,9 +905,11 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,  
                                f"probabilities, got {F._dtype_title(target.dtype)}")
         if ignore_index >= 0:
             raise RuntimeError("ignore_index is not supported for floating point target")
+        weight = _check_class_weight(input, weight, "cross_entropy")
         fn = _ce_prob_mean if reduction == "mean" else _ce_prob_neg
         return fn(input, target, weight, reduction, label_smoothing)
     _check_nll(input, target)
+    weight = _check_class_weight(input, weight)
     target = _check_targets("cross_entropy", input, target, ignore_index)
     if label_smoothing > 0:
         return _ce_smooth(input, target, weight, ignore_index, reduction, label_smoothing)
