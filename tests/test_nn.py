@@ -535,6 +535,30 @@ def test_binary_cross_entropy_clamps_log_at_minus_100():
         NF.binary_cross_entropy(fusegrad.tensor([0.5]), fusegrad.tensor([0.0, 1.0]))
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_binary_cross_entropy_gradient_is_torchs_at_0_and_1(compiled):
+    # torch's BinaryCrossEntropyBackward0: (x - t) / max(x (1 - x), 1e-12) for the input,
+    # -logit(x) for the target. The derivative of the clamped logs gave +-1 where x equals a
+    # 0/1 target (torch: 0) and -1e30 at x = 1e-30 (torch: -1e12).
+    p = np.array([0.0, 1.0, 0.0, 1.0, 1e-30, 0.25], np.float32)
+    t = np.array([0.0, 1.0, 0.3, 0.3, 1.0, 0.5], np.float32)
+    w = np.array([1.0, 2.0, 1.0, 1.0, 1.0, 3.0], np.float32)
+
+    def loss_and_grads(a, b):
+        loss = NF.binary_cross_entropy(a, b, fusegrad.tensor(w), reduction="sum")
+        loss.backward()
+        return loss
+
+    x, y = fusegrad.tensor(p, requires_grad=True), fusegrad.tensor(t, requires_grad=True)
+    (fusegrad.compile(loss_and_grads) if compiled else loss_and_grads)(x, y)
+    p64, t64_ = p.astype(np.float64), t.astype(np.float64)
+    want_x = w * (p64 - t64_) / np.maximum(p64 * (1 - p64), 1e-12)
+    with np.errstate(divide="ignore"):
+        want_t = -w * (np.log(p64) - np.log1p(-p64))
+    np.testing.assert_allclose(x.grad.numpy(), want_x, rtol=1e-5)
+    np.testing.assert_allclose(y.grad.numpy(), want_t, rtol=1e-5)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_binary_cross_entropy_with_logits(reduction):
     x = randn(3, 4) * 4

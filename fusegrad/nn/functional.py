@@ -926,9 +926,21 @@ def _safe_log(x: Tensor) -> Tensor:
 def _bce(x: Tensor, target: Tensor, weight: Tensor | None, reduction: str) -> Tensor:
     loss = F.neg(F.add(F.mul(target, _safe_log(x)),
                        F.mul(F.rsub(target, 1.0), _safe_log(F.rsub(x, 1.0)))))
+    loss = F.custom_vjp(loss, (x, target), "binary_cross_entropy")
     if weight is not None:
         loss = F.mul(loss, weight)
     return _reduce(loss, reduction)
+
+
+@P.register_vjp("binary_cross_entropy")
+def _bce_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    """torch's BinaryCrossEntropyBackward0: ``g * (x - t) / max(x * (1 - x), 1e-12)`` for the
+    input and ``g * -logit(x)`` for the target, not the derivative of the clamped logs, which
+    differs where ``x`` is 0 or 1 (or within 1e-12 of them): there torch's input gradient is
+    0 when the target equals ``x`` and at most 1e12 in size otherwise."""
+    x, target = operands
+    d = F.div(F.sub(x, target), F.clamp(F.mul(F.rsub(x, 1.0), x), min=1e-12))
+    return F.mul(g, d), F.mul(g, F.neg(F.logit(x)))
 
 
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,  # noqa: A002
