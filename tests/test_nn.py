@@ -463,6 +463,36 @@ def test_cross_entropy_single_sample_and_errors():
         NF.cross_entropy(fusegrad.randn(3, 4), fusegrad.tensor([0.0, 1.0, 2.0]))
 
 
+@pytest.mark.parametrize("weight_shape", [(3,), (5,), (1, 4), ()])
+def test_class_weight_of_another_size_is_an_error(weight_shape):
+    # Targets 0..2 never reach the missing class: without the check a weight of 3 (or 5)
+    # entries for 4 classes gave a loss, silently.
+    x, target = fusegrad.randn(3, 4), fusegrad.tensor([0, 1, 2])
+    w = fusegrad.ones(weight_shape)
+    msg = (r"weight tensor should be defined either for all 4 classes or no classes but got "
+           rf"weight tensor of shape: \[{', '.join(map(str, weight_shape))}\]")
+    with pytest.raises(RuntimeError, match=msg):
+        NF.nll_loss(NF.log_softmax(x, 1), target, weight=w)
+    with pytest.raises(RuntimeError, match=msg):
+        NF.cross_entropy(x, target, weight=w)
+    with pytest.raises(RuntimeError, match=msg):
+        NF.cross_entropy(x, target, weight=w, label_smoothing=0.1)
+    with pytest.raises(RuntimeError, match="cross_entropy: " + msg):
+        NF.cross_entropy(x, NF.softmax(x, 1), weight=w)
+
+
+def test_class_weight_of_spatial_loss_is_checked_by_count():
+    # torch's (N, C, d1, ...) path: any weight with C elements, another count an error
+    x = randn(2, 4, 3)
+    target = RNG.integers(0, 4, (2, 3))
+    w = RNG.uniform(0.5, 2.0, 4)
+    out = NF.cross_entropy(t64(x), fusegrad.tensor(target), weight=t64(w.reshape(1, 4)))
+    close(out, np_cross_entropy(x, target, w))
+    with pytest.raises(RuntimeError, match="weight tensor should be defined either for all or "
+                                           "no classes"):
+        NF.nll_loss(t64(x), fusegrad.tensor(target), weight=t64(w[:3]))
+
+
 def test_cross_entropy_all_ignored_mean_is_nan():
     out = NF.cross_entropy(fusegrad.randn(2, 3), fusegrad.tensor([-100, -100]))
     assert math.isnan(out.item())
@@ -503,6 +533,30 @@ def test_binary_cross_entropy_clamps_log_at_minus_100():
         NF.binary_cross_entropy(fusegrad.tensor([0.5, 1.5]), fusegrad.tensor([0.0, 1.0]))
     with pytest.raises(ValueError, match="is deprecated. Please ensure they have the same size."):
         NF.binary_cross_entropy(fusegrad.tensor([0.5]), fusegrad.tensor([0.0, 1.0]))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_binary_cross_entropy_gradient_is_torchs_at_0_and_1(compiled):
+    # torch's BinaryCrossEntropyBackward0: (x - t) / max(x (1 - x), 1e-12) for the input,
+    # -logit(x) for the target. The derivative of the clamped logs gave +-1 where x equals a
+    # 0/1 target (torch: 0) and -1e30 at x = 1e-30 (torch: -1e12).
+    p = np.array([0.0, 1.0, 0.0, 1.0, 1e-30, 0.25], np.float32)
+    t = np.array([0.0, 1.0, 0.3, 0.3, 1.0, 0.5], np.float32)
+    w = np.array([1.0, 2.0, 1.0, 1.0, 1.0, 3.0], np.float32)
+
+    def loss_and_grads(a, b):
+        loss = NF.binary_cross_entropy(a, b, fusegrad.tensor(w), reduction="sum")
+        loss.backward()
+        return loss
+
+    x, y = fusegrad.tensor(p, requires_grad=True), fusegrad.tensor(t, requires_grad=True)
+    (fusegrad.compile(loss_and_grads) if compiled else loss_and_grads)(x, y)
+    p64, t64_ = p.astype(np.float64), t.astype(np.float64)
+    want_x = w * (p64 - t64_) / np.maximum(p64 * (1 - p64), 1e-12)
+    with np.errstate(divide="ignore"):
+        want_t = -w * (np.log(p64) - np.log1p(-p64))
+    np.testing.assert_allclose(x.grad.numpy(), want_x, rtol=1e-5)
+    np.testing.assert_allclose(y.grad.numpy(), want_t, rtol=1e-5)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -744,6 +744,27 @@ def _check_nll(input: Tensor, target: Tensor) -> None:  # noqa: A002
         raise RuntimeError(f"Expected target size {list(want)}, got {list(target.shape)}")
 
 
+def _check_class_weight(input: Tensor, weight: Tensor | None,  # noqa: A002
+                        op: str = "") -> Tensor | None:
+    """``weight`` as a vector, after torch's check that a class weight has one entry per
+    class: one of another size would otherwise be read only at the targets' classes,
+    silently, while they stay in range."""
+    if weight is None:
+        return None
+    n_classes = input.shape[0 if input.ndim == 1 else 1]
+    if input.ndim > 2 and not op:
+        # torch's (N, C, d1, ...) path checks only the count, with a message of its own
+        if weight.numel() != n_classes:
+            raise RuntimeError("weight tensor should be defined either for all or no classes")
+        return F.reshape(weight, (n_classes,))
+    if weight.ndim == 1 and weight.shape[0] == n_classes:
+        return weight
+    prefix = f"{op}: " if op else ""
+    raise RuntimeError(f"{prefix}weight tensor should be defined either for all {n_classes} "
+                       f"classes or no classes but got weight tensor of shape: "
+                       f"{list(weight.shape)}")
+
+
 def _check_targets(op: str, input: Tensor, target: Tensor, ignore_index: int) -> Tensor:  # noqa: A002
     """``target``, checked as torch checks class indices ("Target 5 is out of bounds."),
     naming the op and its operands. A traced target is checked by a node of the graph
@@ -814,6 +835,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,  # noq
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
     _check_nll(input, target)
+    weight = _check_class_weight(input, weight)
     target = _check_targets("nll_loss", input, target, ignore_index)
     return _nll_loss(input, target, weight, ignore_index, reduction)
 
@@ -894,9 +916,11 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,  
                                f"probabilities, got {F._dtype_title(target.dtype)}")
         if ignore_index >= 0:
             raise RuntimeError("ignore_index is not supported for floating point target")
+        weight = _check_class_weight(input, weight, "cross_entropy")
         fn = _ce_prob_mean if reduction == "mean" else _ce_prob_neg
         return fn(input, target, weight, reduction, label_smoothing)
     _check_nll(input, target)
+    weight = _check_class_weight(input, weight)
     target = _check_targets("cross_entropy", input, target, ignore_index)
     if label_smoothing > 0:
         return _ce_smooth(input, target, weight, ignore_index, reduction, label_smoothing)
@@ -913,9 +937,21 @@ def _safe_log(x: Tensor) -> Tensor:
 def _bce(x: Tensor, target: Tensor, weight: Tensor | None, reduction: str) -> Tensor:
     loss = F.neg(F.add(F.mul(target, _safe_log(x)),
                        F.mul(F.rsub(target, 1.0), _safe_log(F.rsub(x, 1.0)))))
+    loss = F.custom_vjp(loss, (x, target), "binary_cross_entropy")
     if weight is not None:
         loss = F.mul(loss, weight)
     return _reduce(loss, reduction)
+
+
+@P.register_vjp("binary_cross_entropy")
+def _bce_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    """torch's BinaryCrossEntropyBackward0: ``g * (x - t) / max(x * (1 - x), 1e-12)`` for the
+    input and ``g * -logit(x)`` for the target, not the derivative of the clamped logs, which
+    differs where ``x`` is 0 or 1 (or within 1e-12 of them): there torch's input gradient is
+    0 when the target equals ``x`` and at most 1e12 in size otherwise."""
+    x, target = operands
+    d = F.div(F.sub(x, target), F.clamp(F.mul(F.rsub(x, 1.0), x), min=1e-12))
+    return F.mul(g, d), F.mul(g, F.neg(F.logit(x)))
 
 
 def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,  # noqa: A002
