@@ -196,6 +196,22 @@ def test_in_place_write_to_a_leaf_raises_compiled():
         fg.compile(lambda t: captured.mul_(t))(fg.ones(2))
 
 
+
+@pytest.mark.parametrize("fn", [
+    lambda i, f: i.add_(f), lambda i, f: i.mul_(2.5), lambda i, f: i.__itruediv__(2),
+    lambda i, f: i[1:].sub_(f[1:]), lambda i, f: i.bool().add_(i)])
+def test_in_place_result_of_a_higher_category_raises_compiled(fn):
+    # int.add_(float) raises in eager (as torch); compiled, it used to truncate silently
+    i, f = fg.tensor([1, 2, 3], dtype=fg.int32), fg.tensor([0.5, 1.5, 2.5])
+    for g in (fn, fg.compile(fn)):
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+            g(i, f)
+    np.testing.assert_array_equal(i.numpy(), [1, 2, 3])
+    copy = fg.compile(lambda i, f: i.copy_(f) * 1)     # copy_ casts, as eager
+    np.testing.assert_array_equal(copy(i, f).numpy(), [0, 1, 2])
+    np.testing.assert_array_equal(i.numpy(), [0, 1, 2])
+
+
 @pytest.mark.parametrize("fn", [
     lambda a: a.t().view(12), lambda a: a[:, :2].view(6), lambda a: a.t()[1:].view(-1),
     lambda a: a.expand(2, 3, 4).view(24)])
