@@ -58,6 +58,10 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     This is how every in-place op works: compute out of place, then write back. Under a
     trace, the tracer rebinds ``x`` to the new value (functionalization).
     """
+    if value.dtype is not x.dtype and value.dtype.category > x.dtype.category and op != "copy_":
+        # torch's refusal, eager and traced alike: int.add_(float) does not truncate.
+        raise RuntimeError(f"{op}: result type {_dtype_title(value.dtype)} can't be cast to "
+                           f"the desired output type {_dtype_title(x.dtype)}")
     if x._trace is not None:
         _check_inplace(x, op)
         return x._trace.assign(x, value)
@@ -83,9 +87,6 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
                                f"broadcast shape {list(shape)}")
         value = expand(value, tuple(x.shape))
     if value.dtype is not x.dtype:
-        if value.dtype.category > x.dtype.category and op != "copy_":
-            raise RuntimeError(f"result type {_dtype_title(value.dtype)} can't be cast to the "
-                               f"desired output type {_dtype_title(x.dtype)}")
         value = cast(value, x.dtype)
     grad = is_grad_enabled()
     if grad and not value._requires_grad and x.grad_fn is not None:

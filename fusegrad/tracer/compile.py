@@ -44,6 +44,7 @@ from fusegrad.ir.rewrite import copy_graph
 from fusegrad.ir.symbolic import ConcretizationError, replay
 from fusegrad.ops import creation, functional
 from fusegrad.ops import primitive as _primitive
+from fusegrad.ops import prims as P
 from fusegrad.passes.attention import fuse_attention
 from fusegrad.passes.autodiff import vjp_graph
 from fusegrad.passes.dce import dce
@@ -114,6 +115,8 @@ class _Entry:
     # The trace made optimizer state (a first step): the program writes those tensors, so it
     # is right only while the optimizer still holds them, and runs once (see _run).
     one_shot: bool = False
+    # id of a program's graph -> the outputs a call copies (see _outputs_to_copy)
+    copies: dict = field(default_factory=dict)
 
     def __post_init__(self):
         # Where the captured tensors go in the input list: one slice when their indices are
@@ -487,12 +490,22 @@ class CompiledFunction:
             n = split.partition.n_forward_outputs
             results = [Tensor._wrap(a, dt) for a, dt in zip(outs[:n], entry.out_dtypes)]
             residuals = outs[n:]
+            copies = _copies(entry, split.forward.graph, n)
         elif entry.program is not None:
             results = _Outputs(entry.program(*arrays), entry.out_dtypes)
+            copies = _copies(entry, entry.program.graph, len(results))
         else:
             from fusegrad.autograd.grad_mode import no_grad
             with no_grad():
                 results = replay(entry.optimized, [t.detach() for t in inputs])
+            copies = _replayed_copies(info, results, arrays)
+        for k in copies:
+            # An output in an input's buffer, or in another output's: its own copy, taken
+            # before the write-backs below change those buffers.
+            if isinstance(results, _Outputs):
+                results.arrays[k] = results.arrays[k].copy()
+            else:
+                results[k] = Tensor._wrap(results[k]._data.copy(), results[k]._dtype)
         mutations = info.mutations or ()
         if flags is not None and any(flags):
             # Before the write-back below: the backward needs the inputs as the call saw them.
@@ -528,6 +541,8 @@ class CompiledFunction:
             # eager does: that call traces again.
             entry.guard, entry.fast = _never, None
         user = results[:info.n_user_outputs] if len(results) > info.n_user_outputs else results
+        if any(info.output_aliases):
+            user = _alias_outputs(list(user), info.output_aliases, inputs)
         return tree_unflatten(info.out_tree, user)
 
     # ------------------------------------------------------------------ autograd
@@ -586,7 +601,9 @@ def _fast_call(entry: _Entry) -> Callable | None:
     arguments, no autograd, no write-backs, outputs are the program's buffers."""
     info = entry.info
     if entry.program is None or not entry.plain_inputs or info.mutations or config.debug >= 2 \
-            or (info.capture is not None and info.capture.attribute_writes):
+            or (info.capture is not None and info.capture.attribute_writes) or \
+            any(info.output_aliases) or \
+            _copies(entry, entry.program.graph, len(entry.program.graph.outputs)):
         return None
     run = entry.program.fast_runner()
     if run is None:
@@ -735,6 +752,71 @@ class _Outputs(list):
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
+
+
+def _outputs_to_copy(graph: Graph, info, n: int) -> tuple[int, ...]:
+    """The outputs among the first ``n`` of ``graph`` (a program of a traced call; a
+    partition's forward saves more after those) that a call must copy: each
+    that is an input's own buffer (a value the passes reduced to an input, ``x * 1``), but
+    an input's in-place update of itself; and each user output in the buffer of an earlier
+    one (``(x * 2, x * 2)`` after CSE). Not the outputs the function returned as an input or
+    a view (``TraceInfo.output_aliases``): those are made from the input after the call."""
+    position = {v: i for i, v in enumerate(graph.inputs)}
+    aliases = info.output_aliases
+    mutations = set(info.mutations or ())
+    seen: set = set()
+    out = []
+    for k, o in enumerate(graph.outputs[:n]):
+        if not isinstance(o, Value) or (k < len(aliases) and aliases[k] is not None):
+            continue
+        i = position.get(o)
+        if i is not None:
+            if (i, k) not in mutations:
+                out.append(k)
+        elif k < info.n_user_outputs:
+            if o in seen:
+                out.append(k)
+            seen.add(o)
+    return tuple(out)
+
+
+def _copies(entry: _Entry, graph: Graph, n: int) -> tuple[int, ...]:
+    hit = entry.copies.get(id(graph))
+    if hit is None:
+        hit = entry.copies[id(graph)] = _outputs_to_copy(graph, entry.info, n)
+    return hit
+
+
+def _replayed_copies(info, results: list, arrays: list) -> list[int]:
+    """:func:`_outputs_to_copy` for the results of an interpreted graph, by their memory."""
+    aliases, mutations = info.output_aliases, set(info.mutations or ())
+    out = []
+    for k, r in enumerate(results):
+        if k < len(aliases) and aliases[k] is not None:
+            continue
+        shared = [i for i, a in enumerate(arrays) if np.may_share_memory(r._data, a)]
+        if any((i, k) not in mutations for i in shared) or any(
+                np.may_share_memory(r._data, results[j]._data) for j in range(k)
+                if k < info.n_user_outputs):
+            out.append(k)
+    return out
+
+
+def _alias_outputs(user: list, aliases: list, inputs: list) -> list:
+    """The outputs that the function returned as an input or an earlier output, or a view
+    of one, made so from that tensor (after the call's in-place writes), as eager returns
+    them: ``f(x) is x``, and ``f(x)[0] = 1`` writes into x."""
+    from fusegrad.ops.movement import _view_prim
+    for k, alias in enumerate(aliases):
+        if alias is None:
+            continue
+        source, index, view_ops = alias
+        t = inputs[index] if source == "input" else user[index]
+        for prim, attrs in view_ops:
+            t = t.detach() if prim is P.stop_gradient else \
+                _view_prim(prim, t, **attrs)
+        user[k] = t
+    return user
 
 
 def _output_arrays(results) -> list:

@@ -23,7 +23,10 @@ they are the same:
   arguments (``self`` of a compiled method, a config object, a dict): those whose names the
   code mentions (``self.k``, ``cfg.lr``, ``cfg["clip"]``: an attribute name or a constant key
   in the code), by value or identity, and followed in turn (``self.cfg.lr``); a list of
-  numbers and strings by its items.
+  numbers and strings by its items. An attribute the object takes from its class is guarded
+  where the MRO finds it, with its absence from the object and the classes before (setting
+  ``cfg.k``, or ``Base.k``, hides or changes it); what properties and methods of the class
+  read of the object is guarded too.
 
 Python modules (``math``, ``fusegrad``), builtins and fusegrad's own objects (optimizers,
 schedulers: the optimizer's hyperparameters have their own guard) are not followed; nor
@@ -219,6 +222,9 @@ class ClosureGuard:
         elif isinstance(v, (types.FunctionType, types.MethodType)):
             if not getattr(v, "__module__", "").startswith("fusegrad"):
                 self._add(v, depth + 1, seen)
+        elif isinstance(v, property):
+            if isinstance(v.fget, types.FunctionType):
+                self._follow(v.fget, depth, seen, names, keys)
         else:
             self._contents(v, names, keys, depth, seen)
 
@@ -241,13 +247,38 @@ class ClosureGuard:
             if d is None:
                 return
             seen.add(id(v))
-            if not isinstance(v, type):
-                self._contents(type(v), names, keys, depth, seen)
+            if isinstance(v, type):
+                self._class_attributes(v, names, keys, depth, seen)
+                return
+            # What the class's properties and methods read of the object counts too
+            # (``self.scale`` behind a property).
+            names = names | _accessor_names(type(v), names)
+            for n in names:
+                if n not in d and _class_owner(type(v), n) is not None:
+                    # Read from the class now; an attribute set on the object would hide it.
+                    self.entries.append((d, n, "is", _MISSING, "attribute"))
+            self._contents(type(v), names, keys, depth, seen)
             v, label = d, "attribute"
             held = [n for n in names if n in d]
         for k in held:
             value = v[k]
             self.entries.append((v, k, _kind(value), value, label))
+            self._follow(value, depth + 1, seen, names, keys)
+
+    def _class_attributes(self, cls: type, names: set, keys: set, depth: int,
+                          seen: set) -> None:
+        """Guard each name the code mentions where ``cls`` finds it: its value in the first
+        of the user's classes of the MRO that defines it, and its absence from those before
+        (``Base.k = 3``, or a ``k`` defined later on the subclass, changes what it reads)."""
+        mro = _user_mro(cls)
+        for n in names:
+            owner = _class_owner(cls, n)
+            if owner is None:
+                continue
+            for c in mro[:mro.index(owner)]:
+                self.entries.append((c.__dict__, n, "is", _MISSING, "attribute"))
+            value = owner.__dict__[n]
+            self.entries.append((owner.__dict__, n, _kind(value), value, "attribute"))
             self._follow(value, depth + 1, seen, names, keys)
 
     def add_modules(self, modules) -> None:
@@ -312,7 +343,10 @@ class ClosureGuard:
                 if len(holder) != len(old) or not all(map(_holds, kind, old, holder)):
                     holder[:] = old
             elif not _holds(kind, old, holder.get(key, _MISSING)) and isinstance(holder, dict):
-                holder[key] = old
+                if old is _MISSING:
+                    del holder[key]
+                else:
+                    holder[key] = old
 
 
 def _user_dict(v):
@@ -324,6 +358,44 @@ def _user_dict(v):
         return None
     d = getattr(v, "__dict__", None)
     return d if isinstance(d, (dict, types.MappingProxyType)) else None
+
+
+def _user_mro(cls: type) -> list[type]:
+    """The user's classes among ``cls.__mro__`` (not ``object``, not fusegrad's)."""
+    return [c for c in cls.__mro__ if _user_dict(c) is not None]
+
+
+def _class_owner(cls: type, name: str) -> type | None:
+    """The first of the user's classes in ``cls``'s MRO that defines ``name``, or None."""
+    for c in _user_mro(cls):
+        if name in c.__dict__:
+            return c
+    return None
+
+
+def _accessor_names(cls: type, names: set) -> set:
+    """The names read by the code of the properties and methods of ``cls`` among ``names``,
+    and of those they name in turn, a few levels deep."""
+    found: set = set()
+    seen: set = set()
+    todo = set(names)
+    for _ in range(_MAX_DEPTH):
+        more: set = set()
+        for n in todo:
+            owner = _class_owner(cls, n)
+            if owner is None:
+                continue
+            v = owner.__dict__[n]
+            fn = v.fget if isinstance(v, property) else getattr(v, "__func__", v)
+            code = getattr(fn, "__code__", None)
+            if code is None or id(code) in seen:
+                continue
+            seen.add(id(code))
+            more |= _refs(code)[0]
+        more -= names | found
+        found |= more
+        todo = more
+    return found
 
 
 def _show(v) -> str:

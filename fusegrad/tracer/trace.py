@@ -159,6 +159,11 @@ class TraceInfo:
     mutations: list[tuple[int, int]] = field(default_factory=list)  # (input, output) pairs
     n_user_outputs: int = 0
     capture: Any = None                   # a CaptureInfo when traced with trace_with_state
+    # Per user output: ("input", index, view ops) when the function returned that input or a
+    # view of it (``x``, ``x[1:]``, ``x.t()``), which eager gives back sharing its storage;
+    # ("output", index, view ops) for an earlier output or a view of it (``(y, y)``,
+    # ``(y, y[0])``); else None.
+    output_aliases: list = field(default_factory=list)
 
 
 def arg_input_ranges(graph: Graph, args) -> list[range]:
@@ -262,6 +267,12 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool) -> Grap
             out_leaves, out_tree = tree_flatten(out)
             # Still active: an output may be a free variable (a tensor of an enclosing trace).
             outputs = [tr.operand(t) for t in out_leaves]
+            position = {id(s): i for i, s in enumerate(list(sym_state.values()) + sym_leaves)}
+            earlier: dict[int, int] = {}
+            aliases = []
+            for k, t in enumerate(out_leaves):
+                aliases.append(_output_alias(t, position, earlier))
+                earlier.setdefault(id(t), k)
             del out, out_leaves
             if cap is not None:
                 cap.check_hyperparameters()
@@ -274,7 +285,7 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool) -> Grap
         creation._key_sources.pop()
 
     info = TraceInfo(in_tree, out_tree, n_state=len(state), state_names=[n for n, _ in state],
-                     n_user_outputs=len(outputs))
+                     n_user_outputs=len(outputs), output_aliases=aliases)
     # Inputs written in place: their final values become extra outputs.
     for i, sym in enumerate(list(sym_state.values()) + sym_leaves):
         if sym._value is not originals[id(sym)]:
@@ -289,6 +300,23 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool) -> Grap
         info.rng_counters = rng.counters
     graph.meta = info
     return graph
+
+
+def _output_alias(t, inputs: dict[int, int], outputs: dict[int, int]) -> tuple | None:
+    """("input", i, view ops) when output ``t`` is input ``i`` of the traced call or a view
+    of it, ("output", k, view ops) when it is the earlier output ``k`` or a view of it (by
+    ``inputs`` and ``outputs``: id of a symbolic tensor -> its index); else None."""
+    if not isinstance(t, SymbolicTensor):
+        return None
+    for source, index in (("input", inputs), ("output", outputs)):
+        if id(t) in index:
+            return source, index[id(t)], ()
+    base = t._base
+    if base is not None and t._view_ops:
+        for source, index in (("input", inputs), ("output", outputs)):
+            if id(base) in index:
+                return source, index[id(base)], tuple(t._view_ops)
+    return None
 
 
 def _leaf_names(args, kwargs, names: list[str]) -> list[str]:

@@ -196,6 +196,22 @@ def test_in_place_write_to_a_leaf_raises_compiled():
         fg.compile(lambda t: captured.mul_(t))(fg.ones(2))
 
 
+
+@pytest.mark.parametrize("fn", [
+    lambda i, f: i.add_(f), lambda i, f: i.mul_(2.5), lambda i, f: i.__itruediv__(2),
+    lambda i, f: i[1:].sub_(f[1:]), lambda i, f: i.bool().add_(i)])
+def test_in_place_result_of_a_higher_category_raises_compiled(fn):
+    # int.add_(float) raises in eager (as torch); compiled, it used to truncate silently
+    i, f = fg.tensor([1, 2, 3], dtype=fg.int32), fg.tensor([0.5, 1.5, 2.5])
+    for g in (fn, fg.compile(fn)):
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+            g(i, f)
+    np.testing.assert_array_equal(i.numpy(), [1, 2, 3])
+    copy = fg.compile(lambda i, f: i.copy_(f) * 1)     # copy_ casts, as eager
+    np.testing.assert_array_equal(copy(i, f).numpy(), [0, 1, 2])
+    np.testing.assert_array_equal(i.numpy(), [0, 1, 2])
+
+
 @pytest.mark.parametrize("fn", [
     lambda a: a.t().view(12), lambda a: a[:, :2].view(6), lambda a: a.t()[1:].view(-1),
     lambda a: a.expand(2, 3, 4).view(24)])
@@ -212,3 +228,69 @@ def test_incompatible_view_raises_compiled(fn):
 def test_compatible_view_compiles(fn):
     a = fg.arange(12.0).reshape(3, 4)
     np.testing.assert_array_equal(fg.compile(fn)(a).numpy(), fn(a).numpy())
+
+
+def test_outputs_reduced_to_an_input_or_to_each_other_are_fresh_tensors():
+    # x * 1 simplifies to x, and CSE merges x * 2 with x * 2: the outputs used to be the
+    # input's buffer, or one buffer twice, so writing one changed the other
+    for fn in (lambda x: x * 1, lambda x: x.neg().neg(), lambda x: (x * 2, x * 2),
+               lambda x: (x * 2, x * 2 * 1)):
+        x = fg.arange(4.0)
+        out = fg.compile(fn)(x)
+        out = out if isinstance(out, tuple) else (out,)
+        out[0].add_(100)
+        np.testing.assert_array_equal(x.numpy(), [0, 1, 2, 3])
+        np.testing.assert_array_equal(out[-1].numpy(), fn(fg.arange(4.0))[-1].numpy()
+                                      if len(out) > 1 else [100, 101, 102, 103])
+
+
+def swap(x, z):
+    t = x * 1
+    x.copy_(z)
+    z.copy_(t)
+    return x * 1, z
+
+
+@pytest.mark.parametrize("fn,want", [
+    (lambda x, z: (lambda y: (x.add_(1), y)[1])(x * 1), [[0, 1, 2, 3], [1, 2, 3, 4], [1] * 4]),
+    (lambda x, z: (lambda y: (x.copy_(z), y)[1])(x * 1), [[0, 1, 2, 3], [1] * 4, [1] * 4]),
+    (lambda x, z: (x.copy_(z), z.add_(1), x * 1)[2], [[1] * 4, [1] * 4, [2] * 4]),
+    (swap, [([1] * 4, [0, 1, 2, 3]), [1] * 4, [0, 1, 2, 3]]),
+], ids=["output-then-write", "output-then-copy", "copy-then-write-source", "swap"])
+def test_outputs_and_write_backs_read_the_values_before_the_writes(fn, want):
+    # an output (or an in-place update) that is another input's value, unchanged, was read
+    # after the call had written that input: the swap left z equal to x
+    x, z = fg.arange(4.0), fg.ones(4)
+    out = fg.compile(fn)(x, z)
+    got = [tuple(o.tolist() for o in out) if isinstance(out, tuple) else out.tolist(),
+           x.tolist(), z.tolist()]
+    want = [tuple(w) if isinstance(w, tuple) else w for w in want]
+    assert got == want
+
+
+def test_returned_inputs_and_views_alias_as_in_eager():
+    x = fg.tensor(np.arange(6.0, dtype=np.float32).reshape(2, 3))
+    compiled = fg.compile(lambda x: x)
+    assert compiled(x) is x
+    assert fg.compile(lambda x: x.add_(1))(x) is x
+    row = fg.compile(lambda x: x[1])(x)
+    assert row._base is x
+    row.add_(100)                                    # a write through the view reaches x
+    np.testing.assert_array_equal(x.numpy(), [[1, 2, 3], [104, 105, 106]])
+    x.mul_(-1)                                       # and a write to x shows in the view
+    np.testing.assert_array_equal(row.numpy(), [-104, -105, -106])
+    t = fg.compile(lambda x: x.mul_(2).t())(x)
+    np.testing.assert_array_equal(t.numpy(), x.numpy().T)
+    assert np.shares_memory(t.numpy(), x.numpy())
+    y, same, part = fg.compile(lambda x: (lambda y: (y, y, y[1:]))(x * 2))(x)
+    assert same is y and part._base is y
+    y.zero_()
+    np.testing.assert_array_equal(part.numpy(), np.zeros((1, 3)))
+
+
+def test_returned_view_of_an_input_carries_the_gradient():
+    a = fg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    out = fg.compile(lambda y: (y.mul_(2), y[1:])[1])(a * 1)
+    (out * fg.tensor([3.0, 5.0])).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), [0.0, 6.0, 10.0])
+    np.testing.assert_array_equal(out.detach().numpy(), [4.0, 6.0])

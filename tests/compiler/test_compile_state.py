@@ -741,7 +741,9 @@ class _Trainer:
     (lambda t: t.opts.__setitem__("shift", 5.0), 13.0),
     (lambda t: t.sizes.__setitem__(1, 0), 7.0),
     (lambda t: setattr(_Trainer, "LR_SCALE", 0.5), 6.0),
-], ids=["attribute", "attribute-of-attribute", "dict-item", "list-item", "class-attribute"])
+    (lambda t: setattr(t, "LR_SCALE", 0.5), 6.0),
+], ids=["attribute", "attribute-of-attribute", "dict-item", "list-item", "class-attribute",
+        "instance-attribute-hiding-the-class-one"])
 def test_values_read_from_objects_are_guarded(change, expected):
     """self.k, self.cfg.scale, self.opts["shift"], self.sizes[1] and a class attribute,
     read by a method compiled with @fg.compile in its class body: a change recompiles (they
@@ -772,6 +774,50 @@ def test_attributes_of_self_and_of_object_arguments_are_guarded():
     assert bound(x).tolist() == [2.0, 2.0] and by_arg(x, cfg).tolist() == [2.0, 2.0]
     s.k, cfg.a = 5.0, 7.0
     assert bound(x).tolist() == [5.0, 5.0] and by_arg(x, cfg).tolist() == [7.0, 7.0]
+
+
+def test_class_attributes_through_the_mro_and_properties_are_guarded():
+    """A class attribute read from a base class, one then defined on the subclass or set on
+    the object, and a value read behind a property: each change is seen (they were baked
+    in, and a compiled call returned the first value)."""
+    class Base:
+        scale = 2.0
+
+    class Config(Base):
+        def __init__(self):
+            self._shift = 1.0
+
+        @property
+        def shift(self):
+            return self._shift
+
+    cfg = Config()
+    f = fg.compile(lambda x: x * cfg.scale + cfg.shift)
+    x = fg.ones(2)
+    expected = []
+    for change in (lambda: None, lambda: setattr(Base, "scale", 3.0),
+                   lambda: setattr(Config, "scale", 4.0), lambda: setattr(cfg, "scale", 5.0),
+                   lambda: setattr(cfg, "_shift", 10.0)):
+        change()
+        expected.append(x.numpy() * cfg.scale + cfg.shift)
+        np.testing.assert_array_equal(f(x).numpy(), expected[-1])
+    assert [e[0] for e in expected] == [3.0, 4.0, 5.0, 6.0, 15.0]
+
+
+def test_class_attribute_set_on_the_object_while_tracing_runs_eagerly():
+    class Counter:
+        calls = 0
+
+        def step(self, x):
+            self.calls += 1                          # shadows the class attribute
+            return x * self.calls
+
+    c = Counter()
+    f = fg.compile(c.step)
+    x = fg.ones(2)
+    with pytest.warns(UserWarning, match="changes a Python value"):
+        assert f(x).tolist() == [1.0, 1.0]
+    assert f(x).tolist() == [2.0, 2.0] and c.calls == 2
 
 
 def test_dict_attribute_of_a_user_module_is_guarded():
