@@ -172,6 +172,24 @@ def test_adaptive_1d_and_gradcheck():
     assert gradcheck(lambda x: NF.adaptive_max_pool2d(x, (3, 2)), (x64,))
 
 
+def test_adaptive_avg_pool_keeps_inf_and_nan_in_their_own_windows():
+    # only the windows holding the inf or NaN are inf or NaN, as a mean over each window is
+    x = f32(1, 2, 7, 6)
+    x[0, 0, 0, 0], x[0, 1, 4, 5] = np.inf, np.nan
+    for size in [(3, 4), (2, 2), (7, 1), (1, 1)]:
+        ref = adaptive_ref(x.astype(np.float64), size, np.mean)
+        for f in (NF.adaptive_avg_pool2d, fusegrad.compile(NF.adaptive_avg_pool2d,
+                                                           static_argnums=(1,))):
+            np.testing.assert_allclose(f(fusegrad.tensor(x), size).numpy(), ref, rtol=1e-5,
+                                       atol=1e-6)
+    row = x[:, :, 0]
+    np.testing.assert_allclose(NF.adaptive_avg_pool1d(fusegrad.tensor(row), 4).numpy(),
+                               adaptive_ref(row.astype(np.float64), (4,), np.mean), rtol=1e-5)
+    t = fusegrad.tensor(x, requires_grad=True)
+    NF.adaptive_avg_pool2d(t, (3, 4)).sum().backward()
+    assert np.isfinite(t.grad.numpy()).all()
+
+
 def test_compiled_pools_match_eager():
     x = fusegrad.tensor(f32(2, 3, 7, 8))
 

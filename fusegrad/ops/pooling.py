@@ -5,9 +5,9 @@ the one element torch's gradient goes to, not split among ties as ``amax``'s is 
 elementwise work the compiler fuses); ``return_indices`` maps the argmax over the window axis
 to flat positions in each input plane.
 ``avg_pool`` sums the window and divides by torch's divisor (a constant: it depends on shapes
-only). Adaptive average pooling multiplies by constant averaging matrices, one per spatial dim
-(a rectangle's mean is the mean of its rows' means); adaptive max pooling gathers each
-output's window by a constant index table.
+only). Adaptive average pooling gathers and averages each spatial dim's windows in turn (a
+rectangle's mean is the mean of its rows' means); adaptive max pooling gathers each output's
+window by a constant index table.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from fusegrad.ops.elementwise import (
     where,
 )
 from fusegrad.ops.indexing import gather
-from fusegrad.ops.matmul import matmul
-from fusegrad.ops.movement import cat, expand, movedim, narrow, pad_axes, reshape_prim
+from fusegrad.ops.movement import cat, expand, narrow, pad_axes, reshape_prim
 from fusegrad.ops.operands import take
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.reductions import amax, argmax, sum
@@ -305,11 +304,22 @@ def _adaptive_sizes(op: str, x: Tensor, nd: int, output_size) -> tuple[int, ...]
     return sizes
 
 
-def _averaging_matrix(length: int, size: int) -> np.ndarray:
-    m = np.zeros((length, size))
-    for i, (lo, hi) in enumerate(_adaptive_bounds(length, size)):
-        m[lo:hi, i] = 1.0 / (hi - lo)
-    return m
+def _adaptive_mean_axis(y: Tensor, axis: int, size: int) -> Tensor:
+    """Means over torch's adaptive windows along ``axis``: each window's own elements gathered
+    and summed (an averaging matrix would multiply an inf or NaN outside a window by 0 into a
+    NaN there); a window narrower than the widest reads zeros appended past the end."""
+    length = y.shape[axis]
+    bounds = _adaptive_bounds(length, size)
+    width = max(hi - lo for lo, hi in bounds)
+    table = np.full((size, width), length, dtype=np.int64)
+    for i, (lo, hi) in enumerate(bounds):
+        table[i, :hi - lo] = np.arange(lo, hi)
+    after = y.ndim - axis - 1
+    padded = pad_axes(y, [(0, 0)] * axis + [(0, int(table.max() == length))] + [(0, 0)] * after)
+    cols = take(padded, _const(table.reshape(-1), dtypes.int64), axis)
+    cols = reshape_prim(cols, tuple(y.shape[:axis]) + (size, width) + tuple(y.shape[axis + 1:]))
+    counts = np.array([hi - lo for lo, hi in bounds]).reshape((size,) + (1,) * after)
+    return div(sum(cols, axis + 1), _const(counts, y.dtype))
 
 
 def _adaptive_avg(op: str, nd: int, x: Tensor, output_size) -> Tensor:
@@ -318,14 +328,11 @@ def _adaptive_avg(op: str, nd: int, x: Tensor, output_size) -> Tensor:
         raise RuntimeError(f'"{op}" not implemented for \'{x.dtype.name.capitalize()}\'')
 
     @composite(f"AdaptiveAvgPool{nd}DBackward0")
+    @opmath
     def pool(b: Tensor) -> Tensor:
         y = b
-        for a in range(nd - 1, -1, -1):
-            # average the last spatial dim, then bring the next one last: after nd steps the
-            # spatial dims are back in order
-            y = matmul(y, _const(_averaging_matrix(b.shape[2 + a], sizes[a]), b.dtype))
-            if nd > 1:
-                y = movedim(y, -1, 2)
+        for a in range(nd):
+            y = _adaptive_mean_axis(y, 2 + a, sizes[a])
         return y
     return _batched(pool, x, nd, op)
 
