@@ -119,6 +119,20 @@ def _window_positions(spatial, kernel, stride, padding, dilation, out) -> np.nda
     return table
 
 
+def _window_inside(spatial, kernel, stride, dilation, out, pads) -> np.ndarray | None:
+    """Which (kernel offset, output position) of the padded windows lie in the input, shaped
+    (1, 1, math.prod(kernel), *out); None where the windows have no padding."""
+    if not any(lo or hi for lo, hi in pads):
+        return None
+    inside = np.ones((math.prod(kernel),) + tuple(out), dtype=bool)
+    grids = np.meshgrid(*[np.arange(o) for o in out], indexing="ij")
+    for i, offsets in enumerate(itertools.product(*(range(k) for k in kernel))):
+        for a in range(len(kernel)):
+            pos = grids[a] * stride[a] - pads[a][0] + offsets[a] * dilation[a]
+            inside[i] &= (pos >= 0) & (pos < spatial[a])
+    return inside.reshape((1, 1) + inside.shape)
+
+
 def _padded_windows(b: Tensor, kernel, stride, dilation, out, pads) -> Tensor:
     """The windows (N, C, prod(kernel), *out) of ``b`` padded with its dtype's lowest value."""
     lowest = -math.inf if b.dtype.is_floating_point else int(np.iinfo(b.dtype.np_dtype).min)
@@ -126,27 +140,41 @@ def _padded_windows(b: Tensor, kernel, stride, dilation, out, pads) -> Tensor:
                    out)
 
 
+def _first_max_index(cols: Tensor, inside: np.ndarray | None) -> Tensor:
+    """The window offset of each window's first maximum (keepdim): the first NaN, else the
+    first of the largest in the input. A padding position never wins, as torch's kernels only
+    read the input: a window of -inf values picks its first element in the input."""
+    if inside is None:
+        return argmax(cols, 2, keepdim=True)   # numpy's: the first NaN, else the first largest
+    top = amax(cols, 2, keepdim=True)
+    hit = logical_and(logical_or(eq(cols, top), isnan(cols)), _const(inside, dtypes.bool_))
+    return argmax(hit, 2, keepdim=True)
+
+
 def _max_windows(b: Tensor, kernel, stride, dilation, out, pads):
-    """(windows, argmax over the window axis, keepdim) of ``b``."""
+    """(windows, offset of the first maximum in each window, keepdim) of ``b``."""
     cols = _padded_windows(b, kernel, stride, dilation, out, pads)
-    return cols, argmax(cols, 2, keepdim=True)
+    inside = _window_inside(tuple(b.shape[2:]), kernel, stride, dilation, out, pads)
+    return cols, _first_max_index(cols, inside)
 
 
-def _first_max(cols: Tensor) -> Tensor:
+def _first_max(cols: Tensor, inside: np.ndarray | None) -> Tensor:
     """The window maxima (N, C, *out), differentiable into the first maximum of each window
     only, as torch's max pooling: a mask of the first element equal to the maximum, built
     with elementwise ops over the (few) window positions, so compiled code fuses it (argmax
-    and gather would run as numpy steps). Eager CPU code makes the same mask from argmax
-    (numpy's: the first NaN, else the first of the largest), three ops where the elementwise
-    mask takes three per window position."""
+    and gather would run as numpy steps). Eager CPU code makes the same mask from argmax,
+    three ops where the elementwise mask takes three per window position. ``inside`` (see
+    :func:`_window_inside`) keeps padding from being a window's first maximum."""
     if eager_cpu(cols):
-        first = argmax(cols.detach(), 2, keepdim=True)
+        first = _first_max_index(cols.detach(), inside)
         offsets = _const(np.arange(cols.shape[2]).reshape((1, 1, -1) + (1,) * (cols.ndim - 3)),
                          dtypes.int64)
         return sum(where(eq(first, offsets), cols, 0), 2).to(cols.dtype)
     top = amax(cols.detach(), 2, keepdim=True)
     # a NaN is the maximum of its window (NaN != NaN, so it is marked by isnan)
     hit = logical_or(eq(cols, top), isnan(cols))
+    if inside is not None:
+        hit = logical_and(hit, _const(inside, dtypes.bool_))
     seen, masks = None, []
     for k in range(cols.shape[2]):
         e = narrow(hit, 2, k, 1)
@@ -157,7 +185,8 @@ def _first_max(cols: Tensor) -> Tensor:
 
 
 def _max_pool_values(b: Tensor, kernel, stride, dilation, out, pads) -> Tensor:
-    return _first_max(_padded_windows(b, kernel, stride, dilation, out, pads))
+    inside = _window_inside(tuple(b.shape[2:]), kernel, stride, dilation, out, pads)
+    return _first_max(_padded_windows(b, kernel, stride, dilation, out, pads), inside)
 
 
 # One composite per dimensionality (torch names each node after it); module-level, with the
