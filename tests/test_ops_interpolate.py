@@ -93,6 +93,31 @@ def test_interpolate_scale_factor_uses_the_given_scale(mode, scale):
                                rtol=1e-12)
 
 
+def test_interpolate_unchanged_dim_follows_torch_kernels():
+    """A scale_factor that leaves a dim's size unchanged (9 * 1.05 -> 9): torch's linear
+    kernels and its 2-D 'nearest' copy that dim, which also maps a doubled dim (10 * 2.05 ->
+    20) to index // 2; 'nearest-exact', 'bicubic' and 1-D / 3-D 'nearest' resample by the
+    factor."""
+    x = RNG.standard_normal((1, 2, 10, 9))
+    t = fusegrad.tensor(x)
+    for mode in ("bilinear", "nearest"):
+        out = NF.interpolate(t, scale_factor=(1.1, 1.05), mode=mode)
+        ref = _reference(x, (11,), {"bilinear": "linear"}.get(mode, mode), False, (1.1,))
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-12)
+    doubled = NF.interpolate(t, scale_factor=(2.05, 1.0), mode="nearest")
+    np.testing.assert_array_equal(doubled.numpy(), x[:, :, np.arange(20) // 2])
+    exact = NF.interpolate(t, scale_factor=(1.0, 1.1), mode="nearest-exact")
+    index = np.minimum(np.floor((np.arange(9) + 0.5) / 1.1), 8).astype(np.int64)
+    np.testing.assert_array_equal(exact.numpy(), x[..., index])
+    row = RNG.standard_normal((1, 2, 9))
+    out = NF.interpolate(fusegrad.tensor(row), scale_factor=1.05, mode="nearest")
+    np.testing.assert_allclose(out.numpy(), _reference(row, (9,), "nearest", False, (1.05,)))
+    vol = RNG.standard_normal((1, 1, 4, 5, 3))
+    out = NF.interpolate(fusegrad.tensor(vol), scale_factor=(2.05, 1.05, 1.0), mode="nearest")
+    np.testing.assert_allclose(out.numpy(), _reference(vol, (8, 5, 3), "nearest", False,
+                                                       (2.05, 1.05, 1.0)))
+
+
 def test_interpolate_float32_compiled_and_upsample_module():
     x = fusegrad.tensor(RNG.standard_normal((2, 3, 4, 5)).astype(np.float32))
     for mode in ("nearest", "bilinear", "bicubic"):

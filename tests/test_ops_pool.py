@@ -30,7 +30,8 @@ def _out(n, k, s, p, d, ceil):
 
 
 def max_pool_ref(x, k, s, p=0, d=1, ceil=False):
-    """Max and flat argmax (first maximum) per window, skipping padding; any spatial dims."""
+    """Max and flat argmax (first maximum) per window, skipping padding; any spatial dims. A
+    window of -inf values points at its first element in the input, as torch's does."""
     nd = x.ndim - 2
     k, s, p, d = (np.broadcast_to(v, nd) for v in (k, s, p, d))
     sp = x.shape[2:]
@@ -39,11 +40,13 @@ def max_pool_ref(x, k, s, p=0, d=1, ceil=False):
     idx = np.zeros(x.shape[:2] + tuple(out), dtype=np.int64)
     for nc in np.ndindex(*x.shape[:2]):
         for pos in np.ndindex(*out):
+            seen = False
             for kk in itertools.product(*(range(v) for v in k)):
                 at = [pos[a] * s[a] - p[a] + kk[a] * d[a] for a in range(nd)]
                 if all(0 <= at[a] < sp[a] for a in range(nd)):
                     v = x[nc + tuple(at)]
-                    if v > vals[nc + pos]:
+                    if v > vals[nc + pos] or not seen:
+                        seen = True
                         vals[nc + pos] = v
                         idx[nc + pos] = np.ravel_multi_index(at, sp)
     return vals, idx
@@ -172,6 +175,24 @@ def test_adaptive_1d_and_gradcheck():
     assert gradcheck(lambda x: NF.adaptive_max_pool2d(x, (3, 2)), (x64,))
 
 
+def test_adaptive_avg_pool_keeps_inf_and_nan_in_their_own_windows():
+    # only the windows holding the inf or NaN are inf or NaN, as a mean over each window is
+    x = f32(1, 2, 7, 6)
+    x[0, 0, 0, 0], x[0, 1, 4, 5] = np.inf, np.nan
+    for size in [(3, 4), (2, 2), (7, 1), (1, 1)]:
+        ref = adaptive_ref(x.astype(np.float64), size, np.mean)
+        for f in (NF.adaptive_avg_pool2d, fusegrad.compile(NF.adaptive_avg_pool2d,
+                                                           static_argnums=(1,))):
+            np.testing.assert_allclose(f(fusegrad.tensor(x), size).numpy(), ref, rtol=1e-5,
+                                       atol=1e-6)
+    row = x[:, :, 0]
+    np.testing.assert_allclose(NF.adaptive_avg_pool1d(fusegrad.tensor(row), 4).numpy(),
+                               adaptive_ref(row.astype(np.float64), (4,), np.mean), rtol=1e-5)
+    t = fusegrad.tensor(x, requires_grad=True)
+    NF.adaptive_avg_pool2d(t, (3, 4)).sum().backward()
+    assert np.isfinite(t.grad.numpy()).all()
+
+
 def test_compiled_pools_match_eager():
     x = fusegrad.tensor(f32(2, 3, 7, 8))
 
@@ -236,6 +257,29 @@ def test_max_pool_nan_is_the_maximum_and_takes_the_gradient():
     assert np.isnan(y.detach().numpy()[0, 0, 0, 0]) and y.detach().numpy()[0, 0, 0, 1] == 4.0
     y.sum().backward()
     np.testing.assert_array_equal(x.grad.numpy()[0, 0], [[0, 1, 0, 1], [0, 0, 0, 0]])
+
+
+@pytest.mark.parametrize("kw", MAX_CASES, ids=str)
+def test_max_pool_never_picks_padding_in_a_window_of_minus_inf(kw):
+    # -inf values tie with the -inf padding: the index and the gradient go to the window's
+    # first element in the input, eager and compiled
+    x = f32(2, 3, 7, 8)
+    x[x < 0.5] = -np.inf
+    rv, ri = max_pool_ref(x, kw["kernel_size"], kw.get("stride", kw["kernel_size"]),
+                          kw.get("padding", 0), kw.get("dilation", 1), kw.get("ceil_mode", False))
+    w = f32(*ri.shape)
+    ref_grad = np.zeros(x.size // 6)
+    for f in (NF.max_pool2d, fusegrad.compile(NF.max_pool2d, static_argnames=tuple(kw) +
+                                              ("return_indices",))):
+        t = fusegrad.tensor(x, requires_grad=True)
+        v, i = f(t, return_indices=True, **kw)
+        np.testing.assert_array_equal(v.detach().numpy(), rv.astype(np.float32))
+        np.testing.assert_array_equal(i.numpy(), ri)
+        (v * fusegrad.tensor(w)).sum().backward()
+        for nc in np.ndindex(2, 3):
+            ref_grad[:] = 0
+            np.add.at(ref_grad, ri[nc].ravel(), w[nc].ravel())
+            np.testing.assert_allclose(t.grad.numpy()[nc].ravel(), ref_grad, rtol=1e-6)
 
 
 def test_compiled_max_pool_runs_no_numpy_steps():

@@ -31,7 +31,13 @@ def _source_scale(in_size: int, out_size: int, align_corners: bool, scale) -> fl
     return 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
 
 
-def _nearest_index(in_size: int, out_size: int, scale, exact: bool) -> np.ndarray:
+def _nearest_index(in_size: int, out_size: int, scale, exact: bool,
+                   size_shortcuts: bool = False) -> np.ndarray:
+    # torch's 2-D 'nearest' kernel keeps the index of a dim whose size is unchanged and halves
+    # that of a doubled one whatever scale_factor says; its 1-D and 3-D kernels and
+    # 'nearest-exact' always resample by the factor.
+    if size_shortcuts and out_size in (in_size, 2 * in_size):
+        return np.arange(out_size, dtype=np.int64) // (out_size // in_size)
     s = _source_scale(in_size, out_size, False, scale)
     dst = np.arange(out_size, dtype=np.float64)
     # torch computes these in float (floorf of a float product)
@@ -153,11 +159,15 @@ def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "neares
     out = x
     for i, (n_in, n_out, scale) in enumerate(zip(x.shape[2:], sizes, scales)):
         axis = 2 + i
-        if n_in == n_out and (mode.startswith("nearest") or scale is None or scale == 1.0):
+        # torch's linear kernels copy a dim whose size does not change whatever scale_factor
+        # says (so does its 2-D 'nearest', see _nearest_index); the others resample it.
+        if n_in == n_out and (mode in ("linear", "bilinear", "trilinear") or scale is None
+                              or scale == 1.0):
             continue   # the identity resampling
         if mode.startswith("nearest"):
-            out = take(out, _index_tensor(_nearest_index(n_in, n_out, scale,
-                                                         mode == "nearest-exact")), axis)
+            index = _nearest_index(n_in, n_out, scale, mode == "nearest-exact",
+                                   size_shortcuts=mode == "nearest" and nd == 2)
+            out = take(out, _index_tensor(index), axis)
             continue
         taps = (_cubic_taps if mode == "bicubic" else _linear_taps)(
             n_in, n_out, bool(align_corners), scale)

@@ -5,9 +5,9 @@ the one element torch's gradient goes to, not split among ties as ``amax``'s is 
 elementwise work the compiler fuses); ``return_indices`` maps the argmax over the window axis
 to flat positions in each input plane.
 ``avg_pool`` sums the window and divides by torch's divisor (a constant: it depends on shapes
-only). Adaptive average pooling multiplies by constant averaging matrices, one per spatial dim
-(a rectangle's mean is the mean of its rows' means); adaptive max pooling gathers each
-output's window by a constant index table.
+only). Adaptive average pooling gathers and averages each spatial dim's windows in turn (a
+rectangle's mean is the mean of its rows' means); adaptive max pooling gathers each output's
+window by a constant index table.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from fusegrad.ops.elementwise import (
     where,
 )
 from fusegrad.ops.indexing import gather
-from fusegrad.ops.matmul import matmul
-from fusegrad.ops.movement import cat, expand, movedim, narrow, pad_axes, reshape_prim
+from fusegrad.ops.movement import cat, expand, narrow, pad_axes, reshape_prim
 from fusegrad.ops.operands import take
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.reductions import amax, argmax, sum
@@ -120,6 +119,20 @@ def _window_positions(spatial, kernel, stride, padding, dilation, out) -> np.nda
     return table
 
 
+def _window_inside(spatial, kernel, stride, dilation, out, pads) -> np.ndarray | None:
+    """Which (kernel offset, output position) of the padded windows lie in the input, shaped
+    (1, 1, math.prod(kernel), *out); None where the windows have no padding."""
+    if not any(lo or hi for lo, hi in pads):
+        return None
+    inside = np.ones((math.prod(kernel),) + tuple(out), dtype=bool)
+    grids = np.meshgrid(*[np.arange(o) for o in out], indexing="ij")
+    for i, offsets in enumerate(itertools.product(*(range(k) for k in kernel))):
+        for a in range(len(kernel)):
+            pos = grids[a] * stride[a] - pads[a][0] + offsets[a] * dilation[a]
+            inside[i] &= (pos >= 0) & (pos < spatial[a])
+    return inside.reshape((1, 1) + inside.shape)
+
+
 def _padded_windows(b: Tensor, kernel, stride, dilation, out, pads) -> Tensor:
     """The windows (N, C, prod(kernel), *out) of ``b`` padded with its dtype's lowest value."""
     lowest = -math.inf if b.dtype.is_floating_point else int(np.iinfo(b.dtype.np_dtype).min)
@@ -127,27 +140,41 @@ def _padded_windows(b: Tensor, kernel, stride, dilation, out, pads) -> Tensor:
                    out)
 
 
+def _first_max_index(cols: Tensor, inside: np.ndarray | None) -> Tensor:
+    """The window offset of each window's first maximum (keepdim): the first NaN, else the
+    first of the largest in the input. A padding position never wins, as torch's kernels only
+    read the input: a window of -inf values picks its first element in the input."""
+    if inside is None:
+        return argmax(cols, 2, keepdim=True)   # numpy's: the first NaN, else the first largest
+    top = amax(cols, 2, keepdim=True)
+    hit = logical_and(logical_or(eq(cols, top), isnan(cols)), _const(inside, dtypes.bool_))
+    return argmax(hit, 2, keepdim=True)
+
+
 def _max_windows(b: Tensor, kernel, stride, dilation, out, pads):
-    """(windows, argmax over the window axis, keepdim) of ``b``."""
+    """(windows, offset of the first maximum in each window, keepdim) of ``b``."""
     cols = _padded_windows(b, kernel, stride, dilation, out, pads)
-    return cols, argmax(cols, 2, keepdim=True)
+    inside = _window_inside(tuple(b.shape[2:]), kernel, stride, dilation, out, pads)
+    return cols, _first_max_index(cols, inside)
 
 
-def _first_max(cols: Tensor) -> Tensor:
+def _first_max(cols: Tensor, inside: np.ndarray | None) -> Tensor:
     """The window maxima (N, C, *out), differentiable into the first maximum of each window
     only, as torch's max pooling: a mask of the first element equal to the maximum, built
     with elementwise ops over the (few) window positions, so compiled code fuses it (argmax
-    and gather would run as numpy steps). Eager CPU code makes the same mask from argmax
-    (numpy's: the first NaN, else the first of the largest), three ops where the elementwise
-    mask takes three per window position."""
+    and gather would run as numpy steps). Eager CPU code makes the same mask from argmax,
+    three ops where the elementwise mask takes three per window position. ``inside`` (see
+    :func:`_window_inside`) keeps padding from being a window's first maximum."""
     if eager_cpu(cols):
-        first = argmax(cols.detach(), 2, keepdim=True)
+        first = _first_max_index(cols.detach(), inside)
         offsets = _const(np.arange(cols.shape[2]).reshape((1, 1, -1) + (1,) * (cols.ndim - 3)),
                          dtypes.int64)
         return sum(where(eq(first, offsets), cols, 0), 2).to(cols.dtype)
     top = amax(cols.detach(), 2, keepdim=True)
     # a NaN is the maximum of its window (NaN != NaN, so it is marked by isnan)
     hit = logical_or(eq(cols, top), isnan(cols))
+    if inside is not None:
+        hit = logical_and(hit, _const(inside, dtypes.bool_))
     seen, masks = None, []
     for k in range(cols.shape[2]):
         e = narrow(hit, 2, k, 1)
@@ -158,7 +185,8 @@ def _first_max(cols: Tensor) -> Tensor:
 
 
 def _max_pool_values(b: Tensor, kernel, stride, dilation, out, pads) -> Tensor:
-    return _first_max(_padded_windows(b, kernel, stride, dilation, out, pads))
+    inside = _window_inside(tuple(b.shape[2:]), kernel, stride, dilation, out, pads)
+    return _first_max(_padded_windows(b, kernel, stride, dilation, out, pads), inside)
 
 
 # One composite per dimensionality (torch names each node after it); module-level, with the
@@ -305,11 +333,22 @@ def _adaptive_sizes(op: str, x: Tensor, nd: int, output_size) -> tuple[int, ...]
     return sizes
 
 
-def _averaging_matrix(length: int, size: int) -> np.ndarray:
-    m = np.zeros((length, size))
-    for i, (lo, hi) in enumerate(_adaptive_bounds(length, size)):
-        m[lo:hi, i] = 1.0 / (hi - lo)
-    return m
+def _adaptive_mean_axis(y: Tensor, axis: int, size: int) -> Tensor:
+    """Means over torch's adaptive windows along ``axis``: each window's own elements gathered
+    and summed (an averaging matrix would multiply an inf or NaN outside a window by 0 into a
+    NaN there); a window narrower than the widest reads zeros appended past the end."""
+    length = y.shape[axis]
+    bounds = _adaptive_bounds(length, size)
+    width = max(hi - lo for lo, hi in bounds)
+    table = np.full((size, width), length, dtype=np.int64)
+    for i, (lo, hi) in enumerate(bounds):
+        table[i, :hi - lo] = np.arange(lo, hi)
+    after = y.ndim - axis - 1
+    padded = pad_axes(y, [(0, 0)] * axis + [(0, int(table.max() == length))] + [(0, 0)] * after)
+    cols = take(padded, _const(table.reshape(-1), dtypes.int64), axis)
+    cols = reshape_prim(cols, tuple(y.shape[:axis]) + (size, width) + tuple(y.shape[axis + 1:]))
+    counts = np.array([hi - lo for lo, hi in bounds]).reshape((size,) + (1,) * after)
+    return div(sum(cols, axis + 1), _const(counts, y.dtype))
 
 
 def _adaptive_avg(op: str, nd: int, x: Tensor, output_size) -> Tensor:
@@ -318,14 +357,11 @@ def _adaptive_avg(op: str, nd: int, x: Tensor, output_size) -> Tensor:
         raise RuntimeError(f'"{op}" not implemented for \'{x.dtype.name.capitalize()}\'')
 
     @composite(f"AdaptiveAvgPool{nd}DBackward0")
+    @opmath
     def pool(b: Tensor) -> Tensor:
         y = b
-        for a in range(nd - 1, -1, -1):
-            # average the last spatial dim, then bring the next one last: after nd steps the
-            # spatial dims are back in order
-            y = matmul(y, _const(_averaging_matrix(b.shape[2 + a], sizes[a]), b.dtype))
-            if nd > 1:
-                y = movedim(y, -1, 2)
+        for a in range(nd):
+            y = _adaptive_mean_axis(y, 2 + a, sizes[a])
         return y
     return _batched(pool, x, nd, op)
 
