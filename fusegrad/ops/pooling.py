@@ -338,12 +338,17 @@ def _adaptive_mean_axis(y: Tensor, axis: int, size: int) -> Tensor:
     and summed (an averaging matrix would multiply an inf or NaN outside a window by 0 into a
     NaN there); a window narrower than the widest reads zeros appended past the end."""
     length = y.shape[axis]
+    after = y.ndim - axis - 1
+    if length % size == 0:
+        # equal windows side by side (a global pool, a halving): a reshape, no gather
+        width = length // size
+        cols = reshape_prim(y, tuple(y.shape[:axis]) + (size, width) + tuple(y.shape[axis + 1:]))
+        return div(sum(cols, axis + 1), float(width))
     bounds = _adaptive_bounds(length, size)
     width = max(hi - lo for lo, hi in bounds)
     table = np.full((size, width), length, dtype=np.int64)
     for i, (lo, hi) in enumerate(bounds):
         table[i, :hi - lo] = np.arange(lo, hi)
-    after = y.ndim - axis - 1
     padded = pad_axes(y, [(0, 0)] * axis + [(0, int(table.max() == length))] + [(0, 0)] * after)
     cols = take(padded, _const(table.reshape(-1), dtypes.int64), axis)
     cols = reshape_prim(cols, tuple(y.shape[:axis]) + (size, width) + tuple(y.shape[axis + 1:]))
