@@ -135,6 +135,33 @@ class _Emit:
         b.position_at_end(done)
         return new
 
+    def loop_range(self, start: ir.Value, end: ir.Value, carried: list, body):
+        """``for i in range(start, end)``, which may be empty (``carried`` come back as
+        given); ``body(i, carried) -> carried``."""
+        b = self.b
+        pre = b.block
+        enter, after = b.append_basic_block("range"), b.append_basic_block("range.end")
+        b.cbranch(b.icmp_signed("<", start, end), enter, after)
+        b.position_at_end(enter)
+        new = self.loop(end, carried, body, start=start)
+        last = b.block
+        b.branch(after)
+        b.position_at_end(after)
+        out = []
+        for c, n in zip(carried, new):
+            p = b.phi(c.type)
+            p.add_incoming(c, pre)
+            p.add_incoming(n, last)
+            out.append(p)
+        return out
+
+    def reduce_int(self, kind: str, v: ir.Value) -> ir.Value:
+        """``umax`` or ``add`` of the lanes of an i32 vector."""
+        name = f"llvm.vector.reduce.{kind}.v{v.type.count}i32"
+        fn = self.m.globals.get(name) or ir.Function(self.m, ir.FunctionType(I32, [v.type]),
+                                                     name=name)
+        return self.b.call(fn, [v])
+
 
 def _align(t: ir.Type) -> int:
     return 8 if isinstance(t, ir.DoubleType) else 4
@@ -167,8 +194,24 @@ def _row_stride(em: _Emit, layout, a: int) -> ir.Value:
 
 def _transpose_tile(em: _Emit, tile, src, offset, row_stride, S: int, E: int) -> None:
     """``tile[e * S + j] = src[offset + j * row_stride + e]``: a head's K (or V) transposed,
-    so a row of scores is a sum of E vectors of S lanes."""
+    so a row of scores is a sum of E vectors of S lanes.
+
+    When S and E are multiples of the vector width n, by n x n blocks: n row loads, log2(n)
+    rounds of shuffles, n column stores (a scalar loop took 40% of the backward's time)."""
     b = em.b
+    n = 8 if isinstance(em.t, ir.FloatType) else 4
+    if S % n == 0 and E % n == 0:
+        def blocks(blk, _):
+            j0 = b.mul(b.udiv(blk, em.const(E // n)), em.const(n))
+            e0 = b.mul(b.urem(blk, em.const(E // n)), em.const(n))
+            base = b.add(offset, b.add(b.mul(j0, row_stride), e0))
+            rows = [em.load_vec(src, b.add(base, b.mul(em.const(r), row_stride)), n)
+                    for r in range(n)]
+            for u, col in enumerate(_transposed(b, rows)):
+                em.store_vec(col, tile, b.add(b.mul(b.add(e0, em.const(u)), em.const(S)), j0), n)
+            return []
+        em.loop((S // n) * (E // n), [], blocks)
+        return
 
     def rows(j, _):
         base = b.add(offset, b.mul(j, row_stride))
@@ -180,6 +223,25 @@ def _transpose_tile(em: _Emit, tile, src, offset, row_stride, S: int, E: int) ->
         em.loop(E, [], cols)
         return []
     em.loop(S, [], rows)
+
+
+def _transposed(b: ir.IRBuilder, rows: list) -> list:
+    """The columns of the n x n block whose rows are the n vectors ``rows`` (n a power of
+    two): in each round of block size s, rows i and i + s (bit s of i clear) trade their
+    second and first s-element halves of every 2s-element segment; after the rounds for s =
+    n/2, ..., 1 the block is transposed."""
+    n = len(rows)
+    s = n // 2
+    while s:
+        low = [k for o in range(0, n, 2 * s) for k in [*range(o, o + s), *range(n + o, n + o + s)]]
+        high = [k + s for k in low]
+        for i in range(n):
+            if not i & s:
+                a, c = rows[i], rows[i + s]
+                rows[i] = b.shuffle_vector(a, c, ir.Constant(ir.VectorType(I32, n), low))
+                rows[i + s] = b.shuffle_vector(a, c, ir.Constant(ir.VectorType(I32, n), high))
+        s //= 2
+    return rows
 
 
 def _scores(em: _Emit, q, q_rows: list, kt, scale, mask, m_rows: list, keep: bool):
@@ -273,11 +335,17 @@ def _over_heads(em: _Emit, head, start, end, exit_: ir.Block) -> None:
     em.b.ret_void()
 
 
-def _broadcast_products(em: _Emit, count: int, n_terms: int, rows: int, left, right, store):
+def _broadcast_products(em: _Emit, count: int, n_terms: int, rows: int, left, right, store,
+                        bounds=None):
     """``out[c] = sum over t of left(c, t) * right(t)`` for ``count`` output rows (vectors of
     E) in blocks of ``rows``: per term, one row of ``right`` and ``rows`` broadcast scalars
     of ``left``, the sums of a block side by side in registers (a GEMM's micro-kernel).
-    ``left(c, t)`` gives a scalar, ``right(t)`` a vector, ``store(c, vector)`` keeps a row."""
+    ``left(c, t)`` gives a scalar, ``right(t)`` a vector, ``store(c, vector)`` keeps a row.
+
+    ``bounds(c0, n)``, if given, narrows the terms of the block of rows ``c0 .. c0 + n - 1``
+    to those whose ``left`` may be nonzero (see :func:`_Skips`): it returns ``(start, end,
+    first, last)``, the sums run over ``start <= t < end`` from the vector ``first`` (None:
+    zeros), and ``last`` (None: nothing) is added to each."""
     b, E = em.b, em.E
 
     def block(c0, n):
@@ -286,9 +354,94 @@ def _broadcast_products(em: _Emit, count: int, n_terms: int, rows: int, left, ri
         def terms(t, acc):
             x = right(t)
             return [em.fma(em.splat(left(c, t), E), x, a) for c, a in zip(cs, acc)]
-        for c, total in zip(cs, em.loop(n_terms, [em.zeros(E)] * n, terms)):
+        if bounds is None:
+            sums = em.loop(n_terms, [em.zeros(E)] * n, terms)
+        else:
+            start, end, first, last = bounds(c0, n)
+            sums = em.loop_range(start, end, [em.zeros(E) if first is None else first] * n,
+                                 terms)
+            if last is not None:
+                sums = [b.fadd(x, last) for x in sums]
+        for c, total in zip(cs, sums):
             store(c, total)
     _row_blocks(em, count, rows, block)
+
+
+class _Skips:
+    """What lets the products of a masked head skip the terms whose weight is exactly 0.
+
+    A causal mask zeroes half of every product's weights (``p`` and ``ds`` are 0 where the
+    mask removes a score). Per row ``i`` of weights, ``ends[i]`` is one past its last key
+    that may be nonzero; sums over keys (``p @ v``, ``ds @ k``) stop at the largest end of
+    a block of rows, and sums over queries (``ds.T @ q``, ``p.T @ dout``) of keys ``j0 ..``
+    start at the first row whose running maximum of ends passes ``j0``.
+
+    Skipping must not change a bit: a skipped term adds 0 times a row of the other operand,
+    which is +-0 for a finite row and NaN for an inf or a NaN. So per operand the sums of 0
+    times its rows before (or from) each row are kept (+0, or NaN in the lanes that see a
+    non-finite value) and start (or end) the shortened sum. A full sum from +0 never holds
+    -0, so adding +0 leaves it as it was."""
+
+    def __init__(self, em: _Emit, rows: int, name: str):
+        self.em, self.rows = em, rows
+        self.ends = em.b.alloca(I32, size=rows, name=f"{name}.ends")
+        self.reach = em.b.alloca(I32, size=rows, name=f"{name}.reach")
+
+    def set_end(self, i: ir.Value, masked: ir.Value, dead_end: ir.Value | None = None) -> None:
+        """Row ``i``'s end from its mask vector (true where a score is removed); a row with
+        no key left gets ``dead_end`` if given (its weights are 0/0, not 0), else 0."""
+        em, b, S = self.em, self.em.b, self.em.S
+        ones_to_s = ir.Constant(ir.VectorType(I32, S), list(range(1, S + 1)))
+        end = em.reduce_int("umax", b.select(masked, ir.Constant(ir.VectorType(I32, S),
+                                                                  [0] * S), ones_to_s))
+        if dead_end is not None:
+            end = b.select(b.icmp_unsigned("==", end, ir.Constant(I32, 0)), dead_end, end)
+        b.store(end, b.gep(self.ends, [i], inbounds=True))
+
+    def end_of_block(self, c0: ir.Value, n: int) -> ir.Value:
+        b = self.em.b
+        ends = [b.load(b.gep(self.ends, [b.add(c0, self.em.const(r))], inbounds=True))
+                for r in range(n)]
+        end = ends[0]
+        for e in ends[1:]:
+            end = b.select(b.icmp_unsigned(">", e, end), e, end)
+        return b.zext(end, I64)
+
+    def finish_rows(self) -> None:
+        """The running maximum of the ends, once every row's end is set."""
+        em, b = self.em, self.em.b
+
+        def step(i, carried):
+            e = b.load(b.gep(self.ends, [i], inbounds=True))
+            m = b.select(b.icmp_unsigned(">", e, carried[0]), e, carried[0])
+            b.store(m, b.gep(self.reach, [i], inbounds=True))
+            return [m]
+        em.loop(self.rows, [ir.Constant(I32, 0)], step)
+
+    def first_row(self, j0: ir.Value) -> ir.Value:
+        """The first row whose weights may be nonzero at a key ``>= j0``: how many rows reach
+        no further than ``j0`` (the running maximum never decreases)."""
+        em, b, n = self.em, self.em.b, self.rows
+        vt = ir.VectorType(I32, n)
+        reach = b.load(b.bitcast(self.reach, ir.PointerType(vt)), align=4)
+        j = em.splat(b.trunc(j0, I32), n)
+        return b.zext(em.reduce_int("add", b.zext(b.icmp_unsigned("<=", reach, j), vt)), I64)
+
+
+def _zero_sums(em: _Emit, z, rows: int, src, offset, row_stride, from_end: bool) -> None:
+    """``z`` (``rows + 1`` vectors of E) at ``t``: the sum of 0 times each row of ``src``
+    before ``t`` (``from_end``: from ``t`` on)."""
+    b, E = em.b, em.E
+    em.store_vec(em.zeros(E), z, em.const(rows * E if from_end else 0), E)
+    zero = em.zeros(E)
+
+    def step(i, carried):
+        r = b.sub(em.const(rows - 1), i) if from_end else i
+        x = b.fadd(carried[0], b.fmul(zero, em.load_vec(src, b.add(offset, b.mul(r, row_stride)),
+                                                        E)))
+        em.store_vec(x, z, b.mul(r if from_end else b.add(r, em.const(1)), em.const(E)), E)
+        return [x]
+    em.loop(rows, [zero], step)
 
 
 def _forward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool, keep: bool,
@@ -305,8 +458,13 @@ def _forward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool, keep: bool,
     em = _Emit(module, b, t, suffix, S, E)
     R, RE = _block_rows(t, S), _block_rows(t, E)
     kt = b.alloca(t, size=S * E, name="kt")
+    if has_mask:
+        skips = _Skips(em, L, "p")
+        zv = b.alloca(t, size=(S + 1) * E, name="zv")
     exit_ = _enter_heads(fn, b, start, end)
     strides = [_row_stride(em, layout, a) for a in range(4)]
+    # a row with every score masked: softmax's 0/0 is NaN unless zero_dead
+    dead_end = None if zero_dead else ir.Constant(I32, S)
 
     def head(n, _):
         off = _head_offsets(em, layout, n, 4)
@@ -315,20 +473,29 @@ def _forward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool, keep: bool,
 
         def rows_of(i0, rows):
             idx = [b.add(i0, em.const(r)) for r in range(rows)]
-            s, _m = _scores(em, q, [b.add(off[_Q], b.mul(i, strides[_Q])) for i in idx], kt,
-                            scale, mask, [b.add(off[_M], b.mul(i, strides[_M])) for i in idx],
-                            keep)
-            for i, x in zip(idx, s):
+            s, masks = _scores(em, q, [b.add(off[_Q], b.mul(i, strides[_Q])) for i in idx], kt,
+                               scale, mask, [b.add(off[_M], b.mul(i, strides[_M])) for i in idx],
+                               keep)
+            for i, x, m in zip(idx, s, masks):
                 at = b.add(first, b.add(b.mul(i, em.const(W)), em.const(E)))
                 em.store_vec(_softmax(em, x, zero_dead), out, at, S)
+                if has_mask:
+                    skips.set_end(i, m, dead_end)
         _row_blocks(em, L, R, rows_of)
+        bounds = None
+        if has_mask:
+            _zero_sums(em, zv, S, v, off[_V], strides[_V], from_end=True)
+
+            def bounds(i0, rows):
+                end_ = skips.end_of_block(i0, rows)
+                return em.const(0), end_, None, em.load_vec(zv, b.mul(end_, em.const(E)), E)
         # out = p @ v
         _broadcast_products(
             em, L, S, RE,
             lambda i, j: em.scalar(out, b.add(first, b.add(b.mul(i, em.const(W)),
                                                            b.add(j, em.const(E))))),
             lambda j: em.load_vec(v, b.add(off[_V], b.mul(j, strides[_V])), E),
-            lambda i, x: em.store_vec(x, out, b.add(first, b.mul(i, em.const(W))), E))
+            lambda i, x: em.store_vec(x, out, b.add(first, b.mul(i, em.const(W))), E), bounds)
         return []
     _over_heads(em, head, start, end, exit_)
     return str(module), name
@@ -351,6 +518,10 @@ def _backward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool,
     R, RE = _block_rows(t, S), _block_rows(t, E)
     vt = b.alloca(t, size=S * E, name="vt")
     dst = b.alloca(t, size=L * S, name="ds")        # the gradient of the head's scores
+    if has_mask:
+        # ds is 0 where the mask removes a score; p too, except in a row of NaN weights
+        ds_skips, p_skips = _Skips(em, L, "ds"), _Skips(em, L, "p")
+        zk, zq, zdo = (b.alloca(t, size=(L + 1) * E, name=f"z{a}") for a in "kqo")
     exit_ = _enter_heads(fn, b, start, end)
     strides = [_row_stride(em, layout, a) for a in range(5)]
     heads = b.load(b.gep(layout, [em.const(_LAYOUT)]))      # all heads: where dk, dv start
@@ -386,6 +557,11 @@ def _backward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool,
                                             ir.PointerType(ir.VectorType(I8, S))), align=1)
                     masked = b.icmp_unsigned("==" if keep else "!=", bits, zero8)
                     ds = b.select(masked, em.zeros(S), ds)
+                    ds_skips.set_end(i, masked)
+                    p0 = b.extract_element(p, ir.Constant(I32, 0))
+                    p_skips.set_end(i, b.select(b.fcmp_unordered("uno", p0, p0),
+                                                ir.Constant(ir.VectorType(ir.IntType(1), S),
+                                                            [0] * S), masked))
                 em.store_vec(b.fmul(ds, scale_s), dst, b.mul(i, em.const(S)), S)
         _row_blocks(em, L, R, rows_of)
 
@@ -397,14 +573,34 @@ def _backward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool,
 
         def ds_at(i, j):
             return em.scalar(dst, b.add(b.mul(i, em.const(S)), j))
+        dq_bounds = dk_bounds = dv_bounds = None
+        if has_mask:
+            ds_skips.finish_rows()
+            p_skips.finish_rows()
+            _zero_sums(em, zk, S, k, off[_K], strides[_K], from_end=True)
+            _zero_sums(em, zq, L, q, off[_Q], strides[_Q], from_end=False)
+            _zero_sums(em, zdo, L, dout, off[_DO], strides[_DO], from_end=False)
+
+            def dq_bounds(i0, rows):
+                end_ = ds_skips.end_of_block(i0, rows)
+                return em.const(0), end_, None, em.load_vec(zk, b.mul(end_, em.const(E)), E)
+
+            def from_first_row(skips, z):
+                def bounds(j0, rows):
+                    i0 = skips.first_row(j0)
+                    return i0, em.const(L), em.load_vec(z, b.mul(i0, em.const(E)), E), None
+                return bounds
+            dk_bounds, dv_bounds = from_first_row(ds_skips, zq), from_first_row(p_skips, zdo)
         # dq = ds @ k, dk = ds.T @ q, dv = p.T @ dout
         _broadcast_products(em, L, S, RE, ds_at, lambda j: row_of(k, _K, j),
-                            lambda i, x: row_out(out, i, x))
+                            lambda i, x: row_out(out, i, x), dq_bounds)
         _broadcast_products(em, S, L, RE, lambda j, i: ds_at(i, j),
-                            lambda i: row_of(q, _Q, i), lambda j, x: row_out(dk_out, j, x))
+                            lambda i: row_of(q, _Q, i), lambda j, x: row_out(dk_out, j, x),
+                            dk_bounds)
         _broadcast_products(em, S, L, RE,
                             lambda j, i: em.scalar(packed, b.add(p_at(i), j)),
-                            lambda i: row_of(dout, _DO, i), lambda j, x: row_out(dv_out, j, x))
+                            lambda i: row_of(dout, _DO, i), lambda j, x: row_out(dv_out, j, x),
+                            dv_bounds)
         return []
     _over_heads(em, head, start, end, exit_)
     return str(module), name

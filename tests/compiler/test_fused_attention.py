@@ -105,6 +105,36 @@ def test_native_code_takes_any_number_of_batch_dimensions(shape):
         grads, FA._backward_impl(q, k, v, want, dout, m, scale=0.5, keep=False),
         rtol=3e-5, atol=3e-5)
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mask", ["causal", "random"])
+@pytest.mark.parametrize("zero_dead", [False, True])
+def test_skipped_masked_terms_keep_the_non_finite_values_of_a_full_sum(dtype, mask, zero_dead):
+    """The products skip keys and queries whose weights the mask makes 0, yet 0 * inf and
+    0 * NaN are NaN: an inf or NaN at a masked position must reach the same outputs as the
+    reference's full products. Also a row of NaN weights (a NaN query) and all-masked rows."""
+    rng = np.random.default_rng(11)
+    L, E = 16, 8
+    q, k, v = _heads(rng, (2, 2, L, E), dtype)
+    dout = rng.standard_normal(q.shape).astype(dtype)
+    m = _mask(rng, mask, 2, L)
+    v[0, 0, L - 1, 3] = np.inf          # only the last query sees this key under causal
+    v[1, 1, 9, 0] = np.nan
+    k[0, 1, 12, 2] = -np.inf
+    q[1, 0, 4, 5] = np.nan              # a row of NaN weights, masked ones included
+    q[0, 0, 2, 1] = np.inf
+    dout[1, 1, 6, 7] = np.nan
+    dout[0, 1, 0, 0] = np.inf
+    packed, grads = _native(q, k, v, m, dout, scale=0.3, keep=False, zero_dead=zero_dead)
+    want = FA._forward_impl(q, k, v, m, scale=0.3, keep=False, zero_dead=zero_dead)
+    tol = 3e-6 if dtype == np.float32 else 1e-13
+    with np.errstate(invalid="ignore"):
+        want_grads = FA._backward_impl(q, k, v, want, dout, m, scale=0.3, keep=False)
+    for got, ref in [(packed, want), (grads, want_grads)]:
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+        np.testing.assert_allclose(got, ref, rtol=10 * tol, atol=10 * tol)
+
+
 
 def test_native_code_declines_what_it_does_not_take():
     rng = np.random.default_rng(2)
