@@ -220,6 +220,21 @@ def test_linalg_det_slogdet_logdet():
     check_grad(lambda x: fg.logdet(_spd(x)), a)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_det_gradient_of_a_singular_matrix_is_zero_as_torchs(compiled):
+    """torch's det backward solves with an LU that tolerates a singular matrix: its gradient
+    is 0 where det is exactly 0 (it raised here); an invertible matrix in the same batch keeps
+    det(A) A^-T."""
+    a = np.array([[[1.0, 2.0], [2.0, 4.0]], [[0.0, 0.0], [0.0, 0.0]], [[2.0, 1.0], [1.0, 3.0]]])
+    x = fg.tensor(a, requires_grad=True)
+    f = fg.compile(lambda t: fg.linalg.det(t).sum()) if compiled else \
+        (lambda t: fg.linalg.det(t).sum())
+    f(x).backward()
+    want = np.zeros_like(a)
+    want[2] = np.linalg.det(a[2]) * np.linalg.inv(a[2]).T
+    assert_close(x.grad, want, rtol=1e-12, atol=1e-15)
+
+
 def test_linalg_cholesky_values_and_gradcheck():
     x = arr(2, 3, 3, seed=8)
     spd = x @ np.swapaxes(x, -1, -2) + 3 * np.eye(3)

@@ -110,9 +110,14 @@ def _det_infer(x: TensorType) -> TensorType:
 
 
 def _det_vjp(g, out, x):
-    # d det(A) = det(A) tr(A^-1 dA): gA = g det(A) A^-T (A must be invertible).
+    # d det(A) = det(A) tr(A^-1 dA): gA = g det(A) A^-T. torch takes A^-T from an LU solve
+    # that does not fail on a singular A, so its gradient is 0 where det(A) is 0: there the
+    # inverse is taken of the identity instead, times det(A) = 0.
     F = _F()
-    return F.unsqueeze(F.unsqueeze(g * out, -1), -1) * _mT(inv(x))
+    from fusegrad.ops.creation import eye
+    singular = F.unsqueeze(F.unsqueeze(F.eq(out, 0), -1), -1)
+    safe = F.where(singular, eye(x.shape[-1], dtype=x.dtype), x)
+    return F.unsqueeze(F.unsqueeze(g * out, -1), -1) * _mT(inv(safe))
 
 
 det_prim = _extern("det", _det_infer, lambda x: np.linalg.det(x), (Rule(_det_vjp, (0,), True),),
