@@ -535,3 +535,22 @@ def test_compiled_advanced_index_out_of_range_raises(fn, i):
     # In range, negative indices wrap as in eager.
     j = fg.tensor([-1, 0])
     np.testing.assert_array_equal(fg.compile(fn)(x, j).numpy(), fn(x, j).numpy())
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_zero_dim_index_tensor_selects_like_an_int(compiled):
+    # torch reads a 0-d integer index as an int: x[i0, :, j] is x[1, :, j] (shape [4, 2]), not
+    # numpy's placement of separated advanced dims first. Traced, i0 has no value to read.
+    def f(x, i0, j):
+        return x[i0, :, j], x[None, i0, None, 1:, -i0 - 1]
+
+    x = leaf(X)
+    a, b = (fg.compile(f) if compiled else f)(x, fg.tensor(1), fg.tensor([[0, 2]]))
+    assert a.shape == (3, 1, 2) and b.shape == (1, 1, 2)
+    np.testing.assert_array_equal(a.detach().numpy(), X[1][:, [[0, 2]]])
+    np.testing.assert_array_equal(b.detach().numpy(), X[None, 1, None, 1:, -2])
+    (a.sum() + (2 * b).sum()).backward()
+    expected = np.zeros_like(X)
+    expected[1, :, [0, 2]] = 1
+    expected[1, 1:, -2] += 2
+    np.testing.assert_array_equal(x.grad.numpy(), expected)

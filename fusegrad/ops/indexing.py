@@ -247,6 +247,7 @@ def getitem(x: Tensor, key) -> Tensor:
     starts, stops, steps = [], [], []
     out_shape: list[int] = []
     advanced: list[tuple[int, object]] = []   # (position in the sliced result, index)
+    selects: list[tuple[int, Tensor, int, int]] = []  # traced 0-d: (position, index, size, dim)
     view_name = None     # torch names a basic index by its last non-trivial entry
     dim = 0
     for k in key:
@@ -265,6 +266,14 @@ def getitem(x: Tensor, key) -> Tensor:
             i %= size
             starts.append(i), stops.append(i + 1), steps.append(1)
             view_name = "SelectBackward0"
+            dim += 1
+            continue
+        if isinstance(k, Tensor) and k.ndim == 0 and k.dtype.category == 1:
+            # A traced 0-d index selects like an int (torch reads its value), so it takes no
+            # part in the placement of the advanced indices' dims.
+            starts.append(0), stops.append(size), steps.append(1)
+            selects.append((len(out_shape), k, size, dim))
+            out_shape.append(size)
             dim += 1
             continue
         if isinstance(k, slice):
@@ -305,6 +314,13 @@ def getitem(x: Tensor, key) -> Tensor:
                          f"tensors are valid indices (got {type(k).__name__})")
     out = slice_axes(x, starts, stops, steps)
     out = reshape_prim(out, tuple(out_shape))
+    for pos, k, size, d in reversed(selects):
+        k = cast(bind(P.check_index, k, op="index", size=int(size), dim=int(d), wrap=True),
+                 dtypes.int64)
+        out = take(out, where(lt(k, 0), add(k, size), k), pos)
+    if selects:
+        view_name = "SelectBackward0" if view_name is None else view_name
+        advanced = [(p - builtins.sum(1 for q, *_ in selects if q < p), k) for p, k in advanced]
     if not advanced:
         return _named(out, view_name, src=x) if view_name else out
     return _advanced_index(out, advanced)
