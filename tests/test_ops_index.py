@@ -287,6 +287,34 @@ def test_index_add_rows_with_repeated_and_negative_indices_matches_numpy():
         fg.zeros(6).index_add(0, fg.tensor([0, -1]), fg.ones(2))
 
 
+@pytest.mark.parametrize("kind", LAYOUTS)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_index_add_rows_into_any_layout(kind, compiled):
+    """Along dim 0 of a transposed or strided x (a copy of which numpy keeps in x's order),
+    and through a transposed view in place: the sums were added into a temporary and lost."""
+    x = arr(3, 4)
+    idx = np.array([0, 2, 0])
+    src = arr(3, 4, seed=1)
+    want = x.copy()
+    np.add.at(want, idx, src)
+
+    def f(t, i, s):
+        return t.index_add(0, i, s), t.index_put((i,), s, accumulate=True)
+
+    fn = fg.compile(f) if compiled else f
+    for got in fn(leaf(x, False, kind), fg.tensor(idx), fg.tensor(src)):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+
+    def g(b, i, s):
+        b.T.index_put_((i,), s, accumulate=True)
+        return b * 1
+
+    b = fg.tensor(np.ascontiguousarray(x.T))
+    out = (fg.compile(g) if compiled else g)(b, fg.tensor(idx), fg.tensor(src))
+    np.testing.assert_allclose(out.numpy(), want.T, rtol=1e-12)
+    np.testing.assert_allclose(b.numpy(), want.T, rtol=1e-12)
+
+
 def test_index_add_rows_of_no_elements():
     """Rows of no elements (x of shape (3, 0)): nothing to add, the indices still checked.
     The native loop's column loop ran at least once and wrote past the buffer."""
