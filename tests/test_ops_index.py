@@ -582,3 +582,26 @@ def test_zero_dim_index_tensor_selects_like_an_int(compiled):
     expected[1, :, [0, 2]] = 1
     expected[1, 1:, -2] += 2
     np.testing.assert_array_equal(x.grad.numpy(), expected)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_index_put_take_and_put_refuse_out_of_range_indices(compiled):
+    # An index one past a dim's end, once linearized with the others, named the first element
+    # of the next row; take(-28) of 24 elements wrapped twice. torch raises for both.
+    x = fg.tensor(arr(4, 6))
+    cases = [
+        (lambda t, i: t.index_put((i % 4, i), fg.ones(2)), "index_put: index 6 is out of bounds",
+         [0, 6]),
+        (lambda t, i: t.index_put((i % 4, i), fg.ones(2), accumulate=True),
+         "index_put: index -7 is out of bounds", [0, -7]),
+        (lambda t, i: t.take(i), "take: index -28 is out of bounds", [0, -28]),
+        (lambda t, i: t.put(i, fg.ones(2), accumulate=True), "index_put: index 24 is out of bounds",
+         [0, 24]),
+    ]
+    for f, message, index in cases:
+        with pytest.raises(IndexError, match=message):
+            (fg.compile(f) if compiled else f)(x, fg.tensor(index))
+    ok = (fg.compile(cases[0][0]) if compiled else cases[0][0])(x, fg.tensor([0, -6]))
+    want = arr(4, 6)
+    want[[0, 2], [0, -6]] = 1
+    np.testing.assert_array_equal(ok.numpy(), want)
