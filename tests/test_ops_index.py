@@ -605,3 +605,20 @@ def test_index_put_take_and_put_refuse_out_of_range_indices(compiled):
     want = arr(4, 6)
     want[[0, 2], [0, -6]] = 1
     np.testing.assert_array_equal(ok.numpy(), want)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_empty_list_index_and_take_along_dim_without_dim(compiled):
+    def f(x, i):
+        y = x * 1
+        y[:, []] = 5.0
+        return x[[]], x[:, [], 1], y, fg.take_along_dim(x, i)
+
+    x = leaf(X)
+    empty, empty2, y, taken = (fg.compile(f) if compiled else f)(x, fg.tensor([[5, 0], [23, 5]]))
+    assert empty.shape == (0, 3, 4) and empty2.shape == (2, 0)
+    np.testing.assert_array_equal(y.detach().numpy(), X)
+    np.testing.assert_array_equal(taken.detach().numpy(), X.reshape(-1)[[5, 0, 23, 5]])
+    taken.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy().reshape(-1),
+                                  np.bincount([5, 0, 23, 5], minlength=24))

@@ -83,7 +83,12 @@ def gather(x: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> 
 
 
 @public(torch=True, method=True)
-def take_along_dim(x: Tensor, indices: Tensor, dim: int) -> Tensor:
+def take_along_dim(x: Tensor, indices: Tensor, dim: int | None = None) -> Tensor:
+    """The elements of ``x`` at ``indices`` along ``dim`` (the other dims broadcast); without
+    ``dim``, of ``x`` and ``indices`` flattened."""
+    if dim is None:
+        return take_along_dim(reshape_prim(x, (x.numel(),)),
+                              reshape_prim(indices, (indices.numel(),)), 0)
     axis = normalize_axis(dim, x.ndim, "take_along_dim")
     if indices.ndim != x.ndim:
         raise RuntimeError(f"take_along_dim(): input and indices should have the same number of "
@@ -289,7 +294,9 @@ def getitem(x: Tensor, key) -> Tensor:
             continue
         if isinstance(k, (list, np.ndarray)) and not isinstance(k, Tensor):
             from fusegrad.ops.creation import tensor as make_tensor
-            k = make_tensor(k)
+            # An empty list selects nothing (torch reads it as int64, not as float32).
+            k = make_tensor(k, dtype=dtypes.int64) if isinstance(k, list) and \
+                np.size(k) == 0 else make_tensor(k)
         if isinstance(k, Tensor):
             if k.dtype is dtypes.bool_:
                 nd = builtins.max(k.ndim, 1)
