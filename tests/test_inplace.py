@@ -172,6 +172,31 @@ def test_in_place_on_a_non_leaf_flows_gradients(name, op):
     check_grad(f, positive(3))
 
 
+# in-place ops on a tensor that needs no gradient, written with one that does: the backward
+# reads the tensor's value from before the write (torch saves ``original_self``)
+INPLACE_ON_CONSTANT = [
+    ("mul_", lambda a, w: a.mul_(w), lambda a, w: a * w),
+    ("imul", lambda a, w: a.__imul__(w), lambda a, w: a * w),
+    ("div_", lambda a, w: a.div_(w + 3), lambda a, w: a / (w + 3)),
+    ("pow_", lambda a, w: a.pow_(w), lambda a, w: a ** w),
+    ("scatter_", lambda a, w: a.scatter_(0, fg.tensor([2, 0]), w[:2]),
+     lambda a, w: a.scatter(0, fg.tensor([2, 0]), w[:2])),
+]
+
+
+@pytest.mark.parametrize("name,op,ref", INPLACE_ON_CONSTANT, ids=[o[0] for o in INPLACE_ON_CONSTANT])
+def test_in_place_on_a_constant_with_an_operand_that_requires_grad(name, op, ref):
+    values = np.array([1.5, 2.0, 0.5])
+    w = fg.tensor([0.5, 1.0, 2.0], dtype=fg.float64, requires_grad=True)
+    a = fg.tensor(values)
+    out = op(a, w)
+    assert out is a
+    out.sum().backward()
+    w2 = fg.tensor([0.5, 1.0, 2.0], dtype=fg.float64, requires_grad=True)
+    ref(fg.tensor(values), w2).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), w2.grad.numpy(), rtol=1e-12)
+
+
 def test_in_place_keeps_identity_and_bumps_version():
     x = fg.tensor([1.0, 2.0])
     ident = id(x)

@@ -287,6 +287,34 @@ def test_index_add_rows_with_repeated_and_negative_indices_matches_numpy():
         fg.zeros(6).index_add(0, fg.tensor([0, -1]), fg.ones(2))
 
 
+@pytest.mark.parametrize("kind", LAYOUTS)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_index_add_rows_into_any_layout(kind, compiled):
+    """Along dim 0 of a transposed or strided x (a copy of which numpy keeps in x's order),
+    and through a transposed view in place: the sums were added into a temporary and lost."""
+    x = arr(3, 4)
+    idx = np.array([0, 2, 0])
+    src = arr(3, 4, seed=1)
+    want = x.copy()
+    np.add.at(want, idx, src)
+
+    def f(t, i, s):
+        return t.index_add(0, i, s), t.index_put((i,), s, accumulate=True)
+
+    fn = fg.compile(f) if compiled else f
+    for got in fn(leaf(x, False, kind), fg.tensor(idx), fg.tensor(src)):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+
+    def g(b, i, s):
+        b.T.index_put_((i,), s, accumulate=True)
+        return b * 1
+
+    b = fg.tensor(np.ascontiguousarray(x.T))
+    out = (fg.compile(g) if compiled else g)(b, fg.tensor(idx), fg.tensor(src))
+    np.testing.assert_allclose(out.numpy(), want.T, rtol=1e-12)
+    np.testing.assert_allclose(b.numpy(), want.T, rtol=1e-12)
+
+
 def test_index_add_rows_of_no_elements():
     """Rows of no elements (x of shape (3, 0)): nothing to add, the indices still checked.
     The native loop's column loop ran at least once and wrote past the buffer."""
@@ -535,3 +563,62 @@ def test_compiled_advanced_index_out_of_range_raises(fn, i):
     # In range, negative indices wrap as in eager.
     j = fg.tensor([-1, 0])
     np.testing.assert_array_equal(fg.compile(fn)(x, j).numpy(), fn(x, j).numpy())
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_zero_dim_index_tensor_selects_like_an_int(compiled):
+    # torch reads a 0-d integer index as an int: x[i0, :, j] is x[1, :, j] (shape [4, 2]), not
+    # numpy's placement of separated advanced dims first. Traced, i0 has no value to read.
+    def f(x, i0, j):
+        return x[i0, :, j], x[None, i0, None, 1:, -i0 - 1]
+
+    x = leaf(X)
+    a, b = (fg.compile(f) if compiled else f)(x, fg.tensor(1), fg.tensor([[0, 2]]))
+    assert a.shape == (3, 1, 2) and b.shape == (1, 1, 2)
+    np.testing.assert_array_equal(a.detach().numpy(), X[1][:, [[0, 2]]])
+    np.testing.assert_array_equal(b.detach().numpy(), X[None, 1, None, 1:, -2])
+    (a.sum() + (2 * b).sum()).backward()
+    expected = np.zeros_like(X)
+    expected[1, :, [0, 2]] = 1
+    expected[1, 1:, -2] += 2
+    np.testing.assert_array_equal(x.grad.numpy(), expected)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_index_put_take_and_put_refuse_out_of_range_indices(compiled):
+    # An index one past a dim's end, once linearized with the others, named the first element
+    # of the next row; take(-28) of 24 elements wrapped twice. torch raises for both.
+    x = fg.tensor(arr(4, 6))
+    cases = [
+        (lambda t, i: t.index_put((i % 4, i), fg.ones(2)), "index_put: index 6 is out of bounds",
+         [0, 6]),
+        (lambda t, i: t.index_put((i % 4, i), fg.ones(2), accumulate=True),
+         "index_put: index -7 is out of bounds", [0, -7]),
+        (lambda t, i: t.take(i), "take: index -28 is out of bounds", [0, -28]),
+        (lambda t, i: t.put(i, fg.ones(2), accumulate=True), "index_put: index 24 is out of bounds",
+         [0, 24]),
+    ]
+    for f, message, index in cases:
+        with pytest.raises(IndexError, match=message):
+            (fg.compile(f) if compiled else f)(x, fg.tensor(index))
+    ok = (fg.compile(cases[0][0]) if compiled else cases[0][0])(x, fg.tensor([0, -6]))
+    want = arr(4, 6)
+    want[[0, 2], [0, -6]] = 1
+    np.testing.assert_array_equal(ok.numpy(), want)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_empty_list_index_and_take_along_dim_without_dim(compiled):
+    def f(x, i):
+        y = x * 1
+        y[:, []] = 5.0
+        return x[[]], x[:, [], 1], y, fg.take_along_dim(x, i)
+
+    x = leaf(X)
+    empty, empty2, y, taken = (fg.compile(f) if compiled else f)(x, fg.tensor([[5, 0], [23, 5]]))
+    assert empty.shape == (0, 3, 4) and empty2.shape == (2, 0)
+    np.testing.assert_array_equal(y.detach().numpy(), X)
+    np.testing.assert_array_equal(taken.detach().numpy(), X.reshape(-1)[[5, 0, 23, 5]])
+    taken.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy().reshape(-1),
+                                  np.bincount([5, 0, 23, 5], minlength=24))

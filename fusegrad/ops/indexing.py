@@ -83,7 +83,12 @@ def gather(x: Tensor, dim: int, index: Tensor, *, sparse_grad: bool = False) -> 
 
 
 @public(torch=True, method=True)
-def take_along_dim(x: Tensor, indices: Tensor, dim: int) -> Tensor:
+def take_along_dim(x: Tensor, indices: Tensor, dim: int | None = None) -> Tensor:
+    """The elements of ``x`` at ``indices`` along ``dim`` (the other dims broadcast); without
+    ``dim``, of ``x`` and ``indices`` flattened."""
+    if dim is None:
+        return take_along_dim(reshape_prim(x, (x.numel(),)),
+                              reshape_prim(indices, (indices.numel(),)), 0)
     axis = normalize_axis(dim, x.ndim, "take_along_dim")
     if indices.ndim != x.ndim:
         raise RuntimeError(f"take_along_dim(): input and indices should have the same number of "
@@ -247,6 +252,7 @@ def getitem(x: Tensor, key) -> Tensor:
     starts, stops, steps = [], [], []
     out_shape: list[int] = []
     advanced: list[tuple[int, object]] = []   # (position in the sliced result, index)
+    selects: list[tuple[int, Tensor, int, int]] = []  # traced 0-d: (position, index, size, dim)
     view_name = None     # torch names a basic index by its last non-trivial entry
     dim = 0
     for k in key:
@@ -267,6 +273,14 @@ def getitem(x: Tensor, key) -> Tensor:
             view_name = "SelectBackward0"
             dim += 1
             continue
+        if isinstance(k, Tensor) and k.ndim == 0 and k.dtype.category == 1:
+            # A traced 0-d index selects like an int (torch reads its value), so it takes no
+            # part in the placement of the advanced indices' dims.
+            starts.append(0), stops.append(size), steps.append(1)
+            selects.append((len(out_shape), k, size, dim))
+            out_shape.append(size)
+            dim += 1
+            continue
         if isinstance(k, slice):
             if k.step is not None and int(k.step) <= 0:
                 raise ValueError("step must be greater than zero")
@@ -280,7 +294,9 @@ def getitem(x: Tensor, key) -> Tensor:
             continue
         if isinstance(k, (list, np.ndarray)) and not isinstance(k, Tensor):
             from fusegrad.ops.creation import tensor as make_tensor
-            k = make_tensor(k)
+            # An empty list selects nothing (torch reads it as int64, not as float32).
+            k = make_tensor(k, dtype=dtypes.int64) if isinstance(k, list) and \
+                np.size(k) == 0 else make_tensor(k)
         if isinstance(k, Tensor):
             if k.dtype is dtypes.bool_:
                 nd = builtins.max(k.ndim, 1)
@@ -305,6 +321,13 @@ def getitem(x: Tensor, key) -> Tensor:
                          f"tensors are valid indices (got {type(k).__name__})")
     out = slice_axes(x, starts, stops, steps)
     out = reshape_prim(out, tuple(out_shape))
+    for pos, k, size, d in reversed(selects):
+        k = cast(bind(P.check_index, k, op="index", size=int(size), dim=int(d), wrap=True),
+                 dtypes.int64)
+        out = take(out, where(lt(k, 0), add(k, size), k), pos)
+    if selects:
+        view_name = "SelectBackward0" if view_name is None else view_name
+        advanced = [(p - builtins.sum(1 for q, *_ in selects if q < p), k) for p, k in advanced]
     if not advanced:
         return _named(out, view_name, src=x) if view_name else out
     return _advanced_index(out, advanced)

@@ -169,15 +169,21 @@ def _rebase_history(x: Tensor, value: Tensor) -> None:
     x._view_version = x._version_counter.value
 
 
-def _original_self(x: Tensor) -> Tensor:
+def _original_self(x: Tensor, operands=()) -> Tensor:
     """The operand an in-place op computes from. Under autograd it is a copy of x's values
     carrying x's history: the op's backward may read x (log_, mul_ by a tensor, pow_), and
-    the write that follows would otherwise invalidate it (torch saves ``original_self``)."""
+    the write that follows would otherwise invalidate it (torch saves ``original_self``).
+    That holds too when x needs no gradient but one of the other ``operands`` does
+    (``a.mul_(w)``, ``a.scatter_(0, i, w)``: w's gradient may read a)."""
     if x._trace is not None or not is_grad_enabled():
         return x
     if x._base is not None:
         _refresh_view(x)
-    if not x._requires_grad or x.grad_fn is None:   # a leaf requiring grad: assign_ refuses
+    if not x._requires_grad:
+        if not any(isinstance(a, Tensor) and a._requires_grad for a in operands):
+            return x
+        return Tensor._wrap(x._data.copy(), x._dtype)
+    if x.grad_fn is None:   # a leaf requiring grad: assign_ refuses
         return x
     s = Tensor._wrap(x._data.copy(), x._dtype)
     s.grad_fn, s._requires_grad = x.grad_fn, True
@@ -186,7 +192,8 @@ def _original_self(x: Tensor) -> Tensor:
 
 def _inplace(fn, name):
     def op(x, *args, **kwargs):
-        return assign_(x, fn(_original_self(x), *args, **kwargs), name)
+        self = _original_self(x, (*args, *kwargs.values()))
+        return assign_(x, fn(self, *args, **kwargs), name)
     op.__name__ = name
     op.__doc__ = f"In-place :func:`{fn.__name__}`."
     return op

@@ -865,7 +865,9 @@ def _index_add_infer(x: TensorType, idx: TensorType, src: TensorType, *, axis: i
 
 
 def _index_add_impl(x, idx, src, *, axis):
-    out = np.array(x, copy=True)
+    # Row-major whatever x's layout: the row loop below adds through out.reshape(-1), which of
+    # a transposed (Fortran-ordered) copy is a new array, and the sums were lost.
+    out = np.array(x, copy=True, order="C")
     _bounds("index_add", idx, x.shape[axis], axis)
     if axis == 0 and out.ndim > 1 and out.size:
         rows = idx.reshape(-1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from fusegrad import dtypes
+from fusegrad.ops import prims as P
 from fusegrad.ops.composite import custom_vjp
 from fusegrad.ops.creation import full, full_like, ones, zeros
 from fusegrad.ops.elementwise import add, clone, lt, where
@@ -25,6 +26,7 @@ from fusegrad.ops.movement import (
     unsqueeze,
 )
 from fusegrad.ops.operands import _index_tensor, as_tensor_operand, cast, take
+from fusegrad.ops.primitive import bind
 from fusegrad.ops.prims import normalize_axis, register_vjp
 from fusegrad.ops.reductions import cumsum
 from fusegrad.ops.registry import public
@@ -154,9 +156,14 @@ def diagflat(x: Tensor, offset: int = 0) -> Tensor:
     return diag(flatten(x), offset)
 
 
-def _positions(index: Tensor, size: int) -> Tensor:
-    """Integer positions with negative ones counted from the end (int64)."""
+def _positions(index: Tensor, size: int, op: str | None = None, dim: int = 0) -> Tensor:
+    """Integer positions with negative ones counted from the end (int64); with ``op``, checked
+    to lie in ``[-size, size)`` first (when read: at the call, or when the compiled program
+    runs), where a position that is later linearized or wrapped once more would otherwise
+    land silently on another element."""
     index = cast(as_tensor_operand(index), dtypes.int64)
+    if op is not None:
+        index = bind(P.check_index, index, op=op, size=int(size), dim=int(dim), wrap=True)
     return where(lt(index, 0), add(index, size), index)
 
 
@@ -238,7 +245,8 @@ def index_put(x: Tensor, indices, values, accumulate: bool = False) -> Tensor:
     lead = tuple(x.shape[:len(indices)])
     rest = tuple(x.shape[len(indices):])
     from fusegrad.ops.movement import broadcast_tensors
-    idx = broadcast_tensors(*[_positions(i, n) for i, n in zip(indices, lead)])
+    idx = broadcast_tensors(*[_positions(i, n, "index_put", d)
+                              for d, (i, n) in enumerate(zip(indices, lead))])
     linear = idx[0]
     for i, n in zip(idx[1:], lead[1:]):
         linear = add(linear * n, i)
@@ -266,7 +274,7 @@ def put(x: Tensor, index: Tensor, source: Tensor, accumulate: bool = False) -> T
 def _take_flat(x: Tensor, index: Tensor) -> Tensor:
     """Elements of ``x`` seen as 1-D, at ``index`` (negative from the end), in its shape."""
     n = x.numel()
-    pos = _positions(index, n)
+    pos = _positions(index, n, "take")
     return reshape(take(reshape(x, (-1,)), reshape(pos, (-1,)), 0), tuple(pos.shape))
 
 
