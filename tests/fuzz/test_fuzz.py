@@ -230,6 +230,22 @@ def test_sine_of_a_large_argument_compares_with_the_arguments_magnitude():
     assert_explained(20261205, 3509, max_ops=16)
 
 
+def test_cancellation_error_scaled_by_a_product_compares_with_the_product():
+    # Seed 20261211, program 680: log_softmax's -0.0009 is 1e-4 off in relative terms between
+    # eager's order of summation and the simulated CUDA kernel's (an ulp of its log(sum) near
+    # 1), and a 1e32 input multiplies it: the absolute error it may carry is scaled by that.
+    assert_explained(20261211, 680, max_ops=18)
+    from fusegrad.testing.fuzz import _all_values, _magnitude
+    nodes = [Input((4,), "float32", "normal", 0), Input((4,), "float32", "normal", 1),
+             Op("binary", (0, 1), ("sub",)), Op("scalar", (2,), ("*", 1e6, False)),
+             Op("scalar", (2,), ("*", 1e-3, False))]
+    program = Program(nodes, [3, 4])
+    values = _all_values(program, program.arrays())
+    sub = _magnitude(program, values, 2, {})
+    assert sub > 0 and _magnitude(program, values, 3, {}) == sub * 1e6
+    assert _magnitude(program, values, 4, {}) == sub       # never below the sum's own
+
+
 def test_a_compiled_function_is_checked():
     # A program the compiled path gets right has no mismatches; its gradients are checked
     # (compiled against eager, eager float64 against central differences).
