@@ -413,9 +413,17 @@ class Tensor:
         return self._data
 
     def __array__(self, dtype=None, copy=None):
+        """numpy's protocol: ``np.asarray(t)`` shares the storage, ``np.array(t)`` (which
+        passes ``copy=True``) copies it, and ``copy=False`` refuses a conversion."""
         self._check_concrete("np.asarray()")
         self._check_host()
-        return self._data if dtype is None else self._data.astype(dtype)
+        data = self._data
+        if copy is False:
+            if dtype is not None and np.dtype(dtype) != data.dtype:
+                raise ValueError(f"Unable to avoid copy while converting a {self._dtype} tensor "
+                                 f"to a numpy array of {np.dtype(dtype)}")
+            return data
+        return data.astype(data.dtype if dtype is None else dtype, copy=bool(copy))
 
     def item(self):
         """The value of a one-element tensor as a Python number."""

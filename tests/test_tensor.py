@@ -326,6 +326,18 @@ def test_numpy_shares_memory_and_refuses_grad():
     assert np.asarray(y).tolist() == [1.0, 1.0]
 
 
+def test_np_array_copies_and_np_asarray_shares():
+    x = fg.zeros(3)
+    np.array(x)[0] = 1.0                          # np.array copies (numpy passes copy=True)
+    np.array(x, dtype=np.float32)[1] = 1.0
+    assert x.tolist() == [0.0, 0.0, 0.0]
+    np.asarray(x)[2] = 5.0                        # np.asarray shares
+    assert x.tolist() == [0.0, 0.0, 5.0]
+    assert np.asarray(x, dtype=np.float64).tolist() == [0.0, 0.0, 5.0]
+    with pytest.raises(ValueError, match="avoid copy"):
+        np.array(x, dtype=np.float64, copy=False)
+
+
 def test_clone_and_detach():
     x = fg.tensor([1.0, 2.0], requires_grad=True)
     c = x.clone()
