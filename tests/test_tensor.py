@@ -379,6 +379,32 @@ def test_pickle_and_deepcopy():
         copy.deepcopy(x * 2)
 
 
+def test_deepcopy_copies_grad_and_keeps_views_sharing():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    (x * x).sum().backward()
+    z = copy.deepcopy(x)
+    assert z.grad.tolist() == [2.0, 4.0]
+    z.grad[0] = 9.0
+    assert x.grad.tolist() == [2.0, 4.0]                  # a copy of the gradient
+    a = fg.arange(6.0).reshape(2, 3)
+    a2, t2 = copy.deepcopy([a, a.t()])                    # one storage, copied once
+    a2[1, 0] = 100.0
+    assert t2[0, 1].item() == 100.0 and a[1, 0].item() == 3.0
+    assert t2.stride() == (1, 3)
+    p = fg.nn.Parameter(fg.ones(2))
+    p.sum().backward()
+    assert copy.deepcopy(p).grad is None                  # torch's Parameter leaves it behind
+
+
+def test_copy_copy_shares_storage():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    c = copy.copy(x)
+    assert c is not x and c.requires_grad and c.is_leaf
+    with fg.no_grad():
+        c[0] = 5.0
+    assert x[0].item() == 5.0
+
+
 def test_repr_smoke():
     assert repr(fg.tensor([1.0, 2.0])) == "tensor([1., 2.])"
     assert repr(fg.tensor([1, 2])) == "tensor([1, 2])"
