@@ -443,11 +443,19 @@ class Tensor:
             return data.astype(np.float32).tolist()
         return data.tolist()
 
+    def _python_scalar(self):
+        if self.numel() != 1:
+            raise ValueError("only one element tensors can be converted to Python scalars")
+        return self.item()
+
     def __float__(self) -> float:
-        return float(self.item())
+        return float(self._python_scalar())
 
     def __int__(self) -> int:
-        return int(self.item())
+        return int(self._python_scalar())
+
+    def __complex__(self) -> complex:
+        return complex(self._python_scalar())
 
     def __index__(self) -> int:
         if self._dtype.is_floating_point or self.numel() != 1:
@@ -457,7 +465,8 @@ class Tensor:
     def __bool__(self) -> bool:
         self._check_concrete("bool()")
         if self._data.size != 1:
-            raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
+            many = "more than one value" if self._data.size else "no values"
+            raise RuntimeError(f"Boolean value of Tensor with {many} is ambiguous")
         return bool(self.item())
 
     def __len__(self) -> int:

@@ -379,6 +379,15 @@ def test_pickle_and_deepcopy():
         copy.deepcopy(x * 2)
 
 
+def test_python_number_conversions_refuse_like_torch():
+    for convert in (int, float, complex):
+        with pytest.raises(ValueError, match="only one element tensors can be converted"):
+            convert(fg.tensor([1.0, 2.0]))
+    assert complex(fg.tensor([2.5])) == 2.5 + 0j
+    with pytest.raises(RuntimeError, match="with no values is ambiguous"):
+        bool(fg.tensor([]))
+
+
 def test_deepcopy_copies_grad_and_keeps_views_sharing():
     x = fg.tensor([1.0, 2.0], requires_grad=True)
     (x * x).sum().backward()
