@@ -162,7 +162,9 @@ def result_type(*operands) -> DType:
     """
     dim_result = zero_result = scalar_result = None
     for op in operands:
-        if hasattr(op, "dtype") and hasattr(op, "ndim"):
+        # numpy scalars (np.float64(2.0)) have a dtype and an ndim too, but torch treats
+        # them as Python numbers: t_f32 * np.float64(2) stays float32.
+        if hasattr(op, "dtype") and hasattr(op, "ndim") and not isinstance(op, np.generic):
             dt = op.dtype if isinstance(op.dtype, DType) else from_numpy_dtype(op.dtype)
             if op.ndim > 0:
                 dim_result = dt if dim_result is None else promote_types(dim_result, dt)

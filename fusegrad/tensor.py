@@ -11,6 +11,7 @@ method and only swaps how primitives are applied.
 
 from __future__ import annotations
 
+import copy
 import warnings
 import weakref
 
@@ -413,9 +414,17 @@ class Tensor:
         return self._data
 
     def __array__(self, dtype=None, copy=None):
+        """numpy's protocol: ``np.asarray(t)`` shares the storage, ``np.array(t)`` (which
+        passes ``copy=True``) copies it, and ``copy=False`` refuses a conversion."""
         self._check_concrete("np.asarray()")
         self._check_host()
-        return self._data if dtype is None else self._data.astype(dtype)
+        data = self._data
+        if copy is False:
+            if dtype is not None and np.dtype(dtype) != data.dtype:
+                raise ValueError(f"Unable to avoid copy while converting a {self._dtype} tensor "
+                                 f"to a numpy array of {np.dtype(dtype)}")
+            return data
+        return data.astype(data.dtype if dtype is None else dtype, copy=bool(copy))
 
     def item(self):
         """The value of a one-element tensor as a Python number."""
@@ -434,11 +443,19 @@ class Tensor:
             return data.astype(np.float32).tolist()
         return data.tolist()
 
+    def _python_scalar(self):
+        if self.numel() != 1:
+            raise ValueError("only one element tensors can be converted to Python scalars")
+        return self.item()
+
     def __float__(self) -> float:
-        return float(self.item())
+        return float(self._python_scalar())
 
     def __int__(self) -> int:
-        return int(self.item())
+        return int(self._python_scalar())
+
+    def __complex__(self) -> complex:
+        return complex(self._python_scalar())
 
     def __index__(self) -> int:
         if self._dtype.is_floating_point or self.numel() != 1:
@@ -448,7 +465,8 @@ class Tensor:
     def __bool__(self) -> bool:
         self._check_concrete("bool()")
         if self._data.size != 1:
-            raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
+            many = "more than one value" if self._data.size else "no values"
+            raise RuntimeError(f"Boolean value of Tensor with {many} is ambiguous")
         return bool(self.item())
 
     def __len__(self) -> int:
@@ -510,12 +528,46 @@ class Tensor:
             raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support "
                                "the deepcopy protocol at the moment.")
         t = type(self).__new__(type(self))
-        Tensor._init(t, self._data.copy(), self._dtype)
+        Tensor._init(t, _deepcopy_storage(self._data, memo), self._dtype)
         t._requires_grad = self._requires_grad
-        for k, v in getattr(self, "__dict__", {}).items():
-            t.__dict__[k] = v
         memo[id(self)] = t
+        if self._grad is not None:
+            t._grad = copy.deepcopy(self._grad, memo)
+        for k, v in getattr(self, "__dict__", {}).items():
+            t.__dict__[k] = copy.deepcopy(v, memo)
         return t
+
+    def __copy__(self):
+        """``copy.copy``: a new leaf over the same storage (torch's, through its reduce)."""
+        t = type(self).__new__(type(self))
+        Tensor._init(t, self._data, self._dtype)
+        t._requires_grad = self._requires_grad
+        t.__dict__.update(getattr(self, "__dict__", {}))
+        return t
+
+
+def _deepcopy_storage(data, memo: dict):
+    """A copy of ``data`` for ``copy.deepcopy``. Arrays that view one numpy allocation
+    become views of one copy of it (torch's deepcopy keeps tensors that share a storage
+    sharing their copy), so deepcopy([x, x.t()]) still writes through."""
+    if not isinstance(data, np.ndarray):
+        return data.copy()
+    root = data
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if root.base is not None or not root.flags.c_contiguous or root.size == 0:
+        return data.copy()                        # memory numpy does not own: no alias to keep
+    root_copy = memo.get(id(root))
+    if root_copy is None:
+        root_copy = memo[id(root)] = root.copy(order="K")
+        memo.setdefault(id(memo), []).append(root)     # keeps id(root) from being reused
+    if root is data:
+        return root_copy
+    offset = data.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    out = np.ndarray(data.shape, data.dtype, buffer=root_copy, offset=offset,
+                     strides=data.strides)
+    out.flags.writeable = data.flags.writeable
+    return out
 
 
 def _cuda_device(index: int):

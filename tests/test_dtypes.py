@@ -105,6 +105,19 @@ def test_promotion_cases_from_the_issue():
             fg.tensor([1.0], dtype=fg.bfloat16)).dtype is fg.float32
 
 
+def test_numpy_scalars_promote_like_python_numbers():
+    # torch reads np.float64(2.5) as the number 2.5, not as a float64 0-d tensor
+    i32, f32 = fg.ones(2, dtype=fg.int32), fg.tensor(1.0)
+    assert (i32 * np.float64(2.5)).dtype is fg.float32
+    assert (np.float64(2.5) * i32).tolist() == [2.5, 2.5]
+    assert (f32 * np.float64(2)).dtype is fg.float32
+    assert (fg.tensor([True]) * np.float64(1.5)).dtype is fg.float32
+    assert (i32 + np.int64(3)).dtype is fg.int32
+    assert fg.full((2,), np.float64(1.5)).dtype is fg.float32
+    assert fg.tensor(np.float64(1.5)).dtype is fg.float64      # a conversion keeps it
+    assert fg.result_type(i32, np.float64(1.0)) is fg.float32
+
+
 def test_promotion_values_are_exact():
     out = fg.tensor([200], dtype=fg.uint8) + fg.tensor([-100], dtype=fg.int8)
     assert out.tolist() == [100]

@@ -127,6 +127,20 @@ def test_write_into_the_base_shows_in_the_view():
     assert v[1, 1].item() == 5.0
 
 
+def test_view_as_another_dtype_shares_memory_and_version():
+    x = fg.zeros(2, 3)
+    bits = x.view(fg.int32)                      # one size: the same elements' bits
+    bits[0, 0] = 0x3F800000                      # 1.0f
+    x[1, 2] = 2.0
+    assert x[0, 0].item() == 1.0 and bits[1, 2].item() == 0x40000000
+    assert x._version == bits._version == 2
+    halves = x[:, 1:].view(fg.int16)             # two sizes: the last dim scales
+    assert tuple(halves.shape) == (2, 4)
+    halves[0, 1] = 0x3F80                        # high half of x[0, 1] (little-endian)
+    assert x[0, 1].item() == 1.0
+    assert fg.tensor(1.0).view(fg.int32).item() == 0x3F800000
+
+
 def test_reshape_copies_only_when_needed():
     x = fg.arange(6.0).reshape(2, 3)
     r = x.reshape(3, 2)

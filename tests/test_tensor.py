@@ -326,6 +326,18 @@ def test_numpy_shares_memory_and_refuses_grad():
     assert np.asarray(y).tolist() == [1.0, 1.0]
 
 
+def test_np_array_copies_and_np_asarray_shares():
+    x = fg.zeros(3)
+    np.array(x)[0] = 1.0                          # np.array copies (numpy passes copy=True)
+    np.array(x, dtype=np.float32)[1] = 1.0
+    assert x.tolist() == [0.0, 0.0, 0.0]
+    np.asarray(x)[2] = 5.0                        # np.asarray shares
+    assert x.tolist() == [0.0, 0.0, 5.0]
+    assert np.asarray(x, dtype=np.float64).tolist() == [0.0, 0.0, 5.0]
+    with pytest.raises(ValueError, match="avoid copy"):
+        np.array(x, dtype=np.float64, copy=False)
+
+
 def test_clone_and_detach():
     x = fg.tensor([1.0, 2.0], requires_grad=True)
     c = x.clone()
@@ -365,6 +377,41 @@ def test_pickle_and_deepcopy():
     assert x[0, 0].item() == 1.0
     with pytest.raises(RuntimeError, match="Only Tensors created explicitly by the user"):
         copy.deepcopy(x * 2)
+
+
+def test_python_number_conversions_refuse_like_torch():
+    for convert in (int, float, complex):
+        with pytest.raises(ValueError, match="only one element tensors can be converted"):
+            convert(fg.tensor([1.0, 2.0]))
+    assert complex(fg.tensor([2.5])) == 2.5 + 0j
+    with pytest.raises(RuntimeError, match="with no values is ambiguous"):
+        bool(fg.tensor([]))
+
+
+def test_deepcopy_copies_grad_and_keeps_views_sharing():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    (x * x).sum().backward()
+    z = copy.deepcopy(x)
+    assert z.grad.tolist() == [2.0, 4.0]
+    z.grad[0] = 9.0
+    assert x.grad.tolist() == [2.0, 4.0]                  # a copy of the gradient
+    a = fg.arange(6.0).reshape(2, 3)
+    a2, t2 = copy.deepcopy([a, a.t()])                    # one storage, copied once
+    a2[1, 0] = 100.0
+    assert t2[0, 1].item() == 100.0 and a[1, 0].item() == 3.0
+    assert t2.stride() == (1, 3)
+    p = fg.nn.Parameter(fg.ones(2))
+    p.sum().backward()
+    assert copy.deepcopy(p).grad is None                  # torch's Parameter leaves it behind
+
+
+def test_copy_copy_shares_storage():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    c = copy.copy(x)
+    assert c is not x and c.requires_grad and c.is_leaf
+    with fg.no_grad():
+        c[0] = 5.0
+    assert x[0].item() == 5.0
 
 
 def test_repr_smoke():

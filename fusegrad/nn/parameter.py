@@ -44,6 +44,15 @@ class Parameter(Tensor):
 
     __str__ = __repr__
 
+    def __deepcopy__(self, memo):
+        # torch's Parameter.__deepcopy__: a fresh parameter of cloned data; unlike a plain
+        # tensor's deepcopy it leaves .grad (and attributes set on it) behind.
+        if id(self) in memo:
+            return memo[id(self)]
+        out = type(self)(Tensor._wrap(self._data.copy(), self._dtype), self._requires_grad)
+        memo[id(self)] = out
+        return out
+
     def __reduce_ex__(self, protocol):
         return (_rebuild_parameter, (np.array(self._data), self._dtype.name, self._requires_grad))
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import _named
 from fusegrad.ops.elementwise import clone
@@ -131,26 +132,34 @@ def view(x: Tensor, *shape) -> Tensor:
 
 
 def _view_dtype(x: Tensor, dt: dtypes.DType) -> Tensor:
-    """``x.view(dtype)``: the same bytes read as ``dt``. Between dtypes of one size it is
-    elementwise (traced and compiled too); between sizes the last dim scales (eager only).
-    The result has no gradient (torch's neither, across dtypes)."""
+    """``x.view(dtype)``: the same bytes read as ``dt``. Eager, it is a view: the same
+    memory and version counter, so a write either way shows, as in torch. Traced, between
+    dtypes of one size it is elementwise (a bitcast); between sizes the last dim scales
+    (eager only). The result has no gradient (torch's neither, across dtypes)."""
     if dt is x.dtype:
         return reshape_prim(x, tuple(x.shape))
     src, dst = x.dtype.itemsize, dt.itemsize
-    if src == dst:
+    eager = x._trace is None and not _primitive.CAPTURE and isinstance(x._data, np.ndarray)
+    if src == dst and not eager:
         return bind(P.bitcast, x.detach(), dtype=dt)
-    x._check_concrete("view(dtype) between dtypes of different sizes")
-    if x.ndim == 0:
-        raise RuntimeError(f"self.dim() cannot be 0 to view {x.dtype} as {dt} (different "
-                           f"element sizes)")
-    if src < dst and (x.shape[-1] * src) % dst:
-        raise RuntimeError(f"self.size(-1) must be divisible by {dst // src} to view {x.dtype} "
-                           f"as {dt} (different element sizes), but got {x.shape[-1]}")
     a = x._data
-    if not (a.flags.c_contiguous or (a.ndim and a.strides[-1] == a.itemsize)):
-        raise RuntimeError(f"self.stride(-1) must be 1 to view {x.dtype} as {dt} (different "
-                           f"element sizes), but got {a.strides[-1] // a.itemsize}")
-    return Tensor._wrap(np.ascontiguousarray(a).view(dt.np_dtype), dt)
+    if src != dst:
+        x._check_concrete("view(dtype) between dtypes of different sizes")
+        if x.ndim == 0:
+            raise RuntimeError(f"self.dim() cannot be 0 to view {x.dtype} as {dt} (different "
+                               f"element sizes)")
+        if src < dst and (x.shape[-1] * src) % dst:
+            raise RuntimeError(f"self.size(-1) must be divisible by {dst // src} to view "
+                               f"{x.dtype} as {dt} (different element sizes), but got "
+                               f"{x.shape[-1]}")
+        if not (a.flags.c_contiguous or (a.ndim and a.strides[-1] == a.itemsize)):
+            raise RuntimeError(f"self.stride(-1) must be 1 to view {x.dtype} as {dt} (different "
+                               f"element sizes), but got {a.strides[-1] // a.itemsize}")
+        if not eager:
+            return Tensor._wrap(np.ascontiguousarray(a).view(dt.np_dtype), dt)
+    out = Tensor._wrap(a.view(dt.np_dtype), dt)
+    out._version_counter = x._version_counter
+    return out
 
 
 def _layout_stand_in(shape) -> np.ndarray:
