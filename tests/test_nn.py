@@ -964,6 +964,41 @@ def test_state_dict_loads_float64_values_into_float32_params():
     assert lin.weight.dtype is fusegrad.float32 and lin.weight.tolist() == [[1.0, 2.0]]
 
 
+
+class _WithExtraState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(1, 1)
+        self.step = 0
+
+    def get_extra_state(self):
+        return {"step": self.step}
+
+    def set_extra_state(self, state):
+        self.step = state["step"]
+
+
+def test_state_dict_saves_and_loads_extra_state(tmp_path):
+    a = _WithExtraState()
+    a.step = 7
+    sd = a.state_dict()
+    assert list(sd) == ["_extra_state", "fc.weight", "fc.bias"]
+    fusegrad.save(nn.Sequential(a).state_dict(), tmp_path / "m.fg")
+    b = nn.Sequential(_WithExtraState())
+    assert repr(b.load_state_dict(fusegrad.load(tmp_path / "m.fg"))) == \
+        "<All keys matched successfully>"
+    assert b[0].step == 7
+    with pytest.raises(RuntimeError, match='Missing key\\(s\\) in state_dict: "_extra_state"'):
+        _WithExtraState().load_state_dict({"fc.weight": fusegrad.ones(1, 1),
+                                           "fc.bias": fusegrad.ones(1)})
+    # a module without extra state does not expect one
+    lin = nn.Linear(1, 1)
+    full = {"weight": fusegrad.ones(1, 1), "bias": fusegrad.ones(1), "_extra_state": 3}
+    with pytest.raises(RuntimeError, match='Unexpected key\\(s\\) in state_dict: "_extra_state"'):
+        lin.load_state_dict(full)
+    assert lin.load_state_dict(full, strict=False).unexpected_keys == ["_extra_state"]
+
+
 def test_zero_grad_requires_grad_apply_and_to():
     net = Net()
     net(fusegrad.randn(4, 2)).sum().backward()
