@@ -999,6 +999,17 @@ def test_state_dict_saves_and_loads_extra_state(tmp_path):
     assert lin.load_state_dict(full, strict=False).unexpected_keys == ["_extra_state"]
 
 
+def test_batchnorm_loads_state_dict_without_num_batches_tracked():
+    # torch loads state dicts written before num_batches_tracked existed (and safetensors
+    # exports that drop it), keeping the module's count
+    bn = nn.BatchNorm1d(2)
+    bn(fusegrad.randn(4, 2))
+    sd = {k: v for k, v in bn.state_dict().items() if k != "num_batches_tracked"}
+    fresh = nn.Sequential(nn.BatchNorm1d(2))
+    result = fresh.load_state_dict({"0." + k: v for k, v in sd.items()})
+    assert repr(result) == "<All keys matched successfully>"
+    assert fresh[0].num_batches_tracked.item() == 0
+    assert bn.load_state_dict(sd).missing_keys == [] and bn.num_batches_tracked.item() == 1
 def test_zero_grad_requires_grad_apply_and_to():
     net = Net()
     net(fusegrad.randn(4, 2)).sum().backward()

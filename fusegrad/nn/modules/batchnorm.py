@@ -59,6 +59,16 @@ class _NormBase(Module):
             init.ones_(self.weight)
             init.zeros_(self.bias)
 
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
+        # torch added num_batches_tracked in its state dict version 2 and loads a state dict
+        # without version metadata (a plain dict, a safetensors file, an older checkpoint)
+        # that lacks it by keeping the current count, so strict loading does not fail.
+        key = prefix + "num_batches_tracked"
+        if self.track_running_stats and key not in state_dict:
+            state_dict[key] = (self.num_batches_tracked if self.num_batches_tracked is not None
+                               else tensor(0, dtype=dtypes.int64))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def _check_input_dim(self, input: Tensor) -> None:  # noqa: A002
         if input.ndim not in self._input_dims:
             want = " or ".join(f"{d}D" for d in self._input_dims)
