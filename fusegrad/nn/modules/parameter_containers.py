@@ -170,12 +170,19 @@ class ParameterDict(Module):
         return ParameterDict(OrderedDict(self.items()))
 
     def fromkeys(self, keys: Iterable[str], default: Any = None) -> "ParameterDict":
-        return ParameterDict({k: default for k in keys})
+        return ParameterDict([(k, default) for k in keys])
 
     def update(self, parameters: Any) -> None:
-        """Add the pairs of a mapping, a ParameterDict or an iterable of (key, value)."""
-        if isinstance(parameters, (Mapping, ParameterDict)):
+        """Add the pairs of a mapping, a ParameterDict or an iterable of (key, value).
+
+        As torch: an OrderedDict, a ParameterDict or an iterable keeps its order; the keys of
+        any other mapping (a plain dict) are added in sorted order, which is the order of
+        ``parameters()`` and ``state_dict()``.
+        """
+        if isinstance(parameters, (OrderedDict, ParameterDict)):
             pairs = list(parameters.items())
+        elif isinstance(parameters, Mapping):
+            pairs = sorted(parameters.items())
         else:
             pairs = []
             for j, p in enumerate(parameters):
