@@ -965,6 +965,18 @@ def test_state_dict_loads_float64_values_into_float32_params():
 
 
 
+def test_load_state_dict_assign_keeps_the_modules_requires_grad():
+    frozen = nn.Linear(2, 2)
+    frozen.weight.requires_grad_(False)
+    source = nn.Linear(2, 2)
+    frozen.load_state_dict(source.state_dict(keep_vars=True), assign=True)
+    assert frozen.weight is source.weight and frozen.bias is source.bias
+    assert not frozen.weight.requires_grad and frozen.bias.requires_grad
+    frozen.bias.requires_grad_(False)
+    frozen.load_state_dict({"weight": fusegrad.ones(2, 2), "bias": fusegrad.ones(2)}, assign=True)
+    assert isinstance(frozen.bias, nn.Parameter) and not frozen.bias.requires_grad
+
+
 class _WithExtraState(nn.Module):
     def __init__(self):
         super().__init__()

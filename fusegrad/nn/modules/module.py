@@ -684,8 +684,12 @@ class Module:
             try:
                 with no_grad():
                     if assign:
+                        # the module's requires_grad wins, as torch: a frozen layer stays
+                        # frozen when a checkpoint's Parameter is assigned in
                         if isinstance(param, Parameter) and not isinstance(value, Parameter):
                             value = Parameter(value, requires_grad=param.requires_grad)
+                        elif isinstance(param, Parameter):
+                            value.requires_grad_(param.requires_grad)
                         setattr(self, name, value)
                     else:
                         param.copy_(value)
