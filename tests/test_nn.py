@@ -786,6 +786,23 @@ def test_reprs_match_torch():
             "LayerNorm((2, 3), eps=1e-05, elementwise_affine=False, bias=False)",
         nn.LayerNorm(3, bias=False):
             "LayerNorm((3,), eps=1e-05, elementwise_affine=True, bias=False)",
+        nn.Conv2d(2, 4, 3, padding="same"):
+            "Conv2d(2, 4, kernel_size=(3, 3), stride=(1, 1), padding=same)",
+        nn.AvgPool1d(3, count_include_pad=False):
+            "AvgPool1d(kernel_size=(3,), stride=(3,), padding=(0,))",
+        nn.RNN(3, 4, nonlinearity="relu"): "RNN(3, 4)",
+        nn.RNNCell(3, 4, nonlinearity="relu"): "RNNCell(3, 4, nonlinearity=relu)",
+        nn.Unfold(kernel_size=2): "Unfold(kernel_size=2, dilation=1, padding=0, stride=1)",
+        nn.Fold((4, 4), 2):
+            "Fold(output_size=(4, 4), kernel_size=2, dilation=1, padding=0, stride=1)",
+        nn.ParameterList([nn.Parameter(fusegrad.ones(2)), fusegrad.ones(2, 3)]):
+            "ParameterList(\n    (0): Parameter containing: [fusegrad.float32 of size 2]\n"
+            "    (1): Parameter containing: [fusegrad.float32 of size 2x3]\n)",
+        nn.ParameterDict({"a": fusegrad.ones(2)}):
+            "ParameterDict(  (a): Parameter containing: [fusegrad.FloatTensor of size 2])",
+        nn.MultiheadAttention(4, 2):
+            "MultiheadAttention(\n  (out_proj): NonDynamicallyQuantizableLinear(in_features=4, "
+            "out_features=4, bias=True)\n)",
     }
     for module, text in singles.items():
         assert repr(module) == text
