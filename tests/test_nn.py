@@ -1057,8 +1057,11 @@ def test_zero_grad_requires_grad_apply_and_to():
     assert seen == ["Linear", "ReLU", "Linear", "Sequential", "Net"]
 
     weight = net.fc.weight
+    net(fusegrad.randn(4, 2)).sum().backward()
+    grad = weight.grad
     assert net.double() is net
     assert net.fc.weight is weight and weight.dtype is fusegrad.float64
+    assert weight.grad is grad and grad.dtype is fusegrad.float64     # torch keeps it too
     assert net.running.dtype is fusegrad.float64
     assert net(t64(randn(2, 2))).dtype is fusegrad.float64
     net.to(fusegrad.float32)

@@ -578,7 +578,7 @@ class Module:
                 with no_grad():
                     g = fn(param.grad)
                 if g is not param.grad:
-                    param.grad = g.detach()
+                    param.grad.data = g     # the gradient object stays too, as torch's
         for key, buf in self._buffers.items():
             if buf is not None:
                 self._buffers[key] = fn(buf)
