@@ -786,6 +786,23 @@ def test_reprs_match_torch():
             "LayerNorm((2, 3), eps=1e-05, elementwise_affine=False, bias=False)",
         nn.LayerNorm(3, bias=False):
             "LayerNorm((3,), eps=1e-05, elementwise_affine=True, bias=False)",
+        nn.Conv2d(2, 4, 3, padding="same"):
+            "Conv2d(2, 4, kernel_size=(3, 3), stride=(1, 1), padding=same)",
+        nn.AvgPool1d(3, count_include_pad=False):
+            "AvgPool1d(kernel_size=(3,), stride=(3,), padding=(0,))",
+        nn.RNN(3, 4, nonlinearity="relu"): "RNN(3, 4)",
+        nn.RNNCell(3, 4, nonlinearity="relu"): "RNNCell(3, 4, nonlinearity=relu)",
+        nn.Unfold(kernel_size=2): "Unfold(kernel_size=2, dilation=1, padding=0, stride=1)",
+        nn.Fold((4, 4), 2):
+            "Fold(output_size=(4, 4), kernel_size=2, dilation=1, padding=0, stride=1)",
+        nn.ParameterList([nn.Parameter(fusegrad.ones(2)), fusegrad.ones(2, 3)]):
+            "ParameterList(\n    (0): Parameter containing: [fusegrad.float32 of size 2]\n"
+            "    (1): Parameter containing: [fusegrad.float32 of size 2x3]\n)",
+        nn.ParameterDict({"a": fusegrad.ones(2)}):
+            "ParameterDict(  (a): Parameter containing: [fusegrad.FloatTensor of size 2])",
+        nn.MultiheadAttention(4, 2):
+            "MultiheadAttention(\n  (out_proj): NonDynamicallyQuantizableLinear(in_features=4, "
+            "out_features=4, bias=True)\n)",
     }
     for module, text in singles.items():
         assert repr(module) == text
@@ -964,6 +981,64 @@ def test_state_dict_loads_float64_values_into_float32_params():
     assert lin.weight.dtype is fusegrad.float32 and lin.weight.tolist() == [[1.0, 2.0]]
 
 
+
+def test_load_state_dict_assign_keeps_the_modules_requires_grad():
+    frozen = nn.Linear(2, 2)
+    frozen.weight.requires_grad_(False)
+    source = nn.Linear(2, 2)
+    frozen.load_state_dict(source.state_dict(keep_vars=True), assign=True)
+    assert frozen.weight is source.weight and frozen.bias is source.bias
+    assert not frozen.weight.requires_grad and frozen.bias.requires_grad
+    frozen.bias.requires_grad_(False)
+    frozen.load_state_dict({"weight": fusegrad.ones(2, 2), "bias": fusegrad.ones(2)}, assign=True)
+    assert isinstance(frozen.bias, nn.Parameter) and not frozen.bias.requires_grad
+
+
+class _WithExtraState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(1, 1)
+        self.step = 0
+
+    def get_extra_state(self):
+        return {"step": self.step}
+
+    def set_extra_state(self, state):
+        self.step = state["step"]
+
+
+def test_state_dict_saves_and_loads_extra_state(tmp_path):
+    a = _WithExtraState()
+    a.step = 7
+    sd = a.state_dict()
+    assert list(sd) == ["_extra_state", "fc.weight", "fc.bias"]
+    fusegrad.save(nn.Sequential(a).state_dict(), tmp_path / "m.fg")
+    b = nn.Sequential(_WithExtraState())
+    assert repr(b.load_state_dict(fusegrad.load(tmp_path / "m.fg"))) == \
+        "<All keys matched successfully>"
+    assert b[0].step == 7
+    with pytest.raises(RuntimeError, match='Missing key\\(s\\) in state_dict: "_extra_state"'):
+        _WithExtraState().load_state_dict({"fc.weight": fusegrad.ones(1, 1),
+                                           "fc.bias": fusegrad.ones(1)})
+    # a module without extra state does not expect one
+    lin = nn.Linear(1, 1)
+    full = {"weight": fusegrad.ones(1, 1), "bias": fusegrad.ones(1), "_extra_state": 3}
+    with pytest.raises(RuntimeError, match='Unexpected key\\(s\\) in state_dict: "_extra_state"'):
+        lin.load_state_dict(full)
+    assert lin.load_state_dict(full, strict=False).unexpected_keys == ["_extra_state"]
+
+
+def test_batchnorm_loads_state_dict_without_num_batches_tracked():
+    # torch loads state dicts written before num_batches_tracked existed (and safetensors
+    # exports that drop it), keeping the module's count
+    bn = nn.BatchNorm1d(2)
+    bn(fusegrad.randn(4, 2))
+    sd = {k: v for k, v in bn.state_dict().items() if k != "num_batches_tracked"}
+    fresh = nn.Sequential(nn.BatchNorm1d(2))
+    result = fresh.load_state_dict({"0." + k: v for k, v in sd.items()})
+    assert repr(result) == "<All keys matched successfully>"
+    assert fresh[0].num_batches_tracked.item() == 0
+    assert bn.load_state_dict(sd).missing_keys == [] and bn.num_batches_tracked.item() == 1
 def test_zero_grad_requires_grad_apply_and_to():
     net = Net()
     net(fusegrad.randn(4, 2)).sum().backward()
@@ -982,8 +1057,11 @@ def test_zero_grad_requires_grad_apply_and_to():
     assert seen == ["Linear", "ReLU", "Linear", "Sequential", "Net"]
 
     weight = net.fc.weight
+    net(fusegrad.randn(4, 2)).sum().backward()
+    grad = weight.grad
     assert net.double() is net
     assert net.fc.weight is weight and weight.dtype is fusegrad.float64
+    assert weight.grad is grad and grad.dtype is fusegrad.float64     # torch keeps it too
     assert net.running.dtype is fusegrad.float64
     assert net(t64(randn(2, 2))).dtype is fusegrad.float64
     net.to(fusegrad.float32)

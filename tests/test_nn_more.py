@@ -5,6 +5,7 @@ compiled against eager, torch as an optional oracle."""
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -160,6 +161,17 @@ def test_parameter_dict():
     assert len(pdict) == 0 and list(pdict.parameters()) == []
     with pytest.raises(TypeError, match="parameter name should be a string"):
         pdict[1] = fusegrad.ones(1)
+
+
+def test_parameter_dict_orders_a_plain_dict_by_key():
+    # torch sorts a plain dict's keys (an OrderedDict or a list of pairs keeps its order):
+    # that order is the order of parameters(), so of an optimizer's state indices
+    pdict = nn.ParameterDict({"b": fusegrad.ones(1), "a": fusegrad.ones(2)})
+    assert list(pdict) == ["a", "b"] and [p.shape[0] for p in pdict.parameters()] == [2, 1]
+    ordered = OrderedDict([("b", fusegrad.ones(1)), ("a", fusegrad.ones(2))])
+    assert list(nn.ParameterDict(ordered)) == ["b", "a"]
+    assert list(nn.ParameterDict([("b", fusegrad.ones(1)), ("a", fusegrad.ones(2))])) == ["b", "a"]
+    assert list(pdict.fromkeys(["z", "y"], fusegrad.ones(1))) == ["z", "y"]
 
 
 @pytest.mark.parametrize("nd", [1, 2, 3])

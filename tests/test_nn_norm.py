@@ -77,7 +77,7 @@ def test_batchnorm_module_modes():
     np.testing.assert_allclose(y.numpy(), bn_ref(x, 0, 0, None, None, 0.1)[0], rtol=1e-4,
                                atol=1e-5)
     bn2 = nn.BatchNorm2d(3)
-    assert repr(bn2) == ("BatchNorm2d(3, eps=1e-05, momentum=0.1, affine=True, "
+    assert repr(bn2) == ("BatchNorm2d(3, eps=1e-05, momentum=0.1, affine=True, bias=True, "
                          "track_running_stats=True)")
     assert set(bn2.state_dict()) == {"weight", "bias", "running_mean", "running_var",
                                      "num_batches_tracked"}
@@ -89,6 +89,34 @@ def test_batchnorm_module_modes():
         bn2(fusegrad.zeros(2, 3, 4))
     with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
         nn.BatchNorm1d(3)(fusegrad.zeros(1, 3))
+
+
+def test_norm_modules_without_bias():
+    # torch 2.13's bias=False keyword: a scale but no shift, and "bias=False" in the repr
+    x = f32(4, 3, 5)
+    w = np.array([0.5, 2.0, -1.0], dtype=np.float32)
+    cases = [
+        (nn.BatchNorm1d(3, bias=False), bn_ref(x, 0, 0, np.ones(3), np.zeros(3), 0.1)[0],
+         "BatchNorm1d(3, eps=1e-05, momentum=0.1, affine=True, bias=False, "
+         "track_running_stats=True)"),
+        (nn.InstanceNorm1d(3, affine=True, bias=False),
+         (x - x.mean(2, keepdims=True)) / np.sqrt(x.var(2, keepdims=True) + 1e-5),
+         "InstanceNorm1d(3, eps=1e-05, momentum=0.1, affine=True, bias=False, "
+         "track_running_stats=False)"),
+        (nn.GroupNorm(1, 3, bias=False),
+         (x - x.mean((1, 2), keepdims=True)) / np.sqrt(x.var((1, 2), keepdims=True) + 1e-5),
+         "GroupNorm(1, 3, eps=1e-05, affine=True, bias=False)"),
+    ]
+    for module, normalized, text in cases:
+        assert module.bias is None and repr(module) == text
+        assert [n for n, _ in module.named_parameters()] == ["weight"]
+        module.weight.data = fusegrad.tensor(w)
+        y = module(fusegrad.tensor(x))
+        np.testing.assert_allclose(y.detach().numpy(), normalized * w[:, None], rtol=1e-5,
+                                   atol=1e-5)
+    assert repr(nn.GroupNorm(1, 3)) == "GroupNorm(1, 3, eps=1e-05, affine=True, bias=True)"
+    assert repr(nn.InstanceNorm2d(3)) == ("InstanceNorm2d(3, eps=1e-05, momentum=0.1, "
+                                          "affine=False, bias=False, track_running_stats=False)")
 
 
 def test_batch_norm_gradcheck_and_node_name():

@@ -92,8 +92,7 @@ class _ConvNd(Module):
         s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
              f"stride={self.stride}")
         if self.padding != (0,) * self._nd:
-            s += f", padding={self.padding!r}" if isinstance(self.padding, str) else \
-                f", padding={self.padding}"
+            s += f", padding={self.padding}"     # torch: padding=same, unquoted
         if self.dilation != (1,) * self._nd:
             s += f", dilation={self.dilation}"
         if self.output_padding != (0,) * self._nd:
@@ -217,6 +216,10 @@ class Unfold(Module):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         return NF.unfold(input, self.kernel_size, self.dilation, self.padding, self.stride)
 
+    def extra_repr(self) -> str:
+        return (f"kernel_size={self.kernel_size}, dilation={self.dilation}, "
+                f"padding={self.padding}, stride={self.stride}")
+
 
 class Fold(Module):
     """Sum sliding blocks back into an image (col2im); see ``F.fold``."""
@@ -229,3 +232,7 @@ class Fold(Module):
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         return NF.fold(input, self.output_size, self.kernel_size, self.dilation, self.padding,
                        self.stride)
+
+    def extra_repr(self) -> str:
+        return (f"output_size={self.output_size}, kernel_size={self.kernel_size}, "
+                f"dilation={self.dilation}, padding={self.padding}, stride={self.stride}")

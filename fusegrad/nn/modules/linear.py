@@ -12,7 +12,7 @@ from fusegrad.ops import functional as F
 from fusegrad.ops.creation import empty
 from fusegrad.tensor import Tensor
 
-__all__ = ["Identity", "Linear", "Flatten", "Unflatten"]
+__all__ = ["Identity", "Linear", "NonDynamicallyQuantizableLinear", "Flatten", "Unflatten"]
 
 
 class Identity(Module):
@@ -58,6 +58,11 @@ class Linear(Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
+
+
+class NonDynamicallyQuantizableLinear(Linear):
+    """A Linear by another name: torch's class of ``MultiheadAttention.out_proj`` (it keeps
+    torch's quantization from swapping that layer), so that printed models match torch's."""
 
 
 class Flatten(Module):

@@ -88,6 +88,9 @@ class _Registry(OrderedDict):
         OrderedDict.move_to_end(self, key, last)
 
 
+# The state_dict key of what a module's get_extra_state returns (torch's name).
+_EXTRA_STATE_KEY = "_extra_state"
+
 # Moved by every change of any module's attributes (``training``, ``momentum``, a replaced
 # parameter), registrations and hooks. A compiled function compares the state of the modules
 # its trace read only when this moved since its last call (fusegrad.tracer.guards).
@@ -575,7 +578,7 @@ class Module:
                 with no_grad():
                     g = fn(param.grad)
                 if g is not param.grad:
-                    param.grad = g.detach()
+                    param.grad.data = g     # the gradient object stays too, as torch's
         for key, buf in self._buffers.items():
             if buf is not None:
                 self._buffers[key] = fn(buf)
@@ -627,6 +630,18 @@ class Module:
         for name, buf in self._buffers.items():
             if buf is not None and name not in self._non_persistent_buffers_set:
                 destination[prefix + name] = buf if keep_vars else buf.detach()
+        if type(self).get_extra_state is not Module.get_extra_state:
+            destination[prefix + _EXTRA_STATE_KEY] = self.get_extra_state()
+
+    def get_extra_state(self):
+        """State beyond parameters and buffers, saved under ``"_extra_state"`` in
+        :meth:`state_dict`. Override it together with :meth:`set_extra_state`; a module that
+        does not has no such entry."""
+        raise RuntimeError("Module.get_extra_state() is only called when a subclass overrides it")
+
+    def set_extra_state(self, state) -> None:
+        """Restore what :meth:`get_extra_state` returned; ``load_state_dict`` calls it."""
+        raise RuntimeError("Module.set_extra_state() is only called when a subclass overrides it")
 
     def state_dict(self, *, destination: dict | None = None, prefix: str = "",
                    keep_vars: bool = False) -> "OrderedDict[str, Tensor]":
@@ -669,8 +684,12 @@ class Module:
             try:
                 with no_grad():
                     if assign:
+                        # the module's requires_grad wins, as torch: a frozen layer stays
+                        # frozen when a checkpoint's Parameter is assigned in
                         if isinstance(param, Parameter) and not isinstance(value, Parameter):
                             value = Parameter(value, requires_grad=param.requires_grad)
+                        elif isinstance(param, Parameter):
+                            value.requires_grad_(param.requires_grad)
                         setattr(self, name, value)
                     else:
                         param.copy_(value)
@@ -679,9 +698,17 @@ class Module:
                                   f"in the model are {param.size()} and whose dimensions in the "
                                   f"checkpoint are {value.size()}, an exception occurred : "
                                   f"{ex.args}.")
+        extra_key = prefix + _EXTRA_STATE_KEY
+        if type(self).set_extra_state is not Module.set_extra_state:
+            if extra_key in state_dict:
+                self.set_extra_state(state_dict[extra_key])
+            elif strict:
+                missing_keys.append(extra_key)
+        elif strict and extra_key in state_dict:
+            unexpected_keys.append(extra_key)
         if strict:
             for key in state_dict:
-                if not key.startswith(prefix):
+                if not key.startswith(prefix) or key == extra_key:
                     continue
                 head = key[len(prefix):].split(".", 1)
                 if len(head) > 1:

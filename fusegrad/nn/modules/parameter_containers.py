@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from fusegrad.nn.modules.module import Module
 from fusegrad.nn.parameter import Parameter
@@ -21,11 +21,13 @@ def _as_parameter(value: Any) -> Any:
     return value
 
 
-def _describe(value: Any) -> str:
+def _describe(value: Any, type_name: Callable[[Tensor], str]) -> str:
+    """torch's line for one entry: ``Parameter containing: [<type_name> of size 2x3]``."""
     if isinstance(value, Tensor):
         kind = "Parameter" if isinstance(value, Parameter) else "Tensor"
         size = "x".join(str(d) for d in value.shape)
-        return f"{kind} containing: [fusegrad.{value.dtype.name} of size {size}]"
+        device = f" ({value.device})" if value.is_cuda else ""
+        return f"{kind} containing: [{type_name(value)} of size {size}{device}]"
     return f"Object of type: {type(value).__name__}"
 
 
@@ -85,11 +87,9 @@ class ParameterList(Module):
         return self
 
     def extra_repr(self) -> str:
-        return "\n".join(f"  ({i}): {_describe(v)}" for i, v in enumerate(self))
-
-    def __repr__(self) -> str:
-        body = self.extra_repr()
-        return f"{type(self).__name__}(\n{body}\n)" if body else f"{type(self).__name__}()"
+        # torch names the dtype here (fusegrad.float32) and the tensor type in ParameterDict
+        return "\n".join(f"  ({i}): {_describe(v, lambda t: str(t.dtype))}"
+                         for i, v in enumerate(self))
 
 
 class ParameterDict(Module):
@@ -170,12 +170,19 @@ class ParameterDict(Module):
         return ParameterDict(OrderedDict(self.items()))
 
     def fromkeys(self, keys: Iterable[str], default: Any = None) -> "ParameterDict":
-        return ParameterDict({k: default for k in keys})
+        return ParameterDict([(k, default) for k in keys])
 
     def update(self, parameters: Any) -> None:
-        """Add the pairs of a mapping, a ParameterDict or an iterable of (key, value)."""
-        if isinstance(parameters, (Mapping, ParameterDict)):
+        """Add the pairs of a mapping, a ParameterDict or an iterable of (key, value).
+
+        As torch: an OrderedDict, a ParameterDict or an iterable keeps its order; the keys of
+        any other mapping (a plain dict) are added in sorted order, which is the order of
+        ``parameters()`` and ``state_dict()``.
+        """
+        if isinstance(parameters, (OrderedDict, ParameterDict)):
             pairs = list(parameters.items())
+        elif isinstance(parameters, Mapping):
+            pairs = sorted(parameters.items())
         else:
             pairs = []
             for j, p in enumerate(parameters):
@@ -192,8 +199,4 @@ class ParameterDict(Module):
         return out
 
     def extra_repr(self) -> str:
-        return "\n".join(f"  ({k}): {_describe(v)}" for k, v in self.items())
-
-    def __repr__(self) -> str:
-        body = self.extra_repr()
-        return f"{type(self).__name__}(\n{body}\n)" if body else f"{type(self).__name__}()"
+        return "\n".join(f"  ({k}): {_describe(v, Tensor.type)}" for k, v in self.items())

@@ -77,7 +77,11 @@ class AvgPool1d(_AvgPoolNd):
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                  count_include_pad: bool = True) -> None:
-        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
+        # torch keeps AvgPool1d's sizes as 1-tuples (its repr prints kernel_size=(3,))
+        def single(v):
+            return tuple(v) if isinstance(v, (tuple, list)) else (v,)
+        super().__init__(single(kernel_size), single(kernel_size if stride is None else stride),
+                         single(padding), ceil_mode, count_include_pad)
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         return NF.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,

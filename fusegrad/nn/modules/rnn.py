@@ -243,10 +243,6 @@ class RNN(RNNBase):
                          device=device, dtype=dtype)
         self.nonlinearity = nonlinearity
 
-    def extra_repr(self) -> str:
-        s = super().extra_repr()
-        return s + (f", nonlinearity={self.nonlinearity}" if self.nonlinearity != "tanh" else "")
-
 
 class LSTM(RNNBase):
     """Long short-term memory; ``forward`` returns ``(output, (h_n, c_n))``.

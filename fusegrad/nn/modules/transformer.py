@@ -18,7 +18,7 @@ from fusegrad.nn import functional as NF
 from fusegrad.nn import init
 from fusegrad.nn.modules.container import ModuleList
 from fusegrad.nn.modules.dropout import Dropout
-from fusegrad.nn.modules.linear import Linear
+from fusegrad.nn.modules.linear import Linear, NonDynamicallyQuantizableLinear
 from fusegrad.nn.modules.module import Module
 from fusegrad.nn.modules.normalization import LayerNorm
 from fusegrad.nn.parameter import Parameter
@@ -89,7 +89,7 @@ class MultiheadAttention(Module):
             self.in_proj_bias = Parameter(empty(3 * embed_dim, **kw))
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, **kw)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **kw)
         if add_bias_kv:
             self.bias_k = Parameter(empty((1, 1, embed_dim), **kw))
             self.bias_v = Parameter(empty((1, 1, embed_dim), **kw))
