@@ -75,6 +75,7 @@ class DataParallel(Module):
         self._buckets = _make_buckets(params, int(bucket_cap_mb * 2 ** 20))
         self._bucket_of = {}
         self._launched = 0
+        self._check_queued = False
         self._hook_handles = []
         if self.world_size > 1:
             for b in self._buckets:
@@ -91,16 +92,12 @@ class DataParallel(Module):
     def forward(self, *args, **kwargs):
         if any(b.ready for b in self._buckets):
             traced = any(b.handle is not None for b in self._buckets)
-            unreduced = [names for b, names in zip(self._buckets, self.buckets)
-                         if b.ready < len(b.params)]
-            self._reset()
             # A trace that failed midway (the step then runs eagerly) leaves only Python
             # state behind; an eager backward that skipped parameters leaves ranks diverged.
-            if not traced:
-                raise RuntimeError(
-                    "DataParallel: the previous backward gave no gradient to some parameters, "
-                    f"so their buckets were never all-reduced ({unreduced}); every parameter "
-                    "that requires grad must take part in the loss")
+            if traced:
+                self._reset()
+            else:
+                self._raise_unreduced("previous backward")
         if self.broadcast_buffers and self.world_size > 1:
             with no_grad():
                 for t in self.module.buffers():
@@ -116,6 +113,11 @@ class DataParallel(Module):
         for other in self._buckets:
             if other.request is not None and comm.poll(other.request):
                 other.request = None
+        if p.grad._trace is not None and not self._check_queued:
+            # A compiled step replays its graph without reaching forward's check: check at
+            # the end of the traced backward instead.
+            p.grad._trace.capture.after_backward.append(self._check_traced_backward)
+            self._check_queued = True
         b = self._bucket_of[id(p)]
         b.ready += 1
         if b.ready < len(b.params):
@@ -164,8 +166,23 @@ class DataParallel(Module):
                 g._version_counter.value += 1
         self._reset()
 
+    def _check_traced_backward(self) -> None:
+        self._check_queued = False
+        if any(b.ready for b in self._buckets):
+            self._raise_unreduced("traced backward")
+
+    def _raise_unreduced(self, which: str) -> None:
+        unreduced = [names for b, names in zip(self._buckets, self.buckets)
+                     if b.ready < len(b.params)]
+        self._reset()
+        raise RuntimeError(
+            f"DataParallel: the {which} gave no gradient to some parameters, so their "
+            f"buckets were never all-reduced ({unreduced}); every parameter that requires "
+            "grad must take part in the loss")
+
     def _reset(self) -> None:
         self._launched = 0
+        self._check_queued = False
         for b in self._buckets:
             b.ready, b.request, b.handle = 0, None, None
 

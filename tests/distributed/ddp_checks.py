@@ -169,6 +169,24 @@ def check_unused_parameter() -> None:
     ddp(x).sum().backward()                        # the state was reset: training goes on
     print(f"OK unused-parameter {dist.rank()}", flush=True)
 
+    # A compiled step never runs forward's check again (regression test: its graph reduced
+    # the used buckets only and the ranks' parameters diverged silently): the trace raises.
+    opt = fg.optim.SGD(ddp.parameters(), lr=0.1)
+
+    @fg.compile(fullgraph=True)
+    def step(x):
+        opt.zero_grad()
+        ddp.module[0](x).sum().backward()
+        opt.step()
+    try:
+        step(x)
+    except RuntimeError as e:
+        assert "never all-reduced" in str(e), e
+    else:
+        raise AssertionError("a compiled step left a bucket unreduced")
+    ddp(x).sum().backward()
+    print(f"OK unused-parameter-compiled {dist.rank()}", flush=True)
+
 
 def check_schedule(entry, n_buckets: int, what: str) -> None:
     """The compiled step reduces each bucket in the graph, and the first reduction starts
