@@ -68,8 +68,11 @@ class DataParallel(Module):
         self.broadcast_buffers = broadcast_buffers
         group = comm.group()
         self.world_size = group.size
+        state = list(module.parameters()) + list(module.buffers())
+        if group.size > 1:
+            _check_same_shapes(state, group.rank)
         with no_grad():
-            for t in list(module.parameters()) + list(module.buffers()):
+            for t in state:
                 comm.broadcast(t, 0)
         params = [p for p in module.parameters() if p.requires_grad]
         self._buckets = _make_buckets(params, int(bucket_cap_mb * 2 ** 20))
@@ -188,6 +191,26 @@ class DataParallel(Module):
 
 
 DistributedDataParallel = DataParallel
+
+
+def _check_same_shapes(tensors: list, rank: int) -> None:
+    """Raise on every rank unless all ranks hold tensors of the same shapes and dtypes (the
+    broadcast from rank 0 would otherwise fill a larger tensor only in part, silently)."""
+    desc = [len(tensors)]
+    for t in tensors:
+        desc += [t._data.dtype.num, t.dim(), *t.shape]
+    length = comm.allreduce_array(np.array([len(desc), -len(desc)], np.int64), "max")
+    same = length[0] == -length[1]
+    if same:
+        mine = np.array(desc, np.int64)
+        both = comm.allreduce_array(np.concatenate([mine, -mine]), "max")
+        same = bool(np.array_equal(both[:len(desc)], -both[len(desc):]))
+    if not same:
+        shapes = [list(t.shape) for t in tensors]
+        raise ValueError(
+            "DataParallel expects the same module on every rank, but the shapes or dtypes of "
+            f"the parameters and buffers differ between ranks (rank {rank} has {len(tensors)} "
+            f"tensors of shapes {shapes})")
 
 
 def _make_buckets(params: list, cap_bytes: int) -> list[_Bucket]:
