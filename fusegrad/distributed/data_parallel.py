@@ -68,13 +68,17 @@ class DataParallel(Module):
         self.broadcast_buffers = broadcast_buffers
         group = comm.group()
         self.world_size = group.size
+        state = list(module.parameters()) + list(module.buffers())
+        if group.size > 1:
+            _check_same_shapes(state, group.rank)
         with no_grad():
-            for t in list(module.parameters()) + list(module.buffers()):
+            for t in state:
                 comm.broadcast(t, 0)
         params = [p for p in module.parameters() if p.requires_grad]
         self._buckets = _make_buckets(params, int(bucket_cap_mb * 2 ** 20))
         self._bucket_of = {}
         self._launched = 0
+        self._check_queued = False
         self._hook_handles = []
         if self.world_size > 1:
             for b in self._buckets:
@@ -91,16 +95,12 @@ class DataParallel(Module):
     def forward(self, *args, **kwargs):
         if any(b.ready for b in self._buckets):
             traced = any(b.handle is not None for b in self._buckets)
-            unreduced = [names for b, names in zip(self._buckets, self.buckets)
-                         if b.ready < len(b.params)]
-            self._reset()
             # A trace that failed midway (the step then runs eagerly) leaves only Python
             # state behind; an eager backward that skipped parameters leaves ranks diverged.
-            if not traced:
-                raise RuntimeError(
-                    "DataParallel: the previous backward gave no gradient to some parameters, "
-                    f"so their buckets were never all-reduced ({unreduced}); every parameter "
-                    "that requires grad must take part in the loss")
+            if traced:
+                self._reset()
+            else:
+                self._raise_unreduced("previous backward")
         if self.broadcast_buffers and self.world_size > 1:
             with no_grad():
                 for t in self.module.buffers():
@@ -116,6 +116,11 @@ class DataParallel(Module):
         for other in self._buckets:
             if other.request is not None and comm.poll(other.request):
                 other.request = None
+        if p.grad._trace is not None and not self._check_queued:
+            # A compiled step replays its graph without reaching forward's check: check at
+            # the end of the traced backward instead.
+            p.grad._trace.capture.after_backward.append(self._check_traced_backward)
+            self._check_queued = True
         b = self._bucket_of[id(p)]
         b.ready += 1
         if b.ready < len(b.params):
@@ -164,13 +169,48 @@ class DataParallel(Module):
                 g._version_counter.value += 1
         self._reset()
 
+    def _check_traced_backward(self) -> None:
+        self._check_queued = False
+        if any(b.ready for b in self._buckets):
+            self._raise_unreduced("traced backward")
+
+    def _raise_unreduced(self, which: str) -> None:
+        unreduced = [names for b, names in zip(self._buckets, self.buckets)
+                     if b.ready < len(b.params)]
+        self._reset()
+        raise RuntimeError(
+            f"DataParallel: the {which} gave no gradient to some parameters, so their "
+            f"buckets were never all-reduced ({unreduced}); every parameter that requires "
+            "grad must take part in the loss")
+
     def _reset(self) -> None:
         self._launched = 0
+        self._check_queued = False
         for b in self._buckets:
             b.ready, b.request, b.handle = 0, None, None
 
 
 DistributedDataParallel = DataParallel
+
+
+def _check_same_shapes(tensors: list, rank: int) -> None:
+    """Raise on every rank unless all ranks hold tensors of the same shapes and dtypes (the
+    broadcast from rank 0 would otherwise fill a larger tensor only in part, silently)."""
+    desc = [len(tensors)]
+    for t in tensors:
+        desc += [t._data.dtype.num, t.dim(), *t.shape]
+    length = comm.allreduce_array(np.array([len(desc), -len(desc)], np.int64), "max")
+    same = length[0] == -length[1]
+    if same:
+        mine = np.array(desc, np.int64)
+        both = comm.allreduce_array(np.concatenate([mine, -mine]), "max")
+        same = bool(np.array_equal(both[:len(desc)], -both[len(desc):]))
+    if not same:
+        shapes = [list(t.shape) for t in tensors]
+        raise ValueError(
+            "DataParallel expects the same module on every rank, but the shapes or dtypes of "
+            f"the parameters and buffers differ between ranks (rank {rank} has {len(tensors)} "
+            f"tensors of shapes {shapes})")
 
 
 def _make_buckets(params: list, cap_bytes: int) -> list[_Bucket]:

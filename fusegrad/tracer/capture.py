@@ -107,6 +107,10 @@ class StateCapture:
         self._optimizer_snapshots: list = []
         self._optimizer_signatures: list = []
         self.did_backward = False
+        # Called once a traced backward() has accumulated its gradients and run the leaves'
+        # hooks (torch's queue_callback): data-parallel training checks there that every
+        # bucket was reduced, since the replayed graph never reaches its Python checks.
+        self.after_backward: list[Callable[[], None]] = []
         self._keep: list = []          # symbolic tensors whose ids key leaf_syms
         # Leaves made while tracing that require grad (``x.detach().requires_grad_()``, a
         # factory's ``requires_grad=True``): (tensor or a weak reference to a concrete one,
@@ -403,6 +407,9 @@ class StateCapture:
             else:
                 t._grad = self._fresh(cur + g)
         self._post_accumulate_hooks(accumulated)
+        callbacks, self.after_backward = self.after_backward, []
+        for callback in callbacks:
+            callback()
         return None
 
     def _post_accumulate_hooks(self, accumulated: list) -> None:

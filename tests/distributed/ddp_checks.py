@@ -169,6 +169,38 @@ def check_unused_parameter() -> None:
     ddp(x).sum().backward()                        # the state was reset: training goes on
     print(f"OK unused-parameter {dist.rank()}", flush=True)
 
+    # A compiled step never runs forward's check again (regression test: its graph reduced
+    # the used buckets only and the ranks' parameters diverged silently): the trace raises.
+    opt = fg.optim.SGD(ddp.parameters(), lr=0.1)
+
+    @fg.compile(fullgraph=True)
+    def step(x):
+        opt.zero_grad()
+        ddp.module[0](x).sum().backward()
+        opt.step()
+    try:
+        step(x)
+    except RuntimeError as e:
+        assert "never all-reduced" in str(e), e
+    else:
+        raise AssertionError("a compiled step left a bucket unreduced")
+    ddp(x).sum().backward()
+    print(f"OK unused-parameter-compiled {dist.rank()}", flush=True)
+
+
+def check_shape_mismatch() -> None:
+    """Modules of different shapes on the ranks are refused on every rank (regression test:
+    rank 0's broadcast filled a larger parameter on rank 1 only in part, silently)."""
+    for width in (2 + dist.rank(), 3 - dist.rank()):
+        try:
+            dist.DataParallel(nn.Linear(4, width))
+        except ValueError as e:
+            assert "same module on every rank" in str(e), e
+        else:
+            raise AssertionError(f"rank {dist.rank()}: a Linear(4, {width}) was accepted")
+    dist.DataParallel(nn.Sequential(nn.Linear(4, 2), nn.BatchNorm1d(2)))
+    print(f"OK shape-mismatch {dist.rank()}", flush=True)
+
 
 def check_schedule(entry, n_buckets: int, what: str) -> None:
     """The compiled step reduces each bucket in the graph, and the first reduction starts
@@ -222,6 +254,7 @@ def main() -> None:
     if mode == "checks":
         check_collectives()
         check_unused_parameter()
+        check_shape_mismatch()
         check_training()
     elif mode == "train":
         train(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "--resume" in sys.argv)

@@ -236,7 +236,8 @@ def test_two_ranks_match_single_process_training():
     run = launch("checks")
     assert run.returncode == 0, run.stdout + run.stderr
     for name in ("collectives", "compiled-collective", "ddp-sgd-eager", "ddp-sgd-compiled",
-                 "ddp-adam-eager", "ddp-adam-compiled", "unused-parameter"):
+                 "ddp-adam-eager", "ddp-adam-compiled", "unused-parameter",
+                 "unused-parameter-compiled", "shape-mismatch"):
         for rank in (0, 1):
             assert f"OK {name} {rank}" in run.stdout, run.stdout + run.stderr
 
