@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
+from fusegrad.ops.prims import register_vjp
 
 __all__ = ["allreduce_start", "allreduce_wait", "traced_all_reduce", "AllreduceStartStep",
            "AllreduceWaitStep"]
@@ -51,6 +52,13 @@ def _start_vjp(g, out, x, *, op):
     # Each rank's input reaches every rank's output: the cotangent is the sum of the
     # cotangents of all ranks.
     return traced_all_reduce(g, "sum")
+
+
+@register_vjp("all_reduce_in_place")
+def _in_place_vjp(g, out, operands: tuple, params: tuple) -> tuple:
+    """``dist.all_reduce(t)``'s gradient: none of its own, as eager's, which autograd does
+    not record (the identity on ``t``'s history)."""
+    return (g,)
 
 
 class AllreduceStartStep:

@@ -130,6 +130,22 @@ def check_collectives() -> None:
     assert "allreduce_start" in ops and "allreduce_wait" in ops, ops
     print(f"OK compiled-collective {r}", flush=True)
 
+    # The in-place all-reduce is not recorded by autograd, eager or compiled (as torch's):
+    # the gradient passes through it as it is (the compiled one summed the ranks' cotangents,
+    # and for "max" gave a rank without the maximum a gradient).
+    def through(x, c):
+        y = x * x
+        dist.all_reduce(y, "max")
+        return (y * c).sum()
+    grads = []
+    for f in (through, fg.compile(through)):
+        x = fg.tensor([1.0 + r, 2.0], requires_grad=True)
+        f(x, fg.tensor([1.0, 3.0 + r])).backward()
+        grads.append(x.grad.numpy())
+    close(grads[1], grads[0], "compiled gradient through all_reduce")
+    close(grads[0], [2.0 * (1 + r), 12.0 + 4 * r], "eager gradient through all_reduce")
+    print(f"OK all-reduce-gradient {r}", flush=True)
+
 
 def check_training() -> None:
     r = dist.rank()

@@ -235,7 +235,8 @@ def test_two_ranks_match_single_process_training():
     between backward kernels."""
     run = launch("checks")
     assert run.returncode == 0, run.stdout + run.stderr
-    for name in ("collectives", "compiled-collective", "ddp-sgd-eager", "ddp-sgd-compiled",
+    for name in ("collectives", "compiled-collective", "all-reduce-gradient", "ddp-sgd-eager",
+                 "ddp-sgd-compiled",
                  "ddp-adam-eager", "ddp-adam-compiled", "unused-parameter",
                  "unused-parameter-compiled", "shape-mismatch"):
         for rank in (0, 1):
