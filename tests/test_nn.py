@@ -355,6 +355,54 @@ def test_dropout_training_eval_scaling_and_seed():
     np.testing.assert_array_equal(xg.grad.numpy(), y.detach().numpy())
 
 
+
+@pytest.mark.parametrize("fn, shape, channel_dims", [
+    (NF.dropout1d, (6, 8, 5), 2), (NF.dropout1d, (8, 5), 1), (NF.dropout2d, (6, 8, 3, 2), 2),
+    (NF.dropout2d, (6, 8, 5), 2), (NF.dropout3d, (6, 8, 2, 3, 2), 2),
+    (NF.dropout3d, (8, 2, 3, 2), 1)])
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.filterwarnings("ignore:dropout2d. Received a 3D input")
+def test_channel_dropout_zeroes_whole_channels(fn, shape, channel_dims, compiled):
+    x = fusegrad.tensor(RNG.uniform(1, 2, shape).astype(np.float32), requires_grad=True)
+
+    def f(x):
+        y = fn(x, 0.4)
+        y.sum().backward()
+        return y
+    fusegrad.manual_seed(5)
+    y = (fusegrad.compile(f) if compiled else f)(x).detach().numpy()
+    kept = y != 0
+    rest = tuple(range(channel_dims, len(shape)))
+    assert (kept.all(rest) | ~kept.any(rest)).all()        # a channel is kept or dropped whole
+    assert 0 < kept.mean() < 1
+    np.testing.assert_allclose(y[kept], x.detach().numpy()[kept] / 0.6, rtol=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), kept / 0.6, rtol=1e-6)
+    assert fn(x, 0.4, training=False) is x
+    with pytest.raises(ValueError, match="dropout probability"):
+        fn(x, -0.1)
+
+
+@pytest.mark.parametrize("feature", [False, True])
+def test_alpha_dropout_keeps_mean_and_variance(feature):
+    # torch's affine map: kept x -> a * x + b, dropped -> -1.758... * a + b
+    p, sat = 0.2, 1.7580993408473766
+    a = 1 / math.sqrt((sat ** 2 * p + 1) * (1 - p))
+    b = sat * a * p
+    fn = NF.feature_alpha_dropout if feature else NF.alpha_dropout
+    z = RNG.standard_normal((400, 500, 1) if feature else (400, 500)).astype(np.float32)
+    x = fusegrad.tensor(z, requires_grad=True)
+    y = fn(x, p, training=True)
+    y.sum().backward()
+    out = y.detach().numpy()
+    kept = np.isclose(out, a * z + b, rtol=1e-5, atol=1e-6)
+    assert (kept | np.isclose(out, b - sat * a, rtol=1e-5)).all()
+    assert abs(kept.mean() - (1 - p)) < 0.01
+    np.testing.assert_allclose(x.grad.numpy(), kept * np.float32(a), rtol=1e-6)
+    assert abs(out.mean()) < 0.01 and abs(out.var() - 1) < 0.01
+    assert fn(x, p) is x                              # training defaults to False
+    np.testing.assert_array_equal(nn.AlphaDropout(1.0)(x).detach().numpy(), 0 * z)
+
+
 def test_normalize_matches_numpy():
     x = randn(3, 4)
     close(NF.normalize(t64(x)), x / np.linalg.norm(x, axis=1, keepdims=True))

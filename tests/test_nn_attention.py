@@ -139,6 +139,21 @@ def test_sdpa_gradcheck_and_fully_masked_rows_have_finite_gradients():
     assert out.grad_fn.name() == "ScaledDotProductFlashAttentionForCpuBackward0"
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_sdpa_with_no_keys_gives_zeros(compiled):
+    # torch: every query attends to nothing, the result and the gradients are zeros
+    q = t(f32(2, 3, 4), grad=True)
+    k, v = t(np.zeros((2, 0, 4), np.float32), grad=True), t(np.zeros((2, 0, 5), np.float32))
+
+    def f(q, k, v):
+        out = NF.scaled_dot_product_attention(q, k, v)
+        out.sum().backward()
+        return out
+    out = (fusegrad.compile(f) if compiled else f)(q, k, v)
+    np.testing.assert_array_equal(out.detach().numpy(), np.zeros((2, 3, 5), np.float32))
+    np.testing.assert_array_equal(q.grad.numpy(), np.zeros((2, 3, 4), np.float32))
+
+
 def test_sdpa_traced_and_compiled_match_eager():
     q, k, v = t(f32(2, 2, 4, 8)), t(f32(2, 2, 6, 8)), t(f32(2, 2, 6, 8))
     mask = t(RNG.random((4, 6)) < 0.7)

@@ -75,6 +75,9 @@ def _repeat_heads(t: Tensor, times: int) -> Tensor:
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, scale: float) -> Tensor:
     scores = F.mul(F.matmul(q, F.transpose(k, -2, -1)), scale)
+    if scores.shape[-1] == 0:
+        # no keys: every row attends to nothing, zeros as torch (a max over no keys is undefined)
+        return F.matmul(scores, v)
     if mask is not None:
         if mask.dtype is dtypes.bool_:
             scores = F.where(mask, scores, -math.inf)

@@ -44,7 +44,14 @@ from fusegrad.nn.modules.conv import (
     Fold,
     Unfold,
 )
-from fusegrad.nn.modules.dropout import Dropout
+from fusegrad.nn.modules.dropout import (
+    AlphaDropout,
+    Dropout,
+    Dropout1d,
+    Dropout2d,
+    Dropout3d,
+    FeatureAlphaDropout,
+)
 from fusegrad.nn.modules.linear import Flatten, Identity, Linear, Unflatten
 from fusegrad.nn.modules.loss import (
     BCELoss,
@@ -89,7 +96,8 @@ from fusegrad.nn.modules.upsampling import Upsample, UpsamplingBilinear2d, Upsam
 
 __all__ = [
     "Module", "Sequential", "ModuleList", "ModuleDict", "Identity", "Linear", "Flatten",
-    "Unflatten", "Embedding", "LayerNorm", "Dropout", "ReLU", "GELU", "Tanh", "Sigmoid", "SiLU",
+    "Unflatten", "Embedding", "LayerNorm", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
+    "AlphaDropout", "FeatureAlphaDropout", "ReLU", "GELU", "Tanh", "Sigmoid", "SiLU",
     "Softmax", "LogSoftmax", "LeakyReLU", "Softplus", "MSELoss", "L1Loss", "CrossEntropyLoss",
     "NLLLoss", "BCELoss", "BCEWithLogitsLoss",
     "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "Unfold", "Fold",
