@@ -104,6 +104,9 @@ OPTIMIZERS = {
     "adam-amsgrad": lambda p: fg.optim.Adam(p, lr=1e-2, amsgrad=True, weight_decay=1e-2),
     "adamw": lambda p: fg.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
     "adamw-amsgrad": lambda p: fg.optim.AdamW(p, lr=1e-2, amsgrad=True),
+    "adadelta": lambda p: fg.optim.Adadelta(p, lr=0.5, weight_decay=1e-2),
+    "rprop": lambda p: fg.optim.Rprop(p, lr=1e-2, etas=(0.4, 1.3), maximize=False),
+    "asgd": lambda p: fg.optim.ASGD(p, lr=0.05, lambd=1e-2, t0=3, weight_decay=1e-3),
 }
 
 
@@ -116,7 +119,7 @@ OPTIMIZERS = {
 # capturable branch when traced (step-count math in float32 tensors where eager uses Python
 # floats), as torch's compiled optimizers do.
 RTOL = {"rmsprop": 2e-4, "rmsprop-centered": 2e-4}
-CAPTURABLE_WHEN_COMPILED = ("adamax", "nadam", "radam")
+CAPTURABLE_WHEN_COMPILED = ("adamax", "nadam", "radam", "asgd")
 
 
 def capturable(make_opt):
