@@ -277,6 +277,89 @@ def test_get_lr_outside_step_warns():
         sched.step()
 
 
+# CyclicLR's amplitude factor over the first steps, by hand: up over step_size_up steps,
+# down over step_size_down, then the next cycle.
+CYCLIC_UP2_DOWN4 = [0, 0.5, 1, 0.75, 0.5, 0.25, 0, 0.5, 1, 0.75]
+
+
+def test_cyclic_lr_triangular_and_momentum():
+    opt = make_opt(momentum=0.3)
+    sched = L.CyclicLR(opt, base_lr=[0.01, 0.02], max_lr=[0.11, 0.52], step_size_up=2,
+                       step_size_down=4, base_momentum=0.8, max_momentum=0.9)
+    lrs, moms = [], []
+    for _ in range(10):
+        lrs.append(sched.get_last_lr())
+        moms.append([g["momentum"] for g in opt.param_groups])
+        opt.step()
+        sched.step()
+    f = np.array(CYCLIC_UP2_DOWN4)[:, None]
+    assert_lrs(lrs, np.array([0.01, 0.02]) + np.array([0.1, 0.5]) * f)
+    np.testing.assert_allclose(moms, 0.9 - 0.1 * f * np.ones((1, 2)), rtol=1e-12)
+    assert opt.param_groups[0]["max_momentum"] == 0.9
+    assert opt.param_groups[1]["base_momentum"] == 0.8
+
+
+@pytest.mark.parametrize("mode, scale", [
+    ("triangular2", lambda e, cycle: 0.5 ** (cycle - 1)),
+    ("exp_range", lambda e, cycle: 0.9 ** e),
+])
+def test_cyclic_lr_modes_scale_the_amplitude(mode, scale):
+    sched_lrs = trajectory(lambda o: L.CyclicLR(o, 0.1, 0.5, step_size_up=2, mode=mode,
+                                                gamma=0.9), 13)
+    f = [0, 0.5, 1, 0.5] * 4
+    expected = [[0.1 + 0.4 * f[e] * scale(e, e // 4 + 1)] * 2 for e in range(13)]
+    assert_lrs(sched_lrs, expected)
+
+
+def test_cyclic_lr_custom_scale_fn_by_cycle_or_iteration():
+    by_cycle = trajectory(lambda o: L.CyclicLR(o, 0.0, 1.0, step_size_up=1,
+                                               scale_fn=lambda c: 1 / c), 6)
+    assert_lrs(by_cycle[:, 0], [0, 1, 0, 1 / 2, 0, 1 / 3])
+    by_step = trajectory(lambda o: L.CyclicLR(o, 0.0, 1.0, step_size_up=1,
+                                              scale_fn=lambda e: 1 / (e + 1),
+                                              scale_mode="iterations"), 6)
+    assert_lrs(by_step[:, 0], [0, 1 / 2, 0, 1 / 4, 0, 1 / 6])
+
+
+def test_cyclic_lr_cycles_adams_beta1_and_can_leave_momentum():
+    opt = make_opt(optim.Adam, betas=(0.5, 0.99))
+    sched = L.CyclicLR(opt, 0.1, 0.5, step_size_up=2, base_momentum=0.7, max_momentum=0.95)
+    betas = []
+    for _ in range(5):
+        betas.append(opt.param_groups[0]["betas"])
+        opt.step()
+        sched.step()
+    np.testing.assert_allclose(betas, [(0.95 - 0.25 * f, 0.99) for f in (0, 0.5, 1, 0.5, 0)],
+                               rtol=1e-12)
+    opt = make_opt(optim.Adagrad)
+    sched = L.CyclicLR(opt, 0.1, 0.5, step_size_up=2, cycle_momentum=False)
+    assert "momentum" not in opt.param_groups[0] and not hasattr(sched, "use_beta1")
+
+
+def test_cyclic_lr_state_dict_keys_and_callable_scale_fn():
+    class Halving:
+        def __init__(self, rate):
+            self.rate = rate
+
+        def __call__(self, x):
+            return self.rate ** x
+
+    sched = L.CyclicLR(make_opt(momentum=0.9), 0.01, 0.1, step_size_up=3, scale_fn=Halving(0.5))
+    state = sched.state_dict()
+    # torch 2.13: CyclicLR(SGD([p], lr=0.1, momentum=0.9), 0.01, 0.1, 3).state_dict()
+    assert list(state) == ["max_lrs", "total_size", "step_ratio", "mode", "gamma", "scale_mode",
+                           "cycle_momentum", "use_beta1", "base_momentums", "max_momentums",
+                           "base_lrs", "last_epoch", "_step_count", "_is_initial",
+                           "_get_lr_called_within_step", "_last_lr", "_scale_fn_custom"]
+    assert state["_scale_fn_custom"] == {"rate": 0.5} and state["total_size"] == 6.0
+    other = L.CyclicLR(make_opt(momentum=0.9), 0.01, 0.1, step_size_up=3, scale_fn=Halving(0.9))
+    other.load_state_dict(state)
+    assert other.scale_fn(2) == 0.25
+    plain = L.CyclicLR(make_opt(momentum=0.9), 0.01, 0.1, mode="exp_range", gamma=0.5)
+    assert plain.state_dict()["_scale_fn_custom"] is None
+    assert plain.state_dict()["scale_mode"] == "iterations"
+
+
 # --------------------------------------------------------------------------- state
 
 
@@ -304,6 +387,7 @@ SCHEDULERS = {
     "sequential": lambda o: L.SequentialLR(o, [L.LinearLR(o, total_iters=2),
                                                L.ExponentialLR(o, 0.9)], milestones=[3]),
     "chained": lambda o: L.ChainedScheduler([L.StepLR(o, 3), L.ExponentialLR(o, 0.8)]),
+    "cyclic": lambda o: L.CyclicLR(o, 0.01, [0.2, 0.1], step_size_up=3, mode="triangular2"),
 }
 
 
@@ -414,6 +498,13 @@ def test_constructor_errors_match_torch():
          "additional kwargs to be specified when calling `step`, but got one at index 0 in the "
          "given schedulers sequence."),
         (lambda: L.ReduceLROnPlateau(opt, min_lr=[0.1]), ValueError, "expected 2 min_lrs, got 1"),
+        (lambda: L.CyclicLR(opt, 0.1, 0.2, mode="cosine"), ValueError,
+         "mode is invalid and scale_fn is None"),
+        (lambda: L.CyclicLR(opt, [0.1], 0.2), ValueError,
+         "base_lr must have the same length as optimizer.param_groups. base_lr has 1 values, "
+         "param_groups has 2."),
+        (lambda: L.CyclicLR(make_opt(optim.Adagrad), 0.1, 0.2), ValueError,
+         "optimizer must support momentum or beta1 with `cycle_momentum` option enabled"),
     ]
     for make, exc, message in cases:
         with pytest.raises(exc) as err:
@@ -439,6 +530,8 @@ TORCH_CASES = {
     "one_cycle_3": lambda o: L.OneCycleLR(o, max_lr=[0.5, 0.2], total_steps=12, three_phase=True,
                                           anneal_strategy="linear"),
     "cosine_long": lambda o: L.CosineAnnealingLR(o, T_max=3),
+    "cyclic_exp": lambda o: L.CyclicLR(o, [0.01, 0.02], 0.3, step_size_up=2, step_size_down=5,
+                                       mode="exp_range", gamma=0.95),
 }
 
 

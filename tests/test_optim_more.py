@@ -1,9 +1,10 @@
-"""RMSprop, Adagrad, Adamax, NAdam and RAdam against numpy implementations of torch's update
-formulas (torch/optim/*.py, single-tensor path), on the fixed quadratic of test_optim.
+"""RMSprop, Adagrad, Adamax, NAdam, RAdam, Adadelta, Rprop and ASGD against numpy
+implementations of torch's update formulas (torch/optim/*.py, single-tensor path), on the fixed
+quadratic of test_optim.
 
 Each reference follows torch's order of operations, so float64 results agree to rounding.
-The float32 scalars torch keeps in state (``step``, NAdam's ``mu_product``) are float32 here
-too, and so in the references.
+The float32 scalars torch keeps in state (``step``, NAdam's ``mu_product``, ASGD's ``eta`` and
+``mu``) are float32 here too, and so in the references.
 """
 
 from __future__ import annotations
@@ -136,6 +137,60 @@ def np_radam(steps, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
     return ps
 
 
+def np_adadelta(steps, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0, maximize=False, foreach=None):
+    ps = [p.copy() for p in P0]
+    v = [np.zeros_like(p) for p in ps]
+    u = [np.zeros_like(p) for p in ps]
+    for _ in range(steps):
+        for i, g in enumerate(np_grads(ps)):
+            g = -g if maximize else g
+            if weight_decay:
+                g = g + weight_decay * ps[i]
+            v[i] = v[i] * rho + (1 - rho) * g * g
+            delta = np.sqrt(u[i] + eps) / np.sqrt(v[i] + eps) * g
+            u[i] = u[i] * rho + (1 - rho) * delta * delta
+            ps[i] = ps[i] + delta * -lr
+    return ps
+
+
+def np_rprop(steps, lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50), maximize=False,
+             foreach=None):
+    etaminus, etaplus = etas
+    ps = [p.copy() for p in P0]
+    prev = [np.zeros_like(p) for p in ps]
+    size = [np.full_like(p, lr) for p in ps]
+    for _ in range(steps):
+        for i, g in enumerate(np_grads(ps)):
+            g = -g if maximize else g
+            sign = np.sign(g * prev[i])
+            factor = np.where(sign > 0, etaplus, np.where(sign < 0, etaminus, 1.0))
+            size[i] = np.clip(size[i] * factor, *step_sizes)
+            g = np.where(factor == etaminus, 0.0, g)
+            ps[i] = ps[i] - np.sign(g) * size[i]
+            prev[i] = g
+    return ps
+
+
+def np_asgd(steps, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0.0, maximize=False,
+            foreach=None):
+    f32 = np.float32
+    ps = [p.copy() for p in P0]
+    ax = [np.zeros_like(p) for p in ps]
+    eta = [f32(lr) for _ in ps]
+    mu = [f32(1.0) for _ in ps]
+    for t in range(1, steps + 1):
+        for i, g in enumerate(np_grads(ps)):
+            g = -g if maximize else g
+            if weight_decay:
+                g = g + weight_decay * ps[i]
+            e = float(eta[i])
+            ps[i] = ps[i] * (1 - lambd * e) + g * -e
+            ax[i] = ps[i].copy() if mu[i] == 1 else ax[i] + (ps[i] - ax[i]) * float(mu[i])
+            eta[i] = f32(lr / ((1 + lambd * lr * t) ** alpha))
+            mu[i] = f32(1 / max(1, t - t0))
+    return ps
+
+
 # --------------------------------------------------------------------------- update formulas
 
 CASES = [
@@ -160,6 +215,17 @@ CASES = [
     (optim.RAdam, np_radam, dict(lr=0.05, betas=(0.9, 0.9), weight_decay=0.1)),
     (optim.RAdam, np_radam, dict(lr=0.05, betas=(0.3, 0.8), weight_decay=0.1,
                                  decoupled_weight_decay=True, maximize=True)),
+    (optim.Adadelta, np_adadelta, dict()),
+    (optim.Adadelta, np_adadelta, dict(lr=0.5, rho=0.7, eps=1e-4, weight_decay=0.1)),
+    (optim.Adadelta, np_adadelta, dict(lr=2.0, maximize=True, foreach=False)),
+    (optim.Rprop, np_rprop, dict()),
+    # step sizes clamped on both sides; etaplus large enough to overshoot (sign flips)
+    (optim.Rprop, np_rprop, dict(lr=0.05, etas=(0.3, 1.9), step_sizes=(1e-2, 0.2))),
+    (optim.Rprop, np_rprop, dict(lr=0.02, maximize=True, foreach=True)),
+    (optim.ASGD, np_asgd, dict()),
+    # t0 = 3: the averaging starts (mu < 1) within the run
+    (optim.ASGD, np_asgd, dict(lr=0.05, lambd=0.01, alpha=0.5, t0=3, weight_decay=0.1)),
+    (optim.ASGD, np_asgd, dict(lr=0.02, t0=2, maximize=True, foreach=False)),
 ]
 IDS = [f"{cls.__name__}-{kw}" for cls, _, kw in CASES]
 
@@ -242,7 +308,10 @@ def test_nadam_and_radam_state_layout():
                                         (optim.Adagrad, dict(lr=0.1, lr_decay=0.01)),
                                         (optim.Adamax, dict(lr=0.05)),
                                         (optim.NAdam, dict(lr=0.05)),
-                                        (optim.RAdam, dict(lr=0.05, betas=(0.9, 0.9)))])
+                                        (optim.RAdam, dict(lr=0.05, betas=(0.9, 0.9))),
+                                        (optim.Adadelta, dict(rho=0.8)),
+                                        (optim.Rprop, dict(lr=0.05)),
+                                        (optim.ASGD, dict(lr=0.05, t0=2))])
 def test_load_state_dict_resumes_exactly(opt_cls, kw):
     params = make_params()
     opt = opt_cls(params, **kw)
@@ -261,8 +330,9 @@ def test_load_state_dict_resumes_exactly(opt_cls, kw):
     steps(params, opt, 3)
     steps(twins, resumed, 3)
     # load_state_dict casts every state tensor but ``step`` to the parameter's dtype, as
-    # torch's does, so NAdam's float32 mu_product resumes as float64: equal to rounding.
-    rtol = 1e-9 if opt_cls is optim.NAdam else 0
+    # torch's does, so NAdam's float32 mu_product (ASGD's eta and mu) resumes as float64:
+    # equal to rounding.
+    rtol = 1e-7 if opt_cls in (optim.NAdam, optim.ASGD) else 0
     assert_params([p.detach().numpy() for p in twins], [p.detach().numpy() for p in params],
                   rtol=rtol)
     if opt_cls is optim.NAdam:
@@ -278,9 +348,58 @@ def test_hyperparameters_are_read_from_the_group_at_each_step():
     assert_params([p.detach().numpy() for p in params], P0, rtol=0)
 
 
+def test_adadelta_rprop_asgd_state_layout_matches_torch():
+    # torch 2.13: the state keys in order, the group keys (defaults) in order
+    layouts = {optim.Adadelta: (["step", "square_avg", "acc_delta"],
+                                ["lr", "rho", "eps", "weight_decay", "maximize", "capturable",
+                                 "foreach", "differentiable"]),
+               optim.Rprop: (["step", "prev", "step_size"],
+                             ["lr", "etas", "step_sizes", "foreach", "maximize",
+                              "differentiable", "capturable"]),
+               optim.ASGD: (["step", "eta", "mu", "ax"],
+                            ["lr", "lambd", "alpha", "t0", "weight_decay", "foreach", "maximize",
+                             "differentiable", "capturable"])}
+    for cls, (state_keys, group_keys) in layouts.items():
+        params = make_params()
+        opt = cls(params)
+        quadratic_loss(params).backward()
+        opt.step()
+        saved = opt.state_dict()
+        assert list(saved["state"][0]) == state_keys
+        assert list(saved["param_groups"][0]) == group_keys + ["params"]
+        assert saved["state"][0]["step"].dtype is fusegrad.float32
+    asgd = optim.ASGD(make_params(), lr=0.3)
+    asgd.zero_grad()
+    state = asgd.state
+    assert not state
+    params = make_params()
+    opt = optim.ASGD(params, lr=0.3)
+    quadratic_loss(params).backward()
+    opt.step()
+    first = opt.state[params[0]]
+    assert first["eta"].dtype is fusegrad.float32 and first["mu"].item() == 1.0
+    np.testing.assert_allclose(first["eta"].item(), 0.3 / (1 + 1e-4 * 0.3) ** 0.75, rtol=1e-7)
+    np.testing.assert_array_equal(first["ax"].numpy(), params[0].detach().numpy())
+    rprop = optim.Rprop(make_params(), lr=0.25)
+    p0 = rprop.param_groups[0]["params"][0]
+    quadratic_loss(rprop.param_groups[0]["params"]).backward()
+    rprop.step()
+    np.testing.assert_array_equal(rprop.state[p0]["step_size"].numpy(), np.full(P0[0].shape,
+                                                                                 0.25))
+
+
 def test_constructor_errors_match_torch():
     p = [nn.Parameter(fusegrad.zeros(2))]
     cases = [
+        (lambda: optim.Adadelta(p, lr=-1), "Invalid learning rate: -1"),
+        (lambda: optim.Adadelta(p, rho=1.5), "Invalid rho value: 1.5"),
+        (lambda: optim.Adadelta(p, eps=-1), "Invalid epsilon value: -1"),
+        (lambda: optim.Adadelta(p, weight_decay=-1), "Invalid weight_decay value: -1"),
+        (lambda: optim.Adadelta(p, lr=fusegrad.zeros(2)), "Tensor lr must be 1-element"),
+        (lambda: optim.Rprop(p, etas=(1.2, 0.5)), "Invalid eta values: 1.2, 0.5"),
+        (lambda: optim.Rprop(p, lr=-0.1), "Invalid learning rate: -0.1"),
+        (lambda: optim.ASGD(p, lr=-1), "Invalid learning rate: -1"),
+        (lambda: optim.ASGD(p, weight_decay=-1), "Invalid weight_decay value: -1"),
         (lambda: optim.RMSprop(p, lr=-1), "Invalid learning rate: -1"),
         (lambda: optim.RMSprop(p, alpha=-0.1), "Invalid alpha value: -0.1"),
         (lambda: optim.RMSprop(p, momentum=-1), "Invalid momentum value: -1"),

@@ -119,7 +119,6 @@ NOT_YET = [  # (fusegrad object, torch namespace, a torch name fusegrad lacks)
     (torch.nn.init, "torch.nn.init", "orthogonal_"),
     (torch.nn.utils, "torch.nn.utils", "weight_norm"),
     (torch.utils.data, "torch.utils.data", "WeightedRandomSampler"),
-    (torch.optim.lr_scheduler, "torch.optim.lr_scheduler", "CyclicLR"),
 ]
 
 

@@ -1,18 +1,21 @@
-"""``fusegrad.optim``: torch.optim's optimizers (SGD, Adam, AdamW, RMSprop, Adagrad, Adamax,
-NAdam, RAdam) with its API and update formulas, and ``lr_scheduler``."""
+"""``fusegrad.optim``: torch.optim's optimizers (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta,
+Adamax, NAdam, RAdam, Rprop, ASGD) with its API and update formulas, and ``lr_scheduler``."""
 
 from fusegrad.optim import lr_scheduler
+from fusegrad.optim.adadelta import Adadelta
 from fusegrad.optim.adagrad import Adagrad
 from fusegrad.optim.adam import Adam, AdamW
 from fusegrad.optim.adamax import Adamax
+from fusegrad.optim.asgd import ASGD
 from fusegrad.optim.nadam import NAdam
 from fusegrad.optim.optimizer import Optimizer
 from fusegrad.optim.radam import RAdam
 from fusegrad.optim.rmsprop import RMSprop
+from fusegrad.optim.rprop import Rprop
 from fusegrad.optim.sgd import SGD
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "NAdam", "RAdam",
-           "lr_scheduler"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax",
+           "NAdam", "RAdam", "Rprop", "ASGD", "lr_scheduler"]
 
 
 def __getattr__(name: str):

@@ -70,8 +70,13 @@ def _typename(obj) -> str:
 
 # In-place helpers with torch's arithmetic; torch's kernels evaluate them in this order.
 
-def lerp_(t: Tensor, end: Tensor, weight: float) -> Tensor:
-    """``t += weight * (end - t)``, computed from the nearer end as torch's lerp kernel."""
+def lerp_(t: Tensor, end: Tensor, weight: float | Tensor) -> Tensor:
+    """``t += weight * (end - t)``, computed from the nearer end as torch's lerp kernel
+    (elementwise for a tensor weight: a compiled step's ``1 - beta1``, an input)."""
+    if isinstance(weight, Tensor):
+        diff = F.sub(end, t)
+        return t.copy_(F.where(F.lt(F.abs(weight), 0.5), F.add(t, F.mul(diff, weight)),
+                               F.sub(end, F.mul(diff, F.rsub(weight, 1)))))
     if abs(weight) < 0.5:
         return t.add_(F.mul(F.sub(end, t), weight))
     return t.copy_(F.sub(end, F.mul(F.sub(end, t), 1 - weight)))
@@ -115,6 +120,21 @@ def eager_arrays(*tensors: Tensor | None) -> list | None:
             return None
         arrays.append(a)
     return arrays
+
+
+def check_tensor_lr(lr) -> None:
+    """torch's check of a tensor learning rate (one element)."""
+    if isinstance(lr, Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+
+
+def is_nonzero(value: float | Tensor) -> bool:
+    """Whether a hyperparameter such as momentum is nonzero. A compiled step reads a nonzero
+    float momentum at each call as a 0-d graph input (its value unknown while tracing); the
+    trace's guard recompiles if it becomes zero, so such an input counts as nonzero."""
+    if primitive.CAPTURE and primitive.CAPTURE[-1].is_scalar_input(value):
+        return True
+    return bool(value != 0)
 
 
 def plain_scalars(*values) -> bool:

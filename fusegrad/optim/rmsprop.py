@@ -8,7 +8,7 @@ from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops import functional as F
 from fusegrad.ops.creation import tensor
-from fusegrad.optim.optimizer import Optimizer, addcdiv_, addcmul_, lerp_
+from fusegrad.optim.optimizer import Optimizer, addcdiv_, addcmul_, is_nonzero, lerp_
 
 __all__ = ["RMSprop"]
 
@@ -54,7 +54,7 @@ class RMSprop(Optimizer):
         if not state:
             state["step"] = tensor(0.0, dtype=dtypes.float32)
             state["square_avg"] = F.zeros_like(p)
-            if group["momentum"] > 0:
+            if is_nonzero(group["momentum"]):   # validated >= 0
                 state["momentum_buffer"] = F.zeros_like(p)
             if group["centered"]:
                 state["grad_avg"] = F.zeros_like(p)
@@ -84,7 +84,7 @@ class RMSprop(Optimizer):
                 else:
                     avg = F.sqrt(square_avg)
                 avg = F.add(avg, eps)
-                if momentum > 0:
+                if is_nonzero(momentum):
                     buf = state["momentum_buffer"]
                     addcdiv_(buf.mul_(momentum), grad, avg)
                     p.add_(buf, alpha=-lr)

@@ -8,7 +8,7 @@ import numpy as np
 
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops import functional as F
-from fusegrad.optim.optimizer import Optimizer, eager_arrays, plain_scalars
+from fusegrad.optim.optimizer import Optimizer, eager_arrays, is_nonzero, plain_scalars
 from fusegrad.tensor import Tensor
 
 __all__ = ["SGD"]
@@ -59,7 +59,7 @@ class SGD(Optimizer):
                 grad = F.neg(p.grad) if group["maximize"] else p.grad
                 if weight_decay != 0:
                     grad = F.add(grad, p, alpha=weight_decay)
-                if momentum != 0:
+                if is_nonzero(momentum):
                     state = self.state[p]
                     buf = state.get("momentum_buffer")
                     if buf is None:

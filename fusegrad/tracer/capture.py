@@ -19,8 +19,9 @@ effect into graph inputs and outputs:
   into by ``backward()``, its final value is written back after each call.
 - ``loss.backward()`` and ``autograd.grad`` differentiate the graph recorded so far with the
   same VJP rules as the autodiff pass, appending the reverse graph to it.
-- An optimizer's learning rates are inputs read from its param groups at call time, so a
-  scheduler changes them without a recompile; the structure of its state is guarded.
+- An optimizer's learning rates (and nonzero momentums, Adam's beta1) are inputs read from
+  its param groups at call time, so a scheduler changes them without a recompile; the
+  structure of its state is guarded.
 
 What cannot be captured raises :class:`~fusegrad.ir.symbolic.ConcretizationError` naming
 the user's line (``compile`` then runs the function eagerly, or raises with ``fullgraph``):
@@ -474,19 +475,33 @@ class StateCapture:
             self._optimizer_signatures.append(optimizer_signature(opt))
         replaced = []
         for i, group in enumerate(opt.param_groups):
-            lr = group.get("lr")
-            if isinstance(lr, (int, float)) and not isinstance(lr, bool):
-                # Read through the optimizer: a group dict replaced between calls (a copy
-                # with another lr, load_state_dict's new groups) is the one read.
+            # Read through the optimizer: a group dict replaced between calls (a copy with
+            # another lr, load_state_dict's new groups) is the one read.
+            if _scheduled(group, "lr"):
                 sym = self.scalar_input("lr", lambda o=opt, i=i: o.param_groups[i]["lr"])
-                replaced.append((group, lr))
+                replaced.append((group, "lr", group["lr"]))
                 group["lr"] = sym
+            # Momentum and Adam's beta1 are what CyclicLR and OneCycleLR cycle with the lr.
+            if _scheduled(group, "momentum"):
+                sym = self.scalar_input("momentum",
+                                        lambda o=opt, i=i: o.param_groups[i]["momentum"])
+                replaced.append((group, "momentum", group["momentum"]))
+                group["momentum"] = sym
+            if _scheduled(group, "betas"):
+                sym = self.scalar_input("beta1",
+                                        lambda o=opt, i=i: o.param_groups[i]["betas"][0])
+                replaced.append((group, "betas", group["betas"]))
+                group["betas"] = (sym, *group["betas"][1:])
         return replaced
 
     @staticmethod
     def exit_optimizer(replaced: list) -> None:
-        for group, lr in replaced:
-            group["lr"] = lr
+        for group, key, value in replaced:
+            group[key] = value
+
+    def is_scalar_input(self, value) -> bool:
+        """Whether ``value`` is one of the inputs made by :meth:`scalar_input`."""
+        return any(value is sym for _getter, sym in self.scalars)
 
     def scalar_input(self, name: str, getter: Callable[[], Any]) -> SymbolicTensor:
         """A float64 0-d input read with ``getter()`` at each call."""
@@ -685,13 +700,40 @@ def _describe(t: Tensor) -> str:
     return f"({t.dtype.short}[{','.join(map(str, t.shape))}])"
 
 
+def _is_float(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _scheduled(group: dict, key: str) -> bool:
+    """Whether ``group[key]`` is a hyperparameter that a compiled step reads at each call
+    (a graph input), so that a scheduler changes it without a recompile: a float lr, a
+    nonzero float momentum (zero removes the momentum buffer: another graph), and the float
+    beta1 of ``betas``."""
+    value = group.get(key)
+    if key == "betas":
+        return isinstance(value, tuple) and len(value) > 0 and _is_float(value[0])
+    if key == "momentum":
+        return _is_float(value) and value != 0
+    return key == "lr" and _is_float(value)
+
+
+def _signature_value(group: dict, key: str):
+    """``group[key]`` as the signature holds it: a scheduled hyperparameter by its type."""
+    value = group[key]
+    if _scheduled(group, key):
+        if key == "betas":
+            return (type(value[0]), *map(hashable, value[1:]))
+        return ("input", type(value))
+    return hashable(value)
+
+
 def optimizer_signature(opt) -> tuple:
     """What a traced optimizer step depends on besides tensor values: hyperparameters other
-    than a float learning rate's value, and per parameter which state it has (identity,
-    shape, dtype)."""
+    than the values of scheduled ones (:func:`_scheduled`), and per parameter which state it
+    has (identity, shape, dtype)."""
     parts = []
     for group in opt.param_groups:
-        hyper = tuple((k, hashable(v)) for k, v in sorted(group.items())
+        hyper = tuple((k, _signature_value(group, k)) for k in sorted(group)
                       if k not in ("params", "lr", "param_names"))
         # A float learning rate is an input read at each call; a tensor one is captured, read
         # through the tensor the trace saw: another tensor in its place needs another trace.

@@ -120,7 +120,8 @@ def test_fresh_adam_state_given_at_load_counts_steps_as_eager():
     names = [n for n in art.plan["state"] if n["name"].endswith(".step")]
     assert names and all(not n["needed"] for n in names)
     state = {"model." + n: p.detach().numpy().copy() for n, p in model.named_parameters()}
-    state.update({"lr": np.array(opt.param_groups[0]["lr"]), "aot.calls": np.array(0)})
+    state.update({"lr": np.array(opt.param_groups[0]["lr"]), "aot.calls": np.array(0),
+                  "beta1": np.array(opt.param_groups[0]["betas"][0])})
     state.update({n["name"]: np.zeros((), np.float32) for n in names})
     run = fg.aot.loads(art.to_bytes(), state=state)
     text = run.describe()

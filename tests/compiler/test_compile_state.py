@@ -104,6 +104,9 @@ OPTIMIZERS = {
     "adam-amsgrad": lambda p: fg.optim.Adam(p, lr=1e-2, amsgrad=True, weight_decay=1e-2),
     "adamw": lambda p: fg.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
     "adamw-amsgrad": lambda p: fg.optim.AdamW(p, lr=1e-2, amsgrad=True),
+    "adadelta": lambda p: fg.optim.Adadelta(p, lr=0.5, weight_decay=1e-2),
+    "rprop": lambda p: fg.optim.Rprop(p, lr=1e-2, etas=(0.4, 1.3), maximize=False),
+    "asgd": lambda p: fg.optim.ASGD(p, lr=0.05, lambd=1e-2, t0=3, weight_decay=1e-3),
 }
 
 
@@ -116,7 +119,7 @@ OPTIMIZERS = {
 # capturable branch when traced (step-count math in float32 tensors where eager uses Python
 # floats), as torch's compiled optimizers do.
 RTOL = {"rmsprop": 2e-4, "rmsprop-centered": 2e-4}
-CAPTURABLE_WHEN_COMPILED = ("adamax", "nadam", "radam")
+CAPTURABLE_WHEN_COMPILED = ("adamax", "nadam", "radam", "asgd")
 
 
 def capturable(make_opt):
@@ -402,8 +405,41 @@ def test_lr_scheduler_between_compiled_steps(name):
     assert f.compiles == 2
 
 
+@pytest.mark.parametrize("name", ["sgd-momentum", "sgd-nesterov", "rmsprop", "adam", "nadam",
+                                  "radam", "adamax", "adamw-amsgrad"])
+def test_cyclic_lr_momentum_and_beta1_are_inputs_no_recompile(name):
+    """CyclicLR changes the lr and the momentum (or beta1) at every step: both are read at
+    each call of the compiled step, which compiles once for the first step (state made)
+    and once for the steady step."""
+    def run(compiled):
+        m = mlp()
+        opt = OPTIMIZERS[name](m.parameters())
+        sched = fg.optim.lr_scheduler.CyclicLR(opt, 1e-3, 1e-2, step_size_up=3,
+                                               base_momentum=0.6, max_momentum=0.85)
+        x, y = data()
+        step = training_step(m, opt)
+        f = fg.compile(step, fullgraph=True) if compiled else step
+        for _ in range(8):
+            f(x, y)
+            sched.step()
+        return params(m), f
+    pe, _ = run(False)
+    pc, f = run(True)
+    assert_close_lists(pc, pe)
+    assert f.compiles == 2
+
+
+def test_momentum_set_to_zero_between_calls_recompiles():
+    """A nonzero momentum is an input; zero means no momentum buffer: another graph."""
+    def edit(k, m, opt):
+        opt.param_groups[0]["momentum"] = 0.0 if k == 3 else 0.5 + 0.1 * k
+    f = edited_between_calls(lambda m: fg.optim.SGD(m.parameters(), lr=0.05, momentum=0.5),
+                             edit)
+    assert f.compiles == 3       # first step, steady step, zero momentum
+
+
 def test_hyperparameters_changed_between_calls_take_effect():
-    """weight_decay and betas are baked into the step: changing them between calls (a new
+    """weight_decay and beta2 are baked into the step: changing them between calls (a new
     object each time) recompiles, and an equal value written anew does not."""
     def edit(k, m, opt):
         group = opt.param_groups[0]
