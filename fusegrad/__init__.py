@@ -8,6 +8,7 @@ tensor([2., 4., 6.])
 """
 
 from fusegrad import dtypes as _dtypes
+from fusegrad._tensor_str import get_printoptions, set_printoptions
 from fusegrad.autograd.grad_mode import (
     enable_grad,
     inference_mode,

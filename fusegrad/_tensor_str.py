@@ -4,15 +4,18 @@ The single entry point is :func:`format_tensor`, which takes the tensor's values
 plus a little metadata (dtype name, device, extra suffixes) and returns strings such as
 ``tensor([1.0000e-05, 1.0000e+05])`` or ``tensor(9., grad_fn=<PowBackward0>)``.
 
-The layout rules mirror torch's default print options (precision 4, summarization threshold
-1000 elements, 3 edge items, line width 80) and the behaviour of torch's element formatter:
+The layout rules follow the print options (:data:`PRINT_OPTS`, set by :func:`set_printoptions`;
+by default precision 4, summarization threshold 1000 elements, 3 edge items, line width 80)
+and the behaviour of torch's element formatter:
 
 * integer and bool tensors print ``str(value)`` right-aligned to the widest element;
 * float tensors pick one of three modes from their *nonzero finite* values only: "integer"
   (``2.``), fixed point (``0.1000``) or scientific (``1.0000e-05``); scientific is chosen when
-  max/min > 1000, max > 1e8 or min < 1e-4 (all on absolute values);
-* when the tensor has more than 1000 elements, each dimension longer than 6 is cut to its
-  first and last 3 entries around ``...``, and the element width is computed on that subset.
+  max/min > 1000, max > 1e8 or min < 1e-4 (all on absolute values), unless ``sci_mode`` says
+  which;
+* when the tensor has more than ``threshold`` elements, each dimension longer than twice
+  ``edgeitems`` is cut to its first and last ``edgeitems`` entries around ``...``, and the
+  element width is computed on that subset.
 
 Only numpy, ml_dtypes and the standard library are used, so this module can be imported (and
 tested) without the rest of the package.
@@ -20,21 +23,70 @@ tested) without the rest of the package.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Union
 
 import ml_dtypes
 import numpy as np
 
-__all__ = ["format_tensor", "PRECISION", "THRESHOLD", "EDGEITEMS", "LINEWIDTH"]
+__all__ = ["format_tensor", "PrintOptions", "PRINT_OPTS", "set_printoptions",
+           "get_printoptions"]
 
-# torch's default print options (torch.set_printoptions(profile="default")). They are fixed:
-# torch's special cases for edgeitems=0 or custom sci_mode are not reproduced.
-PRECISION = 4
-THRESHOLD = 1000
-EDGEITEMS = 3
-LINEWIDTH = 80
+
+@dataclass
+class PrintOptions:
+    """torch's print options: digits after the point, the element count above which a tensor
+    is summarized, the entries kept at each end of a summarized dimension, the characters per
+    line, and scientific notation forced on (True), off (False) or chosen per tensor (None)."""
+
+    precision: int = 4
+    threshold: float = 1000
+    edgeitems: int = 3
+    linewidth: int = 80
+    sci_mode: bool | None = None
+
+
+PRINT_OPTS = PrintOptions()
+_PROFILES = {"default": (4, 1000, 3, 80), "short": (2, 1000, 2, 80), "full": (4, math.inf, 3, 80)}
+
+
+def set_printoptions(precision: int | None = None, threshold: float | None = None,
+                     edgeitems: int | None = None, linewidth: int | None = None,
+                     profile: str | None = None, sci_mode: bool | None = None) -> None:
+    """Set the print options, as ``torch.set_printoptions``: a ``profile`` ("default",
+    "short" or "full") first, then each option given; ``sci_mode`` is always set (None: the
+    automatic choice).
+
+    >>> import fusegrad as torch
+    >>> torch.set_printoptions(precision=2)
+    >>> torch.tensor([1.23456])
+    tensor([1.23])
+    >>> torch.set_printoptions(profile="default")
+    """
+    if profile is not None:
+        if profile not in _PROFILES:
+            raise ValueError(f"set_printoptions: profile must be one of {sorted(_PROFILES)}, "
+                             f"got {profile!r}")
+        (PRINT_OPTS.precision, PRINT_OPTS.threshold, PRINT_OPTS.edgeitems,
+         PRINT_OPTS.linewidth) = _PROFILES[profile]
+    if precision is not None:
+        PRINT_OPTS.precision = precision
+    if threshold is not None:
+        PRINT_OPTS.threshold = threshold
+    if edgeitems is not None:
+        PRINT_OPTS.edgeitems = edgeitems
+    if linewidth is not None:
+        PRINT_OPTS.linewidth = linewidth
+    PRINT_OPTS.sci_mode = sci_mode
+
+
+def get_printoptions() -> dict:
+    """The current print options, as ``torch.get_printoptions``."""
+    return dataclasses.asdict(PRINT_OPTS)
+
 
 _PREFIX = "tensor("
 # Written before dtype names, where torch writes "torch.". Suffix wrapping depends on its length.
@@ -84,20 +136,21 @@ class _Formatter:
             return
         nonzero_finite = flat[np.isfinite(flat) & (flat != 0)]
         if nonzero_finite.size == 0:
-            # Only zeros/nan/inf: torch keeps width 1 and integer mode.
+            # Only zeros/nan/inf: torch keeps width 1 and integer mode, whatever sci_mode says.
             return
         abs_vals = np.abs(nonzero_finite)
         vmin, vmax = float(abs_vals.min()), float(abs_vals.max())
         self.int_mode = bool(np.all(nonzero_finite == np.ceil(nonzero_finite)))
-        self.sci_mode = vmax / vmin > 1000.0 or vmax > 1.0e8 or vmin < 1.0e-4
+        auto = vmax / vmin > 1000.0 or vmax > 1.0e8 or vmin < 1.0e-4
+        self.sci_mode = auto if PRINT_OPTS.sci_mode is None else bool(PRINT_OPTS.sci_mode)
         items = nonzero_finite.tolist()
         if self.sci_mode:
-            widths = (len(f"{v:.{PRECISION}e}") for v in items)
+            widths = (len(f"{v:.{PRINT_OPTS.precision}e}") for v in items)
         elif self.int_mode:
             # The trailing "." that marks a float is not in the "{:.0f}" text, hence +1.
             widths = (len(f"{v:.0f}") + 1 for v in items)
         else:
-            widths = (len(f"{v:.{PRECISION}f}") for v in items)
+            widths = (len(f"{v:.{PRINT_OPTS.precision}f}") for v in items)
         self.width = max(self.width, max(widths))
 
     def format(self, value: float | int | bool) -> str:
@@ -105,13 +158,13 @@ class _Formatter:
         if not self.floating:
             text = str(value)
         elif self.sci_mode:
-            text = f"{value:{self.width}.{PRECISION}e}"
+            text = f"{value:{self.width}.{PRINT_OPTS.precision}e}"
         elif self.int_mode:
             text = f"{value:.0f}"
             if math.isfinite(value):
                 text += "."
         else:
-            text = f"{value:.{PRECISION}f}"
+            text = f"{value:.{PRINT_OPTS.precision}f}"
         return text.rjust(self.width)
 
 
@@ -137,26 +190,34 @@ _AnyFormatter = Union[_Formatter, _ComplexFormatter]
 
 
 def _summarized(values: np.ndarray) -> np.ndarray:
-    """Keep only the first/last EDGEITEMS entries of every dimension longer than 2*EDGEITEMS.
+    """Keep only the first/last ``edgeitems`` entries of every dimension longer than twice
+    that (torch's ``get_summarized_data``, down to its edgeitems=0 cases: a vector keeps all
+    of itself, ``x[-0:]``, a higher-rank tensor nothing).
 
     The formatter is built from this subset, so elided elements do not affect the width.
     """
+    edge = PRINT_OPTS.edgeitems
+    if values.ndim > 1 and not edge:
+        return values[(slice(0, 0),) * values.ndim]
     for axis, size in enumerate(values.shape):
-        if size > 2 * EDGEITEMS:
-            keep = np.r_[0:EDGEITEMS, size - EDGEITEMS : size]
+        if size > 2 * edge and (edge or values.ndim > 1):
+            keep = np.r_[0:edge, size - edge : size]
             values = np.take(values, keep, axis=axis)
     return values
 
 
 def _vector_str(vec: np.ndarray, indent: int, summarize: bool, fmt: _AnyFormatter) -> str:
-    """Format a 1-D array, wrapping to as many elements per line as fit in LINEWIDTH."""
+    """Format a 1-D array, wrapping to as many elements per line as fit in the line width."""
+    edge = PRINT_OPTS.edgeitems
     # Each element is followed by ", " hence the +2.
-    per_line = max(1, (LINEWIDTH - indent) // (fmt.width + 2))
-    if summarize and vec.shape[0] > 2 * EDGEITEMS:
+    per_line = max(1, int((PRINT_OPTS.linewidth - indent) // (fmt.width + 2)))
+    if summarize and not edge:
+        items = ["..."]
+    elif summarize and vec.shape[0] > 2 * edge:
         items = (
-            [fmt.format(v) for v in _to_printable(vec[:EDGEITEMS]).tolist()]
+            [fmt.format(v) for v in _to_printable(vec[:edge]).tolist()]
             + [" ..."]
-            + [fmt.format(v) for v in _to_printable(vec[-EDGEITEMS:]).tolist()]
+            + [fmt.format(v) for v in _to_printable(vec[-edge:]).tolist()]
         )
     else:
         items = [fmt.format(v) for v in _to_printable(vec).tolist()]
@@ -170,9 +231,12 @@ def _nested_str(values: np.ndarray, indent: int, summarize: bool, fmt: _AnyForma
         return fmt.format(_to_printable(values).item())
     if values.ndim == 1:
         return _vector_str(values, indent, summarize, fmt)
+    edge = PRINT_OPTS.edgeitems
+    if summarize and not edge:
+        return "[...]"
     size = values.shape[0]
-    if summarize and size > 2 * EDGEITEMS:
-        rows = list(range(EDGEITEMS)) + [None] + list(range(size - EDGEITEMS, size))
+    if summarize and size > 2 * edge:
+        rows = list(range(edge)) + [None] + list(range(size - edge, size))
     else:
         rows = list(range(size))
     parts = ["..." if i is None else _nested_str(values[i], indent + 1, summarize, fmt) for i in rows]
@@ -182,7 +246,7 @@ def _nested_str(values: np.ndarray, indent: int, summarize: bool, fmt: _AnyForma
 
 def _values_str(data: np.ndarray, indent: int) -> str:
     """Format the values of a non-empty array (the part between ``tensor(`` and suffixes)."""
-    summarize = data.size > THRESHOLD
+    summarize = data.size > PRINT_OPTS.threshold
     # Only the summarized subset is widened here; _nested_str widens just the slices it prints,
     # so huge tensors are never copied whole.
     basis = _to_printable(_summarized(data) if summarize else data)
@@ -195,13 +259,14 @@ def _values_str(data: np.ndarray, indent: int) -> str:
 
 
 def _add_suffixes(text: str, suffixes: Sequence[str], indent: int) -> str:
-    """Append ``, suffix`` items, moving one to a new line when it would pass LINEWIDTH."""
+    """Append ``, suffix`` items, moving one to a new line when it would pass the line
+    width."""
     parts = [text]
     # torch's own measure of the last line (it over-counts by 2 when there is no newline);
     # reproduced as is because it decides where suffixes wrap.
     last_line_len = len(text) - text.rfind("\n") + 1
     for suffix in suffixes:
-        if last_line_len + len(suffix) + 2 > LINEWIDTH:
+        if last_line_len + len(suffix) + 2 > PRINT_OPTS.linewidth:
             parts.append(",\n" + " " * indent + suffix)
             last_line_len = indent + len(suffix)
         else:
@@ -256,6 +321,8 @@ def format_tensor(
             items.append(f"dtype={_DTYPE_PREFIX}{dtype_name}")
         body = "[]"
     else:
+        if not PRINT_OPTS.edgeitems:
+            items.append(f"size={tuple(data.shape)}")        # torch's, with edgeitems=0
         if dtype_name not in (default_float, default_complex, "int64", "bool"):
             items.append(f"dtype={_DTYPE_PREFIX}{dtype_name}")
         body = _values_str(data, indent)

@@ -736,7 +736,7 @@ def test_exactly_threshold_elements_are_not_summarized() -> None:
 
 def test_no_line_exceeds_linewidth_for_wrapped_rows() -> None:
     text = format_tensor(np.arange(500) / 7, dtype_name="float32", default_dtype=True)
-    assert max(len(line) for line in text.split("\n")) <= _tensor_str.LINEWIDTH
+    assert max(len(line) for line in text.split("\n")) <= _tensor_str.PRINT_OPTS.linewidth
 
 
 def test_device_comes_first() -> None:
@@ -804,3 +804,54 @@ def test_input_is_not_modified() -> None:
     format_tensor(data, dtype_name="float16", default_dtype=True)
     np.testing.assert_array_equal(data, before)
     assert data.dtype == np.float16
+
+
+# ------------------------------------------------------------------- print options (torch's)
+
+# (options, expression, what torch 2.13 prints under those options)
+PRINT_OPTION_CASES = [
+    ({"precision": 2}, "fg.tensor([1.23456, -2.5, 1000.0])",
+     "tensor([   1.23,   -2.50, 1000.00])"),
+    ({"sci_mode": True}, "fg.tensor([1.23456, -2.5, 1000.0])",
+     "tensor([ 1.2346e+00, -2.5000e+00,  1.0000e+03])"),
+    ({"sci_mode": False}, "fg.tensor([1e-5, 1.0, 3.0])", "tensor([0.0000, 1.0000, 3.0000])"),
+    ({"threshold": 5, "edgeitems": 1}, "fg.arange(12.).reshape(3, 4)",
+     "tensor([[ 0.,  ...,  3.],\n        ...,\n        [ 8.,  ..., 11.]])"),
+    ({"linewidth": 30}, "fg.arange(10.)",
+     "tensor([0., 1., 2., 3., 4.,\n        5., 6., 7., 8., 9.])"),
+    ({"profile": "short"}, "fg.arange(2000.).reshape(40, 50) / 7",
+     "tensor([[0.00e+00, 1.43e-01,  ..., 6.86e+00, 7.00e+00],\n"
+     "        [7.14e+00, 7.29e+00,  ..., 1.40e+01, 1.41e+01],\n"
+     "        ...,\n"
+     "        [2.71e+02, 2.72e+02,  ..., 2.78e+02, 2.78e+02],\n"
+     "        [2.79e+02, 2.79e+02,  ..., 2.85e+02, 2.86e+02]])"),
+    ({"edgeitems": 0, "threshold": 5}, "fg.arange(12.).reshape(3, 4)",
+     "tensor([...], size=(3, 4))"),
+    ({"sci_mode": True}, "fg.zeros(2)", "tensor([0., 0.])"),
+]
+
+
+@pytest.mark.parametrize("options,expr,expected", PRINT_OPTION_CASES,
+                         ids=[str(c[0]) for c in PRINT_OPTION_CASES])
+def test_set_printoptions_prints_as_torch(options, expr, expected):
+    import fusegrad as fg
+    try:
+        fg.set_printoptions(**options)
+        assert repr(eval(expr, {"fg": fg})) == expected
+    finally:
+        fg.set_printoptions(profile="default")
+    assert repr(fg.tensor([1.23456])) == "tensor([1.2346])"
+
+
+def test_get_printoptions_and_profiles():
+    import fusegrad as fg
+    try:
+        fg.set_printoptions(profile="full", precision=6)
+        assert fg.get_printoptions() == {"precision": 6, "threshold": float("inf"),
+                                         "edgeitems": 3, "linewidth": 80, "sci_mode": None}
+        with pytest.raises(ValueError, match="profile must be one of"):
+            fg.set_printoptions(profile="long")
+    finally:
+        fg.set_printoptions(profile="default")
+    assert fg.get_printoptions() == {"precision": 4, "threshold": 1000, "edgeitems": 3,
+                                     "linewidth": 80, "sci_mode": None}
