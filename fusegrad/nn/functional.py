@@ -623,15 +623,33 @@ def pad(input: Tensor, pad: Sequence[int], mode: str = "constant",  # noqa: A002
     for i in range(len(pad) // 2):
         widths[input.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
     if mode != "constant":
-        if value:
-            raise NotImplementedError(f"Padding mode \"{mode}\" doesn't take in value argument.")
         if mode not in _PAD_MODES:
             raise NotImplementedError(f"Unrecognised padding mode {mode}")
+        if value:
+            raise RuntimeError(f"Padding mode \"{mode}\" doesn't take in value argument")
+        _check_copy_pad(input, len(pad) // 2, mode)
         return _pad_by_copies(input, widths, mode)
     fill = 0 if value is None else value
     if all(lo >= 0 and hi >= 0 for lo, hi in widths):
         return F.pad_axes(input, widths, fill)
     return _pad_crop(input, tuple(widths), fill)
+
+
+def _check_copy_pad(x: Tensor, nd: int, mode: str) -> None:
+    """torch's checks of a non-constant pad of the last ``nd`` dims: the input is one of them
+    plus a channel dim and maybe a batch dim; reflect and replicate need non-empty dims past
+    the first."""
+    if x.ndim not in (nd + 1, nd + 2):
+        raise NotImplementedError(
+            f"Padding size {2 * nd} is not supported for {x.ndim}D input tensor.\n"
+            "Supported combinations for non-constant padding:\n"
+            "  - 2D or 3D input: padding size = 2 (pads last dimension)\n"
+            "  - 3D or 4D input: padding size = 4 (pads last 2 dimensions)\n"
+            "  - 4D or 5D input: padding size = 6 (pads last 3 dimensions)")
+    if mode != "circular" and 0 in x.shape[1:]:
+        raise RuntimeError(f"Expected {nd + 1}D or {nd + 2}D (batch mode) tensor with possibly 0 "
+                           f"batch size and other non-zero dimensions for input, but got: "
+                           f"{list(x.shape)}")
 
 
 def _edge_block(x: Tensor, dim: int, count: int, side: str, mode: str) -> Tensor:
@@ -663,6 +681,15 @@ _PAD_MODES = ("reflect", "replicate", "circular")
 def _pad_by_copies(x: Tensor, widths, mode: str) -> Tensor:
     """Non-constant padding: per padded dim, crop negative amounts, then concatenate the edge
     blocks that ``mode`` copies from the data."""
+    if mode == "reflect":
+        for dim in reversed(range(x.ndim)):   # torch checks the last dim first
+            lo, hi = widths[dim]
+            if lo >= x.shape[dim] or hi >= x.shape[dim]:
+                # torch numbers the pad amounts as arguments: the last dim's are #4, then #6, #8
+                raise RuntimeError(f"Argument #{4 + 2 * (x.ndim - 1 - dim)}: Padding size should "
+                                   f"be less than the corresponding input dimension, but got: "
+                                   f"padding ({lo}, {hi}) at dimension {dim} of input "
+                                   f"{list(x.shape)}")
     for dim, (lo, hi) in enumerate(widths):
         if lo == 0 and hi == 0:
             continue

@@ -57,6 +57,23 @@ from fusegrad.nn.modules.loss import (
 from fusegrad.nn.modules.loss_more import CosineEmbeddingLoss, HuberLoss, KLDivLoss, SmoothL1Loss
 from fusegrad.nn.modules.module import Module
 from fusegrad.nn.modules.normalization import GroupNorm, LayerNorm, RMSNorm
+from fusegrad.nn.modules.padding import (
+    CircularPad1d,
+    CircularPad2d,
+    CircularPad3d,
+    ConstantPad1d,
+    ConstantPad2d,
+    ConstantPad3d,
+    ReflectionPad1d,
+    ReflectionPad2d,
+    ReflectionPad3d,
+    ReplicationPad1d,
+    ReplicationPad2d,
+    ReplicationPad3d,
+    ZeroPad1d,
+    ZeroPad2d,
+    ZeroPad3d,
+)
 from fusegrad.nn.modules.parameter_containers import ParameterDict, ParameterList
 from fusegrad.nn.modules.pooling import (
     AdaptiveAvgPool1d,
@@ -106,3 +123,7 @@ __all__ = [
 __all__ += ["Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "SmoothL1Loss", "HuberLoss",
             "KLDivLoss", "CosineEmbeddingLoss", "ParameterList", "ParameterDict", "MaxUnpool1d",
             "MaxUnpool2d", "MaxUnpool3d", "AdaptiveAvgPool3d", "AdaptiveMaxPool3d"]
+__all__ += ["ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ConstantPad1d", "ConstantPad2d",
+            "ConstantPad3d", "ReflectionPad1d", "ReflectionPad2d", "ReflectionPad3d",
+            "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d", "CircularPad1d",
+            "CircularPad2d", "CircularPad3d"]
