@@ -17,6 +17,7 @@ from typing import Sequence
 
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import is_grad_enabled as _grad_enabled
+from fusegrad.nn.layer_functions import bilinear, pairwise_distance, pixel_shuffle, pixel_unshuffle
 from fusegrad.nn.loss_functions import cosine_embedding_loss, huber_loss, kl_div, smooth_l1_loss
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
@@ -77,13 +78,14 @@ __all__ = [
     "adaptive_max_pool1d", "adaptive_max_pool2d", "batch_norm", "group_norm", "instance_norm",
     "rms_norm", "hardtanh", "relu6", "elu", "selu", "celu", "mish", "hardswish", "hardsigmoid",
     "prelu", "softsign", "tanhshrink", "scaled_dot_product_attention", "logsigmoid",
-    "softshrink", "hardshrink",
+    "softshrink", "hardshrink", "threshold", "threshold_", "softmin", "glu",
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")
 __all__ += ["cosine_similarity", "interpolate", "upsample", "smooth_l1_loss", "huber_loss", "kl_div",
             "cosine_embedding_loss", "adaptive_avg_pool3d", "adaptive_max_pool3d", "max_unpool1d",
-            "max_unpool2d", "max_unpool3d"]
+            "max_unpool2d", "max_unpool3d", "pixel_shuffle", "pixel_unshuffle", "pairwise_distance",
+            "bilinear"]
 
 
 def _is_concrete(t: Tensor) -> bool:
@@ -246,6 +248,23 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0,  # noqa
     if min_val > max_val:
         raise ValueError("min_val cannot be greater than max_val")
     return _maybe_inplace(input, inplace, _hardtanh, min_val, max_val)
+
+
+@composite("ThresholdBackward0")
+def _threshold(x: Tensor, threshold: float, value: float) -> Tensor:
+    # le, not gt: torch's kernel keeps a NaN input (and passes its gradient)
+    return F.cast(F.where(F.le(x, threshold), value, x), x.dtype)
+
+
+def threshold(input: Tensor, threshold: float, value: float,  # noqa: A002
+              inplace: bool = False) -> Tensor:
+    """``x`` where ``x > threshold``, else ``value``; the gradient is 0 where replaced."""
+    return _maybe_inplace(input, inplace, _threshold, threshold, value)
+
+
+def threshold_(input: Tensor, threshold: float, value: float) -> Tensor:  # noqa: A002
+    """In-place :func:`threshold`."""
+    return _maybe_inplace(input, True, _threshold, threshold, value)
 
 
 def relu6(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
@@ -461,12 +480,42 @@ def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3,  # 
     return _log_softmax(x, dim)
 
 
+def softmin(input: Tensor, dim: int | None = None, _stacklevel: int = 3,  # noqa: A002
+            dtype=None) -> Tensor:
+    """``softmax(-x)`` along ``dim``: largest weight on the smallest entry."""
+    if dim is None:
+        dim = _softmax_dim("softmin", input.ndim)
+    return softmax(F.neg(input), dim, dtype=dtype)
+
+
+@composite("GluBackward0")
+def _glu(x: Tensor, dim: int) -> Tensor:
+    a, b = F.chunk(x, 2, dim)
+    return F.mul(a, F.sigmoid(b))
+
+
+def glu(input: Tensor, dim: int = -1) -> Tensor:  # noqa: A002
+    """Gated linear unit: the first half of ``dim`` times the sigmoid of the second half."""
+    if input.ndim == 0:
+        raise RuntimeError("glu does not support scalars because halving size must be even")
+    dim = P.normalize_axis(dim, input.ndim)
+    if input.shape[dim] % 2:
+        raise RuntimeError(f"Halving dimension must be even, but dimension {dim} is size "
+                           f"{input.shape[dim]}")
+    if not input.dtype.is_floating_point:
+        raise NotImplementedError(f'"glu_cpu" not implemented for '
+                                  f"'{F._dtype_title(input.dtype)}'")
+    return _glu(input, dim)
+
+
 # torch.softmax and Tensor.softmax are this function too
 public(softmax, torch=True, method=True)
 public(selu, torch=True)
 public(celu, torch=True)
 public(prelu, torch=True, method=True)
 public(log_softmax, torch=True, method=True)
+public(threshold, torch=True)
+public(threshold_, torch=True)
 
 
 # --------------------------------------------------------------------------- layers

@@ -4,6 +4,7 @@ from fusegrad.nn.modules.activation import (
     CELU,
     ELU,
     GELU,
+    GLU,
     SELU,
     Hardshrink,
     Hardsigmoid,
@@ -19,11 +20,13 @@ from fusegrad.nn.modules.activation import (
     Sigmoid,
     SiLU,
     Softmax,
+    Softmin,
     Softplus,
     Softshrink,
     Softsign,
     Tanh,
     Tanhshrink,
+    Threshold,
 )
 from fusegrad.nn.modules.batchnorm import (
     BatchNorm1d,
@@ -44,8 +47,9 @@ from fusegrad.nn.modules.conv import (
     Fold,
     Unfold,
 )
+from fusegrad.nn.modules.distance import CosineSimilarity, PairwiseDistance
 from fusegrad.nn.modules.dropout import Dropout
-from fusegrad.nn.modules.linear import Flatten, Identity, Linear, Unflatten
+from fusegrad.nn.modules.linear import Bilinear, Flatten, Identity, Linear, Unflatten
 from fusegrad.nn.modules.loss import (
     BCELoss,
     BCEWithLogitsLoss,
@@ -75,6 +79,7 @@ from fusegrad.nn.modules.padding import (
     ZeroPad3d,
 )
 from fusegrad.nn.modules.parameter_containers import ParameterDict, ParameterList
+from fusegrad.nn.modules.pixelshuffle import PixelShuffle, PixelUnshuffle
 from fusegrad.nn.modules.pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -127,3 +132,5 @@ __all__ += ["ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ConstantPad1d", "ConstantPad
             "ConstantPad3d", "ReflectionPad1d", "ReflectionPad2d", "ReflectionPad3d",
             "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d", "CircularPad1d",
             "CircularPad2d", "CircularPad3d"]
+__all__ += ["PixelShuffle", "PixelUnshuffle", "GLU", "Softmin", "Threshold", "CosineSimilarity",
+            "PairwiseDistance", "Bilinear"]
