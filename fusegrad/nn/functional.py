@@ -18,7 +18,21 @@ from typing import Sequence
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import is_grad_enabled as _grad_enabled
 from fusegrad.nn.layer_functions import bilinear, pairwise_distance, pixel_shuffle, pixel_unshuffle
-from fusegrad.nn.loss_functions import cosine_embedding_loss, huber_loss, kl_div, smooth_l1_loss
+from fusegrad.nn.loss_functions import (
+    cosine_embedding_loss,
+    gaussian_nll_loss,
+    hinge_embedding_loss,
+    huber_loss,
+    kl_div,
+    margin_ranking_loss,
+    multi_margin_loss,
+    multilabel_soft_margin_loss,
+    poisson_nll_loss,
+    smooth_l1_loss,
+    soft_margin_loss,
+    triplet_margin_loss,
+    triplet_margin_with_distance_loss,
+)
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
 from fusegrad.ops.attention import scaled_dot_product_attention
@@ -85,7 +99,9 @@ _REDUCTIONS = ("none", "mean", "sum")
 __all__ += ["cosine_similarity", "interpolate", "upsample", "smooth_l1_loss", "huber_loss", "kl_div",
             "cosine_embedding_loss", "adaptive_avg_pool3d", "adaptive_max_pool3d", "max_unpool1d",
             "max_unpool2d", "max_unpool3d", "pixel_shuffle", "pixel_unshuffle", "pairwise_distance",
-            "bilinear"]
+            "bilinear", "poisson_nll_loss", "gaussian_nll_loss", "margin_ranking_loss",
+            "hinge_embedding_loss", "soft_margin_loss", "multilabel_soft_margin_loss",
+            "multi_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss"]
 
 
 def _is_concrete(t: Tensor) -> bool:

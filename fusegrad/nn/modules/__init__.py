@@ -58,7 +58,21 @@ from fusegrad.nn.modules.loss import (
     MSELoss,
     NLLLoss,
 )
-from fusegrad.nn.modules.loss_more import CosineEmbeddingLoss, HuberLoss, KLDivLoss, SmoothL1Loss
+from fusegrad.nn.modules.loss_more import (
+    CosineEmbeddingLoss,
+    GaussianNLLLoss,
+    HingeEmbeddingLoss,
+    HuberLoss,
+    KLDivLoss,
+    MarginRankingLoss,
+    MultiLabelSoftMarginLoss,
+    MultiMarginLoss,
+    PoissonNLLLoss,
+    SmoothL1Loss,
+    SoftMarginLoss,
+    TripletMarginLoss,
+    TripletMarginWithDistanceLoss,
+)
 from fusegrad.nn.modules.module import Module
 from fusegrad.nn.modules.normalization import GroupNorm, LayerNorm, RMSNorm
 from fusegrad.nn.modules.padding import (
@@ -134,3 +148,6 @@ __all__ += ["ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ConstantPad1d", "ConstantPad
             "CircularPad2d", "CircularPad3d"]
 __all__ += ["PixelShuffle", "PixelUnshuffle", "GLU", "Softmin", "Threshold", "CosineSimilarity",
             "PairwiseDistance", "Bilinear"]
+__all__ += ["PoissonNLLLoss", "GaussianNLLLoss", "MarginRankingLoss", "HingeEmbeddingLoss",
+            "SoftMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss", "TripletMarginLoss",
+            "TripletMarginWithDistanceLoss"]
