@@ -127,6 +127,19 @@ def test_pad_mode_errors():
         NF.pad(fusegrad.zeros(1, 1, 3), (3, 0), mode="reflect")
     with pytest.raises(NotImplementedError, match="Unrecognised padding mode"):
         NF.pad(fusegrad.zeros(1, 1, 3), (1, 1), mode="mirror")
+    # torch's messages: the pad pair as given, numbered as arguments from the last dim
+    with pytest.raises(RuntimeError, match=r"Argument #6: .* padding \(1, 5\) at dimension 1 "
+                                           r"of input \[2, 4, 3\]"):
+        NF.pad(fusegrad.zeros(2, 4, 3), (1, 1, 1, 5), mode="reflect")
+    with pytest.raises(NotImplementedError, match="Padding size 2 is not supported for 1D input"):
+        NF.pad(fusegrad.zeros(4), (1, 1), mode="replicate")
+    with pytest.raises(NotImplementedError, match="Padding size 2 is not supported for 4D input"):
+        NF.pad(fusegrad.zeros(1, 2, 3, 4), (1, 1), mode="circular")
+    with pytest.raises(RuntimeError, match="other non-zero dimensions for input, but got: "
+                                           r"\[2, 0\]"):
+        NF.pad(fusegrad.zeros(2, 0), (1, 1), mode="replicate")
+    with pytest.raises(RuntimeError, match="doesn't take in value argument"):
+        NF.pad(fusegrad.zeros(2, 3), (1, 1), mode="reflect", value=1.0)
 
 
 def test_compiled_activations_and_pads_match_eager():

@@ -1,4 +1,5 @@
-"""Smooth L1, Huber, KL divergence and cosine embedding losses, ParameterList/Dict,
+"""Smooth L1, Huber, KL divergence, cosine embedding, Poisson and Gaussian NLL and the margin
+losses, ParameterList/Dict,
 max_unpool, 3-d adaptive pooling: values against numpy, gradients against finite differences,
 compiled against eager, torch as an optional oracle."""
 
@@ -274,3 +275,204 @@ def test_group4_against_torch():
         NF.max_unpool2d(fusegrad.tensor(y2.numpy()), fusegrad.tensor(i2.numpy()), 2,
                         output_size=(6, 7)).numpy(),
         tf.max_unpool2d(y2, i2, 2, output_size=(6, 7)).numpy())
+
+
+REDUCE = {"mean": np.mean, "sum": np.sum, "none": lambda a: a}
+
+
+def _np_logsigmoid(x):
+    return -np.logaddexp(0, -x)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_likelihood_losses(reduction):
+    red = REDUCE[reduction]
+    x, rate = t64(3, 4), fusegrad.tensor(RNG.uniform(0.1, 3, (3, 4)), requires_grad=True)
+    t = fusegrad.tensor(RNG.poisson(2.0, (3, 4)).astype(float))
+    xn, tn, rn = x.detach().numpy(), t.numpy(), rate.detach().numpy()
+    safe_t = np.where(tn > 1, tn, 2.0)
+    stirling = np.where(tn > 1, safe_t * np.log(safe_t) - safe_t + 0.5 * np.log(2 * np.pi * safe_t),
+                        0.0)
+    for log_input, inp, ref in ((True, x, np.exp(xn) - tn * xn),
+                                (False, rate, rn - tn * np.log(rn + 1e-8))):
+        for full in (False, True):
+            out = NF.poisson_nll_loss(inp, t, log_input, full, reduction=reduction)
+            np.testing.assert_allclose(out.detach().numpy(), red(ref + full * stirling),
+                                       rtol=1e-12)
+            assert gradcheck(lambda a, li=log_input, f=full: NF.poisson_nll_loss(
+                a, t, li, f, reduction=reduction), (inp,))
+    m = nn.PoissonNLLLoss(log_input=False, reduction=reduction)
+    np.testing.assert_allclose(m(rate, t).detach().numpy(), red(rn - tn * np.log(rn + 1e-8)),
+                               rtol=1e-12)
+    y = t64(3, 4)
+    var = fusegrad.tensor(RNG.uniform(0.0, 1.0, (3, 4)), requires_grad=True)
+    vn = np.maximum(var.detach().numpy(), 0.3)   # clamped to eps
+    d2 = (xn - y.detach().numpy()) ** 2
+    for full in (False, True):
+        out = NF.gaussian_nll_loss(x, y, var, full, eps=0.3, reduction=reduction)
+        ref = 0.5 * (np.log(vn) + d2 / vn) + full * 0.5 * np.log(2 * np.pi)
+        np.testing.assert_allclose(out.detach().numpy(), red(ref), rtol=1e-12)
+    # the clamp keeps var's own gradient (torch clamps a copy under no_grad)
+    NF.gaussian_nll_loss(x, y, var, eps=0.3, reduction="sum").backward()
+    np.testing.assert_allclose(var.grad.numpy(), 0.5 * (1 / vn - d2 / vn ** 2), rtol=1e-12)
+    v1 = fusegrad.tensor(RNG.uniform(0.5, 1.0, 3))   # one dim less: broadcast over the last
+    np.testing.assert_allclose(
+        nn.GaussianNLLLoss(reduction=reduction)(x, y, v1).detach().numpy(),
+        red(0.5 * (np.log(v1.numpy()[:, None]) + d2 / v1.numpy()[:, None])), rtol=1e-12)
+    with pytest.raises(ValueError, match="var is of incorrect size"):
+        NF.gaussian_nll_loss(x, y, fusegrad.ones(2, 4))
+    with pytest.raises(ValueError, match="var has negative entry/entries"):
+        NF.gaussian_nll_loss(x, y, -1.0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_margin_losses(reduction):
+    red = REDUCE[reduction]
+    a, b = t64(5), t64(5)
+    y = fusegrad.tensor(RNG.choice([-1.0, 1.0], 5))
+    an, bn, yn = a.detach().numpy(), b.detach().numpy(), y.numpy()
+    np.testing.assert_allclose(
+        NF.margin_ranking_loss(a, b, y, 0.5, reduction=reduction).detach().numpy(),
+        red(np.maximum(0, -yn * (an - bn) + 0.5)), rtol=1e-12)
+    np.testing.assert_allclose(nn.MarginRankingLoss(0.5, reduction=reduction)(a, b, y)
+                               .detach().numpy(), red(np.maximum(0, -yn * (an - bn) + 0.5)),
+                               rtol=1e-12)
+    assert gradcheck(lambda u, v: NF.margin_ranking_loss(u, v, y, 0.5, reduction=reduction),
+                     (a, b))
+    x = t64(3, 4)
+    xn = x.detach().numpy()
+    t3 = fusegrad.tensor(RNG.choice([-1.0, 1.0, 0.0], (3, 4)))
+    tn = t3.numpy()
+    # neither 1 nor -1: both terms, as torch computes it
+    ref = np.where(tn != 1, np.maximum(0, 0.7 - xn), 0) + np.where(tn != -1, xn, 0)
+    np.testing.assert_allclose(NF.hinge_embedding_loss(x, t3, 0.7, reduction=reduction)
+                               .detach().numpy(), red(ref), rtol=1e-12)
+    np.testing.assert_allclose(nn.HingeEmbeddingLoss(0.7, reduction=reduction)(x, t3)
+                               .detach().numpy(), red(ref), rtol=1e-12)
+    assert gradcheck(lambda u: NF.hinge_embedding_loss(u, t3, 0.7, reduction=reduction), (x,))
+    s = fusegrad.tensor(RNG.choice([-1.0, 1.0], (3, 4)))
+    ref = np.log1p(np.exp(-s.numpy() * xn))
+    np.testing.assert_allclose(nn.SoftMarginLoss(reduction=reduction)(x, s).detach().numpy(),
+                               red(ref), rtol=1e-12)
+    assert gradcheck(lambda u: NF.soft_margin_loss(u, s, reduction=reduction), (x,))
+    lab = fusegrad.tensor(RNG.integers(0, 2, (3, 4)).astype(float))
+    w = fusegrad.tensor(RNG.uniform(0, 1, 4))
+    ln = lab.numpy()
+    ref = -(ln * _np_logsigmoid(xn) + (1 - ln) * _np_logsigmoid(-xn)) * w.numpy()
+    np.testing.assert_allclose(
+        nn.MultiLabelSoftMarginLoss(w, reduction=reduction)(x, lab).detach().numpy(),
+        red(ref.mean(1)), rtol=1e-12)
+    assert gradcheck(lambda u: NF.multilabel_soft_margin_loss(u, lab, w, reduction=reduction),
+                     (x,))
+
+
+def np_multi_margin(x, y, p, margin, w):
+    out = []
+    for row, c in zip(x, y, strict=True):
+        z = np.maximum(0, margin - row[c] + row) ** p * w[c]
+        z[c] = 0
+        out.append(z.sum() / len(row))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_multi_margin_loss(p, reduction):
+    x = t64(5, 4)
+    y = fusegrad.tensor(RNG.integers(0, 4, 5))
+    w = fusegrad.tensor(RNG.uniform(0, 1, 4))
+    for weight in (None, w):
+        wn = np.ones(4) if weight is None else w.numpy()
+        ref = REDUCE[reduction](np_multi_margin(x.detach().numpy(), y.numpy(), p, 0.6, wn))
+        np.testing.assert_allclose(NF.multi_margin_loss(x, y, p, 0.6, weight, reduction=reduction)
+                                   .detach().numpy(), ref, rtol=1e-12)
+        np.testing.assert_allclose(nn.MultiMarginLoss(p, 0.6, weight, reduction=reduction)(x, y)
+                                   .detach().numpy(), ref, rtol=1e-12)
+        assert gradcheck(lambda u, wt=weight: NF.multi_margin_loss(u, y, p, 0.6, wt,
+                                                                   reduction=reduction), (x,))
+    one = NF.multi_margin_loss(x[0], y[:1], p, 0.6)   # unbatched: a 0-d loss
+    np.testing.assert_allclose(one.detach().numpy(), np_multi_margin(
+        x.detach().numpy()[:1], y.numpy()[:1], p, 0.6, np.ones(4))[0], rtol=1e-12)
+
+
+def test_multi_margin_loss_errors():
+    x, y = fusegrad.zeros(5, 4), fusegrad.tensor([0, 1, 2, 3, 0])
+    with pytest.raises(ValueError, match="only p == 1 and p == 2 supported"):
+        NF.multi_margin_loss(x, y, 3)
+    with pytest.raises(ValueError, match="only p == 1 and p == 2 supported"):
+        nn.MultiMarginLoss(3)
+    with pytest.raises(RuntimeError, match=r"Expected target size \[5\], but got \[3\]"):
+        NF.multi_margin_loss(x, y[:3])
+    with pytest.raises(RuntimeError, match="target out of range"):
+        NF.multi_margin_loss(x, y + 4)
+    with pytest.raises(RuntimeError, match=r"inconsistent weight size, expected 4 but got \[3\]"):
+        NF.multi_margin_loss(x, y, weight=fusegrad.ones(3))
+
+
+@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_triplet_margin_losses(swap, reduction):
+    a, p, n = t64(4, 5), t64(4, 5), t64(4, 5)
+    an, pn, nn_ = (v.detach().numpy() for v in (a, p, n))
+
+    def dist(u, v, q=2.0, eps=1e-6):
+        return np.linalg.norm(u - v + eps, ord=q, axis=-1)
+    for q in (1.0, 2.0, 3.0):
+        d_neg = dist(an, nn_, q)
+        if swap:
+            d_neg = np.minimum(d_neg, dist(pn, nn_, q))
+        ref = REDUCE[reduction](np.maximum(0, 0.8 + dist(an, pn, q) - d_neg))
+        np.testing.assert_allclose(NF.triplet_margin_loss(a, p, n, 0.8, q, swap=swap,
+                                                          reduction=reduction).detach().numpy(),
+                                   ref, rtol=1e-12)
+        np.testing.assert_allclose(nn.TripletMarginLoss(0.8, q, swap=swap, reduction=reduction)(
+            a, p, n).detach().numpy(), ref, rtol=1e-12)
+        assert gradcheck(lambda u, v, w, q=q: NF.triplet_margin_loss(
+            u, v, w, 0.8, q, swap=swap, reduction=reduction), (a, p, n))
+
+    def cos_dist(u, v):
+        return 1 - NF.cosine_similarity(u, v)
+    def cn(u, v):
+        return 1 - (u * v).sum(-1) / np.linalg.norm(u, axis=-1) / np.linalg.norm(v, axis=-1)
+    d_neg = np.minimum(cn(an, nn_), cn(pn, nn_)) if swap else cn(an, nn_)
+    ref = REDUCE[reduction](np.maximum(0, 1.5 + cn(an, pn) - d_neg))
+    m = nn.TripletMarginWithDistanceLoss(distance_function=cos_dist, margin=1.5, swap=swap,
+                                         reduction=reduction)
+    np.testing.assert_allclose(m(a, p, n).detach().numpy(), ref, rtol=1e-12)
+    default = nn.TripletMarginWithDistanceLoss(reduction=reduction)
+    np.testing.assert_allclose(default(a, p, n).detach().numpy(),
+                               NF.triplet_margin_loss(a, p, n, reduction=reduction)
+                               .detach().numpy(), rtol=1e-12)
+    assert repr(default) == ("TripletMarginWithDistanceLoss(\n  (distance_function): "
+                             "PairwiseDistance()\n)")
+
+
+def test_triplet_margin_loss_errors():
+    a = fusegrad.zeros(4, 5)
+    with pytest.raises(RuntimeError, match="anchor 2D, positive 2D, and negative 1D inputs"):
+        NF.triplet_margin_loss(a, a, a[0])
+    with pytest.raises(ValueError, match="margin must be greater than 0, got 0"):
+        NF.triplet_margin_loss(a, a, a, margin=0)
+    with pytest.raises(ValueError, match="expected margin to be greater than 0, got -1"):
+        nn.TripletMarginWithDistanceLoss(margin=-1)
+
+
+def test_more_losses_compiled_match_eager():
+    x = fusegrad.tensor(RNG.standard_normal((4, 5)).astype(np.float32))
+    z = fusegrad.tensor(RNG.standard_normal((4, 5)).astype(np.float32))
+    sign = fusegrad.tensor(RNG.choice([-1.0, 1.0], (4, 5)).astype(np.float32))
+    cls = fusegrad.tensor(RNG.integers(0, 5, 4))
+    counts = fusegrad.tensor(RNG.poisson(2.0, (4, 5)).astype(np.float32))
+
+    def loss(x, z):
+        return (NF.poisson_nll_loss(x, counts, full=True)
+                + NF.gaussian_nll_loss(x, z, z.abs() + 0.1)
+                + NF.margin_ranking_loss(x, z, sign, 0.2) + NF.hinge_embedding_loss(x, sign)
+                + NF.soft_margin_loss(x, sign) + NF.multilabel_soft_margin_loss(x, sign.relu())
+                + NF.multi_margin_loss(x, cls, 2) + NF.triplet_margin_loss(x, z, x.flip(0),
+                                                                          swap=True))
+    np.testing.assert_allclose(fusegrad.compile(loss)(x, z).numpy(), loss(x, z).numpy(),
+                               rtol=1e-5)
+    g = fusegrad.grad(loss)
+    np.testing.assert_allclose(fusegrad.compile(g)(x, z).numpy(), g(x, z).numpy(), rtol=1e-4,
+                               atol=1e-6)

@@ -17,7 +17,22 @@ from typing import Sequence
 
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import is_grad_enabled as _grad_enabled
-from fusegrad.nn.loss_functions import cosine_embedding_loss, huber_loss, kl_div, smooth_l1_loss
+from fusegrad.nn.layer_functions import bilinear, pairwise_distance, pixel_shuffle, pixel_unshuffle
+from fusegrad.nn.loss_functions import (
+    cosine_embedding_loss,
+    gaussian_nll_loss,
+    hinge_embedding_loss,
+    huber_loss,
+    kl_div,
+    margin_ranking_loss,
+    multi_margin_loss,
+    multilabel_soft_margin_loss,
+    poisson_nll_loss,
+    smooth_l1_loss,
+    soft_margin_loss,
+    triplet_margin_loss,
+    triplet_margin_with_distance_loss,
+)
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
 from fusegrad.ops.attention import scaled_dot_product_attention
@@ -78,13 +93,16 @@ __all__ = [
     "rms_norm", "hardtanh", "relu6", "elu", "selu", "celu", "mish", "hardswish", "hardsigmoid",
     "prelu", "softsign", "tanhshrink", "scaled_dot_product_attention", "logsigmoid",
     "softshrink", "hardshrink", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
-    "feature_alpha_dropout",
+    "feature_alpha_dropout", "threshold", "threshold_", "softmin", "glu",
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")
 __all__ += ["cosine_similarity", "interpolate", "upsample", "smooth_l1_loss", "huber_loss", "kl_div",
             "cosine_embedding_loss", "adaptive_avg_pool3d", "adaptive_max_pool3d", "max_unpool1d",
-            "max_unpool2d", "max_unpool3d"]
+            "max_unpool2d", "max_unpool3d", "pixel_shuffle", "pixel_unshuffle", "pairwise_distance",
+            "bilinear", "poisson_nll_loss", "gaussian_nll_loss", "margin_ranking_loss",
+            "hinge_embedding_loss", "soft_margin_loss", "multilabel_soft_margin_loss",
+            "multi_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss"]
 
 
 def _is_concrete(t: Tensor) -> bool:
@@ -247,6 +265,23 @@ def hardtanh(input: Tensor, min_val: float = -1.0, max_val: float = 1.0,  # noqa
     if min_val > max_val:
         raise ValueError("min_val cannot be greater than max_val")
     return _maybe_inplace(input, inplace, _hardtanh, min_val, max_val)
+
+
+@composite("ThresholdBackward0")
+def _threshold(x: Tensor, threshold: float, value: float) -> Tensor:
+    # le, not gt: torch's kernel keeps a NaN input (and passes its gradient)
+    return F.cast(F.where(F.le(x, threshold), value, x), x.dtype)
+
+
+def threshold(input: Tensor, threshold: float, value: float,  # noqa: A002
+              inplace: bool = False) -> Tensor:
+    """``x`` where ``x > threshold``, else ``value``; the gradient is 0 where replaced."""
+    return _maybe_inplace(input, inplace, _threshold, threshold, value)
+
+
+def threshold_(input: Tensor, threshold: float, value: float) -> Tensor:  # noqa: A002
+    """In-place :func:`threshold`."""
+    return _maybe_inplace(input, True, _threshold, threshold, value)
 
 
 def relu6(input: Tensor, inplace: bool = False) -> Tensor:  # noqa: A002
@@ -462,12 +497,42 @@ def log_softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3,  # 
     return _log_softmax(x, dim)
 
 
+def softmin(input: Tensor, dim: int | None = None, _stacklevel: int = 3,  # noqa: A002
+            dtype=None) -> Tensor:
+    """``softmax(-x)`` along ``dim``: largest weight on the smallest entry."""
+    if dim is None:
+        dim = _softmax_dim("softmin", input.ndim)
+    return softmax(F.neg(input), dim, dtype=dtype)
+
+
+@composite("GluBackward0")
+def _glu(x: Tensor, dim: int) -> Tensor:
+    a, b = F.chunk(x, 2, dim)
+    return F.mul(a, F.sigmoid(b))
+
+
+def glu(input: Tensor, dim: int = -1) -> Tensor:  # noqa: A002
+    """Gated linear unit: the first half of ``dim`` times the sigmoid of the second half."""
+    if input.ndim == 0:
+        raise RuntimeError("glu does not support scalars because halving size must be even")
+    dim = P.normalize_axis(dim, input.ndim)
+    if input.shape[dim] % 2:
+        raise RuntimeError(f"Halving dimension must be even, but dimension {dim} is size "
+                           f"{input.shape[dim]}")
+    if not input.dtype.is_floating_point:
+        raise NotImplementedError(f'"glu_cpu" not implemented for '
+                                  f"'{F._dtype_title(input.dtype)}'")
+    return _glu(input, dim)
+
+
 # torch.softmax and Tensor.softmax are this function too
 public(softmax, torch=True, method=True)
 public(selu, torch=True)
 public(celu, torch=True)
 public(prelu, torch=True, method=True)
 public(log_softmax, torch=True, method=True)
+public(threshold, torch=True)
+public(threshold_, torch=True)
 
 
 # --------------------------------------------------------------------------- layers
@@ -717,15 +782,33 @@ def pad(input: Tensor, pad: Sequence[int], mode: str = "constant",  # noqa: A002
     for i in range(len(pad) // 2):
         widths[input.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
     if mode != "constant":
-        if value:
-            raise NotImplementedError(f"Padding mode \"{mode}\" doesn't take in value argument.")
         if mode not in _PAD_MODES:
             raise NotImplementedError(f"Unrecognised padding mode {mode}")
+        if value:
+            raise RuntimeError(f"Padding mode \"{mode}\" doesn't take in value argument")
+        _check_copy_pad(input, len(pad) // 2, mode)
         return _pad_by_copies(input, widths, mode)
     fill = 0 if value is None else value
     if all(lo >= 0 and hi >= 0 for lo, hi in widths):
         return F.pad_axes(input, widths, fill)
     return _pad_crop(input, tuple(widths), fill)
+
+
+def _check_copy_pad(x: Tensor, nd: int, mode: str) -> None:
+    """torch's checks of a non-constant pad of the last ``nd`` dims: the input is one of them
+    plus a channel dim and maybe a batch dim; reflect and replicate need non-empty dims past
+    the first."""
+    if x.ndim not in (nd + 1, nd + 2):
+        raise NotImplementedError(
+            f"Padding size {2 * nd} is not supported for {x.ndim}D input tensor.\n"
+            "Supported combinations for non-constant padding:\n"
+            "  - 2D or 3D input: padding size = 2 (pads last dimension)\n"
+            "  - 3D or 4D input: padding size = 4 (pads last 2 dimensions)\n"
+            "  - 4D or 5D input: padding size = 6 (pads last 3 dimensions)")
+    if mode != "circular" and 0 in x.shape[1:]:
+        raise RuntimeError(f"Expected {nd + 1}D or {nd + 2}D (batch mode) tensor with possibly 0 "
+                           f"batch size and other non-zero dimensions for input, but got: "
+                           f"{list(x.shape)}")
 
 
 def _edge_block(x: Tensor, dim: int, count: int, side: str, mode: str) -> Tensor:
@@ -757,6 +840,15 @@ _PAD_MODES = ("reflect", "replicate", "circular")
 def _pad_by_copies(x: Tensor, widths, mode: str) -> Tensor:
     """Non-constant padding: per padded dim, crop negative amounts, then concatenate the edge
     blocks that ``mode`` copies from the data."""
+    if mode == "reflect":
+        for dim in reversed(range(x.ndim)):   # torch checks the last dim first
+            lo, hi = widths[dim]
+            if lo >= x.shape[dim] or hi >= x.shape[dim]:
+                # torch numbers the pad amounts as arguments: the last dim's are #4, then #6, #8
+                raise RuntimeError(f"Argument #{4 + 2 * (x.ndim - 1 - dim)}: Padding size should "
+                                   f"be less than the corresponding input dimension, but got: "
+                                   f"padding ({lo}, {hi}) at dimension {dim} of input "
+                                   f"{list(x.shape)}")
     for dim, (lo, hi) in enumerate(widths):
         if lo == 0 and hi == 0:
             continue

@@ -59,8 +59,8 @@ def normalize_axis(axis: int, ndim: int, op: str = "") -> int:
     """Wrap a negative axis; torch's IndexError when out of range."""
     lo, hi = (-ndim, ndim - 1) if ndim > 0 else (-1, 0)
     if not lo <= axis <= hi:
-        raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{lo}, {hi}], "
-                         f"but got {axis})")
+        raise IndexError(f"{op + ': ' if op else ''}Dimension out of range (expected to be in "
+                         f"range of [{lo}, {hi}], but got {axis})")
     return axis % ndim if ndim > 0 else 0
 
 

@@ -334,7 +334,9 @@ def norm(x: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Ten
     if p == 1:
         return sum(abs(x), dim, keepdim)
     if p == 0:
-        return sum(cast(ne(x, 0), x.dtype), dim, keepdim)
+        # the count of nonzeros, still a function of x (torch's gradient: zero), so that a
+        # loss built on it can backpropagate; mul(x, 0) is picked only where x is 0
+        return sum(where(ne(x, 0), 1.0, mul(x, 0.0)), dim, keepdim)
     return _root_with_zero_grad(sum(pow(abs(x), p), dim, keepdim), lambda s: pow(s, 1.0 / p))
 
 

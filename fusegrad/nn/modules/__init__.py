@@ -4,6 +4,7 @@ from fusegrad.nn.modules.activation import (
     CELU,
     ELU,
     GELU,
+    GLU,
     SELU,
     Hardshrink,
     Hardsigmoid,
@@ -19,11 +20,13 @@ from fusegrad.nn.modules.activation import (
     Sigmoid,
     SiLU,
     Softmax,
+    Softmin,
     Softplus,
     Softshrink,
     Softsign,
     Tanh,
     Tanhshrink,
+    Threshold,
 )
 from fusegrad.nn.modules.batchnorm import (
     BatchNorm1d,
@@ -44,6 +47,7 @@ from fusegrad.nn.modules.conv import (
     Fold,
     Unfold,
 )
+from fusegrad.nn.modules.distance import CosineSimilarity, PairwiseDistance
 from fusegrad.nn.modules.dropout import (
     AlphaDropout,
     Dropout,
@@ -52,7 +56,7 @@ from fusegrad.nn.modules.dropout import (
     Dropout3d,
     FeatureAlphaDropout,
 )
-from fusegrad.nn.modules.linear import Flatten, Identity, Linear, Unflatten
+from fusegrad.nn.modules.linear import Bilinear, Flatten, Identity, Linear, Unflatten
 from fusegrad.nn.modules.loss import (
     BCELoss,
     BCEWithLogitsLoss,
@@ -61,10 +65,42 @@ from fusegrad.nn.modules.loss import (
     MSELoss,
     NLLLoss,
 )
-from fusegrad.nn.modules.loss_more import CosineEmbeddingLoss, HuberLoss, KLDivLoss, SmoothL1Loss
+from fusegrad.nn.modules.loss_more import (
+    CosineEmbeddingLoss,
+    GaussianNLLLoss,
+    HingeEmbeddingLoss,
+    HuberLoss,
+    KLDivLoss,
+    MarginRankingLoss,
+    MultiLabelSoftMarginLoss,
+    MultiMarginLoss,
+    PoissonNLLLoss,
+    SmoothL1Loss,
+    SoftMarginLoss,
+    TripletMarginLoss,
+    TripletMarginWithDistanceLoss,
+)
 from fusegrad.nn.modules.module import Module
 from fusegrad.nn.modules.normalization import GroupNorm, LayerNorm, RMSNorm
+from fusegrad.nn.modules.padding import (
+    CircularPad1d,
+    CircularPad2d,
+    CircularPad3d,
+    ConstantPad1d,
+    ConstantPad2d,
+    ConstantPad3d,
+    ReflectionPad1d,
+    ReflectionPad2d,
+    ReflectionPad3d,
+    ReplicationPad1d,
+    ReplicationPad2d,
+    ReplicationPad3d,
+    ZeroPad1d,
+    ZeroPad2d,
+    ZeroPad3d,
+)
 from fusegrad.nn.modules.parameter_containers import ParameterDict, ParameterList
+from fusegrad.nn.modules.pixelshuffle import PixelShuffle, PixelUnshuffle
 from fusegrad.nn.modules.pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -114,3 +150,12 @@ __all__ = [
 __all__ += ["Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "SmoothL1Loss", "HuberLoss",
             "KLDivLoss", "CosineEmbeddingLoss", "ParameterList", "ParameterDict", "MaxUnpool1d",
             "MaxUnpool2d", "MaxUnpool3d", "AdaptiveAvgPool3d", "AdaptiveMaxPool3d"]
+__all__ += ["ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ConstantPad1d", "ConstantPad2d",
+            "ConstantPad3d", "ReflectionPad1d", "ReflectionPad2d", "ReflectionPad3d",
+            "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d", "CircularPad1d",
+            "CircularPad2d", "CircularPad3d"]
+__all__ += ["PixelShuffle", "PixelUnshuffle", "GLU", "Softmin", "Threshold", "CosineSimilarity",
+            "PairwiseDistance", "Bilinear"]
+__all__ += ["PoissonNLLLoss", "GaussianNLLLoss", "MarginRankingLoss", "HingeEmbeddingLoss",
+            "SoftMarginLoss", "MultiLabelSoftMarginLoss", "MultiMarginLoss", "TripletMarginLoss",
+            "TripletMarginWithDistanceLoss"]

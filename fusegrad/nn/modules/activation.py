@@ -10,7 +10,7 @@ from fusegrad.tensor import Tensor
 
 __all__ = ["ReLU", "GELU", "Tanh", "Sigmoid", "SiLU", "Softmax", "LogSoftmax", "LeakyReLU",
            "Softplus", "Hardtanh", "ReLU6", "ELU", "SELU", "CELU", "Mish", "Hardswish",
-           "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink"]
+           "Hardsigmoid", "PReLU", "Softsign", "Tanhshrink", "Threshold", "GLU", "Softmin"]
 
 
 class ReLU(Module):
@@ -279,3 +279,46 @@ class Tanhshrink(Module):
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         return NF.tanhshrink(input)
+
+
+class Threshold(Module):
+    """``x`` where ``x > threshold``, else ``value``."""
+
+    def __init__(self, threshold: float, value: float, inplace: bool = False) -> None:
+        super().__init__()
+        self.threshold, self.value, self.inplace = threshold, value, inplace
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.threshold(input, self.threshold, self.value, self.inplace)
+
+    def extra_repr(self) -> str:
+        return (f"threshold={self.threshold}, value={self.value}"
+                + (", inplace=True" if self.inplace else ""))
+
+
+class GLU(Module):
+    """Gated linear unit: the first half of ``dim`` times the sigmoid of the second."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.glu(input, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Softmin(Module):
+    """Softmax of ``-x`` along ``dim``."""
+
+    def __init__(self, dim: int | None = None) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:  # noqa: A002
+        return NF.softmin(input, self.dim, _stacklevel=5)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"

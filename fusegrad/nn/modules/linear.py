@@ -12,7 +12,8 @@ from fusegrad.ops import functional as F
 from fusegrad.ops.creation import empty
 from fusegrad.tensor import Tensor
 
-__all__ = ["Identity", "Linear", "NonDynamicallyQuantizableLinear", "Flatten", "Unflatten"]
+__all__ = ["Identity", "Linear", "NonDynamicallyQuantizableLinear", "Bilinear", "Flatten",
+           "Unflatten"]
 
 
 class Identity(Module):
@@ -64,6 +65,41 @@ class NonDynamicallyQuantizableLinear(Linear):
     """A Linear by another name: torch's class of ``MultiheadAttention.out_proj`` (it keeps
     torch's quantization from swapping that layer), so that printed models match torch's."""
 
+
+class Bilinear(Module):
+    """``y = x1^T A x2 + b`` with ``weight`` A of shape (out_features, in1_features,
+    in2_features); weight and bias initialized U(-1/sqrt(in1), 1/sqrt(in1)) as torch does."""
+
+    def __init__(self, in1_features: int, in2_features: int, out_features: int,
+                 bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        self.in1_features = in1_features
+        self.in2_features = in2_features
+        self.out_features = out_features
+        self.weight = Parameter(empty((out_features, in1_features, in2_features), dtype=dtype,
+                                      device=device))
+        if bias:
+            self.bias = Parameter(empty(out_features, dtype=dtype, device=device))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw fresh weights with torch's default initialization."""
+        if self.in1_features <= 0:
+            raise ValueError(f"in1_features must be > 0, but got (in1_features="
+                             f"{self.in1_features})")
+        bound = 1 / math.sqrt(self.weight.shape[1])
+        init.uniform_(self.weight, -bound, bound)
+        if self.bias is not None:
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input1: Tensor, input2: Tensor) -> Tensor:
+        return NF.bilinear(input1, input2, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}")
 
 class Flatten(Module):
     """Flatten dims ``start_dim`` .. ``end_dim`` into one (the batch dim 0 is kept)."""
