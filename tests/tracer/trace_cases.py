@@ -917,3 +917,37 @@ case("inv", lambda a, b, s: (F.inv(a), F.solve(a, b), F.solve(a, b[:, 0]), F.qr_
      X(3, 3), X(3, 2), X(3, 3, layout="T"),
      covers=("qr_q", "qr_r", "svd_part", "linalg_svd", "eigh_values", "eigh", "eigh_vectors",
              "solve", "solve_triangular", "linalg_lu", "lu_factor", "linalg_lu_solve"))
+
+# -- dropout variants, layers and losses added with torch's names (tests/test_nn_layers.py)
+case("nn.dropout1d", lambda x: NF.dropout1d(x, 0.5, training=False) * 2, X(2, 3, 4))
+case("nn.dropout2d", lambda x: NF.dropout2d(x, 0.0) * 2, X(2, 3, 4, 2))
+case("nn.dropout3d", lambda x: NF.dropout3d(x, 0.5, training=False) * 2, X(2, 3, 2, 2, 2))
+case("nn.alpha_dropout", lambda x: NF.alpha_dropout(x, 0.5, training=False) * 2, X(3, 4))
+case("nn.feature_alpha_dropout", lambda x: NF.feature_alpha_dropout(x, 0.0) * 2, X(2, 3, 4))
+case("nn.threshold", lambda x: NF.threshold(x, 0.3, -1.0), X(3, 4))
+case("nn.threshold_", lambda x: NF.threshold_(x * 1, 0.3, -1.0), X(3, 4))
+case("nn.softmin", lambda x: NF.softmin(x, dim=1), X(3, 4))
+case("nn.glu", lambda x: NF.glu(x, dim=-1), X(3, 4))
+case("nn.pixel_shuffle", lambda x: NF.pixel_shuffle(x, 2), X(1, 8, 2, 3))
+case("nn.pixel_unshuffle", lambda x: NF.pixel_unshuffle(x, 2), X(1, 2, 4, 6))
+case("nn.pairwise_distance", lambda a, b: NF.pairwise_distance(a, b, p=3.0), X(3, 4), X(3, 4))
+case("nn.bilinear", lambda a, b, w, c: NF.bilinear(a, b, w, c), X(3, 2), X(3, 4), X(5, 2, 4),
+     X(5))
+case("nn.poisson_nll_loss", lambda x, y: NF.poisson_nll_loss(x, y, full=True), X(3, 4),
+     Pos(3, 4))
+case("nn.gaussian_nll_loss", lambda x, y, v: NF.gaussian_nll_loss(x, y, v), X(3, 4), X(3, 4),
+     Pos(3, 4))
+case("nn.margin_ranking_loss", lambda a, b: NF.margin_ranking_loss(
+    a, b, fg.tensor([1.0, -1.0, 1.0]), margin=0.2), X(3), X(3))
+case("nn.hinge_embedding_loss", lambda x: NF.hinge_embedding_loss(
+    x, fg.tensor([[1.0, -1.0, 1.0, -1.0]] * 3), margin=0.5), X(3, 4))
+case("nn.soft_margin_loss", lambda x: NF.soft_margin_loss(
+    x, fg.tensor([[1.0, -1.0, 1.0, -1.0]] * 3)), X(3, 4))
+case("nn.multilabel_soft_margin_loss", lambda x: NF.multilabel_soft_margin_loss(
+    x, fg.tensor([[1.0, 0.0, 1.0, 0.0]] * 3)), X(3, 4))
+case("nn.multi_margin_loss", lambda x: NF.multi_margin_loss(x, fg.tensor([0, 3, 1]), margin=0.7),
+     X(3, 4))
+case("nn.triplet_margin_loss", lambda a, p, n: NF.triplet_margin_loss(a, p, n, margin=0.5),
+     X(3, 4), X(3, 4), X(3, 4))
+case("nn.triplet_margin_with_distance_loss", lambda a, p, n: NF.triplet_margin_with_distance_loss(
+    a, p, n, margin=0.5, swap=True), X(3, 4), X(3, 4), X(3, 4))
