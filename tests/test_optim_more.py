@@ -330,13 +330,27 @@ def test_load_state_dict_resumes_exactly(opt_cls, kw):
     steps(params, opt, 3)
     steps(twins, resumed, 3)
     # load_state_dict casts every state tensor but ``step`` to the parameter's dtype, as
-    # torch's does, so NAdam's float32 mu_product (ASGD's eta and mu) resumes as float64:
-    # equal to rounding.
-    rtol = 1e-7 if opt_cls in (optim.NAdam, optim.ASGD) else 0
+    # torch's does, so NAdam's float32 mu_product resumes as float64: equal to rounding
+    # (ASGD writes its eta and mu through float32 tensors, as torch: exactly equal).
+    rtol = 1e-9 if opt_cls is optim.NAdam else 0
     assert_params([p.detach().numpy() for p in twins], [p.detach().numpy() for p in params],
                   rtol=rtol)
     if opt_cls is optim.NAdam:
         assert next(iter(resumed.state.values()))["mu_product"].dtype is fusegrad.float64
+
+
+def test_asgd_keeps_a_tensor_lr_unchanged():
+    """ASGD's eta is a copy of a tensor lr (a float32 lr tensor cast to itself was the
+    state, and each step's update of eta wrote into the user's lr)."""
+    lr = fusegrad.tensor(0.5)
+    params = make_params()
+    opt = optim.ASGD(params, lr=lr, lambd=1.0)
+    for _ in range(3):
+        opt.zero_grad()
+        quadratic_loss(params).backward()
+        opt.step()
+    assert lr.item() == 0.5 and opt.param_groups[0]["lr"] is lr
+    assert all(s["eta"] is not lr for s in opt.state.values())
 
 
 def test_hyperparameters_are_read_from_the_group_at_each_step():

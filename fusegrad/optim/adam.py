@@ -32,6 +32,8 @@ class Adam(Optimizer):
     accelerators, here it works everywhere.
     """
 
+    graph_hyperparameters = ("lr", "betas")
+
     def __init__(self, params: Iterable, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0, amsgrad: bool = False, *,

@@ -28,6 +28,8 @@ class Adamax(Optimizer):
     as torch's capturable branch does (what a traced step needs).
     """
 
+    graph_hyperparameters = ("lr", "betas")
+
     _capturable_when_compiled = True
 
     def __init__(self, params: Iterable, lr: float = 2e-3,

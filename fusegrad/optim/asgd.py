@@ -49,7 +49,8 @@ class ASGD(Optimizer):
         state = self.state[p]
         if not state:
             state["step"] = tensor(0.0, dtype=dtypes.float32)
-            state["eta"] = (F.cast(lr, dtypes.float32) if isinstance(lr, Tensor)
+            # A copy: eta is updated in place, and a float32 lr tensor would be cast to itself.
+            state["eta"] = (F.clone(F.cast(lr, dtypes.float32)) if isinstance(lr, Tensor)
                             else tensor(float(lr), dtype=dtypes.float32))
             state["mu"] = tensor(1.0, dtype=dtypes.float32)
             state["ax"] = F.zeros_like(p)

@@ -31,6 +31,8 @@ class NAdam(Optimizer):
     ops (torch's capturable branch).
     """
 
+    graph_hyperparameters = ("lr", "betas")
+
     _capturable_when_compiled = True
 
     def __init__(self, params: Iterable, lr: float = 2e-3,

@@ -158,6 +158,11 @@ class Optimizer:
 
     # Set by optimizers whose capturable branch is what a traced step should run.
     _capturable_when_compiled = False
+    # The float hyperparameters a compiled step reads at each call (graph inputs), so that a
+    # scheduler changes them without a recompile: "lr", and where the step does no Python
+    # control flow on their values, "momentum" or "betas" (beta1). A user's optimizer keeps
+    # the lr only: its step may well test ``momentum > 0``.
+    graph_hyperparameters: tuple[str, ...] = ("lr",)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

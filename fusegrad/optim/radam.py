@@ -32,6 +32,8 @@ class RAdam(Optimizer):
     branch with ``where`` (torch's capturable branch).
     """
 
+    graph_hyperparameters = ("lr", "betas")
+
     _capturable_when_compiled = True
 
     def __init__(self, params: Iterable, lr: float = 1e-3,

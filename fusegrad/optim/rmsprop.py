@@ -28,6 +28,8 @@ class RMSprop(Optimizer):
     ``momentum_buffer`` (momentum > 0) and ``grad_avg`` (centered).
     """
 
+    graph_hyperparameters = ("lr", "momentum")
+
     def __init__(self, params: Iterable, lr: float = 1e-2, alpha: float = 0.99,
                  eps: float = 1e-8, weight_decay: float = 0, momentum: float = 0,
                  centered: bool = False, capturable: bool = False,

@@ -23,6 +23,8 @@ class SGD(Optimizer):
         p = p - lr * g
     """
 
+    graph_hyperparameters = ("lr", "momentum")
+
     def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0,
                  dampening: float = 0, weight_decay: float = 0, nesterov: bool = False, *,
                  maximize: bool = False, foreach: bool | None = None,

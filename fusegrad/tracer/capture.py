@@ -475,23 +475,18 @@ class StateCapture:
             self._optimizer_signatures.append(optimizer_signature(opt))
         replaced = []
         for i, group in enumerate(opt.param_groups):
-            # Read through the optimizer: a group dict replaced between calls (a copy with
-            # another lr, load_state_dict's new groups) is the one read.
-            if _scheduled(group, "lr"):
-                sym = self.scalar_input("lr", lambda o=opt, i=i: o.param_groups[i]["lr"])
-                replaced.append((group, "lr", group["lr"]))
-                group["lr"] = sym
-            # Momentum and Adam's beta1 are what CyclicLR and OneCycleLR cycle with the lr.
-            if _scheduled(group, "momentum"):
-                sym = self.scalar_input("momentum",
-                                        lambda o=opt, i=i: o.param_groups[i]["momentum"])
-                replaced.append((group, "momentum", group["momentum"]))
-                group["momentum"] = sym
-            if _scheduled(group, "betas"):
-                sym = self.scalar_input("beta1",
-                                        lambda o=opt, i=i: o.param_groups[i]["betas"][0])
-                replaced.append((group, "betas", group["betas"]))
-                group["betas"] = (sym, *group["betas"][1:])
+            for key in _graph_hyperparameters(opt, group):
+                # Read through the optimizer: a group dict replaced between calls (a copy
+                # with another lr, load_state_dict's new groups) is the one read.
+                if key == "betas":
+                    sym = self.scalar_input("beta1",
+                                            lambda o=opt, i=i: o.param_groups[i]["betas"][0])
+                    value = (sym, *group["betas"][1:])
+                else:
+                    sym = self.scalar_input(key, lambda o=opt, i=i, k=key: o.param_groups[i][k])
+                    value = sym
+                replaced.append((group, key, group[key]))
+                group[key] = value
         return replaced
 
     @staticmethod
@@ -704,36 +699,41 @@ def _is_float(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _scheduled(group: dict, key: str) -> bool:
-    """Whether ``group[key]`` is a hyperparameter that a compiled step reads at each call
-    (a graph input), so that a scheduler changes it without a recompile: a float lr, a
-    nonzero float momentum (zero removes the momentum buffer: another graph), and the float
-    beta1 of ``betas``."""
-    value = group.get(key)
-    if key == "betas":
-        return isinstance(value, tuple) and len(value) > 0 and _is_float(value[0])
-    if key == "momentum":
-        return _is_float(value) and value != 0
-    return key == "lr" and _is_float(value)
-
-
-def _signature_value(group: dict, key: str):
-    """``group[key]`` as the signature holds it: a scheduled hyperparameter by its type."""
-    value = group[key]
-    if _scheduled(group, key):
+def _graph_hyperparameters(opt, group: dict) -> list[str]:
+    """The keys of ``group`` that a compiled step reads at each call (graph inputs), so that
+    a scheduler changes them without a recompile: of the optimizer's
+    ``graph_hyperparameters``, a float lr, a nonzero float momentum (zero removes the
+    momentum buffer: another graph), and ``betas`` with a float beta1."""
+    keys = []
+    for key in getattr(opt, "graph_hyperparameters", ("lr",)):
+        value = group.get(key)
         if key == "betas":
-            return (type(value[0]), *map(hashable, value[1:]))
-        return ("input", type(value))
-    return hashable(value)
+            held = isinstance(value, tuple) and len(value) > 0 and _is_float(value[0])
+        else:
+            held = _is_float(value) and (key != "momentum" or value != 0)
+        if held:
+            keys.append(key)
+    return keys
+
+
+def _signature_value(value, key: str, scheduled: list[str]):
+    """A group's ``value`` under ``key`` as the signature holds it: a hyperparameter read at
+    each call by its type."""
+    if key not in scheduled:
+        return hashable(value)
+    if key == "betas":
+        return (type(value[0]), *map(hashable, value[1:]))
+    return ("input", type(value))
 
 
 def optimizer_signature(opt) -> tuple:
     """What a traced optimizer step depends on besides tensor values: hyperparameters other
-    than the values of scheduled ones (:func:`_scheduled`), and per parameter which state it
-    has (identity, shape, dtype)."""
+    than the values of those read at each call (:func:`_graph_hyperparameters`), and per
+    parameter which state it has (identity, shape, dtype)."""
     parts = []
     for group in opt.param_groups:
-        hyper = tuple((k, _signature_value(group, k)) for k in sorted(group)
+        scheduled = _graph_hyperparameters(opt, group)
+        hyper = tuple((k, _signature_value(group[k], k, scheduled)) for k in sorted(group)
                       if k not in ("params", "lr", "param_names"))
         # A float learning rate is an input read at each call; a tensor one is captured, read
         # through the tensor the trace saw: another tensor in its place needs another trace.

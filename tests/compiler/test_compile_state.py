@@ -385,22 +385,28 @@ def test_learning_rate_is_an_input_no_recompile():
     assert f.compiles == 2
 
 
-@pytest.mark.parametrize("name", ["sgd-momentum", "adam", "rmsprop", "radam"])
-def test_lr_scheduler_between_compiled_steps(name):
+def _scheduled_steps(name: str, make_scheduler, steps: int):
+    """Params after ``steps`` steps of ``name`` with ``make_scheduler(opt)`` stepped after
+    each, eagerly and with the step compiled; and the compiled function."""
     def run(compiled):
         m = mlp()
         opt = OPTIMIZERS[name](m.parameters())
-        sched = fg.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
+        sched = make_scheduler(opt)
         x, y = data()
-
         step = training_step(m, opt)
         f = fg.compile(step, fullgraph=True) if compiled else step
-        for _ in range(6):
+        for _ in range(steps):
             f(x, y)
             sched.step()
         return params(m), f
     pe, _ = run(False)
     pc, f = run(True)
+    return pe, pc, f
+
+
+@pytest.mark.parametrize("name", ["sgd-momentum", "adam", "rmsprop", "radam"])
+def test_lr_scheduler_between_compiled_steps(name):
+    pe, pc, f = _scheduled_steps(name, lambda opt: fg.optim.lr_scheduler.StepLR(opt, 2, 0.5), 6)
     assert_close_lists(pc, pe)
     assert f.compiles == 2
 
@@ -411,17 +417,38 @@ def test_cyclic_lr_momentum_and_beta1_are_inputs_no_recompile(name):
     """CyclicLR changes the lr and the momentum (or beta1) at every step: both are read at
     each call of the compiled step, which compiles once for the first step (state made)
     and once for the steady step."""
+    pe, pc, f = _scheduled_steps(name, lambda opt: fg.optim.lr_scheduler.CyclicLR(
+        opt, 1e-3, 1e-2, step_size_up=3, base_momentum=0.6, max_momentum=0.85), 8)
+    assert_close_lists(pc, pe)
+    assert f.compiles == 2
+
+
+def test_a_users_optimizer_may_branch_on_its_momentum_and_betas():
+    """Only fusegrad's optimizers, which do no Python control flow on them, get momentum and
+    beta1 as graph inputs; a user's optimizer testing ``momentum > 0`` compiles (it failed
+    with a ConcretizationError), with its lr still read at each call."""
+    class HeavyBall(fg.optim.Optimizer):
+        def __init__(self, params, lr=0.05, momentum=0.9, betas=(0.9, 0.99)):
+            super().__init__(params, {"lr": lr, "momentum": momentum, "betas": betas})
+
+        @fg.no_grad()
+        def step(self):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if g["momentum"] > 0 and g["betas"][0] < 1:
+                        buf = self.state[p].setdefault("buf", fg.zeros_like(p))
+                        buf.mul_(g["momentum"]).add_(p.grad)
+                        p.add_(buf, alpha=-g["lr"])
+
     def run(compiled):
         m = mlp()
-        opt = OPTIMIZERS[name](m.parameters())
-        sched = fg.optim.lr_scheduler.CyclicLR(opt, 1e-3, 1e-2, step_size_up=3,
-                                               base_momentum=0.6, max_momentum=0.85)
+        opt = HeavyBall(m.parameters())
         x, y = data()
         step = training_step(m, opt)
         f = fg.compile(step, fullgraph=True) if compiled else step
-        for _ in range(8):
+        for k in range(5):
+            opt.param_groups[0]["lr"] = 0.05 / (k + 1)
             f(x, y)
-            sched.step()
         return params(m), f
     pe, _ = run(False)
     pc, f = run(True)
