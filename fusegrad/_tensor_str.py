@@ -50,7 +50,8 @@ class PrintOptions:
 
 
 PRINT_OPTS = PrintOptions()
-_PROFILES = {"default": (4, 1000, 3, 80), "short": (2, 1000, 2, 80), "full": (4, math.inf, 3, 80)}
+_PROFILES = {"default": PrintOptions(), "short": PrintOptions(precision=2, edgeitems=2),
+             "full": PrintOptions(threshold=math.inf)}
 
 
 def set_printoptions(precision: int | None = None, threshold: float | None = None,
@@ -70,8 +71,10 @@ def set_printoptions(precision: int | None = None, threshold: float | None = Non
         if profile not in _PROFILES:
             raise ValueError(f"set_printoptions: profile must be one of {sorted(_PROFILES)}, "
                              f"got {profile!r}")
+        chosen = _PROFILES[profile]
         (PRINT_OPTS.precision, PRINT_OPTS.threshold, PRINT_OPTS.edgeitems,
-         PRINT_OPTS.linewidth) = _PROFILES[profile]
+         PRINT_OPTS.linewidth) = (chosen.precision, chosen.threshold, chosen.edgeitems,
+                                  chosen.linewidth)
     if precision is not None:
         PRINT_OPTS.precision = precision
     if threshold is not None:

@@ -99,10 +99,10 @@ def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin
     return NF._reduce(loss, reduction)
 
 
-def _readable(t: Tensor) -> bool:
-    """Whether ``t``'s values can be read for an argument check: an eager tensor, outside a
-    compiled function's capture (where even a constant's value is known only at run time)."""
-    return NF._is_concrete(t) and not primitive.CAPTURE
+def _check_reduction_is_valid(reduction: str) -> None:
+    """torch's own wording for these two losses (the others': :func:`NF._check_reduction`)."""
+    if reduction not in NF._REDUCTIONS:
+        raise ValueError(reduction + " is not valid")
 
 
 def _reduction_of(size_average, reduce, reduction: str) -> str:
@@ -140,7 +140,7 @@ def gaussian_nll_loss(input: Tensor, target: Tensor, var, full: bool = False,  #
         if var < 0:
             raise ValueError("var has negative entry/entries")
         var = F.full_like(input, var)
-    elif _readable(var) and (var.detach().numpy() < 0).any():
+    elif not primitive.traced(var) and (var.detach().numpy() < 0).any():
         raise ValueError("var has negative entry/entries")
     if var.shape != input.shape:
         if input.shape[:-1] == var.shape:
@@ -150,8 +150,7 @@ def gaussian_nll_loss(input: Tensor, target: Tensor, var, full: bool = False,  #
             pass   # heteroscedastic: one dim of size 1
         else:
             raise ValueError("var is of incorrect size")
-    if reduction not in ("none", "mean", "sum"):
-        raise ValueError(reduction + " is not valid")
+    _check_reduction_is_valid(reduction)
     # torch clamps a clone in place under no_grad: the value is clamped, the gradient is var's
     var = F.add(var, F.sub(F.clamp(var, min=eps), var).detach())
     d = F.sub(input, target)
@@ -207,8 +206,7 @@ def multilabel_soft_margin_loss(input: Tensor, target: Tensor,  # noqa: A002
         loss = F.mul(loss, weight)
     class_dim = input.ndim - 1
     loss = F.div(F.sum(loss, class_dim), input.shape[class_dim])
-    if reduction not in ("none", "mean", "sum"):
-        raise ValueError(reduction + " is not valid")
+    _check_reduction_is_valid(reduction)
     return NF._reduce(loss, reduction)
 
 
@@ -236,7 +234,7 @@ def multi_margin_loss(input: Tensor, target: Tensor, p: int = 1,  # noqa: A002
     if weight is not None and weight.numel() != classes:
         raise RuntimeError(f"inconsistent weight size, expected {classes} but got "
                            f"{list(weight.shape)}")
-    if _readable(target) and frames:
+    if not primitive.traced(target) and frames:
         values = target.numpy()
         if (values < 0).any() or (values >= classes).any():
             raise RuntimeError("target out of range")
@@ -288,8 +286,7 @@ def triplet_margin_with_distance_loss(anchor: Tensor, positive: Tensor, negative
                                       swap: bool = False, reduction: str = "mean") -> Tensor:
     """:func:`triplet_margin_loss` with any ``distance_function`` (default
     :func:`pairwise_distance`)."""
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"{reduction} is not a valid value for reduction")
+    NF._check_reduction(reduction)
     if margin <= 0:
         raise ValueError(f"margin must be greater than 0, got {margin}")
     _triplet_dims(anchor, positive, negative)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import builtins
 import math
 
-import ml_dtypes
 import numpy as np
 
 from fusegrad import dtypes
@@ -26,7 +25,7 @@ from fusegrad.ops.primitive import bind
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
-_NARROW = {dtypes.float16: np.float16, dtypes.bfloat16: ml_dtypes.bfloat16}
+_NARROW = frozenset({dtypes.float16, dtypes.bfloat16})
 
 
 def _scalar_of_narrow(x, other) -> bool:

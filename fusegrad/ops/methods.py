@@ -38,11 +38,9 @@ Tensor.where = _where_method
 def _binop(fn, reflected=False):
     if reflected:
         def op(self, other):
-            if isinstance(other, Tensor) or fn is F.mul or fn is F.div:
-                # 0.1 * float16 is torch's mul(x, 0.1); 1e5 / float16 its reciprocal(x) * 1e5,
-                # finite, here computed as one float32 division (see mul and div)
-                return fn(other, self)
-            return fn(F.as_tensor_operand(other, dtypes.result_type(self, other)), self)
+            # Each op takes a scalar on either side with its own rule (0.1 * float16 is
+            # torch's mul(x, 0.1): the scalar in float32; 1 + float16 rounds it first).
+            return fn(other, self)
     else:
         def op(self, other):
             try:

@@ -382,10 +382,12 @@ class _Skips:
     non-finite value) and start (or end) the shortened sum. A full sum from +0 never holds
     -0, so adding +0 leaves it as it was."""
 
-    def __init__(self, em: _Emit, rows: int, name: str):
+    def __init__(self, em: _Emit, rows: int, name: str, columns: bool = False):
+        """``columns``: the sums over queries skip too (the backward's), which need the
+        running maximum of the ends (:meth:`finish_rows`, :meth:`first_row`)."""
         self.em, self.rows = em, rows
         self.ends = em.b.alloca(I32, size=rows, name=f"{name}.ends")
-        self.reach = em.b.alloca(I32, size=rows, name=f"{name}.reach")
+        self.reach = em.b.alloca(I32, size=rows, name=f"{name}.reach") if columns else None
 
     def set_end(self, i: ir.Value, masked: ir.Value, dead_end: ir.Value | None = None) -> None:
         """Row ``i``'s end from its mask vector (true where a score is removed); a row with
@@ -520,7 +522,7 @@ def _backward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool,
     dst = b.alloca(t, size=L * S, name="ds")        # the gradient of the head's scores
     if has_mask:
         # ds is 0 where the mask removes a score; p too, except in a row of NaN weights
-        ds_skips, p_skips = _Skips(em, L, "ds"), _Skips(em, L, "p")
+        ds_skips, p_skips = _Skips(em, L, "ds", columns=True), _Skips(em, L, "p", columns=True)
         zk, zq, zdo = (b.alloca(t, size=(L + 1) * E, name=f"z{a}") for a in "kqo")
     exit_ = _enter_heads(fn, b, start, end)
     strides = [_row_stride(em, layout, a) for a in range(5)]

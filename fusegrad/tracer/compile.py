@@ -115,7 +115,8 @@ class _Entry:
     # The trace made optimizer state (a first step): the program writes those tensors, so it
     # is right only while the optimizer still holds them, and runs once (see _run).
     one_shot: bool = False
-    # id of a program's graph -> the outputs a call copies (see _outputs_to_copy)
+    # (id of a program's graph, outputs checked) -> the outputs a call copies
+    # (see _outputs_to_copy)
     copies: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -781,9 +782,9 @@ def _outputs_to_copy(graph: Graph, info, n: int) -> tuple[int, ...]:
 
 
 def _copies(entry: _Entry, graph: Graph, n: int) -> tuple[int, ...]:
-    hit = entry.copies.get(id(graph))
+    hit = entry.copies.get((id(graph), n))
     if hit is None:
-        hit = entry.copies[id(graph)] = _outputs_to_copy(graph, entry.info, n)
+        hit = entry.copies[id(graph), n] = _outputs_to_copy(graph, entry.info, n)
     return hit
 
 

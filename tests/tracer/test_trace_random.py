@@ -30,6 +30,13 @@ def _module_dropout(x):
     return nn.Dropout(0.3)(x.tanh())
 
 
+def _feature_dropouts(x):
+    """The channel-wise and alpha dropouts: one draw per channel, or per element."""
+    y = x.reshape(1, 2, 3)
+    return (NF.dropout1d(y, 0.4) + NF.alpha_dropout(x, 0.4, True) +
+            NF.feature_alpha_dropout(y, 0.4, True))
+
+
 def _inplace_fills(x):
     """Tensor.uniform_, normal_ and bernoulli_ on intermediates."""
     a = x.new_zeros(2, 3).uniform_(-1.0, 1.0)
@@ -38,7 +45,8 @@ def _inplace_fills(x):
     return x * a + b + c
 
 
-@pytest.mark.parametrize("fn", [_noisy, _dropout, _module_dropout, _inplace_fills],
+@pytest.mark.parametrize("fn", [_noisy, _dropout, _module_dropout, _feature_dropouts,
+                                _inplace_fills],
                          ids=lambda f: f.__name__)
 @pytest.mark.parametrize("seed", [0, 1234])
 def test_replaying_with_the_same_key_reproduces_eager(fn, seed):

@@ -918,7 +918,8 @@ case("inv", lambda a, b, s: (F.inv(a), F.solve(a, b), F.solve(a, b[:, 0]), F.qr_
      covers=("qr_q", "qr_r", "svd_part", "linalg_svd", "eigh_values", "eigh", "eigh_vectors",
              "solve", "solve_triangular", "linalg_lu", "lu_factor", "linalg_lu_solve"))
 
-# -- dropout variants, layers and losses added with torch's names (tests/test_nn_layers.py)
+# -- dropout variants (their random draws: tests/tracer/test_trace_random.py), layers and
+# losses added with torch's names (tests/test_nn_layers.py)
 case("nn.dropout1d", lambda x: NF.dropout1d(x, 0.5, training=False) * 2, X(2, 3, 4))
 case("nn.dropout2d", lambda x: NF.dropout2d(x, 0.0) * 2, X(2, 3, 4, 2))
 case("nn.dropout3d", lambda x: NF.dropout3d(x, 0.5, training=False) * 2, X(2, 3, 2, 2, 2))

@@ -68,34 +68,25 @@ class ConstantPad3d(_ConstantPadNd):
     _nd = 3
 
 
-class ZeroPad1d(ConstantPad1d):
+class _ZeroPad:
+    """A constant pad of zeros, printed as the plain pads are (torch's ZeroPad)."""
+
+    def __init__(self, padding) -> None:
+        super().__init__(padding, 0.0)
+
+    extra_repr = _PadNd.extra_repr
+
+
+class ZeroPad1d(_ZeroPad, ConstantPad1d):
     """Pad the last dim with zeros."""
 
-    def __init__(self, padding) -> None:
-        super().__init__(padding, 0.0)
 
-    def extra_repr(self) -> str:
-        return f"{self.padding}"
-
-
-class ZeroPad2d(ConstantPad2d):
+class ZeroPad2d(_ZeroPad, ConstantPad2d):
     """Pad the last 2 dims with zeros."""
 
-    def __init__(self, padding) -> None:
-        super().__init__(padding, 0.0)
 
-    def extra_repr(self) -> str:
-        return f"{self.padding}"
-
-
-class ZeroPad3d(ConstantPad3d):
+class ZeroPad3d(_ZeroPad, ConstantPad3d):
     """Pad the last 3 dims with zeros."""
-
-    def __init__(self, padding) -> None:
-        super().__init__(padding, 0.0)
-
-    def extra_repr(self) -> str:
-        return f"{self.padding}"
 
 
 class ReflectionPad1d(_PadNd):
@@ -142,7 +133,7 @@ class _CircularPadNd(_PadNd):
         if input.ndim not in (self._nd + 1, self._nd + 2):
             raise ValueError(f"expected {self._nd + 1}D or {self._nd + 2}D input (got "
                              f"{input.ndim}D input)")
-        return NF.pad(input, self.padding, "circular")
+        return super().forward(input)
 
 
 class CircularPad1d(_CircularPadNd):
