@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
+from functools import partial
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import fusegrad
 import fusegrad.nn as nn
 import fusegrad.nn.functional as NF
 from fusegrad.autograd.gradcheck import gradcheck
+from tests.test_nn import np_reduce
 
 RNG = np.random.default_rng(12)
 
@@ -277,16 +279,13 @@ def test_group4_against_torch():
         tf.max_unpool2d(y2, i2, 2, output_size=(6, 7)).numpy())
 
 
-REDUCE = {"mean": np.mean, "sum": np.sum, "none": lambda a: a}
-
-
 def _np_logsigmoid(x):
     return -np.logaddexp(0, -x)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_likelihood_losses(reduction):
-    red = REDUCE[reduction]
+    red = partial(np_reduce, reduction=reduction)
     x, rate = t64(3, 4), fusegrad.tensor(RNG.uniform(0.1, 3, (3, 4)), requires_grad=True)
     t = fusegrad.tensor(RNG.poisson(2.0, (3, 4)).astype(float))
     xn, tn, rn = x.detach().numpy(), t.numpy(), rate.detach().numpy()
@@ -327,7 +326,7 @@ def test_likelihood_losses(reduction):
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_margin_losses(reduction):
-    red = REDUCE[reduction]
+    red = partial(np_reduce, reduction=reduction)
     a, b = t64(5), t64(5)
     y = fusegrad.tensor(RNG.choice([-1.0, 1.0], 5))
     an, bn, yn = a.detach().numpy(), b.detach().numpy(), y.numpy()
@@ -383,7 +382,7 @@ def test_multi_margin_loss(p, reduction):
     w = fusegrad.tensor(RNG.uniform(0, 1, 4))
     for weight in (None, w):
         wn = np.ones(4) if weight is None else w.numpy()
-        ref = REDUCE[reduction](np_multi_margin(x.detach().numpy(), y.numpy(), p, 0.6, wn))
+        ref = np_reduce(np_multi_margin(x.detach().numpy(), y.numpy(), p, 0.6, wn), reduction)
         np.testing.assert_allclose(NF.multi_margin_loss(x, y, p, 0.6, weight, reduction=reduction)
                                    .detach().numpy(), ref, rtol=1e-12)
         np.testing.assert_allclose(nn.MultiMarginLoss(p, 0.6, weight, reduction=reduction)(x, y)
@@ -421,7 +420,7 @@ def test_triplet_margin_losses(swap, reduction):
         d_neg = dist(an, nn_, q)
         if swap:
             d_neg = np.minimum(d_neg, dist(pn, nn_, q))
-        ref = REDUCE[reduction](np.maximum(0, 0.8 + dist(an, pn, q) - d_neg))
+        ref = np_reduce(np.maximum(0, 0.8 + dist(an, pn, q) - d_neg), reduction)
         np.testing.assert_allclose(NF.triplet_margin_loss(a, p, n, 0.8, q, swap=swap,
                                                           reduction=reduction).detach().numpy(),
                                    ref, rtol=1e-12)
@@ -435,7 +434,7 @@ def test_triplet_margin_losses(swap, reduction):
     def cn(u, v):
         return 1 - (u * v).sum(-1) / np.linalg.norm(u, axis=-1) / np.linalg.norm(v, axis=-1)
     d_neg = np.minimum(cn(an, nn_), cn(pn, nn_)) if swap else cn(an, nn_)
-    ref = REDUCE[reduction](np.maximum(0, 1.5 + cn(an, pn) - d_neg))
+    ref = np_reduce(np.maximum(0, 1.5 + cn(an, pn) - d_neg), reduction)
     m = nn.TripletMarginWithDistanceLoss(distance_function=cos_dist, margin=1.5, swap=swap,
                                          reduction=reduction)
     np.testing.assert_allclose(m(a, p, n).detach().numpy(), ref, rtol=1e-12)

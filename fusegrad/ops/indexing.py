@@ -22,11 +22,22 @@ from fusegrad.ops.movement import (
     reshape_prim,
     slice_axes,
 )
-from fusegrad.ops.operands import _index_tensor, _scalar_tensor, cast, take, take_add
+from fusegrad.ops.operands import _index_tensor, _scalar_tensor, as_tensor_operand, cast, take, take_add
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
+
+
+def _positions(index: Tensor, size: int, op: str | None = None, dim: int = 0) -> Tensor:
+    """Integer positions with negative ones counted from the end (int64); with ``op``, checked
+    to lie in ``[-size, size)`` first (when read: at the call, or when the compiled program
+    runs), where a position that is later linearized or wrapped once more would otherwise
+    land silently on another element."""
+    index = cast(as_tensor_operand(index), dtypes.int64)
+    if op is not None:
+        index = bind(P.check_index, index, op=op, size=int(size), dim=int(dim), wrap=True)
+    return where(lt(index, 0), add(index, size), index)
 
 
 def _checked_index(index: Tensor, op: str, size: int, dim: int) -> Tensor:
@@ -322,9 +333,7 @@ def getitem(x: Tensor, key) -> Tensor:
     out = slice_axes(x, starts, stops, steps)
     out = reshape_prim(out, tuple(out_shape))
     for pos, k, size, d in reversed(selects):
-        k = cast(bind(P.check_index, k, op="index", size=int(size), dim=int(d), wrap=True),
-                 dtypes.int64)
-        out = take(out, where(lt(k, 0), add(k, size), k), pos)
+        out = take(out, _positions(k, size, "index", d), pos)
     if selects:
         view_name = "SelectBackward0" if view_name is None else view_name
         advanced = [(p - builtins.sum(1 for q, *_ in selects if q < p), k) for p, k in advanced]

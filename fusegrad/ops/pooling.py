@@ -106,15 +106,22 @@ def _pool_geometry(op, x, nd, kernel_size, stride, padding, dilation, ceil_mode)
     return kernel, stride, padding, dilation, spatial, out, pads
 
 
+def _offset_positions(kernel, stride, padding, dilation, out):
+    """Per kernel offset, the input position along each spatial axis of each output position
+    (arrays of shape ``out``), counted from the unpadded input's start."""
+    grids = np.meshgrid(*[np.arange(o) for o in out], indexing="ij")
+    for offsets in itertools.product(*(range(k) for k in kernel)):
+        yield [grids[a] * stride[a] - padding[a] + offsets[a] * dilation[a]
+               for a in range(len(kernel))]
+
+
 def _window_positions(spatial, kernel, stride, padding, dilation, out) -> np.ndarray:
     """Flat input position of each (kernel offset, output position): (math.prod(kernel), *out)."""
     table = np.zeros((math.prod(kernel),) + tuple(out), dtype=np.int64)
-    grids = np.meshgrid(*[np.arange(o) for o in out], indexing="ij")
-    for i, offsets in enumerate(itertools.product(*(range(k) for k in kernel))):
+    for i, positions in enumerate(_offset_positions(kernel, stride, padding, dilation, out)):
         flat = np.zeros(tuple(out), dtype=np.int64)
-        for a in range(len(kernel)):
-            pos = grids[a] * stride[a] - padding[a] + offsets[a] * dilation[a]
-            flat = flat * spatial[a] + pos
+        for pos, size in zip(positions, spatial):
+            flat = flat * size + pos
         table[i] = flat
     return table
 
@@ -125,11 +132,10 @@ def _window_inside(spatial, kernel, stride, dilation, out, pads) -> np.ndarray |
     if not any(lo or hi for lo, hi in pads):
         return None
     inside = np.ones((math.prod(kernel),) + tuple(out), dtype=bool)
-    grids = np.meshgrid(*[np.arange(o) for o in out], indexing="ij")
-    for i, offsets in enumerate(itertools.product(*(range(k) for k in kernel))):
-        for a in range(len(kernel)):
-            pos = grids[a] * stride[a] - pads[a][0] + offsets[a] * dilation[a]
-            inside[i] &= (pos >= 0) & (pos < spatial[a])
+    before = [lo for lo, _ in pads]
+    for i, positions in enumerate(_offset_positions(kernel, stride, before, dilation, out)):
+        for pos, size in zip(positions, spatial):
+            inside[i] &= (pos >= 0) & (pos < size)
     return inside.reshape((1, 1) + inside.shape)
 
 
@@ -146,9 +152,14 @@ def _first_max_index(cols: Tensor, inside: np.ndarray | None) -> Tensor:
     read the input: a window of -inf values picks its first element in the input."""
     if inside is None:
         return argmax(cols, 2, keepdim=True)   # numpy's: the first NaN, else the first largest
-    top = amax(cols, 2, keepdim=True)
-    hit = logical_and(logical_or(eq(cols, top), isnan(cols)), _const(inside, dtypes.bool_))
-    return argmax(hit, 2, keepdim=True)
+    return argmax(_max_hits(cols, inside), 2, keepdim=True)
+
+
+def _max_hits(cols: Tensor, inside: np.ndarray | None) -> Tensor:
+    """Where each window holds its maximum (a NaN is the maximum of its window: NaN != NaN,
+    so it is marked by isnan), padding excluded (``inside``, see :func:`_window_inside`)."""
+    hit = logical_or(eq(cols, amax(cols, 2, keepdim=True)), isnan(cols))
+    return hit if inside is None else logical_and(hit, _const(inside, dtypes.bool_))
 
 
 def _max_windows(b: Tensor, kernel, stride, dilation, out, pads):
@@ -170,11 +181,7 @@ def _first_max(cols: Tensor, inside: np.ndarray | None) -> Tensor:
         offsets = _const(np.arange(cols.shape[2]).reshape((1, 1, -1) + (1,) * (cols.ndim - 3)),
                          dtypes.int64)
         return sum(where(eq(first, offsets), cols, 0), 2).to(cols.dtype)
-    top = amax(cols.detach(), 2, keepdim=True)
-    # a NaN is the maximum of its window (NaN != NaN, so it is marked by isnan)
-    hit = logical_or(eq(cols, top), isnan(cols))
-    if inside is not None:
-        hit = logical_and(hit, _const(inside, dtypes.bool_))
+    hit = _max_hits(cols.detach(), inside)
     seen, masks = None, []
     for k in range(cols.shape[2]):
         e = narrow(hit, 2, k, 1)

@@ -8,11 +8,10 @@ from __future__ import annotations
 import math
 
 from fusegrad import dtypes
-from fusegrad.ops import prims as P
 from fusegrad.ops.composite import custom_vjp
 from fusegrad.ops.creation import full, full_like, ones, zeros
 from fusegrad.ops.elementwise import add, clone, lt, where
-from fusegrad.ops.indexing import _last_writes, index_add, sort
+from fusegrad.ops.indexing import _last_writes, _positions, index_add, sort
 from fusegrad.ops.movement import (
     _int_sequence,
     diag,
@@ -26,7 +25,6 @@ from fusegrad.ops.movement import (
     unsqueeze,
 )
 from fusegrad.ops.operands import _index_tensor, as_tensor_operand, cast, take
-from fusegrad.ops.primitive import bind
 from fusegrad.ops.prims import normalize_axis, register_vjp
 from fusegrad.ops.reductions import cumsum
 from fusegrad.ops.registry import public
@@ -154,17 +152,6 @@ dsplit = public(_split_dim("dsplit", 2, 3), name="dsplit", torch=True, method=Tr
 def diagflat(x: Tensor, offset: int = 0) -> Tensor:
     """The square matrix with ``x`` flattened on diagonal ``offset``."""
     return diag(flatten(x), offset)
-
-
-def _positions(index: Tensor, size: int, op: str | None = None, dim: int = 0) -> Tensor:
-    """Integer positions with negative ones counted from the end (int64); with ``op``, checked
-    to lie in ``[-size, size)`` first (when read: at the call, or when the compiled program
-    runs), where a position that is later linearized or wrapped once more would otherwise
-    land silently on another element."""
-    index = cast(as_tensor_operand(index), dtypes.int64)
-    if op is not None:
-        index = bind(P.check_index, index, op=op, size=int(size), dim=int(dim), wrap=True)
-    return where(lt(index, 0), add(index, size), index)
 
 
 def _hit_mask(x: Tensor, axis: int, index: Tensor) -> Tensor:

@@ -1,6 +1,14 @@
-"""Argument checks shared by the Adam-family optimizers, with torch's messages."""
+"""Argument checks shared by the optimizers, with torch's messages."""
 
 from __future__ import annotations
+
+from fusegrad.tensor import Tensor
+
+
+def check_tensor_lr(lr) -> None:
+    """torch's check of a tensor learning rate (one element)."""
+    if isinstance(lr, Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
 
 
 def check_adam_args(lr: float, betas: tuple[float, float], eps: float,

@@ -8,7 +8,8 @@ from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops import functional as F
 from fusegrad.ops.creation import tensor
-from fusegrad.optim.optimizer import Optimizer, addcmul_, check_tensor_lr
+from fusegrad.optim._checks import check_tensor_lr
+from fusegrad.optim.optimizer import Optimizer, addcmul_
 
 __all__ = ["Adadelta"]
 

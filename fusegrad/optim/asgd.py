@@ -9,7 +9,8 @@ from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops import functional as F
 from fusegrad.ops.creation import tensor
-from fusegrad.optim.optimizer import Optimizer, check_tensor_lr
+from fusegrad.optim._checks import check_tensor_lr
+from fusegrad.optim.optimizer import Optimizer
 from fusegrad.tensor import Tensor
 
 __all__ = ["ASGD"]

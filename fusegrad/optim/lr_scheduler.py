@@ -617,6 +617,32 @@ class ReduceLROnPlateau(LRScheduler):
                              threshold_mode=self.threshold_mode)
 
 
+def _uses_beta1(optimizer) -> bool:
+    """For ``cycle_momentum`` (OneCycleLR, CyclicLR): whether the optimizer's momentum is
+    beta1 of ``betas`` (Adam's family) rather than ``momentum``; torch's error if neither."""
+    if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+        raise ValueError("optimizer must support momentum or beta1 with "
+                         "`cycle_momentum` option enabled")
+    return "betas" in optimizer.defaults
+
+
+def _set_momentum(group: dict, value: float, use_beta1: bool) -> None:
+    if use_beta1:
+        group["betas"] = (value, *group["betas"][1:])
+    else:
+        group["momentum"] = value
+
+
+def _start_momentums(optimizer, base_momentums: list, max_momentums: list,
+                     use_beta1: bool) -> None:
+    """A fresh cycle starts each group at its max momentum and records both ends."""
+    for m_max, m_base, group in zip(max_momentums, base_momentums, optimizer.param_groups,
+                                    strict=True):
+        _set_momentum(group, m_max, use_beta1)
+        group["max_momentum"] = m_max
+        group["base_momentum"] = m_base
+
+
 class OneCycleLR(LRScheduler):
     """The 1cycle policy: the lr rises from ``max_lr / div_factor`` to ``max_lr`` over
     ``pct_start`` of ``total_steps``, then anneals to ``initial_lr / final_div_factor``
@@ -682,25 +708,15 @@ class OneCycleLR(LRScheduler):
 
         self.cycle_momentum = cycle_momentum
         if cycle_momentum:
-            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
-                raise ValueError("optimizer must support momentum or beta1 with "
-                                 "`cycle_momentum` option enabled")
-            self.use_beta1 = "betas" in optimizer.defaults
+            self.use_beta1 = _uses_beta1(optimizer)
             max_momentums = _format_param("max_momentum", optimizer, max_momentum)
             base_momentums = _format_param("base_momentum", optimizer, base_momentum)
             if last_epoch == -1:
-                for m_max, m_base, group in zip(max_momentums, base_momentums,
-                                                optimizer.param_groups, strict=True):
-                    self._set_momentum(group, m_max)
-                    group["max_momentum"] = m_max
-                    group["base_momentum"] = m_base
+                _start_momentums(optimizer, base_momentums, max_momentums, self.use_beta1)
         super().__init__(optimizer, last_epoch)
 
     def _set_momentum(self, group: dict, value: float) -> None:
-        if self.use_beta1:
-            group["betas"] = (value, *group["betas"][1:])
-        else:
-            group["momentum"] = value
+        _set_momentum(group, value, self.use_beta1)
 
     def _anneal_func(self, start: float, end: float, pct: float) -> float:
         if self._anneal_func_type == "cos":
@@ -831,18 +847,12 @@ class CyclicLR(LRScheduler):
         self._init_scale_fn()
         self.cycle_momentum = cycle_momentum
         if cycle_momentum:
-            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
-                raise ValueError("optimizer must support momentum or beta1 with "
-                                 "`cycle_momentum` option enabled")
-            self.use_beta1 = "betas" in optimizer.defaults
+            self.use_beta1 = _uses_beta1(optimizer)
             self.base_momentums = _format_param("base_momentum", optimizer, base_momentum)
             self.max_momentums = _format_param("max_momentum", optimizer, max_momentum)
             if last_epoch == -1:
-                for m_max, m_base, group in zip(self.max_momentums, self.base_momentums,
-                                                optimizer.param_groups, strict=True):
-                    self._set_momentum(group, m_max)
-                    group["max_momentum"] = m_max
-                    group["base_momentum"] = m_base
+                _start_momentums(optimizer, self.base_momentums, self.max_momentums,
+                                 self.use_beta1)
         super().__init__(optimizer, last_epoch)
         self.base_lrs = base_lrs
 
@@ -879,10 +889,7 @@ class CyclicLR(LRScheduler):
         return gamma ** x
 
     def _set_momentum(self, group: dict, value: float) -> None:
-        if self.use_beta1:
-            group["betas"] = (value, *group["betas"][1:])
-        else:
-            group["momentum"] = value
+        _set_momentum(group, value, self.use_beta1)
 
     def get_lr(self) -> list[float]:
         """The lrs of batch ``last_epoch``; with ``cycle_momentum``, also sets each group's

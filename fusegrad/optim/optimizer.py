@@ -122,12 +122,6 @@ def eager_arrays(*tensors: Tensor | None) -> list | None:
     return arrays
 
 
-def check_tensor_lr(lr) -> None:
-    """torch's check of a tensor learning rate (one element)."""
-    if isinstance(lr, Tensor) and lr.numel() != 1:
-        raise ValueError("Tensor lr must be 1-element")
-
-
 def is_nonzero(value: float | Tensor) -> bool:
     """Whether a hyperparameter such as momentum is nonzero. A compiled step reads a nonzero
     float momentum at each call as a 0-d graph input (its value unknown while tracing); the
