@@ -15,6 +15,9 @@ eagerly, with one warning.
 layer_norm, cross_entropy, conv2d, max_pool2d...) called eagerly on float32 CPU tensors with at
 least this many elements run as the fused kernels of their compiled definition
 (:mod:`fusegrad.tracer.eager_kernels`).
+``FUSEGRAD_NATIVE_GEMM`` (default ``auto``): compiled programs run their float32 matrix products
+as GEMMs generated for their shapes (:mod:`fusegrad.codegen.llvm.gemm`) on CPUs with AVX-512
+(``auto``), everywhere (``on``), or never (``off``: numpy's BLAS).
 ``FUSEGRAD_MALLOC_TOP_PAD`` (default 16 MiB; ``0``: glibc's default): freed heap memory the
 process keeps for the next eager op's arrays (:mod:`fusegrad.host_memory`).
 
@@ -48,6 +51,17 @@ def _ignored(name: str, default) -> None:
                   RuntimeWarning, stacklevel=3)
 
 
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (the first is the default), read case-insensitively."""
+    value = os.environ.get(name, choices[0]).strip().lower()
+    if value in choices:
+        return value
+    import warnings
+    warnings.warn(f"{name}={os.environ.get(name)!r} is not one of {', '.join(choices)}; "
+                  f"fusegrad uses {choices[0]}", RuntimeWarning, stacklevel=3)
+    return choices[0]
+
+
 def _float(name: str, default: float) -> float:
     try:
         return float(os.environ.get(name, default))
@@ -75,6 +89,7 @@ class Config:
     cache_max_age_days: float
     recompile_limit: int
     eager_kernel_threshold: int
+    native_gemm: str
 
     @classmethod
     def from_env(cls) -> "Config":
@@ -88,6 +103,7 @@ class Config:
             cache_max_age_days=max(0.0, _float("FUSEGRAD_CACHE_MAX_AGE_DAYS", 30.0)),
             recompile_limit=max(1, _int("FUSEGRAD_RECOMPILE_LIMIT", 8)),
             eager_kernel_threshold=max(0, _int("FUSEGRAD_EAGER_KERNELS", 512)),
+            native_gemm=_choice("FUSEGRAD_NATIVE_GEMM", ("auto", "on", "off")),
         )
 
     @property

@@ -264,11 +264,14 @@ def _build(graph: Graph, io: dict, target: dict, pipeline: str | None):
             "rng_counters": io["rng_counters"],
             "kernels": [{"index": i, "symbol": c.record.symbol, "slots": list(c.slots)}
                         for i, c in sorted(program.kernel_code.items())],
+            "gemms": [{"index": i, "symbol": c.record.symbol}
+                      for i, c in sorted(program.gemm_code.items())],
             "fallbacks": {str(i): r for i, r in sorted(program.fallbacks.items())},
             "donations": [list(p) for p in io["donations"]],
             "donated": {str(s): i for s, i in sorted(accepted.items())},
             "program": _program_summary(program)}
-    objects = {c.record.symbol: c.record.obj for c in program.kernel_code.values()}
+    objects = {c.record.symbol: c.record.obj
+               for c in [*program.kernel_code.values(), *program.gemm_code.values()]}
     return plan, text, objects
 
 
@@ -286,7 +289,8 @@ def _program_summary(program: Program) -> dict:
     kernels = []
     for i, k in enumerate(program.kg.kernels):
         if k.kind == "matmul" and i not in program.fallbacks:
-            step = "blas+llvm" if i in program.kernel_code else "blas"
+            product = "gemm" if i in program.gemm_code else "blas"
+            step = f"{product}+llvm" if i in program.kernel_code else product
         else:
             step = "llvm" if i in program.kernel_code else "numpy"
         kernels.append({"describe": k.describe(), "step": step})
@@ -623,8 +627,19 @@ class LoadedArtifact:
                 raise ArtifactError("plan", f"{self.name}: kernel code out of range")
             record = jit.KernelRecord(k["symbol"], (), code[start:start + length])
             prebuilt[int(k["index"])] = KernelCode(record, [int(s) for s in k["slots"]])
+        # The generated GEMMs' buffers follow from the graph, as their shapes do.
+        gemms = {}
+        for k in plan.get("gemms", []):
+            start, length = ranges[k["symbol"]]
+            if start < 0 or start + length > len(code):
+                raise ArtifactError("plan", f"{self.name}: kernel code out of range")
+            record = jit.KernelRecord(k["symbol"], (), code[start:start + length])
+            gemms[int(k["index"])] = KernelCode(record, [])
         fallbacks = {int(i): r for i, r in plan["fallbacks"].items()}
-        program = Program(kg, plan["name"], prebuilt=prebuilt, fallbacks=fallbacks)
+        program = Program(kg, plan["name"], prebuilt=prebuilt, fallbacks=fallbacks,
+                          prebuilt_gemms=gemms)
+        if set(program.gemm_code) != set(gemms):
+            raise ArtifactError("plan", f"{self.name}: its GEMMs do not fit its graph's products")
         if program.n_slots != plan["program"]["n_slots"] or \
                 _slots_digest(program) != plan["program"]["slots_sha256"]:
             raise ArtifactError("plan", f"{self.name}: its memory plan differs from the one "

@@ -37,6 +37,7 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.codegen.cpu_lowering import kernel_phases, split_plan
+from fusegrad.codegen.llvm import gemm as native_gemm
 from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph, IRError, Literal, Value
@@ -165,6 +166,14 @@ class LaunchStep:
         if len(split) == TUNE_RUNS:
             self.split[threads] = sorted(split)[TUNE_RUNS // 2] <= \
                 SPLIT_GAIN * sorted(single)[TUNE_RUNS // 2]
+
+
+@dataclass
+class GemmStep(LaunchStep):
+    """A matmul kernel's product as a GEMM generated for its shapes (its panels are the
+    parallel loop); the kernel's epilogue, if any, is the next step."""
+
+    gemm: native_gemm.Gemm | None = None
 
 
 @dataclass
@@ -313,10 +322,13 @@ class Program:
 
     def __init__(self, kg: KernelGraph, name: str = "program",
                  prebuilt: "dict[int, KernelCode] | None" = None,
-                 fallbacks: dict[int, str] | None = None, donate=()):
+                 fallbacks: dict[int, str] | None = None, donate=(),
+                 prebuilt_gemms: "dict[int, KernelCode] | None" = None):
         """``prebuilt`` (ahead-of-time artifacts): the machine code of every LLVM kernel by
-        kernel index, with the program slot of each of its buffers, and ``fallbacks``, the
-        kernels that run on numpy; nothing is compiled then, the code is only linked.
+        kernel index, with the program slot of each of its buffers, ``prebuilt_gemms`` that
+        of the generated GEMMs of matmul kernels (the others call numpy's BLAS), and
+        ``fallbacks``, the kernels that run on numpy; nothing is compiled then, the code is
+        only linked.
         ``donate``: (graph input, graph output) pairs offered as for :meth:`donate`, decided
         before the kernels are compiled, so that a kernel writing an output in its input's
         buffer reads and writes it through one pointer (see :meth:`_compile_kernels`)."""
@@ -329,7 +341,7 @@ class Program:
         self.fallbacks: dict[int, str] = dict(fallbacks or {})
         self._baked: set[Value] = set()     # outputs whose kernels read their input through them
         self._set_donated(self._accept(donate) if donate and prebuilt is None else {})
-        self._build_steps(prebuilt, fallbacks)
+        self._build_steps(prebuilt, fallbacks, prebuilt_gemms)
         if self.donated:
             # A kernel that fell back to numpy (which copies each result into its buffer as
             # it goes) may not write over an input it still reads: its pairs are dropped.
@@ -366,15 +378,23 @@ class Program:
 
     # ------------------------------------------------------------------ steps
 
-    def _build_steps(self, prebuilt=None, fallbacks=None) -> None:
+    def _build_steps(self, prebuilt=None, fallbacks=None, prebuilt_gemms=None) -> None:
         emitted = self._compile_kernels() if prebuilt is None else dict(prebuilt)
+        gemms = self._compile_gemms(prebuilt is None, prebuilt_gemms or {})
         # Kept: an ahead-of-time artifact saves each kernel's object code and buffer slots.
         self.kernel_code: dict[int, KernelCode] = emitted
-        self.jit = jit.link_kernels([c.record for c in emitted.values()]) if emitted else None
-        self._make_tables(emitted)
+        self.gemm_code: dict[int, KernelCode] = {i: code for i, (_, code) in gemms.items()}
+        records = [c.record for c in [*emitted.values(), *self.gemm_code.values()]]
+        self.jit = jit.link_kernels(records) if records else None
+        self._make_tables([*emitted.values(), *self.gemm_code.values()])
         self.steps = []
         for i, k in enumerate(self.kg.kernels):
-            if k.kind == "matmul":
+            if i in gemms:
+                g, code = gemms[i]
+                fn = _KERNEL_FN(self.jit.address(code.record.symbol))
+                table = self.tables_address + ctypes.sizeof(ctypes.c_void_p) * code.offset
+                self.steps.append(GemmStep(k, fn, g.panels, g.m * g.n * g.k // 16, table, gemm=g))
+            elif k.kind == "matmul":
                 mm = next(n for n in k.nodes if n.op == "matmul")
                 self.steps.append(MatmulStep(k, mm.inputs[0], mm.inputs[1], mm.output))
             if i in emitted:
@@ -450,18 +470,42 @@ class Program:
             self._baked.update(alias.values())
         return emitted
 
-    def _make_tables(self, emitted: dict[int, "KernelCode"]) -> None:
+    def _compile_gemms(self, compile_new: bool, prebuilt: "dict[int, KernelCode]") \
+            -> "dict[int, tuple[native_gemm.Gemm, KernelCode]]":
+        """The products of matmul kernels that run as the generated GEMM (see
+        :mod:`fusegrad.codegen.llvm.gemm` and ``config.native_gemm``), by kernel index, each
+        with its buffers, packing scratch and parameters: the code from ``prebuilt`` for an
+        ahead-of-time artifact (only those), else from the cache or compiled (one function
+        for every product). The others run numpy's BLAS."""
+        use = config.native_gemm == "on" or \
+            (config.native_gemm == "auto" and jit.target_has_avx512())
+        out = {}
+        for i, k in enumerate(self.kg.kernels):
+            found = gemm_of(k, self.kg) if k.kind == "matmul" else None
+            if found is None or (i not in prebuilt and not (compile_new and use)):
+                continue
+            g, operands = found
+            record = prebuilt[i].record if i in prebuilt else _gemm_record()
+            extra = (np.empty(max(g.pack_floats, 1), np.float32), g.params())
+            out[i] = (g, KernelCode(record, [self.slots[v] for v in operands], extra=extra))
+        return out
+
+    def _make_tables(self, codes: "list[KernelCode]") -> None:
         """One array of buffer pointers, a segment per kernel; ``self.uses[slot]`` lists
-        where each slot's pointer goes."""
+        where each slot's pointer goes. A kernel's own arrays (a GEMM's packing scratch and
+        parameters) follow its slots."""
         self.uses: list[list[int]] = [[] for _ in range(self.n_slots)]
         offset = 0
-        for code in emitted.values():
+        for code in codes:
             code.offset = offset
             for j, slot in enumerate(code.slots):
                 self.uses[slot].append(offset + j)
-            offset += len(code.slots)
+            offset += len(code.slots) + len(code.extra)
         self.tables = (ctypes.c_void_p * max(offset, 1))()
         self.tables_address = ctypes.addressof(self.tables)
+        for code in codes:
+            for j, arr in enumerate(code.extra):
+                self.tables[code.offset + len(code.slots) + j] = arr.ctypes.data
         for slot, arr in self.constants.items():
             self._point(slot, arr.ctypes.data)
 
@@ -687,6 +731,7 @@ class KernelCode:
     record: jit.KernelRecord
     slots: list[int]
     offset: int = 0
+    extra: tuple = ()       # arrays of the kernel's own (a GEMM's), after the slots' pointers
 
 
 def kernel_description(k: Kernel, kg: KernelGraph, level: int) -> tuple[str, list[Value]] | None:
@@ -731,6 +776,41 @@ def kernel_description(k: Kernel, kg: KernelGraph, level: int) -> tuple[str, lis
                      f"{format_type(node.output.type)} {k.level.get(node.output)}{view}")
     lines.append("outputs " + " ".join(name(v) for v in k.outputs))
     return "\n".join(lines), values
+
+
+def _gemm_record() -> jit.KernelRecord:
+    """The generated GEMM's machine code (compiled once per machine, then cached)."""
+    key = jit.kernel_key("gemm f32")
+    record = jit.find_kernel(key)
+    if record is None:
+        symbol, source = jit.kernel_symbol(native_gemm.emit_gemm(jit.KERNEL_PLACEHOLDER))
+        record = jit.build_kernel(key, source, symbol, (0, 1, 2))
+    return record
+
+
+def gemm_of(k: Kernel, kg: KernelGraph) -> "tuple[native_gemm.Gemm, list[Value]] | None":
+    """The product of matmul kernel ``k`` as a generated GEMM and the values of its buffers
+    (A's, B's and C's), or None when it is not one the generator is made for (float32 2-D
+    operands; :func:`fusegrad.codegen.llvm.gemm.fits`)."""
+    mm = next(n for n in k.nodes if n.op == "matmul")
+    a, b = mm.inputs
+    out = mm.output
+    if not all(isinstance(v, Value) and v.type.dtype == dtypes.float32 and len(v.type.shape) == 2
+               for v in (a, b, out)) or out in kg.views:
+        return None
+    (m, kk), (_, n) = a.type.shape, b.type.shape
+    operands = []
+    layout = []
+    for v in (a, b):
+        view = kg.views.get(v)
+        if view is None:
+            operands.append(v)
+            layout.append(((v.type.shape[1], 1), 0))
+        else:
+            operands.append(view.base)
+            layout.append((tuple(view.strides), view.offset))
+    g = native_gemm.Gemm(m, n, kk, layout[0][0], layout[0][1], layout[1][0], layout[1][1])
+    return (g, [*operands, out]) if native_gemm.fits(g) else None
 
 
 def _as_view(base: np.ndarray, view: View) -> np.ndarray:

@@ -144,6 +144,23 @@ def target_identity() -> str:
     return "|".join([__version__, llvmlite.__version__, llvm_version, *_target])
 
 
+# LLVM CPU names with AVX-512, for targets named without a feature list.
+_AVX512_CPUS = frozenset({"x86-64-v4", "skylake-avx512", "cascadelake", "cooperlake",
+                          "cannonlake", "icelake-client", "icelake-server", "tigerlake",
+                          "rocketlake", "sapphirerapids", "emeraldrapids", "graniterapids",
+                          "graniterapids-d", "diamondrapids", "znver4", "znver5"})
+
+
+def target_has_avx512() -> bool:
+    """Whether the CPU code is generated for (the host, or that of an enclosing
+    ``compile_target``) has AVX-512F."""
+    cpu, features = _host_cpu() if _target is None else _target
+    flags = features.split(",")
+    if "-avx512f" in flags:
+        return False
+    return "+avx512f" in flags or cpu in _AVX512_CPUS
+
+
 @contextlib.contextmanager
 def compile_target(cpu: str, features: str = ""):
     """Generate object code for CPU ``cpu`` (an LLVM CPU name such as ``x86-64-v3``) with

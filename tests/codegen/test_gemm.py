@@ -1,0 +1,229 @@
+"""The GEMMs generated for a compiled program's float32 products (fusegrad.codegen.llvm.gemm).
+
+The generated code uses 512-bit vectors; LLVM splits them on CPUs without AVX-512, so these
+tests run everywhere (``config.native_gemm = "on"``), while programs use the generated GEMMs
+by default only on AVX-512 CPUs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad.codegen.llvm import gemm
+from fusegrad.config import config
+from fusegrad.passes.fusion import fuse
+from fusegrad.passes.manager import PassManager
+from fusegrad.runtime import jit
+from fusegrad.runtime.cpu import GemmStep, MatmulStep, Program
+from fusegrad.tracer.compile import DEFAULT_PIPELINE
+
+_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+def operand(rng, shape, order: str, offset: int = 0):
+    """A float32 matrix of ``shape`` laid out as ``order`` ("C", "F", or "S": every other
+    column of a wider array) ``offset`` elements into its buffer; returns (array, buffer)."""
+    rows, cols = shape
+    if order == "C":
+        buf = rng.standard_normal(offset + rows * cols).astype(np.float32)
+        return buf[offset:].reshape(rows, cols), buf
+    if order == "F":
+        buf = rng.standard_normal(offset + rows * cols).astype(np.float32)
+        return buf[offset:].reshape(cols, rows).T, buf
+    buf = rng.standard_normal(offset + rows * cols * 2).astype(np.float32)
+    return buf[offset:].reshape(rows, cols * 2)[:, ::2], buf
+
+
+@functools.lru_cache(maxsize=1)
+def _module():
+    return jit.compile_ir(gemm.emit_gemm("gemm_under_test"), ["gemm_under_test"])
+
+
+def run_gemm(a, a_buf, b, b_buf, ranges=None):
+    """C = a @ b by the generated GEMM, its panels run in ``ranges`` (default: one call)."""
+    item = a.itemsize
+    g = gemm.Gemm(a.shape[0], b.shape[1], a.shape[1],
+                  tuple(s // item for s in a.strides),
+                  (a.ctypes.data - a_buf.ctypes.data) // item,
+                  tuple(s // item for s in b.strides),
+                  (b.ctypes.data - b_buf.ctypes.data) // item)
+    fn = _FN(_module().address("gemm_under_test"))
+    c = np.full((g.m, g.n), np.nan, np.float32)
+    pack = np.full(max(g.pack_floats, 1), np.nan, np.float32)
+    params = g.params()
+    table = (ctypes.c_void_p * 5)(a_buf.ctypes.data, b_buf.ctypes.data, c.ctypes.data,
+                                  pack.ctypes.data, params.ctypes.data)
+    for start, end in ranges or [(0, g.panels)]:
+        fn(ctypes.addressof(table), start, end)
+    return g, c
+
+
+def assert_product(c, a, b):
+    """Within the classic bound of a float32 dot product of length K: K eps |a| @ |b|."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    bound = a.shape[1] * np.finfo(np.float32).eps * (np.abs(a64) @ np.abs(b64))
+    err = np.abs(c.astype(np.float64) - a64 @ b64)
+    assert np.all(err <= bound + 1e-30), float((err - bound).max())
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (3, 5, 7), (8, 3, 32), (9, 17, 33),
+                                   (17, 64, 48), (100, 7, 100), (7, 300, 15), (16, 2, 64)])
+@pytest.mark.parametrize("orders", ["CC", "CF", "FC", "FF", "SC", "CS"])
+def test_generated_gemm_is_the_product_for_any_sizes_and_strides(m, k, n, orders):
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    a, a_buf = operand(rng, (m, k), orders[0], offset=3)
+    b, b_buf = operand(rng, (k, n), orders[1], offset=5)
+    g, c = run_gemm(a, a_buf, b, b_buf)
+    assert g.packed == (b.strides[1] != b.itemsize)
+    assert_product(c, a, b)
+
+
+def test_panels_split_over_calls_give_the_same_bits():
+    # The parallel loop runs panels [start, end) on each thread: every split is one panel's
+    # code per panel, so the bits cannot depend on it.
+    rng = np.random.default_rng(0)
+    a, a_buf = operand(rng, (37, 70), "C")
+    b, b_buf = operand(rng, (70, 100), "F")       # packed, 4 panels, the last 4 columns wide
+    g, whole = run_gemm(a, a_buf, b, b_buf)
+    assert g.panels == 4
+    for ranges in ([(0, 1), (1, 4)], [(0, 2), (2, 4)], [(3, 4), (0, 3)], [(i, i + 1) for i in
+                                                                         range(4)]):
+        _, split = run_gemm(a, a_buf, b, b_buf, ranges)
+        np.testing.assert_array_equal(split, whole)
+
+
+def test_sums_run_in_k_order_with_one_rounding_per_term():
+    # 1 + 2**-24 + 2**-24 ... : summed from k = 0 with an FMA per term, each tiny term is
+    # lost against 1 (round to even), as in a sequential float32 dot product.
+    k = 9
+    a = np.ones((1, k), np.float32)
+    b = np.full((k, 1), 2.0 ** -24, np.float32)
+    b[0, 0] = 1.0
+    _, c = run_gemm(a, a.reshape(-1), b, b.reshape(-1))
+    assert c[0, 0] == np.float32(1.0)
+
+
+def test_fits_admits_what_the_kernel_is_made_for():
+    ok = gemm.Gemm(512, 256, 64, (64, 1), 0, (1, 64), 0)
+    assert gemm.fits(ok) and ok.packed and ok.panels == 8 and ok.pack_floats == 8 * 64 * 32
+    assert not gemm.fits(gemm.Gemm(512, 256, 0, (0, 1), 0, (256, 1), 0))
+    assert not gemm.fits(gemm.Gemm(8, 8, gemm.MAX_K + 1, (gemm.MAX_K + 1, 1), 0, (8, 1), 0))
+    big_a = gemm.MAX_A_BYTES // 4 // 64 + 1
+    assert not gemm.fits(gemm.Gemm(big_a, 8, 64, (64, 1), 0, (8, 1), 0))
+
+
+def _program(fn, *args):
+    return Program(fuse(PassManager(DEFAULT_PIPELINE).run(fg.trace(fn, *args))))
+
+
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_programs_run_their_products_as_generated_gemms_when_enabled(setting, monkeypatch):
+    monkeypatch.setattr(config, "native_gemm", setting)
+    x, w, bias = fg.randn(40, 24), fg.randn(72, 24), fg.randn(72)
+    prog = _program(lambda x, w, bias: (x @ w.t() + bias).relu(), x, w, bias)
+    kinds = [type(s) for s in prog.steps]
+    assert (GemmStep in kinds) == (setting == "on")
+    assert (MatmulStep in kinds) == (setting == "off")
+    got = prog(x._data, w._data, bias._data)[0]
+    want = np.maximum(x.numpy().astype(np.float64) @ w.numpy().T.astype(np.float64)
+                      + bias.numpy(), 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_uses_generated_gemms_only_on_avx512_targets(monkeypatch):
+    monkeypatch.setattr(config, "native_gemm", "auto")
+    x = fg.randn(16, 16)
+    with jit.compile_target("x86-64-v3"):
+        prog = _program(lambda x: x @ x, x)
+    assert not any(isinstance(s, GemmStep) for s in prog.steps)
+    prog = _program(lambda x: x @ x, x)
+    assert any(isinstance(s, GemmStep) for s in prog.steps) == jit.target_has_avx512()
+
+
+def test_products_the_generator_is_not_made_for_stay_with_blas(monkeypatch):
+    monkeypatch.setattr(config, "native_gemm", "on")
+    cases = [(lambda a, b: a @ b, (fg.randn(3, 4, 5), fg.randn(3, 5, 6))),        # batched
+             (lambda a, b: a @ b, (fg.randn(4, 5, dtype=fg.float64),
+                                   fg.randn(5, 6, dtype=fg.float64))),            # float64
+             (lambda a, b: a @ b, (fg.randn(3, gemm.MAX_K + 1), fg.randn(gemm.MAX_K + 1, 2)))]
+    for fn, args in cases:
+        prog = _program(fn, *args)
+        assert not any(isinstance(s, GemmStep) for s in prog.steps)
+        got = prog(*[a._data for a in args])[0]
+        np.testing.assert_allclose(got, fn(*args).numpy(), rtol=1e-5, atol=1e-4)
+
+
+def test_compiled_training_step_with_generated_gemms_equals_eager(monkeypatch):
+    # The whole step: forward products (x @ W.T, packed), the gradients' (g @ W and xᵀ @ g,
+    # read down A's columns) and Adam's update in their epilogues.
+    monkeypatch.setattr(config, "native_gemm", "on")
+    rng = np.random.default_rng(0)
+    x = fg.tensor(rng.standard_normal((48, 20)).astype(np.float32))
+    y = fg.tensor(rng.integers(0, 5, 48))
+
+    def make():
+        fg.manual_seed(0)
+        model = fg.nn.Sequential(fg.nn.Linear(20, 40), fg.nn.ReLU(), fg.nn.Linear(40, 5))
+        return model, fg.optim.Adam(model.parameters(), lr=1e-2)
+
+    def step_of(model, opt):
+        def step(x, y):
+            opt.zero_grad()
+            loss = fg.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+
+    eager_model, eager_opt = make()
+    compiled_model, compiled_opt = make()
+    eager, compiled = step_of(eager_model, eager_opt), fg.compile(step_of(compiled_model,
+                                                                           compiled_opt))
+    for _ in range(6):
+        want, got = eager(x, y), compiled(x, y)
+        np.testing.assert_allclose(got.item(), want.item(), rtol=1e-5)
+    steady = compiled.entries()[-1].program
+    assert sum(isinstance(s, GemmStep) for s in steady.steps) == 5    # 2 forward, 3 backward
+    for p, q in zip(eager_model.parameters(), compiled_model.parameters()):
+        np.testing.assert_allclose(q.detach().numpy(), p.detach().numpy(), rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_an_unknown_native_gemm_setting_warns_and_uses_auto(monkeypatch):
+    monkeypatch.setenv("FUSEGRAD_NATIVE_GEMM", "fast")
+    from fusegrad.config import Config
+    with pytest.warns(RuntimeWarning, match="FUSEGRAD_NATIVE_GEMM='fast'"):
+        assert Config.from_env().native_gemm == "auto"
+
+
+def test_gemms_for_an_avx2_target_run_and_give_the_product(monkeypatch):
+    # An ahead-of-time build for AVX2 CPUs with the generated GEMMs forced on: LLVM splits
+    # the 512-bit vectors, and the code runs on any x86-64 CPU with AVX2 (this one too).
+    monkeypatch.setattr(config, "native_gemm", "on")
+    x, w = fg.randn(33, 70), fg.randn(50, 70)
+    with jit.compile_target("x86-64-v3"):
+        prog = _program(lambda x, w: x @ w.t(), x, w)
+    assert any(isinstance(s, GemmStep) for s in prog.steps)
+    assert_product(prog(x._data, w._data)[0], x.numpy(), w.numpy().T)
+
+
+def test_artifacts_keep_their_generated_gemms(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "native_gemm", "on")
+    x, w = fg.randn(24, 40), fg.randn(40, 36)
+
+    def f(x, w):
+        return (x @ w).tanh()
+
+    compiled = fg.compile(f)
+    want = compiled(x, w).numpy()
+    fg.aot.compile(f, x, w).save(tmp_path / "f.fgaot")
+    monkeypatch.setattr(config, "native_gemm", "off")      # loading does not decide again
+    run = fg.aot.load(tmp_path / "f.fgaot")
+    (linked,) = run.programs
+    assert list(linked.program.gemm_code) == [0]
+    np.testing.assert_array_equal(run(x, w).numpy(), want)
