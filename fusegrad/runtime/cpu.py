@@ -806,6 +806,8 @@ def gemm_of(k: Kernel, kg: KernelGraph) -> "tuple[native_gemm.Gemm, list[Value]]
         if view is None:
             operands.append(v)
             layout.append(((v.type.shape[1], 1), 0))
+        elif view.base.type.dtype != dtypes.float32:      # strides count the base's elements
+            return None
         else:
             operands.append(view.base)
             layout.append((tuple(view.strides), view.offset))
