@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -237,6 +238,9 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
     return Artifact(text, plan, objects, state, target)
 
 
+_NATIVE_PREFIX = "native_"     # objects of native helper modules, by jit.module_key
+
+
 def _build(graph: Graph, io: dict, target: dict, pipeline: str | None):
     """Passes, fusion and machine code for one traced graph: its plan, text, objects."""
     from fusegrad.passes.manager import PassManager
@@ -252,11 +256,12 @@ def _build(graph: Graph, io: dict, target: dict, pipeline: str | None):
     kg = fuse(reparsed)
     name = _symbol(graph.name)
     donations = [tuple(p) for p in io["donations"]]
-    if target["cpu"] == "host":
+    with contextlib.nullcontext() if target["cpu"] == "host" else \
+            jit.compile_target(target["cpu"], target["llvm_features"]):
         program = Program(kg, name, donate=donations)
-    else:
-        with jit.compile_target(target["cpu"], target["llvm_features"]):
-            program = Program(kg, name, donate=donations)
+        # The native loops of its extern steps, which a fresh process would compile.
+        native = {jit.module_key(text, level): jit.module_object(text, level)
+                  for text, level in program.native_modules()}
     accepted = program.donated
     printed = value_names(reparsed)
     inputs = [dict(f, value=printed[v]) for f, v in zip(io["inputs"], reparsed.inputs)]
@@ -266,12 +271,14 @@ def _build(graph: Graph, io: dict, target: dict, pipeline: str | None):
                         for i, c in sorted(program.kernel_code.items())],
             "gemms": [{"index": i, "symbol": c.record.symbol}
                       for i, c in sorted(program.gemm_code.items())],
+            "native": sorted(native),
             "fallbacks": {str(i): r for i, r in sorted(program.fallbacks.items())},
             "donations": [list(p) for p in io["donations"]],
             "donated": {str(s): i for s, i in sorted(accepted.items())},
             "program": _program_summary(program)}
     objects = {c.record.symbol: c.record.obj
                for c in [*program.kernel_code.values(), *program.gemm_code.values()]}
+    objects.update({_NATIVE_PREFIX + key: obj for key, obj in native.items()})
     return plan, text, objects
 
 
@@ -627,6 +634,13 @@ class LoadedArtifact:
                 raise ArtifactError("plan", f"{self.name}: kernel code out of range")
             record = jit.KernelRecord(k["symbol"], (), code[start:start + length])
             prebuilt[int(k["index"])] = KernelCode(record, [int(s) for s in k["slots"]])
+        carried = {}
+        for key in plan.get("native", []):
+            start, length = ranges[_NATIVE_PREFIX + key]
+            if start < 0 or start + length > len(code):
+                raise ArtifactError("plan", f"{self.name}: native code out of range")
+            carried[key] = code[start:start + length]
+        jit.carry_modules(carried)
         # The generated GEMMs' buffers follow from the graph, as their shapes do.
         gemms = {}
         for k in plan.get("gemms", []):

@@ -689,6 +689,17 @@ class Program:
     def kernels(self) -> list[str]:
         return [k.describe() for k in self.kg.kernels]
 
+    def native_modules(self) -> list[tuple[str, int]]:
+        """The native helper modules (IR text, speed level) the program's extern steps can
+        call (``fusegrad.runtime.native``, ``native_attention``), compiled on first use."""
+        out = []
+        for st in self.steps:
+            if isinstance(st, NativeStep):
+                node = st.kernel.nodes[0]
+                helper = native_attention if node.op.startswith("fused_attention") else native
+                out += [m for m in helper.modules_for(node) if m not in out]
+        return out
+
 
 def _scratch_cells(k: Kernel) -> int | None:
     """8-byte scratch cells of a split full reduction's partial results (None: no scratch)."""

@@ -307,6 +307,7 @@ def compile_ir(ir_text: str, names: list[str], keep_ir: bool = False,
                speed_level: int = 3) -> JitModule:
     """Optimize (at ``speed_level``, see :func:`_optimize`) and compile ``ir_text``; return
     the loaded module (cached)."""
+    carried = _carried.get(module_key(ir_text, speed_level))
     ir_text = _prefer_wide_vectors(ir_text)
     key = cache_key(ir_text if speed_level == 3 else f"{ir_text}\n; speed level {speed_level}")
     with _lock:
@@ -315,7 +316,7 @@ def compile_ir(ir_text: str, names: list[str], keep_ir: bool = False,
             stats["memory_hits"] += 1
             return hit
         start = time.perf_counter()
-        obj = None if keep_ir else _read_disk(key)
+        obj = None if keep_ir else carried or _read_disk(key)
         if obj is not None:
             jm = JitModule(_engine_with([obj]), names, None, "disk")
             stats["disk_hits"] += 1
@@ -327,6 +328,39 @@ def compile_ir(ir_text: str, names: list[str], keep_ir: bool = False,
         stats["compile_ms"] += (time.perf_counter() - start) * 1e3
         _memory[key] = jm
         return jm
+
+
+# Object code of modules that ahead-of-time artifacts carry (native helper loops), by
+# :func:`module_key`: compile_ir loads them from here before it looks in the disk cache.
+_carried: dict[str, bytes] = {}
+
+
+def module_key(ir_text: str, speed_level: int = 3) -> str:
+    """A module's name in artifacts: its IR and speed level (the artifact's target is checked
+    against the host when it is loaded, so the target is not part of it)."""
+    return hashlib.sha256(f"{speed_level}\n{ir_text}".encode()).hexdigest()
+
+
+def module_object(ir_text: str, speed_level: int = 3) -> bytes:
+    """The object code :func:`compile_ir` loads for ``ir_text`` (for the current target; from
+    the disk cache when it is there), for an ahead-of-time artifact to carry."""
+    carried = _carried.get(module_key(ir_text, speed_level))
+    text = _prefer_wide_vectors(ir_text)
+    key = cache_key(text if speed_level == 3 else f"{text}\n; speed level {speed_level}")
+    with _lock:
+        obj = carried or _read_disk(key)
+        if obj is None:
+            obj, _ = _compile_object(text, False, speed_level)
+            _write_disk(key, obj)
+            stats["compiles"] += 1
+    return obj
+
+
+def carry_modules(objects: dict[str, bytes]) -> None:
+    """Make the modules of an artifact (object code by :func:`module_key`) available to
+    :func:`compile_ir`, which then loads them instead of compiling."""
+    with _lock:
+        _carried.update(objects)
 
 
 KERNEL_PLACEHOLDER = "fg_kernel"

@@ -156,12 +156,31 @@ _CHECK_FN = ctypes.CFUNCTYPE(ctypes.c_int32, _P, _P, ctypes.c_int64, ctypes.c_in
 @functools.lru_cache(maxsize=None)
 def _function(name: str, llvm_type: str | None = None):
     from fusegrad.runtime.jit import compile_ir
+    module = compile_ir(_module_text(llvm_type), [name], speed_level=SPEED_LEVEL)
+    fn = (_ROWS_FN if llvm_type is not None else _CHECK_FN)(module.address(name))
+    return module, fn
+
+
+SPEED_LEVEL = 1
+
+
+def _module_text(llvm_type: str | None) -> str:
+    """The checks, and the rows loop of ``llvm_type`` when given."""
     text = _CHECKS_IR
     if llvm_type is not None:
         text += re.sub(r"\bT\b", llvm_type, _ROWS_IR).replace("_T(", f"_{llvm_type}(")
-    module = compile_ir(text, [name], speed_level=1)
-    fn = (_ROWS_FN if llvm_type is not None else _CHECK_FN)(module.address(name))
-    return module, fn
+    return text
+
+
+def modules_for(node) -> list[tuple[str, int]]:
+    """The modules (IR text, speed level) a program step of ``node`` (``check_index``,
+    ``check_target`` or ``index_add``) can call, for ahead-of-time artifacts to carry."""
+    if node.op in ("check_index", "check_target"):
+        return [(_module_text(None), SPEED_LEVEL)]
+    llvm_type = _TYPES.get(np.dtype(node.output.type.dtype.np_dtype))
+    if node.op == "index_add" and llvm_type is not None:
+        return [(_module_text(llvm_type), SPEED_LEVEL)]
+    return []
 
 
 def _c_array(a: np.ndarray, dtype) -> bool:

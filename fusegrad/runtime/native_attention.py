@@ -612,12 +612,34 @@ def _backward_ir(dtype: np.dtype, L: int, E: int, has_mask: bool,
 def _compiled(backward: bool, dtype: np.dtype, L: int, E: int, has_mask: bool, keep: bool,
               zero_dead: bool):
     from fusegrad.runtime.jit import compile_ir
-    if backward:
-        text, name = _backward_ir(dtype, L, E, has_mask, keep)
-    else:
-        text, name = _forward_ir(dtype, L, E, has_mask, keep, zero_dead)
+    text, name = _module_ir(backward, dtype, L, E, has_mask, keep, zero_dead)
     module = compile_ir(text, [name])
     return module, _FN(module.address(name))
+
+
+def _module_ir(backward: bool, dtype: np.dtype, L: int, E: int, has_mask: bool, keep: bool,
+               zero_dead: bool) -> tuple[str, str]:
+    if backward:
+        return _backward_ir(dtype, L, E, has_mask, keep)
+    return _forward_ir(dtype, L, E, has_mask, keep, zero_dead)
+
+
+def modules_for(node) -> list[tuple[str, int]]:
+    """The module (IR text, speed level) a program step of ``node`` (``fused_attention`` or
+    its backward) calls when its arrays have the layouts the native code takes, for
+    ahead-of-time artifacts to carry."""
+    q = node.inputs[0].type
+    dtype = np.dtype(q.dtype.np_dtype)
+    if len(q.shape) < 2:
+        return []
+    L, E = q.shape[-2:]
+    if not supported(dtype, L, L, E):
+        return []
+    backward = node.op == "fused_attention_backward"
+    has_mask = len(node.inputs) > (5 if backward else 3)
+    zero_dead = False if backward else bool(node.attrs.get("zero_dead", False))
+    text, _ = _module_ir(backward, dtype, L, E, has_mask, bool(node.attrs["keep"]), zero_dead)
+    return [(text, 3)]
 
 
 def _heads(a: np.ndarray, batch: tuple) -> tuple[int, int, int] | None:

@@ -171,7 +171,9 @@ losses = [run(fg.tensor(arrays[i]), fg.tensor(arrays[i + 1])).item() for i in ra
 np.save({str(tmp_path / 'w.npy')!r}, run.state["model.0.weight"])
 print(json.dumps({{"losses": losses, "compiles": jit.stats["compiles"]}}))
 """
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    # An empty kernel cache: the artifact alone holds all code, the native loop of the loss's
+    # target check included.
+    env = dict(os.environ, PYTHONPATH=ROOT, FUSEGRAD_CACHE_DIR=str(tmp_path / "empty-cache"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300)
     assert out.returncode == 0, out.stderr
@@ -179,6 +181,48 @@ print(json.dumps({{"losses": losses, "compiles": jit.stats["compiles"]}}))
     assert result["compiles"] == 0
     np.testing.assert_allclose(result["losses"], want, rtol=1e-5)
     np.testing.assert_allclose(np.load(tmp_path / "w.npy"), weight, rtol=1e-5, atol=1e-6)
+
+
+def test_artifacts_carry_the_native_loops_of_their_extern_steps(tmp_path):
+    # Attention (forward and backward) and an embedding's gradient run native loops that a
+    # program compiles on first use; a fresh process with an empty cache loads them from the
+    # artifact instead.
+    emb = fg.nn.Embedding(11, 8)
+
+    def f(idx, q):
+        emb.zero_grad()
+        k = emb(idx).unsqueeze(1)
+        out = fg.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True)
+        out.sum().backward()
+        return out, emb.weight.grad
+
+    idx = fg.tensor(np.arange(12).reshape(2, 6) % 11)
+    q = fg.randn(2, 1, 6, 8)
+    art = fg.aot.compile(f, idx, q)
+    native = [key for p in art.plan["programs"] for key in p["native"]]
+    assert len(native) >= 3          # index check, attention forward and backward, index_add
+    path = tmp_path / "f.fgaot"
+    art.save(path)
+    np.savez(tmp_path / "in.npz", idx=idx.numpy(), q=q.numpy())
+    code = f"""
+import json, numpy as np
+import fusegrad as fg, fusegrad.runtime.jit as jit
+def refuse(*a, **k):
+    raise AssertionError("compiled while loading or running")
+jit._compile_object = refuse
+run = fg.aot.load({str(path)!r})
+d = np.load({str(tmp_path / 'in.npz')!r})
+out, grad = run(fg.tensor(d["idx"]), fg.tensor(d["q"]))
+np.save({str(tmp_path / 'out.npy')!r}, out.numpy())
+print(json.dumps({{"compiles": jit.stats["compiles"]}}))
+"""
+    env = dict(os.environ, PYTHONPATH=ROOT, FUSEGRAD_CACHE_DIR=str(tmp_path / "empty-cache"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["compiles"] == 0
+    want = fg.compile(f)(idx, q)[0].detach().numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), want, rtol=1e-5, atol=1e-6)
 
 
 def test_load_links_only(monkeypatch):
