@@ -531,6 +531,47 @@ def test_changing_hyperparameters_inside_the_step_is_refused():
     assert all(p.grad is None for p in m.parameters())
 
 
+@pytest.mark.parametrize("make_scheduler", [
+    lambda opt: fg.optim.lr_scheduler.StepLR(opt, 3, 0.5),
+    lambda opt: fg.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=5),
+    lambda opt: fg.optim.lr_scheduler.SequentialLR(
+        opt, [fg.optim.lr_scheduler.ConstantLR(opt, 0.5, 2),
+              fg.optim.lr_scheduler.ExponentialLR(opt, 0.9)], [2]),
+], ids=["step", "onecycle", "sequential"])
+def test_scheduler_step_inside_the_compiled_step_runs_eagerly(make_scheduler):
+    """A scheduler's step() inside the function is refused before it changes anything: a
+    StepLR whose lr did not change at trace time was traced and then never advanced again,
+    and a refused trace had stepped the scheduler once more than eager."""
+    def run(compiled):
+        m = mlp()
+        opt = fg.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        sched = make_scheduler(opt)
+        x, y = data()
+
+        def step(x, y):
+            opt.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            opt.step()
+            sched.step()
+        f = fg.compile(step) if compiled else step
+        lrs = []
+        for _ in range(5):
+            f(x, y)
+            lrs.append((sched.last_epoch, opt.param_groups[0]["lr"]))
+        return lrs, params(m)
+    want, want_params = run(False)
+    with pytest.warns(UserWarning, match=r"step\(\) was called inside a compiled function"):
+        got, got_params = run(True)
+    assert got == want
+    assert_close_lists(got_params, want_params)
+    with pytest.raises(ConcretizationError, match="scheduler's state changes in Python"):
+        m = mlp()
+        opt = fg.optim.SGD(m.parameters(), lr=0.1)
+        sched = make_scheduler(opt)
+        fg.compile(lambda: sched.step(), fullgraph=True)()
+    assert sched.last_epoch == 0
+
+
 def test_loss_returned_with_other_outputs():
     def run(compiled):
         m = mlp()
