@@ -862,6 +862,49 @@ def test_values_read_from_objects_are_guarded(change, expected):
         _Trainer.LR_SCALE = 1.0
 
 
+def test_items_of_a_list_of_dicts_and_objects_are_guarded():
+    # Only the list itself was guarded (its items by identity): the values were baked in.
+    groups = [{"scale": 2.0}]
+    holders = [types.SimpleNamespace(k=3.0)]
+    f = fg.compile(lambda x: x * groups[0]["scale"] + holders[0].k)
+    x = fg.ones(2)
+    assert f(x).tolist() == [5.0, 5.0]
+    groups[0]["scale"], holders[0].k = 5.0, 0.5
+    assert f(x).tolist() == [5.5, 5.5]
+
+
+def test_learning_rate_read_by_the_step_itself_follows_the_scheduler():
+    """A step that returns or scales by ``opt.param_groups[0]["lr"]`` or
+    ``sched.get_last_lr()`` reads Python floats, constants of the trace: they are guarded,
+    so a scheduler's change is seen (the values of the second call's trace were returned
+    at every later call)."""
+    def run(compiled):
+        m = mlp()
+        opt = fg.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        sched = fg.optim.lr_scheduler.StepLR(opt, 1, 0.5)
+        x, y = data()
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss * opt.param_groups[0]["lr"], opt.param_groups[0]["lr"], \
+                sched.get_last_lr()[0]
+        f = fg.compile(step) if compiled else step
+        out = []
+        for _ in range(4):
+            scaled, lr, last = f(x, y)
+            out.append((scaled.item(), lr, last))
+            sched.step()
+        return out, params(m)
+    (want, want_params), (got, got_params) = run(False), run(True)
+    assert [o[1:] for o in got] == [o[1:] for o in want] == [(0.1 / 2 ** k,) * 2
+                                                            for k in range(4)]
+    np.testing.assert_allclose([o[0] for o in got], [o[0] for o in want], rtol=1e-6)
+    assert_close_lists(got_params, want_params)
+
+
 def test_attributes_of_self_and_of_object_arguments_are_guarded():
     class Scaler:
         def __init__(self):
