@@ -213,6 +213,26 @@ def test_subset_random_sampler():
     assert got == [indices[i] for i in perm]
 
 
+def test_weighted_random_sampler():
+    weights = [0.1, 0.9, 0.0]
+    sampler = D.WeightedRandomSampler(weights, 2000, generator=seeded(0))
+    drawn = list(sampler)
+    assert len(sampler) == 2000 and len(drawn) == 2000
+    assert 2 not in drawn and abs(drawn.count(1) / 2000 - 0.9) < 0.05
+    assert drawn == list(D.WeightedRandomSampler(weights, 2000, generator=seeded(0)))
+    once = list(D.WeightedRandomSampler([1, 1, 1, 1], 4, replacement=False, generator=seeded(1)))
+    assert sorted(once) == [0, 1, 2, 3]
+    loader = D.DataLoader(make_tensor_dataset(), batch_size=4,
+                          sampler=D.WeightedRandomSampler([1.0] * N, 9, generator=seeded(2)))
+    assert len(loader) == 3 and [len(b) for b in labels(loader)] == [4, 4, 1]
+    with pytest.raises(ValueError, match="num_samples should be a positive integer value"):
+        D.WeightedRandomSampler(weights, 0)
+    with pytest.raises(ValueError, match="replacement should be a boolean value"):
+        D.WeightedRandomSampler(weights, 2, replacement=1)
+    with pytest.raises(ValueError, match="weights should be a 1d sequence"):
+        D.WeightedRandomSampler([[1.0, 2.0]], 2)
+
+
 def test_batch_sampler():
     assert list(D.BatchSampler(range(7), 3, drop_last=False)) == [[0, 1, 2], [3, 4, 5], [6]]
     assert list(D.BatchSampler(range(7), 3, drop_last=True)) == [[0, 1, 2], [3, 4, 5]]
@@ -251,6 +271,15 @@ def test_default_collate_types():
     assert stacked.shape == (2, 2, 2) and stacked.sum().item() == 4
     # strings in a tuple sample stay the tuple zip makes (torch's); in a dict, a list
     assert D.default_collate([(0.0, "a"), (1.0, "b")])[1] == ("a", "b")
+
+
+def test_default_collate_infers_the_dtype_of_python_ints_from_the_whole_batch():
+    # torch.tensor(batch): a float after an int makes the batch float32, not truncated ints
+    mixed = D.default_collate([1, 2.5])
+    assert mixed.dtype is fusegrad.float32 and mixed.tolist() == [1.0, 2.5]
+    widened = D.default_collate([True, 2])
+    assert widened.dtype is fusegrad.int64 and widened.tolist() == [1, 2]
+    assert D.default_collate([3, 4]).dtype is fusegrad.int64
 
 
 def test_default_collate_errors_match_torch():

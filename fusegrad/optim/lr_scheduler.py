@@ -13,6 +13,7 @@ requires; as in torch 2.13, that initial step leaves a resumed optimizer's lr as
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 import warnings
@@ -21,6 +22,8 @@ from collections import Counter
 from functools import partial
 from typing import Any, Callable, Sequence
 
+from fusegrad.ir.symbolic import ConcretizationError
+from fusegrad.ops import primitive
 from fusegrad.optim.optimizer import Optimizer
 from fusegrad.tensor import Tensor
 
@@ -70,6 +73,24 @@ def _format_param(name: str, optimizer: Optimizer, param) -> list:
     return [param] * len(optimizer.param_groups)
 
 
+def _untraced_step(step: Callable) -> Callable:
+    """Wrap a scheduler's ``step`` so that, inside a compiled function being traced, it
+    raises ``ConcretizationError`` before changing anything (the function then runs
+    eagerly, or ``fullgraph=True`` reports it): its state (``last_epoch``, the lrs it writes)
+    is Python, so a traced step would advance it once, at trace time, and never at the
+    graph's calls; and a trace that fails would have advanced it once more than eager."""
+    @functools.wraps(step)
+    def wrapper(self, *args, **kwargs):
+        if primitive.CAPTURE:
+            raise ConcretizationError(
+                f"{type(self).__name__}.step() was called inside a compiled function; a "
+                "scheduler's state changes in Python, once, at trace time, not at each call. "
+                "Call the scheduler outside the compiled function: learning rates are read "
+                "at each call.")
+        return step(self, *args, **kwargs)
+    return wrapper
+
+
 class LRScheduler:
     """Base class of the epoch-driven schedulers (``torch.optim.lr_scheduler.LRScheduler``).
 
@@ -79,6 +100,12 @@ class LRScheduler:
 
     _get_lr_called_within_step = False
     _is_initial = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if step is not None:
+            cls.step = _untraced_step(step)
 
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
         _check_optimizer(optimizer)
@@ -132,6 +159,7 @@ class LRScheduler:
             warnings.warn("To get the last learning rate computed by the scheduler, please use "
                           "`get_last_lr()`.", UserWarning, stacklevel=3)
 
+    @_untraced_step
     def step(self, epoch: int | None = None) -> None:
         """Advance one epoch (or jump to ``epoch``, deprecated in torch) and write the new
         learning rates into the optimizer's param groups."""

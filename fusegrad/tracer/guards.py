@@ -28,10 +28,15 @@ they are the same:
   ``cfg.k``, or ``Base.k``, hides or changes it); what properties and methods of the class
   read of the object is guarded too.
 
-Python modules (``math``, ``fusegrad``), builtins and fusegrad's own objects (optimizers,
-schedulers: the optimizer's hyperparameters have their own guard) are not followed; nor
-an item reached with a computed key (``cfg[name]``), nor a list or dict attribute of a
-module changed in place: make such values arguments or tensors, which are read at call time.
+The items of a short list are followed too (``groups[0]["lr"]``), and so are optimizers and
+schedulers like a user's objects: the learning rate that ``opt.step()`` reads is a graph input
+read at each call, but one the function reads itself (``opt.param_groups[0]["lr"]``,
+``sched.get_last_lr()``, to log or scale by it) is a constant of the trace, guarded by value.
+
+Python modules (``math``, ``fusegrad``), builtins and fusegrad's other objects are not
+followed; nor an item reached with a computed key (``cfg[name]``), nor a list or dict
+attribute of a module changed in place: make such values arguments or tensors, which are
+read at call time.
 """
 
 from __future__ import annotations
@@ -67,6 +72,11 @@ def module_flags(module) -> tuple:
 
 def _is_module(v) -> bool:
     return hasattr(v, "_parameters") and hasattr(v, "modules") and hasattr(v, "training")
+
+
+def _is_optimizer(attributes) -> bool:
+    """Whether the attribute dict ``attributes`` is an optimizer's (fusegrad's or a user's)."""
+    return isinstance(attributes.get("param_groups"), list) and "state" in attributes
 
 
 def _is_scalar(v) -> bool:
@@ -241,6 +251,10 @@ class ClosureGuard:
             seen.add(id(v))
             if len(v) <= _MAX_ITEMS:
                 self.entries.append((v, _LIST, tuple(map(_kind, v)), tuple(v), "list"))
+                # and what the code reads of its items (``groups[0]["lr"]``)
+                for item in v:
+                    if not _is_scalar(item):
+                        self._follow(item, depth + 1, seen, names, keys)
             return
         else:
             d = _user_dict(v)
@@ -251,8 +265,10 @@ class ClosureGuard:
                 self._class_attributes(v, names, keys, depth, seen)
                 return
             # What the class's properties and methods read of the object counts too
-            # (``self.scale`` behind a property).
-            names = names | _accessor_names(type(v), names)
+            # (``self.scale`` behind a property); not an optimizer's: what its step() and
+            # zero_grad() read has the optimizer's own guard.
+            if not _is_optimizer(d):
+                names = names | _accessor_names(type(v), names)
             for n in names:
                 if n not in d and _class_owner(type(v), n) is not None:
                     # Read from the class now; an attribute set on the object would hide it.
@@ -350,11 +366,12 @@ class ClosureGuard:
 
 
 def _user_dict(v):
-    """The attribute dict of a user's object or class (not fusegrad's, numpy's, a tensor's
-    or a builtin's), or None."""
+    """The attribute dict of a user's object or class, or of an optimizer or scheduler (not
+    of fusegrad's other objects, numpy's, a tensor's or a builtin's), or None."""
     t = v if isinstance(v, type) else type(v)
     module = getattr(t, "__module__", "") or ""
-    if module == "builtins" or module.split(".")[0] in _FOREIGN:
+    if module == "builtins" or (module.split(".")[0] in _FOREIGN and
+                                not module.startswith(_FOLLOWED)):
         return None
     d = getattr(v, "__dict__", None)
     return d if isinstance(d, (dict, types.MappingProxyType)) else None
@@ -409,6 +426,10 @@ def _show(v) -> str:
 # own guards (modules, optimizers) or is read at call time (tensors).
 _FOREIGN = frozenset({"fusegrad", "numpy", "torch", "jax", "jaxlib", "ml_dtypes"})
 _LIST = object()          # the key of an entry that guards a whole list by its items
+# fusegrad's objects that are followed all the same: a learning rate the function reads
+# itself (``opt.param_groups[0]["lr"]``, ``sched.get_last_lr()``) is baked into the trace;
+# only the one ``opt.step()`` reads is a graph input.
+_FOLLOWED = "fusegrad.optim."
 
 
 _MISSING = object()

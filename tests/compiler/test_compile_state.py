@@ -531,6 +531,47 @@ def test_changing_hyperparameters_inside_the_step_is_refused():
     assert all(p.grad is None for p in m.parameters())
 
 
+@pytest.mark.parametrize("make_scheduler", [
+    lambda opt: fg.optim.lr_scheduler.StepLR(opt, 3, 0.5),
+    lambda opt: fg.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=5),
+    lambda opt: fg.optim.lr_scheduler.SequentialLR(
+        opt, [fg.optim.lr_scheduler.ConstantLR(opt, 0.5, 2),
+              fg.optim.lr_scheduler.ExponentialLR(opt, 0.9)], [2]),
+], ids=["step", "onecycle", "sequential"])
+def test_scheduler_step_inside_the_compiled_step_runs_eagerly(make_scheduler):
+    """A scheduler's step() inside the function is refused before it changes anything: a
+    StepLR whose lr did not change at trace time was traced and then never advanced again,
+    and a refused trace had stepped the scheduler once more than eager."""
+    def run(compiled):
+        m = mlp()
+        opt = fg.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        sched = make_scheduler(opt)
+        x, y = data()
+
+        def step(x, y):
+            opt.zero_grad()
+            F.cross_entropy(m(x), y).backward()
+            opt.step()
+            sched.step()
+        f = fg.compile(step) if compiled else step
+        lrs = []
+        for _ in range(5):
+            f(x, y)
+            lrs.append((sched.last_epoch, opt.param_groups[0]["lr"]))
+        return lrs, params(m)
+    want, want_params = run(False)
+    with pytest.warns(UserWarning, match=r"step\(\) was called inside a compiled function"):
+        got, got_params = run(True)
+    assert got == want
+    assert_close_lists(got_params, want_params)
+    with pytest.raises(ConcretizationError, match="scheduler's state changes in Python"):
+        m = mlp()
+        opt = fg.optim.SGD(m.parameters(), lr=0.1)
+        sched = make_scheduler(opt)
+        fg.compile(lambda: sched.step(), fullgraph=True)()
+    assert sched.last_epoch == 0
+
+
 def test_loss_returned_with_other_outputs():
     def run(compiled):
         m = mlp()
@@ -819,6 +860,49 @@ def test_values_read_from_objects_are_guarded(change, expected):
         np.testing.assert_array_equal(t.f(x).numpy(), [expected] * 2)
     finally:
         _Trainer.LR_SCALE = 1.0
+
+
+def test_items_of_a_list_of_dicts_and_objects_are_guarded():
+    # Only the list itself was guarded (its items by identity): the values were baked in.
+    groups = [{"scale": 2.0}]
+    holders = [types.SimpleNamespace(k=3.0)]
+    f = fg.compile(lambda x: x * groups[0]["scale"] + holders[0].k)
+    x = fg.ones(2)
+    assert f(x).tolist() == [5.0, 5.0]
+    groups[0]["scale"], holders[0].k = 5.0, 0.5
+    assert f(x).tolist() == [5.5, 5.5]
+
+
+def test_learning_rate_read_by_the_step_itself_follows_the_scheduler():
+    """A step that returns or scales by ``opt.param_groups[0]["lr"]`` or
+    ``sched.get_last_lr()`` reads Python floats, constants of the trace: they are guarded,
+    so a scheduler's change is seen (the values of the second call's trace were returned
+    at every later call)."""
+    def run(compiled):
+        m = mlp()
+        opt = fg.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        sched = fg.optim.lr_scheduler.StepLR(opt, 1, 0.5)
+        x, y = data()
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            return loss * opt.param_groups[0]["lr"], opt.param_groups[0]["lr"], \
+                sched.get_last_lr()[0]
+        f = fg.compile(step) if compiled else step
+        out = []
+        for _ in range(4):
+            scaled, lr, last = f(x, y)
+            out.append((scaled.item(), lr, last))
+            sched.step()
+        return out, params(m)
+    (want, want_params), (got, got_params) = run(False), run(True)
+    assert [o[1:] for o in got] == [o[1:] for o in want] == [(0.1 / 2 ** k,) * 2
+                                                            for k in range(4)]
+    np.testing.assert_allclose([o[0] for o in got], [o[0] for o in want], rtol=1e-6)
+    assert_close_lists(got_params, want_params)
 
 
 def test_attributes_of_self_and_of_object_arguments_are_guarded():

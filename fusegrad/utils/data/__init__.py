@@ -20,11 +20,13 @@ from fusegrad.utils.data.sampler import (
     Sampler,
     SequentialSampler,
     SubsetRandomSampler,
+    WeightedRandomSampler,
 )
 
 __all__ = [
     "Dataset", "IterableDataset", "TensorDataset", "ConcatDataset", "ChainDataset", "Subset",
     "random_split", "Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
+    "WeightedRandomSampler",
     "BatchSampler", "DistributedSampler", "DataLoader", "default_collate", "default_convert",
     "get_worker_info", "WorkerInfo",
 ]

@@ -2,7 +2,8 @@
 of samples becomes a batch.
 
 Tensors are stacked along a new first dimension; numpy arrays become tensors and are
-stacked; Python floats become a float64 tensor, ints an int64 tensor, bools a bool tensor;
+stacked; Python floats become a float64 tensor; ints and bools a tensor of the dtype
+inferred from the whole batch (int64, bool, or float32 when a later sample is a float);
 strings stay a list; dicts, named tuples, tuples and lists are collated field by field
 (a tuple of fields becomes a list, as in torch).
 """
@@ -97,12 +98,12 @@ def default_collate(batch: list) -> Any:
         return default_collate([as_tensor(b) for b in batch])
     if isinstance(elem, np.generic) and not isinstance(elem, (np.str_, np.bytes_)):
         return as_tensor(np.array(batch))
-    if isinstance(elem, bool):
-        return tensor(batch, dtype=dtypes.bool_)
     if isinstance(elem, float):
         return tensor(batch, dtype=dtypes.float64)
     if isinstance(elem, int):
-        return tensor(batch, dtype=dtypes.int64)
+        # dtype inferred from all samples, as torch.tensor(batch): [1, 2.5] is float32,
+        # [True, 2] int64 (a dtype fixed by the first sample would truncate the others).
+        return tensor(batch)
     if isinstance(elem, (str, bytes)):
         return batch
     if isinstance(elem, collections.abc.Mapping):

@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Generic, Iterable, Iterator, Sequence, Sized, TypeVar
 
 from fusegrad import dtypes
-from fusegrad.ops.creation import Generator, randint, randperm
+from fusegrad.ops.creation import Generator, as_tensor, randint, randperm
+from fusegrad.ops.sampling import multinomial
 
 __all__ = ["Sampler", "SequentialSampler", "RandomSampler", "SubsetRandomSampler",
-           "BatchSampler", "DistributedSampler"]
+           "WeightedRandomSampler", "BatchSampler", "DistributedSampler"]
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -103,6 +104,39 @@ class SubsetRandomSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+class WeightedRandomSampler(Sampler[int]):
+    """``num_samples`` indices drawn with probabilities proportional to ``weights`` (with
+    ``replacement``, the default, independently; without, each index at most once).
+
+    >>> list(WeightedRandomSampler([0.0, 1.0], 3))
+    [1, 1, 1]
+    """
+
+    def __init__(self, weights: Sequence[float], num_samples: int, replacement: bool = True,
+                 generator: Generator | None = None) -> None:
+        if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples <= 0:
+            raise ValueError(f"num_samples should be a positive integer value, but got "
+                             f"num_samples={num_samples}")
+        if not isinstance(replacement, bool):
+            raise ValueError(f"replacement should be a boolean value, but got "
+                             f"replacement={replacement}")
+        weights_tensor = as_tensor(weights, dtype=dtypes.float64)
+        if weights_tensor.ndim != 1:
+            raise ValueError(f"weights should be a 1d sequence but given weights have shape "
+                             f"{tuple(weights_tensor.shape)}")
+        self.weights = weights_tensor
+        self.num_samples = num_samples
+        self.replacement = replacement
+        self.generator = generator
+
+    def __iter__(self) -> Iterator[int]:
+        yield from multinomial(self.weights, self.num_samples, self.replacement,
+                               generator=self.generator).tolist()
+
+    def __len__(self) -> int:
+        return self.num_samples
 
 
 class DistributedSampler(Sampler[int]):
