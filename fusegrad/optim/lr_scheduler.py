@@ -22,7 +22,7 @@ from collections import Counter
 from functools import partial
 from typing import Any, Callable, Sequence
 
-from fusegrad.ir.symbolic import ConcretizationError
+from fusegrad.ir.symbolic import ConcretizationError as _ConcretizationError
 from fusegrad.ops import primitive
 from fusegrad.optim.optimizer import Optimizer
 from fusegrad.tensor import Tensor
@@ -82,7 +82,7 @@ def _untraced_step(step: Callable) -> Callable:
     @functools.wraps(step)
     def wrapper(self, *args, **kwargs):
         if primitive.CAPTURE:
-            raise ConcretizationError(
+            raise _ConcretizationError(
                 f"{type(self).__name__}.step() was called inside a compiled function; a "
                 "scheduler's state changes in Python, once, at trace time, not at each call. "
                 "Call the scheduler outside the compiled function: learning rates are read "
