@@ -182,6 +182,24 @@ def test_addmm_family_gradients():
     check_grad(fg.addbmm, arr(2, 4), arr(3, 2, 5, seed=1), arr(3, 5, 4, seed=2))
 
 
+@pytest.mark.parametrize("op,shapes", [("addmm", [(2, 4), (2, 3), (3, 4)]),
+                                       ("addmm", [(4,), (2, 3), (3, 4)]),
+                                       ("addmv", [(2,), (2, 3), (3,)]),
+                                       ("addr", [(2, 3), (2,), (3,)]),
+                                       ("baddbmm", [(5, 2, 4), (5, 2, 3), (5, 3, 4)]),
+                                       ("addbmm", [(2, 4), (5, 2, 3), (5, 3, 4)])])
+def test_addmm_family_with_beta_zero_gives_the_input_a_zero_gradient(op, shapes):
+    # torch: the input's gradient is beta * grad, zeros (not None), and NaN in the input
+    # reaches neither the result nor any gradient.
+    x = fg.full(shapes[0], NAN, dtype=fg.float64, requires_grad=True)
+    a, b = (fg.tensor(arr(*s, seed=i), requires_grad=True) for i, s in enumerate(shapes[1:]))
+    out = getattr(fg, op)(x, a, b, beta=0)
+    out.sum().backward()
+    assert x.grad is not None
+    np.testing.assert_array_equal(x.grad.numpy(), np.zeros(shapes[0]))
+    assert np.isfinite(out.detach().numpy()).all() and np.isfinite(a.grad.numpy()).all()
+
+
 def test_inner_vdot_ger_kron_cross():
     a, b = arr(2, 3, seed=1), arr(4, 3, seed=2)
     assert_close(_both("inner", fg.tensor(a), fg.tensor(b)), np.inner(a, b), rtol=1e-14)

@@ -10,22 +10,23 @@ from __future__ import annotations
 
 from fusegrad import dtypes
 from fusegrad.ops.composite import _named
-from fusegrad.ops.elementwise import add, clamp, div, mul, ne, sqrt, sub
+from fusegrad.ops.elementwise import add, clamp, div, mul, ne, sqrt, sub, where
 from fusegrad.ops.matmul import bmm, dot, matmul, mm, mv, outer
-from fusegrad.ops.movement import broadcast_to, cat, narrow, reshape, transpose, unsqueeze
-from fusegrad.ops.prims import broadcast_shapes, normalize_axis
+from fusegrad.ops.movement import cat, narrow, reshape, transpose, unsqueeze
+from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.reductions import mean, norm, sum
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
 
 def _scaled_sum(x: Tensor, product: Tensor, beta, alpha) -> Tensor:
-    """``beta * x + alpha * product``; with ``beta == 0`` the input is ignored (NaN in it does
-    not propagate), as BLAS and torch do."""
+    """``beta * x + alpha * product``; with ``beta == 0`` the input's values are ignored (NaN
+    in it does not propagate), as BLAS and torch do, but it stays in the graph: its gradient
+    is zeros, as torch's, not None."""
     if alpha != 1:
         product = mul(product, alpha)
     if beta == 0:
-        return broadcast_to(product, broadcast_shapes(tuple(x.shape), tuple(product.shape)))
+        return where(False, x, product)
     return add(x if beta == 1 else mul(x, beta), product)
 
 
