@@ -200,6 +200,29 @@ def test_addmm_family_with_beta_zero_gives_the_input_a_zero_gradient(op, shapes)
     assert np.isfinite(out.detach().numpy()).all() and np.isfinite(a.grad.numpy()).all()
 
 
+@pytest.mark.parametrize("op,shapes", [("addmm", [(2, 4), (2, 3), (3, 4)]),
+                                       ("addmv", [(2,), (2, 3), (3,)]),
+                                       ("baddbmm", [(5, 2, 4), (5, 2, 3), (5, 3, 4)]),
+                                       ("addbmm", [(2, 4), (5, 2, 3), (5, 3, 4)])])
+def test_addmm_family_needs_an_input_of_the_products_dtype(op, shapes):
+    # torch raises ("self and mat2 must have the same dtype"); addr alone promotes.
+    x = fg.zeros(shapes[0], dtype=fg.float64)
+    a, b = (fg.tensor(arr(*s, seed=i).astype(np.float32)) for i, s in enumerate(shapes[1:]))
+    with pytest.raises(RuntimeError, match=f"{op}: self and mat2 must have the same dtype"):
+        getattr(fg, op)(x, a, b)
+
+
+def test_addr_promotes_as_torch_does():
+    assert fg.addr(fg.zeros(2, 3, dtype=fg.float64), fg.ones(2), fg.ones(3)).dtype == fg.float64
+
+
+def test_addbmm_of_integers_keeps_their_dtype():
+    a, b = fg.ones(2, 3, 4, dtype=fg.int32), fg.ones(2, 4, 5, dtype=fg.int32)
+    out = fg.addbmm(fg.ones(3, 5, dtype=fg.int32), a, b)
+    assert out.dtype == fg.int32
+    np.testing.assert_array_equal(out.numpy(), np.full((3, 5), 9, np.int32))
+
+
 def test_inner_vdot_ger_kron_cross():
     a, b = arr(2, 3, seed=1), arr(4, 3, seed=2)
     assert_close(_both("inner", fg.tensor(a), fg.tensor(b)), np.inner(a, b), rtol=1e-14)

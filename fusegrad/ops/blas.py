@@ -30,15 +30,27 @@ def _scaled_sum(x: Tensor, product: Tensor, beta, alpha) -> Tensor:
     return add(x if beta == 1 else mul(x, beta), product)
 
 
+def _check_input_dtype(op: str, x: Tensor, mat: Tensor) -> None:
+    """torch adds a product only to an input of the product's dtype (``addr`` excepted: it
+    promotes); adding promoted silently where torch raises."""
+    if x.dtype is not mat.dtype:
+        raise RuntimeError(f"{op}: self and mat2 must have the same dtype, but got "
+                           f"{x.dtype.name} and {mat.dtype.name} (input "
+                           f"{x.dtype.name}{list(x.shape)}, product operand "
+                           f"{mat.dtype.name}{list(mat.shape)})")
+
+
 @public(torch=True, method=True, inplace=True)
 def addmm(x: Tensor, mat1: Tensor, mat2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * (mat1 @ mat2)``."""
+    _check_input_dtype("addmm", x, mat2)
     return _named(_scaled_sum(x, mm(mat1, mat2), beta, alpha), "AddmmBackward0")
 
 
 @public(torch=True, method=True, inplace=True)
 def addmv(x: Tensor, mat: Tensor, vec: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * (mat @ vec)``."""
+    _check_input_dtype("addmv", x, vec)
     return _named(_scaled_sum(x, mv(mat, vec), beta, alpha), "AddmvBackward0")
 
 
@@ -51,13 +63,17 @@ def addr(x: Tensor, vec1: Tensor, vec2: Tensor, *, beta=1, alpha=1) -> Tensor:
 @public(torch=True, method=True, inplace=True)
 def baddbmm(x: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * bmm(batch1, batch2)``."""
+    _check_input_dtype("baddbmm", x, batch2)
     return _named(_scaled_sum(x, bmm(batch1, batch2), beta, alpha), "BaddbmmBackward0")
 
 
 @public(torch=True, method=True, inplace=True)
 def addbmm(x: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * sum_b(batch1[b] @ batch2[b])``."""
-    return _named(_scaled_sum(x, sum(bmm(batch1, batch2), 0), beta, alpha), "AddbmmBackward0")
+    _check_input_dtype("addbmm", x, batch2)
+    # The sum over the batch keeps the operands' dtype (an integer sum would be int64).
+    product = sum(bmm(batch1, batch2), 0, dtype=batch1.dtype)
+    return _named(_scaled_sum(x, product, beta, alpha), "AddbmmBackward0")
 
 
 ger = public(outer, name="ger", torch=True, method=True)
