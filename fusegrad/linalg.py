@@ -44,10 +44,33 @@ def multi_dot(tensors) -> Tensor:
     tensors = list(tensors)
     if len(tensors) < 2:
         raise RuntimeError("multi_dot(): expected at least 2 tensors but got " + str(len(tensors)))
+    _check_chain(tensors)
     out = tensors[0]
     for t in tensors[1:]:
         out = F.matmul(out, t)
     return out
+
+
+def _check_chain(tensors) -> None:
+    """torch's rules for a chain: matrices, but for a vector first or last; one dtype; and
+    neighbours that multiply (matmul alone would broadcast batched operands)."""
+    last = len(tensors) - 1
+    for i, t in enumerate(tensors):
+        allowed = (1, 2) if i in (0, last) else (2,)
+        if t.ndim not in allowed:
+            which = "the first tensor" if i == 0 else "the last tensor" if i == last else \
+                f"tensor {i}"
+            raise RuntimeError(f"multi_dot(): {which} must be "
+                               f"{' or '.join(f'{n}D' for n in allowed)} but got {t.ndim}D")
+        if t.dtype is not tensors[0].dtype:
+            raise RuntimeError(f"multi_dot(): all tensors must have be the same dtype but "
+                               f"tensor 0 is {tensors[0].dtype.name} and tensor {i} "
+                               f"{t.dtype.name}")
+    for i in range(last):
+        a, b = tensors[i], tensors[i + 1]
+        if a.shape[-1] != b.shape[0]:
+            raise RuntimeError(f"multi_dot(): tensors {i} and {i + 1} with shapes "
+                               f"{list(a.shape)} and {list(b.shape)} cannot be multiplied")
 
 
 def matrix_rank(x: Tensor, *, atol: float | None = None, rtol: float | None = None,

@@ -99,11 +99,16 @@ def dot(x: Tensor, other: Tensor) -> Tensor:
 
 @public(torch=True, method=True)
 def mv(x: Tensor, vec: Tensor) -> Tensor:
+    if x.ndim != 2 or vec.ndim != 1:
+        raise RuntimeError(f"vector + matrix @ vector expected, got 1, {x.ndim}, {vec.ndim}")
     return matmul(x, vec)
 
 
 @public(torch=True, method=True)
 def outer(x: Tensor, other: Tensor) -> Tensor:
+    for name, t in (("self", x), ("vec2", other)):
+        if t.ndim != 1:
+            raise RuntimeError(f"outer: Expected 1-D argument {name}, but got {t.ndim}-D")
     return mul(unsqueeze(x, 1), unsqueeze(other, 0))
 
 
@@ -140,7 +145,33 @@ def _einsum_terms(equation: str, operands) -> tuple[list[str], str]:
         if not builtins.any(c in t for t in terms):
             raise RuntimeError(f"einsum(): output subscript {c} does not appear in the equation "
                                "for any input operand")
+        if out.count(c) > 1:
+            raise RuntimeError(f"einsum(): output subscript {c} appears more than once in the "
+                               "output")
+    _check_einsum_sizes(terms, operands, dots)
     return terms, out
+
+
+def _check_einsum_sizes(terms: list[str], operands, dots: str) -> None:
+    """torch's size rules for a label: equal sizes where it repeats within an operand (a
+    diagonal), and sizes that broadcast (equal, or 1) across operands; else the products
+    below would take a diagonal of a non-square block or reshape to a wrong size. (``dots``:
+    the labels ``...`` was spelled out as.)"""
+    seen: dict[str, int] = {}
+    for i, (term, x) in enumerate(zip(terms, operands)):
+        own: dict[str, int] = {}
+        for c, n in zip(term, x.shape):
+            if own.setdefault(c, n) != n:
+                raise RuntimeError(f"einsum(): subscript {c} is repeated for operand {i} but "
+                                   f"the sizes don't match, {n} != {own[c]}")
+        for c, n in own.items():
+            prev = seen.setdefault(c, n)
+            if n != prev and 1 not in (n, prev):
+                label = "..." if c in dots else c
+                raise RuntimeError(f"einsum(): subscript {label} has size {n} for operand {i} which "
+                                   f"does not broadcast with previously seen size {prev}")
+            if prev == 1:
+                seen[c] = n
 
 
 def _einsum_diagonals(x: Tensor, term: str) -> tuple[Tensor, str]:
