@@ -222,6 +222,26 @@ def _contract(a: Tensor, ta: str, b: Tensor, tb: str, keep: str) -> tuple[Tensor
     return reshape(out, shape), "".join(batch + left + right)
 
 
+def _einsum_sublists(*args) -> tuple[str, tuple]:
+    """torch's sublist form, ``einsum(a, [0, 1], b, [1, 2], [0, 2])``, as an equation and
+    its operands: labels are integers in [0, 52) (A-Z, then a-z, as torch spells them, which
+    orders an implicit output as torch does) or ``...``."""
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+    def term(sublist) -> str:
+        if not all(x is Ellipsis or isinstance(x, int) and 0 <= x < 52 for x in sublist):
+            raise RuntimeError("einsum(): subscript in subscript list is not within the valid "
+                               f"range [0, 52): {list(sublist)}")
+        return "".join("..." if x is Ellipsis else letters[x] for x in sublist)
+
+    pairs = len(args) // 2
+    operands, sublists = args[0:2 * pairs:2], args[1:2 * pairs:2]
+    equation = ",".join(term(sub) for sub in sublists)
+    if len(args) % 2:           # an output sublist last
+        equation += "->" + term(args[-1])
+    return equation, operands
+
+
 @public(torch=True)
 def einsum(equation: str, *operands) -> Tensor:
     """Einstein summation, as ``torch.einsum``: ``einsum('bij,bjk->bik', a, b)``.
@@ -230,6 +250,8 @@ def einsum(equation: str, *operands) -> Tensor:
     in the output are summed first; then the operands are contracted left to right, each
     pair as one batched matmul; ``...`` broadcasts like numpy.
     """
+    if not isinstance(equation, str):
+        equation, operands = _einsum_sublists(equation, *operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     if not operands:
