@@ -208,7 +208,14 @@ def norm(x: Tensor, ord=None, dim=None, keepdim: bool = False, *, dtype=None) ->
 
 
 def vecdot(x: Tensor, y: Tensor, *, dim: int = -1) -> Tensor:
-    """Dot product of ``x`` and ``y`` along ``dim``, broadcasting the other dims."""
+    """Dot product of ``x`` and ``y`` along ``dim``, broadcasting the other dims: of floating
+    tensors of one dtype, as torch's (a mul and a sum would promote)."""
+    if not x.dtype.is_floating_point:
+        raise RuntimeError("linalg.vecdot: Expected a floating point or complex tensor as "
+                           f"input. Got {x.dtype.name}")
+    if x.dtype is not y.dtype:
+        raise RuntimeError("linalg.vecdot: Expected x and y to have the same dtype, but found "
+                           f"x of type {x.dtype.name} and y of type {y.dtype.name} instead")
     return F.sum(F.mul(x, y), dim)
 
 

@@ -268,11 +268,27 @@ def test_linear_with_a_double_weight_raises():
      "tensors 1 and 2 with shapes [2, 4] and [5, 4] cannot be multiplied"),
     (lambda: fg.linalg.multi_dot([fg.ones(3, 2), fg.ones(2, 4, dtype=fg.float64)]),
      "all tensors must have be the same dtype"),
+    (lambda: fg.linalg.vecdot(fg.ones(2, 3, dtype=fg.int64), fg.ones(3, dtype=fg.int64)),
+     "linalg.vecdot: Expected a floating point or complex tensor as input. Got int64"),
+    (lambda: fg.linalg.vecdot(fg.ones(2, 3, dtype=fg.float16), fg.ones(3)),
+     "Expected x and y to have the same dtype, but found x of type float16 and y of type "
+     "float32"),
+    (lambda: NF.linear(fg.ones(2, 3), fg.ones(4, 3), fg.ones(4, dtype=fg.float64)),
+     "linear: self and mat2 must have the same dtype, but got float64 and float32"),
+    (lambda: NF.linear(fg.ones(2, 2, 3), fg.ones(4, 3), fg.ones(4, dtype=fg.int64)),
+     "linear: self and mat2 must have the same dtype, but got int64 and float32"),
 ])
 def test_products_torch_refuses_raise_instead_of_broadcasting(op, want):
     # Each computed something before (a broadcast product, a diagonal of a non-square block).
     with pytest.raises(RuntimeError, match=re.escape(want)):
         op()
+
+
+def test_einsum_sums_no_bools_but_multiplies_them():
+    b = fg.ones(2, 2, dtype=fg.bool)
+    with pytest.raises(NotImplementedError, match='"bmm" not implemented for \'Bool\''):
+        fg.einsum("ij,jk", b, b)
+    assert fg.einsum("ij,ij->ij", b, b).dtype == fg.bool and fg.einsum("ij->", b).item() == 4
 
 
 def test_einsum_sizes_that_broadcast_still_work():

@@ -205,6 +205,8 @@ def _contract(a: Tensor, ta: str, b: Tensor, tb: str, keep: str) -> tuple[Tensor
                 a = reductions.sum(a, ta.index(c), keepdim=True)
     batch = [c for c in shared if c in keep]
     inner = [c for c in shared if c not in keep]
+    if inner and a.dtype is dtypes.bool_:
+        raise NotImplementedError('"bmm" not implemented for \'Bool\'')     # as torch
     left = [c for c in ta if c not in tb]
     right = [c for c in tb if c not in ta]
     sa = dict(zip(ta, a.shape))
