@@ -115,6 +115,7 @@ def outer(x: Tensor, other: Tensor) -> Tensor:
 def _einsum_terms(equation: str, operands) -> tuple[list[str], str]:
     """Input terms and the output term of ``equation``, with ``...`` spelled out as one label
     per broadcast dim (labels from a private range, right-aligned as numpy broadcasts)."""
+    _check_einsum_subscripts(equation)
     eq = equation.replace(" ", "")
     lhs, arrow, out = eq.partition("->")
     terms = lhs.split(",")
@@ -150,6 +151,16 @@ def _einsum_terms(equation: str, operands) -> tuple[list[str], str]:
                                "output")
     _check_einsum_sizes(terms, operands, dots)
     return terms, out
+
+
+def _check_einsum_subscripts(equation: str) -> None:
+    """torch's alphabet: letters, and ``,`` ``...`` spaces and one ``->`` between them."""
+    arrow = equation.find("->")
+    for i, c in enumerate(equation):
+        if c.isascii() and c.isalpha() or c in " ,." or arrow >= 0 and i in (arrow, arrow + 1):
+            continue
+        raise RuntimeError(f"einsum(): invalid subscript given at index {i} in the equation "
+                           "string, subscripts must be in [a-zA-Z]")
 
 
 def _check_einsum_sizes(terms: list[str], operands, dots: str) -> None:
