@@ -287,6 +287,13 @@ def test_products_torch_refuses_raise_instead_of_broadcasting(op, want):
         op()
 
 
+def test_a_matmul_of_a_non_tensor_names_it():
+    with pytest.raises(TypeError, match="argument 'input' \\(position 1\\) must be Tensor, not int"):
+        2 @ fg.ones(3)
+    with pytest.raises(TypeError, match="argument 'other' \\(position 2\\) must be Tensor, not list"):
+        fg.matmul(fg.ones(3), [1.0, 2.0, 3.0])
+
+
 def test_einsum_sums_no_bools_but_multiplies_them():
     b = fg.ones(2, 2, dtype=fg.bool)
     with pytest.raises(NotImplementedError, match='"bmm" not implemented for \'Bool\''):

@@ -24,8 +24,10 @@ def matmul_nd(a: Tensor, b: Tensor) -> Tensor:
 @public(torch=True, method=True)
 def matmul(x: Tensor, other: Tensor) -> Tensor:
     """Matrix product with torch's rules for 1-D, 2-D and batched (broadcast) operands."""
-    if not isinstance(other, Tensor) or not isinstance(x, Tensor):
-        raise TypeError(f"matmul(): argument 'other' must be Tensor, not {type(other).__name__}")
+    for position, (name, t) in enumerate((("input", x), ("other", other)), 1):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"matmul(): argument '{name}' (position {position}) must be Tensor, "
+                            f"not {type(t).__name__}")
     if x.ndim == 0 or other.ndim == 0:
         raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are "
                            f"{x.ndim}D and {other.ndim}D")
