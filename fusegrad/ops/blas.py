@@ -31,8 +31,8 @@ def _scaled_sum(x: Tensor, product: Tensor, beta, alpha) -> Tensor:
 
 
 def _check_input_dtype(op: str, x: Tensor, mat: Tensor) -> None:
-    """torch adds a product only to an input of the product's dtype (``addr`` excepted: it
-    promotes); adding promoted silently where torch raises."""
+    """torch adds a product only to an input of the product's dtype and raises otherwise
+    (``addr`` excepted: it promotes, as a broadcast multiply does)."""
     if x.dtype is not mat.dtype:
         raise RuntimeError(f"{op}: self and mat2 must have the same dtype, but got "
                            f"{x.dtype.name} and {mat.dtype.name} (input "
