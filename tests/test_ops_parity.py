@@ -212,6 +212,23 @@ def test_addmm_family_needs_an_input_of_the_products_dtype(op, shapes):
         getattr(fg, op)(x, a, b)
 
 
+def test_integer_addmm_family_truncates_fractional_factors_and_addr_refuses_them():
+    # torch: the result keeps the integer dtype; alpha and beta are truncated toward zero
+    # (addr raises instead).
+    def ones(*shape):
+        return fg.ones(*shape, dtype=fg.int64)
+
+    out = fg.addmm(ones(2, 3), ones(2, 4), ones(4, 3), beta=2.7, alpha=-1.5)
+    assert out.dtype == fg.int64
+    np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 2 - 4))
+    out = fg.addbmm(ones(2, 3), ones(1, 2, 4), ones(1, 4, 3), beta=0.5, alpha=1.5)
+    assert out.dtype == fg.int64
+    np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 4))
+    with pytest.raises(RuntimeError, match="argument alpha must not be a floating point number"):
+        fg.addr(ones(2, 3), ones(2), ones(3), alpha=0.5)
+    assert fg.addr(ones(2, 3), ones(2), ones(3), beta=2, alpha=3).dtype == fg.int64
+
+
 def test_addr_promotes_as_torch_does():
     assert fg.addr(fg.zeros(2, 3, dtype=fg.float64), fg.ones(2), fg.ones(3)).dtype == fg.float64
 

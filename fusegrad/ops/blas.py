@@ -30,6 +30,20 @@ def _scaled_sum(x: Tensor, product: Tensor, beta, alpha) -> Tensor:
     return add(x if beta == 1 else mul(x, beta), product)
 
 
+def _integer_scalars(op: str, dtype: dtypes.DType, beta, alpha) -> tuple:
+    """``beta`` and ``alpha`` for a product of integers, which keeps its dtype: torch refuses
+    fractional ones for ``addr`` and truncates them toward zero for the others (a float
+    factor would promote the result to float32)."""
+    if dtype.category != 1:
+        return beta, alpha
+    if op == "addr":
+        for name, v in (("beta", beta), ("alpha", alpha)):
+            if isinstance(v, float):
+                raise RuntimeError(f"For integral input tensors, argument {name} must not be a "
+                                   "floating point number.")
+    return int(beta), int(alpha)
+
+
 def _check_input_dtype(op: str, x: Tensor, mat: Tensor) -> None:
     """torch adds a product only to an input of the product's dtype and raises otherwise
     (``addr`` excepted: it promotes, as a broadcast multiply does)."""
@@ -44,6 +58,7 @@ def _check_input_dtype(op: str, x: Tensor, mat: Tensor) -> None:
 def addmm(x: Tensor, mat1: Tensor, mat2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * (mat1 @ mat2)``."""
     _check_input_dtype("addmm", x, mat2)
+    beta, alpha = _integer_scalars("addmm", x.dtype, beta, alpha)
     return _named(_scaled_sum(x, mm(mat1, mat2), beta, alpha), "AddmmBackward0")
 
 
@@ -51,19 +66,23 @@ def addmm(x: Tensor, mat1: Tensor, mat2: Tensor, *, beta=1, alpha=1) -> Tensor:
 def addmv(x: Tensor, mat: Tensor, vec: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * (mat @ vec)``."""
     _check_input_dtype("addmv", x, vec)
+    beta, alpha = _integer_scalars("addmv", x.dtype, beta, alpha)
     return _named(_scaled_sum(x, mv(mat, vec), beta, alpha), "AddmvBackward0")
 
 
 @public(torch=True, method=True, inplace=True)
 def addr(x: Tensor, vec1: Tensor, vec2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * outer(vec1, vec2)``."""
-    return _named(_scaled_sum(x, outer(vec1, vec2), beta, alpha), "AddrBackward0")
+    product = outer(vec1, vec2)
+    beta, alpha = _integer_scalars("addr", dtypes.result_type(x, product), beta, alpha)
+    return _named(_scaled_sum(x, product, beta, alpha), "AddrBackward0")
 
 
 @public(torch=True, method=True, inplace=True)
 def baddbmm(x: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * bmm(batch1, batch2)``."""
     _check_input_dtype("baddbmm", x, batch2)
+    beta, alpha = _integer_scalars("baddbmm", x.dtype, beta, alpha)
     return _named(_scaled_sum(x, bmm(batch1, batch2), beta, alpha), "BaddbmmBackward0")
 
 
@@ -73,6 +92,7 @@ def addbmm(x: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -> Ten
     _check_input_dtype("addbmm", x, batch2)
     # The sum over the batch keeps the operands' dtype (an integer sum would be int64).
     product = sum(bmm(batch1, batch2), 0, dtype=batch1.dtype)
+    beta, alpha = _integer_scalars("addbmm", x.dtype, beta, alpha)
     return _named(_scaled_sum(x, product, beta, alpha), "AddbmmBackward0")
 
 
