@@ -280,6 +280,9 @@ def test_linear_with_a_double_weight_raises():
      "linear: self and mat2 must have the same dtype, but got float64 and float32"),
     (lambda: NF.linear(fg.ones(2, 2, 3), fg.ones(4, 3), fg.ones(4, dtype=fg.int64)),
      "linear: self and mat2 must have the same dtype, but got int64 and float32"),
+    (lambda: NF.bilinear(fg.ones(2, 3), fg.ones(2, 4), fg.ones(5, 3, 4), fg.ones(5, dtype=fg.float64)),
+     "All tensors must have the same dtype, got input1: float32, input2: float32, weight: "
+     "float32, bias: float64"),
 ])
 def test_products_torch_refuses_raise_instead_of_broadcasting(op, want):
     # Each computed something before (a broadcast product, a diagonal of a non-square block).
