@@ -245,8 +245,10 @@ def matrix_power(x: Tensor, n: int) -> Tensor:
                            f"are {x.shape[-2] if x.ndim >= 2 else x.ndim} by "
                            f"{x.shape[-1] if x.ndim else 0} matrices")
     if n == 0:
+        # The identity in x's shape whatever x holds (x * 0 is NaN where x is inf or NaN),
+        # with x in the graph: its gradient is zeros, as torch's.
         from fusegrad.ops.creation import eye
-        return add(mul(x, 0).detach(), eye(x.shape[-1], dtype=x.dtype))
+        return where(False, x, eye(x.shape[-1], dtype=x.dtype))
     if n < 0:
         from fusegrad.ops.decompositions import inv
         x, n = inv(x), -n
