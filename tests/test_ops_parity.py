@@ -229,6 +229,21 @@ def test_integer_addmm_family_truncates_fractional_factors_and_addr_refuses_them
     assert fg.addr(ones(2, 3), ones(2), ones(3), beta=2, alpha=3).dtype == fg.int64
 
 
+@pytest.mark.parametrize("op,shapes", [("addmm", [(1, 2, 4), (2, 3), (3, 4)]),
+                                       ("addmm", [(5, 4), (1, 3), (3, 4)]),
+                                       ("addmv", [(1, 2), (2, 3), (3,)]),
+                                       ("addr", [(1, 2, 3), (2,), (3,)]),
+                                       ("baddbmm", [(5, 2, 4), (1, 2, 3), (1, 3, 4)]),
+                                       ("addbmm", [(1, 2, 4), (5, 2, 3), (5, 3, 4)])])
+@pytest.mark.parametrize("beta", [1, 0])
+def test_addmm_family_input_expands_to_the_product_and_never_broadcasts_it(op, shapes, beta):
+    # torch expands the input to the product's shape; it does not broadcast the product to a
+    # bigger input (the result had the input's extra or larger dims).
+    x, a, b = (fg.ones(*s) for s in shapes)
+    with pytest.raises(RuntimeError, match="expand"):
+        getattr(fg, op)(x, a, b, beta=beta)
+
+
 def test_addr_promotes_as_torch_does():
     assert fg.addr(fg.zeros(2, 3, dtype=fg.float64), fg.ones(2), fg.ones(3)).dtype == fg.float64
 

@@ -12,7 +12,7 @@ from fusegrad import dtypes
 from fusegrad.ops.composite import _named
 from fusegrad.ops.elementwise import add, clamp, div, mul, ne, sqrt, sub, where
 from fusegrad.ops.matmul import bmm, dot, matmul, mm, mv, outer
-from fusegrad.ops.movement import cat, narrow, reshape, transpose, unsqueeze
+from fusegrad.ops.movement import broadcast_to, cat, narrow, reshape, transpose, unsqueeze
 from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.reductions import mean, norm, sum
 from fusegrad.ops.registry import public
@@ -22,7 +22,9 @@ from fusegrad.tensor import Tensor
 def _scaled_sum(x: Tensor, product: Tensor, beta, alpha) -> Tensor:
     """``beta * x + alpha * product``; with ``beta == 0`` the input's values are ignored (NaN
     in it does not propagate), as BLAS and torch do, but it stays in the graph: its gradient
-    is zeros, as torch's, not None."""
+    is zeros, as torch's, not None. ``x`` expands to the product's shape (torch's rule: it
+    never broadcasts the product)."""
+    x = broadcast_to(x, tuple(product.shape))
     if alpha != 1:
         product = mul(product, alpha)
     if beta == 0:
