@@ -44,10 +44,33 @@ def multi_dot(tensors) -> Tensor:
     tensors = list(tensors)
     if len(tensors) < 2:
         raise RuntimeError("multi_dot(): expected at least 2 tensors but got " + str(len(tensors)))
+    _check_chain(tensors)
     out = tensors[0]
     for t in tensors[1:]:
         out = F.matmul(out, t)
     return out
+
+
+def _check_chain(tensors) -> None:
+    """torch's rules for a chain: matrices, but for a vector first or last; one dtype; and
+    neighbours that multiply (matmul alone would broadcast batched operands)."""
+    last = len(tensors) - 1
+    for i, t in enumerate(tensors):
+        allowed = (1, 2) if i in (0, last) else (2,)
+        if t.ndim not in allowed:
+            which = "the first tensor" if i == 0 else "the last tensor" if i == last else \
+                f"tensor {i}"
+            raise RuntimeError(f"multi_dot(): {which} must be "
+                               f"{' or '.join(f'{n}D' for n in allowed)} but got {t.ndim}D")
+        if t.dtype is not tensors[0].dtype:
+            raise RuntimeError(f"multi_dot(): all tensors must have be the same dtype but "
+                               f"tensor 0 is {tensors[0].dtype.name} and tensor {i} "
+                               f"{t.dtype.name}")
+    for i in range(last):
+        a, b = tensors[i], tensors[i + 1]
+        if a.shape[-1] != b.shape[0]:
+            raise RuntimeError(f"multi_dot(): tensors {i} and {i + 1} with shapes "
+                               f"{list(a.shape)} and {list(b.shape)} cannot be multiplied")
 
 
 def matrix_rank(x: Tensor, *, atol: float | None = None, rtol: float | None = None,
@@ -185,7 +208,14 @@ def norm(x: Tensor, ord=None, dim=None, keepdim: bool = False, *, dtype=None) ->
 
 
 def vecdot(x: Tensor, y: Tensor, *, dim: int = -1) -> Tensor:
-    """Dot product of ``x`` and ``y`` along ``dim``, broadcasting the other dims."""
+    """Dot product of ``x`` and ``y`` along ``dim``, broadcasting the other dims: of floating
+    tensors of one dtype, as torch's (a mul and a sum would promote)."""
+    if not x.dtype.is_floating_point:
+        raise RuntimeError("linalg.vecdot: Expected a floating point or complex tensor as "
+                           f"input. Got {x.dtype.name}")
+    if x.dtype is not y.dtype:
+        raise RuntimeError("linalg.vecdot: Expected x and y to have the same dtype, but found "
+                           f"x of type {x.dtype.name} and y of type {y.dtype.name} instead")
     return F.sum(F.mul(x, y), dim)
 
 

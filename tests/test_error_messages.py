@@ -3,6 +3,7 @@ code the user's line. Each case was once misleading (issue: "unclear errors").""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -244,6 +245,70 @@ def test_every_matmul_form_refuses_mixed_dtypes(make):
 def test_linear_with_a_double_weight_raises():
     with pytest.raises(RuntimeError, match="float != double"):
         NF.linear(fg.ones(2, 3), fg.ones(4, 3, dtype=fg.float64))
+
+
+@pytest.mark.parametrize("op,want", [
+    (lambda: fg.mv(fg.ones(2, 3), fg.ones(3, 1)), "vector + matrix @ vector expected, got 1, 2, 2"),
+    (lambda: fg.mv(fg.ones(2, 2, 3), fg.ones(3)), "vector + matrix @ vector expected, got 1, 3, 1"),
+    (lambda: fg.outer(fg.ones(3, 1), fg.ones(4)), "outer: Expected 1-D argument self, but got 2-D"),
+    (lambda: fg.outer(fg.ones(3), fg.ones(())), "outer: Expected 1-D argument vec2, but got 0-D"),
+    (lambda: fg.einsum("ii->i", fg.ones(2, 3)),
+     "subscript i is repeated for operand 0 but the sizes don't match, 3 != 2"),
+    (lambda: fg.einsum("ij,jk->ik", fg.ones(2, 3), fg.ones(4, 5)),
+     "subscript j has size 4 for operand 1 which does not broadcast with previously seen size 3"),
+    (lambda: fg.einsum("...i,...i", fg.ones(2, 3), fg.ones(4, 3)),
+     "subscript ... has size 4 for operand 1"),
+    (lambda: fg.einsum("i1,1k->ik", fg.ones(2, 3), fg.ones(3, 5)),
+     "einsum(): invalid subscript given at index 1 in the equation string"),
+    (lambda: fg.einsum("ij->j->i", fg.ones(2, 3)), "invalid subscript given at index 5"),
+    (lambda: fg.einsum("ij,jk->ii", fg.ones(2, 3), fg.ones(3, 5)),
+     "output subscript i appears more than once in the output"),
+    (lambda: fg.linalg.multi_dot([fg.ones(2, 2, 3), fg.ones(3, 5)]),
+     "the first tensor must be 1D or 2D but got 3D"),
+    (lambda: fg.linalg.multi_dot([fg.ones(3, 2), fg.ones(2, 2, 3), fg.ones(3)]),
+     "tensor 1 must be 2D but got 3D"),
+    (lambda: fg.linalg.multi_dot([fg.ones(3, 2), fg.ones(2, 4), fg.ones(5, 4)]),
+     "tensors 1 and 2 with shapes [2, 4] and [5, 4] cannot be multiplied"),
+    (lambda: fg.linalg.multi_dot([fg.ones(3, 2), fg.ones(2, 4, dtype=fg.float64)]),
+     "all tensors must have be the same dtype"),
+    (lambda: fg.linalg.vecdot(fg.ones(2, 3, dtype=fg.int64), fg.ones(3, dtype=fg.int64)),
+     "linalg.vecdot: Expected a floating point or complex tensor as input. Got int64"),
+    (lambda: fg.linalg.vecdot(fg.ones(2, 3, dtype=fg.float16), fg.ones(3)),
+     "Expected x and y to have the same dtype, but found x of type float16 and y of type "
+     "float32"),
+    (lambda: NF.linear(fg.ones(2, 3), fg.ones(4, 3), fg.ones(4, dtype=fg.float64)),
+     "linear: self and mat2 must have the same dtype, but got float64 and float32"),
+    (lambda: NF.linear(fg.ones(2, 2, 3), fg.ones(4, 3), fg.ones(4, dtype=fg.int64)),
+     "linear: self and mat2 must have the same dtype, but got int64 and float32"),
+    (lambda: NF.bilinear(fg.ones(2, 3), fg.ones(2, 4), fg.ones(5, 3, 4), fg.ones(5, dtype=fg.float64)),
+     "All tensors must have the same dtype, got input1: float32, input2: float32, weight: "
+     "float32, bias: float64"),
+])
+def test_products_torch_refuses_raise_instead_of_broadcasting(op, want):
+    # Each computed something before (a broadcast product, a diagonal of a non-square block).
+    with pytest.raises(RuntimeError, match=re.escape(want)):
+        op()
+
+
+def test_a_matmul_of_a_non_tensor_names_it():
+    with pytest.raises(TypeError, match="argument 'input' \\(position 1\\) must be Tensor, not int"):
+        2 @ fg.ones(3)
+    with pytest.raises(TypeError, match="argument 'other' \\(position 2\\) must be Tensor, not list"):
+        fg.matmul(fg.ones(3), [1.0, 2.0, 3.0])
+
+
+def test_einsum_sums_no_bools_but_multiplies_them():
+    b = fg.ones(2, 2, dtype=fg.bool)
+    with pytest.raises(NotImplementedError, match='"bmm" not implemented for \'Bool\''):
+        fg.einsum("ij,jk", b, b)
+    assert fg.einsum("ij,ij->ij", b, b).dtype == fg.bool and fg.einsum("ij->", b).item() == 4
+
+
+def test_einsum_sizes_that_broadcast_still_work():
+    out = fg.einsum("ij,jk->ik", fg.ones(2, 1), fg.ones(3, 4))      # j: 1 against 3
+    np.testing.assert_array_equal(out.numpy(), np.full((2, 4), 3.0, np.float32))
+    np.testing.assert_array_equal(fg.einsum("i,i->i", fg.ones(1), fg.full((3,), 2.0)).numpy(),
+                                  np.full(3, 2.0, np.float32))
 
 
 def test_matmul_of_one_dtype_still_works():

@@ -393,3 +393,19 @@ def test_double_backward_through_copy_slices():
         return y
 
     assert gradgradcheck(f, [fg.tensor(positive(3), requires_grad=True)])
+
+
+def test_matmul_assignment_rebinds_as_in_torch():
+    # torch has no __imatmul__: x @= w is x = x @ w, a new tensor (its shape may change, a
+    # leaf that requires grad may be its operand, and other names for x keep its values).
+    x = fg.ones(4, 3)
+    alias = x
+    x @= fg.full((3, 5), 2.0)
+    assert x is not alias and x.shape == (4, 5) and alias.shape == (4, 3)
+    np.testing.assert_array_equal(alias.numpy(), np.ones((4, 3), np.float32))
+    np.testing.assert_array_equal(x.numpy(), np.full((4, 5), 6.0, np.float32))
+    w = fg.ones(3, 3, requires_grad=True)
+    leaf = w
+    w @= fg.eye(3)
+    w.sum().backward()
+    np.testing.assert_array_equal(leaf.grad.numpy(), np.ones((3, 3), np.float32))

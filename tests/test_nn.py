@@ -272,6 +272,16 @@ def test_linear_matches_numpy_and_gradcheck(shape, bias):
     assert gradcheck(lambda *a: NF.linear(*a), args)
 
 
+def test_linear_bias_of_the_outputs_shape_expands_to_it_and_never_enlarges_it():
+    # torch: a bias beyond a row expands to the product's shape (batched inputs too); one
+    # with more or larger dims than the output is an error, not a bigger result.
+    x, w, b = randn(5, 2, 3), randn(4, 3), randn(2, 4)
+    close(NF.linear(t64(x), t64(w), t64(b)), x @ w.T + b)
+    assert gradcheck(lambda *a: NF.linear(*a), (t64(x, True), t64(w, True), t64(b, True)))
+    with pytest.raises(RuntimeError, match="expand"):
+        NF.linear(t64(x[0]), t64(w), t64(b[None]))
+
+
 def test_linear_shape_mismatch_message():
     with pytest.raises(RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied \(4x3 "
                                            r"and 5x2\)"):

@@ -335,6 +335,16 @@ def test_pinverse_and_matrix_power():
     check_grad(lambda x: x.matrix_power(-2), m)
 
 
+def test_matrix_power_zero_is_the_identity_with_a_zero_gradient():
+    # torch: the identity whatever the matrix holds (inf and NaN too), and a gradient of
+    # zeros, not an error.
+    x = fg.tensor(np.array([[[np.inf, 1.0], [np.nan, 2.0]]] * 3), requires_grad=True)
+    out = fg.matrix_power(x, 0)
+    np.testing.assert_array_equal(out.detach().numpy(), np.broadcast_to(np.eye(2), (3, 2, 2)))
+    out.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.zeros((3, 2, 2)))
+
+
 def test_linalg_compiled_matches_eager():
     x = fg.tensor(arr(3, 3, seed=19), requires_grad=True)
     b = fg.tensor(arr(3, 2, seed=20))

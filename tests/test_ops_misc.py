@@ -124,6 +124,19 @@ def test_einsum_list_form_and_errors():
         fusegrad.einsum("ij->z", a)
 
 
+def test_einsum_sublist_form():
+    # torch's einsum(a, [0, 1], b, [1, 2], [0, 2]): labels 0-25 are A-Z, 26-51 a-z, so an
+    # implicit output is ordered by number.
+    a, b = RNG.standard_normal((3, 4)), RNG.standard_normal((4, 5))
+    ta, tb = fusegrad.tensor(a), fusegrad.tensor(b)
+    np.testing.assert_allclose(fusegrad.einsum(ta, [0, 1], tb, [1, 2], [0, 2]).numpy(), a @ b)
+    np.testing.assert_allclose(fusegrad.einsum(ta, [30, 1], tb, [1, 2]).numpy(), (a @ b).T)
+    np.testing.assert_allclose(fusegrad.einsum(ta, [..., 1], tb, [1, 2], [..., 2]).numpy(),
+                               a @ b)
+    with pytest.raises(RuntimeError, match="not within the valid range"):
+        fusegrad.einsum(ta, [0, 52])
+
+
 def test_cumulative_ops_match_numpy():
     a = np.array([[1.0, 3.0, 3.0, 2.0, 0.0, 5.0], [-1.0, -2.0, 4.0, 4.0, 1.0, 0.5]])
     x = fusegrad.tensor(a)

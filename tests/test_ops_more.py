@@ -322,6 +322,14 @@ def test_tensordot_matches_numpy():
         fusegrad.tensordot(a, b, dims=([0], [0]))
 
 
+def test_tensordot_takes_a_tensor_of_dims_and_refuses_repeated_dims():
+    a, b = t64(2, 3, 4), t64(4, 3, 5)
+    np.testing.assert_allclose(fusegrad.tensordot(a, b, dims=fusegrad.tensor(1)).numpy(),
+                               np.tensordot(a.numpy(), b.numpy(), 1), rtol=1e-12)
+    with pytest.raises(RuntimeError, match="dim 2 appears multiple times in the list of dims"):
+        fusegrad.tensordot(a, b, dims=([2, 2], [0, 0]))
+
+
 def test_meshgrid_and_diag_embed():
     x, y, z = fusegrad.arange(3), fusegrad.arange(2), fusegrad.tensor(7)
     for indexing in ("ij", "xy"):

@@ -182,6 +182,79 @@ def test_addmm_family_gradients():
     check_grad(fg.addbmm, arr(2, 4), arr(3, 2, 5, seed=1), arr(3, 5, 4, seed=2))
 
 
+@pytest.mark.parametrize("op,shapes", [("addmm", [(2, 4), (2, 3), (3, 4)]),
+                                       ("addmm", [(4,), (2, 3), (3, 4)]),
+                                       ("addmv", [(2,), (2, 3), (3,)]),
+                                       ("addr", [(2, 3), (2,), (3,)]),
+                                       ("baddbmm", [(5, 2, 4), (5, 2, 3), (5, 3, 4)]),
+                                       ("addbmm", [(2, 4), (5, 2, 3), (5, 3, 4)])])
+def test_addmm_family_with_beta_zero_gives_the_input_a_zero_gradient(op, shapes):
+    # torch: the input's gradient is beta * grad, zeros (not None), and NaN in the input
+    # reaches neither the result nor any gradient.
+    x = fg.full(shapes[0], NAN, dtype=fg.float64, requires_grad=True)
+    a, b = (fg.tensor(arr(*s, seed=i), requires_grad=True) for i, s in enumerate(shapes[1:]))
+    out = getattr(fg, op)(x, a, b, beta=0)
+    out.sum().backward()
+    assert x.grad is not None
+    np.testing.assert_array_equal(x.grad.numpy(), np.zeros(shapes[0]))
+    assert np.isfinite(out.detach().numpy()).all() and np.isfinite(a.grad.numpy()).all()
+
+
+@pytest.mark.parametrize("op,shapes", [("addmm", [(2, 4), (2, 3), (3, 4)]),
+                                       ("addmv", [(2,), (2, 3), (3,)]),
+                                       ("baddbmm", [(5, 2, 4), (5, 2, 3), (5, 3, 4)]),
+                                       ("addbmm", [(2, 4), (5, 2, 3), (5, 3, 4)])])
+def test_addmm_family_needs_an_input_of_the_products_dtype(op, shapes):
+    # torch raises ("self and mat2 must have the same dtype"); addr alone promotes.
+    x = fg.zeros(shapes[0], dtype=fg.float64)
+    a, b = (fg.tensor(arr(*s, seed=i).astype(np.float32)) for i, s in enumerate(shapes[1:]))
+    with pytest.raises(RuntimeError, match=f"{op}: self and mat2 must have the same dtype"):
+        getattr(fg, op)(x, a, b)
+
+
+def test_integer_addmm_family_truncates_fractional_factors_and_addr_refuses_them():
+    # torch: the result keeps the integer dtype; alpha and beta are truncated toward zero
+    # (addr raises instead).
+    def ones(*shape):
+        return fg.ones(*shape, dtype=fg.int64)
+
+    out = fg.addmm(ones(2, 3), ones(2, 4), ones(4, 3), beta=2.7, alpha=-1.5)
+    assert out.dtype == fg.int64
+    np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 2 - 4))
+    out = fg.addbmm(ones(2, 3), ones(1, 2, 4), ones(1, 4, 3), beta=0.5, alpha=1.5)
+    assert out.dtype == fg.int64
+    np.testing.assert_array_equal(out.numpy(), np.full((2, 3), 4))
+    with pytest.raises(RuntimeError, match="argument alpha must not be a floating point number"):
+        fg.addr(ones(2, 3), ones(2), ones(3), alpha=0.5)
+    assert fg.addr(ones(2, 3), ones(2), ones(3), beta=2, alpha=3).dtype == fg.int64
+
+
+@pytest.mark.parametrize("op,shapes", [("addmm", [(1, 2, 4), (2, 3), (3, 4)]),
+                                       ("addmm", [(5, 4), (1, 3), (3, 4)]),
+                                       ("addmv", [(1, 2), (2, 3), (3,)]),
+                                       ("addr", [(1, 2, 3), (2,), (3,)]),
+                                       ("baddbmm", [(5, 2, 4), (1, 2, 3), (1, 3, 4)]),
+                                       ("addbmm", [(1, 2, 4), (5, 2, 3), (5, 3, 4)])])
+@pytest.mark.parametrize("beta", [1, 0])
+def test_addmm_family_input_expands_to_the_product_and_never_broadcasts_it(op, shapes, beta):
+    # torch expands the input to the product's shape; it does not broadcast the product to a
+    # bigger input (the result had the input's extra or larger dims).
+    x, a, b = (fg.ones(*s) for s in shapes)
+    with pytest.raises(RuntimeError, match="expand"):
+        getattr(fg, op)(x, a, b, beta=beta)
+
+
+def test_addr_promotes_as_torch_does():
+    assert fg.addr(fg.zeros(2, 3, dtype=fg.float64), fg.ones(2), fg.ones(3)).dtype == fg.float64
+
+
+def test_addbmm_of_integers_keeps_their_dtype():
+    a, b = fg.ones(2, 3, 4, dtype=fg.int32), fg.ones(2, 4, 5, dtype=fg.int32)
+    out = fg.addbmm(fg.ones(3, 5, dtype=fg.int32), a, b)
+    assert out.dtype == fg.int32
+    np.testing.assert_array_equal(out.numpy(), np.full((3, 5), 9, np.int32))
+
+
 def test_inner_vdot_ger_kron_cross():
     a, b = arr(2, 3, seed=1), arr(4, 3, seed=2)
     assert_close(_both("inner", fg.tensor(a), fg.tensor(b)), np.inner(a, b), rtol=1e-14)

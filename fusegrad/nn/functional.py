@@ -565,6 +565,17 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         rows = input.shape[-2] if input.ndim > 1 else 1
         raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({rows}x"
                            f"{input.shape[-1]} and {weight.shape[-1]}x{weight.shape[0]})")
+    if bias is not None and bias.dtype is not weight.dtype:
+        # torch adds the bias in its product (addmm), which promotes nothing.
+        raise RuntimeError(f"linear: self and mat2 must have the same dtype, but got "
+                           f"{bias.dtype.name} and {weight.dtype.name} (bias "
+                           f"{bias.dtype.name}{list(bias.shape)}, weight "
+                           f"{weight.dtype.name}{list(weight.shape)})")
+    if bias is not None and bias.ndim > 1:
+        # A bias with more than a row: torch expands it to the product's shape, which it
+        # never enlarges (the kernels below add a row, or a bias in the folded 2-D shape).
+        out = linear(input, weight)
+        return F.add(out, F.broadcast_to(bias, tuple(out.shape)))
     if input.ndim == 2:
         return _addmm(input, weight, bias) if bias is not None else F.matmul(input, F.t(weight))
     if bias is not None:

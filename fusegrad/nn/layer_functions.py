@@ -103,5 +103,10 @@ def bilinear(input1: Tensor, input2: Tensor, weight: Tensor,
     if bias is not None and bias.ndim and bias.shape[0] != weight.shape[0]:
         raise RuntimeError(f"bilinear(): bias size does not match weight size: got "
                            f"{bias.shape[0]} but expected {weight.shape[0]}")
+    operands = {"input1": input1, "input2": input2, "weight": weight,
+                **({"bias": bias} if bias is not None else {})}
+    if len({t.dtype for t in operands.values()}) > 1:     # the bias's add would promote
+        raise RuntimeError("All tensors must have the same dtype, got " + ", ".join(
+            f"{name}: {t.dtype.name}" for name, t in operands.items()))
     out = F.einsum("...i,oij,...j->...o", input1, weight, input2)
     return out if bias is None else F.add(out, bias)

@@ -10,53 +10,92 @@ from __future__ import annotations
 
 from fusegrad import dtypes
 from fusegrad.ops.composite import _named
-from fusegrad.ops.elementwise import add, clamp, div, mul, ne, sqrt, sub
+from fusegrad.ops.elementwise import add, clamp, div, mul, ne, sqrt, sub, where
 from fusegrad.ops.matmul import bmm, dot, matmul, mm, mv, outer
 from fusegrad.ops.movement import broadcast_to, cat, narrow, reshape, transpose, unsqueeze
-from fusegrad.ops.prims import broadcast_shapes, normalize_axis
+from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.reductions import mean, norm, sum
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
 
 def _scaled_sum(x: Tensor, product: Tensor, beta, alpha) -> Tensor:
-    """``beta * x + alpha * product``; with ``beta == 0`` the input is ignored (NaN in it does
-    not propagate), as BLAS and torch do."""
+    """``beta * x + alpha * product``; with ``beta == 0`` the input's values are ignored (NaN
+    in it does not propagate), as BLAS and torch do, but it stays in the graph: its gradient
+    is zeros, as torch's, not None. ``x`` expands to the product's shape (torch's rule: it
+    never broadcasts the product)."""
+    x = broadcast_to(x, tuple(product.shape))
     if alpha != 1:
         product = mul(product, alpha)
     if beta == 0:
-        return broadcast_to(product, broadcast_shapes(tuple(x.shape), tuple(product.shape)))
+        return where(False, x, product)
     return add(x if beta == 1 else mul(x, beta), product)
+
+
+def _integer_scalars(op: str, dtype: dtypes.DType, beta, alpha) -> tuple:
+    """``beta`` and ``alpha`` for a product of integers, which keeps its dtype: torch refuses
+    fractional ones for ``addr`` and truncates them toward zero for the others (a float
+    factor would promote the result to float32)."""
+    if dtype.category != 1:
+        return beta, alpha
+    if op == "addr":
+        for name, v in (("beta", beta), ("alpha", alpha)):
+            if isinstance(v, float):
+                raise RuntimeError(f"For integral input tensors, argument {name} must not be a "
+                                   "floating point number.")
+    return int(beta), int(alpha)
+
+
+def _check_input_dtype(op: str, x: Tensor, mat: Tensor) -> None:
+    """torch adds a product only to an input of the product's dtype and raises otherwise
+    (``addr`` excepted: it promotes, as a broadcast multiply does)."""
+    if x.dtype is not mat.dtype:
+        raise RuntimeError(f"{op}: self and mat2 must have the same dtype, but got "
+                           f"{x.dtype.name} and {mat.dtype.name} (input "
+                           f"{x.dtype.name}{list(x.shape)}, product operand "
+                           f"{mat.dtype.name}{list(mat.shape)})")
 
 
 @public(torch=True, method=True, inplace=True)
 def addmm(x: Tensor, mat1: Tensor, mat2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * (mat1 @ mat2)``."""
+    _check_input_dtype("addmm", x, mat2)
+    beta, alpha = _integer_scalars("addmm", x.dtype, beta, alpha)
     return _named(_scaled_sum(x, mm(mat1, mat2), beta, alpha), "AddmmBackward0")
 
 
 @public(torch=True, method=True, inplace=True)
 def addmv(x: Tensor, mat: Tensor, vec: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * (mat @ vec)``."""
+    _check_input_dtype("addmv", x, vec)
+    beta, alpha = _integer_scalars("addmv", x.dtype, beta, alpha)
     return _named(_scaled_sum(x, mv(mat, vec), beta, alpha), "AddmvBackward0")
 
 
 @public(torch=True, method=True, inplace=True)
 def addr(x: Tensor, vec1: Tensor, vec2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * outer(vec1, vec2)``."""
-    return _named(_scaled_sum(x, outer(vec1, vec2), beta, alpha), "AddrBackward0")
+    product = outer(vec1, vec2)
+    beta, alpha = _integer_scalars("addr", dtypes.result_type(x, product), beta, alpha)
+    return _named(_scaled_sum(x, product, beta, alpha), "AddrBackward0")
 
 
 @public(torch=True, method=True, inplace=True)
 def baddbmm(x: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * bmm(batch1, batch2)``."""
+    _check_input_dtype("baddbmm", x, batch2)
+    beta, alpha = _integer_scalars("baddbmm", x.dtype, beta, alpha)
     return _named(_scaled_sum(x, bmm(batch1, batch2), beta, alpha), "BaddbmmBackward0")
 
 
 @public(torch=True, method=True, inplace=True)
 def addbmm(x: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * sum_b(batch1[b] @ batch2[b])``."""
-    return _named(_scaled_sum(x, sum(bmm(batch1, batch2), 0), beta, alpha), "AddbmmBackward0")
+    _check_input_dtype("addbmm", x, batch2)
+    # The sum over the batch keeps the operands' dtype (an integer sum would be int64).
+    product = sum(bmm(batch1, batch2), 0, dtype=batch1.dtype)
+    beta, alpha = _integer_scalars("addbmm", x.dtype, beta, alpha)
+    return _named(_scaled_sum(x, product, beta, alpha), "AddbmmBackward0")
 
 
 ger = public(outer, name="ger", torch=True, method=True)
@@ -208,8 +247,10 @@ def matrix_power(x: Tensor, n: int) -> Tensor:
                            f"are {x.shape[-2] if x.ndim >= 2 else x.ndim} by "
                            f"{x.shape[-1] if x.ndim else 0} matrices")
     if n == 0:
+        # The identity in x's shape whatever x holds (x * 0 is NaN where x is inf or NaN),
+        # with x in the graph: its gradient is zeros, as torch's.
         from fusegrad.ops.creation import eye
-        return add(mul(x, 0).detach(), eye(x.shape[-1], dtype=x.dtype))
+        return where(False, x, eye(x.shape[-1], dtype=x.dtype))
     if n < 0:
         from fusegrad.ops.decompositions import inv
         x, n = inv(x), -n

@@ -24,8 +24,10 @@ def matmul_nd(a: Tensor, b: Tensor) -> Tensor:
 @public(torch=True, method=True)
 def matmul(x: Tensor, other: Tensor) -> Tensor:
     """Matrix product with torch's rules for 1-D, 2-D and batched (broadcast) operands."""
-    if not isinstance(other, Tensor) or not isinstance(x, Tensor):
-        raise TypeError(f"matmul(): argument 'other' must be Tensor, not {type(other).__name__}")
+    for position, (name, t) in enumerate((("input", x), ("other", other)), 1):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"matmul(): argument '{name}' (position {position}) must be Tensor, "
+                            f"not {type(t).__name__}")
     if x.ndim == 0 or other.ndim == 0:
         raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are "
                            f"{x.ndim}D and {other.ndim}D")
@@ -99,17 +101,23 @@ def dot(x: Tensor, other: Tensor) -> Tensor:
 
 @public(torch=True, method=True)
 def mv(x: Tensor, vec: Tensor) -> Tensor:
+    if x.ndim != 2 or vec.ndim != 1:
+        raise RuntimeError(f"vector + matrix @ vector expected, got 1, {x.ndim}, {vec.ndim}")
     return matmul(x, vec)
 
 
 @public(torch=True, method=True)
 def outer(x: Tensor, other: Tensor) -> Tensor:
+    for name, t in (("self", x), ("vec2", other)):
+        if t.ndim != 1:
+            raise RuntimeError(f"outer: Expected 1-D argument {name}, but got {t.ndim}-D")
     return mul(unsqueeze(x, 1), unsqueeze(other, 0))
 
 
 def _einsum_terms(equation: str, operands) -> tuple[list[str], str]:
     """Input terms and the output term of ``equation``, with ``...`` spelled out as one label
     per broadcast dim (labels from a private range, right-aligned as numpy broadcasts)."""
+    _check_einsum_subscripts(equation)
     eq = equation.replace(" ", "")
     lhs, arrow, out = eq.partition("->")
     terms = lhs.split(",")
@@ -140,7 +148,43 @@ def _einsum_terms(equation: str, operands) -> tuple[list[str], str]:
         if not builtins.any(c in t for t in terms):
             raise RuntimeError(f"einsum(): output subscript {c} does not appear in the equation "
                                "for any input operand")
+        if out.count(c) > 1:
+            raise RuntimeError(f"einsum(): output subscript {c} appears more than once in the "
+                               "output")
+    _check_einsum_sizes(terms, operands, dots)
     return terms, out
+
+
+def _check_einsum_subscripts(equation: str) -> None:
+    """torch's alphabet: letters, and ``,`` ``...`` spaces and one ``->`` between them."""
+    arrow = equation.find("->")
+    for i, c in enumerate(equation):
+        if c.isascii() and c.isalpha() or c in " ,." or arrow >= 0 and i in (arrow, arrow + 1):
+            continue
+        raise RuntimeError(f"einsum(): invalid subscript given at index {i} in the equation "
+                           "string, subscripts must be in [a-zA-Z]")
+
+
+def _check_einsum_sizes(terms: list[str], operands, dots: str) -> None:
+    """torch's size rules for a label: equal sizes where it repeats within an operand (a
+    diagonal), and sizes that broadcast (equal, or 1) across operands; else the products
+    below would take a diagonal of a non-square block or reshape to a wrong size. (``dots``:
+    the labels ``...`` was spelled out as.)"""
+    seen: dict[str, int] = {}
+    for i, (term, x) in enumerate(zip(terms, operands)):
+        own: dict[str, int] = {}
+        for c, n in zip(term, x.shape):
+            if own.setdefault(c, n) != n:
+                raise RuntimeError(f"einsum(): subscript {c} is repeated for operand {i} but "
+                                   f"the sizes don't match, {n} != {own[c]}")
+        for c, n in own.items():
+            prev = seen.setdefault(c, n)
+            if n != prev and 1 not in (n, prev):
+                label = "..." if c in dots else c
+                raise RuntimeError(f"einsum(): subscript {label} has size {n} for operand {i} which "
+                                   f"does not broadcast with previously seen size {prev}")
+            if prev == 1:
+                seen[c] = n
 
 
 def _einsum_diagonals(x: Tensor, term: str) -> tuple[Tensor, str]:
@@ -174,6 +218,8 @@ def _contract(a: Tensor, ta: str, b: Tensor, tb: str, keep: str) -> tuple[Tensor
                 a = reductions.sum(a, ta.index(c), keepdim=True)
     batch = [c for c in shared if c in keep]
     inner = [c for c in shared if c not in keep]
+    if inner and a.dtype is dtypes.bool_:
+        raise NotImplementedError('"bmm" not implemented for \'Bool\'')     # as torch
     left = [c for c in ta if c not in tb]
     right = [c for c in tb if c not in ta]
     sa = dict(zip(ta, a.shape))
@@ -191,6 +237,26 @@ def _contract(a: Tensor, ta: str, b: Tensor, tb: str, keep: str) -> tuple[Tensor
     return reshape(out, shape), "".join(batch + left + right)
 
 
+def _einsum_sublists(*args) -> tuple[str, tuple]:
+    """torch's sublist form, ``einsum(a, [0, 1], b, [1, 2], [0, 2])``, as an equation and
+    its operands: labels are integers in [0, 52) (A-Z, then a-z, as torch spells them, which
+    orders an implicit output as torch does) or ``...``."""
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+    def term(sublist) -> str:
+        if not all(x is Ellipsis or isinstance(x, int) and 0 <= x < 52 for x in sublist):
+            raise RuntimeError("einsum(): subscript in subscript list is not within the valid "
+                               f"range [0, 52): {list(sublist)}")
+        return "".join("..." if x is Ellipsis else letters[x] for x in sublist)
+
+    pairs = len(args) // 2
+    operands, sublists = args[0:2 * pairs:2], args[1:2 * pairs:2]
+    equation = ",".join(term(sub) for sub in sublists)
+    if len(args) % 2:           # an output sublist last
+        equation += "->" + term(args[-1])
+    return equation, operands
+
+
 @public(torch=True)
 def einsum(equation: str, *operands) -> Tensor:
     """Einstein summation, as ``torch.einsum``: ``einsum('bij,bjk->bik', a, b)``.
@@ -199,6 +265,8 @@ def einsum(equation: str, *operands) -> Tensor:
     in the output are summed first; then the operands are contracted left to right, each
     pair as one batched matmul; ``...`` broadcasts like numpy.
     """
+    if not isinstance(equation, str):
+        equation, operands = _einsum_sublists(equation, *operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     if not operands:

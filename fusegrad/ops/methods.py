@@ -57,7 +57,8 @@ for _dunder, _fn in [("add", F.add), ("sub", F.sub), ("mul", F.mul), ("truediv",
                      ("rshift", F.bitwise_right_shift)]:
     setattr(Tensor, f"__{_dunder}__", _binop(_fn))
     setattr(Tensor, f"__r{_dunder}__", _binop(_fn, reflected=True))
-    setattr(Tensor, f"__i{_dunder}__", F._inplace(_fn, f"__i{_dunder}__"))
+    if _dunder != "matmul":     # torch has no __imatmul__: ``x @= w`` rebinds x to x @ w
+        setattr(Tensor, f"__i{_dunder}__", F._inplace(_fn, f"__i{_dunder}__"))
 
 for _dunder, _fn in [("lt", F.lt), ("le", F.le), ("gt", F.gt), ("ge", F.ge), ("eq", F.eq),
                      ("ne", F.ne)]:

@@ -20,6 +20,8 @@ from fusegrad.tensor import Tensor
 def tensordot(a: Tensor, b: Tensor, dims=2, out=None) -> Tensor:
     """Sum over the last ``dims`` dims of ``a`` and the first ``dims`` of ``b``, or over the
     dims listed in ``dims = (dims_a, dims_b)``; the free dims of ``a`` then those of ``b``."""
+    if isinstance(dims, Tensor):
+        dims = dims.tolist()         # an int (a 0-d tensor) or lists, as torch takes them
     if isinstance(dims, int):
         if dims < 0:
             raise RuntimeError(f"tensordot expects dims >= 0, but got dims={dims}")
@@ -27,13 +29,15 @@ def tensordot(a: Tensor, b: Tensor, dims=2, out=None) -> Tensor:
             raise RuntimeError(f"tensordot expects dims < ndim_a or ndim_b, but got dims={dims}")
         dims_a, dims_b = list(range(a.ndim - dims, a.ndim)), list(range(dims))
     else:
-        if isinstance(dims, Tensor):
-            dims = dims.tolist()
         dims_a, dims_b = ([d] if isinstance(d, int) else list(d) for d in dims)
         if len(dims_a) != len(dims_b):
             raise RuntimeError("both dimension lists should have same length")
     dims_a = [normalize_axis(d, a.ndim, "tensordot") for d in dims_a]
     dims_b = [normalize_axis(d, b.ndim, "tensordot") for d in dims_b]
+    for listed in (dims_a, dims_b):
+        if len(set(listed)) != len(listed):
+            d = next(d for d in listed if listed.count(d) > 1)
+            raise RuntimeError(f"dim {d} appears multiple times in the list of dims")
     for da, db in zip(dims_a, dims_b):
         if a.shape[da] != b.shape[db]:
             raise RuntimeError(f"contracted dimensions need to match, but first has size "

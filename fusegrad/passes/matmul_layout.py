@@ -159,7 +159,10 @@ def copies_before_reshape(g: Graph) -> Graph:
         return p is not None and p.prim.kind is Kind.MOVEMENT and p.op not in ("pad", "concat")
 
     def strided(v):
-        """``v`` as a view of the value its movement ops start from, or None."""
+        """``v`` as a view of the value its movement ops start from, or None (also when
+        they start from a literal: a scalar broadcast, as a gradient of ``0.5 * y`` is)."""
+        if not isinstance(v, Value):
+            return None
         if not is_view(v.producer):
             return identity_view(v)
         src = strided(v.producer.inputs[0])

@@ -126,3 +126,19 @@ def test_a_reshape_of_any_view_no_strides_express_reads_a_copy_and_others_are_le
                 h.outputs[0].type.shape
         np.testing.assert_array_equal(interpret(h, x.numpy())[0], fn(x).numpy())
         np.testing.assert_array_equal(fg.compile(fn)(x).numpy(), fn(x).numpy())
+
+
+def test_a_reshape_of_a_broadcast_literal_is_left():
+    # The gradient of 0.5 * x.diagonal().sum() reshapes a broadcast of the literal 0.5: the
+    # movement ops start from no value, and the pass leaves them (it failed on the literal).
+    import fusegrad as fg
+    x = fg.randn(4, 4, requires_grad=True)
+
+    def step(x):
+        out = x.diagonal().sum()
+        (out * 0.5).backward()
+        return out.detach()
+
+    np.testing.assert_allclose(fg.compile(step)(x).numpy(), np.trace(x.detach().numpy()),
+                               rtol=1e-6)
+    np.testing.assert_array_equal(x.grad.numpy(), 0.5 * np.eye(4, dtype=np.float32))
