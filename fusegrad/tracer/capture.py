@@ -347,7 +347,9 @@ class StateCapture:
         env = _Env(tr)
         with enable_grad() if create_graph else no_grad():
             cts = _reverse(tr.graph, tr, env, tr.grad_values, env.get, seeds)
-        self.did_backward = True
+        # backward() makes the call a training step, whose outputs carry no history;
+        # autograd.grad leaves the outputs differentiable, as eager does.
+        self.did_backward |= accumulate
         if not accumulate:
             results = []
             internal = {id(t): v for t, v in self._internal_leaves()}

@@ -194,3 +194,20 @@ def test_write_through_a_view_input_rebases_its_base():
         return a.grad.numpy()
 
     np.testing.assert_allclose(run(fg.compile(f)), run(f))
+
+
+def test_outputs_stay_differentiable_after_autograd_grad_inside():
+    # autograd.grad inside returns gradients without touching .grad: unlike a backward()
+    # step, the call's outputs keep their history (a dropped one lost its gradient silently)
+    def fn(x, w):
+        y = (x @ w).tanh().sum()
+        g, = fg.autograd.grad(y, w, create_graph=True)
+        return y, (g * g).sum()
+
+    x = fg.from_numpy(f64(3, 4, seed=1))
+    got, want = leaves(f64(4, 5, seed=2)), leaves(f64(4, 5, seed=2))
+    for w, f in ((got[0], fg.compile(fn)), (want[0], fn)):
+        y, pen = f(x, w)
+        assert y.requires_grad and pen.requires_grad
+        (y + 2 * pen).backward()
+    np.testing.assert_allclose(got[0].grad.numpy(), want[0].grad.numpy(), rtol=1e-10)
