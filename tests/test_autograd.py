@@ -291,6 +291,31 @@ def test_grad_mode_is_restored_after_an_exception():
     assert fg.is_grad_enabled()
 
 
+def test_grad_mode_decorators_hold_inside_generator_steps():
+    # a decorated generator function's body runs at each next(), not at the call: the mode
+    # must be set around each step and the caller's restored at each yield
+    x = fg.ones(2, requires_grad=True)
+
+    @fg.no_grad()
+    def gen():
+        got = yield (x * 2).requires_grad
+        yield got, (x * 2).requires_grad
+        return "done"
+
+    g = gen()
+    assert next(g) is False and fg.is_grad_enabled()
+    assert g.send(5) == (5, False) and fg.is_grad_enabled()
+    with pytest.raises(StopIteration, match="done"):
+        next(g)
+
+    with fg.no_grad():
+        @fg.enable_grad()
+        def gen2():
+            yield fg.is_grad_enabled()
+            yield (x * 2).requires_grad
+        assert list(gen2()) == [True, True] and not fg.is_grad_enabled()
+
+
 def test_grad_mode_is_thread_local():
     seen = []
     with fg.no_grad():
@@ -455,6 +480,35 @@ def test_hook_on_a_non_leaf_changes_what_flows_on():
     (y * 3).sum().backward()
     assert seen == [[3.0, 3.0]]
     assert x.grad.tolist() == [8.0, 8.0]                       # (3 + 1) * 2
+
+
+def test_hook_that_changes_dtype_or_shape_is_refused():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    x.register_hook(lambda g: g.double())
+    with pytest.raises(RuntimeError, match="hook '<lambda>' has changed the type of value"):
+        (x * x).sum().backward()
+    with pytest.raises(RuntimeError, match="has changed the type of value"):
+        fg.autograd.grad((x * x).sum(), x)
+    y = fg.tensor([1.0, 2.0], requires_grad=True) * 2
+    y.register_hook(lambda g: g[:1])
+    with pytest.raises(RuntimeError, match="hook '<lambda>' has changed the size of value"):
+        y.sum().backward()
+
+
+def test_hook_handle_is_a_context_manager():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    with x.register_hook(lambda g: g * 10):
+        (x * 1).sum().backward()
+    (x * 1).sum().backward()
+    assert x.grad.tolist() == [11.0, 11.0]
+
+
+def test_assigned_grad_must_have_the_tensors_dtype():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="assign a gradient with dtype fusegrad.float64 to a "
+                                           "tensor with dtype fusegrad.float32"):
+        x.grad = fg.zeros(2, dtype=fg.float64)
+    assert x.grad is None
 
 
 def test_hook_needs_requires_grad():

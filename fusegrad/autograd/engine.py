@@ -313,6 +313,27 @@ def _sole_owner(grad) -> bool:
     return a.base is b and b.base is None and sys.getrefcount(b) == _SOLE_ARRAY_REFS + 1
 
 
+def _call_hook(hook, grad):
+    """``hook(grad)``, or ``grad`` when it returns None."""
+    return hook_result(hook, grad, hook(grad))
+
+
+def hook_result(hook, grad, out):
+    """The gradient after a tensor hook that returned ``out``: ``grad`` when None; a
+    replacement of another dtype or shape is refused, as torch refuses it (it would become
+    ``.grad`` or reach the VJP rules as it is, silently)."""
+    if out is None:
+        return grad
+    name = getattr(hook, "__name__", type(hook).__name__)
+    if out.dtype != grad.dtype:
+        raise RuntimeError(f"hook '{name}' has changed the type of value (was {grad.dtype} "
+                           f"got {out.dtype})")
+    if tuple(out.shape) != tuple(grad.shape):
+        raise RuntimeError(f"hook '{name}' has changed the size of value (was "
+                           f"{list(grad.shape)} got {list(out.shape)})")
+    return out
+
+
 class AccumulateGrad(Node):
     """The node of a leaf tensor: adds incoming gradients into ``variable.grad``."""
 
@@ -325,9 +346,7 @@ class AccumulateGrad(Node):
     def apply(self, grad, create_graph: bool, retain_graph: bool) -> tuple:
         var = self.variable
         for hook in var._hooks or ():
-            out = hook(grad)
-            if out is not None:
-                grad = out
+            grad = _call_hook(hook, grad)
         if var.grad is None:
             if create_graph:
                 var.grad = grad
@@ -439,9 +458,7 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
             if grad is not None:
                 if node._pre_hooks:
                     for hook in node._pre_hooks:
-                        out = hook(grad)
-                        if out is not None:
-                            grad = out
+                        grad = _call_hook(hook, grad)
                 if node._retained:
                     _fill_retained(node, grad, create_graph)
             if captures and node in captures:
@@ -453,9 +470,7 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
                         if isinstance(node, AccumulateGrad):
                             # a leaf's own hooks see its gradient (torch runs them here too)
                             for hook in node.variable._hooks or ():
-                                out = hook(grad)
-                                if out is not None:
-                                    grad = out
+                                grad = _call_hook(hook, grad)
                         results[i] = grad
                     elif accumulate:
                         _accumulate_into(inputs[i], grad, create_graph)

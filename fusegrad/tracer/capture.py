@@ -39,6 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fusegrad import dtypes
+from fusegrad.autograd.engine import hook_result
 from fusegrad.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from fusegrad.ir.graph import Value
 from fusegrad.ir.symbolic import (
@@ -662,9 +663,7 @@ class _Env(dict):
 def _run_hooks(t: Tensor, g):
     """``g`` after the hooks of leaf ``t`` (``register_hook``), traced as eager runs them."""
     for hook in list(t._hooks or ()):
-        out = _call_hook(hook, g)
-        if out is not None:
-            g = out
+        g = hook_result(hook, g, _call_hook(hook, g))
     return g
 
 
