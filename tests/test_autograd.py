@@ -697,6 +697,14 @@ def test_gradcheck_catches_a_wrong_gradient():
     assert gradcheck(lambda a: ScaleBy.apply(a, 2.0) * a, [x])
 
 
+def test_gradcheck_is_callable_from_the_autograd_namespace():
+    # the submodule fusegrad.autograd.gradcheck (imported above) must not shadow the functions
+    x = fg.tensor(arr(3), requires_grad=True)
+    for _ in range(2):
+        assert fg.autograd.gradcheck(lambda a: (a.tanh() * a).sum(), (x,))
+        assert fg.autograd.gradgradcheck(lambda a: (a.tanh() * a).sum(), (x,))
+
+
 def test_gradcheck_handles_non_contiguous_and_0d_inputs():
     base = fg.tensor(arr(4, 3))
     x = base.t().requires_grad_()
