@@ -69,6 +69,35 @@ def test_retain_grad():
         fg.ones(2).retain_grad()
 
 
+def test_retain_grad_follows_in_place_writes():
+    # torch moves the retains_grad hook to the grad_fn an in-place op gives: .grad is the
+    # gradient of the value written (it stayed None)
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 2
+    y.retain_grad()
+    y.mul_(3)
+    y.add_(1)
+    (y * y).sum().backward()
+    assert y.grad.tolist() == [14.0, 26.0]             # 2 * (6x + 1)
+    assert x.grad.tolist() == [84.0, 156.0]
+    # written through a view of it (the base gets CopySlices)
+    x = fg.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    y = x * 1
+    y.retain_grad()
+    y[0].mul_(3)
+    (y * y).sum().backward()
+    assert y.grad.tolist() == [[6.0, 12.0], [6.0, 8.0]]
+    # a view that retains its gradient, written through its base
+    x = fg.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    y = x * 1
+    v = y[0]
+    v.retain_grad()
+    y.mul_(3)
+    (v * v).sum().backward()
+    assert v.grad.tolist() == [6.0, 12.0]
+    assert x.grad.tolist() == [[18.0, 36.0], [0.0, 0.0]]
+
+
 def test_non_leaf_grad_access_warns():
     x = fg.tensor([1.0, 2.0], requires_grad=True)
     y = x * 2

@@ -92,6 +92,7 @@ def _refresh_view(t) -> None:
         for prim, attrs in t._version_counter.undo + t._view_ops:
             v = _primitive.bind(prim, v, **attrs)
     t.grad_fn, t._requires_grad = v.grad_fn, v._requires_grad
+    keep_retained(t)
 
 
 def _edge(t) -> tuple:
@@ -645,4 +646,14 @@ def retain(tensor) -> None:
     node = tensor.grad_fn
     if node._retained is None:
         node._retained = []
-    node._retained.append(weakref.ref(tensor))
+    if not any(ref() is tensor for ref in node._retained):
+        node._retained.append(weakref.ref(tensor))
+
+
+def keep_retained(tensor) -> None:
+    """After an in-place op gave ``tensor`` a new grad_fn: if it retains its gradient, its
+    ``.grad`` is now the new node's, the gradient of the value written (torch moves the
+    retains_grad hook to the new grad_fn; it was left on the old node, and .grad stayed
+    None)."""
+    if tensor._retains_grad and tensor.grad_fn is not None:
+        retain(tensor)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.engine import Node, _edge, _refresh_view
+from fusegrad.autograd.engine import Node, _edge, _refresh_view, keep_retained
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
@@ -151,6 +151,7 @@ def _rebase_history(x: Tensor, value: Tensor) -> None:
     if x._base is None:
         x.grad_fn = value.grad_fn if value._requires_grad else None
         x._requires_grad = value._requires_grad or x._requires_grad
+        keep_retained(x)
         return
     # Written through a view: the base's new history routes the view's region to the
     # in-place op's graph and the rest to the base's old history (torch's CopySlices).
@@ -160,6 +161,7 @@ def _rebase_history(x: Tensor, value: Tensor) -> None:
     ops = x._version_counter.undo + x._view_ops          # from the base's layout
     base.grad_fn = _CopySlices(base, ops, value.grad_fn)
     base._requires_grad = True
+    keep_retained(base)
     # The view now reads from the base's new history.
     v = base
     for prim, attrs in ops:
@@ -167,6 +169,7 @@ def _rebase_history(x: Tensor, value: Tensor) -> None:
     x.grad_fn = v.grad_fn
     x._requires_grad = True
     x._view_version = x._version_counter.value
+    keep_retained(x)
 
 
 def _original_self(x: Tensor, operands=()) -> Tensor:
@@ -283,6 +286,7 @@ def _take_view(x: Tensor, out: Tensor, name: str) -> Tensor:
     if out.grad_fn is not None:
         out.grad_fn._name = name
         x.grad_fn = out.grad_fn
+        keep_retained(x)
     if x._base is not None:          # still a view of its base, through one more op
         x._view_ops = out._view_ops
         x._view_version = getattr(out, "_view_version", x._version_counter.value)
