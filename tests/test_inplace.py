@@ -228,6 +228,19 @@ def test_zero_and_fill_keep_the_tensor_in_the_graph():
     assert x.grad.tolist() == [0.0, 0.0]
 
 
+
+def test_copy_or_fill_of_a_value_that_requires_grad_zeroes_the_past():
+    # the overwritten history gets a zero gradient (torch's CopyBackwards), not none at all:
+    # x.grad is zeros, not None (an optimizer skips a None gradient, but not a zero one)
+    for write in (lambda y, w: y.copy_(w * 2), lambda y, w: y.fill_(w.sum())):
+        x = fg.tensor([1.0, 2.0], requires_grad=True)
+        w = fg.tensor([3.0, 4.0], requires_grad=True)
+        y = x * 2
+        write(y, w)
+        y.sum().backward()
+        assert x.grad.tolist() == [0.0, 0.0]
+        assert w.grad.tolist() == [2.0, 2.0]
+
 # --------------------------------------------------------------------------- through views
 
 

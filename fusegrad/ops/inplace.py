@@ -89,10 +89,11 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     if value.dtype is not x.dtype:
         value = cast(value, x.dtype)
     grad = is_grad_enabled()
-    if grad and not value._requires_grad and x.grad_fn is not None:
-        # A constant written over a tensor with history (fill_, zero_, copy_ of a constant):
-        # x stays in the graph and passes a zero gradient to what it was (torch's
-        # FillBackward0), rather than turning into a leaf.
+    if grad and x.grad_fn is not None and (not value._requires_grad or op in _OVERWRITES):
+        # A value that does not depend on x written over a tensor with history (fill_,
+        # zero_, copy_): x stays in the graph and passes a zero gradient to what it was
+        # (torch's FillBackward0, CopyBackwards), rather than turning into a leaf, or
+        # leaving what it was with no gradient (.grad None where torch has zeros).
         value = bind(P.where, _scalar_tensor(True, dtypes.bool_), value, x)
     if isinstance(x._data, np.ndarray):
         np.copyto(x._data, value._data)
@@ -145,6 +146,10 @@ def _apply_view_ops(a: np.ndarray, view_ops) -> np.ndarray:
     for prim, attrs in view_ops:
         a = prim.impl(a, **attrs)
     return a
+
+
+# In-place ops whose written value does not depend on the tensor written.
+_OVERWRITES = frozenset({"copy_", "fill_"})
 
 
 def _rebase_history(x: Tensor, value: Tensor) -> None:
