@@ -622,6 +622,54 @@ def test_custom_function_wrong_number_of_gradients():
         Bad.apply(x, x).sum().backward()
 
 
+def test_custom_function_saved_tensors_are_freed_after_backward():
+    # a second backward through the same graph read the saved tensors again and silently
+    # doubled .grad; torch refuses it unless retain_graph=True
+    x = fg.tensor([1.0, 3.0], requires_grad=True)
+    y = Square.apply(x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    assert x.grad.tolist() == [4.0, 12.0]
+    with pytest.raises(RuntimeError, match=FREED):
+        y.backward()
+    z = ScaleBy.apply(x, 2.0).sum()       # nothing saved: a second backward is fine
+    z.backward()
+    z.backward()
+
+
+def test_custom_function_setup_context_keywords_and_extra_none_gradients():
+    class Scale(fg.autograd.Function):
+        @staticmethod
+        def forward(x, k=2.0):                  # torch 2's style: ctx filled separately
+            return x * k
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.k = inputs[1]
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * ctx.k, None
+
+    class Shift(fg.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, by=1.0):
+            return x + by
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None, None             # trailing Nones beyond the inputs: ignored
+
+    x = fg.tensor([1.0, 3.0], requires_grad=True)
+    assert Scale.apply(x).tolist() == [2.0, 6.0]
+    Scale.apply(x, k=3.0).sum().backward()
+    assert x.grad.tolist() == [3.0, 3.0]
+    y = Shift.apply(x, by=2.0)
+    assert y.tolist() == [3.0, 5.0]
+    y.sum().backward()
+    assert x.grad.tolist() == [4.0, 4.0]
+
+
 class MatMul(fg.autograd.Function):
     @staticmethod
     def forward(ctx, x, w):
