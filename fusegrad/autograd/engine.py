@@ -594,12 +594,16 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None,
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
-         create_graph: bool = False, allow_unused: bool | None = None,
+         create_graph: bool = False, only_inputs: bool = True,
+         allow_unused: bool | None = None, is_grads_batched: bool = False,
          materialize_grads: bool = False) -> tuple:
     """The gradients of ``outputs`` with respect to ``inputs``, returned rather than
-    accumulated (``torch.autograd.grad``)."""
+    accumulated (``torch.autograd.grad``; ``only_inputs`` is ignored, as torch ignores it)."""
     outputs = _as_seq(outputs)
     inputs = _as_seq(inputs)
+    if is_grads_batched:
+        return _batched_grad(outputs, inputs, _as_seq(grad_outputs), retain_graph, create_graph,
+                             allow_unused, materialize_grads)
     if any(t._trace is not None for t in outputs):
         results = outputs[0]._trace.backward(outputs, grad_outputs, create_graph, inputs,
                                              accumulate=False, allow_unused=bool(
@@ -619,6 +623,19 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
         from fusegrad.ops import functional as F
         results = [F.zeros_like(t) if r is None else r for r, t in zip(results, inputs)]
     return tuple(results)
+
+
+def _batched_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused,
+                  materialize_grads) -> tuple:
+    """``grad(..., is_grads_batched=True)``: the first dimension of each grad_output is a
+    batch; one backward per row (torch vmaps over them), the gradients stacked."""
+    from fusegrad.ops.movement import stack
+    n = grad_outputs[0].shape[0]
+    keep = create_graph if retain_graph is None else retain_graph
+    rows = [grad(outputs, inputs, [g[i] for g in grad_outputs], keep or i < n - 1,
+                 create_graph, allow_unused=allow_unused, materialize_grads=materialize_grads)
+            for i in range(n)]
+    return tuple(None if col[0] is None else stack(list(col)) for col in zip(*rows))
 
 
 def _record_eager_node(prim, operands, attrs, out) -> None:
