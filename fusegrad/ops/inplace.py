@@ -89,7 +89,8 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     if value.dtype is not x.dtype:
         value = cast(value, x.dtype)
     grad = is_grad_enabled()
-    if grad and x.grad_fn is not None and (not value._requires_grad or op in _OVERWRITES):
+    if grad and x.grad_fn is not None and (not value._requires_grad or
+                                            _overwrites(x, value, op)):
         # A value that does not depend on x written over a tensor with history (fill_,
         # zero_, copy_): x stays in the graph and passes a zero gradient to what it was
         # (torch's FillBackward0, CopyBackwards), rather than turning into a leaf, or
@@ -148,8 +149,18 @@ def _apply_view_ops(a: np.ndarray, view_ops) -> np.ndarray:
     return a
 
 
-# In-place ops whose written value does not depend on the tensor written.
+# In-place ops whose written value need not depend on the tensor written.
 _OVERWRITES = frozenset({"copy_", "fill_"})
+
+
+def _overwrites(x: Tensor, value: Tensor, op: str) -> bool:
+    """Whether ``op`` writes a value not computed from ``x`` itself: a copy or fill, unless
+    the value is made directly from x (the in-place activations copy their result into x,
+    and x's history already gets its gradient through that result's node)."""
+    if op not in _OVERWRITES:
+        return False
+    node = value.grad_fn
+    return node is None or all(n is not x.grad_fn for n, _ in node.next_functions)
 
 
 def _rebase_history(x: Tensor, value: Tensor) -> None:
