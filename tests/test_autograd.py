@@ -54,6 +54,29 @@ def test_shared_subexpressions_sum_their_gradients():
     assert y.grad.item() == 54.0
 
 
+def test_leaf_grad_is_laid_out_like_the_leaf():
+    # torch's layout contract: p.grad.view(-1) (flattening gradients) works; a linear
+    # layer's weight got the transposed product as its .grad and view raised
+    lin = fg.nn.Linear(3, 2)
+    lin(fg.ones(4, 3)).sum().backward()
+    assert lin.weight.grad.is_contiguous()
+    np.testing.assert_array_equal(lin.weight.grad.view(-1).numpy(), np.full(6, 4.0))
+    x = fg.tensor(arr(2, 3), requires_grad=True)
+    x.t().backward(fg.arange(6.0).view(3, 2))
+    assert x.grad.is_contiguous()
+    np.testing.assert_array_equal(x.grad.numpy(), np.arange(6.0).reshape(3, 2).T)
+
+
+def test_leaf_frozen_after_the_forward_gets_no_grad():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    y = (x * 2).sum()
+    x.requires_grad_(False)
+    y.backward()
+    assert x.grad is None
+    with pytest.raises(RuntimeError, match=r"`inputs` argument to `grad\(\)` cannot be empty"):
+        fg.autograd.grad((fg.ones(2, requires_grad=True) * 2).sum(), [])
+
+
 def test_retain_grad():
     x = fg.tensor([1.0, 2.0], requires_grad=True)
     y = x * 2
@@ -888,16 +911,19 @@ def test_a_gradient_seen_elsewhere_is_copied():
     assert_close(g, [4.0, 5.0])
 
 
-def test_a_gradient_that_views_a_product_only_it_holds_is_taken_as_it_is():
+def test_a_gradient_that_views_a_product_only_it_holds_is_laid_out_like_its_leaf():
     # The weight of a linear layer gets a transposed view of a product that nothing else
-    # holds: .grad is that view, a tensor of its own, and accumulates in place.
+    # holds: .grad is row-major like the weight (torch's layout contract: one copy, so that
+    # w.grad.view(-1) works), a tensor of its own, and accumulates in place.
     w = fg.tensor(np.arange(6.0, dtype=np.float32).reshape(2, 3), requires_grad=True)
     x = fg.tensor(np.ones((4, 3), dtype=np.float32))
-    assert _copies_during(lambda: (x @ w.T).sum().backward()) == 0
+    assert _copies_during(lambda: (x @ w.T).sum().backward()) == 1
     assert_close(w.grad, np.full((2, 3), 4.0))
-    assert w.grad._base is None and w.grad.grad_fn is None
+    assert w.grad._base is None and w.grad.grad_fn is None and w.grad.is_contiguous()
+    g = w.grad
     (x @ w.T).sum().backward()
     assert_close(w.grad, np.full((2, 3), 8.0))
+    assert w.grad is g
 
 
 def test_a_gradient_viewing_an_array_held_elsewhere_is_copied():

@@ -348,6 +348,8 @@ class AccumulateGrad(Node):
         var = self.variable
         for hook in var._hooks or ():
             grad = _call_hook(hook, grad)
+        if not var._requires_grad:
+            return ()       # frozen (requires_grad_(False)) after the forward: no .grad
         if var.grad is None:
             if create_graph:
                 var.grad = grad
@@ -356,6 +358,11 @@ class AccumulateGrad(Node):
                 var.grad = grad if grad._base is None else type(grad)._wrap(grad._data, grad._dtype)
             else:
                 var.grad = grad.detach().clone()
+            if not create_graph and not var.grad.is_contiguous() and var.is_contiguous():
+                # torch's layout contract: a row-major leaf gets a row-major .grad, whatever
+                # layout the backward made (a linear layer's weight gets a transposed
+                # product), so that p.grad.view(-1) works as in torch.
+                var.grad = var.grad.contiguous()
         elif create_graph or var.grad.requires_grad:
             var.grad = var.grad + grad
         else:
@@ -601,6 +608,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
     accumulated (``torch.autograd.grad``; ``only_inputs`` is ignored, as torch ignores it)."""
     outputs = _as_seq(outputs)
     inputs = _as_seq(inputs)
+    if not inputs:
+        raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
     if is_grads_batched:
         return _batched_grad(outputs, inputs, _as_seq(grad_outputs), retain_graph, create_graph,
                              allow_unused, materialize_grads)
