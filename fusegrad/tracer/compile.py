@@ -511,6 +511,7 @@ class CompiledFunction:
         if flags is not None and any(flags):
             # Before the write-back below: the backward needs the inputs as the call saw them.
             saved = _SavedInputs(inputs, {i for i, _ in mutations}, split, residuals)
+            saved.outputs = _saved_outputs(results, residuals)
             flagged = tuple(k for k, f in enumerate(flags) if f)
             joint = _CompiledBackward(self, entry, wrt, saved, inputs, flagged)
             for k in flagged:
@@ -641,6 +642,7 @@ class _SavedInputs:
         self.freed = False
         self.split = split
         self.residuals = residuals
+        self.outputs: list = []         # (output, its version): those saved as residuals
 
     def backward_arrays(self) -> list:
         """The partition's saved values, in the backward program's input order."""
@@ -652,13 +654,23 @@ class _SavedInputs:
     def unpack(self, name: str) -> list:
         if self.freed:
             raise RuntimeError(_FREED_MESSAGE)
-        for t, v in zip(self.tensors, self.versions):
+        for t, v in list(zip(self.tensors, self.versions)) + self.outputs:
             if t is not None and t._version_counter.value != v:
                 raise RuntimeError(
                     "one of the variables needed for gradient computation has been modified by "
                     f"an inplace operation: [{t._type_string()} {list(t.shape)}] is at version "
                     f"{t._version_counter.value}; expected version {v} instead (saved by {name})")
         return self.tensors
+
+
+def _saved_outputs(results, residuals) -> list:
+    """The outputs whose buffers the backward reads as saved values (softmax's output), with
+    their versions: written in place before the backward, they raise, as torch's saved
+    outputs do (the gradient was computed from the written values, silently)."""
+    if not residuals:
+        return []
+    saved = {id(r) for r in residuals} | {id(r.base) for r in residuals if r.base is not None}
+    return [(t, t._version_counter.value) for t in results if id(t._data) in saved]
 
 
 class _OutputGrads(dict):

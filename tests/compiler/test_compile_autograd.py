@@ -143,6 +143,16 @@ def test_modifying_an_input_after_the_call_is_detected():
         y.backward()
 
 
+def test_modifying_an_output_the_backward_reads_is_detected():
+    # softmax's backward reads its output, which the call returns in the saved buffer: a
+    # write into it changed the gradient silently (torch refuses it)
+    x, = leaves(f64(4, 5))
+    y = fg.compile(lambda x: NF.softmax(x, 1))(x)
+    y.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (y * y).sum().backward()
+
+
 def test_compiled_module_parameter_gradients():
     fg.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2)).double()
