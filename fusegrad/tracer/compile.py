@@ -572,7 +572,8 @@ class CompiledFunction:
 
     def backward_program(self, entry: _Entry, wrt: tuple, seeded: tuple) -> tuple:
         """The VJP of the outputs ``seeded`` (their indices), ``(*inputs, *their cotangents)
-        -> grads of inputs[wrt]``: a compiled program (None for other backends), its graph."""
+        -> grads of inputs[wrt]``: a compiled program (None for other backends), its graph,
+        and the inputs of ``wrt`` those outputs reach (the others get no gradient)."""
         hit = entry.backward.get((wrt, seeded))
         if hit is None:
             # Only the outputs that received a gradient are seeded: a zero cotangent for the
@@ -585,7 +586,9 @@ class CompiledFunction:
             g = dce(g)
             program = self._program(PassManager(self.pipeline).run(g), _symbol(g.name)) \
                 if self.backend in ("llvm", "cuda") else None
-            hit = entry.backward[(wrt, seeded)] = (program, g)
+            reached = _reaching(entry.graph, wrt,
+                                [k in seeded for k in range(len(entry.graph.outputs))])
+            hit = entry.backward[(wrt, seeded)] = (program, g, frozenset(reached))
         return hit
 
     def _program(self, graph: Graph, name: str):
@@ -735,14 +738,16 @@ class _CompiledBackward(Node):
         # Some outputs got no gradient (a zero cotangent down their paths could meet 0 * inf),
         # create_graph (the backward is recorded), or the interpreter backend: the VJP of the
         # seeded outputs, recomputing the forward from the inputs.
-        program, g = self.cf.backward_program(self.entry, self.wrt, seeded)
+        program, g, reached = self.cf.backward_program(self.entry, self.wrt, seeded)
         cts = [grad[k] for k in seeded]
         if create_graph or program is None:
             grads = replay(g, list(inputs) + cts)
         else:
             arrays = [t._data for t in inputs] + [c._data for c in cts]
             grads = [Tensor._wrap(a, dtypes.from_numpy_dtype(a.dtype)) for a in program(*arrays)]
-        return tuple(grads)
+        # An input only the outputs without a gradient depend on gets none, not zeros (as
+        # eager: its .grad stays None, and an optimizer skips it rather than stepping it)
+        return tuple(gi if i in reached else None for i, gi in zip(self.wrt, grads))
 
 
 class _Outputs(list):

@@ -221,3 +221,13 @@ def test_outputs_stay_differentiable_after_autograd_grad_inside():
         assert y.requires_grad and pen.requires_grad
         (y + 2 * pen).backward()
     np.testing.assert_allclose(got[0].grad.numpy(), want[0].grad.numpy(), rtol=1e-10)
+
+
+def test_an_input_only_unused_outputs_depend_on_gets_no_gradient():
+    # backward through one output of a call: an input only the other output depends on
+    # keeps .grad None as in eager (it got zeros, which an optimizer steps with)
+    x, w = leaves(f64(3, 4), f64(3, 4, seed=1))
+    a, _ = fg.compile(lambda x, w: ((x * 2).sum(), (w * w).sum()))(x, w)
+    a.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((3, 4), 2.0))
+    assert w.grad is None
