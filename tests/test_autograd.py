@@ -67,6 +67,25 @@ def test_leaf_grad_is_laid_out_like_the_leaf():
     np.testing.assert_array_equal(x.grad.numpy(), np.arange(6.0).reshape(3, 2).T)
 
 
+def test_create_graph_grads_are_copies():
+    # with create_graph, .grad was the gradient itself: the caller's `gradient`, or the one
+    # tensor two leaves (or a retained non-leaf) both got, so a write into one .grad changed
+    # the other tensors
+    x = fg.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    go = fg.ones(2, 2)
+    x.t().backward(go, create_graph=True)
+    assert x.grad.is_contiguous()
+    x.grad.detach().zero_()
+    assert go.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    a = fg.tensor([1.0, 2.0], requires_grad=True)
+    b = fg.tensor([3.0, 4.0], requires_grad=True)
+    y = a + b
+    y.retain_grad()
+    y.backward(fg.ones(2), create_graph=True)
+    a.grad.detach().add_(1)
+    assert b.grad.tolist() == [1.0, 1.0] and y.grad.tolist() == [1.0, 1.0]
+
+
 def test_leaf_frozen_after_the_forward_gets_no_grad():
     x = fg.tensor([1.0, 2.0], requires_grad=True)
     y = (x * 2).sum()

@@ -352,13 +352,15 @@ class AccumulateGrad(Node):
             return ()       # frozen (requires_grad_(False)) after the forward: no .grad
         if var.grad is None:
             if create_graph:
-                var.grad = grad
+                # a recorded copy, as torch's: the gradient may be the caller's `gradient`,
+                # another leaf's or a retained one, which writes into .grad must not reach
+                var.grad = grad.clone()
             elif _sole_owner(grad):
                 # nobody else can see it: no copy (a view becomes a tensor of its own)
                 var.grad = grad if grad._base is None else type(grad)._wrap(grad._data, grad._dtype)
             else:
                 var.grad = grad.detach().clone()
-            if not create_graph and not var.grad.is_contiguous() and var.is_contiguous():
+            if not var.grad.is_contiguous() and var.is_contiguous():
                 # torch's layout contract: a row-major leaf gets a row-major .grad, whatever
                 # layout the backward made (a linear layer's weight gets a transposed
                 # product), so that p.grad.view(-1) works as in torch.
@@ -534,7 +536,7 @@ def _fill_retained(node: Node, grad, create_graph: bool) -> None:
         if t is None or t.grad_fn is not node:
             continue
         if t.grad is None:
-            t.grad = grad if create_graph else grad.detach().clone()
+            t.grad = grad.clone() if create_graph else grad.detach().clone()
         else:
             t.grad = t.grad + grad
 
@@ -542,7 +544,7 @@ def _fill_retained(node: Node, grad, create_graph: bool) -> None:
 def _accumulate_into(t, grad, create_graph: bool) -> None:
     """``backward(inputs=...)`` on a non-leaf: its ``.grad`` gets the gradient."""
     if t.grad is None:
-        t.grad = grad if create_graph else grad.detach().clone()
+        t.grad = grad.clone() if create_graph else grad.detach().clone()
     else:
         t.grad = t.grad + grad
 
