@@ -378,6 +378,10 @@ class Tensor:
         return t
 
     def detach_(self) -> "Tensor":
+        if self._base is not None:
+            # a view's history is its base's (an in-place write to the base gave it back,
+            # silently), so torch refuses this
+            raise RuntimeError("Can't detach views in-place. Use detach() instead.")
         self.grad_fn = None
         self._requires_grad = False
         return self

@@ -86,6 +86,18 @@ def test_create_graph_grads_are_copies():
     assert b.grad.tolist() == [1.0, 1.0] and y.grad.tolist() == [1.0, 1.0]
 
 
+def test_detach_in_place_refuses_views():
+    # a view detached in place got its base's history back once the base was written in
+    # place, and sent a gradient to it; torch refuses the detach_
+    x = fg.ones(3, 4, requires_grad=True)
+    v = (x * 1)[0]
+    with pytest.raises(RuntimeError, match="Can't detach views in-place. Use detach"):
+        v.detach_()
+    y = x * 1
+    y.detach_()
+    assert not y.requires_grad and y.is_leaf
+
+
 def test_leaf_frozen_after_the_forward_gets_no_grad():
     x = fg.tensor([1.0, 2.0], requires_grad=True)
     y = (x * 2).sum()
