@@ -306,6 +306,9 @@ class Tensor:
             if tuple(value.shape) != tuple(self.shape):
                 raise RuntimeError(f"assigned grad has data of a different size: "
                                    f"{list(value.shape)} vs {list(self.shape)}")
+            if value._dtype is not self._dtype:
+                raise RuntimeError(f"attempting to assign a gradient with dtype {value.dtype} "
+                                   f"to a tensor with dtype {self.dtype}")
         self._grad = value
 
     def register_post_accumulate_grad_hook(self, hook):
@@ -375,6 +378,10 @@ class Tensor:
         return t
 
     def detach_(self) -> "Tensor":
+        if self._base is not None:
+            # a view's history is its base's (an in-place write to the base gave it back,
+            # silently), so torch refuses this
+            raise RuntimeError("Can't detach views in-place. Use detach() instead.")
         self.grad_fn = None
         self._requires_grad = False
         return self
@@ -602,6 +609,12 @@ class _HookHandle:
         if self._hook in self._hooks:
             self._hooks.remove(self._hook)
             HOOK_VERSION[0] += 1
+
+    def __enter__(self) -> "_HookHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
 
 
 _primitive._make_tensor = Tensor._wrap

@@ -54,6 +54,60 @@ def test_shared_subexpressions_sum_their_gradients():
     assert y.grad.item() == 54.0
 
 
+def test_leaf_grad_is_laid_out_like_the_leaf():
+    # torch's layout contract: p.grad.view(-1) (flattening gradients) works; a linear
+    # layer's weight got the transposed product as its .grad and view raised
+    lin = fg.nn.Linear(3, 2)
+    lin(fg.ones(4, 3)).sum().backward()
+    assert lin.weight.grad.is_contiguous()
+    np.testing.assert_array_equal(lin.weight.grad.view(-1).numpy(), np.full(6, 4.0))
+    x = fg.tensor(arr(2, 3), requires_grad=True)
+    x.t().backward(fg.arange(6.0).view(3, 2))
+    assert x.grad.is_contiguous()
+    np.testing.assert_array_equal(x.grad.numpy(), np.arange(6.0).reshape(3, 2).T)
+
+
+def test_create_graph_grads_are_copies():
+    # with create_graph, .grad was the gradient itself: the caller's `gradient`, or the one
+    # tensor two leaves (or a retained non-leaf) both got, so a write into one .grad changed
+    # the other tensors
+    x = fg.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    go = fg.ones(2, 2)
+    x.t().backward(go, create_graph=True)
+    assert x.grad.is_contiguous()
+    x.grad.detach().zero_()
+    assert go.tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    a = fg.tensor([1.0, 2.0], requires_grad=True)
+    b = fg.tensor([3.0, 4.0], requires_grad=True)
+    y = a + b
+    y.retain_grad()
+    y.backward(fg.ones(2), create_graph=True)
+    a.grad.detach().add_(1)
+    assert b.grad.tolist() == [1.0, 1.0] and y.grad.tolist() == [1.0, 1.0]
+
+
+def test_detach_in_place_refuses_views():
+    # a view detached in place got its base's history back once the base was written in
+    # place, and sent a gradient to it; torch refuses the detach_
+    x = fg.ones(3, 4, requires_grad=True)
+    v = (x * 1)[0]
+    with pytest.raises(RuntimeError, match="Can't detach views in-place. Use detach"):
+        v.detach_()
+    y = x * 1
+    y.detach_()
+    assert not y.requires_grad and y.is_leaf
+
+
+def test_leaf_frozen_after_the_forward_gets_no_grad():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    y = (x * 2).sum()
+    x.requires_grad_(False)
+    y.backward()
+    assert x.grad is None
+    with pytest.raises(RuntimeError, match=r"`inputs` argument to `grad\(\)` cannot be empty"):
+        fg.autograd.grad((fg.ones(2, requires_grad=True) * 2).sum(), [])
+
+
 def test_retain_grad():
     x = fg.tensor([1.0, 2.0], requires_grad=True)
     y = x * 2
@@ -67,6 +121,35 @@ def test_retain_grad():
     with pytest.raises(RuntimeError, match="can't retain_grad on Tensor that has "
                                            "requires_grad=False"):
         fg.ones(2).retain_grad()
+
+
+def test_retain_grad_follows_in_place_writes():
+    # torch moves the retains_grad hook to the grad_fn an in-place op gives: .grad is the
+    # gradient of the value written (it stayed None)
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 2
+    y.retain_grad()
+    y.mul_(3)
+    y.add_(1)
+    (y * y).sum().backward()
+    assert y.grad.tolist() == [14.0, 26.0]             # 2 * (6x + 1)
+    assert x.grad.tolist() == [84.0, 156.0]
+    # written through a view of it (the base gets CopySlices)
+    x = fg.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    y = x * 1
+    y.retain_grad()
+    y[0].mul_(3)
+    (y * y).sum().backward()
+    assert y.grad.tolist() == [[6.0, 12.0], [6.0, 8.0]]
+    # a view that retains its gradient, written through its base
+    x = fg.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    y = x * 1
+    v = y[0]
+    v.retain_grad()
+    y.mul_(3)
+    (v * v).sum().backward()
+    assert v.grad.tolist() == [6.0, 12.0]
+    assert x.grad.tolist() == [[18.0, 36.0], [0.0, 0.0]]
 
 
 def test_non_leaf_grad_access_warns():
@@ -291,6 +374,31 @@ def test_grad_mode_is_restored_after_an_exception():
     assert fg.is_grad_enabled()
 
 
+def test_grad_mode_decorators_hold_inside_generator_steps():
+    # a decorated generator function's body runs at each next(), not at the call: the mode
+    # must be set around each step and the caller's restored at each yield
+    x = fg.ones(2, requires_grad=True)
+
+    @fg.no_grad()
+    def gen():
+        got = yield (x * 2).requires_grad
+        yield got, (x * 2).requires_grad
+        return "done"
+
+    g = gen()
+    assert next(g) is False and fg.is_grad_enabled()
+    assert g.send(5) == (5, False) and fg.is_grad_enabled()
+    with pytest.raises(StopIteration, match="done"):
+        next(g)
+
+    with fg.no_grad():
+        @fg.enable_grad()
+        def gen2():
+            yield fg.is_grad_enabled()
+            yield (x * 2).requires_grad
+        assert list(gen2()) == [True, True] and not fg.is_grad_enabled()
+
+
 def test_grad_mode_is_thread_local():
     seen = []
     with fg.no_grad():
@@ -457,6 +565,35 @@ def test_hook_on_a_non_leaf_changes_what_flows_on():
     assert x.grad.tolist() == [8.0, 8.0]                       # (3 + 1) * 2
 
 
+def test_hook_that_changes_dtype_or_shape_is_refused():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    x.register_hook(lambda g: g.double())
+    with pytest.raises(RuntimeError, match="hook '<lambda>' has changed the type of value"):
+        (x * x).sum().backward()
+    with pytest.raises(RuntimeError, match="has changed the type of value"):
+        fg.autograd.grad((x * x).sum(), x)
+    y = fg.tensor([1.0, 2.0], requires_grad=True) * 2
+    y.register_hook(lambda g: g[:1])
+    with pytest.raises(RuntimeError, match="hook '<lambda>' has changed the size of value"):
+        y.sum().backward()
+
+
+def test_hook_handle_is_a_context_manager():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    with x.register_hook(lambda g: g * 10):
+        (x * 1).sum().backward()
+    (x * 1).sum().backward()
+    assert x.grad.tolist() == [11.0, 11.0]
+
+
+def test_assigned_grad_must_have_the_tensors_dtype():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="assign a gradient with dtype fusegrad.float64 to a "
+                                           "tensor with dtype fusegrad.float32"):
+        x.grad = fg.zeros(2, dtype=fg.float64)
+    assert x.grad is None
+
+
 def test_hook_needs_requires_grad():
     with pytest.raises(RuntimeError, match="cannot register a hook on a tensor that doesn't "
                                            "require gradient"):
@@ -537,6 +674,54 @@ def test_custom_function_wrong_number_of_gradients():
     with pytest.raises(RuntimeError, match=r"function BadBackward returned an incorrect number "
                                            r"of gradients \(expected 2, got 1\)"):
         Bad.apply(x, x).sum().backward()
+
+
+def test_custom_function_saved_tensors_are_freed_after_backward():
+    # a second backward through the same graph read the saved tensors again and silently
+    # doubled .grad; torch refuses it unless retain_graph=True
+    x = fg.tensor([1.0, 3.0], requires_grad=True)
+    y = Square.apply(x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    assert x.grad.tolist() == [4.0, 12.0]
+    with pytest.raises(RuntimeError, match=FREED):
+        y.backward()
+    z = ScaleBy.apply(x, 2.0).sum()       # nothing saved: a second backward is fine
+    z.backward()
+    z.backward()
+
+
+def test_custom_function_setup_context_keywords_and_extra_none_gradients():
+    class Scale(fg.autograd.Function):
+        @staticmethod
+        def forward(x, k=2.0):                  # torch 2's style: ctx filled separately
+            return x * k
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            ctx.k = inputs[1]
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * ctx.k, None
+
+    class Shift(fg.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, by=1.0):
+            return x + by
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None, None             # trailing Nones beyond the inputs: ignored
+
+    x = fg.tensor([1.0, 3.0], requires_grad=True)
+    assert Scale.apply(x).tolist() == [2.0, 6.0]
+    Scale.apply(x, k=3.0).sum().backward()
+    assert x.grad.tolist() == [3.0, 3.0]
+    y = Shift.apply(x, by=2.0)
+    assert y.tolist() == [3.0, 5.0]
+    y.sum().backward()
+    assert x.grad.tolist() == [4.0, 4.0]
 
 
 class MatMul(fg.autograd.Function):
@@ -641,6 +826,14 @@ def test_gradcheck_catches_a_wrong_gradient():
         gradcheck(WrongScale.apply, [x])
     assert gradcheck(WrongScale.apply, [x], raise_exception=False) is False
     assert gradcheck(lambda a: ScaleBy.apply(a, 2.0) * a, [x])
+
+
+def test_gradcheck_is_callable_from_the_autograd_namespace():
+    # the submodule fusegrad.autograd.gradcheck (imported above) must not shadow the functions
+    x = fg.tensor(arr(3), requires_grad=True)
+    for _ in range(2):
+        assert fg.autograd.gradcheck(lambda a: (a.tanh() * a).sum(), (x,))
+        assert fg.autograd.gradgradcheck(lambda a: (a.tanh() * a).sum(), (x,))
 
 
 def test_gradcheck_handles_non_contiguous_and_0d_inputs():
@@ -749,16 +942,19 @@ def test_a_gradient_seen_elsewhere_is_copied():
     assert_close(g, [4.0, 5.0])
 
 
-def test_a_gradient_that_views_a_product_only_it_holds_is_taken_as_it_is():
+def test_a_gradient_that_views_a_product_only_it_holds_is_laid_out_like_its_leaf():
     # The weight of a linear layer gets a transposed view of a product that nothing else
-    # holds: .grad is that view, a tensor of its own, and accumulates in place.
+    # holds: .grad is row-major like the weight (torch's layout contract: one copy, so that
+    # w.grad.view(-1) works), a tensor of its own, and accumulates in place.
     w = fg.tensor(np.arange(6.0, dtype=np.float32).reshape(2, 3), requires_grad=True)
     x = fg.tensor(np.ones((4, 3), dtype=np.float32))
-    assert _copies_during(lambda: (x @ w.T).sum().backward()) == 0
+    assert _copies_during(lambda: (x @ w.T).sum().backward()) == 1
     assert_close(w.grad, np.full((2, 3), 4.0))
-    assert w.grad._base is None and w.grad.grad_fn is None
+    assert w.grad._base is None and w.grad.grad_fn is None and w.grad.is_contiguous()
+    g = w.grad
     (x @ w.T).sum().backward()
     assert_close(w.grad, np.full((2, 3), 8.0))
+    assert w.grad is g
 
 
 def test_a_gradient_viewing_an_array_held_elsewhere_is_copied():

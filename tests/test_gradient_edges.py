@@ -129,3 +129,20 @@ def test_unique_consecutive_of_a_tensor_requiring_grad_and_of_a_0d_tensor():
     values, inverse, counts = fg.tensor(True).unique_consecutive(return_inverse=True,
                                                                  return_counts=True)
     assert values.tolist() == [True] and inverse.shape == () and counts.tolist() == [1]
+
+
+def test_autograd_grad_batched_grad_outputs_and_only_inputs():
+    # is_grads_batched: each row of grad_outputs is a separate vector-Jacobian product (the
+    # Jacobian from the identity); only_inputs, deprecated in torch, is accepted and ignored
+    a = np.array([0.5, -1.0, 2.0], dtype=np.float32)
+    x = fg.tensor(a, requires_grad=True)
+    y = x.tanh() * x.sum()
+    jac, = fg.autograd.grad(y, x, fg.eye(3), is_grads_batched=True)
+    t = np.tanh(a)
+    want = np.diag((1 - t * t) * a.sum()) + t[:, None]
+    np.testing.assert_allclose(jac.numpy(), want, rtol=1e-6)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        fg.autograd.grad(y, x, fg.ones(3))
+    z = (x * x).sum()
+    g, = fg.autograd.grad(z, x, only_inputs=True)
+    np.testing.assert_allclose(g.numpy(), 2 * a)

@@ -228,6 +228,41 @@ def test_zero_and_fill_keep_the_tensor_in_the_graph():
     assert x.grad.tolist() == [0.0, 0.0]
 
 
+
+def test_copy_or_fill_of_a_value_that_requires_grad_zeroes_the_past():
+    # the overwritten history gets a zero gradient (torch's CopyBackwards), not none at all:
+    # x.grad is zeros, not None (an optimizer skips a None gradient, but not a zero one)
+    for write in (lambda y, w: y.copy_(w * 2), lambda y, w: y.fill_(w.sum())):
+        x = fg.tensor([1.0, 2.0], requires_grad=True)
+        w = fg.tensor([3.0, 4.0], requires_grad=True)
+        y = x * 2
+        write(y, w)
+        y.sum().backward()
+        assert x.grad.tolist() == [0.0, 0.0]
+        assert w.grad.tolist() == [2.0, 2.0]
+
+
+def test_what_a_composites_backward_reads_is_version_checked():
+    # softmax's backward reads its output, gelu's its input (as torch's save them): a write
+    # into either was read by the backward as written, a wrong gradient without an error
+    F = fg.nn.functional
+    for op, write_output in ((lambda y: F.softmax(y, 1), True),
+                             (lambda y: F.log_softmax(y, 1), True), (F.gelu, False)):
+        x = fg.tensor(arr(3, 4), requires_grad=True)
+        y = x * 1
+        z = op(y)
+        (z if write_output else y).add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            (z * z).sum().backward()
+    # what the backward does not read may be written, as in torch
+    for op, write_output in ((lambda y: F.softmax(y, 1), False), (F.gelu, True)):
+        x = fg.tensor(arr(3, 4), requires_grad=True)
+        y = x * 1
+        z = op(y)
+        (z if write_output else y).add_(1)
+        z.sum().backward()
+        assert x.grad is not None
+
 # --------------------------------------------------------------------------- through views
 
 

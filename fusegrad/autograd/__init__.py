@@ -10,19 +10,17 @@ from fusegrad.autograd.grad_mode import (
     set_grad_enabled,
 )
 
+# Imported here, after the submodule of the same name: importing fusegrad.autograd.gradcheck
+# binds the module to this name, and fg.autograd.gradcheck(...) then called a module.
+from fusegrad.autograd.gradcheck import gradcheck, gradgradcheck
+
 __all__ = ["Node", "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled",
            "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "gradcheck",
-           "Function", "functional"]
+           "gradgradcheck", "Function", "functional"]
 
 
 def __getattr__(name):
-    # gradcheck and Function import the op library, which imports this package.
-    if name == "gradcheck":
-        from fusegrad.autograd.gradcheck import gradcheck
-        return gradcheck
-    if name == "gradgradcheck":
-        from fusegrad.autograd.gradcheck import gradgradcheck
-        return gradgradcheck
+    # Function imports the op library, which imports this package.
     if name == "functional":
         import importlib
         return importlib.import_module("fusegrad.autograd.functional")

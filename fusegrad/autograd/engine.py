@@ -92,6 +92,7 @@ def _refresh_view(t) -> None:
         for prim, attrs in t._version_counter.undo + t._view_ops:
             v = _primitive.bind(prim, v, **attrs)
     t.grad_fn, t._requires_grad = v.grad_fn, v._requires_grad
+    keep_retained(t)
 
 
 def _edge(t) -> tuple:
@@ -313,6 +314,27 @@ def _sole_owner(grad) -> bool:
     return a.base is b and b.base is None and sys.getrefcount(b) == _SOLE_ARRAY_REFS + 1
 
 
+def _call_hook(hook, grad):
+    """``hook(grad)``, or ``grad`` when it returns None."""
+    return hook_result(hook, grad, hook(grad))
+
+
+def hook_result(hook, grad, out):
+    """The gradient after a tensor hook that returned ``out``: ``grad`` when None; a
+    replacement of another dtype or shape is refused, as torch refuses it (it would become
+    ``.grad`` or reach the VJP rules as it is, silently)."""
+    if out is None:
+        return grad
+    name = getattr(hook, "__name__", type(hook).__name__)
+    if out.dtype != grad.dtype:
+        raise RuntimeError(f"hook '{name}' has changed the type of value (was {grad.dtype} "
+                           f"got {out.dtype})")
+    if tuple(out.shape) != tuple(grad.shape):
+        raise RuntimeError(f"hook '{name}' has changed the size of value (was "
+                           f"{list(grad.shape)} got {list(out.shape)})")
+    return out
+
+
 class AccumulateGrad(Node):
     """The node of a leaf tensor: adds incoming gradients into ``variable.grad``."""
 
@@ -325,17 +347,24 @@ class AccumulateGrad(Node):
     def apply(self, grad, create_graph: bool, retain_graph: bool) -> tuple:
         var = self.variable
         for hook in var._hooks or ():
-            out = hook(grad)
-            if out is not None:
-                grad = out
+            grad = _call_hook(hook, grad)
+        if not var._requires_grad:
+            return ()       # frozen (requires_grad_(False)) after the forward: no .grad
         if var.grad is None:
             if create_graph:
-                var.grad = grad
+                # a recorded copy, as torch's: the gradient may be the caller's `gradient`,
+                # another leaf's or a retained one, which writes into .grad must not reach
+                var.grad = grad.clone()
             elif _sole_owner(grad):
                 # nobody else can see it: no copy (a view becomes a tensor of its own)
                 var.grad = grad if grad._base is None else type(grad)._wrap(grad._data, grad._dtype)
             else:
                 var.grad = grad.detach().clone()
+            if not var.grad.is_contiguous() and var.is_contiguous():
+                # torch's layout contract: a row-major leaf gets a row-major .grad, whatever
+                # layout the backward made (a linear layer's weight gets a transposed
+                # product), so that p.grad.view(-1) works as in torch.
+                var.grad = var.grad.contiguous()
         elif create_graph or var.grad.requires_grad:
             var.grad = var.grad + grad
         else:
@@ -439,9 +468,7 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
             if grad is not None:
                 if node._pre_hooks:
                     for hook in node._pre_hooks:
-                        out = hook(grad)
-                        if out is not None:
-                            grad = out
+                        grad = _call_hook(hook, grad)
                 if node._retained:
                     _fill_retained(node, grad, create_graph)
             if captures and node in captures:
@@ -453,9 +480,7 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
                         if isinstance(node, AccumulateGrad):
                             # a leaf's own hooks see its gradient (torch runs them here too)
                             for hook in node.variable._hooks or ():
-                                out = hook(grad)
-                                if out is not None:
-                                    grad = out
+                                grad = _call_hook(hook, grad)
                         results[i] = grad
                     elif accumulate:
                         _accumulate_into(inputs[i], grad, create_graph)
@@ -511,7 +536,7 @@ def _fill_retained(node: Node, grad, create_graph: bool) -> None:
         if t is None or t.grad_fn is not node:
             continue
         if t.grad is None:
-            t.grad = grad if create_graph else grad.detach().clone()
+            t.grad = grad.clone() if create_graph else grad.detach().clone()
         else:
             t.grad = t.grad + grad
 
@@ -519,7 +544,7 @@ def _fill_retained(node: Node, grad, create_graph: bool) -> None:
 def _accumulate_into(t, grad, create_graph: bool) -> None:
     """``backward(inputs=...)`` on a non-leaf: its ``.grad`` gets the gradient."""
     if t.grad is None:
-        t.grad = grad if create_graph else grad.detach().clone()
+        t.grad = grad.clone() if create_graph else grad.detach().clone()
     else:
         t.grad = t.grad + grad
 
@@ -578,12 +603,18 @@ def backward(tensors, grad_tensors=None, retain_graph: bool | None = None,
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
-         create_graph: bool = False, allow_unused: bool | None = None,
+         create_graph: bool = False, only_inputs: bool = True,
+         allow_unused: bool | None = None, is_grads_batched: bool = False,
          materialize_grads: bool = False) -> tuple:
     """The gradients of ``outputs`` with respect to ``inputs``, returned rather than
-    accumulated (``torch.autograd.grad``)."""
+    accumulated (``torch.autograd.grad``; ``only_inputs`` is ignored, as torch ignores it)."""
     outputs = _as_seq(outputs)
     inputs = _as_seq(inputs)
+    if not inputs:
+        raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
+    if is_grads_batched:
+        return _batched_grad(outputs, inputs, _as_seq(grad_outputs), retain_graph, create_graph,
+                             allow_unused, materialize_grads)
     if any(t._trace is not None for t in outputs):
         results = outputs[0]._trace.backward(outputs, grad_outputs, create_graph, inputs,
                                              accumulate=False, allow_unused=bool(
@@ -603,6 +634,19 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None,
         from fusegrad.ops import functional as F
         results = [F.zeros_like(t) if r is None else r for r, t in zip(results, inputs)]
     return tuple(results)
+
+
+def _batched_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused,
+                  materialize_grads) -> tuple:
+    """``grad(..., is_grads_batched=True)``: the first dimension of each grad_output is a
+    batch; one backward per row (torch vmaps over them), the gradients stacked."""
+    from fusegrad.ops.movement import stack
+    n = grad_outputs[0].shape[0]
+    keep = create_graph if retain_graph is None else retain_graph
+    rows = [grad(outputs, inputs, [g[i] for g in grad_outputs], keep or i < n - 1,
+                 create_graph, allow_unused=allow_unused, materialize_grads=materialize_grads)
+            for i in range(n)]
+    return tuple(None if col[0] is None else stack(list(col)) for col in zip(*rows))
 
 
 def _record_eager_node(prim, operands, attrs, out) -> None:
@@ -630,4 +674,14 @@ def retain(tensor) -> None:
     node = tensor.grad_fn
     if node._retained is None:
         node._retained = []
-    node._retained.append(weakref.ref(tensor))
+    if not any(ref() is tensor for ref in node._retained):
+        node._retained.append(weakref.ref(tensor))
+
+
+def keep_retained(tensor) -> None:
+    """After an in-place op gave ``tensor`` a new grad_fn: if it retains its gradient, its
+    ``.grad`` is now the new node's, the gradient of the value written (torch moves the
+    retains_grad hook to the new grad_fn; it was left on the old node, and .grad stayed
+    None)."""
+    if tensor._retains_grad and tensor.grad_fn is not None:
+        retain(tensor)

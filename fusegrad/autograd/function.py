@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 
-from fusegrad.autograd.engine import Node, _edge, _Saved
+from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _Saved
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
 
 __all__ = ["Function", "FunctionCtx", "once_differentiable"]
@@ -23,6 +24,7 @@ class FunctionCtx:
 
     def __init__(self):
         self._saved: tuple = ()
+        self._freed = False             # saved tensors released after a backward
         self._node = None               # the backward node, while it runs
         self.needs_input_grad: tuple = ()
         self._non_differentiable: set = set()
@@ -35,6 +37,8 @@ class FunctionCtx:
 
     @property
     def saved_tensors(self) -> tuple:
+        if self._freed:
+            raise RuntimeError(_FREED_MESSAGE)
         node = self._node
         return tuple(s.unpack(node) if isinstance(s, _Saved) and node is not None else
                      s.tensor if isinstance(s, _Saved) else s for s in self._saved)
@@ -71,6 +75,8 @@ def _input_grads(cls, ctx, grad, positions, n_args, inputs) -> tuple:
     grads = cls.backward(ctx, grad)
     if not isinstance(grads, tuple):
         grads = (grads,)
+    if len(grads) > n_args and all(g is None for g in grads[n_args:]):
+        grads = grads[:n_args]          # extra Nones are ignored, as torch ignores them
     if len(grads) != n_args:
         raise RuntimeError(f"function {cls.__name__}Backward returned an incorrect number of "
                            f"gradients (expected {n_args}, got {len(grads)})")
@@ -114,6 +120,12 @@ class _FunctionNode(Node):
             return _input_grads(self._cls, ctx, grad, self._positions, self._n, self._inputs)
         finally:
             ctx._node = None        # (no reference cycle between the node and its ctx)
+
+    def release(self) -> None:
+        """After a backward without ``retain_graph``: the saved tensors are freed, and a
+        second backward that reads them raises, as torch's does."""
+        if any(isinstance(s, _Saved) for s in self._ctx._saved):
+            self._ctx._freed = True
 
 
 class _Meta:
@@ -162,16 +174,33 @@ class Function:
     def backward(ctx, *grads):
         raise NotImplementedError
 
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output):
+        """Override to write a ``forward`` without ``ctx`` (torch 2's style): it is then
+        called as ``forward(*args)``, and this fills ``ctx`` from its inputs and output."""
+        raise NotImplementedError
+
     @classmethod
-    def apply(cls, *args):
+    def apply(cls, *args, **kwargs):
         from fusegrad.ops import primitive as _primitive
         from fusegrad.tensor import Tensor
         ctx = FunctionCtx()
+        separate = cls.setup_context is not Function.setup_context
+        if separate:
+            # as torch: keyword and default arguments become positional ones, each with a
+            # gradient slot in backward's result
+            bound = inspect.signature(cls.forward).bind(*args, **kwargs)
+            bound.apply_defaults()
+            args, kwargs = bound.args, {}
         positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
         tensors = [args[i] for i in positions]
         ctx.needs_input_grad = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
         with no_grad():
-            out = cls.forward(ctx, *args)
+            if separate:
+                out = cls.forward(*args)
+                cls.setup_context(ctx, args, out)
+            else:
+                out = cls.forward(ctx, *args, **kwargs)
         if isinstance(out, tuple):
             raise NotImplementedError(
                 f"{cls.__name__}.forward returned {len(out)} outputs: custom Functions with "

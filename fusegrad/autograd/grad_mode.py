@@ -7,6 +7,7 @@ kernel thread pool or a user's data-loading thread cannot flip another thread's 
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 
 __all__ = ["no_grad", "enable_grad", "set_grad_enabled", "inference_mode", "is_grad_enabled",
@@ -43,10 +44,36 @@ class _GradModeContext:
         return False
 
     def __call__(self, fn):
+        if inspect.isgeneratorfunction(fn):
+            return self._wrap_generator(fn)
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             with self.__class__._fresh(self):
                 return fn(*args, **kwargs)
+        return wrapper
+
+    def _wrap_generator(self, fn):
+        """A decorated generator function: the mode holds while the generator's body runs,
+        each step, not only while the call makes the generator (which runs none of it); the
+        caller's mode is back in force at every ``yield``, as torch's decorators do."""
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            gen = fn(*args, **kwargs)
+            resume, value = gen.send, None
+            while True:
+                try:
+                    with self.__class__._fresh(self):
+                        out = resume(value)
+                except StopIteration as stop:
+                    return stop.value
+                try:
+                    resume, value = gen.send, (yield out)
+                except GeneratorExit:
+                    gen.close()
+                    raise
+                except BaseException as exc:
+                    resume, value = gen.throw, exc
         return wrapper
 
     def _fresh(self):

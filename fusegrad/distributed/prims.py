@@ -54,7 +54,7 @@ def _start_vjp(g, out, x, *, op):
     return traced_all_reduce(g, "sum")
 
 
-@register_vjp("all_reduce_in_place")
+@register_vjp("all_reduce_in_place", reads_operands=False)
 def _in_place_vjp(g, out, operands: tuple, params: tuple) -> tuple:
     """``dist.all_reduce(t)``'s gradient: none of its own, as eager's, which autograd does
     not record (the identity on ``t``'s history)."""

@@ -448,14 +448,14 @@ def _log_softmax_impl(x: Tensor, dim: int) -> Tensor:
     return F.custom_vjp(out, (x,), "log_softmax", (dim,))
 
 
-@P.register_vjp("softmax")
+@P.register_vjp("softmax", reads_output=True, reads_operands=False)
 def _softmax_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
     """torch's SoftmaxBackward: ``out * (g - sum(g * out))``, which reads the output alone."""
     (dim,) = params
     return (F.mul(out, F.sub(g, F.sum(F.mul(g, out), dim, keepdim=True))),)
 
 
-@P.register_vjp("log_softmax")
+@P.register_vjp("log_softmax", reads_output=True, reads_operands=False)
 def _log_softmax_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
     """torch's LogSoftmaxBackward: ``g - exp(out) * sum(g)``."""
     (dim,) = params

@@ -8,7 +8,7 @@ import builtins
 import functools
 from typing import Sequence
 
-from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, run_backward
+from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _Saved, run_backward
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims
@@ -65,15 +65,23 @@ class CustomVJPNode(Node):
     as in torch. ``out`` (the primitives' result, connected to the operands) is what the
     rule reads, so a gradient of the gradient differentiates the rule and the forward."""
 
-    __slots__ = ("_out", "_operands", "_rule", "_params")
+    __slots__ = ("_out", "_operands", "_rule", "_params", "_read")
 
     def __init__(self, out: Tensor, operands: tuple, rule: str, params: tuple):
         super().__init__(tuple(_edge(t) for t in operands), "CustomVjpBackward0")
         self._out, self._operands, self._rule, self._params = out, operands, rule, params
+        # What the rule reads, with its version now: written in place before the backward,
+        # it raises as torch's saved tensors do (softmax's output, gelu's input were read
+        # as modified, silently).
+        reads_output, reads_operands = prims.CUSTOM_VJP_READS[rule]
+        self._read = tuple(_Saved(t) for t in ((out,) if reads_output else ()) +
+                           (operands if reads_operands else ()) if t is not None)
 
     def apply(self, grad, create_graph, retain_graph):
         if self._out is None:
             raise RuntimeError(_FREED_MESSAGE)
+        for saved in self._read:
+            saved.unpack(self)
         return tuple(prims.CUSTOM_VJPS[self._rule](grad, self._out, self._operands, self._params))
 
     def release(self) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.engine import Node, _edge, _refresh_view
+from fusegrad.autograd.engine import Node, _edge, _refresh_view, keep_retained
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
@@ -89,10 +89,12 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     if value.dtype is not x.dtype:
         value = cast(value, x.dtype)
     grad = is_grad_enabled()
-    if grad and not value._requires_grad and x.grad_fn is not None:
-        # A constant written over a tensor with history (fill_, zero_, copy_ of a constant):
-        # x stays in the graph and passes a zero gradient to what it was (torch's
-        # FillBackward0), rather than turning into a leaf.
+    if grad and x.grad_fn is not None and (not value._requires_grad or
+                                            _overwrites(x, value, op)):
+        # A value that does not depend on x written over a tensor with history (fill_,
+        # zero_, copy_): x stays in the graph and passes a zero gradient to what it was
+        # (torch's FillBackward0, CopyBackwards), rather than turning into a leaf, or
+        # leaving what it was with no gradient (.grad None where torch has zeros).
         value = bind(P.where, _scalar_tensor(True, dtypes.bool_), value, x)
     if isinstance(x._data, np.ndarray):
         np.copyto(x._data, value._data)
@@ -147,10 +149,25 @@ def _apply_view_ops(a: np.ndarray, view_ops) -> np.ndarray:
     return a
 
 
+# In-place ops whose written value need not depend on the tensor written.
+_OVERWRITES = frozenset({"copy_", "fill_"})
+
+
+def _overwrites(x: Tensor, value: Tensor, op: str) -> bool:
+    """Whether ``op`` writes a value not computed from ``x`` itself: a copy or fill, unless
+    the value is made directly from x (the in-place activations copy their result into x,
+    and x's history already gets its gradient through that result's node)."""
+    if op not in _OVERWRITES:
+        return False
+    node = value.grad_fn
+    return node is None or all(n is not x.grad_fn for n, _ in node.next_functions)
+
+
 def _rebase_history(x: Tensor, value: Tensor) -> None:
     if x._base is None:
         x.grad_fn = value.grad_fn if value._requires_grad else None
         x._requires_grad = value._requires_grad or x._requires_grad
+        keep_retained(x)
         return
     # Written through a view: the base's new history routes the view's region to the
     # in-place op's graph and the rest to the base's old history (torch's CopySlices).
@@ -160,6 +177,7 @@ def _rebase_history(x: Tensor, value: Tensor) -> None:
     ops = x._version_counter.undo + x._view_ops          # from the base's layout
     base.grad_fn = _CopySlices(base, ops, value.grad_fn)
     base._requires_grad = True
+    keep_retained(base)
     # The view now reads from the base's new history.
     v = base
     for prim, attrs in ops:
@@ -167,6 +185,7 @@ def _rebase_history(x: Tensor, value: Tensor) -> None:
     x.grad_fn = v.grad_fn
     x._requires_grad = True
     x._view_version = x._version_counter.value
+    keep_retained(x)
 
 
 def _original_self(x: Tensor, operands=()) -> Tensor:
@@ -283,6 +302,7 @@ def _take_view(x: Tensor, out: Tensor, name: str) -> Tensor:
     if out.grad_fn is not None:
         out.grad_fn._name = name
         x.grad_fn = out.grad_fn
+        keep_retained(x)
     if x._base is not None:          # still a view of its base, through one more op
         x._view_ops = out._view_ops
         x._view_version = getattr(out, "_view_version", x._version_counter.value)

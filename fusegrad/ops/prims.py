@@ -1282,13 +1282,17 @@ cumsum = register(Primitive(
 # name -> fn(ct, out, operands, params) -> one cotangent (or None) per operand: the backward
 # formula of a composite op (softmax, gelu), registered by the module defining the op.
 CUSTOM_VJPS: dict[str, Callable] = {}
+# name -> (whether the VJP reads the output, whether it reads the operands): what an eager
+# backward checks for in-place writes since the forward, as torch checks what it saved.
+CUSTOM_VJP_READS: dict[str, tuple[bool, bool]] = {}
 
 
-def register_vjp(name: str):
+def register_vjp(name: str, reads_output: bool = False, reads_operands: bool = True):
     """Register ``fn(ct, out, operands, params)`` as the VJP named ``name`` of
-    :data:`custom_vjp` nodes."""
+    :data:`custom_vjp` nodes; ``reads_output`` and ``reads_operands`` say what it reads."""
     def decorate(fn):
         CUSTOM_VJPS[name] = fn
+        CUSTOM_VJP_READS[name] = (reads_output, reads_operands)
         return fn
     return decorate
 

@@ -207,7 +207,7 @@ def index_copy(x: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
     return custom_vjp(out, (x, source, pos, hit), "index_copy", (axis,))
 
 
-@register_vjp("index_copy")
+@register_vjp("index_copy", reads_operands=False)    # its own positions only
 def _index_copy_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
     _, _, pos, hit = operands
     (axis,) = params

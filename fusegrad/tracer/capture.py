@@ -39,6 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fusegrad import dtypes
+from fusegrad.autograd.engine import hook_result
 from fusegrad.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from fusegrad.ir.graph import Value
 from fusegrad.ir.symbolic import (
@@ -347,7 +348,9 @@ class StateCapture:
         env = _Env(tr)
         with enable_grad() if create_graph else no_grad():
             cts = _reverse(tr.graph, tr, env, tr.grad_values, env.get, seeds)
-        self.did_backward = True
+        # backward() makes the call a training step, whose outputs carry no history;
+        # autograd.grad leaves the outputs differentiable, as eager does.
+        self.did_backward |= accumulate
         if not accumulate:
             results = []
             internal = {id(t): v for t, v in self._internal_leaves()}
@@ -660,9 +663,7 @@ class _Env(dict):
 def _run_hooks(t: Tensor, g):
     """``g`` after the hooks of leaf ``t`` (``register_hook``), traced as eager runs them."""
     for hook in list(t._hooks or ()):
-        out = _call_hook(hook, g)
-        if out is not None:
-            g = out
+        g = hook_result(hook, g, _call_hook(hook, g))
     return g
 
 

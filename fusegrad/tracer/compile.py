@@ -511,6 +511,7 @@ class CompiledFunction:
         if flags is not None and any(flags):
             # Before the write-back below: the backward needs the inputs as the call saw them.
             saved = _SavedInputs(inputs, {i for i, _ in mutations}, split, residuals)
+            saved.outputs = _saved_outputs(results, residuals)
             flagged = tuple(k for k, f in enumerate(flags) if f)
             joint = _CompiledBackward(self, entry, wrt, saved, inputs, flagged)
             for k in flagged:
@@ -571,7 +572,8 @@ class CompiledFunction:
 
     def backward_program(self, entry: _Entry, wrt: tuple, seeded: tuple) -> tuple:
         """The VJP of the outputs ``seeded`` (their indices), ``(*inputs, *their cotangents)
-        -> grads of inputs[wrt]``: a compiled program (None for other backends), its graph."""
+        -> grads of inputs[wrt]``: a compiled program (None for other backends), its graph,
+        and the inputs of ``wrt`` those outputs reach (the others get no gradient)."""
         hit = entry.backward.get((wrt, seeded))
         if hit is None:
             # Only the outputs that received a gradient are seeded: a zero cotangent for the
@@ -584,7 +586,9 @@ class CompiledFunction:
             g = dce(g)
             program = self._program(PassManager(self.pipeline).run(g), _symbol(g.name)) \
                 if self.backend in ("llvm", "cuda") else None
-            hit = entry.backward[(wrt, seeded)] = (program, g)
+            reached = _reaching(entry.graph, wrt,
+                                [k in seeded for k in range(len(entry.graph.outputs))])
+            hit = entry.backward[(wrt, seeded)] = (program, g, frozenset(reached))
         return hit
 
     def _program(self, graph: Graph, name: str):
@@ -641,6 +645,7 @@ class _SavedInputs:
         self.freed = False
         self.split = split
         self.residuals = residuals
+        self.outputs: list = []         # (output, its version): those saved as residuals
 
     def backward_arrays(self) -> list:
         """The partition's saved values, in the backward program's input order."""
@@ -652,13 +657,23 @@ class _SavedInputs:
     def unpack(self, name: str) -> list:
         if self.freed:
             raise RuntimeError(_FREED_MESSAGE)
-        for t, v in zip(self.tensors, self.versions):
+        for t, v in list(zip(self.tensors, self.versions)) + self.outputs:
             if t is not None and t._version_counter.value != v:
                 raise RuntimeError(
                     "one of the variables needed for gradient computation has been modified by "
                     f"an inplace operation: [{t._type_string()} {list(t.shape)}] is at version "
                     f"{t._version_counter.value}; expected version {v} instead (saved by {name})")
         return self.tensors
+
+
+def _saved_outputs(results, residuals) -> list:
+    """The outputs whose buffers the backward reads as saved values (softmax's output), with
+    their versions: written in place before the backward, they raise, as torch's saved
+    outputs do (the gradient was computed from the written values, silently)."""
+    if not residuals:
+        return []
+    saved = {id(r) for r in residuals} | {id(r.base) for r in residuals if r.base is not None}
+    return [(t, t._version_counter.value) for t in results if id(t._data) in saved]
 
 
 class _OutputGrads(dict):
@@ -723,14 +738,16 @@ class _CompiledBackward(Node):
         # Some outputs got no gradient (a zero cotangent down their paths could meet 0 * inf),
         # create_graph (the backward is recorded), or the interpreter backend: the VJP of the
         # seeded outputs, recomputing the forward from the inputs.
-        program, g = self.cf.backward_program(self.entry, self.wrt, seeded)
+        program, g, reached = self.cf.backward_program(self.entry, self.wrt, seeded)
         cts = [grad[k] for k in seeded]
         if create_graph or program is None:
             grads = replay(g, list(inputs) + cts)
         else:
             arrays = [t._data for t in inputs] + [c._data for c in cts]
             grads = [Tensor._wrap(a, dtypes.from_numpy_dtype(a.dtype)) for a in program(*arrays)]
-        return tuple(grads)
+        # An input only the outputs without a gradient depend on gets none, not zeros (as
+        # eager: its .grad stays None, and an optimizer skips it rather than stepping it)
+        return tuple(gi if i in reached else None for i, gi in zip(self.wrt, grads))
 
 
 class _Outputs(list):

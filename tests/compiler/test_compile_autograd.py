@@ -143,6 +143,16 @@ def test_modifying_an_input_after_the_call_is_detected():
         y.backward()
 
 
+def test_modifying_an_output_the_backward_reads_is_detected():
+    # softmax's backward reads its output, which the call returns in the saved buffer: a
+    # write into it changed the gradient silently (torch refuses it)
+    x, = leaves(f64(4, 5))
+    y = fg.compile(lambda x: NF.softmax(x, 1))(x)
+    y.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (y * y).sum().backward()
+
+
 def test_compiled_module_parameter_gradients():
     fg.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 2)).double()
@@ -194,3 +204,30 @@ def test_write_through_a_view_input_rebases_its_base():
         return a.grad.numpy()
 
     np.testing.assert_allclose(run(fg.compile(f)), run(f))
+
+
+def test_outputs_stay_differentiable_after_autograd_grad_inside():
+    # autograd.grad inside returns gradients without touching .grad: unlike a backward()
+    # step, the call's outputs keep their history (a dropped one lost its gradient silently)
+    def fn(x, w):
+        y = (x @ w).tanh().sum()
+        g, = fg.autograd.grad(y, w, create_graph=True)
+        return y, (g * g).sum()
+
+    x = fg.from_numpy(f64(3, 4, seed=1))
+    got, want = leaves(f64(4, 5, seed=2)), leaves(f64(4, 5, seed=2))
+    for w, f in ((got[0], fg.compile(fn)), (want[0], fn)):
+        y, pen = f(x, w)
+        assert y.requires_grad and pen.requires_grad
+        (y + 2 * pen).backward()
+    np.testing.assert_allclose(got[0].grad.numpy(), want[0].grad.numpy(), rtol=1e-10)
+
+
+def test_an_input_only_unused_outputs_depend_on_gets_no_gradient():
+    # backward through one output of a call: an input only the other output depends on
+    # keeps .grad None as in eager (it got zeros, which an optimizer steps with)
+    x, w = leaves(f64(3, 4), f64(3, 4, seed=1))
+    a, _ = fg.compile(lambda x, w: ((x * 2).sum(), (w * w).sum()))(x, w)
+    a.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((3, 4), 2.0))
+    assert w.grad is None

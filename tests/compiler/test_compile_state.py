@@ -1634,6 +1634,19 @@ def test_parameter_gradient_hooks_in_a_compiled_step(when):
                          steps=6, state=lambda m, opt: grads(m))
 
 
+def test_a_hook_that_changes_the_gradients_dtype_is_refused_in_a_compiled_step():
+    # as in eager (and torch): a float64 gradient for a float32 leaf silently became .grad
+    w = fg.tensor([1.0, 2.0], requires_grad=True)
+    w.register_hook(lambda g: g.double())
+
+    def step(w):
+        (w * w).sum().backward()
+        return w.grad * 1
+
+    with pytest.raises(RuntimeError, match="hook '<lambda>' has changed the type of value"):
+        fg.compile(step, fullgraph=True)(w)
+
+
 def test_module_compile_in_place():
     # torch's Module.compile(): the module's own calls run compiled, its copies too.
     fg.manual_seed(0)
