@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench bench-training lint clean fuzz
+.PHONY: test test-portable demo bench bench-training lint clean fuzz
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +13,16 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The suite as another machine runs it: numpy's BLAS picks its own kernels (OPENBLAS_CORETYPE
+# and OPENBLAS_L2_SIZE unset), products use numpy's BLAS as on a CPU without AVX-512 (no
+# generated GEMM), and kernels run on one thread. The heaviest cases (marked slow), which do
+# not depend on these settings, run in `make test` only.
+PORTABLE_ENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE FUSEGRAD_NATIVE_GEMM=off \
+	FUSEGRAD_NUM_THREADS=1
+
+test-portable: $(STAMP)
+	$(PORTABLE_ENV) $(PY) -m pytest -m "not slow"
 
 demo: $(STAMP)
 	$(PY) examples/train_digits.py

@@ -179,6 +179,8 @@ def main() -> None:
         rows.append(json.loads(lines[-1][len(RESULT_TAG):]))
     shapes = "small shapes (--quick)" if args.quick else \
         "conv2d: x (64, 32, 28, 28), w (64, 32, 3, 3), pad 1; lenet: batch 64 of 1x8x8"
+    from machine import describe  # here: it imports numpy, which workers pin first
+    print(describe())
     print(f"milliseconds per call, median of {rounds} rounds after warm-up; {shapes}")
     print(f"{'workload':10s} {'threads':>7s} " + " ".join(f"{s:>18s}" for s in SYSTEMS)
           + f" {'compiled/torch':>15s}")

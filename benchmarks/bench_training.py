@@ -516,11 +516,12 @@ def main() -> None:
                                  ("fusegrad eager", "fusegrad compiled step", "torch eager")
                                  if s != "torch eager" or importable("torch")}
                 probes["memory"] = memory
-    import platform
+    from machine import describe  # here: it imports numpy, which workers pin first
     versions = {m: module_version(m) for m in ("numpy", "torch", "jax")}
-    print(f"\nfusegrad training steps; {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
+    print(f"\nfusegrad training steps; load average "
+          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
           + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    print(describe())
     print_table(rows, threads, probes, opts.quick)
     print(f"\n({time.perf_counter() - start:.0f} s; step times: median of rounds after warm-up; "
           "memory: fresh processes, one thread, VmHWM reset after warm-up; see the docstring)")

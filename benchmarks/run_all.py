@@ -20,6 +20,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from machine import describe  # noqa: E402  (benchmarks/machine.py)
+
 import fusegrad as fg  # noqa: E402
 
 try:  # optional peers
@@ -309,6 +311,7 @@ def main() -> None:
           f"{getattr(torch, '__version__', 'not installed')}; jax "
           f"{getattr(jax, '__version__', 'not installed')}; threads "
           f"{fg.config.config.num_threads}")
+    print(describe())
     if not only or "gelu" in only:
         bench_gelu(1 << (20 if opts.quick else 24), repeats)
     if not only or "rows" in only:

@@ -288,6 +288,7 @@ def test_sqrt_log_outside_domain_give_nan():
     assert math.isnan(fg.log(out)[0].item()) and fg.log(out)[1].item() == -math.inf
 
 
+@pytest.mark.slow
 def test_nan_and_inf_results_do_not_warn_in_user_code():
     # torch computes log(0), sqrt(-1) and 1/0 silently. fusegrad silences numpy's
     # RuntimeWarnings with a filter installed at import, which pytest's per-test warning

@@ -69,6 +69,7 @@ NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if shutil.os.path.exi
     "/usr/local/cuda/bin/nvcc") else None)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_every_zoo_kernel_compiles_with_nvcc_without_warnings(source, tmp_path):
     src = tmp_path / "zoo.cu"

@@ -216,6 +216,7 @@ def test_single_scaling_exp_equals_exp_where_results_are_normal(monkeypatch) -> 
     assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
 
 
+@pytest.mark.slow
 def test_sincos_large_arguments_exact() -> None:
     """Regression: sin([3e7, 1e10, 1e30]) was [1, -0, 0]; the Payne-Hanek path is exact up to FLT_MAX.
 

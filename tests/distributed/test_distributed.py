@@ -243,6 +243,7 @@ def test_two_ranks_match_single_process_training():
             assert f"OK {name} {rank}" in run.stdout, run.stdout + run.stderr
 
 
+@pytest.mark.slow
 def test_train_ddp_example_runs_on_two_ranks(tmp_path):
     script = ROOT / "examples" / "train_ddp.py"
     run = launch("--epochs", "1", "--samples", "256", "--checkpoint",
@@ -256,6 +257,7 @@ def _losses(out: str) -> dict[int, str]:
     return {int(m.group(1)): m.group(2) for m in re.finditer(r"^LOSS (\d+) (\S+)$", out, re.M)}
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_gives_identical_losses(tmp_path):
     ckpt = str(tmp_path / "ddp.fg")
     full = launch("train", ckpt, "3", "6")
@@ -267,6 +269,7 @@ def test_resume_from_checkpoint_gives_identical_losses(tmp_path):
     assert all(a[i] == b[i] for i in b), (a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, message", [
     ("raise", "rank 1 of 2 raised ValueError: a fault injected at step 2"),
     ("exit", "rank 0 of 2 waited 3 s for allreduce_start"),
