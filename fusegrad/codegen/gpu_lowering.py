@@ -231,7 +231,7 @@ class _Lowering(KernelValues):
             if rowlen <= MAX_KEPT_ROW else None
         row_buf = None
         if kept is not None:
-            row_buf = Shared(f"row{len(self.shared)}", lowering.register_dtype(kept.type.dtype),
+            row_buf = Shared(self.fresh("row"), lowering.register_dtype(kept.type.dtype),
                              rowlen)
             self.shared.append(row_buf)
 
@@ -255,7 +255,7 @@ class _Lowering(KernelValues):
                 for off in (16, 8, 4, 2, 1):
                     body.append(Assign(acc, lowering.combine(
                         b, node.op, b.read(acc), b.shfl_xor(b.read(acc), off), out_dt)))
-                smem = Shared(f"red{len(self.shared)}", reg, WARP)
+                smem = Shared(self.fresh("red"), reg, WARP)
                 self.shared.append(smem)
                 is_lane0 = b.cmp("eq", lane, self.idx(0), INDEX)
                 body.append(If(is_lane0, [StoreShared(smem, warp, b.read(acc))]))
@@ -335,8 +335,8 @@ class _Lowering(KernelValues):
         blocks = math.prod(batch) * tiles_m * tiles_n
         tid = b.special("threadIdx")
         ty, tx = b.div(tid, self.idx(TILE)), b.rem(tid, self.idx(TILE))
-        a_tile = Shared("a_tile", reg, TILE * TILE)
-        b_tile = Shared("b_tile", reg, TILE * TILE)
+        a_tile = Shared(self.fresh("a_tile"), reg, TILE * TILE)
+        b_tile = Shared(self.fresh("b_tile"), reg, TILE * TILE)
         self.shared += [a_tile, b_tile]
         zero = lowering.constant(b, dt, 0)
 

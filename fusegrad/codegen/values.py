@@ -55,9 +55,14 @@ class KernelValues:
             self.params[v] = Param(f"p{len(self.params)}", lowering.memory_dtype(v.type.dtype), v)
         return self.params[v]
 
-    def var(self, name: str, dt) -> Var:
+    def fresh(self, name: str) -> str:
+        """``name`` numbered from the kernel's one counter: locals and shared arrays live in
+        one scope in CUDA C, so a local ``red4`` beside a shared ``red4[32]`` would shadow it."""
         self.nvars += 1
-        return Var(f"{name}{self.nvars}", dt)
+        return f"{name}{self.nvars}"
+
+    def var(self, name: str, dt) -> Var:
+        return Var(self.fresh(name), dt)
 
     def idx(self, n: int):
         return self.b.const(INDEX, n)
