@@ -60,3 +60,23 @@ def assert_no_farther_than_eager(got: Sequence, eager: Sequence, exact: Sequence
     assert off <= bound, (
         f"{what}: {off:.3g} from the float64 run, more than {factor} x eager's {eager_off:.3g}"
         f" + {ulps} float32 ulps of their size {size:.3g} (bound {bound:.3g})")
+
+
+def assert_rounding_close(got, want, *, terms: int, scale: float | None = None,
+                          ulps: float = 8.0) -> None:
+    """``got`` and ``want`` are two float32 evaluations of one computation whose elements
+    are sums of about ``terms`` rounded products (a matrix product's inner dimension, added
+    up over the layers of a model): elementwise,
+
+        |got - want| <= ulps * terms * eps32 * scale,
+
+    with ``scale`` (by default the largest ``|want|``) the size of the summed terms. A
+    relative tolerance per element is wrong here: an element near zero after cancellation
+    carries the absolute rounding error of the terms it sums, whichever kernels (BLAS with or
+    without FMA, the generated GEMM) added them.
+    """
+    g = np.asarray(got.detach().numpy() if hasattr(got, "detach") else got, dtype=np.float64)
+    w = np.asarray(want.detach().numpy() if hasattr(want, "detach") else want, dtype=np.float64)
+    assert g.shape == w.shape, (g.shape, w.shape)
+    scale = float(np.max(np.abs(w))) if scale is None else scale
+    np.testing.assert_allclose(g, w, rtol=0, atol=ulps * terms * EPS32 * scale)
