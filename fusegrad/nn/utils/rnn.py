@@ -24,7 +24,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.ir.symbolic import host_values
+from fusegrad.ir import symbolic
 from fusegrad.ops import creation
 from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
@@ -38,6 +38,11 @@ class PackedSequence_(NamedTuple):
     batch_sizes: Tensor
     sorted_indices: Tensor | None
     unsorted_indices: Tensor | None
+
+
+def bind(optional, fn):
+    """``fn(optional)``, or None when ``optional`` is None."""
+    return None if optional is None else fn(optional)
 
 
 class PackedSequence(PackedSequence_):
@@ -139,12 +144,12 @@ def _index(values, device) -> Tensor:
 def _lengths_array(lengths) -> np.ndarray:
     """``lengths`` (a list or a tensor) as int64 host values, with torch's checks."""
     if not isinstance(lengths, Tensor):
-        return np.asarray(host_values(creation.as_tensor(lengths, dtype=dtypes.int64),
+        return np.asarray(symbolic.host_values(creation.as_tensor(lengths, dtype=dtypes.int64),
                                       "pack_padded_sequence's lengths"))
     if lengths.ndim != 1 or lengths.device.type != "cpu":
         raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got "
                            f"{lengths.ndim}D {lengths.device} Long tensor")
-    return np.asarray(host_values(lengths, "pack_padded_sequence's lengths")).astype(np.int64)
+    return np.asarray(symbolic.host_values(lengths, "pack_padded_sequence's lengths")).astype(np.int64)
 
 
 def pack_padded_sequence(input: Tensor, lengths, batch_first: bool = False,  # noqa: A002
@@ -200,7 +205,7 @@ def pack_padded_sequence(input: Tensor, lengths, batch_first: bool = False,  # n
 
 
 def _batch_sizes(sequence: PackedSequence) -> list[int]:
-    return [int(b) for b in host_values(sequence.batch_sizes, "a PackedSequence's batch_sizes")]
+    return [int(b) for b in symbolic.host_values(sequence.batch_sizes, "a PackedSequence's batch_sizes")]
 
 
 def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False,
@@ -283,7 +288,7 @@ def unpad_sequence(padded_sequences: Tensor, lengths, batch_first: bool = False)
     Unlike torch's, it does not transpose ``padded_sequences`` in place when
     ``batch_first`` is False: the argument is left as it was."""
     lens = lengths if not isinstance(lengths, Tensor) else \
-        host_values(lengths, "unpad_sequence's lengths")
+        symbolic.host_values(lengths, "unpad_sequence's lengths")
     lens = [int(n) for n in lens]
     seqs = padded_sequences if batch_first else F.transpose(padded_sequences, 0, 1)
     if len(lens) != seqs.shape[0]:
