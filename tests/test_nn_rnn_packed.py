@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import fusegrad
+from fusegrad import config as fusegrad_config
 from fusegrad import nn
 from fusegrad.autograd.gradcheck import gradcheck
 from fusegrad.nn.utils.rnn import (
@@ -365,6 +366,23 @@ def test_compiled_packed_sequence_argument():
         np.testing.assert_allclose(compiled(packed).detach().numpy(), lstm(packed)[1][0].detach().numpy(),
                                    rtol=1e-5, atol=1e-6)
     assert compiled.compiles == 2
+
+
+def test_compiled_new_lengths_past_the_recompile_limit_run_eagerly(monkeypatch):
+    monkeypatch.setattr(fusegrad_config.config, "recompile_limit", 1)
+    rnn = nn.RNN(2, 2)
+
+    @fusegrad.no_grad()
+    def f(x, lengths):
+        return rnn(pack_padded_sequence(x, lengths, enforce_sorted=False))[1]
+    compiled = fusegrad.compile(f)
+    x = t(RNG.standard_normal((3, 2, 2)).astype(np.float32))
+    compiled(x, fusegrad.tensor([3, 1]))
+    with pytest.warns(UserWarning, match=r"hit the recompile limit.*\(last: the values of a "
+                      "tensor the function read as host data"):
+        out = compiled(x, fusegrad.tensor([2, 3]))
+    np.testing.assert_allclose(out.numpy(), f(x, fusegrad.tensor([2, 3])).numpy(), rtol=1e-6)
+    assert compiled.compiles == 1
 
 
 def test_compiled_lengths_computed_in_the_function_are_refused():

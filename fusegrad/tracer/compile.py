@@ -1089,7 +1089,8 @@ def _recompile_limit_message(cf: "CompiledFunction", key) -> str:
     keys = list(cf.cache) + [key]
     last = cf._reason(key)
     changed = ', '.join(_changed_guards(keys)) if key not in cf.cache else \
-        "what the function reads from its closure, globals, modules or objects"
+        "what the function reads from its closure, globals, modules or objects, or the " \
+        "values of tensors it reads as host data"
     return (f"fusegrad.compile: {name} hit the recompile limit (fusegrad.config.recompile_limit"
             f" = {config.recompile_limit}): it was compiled for {cf.compiles} different "
             f"signatures and this call needs another; the guards that kept changing: "
