@@ -306,6 +306,7 @@ def test_packed_gradients_equal_per_sequence_gradients(mode):
         np.testing.assert_allclose(packed_grads[name], p.grad.numpy(), **TOL64)
 
 
+@pytest.mark.slow
 def test_packed_gradcheck():
     m = nn.GRU(2, 2, bidirectional=True, dtype=fusegrad.float64)
     x = t(padded_batch([3, 1, 2], 2, False), grad=True)
@@ -334,6 +335,7 @@ def test_packed_input_errors():
 # --------------------------------------------------------------------------- compiled
 
 
+@pytest.mark.slow
 def test_compiled_forward_with_packed_input_matches_eager():
     fusegrad.manual_seed(4)
     gru = nn.GRU(3, 4, bidirectional=True, batch_first=True)
@@ -356,13 +358,14 @@ def test_compiled_forward_with_packed_input_matches_eager():
     assert compiled.compiles == 3
 
 
+@pytest.mark.slow
 def test_compiled_packed_sequence_argument():
     """A PackedSequence given to a compiled function: its batch_sizes are guarded by value."""
     lstm = nn.LSTM(2, 3, bidirectional=True)
     compiled = fusegrad.compile(fusegrad.no_grad()(lambda p: lstm(p)[1][0]), fullgraph=True)
-    for lengths in ([3, 1], [2, 2], [3, 1]):
+    for lengths in ([1, 3], [2, 2], [1, 3]):
         packed = pack_padded_sequence(t(RNG.standard_normal((3, 2, 2)).astype(np.float32)),
-                                      lengths)
+                                      lengths, enforce_sorted=False)
         np.testing.assert_allclose(compiled(packed).detach().numpy(), lstm(packed)[1][0].detach().numpy(),
                                    rtol=1e-5, atol=1e-6)
     assert compiled.compiles == 2
