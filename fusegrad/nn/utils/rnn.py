@@ -144,12 +144,12 @@ def _index(values, device) -> Tensor:
 def _lengths_array(lengths) -> np.ndarray:
     """``lengths`` (a list or a tensor) as int64 host values, with torch's checks."""
     if not isinstance(lengths, Tensor):
-        return np.asarray(symbolic.host_values(creation.as_tensor(lengths, dtype=dtypes.int64),
-                                      "pack_padded_sequence's lengths"))
+        lengths = creation.as_tensor(lengths, dtype=dtypes.int64)
     if lengths.ndim != 1 or lengths.device.type != "cpu":
         raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got "
                            f"{lengths.ndim}D {lengths.device} Long tensor")
-    return np.asarray(symbolic.host_values(lengths, "pack_padded_sequence's lengths")).astype(np.int64)
+    values = symbolic.host_values(lengths, "pack_padded_sequence's lengths")
+    return np.asarray(values).astype(np.int64)
 
 
 def pack_padded_sequence(input: Tensor, lengths, batch_first: bool = False,  # noqa: A002
@@ -205,7 +205,9 @@ def pack_padded_sequence(input: Tensor, lengths, batch_first: bool = False,  # n
 
 
 def _batch_sizes(sequence: PackedSequence) -> list[int]:
-    return [int(b) for b in symbolic.host_values(sequence.batch_sizes, "a PackedSequence's batch_sizes")]
+    """A PackedSequence's batch sizes as Python ints (host data: they decide shapes)."""
+    values = symbolic.host_values(sequence.batch_sizes, "a PackedSequence's batch_sizes")
+    return [int(b) for b in values]
 
 
 def pad_packed_sequence(sequence: PackedSequence, batch_first: bool = False,
