@@ -284,6 +284,10 @@ TORCH_NAMES: dict[str, frozenset[str]] = {
     remove_spectral_norm remove_weight_norm rnn skip_init spectral_norm stateless
     vector_to_parameters weight_norm
     """.split()),
+    "torch.nn.utils.rnn": frozenset("""
+    PackedSequence PackedSequence_ bind invert_permutation pack_padded_sequence pack_sequence
+    pad_packed_sequence pad_sequence unpack_sequence unpad_sequence
+    """.split()),
     "torch.optim": frozenset("""
     ASGD Adadelta Adafactor Adagrad Adam AdamW Adamax LBFGS Muon NAdam Optimizer RAdam RMSprop
     Rprop SGD SparseAdam lr_scheduler swa_utils swap_in_optimizer_params_and_state

@@ -30,6 +30,7 @@ NAMESPACES: dict[str, str] = {
     "torch.nn.functional": "fusegrad.nn.functional",
     "torch.nn.init": "fusegrad.nn.init",
     "torch.nn.utils": "fusegrad.nn.utils",
+    "torch.nn.utils.rnn": "fusegrad.nn.utils.rnn",
     "torch.optim": "fusegrad.optim",
     "torch.optim.Optimizer": "fusegrad.optim.Optimizer",
     "torch.optim.lr_scheduler": "fusegrad.optim.lr_scheduler",

@@ -12,7 +12,7 @@ import pytest
 import fusegrad as torch
 from fusegrad.torch_api import NAMESPACES, torch_names
 
-SUBMODULES = ["nn", "nn.functional", "nn.init", "nn.utils", "optim", "optim.lr_scheduler",
+SUBMODULES = ["nn", "nn.functional", "nn.init", "nn.utils", "nn.utils.rnn", "optim", "optim.lr_scheduler",
               "utils", "utils.data", "linalg", "autograd", "autograd.functional"]
 
 

@@ -25,7 +25,7 @@ from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import ConstantData, Primitive, ShapeError, TensorType, note_created
 from fusegrad.tensor import Size, Tensor, _contiguous_strides
 
-__all__ = ["SymbolicTensor", "GraphTrace", "ConcretizationError", "user_location"]
+__all__ = ["SymbolicTensor", "GraphTrace", "ConcretizationError", "user_location", "host_values"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -372,6 +372,27 @@ class GraphTrace:
             x._seen = x._base._val     # x holds the written value: it is current
         x._requires_grad = x._requires_grad or value._requires_grad
         return x
+
+
+def host_values(t: Tensor, what: str) -> np.ndarray:
+    """The values of ``t`` as a host array, for code that needs them in Python: host data such
+    as a packed sequence's lengths and batch sizes, which decide the shapes of what follows.
+
+    A concrete tensor gives its values. A traced one gives them only where fusegrad.compile
+    traces with that tensor as an argument or a captured tensor, unchanged so far: its values
+    at trace time, guarded, so the trace is reused only for calls where they are equal (a new
+    pattern traces again, up to the recompile limit). Any other traced tensor raises
+    :class:`ConcretizationError` naming ``what`` needed its values.
+    """
+    if not isinstance(t, SymbolicTensor):
+        return t._host()
+    capture = t._tr.capture
+    value = None if capture is None else capture.guard_value(t)
+    if value is None:
+        t._check_concrete(what, "so values that decide the shapes of the graph must be host data: "
+                          "an argument of the compiled function (guarded by value), or a tensor "
+                          "computed outside it.")
+    return value
 
 
 def innermost_trace(tensors: Sequence[Tensor], default: "GraphTrace | None" = None):

@@ -74,6 +74,8 @@ class CaptureInfo:
     # dropped before the call runs (as zero_grad drops it), so its buffer can be reused.
     grad_drops: list[int] = field(default_factory=list)
     scalar_inputs: list[tuple[Callable[[], Any], int, Any]] = field(default_factory=list)
+    # (input, its values at trace time): inputs the trace read as host data (host_values)
+    value_guards: list[tuple[int, np.ndarray]] = field(default_factory=list)
     internal_writes: list[tuple[Tensor, int]] = field(default_factory=list)  # tensor, output
     # a module attribute set to a traced tensor: its dict, the name, the output it takes
     attribute_writes: list[tuple[dict, str, int]] = field(default_factory=list)
@@ -102,6 +104,7 @@ class StateCapture:
         self.grad_inputs: dict[Value, tuple[SymbolicTensor, Value]] = {}
         self.grad_guards: dict[Value, tuple | None] = {}
         self.scalars: list[tuple[Callable[[], Any], SymbolicTensor]] = []
+        self.value_guards: dict[Value, np.ndarray] = {}   # graph input -> values read
         self.optimizers: list = []
         self.modules: dict[int, Any] = {}          # id -> module called (note_module)
         # (id(dict), name) -> [dict, name, value before the trace, traced value now, buffer?]
@@ -190,6 +193,19 @@ class StateCapture:
                     "argument (x.detach().requires_grad_()) or outside the function.")
             return None
         return self.sym_for(t)._value
+
+    def guard_value(self, sym: SymbolicTensor) -> np.ndarray | None:
+        """The values of ``sym`` at trace time where it stands for a graph input not written
+        so far (an argument, a captured tensor), or None. The entry then holds only for
+        calls with equal values (``CaptureInfo.value_guards``)."""
+        value = sym._value
+        t = self.concrete_of.get(value)
+        if t is None:
+            return None
+        seen = self.value_guards.get(value)
+        if seen is None:
+            seen = self.value_guards[value] = np.array(t._host(), copy=True)
+        return seen
 
     def internal_leaf(self, t: Tensor, value: Value) -> None:
         """``t``, a leaf made while tracing that requires grad, stands for ``value``: a
@@ -593,6 +609,7 @@ class StateCapture:
                 info.grad_drops.append(index[leaf])
         info.grad_guards = [(index[leaf], sig) for leaf, sig in self.grad_guards.items()]
         info.scalar_inputs = [(getter, index[sym._val], np.float64) for getter, sym in self.scalars]
+        info.value_guards = [(index[v], a) for v, a in self.value_guards.items()]
         info.optimizer_signatures = list(self._optimizer_signatures)
         info.modules = list(self.modules.values())
         return info

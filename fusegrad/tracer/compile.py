@@ -2,10 +2,11 @@
 
 A call computes a guard key from what the trace depends on: each tensor argument's shape,
 dtype, device, layout and requires_grad, the grad mode, the values of static arguments, and
-for a module its parameters' types and ``training`` flag. A miss traces the function, runs
-the pass pipeline, partitions the graph into kernels and builds a runtime program; a hit
-goes straight to the program. Parameters are graph inputs, so training a compiled module
-does not recompile it.
+for a module its parameters' types and ``training`` flag; and, for the few tensors whose
+values the trace read as host data (a packed sequence's lengths), those values. A miss
+traces the function, runs the pass pipeline, partitions the graph into kernels and builds a
+runtime program; a hit goes straight to the program. Parameters are graph inputs, so
+training a compiled module does not recompile it.
 
 Differentiability: when an input requires grad under grad mode, each differentiable
 output gets an autograd node; they feed one node of the call, which runs a compiled VJP
@@ -949,8 +950,8 @@ def _write_state(cap, inputs: list, results: list) -> None:
 def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
     """What an entry depends on beyond the key: captured names, the modules the trace called
     (and those among the names, and a compiled module), .grad slots present or not,
-    optimizer state, the shapes, dtypes and ``requires_grad`` of captured tensors. None when
-    nothing.
+    optimizer state, the shapes, dtypes and ``requires_grad`` of captured tensors, the values
+    of the tensors the trace read as host data (``host_values``). None when nothing.
 
     The guard runs at every call of a training step, over every parameter and optimizer
     state: its checks are list comparisons, not a loop of Python statements per tensor."""
@@ -962,8 +963,9 @@ def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
     closure.forget(written)
     modules = ModuleGuard(closure.modules + cap.modules + ([module] if module is not None
                                                             else []), written)
+    value_guards = cap.value_guards
     if closure.empty and modules.empty and not info.lifted and not grad_guards and \
-            not cap.optimizers:
+            not cap.optimizers and not value_guards:
         return None
     lifted = tuple(t for t, _ in info.lifted)
     # Freezing a parameter (requires_grad_(False)) takes it out of backward and the update;
@@ -990,6 +992,8 @@ def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
     grad_sigs = [None if sig is None else (tuple(sig[0]), sig[1]) for _, sig in grad_guards]
 
     grads_changed = "which parameters have a .grad (or its shape or dtype)"
+    values_changed = "the values of a tensor the function read as host data (a packed " \
+        "sequence's lengths or batch sizes)"
 
     def failing(get_inputs: Callable[[], list] | None = None) -> str | None:
         """What no longer holds, in words (for the recompile messages); None if all holds.
@@ -1003,8 +1007,9 @@ def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
         if not lifted_hold():
             return "the shape, dtype, requires_grad or hooks of a captured tensor"
         leaves = direct
-        if leaves is None and get_inputs is not None:
-            inputs = get_inputs()
+        inputs = get_inputs() if get_inputs is not None and (
+            leaves is None or value_guards) else None
+        if leaves is None and inputs is not None:
             leaves = [inputs[leaf] for leaf, _ in grad_guards]
         if leaves is not None and [None if t._grad is None else
                                    (t._grad._data.shape, t._grad._dtype) for t in leaves] \
@@ -1012,6 +1017,9 @@ def _entry_guard(info, closure: ClosureGuard, module) -> Callable | None:
             return grads_changed
         if not all(o.holds() for o in optimizers):
             return "an optimizer's state or hyperparameters"
+        if value_guards and (inputs is None or not all(
+                np.array_equal(inputs[i]._host(), a) for i, a in value_guards)):
+            return values_changed
         return grads_changed if leaves is None else None
 
     def guard(get_inputs: Callable[[], list]) -> bool:
@@ -1081,7 +1089,8 @@ def _recompile_limit_message(cf: "CompiledFunction", key) -> str:
     keys = list(cf.cache) + [key]
     last = cf._reason(key)
     changed = ', '.join(_changed_guards(keys)) if key not in cf.cache else \
-        "what the function reads from its closure, globals, modules or objects"
+        "what the function reads from its closure, globals, modules or objects, or the " \
+        "values of tensors it reads as host data"
     return (f"fusegrad.compile: {name} hit the recompile limit (fusegrad.config.recompile_limit"
             f" = {config.recompile_limit}): it was compiled for {cf.compiles} different "
             f"signatures and this call needs another; the guards that kept changing: "

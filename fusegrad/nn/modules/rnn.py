@@ -5,6 +5,12 @@ written and the tracer unrolls it into straight-line code for the compiler. The 
 projection of every time step is one matmul over the whole sequence (``x @ W_ih^T + b_ih``
 for (T, N, I) at once); only ``h @ W_hh^T`` and the gate arithmetic are per step.
 
+A :class:`~fusegrad.nn.utils.rnn.PackedSequence` input runs as torch's packed layers do:
+the time loop walks ``batch_sizes``, and a step runs only the sequences still going (the
+first ``batch_sizes[t]`` rows of the state). Forward, a sequence's final state is set aside
+at its last step; backward, a sequence joins with its initial state at its own last step.
+So each sequence gets the output and final state it would get alone, unpadded.
+
 Gate layouts are torch's: LSTM rows of ``weight_ih``/``weight_hh`` are (input, forget, cell,
 output), GRU rows are (reset, update, new), with the GRU's ``b_hn`` inside the reset product:
 ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``.
@@ -19,6 +25,7 @@ from fusegrad.nn import functional as NF
 from fusegrad.nn import init
 from fusegrad.nn.modules.module import Module
 from fusegrad.nn.parameter import Parameter
+from fusegrad.nn.utils.rnn import PackedSequence, _batch_sizes
 from fusegrad.ops import functional as F
 from fusegrad.ops.creation import empty, zeros
 from fusegrad.tensor import Tensor
@@ -143,9 +150,12 @@ class RNNBase(Module):
     def forward(self, input: Tensor, hx=None):  # noqa: A002
         """Run over the sequence: ``(output, h_n)``, or ``(output, (h_n, c_n))`` for LSTM.
 
-        ``input``: (T, N, I), (N, T, I) with ``batch_first``, or unbatched (T, I).
+        ``input``: (T, N, I), (N, T, I) with ``batch_first``, or unbatched (T, I), or a
+        :class:`~fusegrad.nn.utils.rnn.PackedSequence` (then ``output`` is one too).
         ``hx``: (num_layers * directions, N, H) (a pair (h0, c0) for LSTM), zeros if None.
         """
+        if isinstance(input, PackedSequence):
+            return self._forward_packed(input, hx)
         self._check_input(input)
         batched = input.ndim == 3
         lstm = self.mode == "LSTM"
@@ -192,20 +202,112 @@ class RNNBase(Module):
             x = F.transpose(x, 0, 1)
         return x, ((h_n, c_n) if lstm else h_n)
 
+    def _step(self, xi: Tensor, h: Tensor, c, w_hh: Tensor, b_hh, w_hr):
+        """One time step of this layer's cell: the new ``(h, c)`` (``c`` None but for LSTM)."""
+        if self.mode == "LSTM":
+            return _lstm_step(xi, h, c, w_hh, b_hh, w_hr)
+        if self.mode == "GRU":
+            return _gru_step(xi, h, w_hh, b_hh), None
+        return _rnn_step(xi, h, w_hh, b_hh, self.mode == "RNN_RELU"), None
+
     def _run_direction(self, x: Tensor, layer: int, d: int, h: Tensor, c):
         w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, d)
         xi = F.unbind(NF.linear(x, w_ih, b_ih), 0)      # the whole sequence's projection at once
         steps = range(len(xi) - 1, -1, -1) if d else range(len(xi))
         ys = [None] * len(xi)
         for t in steps:
-            if self.mode == "LSTM":
-                h, c = _lstm_step(xi[t], h, c, w_hh, b_hh, w_hr)
-            elif self.mode == "GRU":
-                h = _gru_step(xi[t], h, w_hh, b_hh)
-            else:
-                h = _rnn_step(xi[t], h, w_hh, b_hh, self.mode == "RNN_RELU")
+            h, c = self._step(xi[t], h, c, w_hh, b_hh, w_hr)
             ys[t] = h
         return F.stack(ys, 0), h, c
+
+    def _forward_packed(self, packed: PackedSequence, hx):
+        """``forward`` of a PackedSequence: a packed output, and final states in the batch's
+        original order (each sequence's own last step)."""
+        data, batch_sizes_t, sorted_indices, unsorted_indices = packed
+        batch_sizes = _batch_sizes(packed)
+        lstm = self.mode == "LSTM"
+        directions = 2 if self.bidirectional else 1
+        n = batch_sizes[0]
+        out_size = self.proj_size or self.hidden_size
+        h_shape = (self.num_layers * directions, n, out_size)
+        c_shape = (self.num_layers * directions, n, self.hidden_size)
+
+        def sort(state: Tensor) -> Tensor:
+            # hx is given in the batch's order; the packed columns are sorted by length.
+            return state if sorted_indices is None else F.index_select(state, 1, sorted_indices)
+        if hx is None:
+            h0 = zeros(h_shape, dtype=data.dtype, device=data.device)
+            c0 = zeros(c_shape, dtype=data.dtype, device=data.device) if lstm else None
+        elif lstm:
+            h0, c0 = sort(hx[0]), sort(hx[1])
+        else:
+            h0, c0 = sort(hx), None
+        if data.ndim != 2:
+            raise RuntimeError(f"input must have 2 dimensions, got {data.ndim}")
+        if data.shape[-1] != self.input_size:
+            raise RuntimeError(f"input.size(-1) must be equal to input_size. Expected "
+                               f"{self.input_size}, got {data.shape[-1]}")
+        self._check_hidden(h0, h_shape)
+        if lstm:
+            self._check_hidden(c0, c_shape, "cell")
+        x = data
+        h_n, c_n = [], []
+        for layer in range(self.num_layers):
+            outs = []
+            for d in range(directions):
+                k = layer * directions + d
+                ys, h, c = self._run_packed_direction(x, batch_sizes, layer, d, h0[k],
+                                                      None if c0 is None else c0[k])
+                outs.append(ys)
+                h_n.append(h)
+                c_n.append(c)
+            x = outs[0] if directions == 1 else F.cat(outs, -1)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                x = NF.dropout(x, self.dropout)
+        h_n = F.stack(h_n, 0)
+        c_n = F.stack(c_n, 0) if lstm else None
+        if unsorted_indices is not None:
+            h_n = F.index_select(h_n, 1, unsorted_indices)
+            c_n = F.index_select(c_n, 1, unsorted_indices) if lstm else None
+        out = PackedSequence(x, batch_sizes_t, sorted_indices, unsorted_indices)
+        return out, ((h_n, c_n) if lstm else h_n)
+
+    def _run_packed_direction(self, x: Tensor, batch_sizes: list[int], layer: int, d: int,
+                              h: Tensor, c):
+        """One direction of one layer over packed ``x`` (sum of lengths, I): its packed
+        output and the final ``(h, c)`` of every sequence, sorted by length."""
+        w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, d)
+        xi = F.split(NF.linear(x, w_ih, b_ih), batch_sizes, 0)
+        ys = [None] * len(batch_sizes)
+        if d == 0:
+            # Sequences end from the last row up: when the batch shrinks, the rows that
+            # stop hold their final state.
+            finished = []
+            for t, size in enumerate(batch_sizes):
+                if size < h.shape[0]:
+                    finished.append((h[size:], None if c is None else c[size:]))
+                    h, c = h[:size], (None if c is None else c[:size])
+                h, c = self._step(xi[t], h, c, w_hh, b_hh, w_hr)
+                ys[t] = h
+            finished.append((h, c))
+            finished.reverse()
+            h = F.cat([f[0] for f in finished], 0)
+            c = None if c is None else F.cat([f[1] for f in finished], 0)
+        else:
+            # Backward in time, a sequence starts at its own last step: rows join the batch
+            # with their initial state as it grows.
+            h0, c0 = h, c
+            size = batch_sizes[-1]
+            h, c = h0[:size], (None if c0 is None else c0[:size])
+            for t in range(len(batch_sizes) - 1, -1, -1):
+                grown = batch_sizes[t]
+                if grown > size:
+                    h = F.cat([h, h0[size:grown]], 0)
+                    c = None if c is None else F.cat([c, c0[size:grown]], 0)
+                    size = grown
+                h, c = self._step(xi[t], h, c, w_hh, b_hh, w_hr)
+                ys[t] = h
+        return F.cat(ys, 0), h, c
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"

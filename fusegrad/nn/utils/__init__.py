@@ -2,12 +2,15 @@
 
 >>> loss.backward()
 >>> total = fusegrad.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+
+Packed sequences for recurrent layers are in :mod:`fusegrad.nn.utils.rnn`.
 """
 
+from fusegrad.nn.utils import rnn
 from fusegrad.nn.utils.clip_grad import clip_grad_norm, clip_grad_norm_, clip_grad_value_
 from fusegrad.nn.utils.convert_parameters import parameters_to_vector, vector_to_parameters
 
-__all__ = ["clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "parameters_to_vector",
+__all__ = ["rnn", "clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "parameters_to_vector",
            "vector_to_parameters"]
 
 
