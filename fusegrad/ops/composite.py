@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import builtins
 import functools
+import re
 from typing import Sequence
 
+from fusegrad import profiling
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _Saved, run_backward
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.ops import primitive as _primitive
@@ -120,6 +122,16 @@ def opmath(fn):
     return wrapper
 
 
+def profiled_name(grad_name: str, fn_name: str) -> str:
+    """The profiler's name of a composite op: torch's operator that its autograd node is the
+    backward of (``NativeLayerNormBackward0`` -> ``aten::native_layer_norm``,
+    ``AdaptiveAvgPool2DBackward0`` -> ``aten::adaptive_avg_pool2d``), else its function's."""
+    match = re.fullmatch(r"([A-Za-z0-9]+?)Backward\d+", grad_name)
+    if match is None:
+        return "aten::" + fn_name.strip("_")
+    return "aten::" + re.sub(r"(?<=[a-z])(?=[A-Z])", "_", match.group(1)).lower()
+
+
 def composite(grad_name: str, kernel: bool = False):
     """Make an op built of several primitives one autograd node named ``grad_name``.
 
@@ -127,9 +139,20 @@ def composite(grad_name: str, kernel: bool = False):
     compiled definition (:mod:`fusegrad.tracer.eager_kernels`); for pure ops only."""
     def decorate(fn):
         kernels = []
+        op_name = profiled_name(grad_name, fn.__name__)
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            rec = profiling.recorder
+            if rec is None or _primitive.CAPTURE:
+                return call(*args, **kwargs)
+            # One event for the public op, its primitives (or eager kernels) nested inside.
+            shapes = [list(a.shape) if isinstance(a, Tensor) else [] for a in args] \
+                if rec.record_shapes else None
+            with profiling.Span(rec, op_name, shapes=shapes):
+                return call(*args, **kwargs)
+
+        def call(*args, **kwargs):
             if kernel:
                 if not kernels:
                     from fusegrad.tracer.eager_kernels import EagerKernel
