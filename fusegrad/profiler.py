@@ -178,7 +178,11 @@ class FunctionEvent:
     def __init__(self, id: int, name: str, category: str, start_us: float, end_us: float,
                  thread: int, input_shapes=None, stack=None, nbytes: int = 0,
                  args: dict | None = None):
-        self.id, self.name, self.category = id, name, category
+        # A schedule's step ranges are one row of the table, "ProfilerStep*", as in torch;
+        # the trace keeps each step's own name ("ProfilerStep#3").
+        self.trace_name = name
+        self.name = "ProfilerStep*" if name.startswith("ProfilerStep#") else name
+        self.id, self.category = id, category
         self.time_range = Interval(start_us, end_us)
         self.thread = thread
         self.input_shapes = input_shapes if input_shapes is not None else []
@@ -234,8 +238,11 @@ class FunctionEventAvg:
         self.overload_name = ""
         self.device_time_total = self.self_device_time_total = 0.0
         self.cuda_time_total = self.self_cuda_time_total = 0.0
+        self.cpu_parent: FunctionEvent | None = None
 
     def add(self, event) -> "FunctionEventAvg":
+        if self.count == 0:
+            self.cpu_parent = getattr(event, "cpu_parent", None)     # torch's: the first's
         self.count += event.count
         self.cpu_time_total += event.cpu_time_total
         self.self_cpu_time_total += event.self_cpu_time_total
@@ -704,7 +711,7 @@ def _chrome_trace(events, name: str, record_shapes: bool, origin_ns: int | None 
             args["Input Dims"] = e.input_shapes
         if e.stack:
             args["Call stack"] = ";".join(e.stack)
-        out.append({"ph": "X", "cat": getattr(e, "category", "cpu_op"), "name": e.name,
+        out.append({"ph": "X", "cat": e.category, "name": e.trace_name,
                     "pid": pid, "tid": e.thread, "ts": e.time_range.start,
                     "dur": e.time_range.elapsed_us(), "args": args})
     trace = {"schemaVersion": 1, "deviceProperties": [], "record_shapes": int(record_shapes),

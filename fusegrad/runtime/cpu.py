@@ -685,19 +685,18 @@ class Program:
         debug = config.debug >= 2
         clock = profiling.perf_counter_ns
         names = self.step_names()
-        for step, (name, category) in zip(self.steps, names):
+        for step, (name, category, args) in zip(self.steps, names):
             start = clock()
             step.run(self)
             end = clock()
             if rec is not None:
-                rec.add(name, category, start, end,
-                        args={"Program": self.name, "Step": type(step).__name__})
+                rec.add(name, category, start, end, args=args)
             if debug:
                 print(f"[fusegrad] {step.kernel.describe()} {type(step).__name__} "
                       f"{(end - start) / 1e3:.1f} us", file=sys.stderr)
 
-    def step_names(self) -> list[tuple[str, str]]:
-        """The profiler's name and category of each step: ``<program>::<kernel>`` as the
+    def step_names(self) -> list[tuple[str, str, dict]]:
+        """The profiler's name, category and trace arguments of each step: ``<program>::<kernel>`` as the
         kernel listing describes it (``step::k3[elementwise 512](mul,add)``, category
         ``kernel``) for LLVM code, and with how the step runs after the kernel's index for
         the others (``step::k14.blas[matmul 512x64](matmul,add)``: the product of a matmul
@@ -737,14 +736,16 @@ _STEP_KINDS = {"MatmulStep": "blas", "GemmStep": "gemm", "NumpyStep": "numpy",
                "NativeStep": "native"}
 
 
-def _step_name(program: str, step) -> tuple[str, str]:
+def _step_name(program: str, step) -> tuple[str, str, dict]:
     """See :meth:`Program.step_names`."""
     k = step.kernel
     kind = type(step).__name__
+    args = {"Program": program, "Step": kind}
     if kind == "LaunchStep":
-        return f"{program}::{k.describe()}", "kernel"
+        return f"{program}::{k.describe()}", "kernel", args
     how = _STEP_KINDS.get(kind, kind)
-    return f"{program}::{dataclasses.replace(k, name=f'{k.name}.{how}').describe()}", "extern"
+    return (f"{program}::{dataclasses.replace(k, name=f'{k.name}.{how}').describe()}", "extern",
+            args)
 
 
 def _scratch_cells(k: Kernel) -> int | None:
