@@ -20,6 +20,9 @@ What is recorded, each as one event with its start and end on its thread:
 - autograd: one event per backward node run (``MulBackward0``), its ops inside;
 - optimizers: ``Optimizer.step#AdamW.step`` and ``Optimizer.zero_grad#AdamW.zero_grad``;
 - ``record_function`` ranges, and ``ProfilerStep#<n>`` around each step under a schedule;
+- a compiled function's call: ``Torch-Compiled Region: <function>`` (as torch names it), its
+  self time what the call spends around its programs (guards, arguments, write-backs; the
+  trace and compile of a first call);
 - compiled programs: ``compiled::<program>`` around each run of one, and inside it one event
   per kernel launch, named ``<program>::`` and the kernel as the kernel listing describes it
   (``step::k24[reduction 512x100](max,reshape,eq,...)``), category ``kernel``; the steps that
@@ -29,10 +32,11 @@ What is recorded, each as one event with its start and end on its thread:
   ``extern``. Their self times are the time of the kernels themselves; a program's own self
   time is what the runtime spends around them (binding buffers).
 
-The times are CPU wall times (``time.perf_counter_ns``). ``ProfilerActivity.CUDA`` is
-accepted; the kernels of CUDA programs are not timed on the device (their host-side calls are
-recorded as ops are). ``profile_memory`` records the bytes of each eager op's result (its
-"CPU Mem" column); what compiled programs allocate is not counted.
+The times are CPU wall times (``time.perf_counter_ns``). The kernels of programs compiled
+for CUDA are events as the CPU's are, timed from the host with the device synchronized before
+and after each while a profiler records (so each includes its launch); the table keeps
+torch's CPU columns. ``profile_memory`` records the bytes of each eager op's result (its "CPU
+Mem" column); what compiled programs allocate is not counted.
 """
 
 from __future__ import annotations

@@ -446,6 +446,9 @@ def test_profiled_compiled_training_step(capsys):
     events = prof.events()
     (program,) = {e.name for e in events if e.category == "compiled"}
     assert program.startswith("compiled::")
+    regions = [e for e in events if e.name == "Torch-Compiled Region: step"]
+    assert len(regions) == 3
+    assert all(e.cpu_parent in regions for e in events if e.name == program)
     kernels = [e for e in events if e.category in ("kernel", "extern")]
     lowered = step.lower(x, y).kernels
     # every step of the program, each launch an event inside the program's run
@@ -512,3 +515,33 @@ def test_char_transformer_step_kernel_times_add_up_to_the_step():
     covered = sum(e.self_cpu_time_total for e in kernels) / (wall / 1e3)
     print(f"kernels {len(kernels) // 5} per step, {covered:.1%} of {wall / 5e6:.2f} ms")
     assert 0.8 <= covered <= 1.1
+
+
+def test_cuda_program_kernels_are_events(monkeypatch):
+    """A program compiled for CUDA (here on the simulated driver) records each kernel as the
+    CPU runtime does, timed from the host with the device synchronized around it."""
+    from fusegrad.runtime import cuda as rt
+    from fusegrad.testing.simulated_cuda import SimulatedDriver
+    drv = SimulatedDriver()
+    syncs = []
+    monkeypatch.setattr(drv, "synchronize", lambda: syncs.append(1), raising=False)
+    rt.set_driver(drv)
+    try:
+        f = fg.compile(lambda x, w: fg.nn.functional.softmax(x @ w, -1).sum(0), backend="cuda")
+        x, w = fg.randn(6, 5), fg.randn(5, 7)
+        f(x, w)
+        launches = len(drv.launches)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            f(x, w)
+        launched = len(drv.launches) - launches
+    finally:
+        rt.set_driver(None)
+    events = prof.events()
+    (program,) = [e for e in events if e.category == "compiled"]
+    kernels = [e for e in events if e.category in ("kernel", "extern")]
+    assert program.cpu_parent.name == "Torch-Compiled Region: <lambda>"
+    assert all(e.cpu_parent is program and e.args["Device"] == "cuda:0" for e in kernels)
+    assert len([e for e in kernels if e.category == "kernel"]) == launched
+    assert len(syncs) == len(kernels) + 1
+    assert {e.name.split("::")[1] for e in kernels} <= set(f.lower(x, w).kernels) | \
+        {e.name.split("::")[1] for e in kernels if ".host[" in e.name}
