@@ -735,3 +735,8 @@ def _write_trace(path: str, trace: dict) -> None:
     else:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
+
+
+def __getattr__(name: str):
+    from fusegrad.torch_api import missing_attribute
+    raise missing_attribute("torch.profiler", "fusegrad.profiler", name)
