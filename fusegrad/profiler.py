@@ -32,6 +32,10 @@ What is recorded, each as one event with its start and end on its thread:
   ``extern``. Their self times are the time of the kernels themselves; a program's own self
   time is what the runtime spends around them (binding buffers).
 
+``record_function`` ranges inside a compiled function are not part of its program (fusion
+moves work across them): they time the tracing, on a call that compiles, and a steady call
+shows the program's kernels instead.
+
 The times are CPU wall times (``time.perf_counter_ns``). The kernels of programs compiled
 for CUDA are events as the CPU's are, timed from the host with the device synchronized before
 and after each while a profiler records (so each includes its launch); the table keeps
