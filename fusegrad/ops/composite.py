@@ -143,43 +143,46 @@ def composite(grad_name: str, kernel: bool = False):
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            # Under a profiler, one event for the public op, its primitives (or eager
+            # kernels) inside it; otherwise this costs a test (and a try block, free in 3.11).
             rec = profiling.recorder
-            if rec is None or _primitive.CAPTURE:
-                return call(*args, **kwargs)
-            # One event for the public op, its primitives (or eager kernels) nested inside.
-            shapes = [list(a.shape) if isinstance(a, Tensor) else [] for a in args] \
-                if rec.record_shapes else None
-            with profiling.Span(rec, op_name, shapes=shapes):
-                return call(*args, **kwargs)
+            span = None
+            if rec is not None and not _primitive.CAPTURE:
+                shapes = [list(a.shape) if isinstance(a, Tensor) else [] for a in args] \
+                    if rec.record_shapes else None
+                span = profiling.Span(rec, op_name, shapes=shapes).__enter__()
+            try:
+                if kernel:
+                    if not kernels:
+                        from fusegrad.tracer.eager_kernels import EagerKernel
+                        kernels.append(EagerKernel(fn, grad_name))
+                    out = kernels[0](args, kwargs)
+                    if out is not NotImplemented:
+                        return out
+                if not is_grad_enabled():
+                    return fn(*args, **kwargs)
+                operands = [a for a in args if isinstance(a, Tensor)]
+                operands += [v for v in kwargs.values() if isinstance(v, Tensor)]
+                if not builtins.any(t._requires_grad for t in operands) or \
+                        _primitive.traced(*operands):
+                    return fn(*args, **kwargs)
+                alias_of = {}
+                for t in operands:
+                    if t._requires_grad and id(t) not in alias_of:
+                        alias_of[id(t)] = (t, _made_by(t, AliasNode(t)))
 
-        def call(*args, **kwargs):
-            if kernel:
-                if not kernels:
-                    from fusegrad.tracer.eager_kernels import EagerKernel
-                    kernels.append(EagerKernel(fn, grad_name))
-                out = kernels[0](args, kwargs)
-                if out is not NotImplemented:
-                    return out
-            if not is_grad_enabled():
-                return fn(*args, **kwargs)
-            operands = [a for a in args if isinstance(a, Tensor)]
-            operands += [v for v in kwargs.values() if isinstance(v, Tensor)]
-            if not builtins.any(t._requires_grad for t in operands) or \
-                    _primitive.traced(*operands):
-                return fn(*args, **kwargs)
-            alias_of = {}
-            for t in operands:
-                if t._requires_grad and id(t) not in alias_of:
-                    alias_of[id(t)] = (t, _made_by(t, AliasNode(t)))
-
-            def swap(v):
-                return alias_of[id(v)][1] if isinstance(v, Tensor) and id(v) in alias_of else v
-            inner = fn(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()})
-            if not isinstance(inner, Tensor) or not inner._requires_grad:
-                return inner
-            real = [t for t, _ in alias_of.values()]
-            return _made_by(inner, CompositeNode(grad_name, real,
-                                                 [a for _, a in alias_of.values()], inner))
+                def swap(v):
+                    return alias_of[id(v)][1] if isinstance(v, Tensor) and id(v) in alias_of \
+                        else v
+                inner = fn(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()})
+                if not isinstance(inner, Tensor) or not inner._requires_grad:
+                    return inner
+                real = [t for t, _ in alias_of.values()]
+                return _made_by(inner, CompositeNode(grad_name, real,
+                                                     [a for _, a in alias_of.values()], inner))
+            finally:
+                if span is not None:
+                    span.__exit__()
         return wrapper
     return decorate
 
