@@ -332,4 +332,8 @@ TORCH_NAMES: dict[str, frozenset[str]] = {
     "torch.autograd.functional": frozenset("""
     hessian hvp jacobian jvp vhp vjp
     """.split()),
+    "torch.profiler": frozenset("""
+    DeviceType ExecutionTraceObserver ProfilerAction ProfilerActivity itt kineto_available
+    profile profiler record_function schedule supported_activities tensorboard_trace_handler
+    """.split()),
 }

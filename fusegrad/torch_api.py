@@ -39,6 +39,7 @@ NAMESPACES: dict[str, str] = {
     "torch.special": "fusegrad.special",
     "torch.autograd": "fusegrad.autograd",
     "torch.autograd.functional": "fusegrad.autograd.functional",
+    "torch.profiler": "fusegrad.profiler",
 }
 
 

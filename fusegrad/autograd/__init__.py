@@ -14,9 +14,12 @@ from fusegrad.autograd.grad_mode import (
 # binds the module to this name, and fg.autograd.gradcheck(...) then called a module.
 from fusegrad.autograd.gradcheck import gradcheck, gradgradcheck
 
+# isort: split
+from fusegrad.autograd import profiler
+
 __all__ = ["Node", "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled",
            "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "gradcheck",
-           "gradgradcheck", "Function", "functional"]
+           "gradgradcheck", "Function", "functional", "profiler"]
 
 
 def __getattr__(name):

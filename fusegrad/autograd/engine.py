@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from fusegrad import profiling
 from fusegrad.autograd.grad_mode import _state as _grad_state
 from fusegrad.autograd.grad_mode import set_grad_enabled
 from fusegrad.ops import primitive as _primitive
@@ -488,7 +489,11 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
                     continue
             run = grad is not None and (needed is None or node in needed)
             if run and not (restrict and isinstance(node, AccumulateGrad)):
-                in_grads = node.apply(grad, create_graph, retain_graph)
+                if profiling.recorder is None:
+                    in_grads = node.apply(grad, create_graph, retain_graph)
+                else:
+                    with profiling.Span(profiling.recorder, node._name):
+                        in_grads = node.apply(grad, create_graph, retain_graph)
             else:
                 in_grads = ()
             if not retain_graph:

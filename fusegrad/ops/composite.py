@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import builtins
 import functools
+import re
 from typing import Sequence
 
+from fusegrad import profiling
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _Saved, run_backward
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.ops import primitive as _primitive
@@ -120,6 +122,16 @@ def opmath(fn):
     return wrapper
 
 
+def profiled_name(grad_name: str, fn_name: str) -> str:
+    """The profiler's name of a composite op: torch's operator that its autograd node is the
+    backward of (``NativeLayerNormBackward0`` -> ``aten::native_layer_norm``,
+    ``AdaptiveAvgPool2DBackward0`` -> ``aten::adaptive_avg_pool2d``), else its function's."""
+    match = re.fullmatch(r"([A-Za-z0-9]+?)Backward\d+", grad_name)
+    if match is None:
+        return "aten::" + fn_name.strip("_")
+    return "aten::" + re.sub(r"(?<=[a-z])(?=[A-Z])", "_", match.group(1)).lower()
+
+
 def composite(grad_name: str, kernel: bool = False):
     """Make an op built of several primitives one autograd node named ``grad_name``.
 
@@ -127,36 +139,50 @@ def composite(grad_name: str, kernel: bool = False):
     compiled definition (:mod:`fusegrad.tracer.eager_kernels`); for pure ops only."""
     def decorate(fn):
         kernels = []
+        op_name = profiled_name(grad_name, fn.__name__)
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            if kernel:
-                if not kernels:
-                    from fusegrad.tracer.eager_kernels import EagerKernel
-                    kernels.append(EagerKernel(fn, grad_name))
-                out = kernels[0](args, kwargs)
-                if out is not NotImplemented:
-                    return out
-            if not is_grad_enabled():
-                return fn(*args, **kwargs)
-            operands = [a for a in args if isinstance(a, Tensor)]
-            operands += [v for v in kwargs.values() if isinstance(v, Tensor)]
-            if not builtins.any(t._requires_grad for t in operands) or \
-                    _primitive.traced(*operands):
-                return fn(*args, **kwargs)
-            alias_of = {}
-            for t in operands:
-                if t._requires_grad and id(t) not in alias_of:
-                    alias_of[id(t)] = (t, _made_by(t, AliasNode(t)))
+            # Under a profiler, one event for the public op, its primitives (or eager
+            # kernels) inside it; otherwise this costs a test (and a try block, free in 3.11).
+            rec = profiling.recorder
+            span = None
+            if rec is not None and not _primitive.CAPTURE:
+                shapes = [list(a.shape) if isinstance(a, Tensor) else [] for a in args] \
+                    if rec.record_shapes else None
+                span = profiling.Span(rec, op_name, shapes=shapes).__enter__()
+            try:
+                if kernel:
+                    if not kernels:
+                        from fusegrad.tracer.eager_kernels import EagerKernel
+                        kernels.append(EagerKernel(fn, grad_name))
+                    out = kernels[0](args, kwargs)
+                    if out is not NotImplemented:
+                        return out
+                if not is_grad_enabled():
+                    return fn(*args, **kwargs)
+                operands = [a for a in args if isinstance(a, Tensor)]
+                operands += [v for v in kwargs.values() if isinstance(v, Tensor)]
+                if not builtins.any(t._requires_grad for t in operands) or \
+                        _primitive.traced(*operands):
+                    return fn(*args, **kwargs)
+                alias_of = {}
+                for t in operands:
+                    if t._requires_grad and id(t) not in alias_of:
+                        alias_of[id(t)] = (t, _made_by(t, AliasNode(t)))
 
-            def swap(v):
-                return alias_of[id(v)][1] if isinstance(v, Tensor) and id(v) in alias_of else v
-            inner = fn(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()})
-            if not isinstance(inner, Tensor) or not inner._requires_grad:
-                return inner
-            real = [t for t, _ in alias_of.values()]
-            return _made_by(inner, CompositeNode(grad_name, real,
-                                                 [a for _, a in alias_of.values()], inner))
+                def swap(v):
+                    return alias_of[id(v)][1] if isinstance(v, Tensor) and id(v) in alias_of \
+                        else v
+                inner = fn(*[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()})
+                if not isinstance(inner, Tensor) or not inner._requires_grad:
+                    return inner
+                real = [t for t, _ in alias_of.values()]
+                return _made_by(inner, CompositeNode(grad_name, real,
+                                                     [a for _, a in alias_of.values()], inner))
+            finally:
+                if span is not None:
+                    span.__exit__()
         return wrapper
     return decorate
 

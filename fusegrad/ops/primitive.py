@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fusegrad import profiling
 from fusegrad.dtypes import DType
 
 __all__ = ["ConstantData", "Kind", "TensorType", "device_suffix", "infer_type", "Primitive",
@@ -185,6 +186,8 @@ def bind(prim: Primitive, *operands, **attrs):
         # A compiled function is being traced: concrete tensors from outside it (parameters,
         # captured globals) are read at call time, so ops on them are recorded too.
         return CAPTURE[-1].bind_concrete(prim, operands, attrs)
+    if profiling.recorder is not None:
+        return _profiled_apply(prim, operands, attrs)
     if _device_apply is not None:
         # Set once a cuda tensor exists (fusegrad.runtime.eager_cuda): ops with a cuda
         # operand run there; until then the CPU path pays only this test.
@@ -192,6 +195,27 @@ def bind(prim: Primitive, *operands, **attrs):
         if out is not None:
             return out
     return _eager_apply(prim, operands, attrs)
+
+
+def _profiled_apply(prim: Primitive, operands, attrs):
+    """An eager primitive call while a profiler records: one event named ``aten::<prim>``
+    (torch's namespace for its operators; fusegrad's primitive names are mostly aten's),
+    with the operands' shapes and the bytes of the result when those are recorded."""
+    rec = profiling.recorder
+    stack = rec.stack()
+    start = profiling.perf_counter_ns()
+    out = None
+    try:
+        if _device_apply is not None:
+            out = _device_apply(prim, operands, attrs)
+        if out is None:
+            out = _eager_apply(prim, operands, attrs)
+        return out
+    finally:
+        end = profiling.perf_counter_ns()
+        shapes = [list(op.shape) for op in operands] if rec.record_shapes else None
+        nbytes = out.nbytes if out is not None and rec.profile_memory else 0
+        rec.add("aten::" + prim.name, "cpu_op", start, end, shapes, stack, nbytes)
 
 
 # The state captures of compiled functions being traced, innermost last

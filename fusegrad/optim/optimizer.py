@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from fusegrad import dtypes
+from fusegrad import dtypes, profiling
 from fusegrad.autograd.grad_mode import enable_grad
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
@@ -34,7 +34,11 @@ def _captured_step(step: Callable) -> Callable:
     @functools.wraps(step)
     def wrapper(self, *args, **kwargs):
         if not primitive.CAPTURE:
-            return step(self, *args, **kwargs)
+            if profiling.recorder is None:
+                return step(self, *args, **kwargs)
+            name = type(self).__name__
+            with profiling.Span(profiling.recorder, f"Optimizer.step#{name}.step"):
+                return step(self, *args, **kwargs)
         capture = primitive.CAPTURE[-1]
         replaced = capture.enter_optimizer(self)
         # Optimizers whose eager step reads the step count with .item() take their
@@ -240,7 +244,13 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of all optimized tensors: to None (default), or to zero."""
         from fusegrad.autograd.grad_utils import clear_grads
-        clear_grads((p for group in self.param_groups for p in group["params"]), set_to_none)
+        params = (p for group in self.param_groups for p in group["params"])
+        if profiling.recorder is None or primitive.CAPTURE:
+            clear_grads(params, set_to_none)
+            return
+        name = type(self).__name__
+        with profiling.Span(profiling.recorder, f"Optimizer.zero_grad#{name}.zero_grad"):
+            clear_grads(params, set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None):
         """Perform one update; ``closure`` re-evaluates the model and returns the loss."""

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import llvmlite.ir as ir
 import numpy as np
 
-from fusegrad import dtypes
+from fusegrad import dtypes, profiling
 from fusegrad.codegen.cpu_lowering import kernel_phases, split_plan
 from fusegrad.codegen.llvm import gemm as native_gemm
 from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel
@@ -625,7 +625,7 @@ class Program:
         plain = self._plain_outputs
 
         def run(inputs):
-            if threadable and config.num_threads > 1:
+            if (threadable and config.num_threads > 1) or profiling.recorder is not None:
                 return self(*inputs)
             with lock:
                 bind(inputs)
@@ -662,19 +662,50 @@ class Program:
                 self._point(slot, data_pointer(prev))
 
     def _run(self, inputs) -> list[np.ndarray]:
-        self._bind(inputs)
-        debug = config.debug >= 2
-        for step in self.steps:
-            if debug:
-                t0 = time.perf_counter()
-                step.run(self)
-                print(f"[fusegrad] {step.kernel.describe()} {type(step).__name__} "
-                      f"{(time.perf_counter() - t0) * 1e6:.1f} us", file=sys.stderr)
+        rec = profiling.recorder
+        if rec is not None:
+            with profiling.Span(rec, f"compiled::{self.name}", "compiled",
+                                args={"Program": self.name, "Kernels": len(self.kg.kernels)}):
+                self._bind(inputs)
+                self._run_steps_timed(rec)
+        else:
+            self._bind(inputs)
+            if config.debug >= 2:
+                self._run_steps_timed(None)
             else:
-                step.run(self)
+                for step in self.steps:
+                    step.run(self)
         if self._plain_outputs is not None:
             return [self.arrays[s] for s in self._plain_outputs]
         return [self._output(o) for o in self.graph.outputs]
+
+    def _run_steps_timed(self, rec: "profiling.Recorder | None") -> None:
+        """Run the steps, timing each: one event per step for the profiler's ``rec``, and
+        one line per step on stderr under ``FUSEGRAD_DEBUG=2``."""
+        debug = config.debug >= 2
+        clock = profiling.perf_counter_ns
+        names = self.step_names()
+        for step, (name, category, args) in zip(self.steps, names):
+            start = clock()
+            step.run(self)
+            end = clock()
+            if rec is not None:
+                rec.add(name, category, start, end, args=args)
+            if debug:
+                print(f"[fusegrad] {step.kernel.describe()} {type(step).__name__} "
+                      f"{(end - start) / 1e3:.1f} us", file=sys.stderr)
+
+    def step_names(self) -> list[tuple[str, str, dict]]:
+        """The profiler's name, category and trace arguments of each step: ``<program>::<kernel>`` as the
+        kernel listing describes it (``step::k3[elementwise 512](mul,add)``, category
+        ``kernel``) for LLVM code, and with how the step runs after the kernel's index for
+        the others (``step::k14.blas[matmul 512x64](matmul,add)``: the product of a matmul
+        kernel, whose epilogue is the next step; ``.gemm``, ``.numpy``, ``.native``;
+        category ``extern``)."""
+        names = self.__dict__.get("_step_names")
+        if names is None or len(names) != len(self.steps):
+            names = self._step_names = [_step_name(self.name, st) for st in self.steps]
+        return names
 
     def _output(self, o) -> np.ndarray:
         if isinstance(o, Literal):
@@ -699,6 +730,22 @@ class Program:
                 helper = native_attention if node.op.startswith("fused_attention") else native
                 out += [m for m in helper.modules_for(node) if m not in out]
         return out
+
+
+_STEP_KINDS = {"MatmulStep": "blas", "GemmStep": "gemm", "NumpyStep": "numpy",
+               "NativeStep": "native"}
+
+
+def _step_name(program: str, step) -> tuple[str, str, dict]:
+    """See :meth:`Program.step_names`."""
+    k = step.kernel
+    kind = type(step).__name__
+    args = {"Program": program, "Step": kind}
+    if kind == "LaunchStep":
+        return f"{program}::{k.describe()}", "kernel", args
+    how = _STEP_KINDS.get(kind, kind)
+    return (f"{program}::{dataclasses.replace(k, name=f'{k.name}.{how}').describe()}", "extern",
+            args)
 
 
 def _scratch_cells(k: Kernel) -> int | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import glob
 import hashlib
 import os
@@ -36,6 +37,7 @@ from typing import Protocol
 
 import numpy as np
 
+from fusegrad import profiling
 from fusegrad.codegen.cuda.printer import cuda_source
 from fusegrad.codegen.gpu_lowering import lower_kernel
 from fusegrad.ir.graph import Literal, Value
@@ -859,16 +861,48 @@ class CudaProgram:
         for slot, shape, dt in plan.output_specs:
             buffers[slot] = DeviceArray.empty(shape, dt, allocator)
         drv.use(device)
-        for i, k in enumerate(self.kg.kernels):
-            if i in self.lowered:
-                lk = self.lowered[i]
-                if lk.grid == 0:
-                    continue
-                args = [buffers[plan.slots[p.value]].ptr for p in lk.params]
-                drv.launch(functions[i], lk.grid, lk.block, args)
-            else:
-                self._host_step(k, buffers)
+        rec = profiling.recorder
+        if rec is not None:
+            with profiling.Span(rec, f"compiled::{self.name}", "compiled",
+                                args={"Program": self.name, "Device": f"cuda:{device}"}):
+                self._run_kernels_timed(rec, functions, buffers, device)
+        else:
+            for i, k in enumerate(self.kg.kernels):
+                self._run_kernel(i, k, functions, buffers)
         return [self._output(o, buffers) for o in self.graph.outputs]
+
+    def _run_kernel(self, i: int, k, functions: dict, buffers: dict) -> None:
+        if i in self.lowered:
+            lk = self.lowered[i]
+            if lk.grid == 0:
+                return
+            args = [buffers[self.plan.slots[p.value]].ptr for p in lk.params]
+            self.drv.launch(functions[i], lk.grid, lk.block, args)
+        else:
+            self._host_step(k, buffers)
+
+    def _run_kernels_timed(self, rec: "profiling.Recorder", functions: dict, buffers: dict,
+                           device: int) -> None:
+        """The kernels, each an event of the profiler's: named as the CPU runtime names
+        them (``step::k3[elementwise 512](mul,add)``; a host step ``k5.host[...]``) and
+        timed from the host, the device synchronized before and after each (launches are
+        asynchronous: without the wait a launch would seem free and the next one slow).
+        The waits are the profiler's cost; an unprofiled call makes none."""
+        clock = profiling.perf_counter_ns
+        self.drv.synchronize()
+        for i, k in enumerate(self.kg.kernels):
+            if i in self.lowered and self.lowered[i].grid == 0:
+                continue
+            start = clock()
+            self._run_kernel(i, k, functions, buffers)
+            self.drv.synchronize()
+            if i in self.lowered:
+                name, category = f"{self.name}::{k.describe()}", "kernel"
+            else:
+                name = f"{self.name}::{dataclasses.replace(k, name=k.name + '.host').describe()}"
+                category = "extern"
+            rec.add(name, category, start, clock(),
+                    args={"Program": self.name, "Device": f"cuda:{device}"})
 
     def _host_array(self, v: Value, buffers) -> np.ndarray:
         view = self.kg.views.get(v)

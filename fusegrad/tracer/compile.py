@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fusegrad import dtypes
+from fusegrad import dtypes, profiling
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.config import config
@@ -163,6 +163,7 @@ class CompiledFunction:
         self._last_key = None
         self._cuda_twin: CompiledFunction | None = None
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._in_region = False         # inside this call's profiler range
         functools.update_wrapper(self, fn if not self.module else type(fn).forward)
 
     def _options(self) -> dict:
@@ -331,6 +332,8 @@ class CompiledFunction:
     # ------------------------------------------------------------------ call
 
     def __call__(self, *args, **kwargs):
+        if profiling.recorder is not None and not self._in_region:
+            return self._profiled_call(args, kwargs)
         if _primitive._device_apply is not None and self.backend == "llvm" and \
                 self._on_cuda(args, kwargs):
             # Cuda tensors exist and some reach this call: its twin on the cuda backend runs
@@ -409,6 +412,18 @@ class CompiledFunction:
                     is_grad_enabled() and any(t._requires_grad for t in leaves)):
                 entry.fast = _fast_call(entry)
         return self._run(entry, leaves)
+
+    def _profiled_call(self, args, kwargs):
+        """A call while a profiler records: one range around all of it, named as torch names
+        a compiled call's (its self time is what the call spends outside its programs:
+        guards, arguments, write-backs; tracing and compiling on a first call)."""
+        name = getattr(self.fn, "__name__", type(self.fn).__name__)
+        self._in_region = True
+        try:
+            with profiling.Span(profiling.recorder, f"Torch-Compiled Region: {name}"):
+                return self(*args, **kwargs)
+        finally:
+            self._in_region = False
 
     def _on_cuda(self, args, kwargs) -> bool:
         """Whether a tensor argument, or the module's state, is a cuda tensor."""
