@@ -148,6 +148,10 @@ from fusegrad import aot  # noqa: E402
 # torch.linalg's norms and products, torch.special's names; a torch name fusegrad lacks raises an
 # AttributeError that says so.
 from fusegrad import linalg, special  # noqa: E402
+
+# isort: split
+# torch.distributions: probability distributions built from the tensor ops above.
+from fusegrad import distributions  # noqa: E402
 from fusegrad.torch_api import install_tensor_placeholders as _install_placeholders  # noqa: E402
 
 _install_placeholders(Tensor)
