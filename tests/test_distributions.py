@@ -1,0 +1,631 @@
+"""fusegrad.distributions: values and gradients against torch.distributions where torch is
+installed, and closed forms, numerical integrals, finite differences and sampling
+statistics everywhere."""
+
+import math
+
+import numpy as np
+import pytest
+
+import fusegrad
+import fusegrad.distributions as D
+from fusegrad.autograd.gradcheck import gradcheck
+
+RNG = np.random.default_rng(0)
+
+
+def _np(t):
+    return t.detach().numpy() if hasattr(t, "detach") else np.asarray(t)
+
+
+def _close(got, want, rtol=1e-9, atol=1e-10):
+    """float64 on both sides: both compute the same formula, so they agree to rounding."""
+    np.testing.assert_allclose(_np(got), _np(want), rtol=rtol, atol=atol, equal_nan=True)
+
+
+# --------------------------------------------------------------------------- cases
+# Each case builds the same distribution from float64 numpy parameters with either library,
+# and gives a value in its support (broadcasting against the batch shape) and the methods
+# both libraries have for it.
+
+
+def _pos(*shape, lo=0.5, hi=2.0):
+    return RNG.uniform(lo, hi, shape)
+
+
+def _lower_cholesky(n, *batch):
+    m = np.tril(RNG.normal(size=batch + (n, n))) * 0.3
+    idx = np.arange(n)
+    m[..., idx, idx] = RNG.uniform(0.5, 1.5, batch + (n,))
+    return m
+
+
+def _simplex(*shape):
+    w = RNG.uniform(0.1, 1.0, shape)
+    return w / w.sum(-1, keepdims=True)
+
+
+_LOW = RNG.normal(size=(3, 1))
+CASES = {
+    "Normal": (lambda lib, p: lib.distributions.Normal(p["loc"], p["scale"]),
+               {"loc": RNG.normal(size=(3, 1)), "scale": _pos(4)},
+               RNG.normal(size=(2, 3, 4)), ("cdf", "icdf")),
+    "Laplace": (lambda lib, p: lib.distributions.Laplace(p["loc"], p["scale"]),
+                {"loc": RNG.normal(size=(3, 1)), "scale": _pos(4)},
+                RNG.normal(size=(2, 3, 4)), ("cdf", "icdf")),
+    "Uniform": (lambda lib, p: lib.distributions.Uniform(p["low"], p["high"]),
+                {"low": _LOW, "high": _LOW + _pos(4)},
+                _LOW + RNG.uniform(0.0, 0.5, (3, 4)), ("cdf", "icdf")),
+    "Exponential": (lambda lib, p: lib.distributions.Exponential(p["rate"]),
+                    {"rate": _pos(3, 4)}, _pos(2, 3, 4, lo=0.1, hi=3.0), ("cdf", "icdf")),
+    "Gamma": (lambda lib, p: lib.distributions.Gamma(p["concentration"], p["rate"]),
+              {"concentration": _pos(3, 1, lo=0.5, hi=3.0), "rate": _pos(4)},
+              _pos(2, 3, 4, lo=0.1, hi=3.0), ("cdf",)),
+    "Beta": (lambda lib, p: lib.distributions.Beta(p["c1"], p["c0"]),
+             {"c1": _pos(3, 1, lo=0.5, hi=3.0), "c0": _pos(4, lo=0.5, hi=3.0)},
+             RNG.uniform(0.05, 0.95, (2, 3, 4)), ()),
+    "Dirichlet": (lambda lib, p: lib.distributions.Dirichlet(p["concentration"]),
+                  {"concentration": _pos(3, 4, lo=0.5, hi=3.0)}, _simplex(2, 3, 4), ()),
+    "Bernoulli_probs": (lambda lib, p: lib.distributions.Bernoulli(probs=p["probs"]),
+                        {"probs": RNG.uniform(0.05, 0.95, (3, 4))},
+                        RNG.integers(0, 2, (2, 3, 4)).astype(np.float64), ()),
+    "Bernoulli_logits": (lambda lib, p: lib.distributions.Bernoulli(logits=p["logits"]),
+                         {"logits": RNG.normal(size=(3, 4))},
+                         RNG.integers(0, 2, (2, 1, 4)).astype(np.float64), ()),
+    "Categorical_probs": (lambda lib, p: lib.distributions.Categorical(probs=p["probs"]),
+                          {"probs": _pos(3, 5)}, RNG.integers(0, 5, (2, 3)), ()),
+    "Categorical_logits": (lambda lib, p: lib.distributions.Categorical(logits=p["logits"]),
+                           {"logits": RNG.normal(size=(3, 5))}, RNG.integers(0, 5, (2, 1)), ()),
+    "OneHotCategorical": (lambda lib, p: lib.distributions.OneHotCategorical(logits=p["logits"]),
+                          {"logits": RNG.normal(size=(3, 5))},
+                          np.eye(5)[RNG.integers(0, 5, (2, 3))], ()),
+    "MVN_scale_tril": (lambda lib, p: lib.distributions.MultivariateNormal(
+                           p["loc"], scale_tril=p["scale_tril"]),
+                       {"loc": RNG.normal(size=(2, 3)), "scale_tril": _lower_cholesky(3)},
+                       RNG.normal(size=(4, 2, 3)), ()),
+    "MVN_covariance": (lambda lib, p: lib.distributions.MultivariateNormal(
+                           p["loc"], covariance_matrix=p["l"] @ p["l"].mT),
+                       {"loc": RNG.normal(size=(3,)), "l": _lower_cholesky(3, 2)},
+                       RNG.normal(size=(4, 2, 3)), ()),
+    "MVN_precision": (lambda lib, p: lib.distributions.MultivariateNormal(
+                          p["loc"], precision_matrix=p["l"] @ p["l"].mT),
+                      {"loc": RNG.normal(size=(2, 3)), "l": _lower_cholesky(3)},
+                      RNG.normal(size=(2, 3)), ()),
+    "Independent": (lambda lib, p: lib.distributions.Independent(
+                        lib.distributions.Normal(p["loc"], p["scale"]), 1),
+                    {"loc": RNG.normal(size=(3, 4)), "scale": _pos(3, 4)},
+                    RNG.normal(size=(2, 3, 4)), ()),
+    "LogNormal_affine": (lambda lib, p: lib.distributions.TransformedDistribution(
+                             lib.distributions.Normal(p["loc"], p["scale"]),
+                             [lib.distributions.ExpTransform(),
+                              lib.distributions.AffineTransform(1.0, p["a"])]),
+                         {"loc": RNG.normal(size=(3,)), "scale": _pos(3), "a": _pos(3)},
+                         1.0 + _pos(2, 3, lo=0.1, hi=3.0), ("cdf", "icdf")),
+    "Sigmoid_tanh_power": (lambda lib, p: lib.distributions.TransformedDistribution(
+                               lib.distributions.Normal(p["loc"], p["scale"]),
+                               [lib.distributions.SigmoidTransform(),
+                                lib.distributions.PowerTransform(p["e"]),
+                                lib.distributions.AffineTransform(-0.5, 1.5),
+                                lib.distributions.TanhTransform()]),
+                           {"loc": RNG.normal(size=(3,)), "scale": _pos(3), "e": _pos(3)},
+                           np.tanh(-0.5 + 1.5 * RNG.uniform(0.1, 0.9, (2, 3))), ("cdf", "icdf")),
+    "Affine_negative_scale": (lambda lib, p: lib.distributions.TransformedDistribution(
+                                  lib.distributions.Laplace(p["loc"], p["scale"]),
+                                  lib.distributions.AffineTransform(p["b"], -2.0)),
+                              {"loc": RNG.normal(size=(3,)), "scale": _pos(3),
+                               "b": RNG.normal(size=(3,))},
+                              RNG.normal(size=(2, 3)), ("cdf", "icdf")),
+}
+# Methods whose gradient torch does not have (igamma's with respect to the shape).
+NO_GRAD = {("Gamma", "cdf")}
+PROPERTIES = ("mean", "variance", "stddev", "mode")
+
+
+def _params(lib, arrays):
+    return {k: lib.tensor(v, dtype=lib.float64, requires_grad=True) for k, v in arrays.items()}
+
+
+def _evaluate(lib, name):
+    """Every quantity of case ``name`` with ``lib`` and the gradient of their finite sum."""
+    factory, arrays, value, methods = CASES[name]
+    params = _params(lib, arrays)
+    dist = factory(lib, params)
+    is_index = name.startswith("Categorical")
+    v = lib.tensor(value, dtype=lib.int64 if is_index else lib.float64)
+    outs = {"log_prob": dist.log_prob(v),
+            "shapes": (tuple(dist.batch_shape), tuple(dist.event_shape))}
+    for prop in PROPERTIES + ("entropy",):
+        try:
+            outs[prop] = dist.entropy() if prop == "entropy" else getattr(dist, prop)
+        except NotImplementedError:
+            outs[prop] = None
+    q = lib.tensor(RNG.uniform(0.05, 0.95, tuple(dist.batch_shape)), dtype=lib.float64)
+    for method in methods:
+        outs[method] = getattr(dist, method)(v if method == "cdf" else q)
+    total = 0
+    for key, out in outs.items():
+        if key == "shapes" or out is None or not out.dtype.is_floating_point or \
+                (name, key) in NO_GRAD or not out.requires_grad:
+            continue
+        total = total + lib.where(lib.isfinite(out), out, 0.0).sum()
+    total.backward()
+    grads = {k: p.grad for k, p in params.items()}
+    return outs, grads
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_torch(name):
+    torch = pytest.importorskip("torch")
+    state = RNG.bit_generator.state
+    ours, our_grads = _evaluate(fusegrad, name)
+    RNG.bit_generator.state = state       # the same icdf arguments
+    theirs, their_grads = _evaluate(torch, name)
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        if key == "shapes":
+            assert ours[key] == theirs[key]
+        elif theirs[key] is None:
+            assert ours[key] is None, key
+        else:
+            assert tuple(ours[key].shape) == tuple(theirs[key].shape), key
+            _close(ours[key], theirs[key])
+    for key in their_grads:
+        if their_grads[key] is None:
+            assert our_grads[key] is None, key
+        else:
+            _close(our_grads[key], their_grads[key])
+
+
+def test_float32_values_match_torch():
+    torch = pytest.importorskip("torch")
+    loc, scale = RNG.normal(size=(5,)).astype(np.float32), _pos(5).astype(np.float32)
+    x = RNG.normal(size=(3, 5)).astype(np.float32)
+    ours = D.Normal(fusegrad.tensor(loc), fusegrad.tensor(scale)).log_prob(fusegrad.tensor(x))
+    theirs = torch.distributions.Normal(torch.tensor(loc), torch.tensor(scale)).log_prob(
+        torch.tensor(x))
+    assert ours.dtype == fusegrad.float32
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- kl_divergence
+
+def _family_params():
+    """Parameters for one batch of 3 of each family (shape (3,) or (3, 4) for vectors)."""
+    low = RNG.normal(size=3) * 0.2 + 0.2
+    return {
+        "Normal": {"loc": RNG.normal(size=3), "scale": _pos(3)},
+        "Laplace": {"loc": RNG.normal(size=3), "scale": _pos(3)},
+        "Uniform": {"low": low, "high": low + _pos(3, lo=0.1, hi=0.5)},
+        "Exponential": {"rate": _pos(3)},
+        "Gamma": {"concentration": _pos(3, lo=0.5, hi=3.0), "rate": _pos(3)},
+        "Beta": {"c1": _pos(3, lo=0.5, hi=3.0), "c0": _pos(3, lo=0.5, hi=3.0)},
+        "Dirichlet": {"concentration": _pos(3, 4, lo=0.5, hi=3.0)},
+        "Bernoulli": {"probs": RNG.uniform(0.05, 0.95, 3)},
+        "Categorical": {"logits": RNG.normal(size=(3, 4))},
+        "OneHotCategorical": {"probs": _pos(3, 4)},
+        "MultivariateNormal": {"loc": RNG.normal(size=(3, 2)), "l": _lower_cholesky(2, 3)},
+        "Independent": {"loc": RNG.normal(size=(3, 4)), "scale": _pos(3, 4)},
+        "TransformedDistribution": {"loc": RNG.normal(size=3), "scale": _pos(3)},
+    }
+
+
+def _family(lib, name, p):
+    d = lib.distributions
+    if name == "Beta":
+        return d.Beta(p["c1"], p["c0"])
+    if name == "MultivariateNormal":
+        return d.MultivariateNormal(p["loc"], scale_tril=p["l"])
+    if name == "Independent":
+        return d.Independent(d.Normal(p["loc"], p["scale"]), 1)
+    if name == "TransformedDistribution":
+        return d.TransformedDistribution(d.Normal(p["loc"], p["scale"]),
+                                         [d.ExpTransform(), d.AffineTransform(1.0, 2.0)])
+    return getattr(d, name)(*p.values()) if name not in ("Categorical", "OneHotCategorical") \
+        else getattr(d, name)(**p)
+
+
+def _kl_pairs():
+    from fusegrad.distributions.kl import _KL_REGISTRY
+    names = set(_family_params())
+    pairs = []
+    for p, q in _KL_REGISTRY:
+        if p.__name__ in names and q.__name__ in names:
+            pairs.append((p.__name__, q.__name__))
+    return sorted(pairs)
+
+
+def test_kl_registry_has_torchs_pairs_among_these_families():
+    torch = pytest.importorskip("torch")
+    from torch.distributions.kl import _KL_REGISTRY as THEIRS
+    names = set(_family_params())
+    theirs = {(p.__name__, q.__name__) for p, q in THEIRS if p.__name__ in names and
+              q.__name__ in names}
+    assert set(_kl_pairs()) == theirs
+
+
+@pytest.mark.parametrize("pair", _kl_pairs(), ids="-".join)
+def test_kl_matches_torch(pair):
+    torch = pytest.importorskip("torch")
+    arrays = _family_params()
+    results = {}
+    for lib in (fusegrad, torch):
+        ps = _params(lib, arrays[pair[0]])
+        qs = _params(lib, {k: v * 1.1 if k == "l" else v + 0.05 for k, v in arrays[pair[1]].items()})
+        kl = lib.distributions.kl_divergence(_family(lib, pair[0], ps), _family(lib, pair[1], qs))
+        finite = lib.isfinite(kl)
+        if kl.requires_grad and bool(finite.any()):
+            lib.where(finite, kl, 0.0).sum().backward()
+        results[lib.__name__] = (kl, [t.grad for t in list(ps.values()) + list(qs.values())])
+    (ours, our_grads), (theirs, their_grads) = results["fusegrad"], results["torch"]
+    assert tuple(ours.shape) == tuple(theirs.shape)
+    _close(ours, theirs)
+    for g, h in zip(our_grads, their_grads):
+        if h is None:
+            assert g is None or not np.any(_np(g))
+        else:
+            _close(g, h)
+
+
+def test_kl_between_bernoullis_with_certain_outcomes():
+    # p = 0 or 1 gives a finite KL; q = 0 or 1 where p is not gives inf, as torch's masks.
+    p = D.Bernoulli(fusegrad.tensor([0.0, 1.0, 0.3, 0.3]))
+    q = D.Bernoulli(fusegrad.tensor([0.5, 0.5, 0.0, 1.0]))
+    got = D.kl_divergence(p, q).numpy()
+    np.testing.assert_allclose(got[:2], [math.log(2)] * 2, rtol=1e-6)
+    assert np.isposinf(got[2:]).all()
+
+
+def test_kl_of_an_unregistered_pair_raises():
+    with pytest.raises(NotImplementedError, match="No KL\\(p \\|\\| q\\) is implemented for p "
+                                                  "type Normal and q type Categorical"):
+        D.kl_divergence(D.Normal(0.0, 1.0), D.Categorical(fusegrad.ones(3)))
+    with pytest.raises(NotImplementedError, match="cross KL-divergence between different "
+                                                  "exponential families"):
+        D.kl_divergence(D.Normal(0.0, 1.0), D.Bernoulli(0.5))
+
+
+def test_register_kl_takes_the_most_specific_pair():
+    class MyNormal(D.Normal):
+        pass
+
+    @D.register_kl(MyNormal, D.Normal)
+    def _mine(p, q):
+        return fusegrad.tensor(42.0)
+
+    try:
+        assert D.kl_divergence(MyNormal(0.0, 1.0), D.Normal(0.0, 1.0)).item() == 42.0
+        assert D.kl_divergence(D.Normal(0.0, 1.0), MyNormal(0.0, 1.0)).item() == 0.0
+    finally:
+        from fusegrad.distributions.kl import _KL_MEMOIZE, _KL_REGISTRY
+        del _KL_REGISTRY[MyNormal, D.Normal]
+        _KL_MEMOIZE.clear()
+
+
+# --------------------------------------------------------------------------- validation
+
+# Each builds something invalid with ``lib`` (fusegrad or torch) and must raise there.
+INVALID = {
+    "negative scale": lambda lib: lib.distributions.Normal(0.0, -1.0),
+    "one bad scale": lambda lib: lib.distributions.Normal(lib.zeros(2), lib.tensor([1.0, -1.0])),
+    "probs and logits": lambda lib: lib.distributions.Bernoulli(probs=0.5, logits=0.0),
+    "neither": lambda lib: lib.distributions.Categorical(),
+    "0-d probs": lambda lib: lib.distributions.Categorical(lib.tensor(1.0)),
+    "probs above 1": lambda lib: lib.distributions.Bernoulli(lib.tensor([1.5])),
+    "low above high": lambda lib: lib.distributions.Uniform(1.0, 0.0),
+    "index out of support": lambda lib: lib.distributions.Categorical(
+        lib.tensor([0.5, 0.5])).log_prob(lib.tensor(2)),
+    "not a tensor": lambda lib: lib.distributions.Normal(0.0, 1.0).log_prob(1.0),
+    "event shape": lambda lib: lib.distributions.MultivariateNormal(
+        lib.zeros(2), lib.eye(2)).log_prob(lib.zeros(3)),
+    "batch shape": lambda lib: lib.distributions.Normal(lib.zeros(3), 1.0).log_prob(lib.zeros(2)),
+    "negative gamma value": lambda lib: lib.distributions.Gamma(1.0, 1.0).log_prob(
+        lib.tensor(-1.0)),
+    "off the simplex": lambda lib: lib.distributions.Dirichlet(
+        lib.tensor([1.0, 2.0])).log_prob(lib.tensor([0.5, 0.6])),
+    "not one-hot": lambda lib: lib.distributions.OneHotCategorical(lib.ones(3)).log_prob(
+        lib.tensor([1.0, 1.0, 0.0])),
+    "beta outside": lambda lib: lib.distributions.Beta(2.0, 2.0).log_prob(lib.tensor(1.5)),
+    "two covariances": lambda lib: lib.distributions.MultivariateNormal(
+        lib.zeros(2), lib.eye(2), scale_tril=lib.eye(2)),
+    "0-d loc": lambda lib: lib.distributions.MultivariateNormal(lib.tensor(0.0), lib.eye(2)),
+    "not positive definite": lambda lib: lib.distributions.MultivariateNormal(
+        lib.zeros(2), lib.tensor([[1.0, 2.0], [2.0, 1.0]])),
+    "not lower": lambda lib: lib.distributions.MultivariateNormal(
+        lib.zeros(2), scale_tril=lib.tensor([[1.0, 2.0], [0.0, 1.0]])),
+    "independent ndims": lambda lib: lib.distributions.Independent(
+        lib.distributions.Normal(0.0, 1.0), 1),
+    "transforms type": lambda lib: lib.distributions.TransformedDistribution(
+        lib.distributions.Normal(0.0, 1.0), [1]),
+    "default validate": lambda lib: lib.distributions.Distribution.set_default_validate_args(3),
+    "dirichlet 0-d": lambda lib: lib.distributions.Dirichlet(lib.tensor(1.0)),
+    "negative concentration": lambda lib: lib.distributions.Dirichlet(lib.tensor([1.0, -1.0])),
+    "cache size": lambda lib: lib.distributions.ExpTransform(cache_size=2),
+}
+
+
+def _error(fn, lib):
+    with pytest.raises(Exception) as info:
+        fn(lib)
+    return info.value
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_validation_errors_match_torch(case):
+    torch = pytest.importorskip("torch")
+    ours, theirs = _error(INVALID[case], fusegrad), _error(INVALID[case], torch)
+    assert type(ours) is type(theirs)
+    assert str(ours) == str(theirs).replace("torch.Size", "fusegrad.Size")
+
+
+def test_validation_errors_without_torch():
+    with pytest.raises(ValueError, match=r"^Expected parameter scale \(Tensor of shape \(\)\) of "
+                                         r"distribution Normal\(loc: 0.0, scale: -1.0\) to "
+                                         r"satisfy the constraint GreaterThan\(lower_bound=0.0\), "
+                                         r"but found invalid values:\n-1.0$"):
+        D.Normal(0.0, -1.0)
+    with pytest.raises(ValueError, match=r"to be within the support \(IntegerInterval\("
+                                         r"lower_bound=0, upper_bound=1\)\) of the distribution "
+                                         r"Categorical\(probs: fusegrad.Size\(\[2\]\)\)"):
+        D.Categorical(fusegrad.tensor([0.5, 0.5])).log_prob(fusegrad.tensor(2))
+    with pytest.raises(ValueError, match="Either `probs` or `logits` must be specified"):
+        D.Bernoulli()
+
+
+def test_validate_args_off():
+    D.Normal(0.0, -1.0, validate_args=False)       # no check
+    assert math.isnan(D.Normal(0.0, -1.0, validate_args=False).log_prob(
+        fusegrad.tensor(0.0)).item())
+    D.Distribution.set_default_validate_args(False)
+    try:
+        D.Normal(0.0, -1.0)
+        D.Gamma(1.0, 1.0).log_prob(fusegrad.tensor(-1.0))
+    finally:
+        D.Distribution.set_default_validate_args(True)
+    with pytest.raises(ValueError):
+        D.Normal(0.0, -1.0)
+
+
+# --------------------------------------------------------------------------- without torch:
+# densities integrated on a fine grid (float64): they integrate to 1, and their moments,
+# entropy, cdf and KL divergences are those the closed forms give.
+
+def _t(x):
+    return fusegrad.tensor(x, dtype=fusegrad.float64)
+
+
+ONE_D = {
+    "Normal": (lambda: D.Normal(_t(0.3), _t(1.2)), (-12.0, 12.0)),
+    "Laplace": (lambda: D.Laplace(_t(-0.4), _t(0.7)), (-20.0, 20.0)),
+    "Uniform": (lambda: D.Uniform(_t(-0.5), _t(1.5)), (-0.5, 1.5)),
+    "Exponential": (lambda: D.Exponential(_t(1.7)), (0.0, 40.0)),
+    "Gamma": (lambda: D.Gamma(_t(2.5), _t(1.3)), (0.0, 60.0)),
+    "Beta": (lambda: D.Beta(_t(2.5), _t(1.5)), (0.0, 1.0)),
+    "LogNormal": (lambda: D.TransformedDistribution(D.Normal(_t(0.0), _t(0.4)),
+                                                    [D.ExpTransform(), D.AffineTransform(0.5, 2.0)]),
+                  (0.5 + 1e-9, 60.0)),
+}
+GRID = 100001
+
+
+def _density(dist, lo, hi):
+    # From 0: geometric spacing, which integrates the log singularity of a ratio at 0 too.
+    x = np.linspace(lo, hi, GRID) if lo != 0 else np.concatenate([[0.0], np.geomspace(1e-14, hi, GRID)])
+    with fusegrad.no_grad():
+        logp = dist.log_prob(_t(x)).numpy()
+    return x, logp
+
+
+def _integral(x, y):
+    return np.trapezoid(y, x) if hasattr(np, "trapezoid") else np.trapz(y, x)
+
+
+@pytest.mark.parametrize("name", sorted(ONE_D))
+def test_density_moments_entropy_and_cdf_by_integration(name):
+    make, (lo, hi) = ONE_D[name]
+    dist = make()
+    x, logp = _density(dist, lo, hi)
+    p = np.exp(logp)
+    tol = 2e-5    # the trapezoid rule at the edges of the support (Uniform's, Beta's sqrt edge)
+    assert abs(_integral(x, p) - 1) < tol
+    try:
+        mean, var = dist.mean.item(), dist.variance.item()
+    except NotImplementedError:
+        mean = var = None
+    if mean is not None:
+        assert abs(_integral(x, x * p) - mean) < tol * max(1.0, abs(mean))
+        assert abs(_integral(x, (x - mean) ** 2 * p) - var) < tol * max(1.0, var)
+        assert abs(dist.stddev.item() - math.sqrt(var)) < 1e-12
+    try:
+        entropy = dist.entropy().item()
+    except NotImplementedError:
+        entropy = None
+    if entropy is not None:
+        plogp = p * np.where(p > 0, logp, 0.0)
+        assert abs(-_integral(x, plogp) - entropy) < 10 * tol
+    try:
+        probe = x[GRID // 7 :: GRID // 5]
+        cdf = dist.cdf(_t(probe)).numpy()
+    except NotImplementedError:
+        return
+    cumulative = [_integral(x[x <= v], p[x <= v]) for v in probe]
+    np.testing.assert_allclose(cdf, cumulative, atol=10 * tol)
+    try:
+        back = dist.icdf(_t(cdf)).numpy()
+    except NotImplementedError:
+        return
+    inner = (cdf > 1e-3) & (cdf < 1 - 1e-3)       # away from the flat tails
+    np.testing.assert_allclose(back[inner], probe[inner], rtol=1e-7, atol=1e-7)
+
+
+KL_1D = [("Normal", "Normal"), ("Normal", "Laplace"), ("Laplace", "Laplace"),
+         ("Laplace", "Normal"), ("Exponential", "Exponential"), ("Exponential", "Gamma"),
+         ("Exponential", "Normal"), ("Gamma", "Gamma"), ("Gamma", "Exponential"),
+         ("Gamma", "Normal"), ("Beta", "Beta"), ("Beta", "Normal"), ("Beta", "Exponential"),
+         ("Beta", "Gamma"), ("Beta", "Uniform"), ("Uniform", "Uniform"), ("Uniform", "Normal"),
+         ("Uniform", "Beta"), ("Uniform", "Gamma"), ("Uniform", "Exponential")]
+KL_Q = {
+    "Normal": lambda: D.Normal(_t(-0.2), _t(1.5)),
+    "Laplace": lambda: D.Laplace(_t(0.1), _t(1.1)),
+    "Exponential": lambda: D.Exponential(_t(0.9)),
+    "Gamma": lambda: D.Gamma(_t(1.8), _t(0.8)),
+    "Beta": lambda: D.Beta(_t(1.5), _t(2.0)),
+    "Uniform": lambda: D.Uniform(_t(-1.0), _t(2.0)),
+}
+KL_P = {**{k: v for k, v in ONE_D.items()}, "Uniform": (lambda: D.Uniform(_t(0.2), _t(0.9)),
+                                                         (0.2, 0.9))}
+
+
+@pytest.mark.parametrize("pair", KL_1D, ids="-".join)
+def test_kl_is_the_integral_of_the_log_density_ratio(pair):
+    make_p, (lo, hi) = KL_P[pair[0]]
+    p, q = make_p(), KL_Q[pair[1]]()
+    x, logp = _density(p, lo, hi)
+    # q's density at p's support edge may be 0 or infinite where p's is 0: move off it.
+    with fusegrad.no_grad():
+        logq = q.log_prob(_t(np.clip(x, 1e-12, 1 - 1e-12) if pair[1] == "Beta" else
+                             np.maximum(x, 1e-12) if pair[1] == "Gamma" else x)).numpy()
+    dens = np.exp(logp)
+    integrand = dens * np.where(dens > 0, logp - logq, 0.0)
+    want = _integral(x, integrand)
+    got = D.kl_divergence(p, q).item()
+    assert abs(got - want) < 2e-4 * max(1.0, abs(want)), (got, want)
+
+
+def test_discrete_closed_forms():
+    probs = np.array([[0.1, 0.2, 0.7], [0.5, 0.25, 0.25]])
+    other = np.array([[0.3, 0.3, 0.4], [0.2, 0.2, 0.6]])
+    cat, cat_q = D.Categorical(_t(probs)), D.Categorical(logits=_t(np.log(other) + 3.0))
+    np.testing.assert_allclose(cat.entropy().numpy(), -(probs * np.log(probs)).sum(-1))
+    np.testing.assert_allclose(cat.log_prob(fusegrad.tensor([2, 0])).numpy(),
+                               np.log([0.7, 0.5]))
+    np.testing.assert_allclose(D.kl_divergence(cat, cat_q).numpy(),
+                               (probs * np.log(probs / other)).sum(-1))
+    assert cat.mode.tolist() == [2, 0]
+    onehot = D.OneHotCategorical(_t(probs))
+    np.testing.assert_allclose(onehot.log_prob(_t(np.eye(3)[[2, 0]])).numpy(), np.log([0.7, 0.5]))
+    np.testing.assert_allclose(onehot.variance.numpy(), probs * (1 - probs))
+    p = np.array([0.2, 0.5, 0.9])
+    b = D.Bernoulli(_t(p))
+    np.testing.assert_allclose(b.entropy().numpy(), -(p * np.log(p) + (1 - p) * np.log1p(-p)))
+    np.testing.assert_allclose(b.log_prob(_t([1.0, 0.0, 1.0])).numpy(),
+                               np.log([0.2, 0.5, 0.9]))
+    assert np.isnan(b.mode.numpy()[1]) and b.mode.numpy()[[0, 2]].tolist() == [0.0, 1.0]
+    np.testing.assert_allclose(D.Bernoulli(logits=_t(np.log(p / (1 - p)))).probs.numpy(), p)
+
+
+def test_multivariate_normal_closed_forms():
+    loc = np.array([0.5, -1.0, 2.0])
+    cov = np.array([[2.0, 0.3, 0.1], [0.3, 1.0, -0.2], [0.1, -0.2, 0.5]])
+    x = RNG.normal(size=(4, 3))
+    diff = x - loc
+    want = -0.5 * (np.einsum("bi,ij,bj->b", diff, np.linalg.inv(cov), diff)
+                   + np.log(np.linalg.det(2 * np.pi * cov)))
+    for kw in ({"covariance_matrix": _t(cov)}, {"precision_matrix": _t(np.linalg.inv(cov))},
+               {"scale_tril": _t(np.linalg.cholesky(cov))}):
+        m = D.MultivariateNormal(_t(loc), **kw)
+        np.testing.assert_allclose(m.log_prob(_t(x)).numpy(), want, rtol=1e-10)
+        np.testing.assert_allclose(m.covariance_matrix.numpy(), cov, atol=1e-12)
+        np.testing.assert_allclose(m.precision_matrix.numpy(), np.linalg.inv(cov), atol=1e-10)
+        np.testing.assert_allclose(m.variance.numpy(), np.diag(cov))
+        assert abs(m.entropy().item() - 0.5 * np.log(np.linalg.det(2 * np.pi * np.e * cov))) < 1e-12
+    cov2 = np.diag([1.0, 2.0, 3.0])
+    q = D.MultivariateNormal(_t(np.zeros(3)), _t(cov2))
+    inv2 = np.linalg.inv(cov2)
+    want_kl = 0.5 * (np.trace(inv2 @ cov) + loc @ inv2 @ loc - 3
+                     + np.log(np.linalg.det(cov2) / np.linalg.det(cov)))
+    assert abs(D.kl_divergence(D.MultivariateNormal(_t(loc), _t(cov)), q).item() - want_kl) < 1e-12
+
+
+def test_dirichlet_closed_forms():
+    a = np.array([1.5, 2.0, 3.5])
+    x = np.array([0.2, 0.3, 0.5])
+    d = D.Dirichlet(_t(a))
+    want = math.lgamma(a.sum()) - sum(math.lgamma(v) for v in a) + ((a - 1) * np.log(x)).sum()
+    assert abs(d.log_prob(_t(x)).item() - want) < 1e-12
+    np.testing.assert_allclose(d.mean.numpy(), a / a.sum())
+    np.testing.assert_allclose(d.mode.numpy(), (a - 1) / (a - 1).sum())
+    # All below 1: a corner, that of the first category (torch takes the argmax of 0 / 0).
+    assert D.Dirichlet(_t([0.5, 0.2, 0.9])).mode.tolist() == [1.0, 0.0, 0.0]
+    # Beta is the two-category Dirichlet
+    beta = D.Beta(_t(2.0), _t(3.0))
+    assert abs(beta.log_prob(_t(0.3)).item() - D.Dirichlet(_t([2.0, 3.0])).log_prob(
+        _t([0.3, 0.7])).item()) < 1e-14
+
+
+GRADCHECKS = {
+    "Normal": lambda a, b, v: D.Normal(a, b.exp()).log_prob(v),
+    "Laplace": lambda a, b, v: D.Laplace(a, b.exp()).log_prob(v),
+    "Gamma": lambda a, b, v: D.Gamma(a.exp(), b.exp()).log_prob(v.exp()),
+    "Gamma_entropy": lambda a, b, v: D.Gamma(a.exp(), b.exp()).entropy(),
+    "Beta": lambda a, b, v: D.Beta(a.exp(), b.exp()).log_prob(v.sigmoid()),
+    "Beta_entropy": lambda a, b, v: D.Beta(a.exp(), b.exp()).entropy(),
+    "Dirichlet_kl": lambda a, b, v: D.kl_divergence(D.Dirichlet(a.exp()), D.Dirichlet(b.exp())),
+    "Normal_icdf": lambda a, b, v: D.Normal(a, b.exp()).icdf(v.sigmoid()),
+    "Categorical": lambda a, b, v: D.Categorical(logits=a).entropy() + D.kl_divergence(
+        D.Categorical(logits=a), D.Categorical(logits=b)),
+    "MultivariateNormal": lambda a, b, v: D.MultivariateNormal(
+        a, scale_tril=b.tril(-1) + b.diagonal().exp().diag_embed()).log_prob(v),
+    "Transformed": lambda a, b, v: D.TransformedDistribution(
+        D.Normal(a, b.exp()), [D.SigmoidTransform(), D.TanhTransform()]).log_prob(
+            (v.sigmoid() * 0.7).tanh()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRADCHECKS))
+def test_gradients_are_finite_differences(name):
+    square = name == "MultivariateNormal"
+    a = _t(RNG.normal(size=3) * 0.5).requires_grad_()
+    b = _t(RNG.normal(size=(3, 3) if square else 3) * 0.3).requires_grad_()
+    v = _t(RNG.normal(size=3) * 0.5).requires_grad_()
+    fn = GRADCHECKS[name]
+    assert gradcheck(fn, (a, b, v), atol=1e-7, rtol=1e-5)
+
+
+def test_shapes_expand_and_sample_shapes():
+    n = D.Normal(fusegrad.zeros(3, 1), fusegrad.ones(4))
+    assert n.batch_shape == (3, 4) and n.event_shape == ()
+    assert n.sample((2,)).shape == (2, 3, 4)
+    e = n.expand((5, 3, 4))
+    assert e.batch_shape == (5, 3, 4) and e.log_prob(fusegrad.zeros(5, 3, 4)).shape == (5, 3, 4)
+    m = D.MultivariateNormal(fusegrad.zeros(2), fusegrad.eye(2))
+    assert m.expand((6,)).rsample((2,)).shape == (2, 6, 2)
+    ind = D.Independent(n, 1)
+    assert (ind.batch_shape, ind.event_shape) == ((3,), (4,))
+    assert ind.expand((2, 3)).sample().shape == (2, 3, 4)
+    c = D.Categorical(logits=fusegrad.zeros(2, 5))
+    assert c.sample((7,)).shape == (7, 2) and c.expand((3, 2)).sample().shape == (3, 2)
+    assert c.enumerate_support().shape == (5, 2)
+    oh = D.OneHotCategorical(logits=fusegrad.zeros(2, 5))
+    assert oh.sample((3,)).shape == (3, 2, 5) and oh.enumerate_support().shape == (5, 2, 5)
+    for dist in (D.Gamma(fusegrad.ones(3), 1.0), D.Beta(fusegrad.ones(3), 2.0),
+                 D.Dirichlet(fusegrad.ones(3, 4)), D.Exponential(fusegrad.ones(3)),
+                 D.Laplace(0.0, fusegrad.ones(3)), D.Uniform(0.0, fusegrad.ones(3)),
+                 D.Bernoulli(fusegrad.full((3,), 0.5))):
+        shape = tuple(dist.batch_shape) + tuple(dist.event_shape)
+        assert dist.sample((2,)).shape == (2,) + shape
+        assert dist.expand((4,) + tuple(dist.batch_shape)).sample().shape == (4,) + shape
+    assert D.Normal(0.0, 1.0).batch_shape == () and D.Normal(0.0, 1.0).sample().shape == ()
+    t = D.TransformedDistribution(D.Normal(fusegrad.zeros(3), 1.0), D.ExpTransform())
+    assert t.expand((2, 3)).sample().shape == (2, 3)
+
+
+def test_transforms():
+    x = _t(RNG.normal(size=(2, 3)))
+    for tr in (D.ExpTransform(), D.SigmoidTransform(), D.TanhTransform(),
+               D.AffineTransform(1.0, -3.0), D.PowerTransform(_t(2.0)),
+               D.ComposeTransform([D.ExpTransform(), D.AffineTransform(_t([1.0, 2.0, 3.0]), 2.0)])):
+        y = tr(x.exp() if isinstance(tr, D.PowerTransform) else x)
+        back = tr.inv(y)
+        np.testing.assert_allclose(back.numpy(), (x.exp() if isinstance(tr, D.PowerTransform)
+                                                  else x).numpy(), rtol=1e-9, atol=1e-12)
+    sm = D.SoftmaxTransform()
+    np.testing.assert_allclose(sm(x).sum(-1).numpy(), 1.0)
+    np.testing.assert_allclose(D.AbsTransform()(x).numpy(), np.abs(x.numpy()))
+    cached = D.ExpTransform(cache_size=1)
+    y = cached(x)
+    assert cached.inv(y) is x
+    assert D.ExpTransform() == D.ExpTransform() and D.ExpTransform().inv == D.ExpTransform().inv
+    assert D.AffineTransform(1.0, 2.0) == D.AffineTransform(1.0, 2.0)
+    assert D.AffineTransform(1.0, 2.0) != D.AffineTransform(1.0, 3.0)
+    assert repr(D.ComposeTransform([D.ExpTransform()])) == "ComposeTransform(\n    ExpTransform()\n)"
+    assert D.AffineTransform(0.0, -2.0).sign == -1 and D.ExpTransform().inv.sign == 1
