@@ -629,3 +629,239 @@ def test_transforms():
     assert D.AffineTransform(1.0, 2.0) != D.AffineTransform(1.0, 3.0)
     assert repr(D.ComposeTransform([D.ExpTransform()])) == "ComposeTransform(\n    ExpTransform()\n)"
     assert D.AffineTransform(0.0, -2.0).sign == -1 and D.ExpTransform().inv.sign == 1
+
+
+# --------------------------------------------------------------------------- sampling
+
+N_DRAWS = 20000
+
+
+def _moment_bounds(x, axis=0):
+    """Six standard errors of the sample mean and variance of ``x`` (draws along ``axis``),
+    from the draws' own second and fourth central moments."""
+    centered = x - x.mean(axis)
+    m2, m4 = (centered ** 2).mean(axis), (centered ** 4).mean(axis)
+    n = x.shape[axis]
+    return 6 * np.sqrt(m2 / n), 6 * np.sqrt(np.maximum(m4 - m2 ** 2, 0) / n)
+
+
+SAMPLED = {
+    "Normal": lambda: D.Normal(_t([0.5, -2.0]), _t([1.0, 0.3])),
+    "Laplace": lambda: D.Laplace(_t([0.5, -2.0]), _t([1.0, 0.3])),
+    "Uniform": lambda: D.Uniform(_t([0.5, -2.0]), _t([1.0, 0.3])),
+    "Exponential": lambda: D.Exponential(_t([0.5, 3.0])),
+    "Gamma": lambda: D.Gamma(_t([0.2, 1.0, 4.5]), _t([1.0, 2.0, 0.5])),
+    "Beta": lambda: D.Beta(_t([0.3, 2.0, 5.0]), _t([0.5, 2.0, 1.5])),
+    "Dirichlet": lambda: D.Dirichlet(_t([0.4, 1.0, 3.0])),
+    "Bernoulli": lambda: D.Bernoulli(_t([0.1, 0.5, 0.95])),
+    "OneHotCategorical": lambda: D.OneHotCategorical(_t([0.1, 0.2, 0.3, 0.4])),
+    "MultivariateNormal": lambda: D.MultivariateNormal(_t([1.0, -1.0]),
+                                                       _t([[2.0, 0.6], [0.6, 0.5]])),
+    "Independent": lambda: D.Independent(D.Normal(_t([0.5, -2.0]), _t([1.0, 0.3])), 1),
+    "LogNormal": lambda: D.TransformedDistribution(D.Normal(_t(0.0), _t(0.5)), D.ExpTransform()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLED))
+def test_sample_moments(name):
+    dist = SAMPLED[name]()
+    fusegrad.manual_seed(1234)
+    x = dist.sample((N_DRAWS,)).numpy()
+    if name == "LogNormal":
+        mean, var = math.exp(0.125), (math.exp(0.25) - 1) * math.exp(0.25)
+    else:
+        mean, var = dist.mean.numpy(), dist.variance.numpy()
+    mean_bound, var_bound = _moment_bounds(x)
+    assert np.all(np.abs(x.mean(0) - mean) < mean_bound)
+    assert np.all(np.abs(x.var(0) - var) < var_bound)
+    if name == "MultivariateNormal":
+        cov = np.cov(x.T)
+        assert abs(cov[0, 1] - 0.6) < 6 * math.sqrt((2.0 * 0.5 + 0.6 ** 2) / N_DRAWS)
+    fusegrad.manual_seed(1234)
+    np.testing.assert_array_equal(dist.sample((N_DRAWS,)).numpy(), x)   # reproducible
+
+
+def test_categorical_sample_frequencies():
+    probs = np.array([[0.05, 0.25, 0.0, 0.7], [0.25, 0.25, 0.25, 0.25]])
+    fusegrad.manual_seed(7)
+    x = D.Categorical(_t(probs)).sample((N_DRAWS,)).numpy()
+    assert x.dtype == np.int64 and x.shape == (N_DRAWS, 2)
+    freq = np.stack([(x == k).mean(0) for k in range(4)], -1)
+    assert freq[0, 2] == 0.0          # a category of probability 0 is never drawn
+    assert np.all(np.abs(freq - probs) < 6 * np.sqrt(probs * (1 - probs) / N_DRAWS) + 1e-12)
+
+
+def test_samples_differ_between_draws_and_seeds():
+    fusegrad.manual_seed(0)
+    a, b = D.Gamma(_t(2.0), _t(1.0)).sample((4,)), D.Gamma(_t(2.0), _t(1.0)).sample((4,))
+    assert not np.array_equal(a.numpy(), b.numpy())
+    assert np.all(a.numpy() > 0)
+    assert D.Gamma(_t(1e-4), _t(1.0)).sample((1000,)).numpy().min() > 0   # underflow clamped
+
+
+# rsample gradients: the mean over draws of d f(x) / d theta is d E[f(x)] / d theta (the
+# central difference of the closed-form expectation). Each draw has its own parameter copy,
+# so its gradient is one sample; the bound is six standard errors of their mean.
+RSAMPLE_GRADIENTS = {
+    # name: (make(a, b) -> dist, (a, b), f, E[f(x)] as a function of (a, b))
+    "Gamma_small": (lambda a, b: D.Gamma(a, b), (0.3, 2.0), lambda x: x, lambda a, b: a / b),
+    "Gamma_square": (lambda a, b: D.Gamma(a, b), (2.5, 0.7), lambda x: x ** 2,
+                     lambda a, b: a * (a + 1) / b ** 2),
+    "Beta": (lambda a, b: D.Beta(a, b), (0.6, 2.0), lambda x: x, lambda a, b: a / (a + b)),
+    "Beta_square": (lambda a, b: D.Beta(a, b), (3.0, 1.5), lambda x: x ** 2,
+                    lambda a, b: a * (a + 1) / ((a + b) * (a + b + 1))),
+    "Normal": (lambda a, b: D.Normal(a, b), (0.5, 1.5), lambda x: x ** 2,
+               lambda a, b: a ** 2 + b ** 2),
+    "Laplace": (lambda a, b: D.Laplace(a, b), (0.5, 1.5), lambda x: (x - 0.5).abs(),
+                lambda a, b: abs(a - 0.5) + b * math.exp(-abs(a - 0.5) / b)),
+    "Uniform": (lambda a, b: D.Uniform(a, b), (0.5, 1.5), lambda x: x ** 2,
+                lambda a, b: (a * a + a * b + b * b) / 3),
+    "Exponential": (lambda a, b: D.Exponential(a * b), (2.0, 1.0), lambda x: x,
+                    lambda a, b: 1 / (a * b)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RSAMPLE_GRADIENTS))
+def test_rsample_gradient_is_unbiased(name):
+    make, (a0, b0), f, expectation = RSAMPLE_GRADIENTS[name]
+    n, h = 3000, 1e-6
+    analytic = ((expectation(a0 + h, b0) - expectation(a0 - h, b0)) / (2 * h),
+                (expectation(a0, b0 + h) - expectation(a0, b0 - h)) / (2 * h))
+    a = fusegrad.full((n,), a0, dtype=fusegrad.float64, requires_grad=True)
+    b = fusegrad.full((n,), b0, dtype=fusegrad.float64, requires_grad=True)
+    fusegrad.manual_seed(3)
+    dist = make(a, b)
+    assert dist.has_rsample
+    f(dist.rsample()).sum().backward()
+    for grad, want in zip((a.grad.numpy(), b.grad.numpy()), analytic):
+        assert abs(grad.mean() - want) < 6 * grad.std() / math.sqrt(n) + 1e-12, (grad.mean(), want)
+
+
+def test_dirichlet_rsample_gradient_is_unbiased():
+    n, alpha = 3000, np.array([0.5, 1.5, 3.0])
+    conc = _t(np.tile(alpha, (n, 1))).requires_grad_()
+    fusegrad.manual_seed(5)
+    D.Dirichlet(conc).rsample()[:, 0].sum().backward()
+    total = alpha.sum()
+    want = np.array([total - alpha[0], -alpha[0], -alpha[0]]) / total ** 2   # d E[x_0]
+    grad = conc.grad.numpy()
+    assert np.all(np.abs(grad.mean(0) - want) < 6 * grad.std(0) / math.sqrt(n))
+
+
+def test_multivariate_normal_rsample_gradient():
+    n = 8000
+    tril = _t(np.tile([[1.0, 0.0], [0.5, 0.8]], (n, 1, 1))).requires_grad_()
+    fusegrad.manual_seed(6)
+    x = D.MultivariateNormal(fusegrad.zeros(n, 2, dtype=fusegrad.float64), scale_tril=tril).rsample()
+    (x ** 2).sum().backward()     # E = trace(L L^T): gradient 2 L
+    grad = tril.grad.numpy()
+    want = 2 * np.array([[1.0, 0.0], [0.5, 0.8]])
+    assert np.all(np.abs(grad.mean(0) - want) < 6 * grad.std(0) / math.sqrt(n) + 1e-12)
+
+
+def test_standard_gamma_gradient_is_the_quantile_derivative():
+    # dx/da at a fixed CDF value, against central differences of the quantile (Newton's
+    # method on the float64 incomplete gamma function).
+    from fusegrad.ops.sampling import _standard_gamma_grad_impl
+    from fusegrad.ops.special import _igamma_np, _lgamma_np
+    a = np.array([0.05, 0.5, 2.0, 10.0, 100.0])
+    x = np.array([1e-20, 0.3, 1.5, 14.0, 90.0])
+    p = _igamma_np(a, x, False)
+
+    def quantile(shape):
+        q = x.copy()
+        for _ in range(8):
+            density = np.exp((shape - 1) * np.log(q) - q - _lgamma_np(shape))
+            q = q - (_igamma_np(shape, q, False) - p) / density
+        return q
+    h = 1e-5 * a
+    want = (quantile(a + h) - quantile(a - h)) / (2 * h)
+    np.testing.assert_allclose(_standard_gamma_grad_impl(a, x), want, rtol=1e-6)
+
+
+def test_rsample_is_not_available_where_torch_has_none():
+    for dist in (D.Bernoulli(0.5), D.Categorical(fusegrad.ones(3)), D.OneHotCategorical(fusegrad.ones(3))):
+        assert not dist.has_rsample
+        with pytest.raises(NotImplementedError):
+            dist.rsample()
+    assert D.Independent(D.Normal(fusegrad.zeros(2), 1.0), 1).has_rsample
+
+
+# --------------------------------------------------------------------------- compiled
+
+def test_compiled_vae_loss_equals_eager():
+    x = _t(RNG.uniform(0, 1, (6, 4)))
+    w_enc = _t(RNG.normal(size=(4, 4)) * 0.5).requires_grad_()
+    w_dec = _t(RNG.normal(size=(2, 4)) * 0.5).requires_grad_()
+
+    def vae_loss(x, w_enc, w_dec):
+        mu, log_sigma = (x @ w_enc).chunk(2, -1)
+        q = D.Normal(mu, log_sigma.exp())
+        z = q.rsample()
+        recon = D.Normal(z @ w_dec, 1.0).log_prob(x).sum(-1)
+        prior = D.Normal(fusegrad.zeros_like(mu), fusegrad.ones_like(mu))
+        return (D.kl_divergence(q, prior).sum(-1) - recon).mean() + 0.1 * q.entropy().mean()
+
+    results = []
+    for fn in (vae_loss, fusegrad.compile(vae_loss)):
+        for p in (w_enc, w_dec):
+            p.grad = None
+        fusegrad.manual_seed(11)
+        loss = fn(x, w_enc, w_dec)
+        loss.backward()
+        results.append((loss.item(), w_enc.grad.numpy().copy(), w_dec.grad.numpy().copy()))
+    (loss, g1, g2), (closs, cg1, cg2) = results
+    assert abs(loss - closs) < 1e-12 * max(1.0, abs(loss))
+    np.testing.assert_allclose(cg1, g1, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(cg2, g2, rtol=1e-10, atol=1e-12)
+
+
+def test_compiled_policy_gradient_loss_equals_eager():
+    obs = _t(RNG.normal(size=(8, 3)))
+    w = _t(RNG.normal(size=(3, 4))).requires_grad_()
+
+    def policy_loss(obs, w):
+        dist = D.Categorical(logits=obs @ w)
+        actions = dist.sample()
+        reward = (actions == 2).to(obs.dtype) - 0.1 * actions.to(obs.dtype)
+        return -(dist.log_prob(actions) * reward).mean() - 0.01 * dist.entropy().mean(), actions
+
+    results = []
+    for fn in (policy_loss, fusegrad.compile(policy_loss)):
+        w.grad = None
+        fusegrad.manual_seed(4)
+        loss, actions = fn(obs, w)
+        loss.backward()
+        results.append((loss.item(), actions.numpy(), w.grad.numpy().copy()))
+    (loss, actions, grad), (closs, cactions, cgrad) = results
+    np.testing.assert_array_equal(cactions, actions)
+    assert abs(loss - closs) < 1e-12
+    np.testing.assert_allclose(cgrad, grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", ["Gamma", "Beta", "Dirichlet", "MultivariateNormal",
+                                    "TransformedDistribution", "Bernoulli", "OneHotCategorical"])
+def test_compiled_log_prob_rsample_and_kl_equal_eager(family):
+    arrays = _family_params()[family]
+
+    def run(*params):
+        p = _family(fusegrad, family, dict(zip(arrays, params)))
+        q = _family(fusegrad, family, {k: v * 1.1 for k, v in zip(arrays, params)})
+        x = p.rsample() if p.has_rsample else p.sample()
+        entropy = 0.0 if family == "TransformedDistribution" else p.entropy().sum()  # none
+        return p.log_prob(x).sum() + D.kl_divergence(p, q).sum() + entropy, x
+
+    params = [_t(v) for v in arrays.values()]
+    fusegrad.manual_seed(2)
+    want, want_x = run(*params)
+    fusegrad.manual_seed(2)
+    got, got_x = fusegrad.compile(run)(*params)
+    np.testing.assert_allclose(got_x.numpy(), want_x.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got.item(), want.item(), rtol=1e-10)
+
+
+def test_compiled_function_skips_validation_it_cannot_do():
+    # The values are unknown while tracing: validation is skipped there, not an error.
+    f = fusegrad.compile(lambda loc, scale, x: D.Normal(loc, scale).log_prob(x))
+    out = f(fusegrad.zeros(3), fusegrad.ones(3), fusegrad.ones(3))
+    np.testing.assert_allclose(out.numpy(), -0.5 - 0.5 * math.log(2 * math.pi), rtol=1e-6)

@@ -112,7 +112,9 @@ def _marsaglia_tsang(seed: int, offset: int, shape: np.ndarray) -> tuple[np.ndar
             seed = (seed + _GAMMA_SPARE_SEED) & 0xFFFFFFFFFFFFFFFF
         if not todo.size:
             break
-        u = philox.uniform(seed, offset, (3, n), np.float64)[:, todo]
+        # Each round has counters for all n elements reserved; the elements still to draw
+        # take the first of them, in order (deterministic, and later rounds are cheap).
+        u = philox.uniform(seed, offset, (3, todo.size), np.float64)
         offset += philox.counters_used(6 * n)
         z = np.sqrt(-2.0 * np.log1p(-u[0])) * np.cos(2.0 * np.pi * u[1])
         v = (1.0 + c[todo] * z) ** 3
