@@ -92,7 +92,8 @@ class Categorical(Distribution):
         with _fg.no_grad():
             probs = self.probs.reshape(-1, self._num_events)
             cdf = probs.cumsum(-1)
-            u = _fg.rand((sample_shape.numel(), probs.shape[0]), dtype=probs.dtype)
+            u = _fg.rand((sample_shape.numel(), probs.shape[0]), dtype=probs.dtype,
+                          device=probs.device)
             passed = cdf <= (u * cdf[:, -1]).unsqueeze(-1)
             index = passed.sum(-1).clamp(max=self._num_events - 1)
             return index.reshape(tuple(self._extended_shape(sample_shape)))

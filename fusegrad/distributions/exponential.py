@@ -53,7 +53,7 @@ class Exponential(ExponentialFamily):
 
     def rsample(self, sample_shape=()):
         shape = self._extended_shape(sample_shape)
-        u = _fg.rand(tuple(shape), dtype=self.rate.dtype)
+        u = _fg.rand(tuple(shape), dtype=self.rate.dtype, device=self.rate.device)
         return -_fg.log1p(-u) / self.rate     # u < 1: a finite standard exponential
 
     def log_prob(self, value):

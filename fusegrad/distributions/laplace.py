@@ -58,7 +58,8 @@ class Laplace(Distribution):
         shape = self._extended_shape(sample_shape)
         finfo = _fg.finfo(self.loc.dtype)
         # u uniform in [eps - 1, 1): |u| < 1, so log1p(-|u|) stays finite.
-        u = _fg.rand(tuple(shape), dtype=self.loc.dtype) * (2 - finfo.eps) + (finfo.eps - 1)
+        u = _fg.rand(tuple(shape), dtype=self.loc.dtype, device=self.loc.device)
+        u = u * (2 - finfo.eps) + (finfo.eps - 1)
         return self.loc - self.scale * u.sign() * _fg.log1p(-u.abs())
 
     def log_prob(self, value):

@@ -27,8 +27,10 @@ def broadcast_all(*values) -> tuple[Tensor, ...]:
         raise ValueError("Input arguments must all be instances of Number, torch.Tensor or "
                          "objects implementing __torch_function__.")
     if not all(isinstance(v, Tensor) for v in values):
-        dtype = next((v.dtype for v in values if isinstance(v, Tensor)), _fg.get_default_dtype())
-        values = [v if isinstance(v, Tensor) else _fg.tensor(v, dtype=dtype) for v in values]
+        like = next((v for v in values if isinstance(v, Tensor)), None)
+        options = {"dtype": _fg.get_default_dtype()} if like is None else \
+            {"dtype": like.dtype, "device": like.device}
+        values = [v if isinstance(v, Tensor) else _fg.tensor(v, **options) for v in values]
     return tuple(_fg.broadcast_tensors(*values))
 
 
@@ -78,8 +80,8 @@ class lazy_property:  # noqa: N801 - torch's name
         return value
 
 
-def _standard_normal(shape, dtype) -> Tensor:
-    return _fg.randn(tuple(shape), dtype=dtype)
+def _standard_normal(shape, dtype, device=None) -> Tensor:
+    return _fg.randn(tuple(shape), dtype=dtype, device=device)
 
 
 def _is_traced(*values) -> bool:
