@@ -21,12 +21,9 @@ def _batch_mv(bmat, bvec):
 
 def _batch_mahalanobis(bL, bx):
     """The squared Mahalanobis distance ``x^T (L L^T)^-1 x`` for a lower Cholesky factor
-    ``bL``, whose batch dims broadcast with those of ``bx``."""
-    n = bx.size(-1)
-    batch = broadcast_shapes(tuple(bL.shape[:-2]), tuple(bx.shape[:-1]), op="mahalanobis")
-    L = bL.expand(batch + (n, n))
-    x = bx.expand(batch + (n,)).unsqueeze(-1)
-    return _fg.linalg.solve_triangular(L, x, upper=False).pow(2).sum((-2, -1))
+    ``bL``, whose batch dims broadcast with those of ``bx`` (solve_triangular broadcasts, so
+    ``bL`` is never copied per sample)."""
+    return _fg.linalg.solve_triangular(bL, bx.unsqueeze(-1), upper=False).pow(2).sum((-2, -1))
 
 
 def _precision_to_scale_tril(P):
