@@ -1049,3 +1049,17 @@ def test_compiled_sampling_draws_fresh_numbers_each_call():
     assert not np.array_equal(first, second)
     fusegrad.manual_seed(0)
     np.testing.assert_array_equal(f(c).numpy(), first)
+
+
+def test_gamma_draws_keep_to_their_counters():
+    # A draw reserves its counters up front: the numbers after it do not depend on how many
+    # rejection rounds it took, and do not overlap with its own.
+    from fusegrad.ops.sampling import standard_gamma
+    fusegrad.manual_seed(9)
+    standard_gamma(_t([0.5, 3.0, 40.0]))
+    after = fusegrad.rand(4, dtype=fusegrad.float64).numpy()
+    fusegrad.manual_seed(9)
+    standard_gamma(_t([0.01, 1.0, 2.0]))
+    np.testing.assert_array_equal(fusegrad.rand(4, dtype=fusegrad.float64).numpy(), after)
+    draws = standard_gamma(_t([np.inf, np.nan, -1.0, 2.0])).numpy()
+    assert np.isposinf(draws[0]) and np.isnan(draws[1:3]).all() and draws[3] > 0

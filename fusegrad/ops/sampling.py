@@ -3,6 +3,7 @@ probabilities, and ``standard_gamma`` (the draws behind Gamma, Beta and Dirichle
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from fusegrad import dtypes
@@ -99,9 +100,9 @@ def _gamma_counters(n: int) -> int:
     return _GAMMA_ROUNDS * philox.counters_used(6 * n) + philox.counters_used(2 * n)
 
 
-def _marsaglia_tsang(seed: int, offset: int, shape: np.ndarray) -> tuple[np.ndarray, int]:
+def _marsaglia_tsang(seed: int, offset: int, shape: np.ndarray) -> np.ndarray:
     """Standard Gamma(``shape``) draws for shapes >= 1 (Marsaglia and Tsang, "A simple method
-    for generating gamma variables", ACM TOMS 2000) and the offset after the rounds."""
+    for generating gamma variables", ACM TOMS 2000), from the counters at ``offset``."""
     n = shape.size
     d = shape - 1.0 / 3.0
     c = 1.0 / np.sqrt(9.0 * d)
@@ -122,25 +123,27 @@ def _marsaglia_tsang(seed: int, offset: int, shape: np.ndarray) -> tuple[np.ndar
             accept = (v > 0) & (np.log1p(-u[2]) < 0.5 * z * z + d[todo] * (1.0 - v + np.log(v)))
         out[todo[accept]] = (d[todo] * v)[accept]
         todo = todo[~accept]
-    return out, offset
+    return out
 
 
 def _standard_gamma_impl(key, alpha):
     seed, offset = int(key[0]), int(key[1])
     a = np.asarray(alpha, np.float64).reshape(-1)
-    valid = a > 0
+    valid = (a > 0) & np.isfinite(a)
     boost = valid & (a < 1.0)
     safe = np.where(valid, a, 1.0) + np.where(boost, 1.0, 0.0)
-    x, offset = _marsaglia_tsang(seed, offset, safe)
+    x = _marsaglia_tsang(seed, offset, safe)
     n = a.size
-    spare = offset + _GAMMA_ROUNDS * philox.counters_used(6 * n)
-    # Gamma(a) = Gamma(a + 1) U^(1/a) for a < 1; in logs, as U^(1/a) underflows for tiny a.
-    u = philox.uniform(seed, spare, (n,), np.float64)
+    # Gamma(a) = Gamma(a + 1) U^(1/a) for a < 1, U from the counters after the rounds'; in
+    # logs, as U^(1/a) underflows for tiny a.
+    boost_offset = offset + _GAMMA_ROUNDS * philox.counters_used(6 * n)
+    u = philox.uniform(seed, boost_offset, (n,), np.float64)
     with np.errstate(divide="ignore"):
         x = np.where(boost, np.exp(np.log(x) + np.log1p(-u) / np.where(boost, a, 1.0)), x)
-    x = np.where(valid, x, np.nan)
+    x = np.where(valid, x, np.where(np.isposinf(a), np.inf, np.nan))
     # A draw that underflows is the smallest normal number of the dtype, as torch's.
-    return np.maximum(x, np.finfo(alpha.dtype).tiny).astype(alpha.dtype).reshape(alpha.shape)
+    tiny = float(ml_dtypes.finfo(alpha.dtype).tiny)
+    return np.maximum(x, tiny).astype(alpha.dtype).reshape(alpha.shape)
 
 
 def _standard_gamma_infer(key: TensorType, alpha: TensorType) -> TensorType:
