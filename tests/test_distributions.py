@@ -1063,3 +1063,17 @@ def test_gamma_draws_keep_to_their_counters():
     np.testing.assert_array_equal(fusegrad.rand(4, dtype=fusegrad.float64).numpy(), after)
     draws = standard_gamma(_t([np.inf, np.nan, -1.0, 2.0])).numpy()
     assert np.isposinf(draws[0]) and np.isnan(draws[1:3]).all() and draws[3] > 0
+
+
+@pytest.mark.parametrize("name", ["Normal", "Exponential", "Gamma", "Beta", "Dirichlet",
+                                  "Bernoulli"])
+def test_exponential_family_bregman_forms_equal_the_closed_forms(name):
+    # The natural parameters and log normalizers give the same entropy and KL divergence as
+    # the closed forms (the generic path torch uses for families without one).
+    from fusegrad.distributions.kl import _kl_expfamily_expfamily
+    arrays = _family_params()[name]
+    p = _family(fusegrad, name, {k: _t(v) for k, v in arrays.items()})
+    q = _family(fusegrad, name, {k: _t(v * 0.9) for k, v in arrays.items()})
+    if name not in ("Beta", "Dirichlet"):    # no mean carrier measure, as in torch
+        _close(D.ExponentialFamily.entropy(p), p.entropy(), rtol=1e-9, atol=1e-12)
+    _close(_kl_expfamily_expfamily(p, q), D.kl_divergence(p, q), rtol=1e-9, atol=1e-12)
