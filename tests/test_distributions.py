@@ -1077,3 +1077,19 @@ def test_exponential_family_bregman_forms_equal_the_closed_forms(name):
     if name not in ("Beta", "Dirichlet"):    # no mean carrier measure, as in torch
         _close(D.ExponentialFamily.entropy(p), p.entropy(), rtol=1e-9, atol=1e-12)
     _close(_kl_expfamily_expfamily(p, q), D.kl_divergence(p, q), rtol=1e-9, atol=1e-12)
+
+
+def test_names_torch_has_and_fusegrad_lacks_say_so():
+    with pytest.raises(AttributeError, match="torch.distributions.Poisson is not implemented in "
+                                             "fusegrad yet"):
+        getattr(D, "Poisson")  # noqa: B009
+    with pytest.raises(AttributeError, match="^module 'fusegrad.distributions' has no attribute "
+                                             "'Normall'$"):
+        getattr(D, "Normall")  # noqa: B009
+    assert D.identity_transform(fusegrad.ones(2)).tolist() == [1.0, 1.0]
+
+
+def test_fusegrad_has_every_name_it_exports_and_torch_has_them_too():
+    torch = pytest.importorskip("torch")
+    assert set(D.__all__) <= set(torch.distributions.__all__)
+    assert set(torch.distributions.__all__) - set(D.__all__) == set(D._NOT_YET)

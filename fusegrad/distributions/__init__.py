@@ -38,6 +38,7 @@ from fusegrad.distributions.transforms import (
     SoftmaxTransform,
     TanhTransform,
     Transform,
+    identity_transform,
 )
 from fusegrad.distributions.uniform import Uniform
 
@@ -46,4 +47,24 @@ __all__ = ["AbsTransform", "AffineTransform", "Bernoulli", "Beta", "Categorical"
            "ExponentialFamily", "Gamma", "Independent", "Laplace", "MultivariateNormal", "Normal",
            "OneHotCategorical", "PowerTransform", "SigmoidTransform", "SoftmaxTransform",
            "TanhTransform", "Transform", "TransformedDistribution", "Uniform", "constraints",
-           "kl_divergence", "register_kl", "transforms"]
+           "identity_transform", "kl_divergence", "register_kl", "transforms"]
+
+# torch.distributions' other public names (torch 2.13): asking for one says that fusegrad
+# does not have it yet, rather than that it does not exist.
+_NOT_YET = frozenset("""
+    Binomial CatTransform Cauchy Chi2 ContinuousBernoulli CorrCholeskyTransform
+    CumulativeDistributionTransform FisherSnedecor GeneralizedPareto Geometric Gumbel
+    HalfCauchy HalfNormal IndependentTransform InverseGamma Kumaraswamy LKJCholesky LogNormal
+    LogisticNormal LowRankMultivariateNormal LowerCholeskyTransform MixtureSameFamily
+    Multinomial NegativeBinomial OneHotCategoricalStraightThrough Pareto Poisson
+    PositiveDefiniteTransform RelaxedBernoulli RelaxedOneHotCategorical ReshapeTransform
+    SoftplusTransform StackTransform StickBreakingTransform StudentT VonMises Weibull Wishart
+    biject_to transform_to""".split())
+
+
+def __getattr__(name: str):
+    plain = f"module 'fusegrad.distributions' has no attribute '{name}'"
+    if name in _NOT_YET:
+        raise AttributeError(f"{plain}: torch.distributions.{name} is not implemented in "
+                             "fusegrad yet")
+    raise AttributeError(plain)
