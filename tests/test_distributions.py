@@ -1091,5 +1091,6 @@ def test_names_torch_has_and_fusegrad_lacks_say_so():
 
 def test_fusegrad_has_every_name_it_exports_and_torch_has_them_too():
     torch = pytest.importorskip("torch")
-    assert set(D.__all__) <= set(torch.distributions.__all__)
+    modules = {"constraints", "transforms"}     # torch's submodules, not in its __all__
+    assert set(D.__all__) - modules <= set(torch.distributions.__all__)
     assert set(torch.distributions.__all__) - set(D.__all__) == set(D._NOT_YET)
