@@ -161,7 +161,8 @@ def _gamma_cdf_alpha_derivative(a, x):
     mode and of Q = 1 - P above it, where each has its relative accuracy."""
     from fusegrad.ops.special import _igamma_np
     upper = x > a
-    h = 1e-3 * a
+    # P varies in a on the scale of a below 1 and of sqrt(a) (the spread of Gamma(a)) above.
+    h = 1e-3 * np.minimum(a, np.sqrt(a))
 
     def central(step):
         lo = np.where(upper, -_igamma_np(a - step, x, True), _igamma_np(a - step, x, False))
