@@ -14,10 +14,9 @@ __all__ = ["broadcast_all", "clamp_probs", "lazy_property", "logits_to_probs", "
 euler_constant = 0.5772156649015329   # Euler-Mascheroni
 
 
-
 def broadcast_all(*values) -> tuple[Tensor, ...]:
     """``values`` (tensors and numbers) as tensors broadcast to one shape. Numbers take the
-    dtype of the first tensor among them, or the default dtype.
+    dtype and device of the first tensor among them, or the default dtype.
 
     >>> loc, scale = broadcast_all(0.0, fusegrad.ones(3))
     >>> loc.shape
