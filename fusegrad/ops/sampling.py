@@ -1,14 +1,17 @@
-"""Sampling from given probabilities with fusegrad's generator: ``bernoulli``,
-``multinomial``."""
+"""Sampling with fusegrad's generator: ``bernoulli``, ``multinomial`` from given
+probabilities, and ``standard_gamma`` (the draws behind Gamma, Beta and Dirichlet)."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
-from fusegrad.ops.elementwise import lt
+from fusegrad.ops import philox
+from fusegrad.ops.elementwise import lt, mul
 from fusegrad.ops.operands import _index_tensor, cast
+from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
@@ -79,3 +82,133 @@ def multinomial(x: Tensor, num_samples: int, replacement: bool = False, *,
             keys = -np.log1p(-u) / w
         out = np.argsort(keys, axis=1, kind="stable")[:, :num_samples]
     return _index_tensor(out.reshape(tuple(x.shape[:-1]) + (num_samples,)))
+
+
+# --------------------------------------------------------------------------- Gamma
+
+# Marsaglia-Tsang accepts at least 95% of its proposals for shapes >= 1 (and shapes below 1
+# are boosted to shape + 1), so 8 rounds leave an element unsampled with probability below
+# 0.05**8; those few go on drawing from a second stream (a different Philox key).
+_GAMMA_ROUNDS = 8
+_GAMMA_SPARE_SEED = 0x9E3779B97F4A7C15
+
+
+def _gamma_counters(n: int) -> int:
+    """Philox counters one standard_gamma of ``n`` elements reserves: per round two
+    Box-Muller uniforms and an acceptance uniform, then one uniform for the boost of small
+    shapes (float64 numbers, two words each)."""
+    return _GAMMA_ROUNDS * philox.counters_used(6 * n) + philox.counters_used(2 * n)
+
+
+def _marsaglia_tsang(seed: int, offset: int, shape: np.ndarray) -> np.ndarray:
+    """Standard Gamma(``shape``) draws for shapes >= 1 (Marsaglia and Tsang, "A simple method
+    for generating gamma variables", ACM TOMS 2000), from the counters at ``offset``."""
+    n = shape.size
+    d = shape - 1.0 / 3.0
+    c = 1.0 / np.sqrt(9.0 * d)
+    out = np.full(n, np.nan)
+    todo = np.arange(n)
+    for rounds in range(1 << 20):
+        if rounds == _GAMMA_ROUNDS:
+            seed = (seed + _GAMMA_SPARE_SEED) & 0xFFFFFFFFFFFFFFFF
+        if not todo.size:
+            break
+        # Each round has counters for all n elements reserved; the elements still to draw
+        # take the first of them, in order (deterministic, and later rounds are cheap).
+        u = philox.uniform(seed, offset, (3, todo.size), np.float64)
+        offset += philox.counters_used(6 * n)
+        z = np.sqrt(-2.0 * np.log1p(-u[0])) * np.cos(2.0 * np.pi * u[1])
+        v = (1.0 + c[todo] * z) ** 3
+        with np.errstate(invalid="ignore", divide="ignore"):
+            accept = (v > 0) & (np.log1p(-u[2]) < 0.5 * z * z + d[todo] * (1.0 - v + np.log(v)))
+        out[todo[accept]] = (d[todo] * v)[accept]
+        todo = todo[~accept]
+    return out
+
+
+def _standard_gamma_impl(key, alpha):
+    seed, offset = int(key[0]), int(key[1])
+    a = np.asarray(alpha, np.float64).reshape(-1)
+    valid = (a > 0) & np.isfinite(a)
+    boost = valid & (a < 1.0)
+    safe = np.where(valid, a, 1.0) + np.where(boost, 1.0, 0.0)
+    x = _marsaglia_tsang(seed, offset, safe)
+    n = a.size
+    # Gamma(a) = Gamma(a + 1) U^(1/a) for a < 1, U from the counters after the rounds'; in
+    # logs, as U^(1/a) underflows for tiny a.
+    boost_offset = offset + _GAMMA_ROUNDS * philox.counters_used(6 * n)
+    u = philox.uniform(seed, boost_offset, (n,), np.float64)
+    with np.errstate(divide="ignore"):
+        x = np.where(boost, np.exp(np.log(x) + np.log1p(-u) / np.where(boost, a, 1.0)), x)
+    x = np.where(valid, x, np.where(np.isposinf(a), np.inf, np.nan))
+    # A draw that underflows is the smallest normal number of the dtype, as torch's.
+    tiny = float(ml_dtypes.finfo(alpha.dtype).tiny)
+    return np.maximum(x, tiny).astype(alpha.dtype).reshape(alpha.shape)
+
+
+def _standard_gamma_infer(key: TensorType, alpha: TensorType) -> TensorType:
+    if key.shape != (2,) or key.dtype is not dtypes.int64:
+        raise ShapeError(f"standard_gamma: the key must be i64[2] (seed, offset), got {key}")
+    if not alpha.dtype.is_floating_point:
+        raise ShapeError(f"standard_gamma: expected a floating point concentration, got "
+                         f"{alpha.dtype.name}")
+    return alpha
+
+
+def _gamma_cdf_alpha_derivative(a, x):
+    """d/da of the regularized incomplete gamma function at (a, x): Richardson-extrapolated
+    central differences of the float64 series / continued fraction, taken of P below the
+    mode and of Q = 1 - P above it, where each has its relative accuracy."""
+    from fusegrad.ops.special import _igamma_np
+    upper = x > a
+    # P varies in a on the scale of a below 1 and of sqrt(a) (the spread of Gamma(a)) above.
+    h = 1e-3 * np.minimum(a, np.sqrt(a))
+
+    def central(step):
+        lo = np.where(upper, -_igamma_np(a - step, x, True), _igamma_np(a - step, x, False))
+        hi = np.where(upper, -_igamma_np(a + step, x, True), _igamma_np(a + step, x, False))
+        return (hi - lo) / (2.0 * step)
+    return (4.0 * central(h / 2.0) - central(h)) / 3.0
+
+
+def _standard_gamma_grad_impl(alpha, x):
+    """dx/dalpha of a standard Gamma draw x held at a fixed CDF value (implicit
+    reparameterization, Figurnov et al. 2018): -(dP/dalpha) / (dP/dx)."""
+    from fusegrad.ops.special import _lgamma_np
+    a = np.asarray(alpha, np.float64)
+    v = np.asarray(x, np.float64)
+    with np.errstate(all="ignore"):
+        log_density = (a - 1.0) * np.log(v) - v - _lgamma_np(a)
+        grad = -_gamma_cdf_alpha_derivative(a, v) / np.exp(log_density)
+    return grad.astype(alpha.dtype)
+
+
+def _standard_gamma_grad_infer(alpha: TensorType, x: TensorType) -> TensorType:
+    if alpha.shape != x.shape or alpha.dtype is not x.dtype:
+        raise ShapeError(f"standard_gamma_grad: concentration {alpha} and sample {x} differ")
+    return alpha
+
+
+standard_gamma_grad_prim = register(Primitive(
+    "standard_gamma_grad", Kind.EXTERN, _standard_gamma_grad_infer, _standard_gamma_grad_impl,
+    doc="The derivative of a standard Gamma draw with respect to its concentration, at a fixed "
+        "CDF value."))
+
+standard_gamma_prim = register(Primitive(
+    "standard_gamma", Kind.EXTERN, _standard_gamma_infer, _standard_gamma_impl,
+    (None, Rule(lambda g, out, key, alpha: mul(g, bind(standard_gamma_grad_prim, alpha, out)),
+                (1,), True)),
+    "StandardGammaBackward0",
+    doc="Standard Gamma(alpha) draws keyed by (seed, offset): Marsaglia-Tsang rejection, with "
+        "implicit reparameterization gradients."))
+
+
+def standard_gamma(concentration: Tensor, *, generator=None) -> Tensor:
+    """Gamma(concentration, 1) draws of ``concentration``'s shape, differentiable in the
+    concentration (``torch._standard_gamma``): the gradient is the implicit
+    reparameterization one, exact for each draw given its CDF value. Traces under
+    ``fusegrad.compile`` (fresh draws on each call)."""
+    from fusegrad.ops.creation import default_generator
+    gen = generator or default_generator
+    key = gen.next_key(4 * _gamma_counters(max(concentration.numel(), 1)))
+    return bind(standard_gamma_prim, key, concentration)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
-from tests.compiler.compare import check_compiled, strided, values
+from tests.compiler.compare import assert_same, check_compiled, strided, tensors, values
 from tests.compiler.test_compile_ops import numpy_ops
 
 # The primitives these tests compile, for tests/compiler/test_compile_ops.py's inventory.
@@ -17,7 +17,8 @@ EXTERN_PRIMITIVES = (
     "svd_s", "svd_vh", "eigh_values", "eigh_vectors", "matrix_exp", "lu_p", "lu_l", "lu_u",
     "lu_pivots", "pivots_to_p", "geqrf_a", "geqrf_tau",
     "polygamma", "lgamma", "erfc", "erfinv", "i0", "i1", "igamma", "igammac", "nextafter",
-    "frexp_mantissa", "frexp_exponent", "gcd", "lcm", "mode_index")
+    "frexp_mantissa", "frexp_exponent", "gcd", "lcm", "mode_index",
+    "standard_gamma", "standard_gamma_grad")
 
 
 def _matrices(seed: int) -> np.ndarray:
@@ -74,6 +75,25 @@ def test_float32_special_functions_compiled():
     x = values((3, 7), fg.float32, 7, special=False, low=0.1)
     check_compiled(lambda t: (fg.lgamma(t), fg.erfinv(t / 4), fg.i0(t), fg.digamma(t)), x,
                    rtol=1e-6)
+
+
+def gamma_program(alpha, x):
+    from fusegrad.ops.primitive import bind
+    from fusegrad.ops.sampling import standard_gamma, standard_gamma_grad_prim
+    shape = alpha.abs() + 0.1
+    return standard_gamma(shape), bind(standard_gamma_grad_prim, shape, x.abs() + 0.1)
+
+
+def test_gamma_sampling_primitives_compiled():
+    # The draws are keyed by the generator's state: seeded alike, compiled draws are eager's.
+    alpha = strided(values((4, 9), fg.float64, 8, special=False), "T")
+    x = values((4, 9), fg.float64, 9, special=False)
+    fg.manual_seed(0)
+    want = gamma_program(*tensors(alpha, x))
+    compiled = fg.compile(gamma_program, fullgraph=True)
+    fg.manual_seed(0)
+    assert_same(compiled(*tensors(alpha, x)), want, 1e-12, None)
+    assert {"standard_gamma", "standard_gamma_grad"} <= numpy_ops(compiled, alpha, x)
 
 
 def test_embedding_and_loss_checks_run_native_loops_and_raise_as_numpy_does():

@@ -647,6 +647,46 @@ def special_functions() -> Case:
                 expected)
 
 
+@case
+def gamma_draws() -> Case:
+    """Standard Gamma draws keyed like random_uniform (their statistics are checked in
+    tests/test_distributions.py; here every IR tool runs them)."""
+    import fusegrad.ops.sampling  # noqa: F401
+    g = Graph("gamma_draws")
+    key = g.add_input("key", T(2, dtype=D.int64))
+    alpha = g.add_input("alpha", T(3, dtype=D.float64))
+    g.set_outputs([g.add_node("standard_gamma", [key, alpha])])
+    return Case(g, (np.array([7, 3], np.int64), np.array([0.3, 1.0, 4.0])), None)
+
+
+@case
+def gamma_draw_gradient() -> Case:
+    """dx/dalpha of a Gamma draw at a fixed CDF value, against -(dP/dalpha) / density with
+    dP/dalpha summed from the series P = sum_n x^(a+n) e^-x / Gamma(a+n+1), term by term."""
+    import fusegrad.ops.sampling  # noqa: F401
+    g = Graph("gamma_draw_gradient")
+    alpha = g.add_input("alpha", T(3, dtype=D.float64))
+    x = g.add_input("x", T(3, dtype=D.float64))
+    g.set_outputs([g.add_node("standard_gamma_grad", [alpha, x])])
+    euler = 0.5772156649015329
+    digamma_a1 = {1.0: 1 - euler, 2.0: 1.5 - euler, 0.5: 2 - euler - 2 * math.log(2)}
+
+    def expected(alpha, x):
+        out = []
+        for a, v in zip(alpha, x):
+            psi, total = digamma_a1[float(a)], 0.0
+            for n in range(60):
+                if n:
+                    psi += 1 / (a + n)
+                term = math.exp((a + n) * math.log(v) - v - math.lgamma(a + n + 1))
+                total += term * (math.log(v) - psi)
+            density = math.exp((a - 1) * math.log(v) - v - math.lgamma(a))
+            out.append(-total / density)
+        return [np.array(out)]
+
+    return Case(g, (np.array([1.0, 2.0, 0.5]), np.array([0.5, 1.0, 0.2])), expected)
+
+
 def all_cases() -> dict[str, Case]:
     """A fresh instance of every case."""
     return {name: build() for name, build in CASES.items()}
