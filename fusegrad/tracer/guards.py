@@ -7,10 +7,14 @@ module's ``training`` flag decides whether Dropout is in the graph, a BatchNorm'
 at trace time. So a compiled entry also records what those were, and is only reused while
 they are the same:
 
-- the names its code reads (closure cells and globals, through nested functions and the
-  global functions it calls, a few levels deep): numbers, strings, None and tuples of them
-  by value (``K = 2.0`` then ``K = 10.0``), anything else (tensors, modules, optimizers,
-  functions) by identity (``scale = fusegrad.ones(4)`` rebinds the name to another tensor);
+- the closure cells and globals its code reads (the names its bytecode loads as globals,
+  ``LOAD_GLOBAL``, not those it uses as attribute names: a global ``step`` is not read by
+  ``opt.step()``), through nested functions and the functions it calls, a few levels deep:
+  numbers, strings, None and tuples of them by value (``K = 2.0`` then ``K = 10.0``),
+  anything else (tensors, modules, optimizers, functions) by identity (``scale =
+  fusegrad.ones(4)`` rebinds the name to another tensor);
+- of a user's Python module among them (``import config``), the attribute chains the code
+  reads off it (``config.SCALE``, ``config.sub.f``), guarded and followed the same way;
 - every module the trace called, however the function reached it (a closure, an argument,
   ``self.model`` of a method), and every module found among those names, with all their
   submodules: their plain attributes (``training``, ``momentum``, ``eps``, ``p``) by value or
@@ -33,19 +37,23 @@ schedulers like a user's objects: the learning rate that ``opt.step()`` reads is
 read at each call, but one the function reads itself (``opt.param_groups[0]["lr"]``,
 ``sched.get_last_lr()``, to log or scale by it) is a constant of the trace, guarded by value.
 
-Python modules (``math``, ``fusegrad``), builtins and fusegrad's other objects are not
-followed; nor an item reached with a computed key (``cfg[name]``), nor a list or dict
-attribute of a module changed in place: make such values arguments or tensors, which are
-read at call time.
+The standard library's and fusegrad's modules (``math``, ``fusegrad``), builtins and
+fusegrad's other objects are not followed; nor an item reached with a computed key
+(``cfg[name]``), nor a list or dict attribute of a module changed in place: make such values
+arguments or tensors, which are read at call time.
 """
 
 from __future__ import annotations
 
+import dis
+import functools
 import operator
+import sys
 import types
+from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["ClosureGuard", "ModuleGuard", "module_flags", "hashable"]
+__all__ = ["ClosureGuard", "ModuleGuard", "CodeReads", "code_reads", "module_flags", "hashable"]
 
 _MAX_DEPTH = 3
 _MAX_ITEMS = 64        # a longer list of numbers is guarded by identity only
@@ -191,9 +199,9 @@ class ClosureGuard:
         guard._add(fn, 0, seen)
         code = getattr(getattr(fn, "__func__", fn), "__code__", None)
         if code is not None:
-            names, keys = _refs(code)
+            reads = code_reads(code)
             for v in args:
-                guard._contents(v, names, keys, 0, seen)
+                guard._contents(v, reads.attributes, reads.keys, 0, seen)
         return guard
 
     def _add(self, fn, depth: int, seen: set) -> None:
@@ -203,34 +211,61 @@ class ClosureGuard:
         if code is None or id(code) in seen or depth > _MAX_DEPTH:
             return
         seen.add(id(code))
-        names, keys = _refs(code)
+        reads = code_reads(code)
+        names, keys = reads.attributes, reads.keys
         if owner is not None and not isinstance(owner, types.ModuleType):
             self._follow(owner, depth, seen, names, keys)
-        for cell in getattr(fn, "__closure__", None) or ():
+        for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
             try:
                 v = cell.cell_contents
             except ValueError:                         # an empty cell (defined later)
                 continue
-            if not isinstance(v, types.ModuleType):
+            if isinstance(v, types.ModuleType):
+                self._module_chains(v, reads.chains.get(name, ()), depth, seen, reads)
+            else:
                 self.cells.append((cell, _kind(v), v))
                 self._follow(v, depth, seen, names, keys)
         glob = getattr(fn, "__globals__", None)
         if glob is not None:
-            for name in names:
+            for name in reads.globals:
                 if name in glob:
                     v = glob[name]
-                    if not isinstance(v, types.ModuleType):
+                    if isinstance(v, types.ModuleType):
+                        self._module_chains(v, reads.chains.get(name, ()), depth, seen, reads)
+                    else:
                         self.globals_.append((glob, name, _kind(v), v))
                         self._follow(v, depth, seen, names, keys)
 
-    def _follow(self, v, depth: int, seen: set, names: set, keys: set) -> None:
+    def _module_chains(self, module: types.ModuleType, chains, depth: int, seen: set,
+                       reads: "CodeReads") -> None:
+        """Guard what the code reads off a user's Python module: each attribute chain
+        (``config.SCALE``, ``pkg.sub.helper``) down to the first value that is not a module,
+        which is guarded and followed as a global is. The standard library's modules and
+        those of fusegrad, numpy and the like are not followed."""
+        for chain in chains:
+            holder = module
+            for name in chain:
+                if not _is_users_module(holder):
+                    break
+                d = holder.__dict__
+                v = d.get(name, _MISSING)
+                if isinstance(v, types.ModuleType):
+                    holder = v
+                    continue
+                self.entries.append((d, name, _kind(v), v, "attribute"))
+                if v is not _MISSING:
+                    self._follow(v, depth, seen, reads.attributes, reads.keys)
+                break
+
+    def _follow(self, v, depth: int, seen: set, names, keys) -> None:
         """A recorded value: a module is guarded by a ModuleGuard, a user's function read in
         turn, a user's object or container by the attributes and items the code names."""
         if _is_module(v):
             self.modules.append(v)
             self._contents(v, names, keys, depth, seen)     # a user's module: self.cfg.k
         elif isinstance(v, (types.FunctionType, types.MethodType)):
-            if not getattr(v, "__module__", "").startswith("fusegrad"):
+            # (a function made by exec into a namespace without __name__ has no __module__)
+            if not (getattr(v, "__module__", None) or "").startswith("fusegrad"):
                 self._add(v, depth + 1, seen)
         elif isinstance(v, property):
             if isinstance(v.fget, types.FunctionType):
@@ -306,7 +341,8 @@ class ClosureGuard:
             if code is None or _user_dict(m) is None:
                 continue
             # (m may have been followed already, for the names of the function's own code)
-            self._contents(m, *_refs(code), 1, {id(code)})
+            reads = code_reads(code)
+            self._contents(m, reads.attributes, reads.keys, 1, {id(code)})
             self._add(forward, 1, self._seen)
 
     def forget(self, skip) -> None:
@@ -408,7 +444,7 @@ def _accessor_names(cls: type, names: set) -> set:
             if code is None or id(code) in seen:
                 continue
             seen.add(id(code))
-            more |= _refs(code)[0]
+            more |= code_reads(code).attributes
         more -= names | found
         found |= more
         todo = more
@@ -435,15 +471,77 @@ _FOLLOWED = "fusegrad.optim."
 _MISSING = object()
 
 
-def _refs(code) -> tuple[set[str], set]:
-    """What ``code`` and the code nested in it (lambdas, inner functions) may read by name:
-    its global and attribute names, and its constant strings and ints (the keys that
-    ``cfg["clip"]`` or ``sizes[0]`` read)."""
-    names = set(code.co_names)
+# The bytecode that reads or writes a name as a global (LOAD_NAME: a class body's, or code
+# run by exec), and as an attribute (LOAD_METHOD is LOAD_ATTR's method form up to 3.11; 3.12
+# merged them). Writes count as reads: a trace that writes a global or an attribute is found
+# out by the guard (ClosureGuard.changed) and refused.
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS",
+                         "STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME"})
+_ATTRIBUTE_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "STORE_ATTR",
+                            "DELETE_ATTR"})
+_CHAIN_START_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"})
+_CHAIN_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+
+
+@dataclass(frozen=True)
+class CodeReads:
+    """What a code object (and the code nested in it: lambdas, inner functions,
+    comprehensions) may read by name, from its bytecode.
+
+    ``globals``: the names it loads (or stores) as globals; ``attributes``: the names it
+    reads as attributes (``opt.step`` reads the attribute ``step``, not the global);
+    ``keys``: its constant strings and ints (the keys that ``cfg["clip"]`` or ``sizes[0]``
+    read); ``chains``: per global or closure variable name, the attribute chains read off
+    it (``config.sub.SCALE`` gives ``{"config": {("sub", "SCALE")}}``), for Python modules.
+    """
+
+    globals: frozenset
+    attributes: frozenset
+    keys: frozenset
+    chains: dict
+
+
+@functools.lru_cache(maxsize=4096)
+def code_reads(code: types.CodeType) -> CodeReads:
+    """The :class:`CodeReads` of ``code`` (``dis`` gives each instruction's name as
+    ``argval`` on every Python version: LOAD_GLOBAL's argument encoding changed in 3.11)."""
+    globals_, attributes = set(), set()
+    chains: dict[str, set] = {}
     keys = {c for c in code.co_consts if type(c) in (str, int)}
+    chain: list | None = None
+    for ins in dis.get_instructions(code):
+        op = ins.opname
+        if chain is not None and op in _CHAIN_OPS:
+            chain.append(ins.argval)
+        elif chain is not None:
+            if len(chain) > 1:
+                chains.setdefault(chain[0], set()).add(tuple(chain[1:]))
+            chain = None
+        if op in _GLOBAL_OPS:
+            globals_.add(ins.argval)
+        elif op in _ATTRIBUTE_OPS:
+            attributes.add(ins.argval)
+        if op in _CHAIN_START_OPS:
+            chain = [ins.argval]
+    if chain is not None and len(chain) > 1:
+        chains.setdefault(chain[0], set()).add(tuple(chain[1:]))
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            inner_names, inner_keys = _refs(const)
-            names |= inner_names
-            keys |= inner_keys
-    return names, keys
+            inner = code_reads(const)
+            globals_ |= inner.globals
+            attributes |= inner.attributes
+            keys |= inner.keys
+            for name, found in inner.chains.items():
+                chains.setdefault(name, set()).update(found)
+    return CodeReads(frozenset(globals_), frozenset(attributes), frozenset(keys),
+                     {name: frozenset(found) for name, found in chains.items()})
+
+
+def _is_users_module(module) -> bool:
+    """Whether a Python module is the user's (``config``, ``__main__``, a package of theirs):
+    not the standard library's, nor fusegrad's, numpy's or torch's."""
+    if not isinstance(module, types.ModuleType):
+        return False
+    top = (getattr(module, "__name__", None) or "").split(".")[0]
+    return bool(top) and top not in _FOREIGN and top not in sys.stdlib_module_names and \
+        top not in sys.builtin_module_names
