@@ -145,7 +145,7 @@ from fusegrad import (  # noqa: E402
 from fusegrad import aot  # noqa: E402
 
 # isort: split
-# torch._dynamo's names that torch programs use with compile (utils.counters).
+# torch._dynamo's names that torch programs use with compile (OptimizedModule, utils.counters).
 from fusegrad import _dynamo  # noqa: E402
 
 # isort: split

@@ -1153,7 +1153,9 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
     """Compile ``fn`` (a function or an ``nn.Module``) to fused kernels.
 
     Usable as ``@fusegrad.compile``, ``@fusegrad.compile(fullgraph=True)`` or
-    ``fusegrad.compile(model)``. A whole training step compiles to one graph:
+    ``fusegrad.compile(model)``, which returns an ``OptimizedModule`` as torch's does (the
+    model is its ``_orig_mod``; state-dict keys carry the ``_orig_mod.`` prefix). A whole
+    training step compiles to one graph:
     ``opt.zero_grad(); loss.backward(); opt.step()`` inside the function are captured, and
     parameters, ``.grad`` and optimizer state are updated in place after each call.
 
@@ -1195,5 +1197,8 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
                                     static_argnames=static_argnames,
                                     donate_argnums=donate_argnums, fullgraph=fullgraph,
                                     pipeline=pipeline)
-        return compiled
+        if compiled.module is None:
+            return compiled
+        from fusegrad._dynamo.eval_frame import OptimizedModule
+        return OptimizedModule(f, compiled)
     return wrap if fn is None else wrap(fn)
