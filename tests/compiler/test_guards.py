@@ -312,5 +312,20 @@ def test_a_guard_that_cannot_be_built_runs_eagerly_and_says_so(monkeypatch, caps
         assert f(x3).tolist() == [2.0, 4.0, 6.0]
     assert f(x3).tolist() == [2.0, 4.0, 6.0] and f.compiles == 0
     assert "running <lambda> eagerly: fusegrad.compile cannot guard" in capsys.readouterr().err
+    assert any("cannot guard" in reason for reason in fg._dynamo.utils.counters["graph_break"])
     with pytest.raises(fg.ConcretizationError, match="no attributes here"):
         fg.compile(lambda x: x * obj.k, fullgraph=True)(x3)
+
+
+def test_a_gradient_hook_without_a_module_is_traced_into_the_step():
+    double = exec_defined("def double(g):\n    return g * 2\n", "double")
+    w = fg.ones(3, requires_grad=True)
+    w.register_hook(double)
+
+    def step(x):
+        w.grad = None
+        (w * x).sum().backward()
+        return w.grad * 1
+
+    f = fg.compile(step, fullgraph=True)
+    assert f(x3).tolist() == [2.0, 4.0, 6.0] and f.compiles == 1
