@@ -179,7 +179,7 @@ class ClosureGuard:
     """The closure cells and globals a function's code reads, and the attributes and items
     of objects it reaches through them, with what they held."""
 
-    __slots__ = ("cells", "globals_", "entries", "modules", "_seen")
+    __slots__ = ("cells", "globals_", "entries", "modules", "_seen", "_attributes", "_plain")
 
     def __init__(self):
         self.cells: list[tuple[Any, str, Any]] = []            # cell, kind, value
@@ -189,6 +189,10 @@ class ClosureGuard:
         self.entries: list[tuple[Any, Any, Any, Any, str]] = []
         self.modules: list = []         # the modules among them, for a ModuleGuard
         self._seen: set = set()         # the code and objects followed
+        # The attribute names the code followed reads, and those it reads other than as a
+        # method to call (see _drop_uncalled).
+        self._attributes: set = set()
+        self._plain: set = set()
 
     @classmethod
     def of(cls, fn: Callable, args=()) -> "ClosureGuard":
@@ -202,7 +206,22 @@ class ClosureGuard:
             reads = code_reads(code)
             for v in args:
                 guard._contents(v, reads.attributes, reads.keys, 0, seen)
+        guard._drop_uncalled()
         return guard
+
+    def _note(self, reads: "CodeReads") -> None:
+        self._attributes |= reads.attributes
+        self._plain |= reads.plain
+
+    def _drop_uncalled(self) -> None:
+        """Drop the guards on attributes that hold no callable and whose name the code only
+        calls as a method (``opt.step()``, ``loss.backward()``): the code cannot be reading
+        them (a ``trainer.step`` counter next to ``self.opt.step()``), it would call them."""
+        called = self._attributes - self._plain
+        if called:
+            self.entries = [e for e in self.entries
+                            if not (e[4] == "attribute" and e[1] in called and
+                                    e[3] is not _MISSING and not callable(e[3]))]
 
     def _add(self, fn, depth: int, seen: set) -> None:
         owner = getattr(fn, "__self__", None)          # bound methods: self is read too
@@ -212,6 +231,7 @@ class ClosureGuard:
             return
         seen.add(id(code))
         reads = code_reads(code)
+        self._note(reads)
         names, keys = reads.attributes, reads.keys
         if owner is not None and not isinstance(owner, types.ModuleType):
             self._follow(owner, depth, seen, names, keys)
@@ -303,7 +323,9 @@ class ClosureGuard:
             # (``self.scale`` behind a property); not an optimizer's: what its step() and
             # zero_grad() read has the optimizer's own guard.
             if not _is_optimizer(d):
-                names = names | _accessor_names(type(v), names)
+                for reads in _accessor_reads(type(v), names):
+                    self._note(reads)
+                    names = names | reads.attributes
             for n in names:
                 if n not in d and _class_owner(type(v), n) is not None:
                     # Read from the class now; an attribute set on the object would hide it.
@@ -342,8 +364,10 @@ class ClosureGuard:
                 continue
             # (m may have been followed already, for the names of the function's own code)
             reads = code_reads(code)
+            self._note(reads)
             self._contents(m, reads.attributes, reads.keys, 1, {id(code)})
             self._add(forward, 1, self._seen)
+        self._drop_uncalled()
 
     def forget(self, skip) -> None:
         """Stop guarding the attributes in ``skip`` ((id of the dict, name)): the compiled
@@ -426,11 +450,12 @@ def _class_owner(cls: type, name: str) -> type | None:
     return None
 
 
-def _accessor_names(cls: type, names: set) -> set:
-    """The names read by the code of the properties and methods of ``cls`` among ``names``,
-    and of those they name in turn, a few levels deep."""
-    found: set = set()
+def _accessor_reads(cls: type, names) -> list["CodeReads"]:
+    """What the code of the properties and methods of ``cls`` among ``names`` reads, and of
+    those they name in turn, a few levels deep."""
+    found: list = []
     seen: set = set()
+    known = set(names)
     todo = set(names)
     for _ in range(_MAX_DEPTH):
         more: set = set()
@@ -444,10 +469,11 @@ def _accessor_names(cls: type, names: set) -> set:
             if code is None or id(code) in seen:
                 continue
             seen.add(id(code))
-            more |= code_reads(code).attributes
-        more -= names | found
-        found |= more
-        todo = more
+            reads = code_reads(code)
+            found.append(reads)
+            more |= reads.attributes
+        todo = more - known
+        known |= more
     return found
 
 
@@ -481,6 +507,7 @@ _ATTRIBUTE_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "STOR
                             "DELETE_ATTR"})
 _CHAIN_START_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"})
 _CHAIN_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_METHOD_BIT = sys.version_info >= (3, 12)
 
 
 @dataclass(frozen=True)
@@ -489,7 +516,8 @@ class CodeReads:
     comprehensions) may read by name, from its bytecode.
 
     ``globals``: the names it loads (or stores) as globals; ``attributes``: the names it
-    reads as attributes (``opt.step`` reads the attribute ``step``, not the global);
+    reads as attributes (``opt.step`` reads the attribute ``step``, not the global), and
+    ``plain`` those of them it reads other than as a method it calls (``opt.step()``);
     ``keys``: its constant strings and ints (the keys that ``cfg["clip"]`` or ``sizes[0]``
     read); ``chains``: per global or closure variable name, the attribute chains read off
     it (``config.sub.SCALE`` gives ``{"config": {("sub", "SCALE")}}``), for Python modules.
@@ -497,6 +525,7 @@ class CodeReads:
 
     globals: frozenset
     attributes: frozenset
+    plain: frozenset
     keys: frozenset
     chains: dict
 
@@ -505,7 +534,7 @@ class CodeReads:
 def code_reads(code: types.CodeType) -> CodeReads:
     """The :class:`CodeReads` of ``code`` (``dis`` gives each instruction's name as
     ``argval`` on every Python version: LOAD_GLOBAL's argument encoding changed in 3.11)."""
-    globals_, attributes = set(), set()
+    globals_, attributes, plain = set(), set(), set()
     chains: dict[str, set] = {}
     keys = {c for c in code.co_consts if type(c) in (str, int)}
     chain: list | None = None
@@ -521,6 +550,10 @@ def code_reads(code: types.CodeType) -> CodeReads:
             globals_.add(ins.argval)
         elif op in _ATTRIBUTE_OPS:
             attributes.add(ins.argval)
+            # A method load (``x.f(...)``): LOAD_METHOD up to 3.11, LOAD_ATTR with the low
+            # bit of its argument set from 3.12 (documented in dis).
+            if not (op == "LOAD_METHOD" or op == "LOAD_ATTR" and _METHOD_BIT and ins.arg & 1):
+                plain.add(ins.argval)
         if op in _CHAIN_START_OPS:
             chain = [ins.argval]
     if chain is not None and len(chain) > 1:
@@ -530,10 +563,11 @@ def code_reads(code: types.CodeType) -> CodeReads:
             inner = code_reads(const)
             globals_ |= inner.globals
             attributes |= inner.attributes
+            plain |= inner.plain
             keys |= inner.keys
             for name, found in inner.chains.items():
                 chains.setdefault(name, set()).update(found)
-    return CodeReads(frozenset(globals_), frozenset(attributes), frozenset(keys),
+    return CodeReads(frozenset(globals_), frozenset(attributes), frozenset(plain), frozenset(keys),
                      {name: frozenset(found) for name, found in chains.items()})
 
 

@@ -329,3 +329,38 @@ def test_a_gradient_hook_without_a_module_is_traced_into_the_step():
 
     f = fg.compile(step, fullgraph=True)
     assert f(x3).tolist() == [2.0, 4.0, 6.0] and f.compiles == 1
+
+
+class Trainer:
+    """A trainer object as users write them: a ``step`` counter next to ``self.opt.step()``."""
+
+    def __init__(self, scale: float):
+        fg.manual_seed(0)
+        self.model = fg.nn.Linear(3, 1)
+        self.opt = fg.optim.SGD(self.model.parameters(), lr=0.1)
+        self.step = 0
+        self.scale = scale
+
+    @fg.compile
+    def train_step(self, x):
+        self.opt.zero_grad()
+        loss = self.model(x).pow(2).mean() * self.scale
+        loss.backward()
+        self.opt.step()
+        return loss
+
+
+def test_an_attribute_the_code_only_calls_as_a_method_is_not_guarded_by_value():
+    """``trainer.step`` (a counter) has the name of ``self.opt.step()``, which the code only
+    calls: the counter is not read, and counting steps does not recompile. ``self.scale``,
+    read as a value, is guarded."""
+    trainer = Trainer(1.0)
+    x = fg.ones(4, 3)
+    for _ in range(4):
+        trainer.train_step(x)
+        trainer.step += 1
+    assert trainer.train_step.compiles == 1
+    trainer.scale = 2.0
+    trainer.train_step(x)
+    assert trainer.train_step.compiles == 2
+    assert trainer.train_step.recompile_reasons == ["attribute 'scale': 1.0 -> 2.0 changed"]
