@@ -26,8 +26,10 @@ they are the same:
 - attributes and items of the other objects reached that way, or given as non-tensor
   arguments (``self`` of a compiled method, a config object, a dict): those whose names the
   code mentions (``self.k``, ``cfg.lr``, ``cfg["clip"]``: an attribute name or a constant key
-  in the code), by value or identity, and followed in turn (``self.cfg.lr``); a list of
-  numbers and strings by its items. An attribute the object takes from its class is guarded
+  in the code), by value or identity, and followed in turn (``self.cfg.lr``), but not an
+  attribute holding no callable under a name the code only calls as a method (a
+  ``self.step`` counter next to ``self.opt.step()``); a list of numbers and strings by its
+  items. An attribute the object takes from its class is guarded
   where the MRO finds it, with its absence from the object and the classes before (setting
   ``cfg.k``, or ``Base.k``, hides or changes it); what properties and methods of the class
   read of the object is guarded too.
