@@ -504,7 +504,7 @@ _MISSING = object()
 # merged them). Writes count as reads: a trace that writes a global or an attribute is found
 # out by the guard (ClosureGuard.changed) and refused.
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS",
-                         "STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME"})
+                         "STORE_GLOBAL", "DELETE_GLOBAL"})
 _ATTRIBUTE_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "STORE_ATTR",
                             "DELETE_ATTR"})
 _CHAIN_START_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"})

@@ -364,3 +364,19 @@ def test_an_attribute_the_code_only_calls_as_a_method_is_not_guarded_by_value():
     trainer.train_step(x)
     assert trainer.train_step.compiles == 2
     assert trainer.train_step.recompile_reasons == ["attribute 'scale': 1.0 -> 2.0 changed"]
+
+
+LAST_SCALE = 0.0
+
+
+def test_a_global_the_function_only_writes_is_guarded_and_the_write_refused():
+    """``global LAST_SCALE; LAST_SCALE = ...`` stores without loading: a compiled call would
+    not write it, so the trace's write is found, undone and refused."""
+    def record(x):
+        global LAST_SCALE
+        LAST_SCALE = 2.0
+        return x * 2
+
+    with pytest.raises(fg.ConcretizationError, match="global 'LAST_SCALE': 0.0 -> 2.0"):
+        fg.compile(record, fullgraph=True)(x3)
+    assert LAST_SCALE == 0.0
