@@ -92,6 +92,19 @@ def test_attribute_chain_of_a_users_module_is_guarded():
         settings.SCALE, settings.sub.SHIFT, settings.unrelated = 2.0, 1.0, 0
 
 
+def test_attribute_chain_of_a_users_module_in_a_closure_is_guarded():
+    def make():
+        config = settings                            # a module held by a closure cell
+        return lambda x: x * config.SCALE
+    f = fg.compile(make())
+    try:
+        assert f(x3).tolist() == [2.0, 4.0, 6.0]
+        settings.SCALE = 3.0
+        assert f(x3).tolist() == [3.0, 6.0, 9.0] and f.compiles == 2
+    finally:
+        settings.SCALE = 2.0
+
+
 config_object = types.SimpleNamespace(k=2.0, other=1.0)
 
 
