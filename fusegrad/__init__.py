@@ -145,6 +145,10 @@ from fusegrad import (  # noqa: E402
 from fusegrad import aot  # noqa: E402
 
 # isort: split
+# torch._dynamo's names that torch programs use with compile (OptimizedModule, utils.counters).
+from fusegrad import _dynamo  # noqa: E402
+
+# isort: split
 # torch.linalg's norms and products, torch.special's names; a torch name fusegrad lacks raises an
 # AttributeError that says so.
 from fusegrad import linalg, special  # noqa: E402

@@ -375,7 +375,9 @@ def _root(a: np.ndarray) -> np.ndarray:
 
 def _referenced(fn) -> list[tuple[str, Any]]:
     """(name, object) for what ``fn`` refers to: itself if a module, its closure's cells
-    and the globals its code names (depth one: a step's model and optimizer)."""
+    and the globals its code loads (depth one: a step's model and optimizer; not a global
+    named like an attribute it reads, as ``step`` in ``opt.step()``)."""
+    from fusegrad.tracer.guards import code_reads
     out = []
     if hasattr(fn, "named_parameters"):
         out.append(("", fn))
@@ -387,7 +389,8 @@ def _referenced(fn) -> list[tuple[str, Any]]:
             except ValueError:          # an empty cell
                 pass
         glob = getattr(fn, "__globals__", {})
-        out += [(name, glob[name]) for name in code.co_names if name in glob]
+        loaded = code_reads(code).globals
+        out += [(name, glob[name]) for name in code.co_names if name in loaded and name in glob]
     return out
 
 

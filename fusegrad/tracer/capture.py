@@ -688,7 +688,7 @@ def _call_hook(hook, arg):
     """``hook(arg)`` while tracing. A user's hook that changes a Python value it reads (a
     list it appends gradients to, a counter) would do so once, when traced, and never at the
     compiled calls: refused (the function then runs eagerly), its changes undone."""
-    if getattr(hook, "__module__", "").startswith("fusegrad"):
+    if (getattr(hook, "__module__", None) or "").startswith("fusegrad"):
         return hook(arg)             # fusegrad's own (data-parallel all-reduce launches)
     guard = ClosureGuard.of(hook)
     out = hook(arg)

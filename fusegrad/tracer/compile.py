@@ -16,14 +16,18 @@ instead, so higher-order gradients still work.
 
 ``fullgraph=False`` (the default, as in torch) runs a function whose tracing fails on
 data-dependent Python eagerly, with one warning; ``fullgraph=True`` raises the tracer's
-error. ``FUSEGRAD_DEBUG=1`` prints one line per compile and the reason for a recompile.
-As torch's ``recompile_limit``, a function compiles for at most ``fusegrad.config.recompile_limit``
+error. ``FUSEGRAD_DEBUG=1`` prints one line per compile, the reason for each recompile and
+each eager fallback. A compiled function counts its compiles (``compiled.compiles``) and
+keeps the reason of each recompile (``compiled.recompile_reasons``); :data:`counters` counts
+over all of them, in the shape of torch's ``torch._dynamo.utils.counters``. As torch's
+``recompile_limit``, a function compiles for at most ``fusegrad.config.recompile_limit``
 (default 8) signatures; calls with further ones run eagerly, with one warning naming the
 guards that kept changing.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import sys
@@ -64,11 +68,17 @@ from fusegrad.tracer.trace import (
     tree_unflatten,
 )
 
-__all__ = ["compile", "CompiledFunction", "Lowered", "RECOMPILE_WARNING_LIMIT"]
+__all__ = ["compile", "CompiledFunction", "Lowered", "counters", "RECOMPILE_WARNING_LIMIT"]
 
 RECOMPILE_WARNING_LIMIT = 8        # the default of config.recompile_limit (kept for imports)
 DEFAULT_PIPELINE = "simplify,strip-barriers,cse,dce,matmul-layout,overlap-collectives"
 BACKENDS = ("llvm", "interpreter", "cuda")
+
+# Over all compiled functions, as torch's torch._dynamo.utils.counters (fusegrad._dynamo.utils
+# has it under that name): counters["frames"]["total"] traces started, ["frames"]["ok"] those
+# compiled, ["stats"]["unique_graphs"] programs made, ["graph_break"][reason] calls sent to
+# eager by a trace that failed. Clear it with counters.clear().
+counters: collections.defaultdict = collections.defaultdict(collections.Counter)
 
 
 @dataclass
@@ -157,6 +167,7 @@ class CompiledFunction:
         self._fast_ok = self.module is None and not self.static_argnums and \
             not self.static_argnames
         self.compiles = 0
+        self.recompile_reasons: list[str] = []   # why each compile after the first happened
         self._eager_keys: set = set()
         self._warned_eager = False
         self._warned_limit = False
@@ -232,9 +243,16 @@ class CompiledFunction:
 
     def _compile(self, key, args, kwargs) -> _Entry:
         start = time.perf_counter()
+        counters["frames"]["total"] += 1
+        # Why this call needs a trace, said before tracing changes what the guards read.
+        reason = self._reason(key) if self.cache else None
+        name = getattr(self.fn, "__name__", type(self.fn).__name__)
         # Non-tensor arguments are baked into the trace (and part of the guard key); what the
         # function reads from its closure and globals is guarded.
-        closure = self._closure_guard(args, kwargs)
+        try:
+            closure = self._closure_guard(args, kwargs)
+        except Exception as e:       # what it reads cannot be guarded: eager, never a crash
+            raise _unguardable(name, e) from e
         graph = trace_with_state(self.fn, args, kwargs)
         info = graph.meta
         effect = closure.changed()
@@ -244,7 +262,6 @@ class CompiledFunction:
             # happen once. The trace's changes are undone and the function runs eagerly.
             closure.restore()
             info.capture.rollback()
-            name = getattr(self.fn, "__name__", type(self.fn).__name__)
             raise ConcretizationError(
                 f"{name} changes a Python value it reads ({effect}) when it runs; a compiled "
                 "call runs no Python, so the change would happen only once, when the function "
@@ -271,19 +288,27 @@ class CompiledFunction:
                 print(f"[fusegrad] LLVM IR of {graph.name}:\n{program.llvm_ir}", file=sys.stderr)
         entry = _Entry(graph, optimized, program, info)
         entry.out_dtypes = [o.type.dtype for o in optimized.outputs]
-        entry.guard = _entry_guard(info, closure, self.module)
+        try:
+            entry.guard = _entry_guard(info, closure, self.module)
+        except Exception as e:
+            info.capture.rollback()
+            raise _unguardable(name, e) from e
         entry.one_shot = _makes_optimizer_state(info.capture)
         cap = info.capture
         entry.plain_inputs = self.module is None and info.rng_input is None and \
             not info.lifted and not cap.grad_inputs and not cap.scalar_inputs
         entry.compile_ms = (time.perf_counter() - start) * 1e3
         self.compiles += 1
+        counters["frames"]["ok"] += 1
+        counters["stats"]["unique_graphs"] += 1
+        if reason is not None:
+            self.recompile_reasons.append(reason)
         if config.debug >= 1:
             kernels = program.kernels() if program is not None else []
             print(f"[fusegrad] compiled {graph.name}: {len(graph.nodes)} nodes, "
                   f"{len(kernels)} kernels, {entry.compile_ms:.1f} ms", file=sys.stderr)
-            if self._last_key is not None:
-                print(f"[fusegrad] recompile reason: {self._reason(key)}", file=sys.stderr)
+            if reason is not None:
+                print(f"[fusegrad] recompile reason: {reason}", file=sys.stderr)
         return entry
 
     def _closure_guard(self, args, kwargs) -> ClosureGuard:
@@ -382,6 +407,10 @@ class CompiledFunction:
             except ConcretizationError as e:
                 if self.fullgraph:
                     raise
+                counters["graph_break"][str(e).split("\n")[0]] += 1
+                if config.debug >= 1:
+                    print(f"[fusegrad] running {getattr(self.fn, '__name__', 'fn')} eagerly: {e}",
+                          file=sys.stderr)
                 if not self._warned_eager:
                     warnings.warn(f"fusegrad.compile: running {getattr(self.fn, '__name__', 'fn')}"
                                   f" eagerly: {e}", UserWarning, stacklevel=2)
@@ -557,7 +586,7 @@ class CompiledFunction:
             # Its state tensors are now the optimizer's, and a later call with no state
             # (opt.load_state_dict of a fresh state, state.clear()) must make new ones, as
             # eager does: that call traces again.
-            entry.guard, entry.fast = _never, None
+            entry.guard, entry.fast = _spent, None
         user = results[:info.n_user_outputs] if len(results) > info.n_user_outputs else results
         if any(info.output_aliases):
             user = _alias_outputs(list(user), info.output_aliases, inputs)
@@ -880,8 +909,21 @@ def _hook_key(t: Tensor):
         if hooks or post else None
 
 
-def _never(*_) -> bool:
+def _spent(get_inputs=None) -> bool:
+    """The guard of a one-shot entry once it ran: it never holds again."""
     return False
+
+
+_spent.why = lambda get_inputs=None: \
+    "an optimizer's state (made by the first step, whose program runs once)"
+
+
+def _unguardable(name: str, error: Exception) -> ConcretizationError:
+    """The error that sends a call to eager (or, with fullgraph=True, to the user) when what
+    the function reads cannot be guarded."""
+    return ConcretizationError(
+        f"fusegrad.compile cannot guard what {name} reads from its globals, closure or "
+        f"objects ({type(error).__name__}: {error}); it runs eagerly")
 
 
 def _makes_optimizer_state(cap) -> bool:
@@ -1135,7 +1177,9 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
     """Compile ``fn`` (a function or an ``nn.Module``) to fused kernels.
 
     Usable as ``@fusegrad.compile``, ``@fusegrad.compile(fullgraph=True)`` or
-    ``fusegrad.compile(model)``. A whole training step compiles to one graph:
+    ``fusegrad.compile(model)``, which returns an ``OptimizedModule`` as torch's does (the
+    model is its ``_orig_mod``; state-dict keys carry the ``_orig_mod.`` prefix). A whole
+    training step compiles to one graph:
     ``opt.zero_grad(); loss.backward(); opt.step()`` inside the function are captured, and
     parameters, ``.grad`` and optimizer state are updated in place after each call.
 
@@ -1148,6 +1192,13 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
     the fused kernels with no per-call compilation); ``dynamic=True`` (symbolic shapes) is not
     supported and raises; ``disable=True`` returns ``fn`` unchanged; ``options`` has no keys
     that fusegrad reads, so any key raises.
+
+    Recompiles: a compiled entry is reused while the arguments' shapes, dtypes and flags and
+    what the function reads (the globals and closure variables its code loads, the attributes
+    and items it reads of them, the modules and optimizers it calls) are as they were. The
+    compiled function counts its compiles in ``compiles`` and keeps why each recompile
+    happened in ``recompile_reasons``; ``FUSEGRAD_DEBUG=1`` prints each reason, and
+    ``fusegrad._dynamo.utils.counters`` counts over all functions, as torch's does.
     """
     if mode not in TORCH_MODES:
         raise RuntimeError(f"Unrecognized mode={mode}, should be one of: "
@@ -1166,7 +1217,12 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
         return fn if fn is not None else (lambda f: f)
 
     def wrap(f):
-        return CompiledFunction(f, backend=backend, static_argnums=static_argnums,
-                                static_argnames=static_argnames, donate_argnums=donate_argnums,
-                                fullgraph=fullgraph, pipeline=pipeline)
+        compiled = CompiledFunction(f, backend=backend, static_argnums=static_argnums,
+                                    static_argnames=static_argnames,
+                                    donate_argnums=donate_argnums, fullgraph=fullgraph,
+                                    pipeline=pipeline)
+        if compiled.module is None:
+            return compiled
+        from fusegrad._dynamo.eval_frame import OptimizedModule
+        return OptimizedModule(f, compiled)
     return wrap if fn is None else wrap(fn)

@@ -7,10 +7,14 @@ module's ``training`` flag decides whether Dropout is in the graph, a BatchNorm'
 at trace time. So a compiled entry also records what those were, and is only reused while
 they are the same:
 
-- the names its code reads (closure cells and globals, through nested functions and the
-  global functions it calls, a few levels deep): numbers, strings, None and tuples of them
-  by value (``K = 2.0`` then ``K = 10.0``), anything else (tensors, modules, optimizers,
-  functions) by identity (``scale = fusegrad.ones(4)`` rebinds the name to another tensor);
+- the closure cells and globals its code reads (the names its bytecode loads as globals,
+  ``LOAD_GLOBAL``, not those it uses as attribute names: a global ``step`` is not read by
+  ``opt.step()``), through nested functions and the functions it calls, a few levels deep:
+  numbers, strings, None and tuples of them by value (``K = 2.0`` then ``K = 10.0``),
+  anything else (tensors, modules, optimizers, functions) by identity (``scale =
+  fusegrad.ones(4)`` rebinds the name to another tensor);
+- of a user's Python module among them (``import config``), the attribute chains the code
+  reads off it (``config.SCALE``, ``config.sub.f``), guarded and followed the same way;
 - every module the trace called, however the function reached it (a closure, an argument,
   ``self.model`` of a method), and every module found among those names, with all their
   submodules: their plain attributes (``training``, ``momentum``, ``eps``, ``p``) by value or
@@ -22,8 +26,10 @@ they are the same:
 - attributes and items of the other objects reached that way, or given as non-tensor
   arguments (``self`` of a compiled method, a config object, a dict): those whose names the
   code mentions (``self.k``, ``cfg.lr``, ``cfg["clip"]``: an attribute name or a constant key
-  in the code), by value or identity, and followed in turn (``self.cfg.lr``); a list of
-  numbers and strings by its items. An attribute the object takes from its class is guarded
+  in the code), by value or identity, and followed in turn (``self.cfg.lr``), but not an
+  attribute holding no callable under a name the code only calls as a method (a
+  ``self.step`` counter next to ``self.opt.step()``); a list of numbers and strings by its
+  items. An attribute the object takes from its class is guarded
   where the MRO finds it, with its absence from the object and the classes before (setting
   ``cfg.k``, or ``Base.k``, hides or changes it); what properties and methods of the class
   read of the object is guarded too.
@@ -33,19 +39,23 @@ schedulers like a user's objects: the learning rate that ``opt.step()`` reads is
 read at each call, but one the function reads itself (``opt.param_groups[0]["lr"]``,
 ``sched.get_last_lr()``, to log or scale by it) is a constant of the trace, guarded by value.
 
-Python modules (``math``, ``fusegrad``), builtins and fusegrad's other objects are not
-followed; nor an item reached with a computed key (``cfg[name]``), nor a list or dict
-attribute of a module changed in place: make such values arguments or tensors, which are
-read at call time.
+The standard library's and fusegrad's modules (``math``, ``fusegrad``), builtins and
+fusegrad's other objects are not followed; nor an item reached with a computed key
+(``cfg[name]``), nor a list or dict attribute of a module changed in place: make such values
+arguments or tensors, which are read at call time.
 """
 
 from __future__ import annotations
 
+import dis
+import functools
 import operator
+import sys
 import types
+from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["ClosureGuard", "ModuleGuard", "module_flags", "hashable"]
+__all__ = ["ClosureGuard", "ModuleGuard", "CodeReads", "code_reads", "module_flags", "hashable"]
 
 _MAX_DEPTH = 3
 _MAX_ITEMS = 64        # a longer list of numbers is guarded by identity only
@@ -171,7 +181,7 @@ class ClosureGuard:
     """The closure cells and globals a function's code reads, and the attributes and items
     of objects it reaches through them, with what they held."""
 
-    __slots__ = ("cells", "globals_", "entries", "modules", "_seen")
+    __slots__ = ("cells", "globals_", "entries", "modules", "_seen", "_attributes", "_plain")
 
     def __init__(self):
         self.cells: list[tuple[Any, str, Any]] = []            # cell, kind, value
@@ -181,6 +191,10 @@ class ClosureGuard:
         self.entries: list[tuple[Any, Any, Any, Any, str]] = []
         self.modules: list = []         # the modules among them, for a ModuleGuard
         self._seen: set = set()         # the code and objects followed
+        # The attribute names the code followed reads, and those it reads other than as a
+        # method to call (see _drop_uncalled).
+        self._attributes: set = set()
+        self._plain: set = set()
 
     @classmethod
     def of(cls, fn: Callable, args=()) -> "ClosureGuard":
@@ -191,10 +205,25 @@ class ClosureGuard:
         guard._add(fn, 0, seen)
         code = getattr(getattr(fn, "__func__", fn), "__code__", None)
         if code is not None:
-            names, keys = _refs(code)
+            reads = code_reads(code)
             for v in args:
-                guard._contents(v, names, keys, 0, seen)
+                guard._contents(v, reads.attributes, reads.keys, 0, seen)
+        guard._drop_uncalled()
         return guard
+
+    def _note(self, reads: "CodeReads") -> None:
+        self._attributes |= reads.attributes
+        self._plain |= reads.plain
+
+    def _drop_uncalled(self) -> None:
+        """Drop the guards on attributes that hold no callable and whose name the code only
+        calls as a method (``opt.step()``, ``loss.backward()``): the code cannot be reading
+        them (a ``trainer.step`` counter next to ``self.opt.step()``), it would call them."""
+        called = self._attributes - self._plain
+        if called:
+            self.entries = [e for e in self.entries
+                            if not (e[4] == "attribute" and e[1] in called and
+                                    e[3] is not _MISSING and not callable(e[3]))]
 
     def _add(self, fn, depth: int, seen: set) -> None:
         owner = getattr(fn, "__self__", None)          # bound methods: self is read too
@@ -203,34 +232,62 @@ class ClosureGuard:
         if code is None or id(code) in seen or depth > _MAX_DEPTH:
             return
         seen.add(id(code))
-        names, keys = _refs(code)
+        reads = code_reads(code)
+        self._note(reads)
+        names, keys = reads.attributes, reads.keys
         if owner is not None and not isinstance(owner, types.ModuleType):
             self._follow(owner, depth, seen, names, keys)
-        for cell in getattr(fn, "__closure__", None) or ():
+        for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
             try:
                 v = cell.cell_contents
             except ValueError:                         # an empty cell (defined later)
                 continue
-            if not isinstance(v, types.ModuleType):
+            if isinstance(v, types.ModuleType):
+                self._module_chains(v, reads.chains.get(name, ()), depth, seen, reads)
+            else:
                 self.cells.append((cell, _kind(v), v))
                 self._follow(v, depth, seen, names, keys)
         glob = getattr(fn, "__globals__", None)
         if glob is not None:
-            for name in names:
+            for name in reads.globals:
                 if name in glob:
                     v = glob[name]
-                    if not isinstance(v, types.ModuleType):
+                    if isinstance(v, types.ModuleType):
+                        self._module_chains(v, reads.chains.get(name, ()), depth, seen, reads)
+                    else:
                         self.globals_.append((glob, name, _kind(v), v))
                         self._follow(v, depth, seen, names, keys)
 
-    def _follow(self, v, depth: int, seen: set, names: set, keys: set) -> None:
+    def _module_chains(self, module: types.ModuleType, chains, depth: int, seen: set,
+                       reads: "CodeReads") -> None:
+        """Guard what the code reads off a user's Python module: each attribute chain
+        (``config.SCALE``, ``pkg.sub.helper``) down to the first value that is not a module,
+        which is guarded and followed as a global is. The standard library's modules and
+        those of fusegrad, numpy and the like are not followed."""
+        for chain in chains:
+            holder = module
+            for name in chain:
+                if not _is_users_module(holder):
+                    break
+                d = holder.__dict__
+                v = d.get(name, _MISSING)
+                if isinstance(v, types.ModuleType):
+                    holder = v
+                    continue
+                self.entries.append((d, name, _kind(v), v, "attribute"))
+                if v is not _MISSING:
+                    self._follow(v, depth, seen, reads.attributes, reads.keys)
+                break
+
+    def _follow(self, v, depth: int, seen: set, names, keys) -> None:
         """A recorded value: a module is guarded by a ModuleGuard, a user's function read in
         turn, a user's object or container by the attributes and items the code names."""
         if _is_module(v):
             self.modules.append(v)
             self._contents(v, names, keys, depth, seen)     # a user's module: self.cfg.k
         elif isinstance(v, (types.FunctionType, types.MethodType)):
-            if not getattr(v, "__module__", "").startswith("fusegrad"):
+            # (a function made by exec into a namespace without __name__ has no __module__)
+            if not (getattr(v, "__module__", None) or "").startswith("fusegrad"):
                 self._add(v, depth + 1, seen)
         elif isinstance(v, property):
             if isinstance(v.fget, types.FunctionType):
@@ -268,7 +325,9 @@ class ClosureGuard:
             # (``self.scale`` behind a property); not an optimizer's: what its step() and
             # zero_grad() read has the optimizer's own guard.
             if not _is_optimizer(d):
-                names = names | _accessor_names(type(v), names)
+                for reads in _accessor_reads(type(v), names):
+                    self._note(reads)
+                    names = names | reads.attributes
             for n in names:
                 if n not in d and _class_owner(type(v), n) is not None:
                     # Read from the class now; an attribute set on the object would hide it.
@@ -306,8 +365,11 @@ class ClosureGuard:
             if code is None or _user_dict(m) is None:
                 continue
             # (m may have been followed already, for the names of the function's own code)
-            self._contents(m, *_refs(code), 1, {id(code)})
+            reads = code_reads(code)
+            self._note(reads)
+            self._contents(m, reads.attributes, reads.keys, 1, {id(code)})
             self._add(forward, 1, self._seen)
+        self._drop_uncalled()
 
     def forget(self, skip) -> None:
         """Stop guarding the attributes in ``skip`` ((id of the dict, name)): the compiled
@@ -390,11 +452,12 @@ def _class_owner(cls: type, name: str) -> type | None:
     return None
 
 
-def _accessor_names(cls: type, names: set) -> set:
-    """The names read by the code of the properties and methods of ``cls`` among ``names``,
-    and of those they name in turn, a few levels deep."""
-    found: set = set()
+def _accessor_reads(cls: type, names) -> list["CodeReads"]:
+    """What the code of the properties and methods of ``cls`` among ``names`` reads, and of
+    those they name in turn, a few levels deep."""
+    found: list = []
     seen: set = set()
+    known = set(names)
     todo = set(names)
     for _ in range(_MAX_DEPTH):
         more: set = set()
@@ -408,10 +471,11 @@ def _accessor_names(cls: type, names: set) -> set:
             if code is None or id(code) in seen:
                 continue
             seen.add(id(code))
-            more |= _refs(code)[0]
-        more -= names | found
-        found |= more
-        todo = more
+            reads = code_reads(code)
+            found.append(reads)
+            more |= reads.attributes
+        todo = more - known
+        known |= more
     return found
 
 
@@ -435,15 +499,85 @@ _FOLLOWED = "fusegrad.optim."
 _MISSING = object()
 
 
-def _refs(code) -> tuple[set[str], set]:
-    """What ``code`` and the code nested in it (lambdas, inner functions) may read by name:
-    its global and attribute names, and its constant strings and ints (the keys that
-    ``cfg["clip"]`` or ``sizes[0]`` read)."""
-    names = set(code.co_names)
+# The bytecode that reads or writes a name as a global (LOAD_NAME: a class body's, or code
+# run by exec), and as an attribute (LOAD_METHOD is LOAD_ATTR's method form up to 3.11; 3.12
+# merged them). Writes count as reads: a trace that writes a global or an attribute is found
+# out by the guard (ClosureGuard.changed) and refused.
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS",
+                         "STORE_GLOBAL", "DELETE_GLOBAL"})
+_ATTRIBUTE_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "STORE_ATTR",
+                            "DELETE_ATTR"})
+_CHAIN_START_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF"})
+_CHAIN_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_METHOD_BIT = sys.version_info >= (3, 12)
+
+
+@dataclass(frozen=True)
+class CodeReads:
+    """What a code object (and the code nested in it: lambdas, inner functions,
+    comprehensions) may read by name, from its bytecode.
+
+    ``globals``: the names it loads (or stores) as globals; ``attributes``: the names it
+    reads as attributes (``opt.step`` reads the attribute ``step``, not the global), and
+    ``plain`` those of them it reads other than as a method it calls (``opt.step()``);
+    ``keys``: its constant strings and ints (the keys that ``cfg["clip"]`` or ``sizes[0]``
+    read); ``chains``: per global or closure variable name, the attribute chains read off
+    it (``config.sub.SCALE`` gives ``{"config": {("sub", "SCALE")}}``), for Python modules.
+    """
+
+    globals: frozenset
+    attributes: frozenset
+    plain: frozenset
+    keys: frozenset
+    chains: dict
+
+
+@functools.lru_cache(maxsize=4096)
+def code_reads(code: types.CodeType) -> CodeReads:
+    """The :class:`CodeReads` of ``code`` (``dis`` gives each instruction's name as
+    ``argval`` on every Python version: LOAD_GLOBAL's argument encoding changed in 3.11)."""
+    globals_, attributes, plain = set(), set(), set()
+    chains: dict[str, set] = {}
     keys = {c for c in code.co_consts if type(c) in (str, int)}
+    chain: list | None = None
+    for ins in dis.get_instructions(code):
+        op = ins.opname
+        if chain is not None and op in _CHAIN_OPS:
+            chain.append(ins.argval)
+        elif chain is not None:
+            if len(chain) > 1:
+                chains.setdefault(chain[0], set()).add(tuple(chain[1:]))
+            chain = None
+        if op in _GLOBAL_OPS:
+            globals_.add(ins.argval)
+        elif op in _ATTRIBUTE_OPS:
+            attributes.add(ins.argval)
+            # A method load (``x.f(...)``): LOAD_METHOD up to 3.11, LOAD_ATTR with the low
+            # bit of its argument set from 3.12 (documented in dis).
+            if not (op == "LOAD_METHOD" or op == "LOAD_ATTR" and _METHOD_BIT and ins.arg & 1):
+                plain.add(ins.argval)
+        if op in _CHAIN_START_OPS:
+            chain = [ins.argval]
+    if chain is not None and len(chain) > 1:
+        chains.setdefault(chain[0], set()).add(tuple(chain[1:]))
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            inner_names, inner_keys = _refs(const)
-            names |= inner_names
-            keys |= inner_keys
-    return names, keys
+            inner = code_reads(const)
+            globals_ |= inner.globals
+            attributes |= inner.attributes
+            plain |= inner.plain
+            keys |= inner.keys
+            for name, found in inner.chains.items():
+                chains.setdefault(name, set()).update(found)
+    return CodeReads(frozenset(globals_), frozenset(attributes), frozenset(plain), frozenset(keys),
+                     {name: frozenset(found) for name, found in chains.items()})
+
+
+def _is_users_module(module) -> bool:
+    """Whether a Python module is the user's (``config``, ``__main__``, a package of theirs):
+    not the standard library's, nor fusegrad's, numpy's or torch's."""
+    if not isinstance(module, types.ModuleType):
+        return False
+    top = (getattr(module, "__name__", None) or "").split(".")[0]
+    return bool(top) and top not in _FOREIGN and top not in sys.stdlib_module_names and \
+        top not in sys.builtin_module_names

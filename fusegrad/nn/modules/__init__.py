@@ -1,5 +1,6 @@
 """The module classes of ``fusegrad.nn``, one file per family as in torch.nn.modules."""
 
+from fusegrad.nn.modules import utils  # noqa: F401  (torch.nn.modules.utils)
 from fusegrad.nn.modules.activation import (
     CELU,
     ELU,
