@@ -7,7 +7,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -15,7 +14,8 @@ from typing import Any, Callable
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.aot.format import ArtifactError, decode, encode
+from fusegrad.aot.format import ArtifactError, decode, encode, read_file
+from fusegrad.files import atomic_write
 from fusegrad.ir.graph import Graph, IRError
 from fusegrad.ir.parser import parse
 from fusegrad.ir.printer import format_type, print_graph, value_names
@@ -81,18 +81,11 @@ class Artifact:
                                "code": bytes(code), "state": bytes(blob)})
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the artifact to ``path`` (atomically: a temporary file renamed over it)."""
+        """Write the artifact to ``path`` atomically (:func:`fusegrad.files.atomic_write`: a
+        unique temporary file, flushed to disk, renamed over it)."""
         data = self.to_bytes()
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".fgaot", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-            tmp = None
-        finally:
-            if tmp is not None:
-                os.unlink(tmp)
+        with atomic_write(path) as f:
+            f.write(data)
 
     def describe(self) -> str:
         """What ``fusegrad-aot show`` prints: signature, state, graph, kernels, memory."""
@@ -528,9 +521,7 @@ def load(path: str | os.PathLike, state: dict | None = None) -> "LoadedArtifact"
     comes from the file. Raises :class:`ArtifactError` (nothing else) for a file that is
     truncated, corrupt, of another format or fusegrad version, or built for CPU features this
     machine lacks. Nothing is traced or compiled: the object code is only linked."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    return loads(blob, state, what=os.fspath(path))
+    return loads(read_file(path), state, what=os.fspath(path))
 
 
 def loads(blob: bytes, state: dict | None = None, what: str = "artifact") -> "LoadedArtifact":
