@@ -15,7 +15,10 @@ dtype (in the order of its ``Dtype`` enum, largest first) and then by name, the 
 compact JSON with ``__metadata__`` first, and each entry lists dtype, shape, data_offsets.
 Reading validates the header as the reference does (offsets in bounds, contiguous from 0
 with no holes or overlap, sizes equal to dtype size times element count, the buffer fully
-covered) and refuses a bad file with a message that names the tensor.
+covered) and refuses a bad file with a message that names the tensor. ``load_file`` reads
+only a regular file, and the data only once the header has been checked against the file's
+size; ``save_file`` writes a unique temporary file and renames it over the target, so
+concurrent saves to one path never leave a mix of both.
 
 >>> fusegrad.safetensors.save_file({"w": fusegrad.ones(2, 3)}, "model.safetensors")
 >>> fusegrad.safetensors.load_file("model.safetensors")["w"].shape

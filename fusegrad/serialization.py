@@ -24,8 +24,18 @@ for a Counter),
 ``dtype`` and ``device``. A tensor saved twice in one object is stored once and loads as
 one tensor; views of one storage are stored separately.
 
-Loading checks the magic, the sizes and the digest before anything else, so a truncated or
-corrupted file is refused with a message that says which.
+Saving to a path writes a unique temporary file in the same folder, flushes it to disk and
+renames it over the target (:func:`fusegrad.files.atomic_write`): processes saving to one
+path at once leave one whole checkpoint, and a failed or interrupted save leaves the old
+file and no temporary.
+
+Loading reads a path only if it is a regular file (a FIFO or ``/dev/zero`` is refused at
+once), checks the magic and the sizes the preamble and header declare against the file's
+size before reading further, then reads exactly that much and checks the digest before
+anything else, so a truncated or corrupted file is refused with a message that says which.
+A header with a valid digest whose nodes or tensor entries are malformed (wrong types or
+nesting, unknown dtypes, shapes that disagree with byte counts) raises
+:class:`CheckpointError` too, never an error from inside the decoding.
 """
 
 from __future__ import annotations
