@@ -23,7 +23,8 @@ import tempfile
 import time
 from typing import BinaryIO, Callable, Iterator
 
-__all__ = ["atomic_write", "open_regular", "read_exactly", "TMP_SUFFIX"]
+__all__ = ["atomic_write", "open_regular", "read_exactly", "remaining_size", "TMP_SUFFIX",
+           "STALE_TMP_S"]
 
 TMP_SUFFIX = ".tmp"
 # A temporary of a save to the same path untouched this long belongs to a dead writer (a live

@@ -539,7 +539,11 @@ def loads(blob: bytes, state: dict | None = None, what: str = "artifact") -> "Lo
         raise ArtifactError("corrupt", f"{what}: unreadable plan or graph ({e})") from None
     except RecursionError:
         raise ArtifactError("corrupt", f"{what}: its plan nests too deeply") from None
-    check_plan(plan, graphs, len(sections["code"]), len(sections["state"]), what)
+    try:
+        check_plan(plan, graphs, len(sections["code"]), len(sections["state"]), what)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
+        # A safety net: the checks name the field of every malformation they know.
+        raise ArtifactError("plan", f"{what}: its plan is malformed ({e!r})") from None
     return LoadedArtifact(header, plan, graphs, text, sections["code"], sections["state"],
                           state, what)
 

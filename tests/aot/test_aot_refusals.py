@@ -272,3 +272,36 @@ def test_deeply_nested_tree_in_the_plan(blob, depth, message):
     header = {k: v for k, v in decoded.header.items() if k not in ("sections", "format")}
     with pytest.raises(ArtifactError, match=message):
         fg.aot.loads(format.encode(header, sections))
+
+
+def _json_places(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield node, k
+            yield from _json_places(v)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield node, i
+            yield from _json_places(v)
+
+
+@pytest.mark.slow
+def test_fuzzed_plan_raises_only_artifact_error(blob):
+    """Random values in random places of the plan, resealed: each artifact loads or raises
+    ArtifactError, nothing else."""
+    import random
+    rng = random.Random(7)
+    values = [None, True, -1, 0, 3, 10 ** 9, 1.5, "", "leaf", "f32[1]", "float64", [], {},
+              [0, 1], [[0, 1]], {"tuple": []}, {"state": "rng"}, {"arg": 5}]
+    refused = 0
+    for _ in range(25):
+        def change(plan):
+            places = list(_json_places(plan))
+            for _ in range(rng.randint(1, 2)):
+                container, key = rng.choice(places)
+                container[key] = rng.choice(values)
+        try:
+            fg.aot.loads(_with_plan(blob, change))
+        except ArtifactError:
+            refused += 1
+    assert refused >= 10
