@@ -519,9 +519,11 @@ def load(path: str | os.PathLike, state: dict | None = None) -> "LoadedArtifact"
 
     ``state`` gives state tensors by name (fusegrad tensors are used in place, so a model's
     parameters can be trained by the artifact; numpy arrays are copied); state not given
-    comes from the file. Raises :class:`ArtifactError` (nothing else) for a file that is
-    truncated, corrupt, of another format or fusegrad version, or built for CPU features this
-    machine lacks. Nothing is traced or compiled: the object code is only linked."""
+    comes from the file. Raises :class:`ArtifactError` (nothing else) for a path that is no
+    regular file (a FIFO, ``/dev/zero``: refused unread), a file that is truncated, corrupt,
+    of another format or fusegrad version, built for CPU features this machine lacks, or
+    whose plan disagrees with its graph (the error names the plan's field). Nothing is
+    traced or compiled: the object code is only linked."""
     return loads(read_file(path), state, what=os.fspath(path))
 
 
