@@ -15,7 +15,10 @@ dtype (in the order of its ``Dtype`` enum, largest first) and then by name, the 
 compact JSON with ``__metadata__`` first, and each entry lists dtype, shape, data_offsets.
 Reading validates the header as the reference does (offsets in bounds, contiguous from 0
 with no holes or overlap, sizes equal to dtype size times element count, the buffer fully
-covered) and refuses a bad file with a message that names the tensor.
+covered) and refuses a bad file with a message that names the tensor. ``load_file`` reads
+only a regular file, and the data only once the header has been checked against the file's
+size; ``save_file`` writes a unique temporary file and renames it over the target, so
+concurrent saves to one path never leave a mix of both.
 
 >>> fusegrad.safetensors.save_file({"w": fusegrad.ones(2, 3)}, "model.safetensors")
 >>> fusegrad.safetensors.load_file("model.safetensors")["w"].shape
@@ -26,10 +29,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Mapping
 
 from fusegrad import dtypes
+from fusegrad.files import atomic_write, open_regular, read_exactly
 from fusegrad.serialization import from_little_endian_bytes, to_little_endian_bytes
 from fusegrad.tensor import Tensor
 
@@ -111,24 +114,33 @@ def save_file(tensors: Mapping[str, Tensor], filename, metadata: Mapping[str, st
               ) -> None:
     """Write ``tensors`` to ``filename`` in the safetensors format."""
     chunks = _serialize(tensors, metadata)
-    tmp = os.fspath(filename) + ".tmp"
-    with open(tmp, "wb") as f:
+    # A unique temporary beside the target, renamed over it: concurrent saves to one path
+    # leave one of them whole (never a mix of both), an interrupted one the old file.
+    with atomic_write(filename) as f:
         for chunk in chunks:
             f.write(chunk)
-    os.replace(tmp, filename)
 
 
-def _parse_header(buf) -> tuple[dict, dict | None, int]:
-    """Validate the header of ``buf``; return (entries by name, metadata, buffer start)."""
-    if len(buf) < 8:
-        raise SafetensorError(f"safetensors file is truncated: {len(buf)} bytes, shorter than "
+def _header_length(buf, size: int) -> int:
+    """The header length from the first 8 bytes of a file of ``size`` bytes, checked."""
+    if size < 8:
+        raise SafetensorError(f"safetensors file is truncated: {size} bytes, shorter than "
                               "the 8-byte header length")
     n = int.from_bytes(bytes(buf[:8]), "little")
     if n > MAX_HEADER:
         raise SafetensorError(f"safetensors header is too large ({n} bytes)")
-    if 8 + n > len(buf):
+    if 8 + n > size:
         raise SafetensorError(f"safetensors file is truncated: the header needs {8 + n} bytes and "
-                              f"the file has {len(buf)}")
+                              f"the file has {size}")
+    return n
+
+
+def _parse_header(buf, size: int | None = None) -> tuple[dict, dict | None, int]:
+    """Validate the header at the start of ``buf`` for a file of ``size`` bytes (default
+    ``len(buf)``; ``buf`` need hold only the header then); return (entries by name,
+    metadata, buffer start)."""
+    size = len(buf) if size is None else size
+    n = _header_length(buf, size)
     raw = bytes(buf[8:8 + n])
     if not raw.startswith(b"{"):
         raise SafetensorError("invalid safetensors header: it does not start with '{'")
@@ -136,20 +148,22 @@ def _parse_header(buf) -> tuple[dict, dict | None, int]:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise SafetensorError(f"invalid safetensors header: not UTF-8 JSON ({e})") from None
+    except RecursionError:
+        raise SafetensorError("invalid safetensors header: it nests too deeply") from None
     if not isinstance(header, dict):
         raise SafetensorError("invalid safetensors header: not a JSON object")
     metadata = header.pop("__metadata__", None)
     if metadata is not None and (not isinstance(metadata, dict) or not all(
             isinstance(v, str) for v in metadata.values())):
         raise SafetensorError("invalid safetensors header: __metadata__ must map str to str")
-    data_len = len(buf) - 8 - n
+    data_len = size - 8 - n
     entries = {}
     for name, info in header.items():
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
             raise SafetensorError(f"invalid safetensors header entry for tensor {name!r}: "
                                   f"expected dtype, shape and data_offsets, got {info!r}")
         code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if code not in _RANK:
+        if not isinstance(code, str) or code not in _RANK:
             raise SafetensorError(f"tensor {name!r} has unknown dtype {code!r}")
         if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool)
                                                    and d >= 0 for d in shape)):
@@ -205,11 +219,23 @@ def load_file(filename, device="cpu") -> dict[str, Tensor]:
     dev = Device(device)
     if dev != CPU:
         check_device_available(dev)
-    with open(filename, "rb") as f:
-        return load(f.read())
+    return load(_read_file(filename, whole=True))
 
 
 def load_metadata(filename) -> dict[str, str] | None:
     """The ``__metadata__`` map of a safetensors file (None when it has none)."""
-    with open(filename, "rb") as f:
-        return _parse_header(f.read())[1]
+    return _parse_header(*_read_file(filename, whole=False))[1]
+
+
+def _read_file(filename, whole: bool):
+    """A safetensors file's bytes (``whole``), or its header's bytes and the file's size,
+    read within bounds: only a regular file, and the data only once the header has been
+    checked against the file's size."""
+    f, size = open_regular(filename, SafetensorError)
+    with f:
+        head = read_exactly(f, 8)
+        head += read_exactly(f, _header_length(head, size))
+        if not whole:
+            return head, size
+        _parse_header(head, size)        # declared sizes against the real one, before reading
+        return head + read_exactly(f, size - len(head))

@@ -24,8 +24,18 @@ for a Counter),
 ``dtype`` and ``device``. A tensor saved twice in one object is stored once and loads as
 one tensor; views of one storage are stored separately.
 
-Loading checks the magic, the sizes and the digest before anything else, so a truncated or
-corrupted file is refused with a message that says which.
+Saving to a path writes a unique temporary file in the same folder, flushes it to disk and
+renames it over the target (:func:`fusegrad.files.atomic_write`): processes saving to one
+path at once leave one whole checkpoint, and a failed or interrupted save leaves the old
+file and no temporary.
+
+Loading reads a path only if it is a regular file (a FIFO or ``/dev/zero`` is refused at
+once), checks the magic and the sizes the preamble and header declare against the file's
+size before reading further, then reads exactly that much and checks the digest before
+anything else, so a truncated or corrupted file is refused with a message that says which.
+A header with a valid digest whose nodes or tensor entries are malformed (wrong types or
+nesting, unknown dtypes, shapes that disagree with byte counts) raises
+:class:`CheckpointError` too, never an error from inside the decoding.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.device import CPU, check_device_available
 from fusegrad.device import device as Device
+from fusegrad.files import atomic_write, open_regular, read_exactly, remaining_size
 from fusegrad.tensor import Size, Tensor
 
 __all__ = ["save", "load", "CheckpointError"]
@@ -61,8 +72,24 @@ _DTYPES = {d.name: d for d in (dtypes.bool_, dtypes.uint8, dtypes.int8, dtypes.i
                                dtypes.float64)}
 
 
+# What a dtype node may name: any dtype (an optimizer's or a module's setting), stored tensor
+# or not.
+_DTYPE_NAMES = {d.name: d for d in dtypes.ALL_DTYPES}
+
+
 class CheckpointError(RuntimeError):
-    """A checkpoint that is not one, is truncated, or does not match its checksum."""
+    """A checkpoint that is not one, is truncated, does not match its checksum, or whose
+    contents do not form the objects and tensors they claim to."""
+
+
+def _device(value) -> Device:
+    """The device named by a checkpoint's string (a corrupt one: CheckpointError)."""
+    if not isinstance(value, str):
+        raise _corrupt(f"device {str(value)[:40]!r} is not a string")
+    try:
+        return Device(value)
+    except (RuntimeError, ValueError):
+        raise _corrupt(f"unknown device {value[:40]!r}") from None
 
 
 # --------------------------------------------------------------------------- raw bytes
@@ -202,11 +229,10 @@ def save(obj: Any, f, pickle_module=None, pickle_protocol: int = 2,
         out.write(digest.digest())
 
     if isinstance(f, (str, os.PathLike)):
-        # Write beside the target and rename, so an interrupted save never leaves a torn file.
-        tmp = os.fspath(f) + ".tmp"
-        with open(tmp, "wb") as out:
+        # A unique temporary beside the target, renamed over it: concurrent saves to one path
+        # leave one of them whole, and an interrupted save leaves the old file as it was.
+        with atomic_write(f) as out:
             write(out)
-        os.replace(tmp, f)
     else:
         write(f)
 
@@ -214,51 +240,102 @@ def save(obj: Any, f, pickle_module=None, pickle_protocol: int = 2,
 # --------------------------------------------------------------------------- decoding
 
 
-def _read_all(f) -> bytes:
-    if isinstance(f, (str, os.PathLike)):
-        with open(f, "rb") as fh:
-            return fh.read()
+def _read_checkpoint(f) -> bytes:
+    """The bytes of the checkpoint in ``f`` (a path, bytes, or a binary file object), read
+    within bounds: a path must be a regular file, and past the preamble and the header only
+    as many bytes are read as the header declares, after checking the file holds them."""
     if isinstance(f, (bytes, bytearray, memoryview)):
         return bytes(f)
-    return f.read()
+    if isinstance(f, (str, os.PathLike)):
+        fh, size = open_regular(f, CheckpointError)
+        with fh:
+            return _read_framed(fh, size)
+    return _read_framed(f, remaining_size(f))
 
 
-def _check_framing(buf: bytes) -> dict:
-    """Validate magic, lengths and digest; return the parsed header."""
-    if len(buf) < len(MAGIC) + 8 or not buf.startswith(MAGIC):
-        if buf.startswith(b"PK\x03\x04") or buf.startswith(b"\x80"):
+def _read_framed(f: BinaryIO, size: int | None) -> bytes:
+    """Preamble, header, then the rest the header declares (``size``: the bytes ``f`` holds,
+    None for a stream whose length is unknown)."""
+    start = read_exactly(f, 16)
+    n = _check_preamble(start, len(start) if size is None and len(start) < 16 else size)
+    head = read_exactly(f, n)
+    if len(head) < n:
+        raise CheckpointError(f"checkpoint is truncated: the header alone needs {16 + n} "
+                              f"bytes and the file has {16 + len(head)}")
+    expected = _expected_size(_parse_header(head), n)
+    if size is not None:
+        _check_size(expected, size)
+    rest = read_exactly(f, expected - 16 - n)
+    _check_size(expected, 16 + n + len(rest))
+    return start + head + rest
+
+
+def _check_preamble(start: bytes, size: int | None) -> int:
+    """The header length from the first 16 bytes; refuses what is no fusegrad checkpoint,
+    naming what it looks like (``size``: the whole file's, None when unknown)."""
+    if len(start) < len(MAGIC) + 8 or not start.startswith(MAGIC):
+        if start.startswith(b"PK\x03\x04") or start.startswith(b"\x80"):
             raise CheckpointError(
                 "this is a PyTorch (pickle-based) checkpoint: fusegrad.load never unpickles, "
                 "because unpickling runs code from the file. Save the weights with "
                 "safetensors in PyTorch and read them with fusegrad.safetensors.load_file")
-        if len(buf) >= 8 and 0 < int.from_bytes(buf[:8], "little") < len(buf) and buf[8:9] == b"{":
+        if len(start) >= 9 and 0 < int.from_bytes(start[:8], "little") < (size or 0) and \
+                start[8:9] == b"{":
             raise CheckpointError("this is a safetensors file: read it with "
                                   "fusegrad.safetensors.load_file")
-        if len(buf) < len(MAGIC) + 8 and MAGIC.startswith(buf[:len(MAGIC)]):
-            raise CheckpointError(f"checkpoint is truncated: {len(buf)} bytes, shorter than its "
-                                  "16-byte preamble")
+        if len(start) < len(MAGIC) + 8 and MAGIC.startswith(start[:len(MAGIC)]):
+            raise CheckpointError(f"checkpoint is truncated: {len(start)} bytes, shorter than "
+                                  "its 16-byte preamble")
         raise CheckpointError("not a fusegrad checkpoint: the file does not start with the "
                               f"magic bytes {MAGIC!r}")
-    n = int.from_bytes(buf[8:16], "little")
+    n = int.from_bytes(start[8:16], "little")
     if n > MAX_HEADER:
         raise CheckpointError(f"checkpoint is corrupted: header length {n} is implausible")
-    body_start = 16 + n
-    if len(buf) < body_start + DIGEST_SIZE:
-        raise CheckpointError(f"checkpoint is truncated: the header alone needs {body_start} "
-                              f"bytes and the file has {len(buf)}")
+    if size is not None and size < 16 + n + DIGEST_SIZE:
+        raise CheckpointError(f"checkpoint is truncated: the header alone needs {16 + n} "
+                              f"bytes and the file has {size}")
+    return n
+
+
+def _parse_header(raw: bytes) -> dict:
     try:
-        header = json.loads(buf[16:body_start].decode("utf-8"))
-        data_nbytes = int(header["data_nbytes"])
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(f"checkpoint is corrupted: its header does not parse ({e})") from None
-    data_start = body_start + (-body_start % ALIGN)
-    expected = data_start + data_nbytes + DIGEST_SIZE
-    if len(buf) < expected:
+    except RecursionError:
+        raise CheckpointError("checkpoint is corrupted: its header nests too deeply") from None
+    if not isinstance(header, dict) or not _is_int(header.get("data_nbytes")) or \
+            header["data_nbytes"] < 0:
+        raise CheckpointError("checkpoint is corrupted: its header does not parse (no "
+                              "data_nbytes)")
+    return header
+
+
+def _expected_size(header: dict, n: int) -> int:
+    """The file size the header declares (preamble, header, padding, data, digest)."""
+    body_start = 16 + n
+    return body_start + (-body_start % ALIGN) + header["data_nbytes"] + DIGEST_SIZE
+
+
+def _check_size(expected: int, size: int) -> None:
+    if size < expected:
         raise CheckpointError(f"checkpoint is truncated: expected {expected} bytes, the file has "
-                              f"{len(buf)}")
-    if len(buf) > expected:
+                              f"{size}")
+    if size > expected:
         raise CheckpointError(f"checkpoint is corrupted: expected {expected} bytes, the file has "
-                              f"{len(buf)} (trailing data)")
+                              f"{size} (trailing data)")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_framing(buf: bytes) -> dict:
+    """Validate magic, lengths and digest; return the parsed header."""
+    n = _check_preamble(buf[:16], len(buf))
+    header = _parse_header(buf[16:16 + n])
+    expected = _expected_size(header, n)
+    _check_size(expected, len(buf))
     digest = hashlib.sha256(memoryview(buf)[:expected - DIGEST_SIZE]).digest()
     if digest != buf[expected - DIGEST_SIZE:]:
         raise CheckpointError("checkpoint is corrupted: its SHA-256 checksum does not match the "
@@ -267,7 +344,10 @@ def _check_framing(buf: bytes) -> dict:
         raise CheckpointError(f"unsupported checkpoint format {header.get('format')!r} version "
                               f"{header.get('version')!r}; this fusegrad reads {FORMAT} "
                               f"version {VERSION}")
-    header["_data_start"] = data_start
+    if not isinstance(header.get("tensors"), list) or "root" not in header:
+        raise CheckpointError("checkpoint is corrupted: its header lacks the tensor table or "
+                              "the root object")
+    header["_data_start"] = 16 + n + (-(16 + n) % ALIGN)
     return header
 
 
@@ -307,11 +387,26 @@ def _check_restorable(location: str) -> Device:
     return dev
 
 
+def _corrupt(what: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint is corrupted: {what}")
+
+
+def _node_items(n: dict, kind: str) -> list:
+    items = n.get("items")
+    if not isinstance(items, list):
+        raise _corrupt(f"a {kind} node without a list of items")
+    return items
+
+
 class _Decoder:
+    """Rebuilds the object tree from the header's nodes. Every node and tensor entry is
+    checked for its type and structure, so that a hand-made header with a valid checksum
+    raises :class:`CheckpointError`, never an error from deep inside the decoding."""
+
     def __init__(self, buf: bytes, header: dict, map_location) -> None:
         self.buf = buf
         self.data_start = header["_data_start"]
-        self.data_nbytes = int(header["data_nbytes"])
+        self.data_nbytes = header["data_nbytes"]
         self.entries = header["tensors"]
         self.loaded: dict[int, Tensor] = {}
         self.location = _resolve_location(map_location)
@@ -320,52 +415,83 @@ class _Decoder:
         if n is None or isinstance(n, (bool, str, int)):
             return n
         if not isinstance(n, dict) or "type" not in n:
-            raise CheckpointError(f"checkpoint is corrupted: unexpected node {str(n)[:80]}")
+            raise _corrupt(f"unexpected node {str(n)[:80]}")
         kind = n["type"]
         if kind == "float":
-            return float(n["value"])
+            value = n.get("value")
+            try:
+                return float(value) if isinstance(value, str) else float("")
+            except ValueError:
+                raise _corrupt(f"float node {str(value)[:40]!r} is not a number") from None
         if kind == "tensor":
-            return self.tensor(int(n["index"]))
+            index = n.get("index")
+            if not _is_int(index):
+                raise _corrupt(f"tensor node with index {str(index)[:40]!r}")
+            return self.tensor(index)
         if kind == "list":
-            return [self.node(v) for v in n["items"]]
+            return [self.node(v) for v in _node_items(n, kind)]
         if kind == "tuple":
-            return tuple(self.node(v) for v in n["items"])
+            return tuple(self.node(v) for v in _node_items(n, kind))
         if kind == "size":
-            return Size(int(d) for d in n["items"])
+            items = _node_items(n, kind)
+            if not all(_is_int(d) and d >= 0 for d in items):
+                raise _corrupt(f"size node {str(items)[:80]}")
+            return Size(items)
         if kind == "dict":
             out = Counter() if n.get("counter") else OrderedDict() if n.get("ordered") else {}
-            for k, v in n["items"]:
-                out[self.node(k)] = self.node(v)
+            for pair in _node_items(n, kind):
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise _corrupt(f"dict item {str(pair)[:80]} is not a [key, value] pair")
+                key = self.node(pair[0])
+                try:
+                    hash(key)
+                except TypeError:
+                    raise _corrupt(f"dict key of type {type(key).__name__}") from None
+                out[key] = self.node(pair[1])
             return out
         if kind == "dtype":
-            return dtypes.as_dtype(n["value"])
+            value = n.get("value")
+            if not isinstance(value, str) or value not in _DTYPE_NAMES:
+                raise _corrupt(f"unknown dtype {str(value)[:40]!r}")
+            return _DTYPE_NAMES[value]
         if kind == "device":
-            return Device(n["value"])
-        raise CheckpointError(f"checkpoint is corrupted: unknown node type {kind!r}")
+            return _device(n.get("value"))
+        raise _corrupt(f"unknown node type {str(kind)[:40]!r}")
 
     def tensor(self, index: int) -> Tensor:
         if index in self.loaded:
             return self.loaded[index]
         if not 0 <= index < len(self.entries):
-            raise CheckpointError(f"checkpoint is corrupted: tensor index {index} out of range")
+            raise _corrupt(f"tensor index {index} out of range")
         e = self.entries[index]
-        dt = _DTYPES.get(e["dtype"])
+        if not isinstance(e, dict):
+            raise _corrupt(f"tensor entry {index} is not an object")
+        name = e.get("dtype")
+        dt = _DTYPES.get(name) if isinstance(name, str) else None
         if dt is None:
-            raise CheckpointError(f"checkpoint holds a tensor of unknown dtype {e['dtype']!r}")
-        shape = tuple(int(d) for d in e["shape"])
-        offset, nbytes = int(e["offset"]), int(e["nbytes"])
-        if (any(d < 0 for d in shape) or math.prod(shape) * dt.itemsize != nbytes
-                or offset < 0 or offset + nbytes > self.data_nbytes):
-            raise CheckpointError(f"checkpoint is corrupted: tensor {index} ({e['dtype']}, shape "
-                                  f"{list(shape)}) does not fit its {nbytes} bytes at {offset}")
+            raise CheckpointError(f"checkpoint holds a tensor of unknown dtype {str(name)[:40]!r}")
+        shape, offset, nbytes = e.get("shape"), e.get("offset"), e.get("nbytes")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape) or \
+                not _is_int(offset) or not _is_int(nbytes):
+            raise _corrupt(f"tensor {index} has shape {str(shape)[:80]}, offset "
+                           f"{str(offset)[:20]} and size {str(nbytes)[:20]}")
+        shape = tuple(shape)
+        if math.prod(shape) * dt.itemsize != nbytes or offset < 0 or \
+                offset + nbytes > self.data_nbytes:
+            raise _corrupt(f"tensor {index} ({name}, shape {list(shape)}) does not fit its "
+                           f"{nbytes} bytes at {offset}")
+        saved = e.get("device", "cpu")
+        _device(saved)
         start = self.data_start + offset
         arr = from_little_endian_bytes(memoryview(self.buf)[start:start + nbytes], dt, shape)
         t = Tensor._wrap(arr, dt)
-        t = self._place(t, str(e.get("device", "cpu")))
+        t = self._place(t, saved)
         if e.get("parameter"):
             from fusegrad.nn.parameter import Parameter
             t = Parameter(t, requires_grad=bool(e.get("requires_grad")))
         elif e.get("requires_grad"):
+            if not dt.is_floating_point:
+                raise _corrupt(f"tensor {index} of dtype {name} requires grad")
             t.requires_grad_(True)
         self.loaded[index] = t
         return t
@@ -404,9 +530,13 @@ def load(f, map_location=None, pickle_module=None, *, weights_only: bool | None 
     loading never runs code whatever its value. A truncated or corrupted file raises
     :class:`CheckpointError` (a RuntimeError) saying which.
     """
-    buf = _read_all(f)
+    buf = _read_checkpoint(f)
     header = _check_framing(buf)
-    return _Decoder(buf, header, map_location).node(header["root"])
+    decoder = _Decoder(buf, header, map_location)
+    try:
+        return decoder.node(header["root"])
+    except RecursionError:
+        raise _corrupt("its objects nest too deeply to rebuild") from None
 
 
 def dumps(obj: Any) -> bytes:

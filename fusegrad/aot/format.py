@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 from dataclasses import dataclass
 
+from fusegrad.files import open_regular, read_exactly
+
 __all__ = ["ArtifactError", "FORMAT_VERSION", "MAGIC", "SECTIONS", "encode", "decode",
-           "Decoded"]
+           "Decoded", "read_file"]
 
 MAGIC = b"FGAO\r\n\x1a\n"
 FORMAT_VERSION = 1
@@ -83,6 +86,41 @@ def encode(header: dict, sections: dict[str, bytes]) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
+def read_file(path: str | os.PathLike) -> bytes:
+    """The bytes of the artifact at ``path``, read within bounds: only a regular file, and
+    only once its fixed header's file length has been checked against the file's size (a
+    FIFO, ``/dev/zero`` or a file shorter or longer than it says is refused unread)."""
+    what = os.fspath(path)
+    f, size = open_regular(path, lambda message: ArtifactError("format", message))
+    with f:
+        prefix = read_exactly(f, _PREFIX.size)
+        total = _check_prefix(prefix, what) if len(prefix) == _PREFIX.size else size
+        _check_length(size, total, what)
+        return prefix + read_exactly(f, total - len(prefix))
+
+
+def _check_prefix(prefix: bytes, what: str) -> int:
+    """The file length the fixed header announces, once magic and version are right."""
+    magic, version, _, total = _PREFIX.unpack_from(prefix)
+    if magic != MAGIC:
+        raise ArtifactError("format", f"{what} is not a fusegrad AOT artifact (its first bytes "
+                            f"are {magic!r}, expected {MAGIC!r})")
+    if version != FORMAT_VERSION:
+        raise ArtifactError("format", f"{what} has AOT format version {version}; this fusegrad "
+                            f"reads version {FORMAT_VERSION} only: rebuild it with "
+                            "fusegrad.aot.compile")
+    return total
+
+
+def _check_length(size: int, total: int, what: str) -> None:
+    if size < total:
+        raise ArtifactError("truncated", f"{what} is truncated: {size} bytes of the "
+                            f"{total} its header announces")
+    if size > total:
+        raise ArtifactError("corrupt", f"{what} has {size - total} bytes after its end "
+                            f"({total} bytes announced)")
+
+
 def decode(blob: bytes, what: str = "artifact") -> Decoded:
     """Check ``blob`` (magic, format version, length, checksum, header, section table) and
     split it; raise :class:`ArtifactError` saying what is wrong."""
@@ -91,20 +129,9 @@ def decode(blob: bytes, what: str = "artifact") -> Decoded:
             raise ArtifactError("truncated", f"{what} is truncated: {len(blob)} bytes, shorter "
                                 "than the fixed header")
         raise ArtifactError("format", f"{what} is not a fusegrad AOT artifact (too short)")
-    magic, version, head_len, total = _PREFIX.unpack_from(blob)
-    if magic != MAGIC:
-        raise ArtifactError("format", f"{what} is not a fusegrad AOT artifact (its first bytes "
-                            f"are {magic!r}, expected {MAGIC!r})")
-    if version != FORMAT_VERSION:
-        raise ArtifactError("format", f"{what} has AOT format version {version}; this fusegrad "
-                            f"reads version {FORMAT_VERSION} only: rebuild it with "
-                            "fusegrad.aot.compile")
-    if len(blob) < total:
-        raise ArtifactError("truncated", f"{what} is truncated: {len(blob)} bytes of the "
-                            f"{total} its header announces")
-    if len(blob) > total:
-        raise ArtifactError("corrupt", f"{what} has {len(blob) - total} bytes after its end "
-                            f"({total} bytes announced)")
+    total = _check_prefix(blob, what)
+    head_len = _PREFIX.unpack_from(blob)[2]
+    _check_length(len(blob), total, what)
     if head_len > _MAX_HEADER or _PREFIX.size + head_len + _DIGEST > total:
         raise ArtifactError("corrupt", f"{what} has an impossible header length {head_len}")
     body, digest = blob[:-_DIGEST], blob[-_DIGEST:]
@@ -113,10 +140,12 @@ def decode(blob: bytes, what: str = "artifact") -> Decoded:
                             "its contents (a changed or damaged byte)")
     try:
         header = json.loads(body[_PREFIX.size:_PREFIX.size + head_len])
-        table = header["sections"]
         if not isinstance(header, dict) or header.get("format") != FORMAT_VERSION:
             raise ValueError("format field")
-    except (ValueError, KeyError, TypeError) as e:
+        table = header["sections"]
+        if not isinstance(table, list):
+            raise ValueError("section table")
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise ArtifactError("corrupt", f"{what} has an unreadable header ({e})") from None
     data = body[_PREFIX.size + head_len:]
     sections, expect = {}, 0

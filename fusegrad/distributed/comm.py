@@ -10,10 +10,17 @@ deadline (``timeout``, ``FUSEGRAD_DIST_TIMEOUT`` seconds, 120 by default): a pee
 without an error (a clean ``sys.exit`` in one rank) would otherwise hang the others forever.
 A rank that raises aborts the whole job (``MPI_Abort`` from ``sys.excepthook``), and
 ``mpiexec`` stops every rank when one dies, so a fault stops the job within seconds.
+
+With ``FUSEGRAD_DIST_DEBUG=1`` every collective first checks that all ranks pass the same
+dtype and shape (:func:`agree_on_layout`, one all-gather of a digest), as torch's
+``TORCH_DISTRIBUTED_DEBUG=DETAIL`` does; ``DataParallel`` makes the same check once for
+its whole bucket layout, always.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 import time
@@ -22,9 +29,12 @@ from typing import Any
 
 import numpy as np
 
+from fusegrad import dtypes
+
 __all__ = ["ProcessGroup", "DistributedError", "ReduceOp", "Work", "CommStats", "init",
            "is_initialized", "launched_by_mpi", "rank", "world_size", "group", "all_reduce",
-           "broadcast", "barrier", "comm_stats", "wait", "poll", "MPI_MISSING"]
+           "broadcast", "barrier", "comm_stats", "wait", "poll", "MPI_MISSING", "allgather_array",
+           "allgather_bytes", "agree_on_layout", "layout_disagreement", "debug_enabled"]
 
 MPI_MISSING = ("fusegrad.distributed needs mpi4py and an MPI library: "
                "pip install fusegrad[mpi] (mpi4py with Open MPI), or mpi4py built against "
@@ -78,6 +88,9 @@ class ProcessGroup:
     size: int
     timeout: float
     stats: CommStats = field(default_factory=CommStats)
+    # FUSEGRAD_DIST_DEBUG=1: every collective first checks that all ranks pass the same
+    # dtype and shape (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL), at one more message a call.
+    debug: bool = False
 
     def mpi_op(self, op: str):
         return self.mpi.MAX if op == "max" else self.mpi.SUM
@@ -115,10 +128,17 @@ def init(timeout: float | None = None, abort_on_exception: bool = True) -> Proce
     comm = MPI.COMM_WORLD
     if timeout is None:
         timeout = float(os.environ.get("FUSEGRAD_DIST_TIMEOUT", "120"))
-    _GROUP = ProcessGroup(comm, MPI, comm.Get_rank(), comm.Get_size(), float(timeout))
+    _GROUP = ProcessGroup(comm, MPI, comm.Get_rank(), comm.Get_size(), float(timeout),
+                          debug=debug_enabled())
     if abort_on_exception and _GROUP.size > 1:
         _install_excepthook(_GROUP)
     return _GROUP
+
+
+def debug_enabled() -> bool:
+    """Whether ``FUSEGRAD_DIST_DEBUG`` asks for the per-call layout checks (``1``;
+    torch's ``DETAIL`` also works)."""
+    return os.environ.get("FUSEGRAD_DIST_DEBUG", "").strip().upper() not in ("", "0", "OFF")
 
 
 def _install_excepthook(g: ProcessGroup) -> None:
@@ -221,10 +241,90 @@ def _buffer(tensor, what: str) -> np.ndarray:
     return arr
 
 
+def allgather_array(arr: np.ndarray, what: str) -> np.ndarray:
+    """Every rank's ``arr`` (same shape and dtype on all ranks), stacked by rank: blocking,
+    with the group's timeout."""
+    g = group()
+    arr = np.ascontiguousarray(arr)
+    out = np.empty((g.size, *arr.shape), arr.dtype)
+    if g.size == 1:
+        out[0] = arr
+        return out
+    wait(g.comm.Iallgather(arr, out), what)
+    return out
+
+
+def allgather_bytes(data: bytes, what: str) -> list[bytes]:
+    """Every rank's ``data`` (any length), by rank."""
+    lengths = allgather_array(np.array([len(data)], np.int64), what)[:, 0]
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[:len(data)] = np.frombuffer(data, np.uint8)
+    rows = allgather_array(padded, what)
+    return [rows[r, :n].tobytes() for r, n in enumerate(lengths)]
+
+
+def layout_disagreement(layouts: list[list[tuple[str, str]]]) -> str | None:
+    """Where the ranks' layouts (per rank, a list of (tensor name, layout text)) first
+    differ from rank 0's, in words; None when all agree. Every rank computes the same."""
+    base = layouts[0]
+    for r, mine in enumerate(layouts[1:], 1):
+        if mine == base:
+            continue
+        for k in range(max(len(base), len(mine))):
+            a = base[k] if k < len(base) else None
+            b = mine[k] if k < len(mine) else None
+            if a != b:
+                break
+        name = (a or b)[0] if a is None or b is None or a[0] == b[0] else f"{a[0]} / {b[0]}"
+        return (f"rank 0 and rank {r} disagree on tensor {k} ({name}): rank 0 has "
+                f"{_entry_text(a)}, rank {r} has {_entry_text(b)}")
+    return None
+
+
+def _entry_text(entry: tuple[str, str] | None) -> str:
+    return "no such tensor" if entry is None else f"{entry[0]}: {entry[1]}"
+
+
+def agree_on_layout(layout: list[tuple[str, str]], what: str) -> list | None:
+    """Compare ``layout`` (a list of (tensor name, layout text), e.g. dtype and shape) across
+    the ranks: one all-gather of its SHA-256 digest, and only when the digests differ one of
+    the layouts themselves. None when all ranks agree, else every rank's layout, by rank."""
+    g = group()
+    if g.size == 1:
+        return None
+    text = json.dumps(layout).encode()
+    digest = np.frombuffer(hashlib.sha256(text).digest(), np.uint8)
+    digests = allgather_array(digest, f"the layout check of {what}")
+    if (digests == digests[0]).all():
+        return None
+    return [[tuple(e) for e in json.loads(b)]
+            for b in allgather_bytes(text, f"the layout check of {what}")]
+
+
+def layout_text(arr: np.ndarray) -> str:
+    """``arr``'s dtype and shape as the IR writes them (``f32[2,3]``)."""
+    return f"{dtypes.from_numpy_dtype(arr.dtype).short}[{','.join(map(str, arr.shape))}]"
+
+
+def _check_call_layout(arr: np.ndarray, what: str) -> None:
+    """Under FUSEGRAD_DIST_DEBUG: raise on every rank unless all pass ``arr``'s dtype and
+    shape to this collective."""
+    layouts = agree_on_layout([("tensor", layout_text(arr))], what)
+    if layouts is not None:
+        r = next(r for r, lay in enumerate(layouts) if lay != layouts[0])
+        raise DistributedError(
+            f"{what}: the ranks pass tensors of other dtypes or shapes: rank 0 passes "
+            f"{layouts[0][0][1]}, rank {r} passes {layouts[r][0][1]} (FUSEGRAD_DIST_DEBUG "
+            "checks every collective; without it their bytes would have been mixed)")
+
+
 def start_allreduce(arr: np.ndarray, op: str):
     """Start an in-place all-reduce of numpy ``arr`` (``op`` "sum" or "max"); returns the
-    MPI request. ``arr`` must stay alive and untouched until the request completes."""
+    MPI request. ``arr`` must stay alive and untouched until the request completes. With
+    ``FUSEGRAD_DIST_DEBUG`` the ranks first check they all pass the same dtype and shape."""
     g = group()
+    if g.debug:
+        _check_call_layout(arr, f"all_reduce({op})")
     g.stats.allreduce_calls += 1
     g.stats.allreduce_bytes += arr.nbytes
     start = time.perf_counter()
@@ -309,6 +409,8 @@ def broadcast(tensor, src: int = 0, async_op: bool = False):
     if not 0 <= src < g.size:
         raise ValueError(f"broadcast: src {src} is not a rank of a group of {g.size}")
     arr = _buffer(tensor, "broadcast")
+    if g.debug and g.size > 1:
+        _check_call_layout(arr, f"broadcast from rank {src}")
     request = g.comm.Ibcast(arr, root=src) if g.size > 1 else None
     def finish():
         tensor._version_counter.value += 1     # written in place, as an in-place op would

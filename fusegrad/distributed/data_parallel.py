@@ -19,6 +19,10 @@ dtype per bucket.
   ``overlap-collectives`` pass schedules them so that backward kernels run while buckets
   are reduced (:mod:`fusegrad.distributed.prims`).
 
+When it wraps the module the ranks agree on the layout of the parameters, buffers and
+buckets (one all-gather of a digest): ranks whose buckets have equal byte counts but other
+dtypes, shapes or members would otherwise be summed silently wrong.
+
 As in PyTorch's default (``find_unused_parameters=False``), every parameter that requires
 grad must get a gradient in each backward; a backward that leaves a bucket unreduced is an
 error at the next forward, not a silent divergence between ranks.
@@ -68,14 +72,13 @@ class DataParallel(Module):
         self.broadcast_buffers = broadcast_buffers
         group = comm.group()
         self.world_size = group.size
-        state = list(module.parameters()) + list(module.buffers())
-        if group.size > 1:
-            _check_same_shapes(state, group.rank)
-        with no_grad():
-            for t in state:
-                comm.broadcast(t, 0)
         params = [p for p in module.parameters() if p.requires_grad]
         self._buckets = _make_buckets(params, int(bucket_cap_mb * 2 ** 20))
+        if group.size > 1:
+            _agree_on_layout(module, self._buckets)
+        with no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                comm.broadcast(t, 0)
         self._bucket_of = {}
         self._launched = 0
         self._check_queued = False
@@ -193,24 +196,26 @@ class DataParallel(Module):
 DistributedDataParallel = DataParallel
 
 
-def _check_same_shapes(tensors: list, rank: int) -> None:
-    """Raise on every rank unless all ranks hold tensors of the same shapes and dtypes (the
-    broadcast from rank 0 would otherwise fill a larger tensor only in part, silently)."""
-    desc = [len(tensors)]
-    for t in tensors:
-        desc += [t._data.dtype.num, t.dim(), *t.shape]
-    length = comm.allreduce_array(np.array([len(desc), -len(desc)], np.int64), "max")
-    same = length[0] == -length[1]
-    if same:
-        mine = np.array(desc, np.int64)
-        both = comm.allreduce_array(np.concatenate([mine, -mine]), "max")
-        same = bool(np.array_equal(both[:len(desc)], -both[len(desc):]))
-    if not same:
-        shapes = [list(t.shape) for t in tensors]
-        raise ValueError(
-            "DataParallel expects the same module on every rank, but the shapes or dtypes of "
-            f"the parameters and buffers differ between ranks (rank {rank} has {len(tensors)} "
-            f"tensors of shapes {shapes})")
+def _agree_on_layout(module: Module, buckets: list[_Bucket]) -> None:
+    """Raise on every rank unless all ranks hold the same parameters and buffers (names,
+    dtypes, shapes) in the same buckets: the broadcast from rank 0 would otherwise fill a
+    larger tensor only in part, and buckets of equal byte counts but other layouts (a
+    parameter frozen on one rank only, another ``bucket_cap_mb``, f32[2,3] against
+    f32[3,2]) would be summed silently wrong. One all-gather of a digest; the layouts
+    themselves only when they differ."""
+    bucket_of = {id(p): k for k, b in enumerate(buckets) for p in b.params}
+    layout = []
+    for kind, named in (("parameter", module.named_parameters()),
+                        ("buffer", module.named_buffers())):
+        for name, t in named:
+            where = f", bucket {bucket_of[id(t)]}" if id(t) in bucket_of else \
+                ", no gradient" if kind == "parameter" else ""
+            layout.append((f"{kind} {name}", comm.layout_text(t._data) + where))
+    layouts = comm.agree_on_layout(layout, "DataParallel")
+    if layouts is not None:
+        raise RuntimeError(f"DataParallel expects the same module on every rank, with the same "
+                           f"parameters requiring grad and the same bucket_cap_mb: "
+                           f"{comm.layout_disagreement(layouts)}")
 
 
 def _make_buckets(params: list, cap_bytes: int) -> list[_Bucket]:

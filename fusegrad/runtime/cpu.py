@@ -448,12 +448,8 @@ class Program:
             record = jit.find_kernel(key) if key is not None else None
             values = described[1] if described is not None else []
             if record is None or max(record.buffers, default=-1) >= len(values):
-                module = ir.Module(name="kernel")
-                local = _LocalSlots(self.slots, alias)
-                scratch = local.reserve(self.scratch_slots[i]) if split else None
                 try:
-                    emit_kernel(module, dataclasses.replace(k, name=jit.KERNEL_PLACEHOLDER),
-                                self.kg, local, scratch)
+                    module, local = self._emit(i, k, alias)
                 except Unsupported as e:
                     self.fallbacks[i] = str(e)
                     continue
@@ -469,6 +465,26 @@ class Program:
                                                   for j in record.buffers])
             self._baked.update(alias.values())
         return emitted
+
+    def _emit(self, i: int, k: Kernel, alias: dict) -> "tuple[ir.Module, _LocalSlots]":
+        """Kernel ``i``'s LLVM IR, and its buffer numbering (raises Unsupported)."""
+        module = ir.Module(name="kernel")
+        local = _LocalSlots(self.slots, alias)
+        scratch = local.reserve(self.scratch_slots[i]) if split_plan(k) is not None else None
+        emit_kernel(module, dataclasses.replace(k, name=jit.KERNEL_PLACEHOLDER), self.kg, local,
+                    scratch)
+        return module, local
+
+    def llvm_kernels(self) -> set[int]:
+        """The indices of the kernels that run as LLVM code (the others: numpy, BLAS, a
+        primitive's own step)."""
+        return {i for i, k in enumerate(self.kg.kernels) if self._lowered(i, k)}
+
+    def kernel_slots(self, i: int) -> list[int]:
+        """The program slot behind each buffer number of LLVM kernel ``i``'s code, as its
+        code numbers them: what an ahead-of-time artifact's plan must list for the kernel
+        (its IR is built to learn them, not compiled)."""
+        return self._emit(i, self.kg.kernels[i], self._aliases(self.kg.kernels[i]))[1].order
 
     def _compile_gemms(self, compile_new: bool, prebuilt: "dict[int, KernelCode]") \
             -> "dict[int, tuple[native_gemm.Gemm, KernelCode]]":

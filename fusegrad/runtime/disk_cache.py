@@ -34,7 +34,6 @@ import hashlib
 import os
 import stat
 import struct
-import tempfile
 import time
 
 try:                                  # POSIX; elsewhere the counter is updated unlocked
@@ -42,14 +41,16 @@ try:                                  # POSIX; elsewhere the counter is updated 
 except ImportError:                   # pragma: no cover
     fcntl = None
 
+from fusegrad.files import STALE_TMP_S as _STALE_TMP_S
+from fusegrad.files import TMP_SUFFIX as _TMP_SUFFIX
+from fusegrad.files import atomic_write
+
 __all__ = ["read_entry", "write_entry", "entry_path", "sweep", "stats"]
 
 MAGIC = b"FGOBJ2\n"
 _KEY_LEN = 64                                     # sha256 hex digest
 _HEADER = len(MAGIC) + _KEY_LEN + 1 + 8 + 32
 _SUFFIX = ".o"
-_TMP_SUFFIX = ".tmp"
-_STALE_TMP_S = 3600.0                             # a temporary older than this was abandoned
 _SWEEP_EVERY_S = 86400.0                          # age eviction at least daily
 _LOW_WATER = 0.75                                 # a sweep leaves the cache at this fraction
 _OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -128,23 +129,13 @@ def write_entry(cache_dir: str, key: str, payload: bytes, max_bytes: int,
     if len(blob) > max_bytes:
         return False                      # would be evicted at once
     path = entry_path(cache_dir, key)
-    folder = os.path.dirname(path)
-    tmp = None
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + key[:16], suffix=_TMP_SUFFIX)
-        with os.fdopen(fd, "wb") as f:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # Not flushed to disk: an entry a crash tore is refused by its checksum and rebuilt.
+        with atomic_write(path, durable=False) as f:
             f.write(blob)
-        os.replace(tmp, path)
-        tmp = None
     except OSError:
         return False
-    finally:
-        if tmp is not None:               # any failure, KeyboardInterrupt included
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
     _account(cache_dir, len(blob), max_bytes, max_age_s)
     return True
 

@@ -171,3 +171,137 @@ def test_wrong_state_at_load(blob):
         fg.aot.loads(blob, state={"nope": np.zeros(3)})
     with pytest.raises(ArtifactError, match="model.0.weight must be"):
         fg.aot.loads(blob, state={"model.0.weight": np.zeros((3, 3), np.float32)})
+
+
+# --------------------------------------------------------------------------- tampered plans
+
+
+def _with_plan(blob: bytes, change) -> bytes:
+    """``blob`` with ``change(plan)`` applied to its plan and the checksum recomputed."""
+    decoded = format.decode(blob)
+    plan = json.loads(decoded.sections["plan"])
+    change(plan)
+    sections = dict(decoded.sections, plan=json.dumps(plan).encode())
+    header = {k: v for k, v in decoded.header.items() if k not in ("sections", "format")}
+    return format.encode(header, sections)
+
+
+def _refused(blob: bytes, field: str) -> ArtifactError:
+    with pytest.raises(ArtifactError) as e:
+        fg.aot.loads(blob)
+    assert e.value.reason == "plan", e.value
+    assert field in str(e.value), e.value
+    return e.value
+
+
+def test_argument_smaller_than_its_graph_says():
+    """(regression test: the artifact loaded, and its call read 64 MiB past a 4-byte
+    argument: a segfault or garbage)"""
+    blob = fg.aot.compile(lambda x: x * 2, fg.zeros(16777216)).to_bytes()
+
+    def shrink(plan):
+        plan["args"][0].update(shape=[1], type="f32[1]")
+    e = _refused(_with_plan(blob, shrink), "args[0]")
+    assert "says f32[1] but the graph's input %x is f32[16777216]" in str(e)
+
+
+def _state_index(plan, name):
+    return next(i for i, s in enumerate(plan["state"]) if s["name"] == name)
+
+
+def _set_path(plan, path, value):
+    node = plan
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+
+
+def _drop_state(plan, name):
+    plan["state"].pop(_state_index(plan, name))
+    plan["state_data"] = [e for e in plan["state_data"] if e["name"] != name]
+
+
+TAMPERS = {
+    "state lacks the call counter": lambda p: _drop_state(p, "aot.calls"),
+    # field (as the error names it): a change to the plan
+    "args[0]": lambda p: p["args"][0].update(dtype="float64", type="f64[8,12]"),
+    "args[1]": lambda p: p["args"][1].update(arg=0),
+    "outputs[0]": lambda p: _set_path(p, ["outputs", 0], "f32[8]"),
+    "state model.0.weight": lambda p: p["state"][_state_index(p, "model.0.weight")].update(
+        shape=[12, 16], type="f32[12,16]"),
+    "state[0]": lambda p: p["state"][0].update(shape=[16, 13]),
+    "programs[1].inputs[2]": lambda p: _set_path(p, ["programs", 1, "inputs", 2],
+                                                 {"state": "nope"}),
+    "programs[1].inputs[0]": lambda p: p["programs"][1]["inputs"][0].update(arg=7),
+    "programs[1].writes[0]": lambda p: p["programs"][1]["writes"][0].update(output=0),
+    "programs[0].writes[1]": lambda p: p["programs"][0]["writes"][1].update(output=999),
+    "programs[1].kernels[0]": lambda p: p["programs"][1]["kernels"][0].update(symbol="fg_x"),
+    "programs[1].kernels[0].slots": lambda p: p["programs"][1]["kernels"][0].update(
+        slots=[-1]),
+    "slots": lambda p: p["programs"][1]["kernels"][2]["slots"].reverse(),
+    "kernels [": lambda p: p["programs"][1]["kernels"].pop(),
+    "code[": lambda p: p["code"][sorted(p["code"])[0]].__setitem__(1, 10 ** 9),
+    "state_data[0]": lambda p: p["state_data"][0].update(offset=-4),
+    "programs[0].sets": lambda p: p["programs"][0]["sets"][sorted(p["programs"][0]["sets"])[0]]
+    .update(dtype="float64"),
+    "n_user_outputs": lambda p: p.update(n_user_outputs=2),
+    "in_tree": lambda p: p.update(in_tree={"tuple": [{"tuple": ["leaf"]}, {"dict": []}]}),
+    "out_tree": lambda p: p.update(out_tree={"list": ["leaf", "leaf"]}),
+    "programs[1].rng_counters": lambda p: p["programs"][1].update(rng_counters="1"),
+    "programs[1].donations": lambda p: p["programs"][1]["donations"].append([0, 10 ** 6]),
+    "programs[0].role": lambda p: p["programs"][0].update(role="steady"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(TAMPERS))
+def test_tampered_plan_names_the_field(blob, field):
+    _refused(_with_plan(blob, TAMPERS[field]), field)
+
+
+@pytest.mark.parametrize("depth, message", [(50, "in_tree holds 1 tensors for 2 arguments"),
+                                            (150, "in_tree nests too deeply"),
+                                            (5000, "plan nests too deeply")])
+def test_deeply_nested_tree_in_the_plan(blob, depth, message):
+    """(regression test: RecursionError escaped)"""
+    decoded = format.decode(blob)
+    text = decoded.sections["plan"].decode()
+    nested = '{"tuple": [' * depth + '"leaf"' + "]}" * depth
+    start = text.index('"in_tree": ') + len('"in_tree": ')
+    end = text.index(', "n_user_outputs"')
+    sections = dict(decoded.sections, plan=(text[:start] + nested + text[end:]).encode())
+    header = {k: v for k, v in decoded.header.items() if k not in ("sections", "format")}
+    with pytest.raises(ArtifactError, match=message):
+        fg.aot.loads(format.encode(header, sections))
+
+
+def _json_places(node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield node, k
+            yield from _json_places(v)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield node, i
+            yield from _json_places(v)
+
+
+@pytest.mark.slow
+def test_fuzzed_plan_raises_only_artifact_error(blob):
+    """Random values in random places of the plan, resealed: each artifact loads or raises
+    ArtifactError, nothing else."""
+    import random
+    rng = random.Random(7)
+    values = [None, True, -1, 0, 3, 10 ** 9, 1.5, "", "leaf", "f32[1]", "float64", [], {},
+              [0, 1], [[0, 1]], {"tuple": []}, {"state": "rng"}, {"arg": 5}]
+    refused = 0
+    for _ in range(25):
+        def change(plan):
+            places = list(_json_places(plan))
+            for _ in range(rng.randint(1, 2)):
+                container, key = rng.choice(places)
+                container[key] = rng.choice(values)
+        try:
+            fg.aot.loads(_with_plan(blob, change))
+        except ArtifactError:
+            refused += 1
+    assert refused >= 10

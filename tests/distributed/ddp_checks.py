@@ -1,6 +1,7 @@
 """Checks run under ``mpiexec -n 2`` by tests/distributed/test_distributed.py.
 
     mpiexec -n 2 python tests/distributed/ddp_checks.py checks
+    FUSEGRAD_DIST_DEBUG=1 mpiexec -n 2 python tests/distributed/ddp_checks.py debug
     mpiexec -n 2 python tests/distributed/ddp_checks.py train CKPT SAVE_AT STEPS [--resume]
     mpiexec -n 2 python tests/distributed/ddp_checks.py fault raise|exit|kill
 
@@ -208,14 +209,79 @@ def check_shape_mismatch() -> None:
     """Modules of different shapes on the ranks are refused on every rank (regression test:
     rank 0's broadcast filled a larger parameter on rank 1 only in part, silently)."""
     for width in (2 + dist.rank(), 3 - dist.rank()):
-        try:
-            dist.DataParallel(nn.Linear(4, width))
-        except ValueError as e:
-            assert "same module on every rank" in str(e), e
-        else:
-            raise AssertionError(f"rank {dist.rank()}: a Linear(4, {width}) was accepted")
+        expect_refused(lambda w=width: dist.DataParallel(nn.Linear(4, w)),
+                       "same module on every rank, with the same parameters requiring grad "
+                       "and the same bucket_cap_mb: rank 0 and rank 1 disagree on tensor 0 "
+                       f"(parameter weight): rank 0 has parameter weight: f32[{width},4], "
+                       f"bucket 0, rank 1 has parameter weight: f32[{5 - width},4], bucket 0"
+                       if dist.rank() == 0 else
+                       f"rank 0 has parameter weight: f32[{5 - width},4], bucket 0, rank 1 has "
+                       f"parameter weight: f32[{width},4]")
     dist.DataParallel(nn.Sequential(nn.Linear(4, 2), nn.BatchNorm1d(2)))
     print(f"OK shape-mismatch {dist.rank()}", flush=True)
+
+
+def expect_refused(make, message: str, error=RuntimeError) -> None:
+    try:
+        make()
+    except error as e:
+        assert message in str(e), e
+    else:
+        raise AssertionError(f"rank {dist.rank()}: accepted, expected {message!r}")
+
+
+def check_bucket_layouts() -> None:
+    """Buckets of equal byte counts but other layouts are refused on every rank, naming the
+    ranks, the parameter and both layouts (regression test: f32[2,3] against f32[3,2], or a
+    parameter frozen on one rank only, was all-reduced silently wrong)."""
+    r = dist.rank()
+
+    class Pair(nn.Module):
+        def __init__(self, shape):
+            super().__init__()
+            self.a = nn.Parameter(fg.ones(*shape))
+            self.b = nn.Parameter(fg.ones(6))
+
+    expect_refused(lambda: dist.DataParallel(Pair((2, 3) if r == 0 else (3, 2))),
+                   "rank 0 and rank 1 disagree on tensor 0 (parameter a): rank 0 has parameter "
+                   "a: f32[2,3], bucket 0, rank 1 has parameter a: f32[3,2], bucket 0")
+    frozen = Pair((2, 3))
+    (frozen.a if r == 0 else frozen.b).requires_grad_(False)     # 24 bytes to reduce on each
+    expect_refused(lambda: dist.DataParallel(frozen), "parameter a: f32[2,3], no gradient")
+    expect_refused(lambda: dist.DataParallel(Pair((2, 3)), bucket_cap_mb=1e-5 if r else 25),
+                   "rank 0 has parameter a: f32[2,3], bucket 0, rank 1 has parameter a: "
+                   "f32[2,3], bucket 1")
+    dist.DataParallel(Pair((2, 3)))
+    print(f"OK bucket-layouts {r}", flush=True)
+
+
+def _reduce_twice(x):
+    y = x * 2
+    dist.all_reduce(y)
+    return y
+
+
+def check_debug_calls() -> None:
+    """FUSEGRAD_DIST_DEBUG=1: each collective checks the ranks' dtypes and shapes first."""
+    r = dist.rank()
+    assert dist.group().debug
+    t = fg.tensor(np.arange(4, dtype=np.float32 if r == 0 else np.int32))
+    expect_refused(lambda: dist.all_reduce(t), "all_reduce(sum): the ranks pass tensors of "
+                   "other dtypes or shapes: rank 0 passes f32[4], rank 1 passes i32[4]",
+                   dist.DistributedError)
+    t = fg.ones(2, 3) if r == 0 else fg.ones(3, 2)
+    expect_refused(lambda: dist.all_reduce(t, "mean"),
+                   "rank 0 passes f32[2,3], rank 1 passes f32[3,2]", dist.DistributedError)
+    expect_refused(lambda: dist.broadcast(t, 0), "broadcast from rank 0: the ranks pass",
+                   dist.DistributedError)
+    compiled = fg.compile(_reduce_twice)
+    expect_refused(lambda: compiled(t), "rank 1 passes f32[3,2]", dist.DistributedError)
+    same = fg.ones(2, 3)
+    dist.all_reduce(same)
+    assert same.tolist() == [[2.0] * 3] * 2, same
+    model = dist.DataParallel(nn.Linear(3, 2))
+    model(fg.ones(4, 3)).sum().backward()
+    print(f"OK debug-calls {r}", flush=True)
 
 
 def check_schedule(entry, n_buckets: int, what: str) -> None:
@@ -271,7 +337,10 @@ def main() -> None:
         check_collectives()
         check_unused_parameter()
         check_shape_mismatch()
+        check_bucket_layouts()
         check_training()
+    elif mode == "debug":
+        check_debug_calls()
     elif mode == "train":
         train(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "--resume" in sys.argv)
     else:

@@ -238,9 +238,45 @@ def test_two_ranks_match_single_process_training():
     for name in ("collectives", "compiled-collective", "all-reduce-gradient", "ddp-sgd-eager",
                  "ddp-sgd-compiled",
                  "ddp-adam-eager", "ddp-adam-compiled", "unused-parameter",
-                 "unused-parameter-compiled", "shape-mismatch"):
+                 "unused-parameter-compiled", "shape-mismatch", "bucket-layouts"):
         for rank in (0, 1):
             assert f"OK {name} {rank}" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.slow
+def test_debug_flag_checks_each_collective_on_two_ranks():
+    """FUSEGRAD_DIST_DEBUG=1: all_reduce of f32[4] on one rank and i32[4] on the other, or of
+    f32[2,3] against f32[3,2] (the same byte count), eager or compiled, raises on both ranks
+    naming both layouts (regression test: summed silently wrong, as torch with gloo does)."""
+    run = launch("debug", env={"FUSEGRAD_DIST_DEBUG": "1"}, timeout=90)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in (0, 1):
+        assert f"OK debug-calls {rank}" in run.stdout, run.stdout + run.stderr
+
+
+def test_layout_disagreement_names_ranks_tensor_and_layouts():
+    lay = [("parameter w", "f32[2,3], bucket 0"), ("parameter b", "f32[3], bucket 0")]
+    assert comm.layout_disagreement([lay, list(lay), list(lay)]) is None
+    other = [lay[0], ("parameter b", "i32[3], bucket 0")]
+    assert comm.layout_disagreement([lay, lay, other]) == (
+        "rank 0 and rank 2 disagree on tensor 1 (parameter b): rank 0 has parameter b: f32[3], "
+        "bucket 0, rank 2 has parameter b: i32[3], bucket 0")
+    assert comm.layout_disagreement([lay, lay[:1]]) == (
+        "rank 0 and rank 1 disagree on tensor 1 (parameter b): rank 0 has parameter b: f32[3], "
+        "bucket 0, rank 1 has no such tensor")
+    assert comm.layout_text(np.zeros((2, 3), np.int32)) == "i32[2,3]"
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("DETAIL", True), ("0", False), ("", False),
+                                       ("OFF", False)])
+def test_debug_flag_values(monkeypatch, value, on):
+    monkeypatch.setenv("FUSEGRAD_DIST_DEBUG", value)
+    assert comm.debug_enabled() is on
+
+
+def test_layout_checks_need_no_messages_on_one_rank(one_rank):
+    assert comm.agree_on_layout([("x", "f32[1]")], "test") is None
+    assert comm.allgather_array(np.arange(3), "test").tolist() == [[0, 1, 2]]
 
 
 @pytest.mark.slow
