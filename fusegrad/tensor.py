@@ -70,6 +70,7 @@ _TYPE_STRINGS = {
     "float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
     "bfloat16": "BFloat16Tensor", "int64": "LongTensor", "int32": "IntTensor",
     "int16": "ShortTensor", "int8": "CharTensor", "uint8": "ByteTensor", "bool": "BoolTensor",
+    "complex64": "ComplexFloatTensor", "complex128": "ComplexDoubleTensor",
 }
 
 
@@ -225,7 +226,7 @@ class Tensor:
         return self._dtype.is_floating_point
 
     def is_complex(self) -> bool:
-        return False
+        return self._dtype.is_complex
 
     def data_ptr(self) -> int:
         data = self._data
@@ -276,7 +277,7 @@ class Tensor:
                 "you can only change requires_grad flags of leaf variables. If you want to use a "
                 "computed variable in a subgraph that doesn't require differentiation use "
                 "var_no_grad = var.detach().")
-        if requires_grad and not self._dtype.is_floating_point:
+        if requires_grad and not self._dtype.is_differentiable:
             raise RuntimeError("only Tensors of floating point dtype can require gradients")
         self._requires_grad = bool(requires_grad)
         return self
@@ -456,7 +457,13 @@ class Tensor:
         return self.item()
 
     def __float__(self) -> float:
-        return float(self._python_scalar())
+        value = self._python_scalar()
+        if isinstance(value, complex):
+            # torch reads a complex value as a double only when it has no imaginary part
+            if value.imag != 0:
+                raise RuntimeError("value cannot be converted to type double without overflow")
+            value = value.real
+        return float(value)
 
     def __int__(self) -> int:
         return int(self._python_scalar())

@@ -303,7 +303,7 @@ class GraphTrace:
         except (ShapeError, TypeError, IndexError) as e:
             raise type(e)(f"{e}{f' (at {loc})' if loc else ''}") from None
         value = self.graph.add_node(prim, inputs, attrs, loc=loc)
-        differentiable = (prim.vjp is not None and value.type.dtype.is_floating_point and
+        differentiable = (prim.vjp is not None and value.type.dtype.is_differentiable and
                           any(t._requires_grad for t in operands))
         requires_grad = differentiable and is_grad_enabled()
         if requires_grad:

@@ -82,13 +82,13 @@ def div(x, other, *, rounding_mode: str | None = None) -> Tensor:
     if _scalar_of_narrow(x, other) or _scalar_of_narrow(other, x):
         return opmath(div)(x, other, rounding_mode=rounding_mode)
     if rounding_mode is None:
-        if not dtypes.result_type(x, other).is_floating_point:
+        if not dtypes.result_type(x, other).is_differentiable:
             # true division of integers: in the default float dtype, the Python int too
             # (int8 / 300 is 0.167; 300 wrapped to int8 first would be 44)
             fdt = dtypes.get_default_dtype()
             x, other = (cast(v, fdt) if isinstance(v, Tensor) else v for v in (x, other))
         a, b = _promote("div", x, other)
-        if not a.dtype.is_floating_point:
+        if not a.dtype.is_differentiable:
             a, b = cast(a, dtypes.get_default_dtype()), cast(b, dtypes.get_default_dtype())
         return bind(P.div, a, b)
     if rounding_mode == "floor":
@@ -356,6 +356,9 @@ def square(x: Tensor) -> Tensor:
 
 @public(torch=True, method=True, inplace=True)
 def sign(x: Tensor) -> Tensor:
+    if x.dtype.is_complex:
+        raise RuntimeError("Unlike NumPy, torch.sign is not intended to support complex numbers. "
+                           "Please use torch.sgn instead.")
     if x.dtype is dtypes.bool_:
         return x                 # torch's sign of a bool is the bool itself
     return bind(P.sign, x)

@@ -78,12 +78,6 @@ def clamp_max(x: Tensor, max) -> Tensor:  # noqa: A002
 
 
 @public(torch=True, method=True, inplace=True)
-def sgn(x: Tensor) -> Tensor:
-    """The sign of ``x`` (``sign`` for real tensors; torch's generalization to complex)."""
-    return sign(x)
-
-
-@public(torch=True, method=True, inplace=True)
 def frac(x: Tensor) -> Tensor:
     """The fractional part ``x - trunc(x)``, with the sign of ``x``; gradient 1."""
     if not x.dtype.is_floating_point:

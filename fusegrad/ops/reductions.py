@@ -121,7 +121,7 @@ def mean(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
     """Arithmetic mean; floating-point inputs only, as in torch."""
     if dtype is not None:
         x = cast(x, dtype)
-    if not x.dtype.is_floating_point:
+    if not x.dtype.is_differentiable:
         raise RuntimeError(
             f"mean(): could not infer output dtype. Input dtype must be either a floating point "
             f"or complex dtype. Got: {_dtype_title(x.dtype)}")
@@ -386,7 +386,7 @@ def cumprod(x: Tensor, dim: int, *, dtype=None) -> Tensor:
     """Running product along ``dim``."""
     if dtype is not None:
         x = cast(x, dtype)
-    elif not x.dtype.is_floating_point:
+    elif not x.dtype.is_differentiable:
         x = cast(x, dtypes.int64)        # torch accumulates integers (and bool) in int64
     if x.ndim == 0:
         return _named(mul(x, 1), "CumprodBackward0")
