@@ -152,9 +152,9 @@ from fusegrad import (  # noqa: E402
 from fusegrad import aot  # noqa: E402
 
 # isort: split
-# torch.linalg's norms and products, torch.special's names; a torch name fusegrad lacks raises an
-# AttributeError that says so.
-from fusegrad import linalg, special  # noqa: E402
+# torch.linalg's norms and products, torch.special's names, torch.fft's transforms; a torch
+# name fusegrad lacks raises an AttributeError that says so.
+from fusegrad import fft, linalg, special  # noqa: E402
 from fusegrad.torch_api import install_tensor_placeholders as _install_placeholders  # noqa: E402
 
 _install_placeholders(Tensor)

@@ -36,6 +36,7 @@ NAMESPACES: dict[str, str] = {
     "torch.utils.data": "fusegrad.utils.data",
     "torch.linalg": "fusegrad.linalg",
     "torch.special": "fusegrad.special",
+    "torch.fft": "fusegrad.fft",
     "torch.autograd": "fusegrad.autograd",
     "torch.autograd.functional": "fusegrad.autograd.functional",
 }
