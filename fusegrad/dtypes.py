@@ -128,7 +128,7 @@ def to_complex(dtype: DType) -> DType:
     try:
         return _COMPLEX_OF[dtype]
     except KeyError:
-        raise TypeError(f"there is no complex type for {dtype} in fusegrad (torch's would be "
+        raise RuntimeError(f"there is no complex type for {dtype} in fusegrad (torch's would be "
                         "complex32, which fusegrad does not support)") from None
 
 

@@ -364,8 +364,14 @@ def sign(x: Tensor) -> Tensor:
     return bind(P.sign, x)
 
 
+def _refuse_complex(x: Tensor, op: str) -> None:
+    if x.dtype.is_complex:
+        raise NotImplementedError(f"{op} is not supported for complex inputs")
+
+
 def _rounding(prim):
     def op(x: Tensor) -> Tensor:
+        _refuse_complex(x, prim.name)
         return bind(prim, x) if x.dtype.is_floating_point else x
     return op
 
@@ -376,6 +382,7 @@ ceil = public(_rounding(P.ceil), name="ceil", torch=True, method=True, inplace=T
 
 @public(torch=True, method=True, inplace=True)
 def trunc(x: Tensor) -> Tensor:
+    _refuse_complex(x, "trunc")
     if not x.dtype.is_floating_point:
         return x
     return _named(where(lt(x, 0), ceil(x), floor(x)), "TruncBackward0")
@@ -387,6 +394,7 @@ fix = public(trunc, name="fix", torch=True, method=True, inplace=True)
 @public(torch=True, method=True, inplace=True)
 def round(x: Tensor, *, decimals: int = 0) -> Tensor:  # noqa: A001
     """Round half to even, as torch; with ``decimals`` scale by ``10**decimals`` first."""
+    _refuse_complex(x, "round")
     if not x.dtype.is_floating_point:
         return x
     if decimals == 0:
@@ -459,17 +467,18 @@ clip = public(clamp, name="clip", torch=True, method=True, inplace=True)
 
 @public(torch=True, method=True)
 def isnan(x: Tensor) -> Tensor:
-    return ne(x, x) if x.dtype.is_floating_point else zeros_like(x, dtype=dtypes.bool_)
+    return ne(x, x) if x.dtype.is_differentiable else zeros_like(x, dtype=dtypes.bool_)
 
 
 @public(torch=True, method=True)
 def isinf(x: Tensor) -> Tensor:
-    return eq(abs(x), math.inf) if x.dtype.is_floating_point else zeros_like(x, dtype=dtypes.bool_)
+    return eq(abs(x), math.inf) if x.dtype.is_differentiable else \
+        zeros_like(x, dtype=dtypes.bool_)
 
 
 @public(torch=True, method=True)
 def isfinite(x: Tensor) -> Tensor:
-    if not x.dtype.is_floating_point:
+    if not x.dtype.is_differentiable:
         return ones_like(x, dtype=dtypes.bool_)
     return logical_not(logical_or(isnan(x), isinf(x)))
 

@@ -1296,6 +1296,7 @@ random_uniform = register(Primitive(
 
 def _argsort_infer(x: TensorType, *, axis, descending) -> TensorType:
     _check_axes("argsort", x, (axis,))
+    _require_real("argsort", x)            # torch's sort has no order of complex numbers
     return TensorType(x.shape, dtypes.int64)
 
 

@@ -148,6 +148,9 @@ def _var(x: Tensor, dim, correction: float, keepdim: bool) -> Tensor:
 
 
 def _require_float_input(x: Tensor, op: str) -> None:
+    if x.dtype.is_complex:
+        raise NotImplementedError(f"{op}() of a complex tensor is not implemented in fusegrad "
+                                  f"(got {x.dtype}); take it of view_as_real(x) or of x.abs()")
     if not x.dtype.is_floating_point:
         raise RuntimeError(f"{op}(): std and var only support floating point and complex dtypes, "
                            f"got {x.dtype}")
