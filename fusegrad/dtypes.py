@@ -17,7 +17,8 @@ import numpy as np
 
 __all__ = [
     "DType", "float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
-    "uint8", "uint32", "bool_", "complex64", "complex128", "get_default_dtype", "set_default_dtype", "promote_types",
+    "uint8", "uint32", "bool_", "complex64", "complex128", "get_default_dtype",
+    "set_default_dtype", "default_complex_dtype", "to_real", "to_complex", "promote_types",
     "result_type", "from_numpy_dtype", "as_dtype",
 ]
 

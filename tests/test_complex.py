@@ -122,7 +122,7 @@ def test_real_and_imag_are_views():
     x = fg.ones(2)
     assert x.real is x
     with pytest.raises(RuntimeError, match="imag is not implemented for tensors with non-complex"):
-        x.imag
+        _ = x.imag
 
 
 def test_view_as_real_and_view_as_complex_share_storage():

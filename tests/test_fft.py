@@ -179,7 +179,7 @@ def test_errors_are_torchs():
     with pytest.raises(RuntimeError, match=r"Invalid number of data points \(0\)"):
         fg.fft.irfft(fg.ones(1, dtype=fg.cfloat))
     with pytest.raises(AttributeError, match="torch.fft.nope|has no attribute"):
-        fg.fft.nope
+        _ = fg.fft.nope
 
 
 # --------------------------------------------------------------------------- gradients

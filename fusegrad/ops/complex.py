@@ -80,7 +80,7 @@ def imag(x: Tensor) -> Tensor:
     return _part(P.imag, x)
 
 
-@public(torch=True, method=True)
+@public(torch=True, method=True, inplace=True)
 def conj_physical(x: Tensor) -> Tensor:
     """The complex conjugate as a new tensor; a real tensor itself."""
     return bind(P.conj, x) if x.dtype.is_complex else x

@@ -112,6 +112,17 @@ Tensor.mT = property(lambda self: F.transpose(self, -2, -1))
 Tensor.mH = property(lambda self: F.conj(F.transpose(self, -2, -1)))
 
 
+def _h(self):
+    """The conjugate transpose of a matrix (torch's ``Tensor.H``)."""
+    if self.ndim not in (0, 2):
+        raise RuntimeError(f"tensor.H is only supported on matrices (2-D tensors). Got "
+                           f"{self.ndim}-D tensor.")
+    return F.conj(self.T)
+
+
+Tensor.H = property(_h)
+
+
 def _set_part(part):
     def setter(self, value):
         # ``z.real = v`` writes v into the part (torch's setter copies into the view)

@@ -34,7 +34,6 @@ from fusegrad.ops.elementwise import (
     neg,
     pow,
     reciprocal,
-    sign,
     sin,
     sub,
     trunc,
