@@ -238,6 +238,17 @@ def test_autograd_node_names():
     assert fg.fft.rfft(x).grad_fn.name() == "FftR2CBackward0"
     assert fg.fft.fft(x.to(fg.cfloat)).grad_fn.name() == "FftC2CBackward0"
     assert fg.fft.irfft(fg.fft.rfft(x)).grad_fn.name() == "FftC2RBackward0"
+    # torch transforms a real signal along one axis by r2c, along several by c2c
+    assert fg.fft.fft(x).grad_fn.name() == "FftR2CBackward0"
+    assert fg.fft.ifft(x).grad_fn.name() == "ConjBackward0"
+    assert fg.fft.fft2(x.reshape(2, 2)).grad_fn.name() == "FftC2CBackward0"
+
+
+def test_transform_of_a_real_signal_prints_as_torchs():
+    # the negative frequencies are conjugates of the positive ones: -0.0000j where torch has it
+    assert repr(fg.fft.fft(fg.ones(4), n=6, norm="ortho")) == (
+        "tensor([1.6330+0.0000j, 0.0000-0.7071j, 0.4082+0.0000j, 0.0000+0.0000j,\n"
+        "        0.4082-0.0000j, 0.0000+0.7071j])")
 
 
 # --------------------------------------------------------------------------- compiled

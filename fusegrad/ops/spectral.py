@@ -22,9 +22,10 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
+from fusegrad.ops.composite import composite
 from fusegrad.ops.creation import _check_device, tensor
 from fusegrad.ops.elementwise import mul
-from fusegrad.ops.movement import cat, narrow, pad_axes, roll
+from fusegrad.ops.movement import cat, flip, narrow, pad_axes, roll
 from fusegrad.ops.operands import as_tensor_operand, cast
 from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
 from fusegrad.ops.prims import normalize_axis
@@ -198,13 +199,32 @@ def _dims_and_sizes(x: Tensor, s, dim, op: str, all_dims: bool) -> tuple[list[in
 
 
 def _c2c(x, s, dim, norm, op: str, inverse: bool, all_dims: bool) -> Tensor:
-    x = _complex_input(_as_input(x, op))
+    x = _as_input(x, op)
     axes, sizes = _dims_and_sizes(x, s, dim, op, all_dims)
     for a, n in zip(axes, sizes):
         x = _resize(x, a, n)
+    norm = _norm(norm)
+    if len(axes) == 1 and not x.dtype.is_complex:
+        # torch transforms a real signal along one axis by r2c: the inverse transform is the
+        # conjugate of the forward one with the other normalization
+        if inverse:
+            return bind(P.conj, _real_to_full(x, axes[0], _SWAP[norm]))
+        return _real_to_full(x, axes[0], norm)
+    x = _complex_input(x)
     if not axes:
         return x
-    return bind(fft_c2c, x, axes=tuple(sorted(axes)), inverse=inverse, norm=_norm(norm))
+    return bind(fft_c2c, x, axes=tuple(sorted(axes)), inverse=inverse, norm=norm)
+
+
+@composite("FftR2CBackward0")
+def _real_to_full(x: Tensor, axis: int, norm: str) -> Tensor:
+    """The transform of a real signal along ``axis`` as torch computes it: the non-negative
+    frequencies by r2c, the others from Hermitian symmetry (``X[n - k] = conj(X[k])``)."""
+    half = bind(fft_r2c, x, axis=axis, norm=norm)
+    n, m = x.shape[axis], half.shape[axis]
+    if n == m:
+        return half
+    return cat([half, bind(P.conj, flip(narrow(half, axis, 1, n - m), (axis,)))], axis)
 
 
 def fft(input, n: int | None = None, dim: int = -1, norm: str | None = None) -> Tensor:  # noqa: A002
