@@ -183,7 +183,7 @@ def test_ops_without_complex_meaning_refuse_complex():
     z = fg.tensor([1 + 2j])
     for op in (lambda: z < z, lambda: fg.maximum(z, z), lambda: z.floor(), lambda: z.trunc(),
                lambda: z.round(), lambda: z.amax(), lambda: z.argmax(), lambda: z.sort(),
-               lambda: z.clamp(0), lambda: z.var(), lambda: z % 2, lambda: z // 2):
+               lambda: z.clamp(0), lambda: z % 2, lambda: z // 2):
         with pytest.raises((RuntimeError, NotImplementedError), match="complex"):
             op()
 
@@ -247,6 +247,22 @@ def test_matmul_and_reductions_match_numpy():
     np.testing.assert_allclose(t.prod(1).numpy(), a.prod(1), rtol=16 * F64_EPS)
     assert t.sum().dtype is fg.complex128 and fg.tensor([1j]).mean().dtype is fg.complex64
     np.testing.assert_allclose(t.mH.numpy(), a.conj().T)
+
+
+def test_norms_variance_and_vdot_use_moduli_and_conjugates():
+    a, b = crand(5, seed=16), crand(5, seed=17)
+    t, u = fg.tensor(a), fg.tensor(b)
+    assert t.norm().dtype is fg.float64
+    np.testing.assert_allclose(t.norm().numpy(), np.linalg.norm(a), rtol=16 * F64_EPS)
+    np.testing.assert_allclose(fg.linalg.vector_norm(t, 1).numpy(), np.abs(a).sum(),
+                               rtol=16 * F64_EPS)
+    np.testing.assert_allclose(t.var().numpy(), np.var(a, ddof=1), rtol=16 * F64_EPS)
+    np.testing.assert_allclose(t.std(correction=0).numpy(), np.std(a), rtol=16 * F64_EPS)
+    np.testing.assert_allclose(fg.vdot(t, u).numpy(), np.vdot(a, b), rtol=16 * F64_EPS)
+    with pytest.raises(NotImplementedError, match="mse"):
+        fg.nn.functional.mse_loss(t, u)
+    with pytest.raises(TypeError, match="must be real number, not complex"):
+        fg.tensor([1 + 2j], dtype=fg.float32)
 
 
 # --------------------------------------------------------------------------- printing, saving
@@ -426,6 +442,8 @@ TORCH_OPS = {
     "complex_polar": lambda lib, z, w: lib.polar(z.abs(), w.angle()).real.sum()
     + lib.complex(z.real, w.imag).abs().sum(),
     "reductions": lambda lib, z, w: z.sum().abs() + w.mean().imag + z.prod().real,
+    "norms_var": lambda lib, z, w: z.norm() + lib.linalg.vector_norm(w, 1) + z.var() + w.std()
+    + lib.vdot(z, w).real,
 }
 
 

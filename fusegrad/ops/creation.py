@@ -78,6 +78,10 @@ def _array_from(data, dtype) -> tuple[np.ndarray, dtypes.DType]:
             dt = dtypes.get_default_dtype()
     if dtype is not None:
         dt = dtypes.as_dtype(dtype)
+        if arr.dtype.kind == "c" and not dt.is_complex and not isinstance(data, (np.ndarray,
+                                                                                 np.generic)):
+            raise TypeError(f"must be real number, not complex (tensor() of complex values "
+                            f"with dtype={dt})")
     if arr.dtype != dt.np_dtype:
         if dt is dtypes.bool_:
             arr = arr != 0
