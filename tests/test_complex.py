@@ -223,11 +223,17 @@ def test_binary_ops_match_numpy(name, other):
         np.testing.assert_allclose(got.numpy(), BINARY[name](b_np, a), rtol=64 * F64_EPS)
 
 
+INVERSE_TRIG = {"asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "asinh": np.arcsinh,
+                "acosh": np.arccosh, "atanh": np.arctanh}
+
+
 @pytest.mark.parametrize("name", ["exp", "log", "sqrt", "sin", "cos", "tan", "tanh", "sinh",
-                                  "cosh", "reciprocal", "neg"])
+                                  "cosh", "reciprocal", "neg", "exp2", "log2", "log10", "log1p",
+                                  "expm1", *INVERSE_TRIG])
 def test_unary_ops_match_numpy(name):
     a = crand(5, seed=4)
-    ref = {"reciprocal": lambda v: 1 / v, "neg": np.negative}.get(name, getattr(np, name, None))
+    ref = {"reciprocal": lambda v: 1 / v, "neg": np.negative, **INVERSE_TRIG}.get(
+        name, getattr(np, name, None))
     got = getattr(fg, name)(fg.tensor(a))
     np.testing.assert_allclose(got.numpy(), ref(a), rtol=16 * F64_EPS)
     got32 = getattr(fg, name)(fg.tensor(a.astype(np.complex64)))
@@ -332,6 +338,9 @@ LOSSES = {
     "pow_scalar": lambda z: (z ** 3).real.sum(),
     "pow_complex": lambda z: (z ** fg.tensor(W)).abs().sum(),
     "reciprocal": lambda z: z.reciprocal().real.sum(),
+    "log_family": lambda z: (z.log2() + z.log10() + z.log1p() + z.exp2() + z.expm1()).abs().sum(),
+    "inverse_trig": lambda z: (z.asin() + z.acos() + z.atan() + z.asinh() + z.acosh()
+                               + z.atanh()).abs().sum(),
     "angle": lambda z: z.angle().sum(),
     "conj": lambda z: (z.conj() * fg.tensor(W)).real.sum(),
     "sgn": lambda z: (z.sgn() * fg.tensor(W)).imag.sum(),
@@ -442,6 +451,10 @@ TORCH_OPS = {
     "complex_polar": lambda lib, z, w: lib.polar(z.abs(), w.angle()).real.sum()
     + lib.complex(z.real, w.imag).abs().sum(),
     "reductions": lambda lib, z, w: z.sum().abs() + w.mean().imag + z.prod().real,
+    "inverse_trig": lambda lib, z, w: (z.asin() * w.acosh() + z.atan() + w.asinh()).abs().sum()
+    + z.acos().real.sum() + w.atanh().imag.sum(),
+    "log_family": lambda lib, z, w: (z.log2() * w.expm1() + z.log1p() + w.exp2()).abs().sum()
+    + z.log10().real.sum(),
     "norms_var": lambda lib, z, w: z.norm() + lib.linalg.vector_norm(w, 1) + z.var() + w.std()
     + lib.vdot(z, w).real,
 }

@@ -279,12 +279,16 @@ log = _unary("log", _in_float64(np.log), _rule_x(lambda g, out, x: g / _conj(x))
              complex_ok=True)
 # exp2/log2/log10 are primitives, not exp(x * ln2) or log(x) / ln2: the rounding of the scaled
 # argument costs float32 up to 67 ulp, and 16-bit types would round ln2 itself.
-exp2 = _unary("exp2", _in_float64(np.exp2), _rule_out(lambda g, out, x: g * out * math.log(2.0)))
-log2 = _unary("log2", _in_float64(np.log2), _rule_x(lambda g, out, x: g / (x * math.log(2.0))))
-log10 = _unary("log10", _in_float64(np.log10), _rule_x(lambda g, out, x: g / (x * math.log(10.0))))
-log1p = _unary("log1p", _in_float64(np.log1p), _rule_x(lambda g, out, x: g / (x + 1)),
-               grad_name="Log1PBackward0")
-expm1 = _unary("expm1", _in_float64(np.expm1), _rule_out(lambda g, out, x: g * (out + 1)))
+exp2 = _unary("exp2", _in_float64(np.exp2),
+              _rule_out(lambda g, out, x: g * _conj(out) * math.log(2.0)), complex_ok=True)
+log2 = _unary("log2", _in_float64(np.log2),
+              _rule_x(lambda g, out, x: g / _conj(x * math.log(2.0))), complex_ok=True)
+log10 = _unary("log10", _in_float64(np.log10),
+               _rule_x(lambda g, out, x: g / _conj(x * math.log(10.0))), complex_ok=True)
+log1p = _unary("log1p", _in_float64(np.log1p), _rule_x(lambda g, out, x: g / _conj(x + 1)),
+               grad_name="Log1PBackward0", complex_ok=True)
+expm1 = _unary("expm1", _in_float64(np.expm1), _rule_out(lambda g, out, x: g * _conj(out + 1)),
+               complex_ok=True)
 sin = _unary("sin", _in_float64(np.sin), _rule_x(lambda g, out, x: g * _conj(x.cos())),
              complex_ok=True)
 cos = _unary("cos", _in_float64(np.cos), _rule_x(lambda g, out, x: -(g * _conj(x.sin()))),
@@ -297,19 +301,28 @@ tanh = _unary("tanh", _in_float64(np.tanh),
 # Inverse and hyperbolic trig: primitives (not log/exp compositions, which lose accuracy
 # near 0 and overflow early); they have no kernel lowering, so compiled programs run these
 # numpy references. VJPs are torch's (derivatives.yaml).
-asin = _unary("asin", _in_float64(np.arcsin), _rule_x(lambda g, out, x: g * (1 - x * x).rsqrt()))
+asin = _unary("asin", _in_float64(np.arcsin),
+              _rule_x(lambda g, out, x: g * _conj((1 - x * x).rsqrt())), complex_ok=True)
 acos = _unary("acos", _in_float64(np.arccos),
-              _rule_x(lambda g, out, x: -(g * (1 - x * x).rsqrt())))
-atan = _unary("atan", _in_float64(np.arctan), _rule_x(lambda g, out, x: g / (x * x + 1)))
+              _rule_x(lambda g, out, x: -(g * _conj((1 - x * x).rsqrt()))), complex_ok=True)
+atan = _unary("atan", _in_float64(np.arctan), _rule_x(lambda g, out, x: g / _conj(x * x + 1)),
+              complex_ok=True)
 sinh = _unary("sinh", _in_float64(np.sinh), _rule_x(lambda g, out, x: g * _conj(x.cosh())),
               complex_ok=True)
 cosh = _unary("cosh", _in_float64(np.cosh), _rule_x(lambda g, out, x: g * _conj(x.sinh())),
               complex_ok=True)
 asinh = _unary("asinh", _in_float64(np.arcsinh),
-               _rule_x(lambda g, out, x: g * (x * x + 1).rsqrt()))
-acosh = _unary("acosh", _in_float64(np.arccosh),
-               _rule_x(lambda g, out, x: g * (x * x - 1).rsqrt()))
-atanh = _unary("atanh", _in_float64(np.arctanh), _rule_x(lambda g, out, x: g / (1 - x * x)))
+               _rule_x(lambda g, out, x: g * _conj((x * x + 1).rsqrt())), complex_ok=True)
+def _acosh_vjp(g, out, x):
+    if x.dtype.is_complex:
+        # 1 / (sqrt(z - 1) sqrt(z + 1)): 1 / sqrt(z**2 - 1) has the wrong sign off the real line
+        return g * _conj((x - 1).rsqrt() * (x + 1).rsqrt())
+    return g * (x * x - 1).rsqrt()
+
+
+acosh = _unary("acosh", _in_float64(np.arccosh), _rule_x(_acosh_vjp), complex_ok=True)
+atanh = _unary("atanh", _in_float64(np.arctanh), _rule_x(lambda g, out, x: g / _conj(1 - x * x)),
+               complex_ok=True)
 erf = _unary("erf", lambda x: _erf_impl(x),
              _rule_x(lambda g, out, x: g * _TWO_OVER_SQRT_PI * (-(x * x)).exp()))
 sqrt = _unary("sqrt", np.sqrt, _rule_out(lambda g, out, x: g / _conj(out * 2)), complex_ok=True)
