@@ -139,6 +139,11 @@ def test_view_as_real_and_view_as_complex_share_storage():
         fg.view_as_complex(fg.zeros(2, 3))
     with pytest.raises(RuntimeError, match="stride 1"):
         fg.view_as_complex(fg.zeros(2, 2).T)
+    with pytest.raises(RuntimeError, match="stride divisible by 2"):
+        fg.view_as_complex(fg.zeros(3, 3)[:, :2])
+    with pytest.raises(RuntimeError, match="storage_offset divisible by 2"):
+        fg.view_as_complex(fg.zeros(5)[1:].reshape(2, 2))
+    assert fg.view_as_complex(fg.zeros(3, 4)[:, 2:]).shape == (3,)
     with pytest.raises(RuntimeError, match="only supported for complex tensors"):
         fg.view_as_real(fg.zeros(2))
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import composite
@@ -150,6 +152,14 @@ def view_as_real(x: Tensor) -> Tensor:
 def view_as_complex(x: Tensor) -> Tensor:
     """A complex view of a float tensor whose last dimension (of size 2, stride 1) holds
     real and imaginary parts."""
-    if x.ndim and x.shape[-1] == 2 and x._trace is None and x.stride(-1) != 1:
-        raise RuntimeError("Tensor must have a last dimension with stride 1")
+    if x.ndim and x.shape[-1] == 2 and x._trace is None and isinstance(x._data, np.ndarray):
+        # torch's layout rules: a complex element is two adjacent parts, at an even position
+        if x.stride(-1) != 1:
+            raise RuntimeError("Tensor must have a last dimension with stride 1")
+        if any(st % 2 for st in x.stride()[:-1]):
+            raise RuntimeError("Tensor must have a stride divisible by 2 for all but last "
+                               "dimension")
+        base = x._base if x._base is not None else x
+        if (x._data.ctypes.data - base._data.ctypes.data) // x.itemsize % 2:
+            raise RuntimeError("Tensor must have a storage_offset divisible by 2")
     return _mark_view(bind(P.view_as_complex, x), x, P.view_as_complex, {})
