@@ -23,7 +23,7 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import composite
-from fusegrad.ops.creation import _check_device, tensor
+from fusegrad.ops.creation import tensor
 from fusegrad.ops.elementwise import mul
 from fusegrad.ops.movement import cat, flip, narrow, pad_axes, roll
 from fusegrad.ops.operands import as_tensor_operand, cast
@@ -363,18 +363,17 @@ def fftfreq(n: int, d: float = 1.0, *, dtype=None, layout=None, device=None,
             requires_grad: bool = False) -> Tensor:
     """The sample frequencies of an ``n``-point transform with sample spacing ``d``:
     ``[0, 1, ..., (n - 1) // 2, -(n // 2), ..., -1] / (d * n)``."""
-    _check_device(device)
     k = np.concatenate([np.arange(0, (n - 1) // 2 + 1), np.arange(-(n // 2), 0)])
     dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
-    return tensor(k / (d * n), dtype=dt, requires_grad=requires_grad)
+    return tensor(k / (d * n), dtype=dt, device=device, requires_grad=requires_grad)
 
 
 def rfftfreq(n: int, d: float = 1.0, *, dtype=None, layout=None, device=None,
              requires_grad: bool = False) -> Tensor:
     """The non-negative sample frequencies of :func:`rfft`: ``[0, ..., n // 2] / (d * n)``."""
-    _check_device(device)
     dt = dtypes.as_dtype(dtype) if dtype is not None else dtypes.get_default_dtype()
-    return tensor(np.arange(0, n // 2 + 1) / (d * n), dtype=dt, requires_grad=requires_grad)
+    return tensor(np.arange(0, n // 2 + 1) / (d * n), dtype=dt, device=device,
+                  requires_grad=requires_grad)
 
 
 def _shift_dims(x: Tensor, dim) -> tuple[int, ...]:

@@ -357,3 +357,4 @@ def test_complex_ops_on_cuda_run_as_host_steps(simulated):
     spectrum = fg.fft.rfft(fg.tensor([1.0, 2.0, 3.0, 4.0], device="cuda"))
     assert _on_cuda(spectrum)
     np.testing.assert_allclose(spectrum.cpu().numpy(), [10, -2 + 2j, -2], **TOL)
+    assert _on_cuda(fg.fft.fftfreq(4, device="cuda")) and _on_cuda(fg.fft.rfftfreq(4, device="cuda"))
