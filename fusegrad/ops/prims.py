@@ -313,6 +313,8 @@ cosh = _unary("cosh", _in_float64(np.cosh), _rule_x(lambda g, out, x: g * _conj(
               complex_ok=True)
 asinh = _unary("asinh", _in_float64(np.arcsinh),
                _rule_x(lambda g, out, x: g * _conj((x * x + 1).rsqrt())), complex_ok=True)
+
+
 def _acosh_vjp(g, out, x):
     if x.dtype.is_complex:
         # 1 / (sqrt(z - 1) sqrt(z + 1)): 1 / sqrt(z**2 - 1) has the wrong sign off the real line
