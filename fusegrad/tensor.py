@@ -101,6 +101,9 @@ class Tensor:
             data = []
         from fusegrad.ops.creation import _array_from
         arr, dt = _array_from(data, dtype)
+        if dt.is_complex and isinstance(data, (list, tuple)) and dtype is None:
+            raise TypeError("must be real number, not complex (torch.Tensor(...) makes the "
+                            "default float type; use fusegrad.tensor for complex values)")
         if dt.is_floating_point is False and isinstance(data, (list, tuple)) and dtype is None:
             # torch.Tensor(...) always makes the default float type
             dt = dtypes.get_default_dtype()

@@ -274,6 +274,8 @@ def test_norms_variance_and_vdot_use_moduli_and_conjugates():
         fg.nn.functional.mse_loss(t, u)
     with pytest.raises(TypeError, match="must be real number, not complex"):
         fg.tensor([1 + 2j], dtype=fg.float32)
+    with pytest.raises(TypeError, match="must be real number, not complex"):
+        fg.Tensor([1 + 2j])
 
 
 # --------------------------------------------------------------------------- printing, saving
