@@ -393,6 +393,21 @@ def test_backward_of_a_complex_output_raises():
     np.testing.assert_array_equal(z.grad.numpy(), [2 + 0j])
 
 
+def test_sgd_trains_complex_parameters_and_other_optimizers_refuse_them():
+    z = fg.tensor([1 + 2j, -0.5 + 0.3j], dtype=fg.complex128, requires_grad=True)
+    opt = fg.optim.SGD([z], lr=0.1, momentum=0.9, weight_decay=0.01)
+    for _ in range(3):
+        opt.zero_grad()
+        ((z - (0.2 - 1j)).abs() ** 2).sum().backward()
+        opt.step()
+    # the values torch 2.13 gives
+    np.testing.assert_allclose(z.detach().numpy(), [0.245618 - 0.820732j, 0.158327 - 0.919662j],
+                               atol=1e-6)
+    for make in (fg.optim.Adam, fg.optim.AdamW, fg.optim.RMSprop, fg.optim.Adagrad):
+        with pytest.raises(NotImplementedError, match="complex parameters"):
+            make([z])
+
+
 # --------------------------------------------------------------------------- compiled
 
 
