@@ -160,7 +160,7 @@ class Optimizer:
     # Whether the update is right for complex parameters as written: true of updates linear
     # in the gradient (SGD's). torch runs the others on the parameters' real views
     # (view_as_real); fusegrad's do not yet, and refuse complex parameters.
-    takes_complex_params = False
+    _takes_complex_params = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -225,7 +225,7 @@ class Optimizer:
                                 + _typename(p))
             if not (p.is_leaf or p.retains_grad):
                 raise ValueError("can't optimize a non-leaf Tensor")
-            if p.is_complex() and not self.takes_complex_params:
+            if p.is_complex() and not self._takes_complex_params:
                 raise NotImplementedError(
                     f"{type(self).__name__}: complex parameters are not supported by fusegrad's "
                     f"{type(self).__name__} (got one of {p.dtype}, shape {list(p.shape)}); keep "
