@@ -20,6 +20,8 @@ from fusegrad.autograd.grad_mode import (
 from fusegrad.device import device
 from fusegrad.dtypes import (
     bfloat16,
+    complex64,
+    complex128,
     float16,
     float32,
     float64,
@@ -74,6 +76,7 @@ from fusegrad.tensor import Size, Tensor
 
 bool = _dtypes.bool_  # noqa: A001 - torch.bool
 half, float, double = float16, float32, float64  # noqa: A001
+cfloat, cdouble = complex64, complex128
 short, int, long = int16, int32, int64  # noqa: A001
 dtype = _dtypes.DType
 
@@ -93,6 +96,10 @@ def numel(x: Tensor) -> "int":
 
 def is_floating_point(x: Tensor) -> "bool":
     return x.is_floating_point()
+
+
+def is_complex(x: Tensor) -> "bool":
+    return x.is_complex()
 
 
 def result_type(a, b) -> _dtypes.DType:
@@ -149,9 +156,9 @@ from fusegrad import aot  # noqa: E402
 from fusegrad import _dynamo  # noqa: E402
 
 # isort: split
-# torch.linalg's norms and products, torch.special's names; a torch name fusegrad lacks raises an
-# AttributeError that says so.
-from fusegrad import linalg, special  # noqa: E402
+# torch.linalg's norms and products, torch.special's names, torch.fft's transforms; a torch
+# name fusegrad lacks raises an AttributeError that says so.
+from fusegrad import fft, linalg, special  # noqa: E402
 
 # isort: split
 # torch.profiler: op, kernel and record_function timings, tables and Chrome traces.

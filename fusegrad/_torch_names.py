@@ -312,6 +312,10 @@ TORCH_NAMES: dict[str, frozenset[str]] = {
     matmul matrix_exp matrix_norm matrix_power matrix_rank multi_dot norm pinv qr slogdet solve
     solve_ex solve_triangular svd svdvals tensorinv tensorsolve vander vecdot vector_norm
     """.split()),
+    "torch.fft": frozenset("""
+    Tensor fft fft2 fftfreq fftn fftshift hfft hfft2 hfftn ifft ifft2 ifftn ifftshift ihfft ihfft2
+    ihfftn irfft irfft2 irfftn rfft rfft2 rfftfreq rfftn
+    """.split()),
     "torch.special": frozenset("""
     airy_ai bessel_j0 bessel_j1 bessel_y0 bessel_y1 chebyshev_polynomial_t chebyshev_polynomial_u
     chebyshev_polynomial_v chebyshev_polynomial_w digamma entr erf erfc erfcx erfinv exp2 expit

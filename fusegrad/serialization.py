@@ -69,7 +69,7 @@ MAX_HEADER = 1 << 31
 
 _DTYPES = {d.name: d for d in (dtypes.bool_, dtypes.uint8, dtypes.int8, dtypes.int16, dtypes.int32,
                                dtypes.int64, dtypes.float16, dtypes.bfloat16, dtypes.float32,
-                               dtypes.float64)}
+                               dtypes.float64, dtypes.complex64, dtypes.complex128)}
 
 
 # What a dtype node may name: any dtype (an optimizer's or a module's setting), stored tensor
@@ -98,6 +98,8 @@ def _device(value) -> Device:
 def to_little_endian_bytes(array: np.ndarray) -> bytes:
     """The C-order bytes of ``array`` in little-endian order (shared with safetensors)."""
     a = np.ascontiguousarray(array)
+    if a.dtype.kind == "c":
+        a = a.view(a.real.dtype)        # the parts, each swapped on its own
     if sys.byteorder == "big" and a.dtype.itemsize > 1:
         a = a.view(np.dtype(f"u{a.dtype.itemsize}")).byteswap()
     return a.tobytes()
@@ -107,8 +109,8 @@ def from_little_endian_bytes(buf, dtype: dtypes.DType, shape: tuple[int, ...]) -
     """A fresh, writable array of ``dtype`` and ``shape`` from little-endian ``buf``."""
     np_dtype = dtype.np_dtype
     if sys.byteorder == "big" and np_dtype.itemsize > 1:
-        raw = np.frombuffer(buf, dtype=np.dtype(f"<u{np_dtype.itemsize}")).astype(
-            np.dtype(f"u{np_dtype.itemsize}"))
+        part = np_dtype.itemsize // 2 if np_dtype.kind == "c" else np_dtype.itemsize
+        raw = np.frombuffer(buf, dtype=np.dtype(f"<u{part}")).astype(np.dtype(f"u{part}"))
         arr = raw.view(np_dtype)
     else:
         arr = np.frombuffer(buf, dtype=np_dtype).copy()

@@ -70,6 +70,7 @@ _TYPE_STRINGS = {
     "float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
     "bfloat16": "BFloat16Tensor", "int64": "LongTensor", "int32": "IntTensor",
     "int16": "ShortTensor", "int8": "CharTensor", "uint8": "ByteTensor", "bool": "BoolTensor",
+    "complex64": "ComplexFloatTensor", "complex128": "ComplexDoubleTensor",
 }
 
 
@@ -100,6 +101,9 @@ class Tensor:
             data = []
         from fusegrad.ops.creation import _array_from
         arr, dt = _array_from(data, dtype)
+        if dt.is_complex and isinstance(data, (list, tuple)) and dtype is None:
+            raise TypeError("must be real number, not complex (torch.Tensor(...) makes the "
+                            "default float type; use fusegrad.tensor for complex values)")
         if dt.is_floating_point is False and isinstance(data, (list, tuple)) and dtype is None:
             # torch.Tensor(...) always makes the default float type
             dt = dtypes.get_default_dtype()
@@ -225,7 +229,7 @@ class Tensor:
         return self._dtype.is_floating_point
 
     def is_complex(self) -> bool:
-        return False
+        return self._dtype.is_complex
 
     def data_ptr(self) -> int:
         data = self._data
@@ -276,7 +280,7 @@ class Tensor:
                 "you can only change requires_grad flags of leaf variables. If you want to use a "
                 "computed variable in a subgraph that doesn't require differentiation use "
                 "var_no_grad = var.detach().")
-        if requires_grad and not self._dtype.is_floating_point:
+        if requires_grad and not self._dtype.is_differentiable:
             raise RuntimeError("only Tensors of floating point dtype can require gradients")
         self._requires_grad = bool(requires_grad)
         return self
@@ -456,7 +460,13 @@ class Tensor:
         return self.item()
 
     def __float__(self) -> float:
-        return float(self._python_scalar())
+        value = self._python_scalar()
+        if isinstance(value, complex):
+            # torch reads a complex value as a double only when it has no imaginary part
+            if value.imag != 0:
+                raise RuntimeError("value cannot be converted to type double without overflow")
+            value = value.real
+        return float(value)
 
     def __int__(self) -> int:
         return int(self._python_scalar())

@@ -37,6 +37,7 @@ NAMESPACES: dict[str, str] = {
     "torch.utils.data": "fusegrad.utils.data",
     "torch.linalg": "fusegrad.linalg",
     "torch.special": "fusegrad.special",
+    "torch.fft": "fusegrad.fft",
     "torch.autograd": "fusegrad.autograd",
     "torch.autograd.functional": "fusegrad.autograd.functional",
     "torch.profiler": "fusegrad.profiler",

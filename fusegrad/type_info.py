@@ -23,6 +23,7 @@ class finfo:  # noqa: N801 - torch.finfo
 
     def __init__(self, type=None) -> None:  # noqa: A002 - torch's parameter name
         dt = dtypes.get_default_dtype() if type is None else dtypes.as_dtype(type)
+        dt = dtypes.to_real(dt)            # a complex type's limits are its parts' (torch's)
         if not dt.is_floating_point:
             raise TypeError("torch.finfo() requires a floating point input type. Use torch.iinfo "
                             "to handle 'torch.finfo'")

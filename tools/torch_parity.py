@@ -2,8 +2,8 @@
 
 torch's names come from ``fusegrad/_torch_names.py`` (written by tools/gen_torch_names.py), so
 this runs without torch. Names outside fusegrad's scope are left out (see :data:`OUT_OF_SCOPE`):
-dtype and device names, quantization, sparse and complex-only ops, storages, named tensors,
-FFT-based ops. In-place ``f_`` variants are methods only in torch's usage and are counted apart.
+dtype and device names, quantization, sparse ops, storages, named tensors, short-time
+Fourier transforms. In-place ``f_`` variants are methods only in torch's usage and are counted apart.
 
     python tools/torch_parity.py            # counts, then the names in one place and missing
     python tools/torch_parity.py --counts   # counts only
@@ -24,10 +24,8 @@ OUT_OF_SCOPE: dict[str, str] = {
     **dict.fromkeys("dequantize int_repr q_per_channel_axis q_per_channel_scales "
                     "q_per_channel_zero_points q_scale q_zero_point qscheme".split(), "quantization"),
     **dict.fromkeys("smm sspaddmm".split(), "sparse"),
-    **dict.fromkeys("conj conj_physical imag real is_conj resolve_conj resolve_neg is_neg "
-                    "is_complex angle".split(), "complex numbers"),
     **dict.fromkeys("storage as_strided as_strided_scatter".split(), "storage and strides"),
-    **dict.fromkeys("stft istft".split(), "FFT"),
+    **dict.fromkeys("stft istft".split(), "short-time Fourier transforms"),
     **dict.fromkeys("hash_tensor is_distributed nonzero_static slice_inverse".split(),
                     "internal or distributed"),
 }

@@ -252,7 +252,7 @@ def _check_grads(node: Node, grads) -> tuple:
                 raise RuntimeError(
                     f"Function {node.name()} returned an invalid gradient: got shape "
                     f"{list(g.shape)} but expected shape compatible with {list(shape)}")
-            if g._dtype is not dtype and dtype.is_floating_point:
+            if g._dtype is not dtype and dtype.is_differentiable:
                 g = g.to(dtype)
         fixed.append(g)
     return tuple(fixed)
@@ -656,9 +656,9 @@ def _batched_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, all
 
 def _record_eager_node(prim, operands, attrs, out) -> None:
     # Integer and bool results (x.long(), x // y on ints) are not differentiable, as in torch.
-    # (is_grad_enabled and is_floating_point spelled out: this runs for every eager op.)
+    # (is_grad_enabled and is_differentiable spelled out: this runs for every eager op.)
     if prim.vjp is None or not getattr(_grad_state, "enabled", True) or \
-            out._dtype.category != 2:
+            out._dtype.category < 2:
         return
     for op in operands:
         if op._base is not None:

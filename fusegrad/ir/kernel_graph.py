@@ -20,7 +20,13 @@ import numpy as np
 from fusegrad.ir.graph import Graph, Node, Value
 from fusegrad.ops.primitive import Kind
 
-__all__ = ["View", "Kernel", "KernelGraph", "view_of", "identity_view"]
+__all__ = ["View", "Kernel", "KernelGraph", "view_of", "identity_view", "touches_complex"]
+
+
+def touches_complex(node: Node) -> bool:
+    """Whether ``node`` reads or makes a complex value."""
+    return node.output.type.dtype.is_complex or any(
+        isinstance(op, Value) and op.type.dtype.is_complex for op in node.inputs)
 
 
 @dataclass
@@ -55,9 +61,16 @@ class Kernel:
     def row_shape(self) -> tuple[int, ...]:
         return tuple(d for i, d in enumerate(self.shape) if i not in self.axes)
 
+    @property
+    def complex(self) -> bool:
+        """Whether a node of this kernel reads or makes a complex value (such nodes run as
+        numpy extern steps: codegen has no complex types)."""
+        return any(touches_complex(n) for n in self.nodes)
+
     def describe(self) -> str:
         ops = ",".join(n.op for n in self.nodes)
-        return f"{self.name}[{self.kind} {'x'.join(map(str, self.shape)) or 'scalar'}]({ops})"
+        kind = f"{self.kind} complex" if self.complex else self.kind
+        return f"{self.name}[{kind} {'x'.join(map(str, self.shape)) or 'scalar'}]({ops})"
 
     def __repr__(self) -> str:
         return f"<Kernel {self.describe()}>"

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fusegrad.dtypes import ALL_DTYPES, DType
+from fusegrad.dtypes import ALL_DTYPES, DType, complex128
 from fusegrad.ir.graph import Graph, IRError, Literal, Operand, Value
 from fusegrad.ir.verifier import operand_count
 from fusegrad.ops.primitive import PRIMITIVES, ConstantData, Primitive, TensorType
@@ -52,7 +52,7 @@ class IRParseError(IRError):
 
 @dataclass(frozen=True)
 class Token:
-    kind: str      # value, global, ident, int, float, string, punct, eof
+    kind: str      # value, global, ident, int, float, complex, string, punct, eof
     text: str
     line: int
     col: int
@@ -65,6 +65,7 @@ _TOKEN_RE = re.compile(r"""
   | (?P<punct>->|[()\[\]{}<>,:=])
   | (?P<float>-?(?:\d+\.\d*(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|inf\b|nan\b))
   | (?P<int>-?\d+)
+  | (?P<complex>complex\([^()\n]*\))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
   | (?P<string>"(?:[^"\\\n]|\\.)*")
 """, re.VERBOSE)
@@ -288,7 +289,7 @@ class _Parser:
             if tok.text not in self.names:
                 raise self.error(f"use of undefined value {tok.text}", tok)
             return self.names[tok.text]
-        if tok.kind in ("int", "float") or self.at("true") or self.at("false"):
+        if tok.kind in ("int", "float", "complex") or self.at("true") or self.at("false"):
             self.next()
             dtype = None
             # '2.0:f16' annotates the literal; '2.0 : f32[4]' is the node's result type.
@@ -317,7 +318,8 @@ class _Parser:
             resolved.append(op)
         return resolved
 
-    def scalar(self, tok: Token, dtype: DType, annotated: bool = True) -> bool | int | float:
+    def scalar(self, tok: Token, dtype: DType,
+               annotated: bool = True) -> bool | int | float | complex:
         """The Python value of a literal token as an element of ``dtype``."""
         how = "" if annotated else " (the dtype of the node's last value operand)"
         hint = "" if annotated else f"; write {tok.text}:<dtype> for a literal of another dtype"
@@ -335,9 +337,16 @@ class _Parser:
             if not info.min <= value <= info.max:
                 raise self.error(f"{value} is out of range for {dtype.short}", tok)
             return value
+        if dtype.category == 3 and tok.kind == "complex":
+            parts = tok.text[len("complex("):-1].split(",")
+            try:
+                re_, im = (float(p) for p in parts)
+            except ValueError:
+                raise self.error(f"expected complex(<real>, <imag>), got {tok.text}", tok) from None
+            return complex(re_, im)
         if tok.kind not in ("int", "float"):
             raise self.error(f"expected a number for {dtype.short}{how}, got {tok.text}{hint}", tok)
-        return float(tok.text)
+        return complex(float(tok.text)) if dtype.category == 3 else float(tok.text)
 
     # -- attributes
 
@@ -368,6 +377,9 @@ class _Parser:
         if tok.kind == "float":
             self.next()
             return float(tok.text)
+        if tok.kind == "complex":
+            self.next()
+            return self.scalar(tok, complex128)
         if tok.kind == "string":
             self.next()
             return json.loads(tok.text)
@@ -410,7 +422,7 @@ class _Parser:
             self.expect("]", "',' or ']' in dense elements")
             return items
         tok = self.peek()
-        if tok.kind in ("int", "float") or self.at("true") or self.at("false"):
+        if tok.kind in ("int", "float", "complex") or self.at("true") or self.at("false"):
             return self.next()
         raise self.error(f"expected a dense element or '[', got {_describe(tok)}")
 
@@ -427,7 +439,7 @@ class _Parser:
         if got == () and shape != ():       # a splat: one element for every position
             dtype = result_type.dtype
             one = self.scalar(value.elements, dtype)
-            one = np.float64(one).astype(dtype.np_dtype) if dtype.category == 2 else one
+            one = np.asarray(one).astype(dtype.np_dtype) if dtype.category >= 2 else one
             return ConstantData(np.full(shape, one, dtype=dtype.np_dtype))
         if got != want:
             raise self.error(f"dense elements have shape {list(got)} but the result type is "
@@ -436,9 +448,10 @@ class _Parser:
         self.flatten(value.elements, flat)
         dtype = result_type.dtype
         scalars = [self.scalar(t, dtype) for t in flat]
-        if dtype.category == 2:
+        if dtype.category >= 2:
             # Decimal -> double -> element type: what the printer checks round-trips.
-            array = np.array(scalars, dtype=np.float64).astype(dtype.np_dtype)
+            wide = np.complex128 if dtype.category == 3 else np.float64
+            array = np.array(scalars, dtype=wide).astype(dtype.np_dtype)
         else:
             array = np.array(scalars, dtype=dtype.np_dtype)
         return ConstantData(array.reshape(shape))

@@ -151,7 +151,14 @@ def format_scalar(value, dtype: DType) -> str:
         return str(int(value))
     if category == 2 and isinstance(value, (int, float, np.integer, np.floating)) and not is_bool:
         return _float_text(float(value))
+    if category == 3 and isinstance(value, (int, float, complex, np.number)) and not is_bool:
+        return _complex_text(complex(value))
     return repr(value)
+
+
+def _complex_text(z: complex) -> str:
+    """``complex(1.0, -2.0)``: one token of the grammar, each part as a double's repr."""
+    return f"complex({_float_text(z.real)}, {_float_text(z.imag)})"
 
 
 def literal_default_dtype(operands: Iterable[Operand]) -> DType | None:
@@ -218,6 +225,9 @@ def _element_texts(a: np.ndarray) -> list[str]:
         return [str(x) for x in a.reshape(-1).tolist()]
     if a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16:
         return _float_element_texts(a)
+    if a.dtype.kind == "c":
+        # each part a double's repr: exact for complex64's float32 parts too
+        return [_complex_text(z) for z in a.reshape(-1).astype(np.complex128).tolist()]
     raise IRError(f"cannot print a constant of numpy dtype {a.dtype}")
 
 
@@ -252,6 +262,8 @@ def format_attr(value) -> str:
         return str(int(value))
     if isinstance(value, (float, np.floating)):
         return _float_text(float(value))
+    if isinstance(value, (complex, np.complexfloating)):
+        return _complex_text(complex(value))
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, (tuple, list)):

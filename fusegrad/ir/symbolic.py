@@ -303,7 +303,7 @@ class GraphTrace:
         except (ShapeError, TypeError, IndexError) as e:
             raise type(e)(f"{e}{f' (at {loc})' if loc else ''}") from None
         value = self.graph.add_node(prim, inputs, attrs, loc=loc)
-        differentiable = (prim.vjp is not None and value.type.dtype.is_floating_point and
+        differentiable = (prim.vjp is not None and value.type.dtype.is_differentiable and
                           any(t._requires_grad for t in operands))
         requires_grad = differentiable and is_grad_enabled()
         if requires_grad:
@@ -357,14 +357,17 @@ class GraphTrace:
                         "express; write to the tensor itself, or compile with "
                         "fullgraph=False to run this function eagerly")
                 types.append(prim.infer(types[-1], **attrs))
-            embedded = value
-            mask = F.ones_like(value, dtype=dtypes.bool_)
-            for (prim, attrs), t in zip(reversed(x._view_ops), reversed(types[:-1])):
-                if prim is P.stop_gradient:
-                    continue                # the same elements: nothing to invert
-                embedded = prim.cotangent(0, embedded, None, (t,), attrs)
-                mask = prim.cotangent(0, mask, None, (t,), attrs)
-            new_base = F.where(mask, embedded, base)
+            if any(prim in _PART_VIEWS for prim, _ in x._view_ops):
+                new_base = _write_through_parts(base, x._view_ops, value)
+            else:
+                embedded = value
+                mask = F.ones_like(value, dtype=dtypes.bool_)
+                for (prim, attrs), t in zip(reversed(x._view_ops), reversed(types[:-1])):
+                    if prim is P.stop_gradient:
+                        continue                # the same elements: nothing to invert
+                    embedded = prim.cotangent(0, embedded, None, (t,), attrs)
+                    mask = prim.cotangent(0, mask, None, (t,), attrs)
+                new_base = F.where(mask, embedded, base)
             base._value = new_base._value
             base._requires_grad = base._requires_grad or value._requires_grad
         x._value = value._value
@@ -393,6 +396,37 @@ def host_values(t: Tensor, what: str) -> np.ndarray:
                           "an argument of the compiled function (guarded by value), or a tensor "
                           "computed outside it.")
     return value
+
+
+# Views of a complex value's parts: a write through one keeps the other part.
+_PART_VIEWS = frozenset({P.real, P.imag, P.view_as_real, P.view_as_complex})
+
+
+def _write_through_parts(base: Tensor, view_ops, value: Tensor) -> Tensor:
+    """The base after ``value`` is written through ``view_ops`` that include a view of a
+    complex value's parts: the view chain is walked back one op at a time, each step putting
+    the written value into the value it was viewed from (``real`` keeps the imaginary part,
+    a slice keeps the elements outside it)."""
+    from fusegrad.ops import functional as F
+    viewed = [base]
+    for prim, attrs in view_ops[:-1]:
+        viewed.append(F.bind(prim, viewed[-1], **attrs))
+    new = value
+    for (prim, attrs), src in zip(reversed(view_ops), reversed(viewed)):
+        if prim is P.real:
+            new = F.bind(P.complex_, new, F.bind(P.imag, src))
+        elif prim is P.imag:
+            new = F.bind(P.complex_, F.bind(P.real, src), new)
+        elif prim is P.view_as_real:
+            new = F.bind(P.view_as_complex, new)
+        elif prim is P.view_as_complex:
+            new = F.bind(P.view_as_real, new)
+        elif prim is not P.stop_gradient:
+            t = src._type()
+            embedded = prim.cotangent(0, new, None, (t,), attrs)
+            mask = prim.cotangent(0, F.ones_like(new, dtype=dtypes.bool_), None, (t,), attrs)
+            new = F.where(mask, embedded, src)
+    return new
 
 
 def innermost_trace(tensors: Sequence[Tensor], default: "GraphTrace | None" = None):

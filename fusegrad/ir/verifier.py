@@ -62,6 +62,8 @@ def literal_problem(lit: Literal) -> str | None:
             info = np.iinfo(dtype.np_dtype)
             if not info.min <= int(value) <= info.max:
                 return f"literal {value} is out of range for {dtype.short}"
+    elif dtype.category == 3:
+        ok = isinstance(value, (int, float, complex, np.number)) and not is_bool
     else:
         ok = isinstance(value, (int, float, np.integer, np.floating)) and not is_bool
     if not ok:

@@ -910,6 +910,10 @@ def mse_loss(input: Tensor, target: Tensor, size_average=None, reduce=None,  # n
     """Mean (or sum, or elementwise) squared error."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
+    if input.dtype.is_complex or target.dtype.is_complex:
+        # (a - b) ** 2 of complex values is no squared error; torch refuses them too
+        raise NotImplementedError(f'"mse_cpu" not implemented for complex tensors (input '
+                                  f"{input.dtype}, target {target.dtype})")
     _warn_size(input, target)
     return _mse_loss(input, target, reduction)
 

@@ -9,6 +9,7 @@ rules of its own.
 from __future__ import annotations
 
 from fusegrad import dtypes
+from fusegrad.ops.complex import conj
 from fusegrad.ops.composite import _named
 from fusegrad.ops.elementwise import add, clamp, div, mul, ne, sqrt, sub, where
 from fusegrad.ops.matmul import bmm, dot, matmul, mm, mv, outer
@@ -117,8 +118,8 @@ def inner(x: Tensor, other: Tensor) -> Tensor:
 
 @public(torch=True, method=True)
 def vdot(x: Tensor, other: Tensor) -> Tensor:
-    """The dot product of two 1-D tensors (conjugating the first: a no-op for real ones)."""
-    return dot(x, other)
+    """The dot product of two 1-D tensors, conjugating the first (a no-op for real ones)."""
+    return dot(conj(x), other)
 
 
 @public(torch=True, method=True)

@@ -67,6 +67,8 @@ def _array_from(data, dtype) -> tuple[np.ndarray, dtypes.DType]:
             dt = dtypes.int64
         elif arr.dtype.kind == "b":
             dt = dtypes.bool_
+        elif arr.dtype.kind == "c":
+            dt = dtypes.default_complex_dtype()
         elif arr.dtype.kind == "O" or arr.dtype.kind in "US":
             raise TypeError(f"Could not infer dtype of {type(data).__name__} "
                             f"(got elements of numpy kind {arr.dtype.kind!r})")
@@ -76,6 +78,10 @@ def _array_from(data, dtype) -> tuple[np.ndarray, dtypes.DType]:
             dt = dtypes.get_default_dtype()
     if dtype is not None:
         dt = dtypes.as_dtype(dtype)
+        if arr.dtype.kind == "c" and not dt.is_complex and not isinstance(data, (np.ndarray,
+                                                                                 np.generic)):
+            raise TypeError(f"must be real number, not complex (tensor() of complex values "
+                            f"with dtype={dt})")
     if arr.dtype != dt.np_dtype:
         if dt is dtypes.bool_:
             arr = arr != 0
@@ -197,6 +203,8 @@ def _py_value(v, dt: dtypes.DType):
         v = v.item()
     if dt.is_floating_point:
         return float(v)
+    if dt.is_complex:
+        return complex(v)
     if dt is dtypes.bool_:
         return bool(v)
     return int(v)
@@ -428,8 +436,15 @@ def randn(*size, generator: Generator | None = None, dtype=None, device=None,
           requires_grad: bool = False) -> Tensor:
     """Standard normal numbers (Box-Muller over the counter-based uniforms)."""
     _check_device(device)
+    dt = dtypes.as_dtype(dtype) if dtype is not None else None
     with no_grad():
-        t = _box_muller(_shape(size), _float_dt(dtype), generator)
+        if dt is not None and dt.is_complex:
+            # torch's complex normal: real and imaginary parts each of variance 1/2
+            real, imag = (_box_muller(_shape(size), dtypes.to_real(dt), generator) *
+                          math.sqrt(0.5) for _ in range(2))
+            t = bind(P.complex_, real, imag)
+        else:
+            t = _box_muller(_shape(size), _float_dt(dtype), generator)
     return _finish(t, requires_grad)
 
 

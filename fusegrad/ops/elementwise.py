@@ -82,13 +82,13 @@ def div(x, other, *, rounding_mode: str | None = None) -> Tensor:
     if _scalar_of_narrow(x, other) or _scalar_of_narrow(other, x):
         return opmath(div)(x, other, rounding_mode=rounding_mode)
     if rounding_mode is None:
-        if not dtypes.result_type(x, other).is_floating_point:
+        if not dtypes.result_type(x, other).is_differentiable:
             # true division of integers: in the default float dtype, the Python int too
             # (int8 / 300 is 0.167; 300 wrapped to int8 first would be 44)
             fdt = dtypes.get_default_dtype()
             x, other = (cast(v, fdt) if isinstance(v, Tensor) else v for v in (x, other))
         a, b = _promote("div", x, other)
-        if not a.dtype.is_floating_point:
+        if not a.dtype.is_differentiable:
             a, b = cast(a, dtypes.get_default_dtype()), cast(b, dtypes.get_default_dtype())
         return bind(P.div, a, b)
     if rounding_mode == "floor":
@@ -356,13 +356,22 @@ def square(x: Tensor) -> Tensor:
 
 @public(torch=True, method=True, inplace=True)
 def sign(x: Tensor) -> Tensor:
+    if x.dtype.is_complex:
+        raise RuntimeError("Unlike NumPy, torch.sign is not intended to support complex numbers. "
+                           "Please use torch.sgn instead.")
     if x.dtype is dtypes.bool_:
         return x                 # torch's sign of a bool is the bool itself
     return bind(P.sign, x)
 
 
+def _refuse_complex(x: Tensor, op: str) -> None:
+    if x.dtype.is_complex:
+        raise NotImplementedError(f"{op} is not supported for complex inputs")
+
+
 def _rounding(prim):
     def op(x: Tensor) -> Tensor:
+        _refuse_complex(x, prim.name)
         return bind(prim, x) if x.dtype.is_floating_point else x
     return op
 
@@ -373,6 +382,7 @@ ceil = public(_rounding(P.ceil), name="ceil", torch=True, method=True, inplace=T
 
 @public(torch=True, method=True, inplace=True)
 def trunc(x: Tensor) -> Tensor:
+    _refuse_complex(x, "trunc")
     if not x.dtype.is_floating_point:
         return x
     return _named(where(lt(x, 0), ceil(x), floor(x)), "TruncBackward0")
@@ -384,6 +394,7 @@ fix = public(trunc, name="fix", torch=True, method=True, inplace=True)
 @public(torch=True, method=True, inplace=True)
 def round(x: Tensor, *, decimals: int = 0) -> Tensor:  # noqa: A001
     """Round half to even, as torch; with ``decimals`` scale by ``10**decimals`` first."""
+    _refuse_complex(x, "round")
     if not x.dtype.is_floating_point:
         return x
     if decimals == 0:
@@ -456,17 +467,18 @@ clip = public(clamp, name="clip", torch=True, method=True, inplace=True)
 
 @public(torch=True, method=True)
 def isnan(x: Tensor) -> Tensor:
-    return ne(x, x) if x.dtype.is_floating_point else zeros_like(x, dtype=dtypes.bool_)
+    return ne(x, x) if x.dtype.is_differentiable else zeros_like(x, dtype=dtypes.bool_)
 
 
 @public(torch=True, method=True)
 def isinf(x: Tensor) -> Tensor:
-    return eq(abs(x), math.inf) if x.dtype.is_floating_point else zeros_like(x, dtype=dtypes.bool_)
+    return eq(abs(x), math.inf) if x.dtype.is_differentiable else \
+        zeros_like(x, dtype=dtypes.bool_)
 
 
 @public(torch=True, method=True)
 def isfinite(x: Tensor) -> Tensor:
-    if not x.dtype.is_floating_point:
+    if not x.dtype.is_differentiable:
         return ones_like(x, dtype=dtypes.bool_)
     return logical_not(logical_or(isnan(x), isinf(x)))
 

@@ -19,6 +19,7 @@ torch does, then binds primitives. Compositions of several primitives are wrappe
 
 # ruff: noqa: F401, F403
 from fusegrad.ops.blas import *
+from fusegrad.ops.complex import *
 from fusegrad.ops.composite import *
 from fusegrad.ops.composite import _named
 from fusegrad.ops.convolution import *

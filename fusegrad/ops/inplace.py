@@ -96,6 +96,8 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
         # (torch's FillBackward0, CopyBackwards), rather than turning into a leaf, or
         # leaving what it was with no gradient (.grad None where torch has zeros).
         value = bind(P.where, _scalar_tensor(True, dtypes.bool_), value, x)
+    if grad and value._requires_grad and x._base is not None:
+        _check_part_views(x, op)
     if isinstance(x._data, np.ndarray):
         np.copyto(x._data, value._data)
     else:                               # a cuda tensor: into its device buffer
@@ -163,6 +165,23 @@ def _overwrites(x: Tensor, value: Tensor, op: str) -> bool:
     return node is None or all(n is not x.grad_fn for n, _ in node.next_functions)
 
 
+# Views of a complex tensor's parts (their elements are halves of the base's elements).
+_PART_VIEWS = frozenset({P.real, P.imag, P.view_as_real, P.view_as_complex})
+
+
+def _check_part_views(x: Tensor, op: str) -> None:
+    """Refuse, before writing, an in-place op that autograd records through a view of a
+    complex tensor's parts: CopySlices routes the gradient by element positions, and such a
+    view splits the base's elements, which positions cannot say."""
+    parts = [prim.name for prim, _ in x._version_counter.undo + x._view_ops
+             if prim in _PART_VIEWS]
+    if parts:
+        raise NotImplementedError(
+            f"{op}: an in-place write through {parts[0]}() of a tensor that autograd records is "
+            f"not supported by fusegrad; build the new value out of place (torch.complex(re, "
+            f"im), torch.view_as_complex) instead")
+
+
 def _rebase_history(x: Tensor, value: Tensor) -> None:
     if x._base is None:
         x.grad_fn = value.grad_fn if value._requires_grad else None
@@ -175,6 +194,7 @@ def _rebase_history(x: Tensor, value: Tensor) -> None:
     if value.grad_fn is None:
         return
     ops = x._version_counter.undo + x._view_ops          # from the base's layout
+
     base.grad_fn = _CopySlices(base, ops, value.grad_fn)
     base._requires_grad = True
     keep_retained(base)

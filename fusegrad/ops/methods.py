@@ -90,7 +90,8 @@ def _cast_method(dt):
 for _name, _dt in [("float", dtypes.float32), ("double", dtypes.float64), ("half", dtypes.float16),
                    ("bfloat16", dtypes.bfloat16), ("long", dtypes.int64), ("int", dtypes.int32),
                    ("short", dtypes.int16), ("char", dtypes.int8), ("byte", dtypes.uint8),
-                   ("bool", dtypes.bool_)]:
+                   ("bool", dtypes.bool_), ("cfloat", dtypes.complex64),
+                   ("cdouble", dtypes.complex128)]:
     setattr(Tensor, _name, _cast_method(_dt))
 
 
@@ -108,7 +109,30 @@ Tensor.cpu = _cpu
 Tensor.cuda = _cuda
 Tensor.T = property(lambda self: F.permute(self, *reversed(range(self.ndim))))
 Tensor.mT = property(lambda self: F.transpose(self, -2, -1))
-Tensor.mH = Tensor.mT
+Tensor.mH = property(lambda self: F.conj(F.transpose(self, -2, -1)))
+
+
+def _h(self):
+    """The conjugate transpose of a matrix (torch's ``Tensor.H``)."""
+    if self.ndim not in (0, 2):
+        raise RuntimeError(f"tensor.H is only supported on matrices (2-D tensors). Got "
+                           f"{self.ndim}-D tensor.")
+    return F.conj(self.T)
+
+
+Tensor.H = property(_h)
+
+
+def _set_part(part):
+    def setter(self, value):
+        # ``z.real = v`` writes v into the part (torch's setter copies into the view)
+        F.copy_(part(self), value)
+    return setter
+
+
+# torch's .real and .imag are attributes: views of a complex tensor's parts.
+Tensor.real = property(F.real, _set_part(F.real))
+Tensor.imag = property(F.imag, _set_part(F.imag))
 
 
 def _uniform_(self, a: float = 0.0, b: float = 1.0, *, generator=None):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from fusegrad import dtypes
@@ -13,7 +15,8 @@ from fusegrad.tensor import Tensor
 
 
 def _is_scalar(v) -> bool:
-    return isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating))
+    return isinstance(v, (bool, int, float, complex, np.bool_, np.integer, np.floating,
+                          np.complexfloating))
 
 
 def _scalar_tensor(value, dtype: dtypes.DType, like: Tensor | None = None) -> Tensor:
@@ -81,20 +84,25 @@ def _at_user_line(*tensors) -> str:
 
 
 def _float_dtype(dt: dtypes.DType) -> dtypes.DType:
-    """Integer inputs of float-valued ops compute in the default float type, as in torch."""
-    return dt if dt.is_floating_point else dtypes.get_default_dtype()
+    """Integer inputs of float-valued ops compute in the default float type, as in torch
+    (complex ones in their own type)."""
+    return dt if dt.is_differentiable else dtypes.get_default_dtype()
 
 
 def cast(x: Tensor, dtype) -> Tensor:
     dtype = dtypes.as_dtype(dtype)
     if x.dtype is dtype:
         return x
+    if x.dtype.is_complex and not dtype.is_complex:
+        warnings.warn("Casting complex values to real discards the imaginary part", UserWarning,
+                      stacklevel=2)
     return bind(P.cast, x, dtype=dtype)
 
 
 def _dtype_title(dt: dtypes.DType) -> str:
     return {"float32": "Float", "float64": "Double", "int64": "Long", "int32": "Int",
-            "float16": "Half", "bool": "Bool"}.get(dt.name, dt.name)
+            "float16": "Half", "bool": "Bool", "complex64": "ComplexFloat",
+            "complex128": "ComplexDouble"}.get(dt.name, dt.name)
 
 
 def _dims(x: Tensor, dim, op: str) -> tuple[int, ...]:

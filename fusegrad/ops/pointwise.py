@@ -34,7 +34,6 @@ from fusegrad.ops.elementwise import (
     neg,
     pow,
     reciprocal,
-    sign,
     sin,
     sub,
     trunc,
@@ -75,12 +74,6 @@ def clamp_min(x: Tensor, min) -> Tensor:  # noqa: A002
 def clamp_max(x: Tensor, max) -> Tensor:  # noqa: A002
     """``clamp(x, max=max)``."""
     return clamp(x, max=max)
-
-
-@public(torch=True, method=True, inplace=True)
-def sgn(x: Tensor) -> Tensor:
-    """The sign of ``x`` (``sign`` for real tensors; torch's generalization to complex)."""
-    return sign(x)
 
 
 @public(torch=True, method=True, inplace=True)

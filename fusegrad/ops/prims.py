@@ -76,9 +76,21 @@ def _same_dtype(op: str, *types: TensorType) -> dtypes.DType:
     return dt
 
 
-def _require_float(op: str, t: TensorType) -> None:
-    if not t.dtype.is_floating_point:
+def _require_float(op: str, t: TensorType, complex_ok: bool = False) -> None:
+    if not (t.dtype.is_floating_point or complex_ok and t.dtype.is_complex):
         raise ShapeError(f"{op}: expected a floating-point operand, got {t}")
+
+
+def _require_real(op: str, t: TensorType) -> None:
+    if t.dtype.is_complex:
+        raise ShapeError(f"{op} is not implemented for complex tensors (got {t})")
+
+
+def _conj(t):
+    """``t``'s complex conjugate; ``t`` itself when real. VJP rules follow torch's
+    convention: the cotangent of a complex value ``z`` is dL/d(conj z), so a holomorphic
+    op's rule multiplies by the conjugate of its derivative (mul's ``g * conj(y)``)."""
+    return _F().conj_physical(t) if t.dtype.is_complex else t
 
 
 def _np_float_compute(a: np.ndarray) -> np.ndarray:
@@ -97,10 +109,13 @@ def _F():
 # --------------------------------------------------------------------------- elementwise
 
 
-def _unary(name, impl, vjp=None, grad_name=None, float_only=True, out_dtype=None):
+def _unary(name, impl, vjp=None, grad_name=None, float_only=True, out_dtype=None,
+           complex_ok=False):
     def infer(x: TensorType) -> TensorType:
         if float_only:
-            _require_float(name, x)
+            _require_float(name, x, complex_ok)
+        elif not complex_ok:
+            _require_real(name, x)
         return TensorType(x.shape, out_dtype or x.dtype)
 
     def run(x):
@@ -111,11 +126,14 @@ def _unary(name, impl, vjp=None, grad_name=None, float_only=True, out_dtype=None
         grad_name or f"{name.capitalize()}Backward0"))
 
 
-def _binary(name, impl, vjp=None, grad_name=None, out_dtype=None, float_only=False):
+def _binary(name, impl, vjp=None, grad_name=None, out_dtype=None, float_only=False,
+            complex_ok=False):
     def infer(x: TensorType, y: TensorType) -> TensorType:
         dt = _same_dtype(name, x, y)
         if float_only:
             _require_float(name, x)
+        elif not complex_ok:
+            _require_real(name, x)
         return TensorType(broadcast_shapes(x.shape, y.shape, op=name), out_dtype or dt)
 
     def run(x, y):
@@ -235,41 +253,83 @@ def _erf_f32(x: np.ndarray) -> np.ndarray:
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
-neg = _unary("neg", np.negative, Rule(lambda g, out, x: -g), float_only=False)
-abs_ = _unary("abs", np.abs, _rule_x(lambda g, out, x: g * x.sign()), float_only=False)
-exp = _unary("exp", _in_float64(np.exp), _rule_out(lambda g, out, x: g * out))
-log = _unary("log", _in_float64(np.log), _rule_x(lambda g, out, x: g / x))
+neg = _unary("neg", np.negative, Rule(lambda g, out, x: -g), float_only=False, complex_ok=True)
+
+
+def _abs_infer(x: TensorType) -> TensorType:
+    return TensorType(x.shape, dtypes.to_real(x.dtype))
+
+
+def _abs_vjp(g, out, x):
+    if not x.dtype.is_complex:
+        return g * x.sign()
+    # torch's g * sgn(z): z / |z|, and 0 at z == 0
+    modulus = x.abs()
+    nonzero = modulus != 0
+    scale = g / modulus.where(nonzero, modulus.new_ones(()))
+    return _F().complex(scale, scale.new_zeros(())) * x.where(nonzero, x.new_zeros(()))
+
+
+# abs of a complex tensor is real (its modulus): no _unary, whose result keeps the dtype.
+abs_ = register(Primitive("abs", Kind.ELEMENTWISE, _abs_infer, np.abs,
+                          (Rule(_abs_vjp, (0,)),), "AbsBackward0"))
+exp = _unary("exp", _in_float64(np.exp), _rule_out(lambda g, out, x: g * _conj(out)),
+             complex_ok=True)
+log = _unary("log", _in_float64(np.log), _rule_x(lambda g, out, x: g / _conj(x)),
+             complex_ok=True)
 # exp2/log2/log10 are primitives, not exp(x * ln2) or log(x) / ln2: the rounding of the scaled
 # argument costs float32 up to 67 ulp, and 16-bit types would round ln2 itself.
-exp2 = _unary("exp2", _in_float64(np.exp2), _rule_out(lambda g, out, x: g * out * math.log(2.0)))
-log2 = _unary("log2", _in_float64(np.log2), _rule_x(lambda g, out, x: g / (x * math.log(2.0))))
-log10 = _unary("log10", _in_float64(np.log10), _rule_x(lambda g, out, x: g / (x * math.log(10.0))))
-log1p = _unary("log1p", _in_float64(np.log1p), _rule_x(lambda g, out, x: g / (x + 1)),
-               grad_name="Log1PBackward0")
-expm1 = _unary("expm1", _in_float64(np.expm1), _rule_out(lambda g, out, x: g * (out + 1)))
-sin = _unary("sin", _in_float64(np.sin), _rule_x(lambda g, out, x: g * x.cos()))
-cos = _unary("cos", _in_float64(np.cos), _rule_x(lambda g, out, x: -(g * x.sin())))
-tan = _unary("tan", _in_float64(np.tan), _rule_out(lambda g, out, x: g * (1 + out * out)))
-tanh = _unary("tanh", _in_float64(np.tanh), _rule_out(lambda g, out, x: g * (1 - out * out)))
+exp2 = _unary("exp2", _in_float64(np.exp2),
+              _rule_out(lambda g, out, x: g * _conj(out) * math.log(2.0)), complex_ok=True)
+log2 = _unary("log2", _in_float64(np.log2),
+              _rule_x(lambda g, out, x: g / _conj(x * math.log(2.0))), complex_ok=True)
+log10 = _unary("log10", _in_float64(np.log10),
+               _rule_x(lambda g, out, x: g / _conj(x * math.log(10.0))), complex_ok=True)
+log1p = _unary("log1p", _in_float64(np.log1p), _rule_x(lambda g, out, x: g / _conj(x + 1)),
+               grad_name="Log1PBackward0", complex_ok=True)
+expm1 = _unary("expm1", _in_float64(np.expm1), _rule_out(lambda g, out, x: g * _conj(out + 1)),
+               complex_ok=True)
+sin = _unary("sin", _in_float64(np.sin), _rule_x(lambda g, out, x: g * _conj(x.cos())),
+             complex_ok=True)
+cos = _unary("cos", _in_float64(np.cos), _rule_x(lambda g, out, x: -(g * _conj(x.sin()))),
+             complex_ok=True)
+tan = _unary("tan", _in_float64(np.tan),
+             _rule_out(lambda g, out, x: g * _conj(1 + out * out)), complex_ok=True)
+tanh = _unary("tanh", _in_float64(np.tanh),
+              _rule_out(lambda g, out, x: g * _conj(1 - out * out)), complex_ok=True)
 # np.asarray: frompyfunc gives a Python float, not an array, for a 0-d input
 # Inverse and hyperbolic trig: primitives (not log/exp compositions, which lose accuracy
 # near 0 and overflow early); they have no kernel lowering, so compiled programs run these
 # numpy references. VJPs are torch's (derivatives.yaml).
-asin = _unary("asin", _in_float64(np.arcsin), _rule_x(lambda g, out, x: g * (1 - x * x).rsqrt()))
+asin = _unary("asin", _in_float64(np.arcsin),
+              _rule_x(lambda g, out, x: g * _conj((1 - x * x).rsqrt())), complex_ok=True)
 acos = _unary("acos", _in_float64(np.arccos),
-              _rule_x(lambda g, out, x: -(g * (1 - x * x).rsqrt())))
-atan = _unary("atan", _in_float64(np.arctan), _rule_x(lambda g, out, x: g / (x * x + 1)))
-sinh = _unary("sinh", _in_float64(np.sinh), _rule_x(lambda g, out, x: g * x.cosh()))
-cosh = _unary("cosh", _in_float64(np.cosh), _rule_x(lambda g, out, x: g * x.sinh()))
+              _rule_x(lambda g, out, x: -(g * _conj((1 - x * x).rsqrt()))), complex_ok=True)
+atan = _unary("atan", _in_float64(np.arctan), _rule_x(lambda g, out, x: g / _conj(x * x + 1)),
+              complex_ok=True)
+sinh = _unary("sinh", _in_float64(np.sinh), _rule_x(lambda g, out, x: g * _conj(x.cosh())),
+              complex_ok=True)
+cosh = _unary("cosh", _in_float64(np.cosh), _rule_x(lambda g, out, x: g * _conj(x.sinh())),
+              complex_ok=True)
 asinh = _unary("asinh", _in_float64(np.arcsinh),
-               _rule_x(lambda g, out, x: g * (x * x + 1).rsqrt()))
-acosh = _unary("acosh", _in_float64(np.arccosh),
-               _rule_x(lambda g, out, x: g * (x * x - 1).rsqrt()))
-atanh = _unary("atanh", _in_float64(np.arctanh), _rule_x(lambda g, out, x: g / (1 - x * x)))
+               _rule_x(lambda g, out, x: g * _conj((x * x + 1).rsqrt())), complex_ok=True)
+
+
+def _acosh_vjp(g, out, x):
+    if x.dtype.is_complex:
+        # 1 / (sqrt(z - 1) sqrt(z + 1)): 1 / sqrt(z**2 - 1) has the wrong sign off the real line
+        return g * _conj((x - 1).rsqrt() * (x + 1).rsqrt())
+    return g * (x * x - 1).rsqrt()
+
+
+acosh = _unary("acosh", _in_float64(np.arccosh), _rule_x(_acosh_vjp), complex_ok=True)
+atanh = _unary("atanh", _in_float64(np.arctanh), _rule_x(lambda g, out, x: g / _conj(1 - x * x)),
+               complex_ok=True)
 erf = _unary("erf", lambda x: _erf_impl(x),
              _rule_x(lambda g, out, x: g * _TWO_OVER_SQRT_PI * (-(x * x)).exp()))
-sqrt = _unary("sqrt", np.sqrt, _rule_out(lambda g, out, x: g / (out * 2)))
-reciprocal = _unary("reciprocal", np.reciprocal, _rule_out(lambda g, out, x: -(g * out * out)))
+sqrt = _unary("sqrt", np.sqrt, _rule_out(lambda g, out, x: g / _conj(out * 2)), complex_ok=True)
+reciprocal = _unary("reciprocal", np.reciprocal,
+                    _rule_out(lambda g, out, x: -(g * _conj(out * out))), complex_ok=True)
 def _sign_impl(x):
     # torch's (x > 0) - (x < 0): sign(nan) is 0 (numpy's is nan) and sign(-0.) is +0.
     # (ml_dtypes' bfloat16 gives -0.); abs's gradient g * sign(x) is then 0 at NaN too.
@@ -283,8 +343,8 @@ floor = _unary("floor", np.floor, _zero_rule(0))
 ceil = _unary("ceil", np.ceil, _zero_rule(0))
 round_ = _unary("round", np.rint, _zero_rule(0))
 copy = _unary("copy", np.copy, Rule(lambda g, out, x: g), grad_name="CloneBackward0",
-              float_only=False)
-stop_gradient = _unary("stop_gradient", lambda x: x, None, float_only=False)
+              float_only=False, complex_ok=True)
+stop_gradient = _unary("stop_gradient", lambda x: x, None, float_only=False, complex_ok=True)
 
 
 def _not_infer(x: TensorType) -> TensorType:
@@ -328,6 +388,9 @@ def _float_to_int(x: np.ndarray, dtype: dtypes.DType) -> np.ndarray:
 def _cast_impl(x, *, dtype):
     if dtype is dtypes.bool_:
         return x != 0
+    if x.dtype.kind == "c" and dtype.category < 3:
+        # the real part (the public cast warns, as torch); numpy's own cast warns again
+        x = x.real
     if x.dtype.kind == "f" or x.dtype == ml_dtypes.bfloat16:
         if dtype.category == 1:
             return _float_to_int(x, dtype)
@@ -336,6 +399,8 @@ def _cast_impl(x, *, dtype):
 
 
 def _cast_rule(g, out, x, *, dtype):
+    if g.dtype.is_complex and not x.dtype.is_complex:
+        return _F().real(g).to(x.dtype)   # a real value's part of the gradient, no warning
     return g.to(x.dtype)
 
 
@@ -344,24 +409,29 @@ cast = register(Primitive("cast", Kind.ELEMENTWISE, _cast_infer, _cast_impl, (Ru
 
 
 add = _binary("add", np.add, (Rule(lambda g, out, x, y: _sum_to(g, x.shape)),
-                              Rule(lambda g, out, x, y: _sum_to(g, y.shape))))
+                              Rule(lambda g, out, x, y: _sum_to(g, y.shape))), complex_ok=True)
 sub = _binary("sub", np.subtract, (Rule(lambda g, out, x, y: _sum_to(g, x.shape)),
-                                   Rule(lambda g, out, x, y: _sum_to(-g, y.shape))))
-mul = _binary("mul", np.multiply, (Rule(lambda g, out, x, y: _sum_to(g * y, x.shape), (1,)),
-                                   Rule(lambda g, out, x, y: _sum_to(g * x, y.shape), (0,))))
+                                   Rule(lambda g, out, x, y: _sum_to(-g, y.shape))),
+              complex_ok=True)
+mul = _binary("mul", np.multiply, (
+    Rule(lambda g, out, x, y: _sum_to(g * _conj(y), x.shape), (1,)),
+    Rule(lambda g, out, x, y: _sum_to(g * _conj(x), y.shape), (0,))), complex_ok=True)
 div = _binary("div", np.divide, (
-    Rule(lambda g, out, x, y: _sum_to(g / y, x.shape), (1,)),
-    Rule(lambda g, out, x, y: _sum_to(-(g * x / (y * y)), y.shape), (0, 1))))
+    Rule(lambda g, out, x, y: _sum_to(g / _conj(y), x.shape), (1,)),
+    Rule(lambda g, out, x, y: _sum_to(-(g * _conj(x / (y * y))), y.shape), (0, 1))),
+    complex_ok=True)
 
 
 def _pow_dx(g, out, x, y):
     # y * x**(y-1), taken as 0 where y == 0 (torch's convention: keeps 0**0 finite)
-    return _sum_to((g * y * x.pow(y - 1)).where(y != 0, g.new_zeros(())), x.shape)
+    return _sum_to((g * _conj(y * x.pow(y - 1))).where(y != 0, g.new_zeros(())), x.shape)
 
 
 def _pow_dy(g, out, x, y):
-    # x**y * log(x), taken as 0 where x == 0 and y >= 0
-    return _sum_to((g * out * x.log()).where((x != 0) | (y < 0), g.new_zeros(())), y.shape)
+    # x**y * log(x), taken as 0 where x == 0 and y >= 0 (for a complex y: its real part)
+    y_real = _F().real(y) if y.dtype.is_complex else y
+    return _sum_to((g * _conj(out * x.log())).where((x != 0) | (y_real < 0), g.new_zeros(())),
+                   y.shape)
 
 
 def _pow_impl(x, y):
@@ -375,7 +445,8 @@ def _pow_impl(x, y):
     return np.power(x, y)
 
 
-pow_ = _binary("pow", _pow_impl, (Rule(_pow_dx, (0, 1)), Rule(_pow_dy, (0, 1), True)))
+pow_ = _binary("pow", _pow_impl, (Rule(_pow_dx, (0, 1)), Rule(_pow_dy, (0, 1), True)),
+               complex_ok=True)
 
 
 def _extremum_share(g, x, y, loses):
@@ -455,8 +526,8 @@ remainder = _binary("remainder", _remainder_impl, (
 
 lt = _binary("lt", np.less, out_dtype=dtypes.bool_)
 le = _binary("le", np.less_equal, out_dtype=dtypes.bool_)
-eq = _binary("eq", np.equal, out_dtype=dtypes.bool_)
-ne = _binary("ne", np.not_equal, out_dtype=dtypes.bool_)
+eq = _binary("eq", np.equal, out_dtype=dtypes.bool_, complex_ok=True)
+ne = _binary("ne", np.not_equal, out_dtype=dtypes.bool_, complex_ok=True)
 logical_and = _binary("and", np.logical_and, out_dtype=dtypes.bool_)
 logical_or = _binary("or", np.logical_or, out_dtype=dtypes.bool_)
 
@@ -574,9 +645,12 @@ def _expand_back(g, x, axes):
     return g.reshape(_keepdim_shape(x.shape, axes)).expand(*x.shape)
 
 
-def _reduce(name, impl, vjp: Rule, grad_name, out_dtype=None, identity_needed=False):
+def _reduce(name, impl, vjp: Rule, grad_name, out_dtype=None, identity_needed=False,
+            complex_ok=True):
     def infer(x: TensorType, *, axes: tuple[int, ...]) -> TensorType:
         _check_axes(name, x, axes)
+        if not complex_ok:
+            _require_real(name, x)
         if identity_needed and x.numel == 0 and any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"{name}(): Expected reduction dim to have non-zero size "
                              f"(operand {x}, axes {axes})")
@@ -621,7 +695,7 @@ def _prod_vjp(g, out, x, *, axes):
     two = (nonzeros * (total - x)).where(nzeros == 2, x.new_zeros(()))
     only_zero_is_self = (x == 0) & (nzeros == 1)
     grad_x = (full / zero_free).where(x != 0, others.where(only_zero_is_self, two))
-    return _expand_back(g, x, axes) * grad_x
+    return _expand_back(g, x, axes) * _conj(grad_x)
 
 
 prod = _reduce("prod", np.multiply.reduce, Rule(_prod_vjp, (0,), True), "ProdBackward1",
@@ -638,14 +712,15 @@ def _extremum_vjp(g, out, x, *, axes):
 
 
 max_ = _reduce("max", np.maximum.reduce, Rule(_extremum_vjp, (0,), True), "AmaxBackward0",
-               identity_needed=True)
+               identity_needed=True, complex_ok=False)
 min_ = _reduce("min", np.minimum.reduce, Rule(_extremum_vjp, (0,), True), "AminBackward0",
-               identity_needed=True)
+               identity_needed=True, complex_ok=False)
 
 
 def _arg_reduce(name, impl):
     def infer(x: TensorType, *, axis: int) -> TensorType:
         _check_axes(name, x, (axis,))
+        _require_real(name, x)
         if x.ndim and x.shape[axis] == 0:
             raise ShapeError(f"{name}(): Expected reduction dim {axis} to have non-zero size")
         return TensorType(_reduced_shape(x, (axis,)), dtypes.int64)
@@ -1132,7 +1207,8 @@ bitcast = register(Primitive(
 _TORCH_C_NAMES = {"float32": "float", "float64": "double", "float16": "c10::Half",
                   "bfloat16": "c10::BFloat16", "int64": "long int", "int32": "int",
                   "int16": "short int", "int8": "signed char", "uint8": "unsigned char",
-                  "bool": "bool"}
+                  "bool": "bool", "complex64": "c10::complex<float>",
+                  "complex128": "c10::complex<double>"}
 
 
 def matmul_dtype_message(a: TensorType, b: TensorType) -> str:
@@ -1163,8 +1239,8 @@ def _matmul_impl(a, b):
 
 
 matmul = register(Primitive("matmul", Kind.CONTRACTION, _matmul_infer, _matmul_impl, (
-    Rule(lambda g, out, a, b: _sum_to(_F().matmul_nd(g, b.mT), a.shape), (1,)),
-    Rule(lambda g, out, a, b: _sum_to(_F().matmul_nd(a.mT, g), b.shape), (0,))),
+    Rule(lambda g, out, a, b: _sum_to(_F().matmul_nd(g, _conj(b).mT), a.shape), (1,)),
+    Rule(lambda g, out, a, b: _sum_to(_F().matmul_nd(_conj(a).mT, g), b.shape), (0,))),
     "MmBackward0"))
 
 
@@ -1235,6 +1311,7 @@ random_uniform = register(Primitive(
 
 def _argsort_infer(x: TensorType, *, axis, descending) -> TensorType:
     _check_axes("argsort", x, (axis,))
+    _require_real("argsort", x)            # torch's sort has no order of complex numbers
     return TensorType(x.shape, dtypes.int64)
 
 
@@ -1323,3 +1400,109 @@ custom_vjp = register(Primitive(
     "custom_vjp", Kind.EXTERN, _custom_vjp_infer, lambda y, *operands, rule, params: y,
     (Rule(_custom_vjp_rule, tuple(range(1, 65)), reads_output=True),), "CustomVjpBackward0",
     attrs=("rule", "params"), variadic=True))
+
+
+# --------------------------------------------------------------------------- complex numbers
+# A complex value's parts and its conjugate. These have no kernel lowering (nor has any op on
+# a complex value): compiled programs run their numpy references as extern steps. ``real``,
+# ``imag`` and ``view_as_real`` give numpy views of their operand, which the public ops mark
+# as views of its storage (writes through them change it, as in torch).
+
+
+def _require_complex(op: str, t: TensorType) -> None:
+    if not t.dtype.is_complex:
+        raise ShapeError(f"{op}: expected a complex operand, got {t}")
+
+
+def _part_infer(name):
+    def infer(x: TensorType) -> TensorType:
+        _require_complex(name, x)
+        return TensorType(x.shape, dtypes.to_real(x.dtype))
+    return infer
+
+
+def _real_vjp(g, out, x):
+    return _F().complex(g, g.new_zeros(()).expand(*g.shape))
+
+
+def _imag_vjp(g, out, x):
+    return _F().complex(g.new_zeros(()).expand(*g.shape), g)
+
+
+real = register(Primitive("real", Kind.EXTERN, _part_infer("real"), lambda x: x.real,
+                          (Rule(_real_vjp),), "RealBackward0"))
+imag = register(Primitive("imag", Kind.EXTERN, _part_infer("imag"), lambda x: x.imag,
+                          (Rule(_imag_vjp),), "ImagBackward0"))
+
+
+def _complex_infer(re: TensorType, im: TensorType) -> TensorType:
+    if not (re.dtype.is_floating_point and im.dtype.is_floating_point) or \
+            re.dtype not in (dtypes.float32, dtypes.float64) or \
+            im.dtype not in (dtypes.float32, dtypes.float64):
+        raise ShapeError(f"Expected both inputs to be Float or Double tensors but got "
+                         f"{re.dtype.name} and {im.dtype.name} (complex of {re} and {im})")
+    if re.dtype is not im.dtype:
+        raise ShapeError(f"Expected object of scalar type {re.dtype.name} but got scalar type "
+                         f"{im.dtype.name} for second argument (complex of {re} and {im})")
+    return TensorType(broadcast_shapes(re.shape, im.shape, op="complex"),
+                      dtypes.to_complex(re.dtype))
+
+
+def _complex_impl(re, im):
+    out = np.empty(np.broadcast_shapes(re.shape, im.shape),
+                   np.complex64 if re.dtype == np.float32 else np.complex128)
+    out.real, out.imag = re, im
+    return out
+
+
+complex_ = register(Primitive("complex", Kind.EXTERN, _complex_infer, _complex_impl, (
+    Rule(lambda g, out, re, im: _sum_to(_F().real(g), re.shape)),
+    Rule(lambda g, out, re, im: _sum_to(_F().imag(g), im.shape))), "ComplexBackward0"))
+
+
+def _conj_infer(x: TensorType) -> TensorType:
+    _require_complex("conj", x)
+    return x
+
+
+conj = register(Primitive("conj", Kind.EXTERN, _conj_infer, np.conjugate,
+                          (Rule(lambda g, out, x: _F().conj_physical(g)),), "ConjBackward0"))
+
+
+def _view_as_real_infer(x: TensorType) -> TensorType:
+    if not x.dtype.is_complex:
+        raise ShapeError(f"view_as_real is only supported for complex tensors (got {x})")
+    return TensorType(x.shape + (2,), dtypes.to_real(x.dtype))
+
+
+def _view_as_real_impl(x):
+    if x.dtype.kind != "c":
+        # the one-byte stand-in whose strides a traced view's layout is worked out on
+        return np.broadcast_to(x[..., None], x.shape + (2,))
+    part = x.real                             # a view: x's strides, the parts' itemsize
+    return np.lib.stride_tricks.as_strided(part, x.shape + (2,), part.strides + (part.itemsize,))
+
+
+def _view_as_complex_infer(x: TensorType) -> TensorType:
+    if x.dtype not in (dtypes.float32, dtypes.float64):
+        raise ShapeError(f"view_as_complex is only supported for float and double tensors, but "
+                         f"got a tensor of scalar type: {x.dtype.name}")
+    if not x.ndim or x.shape[-1] != 2:
+        raise ShapeError(f"Tensor must have a last dimension of size 2 (got {x})")
+    return TensorType(x.shape[:-1], dtypes.to_complex(x.dtype))
+
+
+def _view_as_complex_impl(x):
+    if x.dtype.kind not in "f":
+        return x[..., 0]                       # a layout stand-in, as above
+    if x.strides[-1] != x.itemsize:
+        x = np.ascontiguousarray(x)
+    return x.view(np.complex64 if x.dtype == np.float32 else np.complex128)[..., 0]
+
+
+view_as_real = register(Primitive(
+    "view_as_real", Kind.EXTERN, _view_as_real_infer, _view_as_real_impl,
+    (Rule(lambda g, out, x: _F().view_as_complex(g.contiguous())),), "ViewAsRealBackward0"))
+view_as_complex = register(Primitive(
+    "view_as_complex", Kind.EXTERN, _view_as_complex_infer, _view_as_complex_impl,
+    (Rule(lambda g, out, x: _F().view_as_real(g)),), "ViewAsComplexBackward0"))

@@ -11,6 +11,7 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
+from fusegrad.ops.complex import imag, real
 from fusegrad.ops.composite import _named, composite, opmath
 from fusegrad.ops.elementwise import (
     _to_bool,
@@ -121,7 +122,7 @@ def mean(x: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
     """Arithmetic mean; floating-point inputs only, as in torch."""
     if dtype is not None:
         x = cast(x, dtype)
-    if not x.dtype.is_floating_point:
+    if not x.dtype.is_differentiable:
         raise RuntimeError(
             f"mean(): could not infer output dtype. Input dtype must be either a floating point "
             f"or complex dtype. Got: {_dtype_title(x.dtype)}")
@@ -148,7 +149,7 @@ def _var(x: Tensor, dim, correction: float, keepdim: bool) -> Tensor:
 
 
 def _require_float_input(x: Tensor, op: str) -> None:
-    if not x.dtype.is_floating_point:
+    if not x.dtype.is_differentiable:
         raise RuntimeError(f"{op}(): std and var only support floating point and complex dtypes, "
                            f"got {x.dtype}")
 
@@ -159,6 +160,10 @@ def var(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction
     if isinstance(dim, bool):
         dim, unbiased = None, dim
     _require_float_input(x, "var")
+    if x.dtype.is_complex:
+        # the mean squared modulus of the deviations: the parts' variances added
+        return add(var(real(x), dim, unbiased, keepdim, correction=correction),
+                   var(imag(x), dim, unbiased, keepdim, correction=correction))
     return _var(x, dim, _correction(unbiased, correction), keepdim)
 
 
@@ -181,6 +186,8 @@ def std(x: Tensor, dim=None, unbiased=None, keepdim: bool = False, *, correction
     if isinstance(dim, bool):
         dim, unbiased = None, dim
     _require_float_input(x, "std")
+    if x.dtype.is_complex:
+        return _root_with_zero_grad(var(x, dim, unbiased, keepdim, correction=correction), sqrt)
     return _std(x, dim, _correction(unbiased, correction), keepdim)
 
 
@@ -320,6 +327,8 @@ def norm(x: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) -> Ten
     """Vector p-norm over ``dim`` (all elements by default): 2 ('fro'), 1, inf, -inf, or any p."""
     if dtype is not None:
         x = cast(x, dtype)
+    if x.dtype.is_complex:
+        x = abs(x)                  # a complex vector's norm is that of its moduli
     if p in ("fro", None):
         p = 2
     if x.dtype in (dtypes.float16, dtypes.bfloat16) and p not in (math.inf, -math.inf, 0):
@@ -386,7 +395,7 @@ def cumprod(x: Tensor, dim: int, *, dtype=None) -> Tensor:
     """Running product along ``dim``."""
     if dtype is not None:
         x = cast(x, dtype)
-    elif not x.dtype.is_floating_point:
+    elif not x.dtype.is_differentiable:
         x = cast(x, dtypes.int64)        # torch accumulates integers (and bool) in int64
     if x.ndim == 0:
         return _named(mul(x, 1), "CumprodBackward0")

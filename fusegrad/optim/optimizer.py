@@ -161,6 +161,10 @@ class Optimizer:
     # control flow on their values, "momentum" or "betas" (beta1). A user's optimizer keeps
     # the lr only: its step may well test ``momentum > 0``.
     graph_hyperparameters: tuple[str, ...] = ("lr",)
+    # Whether the update is right for complex parameters as written: true of updates linear
+    # in the gradient (SGD's). torch runs the others on the parameters' real views
+    # (view_as_real); fusegrad's do not yet, and refuse complex parameters.
+    _takes_complex_params = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -225,6 +229,12 @@ class Optimizer:
                                 + _typename(p))
             if not (p.is_leaf or p.retains_grad):
                 raise ValueError("can't optimize a non-leaf Tensor")
+            if p.is_complex() and not self._takes_complex_params:
+                raise NotImplementedError(
+                    f"{type(self).__name__}: complex parameters are not supported by fusegrad's "
+                    f"{type(self).__name__} (got one of {p.dtype}, shape {list(p.shape)}); keep "
+                    f"the parameter real with a last dimension of 2 and take view_as_complex of "
+                    f"it in the forward, or use SGD")
         for name, default in self.defaults.items():
             if default is required and name not in param_group:
                 raise ValueError(f"parameter group didn't specify a value of required "

@@ -24,6 +24,9 @@ class SGD(Optimizer):
     """
 
     graph_hyperparameters = ("lr", "momentum")
+    # every step of the update is linear in the gradient and the parameter: right for
+    # complex parameters as it stands
+    _takes_complex_params = True
 
     def __init__(self, params: Iterable, lr: float = 1e-3, momentum: float = 0,
                  dampening: float = 0, weight_decay: float = 0, nesterov: bool = False, *,

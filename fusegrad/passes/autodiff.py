@@ -29,7 +29,7 @@ def _forward(g: Graph, trace: GraphTrace, wrt: set[int]):
     for i, v in enumerate(g.inputs):
         env[v] = trace.new_input(v.name, v.type, requires_grad=i in wrt)
     # Which values carry a dependence on a wrt input (and so need cotangents).
-    active = {v for i, v in enumerate(g.inputs) if i in wrt and v.type.dtype.is_floating_point}
+    active = {v for i, v in enumerate(g.inputs) if i in wrt and v.type.dtype.is_differentiable}
 
     def get(op):
         return env[op] if isinstance(op, Value) else literal_tensor(op)
@@ -38,7 +38,7 @@ def _forward(g: Graph, trace: GraphTrace, wrt: set[int]):
         trace.location = node.loc
         env[node.output] = trace.process_primitive(node.prim, [get(op) for op in node.inputs],
                                                    node.attrs)
-        if node.prim.vjp is not None and node.output.type.dtype.is_floating_point and any(
+        if node.prim.vjp is not None and node.output.type.dtype.is_differentiable and any(
                 isinstance(op, Value) and op in active for op in node.inputs):
             active.add(node.output)
     trace.location = USER_LINE
@@ -82,7 +82,7 @@ def vjp_graph(g: Graph, wrt: Sequence[int] | None = None, name: str | None = Non
     seeds = {}
     for k, out in enumerate(g.outputs):
         ct = trace.new_input(f"ct{k}", out.type)
-        if isinstance(out, Value) and out.type.dtype.is_floating_point:
+        if isinstance(out, Value) and out.type.dtype.is_differentiable:
             seeds[out] = ct if out not in seeds else seeds[out] + ct
     cts = _reverse(g, trace, env, active, get, seeds)
     outputs = [get(o) for o in g.outputs]

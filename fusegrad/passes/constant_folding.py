@@ -52,6 +52,8 @@ def literal_of(array: np.ndarray, dtype: DType) -> Literal:
         return Literal(bool(scalar), dtype)
     if dtype.category == 1:
         return Literal(int(scalar), dtype)
+    if dtype.category == 3:
+        return Literal(complex(scalar.astype(np.complex128)), dtype)
     # A double holds every 16/32-bit float exactly, so the literal reads back the same bits.
     return Literal(float(scalar.astype(np.float64)), dtype)
 

@@ -30,7 +30,9 @@ The rules, in the order they are tried:
   loads rows at the indices it reads. Other takes stay extern steps (their numpy reference
   raises for an index out of range).
 - Anything else (gathers and scatters, argmax/argmin, sort, cumsum, random numbers) is an
-  **extern step**: its numpy reference runs between kernels.
+  **extern step**: its numpy reference runs between kernels. So is **every node that reads or
+  makes a complex value** (views included): codegen has no complex types, and the kernel
+  listing says ``extern complex`` for these steps.
 
 Fusion is greedy in topological order: a node joins the kernel of one of its producers when
 legal and when the merge keeps the kernel graph acyclic; otherwise it starts a kernel.
@@ -40,7 +42,14 @@ Independent elementwise kernels over one shape are merged afterwards (optimizer 
 from __future__ import annotations
 
 from fusegrad.ir.graph import Graph, Node, Value
-from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view, view_of
+from fusegrad.ir.kernel_graph import (
+    Kernel,
+    KernelGraph,
+    View,
+    identity_view,
+    touches_complex,
+    view_of,
+)
 from fusegrad.ops.lowering import REDUCE_OPS
 from fusegrad.ops.primitive import Kind
 from fusegrad.passes.manager import Pass, register_pass
@@ -270,6 +279,11 @@ class _Partitioner:
     def place(self, node: Node) -> None:
         prim = node.prim
         src = node.inputs[0] if node.inputs else None
+        if touches_complex(node) and node.op != "constant":
+            k = self.new_kernel("extern", node, node.output.type.shape)
+            for op in node.inputs:
+                self.materialize(op, k)
+            return
         if (prim.kind is Kind.MOVEMENT and node.op not in ("pad", "concat") or
                 node.op == "stop_gradient") and isinstance(src, Value):
             # stop_gradient as a view: alone in a kernel of its own it was a copy (of the

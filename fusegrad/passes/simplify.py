@@ -58,7 +58,7 @@ from typing import Callable, Union
 import ml_dtypes
 import numpy as np
 
-from fusegrad.dtypes import DType
+from fusegrad.dtypes import DType, to_real
 from fusegrad.ir.graph import Graph, Literal, Node, Operand, Value
 from fusegrad.ir.printer import format_scalar
 from fusegrad.ir.rewrite import GraphCopier
@@ -100,7 +100,9 @@ def _all_equal(op: Operand, target: float, sign_matters: bool = False) -> bool:
     """Whether every element of ``op`` equals ``target`` (and, for a zero whose sign
     matters, has the sign of ``target``)."""
     a = _splat(op)
-    if a is None or float(a.reshape(-1)[0]) != target:     # cheap test before a big constant
+    if a is None or a.dtype.kind == "c":    # complex values are left as they are
+        return False
+    if float(a.reshape(-1)[0]) != target:     # cheap test before a big constant
         return False
     a = a.astype(np.float64)
     if not np.all(a == target):
@@ -142,6 +144,9 @@ def cast_is_exact(src: DType, dst: DType) -> bool:
     ``cast(cast(x, dst), src) == x``, bit for bit (NaN payloads aside)."""
     if src is dst or src.category == 0:
         return True     # bools become 0/1, and x != 0 brings them back
+    if src.category == 3 or dst.category == 3:
+        # a complex value keeps its imaginary part only in a complex type
+        return dst.category == 3 and cast_is_exact(to_real(src), to_real(dst))
     if dst.category == 0 or (src.category == 2 and dst.category != 2):
         return False
     if src.category == 1:
@@ -191,7 +196,7 @@ def literal_to_the_right(opts: RewriteOptions, ins: list, attrs: dict, out: Tens
 @rule("add")
 def add_zero(opts: RewriteOptions, ins: list, attrs: dict, out: TensorType) -> Rewrite:
     x, y = ins
-    if out.dtype.category == 2 and not opts.ignore_signed_zeros:
+    if out.dtype.category >= 2 and not opts.ignore_signed_zeros:
         # -0.0 + 0.0 is +0.0: only adding -0.0 is the identity.
         if _is_zero(y, -0.0):
             return x
@@ -206,7 +211,7 @@ def sub_zero(opts: RewriteOptions, ins: list, attrs: dict, out: TensorType) -> R
     x, y = ins
     if out.dtype.category == 0:
         return None     # numpy refuses to subtract booleans
-    if out.dtype.category == 2 and not opts.ignore_signed_zeros:
+    if out.dtype.category >= 2 and not opts.ignore_signed_zeros:
         return x if _is_zero(y, 0.0) else None      # -0.0 - -0.0 is +0.0
     return x if _is_zero(y) else None
 
@@ -227,7 +232,7 @@ def mul_one_or_zero(opts: RewriteOptions, ins: list, attrs: dict, out: TensorTyp
 @rule("div")
 def div_one(opts: RewriteOptions, ins: list, attrs: dict, out: TensorType) -> Rewrite:
     x, y = ins
-    return x if out.dtype.category == 2 and _is_one(y) else None
+    return x if out.dtype.category >= 2 and _is_one(y) else None
 
 
 @rule("neg")

@@ -520,7 +520,7 @@ class CompiledFunction:
         if not (cap is not None and cap.did_backward) and is_grad_enabled() and \
                 any(t is not None and t._requires_grad for t in inputs):
             wrt = tuple(i for i, t in enumerate(inputs) if t is not None and t._requires_grad
-                        and t.dtype.is_floating_point)
+                        and t.dtype.is_differentiable)
             found = entry.differentiable.get(wrt)
             if found is None:
                 flags = _differentiable_outputs(entry.graph, wrt)
@@ -894,11 +894,11 @@ def _differentiable_outputs(graph: Graph, wrt: tuple) -> list[bool]:
     computed from an integer result either (a float cast back from an int cast)."""
     live = {graph.inputs[i] for i in wrt}
     for node in graph.nodes:
-        if node.output.type.dtype.is_floating_point and any(
+        if node.output.type.dtype.is_differentiable and any(
                 isinstance(op, Value) and op in live and node.prim.rule(j) is not None
                 for j, op in enumerate(node.inputs)):
             live.add(node.output)
-    return [isinstance(o, Value) and o in live and o.type.dtype.is_floating_point
+    return [isinstance(o, Value) and o in live and o.type.dtype.is_differentiable
             for o in graph.outputs]
 
 

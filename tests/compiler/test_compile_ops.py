@@ -461,7 +461,10 @@ def test_every_primitive_has_a_compiled_test():
         # the attention fusion's primitives: tests/compiler/test_fused_attention.py
         "fused_attention", "fused_attention_backward",
         # decompositions, special functions, mode: tests/compiler/test_compile_extern_ops.py
-        *EXTERN_PRIMITIVES}
+        *EXTERN_PRIMITIVES,
+        # complex numbers and FFTs, compiled: tests/test_complex.py, tests/test_fft.py
+        "real", "imag", "complex", "conj", "view_as_real", "view_as_complex", "fft_c2c",
+        "fft_r2c", "fft_c2r"}
     assert sorted(set(PRIMITIVES) - tested) == []
 
 

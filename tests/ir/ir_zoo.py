@@ -349,6 +349,8 @@ CONSTANTS = {
     "i64": np.array([[-(2 ** 63), 2 ** 63 - 1]], np.int64),
     "u8": np.array([0, 255], np.uint8),
     "i1": np.array([True, False]),
+    "c64": np.array([1 + 2j, -0.5j, complex(np.nan, 1), complex(0.1, -np.inf)], np.complex64),
+    "c128": np.array([[1 / 3 + 0.1j]]),
     "empty": np.zeros((2, 0, 3), np.float32),
     "empty_lead": np.zeros((0, 2), np.int32),
 }
@@ -372,6 +374,32 @@ def extern_ops() -> Case:
     x_ = np.array([[3, 1, 3, 0, 2], [1, 1, 1, 1, 1]], np.float32)       # ties: stable order
     return Case(g, (x_,), lambda x: [np.array([[0, 2, 4, 1, 3], [0, 1, 2, 3, 4]]),
                                      np.argsort(x, axis=0, kind="stable"), np.cumsum(x, axis=1)])
+
+
+@case
+def complex_ops() -> Case:
+    # The parts, the conjugate, the views as pairs of reals, and the FFT primitives.
+    import fusegrad.ops.spectral  # noqa: F401  (registers the FFT primitives)
+    g = Graph("complex")
+    re = g.add_input("re", T(2, 4))
+    im = g.add_input("im", T(2, 4))
+    z = g.add_node("complex", [re, im])
+    w = g.add_node("mul", [z, Literal(complex(0.5, -1.0), D.complex64)])
+    pairs = g.add_node("view_as_real", [w])
+    back = g.add_node("view_as_complex", [pairs])
+    spectrum = g.add_node("fft_c2c", [back], {"axes": (0, 1), "inverse": False, "norm": "ortho"})
+    half = g.add_node("fft_r2c", [re], {"axis": 1, "norm": "backward"})
+    g.set_outputs([g.add_node("real", [z]), g.add_node("imag", [w]), g.add_node("conj", [w]),
+                   pairs, spectrum, half,
+                   g.add_node("fft_c2r", [half], {"axis": 1, "n": 4, "norm": "backward"})])
+
+    def expected(re, im):
+        z = (re + 1j * im).astype(np.complex64)
+        w = z * np.complex64(0.5 - 1j)
+        return [re, w.imag, np.conj(w), np.stack([w.real, w.imag], -1),
+                np.fft.fft2(w, norm="ortho").astype(np.complex64),
+                np.fft.rfft(re, axis=1).astype(np.complex64), re]
+    return Case(g, (rand(2, 4, seed=33), rand(2, 4, seed=34)), expected)
 
 
 @case

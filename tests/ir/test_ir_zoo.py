@@ -50,5 +50,6 @@ def test_interpreter_matches_numpy(name):
         w = np.asarray(w)
         assert g_.dtype == w.dtype, (k, g_.dtype, w.dtype)
         assert g_.shape == w.shape, (k, g_.shape, w.shape)
-        np.testing.assert_allclose(g_.astype(np.float64), w.astype(np.float64), rtol=2e-6,
+        wide = np.complex128 if w.dtype.kind == "c" else np.float64
+        np.testing.assert_allclose(g_.astype(wide), w.astype(wide), rtol=2e-6,
                                    atol=1e-7, equal_nan=True, err_msg=f"output {k}")

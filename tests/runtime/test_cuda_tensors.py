@@ -343,3 +343,18 @@ def test_saving_a_cuda_state_dict_writes_its_values(simulated, tmp_path):
     assert _on_cuda(loaded["weight"])
     np.testing.assert_array_equal(loaded["weight"].cpu().numpy(),
                                   model.weight.detach().cpu().numpy())
+
+
+def test_complex_ops_on_cuda_run_as_host_steps(simulated):
+    # No GPU lowering has complex types: each op is a host step, with the CPU's values.
+    zs = np.array([1 + 2j, 3j, -0.5 + 0.25j], np.complex64)
+    z = fg.tensor(zs, device="cuda")
+    before = eager_cuda.STATS["host_fallbacks"]
+    w = (z * z).exp().abs()
+    assert eager_cuda.STATS["host_fallbacks"] - before == 3
+    assert _on_cuda(w) and w.dtype is fg.float32
+    np.testing.assert_allclose(w.cpu().numpy(), np.abs(np.exp(zs * zs)), **TOL)
+    spectrum = fg.fft.rfft(fg.tensor([1.0, 2.0, 3.0, 4.0], device="cuda"))
+    assert _on_cuda(spectrum)
+    np.testing.assert_allclose(spectrum.cpu().numpy(), [10, -2 + 2j, -2], **TOL)
+    assert _on_cuda(fg.fft.fftfreq(4, device="cuda")) and _on_cuda(fg.fft.rfftfreq(4, device="cuda"))

@@ -22,7 +22,7 @@ from tests.tracer.trace_cases import CASES, check_forward
 OP_MODULES = ("composite", "operands", "elementwise", "movement", "reductions", "matmul", "indexing",
               "inplace", "factories", "convolution", "pooling", "normalization", "trig",
               "scatter", "products", "sampling", "pointwise", "blas", "slicing", "statistics",
-              "special", "decompositions")
+              "special", "decompositions", "complex")
 
 # Public names deliberately not in the op table, and where they are tested instead.
 NOT_IN_TABLE = {
@@ -43,6 +43,8 @@ NOT_IN_TABLE = {
     "is_signed": "returns a Python bool: test_ops_parity",
     "is_nonzero": "returns a Python bool: test_ops_parity",
     "is_inference": "returns a Python bool: test_ops_parity",
+    "is_conj": "returns a Python bool: test_complex",
+    "is_neg": "returns a Python bool: test_complex",
     "histogram": "data-dependent bin edges, eager only: test_ops_parity",
     "unique_consecutive": "data-dependent shape: test_ops_parity",
     **{name: "an in-place shape change, eager only (compile refuses it): test_inplace_views"

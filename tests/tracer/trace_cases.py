@@ -868,6 +868,17 @@ for _name in ("fmod", "lt", "le", "gt", "ge", "eq", "ne", "less", "less_equal", 
               "copysign", "hypot", "xlogy", "ldexp", "heaviside", "nextafter", "igamma",
               "igammac"):
     case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[:, 1:]), Pos(3, 4), Pos(3))
+# Complex values made from real inputs, every output real (the gradient checks weigh real
+# outputs): the parts, the conjugate, polar form, and the views as pairs of reals.
+case("complex", lambda x, y: (
+    F.view_as_real(F.complex(x, y) * F.complex(y, x)), F.polar(x.abs(), y).real,
+    F.angle(F.complex(x, y)), F.sgn(F.complex(x, y)).imag, F.conj(F.complex(x, y)).imag,
+    F.conj_physical(F.complex(x, y) * 2).imag, F.imag(F.complex(x, y).exp()),
+    F.real(F.complex(x, y).sqrt()), F.view_as_complex(F.stack([x, y], -1)).abs(),
+    F.resolve_conj(x), F.resolve_neg(y)),
+     X(3, 4), X(3, 4), covers=("polar", "angle", "sgn", "conj", "conj_physical", "imag", "real",
+                               "view_as_real", "view_as_complex", "resolve_conj", "resolve_neg"))
+case("inplace-conj_physical_", _write_method("conj_physical_", lambda b: b[1:]), X(3, 4))
 for _name in ("negative", "absolute", "exp2", "log2", "log10", "tan", "fix", "sgn", "frac",
               "deg2rad", "rad2deg", "sinc", "lgamma", "digamma", "erfc", "i0"):
     case(f"inplace-{_name}_", _write_method(f"{_name}_", lambda b: b[1:]), Pos(3, 4))
