@@ -161,10 +161,9 @@ from fusegrad import _dynamo  # noqa: E402
 from fusegrad import fft, linalg, special  # noqa: E402
 
 # isort: split
-# torch.profiler: op, kernel and record_function timings, tables and Chrome traces.
-from fusegrad import profiler  # noqa: E402
-# torch.distributions: probability distributions built from the tensor ops above.
-from fusegrad import distributions  # noqa: E402
+# torch.distributions (probability distributions built from the tensor ops above) and
+# torch.profiler (op, kernel and record_function timings, tables and Chrome traces).
+from fusegrad import distributions, profiler  # noqa: E402
 from fusegrad.torch_api import install_tensor_placeholders as _install_placeholders  # noqa: E402
 
 _install_placeholders(Tensor)
