@@ -31,22 +31,17 @@ import contextlib
 import warnings
 from typing import Any, Callable, ContextManager
 
-from fusegrad.autograd.engine import (
-    _FREED_MESSAGE,
-    AccumulateGrad,
-    Node,
-    _edge,
-    _Saved,
-    _sequence,
-    backward,
-    is_checkpoint_valid,
-    run_backward,
-)
-from fusegrad.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
+# Imported under private names: this module's public names are torch.utils.checkpoint's.
+from fusegrad.autograd import engine as _engine
+from fusegrad.autograd.grad_mode import enable_grad as _enable_grad
+from fusegrad.autograd.grad_mode import is_grad_enabled as _is_grad_enabled
+from fusegrad.autograd.grad_mode import no_grad as _no_grad
 from fusegrad.ops import primitive as _primitive
-from fusegrad.ops.creation import get_rng_state, set_rng_state
-from fusegrad.tensor import Tensor
-from fusegrad.tracer.trace import tree_flatten, tree_unflatten
+from fusegrad.ops.creation import get_rng_state as _get_rng_state
+from fusegrad.ops.creation import set_rng_state as _set_rng_state
+from fusegrad.tensor import Tensor as _Tensor
+from fusegrad.tracer.trace import tree_flatten as _tree_flatten
+from fusegrad.tracer.trace import tree_unflatten as _tree_unflatten
 
 __all__ = ["checkpoint", "checkpoint_sequential", "CheckpointError", "noop_context_fn",
            "detach_variable", "check_backward_validity"]
@@ -70,11 +65,11 @@ def noop_context_fn() -> tuple[ContextManager, ContextManager]:
     return contextlib.nullcontext(), contextlib.nullcontext()
 
 
-def _default_metadata(t: Tensor) -> dict:
+def _default_metadata(t: _Tensor) -> dict:
     return {"shape": t.shape, "dtype": t.dtype, "device": t.device}
 
 
-_DETERMINISM_CHECKS: dict[str, Callable[[Tensor], Any]] = {
+_DETERMINISM_CHECKS: dict[str, Callable[[_Tensor], Any]] = {
     "default": _default_metadata,
     "none": lambda _: None,
 }
@@ -87,7 +82,7 @@ def detach_variable(inputs: tuple) -> tuple:
                            f"{type(inputs).__name__}")
     out = []
     for a in inputs:
-        if isinstance(a, Tensor):
+        if isinstance(a, _Tensor):
             d = a.detach()
             d.requires_grad = a.requires_grad
             a = d
@@ -97,23 +92,23 @@ def detach_variable(inputs: tuple) -> tuple:
 
 def check_backward_validity(inputs) -> None:
     """Warn, as torch does, when no tensor of ``inputs`` requires grad."""
-    if not any(a.requires_grad for a in inputs if isinstance(a, Tensor)):
+    if not any(a.requires_grad for a in inputs if isinstance(a, _Tensor)):
         warnings.warn("None of the inputs have requires_grad=True. Gradients will be None",
                       stacklevel=3)
 
 
 @contextlib.contextmanager
-def _rng_state(state: Tensor | None):
+def _rng_state(state: _Tensor | None):
     """The forward's random number state while the region reruns; the caller's after."""
     if state is None:
         yield
         return
-    outer = get_rng_state()
-    set_rng_state(state)
+    outer = _get_rng_state()
+    _set_rng_state(state)
     try:
         yield
     finally:
-        set_rng_state(outer)
+        _set_rng_state(outer)
 
 
 class _Region:
@@ -124,16 +119,16 @@ class _Region:
     def __init__(self, function, args: tuple, kwargs: dict, rng, recompute_context,
                  metadata_fn, outputs: dict):
         self.function, self.rng, self.context = function, rng, recompute_context
-        self.leaves, self.tree = tree_flatten((args, kwargs))
-        self.saved = [_Saved(t, origin="") for t in self.leaves]
+        self.leaves, self.tree = _tree_flatten((args, kwargs))
+        self.saved = [_engine._Saved(t, origin="") for t in self.leaves]
         self.metadata_fn = metadata_fn
         self.metadata = {k: metadata_fn(t) for k, t in outputs.items()}
         self.freed = False
 
-    def arguments(self, node: Node) -> tuple[tuple, dict]:
+    def arguments(self, node: _engine.Node) -> tuple[tuple, dict]:
         if self.freed:
-            raise RuntimeError(_FREED_MESSAGE)
-        return tree_unflatten(self.tree, [s.unpack(node) for s in self.saved])
+            raise RuntimeError(_engine._FREED_MESSAGE)
+        return _tree_unflatten(self.tree, [s.unpack(node) for s in self.saved])
 
     def check(self, recomputed: list) -> None:
         """Raise :class:`CheckpointError` where the rerun's outputs differ in metadata."""
@@ -153,7 +148,7 @@ class _Region:
         self.freed = True
 
 
-class _CheckpointBackward(Node):
+class _CheckpointBackward(_engine.Node):
     """The backward of one checkpointed call: reruns the region and differentiates the rerun.
 
     It receives the gradients of the region's outputs as the compiled call's node does
@@ -167,14 +162,14 @@ class _CheckpointBackward(Node):
         self.region, self.reentrant = region, reentrant
 
     def apply(self, grad, create_graph, retain_graph):
-        if self.reentrant and not is_checkpoint_valid():
+        if self.reentrant and not _engine.is_checkpoint_valid():
             raise RuntimeError(
                 "When use_reentrant=True, torch.utils.checkpoint is incompatible with .grad() or "
                 "passing an `inputs` parameter to .backward(). To resolve this error, you can "
                 "either set use_reentrant=False, or call .backward() without passing the "
                 "`inputs` argument.")
         region = self.region
-        if isinstance(grad, Tensor):
+        if isinstance(grad, _Tensor):
             (k,) = region.metadata
             grads = {k: grad}
         else:
@@ -182,11 +177,11 @@ class _CheckpointBackward(Node):
         args, kwargs = region.arguments(self)
         if self.reentrant:
             args = detach_variable(args)
-        with _rng_state(region.rng), enable_grad(), region.context:
+        with _rng_state(region.rng), _enable_grad(), region.context:
             out = region.function(*args, **kwargs)
         if self.reentrant:
             return self._accumulated(out, args, grads, create_graph)
-        recomputed = tree_flatten(out)[0]
+        recomputed = _tree_flatten(out)[0]
         region.check(recomputed)
         outs = [recomputed[k] for k in grads]
         # The rerun's graph reaches the same nodes outside the region as the forward's did:
@@ -194,7 +189,7 @@ class _CheckpointBackward(Node):
         # (their hooks, retained gradients and leaves' accumulation) once, after this.
         stops = [_made_by(outs[0], node) for node, _ in self.next_functions]
         with _quiet([node for node, _ in self.next_functions]):
-            return tuple(run_backward(outs, list(grads.values()), create_graph, create_graph,
+            return tuple(_engine.run_backward(outs, list(grads.values()), create_graph, create_graph,
                                       inputs=stops, accumulate=False, allow_unused=True,
                                       stop_at_inputs=True))
 
@@ -203,18 +198,18 @@ class _CheckpointBackward(Node):
         gradients there), the arguments' gradients returned."""
         outs = out if isinstance(out, tuple) else (out,)
         pairs = [(outs[k], g) for k, g in grads.items()
-                 if isinstance(outs[k], Tensor) and outs[k].requires_grad]
+                 if isinstance(outs[k], _Tensor) and outs[k].requires_grad]
         if not pairs:
             raise RuntimeError(
                 "none of output has requires_grad=True, this checkpoint() is not necessary")
-        backward([o for o, _ in pairs], [g for _, g in pairs], create_graph=create_graph)
-        return tuple(a.grad for a in args if isinstance(a, Tensor) and a.requires_grad)
+        _engine.backward([o for o, _ in pairs], [g for _, g in pairs], create_graph=create_graph)
+        return tuple(a.grad for a in args if isinstance(a, _Tensor) and a.requires_grad)
 
     def release(self) -> None:
         self.region.release()
 
 
-def _made_by(t: Tensor, node: Node) -> Tensor:
+def _made_by(t: _Tensor, node: _engine.Node) -> _Tensor:
     from fusegrad.ops.composite import _made_by
     return _made_by(t, node)
 
@@ -225,7 +220,7 @@ def _quiet(nodes: list):
     at them, and the engine runs them afterwards with the whole gradient."""
     kept = []
     for node in nodes:
-        var = node.variable if isinstance(node, AccumulateGrad) else None
+        var = node.variable if isinstance(node, _engine.AccumulateGrad) else None
         kept.append((node._pre_hooks, node._retained, var._hooks if var is not None else None))
         node._pre_hooks = node._retained = None
         if var is not None:
@@ -235,7 +230,7 @@ def _quiet(nodes: list):
     finally:
         for node, (pre, retained, hooks) in zip(nodes, kept):
             node._pre_hooks, node._retained = pre, retained
-            if isinstance(node, AccumulateGrad):
+            if isinstance(node, _engine.AccumulateGrad):
                 node.variable._hooks = hooks
 
 
@@ -254,27 +249,27 @@ def _with_nodes(leaves: list, flagged: list[int], joint: _CheckpointBackward) ->
 
 def _reentrant(function, preserve: bool, args: tuple):
     check_backward_validity(args)
-    rng = get_rng_state() if preserve else None
-    with no_grad():
+    rng = _get_rng_state() if preserve else None
+    with _no_grad():
         out = function(*args)
-    tensors = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
-    if not (is_grad_enabled() and tensors):
+    tensors = [a for a in args if isinstance(a, _Tensor) and a.requires_grad]
+    if not (_is_grad_enabled() and tensors):
         return out
     # As a custom Function's outputs: the top-level tensors of a returned tuple, those of a
     # floating dtype (an integer output is not differentiable).
     outs = out if isinstance(out, tuple) else (out,)
     flagged = {k: t for k, t in enumerate(outs)
-               if isinstance(t, Tensor) and t.dtype.is_floating_point}
+               if isinstance(t, _Tensor) and t.dtype.is_floating_point}
     if not flagged:
         return out
     region = _Region(function, args, {}, rng, contextlib.nullcontext(), _default_metadata,
                      flagged)
-    joint = _CheckpointBackward(region, tuple(_edge(t) for t in tensors), reentrant=True)
+    joint = _CheckpointBackward(region, tuple(_engine._edge(t) for t in tensors), reentrant=True)
     outs = _with_nodes(list(outs), list(flagged), joint)
     return tuple(outs) if isinstance(out, tuple) else outs[0]
 
 
-def _boundary(outputs: list[Tensor], start: int) -> list[Node]:
+def _boundary(outputs: list[_Tensor], start: int) -> list[_engine.Node]:
     """The nodes outside a region recorded after node number ``start`` that its outputs'
     graph leads to: leaves' accumulators and nodes recorded before the region."""
     stack = [t.grad_fn for t in outputs]
@@ -286,7 +281,7 @@ def _boundary(outputs: list[Tensor], start: int) -> list[Node]:
             if child is None or child in seen:
                 continue
             seen.add(child)
-            if isinstance(child, AccumulateGrad) or child._seq < start:
+            if isinstance(child, _engine.AccumulateGrad) or child._seq < start:
                 boundary.append(child)
             else:
                 stack.append(child)
@@ -299,14 +294,14 @@ def _non_reentrant(function, preserve: bool, context_fn, determinism_check: str,
         raise ValueError(f"determinism_check should be one of {list(_DETERMINISM_CHECKS)}, "
                          f"but got {determinism_check}")
     forward_context, recompute_context = context_fn()
-    if not is_grad_enabled():
+    if not _is_grad_enabled():
         with forward_context:
             return function(*args, **kwargs)
-    rng = get_rng_state() if preserve else None
-    start = next(_sequence)
+    rng = _get_rng_state() if preserve else None
+    start = next(_engine._sequence)
     with forward_context:
         out = function(*args, **kwargs)
-    leaves, tree = tree_flatten(out)
+    leaves, tree = _tree_flatten(out)
     # The outputs recorded inside the region; one returned as it came in (an argument, a
     # parameter) keeps its own history.
     flagged = {k: t for k, t in enumerate(leaves)
@@ -317,7 +312,7 @@ def _non_reentrant(function, preserve: bool, context_fn, determinism_check: str,
     region = _Region(function, args, kwargs, rng, recompute_context,
                      _DETERMINISM_CHECKS[determinism_check], flagged)
     joint = _CheckpointBackward(region, tuple((node, 0) for node in boundary), reentrant=False)
-    return tree_unflatten(tree, _with_nodes(leaves, list(flagged), joint))
+    return _tree_unflatten(tree, _with_nodes(leaves, list(flagged), joint))
 
 
 def checkpoint(function, *args, use_reentrant: bool | None = None,
@@ -352,7 +347,7 @@ def checkpoint(function, *args, use_reentrant: bool | None = None,
     if use_reentrant and (context_fn is not noop_context_fn or debug is not False):
         raise ValueError("Passing `context_fn` or `debug` is only supported when "
                          "use_reentrant=False.")
-    if _primitive.traced(*tree_flatten((args, kwargs))[0]):
+    if _primitive.traced(*_tree_flatten((args, kwargs))[0]):
         # Inside fusegrad.compile: the region is traced as written (see the module docstring).
         return function(*args, **kwargs)
     if use_reentrant:
@@ -394,3 +389,8 @@ def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool |
         input = checkpoint(run_function(start, end, functions), input,
                            use_reentrant=use_reentrant, preserve_rng_state=preserve)
     return run_function(end + 1, len(functions) - 1, functions)(input)
+
+
+def __getattr__(name: str):
+    from fusegrad.torch_api import missing_attribute
+    raise missing_attribute("torch.utils.checkpoint", "fusegrad.utils.checkpoint", name)
