@@ -458,3 +458,22 @@ def test_warnings_and_errors_are_torchs():
     ours, theirs = _cases(fg, fg_cp), _cases(torch, torch_cp)
     for name in ours:
         assert _message(ours[name]) == _message(theirs[name]), name
+
+
+def test_non_reentrant_gradient_of_the_gradient():
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    y = checkpoint(lambda a: (a ** 3).sum(), x, use_reentrant=False)
+    (g,) = fg.autograd.grad(y, x, create_graph=True)
+    assert g.tolist() == [3.0, 12.0]
+    g.sum().backward()
+    assert x.grad.tolist() == [6.0, 12.0]
+
+
+def test_an_argument_returned_unchanged_keeps_its_own_history():
+    lin = fg.nn.Linear(2, 2)
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    out = checkpoint(lambda a: (a, lin(a)), x, use_reentrant=False)
+    assert out[0] is x
+    (out[0].sum() + out[1].sum()).backward()
+    np.testing.assert_allclose(x.grad.numpy(), 1 + lin.weight.sum(0).detach().numpy(),
+                               rtol=1e-6)

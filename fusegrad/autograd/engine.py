@@ -20,6 +20,7 @@ import heapq
 import itertools
 import operator
 import sys
+import threading
 import weakref
 from typing import Sequence
 
@@ -378,26 +379,29 @@ class AccumulateGrad(Node):
         return ()
 
 
-# One entry per running backward, innermost last: whether it accumulates into every leaf it
-# reaches (Tensor.backward without ``inputs``). A reentrant checkpoint's node runs a backward
-# of its own that accumulates into the leaves of its region, which is only right then.
-_ACCUMULATING: list[bool] = []
+# Per thread, one entry per running backward, innermost last: whether it accumulates into
+# every leaf it reaches (Tensor.backward without ``inputs``). A reentrant checkpoint's node
+# runs a backward of its own that accumulates into the leaves of its region, which is only
+# right then.
+_backwards = threading.local()
 
 
 def is_checkpoint_valid() -> bool:
     """Whether the backward running now (if any) accumulates into every leaf it reaches, so
     that a node may accumulate its region's leaf gradients itself
     (``torch.autograd._is_checkpoint_valid``)."""
-    return not _ACCUMULATING or _ACCUMULATING[-1]
+    running = getattr(_backwards, "accumulating", None)
+    return not running or running[-1]
 
 
 @contextlib.contextmanager
 def _running(accumulating: bool):
-    _ACCUMULATING.append(accumulating)
+    running = _backwards.__dict__.setdefault("accumulating", [])
+    running.append(accumulating)
     try:
         yield
     finally:
-        _ACCUMULATING.pop()
+        running.pop()
 
 
 class _Capture:

@@ -119,8 +119,8 @@ class _Region:
     def __init__(self, function, args: tuple, kwargs: dict, rng, recompute_context,
                  metadata_fn, outputs: dict):
         self.function, self.rng, self.context = function, rng, recompute_context
-        self.leaves, self.tree = _tree_flatten((args, kwargs))
-        self.saved = [_engine._Saved(t, origin="") for t in self.leaves]
+        leaves, self.tree = _tree_flatten((args, kwargs))
+        self.saved = [_engine._Saved(t, origin="") for t in leaves]
         self.metadata_fn = metadata_fn
         self.metadata = {k: metadata_fn(t) for k, t in outputs.items()}
         self.freed = False
