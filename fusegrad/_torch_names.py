@@ -306,6 +306,12 @@ TORCH_NAMES: dict[str, frozenset[str]] = {
     guaranteed_datapipes_determinism non_deterministic random_split runtime_validation
     runtime_validation_disabled sampler
     """.split()),
+    "torch.utils.checkpoint": frozenset("""
+    CheckpointError CheckpointFunction CheckpointPolicy DefaultDeviceType GraphExecGroup
+    SAC_IGNORED_OPS SelectiveCheckpointContext check_backward_validity checkpoint
+    checkpoint_sequential create_selective_checkpoint_contexts detach_variable get_device_states
+    noop_context_fn set_checkpoint_debug_enabled set_checkpoint_early_stop set_device_states
+    """.split()),
     "torch.linalg": frozenset("""
     cholesky cholesky_ex cond cross det diagonal eig eigh eigvals eigvalsh householder_product
     inv inv_ex ldl_factor ldl_factor_ex ldl_solve lstsq lu lu_factor lu_factor_ex lu_solve

@@ -35,6 +35,7 @@ NAMESPACES: dict[str, str] = {
     "torch.optim.Optimizer": "fusegrad.optim.Optimizer",
     "torch.optim.lr_scheduler": "fusegrad.optim.lr_scheduler",
     "torch.utils.data": "fusegrad.utils.data",
+    "torch.utils.checkpoint": "fusegrad.utils.checkpoint",
     "torch.linalg": "fusegrad.linalg",
     "torch.special": "fusegrad.special",
     "torch.fft": "fusegrad.fft",

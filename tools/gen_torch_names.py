@@ -17,7 +17,8 @@ import textwrap
 # Must match fusegrad.torch_api.NAMESPACES (not imported here: this runs without fusegrad).
 NAMESPACES = ["torch", "torch.Tensor", "torch.nn", "torch.nn.functional", "torch.nn.init",
               "torch.nn.utils", "torch.nn.utils.rnn", "torch.optim", "torch.optim.lr_scheduler",
-              "torch.utils.data", "torch.linalg", "torch.special", "torch.fft", "torch.autograd",
+              "torch.utils.data", "torch.utils.checkpoint", "torch.linalg", "torch.special",
+              "torch.fft", "torch.autograd",
               "torch.autograd.functional", "torch.profiler"]
 
 

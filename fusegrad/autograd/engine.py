@@ -15,10 +15,12 @@ requested inputs run in :func:`grad`.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import operator
 import sys
+import threading
 import weakref
 from typing import Sequence
 
@@ -30,7 +32,8 @@ from fusegrad.autograd.grad_mode import set_grad_enabled
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops.primitive import TensorType
 
-__all__ = ["Node", "PrimitiveNode", "AccumulateGrad", "run_backward", "backward", "grad"]
+__all__ = ["Node", "PrimitiveNode", "AccumulateGrad", "run_backward", "backward", "grad",
+           "is_checkpoint_valid"]
 
 _sequence = itertools.count()
 
@@ -376,6 +379,31 @@ class AccumulateGrad(Node):
         return ()
 
 
+# Per thread, one entry per running backward, innermost last: whether it accumulates into
+# every leaf it reaches (Tensor.backward without ``inputs``). A reentrant checkpoint's node
+# runs a backward of its own that accumulates into the leaves of its region, which is only
+# right then.
+_backwards = threading.local()
+
+
+def is_checkpoint_valid() -> bool:
+    """Whether the backward running now (if any) accumulates into every leaf it reaches, so
+    that a node may accumulate its region's leaf gradients itself
+    (``torch.autograd._is_checkpoint_valid``)."""
+    running = getattr(_backwards, "accumulating", None)
+    return not running or running[-1]
+
+
+@contextlib.contextmanager
+def _running(accumulating: bool):
+    running = _backwards.__dict__.setdefault("accumulating", [])
+    running.append(accumulating)
+    try:
+        yield
+    finally:
+        running.pop()
+
+
 class _Capture:
     """Where :func:`run_backward` collects the gradient of one requested input."""
 
@@ -462,7 +490,7 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
     results: list = [None] * (len(inputs) if inputs is not None else 0)
 
     heappop, heappush = heapq.heappop, heapq.heappush
-    with set_grad_enabled(create_graph):
+    with set_grad_enabled(create_graph), _running(accumulate and inputs is None):
         while ready:
             node = heappop(ready)[2]
             grad = buffers.pop(node, None)

@@ -1,5 +1,5 @@
 """``fusegrad.utils``: helpers around training, under torch.utils's names."""
 
-from fusegrad.utils import data
+from fusegrad.utils import checkpoint, data
 
-__all__ = ["data"]
+__all__ = ["checkpoint", "data"]
