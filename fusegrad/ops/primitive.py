@@ -14,6 +14,7 @@ node. The eager path never imports the tracer: a trace plugs in through that att
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,7 +23,7 @@ import numpy as np
 from fusegrad.dtypes import DType
 
 __all__ = ["ConstantData", "Kind", "TensorType", "device_suffix", "infer_type", "Primitive",
-           "Rule", "PRIMITIVES", "ShapeError", "bind", "register"]
+           "Rule", "PRIMITIVES", "ShapeError", "bind", "register", "trace_state", "current_capture"]
 
 
 class Kind(enum.Enum):
@@ -181,10 +182,11 @@ def bind(prim: Primitive, *operands, **attrs):
         trace = op._trace
         if trace is not None:
             return trace.process_primitive(prim, operands, attrs)
-    if CAPTURE:
+    captures = _trace_state.captures
+    if captures:
         # A compiled function is being traced: concrete tensors from outside it (parameters,
         # captured globals) are read at call time, so ops on them are recorded too.
-        return CAPTURE[-1].bind_concrete(prim, operands, attrs)
+        return captures[-1].bind_concrete(prim, operands, attrs)
     if _device_apply is not None:
         # Set once a cuda tensor exists (fusegrad.runtime.eager_cuda): ops with a cuda
         # operand run there; until then the CPU path pays only this test.
@@ -194,28 +196,65 @@ def bind(prim: Primitive, *operands, **attrs):
     return _eager_apply(prim, operands, attrs)
 
 
-# The state captures of compiled functions being traced, innermost last
-# (fusegrad.tracer.capture pushes them). Empty outside ``fusegrad.compile``'s tracing, where
-# every hook below costs one truth test.
-CAPTURE: list = []
+class TraceState(threading.local):
+    """What tracing keeps while it runs user code, one per thread: a function traced (or
+    compiled) in one thread must not record the ops another thread runs eagerly, as torch's
+    tracing and grad mode are per thread. All empty outside tracing, where each hook costs
+    one truth test. Read it through :func:`trace_state` (or :func:`current_capture`)."""
+
+    def __init__(self) -> None:
+        # The state captures of compiled functions being traced, innermost last
+        # (fusegrad.tracer.capture pushes them).
+        self.captures: list = []
+        # The GraphTraces running user code, innermost last (fusegrad.tracer.trace pushes
+        # them): a symbolic tensor of one of them met by an inner trace is a free variable.
+        self.traces: list = []
+        # Where random ops take their keys while tracing, innermost last: callables
+        # (generator, count) -> key tensor (fusegrad.tracer.trace pushes them).
+        self.key_sources: list = []
+
+
+_trace_state = TraceState()
+
+
+def trace_state() -> TraceState:
+    """This thread's :class:`TraceState`."""
+    return _trace_state
+
+
+def current_capture():
+    """The state capture of the innermost compiled function being traced in this thread
+    (a ``fusegrad.tracer.capture.StateCapture``), or None."""
+    captures = _trace_state.captures
+    return captures[-1] if captures else None
+
+
+def __getattr__(name: str):
+    # ``primitive.CAPTURE``, the name of the capture stack when it was one list for all
+    # threads: now this thread's stack (prefer is_compiling() and current_capture()).
+    if name == "CAPTURE":
+        return _trace_state.captures
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_compiling() -> bool:
-    """Whether a compiled function is being traced now (``torch.compiler.is_compiling``)."""
-    return bool(CAPTURE)
+    """Whether a compiled function is being traced now, in this thread
+    (``torch.compiler.is_compiling``)."""
+    return bool(_trace_state.captures)
 
 
 def traced(*tensors) -> bool:
     """Whether an op on ``tensors`` is recorded rather than run: one of them belongs to a
     trace (``fusegrad.trace``), or a compiled function is being traced."""
-    return bool(CAPTURE) or any(t._trace is not None for t in tensors)
+    return bool(_trace_state.captures) or any(t._trace is not None for t in tensors)
 
 
 def note_created(t) -> None:
     """Mark ``t``, made by a tensor factory, as created by the code being traced (a constant
     of the graph) rather than captured from outside it (an input read at call time)."""
-    if CAPTURE:
-        CAPTURE[-1].note_created(t)
+    captures = _trace_state.captures
+    if captures:
+        captures[-1].note_created(t)
 
 
 # Set by fusegrad.autograd.engine at import: (prim, operands, attrs, out) -> None.

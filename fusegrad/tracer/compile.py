@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import functools
 import sys
+import threading
 import time
 import types
 import warnings
@@ -162,6 +163,12 @@ class CompiledFunction:
         self._last_key = None
         self._cuda_twin: CompiledFunction | None = None
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # Held while a call looks up, compiles or runs an entry, so that threads calling for
+        # the first time wait for one compile instead of each tracing, and no call reads the
+        # state a trace changes while it runs (a compiled module's parameters are the trace's
+        # symbolic tensors then). Reentrant: a traced function may call itself. A call whose
+        # entry reads nothing but its arguments (``entry.fast``) runs without it.
+        self._lock = threading.RLock()
         functools.update_wrapper(self, fn if not self.module else type(fn).forward)
 
     def _options(self) -> dict:
@@ -334,11 +341,12 @@ class CompiledFunction:
                 self._on_cuda(args, kwargs):
             # Cuda tensors exist and some reach this call: its twin on the cuda backend runs
             # it, with device arrays in and out (the CPU path pays one test until then).
-            if self._cuda_twin is None:
-                self._cuda_twin = CompiledFunction(
-                    self.fn, backend="cuda", static_argnums=self.static_argnums,
-                    static_argnames=self.static_argnames, donate_argnums=self.donate_argnums,
-                    fullgraph=self.fullgraph, pipeline=self.pipeline)
+            with self._lock:
+                if self._cuda_twin is None:
+                    self._cuda_twin = CompiledFunction(
+                        self.fn, backend="cuda", static_argnums=self.static_argnums,
+                        static_argnames=self.static_argnames, donate_argnums=self.donate_argnums,
+                        fullgraph=self.fullgraph, pipeline=self.pipeline)
             return self._cuda_twin(*args, **kwargs)
         # Fast path: positional tensor arguments only, a signature seen before.
         if not kwargs and self._fast_ok:
@@ -352,62 +360,72 @@ class CompiledFunction:
             if fast is not None:
                 entry = self._fast.get(fast)
                 if entry is not None:
-                    if entry.fast is not None:
-                        return entry.fast(args)
-                    if self._holds(entry, args):
-                        return self._run(entry, args)
+                    run = entry.fast
+                    if run is not None:
+                        # Reads nothing but the arguments: no lock (see _lock).
+                        return run(args)
+                    with self._lock:
+                        if self._holds(entry, args):
+                            return self._run(entry, args)
         else:
             fast = None
         leaves, _ = tree_flatten((args, kwargs))
         if any(t._trace is not None for t in leaves):
             # Called inside a trace (another compile or a transform): inline the function.
             return self.fn(*args, **kwargs)
-        key, leaves = self._key(args, kwargs)
-        if key in self._eager_keys:
-            return self.fn(*args, **kwargs)
-        entry = self._lookup(key, leaves)
-        if entry is None:
-            if self.compiles >= self._recompile_limit():
-                # torch's recompile_limit: past it, new signatures run eagerly.
-                if not self._warned_limit:
-                    warnings.warn(_recompile_limit_message(self, key), UserWarning, stacklevel=2)
-                    self._warned_limit = True
-                return self.fn(*args, **kwargs)
-            try:
-                entry = self._compile(key, args, kwargs)
-            except ConcretizationError as e:
-                if self.fullgraph:
-                    raise
+        with self._lock:
+            key, leaves = self._key(args, kwargs)
+            entry = None if key in self._eager_keys else self._lookup(key, leaves)
+            if entry is None and key not in self._eager_keys:
+                if self.compiles >= self._recompile_limit():
+                    # torch's recompile_limit: past it, new signatures run eagerly.
+                    if not self._warned_limit:
+                        warnings.warn(_recompile_limit_message(self, key), UserWarning,
+                                      stacklevel=2)
+                        self._warned_limit = True
+                else:
+                    try:
+                        entry = self._compile(key, args, kwargs)
+                    except ConcretizationError as e:
+                        if self.fullgraph:
+                            raise
+                        if not self._warned_eager:
+                            warnings.warn(f"fusegrad.compile: running "
+                                          f"{getattr(self.fn, '__name__', 'fn')} eagerly: {e}",
+                                          UserWarning, stacklevel=2)
+                            self._warned_eager = True
+                        self._eager_keys.add(key)
+                    else:
+                        # Only a whole entry is cached: a compile that raises leaves none.
+                        self.cache.setdefault(key, []).append(entry)
+                        self._last_key = key
+            if entry is not None and key[_ALIASES] and _writes_an_argument(entry):
+                # f(a, a), or two slices of one tensor, where the function writes one of them
+                # in place: the trace took them for separate inputs, and the other would not
+                # see the write. Eager sees it. (What the trace did, e.g. an optimizer's
+                # first-step state, is taken back first.)
+                if entry.info.capture is not None:
+                    entry.info.capture.rollback()
                 if not self._warned_eager:
-                    warnings.warn(f"fusegrad.compile: running {getattr(self.fn, '__name__', 'fn')}"
-                                  f" eagerly: {e}", UserWarning, stacklevel=2)
+                    warnings.warn(f"fusegrad.compile: running "
+                                  f"{getattr(self.fn, '__name__', 'fn')} eagerly for arguments "
+                                  "that share storage, one of which it writes in place",
+                                  UserWarning, stacklevel=2)
                     self._warned_eager = True
                 self._eager_keys.add(key)
-                return self.fn(*args, **kwargs)
-            self.cache.setdefault(key, []).append(entry)
-            self._last_key = key
-        if key[_ALIASES] and _writes_an_argument(entry):
-            # f(a, a), or two slices of one tensor, where the function writes one of them in
-            # place: the trace took them for separate inputs, and the other would not see
-            # the write. Eager sees it. (What the trace did, e.g. an optimizer's first-step
-            # state, is taken back first.)
-            if entry.info.capture is not None:
-                entry.info.capture.rollback()
-            if not self._warned_eager:
-                warnings.warn(f"fusegrad.compile: running {getattr(self.fn, '__name__', 'fn')} "
-                              "eagerly for arguments that share storage, one of which it "
-                              "writes in place", UserWarning, stacklevel=2)
-                self._warned_eager = True
-            self._eager_keys.add(key)
-            return self.fn(*args, **kwargs)
-        if fast is not None and len(leaves) == len(args):
-            # Guarded entries too (a training step's): the guard runs on each fast call, and
-            # when it fails the full lookup below finds or compiles the entry that holds.
-            self._fast[fast] = entry
-            if entry.guard is None and not (
-                    is_grad_enabled() and any(t._requires_grad for t in leaves)):
-                entry.fast = _fast_call(entry)
-        return self._run(entry, leaves)
+                entry = None
+            if entry is not None:
+                if fast is not None and len(leaves) == len(args):
+                    # Guarded entries too (a training step's): the guard runs on each fast
+                    # call, and when it fails the full lookup finds or compiles the entry
+                    # that holds.
+                    if entry.guard is None and not (
+                            is_grad_enabled() and any(t._requires_grad for t in leaves)):
+                        entry.fast = _fast_call(entry)
+                    self._fast[fast] = entry
+                return self._run(entry, leaves)
+        # Outside the lock: the function runs eagerly, as often in parallel as it is called.
+        return self.fn(*args, **kwargs)
 
     def _on_cuda(self, args, kwargs) -> bool:
         """Whether a tensor argument, or the module's state, is a cuda tensor."""
