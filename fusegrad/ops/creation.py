@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import numpy as np
 
@@ -357,9 +358,10 @@ class Generator:
         key_sources = primitive.trace_state().key_sources
         if key_sources:
             return key_sources[-1](self, count)
-        key = Tensor._wrap(self._key(), dtypes.int64)
-        self._offset += philox.counters_used(count)
-        return key
+        with _next_key_lock:        # threads drawing at once never share numbers
+            key = self._key()
+            self._offset += philox.counters_used(count)
+        return Tensor._wrap(key, dtypes.int64)
 
 
 def _refuse_rng_state(what: str) -> None:
@@ -371,6 +373,10 @@ def _refuse_rng_state(what: str) -> None:
 
 
 default_generator = Generator()
+# One for all generators (a lock per generator would keep them from being pickled); held for
+# a few arithmetic operations.
+_next_key_lock = threading.Lock()
+
 
 def manual_seed(seed: int) -> Generator:
     """Seed the default generator; the same seed gives the same numbers."""

@@ -230,8 +230,9 @@ def current_capture():
 
 
 def __getattr__(name: str):
-    # ``primitive.CAPTURE``, the name of the capture stack when it was one list for all
-    # threads: now this thread's stack (prefer is_compiling() and current_capture()).
+    # ``primitive.CAPTURE``, the capture stack's name when it was one list for all threads,
+    # is this thread's stack; fusegrad.distributed still reads it (new code: is_compiling()
+    # and current_capture()).
     if name == "CAPTURE":
         return _trace_state.captures
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

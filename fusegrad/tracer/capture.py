@@ -3,8 +3,8 @@
 ``fusegrad.compile`` traces a function once and runs the graph many times, so everything the
 function reads or writes outside its arguments must be in the graph, or the graph goes stale
 (a frozen constant, a lost update). While a compiled function is traced, a
-:class:`StateCapture` sits on the trace (and on its thread's ``primitive.trace_state()``) and turns each such
-effect into graph inputs and outputs:
+:class:`StateCapture` sits on the trace (and on the captures of its thread's
+``primitive.trace_state()``) and turns each such effect into graph inputs and outputs:
 
 - A tensor created before the trace began (a parameter, a buffer, an optimizer's state, any
   captured global) is an *external* tensor: a graph input read at call time, and every op on

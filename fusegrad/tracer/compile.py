@@ -255,6 +255,19 @@ class CompiledFunction:
                 "call runs no Python, so the change would happen only once, when the function "
                 "is traced. Keep such state in tensors, or change it outside the compiled "
                 "function")
+        try:
+            return self._build(key, args, kwargs, graph, closure, start)
+        except BaseException:
+            # A compile that fails leaves nothing behind: no entry (the caller caches only
+            # what this returns) and no state its trace made (an optimizer's first-step
+            # state), so that a later call starts afresh.
+            info.capture.rollback()
+            raise
+
+    def _build(self, key, args, kwargs, graph: Graph, closure: ClosureGuard,
+               start: float) -> _Entry:
+        """The entry of a traced ``graph``: passes, kernels and guards."""
+        info = graph.meta
         optimized = PassManager(self.pipeline).run(graph)
         program = None
         if self.backend == "cuda":
@@ -461,9 +474,10 @@ class CompiledFunction:
         full: list = tensors + [None] * (n - len(tensors))
         if info.rng_input is not None:
             gen = creation.default_generator
-            full[info.rng_input] = gen.get_state()
-            if not read_only:
-                gen._offset += info.rng_counters
+            # The key for rng_counters counters (4 numbers each), advancing the generator as
+            # the traced ops would have.
+            full[info.rng_input] = gen.get_state() if read_only else \
+                gen.next_key(4 * info.rng_counters)
         if entry.lifted_run is not None:
             start, stop, captured = entry.lifted_run
             full[start:stop] = captured
