@@ -335,14 +335,15 @@ class CompiledFunction:
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and compile for these arguments without running."""
-        key, leaves = self._key(args, kwargs)
-        entry = self._lookup(key, leaves)
-        if entry is None:
-            entry = self._compile(key, args, kwargs)
-            # Lowering runs nothing: state a trace made (an optimizer's first-step state) is
-            # taken back, so the entry's guards send the next call to a trace of its own.
-            entry.info.capture.rollback()
-            self.cache.setdefault(key, []).append(entry)
+        with self._lock:
+            key, leaves = self._key(args, kwargs)
+            entry = self._lookup(key, leaves)
+            if entry is None:
+                entry = self._compile(key, args, kwargs)
+                # Lowering runs nothing: state a trace made (an optimizer's first-step state)
+                # is taken back, so the entry's guards send the next call to a trace of its own.
+                entry.info.capture.rollback()
+                self.cache.setdefault(key, []).append(entry)
         prog = entry.program
         return Lowered(entry.optimized, prog.kernels() if prog else [],
                        prog.llvm_ir if prog else "", prog)

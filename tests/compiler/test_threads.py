@@ -225,7 +225,7 @@ def test_four_threads_calling_a_compiled_sgd_step_first(momentum):
 # --------------------------------------------------------------------------- per thread state
 
 
-def test_grad_mode_and_tracing_are_per_thread():
+def test_grad_mode_tracing_and_random_keys_are_per_thread():
     seen = {}
     # C queues: the compiled function's guards see no Python state change in them.
     inside, leave = queue.SimpleQueue(), queue.SimpleQueue()
@@ -247,12 +247,14 @@ def test_grad_mode_and_tracing_are_per_thread():
             w = fg.ones(3, requires_grad=True)
             (w * 3).sum().backward()
             seen["w.grad"] = w.grad.numpy()
+            seen["rand"] = fg.rand(2)     # from the generator, not the trace's key input
         finally:
             leave.put(True)
 
     out, _ = run_threads(tracing, eager)
     assert seen["compiling"] is False and seen["grad"] is True
     np.testing.assert_array_equal(seen["w.grad"], [3.0, 3.0, 3.0])
+    assert type(seen["rand"]) is fg.Tensor and seen["rand"].shape == (2,)
     np.testing.assert_array_equal(out, inputs(3, seed=0).numpy() * 2)
 
 
