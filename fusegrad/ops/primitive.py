@@ -23,7 +23,8 @@ import numpy as np
 from fusegrad.dtypes import DType
 
 __all__ = ["ConstantData", "Kind", "TensorType", "device_suffix", "infer_type", "Primitive",
-           "Rule", "PRIMITIVES", "ShapeError", "bind", "register", "trace_state", "current_capture"]
+           "Rule", "PRIMITIVES", "ShapeError", "bind", "register", "trace_state", "current_capture",
+           "push_capture", "pop_capture"]
 
 
 class Kind(enum.Enum):
@@ -182,11 +183,10 @@ def bind(prim: Primitive, *operands, **attrs):
         trace = op._trace
         if trace is not None:
             return trace.process_primitive(prim, operands, attrs)
-    captures = _trace_state.captures
-    if captures:
+    if _captures_held and _trace_state.captures:
         # A compiled function is being traced: concrete tensors from outside it (parameters,
         # captured globals) are read at call time, so ops on them are recorded too.
-        return captures[-1].bind_concrete(prim, operands, attrs)
+        return _trace_state.captures[-1].bind_concrete(prim, operands, attrs)
     if _device_apply is not None:
         # Set once a cuda tensor exists (fusegrad.runtime.eager_cuda): ops with a cuda
         # operand run there; until then the CPU path pays only this test.
@@ -199,8 +199,9 @@ def bind(prim: Primitive, *operands, **attrs):
 class TraceState(threading.local):
     """What tracing keeps while it runs user code, one per thread: a function traced (or
     compiled) in one thread must not record the ops another thread runs eagerly, as torch's
-    tracing and grad mode are per thread. All empty outside tracing, where each hook costs
-    one truth test. Read it through :func:`trace_state` (or :func:`current_capture`)."""
+    tracing and grad mode are per thread. All empty outside tracing. Read it through
+    :func:`trace_state` and :func:`current_capture`; captures come and go through
+    :func:`push_capture` and :func:`pop_capture`."""
 
     def __init__(self) -> None:
         # The state captures of compiled functions being traced, innermost last
@@ -215,6 +216,11 @@ class TraceState(threading.local):
 
 
 _trace_state = TraceState()
+# The captures all threads hold together (push_capture, pop_capture): while there are none,
+# the hooks skip the thread-local lookup, which costs an eager op several times more than
+# the truth test of a global.
+_captures_held = 0
+_captures_lock = threading.Lock()
 
 
 def trace_state() -> TraceState:
@@ -225,14 +231,33 @@ def trace_state() -> TraceState:
 def current_capture():
     """The state capture of the innermost compiled function being traced in this thread
     (a ``fusegrad.tracer.capture.StateCapture``), or None."""
+    if not _captures_held:
+        return None
     captures = _trace_state.captures
     return captures[-1] if captures else None
 
 
+def push_capture(capture) -> None:
+    """Make ``capture`` the innermost state capture of this thread."""
+    global _captures_held
+    with _captures_lock:
+        _captures_held += 1
+    _trace_state.captures.append(capture)
+
+
+def pop_capture():
+    """Remove this thread's innermost state capture and return it."""
+    global _captures_held
+    capture = _trace_state.captures.pop()
+    with _captures_lock:
+        _captures_held -= 1
+    return capture
+
+
 def __getattr__(name: str):
     # ``primitive.CAPTURE``, the capture stack's name when it was one list for all threads,
-    # is this thread's stack; fusegrad.distributed still reads it (new code: is_compiling()
-    # and current_capture()).
+    # is this thread's stack, to read; fusegrad.distributed still reads it (new code:
+    # is_compiling() and current_capture()).
     if name == "CAPTURE":
         return _trace_state.captures
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -241,21 +266,21 @@ def __getattr__(name: str):
 def is_compiling() -> bool:
     """Whether a compiled function is being traced now, in this thread
     (``torch.compiler.is_compiling``)."""
-    return bool(_trace_state.captures)
+    return bool(_captures_held and _trace_state.captures)
 
 
 def traced(*tensors) -> bool:
     """Whether an op on ``tensors`` is recorded rather than run: one of them belongs to a
     trace (``fusegrad.trace``), or a compiled function is being traced."""
-    return bool(_trace_state.captures) or any(t._trace is not None for t in tensors)
+    return is_compiling() or any(t._trace is not None for t in tensors)
 
 
 def note_created(t) -> None:
     """Mark ``t``, made by a tensor factory, as created by the code being traced (a constant
     of the graph) rather than captured from outside it (an input read at call time)."""
-    captures = _trace_state.captures
-    if captures:
-        captures[-1].note_created(t)
+    capture = current_capture()
+    if capture is not None:
+        capture.note_created(t)
 
 
 # Set by fusegrad.autograd.engine at import: (prim, operands, attrs, out) -> None.

@@ -209,8 +209,7 @@ class StateCapture:
     def bind_concrete(self, prim, operands, attrs):
         """A primitive on concrete operands only: eager if they are all internal."""
         if all(self.is_internal(op) for op in operands):
-            captures = primitive.trace_state().captures
-            saved = captures.pop()
+            saved = primitive.pop_capture()
             try:
                 out = None
                 if primitive._device_apply is not None:     # cuda operands run there
@@ -218,7 +217,7 @@ class StateCapture:
                 if out is None:
                     out = primitive._eager_apply(prim, operands, attrs)
             finally:
-                captures.append(saved)
+                primitive.push_capture(saved)
             # Fresh storage, or a view of an internal operand's: internal either way.
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 t._capture_owner = self
@@ -229,12 +228,11 @@ class StateCapture:
     def assign_concrete(self, x: Tensor, value: Tensor, op: str) -> Tensor:
         """An in-place write to concrete ``x``."""
         if self.is_internal(x) and (value._trace is None and self.is_internal(value)):
-            captures = primitive.trace_state().captures
-            saved = captures.pop()
+            saved = primitive.pop_capture()
             try:
                 return F.assign_(x, value, op)
             finally:
-                captures.append(saved)
+                primitive.push_capture(saved)
         F._check_inplace(x, op)
         if x._base is not None:
             self.refuse(f"{op}: an in-place write to a view of a tensor from outside the "
@@ -855,10 +853,10 @@ class capturing:
         self.capture = capture
 
     def __enter__(self):
-        primitive.trace_state().captures.append(self.capture)
+        primitive.push_capture(self.capture)
         self.capture.trace.location = USER_LINE
         return self.capture
 
     def __exit__(self, *exc):
-        primitive.trace_state().captures.pop()
+        primitive.pop_capture()
         return False
