@@ -119,8 +119,9 @@ class Tensor:
     def _init_state(self, dtype: dtypes.DType) -> None:
         """Everything but the data: dtype and a fresh autograd state (no history)."""
         self._dtype = dtype
-        if _primitive.CAPTURE:
-            self._capture_owner = _primitive.CAPTURE[-1]
+        capture = _primitive.current_capture()
+        if capture is not None:
+            self._capture_owner = capture
         self._requires_grad = False
         self._grad = None
         self.grad_fn = None
@@ -138,8 +139,9 @@ class Tensor:
         t = object.__new__(Tensor)
         t._data = array
         t._dtype = dtype
-        if _primitive.CAPTURE:
-            t._capture_owner = _primitive.CAPTURE[-1]
+        capture = _primitive.current_capture()
+        if capture is not None:
+            t._capture_owner = capture
         t._requires_grad = False
         t._grad = None
         t.grad_fn = None
@@ -287,8 +289,9 @@ class Tensor:
 
     @property
     def grad(self):
-        if _primitive.CAPTURE:
-            return _primitive.CAPTURE[-1].get_grad(self)
+        capture = _primitive.current_capture()
+        if capture is not None:
+            return capture.get_grad(self)
         if self.grad_fn is not None and not self._retains_grad and self._trace is None:
             warnings.warn(
                 "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its "
@@ -300,8 +303,9 @@ class Tensor:
 
     @grad.setter
     def grad(self, value) -> None:
-        if _primitive.CAPTURE:
-            _primitive.CAPTURE[-1].set_grad(self, value)
+        capture = _primitive.current_capture()
+        if capture is not None:
+            capture.set_grad(self, value)
             return
         if value is not None:
             if not isinstance(value, Tensor):
@@ -393,7 +397,7 @@ class Tensor:
     @property
     def data(self) -> "Tensor":
         out = self.detach()
-        if out is not self and out._trace is None and not _primitive.CAPTURE:
+        if out is not self and out._trace is None and not _primitive.is_compiling():
             # torch's .data: the same storage, a version of its own, so that a write through
             # it (w.data.clamp_(-c, c) between forward and backward) is not an error for the
             # tensors autograd saved (detach() shares the version and refuses)
@@ -402,8 +406,9 @@ class Tensor:
 
     @data.setter
     def data(self, value: "Tensor") -> None:
-        if _primitive.CAPTURE:
-            _primitive.CAPTURE[-1].refuse(f"assigning {self._type_string()}.data")
+        capture = _primitive.current_capture()
+        if capture is not None:
+            capture.refuse(f"assigning {self._type_string()}.data")
         self._data = value._data
         self._dtype = value._dtype
 
@@ -412,8 +417,9 @@ class Tensor:
     def _check_concrete(self, what: str) -> None:
         """Eager tensors are concrete; the tracer's tensors override this to raise, and so
         does a compiled function's trace for tensors it reads at call time."""
-        if _primitive.CAPTURE:
-            _primitive.CAPTURE[-1].check_concrete(self, what)
+        capture = _primitive.current_capture()
+        if capture is not None:
+            capture.check_concrete(self, what)
 
     def numpy(self, *, force: bool = False) -> np.ndarray:
         """The numpy array sharing this tensor's storage."""

@@ -22,7 +22,14 @@ from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.ops import prims as P
-from fusegrad.ops.primitive import ConstantData, Primitive, ShapeError, TensorType, note_created
+from fusegrad.ops.primitive import (
+    ConstantData,
+    Primitive,
+    ShapeError,
+    TensorType,
+    note_created,
+    trace_state,
+)
 from fusegrad.tensor import Size, Tensor, _contiguous_strides
 
 __all__ = ["SymbolicTensor", "GraphTrace", "ConcretizationError", "user_location", "host_values"]
@@ -220,10 +227,6 @@ class GraphTrace:
     bake in, and the caller passes it back in when it replays the graph.
     """
 
-    # Traces running user code, innermost last (pushed by fusegrad.trace). A symbolic tensor
-    # of one of them met by an inner trace is a free variable; of any other, a leaked tracer.
-    active: list["GraphTrace"] = []
-
     def __init__(self, graph: Graph, lift_requires_grad: bool = True):
         self.graph = graph
         self.lift_requires_grad = lift_requires_grad
@@ -252,7 +255,9 @@ class GraphTrace:
         if isinstance(t, SymbolicTensor):
             if t._tr is self:
                 return t._value
-            if t._tr not in GraphTrace.active:
+            # A tensor of a trace running user code in this thread is a free variable; of
+            # any other, a leaked tracer.
+            if t._tr not in trace_state().traces:
                 raise ConcretizationError(
                     f"a traced tensor ({t._val.type}) from another trace was used here: a "
                     "tensor escaped from a traced function (stored in a global or attribute?)")
@@ -453,7 +458,7 @@ def innermost_trace(tensors: Sequence[Tensor], default: "GraphTrace | None" = No
 
 
 def _rank(trace: "GraphTrace") -> int:
-    active = GraphTrace.active
+    active = trace_state().traces
     for i in range(len(active) - 1, -1, -1):
         if active[i] is trace:
             return i

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 
 import numpy as np
 
@@ -362,24 +363,27 @@ class Generator:
         While a function is being traced, the tracer installs a key source that returns the
         key as a graph value instead, so compiled code draws fresh numbers on every call.
         """
-        if _key_sources:
-            return _key_sources[-1](self, count)
-        key = Tensor._wrap(self._key(), dtypes.int64)
-        self._offset += philox.counters_used(count)
-        return key
+        key_sources = primitive.trace_state().key_sources
+        if key_sources:
+            return key_sources[-1](self, count)
+        with _next_key_lock:        # threads drawing at once never share numbers
+            key = self._key()
+            self._offset += philox.counters_used(count)
+        return Tensor._wrap(key, dtypes.int64)
 
 
 def _refuse_rng_state(what: str) -> None:
     # A compiled function reads the generator's state at each call and advances it; setting
     # or reading it while tracing would happen once, at trace time.
-    if primitive.CAPTURE:
-        primitive.CAPTURE[-1].refuse(f"the random generator's {what}")
+    capture = primitive.current_capture()
+    if capture is not None:
+        capture.refuse(f"the random generator's {what}")
 
 
 default_generator = Generator()
-
-# Stack of callables (generator, count) -> key tensor, pushed by the tracer.
-_key_sources: list = []
+# One for all generators (a lock per generator would keep them from being pickled); held for
+# a few arithmetic operations.
+_next_key_lock = threading.Lock()
 
 
 def manual_seed(seed: int) -> Generator:

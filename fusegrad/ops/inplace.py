@@ -65,10 +65,11 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     if x._trace is not None:
         _check_inplace(x, op)
         return x._trace.assign(x, value)
-    if _primitive.CAPTURE:
+    capture = _primitive.current_capture()
+    if capture is not None:
         # Tracing a compiled function: a write to a tensor from outside it (a parameter, an
         # optimizer's state) becomes an output written back at call time.
-        return _primitive.CAPTURE[-1].assign_concrete(x, value, op)
+        return capture.assign_concrete(x, value, op)
     if value._trace is not None:
         value._check_concrete(
             f"{op}: an in-place write into a tensor captured from outside the traced function "

@@ -14,6 +14,7 @@ node. The eager path never imports the tracer: a trace plugs in through that att
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -23,7 +24,8 @@ from fusegrad import profiling
 from fusegrad.dtypes import DType
 
 __all__ = ["ConstantData", "Kind", "TensorType", "device_suffix", "infer_type", "Primitive",
-           "Rule", "PRIMITIVES", "ShapeError", "bind", "register"]
+           "Rule", "PRIMITIVES", "ShapeError", "bind", "register", "trace_state", "current_capture",
+           "push_capture", "pop_capture"]
 
 
 class Kind(enum.Enum):
@@ -182,10 +184,10 @@ def bind(prim: Primitive, *operands, **attrs):
         trace = op._trace
         if trace is not None:
             return trace.process_primitive(prim, operands, attrs)
-    if CAPTURE:
+    if _captures_held and _trace_state.captures:
         # A compiled function is being traced: concrete tensors from outside it (parameters,
         # captured globals) are read at call time, so ops on them are recorded too.
-        return CAPTURE[-1].bind_concrete(prim, operands, attrs)
+        return _trace_state.captures[-1].bind_concrete(prim, operands, attrs)
     if profiling.recorder is not None:
         return _profiled_apply(prim, operands, attrs)
     if _device_apply is not None:
@@ -218,28 +220,82 @@ def _profiled_apply(prim: Primitive, operands, attrs):
         rec.add("aten::" + prim.name, "cpu_op", start, end, shapes, stack, nbytes)
 
 
-# The state captures of compiled functions being traced, innermost last
-# (fusegrad.tracer.capture pushes them). Empty outside ``fusegrad.compile``'s tracing, where
-# every hook below costs one truth test.
-CAPTURE: list = []
+class TraceState(threading.local):
+    """What tracing keeps while it runs user code, one per thread: a function traced (or
+    compiled) in one thread must not record the ops another thread runs eagerly, as torch's
+    tracing and grad mode are per thread. All empty outside tracing. Read it through
+    :func:`trace_state` and :func:`current_capture`; captures come and go through
+    :func:`push_capture` and :func:`pop_capture`."""
+
+    def __init__(self) -> None:
+        # The state captures of compiled functions being traced, innermost last
+        # (fusegrad.tracer.capture pushes them).
+        self.captures: list = []
+        # The GraphTraces running user code, innermost last (fusegrad.tracer.trace pushes
+        # them): a symbolic tensor of one of them met by an inner trace is a free variable.
+        self.traces: list = []
+        # Where random ops take their keys while tracing, innermost last: callables
+        # (generator, count) -> key tensor (fusegrad.tracer.trace pushes them).
+        self.key_sources: list = []
+
+
+_trace_state = TraceState()
+# The captures all threads hold together (push_capture, pop_capture): while there are none,
+# the hooks skip the thread-local lookup, which costs an eager op several times more than
+# the truth test of a global.
+_captures_held = 0
+_captures_lock = threading.Lock()
+
+
+def trace_state() -> TraceState:
+    """This thread's :class:`TraceState`."""
+    return _trace_state
+
+
+def current_capture():
+    """The state capture of the innermost compiled function being traced in this thread
+    (a ``fusegrad.tracer.capture.StateCapture``), or None."""
+    if not _captures_held:
+        return None
+    captures = _trace_state.captures
+    return captures[-1] if captures else None
+
+
+def push_capture(capture) -> None:
+    """Make ``capture`` the innermost state capture of this thread."""
+    global _captures_held
+    with _captures_lock:
+        _captures_held += 1
+    _trace_state.captures.append(capture)
+
+
+def pop_capture():
+    """Remove this thread's innermost state capture and return it."""
+    global _captures_held
+    capture = _trace_state.captures.pop()
+    with _captures_lock:
+        _captures_held -= 1
+    return capture
 
 
 def is_compiling() -> bool:
-    """Whether a compiled function is being traced now (``torch.compiler.is_compiling``)."""
-    return bool(CAPTURE)
+    """Whether a compiled function is being traced now, in this thread
+    (``torch.compiler.is_compiling``)."""
+    return bool(_captures_held and _trace_state.captures)
 
 
 def traced(*tensors) -> bool:
     """Whether an op on ``tensors`` is recorded rather than run: one of them belongs to a
     trace (``fusegrad.trace``), or a compiled function is being traced."""
-    return bool(CAPTURE) or any(t._trace is not None for t in tensors)
+    return is_compiling() or any(t._trace is not None for t in tensors)
 
 
 def note_created(t) -> None:
     """Mark ``t``, made by a tensor factory, as created by the code being traced (a constant
     of the graph) rather than captured from outside it (an input read at call time)."""
-    if CAPTURE:
-        CAPTURE[-1].note_created(t)
+    capture = current_capture()
+    if capture is not None:
+        capture.note_created(t)
 
 
 # Set by fusegrad.autograd.engine at import: (prim, operands, attrs, out) -> None.

@@ -33,13 +33,13 @@ def _captured_step(step: Callable) -> Callable:
     structure of its state is guarded (fusegrad.tracer.capture)."""
     @functools.wraps(step)
     def wrapper(self, *args, **kwargs):
-        if not primitive.CAPTURE:
+        capture = primitive.current_capture()
+        if capture is None:
             if profiling.recorder is None:
                 return step(self, *args, **kwargs)
             name = type(self).__name__
             with profiling.Span(profiling.recorder, f"Optimizer.step#{name}.step"):
                 return step(self, *args, **kwargs)
-        capture = primitive.CAPTURE[-1]
         replaced = capture.enter_optimizer(self)
         # Optimizers whose eager step reads the step count with .item() take their
         # capturable branch (tensor math on the step) while traced.
@@ -107,7 +107,7 @@ def eager_arrays(*tensors: Tensor | None) -> list | None:
     copies (torch's fused multi-tensor path plays that part there). None entries are passed
     through. Callers bump version counters as the in-place ops would.
     """
-    if primitive.CAPTURE:
+    if primitive.is_compiling():
         return None
     first = next(t for t in tensors if t is not None)
     dtype, shape = first._dtype, first._data.shape
@@ -130,7 +130,8 @@ def is_nonzero(value: float | Tensor) -> bool:
     """Whether a hyperparameter such as momentum is nonzero. A compiled step reads a nonzero
     float momentum at each call as a 0-d graph input (its value unknown while tracing); the
     trace's guard recompiles if it becomes zero, so such an input counts as nonzero."""
-    if primitive.CAPTURE and primitive.CAPTURE[-1].is_scalar_input(value):
+    capture = primitive.current_capture()
+    if capture is not None and capture.is_scalar_input(value):
         return True
     return bool(value != 0)
 
@@ -255,7 +256,7 @@ class Optimizer:
         """Reset the gradients of all optimized tensors: to None (default), or to zero."""
         from fusegrad.autograd.grad_utils import clear_grads
         params = (p for group in self.param_groups for p in group["params"])
-        if profiling.recorder is None or primitive.CAPTURE:
+        if profiling.recorder is None or primitive.current_capture() is not None:
             clear_grads(params, set_to_none)
             return
         name = type(self).__name__

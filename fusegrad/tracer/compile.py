@@ -31,6 +31,7 @@ import collections
 import copy
 import functools
 import sys
+import threading
 import time
 import types
 import warnings
@@ -175,6 +176,12 @@ class CompiledFunction:
         self._cuda_twin: CompiledFunction | None = None
         self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._in_region = False         # inside this call's profiler range
+        # Held while a call looks up, compiles or runs an entry, so that threads calling for
+        # the first time wait for one compile instead of each tracing, and no call reads the
+        # state a trace changes while it runs (a compiled module's parameters are the trace's
+        # symbolic tensors then). Reentrant: a traced function may call itself. A call whose
+        # entry reads nothing but its arguments (``entry.fast``) runs without it.
+        self._lock = threading.RLock()
         functools.update_wrapper(self, fn if not self.module else type(fn).forward)
 
     def _options(self) -> dict:
@@ -267,6 +274,20 @@ class CompiledFunction:
                 "call runs no Python, so the change would happen only once, when the function "
                 "is traced. Keep such state in tensors, or change it outside the compiled "
                 "function")
+        try:
+            return self._build(key, args, kwargs, graph, closure, start, name, reason)
+        except BaseException:
+            # A compile that fails leaves nothing behind: no entry (the caller caches only
+            # what this returns) and no state its trace made (an optimizer's first-step
+            # state), so that a later call starts afresh.
+            info.capture.rollback()
+            raise
+
+    def _build(self, key, args, kwargs, graph: Graph, closure: ClosureGuard, start: float,
+               name: str, reason: str | None) -> _Entry:
+        """The entry of a traced ``graph``: passes, kernels and guards (``name``: the
+        function's, for messages; ``reason``: why it was traced again, or None)."""
+        info = graph.meta
         optimized = PassManager(self.pipeline).run(graph)
         program = None
         if self.backend == "cuda":
@@ -290,8 +311,7 @@ class CompiledFunction:
         entry.out_dtypes = [o.type.dtype for o in optimized.outputs]
         try:
             entry.guard = _entry_guard(info, closure, self.module)
-        except Exception as e:
-            info.capture.rollback()
+        except Exception as e:      # _compile takes back what the trace did
             raise _unguardable(name, e) from e
         entry.one_shot = _makes_optimizer_state(info.capture)
         cap = info.capture
@@ -342,14 +362,15 @@ class CompiledFunction:
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and compile for these arguments without running."""
-        key, leaves = self._key(args, kwargs)
-        entry = self._lookup(key, leaves)
-        if entry is None:
-            entry = self._compile(key, args, kwargs)
-            # Lowering runs nothing: state a trace made (an optimizer's first-step state) is
-            # taken back, so the entry's guards send the next call to a trace of its own.
-            entry.info.capture.rollback()
-            self.cache.setdefault(key, []).append(entry)
+        with self._lock:
+            key, leaves = self._key(args, kwargs)
+            entry = self._lookup(key, leaves)
+            if entry is None:
+                entry = self._compile(key, args, kwargs)
+                # Lowering runs nothing: state a trace made (an optimizer's first-step state)
+                # is taken back, so the entry's guards send the next call to a trace of its own.
+                entry.info.capture.rollback()
+                self.cache.setdefault(key, []).append(entry)
         prog = entry.program
         return Lowered(entry.optimized, prog.kernels() if prog else [],
                        prog.llvm_ir if prog else "", prog)
@@ -363,11 +384,12 @@ class CompiledFunction:
                 self._on_cuda(args, kwargs):
             # Cuda tensors exist and some reach this call: its twin on the cuda backend runs
             # it, with device arrays in and out (the CPU path pays one test until then).
-            if self._cuda_twin is None:
-                self._cuda_twin = CompiledFunction(
-                    self.fn, backend="cuda", static_argnums=self.static_argnums,
-                    static_argnames=self.static_argnames, donate_argnums=self.donate_argnums,
-                    fullgraph=self.fullgraph, pipeline=self.pipeline)
+            with self._lock:
+                if self._cuda_twin is None:
+                    self._cuda_twin = CompiledFunction(
+                        self.fn, backend="cuda", static_argnums=self.static_argnums,
+                        static_argnames=self.static_argnames, donate_argnums=self.donate_argnums,
+                        fullgraph=self.fullgraph, pipeline=self.pipeline)
             return self._cuda_twin(*args, **kwargs)
         # Fast path: positional tensor arguments only, a signature seen before.
         if not kwargs and self._fast_ok:
@@ -381,66 +403,76 @@ class CompiledFunction:
             if fast is not None:
                 entry = self._fast.get(fast)
                 if entry is not None:
-                    if entry.fast is not None:
-                        return entry.fast(args)
-                    if self._holds(entry, args):
-                        return self._run(entry, args)
+                    run = entry.fast
+                    if run is not None:
+                        # Reads nothing but the arguments: no lock (see _lock).
+                        return run(args)
+                    with self._lock:
+                        if self._holds(entry, args):
+                            return self._run(entry, args)
         else:
             fast = None
         leaves, _ = tree_flatten((args, kwargs))
         if any(t._trace is not None for t in leaves):
             # Called inside a trace (another compile or a transform): inline the function.
             return self.fn(*args, **kwargs)
-        key, leaves = self._key(args, kwargs)
-        if key in self._eager_keys:
-            return self.fn(*args, **kwargs)
-        entry = self._lookup(key, leaves)
-        if entry is None:
-            if self.compiles >= self._recompile_limit():
-                # torch's recompile_limit: past it, new signatures run eagerly.
-                if not self._warned_limit:
-                    warnings.warn(_recompile_limit_message(self, key), UserWarning, stacklevel=2)
-                    self._warned_limit = True
-                return self.fn(*args, **kwargs)
-            try:
-                entry = self._compile(key, args, kwargs)
-            except ConcretizationError as e:
-                if self.fullgraph:
-                    raise
-                counters["graph_break"][str(e).split("\n")[0]] += 1
-                if config.debug >= 1:
-                    print(f"[fusegrad] running {getattr(self.fn, '__name__', 'fn')} eagerly: {e}",
-                          file=sys.stderr)
+        with self._lock:
+            key, leaves = self._key(args, kwargs)
+            entry = None if key in self._eager_keys else self._lookup(key, leaves)
+            if entry is None and key not in self._eager_keys:
+                if self.compiles >= self._recompile_limit():
+                    # torch's recompile_limit: past it, new signatures run eagerly.
+                    if not self._warned_limit:
+                        warnings.warn(_recompile_limit_message(self, key), UserWarning,
+                                      stacklevel=2)
+                        self._warned_limit = True
+                else:
+                    try:
+                        entry = self._compile(key, args, kwargs)
+                    except ConcretizationError as e:
+                        if self.fullgraph:
+                            raise
+                        counters["graph_break"][str(e).split("\n")[0]] += 1
+                        if config.debug >= 1:
+                            print(f"[fusegrad] running {getattr(self.fn, '__name__', 'fn')} "
+                                  f"eagerly: {e}", file=sys.stderr)
+                        if not self._warned_eager:
+                            warnings.warn(f"fusegrad.compile: running "
+                                          f"{getattr(self.fn, '__name__', 'fn')} eagerly: {e}",
+                                          UserWarning, stacklevel=2)
+                            self._warned_eager = True
+                        self._eager_keys.add(key)
+                    else:
+                        # Only a whole entry is cached: a compile that raises leaves none.
+                        self.cache.setdefault(key, []).append(entry)
+                        self._last_key = key
+            if entry is not None and key[_ALIASES] and _writes_an_argument(entry):
+                # f(a, a), or two slices of one tensor, where the function writes one of them
+                # in place: the trace took them for separate inputs, and the other would not
+                # see the write. Eager sees it. (What the trace did, e.g. an optimizer's
+                # first-step state, is taken back first.)
+                if entry.info.capture is not None:
+                    entry.info.capture.rollback()
                 if not self._warned_eager:
-                    warnings.warn(f"fusegrad.compile: running {getattr(self.fn, '__name__', 'fn')}"
-                                  f" eagerly: {e}", UserWarning, stacklevel=2)
+                    warnings.warn(f"fusegrad.compile: running "
+                                  f"{getattr(self.fn, '__name__', 'fn')} eagerly for arguments "
+                                  "that share storage, one of which it writes in place",
+                                  UserWarning, stacklevel=2)
                     self._warned_eager = True
                 self._eager_keys.add(key)
-                return self.fn(*args, **kwargs)
-            self.cache.setdefault(key, []).append(entry)
-            self._last_key = key
-        if key[_ALIASES] and _writes_an_argument(entry):
-            # f(a, a), or two slices of one tensor, where the function writes one of them in
-            # place: the trace took them for separate inputs, and the other would not see
-            # the write. Eager sees it. (What the trace did, e.g. an optimizer's first-step
-            # state, is taken back first.)
-            if entry.info.capture is not None:
-                entry.info.capture.rollback()
-            if not self._warned_eager:
-                warnings.warn(f"fusegrad.compile: running {getattr(self.fn, '__name__', 'fn')} "
-                              "eagerly for arguments that share storage, one of which it "
-                              "writes in place", UserWarning, stacklevel=2)
-                self._warned_eager = True
-            self._eager_keys.add(key)
-            return self.fn(*args, **kwargs)
-        if fast is not None and len(leaves) == len(args):
-            # Guarded entries too (a training step's): the guard runs on each fast call, and
-            # when it fails the full lookup below finds or compiles the entry that holds.
-            self._fast[fast] = entry
-            if entry.guard is None and not (
-                    is_grad_enabled() and any(t._requires_grad for t in leaves)):
-                entry.fast = _fast_call(entry)
-        return self._run(entry, leaves)
+                entry = None
+            if entry is not None:
+                if fast is not None and len(leaves) == len(args):
+                    # Guarded entries too (a training step's): the guard runs on each fast
+                    # call, and when it fails the full lookup finds or compiles the entry
+                    # that holds.
+                    if entry.guard is None and not (
+                            is_grad_enabled() and any(t._requires_grad for t in leaves)):
+                        entry.fast = _fast_call(entry)
+                    self._fast[fast] = entry
+                return self._run(entry, leaves)
+        # Outside the lock: the function runs eagerly, as often in parallel as it is called.
+        return self.fn(*args, **kwargs)
 
     def _profiled_call(self, args, kwargs):
         """A call while a profiler records: one range around all of it, named as torch names
@@ -488,9 +520,10 @@ class CompiledFunction:
         full: list = tensors + [None] * (n - len(tensors))
         if info.rng_input is not None:
             gen = creation.default_generator
-            full[info.rng_input] = gen.get_state()
-            if not read_only:
-                gen._offset += info.rng_counters
+            # The key for rng_counters counters (4 numbers each), advancing the generator as
+            # the traced ops would have.
+            full[info.rng_input] = gen.get_state() if read_only else \
+                gen.next_key(4 * info.rng_counters)
         if entry.lifted_run is not None:
             start, stop, captured = entry.lifted_run
             full[start:stop] = captured

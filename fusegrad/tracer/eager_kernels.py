@@ -98,7 +98,7 @@ class EagerKernel:
         threshold = config.eager_kernel_threshold
         if threshold <= 0:
             return NotImplemented
-        if _primitive.CAPTURE:                 # a compiled function is being traced
+        if _primitive.is_compiling():
             return NotImplemented
         tensors, layout, big = [], [], False
         for a in args:

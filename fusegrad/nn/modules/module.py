@@ -180,10 +180,11 @@ class Module:
                                   f'"forward" function')
 
     def __call__(self, *args, **kwargs):
-        if primitive.CAPTURE:
-            primitive.CAPTURE[-1].note_module(self)     # a compiled function is being traced
+        capture = primitive.current_capture()
+        if capture is not None:
+            capture.note_module(self)     # a compiled function is being traced
         compiled = self.__dict__.get("_compiled_call")
-        if compiled is not None and not primitive.CAPTURE and not any(
+        if compiled is not None and capture is None and not any(
                 isinstance(a, Tensor) and a._trace is not None for a in args):
             return compiled(*args, **kwargs)
         # The hook dicts are tested first: most modules have none, and copying an empty dict's
@@ -367,12 +368,12 @@ class Module:
             if value is not None and not isinstance(value, Tensor):
                 raise TypeError(f"cannot assign '{_typename(value)}' as buffer '{name}' "
                                 "(torch.Tensor or None expected)")
-            if primitive.CAPTURE and value is not None and value._trace is not None:
-                primitive.CAPTURE[-1].note_attribute(buffers, name, value, True)
+            if value is not None and value._trace is not None and primitive.is_compiling():
+                primitive.current_capture().note_attribute(buffers, name, value, True)
             buffers[name] = value
             return
-        if primitive.CAPTURE and isinstance(value, Tensor) and value._trace is not None:
-            primitive.CAPTURE[-1].note_attribute(self.__dict__, name, value, False)
+        if isinstance(value, Tensor) and value._trace is not None and primitive.is_compiling():
+            primitive.current_capture().note_attribute(self.__dict__, name, value, False)
         object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str):
