@@ -122,7 +122,7 @@ def opmath(fn):
     return wrapper
 
 
-def profiled_name(grad_name: str, fn_name: str) -> str:
+def _profiled_name(grad_name: str, fn_name: str) -> str:
     """The profiler's name of a composite op: torch's operator that its autograd node is the
     backward of (``NativeLayerNormBackward0`` -> ``aten::native_layer_norm``,
     ``AdaptiveAvgPool2DBackward0`` -> ``aten::adaptive_avg_pool2d``), else its function's."""
@@ -139,7 +139,7 @@ def composite(grad_name: str, kernel: bool = False):
     compiled definition (:mod:`fusegrad.tracer.eager_kernels`); for pure ops only."""
     def decorate(fn):
         kernels = []
-        op_name = profiled_name(grad_name, fn.__name__)
+        op_name = _profiled_name(grad_name, fn.__name__)
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
