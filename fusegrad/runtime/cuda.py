@@ -136,11 +136,13 @@ _nvrtc_lock = threading.Lock()
 _nvrtc_lib = None
 
 
-def _nvrtc():
+def _nvrtc(driver_version: int | None = None):
+    """The NVRTC library, loaded on first use (the one :func:`find_nvrtc` picks for
+    ``driver_version``); None without one."""
     global _nvrtc_lib
     with _nvrtc_lock:
         if _nvrtc_lib is None:
-            path = find_nvrtc()
+            path = find_nvrtc(driver_version)
             if path is None:
                 return None
             # NVRTC opens libnvrtc-builtins by name at its first compile; a wheel's folder is
@@ -963,7 +965,9 @@ def reset_peak_memory_stats(device: int | None = None) -> None:
 
 
 def empty_cache() -> None:
-    """Return every cached free block of every device to the driver."""
+    """Return every cached free block of every device to the driver (and unload the
+    modules of collected programs)."""
+    unload_pending()
     for a in list(_allocators.values()):
         if a.drv is _driver:
             a.release()
@@ -1163,23 +1167,34 @@ class DeviceArray:
 # --------------------------------------------------------------------------- programs
 
 
-def _unload_modules(drv: Driver, modules: dict[int, object]) -> None:
-    """Unload a collected program's modules (its finalizer): the device that was current in
-    this thread is made current again after."""
-    if sys.is_finalizing():
-        return
-    before = getattr(drv, "current", -1)
-    for device, module in list(modules.items()):
-        try:
-            drv.unload_module(module, device)
-        except Exception:         # a context already destroyed: nothing left to unload
-            pass
-    modules.clear()
-    if isinstance(before, int) and before >= 0:
-        try:
+# Modules of collected programs, unloaded at the next safe point (:func:`unload_pending`): a
+# finalizer can run inside a driver call of the same thread (a garbage collection there), and
+# unloading then would change the thread's current context under that call.
+_pending_unloads: list[tuple[Driver, dict[int, object]]] = []
+
+
+def _unload_later(drv: Driver, modules: dict[int, object]) -> None:
+    """A collected program's finalizer: queue its modules (nothing at interpreter exit, when
+    the driver may be gone; the process's end frees the contexts anyway)."""
+    if modules and not sys.is_finalizing():
+        _pending_unloads.append((drv, modules))
+
+
+def unload_pending() -> None:
+    """Unload the modules of the programs collected since the last call (each program call
+    and :func:`empty_cache` start with it); the device that was current in this thread is
+    made current again after."""
+    while _pending_unloads:
+        drv, modules = _pending_unloads.pop()
+        before = getattr(drv, "current", -1)
+        for device, module in list(modules.items()):
+            try:
+                drv.unload_module(module, device)
+            except Exception:     # a context already destroyed: nothing left to unload
+                pass
+        modules.clear()
+        if isinstance(before, int) and before >= 0:
             drv.use(before)
-        except Exception:
-            pass
 
 
 def check_driver(drv: Driver, arch: str) -> None:
@@ -1195,9 +1210,11 @@ def check_driver(drv: Driver, arch: str) -> None:
     if arch in checked:
         return
     version = getattr(drv, "driver_version", None)
-    nvrtc = nvrtc_version() if version is not None and _nvrtc() is not None else None
-    if nvrtc is not None:
-        check_driver_compatible(version(), nvrtc, arch)
+    if version is not None:
+        version = version()
+        # The NVRTC of the driver's major is picked when several are installed.
+        if _nvrtc(version) is not None:
+            check_driver_compatible(version, nvrtc_version(), arch)
     checked.add(arch)
 
 
@@ -1227,11 +1244,10 @@ class CudaProgram:
         else:
             self.image = b""
         # A module is loaded into one device's context: per device, on its first call there,
-        # and unloaded when the program is collected (not at interpreter exit, when the
-        # driver may be gone: the process's end frees the contexts anyway).
+        # and unloaded after the program is collected (:func:`unload_pending`).
         self._functions: dict[int, dict] = {}
         self._modules: dict[int, object] = {}
-        self._unload = weakref.finalize(self, _unload_modules, self.drv, self._modules)
+        self._unload = weakref.finalize(self, _unload_later, self.drv, self._modules)
         self._unload.atexit = False
         self._constants: dict[int, dict[int, DeviceArray]] = {}
         self.allocator = None     # the allocator of the device of the latest call
@@ -1257,6 +1273,8 @@ class CudaProgram:
         return functions
 
     def __call__(self, *inputs) -> list[DeviceArray]:
+        if _pending_unloads:
+            unload_pending()
         plan, drv = self.plan, self.drv
         device = self._device_of(inputs)
         allocator = self.allocator = allocator_of(drv, device)

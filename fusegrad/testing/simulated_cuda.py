@@ -27,11 +27,11 @@ class SimulatedDriver:
     """A :class:`fusegrad.runtime.cuda.Driver` with no device. ``max_grid`` caps the blocks
     a launch runs (the kernels' grid-stride loops cover the rest), to keep it fast;
     ``devices`` is how many devices it reports, ``memory`` the bytes of each (80 GiB, an
-    H100's, by default); ``arch`` is what it says its devices are (``sm_90``)."""
+    H100's, by default); its devices say they are of compute capability 9.0."""
 
     name = "simulated"
     needs_ptx = False
-    arch = "sm_90"
+    capability = (9, 0)
 
     def __init__(self, max_grid: int = 4, devices: int = 1, memory: int = 80 << 30):
         self.memory: dict[int, np.ndarray] = {}
@@ -48,7 +48,7 @@ class SimulatedDriver:
         self.unloaded: list[object] = []         # modules given to unload_module
 
     def compute_capability(self, ordinal: int) -> tuple[int, int]:
-        return (int(self.arch[3:-1]), int(self.arch[-1]))
+        return self.capability
 
     def mem_get_info(self) -> tuple[int, int]:
         """(free, total) bytes of the current device."""

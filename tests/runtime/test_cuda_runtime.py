@@ -79,6 +79,8 @@ def test_compiled_ptx_is_cached_on_disk_by_source_arch_and_compiler(monkeypatch,
     b = rt.compile_cuda(src, "compute_90", compiler="nvcc", cache_dir=str(tmp_path))
     c = rt.compile_cuda(src, "compute_80", compiler="nvcc", cache_dir=str(tmp_path))
     assert a == b and calls == ["compute_90", "compute_80"] and c != a
+    d = rt.compile_cuda(src, "sm_90", compiler="nvcc", cache_dir=str(tmp_path))
+    assert calls[-1] == "sm_90" and d not in (a, c)          # machine code: its own entry
 
 
 class _FakeCu:
