@@ -220,6 +220,17 @@ def mem_get_info():
     return (1 << 30, 1 << 30)
 
 
+class _Allocation(int):
+    def free(self):
+        pass
+
+
+def mem_alloc(nbytes):
+    if nbytes > 1 << 30:
+        raise MemoryError("cuMemAlloc failed: out of memory")
+    return _Allocation(1 << 20)
+
+
 def _cleanup():
     if any(_stacks.values()):
         sys.stderr.write("PyCUDA ERROR: The context stack was not empty upon module cleanup.\\n")

@@ -81,6 +81,9 @@ def test_pycuda_contexts_are_popped_in_their_thread(monkeypatch, tmp_path):
     worker.join()
     gc.collect()
     assert ("push", seen[0]) in fake.LOG and ("pop", seen[0]) in fake.LOG
+    with pytest.raises(fg.OutOfMemoryError, match="Tried to allocate 2.00 GiB. GPU 0 has a "
+                       "total capacity of 1024.00 MiB"):
+        rt.CachingAllocator(drv).alloc(2 << 30)  # pycuda's MemoryError, as torch's error
     drv._thread.pushed.pop()                     # what the exit handler does
     assert fake._stack() == []
 
@@ -207,6 +210,15 @@ def test_the_eager_program_cache_is_bounded_and_unloads_what_it_evicts(simulated
     fg.tanh(x)
     assert [k[0].name for k in eager_cuda._PROGRAMS] == ["sin", "tanh"]
     assert len(simulated.unloaded) == 2
+
+
+def test_the_drivers_out_of_memory_becomes_torchs_error_after_a_retry(fake_cu):
+    alloc = rt.CachingAllocator(rt.CudaPythonDriver())
+    with pytest.raises(fg.OutOfMemoryError) as info:
+        alloc.alloc(3 << 29)
+    assert str(info.value).startswith("CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 "
+                                      "has a total capacity of 1024.00 MiB of which 1024.00 MiB is free.")
+    assert alloc.reserved == 0
 
 
 def test_the_simulated_driver_runs_out_of_memory_through_fusegrad_cuda(monkeypatch):
