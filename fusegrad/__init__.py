@@ -135,6 +135,7 @@ from fusegrad.tracer import (  # noqa: E402
 # Checkpoints, safetensors, dtype limits and the kernel thread count.
 from fusegrad import safetensors  # noqa: E402
 from fusegrad.runtime.cpu import get_num_threads, set_num_threads  # noqa: E402
+from fusegrad.runtime.errors import OutOfMemoryError  # noqa: E402
 from fusegrad.serialization import load, save  # noqa: E402
 from fusegrad.type_info import finfo, iinfo  # noqa: E402
 

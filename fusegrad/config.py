@@ -20,6 +20,12 @@ as GEMMs generated for their shapes (:mod:`fusegrad.codegen.llvm.gemm`) on CPUs 
 (``auto``), everywhere (``on``), or never (``off``: numpy's BLAS).
 ``FUSEGRAD_MALLOC_TOP_PAD`` (default 16 MiB; ``0``: glibc's default): freed heap memory the
 process keeps for the next eager op's arrays (:mod:`fusegrad.host_memory`).
+``FUSEGRAD_CUDA_SYNC`` (default 0; torch's ``CUDA_LAUNCH_BLOCKING``): 1 waits for each CUDA
+kernel as it is launched, so that a kernel that faults is named by the error its launch raises
+(kernels otherwise run asynchronously and report a fault at a later call).
+``FUSEGRAD_CUDA_EAGER_CACHE`` (default 4096, as torch's cuFFT plan cache): how many compiled
+single-op programs eager cuda tensors keep (least recently used first out; an evicted program
+unloads its module from the GPU).
 
 Settings can also be changed at run time, as attributes of this module or of ``config``::
 
@@ -90,6 +96,8 @@ class Config:
     recompile_limit: int
     eager_kernel_threshold: int
     native_gemm: str
+    cuda_sync: bool
+    cuda_eager_cache: int
 
     @classmethod
     def from_env(cls) -> "Config":
@@ -104,6 +112,8 @@ class Config:
             recompile_limit=max(1, _int("FUSEGRAD_RECOMPILE_LIMIT", 8)),
             eager_kernel_threshold=max(0, _int("FUSEGRAD_EAGER_KERNELS", 512)),
             native_gemm=_choice("FUSEGRAD_NATIVE_GEMM", ("auto", "on", "off")),
+            cuda_sync=os.environ.get("FUSEGRAD_CUDA_SYNC", "0") not in ("", "0", "false"),
+            cuda_eager_cache=max(1, _int("FUSEGRAD_CUDA_EAGER_CACHE", 4096)),
         )
 
     @property

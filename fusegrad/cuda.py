@@ -8,16 +8,23 @@ module itself is imported on first call, so ``import fusegrad`` stays free of it
 Random numbers on cuda are drawn by the cpu generator and copied (a seed gives the same
 values on both devices), so :func:`manual_seed` and :func:`manual_seed_all` seed that one.
 ``torch.cuda.amp`` has no counterpart.
+
+Memory comes from a caching allocator with torch's block rounding and statistics
+(:class:`fusegrad.runtime.cuda.CachingAllocator`); when the device is full it empties its
+cache, tries again, then raises :class:`OutOfMemoryError` with torch's message.
 """
 
 from __future__ import annotations
 
 import contextlib
 
+from fusegrad.runtime.errors import OutOfMemoryError
+
 __all__ = ["is_available", "device_count", "current_device", "set_device", "device",
            "synchronize", "manual_seed", "manual_seed_all", "get_device_name",
-           "memory_allocated", "max_memory_allocated", "memory_reserved", "empty_cache",
-           "reset_peak_memory_stats"]
+           "get_device_capability", "get_arch_list", "memory_allocated",
+           "max_memory_allocated", "memory_reserved", "max_memory_reserved", "empty_cache",
+           "reset_peak_memory_stats", "OutOfMemoryError"]
 
 
 def _rt():
@@ -95,6 +102,24 @@ def get_device_name(device=None) -> str:
     return rt.driver().device_name(index)
 
 
+def get_device_capability(device=None) -> tuple[int, int]:
+    """(major, minor) compute capability of ``device`` (the current one by default): (9, 0)
+    for an H100."""
+    rt = _rt()
+    index = rt.current_device() if _index(device) is None else rt.check_ordinal(_index(device))
+    return tuple(rt.driver().compute_capability(index))
+
+
+def get_arch_list() -> list[str]:
+    """The architectures kernels can be compiled for (``["sm_75", ..., "sm_120"]``: what the
+    installed NVRTC supports; torch lists those its kernels were built for); empty when CUDA
+    is not available."""
+    rt = _rt()
+    if not rt.is_available():
+        return []
+    return rt.nvrtc_arch_list()
+
+
 def memory_allocated(device=None) -> int:
     """Bytes of device memory held by tensors and programs on ``device`` (by allocator
     block, as torch counts them); 0 when CUDA was never used."""
@@ -112,8 +137,15 @@ def memory_reserved(device=None) -> int:
     return _rt().memory_stats(_index(device))["reserved"]
 
 
+def max_memory_reserved(device=None) -> int:
+    """The most :func:`memory_reserved` has been since the start or the last
+    :func:`reset_peak_memory_stats`."""
+    return _rt().memory_stats(_index(device))["peak_reserved"]
+
+
 def reset_peak_memory_stats(device=None) -> None:
-    """Restart :func:`max_memory_allocated` from what is allocated now."""
+    """Restart :func:`max_memory_allocated` and :func:`max_memory_reserved` from what is
+    allocated and reserved now."""
     _rt().reset_peak_memory_stats(_index(device))
 
 

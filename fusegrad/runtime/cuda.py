@@ -2,17 +2,25 @@
 
 Nothing here imports a CUDA package or touches a driver until a CUDA device is asked for.
 
-- **Compiling**: :func:`compile_cuda` turns CUDA C (:mod:`fusegrad.codegen.cuda`) into PTX with
-  NVRTC, in process (the ``nvidia-cuda-nvrtc`` wheel's ``libnvrtc``, found through
-  ``FUSEGRAD_NVRTC``, the wheel, ``CUDA_HOME`` or the loader path), else with ``nvcc -ptx``.
-  PTX is cached on disk (:mod:`fusegrad.runtime.disk_cache`, never unpickled) keyed by the
-  source's hash, the architecture and the compiler's version, like the CPU's object code.
+- **Compiling**: :func:`compile_cuda` turns CUDA C (:mod:`fusegrad.codegen.cuda`) into machine
+  code (CUBIN) for the device's compute capability (``sm_90``) with NVRTC, in process (the
+  ``nvidia-cuda-nvrtc`` wheel's ``libnvrtc``, found through ``FUSEGRAD_NVRTC``, the wheels,
+  ``CUDA_HOME`` or the loader path; the one of the driver's CUDA major first), else with
+  ``nvcc -cubin``; a virtual ``compute_90`` gives PTX. The code is cached on disk
+  (:mod:`fusegrad.runtime.disk_cache`, never unpickled) keyed by the source's hash, the
+  architecture and the compiler's version, like the CPU's object code. At a driver's first
+  compile its CUDA version is checked against NVRTC's (:func:`check_driver_compatible`).
 - **Driver**: the few driver calls the runtime makes sit behind :class:`Driver`; one
   implementation uses NVIDIA's cuda-python bindings (``cuda.bindings.driver``: ``pip install
   fusegrad[cuda]``, what CUDA images ship), one pycuda (``pip install fusegrad[pycuda]``).
-  :func:`driver` picks the first that imports and says what to install when none does.
-- **Memory**: :class:`CachingAllocator` keeps freed blocks by size class for reuse (as
-  PyTorch's caching allocator), so steady-state calls allocate nothing from the driver.
+  :func:`driver` picks the first that imports and says what to install when none does. Each
+  thread makes a device's context current for itself; pycuda's pushed contexts are popped
+  when their thread ends and at exit. ``FUSEGRAD_CUDA_SYNC=1`` waits for each kernel and
+  names the one that faulted. A program's modules are unloaded when it is collected.
+- **Memory**: :class:`CachingAllocator` rounds requests and carves them from segments as
+  torch's caching allocator does, keeps freed blocks for reuse (so steady-state calls
+  allocate nothing from the driver), and on out-of-memory empties its cache and retries
+  once before raising :class:`OutOfMemoryError` with torch's message.
 - **Programs**: :class:`CudaProgram` lowers each kernel of a kernel graph to the GPU
   (:func:`fusegrad.codegen.gpu_lowering.lower_kernel`), compiles them as one module, takes
   its buffers from the shared memory plan (:mod:`fusegrad.runtime.memory_plan`) and launches
@@ -22,16 +30,21 @@ Nothing here imports a CUDA package or touches a driver until a CUDA device is a
 
 from __future__ import annotations
 
+import atexit
+import bisect
 import ctypes
 import ctypes.util
 import dataclasses
 import glob
 import hashlib
 import os
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,16 +53,20 @@ import numpy as np
 from fusegrad import profiling
 from fusegrad.codegen.cuda.printer import cuda_source
 from fusegrad.codegen.gpu_lowering import lower_kernel
+from fusegrad.config import config
 from fusegrad.ir.graph import Literal, Value
 from fusegrad.ir.kernel_graph import KernelGraph
 from fusegrad.ops.lowering import Unsupported
 from fusegrad.runtime import disk_cache
+from fusegrad.runtime.errors import OutOfMemoryError
 from fusegrad.runtime.memory_plan import plan_memory
 
-__all__ = ["CudaUnavailable", "Driver", "driver", "device_count", "is_available", "synchronize",
-           "current_device", "set_device", "check_ordinal", "memory_stats", "empty_cache",
-           "reset_peak_memory_stats", "compile_cuda", "find_nvrtc", "nvrtc_version",
-           "CachingAllocator", "DeviceArray", "CudaProgram", "HostCudaProgram", "INSTALL_HINT"]
+__all__ = ["CudaUnavailable", "OutOfMemoryError", "Driver", "driver", "device_count",
+           "is_available", "synchronize", "current_device", "set_device", "check_ordinal",
+           "memory_stats", "empty_cache", "reset_peak_memory_stats", "compile_cuda",
+           "find_nvrtc", "nvrtc_version", "nvrtc_arch_list", "nvrtc_package",
+           "check_driver_compatible", "CachingAllocator", "round_size", "allocation_size",
+           "DeviceArray", "CudaProgram", "HostCudaProgram", "INSTALL_HINT"]
 
 INSTALL_HINT = ("install NVIDIA's CUDA Python bindings (pip install 'fusegrad[cuda]', which "
                 "brings cuda-bindings and nvidia-cuda-nvrtc) or pycuda (pip install "
@@ -63,9 +80,21 @@ class CudaUnavailable(RuntimeError):
 # --------------------------------------------------------------------------- compiling
 
 
-def find_nvrtc() -> str | None:
-    """Path of ``libnvrtc``: ``FUSEGRAD_NVRTC``, the nvidia-cuda-nvrtc wheel, ``CUDA_HOME``,
-    or the loader's search path; None when there is none."""
+def _nvrtc_major(path: str) -> int | None:
+    """The CUDA major version in a ``libnvrtc.so.12`` file name (None without one)."""
+    m = re.search(r"libnvrtc\.so\.(\d+)", os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def find_nvrtc(driver_version: int | None = None) -> str | None:
+    """Path of ``libnvrtc``: ``FUSEGRAD_NVRTC``, the NVRTC wheels (``nvidia/cu13/lib`` of
+    ``nvidia-cuda-nvrtc`` 13, ``nvidia/cuda_nvrtc/lib`` of ``nvidia-cuda-nvrtc-cu12``),
+    ``CUDA_HOME``, or the loader's search path; None when there is none.
+
+    With several installed, the one whose CUDA major version is the driver's
+    (``driver_version`` as ``cuDriverGetVersion`` gives it, 13000 for 13.0; the process's
+    driver's when None and one is made) comes first, then older majors, newest first: a
+    newer major makes code the driver cannot load."""
     env = os.environ.get("FUSEGRAD_NVRTC")
     if env and os.path.exists(env):
         return env
@@ -81,22 +110,51 @@ def find_nvrtc() -> str | None:
         if home:
             candidates += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")))
     candidates = [c for c in candidates if "builtins" not in c and "alt" not in c]
+    if driver_version is None:
+        driver_version = _known_driver_version()
+    if driver_version is not None and candidates:
+        wanted = driver_version // 1000
+
+        def preference(path: str) -> tuple[int, int]:
+            major = _nvrtc_major(path)
+            if major is None:                  # an unversioned libnvrtc.so: after the known
+                return (1, 0)
+            return (0 if major == wanted else 1 if major < wanted else 2, -major)
+        candidates.sort(key=preference)       # stable: folder order breaks ties
     if candidates:
         return candidates[0]
     return ctypes.util.find_library("nvrtc")
+
+
+def _known_driver_version() -> int | None:
+    """The process's driver's CUDA version, when a driver was made and can tell."""
+    version = getattr(_driver, "driver_version", None)
+    try:
+        return version() if callable(version) else None
+    except Exception:
+        return None
 
 
 _nvrtc_lock = threading.Lock()
 _nvrtc_lib = None
 
 
-def _nvrtc():
+def _nvrtc(driver_version: int | None = None):
+    """The NVRTC library, loaded on first use (the one :func:`find_nvrtc` picks for
+    ``driver_version``); None without one."""
     global _nvrtc_lib
     with _nvrtc_lock:
         if _nvrtc_lib is None:
-            path = find_nvrtc()
+            path = find_nvrtc(driver_version)
             if path is None:
                 return None
+            # NVRTC opens libnvrtc-builtins by name at its first compile; a wheel's folder is
+            # not on the loader's path, so the one beside it is loaded first.
+            for builtins in sorted(glob.glob(os.path.join(os.path.dirname(path),
+                                                          "libnvrtc-builtins.so*"))):
+                if "alt" not in os.path.basename(builtins):
+                    ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+                    break
             _nvrtc_lib = ctypes.CDLL(path)
         return _nvrtc_lib
 
@@ -111,8 +169,22 @@ def nvrtc_version() -> str | None:
     return f"{major.value}.{minor.value}"
 
 
+def nvrtc_arch_list() -> list[str]:
+    """The ``sm_XX`` architectures NVRTC compiles for (``nvrtcGetSupportedArchs``); empty
+    without NVRTC."""
+    lib = _nvrtc()
+    if lib is None or not hasattr(lib, "nvrtcGetSupportedArchs"):
+        return []
+    count = ctypes.c_int()
+    lib.nvrtcGetNumSupportedArchs(ctypes.byref(count))
+    archs = (ctypes.c_int * count.value)()
+    lib.nvrtcGetSupportedArchs(archs)
+    return [f"sm_{a}" for a in archs]
+
+
 def _nvrtc_compile(source: str, arch: str, name: str) -> tuple[bytes, str]:
-    """(PTX, log) from NVRTC; raises RuntimeError with the log on an error."""
+    """(CUBIN for ``sm_XX``, PTX for ``compute_XX``; the log) from NVRTC; raises
+    RuntimeError with the log on an error."""
     lib = _nvrtc()
     prog = ctypes.c_void_p()
     check = _nvrtc_check(lib)
@@ -129,7 +201,12 @@ def _nvrtc_compile(source: str, arch: str, name: str) -> tuple[bytes, str]:
         text = log.value.decode(errors="replace").strip()
         if status != 0:
             raise RuntimeError(f"NVRTC failed to compile {name}:\n{text}")
-        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        if is_machine_code(arch):
+            check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)))
+            cubin = ctypes.create_string_buffer(size.value)
+            check(lib.nvrtcGetCUBIN(prog, cubin))
+            return cubin.raw, text
+        check(lib.nvrtcGetPTXSize(prog, ctypes.byref(size)))
         ptx = ctypes.create_string_buffer(size.value)
         check(lib.nvrtcGetPTX(prog, ptx))
         return ptx.raw.rstrip(b"\0"), text
@@ -146,16 +223,23 @@ def _nvrtc_check(lib):
     return check
 
 
+def is_machine_code(arch: str) -> bool:
+    """Whether ``arch`` names a real GPU (``sm_90``: CUBIN) rather than a virtual one
+    (``compute_90``: PTX, which the driver compiles when it loads it)."""
+    return arch.startswith("sm_")
+
+
 def _nvcc_compile(source: str, arch: str, name: str) -> tuple[bytes, str]:
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     if not os.path.exists(nvcc):
         raise CudaUnavailable(f"no CUDA compiler: neither NVRTC nor nvcc was found; {INSTALL_HINT}")
+    kind = "cubin" if is_machine_code(arch) else "ptx"
     with tempfile.TemporaryDirectory() as tmp:
-        src, out = os.path.join(tmp, f"{name}.cu"), os.path.join(tmp, f"{name}.ptx")
+        src, out = os.path.join(tmp, f"{name}.cu"), os.path.join(tmp, f"{name}.{kind}")
         with open(src, "w") as f:
             f.write(source)
         arch_flag = arch.replace("compute_", "sm_")
-        run = subprocess.run([nvcc, f"-arch={arch_flag}", "-ptx", src, "-o", out],
+        run = subprocess.run([nvcc, f"-arch={arch_flag}", f"-{kind}", src, "-o", out],
                              capture_output=True, text=True)
         log = (run.stdout + run.stderr).strip()
         if run.returncode != 0:
@@ -164,16 +248,26 @@ def _nvcc_compile(source: str, arch: str, name: str) -> tuple[bytes, str]:
             return f.read(), log
 
 
-def compile_cuda(source: str, arch: str = "compute_90", name: str = "fusegrad",
+def _nvcc_version() -> str:
+    """``nvcc --version``'s release line (part of the cache key)."""
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return "nvcc"
+    return next((line for line in out.splitlines() if "release" in line), "nvcc")
+
+
+def compile_cuda(source: str, arch: str = "sm_90", name: str = "fusegrad",
                  compiler: str | None = None, cache_dir: str | None = None) -> bytes:
-    """PTX of CUDA C ``source`` for ``arch`` (``compute_90``: Hopper), from NVRTC when found
-    (``compiler="nvrtc"`` or ``"nvcc"`` forces one), cached on disk in ``cache_dir`` (the
-    runtime's cache folder by default) keyed by the source, the architecture and the
-    compiler's identity."""
+    """Machine code (CUBIN) of CUDA C ``source`` for ``arch`` (``sm_90``: Hopper), or PTX
+    for a virtual ``compute_XX``, from NVRTC when found (``compiler="nvrtc"`` or ``"nvcc"``
+    forces one), cached on disk in ``cache_dir`` (the runtime's cache folder by default)
+    keyed by the source, the architecture and the compiler's version."""
     use_nvrtc = compiler == "nvrtc" or (compiler is None and _nvrtc() is not None)
     if use_nvrtc and _nvrtc() is None:
         raise CudaUnavailable(f"NVRTC was not found; {INSTALL_HINT}")
-    identity = f"nvrtc {nvrtc_version()}" if use_nvrtc else "nvcc"
+    identity = f"nvrtc {nvrtc_version()}" if use_nvrtc else _nvcc_identity()
     from fusegrad import __version__
     key = hashlib.sha256("\n".join([__version__, identity, arch, source]).encode()).hexdigest()
     cache_dir = cache_dir or _cache_dir()
@@ -182,14 +276,59 @@ def compile_cuda(source: str, arch: str = "compute_90", name: str = "fusegrad",
         hit = disk_cache.read_entry(cache_dir, key, limit)
         if hit is not None:
             return hit
-    ptx, _ = (_nvrtc_compile if use_nvrtc else _nvcc_compile)(source, arch, name)
+    code, _ = (_nvrtc_compile if use_nvrtc else _nvcc_compile)(source, arch, name)
     if cache_dir:
-        disk_cache.write_entry(cache_dir, key, ptx, limit, 30 * 86400)
-    return ptx
+        disk_cache.write_entry(cache_dir, key, code, limit, 30 * 86400)
+    return code
+
+
+_nvcc_identity_value: str | None = None
+
+
+def _nvcc_identity() -> str:
+    global _nvcc_identity_value
+    if _nvcc_identity_value is None:
+        _nvcc_identity_value = _nvcc_version()
+    return _nvcc_identity_value
+
+
+def nvrtc_package(major: int, minor: int | None = None) -> str:
+    """The pip requirement that installs NVRTC of CUDA ``major`` (``minor`` or older when
+    given): ``nvidia-cuda-nvrtc`` from CUDA 13 on, ``nvidia-cuda-nvrtc-cu12`` before."""
+    if major >= 13:
+        return f"nvidia-cuda-nvrtc=={major}.{minor}.*" if minor is not None else \
+            f"nvidia-cuda-nvrtc>={major},<{major + 1}"
+    name = f"nvidia-cuda-nvrtc-cu{major}"
+    return f"{name}=={major}.{minor}.*" if minor is not None else name
+
+
+def check_driver_compatible(driver_version: int, nvrtc: str, arch: str) -> None:
+    """Raise :class:`CudaUnavailable` when code that NVRTC ``nvrtc`` ("13.5") makes for
+    ``arch`` cannot be loaded by a driver of CUDA ``driver_version`` (13000 for 13.0), naming
+    both versions and the package to install.
+
+    A newer NVRTC major than the driver's never works: its CUBIN and PTX need the newer
+    driver. A newer minor within the driver's major works for CUBIN (CUDA's minor version
+    compatibility: machine code of 13.x runs on any 13.y driver) but not for PTX: the
+    driver's JIT reads no PTX ISA newer than its own (NVRTC 13.5 writes ``.version 9.5``,
+    which a 13.0 driver refuses with CUDA_ERROR_UNSUPPORTED_PTX_VERSION)."""
+    d_major, d_minor = driver_version // 1000, driver_version % 1000 // 10
+    n_major, n_minor = (int(p) for p in nvrtc.split(".")[:2])
+    driver = f"the NVIDIA driver supports CUDA {d_major}.{d_minor}"
+    if n_major > d_major:
+        raise CudaUnavailable(
+            f"NVRTC {nvrtc} makes code that the installed driver cannot load ({driver}): "
+            f'install the NVRTC of CUDA {d_major} (pip install "{nvrtc_package(d_major)}") '
+            f"or a driver for CUDA {n_major}")
+    if not is_machine_code(arch) and (n_major, n_minor) > (d_major, d_minor):
+        raise CudaUnavailable(
+            f"NVRTC {nvrtc} writes PTX that the installed driver cannot load ({driver}; "
+            f"minor version compatibility covers machine code, not PTX): compile for "
+            f"sm_XX, or install an older NVRTC (pip install "
+            f'"{nvrtc_package(d_major, d_minor)}")')
 
 
 def _cache_dir() -> str | None:
-    from fusegrad.config import config
     base = getattr(config, "cache_dir", None)
     return os.path.join(base, "cuda") if base else None
 
@@ -198,22 +337,39 @@ def _cache_dir() -> str | None:
 
 
 class Driver(Protocol):
-    """The driver calls the runtime makes (device pointers are ints)."""
+    """The driver calls the runtime makes (device pointers are ints). ``use`` makes a
+    device's context current for the calling thread (contexts are per thread in CUDA)."""
 
     name: str
+    arch: str                         # sm_XX of device 0: what programs compile for
 
     def device_count(self) -> int: ...
     def use(self, ordinal: int) -> None: ...
     def device_name(self, ordinal: int) -> str: ...
-    def malloc(self, nbytes: int) -> int: ...
+    def malloc(self, nbytes: int) -> int: ...            # OutOfMemoryError when full
     def free(self, ptr: int) -> None: ...
+    def mem_get_info(self) -> tuple[int, int]: ...       # (free, total) bytes, current device
     def htod(self, ptr: int, host: np.ndarray) -> None: ...
     def dtoh(self, host: np.ndarray, ptr: int) -> None: ...
     def dtod(self, dst: int, src: int, nbytes: int) -> None: ...
-    def load_module(self, ptx: bytes, kernels: dict) -> object: ...
+    def load_module(self, image: bytes, kernels: dict) -> object: ...
+    def unload_module(self, module, ordinal: int) -> None: ...
     def function(self, module, name: str) -> object: ...
     def launch(self, fn, grid: int, block: int, args: list[int]) -> None: ...
     def synchronize(self) -> None: ...
+
+
+# CUDA_ERROR_OUT_OF_MEMORY in the driver API's CUresult.
+_CUDA_ERROR_OUT_OF_MEMORY = 2
+
+# torch's note on an asynchronous error, with this project's switch.
+_ASYNC_HINT = ("CUDA kernel errors might be asynchronously reported at some other API call, "
+               "so the stacktrace below might be incorrect.\nFor debugging consider passing "
+               "FUSEGRAD_CUDA_SYNC=1")
+
+
+def _with_sync_hint(message: str) -> str:
+    return message if config.cuda_sync else f"{message}\n{_ASYNC_HINT}"
 
 
 class CudaPythonDriver:
@@ -230,31 +386,51 @@ class CudaPythonDriver:
         if self.count == 0:
             raise CudaUnavailable("the CUDA driver reports no device")
         self.contexts: dict[int, tuple] = {}      # ordinal -> (context, stream)
-        self.current = -1
+        self._lock = threading.Lock()
+        # The device whose context this thread made current: CUDA's current context is per
+        # thread, so a new thread must set it itself (torch keeps its device per thread too).
+        self._thread = threading.local()
         self.use(ordinal)
+        major, minor = self.compute_capability(ordinal)
+        self.arch = f"sm_{major}{minor}"
+
+    def compute_capability(self, ordinal: int) -> tuple[int, int]:
+        """(major, minor) of device ``ordinal``; (9, 0) from a binding without the enum."""
+        cu = self.cu
         dev = self._check(cu.cuDeviceGet(ordinal))
         try:
             attr = cu.CUdevice_attribute
-            major = self._check(cu.cuDeviceGetAttribute(
-                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
-            minor = self._check(cu.cuDeviceGetAttribute(
-                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-            self.arch = f"compute_{major}{minor}"
+            return (self._check(cu.cuDeviceGetAttribute(
+                        attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)),
+                    self._check(cu.cuDeviceGetAttribute(
+                        attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)))
         except AttributeError:               # a binding without the attribute enum
-            self.arch = "compute_90"
+            return (9, 0)
+
+    def driver_version(self) -> int:
+        """The CUDA version the driver supports (``cuDriverGetVersion``: 13000 for 13.0)."""
+        return int(self._check(self.cu.cuDriverGetVersion()))
 
     def use(self, ordinal: int) -> None:
-        """Make device ``ordinal``'s primary context current (retained on first use)."""
-        if ordinal == self.current:
+        """Make device ``ordinal``'s primary context current in this thread (retained on the
+        first use in any thread)."""
+        if getattr(self._thread, "current", -1) == ordinal:
             return
         cu = self.cu
-        if ordinal not in self.contexts:
-            ctx = self._check(cu.cuDevicePrimaryCtxRetain(self._check(cu.cuDeviceGet(ordinal))))
-            self._check(cu.cuCtxSetCurrent(ctx))
-            self.contexts[ordinal] = (ctx, self._check(cu.cuStreamCreate(0)))
-        else:
-            self._check(cu.cuCtxSetCurrent(self.contexts[ordinal][0]))
-        self.current = ordinal
+        with self._lock:
+            if ordinal not in self.contexts:
+                ctx = self._check(cu.cuDevicePrimaryCtxRetain(self._check(cu.cuDeviceGet(
+                    ordinal))))
+                self._check(cu.cuCtxSetCurrent(ctx))
+                self.contexts[ordinal] = (ctx, self._check(cu.cuStreamCreate(0)))
+            else:
+                self._check(cu.cuCtxSetCurrent(self.contexts[ordinal][0]))
+        self._thread.current = ordinal
+
+    @property
+    def current(self) -> int:
+        """The device this thread made current (-1 before its first :meth:`use`)."""
+        return getattr(self._thread, "current", -1)
 
     @property
     def stream(self):
@@ -269,7 +445,10 @@ class CudaPythonDriver:
         err, *rest = result if isinstance(result, tuple) else (result,)
         if int(err) != 0:
             _, text = self.cu.cuGetErrorString(err)
-            raise RuntimeError(f"CUDA error: {text.decode() if text else err}")
+            message = f"CUDA error: {text.decode() if text else err}"
+            if int(err) == _CUDA_ERROR_OUT_OF_MEMORY:
+                raise OutOfMemoryError(message)
+            raise RuntimeError(_with_sync_hint(message))
         return rest[0] if len(rest) == 1 else tuple(rest) if rest else None
 
     def device_count(self) -> int:
@@ -280,6 +459,10 @@ class CudaPythonDriver:
 
     def free(self, ptr: int) -> None:
         self._check(self.cu.cuMemFree(ptr))
+
+    def mem_get_info(self) -> tuple[int, int]:
+        free, total = self._check(self.cu.cuMemGetInfo())
+        return int(free), int(total)
 
     def htod(self, ptr: int, host: np.ndarray) -> None:
         host = np.ascontiguousarray(host)
@@ -293,8 +476,15 @@ class CudaPythonDriver:
     def dtod(self, dst: int, src: int, nbytes: int) -> None:
         self._check(self.cu.cuMemcpyDtoDAsync(dst, src, nbytes, self.stream))
 
-    def load_module(self, ptx: bytes, kernels: dict):
-        return self._check(self.cu.cuModuleLoadData(ptx + b"\0"))
+    def load_module(self, image: bytes, kernels: dict):
+        # A CUBIN is an ELF image the driver reads whole; PTX is text and must end in NUL.
+        return self._check(self.cu.cuModuleLoadData(image if image[:4] == b"\x7fELF"
+                                                    else image + b"\0"))
+
+    def unload_module(self, module, ordinal: int) -> None:
+        """Unload ``module`` from device ``ordinal``'s context (made current for the call)."""
+        self.use(ordinal)
+        self._check(self.cu.cuModuleUnload(module))
 
     def function(self, module, name: str):
         return self._check(self.cu.cuModuleGetFunction(module, name.encode()))
@@ -307,6 +497,29 @@ class CudaPythonDriver:
 
     def synchronize(self) -> None:
         self._check(self.cu.cuStreamSynchronize(self.stream))
+
+
+class _PushedContext:
+    """The context a :class:`PyCudaDriver` pushed in one thread. pycuda keeps a context
+    stack per thread and aborts the process ("context stack was not empty upon module
+    cleanup", exit 134) when one is left on it, so it is popped when the thread ends (this
+    object is then collected, in that thread) and, for the main thread, at exit."""
+
+    def __init__(self, drv):
+        self.drv = drv
+        self.ordinal = -1
+        self.thread = threading.get_ident()
+
+    def pop(self) -> None:
+        if self.ordinal >= 0 and threading.get_ident() == self.thread:
+            self.ordinal = -1
+            self.drv.Context.pop()
+
+    def __del__(self):
+        try:
+            self.pop()
+        except Exception:                  # the driver is already gone
+            pass
 
 
 class PyCudaDriver:
@@ -322,25 +535,46 @@ class PyCudaDriver:
         self.count = drv.Device.count()
         if self.count == 0:
             raise CudaUnavailable("the CUDA driver reports no device")
-        major, minor = drv.Device(ordinal).compute_capability()
-        self.arch = f"compute_{major}{minor}"
+        major, minor = self.compute_capability(ordinal)
+        self.arch = f"sm_{major}{minor}"
         self.contexts: dict[int, tuple] = {}      # ordinal -> (context, stream)
-        self.current = -1
+        self._lock = threading.Lock()
+        self._thread = threading.local()
+        self._keep: dict[int, object] = {}
         self.use(ordinal)
+        # The main thread's context is popped before pycuda's own cleanup (atexit handlers
+        # run last-registered first, and pycuda registered its handler when imported).
+        atexit.register(self._thread.pushed.pop)
+
+    def compute_capability(self, ordinal: int) -> tuple[int, int]:
+        return tuple(self.drv.Device(ordinal).compute_capability())
+
+    def driver_version(self) -> int:
+        return int(self.drv.get_driver_version())
 
     def use(self, ordinal: int) -> None:
-        """Make device ``ordinal``'s primary context current (retained on first use)."""
-        if ordinal == self.current:
+        """Make device ``ordinal``'s primary context current in this thread (retained on the
+        first use in any thread): the one this thread pushed before is popped, so each
+        thread's stack holds at most one context of ours."""
+        pushed = getattr(self._thread, "pushed", None)
+        if pushed is None:
+            pushed = self._thread.pushed = _PushedContext(self.drv)
+        if pushed.ordinal == ordinal:
             return
-        if self.current >= 0:
-            self.contexts[self.current][0].pop()
-        if ordinal not in self.contexts:
-            ctx = self.drv.Device(ordinal).retain_primary_context()
-            ctx.push()
-            self.contexts[ordinal] = (ctx, self.drv.Stream())
-        else:
-            self.contexts[ordinal][0].push()
-        self.current = ordinal
+        pushed.pop()
+        with self._lock:
+            if ordinal not in self.contexts:
+                ctx = self.drv.Device(ordinal).retain_primary_context()
+                ctx.push()
+                self.contexts[ordinal] = (ctx, self.drv.Stream())
+            else:
+                self.contexts[ordinal][0].push()
+        pushed.ordinal = ordinal
+
+    @property
+    def current(self) -> int:
+        pushed = getattr(self._thread, "pushed", None)
+        return pushed.ordinal if pushed is not None else -1
 
     @property
     def stream(self):
@@ -353,14 +587,20 @@ class PyCudaDriver:
         return self.drv.Device(ordinal).name()
 
     def malloc(self, nbytes: int) -> int:
-        alloc = self.drv.mem_alloc(max(nbytes, 1))
+        try:
+            alloc = self.drv.mem_alloc(max(nbytes, 1))
+        except self.drv.MemoryError as e:
+            raise OutOfMemoryError(f"CUDA error: {e}") from None
         ptr = int(alloc)
-        self._keep = getattr(self, "_keep", {})
         self._keep[ptr] = alloc
         return ptr
 
     def free(self, ptr: int) -> None:
         self._keep.pop(ptr).free()
+
+    def mem_get_info(self) -> tuple[int, int]:
+        free, total = self.drv.mem_get_info()
+        return int(free), int(total)
 
     def htod(self, ptr: int, host: np.ndarray) -> None:
         self.drv.memcpy_htod(ptr, np.ascontiguousarray(host))
@@ -372,8 +612,11 @@ class PyCudaDriver:
     def dtod(self, dst: int, src: int, nbytes: int) -> None:
         self.drv.memcpy_dtod_async(dst, src, nbytes, self.stream)
 
-    def load_module(self, ptx: bytes, kernels: dict):
-        return self.drv.module_from_buffer(ptx + b"\0")
+    def load_module(self, image: bytes, kernels: dict):
+        return self.drv.module_from_buffer(image if image[:4] == b"\x7fELF" else image + b"\0")
+
+    def unload_module(self, module, ordinal: int) -> None:
+        """Nothing: a pycuda module unloads itself when it is collected."""
 
     def function(self, module, name: str):
         return module.get_function(name)
@@ -451,10 +694,10 @@ def driver() -> Driver:
 def set_driver(d: Driver | None) -> None:
     """Use ``d`` as the process's driver (tests use a simulated one); None forgets it and
     any failure to find one, so the next use looks again."""
-    global _driver, _driver_error, _current_device
+    global _driver, _driver_error
     with _driver_lock:
         _driver, _driver_error = d, None
-        _current_device = 0
+        _thread_device.index = 0
 
 
 def device_count() -> int:
@@ -478,9 +721,9 @@ def synchronize(device: int | None = None) -> None:
         _driver.synchronize()
 
 
-# The device that ``cuda`` without an index means (``torch.cuda.set_device``). Process-wide
-# as in torch (where it is per thread); explicit indices never read it.
-_current_device = 0
+# The device that ``cuda`` without an index means (``torch.cuda.set_device``): per thread,
+# as in torch (a new thread starts on device 0); explicit indices never read it.
+_thread_device = threading.local()
 
 
 def check_ordinal(index: int) -> int:
@@ -495,35 +738,89 @@ def check_ordinal(index: int) -> int:
 
 def current_device() -> int:
     """The index of the device ``cuda`` means (0 until :func:`set_device`)."""
-    return _current_device
+    return getattr(_thread_device, "index", 0)
 
 
 def set_device(index: int) -> None:
     """Make device ``index`` the one ``cuda`` without an index means."""
-    global _current_device
-    _current_device = check_ordinal(int(index))
+    _thread_device.index = check_ordinal(int(index))
 
 
 # --------------------------------------------------------------------------- memory
 
 
+# torch's block and segment sizes (c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize,
+# kSmallSize, kSmallBuffer, kMinLargeAlloc, kLargeBuffer, kRoundLarge).
+MIN_BLOCK_SIZE = 512              # every block is a multiple of 512 bytes
+SMALL_SIZE = 1 << 20              # the largest "small" request: 1 MiB
+SMALL_BUFFER = 2 << 20            # small requests are packed into 2 MiB segments
+MIN_LARGE_ALLOC = 10 << 20        # requests between 1 and 10 MiB split a 20 MiB segment
+LARGE_BUFFER = 20 << 20
+ROUND_LARGE = 2 << 20             # larger requests get a segment rounded up to 2 MiB
+
+
+def round_size(nbytes: int) -> int:
+    """The block size of a request: a multiple of 512 bytes, at least 512 (torch's
+    ``round_size`` without ``roundup_power2_divisions``)."""
+    if nbytes < MIN_BLOCK_SIZE:
+        return MIN_BLOCK_SIZE
+    return MIN_BLOCK_SIZE * ((nbytes + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE)
+
+
+def allocation_size(size: int) -> int:
+    """The segment asked of the driver for a block of ``size`` bytes that no cached block
+    fits (torch's ``get_allocation_size``)."""
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return ROUND_LARGE * ((size + ROUND_LARGE - 1) // ROUND_LARGE)
+
+
+def format_size(nbytes: int) -> str:
+    """A byte count as torch's allocator prints it ("20.00 MiB", "512 bytes")."""
+    if nbytes <= 1024:
+        return f"{nbytes} bytes"
+    if nbytes <= 1 << 20:
+        return f"{nbytes / 1024:.2f} KiB"
+    if nbytes <= 1 << 30:
+        return f"{nbytes / (1 << 20):.2f} MiB"
+    return f"{nbytes / (1 << 30):.2f} GiB"
+
+
+class _Block:
+    """A piece of a segment: free or in use, linked to its neighbours in the segment."""
+
+    __slots__ = ("ptr", "size", "small", "allocated", "prev", "next")
+
+    def __init__(self, ptr: int, size: int, small: bool):
+        self.ptr, self.size, self.small = ptr, size, small
+        self.allocated = False
+        self.prev: _Block | None = None
+        self.next: _Block | None = None
+
+
 class CachingAllocator:
-    """Device memory of one device in size classes (powers of two from 512 bytes), freed
-    blocks kept for reuse; ``release()`` returns them to the driver. ``allocated`` counts
-    the bytes of blocks in use (``torch.cuda.memory_allocated`` counts the same, by block),
-    ``peak`` its maximum, ``reserved`` what is held from the driver."""
+    """Device memory of one device, as torch's CUDA caching allocator manages it: requests
+    are rounded to 512-byte blocks (:func:`round_size`) cut from segments asked of the
+    driver (2 MiB for requests up to 1 MiB, 20 MiB for those up to 10 MiB, else the request
+    rounded to 2 MiB: :func:`allocation_size`); the best-fitting free block of the request's
+    pool (small or large) is reused and split, a freed block merges with its free
+    neighbours, and ``release()`` (``empty_cache``) returns the segments that are wholly free.
+
+    When the driver is out of memory the cached segments are released and the request tried
+    once more; then :class:`~fusegrad.runtime.errors.OutOfMemoryError` says, as torch's
+    does, what was asked and what is held. ``allocated`` counts the bytes of blocks in use
+    (``torch.cuda.memory_allocated``), ``peak`` its maximum, ``reserved`` the bytes of the
+    segments held (``memory_reserved``) and ``peak_reserved`` theirs."""
 
     def __init__(self, drv: Driver, device: int = 0):
         self.drv = drv
         self.device = device
-        self.free_blocks: dict[int, list[int]] = {}
-        self.sizes: dict[int, int] = {}
-        self.lock = threading.Lock()
-        self.allocated = self.peak = self.reserved = 0
-
-    @staticmethod
-    def size_class(nbytes: int) -> int:
-        return max(512, 1 << (max(nbytes, 1) - 1).bit_length())
+        self.pools: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # (size, ptr)
+        self.blocks: dict[int, _Block] = {}         # ptr -> block, free or in use
+        self.lock = threading.RLock()
+        self.allocated = self.peak = self.reserved = self.peak_reserved = 0
 
     def activate(self) -> Driver:
         """The driver, with this allocator's device current."""
@@ -531,36 +828,110 @@ class CachingAllocator:
         return self.drv
 
     def alloc(self, nbytes: int) -> int:
-        size = self.size_class(nbytes)
+        """A pointer to at least ``nbytes`` bytes of this device's memory."""
+        size = round_size(nbytes)
+        small = size <= SMALL_SIZE
         with self.lock:
-            blocks = self.free_blocks.get(size)
-            if blocks:
-                self._count(size)
-                return blocks.pop()
-        ptr = self.activate().malloc(size)
-        with self.lock:
-            self.sizes[ptr] = size
-            self.reserved += size
-            self._count(size)
-        return ptr
+            block = self._best_fit(size, small)
+            if block is None:
+                block = self._new_segment(size, small)
+            remaining = block.size - size
+            # torch's should_split: a small block keeps any 512-byte remainder, a large one
+            # only a remainder larger than a small request (the rest stays in the block).
+            if remaining >= MIN_BLOCK_SIZE if small else remaining > SMALL_SIZE:
+                rest = _Block(block.ptr + size, remaining, small)
+                rest.prev, rest.next = block, block.next
+                if block.next is not None:
+                    block.next.prev = rest
+                block.next, block.size = rest, size
+                self.blocks[rest.ptr] = rest
+                self._insert(rest)
+            block.allocated = True
+            self.allocated += block.size
+            self.peak = max(self.peak, self.allocated)
+            return block.ptr
 
-    def _count(self, size: int) -> None:
-        self.allocated += size
-        self.peak = max(self.peak, self.allocated)
+    def _best_fit(self, size: int, small: bool) -> _Block | None:
+        pool = self.pools[small]
+        i = bisect.bisect_left(pool, (size, 0))
+        if i == len(pool):
+            return None
+        return self.blocks[pool.pop(i)[1]]
+
+    def _insert(self, block: _Block) -> None:
+        bisect.insort(self.pools[block.small], (block.size, block.ptr))
+
+    def _remove(self, block: _Block) -> None:
+        pool = self.pools[block.small]
+        del pool[bisect.bisect_left(pool, (block.size, block.ptr))]
+
+    def _new_segment(self, size: int, small: bool) -> _Block:
+        nbytes = allocation_size(size)
+        drv = self.activate()
+        try:
+            ptr = drv.malloc(nbytes)
+        except OutOfMemoryError:
+            # torch frees its cached blocks and tries once more before giving up.
+            self.release()
+            try:
+                ptr = drv.malloc(nbytes)
+            except OutOfMemoryError:
+                raise self._out_of_memory(nbytes) from None
+        block = _Block(ptr, nbytes, small)
+        self.blocks[ptr] = block
+        self.reserved += nbytes
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return block
+
+    def _out_of_memory(self, nbytes: int) -> OutOfMemoryError:
+        """torch's message (its ``malloc`` in CUDACachingAllocator.cpp), naming fusegrad where
+        torch names itself, without the advice on ``PYTORCH_CUDA_ALLOC_CONF``, which has no
+        counterpart here."""
+        try:
+            free, total = self.drv.mem_get_info()
+        except Exception:                      # a driver that cannot tell
+            free = total = 0
+        return OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate {format_size(nbytes)}. GPU {self.device} "
+            f"has a total capacity of {format_size(total)} of which {format_size(free)} is "
+            f"free. Of the allocated memory {format_size(self.allocated)} is allocated by "
+            f"fusegrad, and {format_size(self.reserved - self.allocated)} is reserved by "
+            f"fusegrad but unallocated.")
 
     def free(self, ptr: int) -> None:
+        """Give the block at ``ptr`` back to the cache, merged with its free neighbours."""
         with self.lock:
-            size = self.sizes[ptr]
-            self.allocated -= size
-            self.free_blocks.setdefault(size, []).append(ptr)
+            block = self.blocks[ptr]
+            block.allocated = False
+            self.allocated -= block.size
+            for neighbour in (block.prev, block.next):
+                if neighbour is None or neighbour.allocated:
+                    continue
+                self._remove(neighbour)
+                first, second = (neighbour, block) if neighbour is block.prev else \
+                    (block, neighbour)
+                first.size += second.size
+                first.next = second.next
+                if second.next is not None:
+                    second.next.prev = first
+                del self.blocks[second.ptr]
+                block = first
+            self._insert(block)
 
     def release(self) -> None:
+        """Return every wholly free segment to the driver (``torch.cuda.empty_cache``)."""
         with self.lock:
-            for blocks in self.free_blocks.values():
-                for ptr in blocks:
-                    self.activate().free(ptr)
-                    self.reserved -= self.sizes.pop(ptr)
-            self.free_blocks.clear()
+            for small, pool in self.pools.items():
+                keep = []
+                for size, ptr in pool:
+                    block = self.blocks[ptr]
+                    if block.prev is None and block.next is None:
+                        self.activate().free(ptr)
+                        del self.blocks[ptr]
+                        self.reserved -= size
+                    else:
+                        keep.append((size, ptr))
+                self.pools[small] = keep
 
 
 _allocators: dict[tuple[int, int], CachingAllocator] = {}
@@ -578,23 +949,27 @@ def allocator_of(drv: Driver, device: int = 0) -> CachingAllocator:
 
 
 def memory_stats(device: int | None = None) -> dict[str, int]:
-    """``allocated``, ``peak`` and ``reserved`` bytes of ``device``'s caching allocator
-    (zeros when CUDA was never used)."""
+    """``allocated``, ``peak``, ``reserved`` and ``peak_reserved`` bytes of ``device``'s
+    caching allocator (zeros when CUDA was never used)."""
     if _driver is None:
-        return {"allocated": 0, "peak": 0, "reserved": 0}
+        return {"allocated": 0, "peak": 0, "reserved": 0, "peak_reserved": 0}
     a = allocator_of(_driver, current_device() if device is None else device)
-    return {"allocated": a.allocated, "peak": a.peak, "reserved": a.reserved}
+    return {"allocated": a.allocated, "peak": a.peak, "reserved": a.reserved,
+            "peak_reserved": a.peak_reserved}
 
 
 def reset_peak_memory_stats(device: int | None = None) -> None:
-    """Restart the peak count of ``device``'s allocator from what is allocated now."""
+    """Restart the peak counts of ``device``'s allocator from what is allocated and
+    reserved now."""
     if _driver is not None:
         a = allocator_of(_driver, current_device() if device is None else device)
-        a.peak = a.allocated
+        a.peak, a.peak_reserved = a.allocated, a.reserved
 
 
 def empty_cache() -> None:
-    """Return every cached free block of every device to the driver."""
+    """Return every cached free block of every device to the driver (and unload the
+    modules of collected programs)."""
+    unload_pending()
     for a in list(_allocators.values()):
         if a.drv is _driver:
             a.release()
@@ -794,6 +1169,57 @@ class DeviceArray:
 # --------------------------------------------------------------------------- programs
 
 
+# Modules of collected programs, unloaded at the next safe point (:func:`unload_pending`): a
+# finalizer can run inside a driver call of the same thread (a garbage collection there), and
+# unloading then would change the thread's current context under that call.
+_pending_unloads: list[tuple[Driver, dict[int, object]]] = []
+
+
+def _unload_later(drv: Driver, modules: dict[int, object]) -> None:
+    """A collected program's finalizer: queue its modules (nothing at interpreter exit, when
+    the driver may be gone; the process's end frees the contexts anyway)."""
+    if modules and not sys.is_finalizing():
+        _pending_unloads.append((drv, modules))
+
+
+def unload_pending() -> None:
+    """Unload the modules of the programs collected since the last call (each program call
+    and :func:`empty_cache` start with it); the device that was current in this thread is
+    made current again after."""
+    while _pending_unloads:
+        drv, modules = _pending_unloads.pop()
+        before = getattr(drv, "current", -1)
+        for device, module in list(modules.items()):
+            try:
+                drv.unload_module(module, device)
+            except Exception:     # a context already destroyed: nothing left to unload
+                pass
+        modules.clear()
+        if isinstance(before, int) and before >= 0:
+            drv.use(before)
+
+
+def check_driver(drv: Driver, arch: str) -> None:
+    """At a driver's first compile, check that what NVRTC makes for ``arch`` loads on it
+    (:func:`check_driver_compatible`); the answer is kept on the driver."""
+    checked = getattr(drv, "_checked_archs", None)
+    if checked is None:
+        checked = set()
+        try:
+            drv._checked_archs = checked
+        except AttributeError:
+            pass
+    if arch in checked:
+        return
+    version = getattr(drv, "driver_version", None)
+    if version is not None:
+        version = version()
+        # The NVRTC of the driver's major is picked when several are installed.
+        if _nvrtc(version) is not None:
+            check_driver_compatible(version, nvrtc_version(), arch)
+    checked.add(arch)
+
+
 class CudaProgram:
     """A kernel graph compiled for one CUDA device; call it with numpy arrays or
     :class:`DeviceArray` inputs, get :class:`DeviceArray` outputs."""
@@ -802,7 +1228,7 @@ class CudaProgram:
                  name: str = "program"):
         self.kg, self.graph, self.name = kg, kg.graph, name
         self.drv = drv or driver()
-        arch = arch or getattr(self.drv, "arch", "compute_90")
+        arch = arch or getattr(self.drv, "arch", "sm_90")
         self.plan = plan_memory(kg)
         self.lowered: dict[int, object] = {}
         self.host_steps: dict[int, str] = {}
@@ -813,11 +1239,18 @@ class CudaProgram:
                 self.host_steps[i] = str(e)
         self.source = cuda_source(list(self.lowered.values())) if self.lowered else ""
         self.kernel_map = {lk.name: lk for lk in self.lowered.values()}
-        needs_ptx = getattr(self.drv, "needs_ptx", True)
-        self.ptx = compile_cuda(self.source, arch, name) if self.kernel_map and needs_ptx \
-            else b""
-        # A module is loaded into one device's context: per device, on its first call there.
+        needs_code = getattr(self.drv, "needs_ptx", True)
+        if self.kernel_map and needs_code:
+            check_driver(self.drv, arch)
+            self.image = compile_cuda(self.source, arch, name)
+        else:
+            self.image = b""
+        # A module is loaded into one device's context: per device, on its first call there,
+        # and unloaded after the program is collected (:func:`unload_pending`).
         self._functions: dict[int, dict] = {}
+        self._modules: dict[int, object] = {}
+        self._unload = weakref.finalize(self, _unload_later, self.drv, self._modules)
+        self._unload.atexit = False
         self._constants: dict[int, dict[int, DeviceArray]] = {}
         self.allocator = None     # the allocator of the device of the latest call
 
@@ -833,13 +1266,17 @@ class CudaProgram:
         functions = self._functions.get(device)
         if functions is None:
             self.drv.use(device)
-            module = self.drv.load_module(self.ptx, self.kernel_map) if self.kernel_map \
+            module = self.drv.load_module(self.image, self.kernel_map) if self.kernel_map \
                 else None
+            if module is not None:
+                self._modules[device] = module
             functions = self._functions[device] = {
                 i: self.drv.function(module, lk.name) for i, lk in self.lowered.items()}
         return functions
 
     def __call__(self, *inputs) -> list[DeviceArray]:
+        if _pending_unloads:
+            unload_pending()
         plan, drv = self.plan, self.drv
         device = self._device_of(inputs)
         allocator = self.allocator = allocator_of(drv, device)
@@ -878,6 +1315,8 @@ class CudaProgram:
                 return
             args = [buffers[self.plan.slots[p.value]].ptr for p in lk.params]
             self.drv.launch(functions[i], lk.grid, lk.block, args)
+            if config.cuda_sync:
+                self._sync_after(lk.name)
         else:
             self._host_step(k, buffers)
 
@@ -903,6 +1342,19 @@ class CudaProgram:
                 category = "extern"
             rec.add(name, category, start, clock(),
                     args={"Program": self.name, "Device": f"cuda:{device}"})
+
+    @property
+    def ptx(self) -> bytes:
+        """The code the driver loads (CUBIN for ``sm_XX``; the older name)."""
+        return self.image
+
+    def _sync_after(self, kernel: str) -> None:
+        """``FUSEGRAD_CUDA_SYNC=1``: wait for the kernel just launched, so that a fault is
+        reported by the launch that made it, naming its kernel."""
+        try:
+            self.drv.synchronize()
+        except RuntimeError as e:
+            raise RuntimeError(f"CUDA kernel {kernel} of {self.name} failed: {e}") from e
 
     def _host_array(self, v: Value, buffers) -> np.ndarray:
         view = self.kg.views.get(v)

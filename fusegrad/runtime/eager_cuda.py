@@ -27,6 +27,9 @@ same attributes (``shape``, ``ndim``, ``dtype``), so nothing above ``bind`` chan
   a box (a step that does not divide the row: ``x[:, ::2]`` of 5 columns) goes through the
   host (``STATS["strided_writes"]``); a store through a view in the GPU lowering would
   cover those too.
+- **Bounded caches**: the compiled programs are kept in :class:`ProgramCache`, a
+  least-recently-used cache of ``FUSEGRAD_CUDA_EAGER_CACHE`` programs; an evicted program's
+  module is unloaded from the GPU.
 - **Host fallback**: a primitive with no GPU lowering (an extern one: sort, cumsum, ...)
   runs its numpy reference on a host copy of its operands and copies its result back (the
   CUDA runtime's host steps); each such call is counted in ``STATS["host_fallbacks"]``.
@@ -35,6 +38,8 @@ same attributes (``shape``, ``ndim``, ``dtype``), so nothing above ``bind`` chan
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import numpy as np
 
@@ -76,8 +81,29 @@ def cuda_device(index: int) -> Device:
 STATS = {"compiled": 0, "cached": 0, "host_fallbacks": 0, "views": 0, "strided_copies": 0,
          "strided_stores": 0, "strided_writes": 0}
 
+
+class ProgramCache(OrderedDict):
+    """Compiled programs by signature, at most ``config.cuda_eager_cache``
+    (``FUSEGRAD_CUDA_EAGER_CACHE``) of them: a lookup makes an entry the most recently
+    used, and an insertion beyond the bound drops the least recently used, whose module is
+    unloaded from the GPU when nothing else holds the program (its finalizer)."""
+
+    def get(self, key, default=None):
+        prog = super().get(key, default)
+        if prog is not default:
+            self.move_to_end(key)
+        return prog
+
+    def __setitem__(self, key, prog) -> None:
+        from fusegrad.config import config
+        super().__setitem__(key, prog)
+        self.move_to_end(key)
+        while len(self) > config.cuda_eager_cache:
+            self.popitem(last=False)
+
+
 # (primitive, operand (shape, dtype, on-device) triples, attributes) -> CudaProgram
-_PROGRAMS: dict = {}
+_PROGRAMS = ProgramCache()
 
 
 def clear_cache() -> None:
@@ -179,7 +205,7 @@ def _view(prim, data: DeviceArray, attrs) -> DeviceArray | None:
 
 
 # (shape, byte strides, dtype) -> the program copying such a view into a contiguous buffer
-_STRIDED: dict = {}
+_STRIDED = ProgramCache()
 
 
 def strided_copy(src: DeviceArray) -> DeviceArray:
@@ -285,7 +311,7 @@ def _store_box(dst: DeviceArray):
 
 
 # (shape, byte strides, dtype) -> the program writing a view's values into its span
-_STORES: dict = {}
+_STORES = ProgramCache()
 
 
 def _strided_store(dst: DeviceArray):

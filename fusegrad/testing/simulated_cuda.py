@@ -7,7 +7,9 @@ real driver calls are not (see ``benchmarks/gpu_check.sh`` for those).
 Like a real driver it takes pointers into the middle of an allocation (views of a cuda
 tensor pass ``base + offset``), and with ``devices=2`` it pretends to have two devices:
 each allocation belongs to the device current when it was made, and using it while
-another device is current raises, as an illegal address would on a GPU."""
+another device is current raises, as an illegal address would on a GPU. With ``memory=N``
+each device holds N bytes, and an allocation beyond them raises the driver's out-of-memory
+error, so that the caching allocator's retry and message can be checked."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import bisect
 import numpy as np
 
 from fusegrad.codegen.interpret import numpy_dtype, run_kernel
+from fusegrad.runtime.errors import OutOfMemoryError
 
 __all__ = ["SimulatedDriver"]
 
@@ -23,12 +26,14 @@ __all__ = ["SimulatedDriver"]
 class SimulatedDriver:
     """A :class:`fusegrad.runtime.cuda.Driver` with no device. ``max_grid`` caps the blocks
     a launch runs (the kernels' grid-stride loops cover the rest), to keep it fast;
-    ``devices`` is how many devices it reports."""
+    ``devices`` is how many devices it reports, ``memory`` the bytes of each (80 GiB, an
+    H100's, by default); its devices say they are of compute capability 9.0."""
 
     name = "simulated"
     needs_ptx = False
+    capability = (9, 0)
 
-    def __init__(self, max_grid: int = 4, devices: int = 1):
+    def __init__(self, max_grid: int = 4, devices: int = 1, memory: int = 80 << 30):
         self.memory: dict[int, np.ndarray] = {}
         self.owner: dict[int, int] = {}       # allocation -> device it was made on
         self.starts: list[int] = []           # allocations, sorted
@@ -38,6 +43,16 @@ class SimulatedDriver:
         self.current = 0
         self.launches: list[tuple[str, int, int]] = []
         self.mallocs = 0
+        self.capacity = memory
+        self.in_use = [0] * devices              # bytes allocated, per device
+        self.unloaded: list[object] = []         # modules given to unload_module
+
+    def compute_capability(self, ordinal: int) -> tuple[int, int]:
+        return self.capability
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the current device."""
+        return self.capacity - self.in_use[self.current], self.capacity
 
     def device_count(self) -> int:
         return self.devices
@@ -51,6 +66,9 @@ class SimulatedDriver:
         self.current = ordinal
 
     def malloc(self, nbytes: int) -> int:
+        if self.in_use[self.current] + nbytes > self.capacity:
+            raise OutOfMemoryError("CUDA error: out of memory")
+        self.in_use[self.current] += max(nbytes, 1)
         ptr = self.next
         self.next += (nbytes + 255) // 256 * 256 + 256
         self.memory[ptr] = np.zeros(max(nbytes, 1), dtype=np.uint8)
@@ -61,6 +79,7 @@ class SimulatedDriver:
 
     def free(self, ptr: int) -> None:
         self._check_device(ptr)
+        self.in_use[self.current] -= self.memory[ptr].size
         del self.memory[ptr], self.owner[ptr]
         self.starts.remove(ptr)
 
@@ -92,6 +111,9 @@ class SimulatedDriver:
 
     def load_module(self, ptx: bytes, kernels: dict):
         return kernels
+
+    def unload_module(self, module, ordinal: int) -> None:
+        self.unloaded.append(module)
 
     def function(self, module, name: str):
         return module[name]
