@@ -223,6 +223,12 @@ def _nvrtc_check(lib):
     return check
 
 
+def machine_arch(arch: str) -> str:
+    """The real GPU (``sm_90``) of a virtual architecture (``compute_90``), what programs
+    compile machine code for; an ``sm_XX`` stays as it is."""
+    return "sm_" + arch[len("compute_"):] if arch.startswith("compute_") else arch
+
+
 def is_machine_code(arch: str) -> bool:
     """Whether ``arch`` names a real GPU (``sm_90``: CUBIN) rather than a virtual one
     (``compute_90``: PTX, which the driver compiles when it loads it)."""
@@ -341,7 +347,9 @@ class Driver(Protocol):
     device's context current for the calling thread (contexts are per thread in CUDA)."""
 
     name: str
-    arch: str                         # sm_XX of device 0: what programs compile for
+    # compute_XX of device 0: its virtual architecture, what PTX targets (programs compile
+    # machine code for the matching sm_XX: machine_arch)
+    arch: str
 
     def device_count(self) -> int: ...
     def use(self, ordinal: int) -> None: ...
@@ -392,7 +400,7 @@ class CudaPythonDriver:
         self._thread = threading.local()
         self.use(ordinal)
         major, minor = self.compute_capability(ordinal)
-        self.arch = f"sm_{major}{minor}"
+        self.arch = f"compute_{major}{minor}"
 
     def compute_capability(self, ordinal: int) -> tuple[int, int]:
         """(major, minor) of device ``ordinal``; (9, 0) from a binding without the enum."""
@@ -536,7 +544,7 @@ class PyCudaDriver:
         if self.count == 0:
             raise CudaUnavailable("the CUDA driver reports no device")
         major, minor = self.compute_capability(ordinal)
-        self.arch = f"sm_{major}{minor}"
+        self.arch = f"compute_{major}{minor}"
         self.contexts: dict[int, tuple] = {}      # ordinal -> (context, stream)
         self._lock = threading.Lock()
         self._thread = threading.local()
@@ -1228,7 +1236,7 @@ class CudaProgram:
                  name: str = "program"):
         self.kg, self.graph, self.name = kg, kg.graph, name
         self.drv = drv or driver()
-        arch = arch or getattr(self.drv, "arch", "sm_90")
+        arch = arch or machine_arch(getattr(self.drv, "arch", "compute_90"))
         self.plan = plan_memory(kg)
         self.lowered: dict[int, object] = {}
         self.host_steps: dict[int, str] = {}
