@@ -396,6 +396,45 @@ def test_masked_fill_values_and_errors():
         m.masked_fill(m > 1, fg.tensor([1.0]))
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_masked_fill_and_scatter_broadcast_the_input_to_the_mask(compiled):
+    # torch: out of place, the input broadcasts to the mask's shape (fusegrad raised); in place
+    # the input cannot grow, and torch's errors say so
+    def fill(x, m):
+        return x.masked_fill(m, 1.0)
+
+    def scatter(x, m, s):
+        return x.masked_scatter(m, s)
+    if compiled:
+        fill, scatter = fg.compile(fill), fg.compile(scatter)
+    assert fill(fg.zeros(1), fg.ones(3, dtype=fg.bool)).tolist() == [1.0, 1.0, 1.0]
+    x = fg.tensor([[5.0], [7.0]], dtype=fg.float64, requires_grad=True)
+    mask = fg.tensor([True, False, True])
+    y = fill(x, mask)
+    assert y.tolist() == [[1.0, 5.0, 1.0], [1.0, 7.0, 1.0]]
+    (g,) = fg.autograd.grad(y.sum(), x)
+    assert g.tolist() == [[1.0], [1.0]]      # the one unmasked column each row reaches
+    s = fg.arange(6.0, dtype=fg.float64, requires_grad=True)
+    y = scatter(x, mask, s)
+    assert y.tolist() == [[0.0, 5.0, 1.0], [2.0, 7.0, 3.0]]
+    gx, gs = fg.autograd.grad((y * fg.tensor([1.0, 2.0, 3.0])).sum(), (x, s))
+    assert gx.tolist() == [[2.0], [2.0]] and gs.tolist() == [1.0, 3.0, 1.0, 3.0, 0.0, 0.0]
+    assert fg.zeros(1).masked_scatter(fg.ones(3, dtype=fg.bool), s).grad_fn.name() == \
+        "MaskedScatterBackward0"
+    with pytest.raises(RuntimeError, match=r"output with shape \[1\] doesn't match the broadcast "
+                                           r"shape \[3\]"):
+        fg.zeros(1).masked_fill_(fg.ones(3, dtype=fg.bool), 1.0)
+    with pytest.raises(RuntimeError, match=r"expanded size of the tensor \(1\) must match the "
+                                           r"existing size \(3\)"):
+        fg.zeros(1).masked_scatter_(fg.ones(3, dtype=fg.bool), fg.arange(3.0))
+    z = fg.zeros(3)
+    z.masked_scatter_(fg.tensor([True]), fg.arange(3.0))
+    assert z.tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(RuntimeError, match=r"shape mismatch: value tensor of shape \[3\] cannot be "
+                                           r"broadcast to indexing result of shape \[1\]"):
+        fg.zeros(1).index_put_((fg.tensor([0]),), fg.ones(3))
+
+
 def test_masked_select_and_nonzero():
     m = fg.tensor(M)
     assert m.masked_select(m > 9).tolist() == [10.0, 11.0]

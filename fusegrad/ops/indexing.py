@@ -133,11 +133,9 @@ def masked_fill(x: Tensor, mask: Tensor, value) -> Tensor:
         value = cast(value, x.dtype)
     else:
         value = _scalar_tensor(value, x.dtype)
-    out = bind(P.where, mask, value, x)
-    if tuple(out.shape) != tuple(x.shape):
-        raise RuntimeError(f"masked_fill: mask of shape {list(mask.shape)} broadcasts the input "
-                           f"of shape {list(x.shape)} to {list(out.shape)}")
-    return _named(out, "MaskedFillBackward0")
+    # x broadcasts to the mask's shape, as torch's out-of-place masked_fill does (masked_fill_
+    # refuses in assign_: it cannot grow x)
+    return _named(bind(P.where, mask, value, x), "MaskedFillBackward0")
 
 
 def _tri_mask(x: Tensor, diagonal: int, upper: bool) -> Tensor:
