@@ -40,6 +40,14 @@ ADVANCED = [
     ("numpy_mask", lambda: np.array([True, False, True]), np.array([True, False, True]), M),
     ("empty_index", lambda: fg.tensor([], dtype=fg.int64), np.array([], dtype=np.int64), M),
     ("all_false_mask", lambda: fg.zeros(3, dtype=fg.bool), np.zeros(3, dtype=bool), M),
+    # a tuple within the key is an index sequence, as a list is (it raised)
+    ("tuple_entries", lambda: ((1, 0), slice(None), (2, 3)), ([1, 0], slice(None), [2, 3]), X),
+    ("nested_tuple", lambda: (((0,), (1,)), (2, 1)), (np.array([[0], [1]]), [2, 1]), M),
+    ("one_tuple_entry", lambda: ((2, 0),), [2, 0], M),
+    # None between advanced indices separates them: their dims go first
+    ("adv_none_adv", lambda: ([0, 1], None, [1, 2]), ([0, 1], None, [1, 2]), X),
+    ("int_tuple_none", lambda: (1, (2, 1, 0), None, (3, 1, 0)), lambda a: a[1][[2, 1, 0], None, [3, 1, 0]],
+     X),
 ]
 ADV_IDS = [a[0] for a in ADVANCED]
 
@@ -65,6 +73,35 @@ def test_advanced_indexing_copies(name, key, np_key, src):
 def test_advanced_indexing_grad(name, key, np_key, src, kind):
     k = key()
     check_grad(lambda x: x[k], arr(*src.shape), kind=kind)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_list_key_holding_tensors_slices_or_none_is_a_tuple(compiled):
+    # torch's (and old numpy's) rule, with its deprecation warning: x[[i, j]] is x[i, j] when
+    # the list holds a tensor, a sequence, a slice, ... or None; x[[i]] is x[i] (it was x[i][None])
+    i, j = fg.tensor([0, 1]), fg.tensor([1, 2])
+
+    def index(x, key):
+        return x[key]
+
+    def run(key):
+        f = fg.compile(lambda x: index(x, key)) if compiled else (lambda x: index(x, key))
+        with pytest.warns(UserWarning, match="Using a non-tuple sequence for multidimensional "
+                                             "indexing is deprecated"):
+            return f(fg.tensor(X)).numpy()
+    np.testing.assert_array_equal(run([i, j]), X[[0, 1], [1, 2]])
+    np.testing.assert_array_equal(run([i]), X[[0, 1]])
+    np.testing.assert_array_equal(run([0, slice(None), 1]), X[0, :, 1])
+    np.testing.assert_array_equal(run([None, 0]), X[None, 0])
+    np.testing.assert_array_equal(run([(0, 1), (1, 2)]), X[[0, 1], [1, 2]])
+    np.testing.assert_array_equal(run([1, [0, 2]]), X[1, [0, 2]])
+    assert fg.tensor(X)[[1, 0]].shape == (2, 3, 4)       # plain integers stay one index
+    with pytest.warns(UserWarning):
+        check_grad(lambda x: x[[i, slice(None), j]], arr(2, 3, 4))
+    y = fg.tensor(X)
+    with pytest.warns(UserWarning):
+        y[[0, slice(None), 1]] = -1.0
+    assert y[0, :, 1].tolist() == [-1.0, -1.0, -1.0] and y.sum().item() == X.sum() - 15 - 3
 
 
 def test_repeated_indices_accumulate_gradient():
