@@ -133,7 +133,8 @@ def test_pad_modes_with_negative_amounts_crop_as_torch(compiled):
              ((2, -1), "circular"): [2, 3, 0, 1, 2, 3], ((-3, 1), "reflect"): [3, 4, 3],
              ((-1, 4), "reflect"): [1, 2, 3, 4, 3, 2, 1, 0], ((-2, -1), "replicate"): [2, 3]}
     for (amounts, mode), want in cases.items():
-        f = (lambda x, p=amounts, m=mode: NF.pad(x, p, mode=m))
+        def f(x, p=amounts, m=mode):
+            return NF.pad(x, p, mode=m)
         y = (fusegrad.compile(f) if compiled else f)(x)
         np.testing.assert_array_equal(y.numpy().ravel(), want, err_msg=f"{amounts} {mode}")
     a = fusegrad.tensor(RNG.standard_normal((2, 2, 4, 4)), requires_grad=True)
