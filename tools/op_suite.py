@@ -637,6 +637,11 @@ def report(suite: Suite, verbose: bool) -> int:
         print(f"  [{len(cases)}] {cases[0].excluded}")
         for o in cases[: None if verbose else 3]:
             print(f"      {o.name}  {o.source[:100]}")
+    eager_fallbacks = [o for o in counted if o.ran_eagerly]
+    if eager_fallbacks:
+        print("\ncompiled calls that ran eagerly (their trace depends on data):")
+        for o in eager_fallbacks:
+            print(f"      {o.name}  {o.source[:100]}")
     if suite.body_errors:
         print("\ntest bodies that stopped at a statement holding a call:")
         for line in suite.body_errors:
