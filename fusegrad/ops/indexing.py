@@ -242,7 +242,7 @@ def _normalize_key(key) -> tuple:
     if isinstance(key, list) and len(key) < 32 and builtins.any(
             isinstance(k, (Tensor, list, tuple, np.ndarray, slice)) or k is None or k is Ellipsis
             for k in key):
-        warnings.warn(_SEQUENCE_KEY_WARNING, UserWarning, stacklevel=4)
+        warnings.warn(_SEQUENCE_KEY_WARNING, UserWarning, stacklevel=3)   # the user's x[key]
         return tuple(key)
     if not isinstance(key, tuple):
         key = (key,)
