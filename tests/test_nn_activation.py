@@ -122,6 +122,34 @@ def test_pad_modes_match_numpy(mode, np_mode):
     assert gradcheck(lambda x: NF.pad(x, (2, 3), mode=mode), (x,))
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_pad_modes_with_negative_amounts_crop_as_torch(compiled):
+    # torch's values: reflect and replicate index the whole input and crop the result (they
+    # raised: the reflected block was taken from the cropped data); circular wraps the crop
+    x = fusegrad.arange(5.0).reshape(1, 1, 5)
+    cases = {((-1, 2), "reflect"): [1, 2, 3, 4, 3, 2], ((-1, 2), "replicate"): [1, 2, 3, 4, 4, 4],
+             ((-1, 2), "circular"): [1, 2, 3, 4, 1, 2], ((3, -3), "reflect"): [3, 2, 1, 0, 1],
+             ((3, -5), "reflect"): [3, 2, 1], ((3, -5), "replicate"): [0, 0, 0],
+             ((2, -1), "circular"): [2, 3, 0, 1, 2, 3], ((-3, 1), "reflect"): [3, 4, 3],
+             ((-1, 4), "reflect"): [1, 2, 3, 4, 3, 2, 1, 0], ((-2, -1), "replicate"): [2, 3]}
+    for (amounts, mode), want in cases.items():
+        def f(x, p=amounts, m=mode):
+            return NF.pad(x, p, mode=m)
+        y = (fusegrad.compile(f) if compiled else f)(x)
+        np.testing.assert_array_equal(y.numpy().ravel(), want, err_msg=f"{amounts} {mode}")
+    a = fusegrad.tensor(RNG.standard_normal((2, 2, 4, 4)), requires_grad=True)
+    for mode in ("reflect", "replicate"):
+        assert gradcheck(lambda a, m=mode: NF.pad(a, (-1, 2, 2, -1), mode=m), (a,))
+    assert NF.pad(fusegrad.zeros(1, 1, 5, 5), (0, 0, 0, -5), mode="reflect").shape == (1, 1, 0, 5)
+    with pytest.raises(RuntimeError, match=r"input \(W: 5\) is too small. Calculated output W: 0"):
+        NF.pad(x, (0, -5), mode="reflect")
+    with pytest.raises(RuntimeError, match=r"input \(H: 5, W: 5 \) is too small. Calculated "
+                                           r"output H: 0 W: 0"):
+        NF.pad(fusegrad.zeros(1, 1, 5, 5), (0, -5, 0, -5), mode="replicate")
+    with pytest.raises(RuntimeError, match=r"negative dimension -1: \[1, 1, -1, 5\]"):
+        NF.pad(fusegrad.zeros(1, 1, 5, 5), (0, 0, 0, -6), mode="reflect")
+
+
 def test_pad_mode_errors():
     with pytest.raises(RuntimeError, match="Padding size should be less than"):
         NF.pad(fusegrad.zeros(1, 1, 3), (3, 0), mode="reflect")

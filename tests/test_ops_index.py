@@ -40,6 +40,14 @@ ADVANCED = [
     ("numpy_mask", lambda: np.array([True, False, True]), np.array([True, False, True]), M),
     ("empty_index", lambda: fg.tensor([], dtype=fg.int64), np.array([], dtype=np.int64), M),
     ("all_false_mask", lambda: fg.zeros(3, dtype=fg.bool), np.zeros(3, dtype=bool), M),
+    # a tuple within the key is an index sequence, as a list is (it raised)
+    ("tuple_entries", lambda: ((1, 0), slice(None), (2, 3)), ([1, 0], slice(None), [2, 3]), X),
+    ("nested_tuple", lambda: (((0,), (1,)), (2, 1)), (np.array([[0], [1]]), [2, 1]), M),
+    ("one_tuple_entry", lambda: ((2, 0),), [2, 0], M),
+    # None between advanced indices separates them: their dims go first
+    ("adv_none_adv", lambda: ([0, 1], None, [1, 2]), ([0, 1], None, [1, 2]), X),
+    ("int_tuple_none", lambda: (1, (2, 1, 0), None, (3, 1, 0)), lambda a: a[1][[2, 1, 0], None, [3, 1, 0]],
+     X),
 ]
 ADV_IDS = [a[0] for a in ADVANCED]
 
@@ -65,6 +73,35 @@ def test_advanced_indexing_copies(name, key, np_key, src):
 def test_advanced_indexing_grad(name, key, np_key, src, kind):
     k = key()
     check_grad(lambda x: x[k], arr(*src.shape), kind=kind)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_list_key_holding_tensors_slices_or_none_is_a_tuple(compiled):
+    # torch's (and old numpy's) rule, with its deprecation warning: x[[i, j]] is x[i, j] when
+    # the list holds a tensor, a sequence, a slice, ... or None; x[[i]] is x[i] (it was x[i][None])
+    i, j = fg.tensor([0, 1]), fg.tensor([1, 2])
+
+    def index(x, key):
+        return x[key]
+
+    def run(key):
+        f = fg.compile(lambda x: index(x, key)) if compiled else (lambda x: index(x, key))
+        with pytest.warns(UserWarning, match="Using a non-tuple sequence for multidimensional "
+                                             "indexing is deprecated"):
+            return f(fg.tensor(X)).numpy()
+    np.testing.assert_array_equal(run([i, j]), X[[0, 1], [1, 2]])
+    np.testing.assert_array_equal(run([i]), X[[0, 1]])
+    np.testing.assert_array_equal(run([0, slice(None), 1]), X[0, :, 1])
+    np.testing.assert_array_equal(run([None, 0]), X[None, 0])
+    np.testing.assert_array_equal(run([(0, 1), (1, 2)]), X[[0, 1], [1, 2]])
+    np.testing.assert_array_equal(run([1, [0, 2]]), X[1, [0, 2]])
+    assert fg.tensor(X)[[1, 0]].shape == (2, 3, 4)       # plain integers stay one index
+    with pytest.warns(UserWarning):
+        check_grad(lambda x: x[[i, slice(None), j]], arr(2, 3, 4))
+    y = fg.tensor(X)
+    with pytest.warns(UserWarning):
+        y[[0, slice(None), 1]] = -1.0
+    assert y[0, :, 1].tolist() == [-1.0, -1.0, -1.0] and y.sum().item() == X.sum() - 15 - 3
 
 
 def test_repeated_indices_accumulate_gradient():
@@ -394,6 +431,45 @@ def test_masked_fill_values_and_errors():
         m.masked_fill(m, 0.0)
     with pytest.raises(RuntimeError, match="only supports a 0-dimensional value tensor"):
         m.masked_fill(m > 1, fg.tensor([1.0]))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_masked_fill_and_scatter_broadcast_the_input_to_the_mask(compiled):
+    # torch: out of place, the input broadcasts to the mask's shape (fusegrad raised); in place
+    # the input cannot grow, and torch's errors say so
+    def fill(x, m):
+        return x.masked_fill(m, 1.0)
+
+    def scatter(x, m, s):
+        return x.masked_scatter(m, s)
+    if compiled:
+        fill, scatter = fg.compile(fill), fg.compile(scatter)
+    assert fill(fg.zeros(1), fg.ones(3, dtype=fg.bool)).tolist() == [1.0, 1.0, 1.0]
+    x = fg.tensor([[5.0], [7.0]], dtype=fg.float64, requires_grad=True)
+    mask = fg.tensor([True, False, True])
+    y = fill(x, mask)
+    assert y.tolist() == [[1.0, 5.0, 1.0], [1.0, 7.0, 1.0]]
+    (g,) = fg.autograd.grad(y.sum(), x)
+    assert g.tolist() == [[1.0], [1.0]]      # the one unmasked column each row reaches
+    s = fg.arange(6.0, dtype=fg.float64, requires_grad=True)
+    y = scatter(x, mask, s)
+    assert y.tolist() == [[0.0, 5.0, 1.0], [2.0, 7.0, 3.0]]
+    gx, gs = fg.autograd.grad((y * fg.tensor([1.0, 2.0, 3.0])).sum(), (x, s))
+    assert gx.tolist() == [[2.0], [2.0]] and gs.tolist() == [1.0, 3.0, 1.0, 3.0, 0.0, 0.0]
+    assert fg.zeros(1).masked_scatter(fg.ones(3, dtype=fg.bool), s).grad_fn.name() == \
+        "MaskedScatterBackward0"
+    with pytest.raises(RuntimeError, match=r"output with shape \[1\] doesn't match the broadcast "
+                                           r"shape \[3\]"):
+        fg.zeros(1).masked_fill_(fg.ones(3, dtype=fg.bool), 1.0)
+    with pytest.raises(RuntimeError, match=r"expanded size of the tensor \(1\) must match the "
+                                           r"existing size \(3\)"):
+        fg.zeros(1).masked_scatter_(fg.ones(3, dtype=fg.bool), fg.arange(3.0))
+    z = fg.zeros(3)
+    z.masked_scatter_(fg.tensor([True]), fg.arange(3.0))
+    assert z.tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(RuntimeError, match=r"shape mismatch: value tensor of shape \[3\] cannot be "
+                                           r"broadcast to indexing result of shape \[1\]"):
+        fg.zeros(1).index_put_((fg.tensor([0]),), fg.ones(3))
 
 
 def test_masked_select_and_nonzero():

@@ -181,3 +181,24 @@ def test_interpolate_against_torch():
                 (yb * torch.tensor(w)).sum().backward()
                 np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-12,
                                            atol=1e-12)
+
+
+U8 = [[[[0, 37, 255, 128, 9], [200, 3, 77, 250, 64], [15, 99, 180, 1, 255]]]]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_interpolate_bilinear_uint8_is_torchs_fixed_point_kernel(compiled):
+    # torch's values (it raised "not implemented for 'uint8'"): two int16 fixed-point passes,
+    # width first, each rounded to uint8, so not float interpolation rounded once ([2][1]: 70,
+    # where float32 rounds to 69)
+    def f(x, **kw):
+        return NF.interpolate(x, mode="bilinear", **kw)
+    run = fusegrad.compile(f) if compiled else f
+    x = fusegrad.tensor(U8, dtype=fusegrad.uint8)
+    y = run(x, size=(2, 3))
+    assert y.dtype is fusegrad.uint8 and y.tolist() == [[[[43, 211, 68], [66, 154, 159]]]]
+    assert run(x, size=(4, 7), align_corners=True).tolist() == [[[
+        [0, 25, 110, 255, 170, 88, 9], [133, 54, 55, 136, 185, 155, 46],
+        [138, 70, 61, 111, 148, 154, 128], [15, 71, 126, 180, 61, 86, 255]]]]
+    assert run(x, scale_factor=0.5).tolist() == [[[[61, 178]]]]
+    assert run(x, size=(3, 5)).tolist() == U8

@@ -227,3 +227,23 @@ def test_tensor_unfold_matches_sliding_windows():
     assert gradcheck(lambda x: x.unfold(-1, 2, 1), (x,))
     with pytest.raises(RuntimeError, match="maximum size for tensor at dimension 1 is 11"):
         x.unfold(1, 12, 1)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_tensor_unfold_empty_windows_and_zero_dim(compiled):
+    # torch: size 0 gives (n // step + 1) empty windows (an IndexError here); a 0-dim tensor is
+    # one window of shape [size] (it was [1, 1])
+    x = t(3, 3, 3, requires_grad=True)
+    f = fusegrad.compile(lambda x, d, n, s: x.unfold(d, n, s), static_argnums=(1, 2, 3)) \
+        if compiled else (lambda x, d, n, s: x.unfold(d, n, s))
+    assert f(x, 1, 0, 8).shape == (3, 1, 3, 0)
+    assert f(x, 1, 0, 1).shape == (3, 4, 3, 0)
+    assert f(x, -1, 2, 2).shape == (3, 3, 1, 2)
+    (g,) = fusegrad.autograd.grad(f(x, 1, 0, 8).sum(), x)
+    np.testing.assert_array_equal(g.numpy(), np.zeros((3, 3, 3)))
+    s = fusegrad.tensor(5.0, requires_grad=True)
+    assert s.unfold(0, 1, 1).shape == (1,) and s.unfold(-1, 0, 1).shape == (0,)
+    (g,) = fusegrad.autograd.grad((s.unfold(0, 1, 1) * 3).sum(), s)
+    assert g.item() == 3.0
+    with pytest.raises(RuntimeError, match="maximum size for tensor at dimension 0 is 1 but size is 2"):
+        s.unfold(0, 2, 1)

@@ -50,6 +50,23 @@ def test_sign_and_magnitude_ops():
     check_grad(fg.frac, arr(4, seed=2) + 0.05)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_copysign_gradient_reaches_the_sign_operand_as_zeros(compiled):
+    # torch: other gets zeros (it stays in the graph; autograd.grad raised "not used"), x gets
+    # out / x, 0 at x == 0 and NaN at x == inf; broadcast operands get their own shapes.
+    x = fg.tensor([[0.0, -0.0, 2.0, INF, -3.0]], requires_grad=True)
+    s = fg.tensor([[-1.0], [1.0]], requires_grad=True)
+    f = fg.compile(fg.copysign) if compiled else fg.copysign
+    gx, gs = fg.autograd.grad(f(x, s).sum(), (x, s))
+    assert_close(gx, [[0.0, 0.0, 0.0, NAN, 0.0]])
+    assert_close(gs, [[0.0], [0.0]])
+    neg = fg.tensor(-2.0, requires_grad=True)
+    gx, gneg = fg.autograd.grad(f(x, neg).sum(), (x, neg))
+    assert_close(gx, [[0.0, 0.0, -1.0, NAN, 1.0]])
+    assert_close(gneg, 0.0)
+    assert fg.copysign(x, s).grad_fn.name() == "CopysignBackward0"
+
+
 def test_nan_aware_extrema_and_predicates():
     a = np.array([1.0, NAN, 3.0, NAN, -INF])
     b = np.array([NAN, 2.0, 1.0, NAN, 0.0])

@@ -798,6 +798,8 @@ def pad(input: Tensor, pad: Sequence[int], mode: str = "constant",  # noqa: A002
         if value:
             raise RuntimeError(f"Padding mode \"{mode}\" doesn't take in value argument")
         _check_copy_pad(input, len(pad) // 2, mode)
+        if mode != "circular":
+            _check_copy_pad_output(input, widths, mode, len(pad) // 2)
         return _pad_by_copies(input, widths, mode)
     fill = 0 if value is None else value
     if all(lo >= 0 and hi >= 0 for lo, hi in widths):
@@ -848,9 +850,27 @@ def _edge_block(x: Tensor, dim: int, count: int, side: str, mode: str) -> Tensor
 _PAD_MODES = ("reflect", "replicate", "circular")
 
 
+def _check_copy_pad_output(x: Tensor, widths, mode: str, nd: int) -> None:
+    """torch's checks of the output size of reflect and replicate padding with negative amounts:
+    a negative size raises, and so do sizes all below 1."""
+    dims = range(x.ndim - nd, x.ndim)
+    out = [x.shape[d] + lo + hi for d, (lo, hi) in enumerate(widths)]
+    if all(out[d] < 1 for d in dims):
+        names = "DHW"[3 - nd:]
+        sizes = [f"{n}: {x.shape[d]}" for n, d in zip(names, dims)]
+        given = (", ".join(sizes) if nd < 3 else f"{sizes[0]} {sizes[1]}, {sizes[2]}") + (
+            " " if mode == "replicate" and nd == 2 else "")
+        calculated = " ".join(f"{n}: {out[d]}" for n, d in zip(names, dims))
+        raise RuntimeError(f"input ({given}) is too small. Calculated output {calculated}")
+    if any(n < 0 for n in out):
+        raise RuntimeError(f"Trying to create tensor with negative dimension {min(out)}: {out}")
+
+
 def _pad_by_copies(x: Tensor, widths, mode: str) -> Tensor:
-    """Non-constant padding: per padded dim, crop negative amounts, then concatenate the edge
-    blocks that ``mode`` copies from the data."""
+    """Non-constant padding: per padded dim, concatenate the edge blocks that ``mode`` copies
+    from the data and crop negative amounts. Reflect and replicate index the whole input, as
+    torch's do (``pad(x, (-1, 2), 'reflect')`` of ``[0, 1, 2, 3, 4]`` is ``[1, 2, 3, 4, 3, 2]``):
+    they pad first and crop after; circular wraps around what is left after the crop."""
     if mode == "reflect":
         for dim in reversed(range(x.ndim)):   # torch checks the last dim first
             lo, hi = widths[dim]
@@ -863,9 +883,9 @@ def _pad_by_copies(x: Tensor, widths, mode: str) -> Tensor:
     for dim, (lo, hi) in enumerate(widths):
         if lo == 0 and hi == 0:
             continue
-        if lo < 0 or hi < 0:
-            start = max(-lo, 0)
-            x = F.narrow(x, dim, start, x.shape[dim] - start - max(-hi, 0))
+        crop_first = mode == "circular"
+        if crop_first and (lo < 0 or hi < 0):
+            x = _crop(x, dim, lo, hi)
         parts = []
         if lo > 0:
             parts.append(_edge_block(x, dim, lo, "lo", mode))
@@ -873,7 +893,15 @@ def _pad_by_copies(x: Tensor, widths, mode: str) -> Tensor:
         if hi > 0:
             parts.append(_edge_block(x, dim, hi, "hi", mode))
         x = F.cat(parts, dim) if len(parts) > 1 else x
+        if not crop_first and (lo < 0 or hi < 0):
+            x = _crop(x, dim, lo, hi)
     return x
+
+
+def _crop(x: Tensor, dim: int, lo: int, hi: int) -> Tensor:
+    """``x`` without ``-lo`` leading and ``-hi`` trailing elements of ``dim`` (where negative)."""
+    start = max(-lo, 0)
+    return F.narrow(x, dim, start, x.shape[dim] - start - max(-hi, 0))
 
 
 @composite("ConstantPadNdBackward0")

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import builtins
+import warnings
 from collections import namedtuple
 
 import numpy as np
@@ -133,11 +134,9 @@ def masked_fill(x: Tensor, mask: Tensor, value) -> Tensor:
         value = cast(value, x.dtype)
     else:
         value = _scalar_tensor(value, x.dtype)
-    out = bind(P.where, mask, value, x)
-    if tuple(out.shape) != tuple(x.shape):
-        raise RuntimeError(f"masked_fill: mask of shape {list(mask.shape)} broadcasts the input "
-                           f"of shape {list(x.shape)} to {list(out.shape)}")
-    return _named(out, "MaskedFillBackward0")
+    # x broadcasts to the mask's shape, as torch's out-of-place masked_fill does (masked_fill_
+    # refuses in assign_: it cannot grow x)
+    return _named(bind(P.where, mask, value, x), "MaskedFillBackward0")
 
 
 def _tri_mask(x: Tensor, diagonal: int, upper: bool) -> Tensor:
@@ -228,7 +227,23 @@ def masked_select(x: Tensor, mask: Tensor) -> Tensor:
 
 
 
+_SEQUENCE_KEY_WARNING = (
+    "Using a non-tuple sequence for multidimensional indexing is deprecated and will be changed "
+    "in pytorch 2.9; use x[tuple(seq)] instead of x[seq]. In pytorch 2.9 this will be "
+    "interpreted as tensor index, x[torch.tensor(seq)], which will result either in an error or "
+    "a different result")
+
+
 def _normalize_key(key) -> tuple:
+    """The key as a tuple of per-dim entries. A list of fewer than 32 entries that holds a
+    tensor, a sequence, a slice, ``...`` or None is such a tuple, with torch's deprecation
+    warning (numpy's old heuristic, which torch keeps): ``x[[i, j]]`` with tensors ``i, j`` is
+    ``x[i, j]``, and ``x[[i]]`` is ``x[i]``."""
+    if isinstance(key, list) and len(key) < 32 and builtins.any(
+            isinstance(k, (Tensor, list, tuple, np.ndarray, slice)) or k is None or k is Ellipsis
+            for k in key):
+        warnings.warn(_SEQUENCE_KEY_WARNING, UserWarning, stacklevel=3)   # the user's x[key]
+        return tuple(key)
     if not isinstance(key, tuple):
         key = (key,)
     return key
@@ -303,7 +318,8 @@ def getitem(x: Tensor, key) -> Tensor:
                 view_name = "SliceBackward0"
             dim += 1
             continue
-        if isinstance(k, (list, np.ndarray)) and not isinstance(k, Tensor):
+        if isinstance(k, (list, tuple, np.ndarray)) and not isinstance(k, Tensor):
+            # a sequence within the key, a tuple too, is an integer index tensor
             from fusegrad.ops.creation import tensor as make_tensor
             # An empty list selects nothing (torch reads it as int64, not as float32).
             k = make_tensor(k, dtype=dtypes.int64) if isinstance(k, list) and \

@@ -17,7 +17,7 @@ from fusegrad.ops.movement import expand, reshape, squeeze, t, transpose, unsque
 from fusegrad.ops.operands import _dtype_title, _index_tensor, _scalar_tensor, as_tensor_operand, cast, take
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.registry import public
-from fusegrad.ops.slicing import index_copy
+from fusegrad.ops.slicing import index_copy, masked_scatter
 from fusegrad.tensor import Tensor
 
 
@@ -237,6 +237,15 @@ def _inplace(fn, name):
     op.__name__ = name
     op.__doc__ = f"In-place :func:`{fn.__name__}`."
     return op
+
+
+@public(method=True)
+def masked_scatter_(x: Tensor, mask: Tensor, source: Tensor) -> Tensor:
+    """In-place :func:`masked_scatter`: the mask expands to ``x`` (torch's expand error when it
+    cannot; ``x`` does not grow)."""
+    if mask.dtype is dtypes.bool_ and tuple(mask.shape) != tuple(x.shape):
+        mask = expand(mask, tuple(x.shape))
+    return _inplace(masked_scatter, "masked_scatter_")(x, mask, source)
 
 
 @public(method=True)

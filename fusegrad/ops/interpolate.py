@@ -6,7 +6,9 @@ shapes), and the result is a weighted sum of ``take``s of the input at the neigh
 indices: a composition of primitives, so it is traced, differentiated (the ``take``s' VJPs
 scatter the gradient back) and compiled like any other op. Positions follow torch's
 ``area_pixel_compute_source_index`` and the cubic weights its ``upsample_bicubic2d`` (A =
--0.75), computed in float64 and rounded once to the input's dtype.
+-0.75), computed in float64 and rounded once to the input's dtype. uint8 bilinear input takes
+torch's integer path instead (fixed-point weights, one rounded pass per dim), whose values
+differ from float interpolation by one here and there.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import math
 
 import numpy as np
 
-from fusegrad.ops.elementwise import add, mul
+from fusegrad import dtypes
+from fusegrad.ops.elementwise import add, clamp, floor_divide, mul
 from fusegrad.ops.movement import reshape
-from fusegrad.ops.operands import _index_tensor, take
+from fusegrad.ops.operands import _index_tensor, cast, take
 from fusegrad.ops.pooling import adaptive_avg_pool1d, adaptive_avg_pool2d
 from fusegrad.tensor import Tensor
 
@@ -77,6 +80,45 @@ def _cubic_taps(in_size, out_size, align_corners, scale):
     weights = [far(t + 1), near(t), near(1 - t), far(2 - t)]
     base = x0.astype(np.int64)
     return [(np.clip(base + k - 1, 0, in_size - 1), w) for k, w in enumerate(weights)]
+
+
+def _uint8_linear_taps(in_size, out_size, align_corners, scale):
+    """torch's uint8 (bi)linear weights: float64 weights normalised per output, then rounded to
+    int16 fixed point with the most fraction bits that keep the largest weight under 2**15
+    (Pillow's resampling, which torch's uint8 kernels follow); the taps and those bits."""
+    s = _source_scale(in_size, out_size, align_corners, scale)
+    idx = np.zeros((2, out_size), dtype=np.int64)
+    w = np.zeros((2, out_size))
+    for i in range(out_size):
+        # torch's window centre; align_corners maps corner centres (i -> s * i)
+        center = s * i + 0.5 if align_corners else s * (i + 0.5)
+        lo = max(int(center - 0.5), 0)
+        count = min(min(int(center + 1.5), in_size) - lo, 2)
+        taps = [max(1.0 - abs(j + lo - center + 0.5), 0.0) for j in range(count)]
+        total = sum(taps)
+        for j, t in enumerate(taps):
+            idx[j, i], w[j, i] = lo + j, t / total if total else 0.0
+        idx[count:, i] = lo
+    bits = 0
+    while bits < 22 and int(0.5 + w.max() * (1 << (bits + 1))) < (1 << 15):
+        bits += 1
+    fixed = np.floor(w * (1 << bits) + 0.5).astype(np.int32)
+    return [(idx[0], fixed[0]), (idx[1], fixed[1])], bits
+
+
+def _resample_axis_uint8(x: Tensor, axis: int, in_size, out_size, align_corners, scale) -> Tensor:
+    """One pass of torch's uint8 bilinear resampling: an int32 weighted sum of the two taps,
+    rounded (half up) back to the fixed point's integer part and clamped to [0, 255]."""
+    taps, bits = _uint8_linear_taps(in_size, out_size, align_corners, scale)
+    wide = cast(x, dtypes.int32)
+    out = None
+    for idx, w in taps:
+        shape = [1] * x.ndim
+        shape[axis] = len(idx)
+        term = mul(take(wide, _index_tensor(idx), axis), Tensor._wrap(w.reshape(shape), dtypes.int32))
+        out = term if out is None else add(out, term)
+    out = floor_divide(add(out, 1 << (bits - 1)), 1 << bits)
+    return cast(clamp(out, 0, 255), dtypes.uint8)
 
 
 def _resample_axis(x: Tensor, axis: int, taps) -> Tensor:
@@ -146,7 +188,8 @@ def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "neares
     if interpolating and _MODE_DIMS[mode] != nd:
         need = _MODE_DIMS[mode] + 2
         raise NotImplementedError(f"Got {x.ndim}D input, but {mode} mode needs {need}D input")
-    if interpolating and not x.dtype.is_floating_point:
+    uint8_bilinear = mode == "bilinear" and x.dtype is dtypes.uint8
+    if interpolating and not x.dtype.is_floating_point and not uint8_bilinear:
         raise RuntimeError(f"\"upsample_{mode}{nd}d_out_frame\" not implemented for "
                            f"'{x.dtype.name}'")
     sizes, scales = _output_sizes(x, nd, size, scale_factor, recompute_scale_factor)
@@ -157,6 +200,13 @@ def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "neares
             return adaptive_avg_pool2d(x, sizes)
         raise NotImplementedError("interpolate(mode='area') supports 3-D and 4-D input")
     out = x
+    if uint8_bilinear:
+        # torch's uint8 kernel: fixed-point passes, each rounded to uint8, width first
+        for axis in (3, 2):
+            n_in, n_out, scale = x.shape[axis], sizes[axis - 2], scales[axis - 2]
+            if n_in != n_out:
+                out = _resample_axis_uint8(out, axis, n_in, n_out, bool(align_corners), scale)
+        return out if out is not x else reshape(x, tuple(x.shape))
     for i, (n_in, n_out, scale) in enumerate(zip(x.shape[2:], sizes, scales)):
         axis = 2 + i
         # torch's linear kernels copy a dim whose size does not change whatever scale_factor

@@ -685,7 +685,9 @@ def _tensor_unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
     as a new last dim (``dimension`` becomes the window count)."""
     axis = normalize_axis(dimension, builtins.max(x.ndim, 1), "unfold")
     if x.ndim == 0:
-        x = reshape(x, (1,))
+        # torch: a 0-dim tensor is one window of ``size`` (1 or 0) elements, shape [size]
+        windows = _tensor_unfold(reshape(x, (1,)), 0, size, step)
+        return _named(reshape(narrow(windows, 0, 0, 1), (size,)), "UnfoldBackward0")
     n = x.shape[axis]
     if size > n:
         raise RuntimeError(f"maximum size for tensor at dimension {axis} is {n} but size is {size}")
@@ -700,6 +702,11 @@ def _tensor_unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
         rows = narrow(rows, axis + 1, 0, size)
         return _named(movedim(rows, axis + 1, x.ndim), "UnfoldBackward0")
     views = []
+    if size == 0:
+        # empty windows, one every ``step`` elements (the last starts at the end): an empty
+        # view of x, whose gradient is zeros
+        shape = tuple(x.shape[:axis]) + (count,) + tuple(x.shape[axis + 1:]) + (0,)
+        return _named(reshape(narrow(x, axis, 0, 0), shape), "UnfoldBackward0")
     for i in range(size):
         starts = [0] * x.ndim
         stops = list(x.shape)

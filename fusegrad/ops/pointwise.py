@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from fusegrad import dtypes
-from fusegrad.ops.composite import _named, opmath
+from fusegrad.ops.composite import _named, custom_vjp, opmath
 from fusegrad.ops.elementwise import (
     abs,
     add,
@@ -41,6 +41,7 @@ from fusegrad.ops.elementwise import (
 )
 from fusegrad.ops.factories import ones_like, zeros_like
 from fusegrad.ops.operands import _float_dtype, _promote, as_tensor_operand, cast
+from fusegrad.ops.prims import register_vjp
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
@@ -99,9 +100,20 @@ def signbit(x: Tensor) -> Tensor:
 @public(torch=True, method=True, inplace=True)
 def copysign(x, other) -> Tensor:
     """``|x|`` with the sign (bit) of ``other``; integers compute in the default float type.
-    The gradient goes to ``x`` only (piecewise ``±1``), as torch's."""
+    The gradient is torch's: ``out / x`` for ``x`` (0 where ``x`` is 0, NaN where it is
+    infinite), and zeros for ``other``, which stays in the graph (``autograd.grad`` with respect
+    to it gives zeros, not an unused-input error)."""
     a, b = _floats("copysign", x, other)
-    return _named(where(signbit(b), neg(abs(a)), abs(a)), "CopysignBackward0")
+    out = custom_vjp(where(signbit(b), neg(abs(a)), abs(a)), (a, b), "copysign")
+    return _named(out, "CopysignBackward0")
+
+
+@register_vjp("copysign", reads_output=True)
+def _copysign_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    """torch's copysign_tensor_self_backward: ``g * out / x``, masked to 0 where ``x`` is 0."""
+    a, b = operands
+    ratio = where(eq(a, 0), 0.0, div(out, a))
+    return mul(g, ratio).sum_to_size(a.shape), zeros_like(b)
 
 
 @public(torch=True, method=True, inplace=True)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 
 from fusegrad import dtypes
-from fusegrad.ops.composite import custom_vjp
+from fusegrad.ops.composite import _named, custom_vjp
 from fusegrad.ops.creation import full, full_like, ones, zeros
 from fusegrad.ops.elementwise import add, clone, lt, where
 from fusegrad.ops.indexing import _last_writes, _positions, index_add, sort
 from fusegrad.ops.movement import (
     _int_sequence,
+    broadcast_tensors,
     diag,
     flatten,
     flip,
@@ -25,7 +26,8 @@ from fusegrad.ops.movement import (
     unsqueeze,
 )
 from fusegrad.ops.operands import _index_tensor, as_tensor_operand, cast, take
-from fusegrad.ops.prims import normalize_axis, register_vjp
+from fusegrad.ops.primitive import ShapeError
+from fusegrad.ops.prims import broadcast_shapes, normalize_axis, register_vjp
 from fusegrad.ops.reductions import cumsum
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
@@ -240,12 +242,23 @@ def index_put(x: Tensor, indices, values, accumulate: bool = False) -> Tensor:
     flat = reshape(x, (math.prod(lead),) + rest)
     lin = reshape(linear, (-1,))
     vals = cast(as_tensor_operand(values, x.dtype), x.dtype)
-    vals = reshape(vals.expand(tuple(linear.shape) + rest), (lin.shape[0],) + rest)
+    target = tuple(linear.shape) + rest
+    if not _broadcasts_to(tuple(vals.shape), target):
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(vals.shape)} cannot be "
+                           f"broadcast to indexing result of shape {list(target)}")
+    vals = reshape(vals.expand(target), (lin.shape[0],) + rest)
     if accumulate:
         out = index_add(flat, 0, lin, vals)
     else:
         out = index_copy(flat, 0, lin, vals)
     return reshape(out, tuple(x.shape))
+
+
+def _broadcasts_to(shape: tuple, target: tuple) -> bool:
+    try:
+        return broadcast_shapes(shape, target) == target
+    except ShapeError:
+        return False
 
 
 @public(torch=True, method=True, inplace=True)
@@ -265,19 +278,21 @@ def _take_flat(x: Tensor, index: Tensor) -> Tensor:
     return reshape(take(reshape(x, (-1,)), reshape(pos, (-1,)), 0), tuple(pos.shape))
 
 
-@public(torch=True, method=True, inplace=True)
+@public(torch=True, method=True)
 def masked_scatter(x: Tensor, mask: Tensor, source: Tensor) -> Tensor:
     """``x`` with the positions where ``mask`` holds filled by ``source``'s elements, in
-    order (a prefix sum over the mask numbers them, so this traces)."""
+    order (a prefix sum over the mask numbers them, so this traces). ``x`` and ``mask``
+    broadcast together, as torch's; ``masked_scatter_`` expands the mask to ``x``."""
     if mask.dtype is not dtypes.bool_:
         raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with "
                            f"dtype {mask.dtype.name}")
-    m = mask.expand(tuple(x.shape)) if tuple(mask.shape) != tuple(x.shape) else mask
-    order = cumsum(cast(reshape(m, (-1,)), dtypes.int64), 0) - 1
+    if tuple(mask.shape) != tuple(x.shape):
+        x, mask = broadcast_tensors(x, mask)
+    order = cumsum(cast(reshape(mask, (-1,)), dtypes.int64), 0) - 1
     order = where(lt(order, 0), 0, order)
     src = reshape(cast(source, x.dtype), (-1,))
     picked = reshape(take(src, order, 0), tuple(x.shape))
-    return where(m, picked, x)
+    return _named(where(mask, picked, x), "MaskedScatterBackward0")
 
 
 @public(torch=True, method=True)
