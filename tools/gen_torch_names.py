@@ -18,7 +18,7 @@ import textwrap
 NAMESPACES = ["torch", "torch.Tensor", "torch.nn", "torch.nn.functional", "torch.nn.init",
               "torch.nn.utils", "torch.nn.utils.rnn", "torch.optim", "torch.optim.lr_scheduler",
               "torch.utils.data", "torch.linalg", "torch.special", "torch.fft", "torch.autograd",
-              "torch.autograd.functional", "torch.profiler"]
+              "torch.autograd.functional", "torch.profiler", "torch.func"]
 
 
 def _is_public(namespace: str, owner, name: str) -> bool:

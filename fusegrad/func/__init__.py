@@ -21,3 +21,8 @@ from fusegrad.func._vmap import vmap
 
 __all__ = ["grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "vmap",
            "functional_call", "stack_module_state"]
+
+
+def __getattr__(name: str):
+    from fusegrad.torch_api import missing_attribute
+    raise missing_attribute("torch.func", "fusegrad.func", name)
