@@ -627,3 +627,15 @@ def test_mistakes_raise_as_torch_func(mistake):
     ours = _error(lambda: mistake(fg, fg.tensor([1.0, 2.0])))
     theirs = _error(lambda: mistake(torch, torch.tensor([1.0, 2.0])))
     assert ours == theirs
+
+
+def test_compiled_vmap_randomness():
+    x = fg.zeros(3, 2)
+    same = fg.compile(lambda x: vmap(lambda a: a + fg.rand(2), randomness="same")(x))
+    first, second = same(x).numpy(), same(x).numpy()
+    assert (first == first[0]).all() and (second == second[0]).all()
+    assert not np.array_equal(first, second)          # fresh numbers on each call
+    different = fg.compile(lambda x: vmap(lambda a: a + fg.rand(2), randomness="different")(x))(x)
+    assert len(np.unique(different.numpy())) == 6
+    with pytest.raises(RuntimeError, match="called random operation while in randomness error mode"):
+        fg.compile(lambda x: vmap(lambda a: a + fg.rand(2))(x))(x)
