@@ -110,8 +110,10 @@ def functional_call(module, parameter_and_buffer_dicts, args: Any = None,
     With ``tie_weights``, a value given for one name of tied tensors is used for all its
     names; ``strict`` requires a value for every parameter and buffer and no other name.
 
-    >>> params = {k: v.detach() for k, v in model.named_parameters()}
-    >>> fusegrad.func.functional_call(model, params, (x,))
+    >>> model = fusegrad.nn.Linear(2, 1)
+    >>> params = {"weight": fusegrad.ones(1, 2), "bias": fusegrad.zeros(1)}
+    >>> fusegrad.func.functional_call(model, params, (fusegrad.tensor([1., 2.]),))
+    tensor([3.])
     """
     values = _merge_dicts(parameter_and_buffer_dicts)
     for v in values.values():

@@ -2,18 +2,21 @@
 out_dims, randomness and chunk_size semantics and messages.
 
 This first version runs ``func`` once per example (slicing each mapped input with
-``select``) and stacks the per-example outputs along ``out_dims``; per-primitive batching
-rules, which would run the batch as one call of each op, are future work. Results are the
-same; only speed differs. Under :func:`fusegrad.compile` the loop is traced, so a compiled
-``vmap`` is one graph with one copy of ``func``'s ops per example.
+``select``; ``FUSEGRAD_DEBUG=1`` says so on each call) and stacks the per-example outputs
+along ``out_dims``; per-primitive batching rules, which would run the batch as one call of
+each op, are future work. Results are the same; only speed differs. Under
+:func:`fusegrad.compile` the loop is traced, so a compiled ``vmap`` is one graph with one
+copy of ``func``'s ops per example.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from typing import Any, Callable
 
+from fusegrad.config import config
 from fusegrad.func._pytree import tree_flatten, tree_str, tree_unflatten
 from fusegrad.ops import creation
 from fusegrad.tensor import Tensor
@@ -197,6 +200,9 @@ def vmap(func: Callable, in_dims=0, out_dims=0, randomness: str = "error", *,
                   for t, d in zip(leaves, dims)]
             return func(*tree_unflatten(tree, ex), **kwargs)
 
+        if config.debug:
+            print(f"[fusegrad] vmap({name}): {batch} calls of {name}, one per example "
+                  f"(no batching rules yet)", file=sys.stderr)
         outputs = []
         with randomness_mode(randomness) as source:
             for i in range(max(batch, 1)):
