@@ -4,6 +4,8 @@ functional_call and stack_module_state; their compositions, eager and compiled.
 References without torch: closed forms, central finite differences in float64 and
 fusegrad.autograd.functional; the tests at the end compare with torch.func."""
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -311,6 +313,19 @@ def test_vmap_equals_a_loop_with_in_dims_and_out_dims():
     close(vmap(lambda a: fg.ones(2), out_dims=None)(x), [1.0, 1.0])
     assert vmap(lambda a: a)(fg.zeros(0, 3)).shape == (0, 3)
     close(vmap(lambda a: a.sum(), chunk_size=1)(x), [3.0, 12.0])
+
+
+def test_vmap_over_containers():
+    pair = collections.namedtuple("pair", "a b")
+    x, y = fg.arange(6.0).reshape(3, 2), fg.tensor([1.0, 2.0])
+    close(vmap(lambda p: p.a * p.b)(pair(x, x)), x * x)
+    close(vmap(lambda pl: pl[0] + pl[1], in_dims=([0, None],))([x, y]), x + y)
+    out = vmap(lambda a: {"s": a.sum(), "l": [a, a * 2]})(x)
+    close(out["s"], [1.0, 5.0, 9.0])
+    assert isinstance(out["l"], list)
+    close(out["l"][1], x * 2)
+    out, three = vmap(lambda a: (a, 3.0), out_dims=(0, None))(x)
+    assert three == 3.0
 
 
 def test_nested_vmap_is_an_outer_product():
@@ -621,6 +636,9 @@ def _error(call):
     lambda lib, x: lib.func.vmap(lambda a: a + lib.rand(()))(x),
     lambda lib, x: lib.func.vmap(lambda a: a, randomness="foo")(x),
     lambda lib, x: lib.func.stack_module_state([]),
+    lambda lib, x: lib.func.vmap(lambda a, n: a)(x, None),
+    lambda lib, x: lib.func.grad(lambda d: (d["a"] * 2).sum())({"a": x, "b": None}),
+    lambda lib, x: lib.func.grad(lambda x: (x.sum(), None), has_aux=True)(x),
 ])
 def test_mistakes_raise_as_torch_func(mistake):
     torch = _torch()

@@ -14,9 +14,9 @@ __all__ = ["tree_flatten", "tree_unflatten", "non_tensor_leaves", "tree_str", "t
 
 
 def non_tensor_leaves(tree: TreeDef) -> list[Any]:
-    """The leaves of ``tree`` that are not tensors (None is an empty subtree, as in torch)."""
+    """The leaves of ``tree`` that are not tensors (None included: torch.func refuses it)."""
     if tree.kind == "static":
-        return [] if tree.meta is None else [tree.meta]
+        return [tree.meta]
     return [leaf for child in tree.children for leaf in non_tensor_leaves(child)]
 
 

@@ -96,7 +96,7 @@ def _func_name(func) -> str:
 
 
 def _leaf_dims(dims, obj, what: str, error) -> list:
-    """The dim for each leaf of ``obj`` in tree_flatten's order (None as a value is no leaf);
+    """The dim for each leaf of ``obj`` in tree_flatten's order;
     ``dims`` is an int or None for a whole subtree, or a container matching ``obj``'s."""
     if dims is None or (isinstance(dims, int) and not isinstance(dims, bool)):
         out = []
@@ -117,8 +117,7 @@ def _collect(tree, dim, out: list) -> None:
     if tree.kind == "leaf":
         out.append(dim)
     elif tree.kind == "static":
-        if tree.meta is not None:
-            out.append((dim, tree.meta))     # a non-tensor leaf: (dim, value)
+        out.append((dim, tree.meta))         # a non-tensor leaf: (dim, value)
     else:
         for child in tree.children:
             _collect(child, dim, out)
