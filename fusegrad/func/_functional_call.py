@@ -17,18 +17,20 @@ _ABSENT = object()      # an attribute the module did not have before the call
 def _merge_dicts(parameter_and_buffer_dicts) -> dict[str, Any]:
     if isinstance(parameter_and_buffer_dicts, dict):
         return dict(parameter_and_buffer_dicts)
-    if not (isinstance(parameter_and_buffer_dicts, (list, tuple)) and
-            all(isinstance(d, dict) for d in parameter_and_buffer_dicts)):
+    if not isinstance(parameter_and_buffer_dicts, (list, tuple)):
         raise ValueError(f"Expected parameter_and_buffer_dicts to be a dict, or a list/tuple of "
                          f"dicts, but got {type(parameter_and_buffer_dicts)}")
-    merged: dict[str, Any] = {}
+    if not all(isinstance(d, dict) for d in parameter_and_buffer_dicts):
+        raise ValueError("Expected all elements of parameter_and_buffer_dicts to be dictionaries")
+    counts: dict[str, int] = {}
     for d in parameter_and_buffer_dicts:
-        repeated = [k for k in d if k in merged]
-        if repeated:
-            raise ValueError(f"{repeated} appeared in multiple dictionaries; behavior of "
-                             f"functional call is ambiguous")
-        merged.update(d)
-    return merged
+        for k in d:
+            counts[k] = counts.get(k, 0) + 1
+    repeated = [k for k, n in counts.items() if n > 1]
+    if repeated:
+        raise ValueError(f"{repeated} appeared in multiple dictionaries; behavior of functional "
+                         f"call is ambiguous")
+    return {k: v for d in parameter_and_buffer_dicts for k, v in d.items()}
 
 
 def _tie_groups(module) -> dict[str, list[str]]:
@@ -141,9 +143,11 @@ def stack_module_state(models: Sequence) -> tuple[dict[str, Tensor], dict[str, T
     models = list(models)
     if not models:
         raise RuntimeError("stack_module_state: Expected at least one model, got 0.")
-    if not all(type(m) is type(models[0]) and m.training == models[0].training for m in models):
+    if any(m.training != models[0].training for m in models):
         raise RuntimeError("stack_module_state: Expected all models to have the same training/"
                            "eval mode.")
+    if any(type(m) is not type(models[0]) for m in models):
+        raise RuntimeError("stack_module_state: Expected all models to be of the same class.")
     all_params = [dict(m.named_parameters()) for m in models]
     all_buffers = [dict(m.named_buffers()) for m in models]
 

@@ -179,7 +179,7 @@ def grad_and_value(func: Callable, argnums=0, has_aux: bool = False) -> Callable
     """
     api = "grad_and_value(f)(*args)"
 
-    @functools.wraps(func)
+    @functools.wraps(func, updated=())
     def wrapper(*args, **kwargs):
         nums, leaves, tree = _select_args(args, argnums)
         call = _Call(func, args, kwargs, nums, tree, leaves)
@@ -216,7 +216,7 @@ def grad(func: Callable, argnums=0, has_aux: bool = False) -> Callable:
     """
     gv = grad_and_value(func, argnums, has_aux)
 
-    @functools.wraps(func)
+    @functools.wraps(func, updated=())
     def wrapper(*args, **kwargs):
         g, value = gv(*args, **kwargs)
         return (g, value[1]) if has_aux else g
@@ -318,7 +318,7 @@ def _jacobian(func, argnums, has_aux: bool, api: str) -> Callable:
     """The Jacobian transform behind jacrev and jacfwd: per output tensor, the Jacobian
     blocks ``output.shape + input.shape`` shaped like the differentiated arguments."""
 
-    @functools.wraps(func)
+    @functools.wraps(func, updated=())
     def wrapper(*args, **kwargs):
         nums, leaves, tree = _select_args(args, argnums)
         call = _Call(func, args, kwargs, nums, tree, leaves)
@@ -363,7 +363,7 @@ def jacfwd(func: Callable, argnums=0, has_aux: bool = False, *,
     check_randomness(randomness)
     jac = _jacobian(func, argnums, has_aux, "jvp(f, primals, tangents)")
 
-    @functools.wraps(func)
+    @functools.wraps(func, updated=())
     def wrapper(*args, **kwargs):
         with randomness_mode(randomness):
             return jac(*args, **kwargs)

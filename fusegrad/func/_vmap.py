@@ -147,7 +147,7 @@ def vmap(func: Callable, in_dims=0, out_dims=0, randomness: str = "error", *,
         raise ValueError(f"vmap: chunk_size should be None or greater than 0. (got {chunk_size})")
     name = _func_name(func)
 
-    @functools.wraps(func)
+    @functools.wraps(func, updated=())
     def wrapped(*args, **kwargs):
         if not args:
             raise ValueError(f"vmap({name})(<inputs>): got no inputs. Maybe you forgot to add "
