@@ -520,7 +520,7 @@ def test_compiled_per_example_gradients_equal_eager():
     data, targets = tutorial_data()
     fn, args = per_example_grads(model, data, targets)
     eager = fn(*args)
-    compiled = fg.compile(fn)
+    compiled = fg.compile(fn, fullgraph=True)      # traced whole, no eager fallback
     for _ in range(2):
         got = compiled(*args)
         for k in eager:
@@ -540,7 +540,7 @@ def test_compiled_transforms_equal_eager():
         (lambda x: hessian(f)(x), (x,)),
     ]
     for program, args in programs:
-        close(fg.compile(program)(*args), program(*args), rtol=2e-5, atol=1e-5)
+        close(fg.compile(program, fullgraph=True)(*args), program(*args), rtol=2e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- against torch.func
