@@ -80,7 +80,7 @@ class _Call:
         self.originals = {id(t) for t in originals}
         self.fresh: set[int] = set()
         self.keep: list[Tensor] = []           # keeps the fresh leaves' ids from being reused
-        self.out = self.out_tree = self.aux = None
+        self.out_tree = self.aux = None        # recorded by the call
 
     def call(self, leaves) -> object:
         for t in leaves:

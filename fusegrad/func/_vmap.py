@@ -95,7 +95,7 @@ def _func_name(func) -> str:
     return getattr(func, "__name__", repr(func))
 
 
-def _leaf_dims(dims, obj, what: str, error) -> list:
+def _leaf_dims(dims, obj, error) -> list:
     """The dim for each leaf of ``obj`` in tree_flatten's order;
     ``dims`` is an int or None for a whole subtree, or a container matching ``obj``'s."""
     if dims is None or (isinstance(dims, int) and not isinstance(dims, bool)):
@@ -107,9 +107,9 @@ def _leaf_dims(dims, obj, what: str, error) -> list:
         obj = tuple(obj)
     if isinstance(dims, (tuple, list)) and isinstance(obj, (tuple, list)) and \
             isinstance(dims, tuple) == isinstance(obj, tuple) and len(dims) == len(obj):
-        return [d for sub, o in zip(dims, obj) for d in _leaf_dims(sub, o, what, error)]
+        return [d for sub, o in zip(dims, obj) for d in _leaf_dims(sub, o, error)]
     if isinstance(dims, dict) and isinstance(obj, dict) and list(dims) == list(obj):
-        return [d for k in obj for d in _leaf_dims(dims[k], obj[k], what, error)]
+        return [d for k in obj for d in _leaf_dims(dims[k], obj[k], error)]
     raise error()
 
 
@@ -167,7 +167,7 @@ def vmap(func: Callable, in_dims=0, out_dims=0, randomness: str = "error", *,
 
         leaves, tree = tree_flatten(args)
         dims = []
-        for d in _leaf_dims(in_dims, args, "in_dims", structure_error):
+        for d in _leaf_dims(in_dims, args, structure_error):
             if isinstance(d, tuple):      # a non-tensor input
                 if d[0] is not None:
                     raise ValueError(f"{prefix}Got in_dim={d[0]} for an input but the input is "
@@ -228,7 +228,7 @@ def _stack_outputs(outputs: list, out_dims, batch: int, name: str) -> Any:
                           f"out_dims has structure {tree_str(dims_tree)} but outputs has "
                           f"structure {tree_str(tree)}.")
 
-    dims = _leaf_dims(out_dims, outputs[0], "out_dims", structure_error)
+    dims = _leaf_dims(out_dims, outputs[0], structure_error)
     tensor_dims = []
     for d in dims:
         if isinstance(d, tuple):
