@@ -165,6 +165,11 @@ from fusegrad import fft, linalg, special  # noqa: E402
 # torch.distributions (probability distributions built from the tensor ops above) and
 # torch.profiler (op, kernel and record_function timings, tables and Chrome traces).
 from fusegrad import distributions, profiler  # noqa: E402
+
+# isort: split
+# torch.func's transforms (grad, vjp, jvp, jacrev, hessian, vmap, functional_call) on autograd.
+from fusegrad import func  # noqa: E402
+from fusegrad.func import vmap  # noqa: E402
 from fusegrad.torch_api import install_tensor_placeholders as _install_placeholders  # noqa: E402
 
 _install_placeholders(Tensor)

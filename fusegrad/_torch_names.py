@@ -346,4 +346,8 @@ TORCH_NAMES: dict[str, frozenset[str]] = {
     DeviceType ExecutionTraceObserver ProfilerAction ProfilerActivity itt kineto_available
     profile profiler record_function schedule supported_activities tensorboard_trace_handler
     """.split()),
+    "torch.func": frozenset("""
+    debug_unwrap functional_call functionalize grad grad_and_value hessian jacfwd jacrev jvp
+    linearize rearrange replace_all_batch_norm_modules_ stack_module_state vjp vmap
+    """.split()),
 }

@@ -42,6 +42,7 @@ NAMESPACES: dict[str, str] = {
     "torch.autograd": "fusegrad.autograd",
     "torch.autograd.functional": "fusegrad.autograd.functional",
     "torch.profiler": "fusegrad.profiler",
+    "torch.func": "fusegrad.func",
 }
 
 

@@ -15,11 +15,11 @@ import sys
 import textwrap
 
 # Must match fusegrad.torch_api.NAMESPACES (not imported here: this runs without fusegrad).
-NAMESPACES = ["torch", "torch.Tensor", "torch.nn", "torch.nn.functional", "torch.nn.init",
-              "torch.nn.utils", "torch.nn.utils.rnn", "torch.optim", "torch.optim.lr_scheduler",
-              "torch.utils.data", "torch.utils.checkpoint", "torch.linalg", "torch.special",
-              "torch.fft", "torch.autograd",
-              "torch.autograd.functional", "torch.profiler"]
+NAMESPACES = ["torch", "torch.Tensor", "torch.nn", "torch.nn.Module", "torch.nn.functional",
+              "torch.nn.init", "torch.nn.utils", "torch.nn.utils.rnn", "torch.optim",
+              "torch.optim.Optimizer", "torch.optim.lr_scheduler", "torch.utils.data",
+              "torch.utils.checkpoint", "torch.linalg", "torch.special", "torch.fft",
+              "torch.autograd", "torch.autograd.functional", "torch.profiler", "torch.func"]
 
 
 def _is_public(namespace: str, owner, name: str) -> bool:
