@@ -228,22 +228,15 @@ TORCH_NAMES: dict[str, frozenset[str]] = {
     functional grad init intrinsic modules parallel parameter qat quantizable quantized utils
     """.split()),
     "torch.nn.Module": frozenset("""
-    T_destination add_module apply bfloat16 buffers call_super_init children compile cpu
-    cuda double dump_patches eval extra_repr float forward get_buffer get_extra_state
-    get_parameter get_submodule half ipu load_state_dict modules mtia named_buffers
-    named_children named_modules named_parameters parameters register_backward_hook
-    register_buffer register_forward_hook register_forward_pre_hook
-    register_full_backward_hook register_full_backward_pre_hook
-    register_load_state_dict_post_hook register_load_state_dict_pre_hook register_module
-    register_parameter register_state_dict_post_hook register_state_dict_pre_hook
-    requires_grad_ set_extra_state set_submodule share_memory state_dict to to_empty train
-    type xpu zero_grad
-    """.split()),
-    "torch.optim.Optimizer": frozenset("""
-    OptimizerPostHook OptimizerPreHook add_param_group load_state_dict profile_hook_step
-    register_load_state_dict_post_hook register_load_state_dict_pre_hook
-    register_state_dict_post_hook register_state_dict_pre_hook register_step_post_hook
-    register_step_pre_hook state_dict step zero_grad
+    T_destination add_module apply bfloat16 buffers call_super_init children compile cpu cuda
+    double dump_patches eval extra_repr float forward get_buffer get_extra_state get_parameter
+    get_submodule half ipu load_state_dict modules mtia named_buffers named_children
+    named_modules named_parameters parameters register_backward_hook register_buffer
+    register_forward_hook register_forward_pre_hook register_full_backward_hook
+    register_full_backward_pre_hook register_load_state_dict_post_hook
+    register_load_state_dict_pre_hook register_module register_parameter
+    register_state_dict_post_hook register_state_dict_pre_hook requires_grad_ set_extra_state
+    set_submodule share_memory state_dict to to_empty train type xpu zero_grad
     """.split()),
     "torch.nn.functional": frozenset("""
     ScalingType SwizzleType adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d
@@ -292,6 +285,12 @@ TORCH_NAMES: dict[str, frozenset[str]] = {
     ASGD Adadelta Adafactor Adagrad Adam AdamW Adamax LBFGS Muon NAdam Optimizer RAdam RMSprop
     Rprop SGD SparseAdam lr_scheduler swa_utils swap_in_optimizer_params_and_state
     """.split()),
+    "torch.optim.Optimizer": frozenset("""
+    OptimizerPostHook OptimizerPreHook add_param_group load_state_dict profile_hook_step
+    register_load_state_dict_post_hook register_load_state_dict_pre_hook
+    register_state_dict_post_hook register_state_dict_pre_hook register_step_post_hook
+    register_step_pre_hook state_dict step zero_grad
+    """.split()),
     "torch.optim.lr_scheduler": frozenset("""
     ChainedScheduler ConstantLR CosineAnnealingLR CosineAnnealingWarmRestarts CyclicLR
     ExponentialLR LRScheduler LambdaLR LinearLR MultiStepLR MultiplicativeLR OneCycleLR
@@ -318,19 +317,20 @@ TORCH_NAMES: dict[str, frozenset[str]] = {
     matmul matrix_exp matrix_norm matrix_power matrix_rank multi_dot norm pinv qr slogdet solve
     solve_ex solve_triangular svd svdvals tensorinv tensorsolve vander vecdot vector_norm
     """.split()),
-    "torch.fft": frozenset("""
-    Tensor fft fft2 fftfreq fftn fftshift hfft hfft2 hfftn ifft ifft2 ifftn ifftshift ihfft ihfft2
-    ihfftn irfft irfft2 irfftn rfft rfft2 rfftfreq rfftn
-    """.split()),
     "torch.special": frozenset("""
-    airy_ai bessel_j0 bessel_j1 bessel_y0 bessel_y1 chebyshev_polynomial_t chebyshev_polynomial_u
-    chebyshev_polynomial_v chebyshev_polynomial_w digamma entr erf erfc erfcx erfinv exp2 expit
-    expm1 gammainc gammaincc gammaln hermite_polynomial_h hermite_polynomial_he i0 i0e i1 i1e
-    laguerre_polynomial_l legendre_polynomial_p log1p log_ndtr log_softmax logit logsumexp
-    modified_bessel_i0 modified_bessel_i1 modified_bessel_k0 modified_bessel_k1 multigammaln ndtr
-    ndtri polygamma psi round scaled_modified_bessel_k0 scaled_modified_bessel_k1
-    shifted_chebyshev_polynomial_t shifted_chebyshev_polynomial_u shifted_chebyshev_polynomial_v
-    shifted_chebyshev_polynomial_w sinc softmax spherical_bessel_j0 xlog1py xlogy zeta
+    airy_ai bessel_j0 bessel_j1 bessel_y0 bessel_y1 chebyshev_polynomial_t
+    chebyshev_polynomial_u chebyshev_polynomial_v chebyshev_polynomial_w digamma entr erf erfc
+    erfcx erfinv exp2 expit expm1 gammainc gammaincc gammaln hermite_polynomial_h
+    hermite_polynomial_he i0 i0e i1 i1e laguerre_polynomial_l legendre_polynomial_p log1p
+    log_ndtr log_softmax logit logsumexp modified_bessel_i0 modified_bessel_i1
+    modified_bessel_k0 modified_bessel_k1 multigammaln ndtr ndtri polygamma psi round
+    scaled_modified_bessel_k0 scaled_modified_bessel_k1 shifted_chebyshev_polynomial_t
+    shifted_chebyshev_polynomial_u shifted_chebyshev_polynomial_v shifted_chebyshev_polynomial_w
+    sinc softmax spherical_bessel_j0 xlog1py xlogy zeta
+    """.split()),
+    "torch.fft": frozenset("""
+    Tensor fft fft2 fftfreq fftn fftshift hfft hfft2 hfftn ifft ifft2 ifftn ifftshift ihfft
+    ihfft2 ihfftn irfft irfft2 irfftn rfft rfft2 rfftfreq rfftn
     """.split()),
     "torch.autograd": frozenset("""
     Function NestedIOFunction Variable anomaly_mode backward detect_anomaly enable_grad

@@ -51,12 +51,13 @@ def _is_public(namespace: str, owner, name: str) -> bool:
 
 
 def public_names(namespace: str) -> list[str]:
-    """Sorted public names of ``namespace`` (a dotted module path, or ``torch.Tensor``)."""
-    if namespace == "torch.Tensor":
-        import torch
-        owner = torch.Tensor
-    else:
+    """Sorted public names of ``namespace``: a dotted module path, or a class in one
+    (``torch.Tensor``, ``torch.nn.Module``, ``torch.optim.Optimizer``)."""
+    try:
         owner = importlib.import_module(namespace)
+    except ModuleNotFoundError:
+        module, _, name = namespace.rpartition(".")
+        owner = getattr(importlib.import_module(module), name)
     return sorted(n for n in dir(owner) if _is_public(namespace, owner, n))
 
 
