@@ -26,7 +26,9 @@ from typing import Any
 
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.ir.symbolic import ConcretizationError, user_location
 from fusegrad.ops import functional as F
+from fusegrad.ops import primitive
 from fusegrad.ops.creation import full
 from fusegrad.tensor import Tensor
 
@@ -43,6 +45,20 @@ class OptState(Enum):
 
 def _refresh_per_optimizer_state() -> dict[str, Any]:
     return {"stage": OptState.READY, "found_inf_per_device": {}}
+
+
+def _refuse_trace(what: str) -> None:
+    """Raise :class:`ConcretizationError` when a compiled function is being traced: whether
+    ``optimizer.step()`` runs is decided on the host, from the value of found_inf (as torch's
+    GradScaler decides it), which a static graph cannot hold. Raised before the scaler's
+    state changes, so the eager run that ``compile`` falls back to starts clean."""
+    if primitive.is_compiling():
+        loc = user_location()
+        raise ConcretizationError(
+            f"GradScaler.{what} needs the value of found_inf{' at ' + loc if loc else ''} to decide "
+            "whether optimizer.step() runs, but while tracing only its shape and dtype are known. "
+            "Compile the forward and backward and call the scaler outside the compiled function, "
+            "or let the step run eagerly (compile with fullgraph=False).")
 
 
 def non_finite_check_and_unscale_(grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor) -> Tensor:
@@ -153,6 +169,7 @@ class GradScaler:
         if not self._enabled:
             return
         self._check_scale_growth_tracker("unscale_")
+        _refuse_trace("unscale_()")
         optimizer_state = self._per_optimizer_states[id(optimizer)]
         if optimizer_state["stage"] is OptState.UNSCALED:
             raise RuntimeError("unscale_() has already been called on this optimizer since the "
@@ -173,6 +190,7 @@ class GradScaler:
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         self._check_scale_growth_tracker("step")
+        _refuse_trace("step()")
         optimizer_state = self._per_optimizer_states[id(optimizer)]
         if optimizer_state["stage"] is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")

@@ -33,7 +33,10 @@ PROMOTE = "promote"
 # out; an op in no list runs in the dtype its inputs have.
 _CPU_LOWER = ("conv1d", "conv2d", "conv3d", "bmm", "mm", "baddbmm", "addmm", "addbmm", "linear",
               "matmul", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "prelu",
-              "scaled_dot_product_attention", "vecdot")
+              "scaled_dot_product_attention", "vecdot",
+              # Not in torch's list, but torch's einsum runs as bmm, so its result is in the
+              # lower precision too; fusegrad's einsum contracts without a listed op.
+              "einsum")
 _CPU_FP32 = ("avg_pool3d", "binary_cross_entropy", "grid_sample", "polar", "prod", "quantile",
              "nanquantile", "stft", "cdist", "trace", "view_as_complex", "cholesky",
              "cholesky_inverse", "cholesky_solve", "inverse", "lu_solve", "pinverse", "max_pool3d",
@@ -135,7 +138,9 @@ def autocast_op(fn: Callable | None = None, *, name: str | None = None) -> Calla
         else:
             target = _widest(args, kwargs)
         if target is not None:
-            cache = state.cache if state.cache_enabled and policy == LOWER else None
+            # A traced op's casts belong to its graph: none is cached.
+            cache = state.cache if state.cache_enabled and policy == LOWER and \
+                not _primitive.traced(*_tensors(args, kwargs)) else None
             args = tuple(_cast(a, target, policy, cache) for a in args)
             kwargs = {k: _cast(v, target, policy, cache) for k, v in kwargs.items()}
         state.inside_op = True
@@ -183,9 +188,7 @@ def _cast(value, target, policy: str, cache: dict | None):
     if policy != PROMOTE and value.dtype == dtypes.float64:
         return value
     # Cast leaves that require grad once per region (the parameters): torch's cast cache.
-    # Never while tracing: a traced cast belongs to its own graph.
-    if cache is not None and value.is_leaf and value.requires_grad and value._trace is None \
-            and not _primitive.CAPTURE:
+    if cache is not None and value.is_leaf and value.requires_grad:
         hit = cache.get(id(value))
         if hit is not None and hit[0] is value and hit[1].dtype == target:
             return hit[1]
