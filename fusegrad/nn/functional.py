@@ -1213,10 +1213,7 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,  # noqa: A00
 
 # torch's autocast lists name nn.functional's ops too (linear, the losses, the pools):
 # those defined or gathered here are wrapped once, here; the registry wraps its own ops.
-for _name in sorted(set().union(*_autocast.POLICIES.values())):
-    if callable(globals().get(_name)):
-        globals()[_name] = _autocast.autocast_op(globals()[_name], name=_name)
-del _name
+_autocast.wrap_namespace(globals())
 
 
 def __getattr__(name: str):

@@ -27,13 +27,16 @@ from fusegrad.tensor import Tensor
 LOWER = "lower_precision_fp"
 FP32 = "fp32"
 PROMOTE = "promote"
+# No cast, autocast off inside: ops torch computes with kernels of their own (no autocast
+# entry) that fusegrad builds from a listed op (mv from matmul), which must not cast.
+FALLTHROUGH = "fallthrough"
 
 # torch 2.13's CPU lists (aten/src/ATen/autocast_mode.cpp), under fusegrad's public names
 # (aten's cross_entropy_loss is F.cross_entropy). Ops torch lists and fusegrad lacks are left
 # out; an op in no list runs in the dtype its inputs have.
 _CPU_LOWER = ("conv1d", "conv2d", "conv3d", "bmm", "mm", "baddbmm", "addmm", "addbmm", "linear",
               "matmul", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "prelu",
-              "scaled_dot_product_attention", "vecdot",
+              "scaled_dot_product_attention", "linalg.vecdot",
               # Not in torch's list, but torch's einsum runs as bmm, so its result is in the
               # lower precision too; fusegrad's einsum contracts without a listed op.
               "einsum")
@@ -46,8 +49,15 @@ _CPU_FP32 = ("avg_pool3d", "binary_cross_entropy", "grid_sample", "polar", "prod
              "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss", "ctc_loss", "kl_div",
              "multilabel_margin_loss", "binary_cross_entropy_with_logits", "geqrf", "qr", "svd",
              "triangular_solve", "fractional_max_pool2d", "fractional_max_pool3d",
-             "adaptive_max_pool3d")
+             "adaptive_max_pool3d",
+             *(f"fft.{n}" for n in ("fft", "ifft", "fft2", "ifft2", "fftn", "ifftn", "rfft", "irfft",
+                                    "rfft2", "irfft2", "rfftn", "irfftn", "hfft", "ihfft")),
+             *(f"linalg.{n}" for n in ("cond", "matrix_rank", "solve", "cholesky", "svdvals", "eigvals",
+                                       "eigvalsh", "inv", "householder_product", "tensorinv",
+                                       "tensorsolve", "qr", "cholesky_ex", "svd", "eig", "eigh",
+                                       "lstsq", "inv_ex")))
 _CPU_PROMOTE = ("stack", "cat", "index_copy")
+_CPU_FALLTHROUGH = ("mv", "dot", "vdot", "bilinear")
 
 # torch 2.13's CUDA lists (the "Autocast Op Reference" of its amp docs).
 _CUDA_LOWER = ("addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm", "chain_matmul", "multi_dot",
@@ -66,9 +76,11 @@ _CUDA_PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "gri
                  "index_put", "scatter_add", "tensordot", "stack", "cat", "index_copy")
 
 POLICIES: dict[str, dict[str, str]] = {
-    device: {**{n: PROMOTE for n in promote}, **{n: FP32 for n in fp32}, **{n: LOWER for n in lower}}
-    for device, lower, fp32, promote in (("cpu", _CPU_LOWER, _CPU_FP32, _CPU_PROMOTE),
-                                         ("cuda", _CUDA_LOWER, _CUDA_FP32, _CUDA_PROMOTE))}
+    device: {**{n: FALLTHROUGH for n in fallthrough}, **{n: PROMOTE for n in promote},
+             **{n: FP32 for n in fp32}, **{n: LOWER for n in lower}}
+    for device, lower, fp32, promote, fallthrough in (
+        ("cpu", _CPU_LOWER, _CPU_FP32, _CPU_PROMOTE, _CPU_FALLTHROUGH),
+        ("cuda", _CUDA_LOWER, _CUDA_FP32, _CUDA_PROMOTE, ()))}
 
 # Ops of the fp32 lists that take a ``dtype=``: given one, they run in it, uncast (torch's
 # fp32_set_opt_dtype).
@@ -135,8 +147,10 @@ def autocast_op(fn: Callable | None = None, *, name: str | None = None) -> Calla
             target = state.dtype[device]
         elif policy == FP32:
             target = dtypes.float32
-        else:
+        elif policy == PROMOTE:
             target = _widest(args, kwargs)
+        else:
+            target = None
         if target is not None:
             # A traced op's casts belong to its graph: none is cached.
             cache = state.cache if state.cache_enabled and policy == LOWER and \
@@ -150,6 +164,16 @@ def autocast_op(fn: Callable | None = None, *, name: str | None = None) -> Calla
             state.inside_op = False
     wrapper._autocast = True
     return wrapper
+
+
+def wrap_namespace(namespace: dict, prefix: str = "") -> None:
+    """Wrap, in a module's ``namespace``, each function whose ``prefix + name`` is listed
+    (``nn.functional``'s ops, ``fusegrad.fft``'s as ``"fft.rfft"``): for ops defined outside
+    the registry, which wraps its own."""
+    names = set().union(*POLICIES.values())
+    for name, value in list(namespace.items()):
+        if prefix + name in names and callable(value):
+            namespace[name] = autocast_op(value, name=prefix + name)
 
 
 def _tensors(args, kwargs):
@@ -167,9 +191,10 @@ def _device_of(args, kwargs) -> str | None:
 
 
 def _widest(args, kwargs):
-    """The widest floating type among the tensor arguments (torch's promote policy); None
-    when fewer than two floating types meet."""
-    found = {t.dtype for t in _tensors(args, kwargs) if t.dtype.is_floating_point}
+    """The widest floating type among the tensor arguments but float64 (torch's promote
+    policy, which leaves float64 alone); None when fewer than two floating types meet."""
+    found = {t.dtype for t in _tensors(args, kwargs)
+             if t.dtype.is_floating_point and t.dtype != dtypes.float64}
     if len(found) < 2:
         return None
     out = found.pop()
@@ -183,9 +208,8 @@ def _cast(value, target, policy: str, cache: dict | None):
         return type(value)(_cast(v, target, policy, cache) for v in value)
     if not isinstance(value, Tensor) or not value.dtype.is_floating_point or value.dtype == target:
         return value
-    # float64 stays float64 under the lower-precision and float32 policies (torch's
-    # is_eligible); the promote policy widens whatever is narrower.
-    if policy != PROMOTE and value.dtype == dtypes.float64:
+    # float64 is never cast (torch's is_eligible).
+    if value.dtype == dtypes.float64:
         return value
     # Cast leaves that require grad once per region (the parameters): torch's cast cache.
     if cache is not None and value.is_leaf and value.requires_grad:
