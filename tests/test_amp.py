@@ -599,3 +599,46 @@ def test_training_script_follows_torch_autocast(compiled):
     got = _fusegrad_training_run(x, y, weights, 50, compiled)
     assert want[-1] < 0.5 * want[0]        # it trains
     assert abs(got[-1] - want[-1]) <= 0.01 * want[-1], (got[-1], want[-1])
+
+
+def test_scale_read_by_a_compiled_backward_follows_update():
+    # The scale is state made with the scaler, so a compiled function that calls scale()
+    # reads its current value at each call (made while tracing, it was frozen in the graph).
+    def run(compiled):
+        fg.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = fg.optim.SGD(model.parameters(), lr=0.1)
+        scaler = fg.amp.GradScaler("cpu", init_scale=4.0, growth_interval=1)
+
+        def forward_backward(x):
+            loss = model(x).sum()
+            scaler.scale(loss).backward()
+            return loss
+        if compiled:
+            forward_backward = fg.compile(forward_backward, fullgraph=True)
+        grads = []
+        for _ in range(4):
+            opt.zero_grad()
+            forward_backward(fg.ones(3, 4))
+            scaler.unscale_(opt)
+            grads.append(model.weight.grad.numpy().copy())
+            scaler.step(opt)
+            scaler.update()
+        return grads, scaler.get_scale()
+    eager, compiled = run(False), run(True)
+    assert eager[1] == compiled[1] == 64.0
+    for a, b in zip(eager[0], compiled[0]):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, np.full((2, 4), 3.0, np.float32))
+
+
+def test_pickled_scaler_keeps_its_scale():
+    import pickle
+    p = _param([1.0])
+    opt = fg.optim.SGD([p], lr=1.0)
+    scaler = fg.amp.GradScaler("cpu", init_scale=8.0, growth_interval=1)
+    _scaled_step(scaler, opt, p, [1.0])
+    copy = pickle.loads(pickle.dumps(scaler))
+    assert copy.get_scale() == 16.0 and copy.state_dict() == scaler.state_dict()
+    _scaled_step(copy, fg.optim.SGD([p], lr=1.0), p, [1.0])
+    assert copy.get_scale() == 32.0

@@ -115,6 +115,16 @@ class GradScaler:
             self._init_growth_tracker = 0
             self._growth_tracker: Tensor | None = None
             self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_refresh_per_optimizer_state)
+            self._make_storage()
+
+    def _make_storage(self) -> None:
+        """Make the scale and growth tracker tensors now, on ``device``; the first
+        :meth:`scale` adopts them (torch makes them there). Made before any compiled function
+        that calls :meth:`scale` is traced, they are state the graph reads at each call and
+        writes back; made while tracing, they would be constants of the graph, and the
+        scale that :meth:`update` changes would never reach the compiled backward."""
+        self._storage = (full((), self._init_scale, dtype=dtypes.float32, device=self._device),
+                         full((), self._init_growth_tracker, dtype=dtypes.int32, device=self._device))
 
     def _check_scale_growth_tracker(self, funcname: str) -> tuple[Tensor, Tensor]:
         if self._scale is None:
@@ -124,8 +134,13 @@ class GradScaler:
         return self._scale, self._growth_tracker
 
     def _lazy_init_scale_growth_tracker(self, dev) -> None:
-        self._scale = full((), self._init_scale, dtype=dtypes.float32, device=dev)
-        self._growth_tracker = full((), self._init_growth_tracker, dtype=dtypes.int32, device=dev)
+        if self._growth_tracker is not None:
+            raise AssertionError("_growth_tracker initialized before _scale")
+        scale, tracker = self._storage
+        if scale.device != dev:
+            scale = full((), self._init_scale, dtype=dtypes.float32, device=dev)
+            tracker = full((), self._init_growth_tracker, dtype=dtypes.int32, device=dev)
+        self._scale, self._growth_tracker = scale, tracker
 
     def scale(self, outputs):
         """``outputs`` (a tensor, or an iterable of them) times the current scale."""
@@ -294,6 +309,8 @@ class GradScaler:
         self._init_growth_tracker = state_dict["_growth_tracker"]
         if self._growth_tracker is not None:
             F.fill_(self._growth_tracker, state_dict["_growth_tracker"])
+        else:
+            self._make_storage()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -305,7 +322,10 @@ class GradScaler:
             state["_init_growth_tracker"] = self._get_growth_tracker()
             state["_scale"] = None
             state["_growth_tracker"] = None
+            state["_storage"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        if self._enabled:
+            self._make_storage()
