@@ -169,6 +169,7 @@ from fusegrad import distributions, profiler  # noqa: E402
 # Mixed precision: torch.autocast and its per-thread state, torch.amp (GradScaler), and the
 # deprecated torch.cpu.amp / torch.cuda.amp spellings.
 from fusegrad import amp, cpu  # noqa: E402
+from fusegrad.amp import GradScaler  # noqa: E402
 from fusegrad.amp.autocast_mode import (  # noqa: E402
     autocast,
     autocast_decrement_nesting,
