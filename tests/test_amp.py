@@ -252,6 +252,18 @@ def test_compiled_autocast_matches_eager():
     assert abs(l_comp.item() - l_eager.item()) <= 2 ** -7 * abs(l_eager.item())
 
 
+def test_a_compiled_function_is_retraced_inside_an_autocast_region():
+    w = _t(4, 4, seed=1)
+    f = fg.compile(lambda x: x @ w)
+    x = _t(4, 4)
+    assert f(x).dtype == F32 and f(x).dtype == F32
+    with fg.autocast("cpu"):
+        assert f(x).dtype == BF16 and f(x).dtype == BF16
+        with fg.autocast("cpu", dtype=fg.float16):
+            assert f(x).dtype == fg.float16
+    assert f(x).dtype == F32 and f.compiles == 3
+
+
 # --- GradScaler ------------------------------------------------------------------------------
 
 def _param(values):

@@ -120,6 +120,18 @@ def set_enabled(device_type: str, enabled: bool) -> None:
             _active_threads += 1 if now else -1
 
 
+def state_key():
+    """What of this thread's autocast state a traced function depends on: None while it is
+    off, else the devices it is on for and their dtypes. ``fusegrad.compile`` keys its
+    graphs on it (torch's guards on the autocast state), so a function traced outside an
+    autocast region is traced again when called inside one."""
+    if not _active_threads:
+        return None
+    state = STATE
+    on = tuple((device, state.dtype[device].name) for device, enabled in state.enabled.items() if enabled)
+    return on or None
+
+
 def autocast_op(fn: Callable | None = None, *, name: str | None = None) -> Callable:
     """``fn`` with autocast's casts of its tensor arguments when its name is in one of the
     device lists of :data:`POLICIES`; ``fn`` itself otherwise."""
