@@ -145,6 +145,15 @@ def test_lower_precision_ops(name):
         assert fn().dtype == fg.float16
 
 
+def test_inplace_variants_of_listed_ops_are_not_cast():
+    a, b = _t(4, 4), _t(4, 4, seed=1)
+    want = a.clone().addmm_(a, b)
+    with fg.autocast("cpu"):
+        got = a.clone().addmm_(a, b)
+    assert got.dtype == F32
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 def test_float64_stays_float64_and_integers_are_not_cast():
     a = _t(3, 3, dtype=F64)
     with fg.autocast("cpu"):
@@ -654,3 +663,31 @@ def test_pickled_scaler_keeps_its_scale():
     assert copy.get_scale() == 16.0 and copy.state_dict() == scaler.state_dict()
     _scaled_step(copy, fg.optim.SGD([p], lr=1.0), p, [1.0])
     assert copy.get_scale() == 32.0
+
+
+def test_custom_fwd_casts_inputs_and_custom_bwd_replays_the_forwards_state():
+    seen = {}
+
+    class MyMM(fg.autograd.Function):
+        @staticmethod
+        @fg.amp.custom_fwd(device_type="cpu", cast_inputs=F32)
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return a.mm(b)
+
+        @staticmethod
+        @fg.amp.custom_bwd(device_type="cpu")
+        def backward(ctx, g):
+            seen["enabled"] = fg.is_autocast_enabled("cpu")
+            a, b = ctx.saved_tensors
+            return g.mm(b.t()), a.t().mm(g)
+
+    a = _t(3, 3, dtype=BF16, requires_grad=True)
+    b = _t(3, 3, seed=1, dtype=BF16)
+    with fg.autocast("cpu"):
+        out = MyMM.apply(a, b)
+    assert out.dtype == F32           # inputs cast to float32, autocast off inside
+    out.sum().backward()
+    assert seen["enabled"] is False and a.grad.dtype == BF16
+    with pytest.raises(ValueError, match="Expected `device_type` of type `str`"):
+        fg.amp.custom_fwd(device_type=None)

@@ -178,6 +178,21 @@ def autocast_op(fn: Callable | None = None, *, name: str | None = None) -> Calla
     return wrapper
 
 
+def without_autocast(fn: Callable) -> Callable:
+    """``fn`` run with autocast off inside: for the in-place variants of listed ops
+    (``x.addmm_``), which torch's autocast lists leave out (they write into ``x``'s dtype)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if not _active_threads or STATE.inside_op:
+            return fn(*args, **kwargs)
+        STATE.inside_op = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            STATE.inside_op = False
+    return wrapper
+
+
 def wrap_namespace(namespace: dict, prefix: str = "") -> None:
     """Wrap, in a module's ``namespace``, each function whose ``prefix + name`` is listed
     (``nn.functional``'s ops, ``fusegrad.fft``'s as ``"fft.rfft"``): for ops defined outside
