@@ -32,6 +32,22 @@ def test_defaults_and_region_state():
     assert fg.amp.autocast is fg.autocast and fg.amp.is_autocast_available("cpu")
 
 
+def test_set_autocast_enabled_forms():
+    fg.set_autocast_enabled("cpu", True)
+    try:
+        assert fg.is_autocast_enabled("cpu") and (_t(2, 2) @ _t(2, 2)).dtype == BF16
+    finally:
+        fg.set_autocast_enabled("cpu", False)
+    fg.set_autocast_enabled(True)           # torch's older form: cuda's
+    assert fg.is_autocast_enabled("cuda") and not fg.is_autocast_enabled("cpu")
+    fg.set_autocast_enabled(False)
+    with pytest.raises(TypeError, match=r"set_autocast_enabled\(\): argument 'enabled' \(position 2\) must "
+                                        r"be bool, not int"):
+        fg.set_autocast_enabled("cpu", 1)
+    with pytest.raises(TypeError, match=r"argument 'enabled' \(position 1\) must be bool, not str"):
+        fg.set_autocast_enabled("cpu")
+
+
 def test_state_restored_after_an_exception():
     with pytest.raises(ZeroDivisionError):
         with fg.autocast("cpu", dtype=fg.float16):

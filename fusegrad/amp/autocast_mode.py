@@ -43,8 +43,14 @@ def is_autocast_enabled(device_type: str | None = None) -> bool:
     return _ac.STATE.enabled[_check_device("cuda" if device_type is None else device_type)]
 
 
-def set_autocast_enabled(device_type: str, enabled: bool) -> None:
-    """Turn this thread's autocast for ``device_type`` on or off."""
+def set_autocast_enabled(device_type, enabled: bool | None = None) -> None:
+    """Turn this thread's autocast for ``device_type`` on or off; ``set_autocast_enabled(flag)``
+    is cuda's (torch's older form)."""
+    if enabled is None:
+        if not isinstance(device_type, bool):
+            raise TypeError("set_autocast_enabled(): argument 'enabled' (position 1) must be bool, "
+                            f"not {type(device_type).__name__}")
+        device_type, enabled = "cuda", device_type
     if not isinstance(enabled, bool):
         raise TypeError("set_autocast_enabled(): argument 'enabled' (position 2) must be bool, "
                         f"not {type(enabled).__name__}")
