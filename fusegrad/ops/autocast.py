@@ -2,16 +2,16 @@
 at the widest of their inputs' types, while ``fusegrad.autocast`` is on.
 
 The state is per thread (``threading.local``), as torch's: a region entered on one thread
-changes nothing on another. Ops named in :data:`POLICIES` are wrapped once, where they are
-defined (:func:`fusegrad.ops.registry.public` does it for the registry's ops,
-:func:`autocast_op` for ``nn.functional``'s), by :func:`autocast_op`; while no thread has
-autocast on, a wrapped op costs one test of a module global.
+changes nothing on another. Ops named in :data:`POLICIES` are wrapped once by
+:func:`autocast_op`, where they are defined: :func:`fusegrad.ops.registry.public` wraps the
+registry's ops, :func:`wrap_namespace` those of ``nn.functional``, ``fft`` and ``linalg``.
+While no thread has autocast on, a wrapped op costs one test of a module global.
 
 The casts are ordinary ``Tensor.to`` calls: autograd records them, so an op's backward runs
 in the dtype its forward ran in and a float32 parameter still gets a float32 gradient; a
-traced function records them as ``convert`` nodes. Inside a wrapped op autocast is off, as
-torch's dispatcher excludes its autocast key below an autocast kernel: the primitives of a
-float32 op are not cast back down.
+traced function records them as ``cast`` nodes, and ``fusegrad.compile`` keys its graphs on
+:func:`state_key`. Inside a wrapped op autocast is off, as torch's dispatcher excludes its
+autocast key below an autocast kernel: the ops a float32 op is built of are not cast down.
 """
 
 from __future__ import annotations
