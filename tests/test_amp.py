@@ -277,6 +277,25 @@ def test_compiled_autocast_matches_eager():
     assert abs(l_comp.item() - l_eager.item()) <= 2 ** -7 * abs(l_eager.item())
 
 
+def test_compiled_module_called_inside_autocast_matches_eager():
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    compiled = fg.compile(model)
+    x, y = _t(32, 8), fg.tensor(np.arange(32) % 4)
+    grads = []
+    for run in (compiled, model):
+        model.zero_grad()
+        with fg.autocast("cpu"):
+            out = run(x)
+            loss = F.cross_entropy(out, y)
+        assert out.dtype == BF16 and loss.dtype == F32
+        loss.backward()
+        grads.append(model[0].weight.grad.numpy().copy())
+    assert grads[0].dtype == np.float32
+    # bf16 products in another summation order: a few bf16 ulps of the largest gradient.
+    np.testing.assert_allclose(grads[0], grads[1], rtol=0, atol=4 * 2 ** -8 * np.abs(grads[1]).max())
+
+
 def test_a_compiled_function_is_retraced_inside_an_autocast_region():
     w = _t(4, 4, seed=1)
     f = fg.compile(lambda x: x @ w)
