@@ -170,6 +170,31 @@ from fusegrad import distributions, profiler  # noqa: E402
 # torch.func's transforms (grad, vjp, jvp, jacrev, hessian, vmap, functional_call) on autograd.
 from fusegrad import func  # noqa: E402
 from fusegrad.func import vmap  # noqa: E402
+
+# isort: split
+# Mixed precision: torch.autocast and its per-thread state, torch.amp (GradScaler), and the
+# deprecated torch.cpu.amp / torch.cuda.amp spellings.
+from fusegrad import amp, cpu  # noqa: E402
+from fusegrad.amp import GradScaler  # noqa: E402
+from fusegrad.amp.autocast_mode import (  # noqa: E402
+    autocast,
+    autocast_decrement_nesting,
+    autocast_increment_nesting,
+    clear_autocast_cache,
+    get_autocast_cpu_dtype,
+    get_autocast_dtype,
+    get_autocast_gpu_dtype,
+    is_autocast_cache_enabled,
+    is_autocast_cpu_enabled,
+    is_autocast_enabled,
+    set_autocast_cache_enabled,
+    set_autocast_cpu_dtype,
+    set_autocast_cpu_enabled,
+    set_autocast_dtype,
+    set_autocast_enabled,
+    set_autocast_gpu_dtype,
+)
+from fusegrad.cuda import amp as _cuda_amp  # noqa: E402, F401  (fusegrad.cuda.amp)
 from fusegrad.torch_api import install_tensor_placeholders as _install_placeholders  # noqa: E402
 
 _install_placeholders(Tensor)

@@ -11,6 +11,7 @@ tensor([10.+0.j, -2.+2.j, -2.+0.j])
 
 from __future__ import annotations
 
+from fusegrad.ops import autocast as _autocast
 from fusegrad.ops.spectral import (
     fft,
     fft2,
@@ -40,6 +41,10 @@ from fusegrad.tensor import Tensor
 __all__ = ["Tensor", "fft", "ifft", "fft2", "ifft2", "fftn", "ifftn", "rfft", "irfft", "rfft2",
            "irfft2", "rfftn", "irfftn", "hfft", "ihfft", "hfft2", "ihfft2", "hfftn", "ihfftn",
            "fftfreq", "rfftfreq", "fftshift", "ifftshift"]
+
+
+# The functions of torch's autocast lists are wrapped (fusegrad.ops.autocast).
+_autocast.wrap_namespace(globals(), "fft.")
 
 
 def __getattr__(name: str):

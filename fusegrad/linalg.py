@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from fusegrad.ops import autocast as _autocast
 from fusegrad.ops import decompositions as D
 from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
@@ -217,6 +218,10 @@ def vecdot(x: Tensor, y: Tensor, *, dim: int = -1) -> Tensor:
         raise RuntimeError("linalg.vecdot: Expected x and y to have the same dtype, but found "
                            f"x of type {x.dtype.name} and y of type {y.dtype.name} instead")
     return F.sum(F.mul(x, y), dim)
+
+
+# The functions of torch's autocast lists are wrapped (fusegrad.ops.autocast).
+_autocast.wrap_namespace(globals(), "linalg.")
 
 
 def __getattr__(name: str):

@@ -33,6 +33,7 @@ from fusegrad.nn.loss_functions import (
     triplet_margin_loss,
     triplet_margin_with_distance_loss,
 )
+from fusegrad.ops import autocast as _autocast
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
 from fusegrad.ops.attention import scaled_dot_product_attention
@@ -1236,6 +1237,11 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,  # noqa: A00
         raise ValueError(f"Target size ({target.shape}) must be the same as input size "
                          f"({input.shape})")
     return _bce_logits(input, target, weight, pos_weight, reduction)
+
+
+# torch's autocast lists name nn.functional's ops too (linear, the losses, the pools):
+# those defined or gathered here are wrapped once, here; the registry wraps its own ops.
+_autocast.wrap_namespace(globals())
 
 
 def __getattr__(name: str):

@@ -7,7 +7,7 @@ library (which imports the tensor class); ``import fusegrad`` runs this once.
 from __future__ import annotations
 
 from fusegrad import dtypes
-from fusegrad.ops import creation, registry
+from fusegrad.ops import autocast, creation, registry
 from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
 
@@ -20,7 +20,10 @@ def install_registered_methods() -> None:
     for name, fn in registry.tensor_methods().items():
         setattr(Tensor, name, fn)
     # In-place variants: compute out of place, then write back (see functional.assign_).
+    # torch's autocast lists name no in-place op: those of listed ops run uncast.
     for name, fn in registry.inplace_methods().items():
+        if getattr(fn, "_autocast", False):
+            fn = autocast.without_autocast(fn)
         setattr(Tensor, name + "_", F._inplace(fn, name + "_"))
 
 

@@ -18,6 +18,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable
 
+from fusegrad.ops.autocast import autocast_op
+
 
 @dataclass(frozen=True)
 class PublicOp:
@@ -38,14 +40,15 @@ def public(fn: Callable | None = None, *, name: str | None = None, torch: bool =
     """Record ``fn`` as a public op; usable as ``@public(...)`` or ``alias = public(fn, name=...)``.
 
     Returns ``fn``, or, when it takes a ``dim`` argument, ``fn`` accepting ``axis=`` as its
-    alias (torch's argument parser accepts both names). Recording a name twice is an error
+    alias (torch's argument parser accepts both names); an op of torch's autocast lists
+    comes back wrapped by :func:`fusegrad.ops.autocast.autocast_op`. Recording a name twice is an error
     (one definition per name).
     """
     def record(f: Callable) -> Callable:
         key = name or f.__name__
         if key in PUBLIC_OPS:
             raise ValueError(f"public op {key!r} is recorded twice")
-        f = accept_axis(f)
+        f = autocast_op(accept_axis(f), name=key)
         PUBLIC_OPS[key] = PublicOp(key, f, torch, method, inplace)
         return f
     return record if fn is None else record(fn)

@@ -51,6 +51,7 @@ from fusegrad.ir.symbolic import ConcretizationError, replay
 from fusegrad.ops import creation, functional
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
+from fusegrad.ops.autocast import state_key as autocast_state_key
 from fusegrad.passes.attention import fuse_attention
 from fusegrad.passes.autodiff import vjp_graph
 from fusegrad.passes.dce import dce
@@ -232,8 +233,9 @@ class CompiledFunction:
         leaves, tree = tree_flatten((args, kwargs))
         # The default dtype decides the dtype of every float the function creates
         # (fusegrad.zeros(3), fusegrad.rand(...)), so it is part of what the trace saw.
-        parts = [is_grad_enabled(), dtypes.get_default_dtype().name, self._split(args, kwargs),
-                 _tree_key(tree), _alias_pattern(leaves)]
+        # The autocast state decides which ops the trace cast (torch guards on it too).
+        parts = [is_grad_enabled(), dtypes.get_default_dtype().name, autocast_state_key(),
+                 self._split(args, kwargs), _tree_key(tree), _alias_pattern(leaves)]
         for t in leaves:
             d = t._data
             # A leaf that requires grad may not be written in place: leafness is traced too.
@@ -394,7 +396,7 @@ class CompiledFunction:
         # Fast path: positional tensor arguments only, a signature seen before.
         if not kwargs and self._fast_ok:
             try:
-                fast = (is_grad_enabled(), dtypes.get_default_dtype()) + tuple(
+                fast = (is_grad_enabled(), dtypes.get_default_dtype(), autocast_state_key()) + tuple(
                     (a._data.shape, a._dtype, a._requires_grad, a.grad_fn is None) for a in args)
             except (AttributeError, RuntimeError):
                 fast = None
@@ -1148,7 +1150,7 @@ def _tree_key(tree) -> Any:
 
 
 # The parts of CompiledFunction._key before one part per tensor argument.
-_KEY_PARTS = ("grad mode", "default dtype", "static arguments", "argument structure",
+_KEY_PARTS = ("grad mode", "default dtype", "autocast", "static arguments", "argument structure",
               "arguments sharing storage")
 _ALIASES = _KEY_PARTS.index("arguments sharing storage")
 

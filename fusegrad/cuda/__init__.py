@@ -7,7 +7,7 @@ module itself is imported on first call, so ``import fusegrad`` stays free of it
 
 Random numbers on cuda are drawn by the cpu generator and copied (a seed gives the same
 values on both devices), so :func:`manual_seed` and :func:`manual_seed_all` seed that one.
-``torch.cuda.amp`` has no counterpart.
+``fusegrad.cuda.amp`` holds torch.cuda.amp's deprecated spellings of :mod:`fusegrad.amp`.
 
 Memory comes from a caching allocator with torch's block rounding and statistics
 (:class:`fusegrad.runtime.cuda.CachingAllocator`); when the device is full it empties its

@@ -1,0 +1,732 @@
+"""fusegrad.autocast and fusegrad.amp.GradScaler: op dtypes under autocast, regions, threads,
+backward dtypes, loss-scale arithmetic and skipped steps; against torch where installed."""
+
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+import fusegrad.nn as nn
+import fusegrad.nn.functional as F
+from fusegrad.ops import autocast as ac
+
+BF16, F32, F64 = fg.bfloat16, fg.float32, fg.float64
+
+
+def _t(*shape, dtype=F32, seed=0, requires_grad=False):
+    a = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return fg.tensor(a, dtype=dtype, requires_grad=requires_grad)
+
+
+# --- the state and the region ---------------------------------------------------------------
+
+def test_defaults_and_region_state():
+    assert fg.get_autocast_dtype("cpu") == BF16 and fg.get_autocast_dtype("cuda") == fg.float16
+    assert not fg.is_autocast_enabled("cpu") and fg.is_autocast_cache_enabled()
+    with fg.autocast("cpu") as region:
+        assert fg.is_autocast_enabled("cpu") and not fg.is_autocast_enabled()   # None is cuda's
+        assert region.fast_dtype == BF16
+    assert not fg.is_autocast_enabled("cpu")
+    assert fg.amp.autocast is fg.autocast and fg.amp.is_autocast_available("cpu")
+
+
+def test_set_autocast_enabled_forms():
+    fg.set_autocast_enabled("cpu", True)
+    try:
+        assert fg.is_autocast_enabled("cpu") and (_t(2, 2) @ _t(2, 2)).dtype == BF16
+    finally:
+        fg.set_autocast_enabled("cpu", False)
+    fg.set_autocast_enabled(True)           # torch's older form: cuda's
+    assert fg.is_autocast_enabled("cuda") and not fg.is_autocast_enabled("cpu")
+    fg.set_autocast_enabled(False)
+    with pytest.raises(TypeError, match=r"set_autocast_enabled\(\): argument 'enabled' \(position 2\) must "
+                                        r"be bool, not int"):
+        fg.set_autocast_enabled("cpu", 1)
+    with pytest.raises(TypeError, match=r"argument 'enabled' \(position 1\) must be bool, not str"):
+        fg.set_autocast_enabled("cpu")
+
+
+def test_state_restored_after_an_exception():
+    with pytest.raises(ZeroDivisionError):
+        with fg.autocast("cpu", dtype=fg.float16):
+            raise ZeroDivisionError
+    assert not fg.is_autocast_enabled("cpu") and fg.get_autocast_dtype("cpu") == BF16
+    assert ac.STATE.nesting == 0 and not ac.STATE.cache
+
+
+def test_bad_devices_and_dtypes_raise_or_warn_as_torch():
+    with pytest.raises(RuntimeError, match="Expected one of cpu, cuda device type at start of device "
+                                           "string: foo"):
+        fg.autocast("foo")
+    with pytest.raises(ValueError, match="Expected `device_type` of type `str`"):
+        fg.autocast(fg.device("cpu"))
+    with pytest.warns(UserWarning, match="In CPU autocast, but the target dtype is not supported. "
+                                         "Disabling autocast."):
+        region = fg.autocast("cpu", dtype=F32)
+    with region:
+        assert not fg.is_autocast_enabled("cpu")
+        assert (_t(2, 2) @ _t(2, 2)).dtype == F32
+    with pytest.raises(TypeError, match="autocast\\(\\)\\(func\\) requires a callable, but got int"):
+        fg.autocast("cpu")(3)
+
+
+def test_decorator_form():
+    @fg.autocast("cpu")
+    def f(a):
+        assert fg.is_autocast_enabled("cpu")
+        return a @ a
+    assert f(_t(3, 3)).dtype == BF16 and f.__name__ == "f"
+    assert not fg.is_autocast_enabled("cpu")
+
+
+def test_nested_and_disabled_regions():
+    a = _t(4, 4)
+    with fg.autocast("cpu"):
+        assert (a @ a).dtype == BF16
+        with fg.autocast("cpu", enabled=False):
+            assert (a @ a).dtype == F32
+            with fg.autocast("cpu", dtype=fg.float16):
+                assert (a @ a).dtype == fg.float16
+            assert (a @ a).dtype == F32
+        assert (a @ a).dtype == BF16
+        assert ac.STATE.nesting == 1
+    assert (a @ a).dtype == F32 and ac.STATE.nesting == 0
+
+
+def test_state_is_per_thread():
+    seen = {}
+
+    def other():
+        seen["enabled"] = fg.is_autocast_enabled("cpu")
+        seen["dtype"] = (_t(2, 2) @ _t(2, 2)).dtype
+        with fg.autocast("cpu"):
+            seen["inner"] = (_t(2, 2) @ _t(2, 2)).dtype
+
+    with fg.autocast("cpu"):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert (_t(2, 2) @ _t(2, 2)).dtype == BF16
+    assert seen == {"enabled": False, "dtype": F32, "inner": BF16}
+    assert (_t(2, 2) @ _t(2, 2)).dtype == F32
+
+
+def test_deprecated_device_spellings_warn_as_torch():
+    with pytest.warns(FutureWarning, match=r"`torch.cpu.amp.autocast\(args...\)` is deprecated. Please "
+                                           r"use `torch.amp.autocast\('cpu', args...\)` instead."):
+        region = fg.cpu.amp.autocast()
+    with region:
+        assert (_t(2, 2) @ _t(2, 2)).dtype == BF16
+    with pytest.warns(FutureWarning, match=r"`torch.cpu.amp.GradScaler\(args...\)` is deprecated"):
+        scaler = fg.cpu.amp.GradScaler(init_scale=8.0)
+    assert scaler.get_scale() == 8.0 and scaler.is_enabled()
+    with pytest.warns(DeprecationWarning, match=r"torch.get_autocast_cpu_dtype\(\) is deprecated. Please "
+                                                r"use torch.get_autocast_dtype\('cpu'\) instead."):
+        assert fg.get_autocast_cpu_dtype() == BF16
+    if not fg.cuda.is_available():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            region = fg.cuda.amp.autocast()
+            scaler = fg.cuda.amp.GradScaler()
+        messages = [str(w.message) for w in caught]
+        assert "CUDA is not available or torch_xla is imported. Disabling autocast." in messages
+        assert "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling." in messages
+        assert not region._enabled and not scaler.is_enabled()
+
+
+# --- the op lists ---------------------------------------------------------------------------
+
+def _lower_ops():
+    x, w, img, k = _t(4, 6), _t(3, 6, seed=1), _t(1, 2, 5, 5), _t(3, 2, 3, 3, seed=2)
+    b = _t(2, 4, 4)
+    return {
+        "linear": lambda: F.linear(x, w), "matmul": lambda: x @ w.T, "mm": lambda: fg.mm(x, w.T),
+        "mm method": lambda: x.mm(w.T), "bmm": lambda: fg.bmm(b, b), "addmm": lambda: fg.addmm(
+            _t(4, 3), x, w.T), "baddbmm": lambda: fg.baddbmm(b, b, b), "conv2d": lambda: F.conv2d(img, k),
+        "nn.Linear": lambda: nn.Linear(6, 3)(x), "conv1d": lambda: F.conv1d(img[:, :, 0], k[:, :, 0]),
+        "sdpa": lambda: F.scaled_dot_product_attention(b, b, b),
+        "einsum": lambda: fg.einsum("ij,kj->ik", x, w),
+    }
+
+
+@pytest.mark.parametrize("name", list(_lower_ops()))
+def test_lower_precision_ops(name):
+    fn = _lower_ops()[name]
+    assert fn().dtype == F32
+    with fg.autocast("cpu"):
+        assert fn().dtype == BF16
+    with fg.autocast("cpu", dtype=fg.float16):
+        assert fn().dtype == fg.float16
+
+
+def test_inplace_variants_of_listed_ops_are_not_cast():
+    a, b = _t(4, 4), _t(4, 4, seed=1)
+    want = a.clone().addmm_(a, b)
+    with fg.autocast("cpu"):
+        got = a.clone().addmm_(a, b)
+    assert got.dtype == F32
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_float64_stays_float64_and_integers_are_not_cast():
+    a = _t(3, 3, dtype=F64)
+    with fg.autocast("cpu"):
+        assert (a @ a).dtype == F64
+        assert (fg.arange(4).reshape(2, 2) @ fg.arange(4).reshape(2, 2)).dtype == fg.int64
+
+
+def test_float32_ops_upcast_lower_precision_inputs():
+    logits, target = _t(4, 5, dtype=BF16), fg.tensor([0, 1, 2, 3])
+    with fg.autocast("cpu"):
+        assert F.cross_entropy(logits, target).dtype == F32
+        assert F.mse_loss(logits, logits).dtype == F32
+        assert F.nll_loss(logits, target).dtype == F32
+        assert F.binary_cross_entropy_with_logits(logits, logits).dtype == F32
+        assert fg.prod(logits).dtype == F32 and logits.prod().dtype == F32
+        # Ops in no list run in their input's dtype.
+        assert F.softmax(logits, -1).dtype == BF16 and F.relu(logits).dtype == BF16
+        assert logits.sum().dtype == BF16
+
+
+def test_promote_ops_take_the_widest_type():
+    lo, hi = _t(2, 3, dtype=BF16), _t(2, 3)
+    with fg.autocast("cpu"):
+        assert fg.cat([lo, hi]).dtype == F32 and fg.stack([lo, hi]).dtype == F32
+        assert fg.cat([lo, lo]).dtype == BF16
+        assert hi.index_copy(0, fg.tensor([1]), lo[:1]).dtype == F32
+
+
+def test_inside_a_listed_op_autocast_is_off():
+    # cross_entropy (float32) contracts nothing, but its primitives and any public op it calls
+    # see autocast off: a float32 loss of float32 logits is computed exactly as without it.
+    logits, target = _t(6, 5), fg.tensor([0, 1, 2, 3, 4, 0])
+    want = F.cross_entropy(logits, target)
+    with fg.autocast("cpu"):
+        got = F.cross_entropy(logits, target)
+    assert got.dtype == F32 and got.item() == want.item()
+
+
+# --- autograd -------------------------------------------------------------------------------
+
+def test_backward_runs_in_each_ops_forward_dtype():
+    x = _t(5, 6)
+    w = _t(3, 6, seed=1, requires_grad=True)
+    with fg.autocast("cpu"):
+        y = F.linear(x, w)
+        loss = F.mse_loss(y, fg.zeros(5, 3))
+    assert y.dtype == BF16 and loss.dtype == F32
+    loss.backward()
+    assert w.grad.dtype == F32
+    # The same casts written out by hand give the same gradient, bit for bit.
+    w2 = fg.tensor(w.detach().numpy(), requires_grad=True)
+    F.mse_loss(F.linear(x.to(BF16), w2.to(BF16)).float(), fg.zeros(5, 3)).backward()
+    np.testing.assert_array_equal(w.grad.numpy(), w2.grad.numpy())
+
+
+def test_cast_cache_reuses_a_parameters_cast_within_a_region():
+    x = _t(2, 4)
+    w = _t(3, 4, seed=1, requires_grad=True)
+    with fg.autocast("cpu"):
+        F.linear(x, w)
+        (cached_src, cached) = ac.STATE.cache[id(w)]
+        assert cached_src is w and cached.dtype == BF16
+        out = F.linear(x, w) + F.linear(x, w)
+        assert ac.STATE.cache[id(w)][1] is cached
+        with fg.autocast("cpu", cache_enabled=False):
+            F.linear(x, _t(3, 4, seed=2, requires_grad=True))
+        assert len(ac.STATE.cache) == 1
+    assert not ac.STATE.cache
+    out.float().sum().backward()
+    # As one cast of w written by hand, used twice.
+    w2 = fg.tensor(w.detach().numpy(), requires_grad=True)
+    wb = w2.to(BF16)
+    (F.linear(x.to(BF16), wb) + F.linear(x.to(BF16), wb)).float().sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), w2.grad.numpy())
+
+
+# --- compile ---------------------------------------------------------------------------------
+
+def test_autocast_region_inside_a_trace_records_the_casts():
+    w = _t(4, 8, seed=1)
+
+    def f(x):
+        with fg.autocast("cpu"):
+            return F.linear(x, w).relu()
+    g = fg.trace(f, _t(3, 8))
+    text = str(g)
+    assert "cast %x {dtype=bf16}" in text and "bf16[3,4]" in text
+
+
+def test_compiled_autocast_matches_eager():
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    x, y = _t(16, 8), fg.tensor(np.arange(16) % 4)
+
+    def loss_fn(x, y):
+        with fg.autocast("cpu"):
+            out = model(x)
+            return F.cross_entropy(out, y), out
+    (l_eager, o_eager), (l_comp, o_comp) = loss_fn(x, y), fg.compile(loss_fn, fullgraph=True)(x, y)
+    assert o_comp.dtype == BF16 and l_comp.dtype == F32
+    # bf16 rounding of the same float32 values: at most one bf16 ulp apart where the compiled
+    # kernels round a product or a sum in another order before the final cast.
+    np.testing.assert_allclose(o_comp.detach().float().numpy(), o_eager.detach().float().numpy(),
+                               rtol=2 ** -7, atol=2 ** -7)
+    assert abs(l_comp.item() - l_eager.item()) <= 2 ** -7 * abs(l_eager.item())
+
+
+def test_compiled_module_called_inside_autocast_matches_eager():
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    compiled = fg.compile(model)
+    x, y = _t(32, 8), fg.tensor(np.arange(32) % 4)
+    grads = []
+    for run in (compiled, model):
+        model.zero_grad()
+        with fg.autocast("cpu"):
+            out = run(x)
+            loss = F.cross_entropy(out, y)
+        assert out.dtype == BF16 and loss.dtype == F32
+        loss.backward()
+        grads.append(model[0].weight.grad.numpy().copy())
+    assert grads[0].dtype == np.float32
+    # bf16 products in another summation order: a few bf16 ulps of the largest gradient.
+    np.testing.assert_allclose(grads[0], grads[1], rtol=0, atol=4 * 2 ** -8 * np.abs(grads[1]).max())
+
+
+def test_a_compiled_function_is_retraced_inside_an_autocast_region():
+    w = _t(4, 4, seed=1)
+    f = fg.compile(lambda x: x @ w)
+    x = _t(4, 4)
+    assert f(x).dtype == F32 and f(x).dtype == F32
+    with fg.autocast("cpu"):
+        assert f(x).dtype == BF16 and f(x).dtype == BF16
+        with fg.autocast("cpu", dtype=fg.float16):
+            assert f(x).dtype == fg.float16
+    assert f(x).dtype == F32 and f.compiles == 3
+
+
+# --- GradScaler ------------------------------------------------------------------------------
+
+def _param(values):
+    p = nn.Parameter(fg.tensor(values, dtype=F32))
+    return p
+
+
+def _scaled_step(scaler, opt, p, grad):
+    """One iteration: backward of scale(loss) gives grad * scale, then step and update."""
+    opt.zero_grad()
+    scaler.scale((p * fg.tensor(grad, dtype=F32)).sum()).backward()
+    out = scaler.step(opt)
+    scaler.update()
+    return out
+
+
+def test_scale_growth_and_backoff_sequence():
+    p = _param([1.0, 2.0])
+    opt = fg.optim.SGD([p], lr=0.5)
+    scaler = fg.amp.GradScaler("cpu", init_scale=4.0, growth_factor=2.0, backoff_factor=0.25,
+                               growth_interval=2)
+    assert scaler.get_scale() == 4.0
+    inf = float("inf")
+    # clean, clean (grow x2 -> 8), inf (x0.25 -> 2), clean, nan (-> 0.5), clean, clean (-> 1)
+    grads = [[1, 1], [1, 1], [inf, 1], [1, 1], [float("nan"), 1], [1, 1], [1, 1]]
+    scales, trackers = [], []
+    for g in grads:
+        _scaled_step(scaler, opt, p, g)
+        scales.append(scaler.get_scale())
+        trackers.append(scaler._get_growth_tracker())
+    assert scales == [4.0, 8.0, 2.0, 2.0, 0.5, 0.5, 1.0]
+    assert trackers == [1, 0, 0, 1, 0, 1, 0]
+    # Five clean steps of lr * grad = 0.5 each; the two overflowing steps were skipped.
+    np.testing.assert_array_equal(p.detach().numpy(), [1.0 - 2.5, 2.0 - 2.5])
+
+
+def test_unscale_divides_the_gradients_exactly_and_records_inf():
+    p = _param([1.0, 2.0, 3.0])
+    opt = fg.optim.SGD([p], lr=1.0)
+    scaler = fg.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale((p * fg.tensor([0.5, -3.0, 1e-3])).sum()).backward()
+    np.testing.assert_array_equal(p.grad.numpy(), np.float32([0.5, -3.0, 1e-3]) * 1024)
+    scaler.unscale_(opt)
+    np.testing.assert_array_equal(p.grad.numpy(), np.float32([0.5, -3.0, 1e-3]))
+    assert scaler._per_optimizer_states[id(opt)]["found_inf_per_device"][fg.device("cpu")].item() == 0.0
+
+
+def test_grad_scaler_errors_as_torch():
+    p = _param([1.0])
+    opt = fg.optim.SGD([p], lr=1.0)
+    with pytest.raises(AssertionError, match="The growth factor must be > 1.0."):
+        fg.amp.GradScaler("cpu", growth_factor=1.0)
+    with pytest.raises(AssertionError, match="The backoff factor must be < 1.0."):
+        fg.amp.GradScaler("cpu", backoff_factor=1.0)
+    scaler = fg.amp.GradScaler("cpu")
+    with pytest.raises(AssertionError, match="Attempted unscale_ but _scale is None.  This may indicate"):
+        scaler.unscale_(opt)
+    with pytest.raises(AssertionError, match="Attempted update but _scale is None"):
+        scaler.update()
+    scaler.scale((p * 2).sum()).backward()
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) has already been called on this optimizer since "
+                                           r"the last update\(\)."):
+        scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match="Closure use is not currently supported if GradScaler is "
+                                           "enabled."):
+        scaler.step(opt, closure=lambda: 0)
+    scaler.step(opt)
+    with pytest.raises(RuntimeError, match=r"step\(\) has already been called since the last update\(\)."):
+        scaler.step(opt)
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) is being called after step\(\)."):
+        scaler.unscale_(opt)
+    scaler.update()
+    with pytest.raises(AssertionError, match="No inf checks were recorded prior to update."):
+        scaler.update()
+    with pytest.raises(ValueError, match="outputs must be a Tensor or an iterable of Tensors"):
+        scaler.scale(3.0)
+
+
+def test_unscale_refuses_float16_gradients():
+    p = nn.Parameter(fg.tensor([1.0], dtype=fg.float16))
+    opt = fg.optim.SGD([p], lr=1.0)
+    scaler = fg.amp.GradScaler("cpu")
+    scaler.scale((p * 2).sum()).backward()
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients."):
+        scaler.unscale_(opt)
+
+
+def test_state_dict_round_trip_and_explicit_new_scale():
+    p = _param([1.0])
+    opt = fg.optim.SGD([p], lr=1.0)
+    scaler = fg.amp.GradScaler("cpu", init_scale=16.0, growth_interval=3)
+    _scaled_step(scaler, opt, p, [1.0])
+    state = scaler.state_dict()
+    assert state == {"scale": 16.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3,
+                     "_growth_tracker": 1}
+    other = fg.amp.GradScaler("cpu")
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+    scaler.scale(fg.tensor(1.0))
+    scaler.update(new_scale=0.25)
+    assert scaler.get_scale() == 0.25
+    with pytest.raises(RuntimeError, match="The source state dict is empty"):
+        other.load_state_dict({})
+    disabled = fg.amp.GradScaler("cpu", enabled=False)
+    loss = fg.tensor(3.0)
+    assert disabled.scale(loss) is loss and disabled.state_dict() == {} and disabled.get_scale() == 1.0
+
+
+_OPTIMIZERS = [("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=0.1)), ("AdamW", dict(lr=0.1)),
+               ("RMSprop", dict(lr=0.1)), ("Adagrad", dict(lr=0.1)), ("Adadelta", dict(lr=1.0)),
+               ("Adamax", dict(lr=0.1)), ("NAdam", dict(lr=0.1)), ("RAdam", dict(lr=0.1)),
+               ("ASGD", dict(lr=0.1)), ("Rprop", dict(lr=0.1))]
+
+
+@pytest.mark.parametrize("name,kwargs", _OPTIMIZERS, ids=[n for n, _ in _OPTIMIZERS])
+def test_every_optimizer_steps_as_unscaled_and_skips_on_inf(name, kwargs):
+    cls = getattr(fg.optim, name)
+    grads = [[0.5, -1.0], [0.25, 2.0], [float("inf"), 1.0], [-1.0, 0.5]]
+    ref, p = _param([1.0, -2.0]), _param([1.0, -2.0])
+    ref_opt, opt = cls([ref], **kwargs), cls([p], **kwargs)
+    scaler = fg.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    for g in grads:
+        if not np.isfinite(g).all():
+            before = p.detach().numpy().copy()
+            _scaled_step(scaler, opt, p, g)
+            np.testing.assert_array_equal(p.detach().numpy(), before)
+            continue
+        ref_opt.zero_grad()
+        (ref * fg.tensor(g)).sum().backward()
+        ref_opt.step()
+        _scaled_step(scaler, opt, p, g)
+        # A power-of-two scale unscales exactly: the same steps, bit for bit.
+        np.testing.assert_array_equal(p.detach().numpy(), ref.detach().numpy())
+    assert scaler.get_scale() == 2.0 ** 9
+
+
+def test_clip_grad_norm_after_unscale_sees_the_true_gradients():
+    p = _param([3.0, 4.0])
+    opt = fg.optim.SGD([p], lr=1.0)
+    scaler = fg.amp.GradScaler("cpu", init_scale=256.0)
+    scaler.scale((p * fg.tensor([3.0, 4.0])).sum()).backward()
+    scaler.unscale_(opt)
+    total = nn.utils.clip_grad_norm_([p], max_norm=1.0)
+    assert total.item() == pytest.approx(5.0, rel=1e-6)
+    np.testing.assert_allclose(p.grad.numpy(), [0.6, 0.8], rtol=1e-6)
+    scaler.step(opt)
+    scaler.update()
+    np.testing.assert_allclose(p.detach().numpy(), [2.4, 3.2], rtol=1e-6)
+
+
+def test_compiled_step_with_a_scaler_runs_eagerly_and_matches():
+    def make():
+        fg.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+        opt = fg.optim.SGD(model.parameters(), lr=0.1)
+        scaler = fg.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+
+        def step(x, y):
+            opt.zero_grad()
+            with fg.autocast("cpu"):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            return loss
+        return model, step
+    x, y = _t(12, 6), fg.tensor(np.arange(12) % 3)
+    m_eager, step_eager = make()
+    m_comp, step_comp = make()
+    step_comp = fg.compile(step_comp)
+    with pytest.warns(UserWarning, match=r"running step eagerly: GradScaler.step\(\) needs the value of "
+                                         r"found_inf"):
+        losses = [step_comp(x, y).item() for _ in range(3)]
+    assert losses == [step_eager(x, y).item() for _ in range(3)]
+    for a, b in zip(m_eager.parameters(), m_comp.parameters()):
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+    with pytest.raises(fg.ConcretizationError, match=r"GradScaler.step\(\) needs the value of found_inf"):
+        fg.compile(make()[1], fullgraph=True)(x, y)
+
+
+# --- against torch ---------------------------------------------------------------------------
+
+# Each: a function of (module, functional, float input a (4, 4)) run in both libraries.
+_TORCH_OPS = {
+    "mm": lambda m, Fn, a: m.mm(a, a), "matmul": lambda m, Fn, a: a @ a,
+    "linear": lambda m, Fn, a: Fn.linear(a, a), "bmm": lambda m, Fn, a: m.bmm(a[None], a[None]),
+    "addmm": lambda m, Fn, a: m.addmm(a, a, a),
+    "baddbmm": lambda m, Fn, a: m.baddbmm(a[None], a[None], a[None]),
+    "addbmm": lambda m, Fn, a: m.addbmm(a, a[None], a[None]),
+    "conv1d": lambda m, Fn, a: Fn.conv1d(a[None], a[:, :, None]),
+    "conv2d": lambda m, Fn, a: Fn.conv2d(a[None, None], a[None, None, :2, :2]),
+    "conv_transpose2d": lambda m, Fn, a: Fn.conv_transpose2d(a[None, None], a[None, None, :2, :2]),
+    "prelu": lambda m, Fn, a: Fn.prelu(a, a[0, :1]),
+    "sdpa": lambda m, Fn, a: Fn.scaled_dot_product_attention(a[None], a[None], a[None]),
+    "einsum": lambda m, Fn, a: m.einsum("ij,jk->ik", a, a),
+    "tensordot": lambda m, Fn, a: m.tensordot(a, a, 1),
+    "mv": lambda m, Fn, a: m.mv(a, a[0]), "dot": lambda m, Fn, a: m.dot(a[0], a[0]),
+    "addmv": lambda m, Fn, a: m.addmv(a[0], a, a[0]), "addr": lambda m, Fn, a: m.addr(a, a[0], a[0]),
+    "outer": lambda m, Fn, a: m.outer(a[0], a[0]), "inner": lambda m, Fn, a: m.inner(a, a),
+    "vdot": lambda m, Fn, a: m.vdot(a[0], a[0]), "vecdot": lambda m, Fn, a: m.linalg.vecdot(a, a),
+    "bilinear": lambda m, Fn, a: Fn.bilinear(a, a, a[None]), "kron": lambda m, Fn, a: m.kron(a, a),
+    "chain_matmul": lambda m, Fn, a: m.linalg.multi_dot([a, a, a]),
+    "pairwise_distance": lambda m, Fn, a: Fn.pairwise_distance(a, a),
+    "linalg.inv": lambda m, Fn, a: m.linalg.inv(a + 8 * m.eye(4)),
+    "linalg.norm": lambda m, Fn, a: m.linalg.norm(a), "std": lambda m, Fn, a: a.std(),
+    "var": lambda m, Fn, a: a.var(), "logsumexp": lambda m, Fn, a: m.logsumexp(a, 0),
+    "cumprod": lambda m, Fn, a: a.cumprod(0), "softplus": lambda m, Fn, a: Fn.softplus(a),
+    "dropout": lambda m, Fn, a: Fn.dropout(a, 0.0), "embedding": lambda m, Fn, a: Fn.embedding(
+        m.tensor([0, 2]), a), "interpolate": lambda m, Fn, a: Fn.interpolate(a[None], scale_factor=2.0),
+    "conv3d": lambda m, Fn, a: Fn.conv3d(a[None, None, None], a[None, None, None, :2, :2]),
+    "avg_pool3d": lambda m, Fn, a: Fn.avg_pool3d(a[None, None, None].expand(1, 1, 2, 4, 4), 2),
+    "max_pool3d": lambda m, Fn, a: Fn.max_pool3d(a[None, None, None].expand(1, 1, 2, 4, 4), 2),
+    "adaptive_avg_pool3d": lambda m, Fn, a: Fn.adaptive_avg_pool3d(a[None, None, None], 1),
+    "poisson_nll_loss": lambda m, Fn, a: Fn.poisson_nll_loss(a, a.abs()),
+    "hinge_embedding_loss": lambda m, Fn, a: Fn.hinge_embedding_loss(a, a.sign()),
+    "margin_ranking_loss": lambda m, Fn, a: Fn.margin_ranking_loss(a, a, a.sign()),
+    "multi_margin_loss": lambda m, Fn, a: Fn.multi_margin_loss(a, m.tensor([0, 1, 2, 3])),
+    "triplet_margin_loss": lambda m, Fn, a: Fn.triplet_margin_loss(a, a, a),
+    "cosine_embedding_loss": lambda m, Fn, a: Fn.cosine_embedding_loss(a, a, m.tensor([1, -1, 1, -1])),
+    "fft": lambda m, Fn, a: m.fft.rfft(a), "polar": lambda m, Fn, a: m.polar(a.abs(), a),
+    "quantile": lambda m, Fn, a: m.quantile(a, 0.5), "pinverse": lambda m, Fn, a: m.pinverse(a),
+    "softmax": lambda m, Fn, a: Fn.softmax(a, -1), "log_softmax": lambda m, Fn, a: Fn.log_softmax(a, -1),
+    "layer_norm": lambda m, Fn, a: Fn.layer_norm(a, (4,)),
+    "group_norm": lambda m, Fn, a: Fn.group_norm(a[None], 2),
+    "cross_entropy": lambda m, Fn, a: Fn.cross_entropy(a, m.tensor([0, 1, 2, 3])),
+    "nll_loss": lambda m, Fn, a: Fn.nll_loss(a, m.tensor([0, 1, 2, 3])),
+    "mse_loss": lambda m, Fn, a: Fn.mse_loss(a, a), "l1_loss": lambda m, Fn, a: Fn.l1_loss(a, a),
+    "smooth_l1_loss": lambda m, Fn, a: Fn.smooth_l1_loss(a, a),
+    "huber_loss": lambda m, Fn, a: Fn.huber_loss(a, a),
+    "kl_div": lambda m, Fn, a: Fn.kl_div(a, a, reduction="batchmean"),
+    "binary_cross_entropy": lambda m, Fn, a: Fn.binary_cross_entropy(m.sigmoid(a), m.sigmoid(a)),
+    "bce_with_logits": lambda m, Fn, a: Fn.binary_cross_entropy_with_logits(a, a),
+    "soft_margin_loss": lambda m, Fn, a: Fn.soft_margin_loss(a, a),
+    "sum": lambda m, Fn, a: a.sum(),
+    "prod": lambda m, Fn, a: a.prod(),
+    "cumsum": lambda m, Fn, a: a.cumsum(0),
+    "mean": lambda m, Fn, a: a.mean(),
+    "exp": lambda m, Fn, a: m.exp(a),
+    "log": lambda m, Fn, a: m.log(a.abs()),
+    "pow": lambda m, Fn, a: m.pow(a, 2), "norm": lambda m, Fn, a: m.norm(a),
+    "cat": lambda m, Fn, a: m.cat([a, a.float()]), "stack": lambda m, Fn, a: m.stack([a, a.float()]),
+    "where": lambda m, Fn, a: m.where(a > 0, a, a.float()), "add": lambda m, Fn, a: a + a.float(),
+    "index_copy": lambda m, Fn, a: a.float().index_copy(0, m.tensor([0]), a[:1]),
+    "cdist": lambda m, Fn, a: m.cdist(a, a), "trace": lambda m, Fn, a: a.trace(),
+    "inverse": lambda m, Fn, a: m.inverse(a + 8 * m.eye(4)),
+    "relu": lambda m, Fn, a: Fn.relu(a),
+    "gelu": lambda m, Fn, a: Fn.gelu(a),
+    "tanh": lambda m, Fn, a: m.tanh(a),
+    "max_pool2d": lambda m, Fn, a: Fn.max_pool2d(a[None], 2),
+    "avg_pool2d": lambda m, Fn, a: Fn.avg_pool2d(a[None], 2),
+    "batch_norm": lambda m, Fn, a: Fn.batch_norm(a, None, None, training=True),
+    "cosine_similarity": lambda m, Fn, a: Fn.cosine_similarity(a, a),
+    "normalize": lambda m, Fn, a: Fn.normalize(a),
+    "addcmul": lambda m, Fn, a: m.addcmul(a, a, a.float()), "atan2": lambda m, Fn, a: m.atan2(a, a.float()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TORCH_OPS))
+def test_op_dtypes_match_torch_autocast(name):
+    torch = pytest.importorskip("torch")
+    fn = _TORCH_OPS[name]
+    a = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    for dtype in ("float32", "bfloat16", "float64"):
+        if name == "index_copy" and dtype == "float64":
+            continue        # fusegrad's index_copy casts its source to self's dtype; torch's raises
+        ta = torch.tensor(a).to(getattr(torch, dtype))
+        fa = fg.tensor(a).to(getattr(fg, dtype))
+        with torch.autocast("cpu"):
+            try:
+                want = str(fn(torch, torch.nn.functional, ta).dtype).replace("torch.", "")
+            except RuntimeError:
+                want = "RuntimeError"
+        with fg.autocast("cpu"):
+            try:
+                got = fn(fg, F, fa).dtype.name
+            except RuntimeError:
+                got = "RuntimeError"
+        assert got == want, f"{name} on {dtype}: fusegrad {got}, torch {want}"
+
+
+def _torch_training_run(torch, x, y, weights, steps):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), weights):
+            p.copy_(torch.tensor(w))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = torch.tensor(x), torch.tensor(y)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    return losses
+
+
+def _fusegrad_training_run(x, y, weights, steps, compiled):
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 5))
+    with fg.no_grad():
+        for p, w in zip(model.parameters(), weights):
+            p.copy_(fg.tensor(w))
+    opt = fg.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = fg.amp.GradScaler("cpu")
+
+    def forward_backward(x, y):
+        with fg.autocast("cpu", dtype=fg.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        return loss
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = forward_backward(x, y)
+        scaler.unscale_(opt)
+        nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        scaler.step(opt)
+        scaler.update()
+        return loss
+    if compiled == "forward and backward":
+        forward_backward = fg.compile(forward_backward, fullgraph=True)
+    elif compiled == "whole step":
+        step = fg.compile(step)     # runs eagerly: the scaler's step reads found_inf
+    x, y = fg.tensor(x), fg.tensor(y)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "fusegrad.compile: running step eagerly")
+        return [step(x, y).item() for _ in range(steps)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compiled", [None, "forward and backward", "whole step"])
+def test_training_script_follows_torch_autocast(compiled):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                              torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    weights = [p.detach().numpy().copy() for p in ref.parameters()]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 16)).astype(np.float32)
+    y = (x[:, :5].argmax(1)).astype(np.int64)
+    want = _torch_training_run(torch, x, y, weights, 50)
+    got = _fusegrad_training_run(x, y, weights, 50, compiled)
+    assert want[-1] < 0.5 * want[0]        # it trains
+    assert abs(got[-1] - want[-1]) <= 0.01 * want[-1], (got[-1], want[-1])
+
+
+def test_scale_read_by_a_compiled_backward_follows_update():
+    # The scale is state made with the scaler, so a compiled function that calls scale()
+    # reads its current value at each call (made while tracing, it was frozen in the graph).
+    def run(compiled):
+        fg.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = fg.optim.SGD(model.parameters(), lr=0.1)
+        scaler = fg.amp.GradScaler("cpu", init_scale=4.0, growth_interval=1)
+
+        def forward_backward(x):
+            loss = model(x).sum()
+            scaler.scale(loss).backward()
+            return loss
+        if compiled:
+            forward_backward = fg.compile(forward_backward, fullgraph=True)
+        grads = []
+        for _ in range(4):
+            opt.zero_grad()
+            forward_backward(fg.ones(3, 4))
+            scaler.unscale_(opt)
+            grads.append(model.weight.grad.numpy().copy())
+            scaler.step(opt)
+            scaler.update()
+        return grads, scaler.get_scale()
+    eager, compiled = run(False), run(True)
+    assert eager[1] == compiled[1] == 64.0
+    for a, b in zip(eager[0], compiled[0]):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, np.full((2, 4), 3.0, np.float32))
+
+
+def test_pickled_scaler_keeps_its_scale():
+    import pickle
+    p = _param([1.0])
+    opt = fg.optim.SGD([p], lr=1.0)
+    scaler = fg.amp.GradScaler("cpu", init_scale=8.0, growth_interval=1)
+    _scaled_step(scaler, opt, p, [1.0])
+    copy = pickle.loads(pickle.dumps(scaler))
+    assert copy.get_scale() == 16.0 and copy.state_dict() == scaler.state_dict()
+    _scaled_step(copy, fg.optim.SGD([p], lr=1.0), p, [1.0])
+    assert copy.get_scale() == 32.0
+
+
+def test_custom_fwd_casts_inputs_and_custom_bwd_replays_the_forwards_state():
+    seen = {}
+
+    class MyMM(fg.autograd.Function):
+        @staticmethod
+        @fg.amp.custom_fwd(device_type="cpu", cast_inputs=F32)
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return a.mm(b)
+
+        @staticmethod
+        @fg.amp.custom_bwd(device_type="cpu")
+        def backward(ctx, g):
+            seen["enabled"] = fg.is_autocast_enabled("cpu")
+            a, b = ctx.saved_tensors
+            return g.mm(b.t()), a.t().mm(g)
+
+    a = _t(3, 3, dtype=BF16, requires_grad=True)
+    b = _t(3, 3, seed=1, dtype=BF16)
+    with fg.autocast("cpu"):
+        out = MyMM.apply(a, b)
+    assert out.dtype == F32           # inputs cast to float32, autocast off inside
+    out.sum().backward()
+    assert seen["enabled"] is False and a.grad.dtype == BF16
+    with pytest.raises(ValueError, match="Expected `device_type` of type `str`"):
+        fg.amp.custom_fwd(device_type=None)
