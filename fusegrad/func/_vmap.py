@@ -19,6 +19,7 @@ from typing import Any, Callable
 from fusegrad.config import config
 from fusegrad.func._pytree import tree_flatten, tree_str, tree_unflatten
 from fusegrad.ops import creation
+from fusegrad.ops.primitive import trace_state
 from fusegrad.tensor import Tensor
 
 __all__ = ["vmap", "randomness_mode"]
@@ -67,7 +68,7 @@ class _RandomKeys:
 
     def _draw_below(self, gen, count: int) -> Tensor:
         # next_key asks the top of the stack, which is this source while it is called.
-        stack = creation._key_sources
+        stack = trace_state().key_sources
         me = stack.pop()
         try:
             return gen.next_key(count)
@@ -84,11 +85,11 @@ def randomness_mode(randomness: str):
         yield None
         return
     source = _RandomKeys(randomness)
-    creation._key_sources.append(source)
+    trace_state().key_sources.append(source)
     try:
         yield source
     finally:
-        creation._key_sources.remove(source)
+        trace_state().key_sources.remove(source)
 
 
 def _func_name(func) -> str:
