@@ -48,14 +48,6 @@ __all__ = ["checkpoint", "checkpoint_sequential", "CheckpointError", "noop_conte
 
 _NAME = "CheckpointFunctionBackward"
 
-_DEBUG_TIP = """
-Tip: To see a more detailed error message, either pass `debug=True` to
-`torch.utils.checkpoint.checkpoint(...)` or wrap the code block
-with `with torch.utils.checkpoint.set_checkpoint_debug_enabled(True):` to
-enable checkpoint‑debug mode globally.
-"""
-
-
 class CheckpointError(RuntimeError):
     """The region computed differently when it ran again in backward (torch's)."""
 
@@ -141,7 +133,8 @@ class _Region:
         if different:
             raise CheckpointError(
                 "torch.utils.checkpoint: Recomputed values for the following tensors have "
-                f"different metadata than during the forward pass.\n{different}.\n{_DEBUG_TIP}")
+                f"different metadata than during the forward pass.\n{different}.")
+            # (torch's message goes on with a tip to pass debug=True, which fusegrad lacks)
 
     def release(self) -> None:
         self.saved = []
@@ -326,8 +319,9 @@ def checkpoint(function, *args, use_reentrant: bool | None = None,
     ``use_reentrant`` should be given: True is torch's older variant (positional arguments
     only, no ``autograd.grad``), False the recommended one. ``context_fn`` returns the
     contexts of the forward and of the recomputation; ``determinism_check="default"``
-    compares the shapes, dtypes and devices of the outputs the two runs computed. ``debug``
-    and ``early_stop`` are accepted for torch's signature; the whole region is always rerun.
+    compares the shapes, dtypes and devices of the outputs the two runs computed. ``early_stop``
+    is accepted for torch's signature (the whole region is always rerun, as with
+    ``early_stop=False``: the same values); ``debug=True`` warns that it is not implemented.
 
     Example::
 
@@ -347,8 +341,17 @@ def checkpoint(function, *args, use_reentrant: bool | None = None,
     if use_reentrant and (context_fn is not noop_context_fn or debug is not False):
         raise ValueError("Passing `context_fn` or `debug` is only supported when "
                          "use_reentrant=False.")
+    if debug:
+        warnings.warn("checkpoint(debug=True) is not implemented in fusegrad: a recomputation "
+                      "that differs from the forward raises CheckpointError without the traces "
+                      "of both runs", UserWarning, stacklevel=2)
     if _primitive.traced(*_tree_flatten((args, kwargs))[0]):
-        # Inside fusegrad.compile: the region is traced as written (see the module docstring).
+        # Inside fusegrad.compile: the region is traced as written (see the module docstring),
+        # and the compiled backward keeps its activations: said, not done silently.
+        warnings.warn("checkpoint inside fusegrad.compile: the compiled program keeps the "
+                      "region's activations (recomputing them in compiled code is not "
+                      "implemented yet); values and gradients are the same", UserWarning,
+                      stacklevel=2)
         return function(*args, **kwargs)
     if use_reentrant:
         return _reentrant(function, preserve, args)
