@@ -180,21 +180,7 @@ class RNNBase(Module):
         else:
             h0, c0 = hx, None
             self._check_hidden(h0, h_shape)
-        x = input
-        h_n, c_n = [], []
-        for layer in range(self.num_layers):
-            outs = []
-            for d in range(directions):
-                k = layer * directions + d
-                ys, h, c = self._run_direction(x, layer, d, h0[k], None if c0 is None else c0[k])
-                outs.append(ys)
-                h_n.append(h)
-                c_n.append(c)
-            x = outs[0] if directions == 1 else F.cat(outs, -1)
-            if self.dropout and self.training and layer < self.num_layers - 1:
-                x = NF.dropout(x, self.dropout)
-        h_n = F.stack(h_n, 0)
-        c_n = F.stack(c_n, 0) if lstm else None
+        x, h_n, c_n = self._run_layers(input, h0, c0, self._run_direction)
         if not batched:
             x, h_n = F.squeeze(x, 1), F.squeeze(h_n, 1)
             c_n = F.squeeze(c_n, 1) if lstm else None
@@ -209,6 +195,26 @@ class RNNBase(Module):
         if self.mode == "GRU":
             return _gru_step(xi, h, w_hh, b_hh), None
         return _rnn_step(xi, h, w_hh, b_hh, self.mode == "RNN_RELU"), None
+
+    def _run_layers(self, x: Tensor, h0: Tensor, c0: Tensor | None, run_direction):
+        """``x`` through every layer and direction, with dropout between layers:
+        ``run_direction(x, layer, d, h, c)`` gives one direction's outputs and final states
+        (padded or packed). Returns the last layer's output, ``h_n`` and ``c_n`` (None
+        without a cell state)."""
+        directions = 2 if self.bidirectional else 1
+        h_n, c_n = [], []
+        for layer in range(self.num_layers):
+            outs = []
+            for d in range(directions):
+                k = layer * directions + d
+                ys, h, c = run_direction(x, layer, d, h0[k], None if c0 is None else c0[k])
+                outs.append(ys)
+                h_n.append(h)
+                c_n.append(c)
+            x = outs[0] if directions == 1 else F.cat(outs, -1)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                x = NF.dropout(x, self.dropout)
+        return x, F.stack(h_n, 0), F.stack(c_n, 0) if c0 is not None else None
 
     def _run_direction(self, x: Tensor, layer: int, d: int, h: Tensor, c):
         w_ih, w_hh, b_ih, b_hh, w_hr = self._weights(layer, d)
@@ -250,22 +256,9 @@ class RNNBase(Module):
         self._check_hidden(h0, h_shape)
         if lstm:
             self._check_hidden(c0, c_shape, "cell")
-        x = data
-        h_n, c_n = [], []
-        for layer in range(self.num_layers):
-            outs = []
-            for d in range(directions):
-                k = layer * directions + d
-                ys, h, c = self._run_packed_direction(x, batch_sizes, layer, d, h0[k],
-                                                      None if c0 is None else c0[k])
-                outs.append(ys)
-                h_n.append(h)
-                c_n.append(c)
-            x = outs[0] if directions == 1 else F.cat(outs, -1)
-            if self.dropout and self.training and layer < self.num_layers - 1:
-                x = NF.dropout(x, self.dropout)
-        h_n = F.stack(h_n, 0)
-        c_n = F.stack(c_n, 0) if lstm else None
+        x, h_n, c_n = self._run_layers(
+            data, h0, c0, lambda x, layer, d, h, c: self._run_packed_direction(
+                x, batch_sizes, layer, d, h, c))
         if unsorted_indices is not None:
             h_n = F.index_select(h_n, 1, unsorted_indices)
             c_n = F.index_select(c_n, 1, unsorted_indices) if lstm else None
