@@ -290,13 +290,14 @@ def _nodes(root) -> list:
 def test_eager_custom_vjp_records_the_rule_inside_attention_and_stops_without_grad():
     # scaled_dot_product_attention marks its inner softmax: eagerly that is a CustomVJPNode
     # in the composite's inner graph, and the gradient through it equals central differences
-    # of the chain of primitives. Without an operand that requires grad, custom_vjp returns
-    # its value.
-    from fusegrad.ops.composite import CustomVJPNode, custom_vjp
+    # of the chain of primitives. Without an operand that requires grad, mark returns its
+    # value.
+    from fusegrad.ops.composite import CustomVJPNode
+    from fusegrad.ops.softmax import softmax_values
     q0 = np.random.default_rng(3).standard_normal((2, 3, 5, 4))
     q = fg.from_numpy(q0.copy()).requires_grad_()
     y = F.scaled_dot_product_attention(q, q, q, is_causal=True)
-    assert any(isinstance(n, CustomVJPNode) and n._rule == "softmax" for n in _nodes(y.grad_fn))
+    assert any(isinstance(n, CustomVJPNode) and n._rule is softmax_values for n in _nodes(y.grad_fn))
     (g,) = fg.autograd.grad((y * y).sum(), [q])
 
     mask = fg.from_numpy(np.triu(np.full((5, 5), -np.inf), 1))
@@ -308,7 +309,7 @@ def test_eager_custom_vjp_records_the_rule_inside_attention_and_stops_without_gr
         return (out * out).sum()
     np.testing.assert_allclose(g.numpy(), _central_differences(f, q0), rtol=1e-6, atol=1e-8)
     x = fg.from_numpy(q0.copy()).requires_grad_()
-    marked = custom_vjp(F.softmax(x, -1), (x,), "softmax", (-1,))
+    marked = softmax_values.mark(F.softmax(x, -1), (x,), (-1,))
     assert isinstance(marked.grad_fn, CustomVJPNode)
     plain = fg.from_numpy(q0.copy())
-    assert custom_vjp(plain * 2, (plain,), "softmax", (-1,)).grad_fn is None
+    assert softmax_values.mark(plain * 2, (plain,), (-1,)).grad_fn is None
