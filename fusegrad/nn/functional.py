@@ -110,7 +110,7 @@ from fusegrad.ops.pooling import (
 )
 from fusegrad.ops.products import cosine_similarity
 from fusegrad.ops.softmax import log_softmax, softmax, softmin
-from fusegrad.torch_api import missing_attribute
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = [
     "relu", "relu_", "gelu", "silu", "softplus", "leaky_relu", "sigmoid", "tanh", "softmax",
@@ -145,4 +145,4 @@ _autocast.wrap_namespace(globals())
 
 
 def __getattr__(name: str):
-    raise missing_attribute("torch.nn.functional", "fusegrad.nn.functional", name)
+    raise _missing_attribute("torch.nn.functional", "fusegrad.nn.functional", name)
