@@ -13,10 +13,12 @@ import inspect
 
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _Saved
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
+from fusegrad.ops.composite import CustomVJP
 
 __all__ = ["Function", "FunctionCtx", "once_differentiable"]
 
-_RULE = "autograd.Function"
+# A traced call's rule: the user's backward (:func:`_traced_vjp`)
+_TRACED_RULE = CustomVJP("autograd.Function")
 
 
 class FunctionCtx:
@@ -209,10 +211,9 @@ class Function:
                 id(out) not in ctx._non_differentiable):
             return out
         if _primitive.traced(out, *tensors):
-            from fusegrad.ops.composite import custom_vjp
             saved = [s for s in ctx._saved if isinstance(s, Tensor)]
-            return custom_vjp(out, tensors + saved, _RULE,
-                              (_Traced(cls, ctx, positions, len(args), tensors),))
+            return _TRACED_RULE.mark(out, tensors + saved,
+                                     (_Traced(cls, ctx, positions, len(args), tensors),))
         if out.grad_fn is not None or out.requires_grad:
             out = out.detach()
         out.grad_fn = _FunctionNode(cls, ctx, tensors, positions, len(args))
@@ -220,9 +221,4 @@ class Function:
         return out
 
 
-def _register() -> None:
-    from fusegrad.ops import prims
-    prims.register_vjp(_RULE)(_traced_vjp)
-
-
-_register()
+_TRACED_RULE.defvjp(_traced_vjp)

@@ -377,12 +377,11 @@ def all_reduce(tensor, op: str = ReduceOp.SUM, async_op: bool = False):
         if async_op:
             raise ValueError("all_reduce: async_op=True is for eager tensors; inside a compiled "
                              "function the graph's scheduler overlaps the all-reduce")
-        from fusegrad.distributed.prims import traced_all_reduce
-        from fusegrad.ops.composite import custom_vjp
+        from fusegrad.distributed.prims import all_reduce_in_place, traced_all_reduce
         # Autograd does not record the eager (and torch's) in-place all-reduce: the tensor
         # keeps its history and its gradient passes through unchanged. So does the traced
         # one's, though the primitive's own VJP sums the ranks' cotangents.
-        reduced = custom_vjp(traced_all_reduce(tensor, op), (tensor,), "all_reduce_in_place")
+        reduced = all_reduce_in_place.mark(traced_all_reduce(tensor, op), (tensor,))
         return tensor.copy_(reduced)
     g = group()
     what = f"all_reduce({op}) of {tensor.numel()} {tensor.dtype.short} elements"

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fusegrad.ops.composite import CustomVJP
 from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
-from fusegrad.ops.prims import register_vjp
 
 __all__ = ["allreduce_start", "allreduce_wait", "traced_all_reduce", "AllreduceStartStep",
            "AllreduceWaitStep"]
@@ -54,7 +54,11 @@ def _start_vjp(g, out, x, *, op):
     return traced_all_reduce(g, "sum")
 
 
-@register_vjp("all_reduce_in_place", reads_operands=False)
+# ``dist.all_reduce(t)`` in a compiled function: ``t``'s history goes on through the result
+all_reduce_in_place = CustomVJP("all_reduce_in_place", reads_operands=False)
+
+
+@all_reduce_in_place.defvjp
 def _in_place_vjp(g, out, operands: tuple, params: tuple) -> tuple:
     """``dist.all_reduce(t)``'s gradient: none of its own, as eager's, which autograd does
     not record (the identity on ``t``'s history)."""

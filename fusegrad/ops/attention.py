@@ -17,6 +17,9 @@ from fusegrad import dtypes
 from fusegrad.ops import functional as F
 from fusegrad.ops.composite import composite, opmath
 from fusegrad.ops.creation import ones
+from fusegrad.ops.dropout import dropout
+from fusegrad.ops.softmax import TENSOR_MATH, softmax_values
+from fusegrad.ops.softmax_math import softmax_formula
 from fusegrad.tensor import Tensor
 
 __all__ = ["scaled_dot_product_attention"]
@@ -83,14 +86,11 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float, scale: f
             scores = F.where(mask, scores, -math.inf)
         else:
             scores = F.add(scores, mask)
-    # rows where every score is -inf attend to nothing: zeros out, finite gradients
-    dead = F.eq(F.amax(scores.detach(), -1, keepdim=True), -math.inf)
-    e = F.exp(F.sub(scores, F.amax(F.where(dead, 0.0, scores).detach(), -1, keepdim=True)))
-    total = F.sum(e, -1, keepdim=True)
-    # softmax's VJP (out * (g - sum(g * out))) reads the weights alone
-    weights = F.custom_vjp(F.div(e, F.where(dead, 1.0, total)), (scores,), "softmax", (-1,))
+    # rows where every score is -inf attend to nothing: zeros out, finite gradients; the
+    # gradient is softmax's (out * (g - sum(g * out)), which reads the weights alone)
+    weights = softmax_formula(TENSOR_MATH, scores, -1, zero_dead=True)
+    weights = softmax_values.mark(weights, (scores,), (-1,))
     if dropout_p > 0.0:
-        from fusegrad.nn.functional import dropout  # nn.functional imports this module
         weights = dropout(weights, dropout_p)
     return F.matmul(weights, v)
 

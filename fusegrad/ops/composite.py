@@ -7,7 +7,7 @@ from __future__ import annotations
 import builtins
 import functools
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 from fusegrad import profiling
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _Saved, run_backward
@@ -60,7 +60,7 @@ class CompositeNode(Node):
 
 
 class CustomVJPNode(Node):
-    """The node of an eager ``custom_vjp``: the gradient of its operands is the registered
+    """The node of an eager :class:`CustomVJP` call: the gradient of its operands is the
     rule's, as traced code's backward computes it, not the chain rule through the primitives
     that computed the value. The two differ where the chain rule meets ``0 * inf``: GELU's
     gradient at x = 100 under exp() was NaN through the primitives and is inf by the rule,
@@ -69,22 +69,21 @@ class CustomVJPNode(Node):
 
     __slots__ = ("_out", "_operands", "_rule", "_params", "_read")
 
-    def __init__(self, out: Tensor, operands: tuple, rule: str, params: tuple):
+    def __init__(self, out: Tensor, operands: tuple, rule: CustomVJP, params: tuple):
         super().__init__(tuple(_edge(t) for t in operands), "CustomVjpBackward0")
         self._out, self._operands, self._rule, self._params = out, operands, rule, params
         # What the rule reads, with its version now: written in place before the backward,
         # it raises as torch's saved tensors do (softmax's output, gelu's input were read
         # as modified, silently).
-        reads_output, reads_operands = prims.CUSTOM_VJP_READS[rule]
-        self._read = tuple(_Saved(t) for t in ((out,) if reads_output else ()) +
-                           (operands if reads_operands else ()) if t is not None)
+        self._read = tuple(_Saved(t) for t in ((out,) if rule.reads_output else ()) +
+                           (operands if rule.reads_operands else ()) if t is not None)
 
     def apply(self, grad, create_graph, retain_graph):
         if self._out is None:
             raise RuntimeError(_FREED_MESSAGE)
         for saved in self._read:
             saved.unpack(self)
-        return tuple(prims.CUSTOM_VJPS[self._rule](grad, self._out, self._operands, self._params))
+        return tuple(self._rule.bwd(grad, self._out, self._operands, self._params))
 
     def release(self) -> None:
         self._out = self._operands = None
@@ -198,16 +197,75 @@ def _named(out: Tensor, name: str, src: Tensor | None = None) -> Tensor:
     return out
 
 
-def custom_vjp(out: Tensor, operands: Sequence[Tensor], rule: str, params: tuple = ()) -> Tensor:
-    """``out``, computed from ``operands``, whose gradient traced code takes from the VJP
-    registered as ``rule`` (:func:`fusegrad.ops.prims.register_vjp`, given ``params``)
-    instead of from the primitives that computed it: a ``custom_vjp`` node when traced
-    (``simplify`` removes it once the graph is differentiated); eagerly, ``out``'s values
-    with a :class:`CustomVJPNode` that applies the rule (where an operand requires grad), so
-    eager and compiled gradients are computed alike."""
-    if _primitive.traced(out, *operands):
-        return _primitive.bind(prims.custom_vjp, out, *operands, rule=rule, params=tuple(params))
-    operands = tuple(operands)
-    if not is_grad_enabled() or not builtins.any(t._requires_grad for t in operands):
-        return out
-    return _made_by(out, CustomVJPNode(out, operands, rule, tuple(params)))
+class CustomVJP:
+    """A function whose operands' gradient is a backward rule of its own, attached to it (the
+    shape of ``jax.custom_vjp``), instead of the chain rule through the primitives that
+    compute its value: torch's formula where that one is numerically better or reads fewer
+    values (softmax saves its output alone)::
+
+        @custom_vjp("softmax", reads_output=True, reads_operands=False)
+        def softmax_values(x: Tensor, dim: int) -> Tensor:
+            ...                                   # the value, from primitives
+
+        @softmax_values.defvjp
+        def _softmax_vjp(g, out, operands, params):
+            (dim,) = params
+            return (out * (g - (g * out).sum(dim, keepdim=True)),)
+
+    A call ``softmax_values(x, dim)`` computes ``fn``'s value; its tensor arguments are the
+    rule's ``operands``, its other arguments the rule's ``params``. :meth:`mark` gives a
+    value computed another way the same rule (attention's softmax, whose rows of no keys
+    give zeros). The rule is ``bwd(g, out, operands, params)``, one cotangent (or None) per
+    operand; ``reads_output`` and ``reads_operands`` say what it reads, which an eager
+    backward checks for in-place writes since the forward, as torch checks what it saved.
+
+    Traced, the value is a ``custom_vjp`` node whose ``rule`` attribute is ``name``: the IR
+    text's spelling of the rule, as a node's op names its primitive
+    (:data:`fusegrad.ops.prims.CUSTOM_VJPS` maps it back for autodiff). Eagerly it is the
+    value with a :class:`CustomVJPNode` applying the rule (where an operand requires grad),
+    so that eager and compiled gradients are computed alike.
+    """
+
+    def __init__(self, name: str, fn: Callable | None = None, *, reads_output: bool = False,
+                 reads_operands: bool = True):
+        self.name, self.fn, self.bwd = name, fn, None
+        self.reads_output, self.reads_operands = reads_output, reads_operands
+        if fn is not None:
+            functools.update_wrapper(self, fn)
+
+    def defvjp(self, bwd: Callable) -> Callable:
+        """Attach ``bwd(g, out, operands, params)`` as the rule; returns ``bwd``."""
+        if self.bwd is not None or self.name in prims.CUSTOM_VJPS:
+            raise ValueError(f"custom_vjp: the rule {self.name!r} is defined twice")
+        self.bwd = bwd
+        prims.register_vjp(self.name, self.reads_output, self.reads_operands)(bwd)
+        return bwd
+
+    def __call__(self, *args):
+        if self.fn is None:
+            raise TypeError(f"custom_vjp {self.name!r} has no function of its own: mark a "
+                            "value with its mark()")
+        operands = tuple(a for a in args if isinstance(a, Tensor))
+        params = tuple(a for a in args if not isinstance(a, Tensor))
+        return self.mark(self.fn(*args), operands, params)
+
+    def mark(self, out: Tensor, operands: Sequence[Tensor], params: tuple = ()) -> Tensor:
+        """``out``, computed from ``operands``, whose gradient is this rule's (given
+        ``params``) instead of the primitives' that computed it."""
+        if self.bwd is None:
+            raise TypeError(f"custom_vjp {self.name!r} has no rule: call defvjp first")
+        if _primitive.traced(out, *operands):
+            return _primitive.bind(prims.custom_vjp, out, *operands, rule=self.name,
+                                   params=tuple(params))
+        operands = tuple(operands)
+        if not is_grad_enabled() or not builtins.any(t._requires_grad for t in operands):
+            return out
+        return _made_by(out, CustomVJPNode(out, operands, self, tuple(params)))
+
+
+def custom_vjp(name: str, *, reads_output: bool = False, reads_operands: bool = True):
+    """Decorator: ``fn`` as a :class:`CustomVJP` whose rule ``name`` is given by its
+    ``defvjp``."""
+    def decorate(fn: Callable) -> CustomVJP:
+        return CustomVJP(name, fn, reads_output=reads_output, reads_operands=reads_operands)
+    return decorate

@@ -27,6 +27,7 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
 from fusegrad.ops.prims import broadcast_shapes
+from fusegrad.ops.softmax_math import NUMPY_MATH, softmax_formula, softmax_vjp_formula
 
 __all__ = ["fused_attention", "fused_attention_backward"]
 
@@ -70,19 +71,13 @@ def _backward_infer(q, k, v, packed, dout, *mask, scale, keep) -> TensorType:
 
 
 def _weights(q, k, mask, scale, keep, zero_dead):
-    """The attention weights."""
+    """The attention weights: :func:`~fusegrad.ops.softmax_math.softmax_formula` of the scores."""
     t = q.dtype.type
     with np.errstate(all="ignore"):
         s = np.matmul(q, np.swapaxes(k, -1, -2)) * t(scale)
         if mask:
             s = np.where(mask[0] != keep, t(-np.inf), s)
-        m = s.max(-1, keepdims=True)
-        dead = m == -np.inf
-        e = np.exp(s - np.where(dead, t(0), m))
-        total = e.sum(-1, keepdims=True)
-        if zero_dead:
-            total = np.where(dead, t(1), total)
-        return e / total
+        return softmax_formula(NUMPY_MATH, s, -1, zero_dead)
 
 
 def _forward_impl(q, k, v, *mask, scale, keep, zero_dead):
@@ -95,7 +90,7 @@ def _backward_impl(q, k, v, packed, dout, *mask, scale, keep):
     p = packed[..., q.shape[-1]:]
     with np.errstate(all="ignore"):
         dp = np.matmul(dout, np.swapaxes(v, -1, -2))
-        ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+        ds = softmax_vjp_formula(NUMPY_MATH, dp, p, -1)
         if mask:
             ds = np.where(mask[0] != keep, q.dtype.type(0), ds)
         ds = ds * q.dtype.type(scale)

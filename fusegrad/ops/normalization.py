@@ -1,4 +1,4 @@
-"""Batch, group, instance and RMS normalization, as compositions of reductions and
+"""Layer, batch, group, instance and RMS normalization, as compositions of reductions and
 elementwise ops.
 
 ``batch_norm`` in training mode updates the running statistics in place (under ``no_grad``,
@@ -16,16 +16,18 @@ from typing import Sequence
 
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.ops.autocast import wrap_namespace
 from fusegrad.ops.composite import composite, opmath
-from fusegrad.ops.elementwise import add, mul, rsqrt, sub
+from fusegrad.ops.elementwise import add, div, mul, rsqrt, sub
 from fusegrad.ops.inplace import copy_
 from fusegrad.ops.movement import reshape, reshape_prim
 from fusegrad.ops.operands import cast
-from fusegrad.ops.reductions import mean
+from fusegrad.ops.reductions import mean, sum
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
+from fusegrad.type_info import finfo
 
-__all__ = ["batch_norm", "group_norm", "instance_norm", "rms_norm"]
+__all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm"]
 
 
 def _channel_view(t: Tensor, ndim: int) -> Tensor:
@@ -202,7 +204,36 @@ def rms_norm(input: Tensor, normalized_shape: Sequence[int] | int,  # noqa: A002
     ``eps=None`` is the dtype's machine epsilon, as torch's."""
     axes = _normalized_axes(input, normalized_shape)
     if eps is None:
-        from fusegrad.type_info import finfo
         eps = finfo(input.dtype if input.dtype.is_floating_point
                     else dtypes.get_default_dtype()).eps
     return _rms_norm(input, axes, weight, eps)
+
+
+@composite("NativeLayerNormBackward0", kernel=True)
+@opmath
+def _layer_norm(x: Tensor, axes: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
+                eps: float) -> Tensor:
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    mean_ = div(sum(x, axes, keepdim=True), n)
+    centered = sub(x, mean_)
+    var = div(sum(mul(centered, centered), axes, keepdim=True), n)
+    out = mul(centered, rsqrt(add(var, eps)))
+    if weight is not None:
+        out = mul(out, weight)
+    if bias is not None:
+        out = add(out, bias)
+    return out
+
+
+def layer_norm(input: Tensor, normalized_shape: Sequence[int],  # noqa: A002
+               weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalize over the last ``len(normalized_shape)`` dims to zero mean and unit
+    (biased) variance, then scale by ``weight`` and shift by ``bias``."""
+    return _layer_norm(input, _normalized_axes(input, normalized_shape), weight, bias, eps)
+
+
+# torch's autocast lists name layer_norm (the registry wraps the public ops): wrapped here.
+wrap_namespace(globals())

@@ -41,7 +41,6 @@ from fusegrad.ops.elementwise import (
 )
 from fusegrad.ops.factories import ones_like, zeros_like
 from fusegrad.ops.operands import _float_dtype, _promote, as_tensor_operand, cast
-from fusegrad.ops.prims import register_vjp
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
@@ -104,11 +103,15 @@ def copysign(x, other) -> Tensor:
     infinite), and zeros for ``other``, which stays in the graph (``autograd.grad`` with respect
     to it gives zeros, not an unused-input error)."""
     a, b = _floats("copysign", x, other)
-    out = custom_vjp(where(signbit(b), neg(abs(a)), abs(a)), (a, b), "copysign")
-    return _named(out, "CopysignBackward0")
+    return _named(_copysign_values(a, b), "CopysignBackward0")
 
 
-@register_vjp("copysign", reads_output=True)
+@custom_vjp("copysign", reads_output=True)
+def _copysign_values(a: Tensor, b: Tensor) -> Tensor:
+    return where(signbit(b), neg(abs(a)), abs(a))
+
+
+@_copysign_values.defvjp
 def _copysign_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
     """torch's copysign_tensor_self_backward: ``g * out / x``, masked to 0 where ``x`` is 0."""
     a, b = operands

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from fusegrad import dtypes
-from fusegrad.ops.composite import _named, custom_vjp
+from fusegrad.ops.composite import CustomVJP, _named
 from fusegrad.ops.creation import full, full_like, ones, zeros
 from fusegrad.ops.elementwise import add, clone, lt, where
 from fusegrad.ops.indexing import _last_writes, _positions, index_add, sort
@@ -27,7 +27,7 @@ from fusegrad.ops.movement import (
 )
 from fusegrad.ops.operands import _index_tensor, as_tensor_operand, cast, take
 from fusegrad.ops.primitive import ShapeError
-from fusegrad.ops.prims import broadcast_shapes, normalize_axis, register_vjp
+from fusegrad.ops.prims import broadcast_shapes, normalize_axis
 from fusegrad.ops.reductions import cumsum
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
@@ -206,10 +206,13 @@ def index_copy(x: Tensor, dim: int, index: Tensor, source: Tensor) -> Tensor:
     if not x.dtype.is_floating_point:
         return out
     # torch's gradient: every slice, an overruled one too, gets its position's gradient
-    return custom_vjp(out, (x, source, pos, hit), "index_copy", (axis,))
+    return _index_copy_rule.mark(out, (x, source, pos, hit), (axis,))
 
 
-@register_vjp("index_copy", reads_operands=False)    # its own positions only
+_index_copy_rule = CustomVJP("index_copy", reads_operands=False)    # its own positions only
+
+
+@_index_copy_rule.defvjp
 def _index_copy_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
     _, _, pos, hit = operands
     (axis,) = params

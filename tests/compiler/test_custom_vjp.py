@@ -290,13 +290,14 @@ def _nodes(root) -> list:
 def test_eager_custom_vjp_records_the_rule_inside_attention_and_stops_without_grad():
     # scaled_dot_product_attention marks its inner softmax: eagerly that is a CustomVJPNode
     # in the composite's inner graph, and the gradient through it equals central differences
-    # of the chain of primitives. Without an operand that requires grad, custom_vjp returns
-    # its value.
-    from fusegrad.ops.composite import CustomVJPNode, custom_vjp
+    # of the chain of primitives. Without an operand that requires grad, mark returns its
+    # value.
+    from fusegrad.ops.composite import CustomVJPNode
+    from fusegrad.ops.softmax import softmax_values
     q0 = np.random.default_rng(3).standard_normal((2, 3, 5, 4))
     q = fg.from_numpy(q0.copy()).requires_grad_()
     y = F.scaled_dot_product_attention(q, q, q, is_causal=True)
-    assert any(isinstance(n, CustomVJPNode) and n._rule == "softmax" for n in _nodes(y.grad_fn))
+    assert any(isinstance(n, CustomVJPNode) and n._rule is softmax_values for n in _nodes(y.grad_fn))
     (g,) = fg.autograd.grad((y * y).sum(), [q])
 
     mask = fg.from_numpy(np.triu(np.full((5, 5), -np.inf), 1))
@@ -308,7 +309,81 @@ def test_eager_custom_vjp_records_the_rule_inside_attention_and_stops_without_gr
         return (out * out).sum()
     np.testing.assert_allclose(g.numpy(), _central_differences(f, q0), rtol=1e-6, atol=1e-8)
     x = fg.from_numpy(q0.copy()).requires_grad_()
-    marked = custom_vjp(F.softmax(x, -1), (x,), "softmax", (-1,))
+    marked = softmax_values.mark(F.softmax(x, -1), (x,), (-1,))
     assert isinstance(marked.grad_fn, CustomVJPNode)
     plain = fg.from_numpy(q0.copy())
-    assert custom_vjp(plain * 2, (plain,), "softmax", (-1,)).grad_fn is None
+    assert softmax_values.mark(plain * 2, (plain,), (-1,)).grad_fn is None
+
+
+def test_a_custom_vjp_holds_its_rule_and_its_call_marks_tensor_arguments():
+    # The rule hangs on the function object (jax.custom_vjp's shape); the IR names it by its
+    # name alone. A call's tensor arguments are the operands, the others the params.
+    from fusegrad.ops import prims
+    from fusegrad.ops.composite import CustomVJP, CustomVJPNode, custom_vjp
+    from fusegrad.ops.softmax import _softmax_vjp, softmax_values
+
+    assert softmax_values.bwd is _softmax_vjp and prims.CUSTOM_VJPS["softmax"] is _softmax_vjp
+    assert softmax_values.__name__ == "softmax_values" and softmax_values.__doc__
+    name = "test_cube_as_three_x_squared_times_k"
+    seen = []
+
+    @custom_vjp(name)
+    def cube(x, k):
+        return x * x * x
+
+    try:
+        with pytest.raises(TypeError, match="no rule"):
+            cube(fg.ones(2, requires_grad=True), 1.0)
+
+        @cube.defvjp
+        def _(g, out, operands, params):
+            seen.append(params)
+            (x,), (k,) = operands, params
+            return (g * 3 * x * x * k,)
+
+        with pytest.raises(ValueError, match="defined twice"):
+            cube.defvjp(lambda g, out, operands, params: (g,))
+        x = fg.tensor([1.0, 2.0], requires_grad=True)
+        y = cube(x, 2.0)
+        assert isinstance(y.grad_fn, CustomVJPNode) and y.grad_fn._rule is cube
+        y.sum().backward()
+        assert x.grad.tolist() == [6.0, 24.0] and seen == [(2.0,)]
+        # compiled: the same rule, through the graph's custom_vjp node named by the rule
+        x.grad = None
+        fg.compile(lambda x: cube(x, 2.0).sum())(x).backward()
+        assert x.grad.tolist() == [6.0, 24.0]
+        with pytest.raises(TypeError, match="no function of its own"):
+            CustomVJP(name + "_mark_only")(x)
+    finally:
+        prims.CUSTOM_VJPS.pop(name, None)
+        prims.CUSTOM_VJP_READS.pop(name, None)
+
+
+@pytest.mark.parametrize("zero_dead", [False, True])
+def test_softmax_formula_and_vjp_are_one_for_tensors_and_numpy(zero_dead):
+    # The fused attention's numpy reference evaluates the very formulas softmax and sdpa
+    # trace: the same values, to exp's rounding (eager tensors may compute exp by fusegrad's
+    # own vector code), on rows with -inf entries and on a row that is all -inf (NaN for
+    # softmax, zeros for attention's rows that attend to nothing).
+    from fusegrad.ops.softmax import TENSOR_MATH
+    from fusegrad.ops.softmax_math import NUMPY_MATH, softmax_formula, softmax_vjp_formula
+    s = _weights((3, 5)).astype(np.float32)
+    s[1, :2] = -np.inf
+    s[2] = -np.inf
+    g = _weights((3, 5), seed=2).astype(np.float32)
+    with np.errstate(all="ignore"):
+        want = softmax_formula(NUMPY_MATH, s, -1, zero_dead)
+        dwant = softmax_vjp_formula(NUMPY_MATH, g, want, -1)
+    got = softmax_formula(TENSOR_MATH, fg.from_numpy(s), -1, zero_dead)
+    dgot = softmax_vjp_formula(TENSOR_MATH, fg.from_numpy(g), got, -1)
+    eps = np.finfo(np.float32).eps
+    np.testing.assert_allclose(got.numpy(), want, rtol=8 * eps, atol=0)
+    np.testing.assert_allclose(dgot.numpy(), dwant, rtol=32 * eps, atol=8 * eps * np.abs(g).max())
+    if zero_dead:
+        assert (want[2] == 0).all()
+    else:
+        assert np.isnan(want[2]).all()
+        np.testing.assert_allclose(F.softmax(fg.from_numpy(s), -1).numpy(), want, rtol=8 * eps,
+                                   atol=0)
+    e = np.exp(s[0].astype(np.float64) - s[0].max())
+    np.testing.assert_allclose(want[0], e / e.sum(), rtol=8 * eps)

@@ -7,7 +7,8 @@ As in torch, class weights and ``pos_weight`` are registered as buffers, so they
 from __future__ import annotations
 
 from fusegrad.nn import functional as NF
-from fusegrad.nn.modules.module import Module, _warn_legacy_reduction
+from fusegrad.nn.modules.module import Module
+from fusegrad.ops.losses import _warn_legacy_reduction
 from fusegrad.tensor import Tensor
 
 __all__ = ["MSELoss", "L1Loss", "CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss"]

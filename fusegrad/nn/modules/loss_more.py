@@ -1,4 +1,4 @@
-"""Loss modules over :mod:`fusegrad.nn.loss_functions`: ``SmoothL1Loss``, ``HuberLoss``,
+"""Loss modules over :mod:`fusegrad.ops.losses`: ``SmoothL1Loss``, ``HuberLoss``,
 ``KLDivLoss``, ``CosineEmbeddingLoss``, the likelihood and the margin losses."""
 
 from __future__ import annotations

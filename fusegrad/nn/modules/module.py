@@ -10,7 +10,6 @@ which is what makes state-dict keys and printed models match PyTorch's.
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections import OrderedDict, namedtuple
 from typing import Callable, Iterator, Mapping
 
@@ -799,13 +798,3 @@ def _checkpoint_tensor(value):
         except TypeError:
             return value
     return value
-
-
-def _warn_legacy_reduction(size_average, reduce) -> str:
-    """torch's mapping of the deprecated ``size_average``/``reduce`` flags to ``reduction``."""
-    size_average = True if size_average is None else size_average
-    reduce = True if reduce is None else reduce
-    reduction = "mean" if size_average and reduce else "sum" if reduce else "none"
-    warnings.warn(f"size_average and reduce args will be deprecated, please use "
-                  f"reduction='{reduction}' instead.", UserWarning, stacklevel=3)
-    return reduction
