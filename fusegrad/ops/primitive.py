@@ -8,7 +8,11 @@ IR verifier and interpreter, the autodiff pass and codegen all read this one def
 ``bind(prim, *operands, **attrs)`` applies a primitive. Operands are tensors; when any of
 them belongs to a trace (the tracer's abstract tensors carry a ``_trace``), the trace records
 the primitive; otherwise it runs eagerly on numpy and, under grad mode, records an autograd
-node. The eager path never imports the tracer: a trace plugs in through that attribute.
+node. The eager path never imports the tracer: a trace plugs in through that attribute, and
+a compiled function being traced through the slot the tracer fills (``_capture_lookup``).
+Code below the tracer that needs to know about tracing (is this call traced? record an
+effect) asks the effect functions of the "trace slots and effects" section; nothing else
+reads the slots.
 """
 
 from __future__ import annotations
