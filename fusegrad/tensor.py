@@ -119,9 +119,7 @@ class Tensor:
     def _init_state(self, dtype: dtypes.DType) -> None:
         """Everything but the data: dtype and a fresh autograd state (no history)."""
         self._dtype = dtype
-        capture = _primitive.current_capture()
-        if capture is not None:
-            self._capture_owner = capture
+        _primitive.note_made(self)
         self._requires_grad = False
         self._grad = None
         self.grad_fn = None
@@ -139,9 +137,7 @@ class Tensor:
         t = object.__new__(Tensor)
         t._data = array
         t._dtype = dtype
-        capture = _primitive.current_capture()
-        if capture is not None:
-            t._capture_owner = capture
+        _primitive.note_made(t)
         t._requires_grad = False
         t._grad = None
         t.grad_fn = None
@@ -289,9 +285,8 @@ class Tensor:
 
     @property
     def grad(self):
-        capture = _primitive.current_capture()
-        if capture is not None:
-            return capture.get_grad(self)
+        if _primitive.compiling():
+            return _primitive.read_grad(self)
         if self.grad_fn is not None and not self._retains_grad and self._trace is None:
             warnings.warn(
                 "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its "
@@ -303,9 +298,8 @@ class Tensor:
 
     @grad.setter
     def grad(self, value) -> None:
-        capture = _primitive.current_capture()
-        if capture is not None:
-            capture.set_grad(self, value)
+        if _primitive.compiling():
+            _primitive.write_grad(self, value)
             return
         if value is not None:
             if not isinstance(value, Tensor):
@@ -397,7 +391,7 @@ class Tensor:
     @property
     def data(self) -> "Tensor":
         out = self.detach()
-        if out is not self and out._trace is None and not _primitive.is_compiling():
+        if out is not self and out._trace is None and not _primitive.compiling():
             # torch's .data: the same storage, a version of its own, so that a write through
             # it (w.data.clamp_(-c, c) between forward and backward) is not an error for the
             # tensors autograd saved (detach() shares the version and refuses)
@@ -406,9 +400,7 @@ class Tensor:
 
     @data.setter
     def data(self, value: "Tensor") -> None:
-        capture = _primitive.current_capture()
-        if capture is not None:
-            capture.refuse(f"assigning {self._type_string()}.data")
+        _primitive.refuse_traced(f"assigning {self._type_string()}.data")
         self._data = value._data
         self._dtype = value._dtype
 
@@ -417,9 +409,7 @@ class Tensor:
     def _check_concrete(self, what: str) -> None:
         """Eager tensors are concrete; the tracer's tensors override this to raise, and so
         does a compiled function's trace for tensors it reads at call time."""
-        capture = _primitive.current_capture()
-        if capture is not None:
-            capture.check_concrete(self, what)
+        _primitive.check_concrete(self, what)
 
     def numpy(self, *, force: bool = False) -> np.ndarray:
         """The numpy array sharing this tensor's storage."""

@@ -26,7 +26,7 @@ from fusegrad.func import (
     vmap,
 )
 from fusegrad.func._pytree import tree_flatten
-from fusegrad.ops.primitive import trace_state
+from fusegrad.tracer.state import trace_state
 
 F32_TOL = dict(rtol=1e-5, atol=1e-6)
 

@@ -52,7 +52,7 @@ def _refuse_trace(what: str) -> None:
     ``optimizer.step()`` runs is decided on the host, from the value of found_inf (as torch's
     GradScaler decides it), which a static graph cannot hold. Raised before the scaler's
     state changes, so the eager run that ``compile`` falls back to starts clean."""
-    if primitive.is_compiling():
+    if primitive.compiling():
         loc = user_location()
         raise ConcretizationError(
             f"GradScaler.{what} needs the value of found_inf{' at ' + loc if loc else ''} to decide "

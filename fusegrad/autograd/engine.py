@@ -432,14 +432,14 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
                 f"element {i} of tensors does not require grad and does not have a grad_fn")
         roots.append((node, g))
 
-    captures: dict[Node, int] = {}
+    input_index: dict[Node, int] = {}        # the node of each input -> its index
     repeats: list[tuple[int, int]] = []      # an input given twice: (its index, the first's)
     if inputs is not None:
         for i, t in enumerate(inputs):
             node, _ = _edge(t)
             if node is None:
                 raise RuntimeError("One of the differentiated Tensors does not require grad")
-            first = captures.setdefault(node, i)
+            first = input_index.setdefault(node, i)
             if first != i:
                 repeats.append((i, first))
 
@@ -456,7 +456,7 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
     while stack:
         node = stack.pop()
         order.append(node)
-        if stop_at_inputs and node in captures:
+        if stop_at_inputs and node in input_index:
             continue
         for child, _ in node.next_functions:
             if child is None:
@@ -468,10 +468,10 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
 
     restrict = inputs is not None
     if restrict:
-        needed = set(captures)
+        needed = set(input_index)
         # Reverse creation order visits every consumer before the nodes it consumes.
         for node in sorted(order, key=_seq_of):
-            if stop_at_inputs and node in captures:
+            if stop_at_inputs and node in input_index:
                 continue
             for c, _ in node.next_functions:
                 if c in needed:          # None never is
@@ -500,9 +500,9 @@ def run_backward(outputs: Sequence, grad_outputs: Sequence, retain_graph: bool,
                         grad = _call_hook(hook, grad)
                 if node._retained:
                     _fill_retained(node, grad, create_graph)
-            if captures and node in captures:
+            if input_index and node in input_index:
                 if grad is not None:
-                    i = captures[node]
+                    i = input_index[node]
                     if accumulate and isinstance(node, AccumulateGrad):
                         node.apply(grad, create_graph, retain_graph)
                     elif not accumulate:

@@ -12,7 +12,7 @@ __all__ = ["clear_grads"]
 def clear_grads(params: Iterable, set_to_none: bool = True) -> None:
     """Reset each tensor's ``.grad``: drop it (torch 2's default) or zero it in place, first
     cutting it from any graph it was made in (``create_graph=True`` backward)."""
-    if set_to_none and primitive.is_compiling():
+    if set_to_none and primitive.compiling():
         # Traced into a compiled step: clear the slots without reading them, so the graph
         # does not depend on whether a gradient was there (and its buffer can be reused).
         for p in params:

@@ -373,7 +373,7 @@ def all_reduce(tensor, op: str = ReduceOp.SUM, async_op: bool = False):
     if op not in _REDUCE_OPS:
         raise ValueError(f"all_reduce: op must be one of {_REDUCE_OPS}, got {op!r}")
     from fusegrad.ops import primitive
-    if tensor._trace is not None or primitive.is_compiling():
+    if primitive.traced(tensor):
         if async_op:
             raise ValueError("all_reduce: async_op=True is for eager tensors; inside a compiled "
                              "function the graph's scheduler overlaps the all-reduce")
@@ -402,7 +402,7 @@ def broadcast(tensor, src: int = 0, async_op: bool = False):
     """Copy ``tensor`` from rank ``src`` into the same tensor on every other rank, in place
     (MPI writes the tensor's buffer). Eager tensors only."""
     from fusegrad.ops import primitive
-    if tensor._trace is not None or primitive.is_compiling():
+    if primitive.traced(tensor):
         raise ValueError("broadcast runs outside compiled functions (at setup, on parameters)")
     g = group()
     if not 0 <= src < g.size:

@@ -19,8 +19,8 @@ from typing import Any, Callable
 from fusegrad.config import config
 from fusegrad.func._pytree import tree_flatten, tree_str, tree_unflatten
 from fusegrad.ops import creation
-from fusegrad.ops.primitive import trace_state
 from fusegrad.tensor import Tensor
+from fusegrad.tracer.state import pop_key_source, push_key_source
 
 __all__ = ["vmap", "randomness_mode"]
 
@@ -68,12 +68,11 @@ class _RandomKeys:
 
     def _draw_below(self, gen, count: int) -> Tensor:
         # next_key asks the top of the stack, which is this source while it is called.
-        stack = trace_state().key_sources
-        me = stack.pop()
+        me = pop_key_source()
         try:
             return gen.next_key(count)
         finally:
-            stack.append(me)
+            push_key_source(me)
 
 
 @contextlib.contextmanager
@@ -85,11 +84,11 @@ def randomness_mode(randomness: str):
         yield None
         return
     source = _RandomKeys(randomness)
-    trace_state().key_sources.append(source)
+    push_key_source(source)
     try:
         yield source
     finally:
-        trace_state().key_sources.remove(source)
+        pop_key_source()
 
 
 def _func_name(func) -> str:

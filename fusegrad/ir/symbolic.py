@@ -27,8 +27,8 @@ from fusegrad.ops.primitive import (
     Primitive,
     ShapeError,
     TensorType,
+    enclosing_traces,
     note_created,
-    trace_state,
 )
 from fusegrad.tensor import Size, Tensor, _contiguous_strides
 
@@ -257,7 +257,7 @@ class GraphTrace:
                 return t._value
             # A tensor of a trace running user code in this thread is a free variable; of
             # any other, a leaked tracer.
-            if t._tr not in trace_state().traces:
+            if t._tr not in enclosing_traces():
                 raise ConcretizationError(
                     f"a traced tensor ({t._val.type}) from another trace was used here: a "
                     "tensor escaped from a traced function (stored in a global or attribute?)")
@@ -327,7 +327,7 @@ class GraphTrace:
             loc = user_location()
             raise ConcretizationError(
                 f"backward() on a traced tensor{f' at {loc}' if loc else ''}: only "
-                "fusegrad.compile captures backward() and .grad; in fusegrad.trace and the "
+                "fusegrad.compile records backward() and .grad; in fusegrad.trace and the "
                 "function transforms use fusegrad.grad / fusegrad.vjp instead.")
         return self.capture.backward(outputs, grad_outputs, create_graph, inputs, accumulate,
                                      allow_unused)
@@ -458,7 +458,7 @@ def innermost_trace(tensors: Sequence[Tensor], default: "GraphTrace | None" = No
 
 
 def _rank(trace: "GraphTrace") -> int:
-    active = trace_state().traces
+    active = enclosing_traces()
     for i in range(len(active) - 1, -1, -1):
         if active[i] is trace:
             return i

@@ -146,7 +146,7 @@ def composite(grad_name: str, kernel: bool = False):
             # kernels) inside it; otherwise this costs a test (and a try block, free in 3.11).
             rec = profiling.recorder
             span = None
-            if rec is not None and _primitive.current_capture() is None:
+            if rec is not None and not _primitive.compiling():
                 shapes = [list(a.shape) if isinstance(a, Tensor) else [] for a in args] \
                     if rec.record_shapes else None
                 span = profiling.Span(rec, op_name, shapes=shapes).__enter__()

@@ -363,9 +363,9 @@ class Generator:
         While a function is being traced, the tracer installs a key source that returns the
         key as a graph value instead, so compiled code draws fresh numbers on every call.
         """
-        key_sources = primitive.trace_state().key_sources
-        if key_sources:
-            return key_sources[-1](self, count)
+        source = primitive.key_source()
+        if source is not None:
+            return source(self, count)
         with _next_key_lock:        # threads drawing at once never share numbers
             key = self._key()
             self._offset += philox.counters_used(count)
@@ -375,9 +375,7 @@ class Generator:
 def _refuse_rng_state(what: str) -> None:
     # A compiled function reads the generator's state at each call and advances it; setting
     # or reading it while tracing would happen once, at trace time.
-    capture = primitive.current_capture()
-    if capture is not None:
-        capture.refuse(f"the random generator's {what}")
+    primitive.refuse_traced(f"the random generator's {what}")
 
 
 default_generator = Generator()

@@ -65,11 +65,10 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     if x._trace is not None:
         _check_inplace(x, op)
         return x._trace.assign(x, value)
-    capture = _primitive.current_capture()
-    if capture is not None:
+    if _primitive.compiling():
         # Tracing a compiled function: a write to a tensor from outside it (a parameter, an
         # optimizer's state) becomes an output written back at call time.
-        return capture.assign_concrete(x, value, op)
+        return _primitive.assign_captured(x, value, op)
     if value._trace is not None:
         value._check_concrete(
             f"{op}: an in-place write into a tensor captured from outside the traced function "

@@ -139,7 +139,7 @@ def _view_dtype(x: Tensor, dt: dtypes.DType) -> Tensor:
     if dt is x.dtype:
         return reshape_prim(x, tuple(x.shape))
     src, dst = x.dtype.itemsize, dt.itemsize
-    eager = x._trace is None and not _primitive.is_compiling() and isinstance(x._data, np.ndarray)
+    eager = x._trace is None and not _primitive.compiling() and isinstance(x._data, np.ndarray)
     if src == dst and not eager:
         return bind(P.bitcast, x.detach(), dtype=dt)
     a = x._data

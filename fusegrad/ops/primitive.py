@@ -8,13 +8,16 @@ IR verifier and interpreter, the autodiff pass and codegen all read this one def
 ``bind(prim, *operands, **attrs)`` applies a primitive. Operands are tensors; when any of
 them belongs to a trace (the tracer's abstract tensors carry a ``_trace``), the trace records
 the primitive; otherwise it runs eagerly on numpy and, under grad mode, records an autograd
-node. The eager path never imports the tracer: a trace plugs in through that attribute.
+node. The eager path never imports the tracer: a trace plugs in through that attribute, and
+a compiled function being traced through the slot the tracer fills (``_capture_lookup``).
+Code below the tracer that needs to know about tracing (is this call traced? record an
+effect) asks the effect functions of the "trace slots and effects" section; nothing else
+reads the slots.
 """
 
 from __future__ import annotations
 
 import enum
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,8 +27,10 @@ from fusegrad import profiling
 from fusegrad.dtypes import DType
 
 __all__ = ["ConstantData", "Kind", "TensorType", "device_suffix", "infer_type", "Primitive",
-           "Rule", "PRIMITIVES", "ShapeError", "bind", "register", "trace_state", "current_capture",
-           "push_capture", "pop_capture"]
+           "Rule", "PRIMITIVES", "ShapeError", "bind", "register", "compiling", "traced",
+           "note_made", "note_created", "read_grad", "write_grad", "refuse_traced", "check_concrete",
+           "assign_captured", "enter_optimizer", "exit_optimizer", "is_scalar_input",
+           "note_module", "note_attribute", "key_source", "enclosing_traces"]
 
 
 class Kind(enum.Enum):
@@ -184,10 +189,14 @@ def bind(prim: Primitive, *operands, **attrs):
         trace = op._trace
         if trace is not None:
             return trace.process_primitive(prim, operands, attrs)
-    if _captures_held and _trace_state.captures:
-        # A compiled function is being traced: concrete tensors from outside it (parameters,
-        # captured globals) are read at call time, so ops on them are recorded too.
-        return _trace_state.captures[-1].bind_concrete(prim, operands, attrs)
+    lookup = _capture_lookup
+    if lookup is not None:
+        capture = lookup()
+        if capture is not None:
+            # A compiled function is being traced: concrete tensors from outside it
+            # (parameters, captured globals) are read at call time, so ops on them are
+            # recorded too.
+            return capture.bind_concrete(prim, operands, attrs)
     if profiling.recorder is not None:
         return _profiled_apply(prim, operands, attrs)
     if _device_apply is not None:
@@ -220,83 +229,166 @@ def _profiled_apply(prim: Primitive, operands, attrs):
         rec.add("aten::" + prim.name, "cpu_op", start, end, shapes, stack, nbytes)
 
 
-class TraceState(threading.local):
-    """What tracing keeps while it runs user code, one per thread: a function traced (or
-    compiled) in one thread must not record the ops another thread runs eagerly, as torch's
-    tracing and grad mode are per thread. All empty outside tracing. Read it through
-    :func:`trace_state` and :func:`current_capture`; captures come and go through
-    :func:`push_capture` and :func:`pop_capture`."""
+# ------------------------------------------------------------------ trace slots and effects
+#
+# The tracer (fusegrad.tracer.state) owns the trace state, per thread, and fills these slots
+# while some thread holds what they look up; None while no thread does. Below the tracer,
+# code never reads trace state: bind consults the capture slot, and everything else asks the
+# effect functions after the slots, each of which costs one truth test while nothing is
+# traced.
 
-    def __init__(self) -> None:
-        # The state captures of compiled functions being traced, innermost last
-        # (fusegrad.tracer.capture pushes them).
-        self.captures: list = []
-        # The GraphTraces running user code, innermost last (fusegrad.tracer.trace pushes
-        # them): a symbolic tensor of one of them met by an inner trace is a free variable.
-        self.traces: list = []
-        # Where random ops take their keys while tracing, innermost last: callables
-        # (generator, count) -> key tensor (fusegrad.tracer.trace pushes them).
-        self.key_sources: list = []
-
-
-_trace_state = TraceState()
-# The captures all threads hold together (push_capture, pop_capture): while there are none,
-# the hooks skip the thread-local lookup, which costs an eager op several times more than
-# the truth test of a global.
-_captures_held = 0
-_captures_lock = threading.Lock()
+# () -> this thread's innermost state capture of a compiled function being traced
+# (a fusegrad.tracer.capture.StateCapture), or None.
+_capture_lookup: Callable[[], Any] | None = None
+# () -> this thread's innermost random key source (a callable (generator, count) -> key
+# tensor that the tracer or vmap pushed), or None.
+_key_source_lookup: Callable[[], Any] | None = None
+# () -> the GraphTraces running user code in this thread, innermost last.
+_traces_lookup: Callable[[], list] | None = None
 
 
-def trace_state() -> TraceState:
-    """This thread's :class:`TraceState`."""
-    return _trace_state
+def set_capture_lookup(lookup: Callable[[], Any] | None) -> None:
+    """Fill (or empty, with None) the slot bind consults for a compiled function being
+    traced. Only the tracer calls this (fusegrad.tracer.state)."""
+    global _capture_lookup
+    _capture_lookup = lookup
 
 
-def current_capture():
-    """The state capture of the innermost compiled function being traced in this thread
-    (a ``fusegrad.tracer.capture.StateCapture``), or None."""
-    if not _captures_held:
-        return None
-    captures = _trace_state.captures
-    return captures[-1] if captures else None
+def set_key_source_lookup(lookup: Callable[[], Any] | None) -> None:
+    """Fill (or empty) the slot :func:`key_source` reads (fusegrad.tracer.state)."""
+    global _key_source_lookup
+    _key_source_lookup = lookup
 
 
-def push_capture(capture) -> None:
-    """Make ``capture`` the innermost state capture of this thread."""
-    global _captures_held
-    with _captures_lock:
-        _captures_held += 1
-    _trace_state.captures.append(capture)
+def set_traces_lookup(lookup: Callable[[], list] | None) -> None:
+    """Fill (or empty) the slot :func:`enclosing_traces` reads (fusegrad.tracer.state)."""
+    global _traces_lookup
+    _traces_lookup = lookup
 
 
-def pop_capture():
-    """Remove this thread's innermost state capture and return it."""
-    global _captures_held
-    capture = _trace_state.captures.pop()
-    with _captures_lock:
-        _captures_held -= 1
-    return capture
+def _capture():
+    # Read once: another thread may empty the slot between a test and a call.
+    lookup = _capture_lookup
+    return lookup() if lookup is not None else None
 
 
-def is_compiling() -> bool:
-    """Whether a compiled function is being traced now, in this thread
-    (``torch.compiler.is_compiling``)."""
-    return bool(_captures_held and _trace_state.captures)
+def compiling() -> bool:
+    """Whether a compiled function is being traced now, in this thread: every op is then
+    recorded, so eager shortcuts (numpy on a tensor's data, effects kept in Python) are off."""
+    lookup = _capture_lookup
+    return lookup is not None and lookup() is not None
 
 
 def traced(*tensors) -> bool:
     """Whether an op on ``tensors`` is recorded rather than run: one of them belongs to a
     trace (``fusegrad.trace``), or a compiled function is being traced."""
-    return is_compiling() or any(t._trace is not None for t in tensors)
+    return compiling() or any(t._trace is not None for t in tensors)
+
+
+def note_made(t) -> None:
+    """``t`` is a new tensor object. While a compiled function is traced, it belongs to that
+    trace: a constant of the graph unless its storage turns out to be older (``p.detach()``)."""
+    lookup = _capture_lookup
+    if lookup is not None:
+        capture = lookup()
+        if capture is not None:
+            capture.note_made(t)
 
 
 def note_created(t) -> None:
     """Mark ``t``, made by a tensor factory, as created by the code being traced (a constant
     of the graph) rather than captured from outside it (an input read at call time)."""
-    capture = current_capture()
+    capture = _capture()
     if capture is not None:
         capture.note_created(t)
 
+
+def read_grad(t):
+    """``t.grad`` while a compiled function is traced (:func:`compiling`): the gradient
+    present at call time (a graph input), or the one the trace wrote since."""
+    return _capture().get_grad(t)
+
+
+def write_grad(t, value) -> None:
+    """``t.grad = value`` while a compiled function is traced: written back after each call."""
+    _capture().set_grad(t, value)
+
+
+def refuse_traced(what: str) -> None:
+    """Raise ``ConcretizationError`` naming ``what`` (``"assigning f32[3].data"``) while a
+    compiled function is traced: it would happen once, at trace time. Nothing otherwise."""
+    capture = _capture()
+    if capture is not None:
+        capture.refuse(what)
+
+
+def check_concrete(t, what: str) -> None:
+    """Raise ``ConcretizationError`` when ``what`` (``"item()"``) needs the value of ``t``
+    and a compiled function is traced that reads ``t`` at call time. Nothing otherwise."""
+    capture = _capture()
+    if capture is not None:
+        capture.check_concrete(t, what)
+
+
+def assign_captured(x, value, op: str):
+    """The in-place write ``op`` of ``value`` into concrete ``x`` while a compiled function is
+    traced: a write to a tensor from outside it (a parameter, an optimizer's state) becomes
+    an output written back at call time. Returns ``x``'s new tensor."""
+    return _capture().assign_concrete(x, value, op)
+
+
+def enter_optimizer(opt):
+    """``opt.step()`` begins. While a compiled function is traced, its learning rates become
+    inputs read at each call and the structure of its state is guarded; returns what
+    :func:`exit_optimizer` restores (None when nothing is traced)."""
+    capture = _capture()
+    return None if capture is None else (capture, capture.enter_optimizer(opt))
+
+
+def exit_optimizer(token) -> None:
+    """``opt.step()`` ends: undo what :func:`enter_optimizer` swapped in."""
+    if token is not None:
+        capture, replaced = token
+        capture.exit_optimizer(replaced)
+
+
+def is_scalar_input(value) -> bool:
+    """Whether ``value`` is a hyperparameter a compiled function being traced reads at each
+    call (a 0-d graph input whose value is unknown while tracing)."""
+    capture = _capture()
+    return capture is not None and capture.is_scalar_input(value)
+
+
+def note_module(module) -> None:
+    """``module`` is called: while a compiled function is traced, its hooks and state are
+    part of what the graph's guards check."""
+    capture = _capture()
+    if capture is not None:
+        capture.note_module(module)
+
+
+def note_attribute(holder: dict, name: str, value, buffer: bool) -> None:
+    """A traced tensor ``value`` is stored in ``holder[name]`` (a module's ``__dict__``, or
+    its buffers when ``buffer``) while a compiled function is traced: the attribute is
+    restored after the trace and written back after each call."""
+    capture = _capture()
+    if capture is not None:
+        capture.note_attribute(holder, name, value, buffer)
+
+
+def key_source():
+    """Where random ops in this thread take their keys now: a callable
+    ``(generator, count) -> key tensor`` (a trace's key input, vmap's recorded keys), or
+    None for the generator itself."""
+    lookup = _key_source_lookup
+    return lookup() if lookup is not None else None
+
+
+def enclosing_traces() -> list:
+    """The traces running user code in this thread, innermost last (empty when none): a
+    symbolic tensor of one of them met by an inner trace is a free variable."""
+    lookup = _traces_lookup
+    return lookup() if lookup is not None else []
 
 # Set by fusegrad.autograd.engine at import: (prim, operands, attrs, out) -> None.
 _record_eager_node: Callable | None = None

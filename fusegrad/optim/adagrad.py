@@ -72,7 +72,7 @@ class Adagrad(Optimizer):
                 step_t = state["step"].add_(1)
                 if weight_decay != 0:
                     grad = F.add(grad, p, alpha=weight_decay)
-                if primitive.is_compiling():
+                if primitive.compiling():
                     # Traced into a compiled step: the same float64 formula in graph math.
                     step = F.cast(step_t, dtypes.float64)
                     clr = F.div(lr, F.add(F.mul(F.sub(step, 1), lr_decay), 1))

@@ -66,7 +66,7 @@ class Adam(Optimizer):
             beta1, beta2 = group["betas"]
             lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
             amsgrad = group["amsgrad"]
-            fast = (not amsgrad and not group["capturable"] and not primitive.is_compiling()
+            fast = (not amsgrad and not group["capturable"] and not primitive.compiling()
                     and plain_scalars(lr, eps, weight_decay, beta1, beta2))
             for p in group["params"]:
                 if p.grad is None:
@@ -89,7 +89,7 @@ class Adam(Optimizer):
                 if amsgrad:
                     second = state["max_exp_avg_sq"].copy_(
                         F.maximum(state["max_exp_avg_sq"], exp_avg_sq))
-                if primitive.is_compiling() and not group["capturable"]:
+                if primitive.compiling() and not group["capturable"]:
                     # Traced into a compiled step: the step count is a tensor whose value is
                     # known at call time only. The same formula as below, in float64 graph
                     # math instead of Python floats.

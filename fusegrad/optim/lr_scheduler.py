@@ -81,7 +81,7 @@ def _untraced_step(step: Callable) -> Callable:
     graph's calls; and a trace that fails would have advanced it once more than eager."""
     @functools.wraps(step)
     def wrapper(self, *args, **kwargs):
-        if primitive.is_compiling():
+        if primitive.compiling():
             raise _ConcretizationError(
                 f"{type(self).__name__}.step() was called inside a compiled function; a "
                 "scheduler's state changes in Python, once, at trace time, not at each call. "

@@ -33,14 +33,13 @@ def _captured_step(step: Callable) -> Callable:
     structure of its state is guarded (fusegrad.tracer.capture)."""
     @functools.wraps(step)
     def wrapper(self, *args, **kwargs):
-        capture = primitive.current_capture()
-        if capture is None:
+        if not primitive.compiling():
             if profiling.recorder is None:
                 return step(self, *args, **kwargs)
             name = type(self).__name__
             with profiling.Span(profiling.recorder, f"Optimizer.step#{name}.step"):
                 return step(self, *args, **kwargs)
-        replaced = capture.enter_optimizer(self)
+        token = primitive.enter_optimizer(self)
         # Optimizers whose eager step reads the step count with .item() take their
         # capturable branch (tensor math on the step) while traced.
         flipped = [g for g in self.param_groups if self._capturable_when_compiled
@@ -52,7 +51,7 @@ def _captured_step(step: Callable) -> Callable:
         finally:
             for g in flipped:
                 g["capturable"] = False
-            capture.exit_optimizer(replaced)
+            primitive.exit_optimizer(token)
     return wrapper
 
 
@@ -107,7 +106,7 @@ def eager_arrays(*tensors: Tensor | None) -> list | None:
     copies (torch's fused multi-tensor path plays that part there). None entries are passed
     through. Callers bump version counters as the in-place ops would.
     """
-    if primitive.is_compiling():
+    if primitive.compiling():
         return None
     first = next(t for t in tensors if t is not None)
     dtype, shape = first._dtype, first._data.shape
@@ -130,8 +129,7 @@ def is_nonzero(value: float | Tensor) -> bool:
     """Whether a hyperparameter such as momentum is nonzero. A compiled step reads a nonzero
     float momentum at each call as a 0-d graph input (its value unknown while tracing); the
     trace's guard recompiles if it becomes zero, so such an input counts as nonzero."""
-    capture = primitive.current_capture()
-    if capture is not None and capture.is_scalar_input(value):
+    if primitive.is_scalar_input(value):
         return True
     return bool(value != 0)
 
@@ -256,7 +254,7 @@ class Optimizer:
         """Reset the gradients of all optimized tensors: to None (default), or to zero."""
         from fusegrad.autograd.grad_utils import clear_grads
         params = (p for group in self.param_groups for p in group["params"])
-        if profiling.recorder is None or primitive.current_capture() is not None:
+        if profiling.recorder is None or primitive.compiling():
             clear_grads(params, set_to_none)
             return
         name = type(self).__name__

@@ -3,8 +3,8 @@
 ``fusegrad.compile`` traces a function once and runs the graph many times, so everything the
 function reads or writes outside its arguments must be in the graph, or the graph goes stale
 (a frozen constant, a lost update). While a compiled function is traced, a
-:class:`StateCapture` sits on the trace (and on the captures of its thread's
-``primitive.trace_state()``) and turns each such effect into graph inputs and outputs:
+:class:`StateCapture` sits on the trace (and on its thread's captures in
+:mod:`fusegrad.tracer.state`) and turns each such effect into graph inputs and outputs:
 
 - A tensor created before the trace began (a parameter, a buffer, an optimizer's state, any
   captured global) is an *external* tensor: a graph input read at call time, and every op on
@@ -55,6 +55,7 @@ from fusegrad.ops import primitive
 from fusegrad.ops.primitive import TensorType
 from fusegrad.tensor import Tensor
 from fusegrad.tracer.guards import ClosureGuard, hashable
+from fusegrad.tracer.state import pop_capture, push_capture
 
 __all__ = ["StateCapture", "CaptureInfo", "capturing"]
 
@@ -151,6 +152,11 @@ class StateCapture:
             self._old_roots = _live_storage(exclude=self)
         return root not in self._old_roots
 
+    def note_made(self, t: Tensor) -> None:
+        """``t`` is a new tensor object made while tracing: the trace's, unless its storage
+        is older (:meth:`is_internal` decides at its first use)."""
+        t._capture_owner = self
+
     def note_created(self, t: Tensor) -> None:
         """``t`` was made by a factory while tracing: fresh storage, a graph constant."""
         t._capture_owner = self
@@ -225,7 +231,7 @@ class StateCapture:
     def bind_concrete(self, prim, operands, attrs):
         """A primitive on concrete operands only: eager if they are all internal."""
         if all(self.is_internal(op) for op in operands):
-            saved = primitive.pop_capture()
+            saved = pop_capture()
             try:
                 out = None
                 if primitive._device_apply is not None:     # cuda operands run there
@@ -233,7 +239,7 @@ class StateCapture:
                 if out is None:
                     out = primitive._eager_apply(prim, operands, attrs)
             finally:
-                primitive.push_capture(saved)
+                push_capture(saved)
             # Fresh storage, or a view of an internal operand's: internal either way.
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 t._capture_owner = self
@@ -244,11 +250,11 @@ class StateCapture:
     def assign_concrete(self, x: Tensor, value: Tensor, op: str) -> Tensor:
         """An in-place write to concrete ``x``."""
         if self.is_internal(x) and (value._trace is None and self.is_internal(value)):
-            saved = primitive.pop_capture()
+            saved = pop_capture()
             try:
                 return F.assign_(x, value, op)
             finally:
-                primitive.push_capture(saved)
+                push_capture(saved)
         F._check_inplace(x, op)
         if x._base is not None:
             self.refuse(f"{op}: an in-place write to a view of a tensor from outside the "
@@ -864,16 +870,16 @@ def _restore(opt, snap) -> None:
 
 class capturing:
     """Context: make ``capture`` the innermost state capture of this thread
-    (``primitive.current_capture()``)."""
+    (:func:`fusegrad.tracer.state.current_capture`)."""
 
     def __init__(self, capture: StateCapture):
         self.capture = capture
 
     def __enter__(self):
-        primitive.push_capture(self.capture)
+        push_capture(self.capture)
         self.capture.trace.location = USER_LINE
         return self.capture
 
     def __exit__(self, *exc):
-        primitive.pop_capture()
+        pop_capture()
         return False

@@ -98,7 +98,7 @@ class EagerKernel:
         threshold = config.eager_kernel_threshold
         if threshold <= 0:
             return NotImplemented
-        if _primitive.is_compiling():
+        if _primitive.compiling():
             return NotImplemented
         tensors, layout, big = [], [], False
         for a in args:

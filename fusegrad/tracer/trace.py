@@ -24,8 +24,9 @@ from fusegrad import dtypes
 from fusegrad.ir.graph import Graph
 from fusegrad.ir.symbolic import GraphTrace, SymbolicTensor
 from fusegrad.ops import creation, philox
-from fusegrad.ops.primitive import TensorType, trace_state
+from fusegrad.ops.primitive import TensorType
 from fusegrad.tensor import Tensor
+from fusegrad.tracer.state import pop_key_source, pop_trace, push_key_source, push_trace
 
 __all__ = ["trace", "trace_with_state", "TraceInfo", "tree_flatten", "tree_unflatten", "swap_module_state"]
 
@@ -256,9 +257,8 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool) -> Grap
         pairs = [(sym_state[id(t)], t) for _, t in state] + list(zip(sym_leaves, leaves))
         cap = StateCapture(tr, pairs)
     rng = _RngInput(tr)
-    thread = trace_state()
-    thread.key_sources.append(rng)
-    thread.traces.append(tr)
+    push_key_source(rng)
+    push_trace(tr)
     try:
         with swap_module_state(module, sym_state) if module is not None else contextlib.nullcontext(), \
                 capturing(cap) if cap is not None else contextlib.nullcontext():
@@ -282,8 +282,8 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool) -> Grap
             cap.rollback()
         raise
     finally:
-        thread.traces.pop()
-        thread.key_sources.pop()
+        pop_trace()
+        pop_key_source()
 
     info = TraceInfo(in_tree, out_tree, n_state=len(state), state_names=[n for n, _ in state],
                      n_user_outputs=len(outputs), output_aliases=aliases)

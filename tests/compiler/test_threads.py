@@ -1,6 +1,6 @@
 """fusegrad.compile and eager autograd from several threads at once.
 
-Tracing state is per thread (``primitive.trace_state()``): a function compiled in one thread
+Tracing state is per thread (``fusegrad.tracer.state``): a function compiled in one thread
 records none of the ops other threads run eagerly, and grad mode is per thread as in torch.
 A compiled function compiles a signature once however many threads call it first, and a
 compile that fails leaves nothing behind. Every threaded result is compared with the same
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
-from fusegrad.ops.primitive import is_compiling
+from fusegrad.tracer.state import is_compiling
 
 _compile_module = sys.modules["fusegrad.tracer.compile"]
 

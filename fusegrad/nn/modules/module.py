@@ -179,11 +179,11 @@ class Module:
                                   f'"forward" function')
 
     def __call__(self, *args, **kwargs):
-        capture = primitive.current_capture()
-        if capture is not None:
-            capture.note_module(self)     # a compiled function is being traced
+        compiling = primitive.compiling()
+        if compiling:
+            primitive.note_module(self)
         compiled = self.__dict__.get("_compiled_call")
-        if compiled is not None and capture is None and not any(
+        if compiled is not None and not compiling and not any(
                 isinstance(a, Tensor) and a._trace is not None for a in args):
             return compiled(*args, **kwargs)
         # The hook dicts are tested first: most modules have none, and copying an empty dict's
@@ -367,12 +367,12 @@ class Module:
             if value is not None and not isinstance(value, Tensor):
                 raise TypeError(f"cannot assign '{_typename(value)}' as buffer '{name}' "
                                 "(torch.Tensor or None expected)")
-            if value is not None and value._trace is not None and primitive.is_compiling():
-                primitive.current_capture().note_attribute(buffers, name, value, True)
+            if value is not None and value._trace is not None:
+                primitive.note_attribute(buffers, name, value, True)
             buffers[name] = value
             return
-        if isinstance(value, Tensor) and value._trace is not None and primitive.is_compiling():
-            primitive.current_capture().note_attribute(self.__dict__, name, value, False)
+        if isinstance(value, Tensor) and value._trace is not None:
+            primitive.note_attribute(self.__dict__, name, value, False)
         object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str):
