@@ -43,7 +43,8 @@ class _Entry:
     optimized: Graph
     program: Program | None
     info: Any
-    backward: dict = field(default_factory=dict)     # (wrt, seeded) -> (Program, Graph)
+    # ("split", wrt) -> _SplitPrograms; (wrt, seeded) -> (VJP program, its graph, reached)
+    backward: dict = field(default_factory=dict)
     # wrt tuple -> (the inputs of wrt that reach those outputs, [differentiable per output])
     differentiable: dict = field(default_factory=dict)
     compile_ms: float = 0.0

@@ -31,6 +31,7 @@ __all__ = ["build_program", "entry_program", "split_programs", "vjp_program"]
 
 
 def _symbol(name: str) -> str:
+    """A graph's name as a symbol of its program (letters, digits and underscores)."""
     return "".join(c if c.isalnum() else "_" for c in name) or "graph"
 
 
