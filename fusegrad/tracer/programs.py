@@ -37,8 +37,8 @@ def _symbol(name: str) -> str:
 
 def build_program(graph: Graph, backend: str, name: str, donate=()):
     """The program of ``graph``'s kernels (the program pipeline ran ``fuse`` on it) for
-    ``backend``: LLVM kernels on the CPU, CUDA kernels (numpy arrays in and out, copied to and
-    from the device), or None for the interpreter, which runs the graph itself."""
+    ``backend``: LLVM kernels on the CPU, CUDA kernels (numpy arrays in and out, each copied
+    to the device and back), or None for the interpreter, which runs the graph itself."""
     if backend == "cuda":
         # optional: the CUDA runtime is imported only when CUDA is asked for
         from fusegrad.runtime.cuda import HostCudaProgram
