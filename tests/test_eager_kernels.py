@@ -12,7 +12,7 @@ import pytest
 
 import fusegrad as fg
 from fusegrad.ops.composite import CompositeNode
-from fusegrad.tracer.compile import _OutputBackward
+from fusegrad.tracer.compiled_autograd import _OutputBackward
 
 F = fg.nn.functional
 THRESHOLD = 4096

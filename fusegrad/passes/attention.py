@@ -33,11 +33,13 @@ from __future__ import annotations
 import math
 
 from fusegrad.ir.graph import Graph, Literal, Node, Value
+from fusegrad.ir.rewrite import copy_graph
 from fusegrad.ops.fused_attention import fused_attention
 from fusegrad.ops.primitive import PRIMITIVES, TensorType
+from fusegrad.passes.manager import Pass, register_pass
 from fusegrad.runtime.native_attention import supported
 
-__all__ = ["fuse_attention"]
+__all__ = ["fuse_attention", "FuseAttention"]
 
 
 def _made_by(v, op: str) -> Node | None:
@@ -144,3 +146,15 @@ def fuse_attention(g: Graph) -> dict[Value, Value]:
         fused[packed] = y
     g.nodes[:] = nodes
     return fused
+
+
+@register_pass
+class FuseAttention(Pass):
+    """Fuse the attention chains of a graph (:func:`fuse_attention`), on a copy: the input
+    graph is returned unchanged when there is none."""
+
+    name = "fuse-attention"
+
+    def run(self, graph: Graph) -> Graph:
+        fused = copy_graph(graph)
+        return fused if fuse_attention(fused) else graph

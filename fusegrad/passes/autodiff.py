@@ -13,15 +13,16 @@ derivatives.
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.ir.symbolic import USER_LINE, GraphTrace, SymbolicTensor, literal_tensor
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
-from fusegrad.passes.manager import Pass, register_pass
+from fusegrad.passes.manager import Pass, parse_positions, register_pass
 
-__all__ = ["vjp_graph", "grad_graph", "autodiff", "Autodiff"]
+__all__ = ["vjp_graph", "grad_graph", "autodiff", "Autodiff", "Vjp"]
 
 
 def _forward(g: Graph, trace: GraphTrace, wrt: set[int]):
@@ -143,3 +144,27 @@ class Autodiff(Pass):
     def run(self, graph: Graph) -> Graph:
         wrt = None if self.wrt == "all" else [int(self.wrt)]
         return grad_graph(graph, wrt, name=graph.name)
+
+
+@register_pass
+class Vjp(Pass):
+    """``vjp{wrt=all,outputs=all}``: ``(*inputs, *cotangents) -> input cotangents[wrt]``,
+    the VJP of the outputs ``outputs`` (``all`` or output positions joined by ``+``; one
+    cotangent input each), named ``<graph>_backward``. Only the outputs listed are seeded:
+    a zero cotangent for the others would go down their paths, where 0 * inf is NaN."""
+
+    name = "vjp"
+    changes_signature = True
+    wrt: str = "all"
+    outputs: str = "all"
+
+    def run(self, graph: Graph) -> Graph:
+        wrt = parse_positions(self.wrt, self.name, "wrt")
+        seeded = parse_positions(self.outputs, self.name, "outputs", what="output")
+        forward = graph
+        if seeded is not None:
+            forward = copy.copy(graph)          # the input graph keeps its outputs
+            forward.set_outputs([graph.outputs[k] for k in seeded])
+        g = vjp_graph(forward, wrt, name=f"{graph.name}_backward")
+        g.set_outputs(g.outputs[len(forward.outputs):])
+        return g

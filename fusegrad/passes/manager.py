@@ -25,7 +25,7 @@ from fusegrad.config import config
 from fusegrad.ir.graph import Graph
 
 __all__ = ["Pass", "register_pass", "PASSES", "parse_pipeline", "PassManager", "PipelineError",
-           "run_pipeline"]
+           "run_pipeline", "parse_positions", "format_positions"]
 
 
 class PipelineError(ValueError):
@@ -75,6 +75,23 @@ def _convert(value: str, kind, pass_name: str, key: str):
     except (TypeError, ValueError):
         raise PipelineError(f"pass '{pass_name}': option {key}={value!r} is not a valid "
                             f"{getattr(kind, '__name__', kind)}") from None
+
+
+def parse_positions(text: str, pass_name: str, key: str, what: str = "input") -> list[int] | None:
+    """A pass option that lists positions: ``all`` (None), or indices joined by ``+``
+    (``wrt=0+2``); an empty value lists none."""
+    if text == "all":
+        return None
+    try:
+        return [int(i) for i in text.split("+")] if text else []
+    except ValueError:
+        raise PipelineError(f"pass '{pass_name}': {key}={text!r} must be 'all' or {what} "
+                            "positions joined by '+'") from None
+
+
+def format_positions(positions) -> str:
+    """The option text :func:`parse_positions` reads back as ``positions``."""
+    return "+".join(str(i) for i in positions)
 
 
 def parse_pipeline(text: str) -> list[Pass]:
@@ -157,6 +174,8 @@ class PassManager:
                 if not same and not p.changes_signature and p.name != "autodiff":
                     raise PipelineError(f"pass '{p}' changed the graph's output types from "
                                         f"{signature} to {[o.type for o in graph.outputs]}")
+                # The passes after one that changes the signature keep the new one.
+                signature = [o.type for o in graph.outputs]
             if self.print_after_all:
                 out = self.out or sys.stderr
                 print(f"// -----// IR Dump After {p} //----- //", file=out)

@@ -52,7 +52,7 @@ import networkx as nx
 from fusegrad.ir.graph import Graph, IRError, Node, Operand, Value
 from fusegrad.ops.primitive import Kind, TensorType
 from fusegrad.passes.autodiff import vjp_graph
-from fusegrad.passes.manager import Pass, PipelineError, register_pass
+from fusegrad.passes.manager import Pass, PipelineError, parse_positions, register_pass
 
 __all__ = ["partition_joint", "Partition", "SavedValue", "is_recomputable", "partition_report",
            "PartitionReport", "POLICIES", "PartitionPass"]
@@ -397,16 +397,19 @@ def partition_report(graph: Graph, wrt: Sequence[int] | None = None,
 
 @register_pass
 class PartitionPass(Pass):
-    """``partition{part=forward|backward,policy=min_cut,wrt=all}``: the forward (outputs,
-    then saved values) or the backward (saved values and cotangents -> input cotangents)
-    of the partitioned joint graph. ``wrt`` is ``all`` or input positions joined by ``+``
-    (``wrt=1+2``)."""
+    """``partition{part=forward|backward,policy=min_cut,wrt=all,free=}``: the forward
+    (outputs, then saved values) or the backward (saved values and cotangents -> input
+    cotangents) of the partitioned joint graph; the half returned carries the whole
+    :class:`Partition` as ``graph.partition``. ``wrt`` is ``all`` or input positions joined
+    by ``+`` (``wrt=1+2``); ``free`` lists the inputs that are saved for free (parameters:
+    see ``free_inputs`` of :func:`partition_joint`), none by default."""
 
     name = "partition"
     changes_signature = True
     part: str = "forward"
     policy: str = "min_cut"
     wrt: str = "all"
+    free: str = ""
 
     def run(self, graph: Graph) -> Graph:
         if self.part not in ("forward", "backward"):
@@ -415,10 +418,9 @@ class PartitionPass(Pass):
         if self.policy not in POLICIES:
             raise PipelineError(f"pass 'partition': policy={self.policy!r} must be one of "
                                 f"{', '.join(POLICIES)}")
-        try:
-            wrt = None if self.wrt == "all" else [int(i) for i in self.wrt.split("+")]
-        except ValueError:
-            raise PipelineError(f"pass 'partition': wrt={self.wrt!r} must be 'all' or input "
-                                "positions joined by '+'") from None
-        p = partition_joint(graph, wrt=wrt, policy=self.policy)
-        return p.forward if self.part == "forward" else p.backward
+        wrt = parse_positions(self.wrt, self.name, "wrt")
+        free = parse_positions(self.free, self.name, "free") or ()
+        p = partition_joint(graph, wrt=wrt, policy=self.policy, free_inputs=free)
+        half = p.forward if self.part == "forward" else p.backward
+        half.partition = p          # the other half and the saved values, for the caller
+        return half

@@ -229,7 +229,7 @@ def _quiet(nodes: list):
 
 def _with_nodes(leaves: list, flagged: list[int], joint: _CheckpointBackward) -> list:
     """``leaves`` with each flagged tensor replaced by one whose grad_fn leads to ``joint``."""
-    from fusegrad.tracer.compile import _OutputBackward
+    from fusegrad.tracer.compiled_autograd import _OutputBackward
     leaves = list(leaves)
     if len(flagged) == 1:
         (k,) = flagged

@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
+from fusegrad.tracer import programs
 from fusegrad.tracer.state import is_compiling
-
-_compile_module = sys.modules["fusegrad.tracer.compile"]
 
 TIMEOUT_S = 120        # a thread still running after this is a deadlock
 
@@ -162,7 +161,7 @@ def test_a_compile_that_raises_leaves_nothing_behind(monkeypatch):
 
     m, opt, step = make()
     step = fg.compile(step)
-    real = _compile_module.Program
+    real = programs.Program
     failures = [1]
 
     def flaky(*args, **kwargs):
@@ -171,7 +170,7 @@ def test_a_compile_that_raises_leaves_nothing_behind(monkeypatch):
             raise MemoryError("no memory for the kernels")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_compile_module, "Program", flaky)
+    monkeypatch.setattr(programs, "Program", flaky)
     with pytest.raises(MemoryError, match="no memory"):
         step(x)
     assert step.entries() == [] and len(opt.state) == 0

@@ -1,0 +1,441 @@
+"""``CompiledFunction``: the callable ``fusegrad.compile`` returns, sequencing the stages of
+a compiled call (see :mod:`fusegrad.tracer.compile` for what a call does).
+
+A call looks its entry up in the call cache (:mod:`~fusegrad.tracer.call_cache`); a miss
+captures the function (:mod:`~fusegrad.tracer.trace_call`), runs the pass pipeline
+(:mod:`~fusegrad.tracer.pipeline`) and builds the program
+(:mod:`~fusegrad.tracer.programs`); the entry then runs (:mod:`~fusegrad.tracer.execute`),
+recording its backward on the eager tape when its inputs require grad
+(:mod:`~fusegrad.tracer.compiled_autograd`).
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import functools
+import sys
+import threading
+import time
+import types
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from fusegrad import profiling
+from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad.config import config
+from fusegrad.ir.dot import render, to_dot
+from fusegrad.ir.graph import Graph
+from fusegrad.ir.printer import print_graph
+from fusegrad.ir.symbolic import ConcretizationError
+from fusegrad.ops import primitive as _primitive
+from fusegrad.runtime.cpu import Program
+from fusegrad.tracer.call_cache import (
+    _ALIASES,
+    _Entry,
+    _entry_guard,
+    _makes_optimizer_state,
+    _recompile_limit_message,
+    _spent,
+    _SplitPrograms,
+    _writes_an_argument,
+    call_key,
+    fast_key,
+    recompile_reason,
+    static_key,
+)
+from fusegrad.tracer.compiled_autograd import differentiated, record_backward
+from fusegrad.tracer.execute import (
+    _fast_call,
+    call_inputs,
+    run_inputs,
+    run_program,
+    user_outputs,
+    write_back,
+)
+from fusegrad.tracer.guards import ClosureGuard
+from fusegrad.tracer.pipeline import DEFAULT_PIPELINE, program_pipeline, run_passes
+from fusegrad.tracer.programs import (
+    entry_program,
+    split_programs,
+    vjp_program,
+)
+from fusegrad.tracer.trace import module_state, tree_flatten
+from fusegrad.tracer.trace_call import capture_call, closure_guard_of, guard_reads
+
+__all__ = ["CompiledFunction", "Lowered", "counters", "RECOMPILE_WARNING_LIMIT", "BACKENDS"]
+
+RECOMPILE_WARNING_LIMIT = 8        # the default of config.recompile_limit (kept for imports)
+BACKENDS = ("llvm", "interpreter", "cuda")
+
+# Over all compiled functions, as torch's torch._dynamo.utils.counters (fusegrad._dynamo.utils
+# has it under that name): counters["frames"]["total"] traces started, ["frames"]["ok"] those
+# compiled, ["stats"]["unique_graphs"] programs made, ["graph_break"][reason] calls sent to
+# eager by a trace that failed. Clear it with counters.clear().
+counters: collections.defaultdict = collections.defaultdict(collections.Counter)
+
+
+@dataclass
+class Lowered:
+    """What a call compiles to, without running it: the graph (after passes), the kernels,
+    and the generated LLVM IR."""
+
+    graph: Graph
+    kernels: list[str]
+    llvm_ir: str
+    program: Program | None = None
+
+    def __str__(self) -> str:
+        return print_graph(self.graph) + "\n// kernels:\n// " + "\n// ".join(self.kernels)
+
+    def to_dot(self) -> str:
+        """Graphviz text of the graph with each kernel drawn as a cluster."""
+        kernels = [k.nodes for k in self.program.kg.kernels] if self.program else None
+        return to_dot(self.graph, kernels=kernels)
+
+    def render(self, path: str) -> str:
+        """Draw the graph and its kernels to an image (needs graphviz's ``dot``)."""
+        kernels = [k.nodes for k in self.program.kg.kernels] if self.program else None
+        return render(self.graph, path, kernels=kernels)
+
+
+class CompiledFunction:
+    """The callable ``fusegrad.compile`` returns."""
+
+    grad_name = "CompiledFunctionBackward"      # the grad_fn name of its outputs
+
+    def __init__(self, fn: Callable, *, backend: str = "llvm", static_argnums=(),
+                 static_argnames=(), donate_argnums=(), fullgraph: bool = False,
+                 pipeline: str | None = None):
+        if backend == "inductor":       # torch.compile's default backend: the native one here
+            backend = "llvm"
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+        self.fn = fn
+        self.module = fn if hasattr(fn, "_parameters") and hasattr(fn, "named_parameters") \
+            else None
+        self.backend = backend
+        self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) \
+            else tuple(static_argnums)
+        self.static_argnames = (static_argnames,) if isinstance(static_argnames, str) \
+            else tuple(static_argnames)
+        self.donate_argnums = (donate_argnums,) if isinstance(donate_argnums, int) \
+            else tuple(donate_argnums)
+        self.fullgraph = fullgraph
+        self.pipeline = pipeline or DEFAULT_PIPELINE
+        self.cache: dict = {}
+        self._fast: dict = {}
+        self._fast_ok = self.module is None and not self.static_argnums and \
+            not self.static_argnames
+        self.compiles = 0
+        self.recompile_reasons: list[str] = []   # why each compile after the first happened
+        self._eager_keys: set = set()
+        self._warned_eager = False
+        self._warned_limit = False
+        self._last_key = None
+        self._cuda_twin: CompiledFunction | None = None
+        self._bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._in_region = False         # inside this call's profiler range
+        # Held while a call looks up, compiles or runs an entry, so that threads calling for
+        # the first time wait for one compile instead of each tracing, and no call reads the
+        # state a trace changes while it runs (a compiled module's parameters are the trace's
+        # symbolic tensors then). Reentrant: a traced function may call itself. A call whose
+        # entry reads nothing but its arguments (``entry.fast``) runs without it.
+        self._lock = threading.RLock()
+        functools.update_wrapper(self, fn if not self.module else type(fn).forward)
+
+    def _options(self) -> dict:
+        return dict(backend=self.backend, static_argnums=self.static_argnums,
+                    static_argnames=self.static_argnames, donate_argnums=self.donate_argnums,
+                    fullgraph=self.fullgraph, pipeline=self.pipeline)
+
+    def __deepcopy__(self, memo):
+        # A compiled module's copy (an EMA model, the best model so far) is the copied
+        # module, compiled the same way; its programs are traced again, of its own tensors.
+        fn = copy.deepcopy(self.fn, memo) if self.module is not None else self.fn
+        return CompiledFunction(fn, **self._options())
+
+    def __get__(self, obj, objtype=None):
+        # @fusegrad.compile on a method in a class body: each instance gets its own compiled
+        # bound method (its own traces and recompile limit; what it reads of self is guarded).
+        if obj is None:
+            return self
+        try:
+            bound = self._bound.get(obj)
+        except TypeError:               # an instance that is unhashable or not weakly held
+            return types.MethodType(self, obj)
+        if bound is None:
+            # Argument positions counted self (as jax.jit's on a method); now it is bound.
+            options = self._options()
+            options["static_argnums"] = [i - 1 for i in self.static_argnums if i > 0]
+            options["donate_argnums"] = [i - 1 for i in self.donate_argnums if i > 0]
+            bound = self._bound[obj] = CompiledFunction(types.MethodType(self.fn, obj),
+                                                        **options)
+        return bound
+
+    def __getattr__(self, name: str):
+        # A compiled module still looks like the module (parameters(), train(), ...).
+        module = self.__dict__.get("module")
+        if module is not None:
+            return getattr(module, name)
+        raise AttributeError(name)
+
+    # ------------------------------------------------------------------ call
+
+    def __call__(self, *args, **kwargs):
+        """Run the compiled entry of this call (cached, or compiled now), or ``fn`` eagerly."""
+        if profiling.recorder is not None and not self._in_region:
+            return self._profiled_call(args, kwargs)
+        if _primitive._device_apply is not None and self.backend == "llvm" and \
+                self._on_cuda(args, kwargs):
+            return self._cuda()(*args, **kwargs)
+        # Fast path: positional tensor arguments only, a signature seen before.
+        fast = fast_key(args) if not kwargs and self._fast_ok else None
+        hit = self._fast.get(fast) if fast is not None else None
+        if hit is not None and (run := hit.fast) is not None:
+            return run(args)                    # reads nothing but the arguments: no lock
+        if hit is not None:
+            with self._lock:
+                if self._holds(hit, args):
+                    return self._run(hit, args)
+        leaves, _ = tree_flatten((args, kwargs))
+        if any(t._trace is not None for t in leaves):
+            # Called inside a trace (another compile or a transform): inline the function.
+            return self.fn(*args, **kwargs)
+        with self._lock:
+            key, leaves = self._key(args, kwargs)
+            entry = self._entry_for(key, args, kwargs, leaves)
+            if entry is not None:
+                self._remember_fast(fast, entry, args, leaves)
+                return self._run(entry, leaves)
+        # Outside the lock: the function runs eagerly, as often in parallel as it is called.
+        return self.fn(*args, **kwargs)
+
+    def _run(self, entry: _Entry, leaves):
+        """Run ``entry`` for a call with tensor arguments ``leaves``."""
+        inputs = run_inputs(entry, leaves, self.module)
+        # A call that autograd records: the forward runs as the first half of a partitioned
+        # program, saving what the backward needs (passes/partition.py).
+        wrt, flags = differentiated(entry, inputs)
+        backward = flags is not None and any(flags)
+        split = self.split_programs(entry, wrt) \
+            if backward and entry.program is not None else None
+        results, residuals = run_program(entry, inputs, split)
+        if backward:
+            # Before the write-back: the backward needs the inputs as the call saw them.
+            record_backward(self, entry, wrt, flags, inputs, results, split, residuals)
+        write_back(entry, inputs, results)
+        if entry.one_shot:
+            # Its state tensors are now the optimizer's, and a later call with no state
+            # (opt.load_state_dict of a fresh state, state.clear()) must make new ones, as
+            # eager does: that call traces again.
+            entry.guard, entry.fast = _spent, None
+        return user_outputs(entry, inputs, results)
+
+    def _entry_for(self, key, args, kwargs, leaves) -> _Entry | None:
+        """The entry that a call with ``key`` runs: cached, or compiled now; None when the
+        call runs eagerly (past the recompile limit, a graph break, aliased arguments)."""
+        if key in self._eager_keys:
+            return None
+        entry = self._lookup(key, leaves)
+        if entry is None:
+            if self.compiles >= self._recompile_limit():
+                # torch's recompile_limit: past it, new signatures run eagerly.
+                if not self._warned_limit:
+                    warnings.warn(_recompile_limit_message(self._name(), self.cache,
+                                                           self._last_key, key, self.compiles),
+                                  UserWarning, stacklevel=3)
+                    self._warned_limit = True
+                return None
+            try:
+                entry = self._compile(key, args, kwargs)
+            except ConcretizationError as e:
+                if self.fullgraph:
+                    raise
+                counters["graph_break"][str(e).split("\n")[0]] += 1
+                if config.debug >= 1:
+                    print(f"[fusegrad] running {self._name('fn')} eagerly: {e}", file=sys.stderr)
+                self._to_eager(key, f"running {self._name('fn')} eagerly: {e}")
+                return None
+            # Only a whole entry is cached: a compile that raises leaves none.
+            self.cache.setdefault(key, []).append(entry)
+            self._last_key = key
+        if key[_ALIASES] and _writes_an_argument(entry):
+            # f(a, a), or two slices of one tensor, where the function writes one of them
+            # in place: the trace took them for separate inputs, and the other would not
+            # see the write. Eager sees it. (What the trace did, e.g. an optimizer's
+            # first-step state, is taken back first.)
+            if entry.info.capture is not None:
+                entry.info.capture.rollback()
+            self._to_eager(key, f"running {self._name('fn')} eagerly for arguments that share "
+                           "storage, one of which it writes in place")
+            return None
+        return entry
+
+    def _to_eager(self, key, message: str) -> None:
+        """Calls with ``key`` run eagerly from now on; the first such call warns."""
+        if not self._warned_eager:
+            # stacklevel: the line that called the compiled function (through _entry_for)
+            warnings.warn(f"fusegrad.compile: {message}", UserWarning, stacklevel=4)
+            self._warned_eager = True
+        self._eager_keys.add(key)
+
+    def _remember_fast(self, fast, entry: _Entry, args, leaves) -> None:
+        """Send later calls with the fast key ``fast`` straight to ``entry``; guarded entries
+        too (a training step's): the guard runs on each fast call, and when it fails the full
+        lookup finds or compiles the entry that holds."""
+        if fast is None or len(leaves) != len(args):
+            return
+        if entry.guard is None and not (
+                is_grad_enabled() and any(t._requires_grad for t in leaves)):
+            entry.fast = _fast_call(entry)
+        self._fast[fast] = entry
+
+    def _cuda(self) -> "CompiledFunction":
+        """Cuda tensors exist and some reach this call: its twin on the cuda backend runs
+        it, with device arrays in and out (the CPU path pays one test until then)."""
+        with self._lock:
+            if self._cuda_twin is None:
+                self._cuda_twin = CompiledFunction(self.fn, **dict(self._options(),
+                                                                   backend="cuda"))
+        return self._cuda_twin
+
+    def _name(self, default: str | None = None) -> str:
+        """The function's name, for messages."""
+        return getattr(self.fn, "__name__", default or type(self.fn).__name__)
+
+    def _profiled_call(self, args, kwargs):
+        """A call while a profiler records: one range around all of it, named as torch names
+        a compiled call's (its self time is what the call spends outside its programs:
+        guards, arguments, write-backs; tracing and compiling on a first call)."""
+        self._in_region = True
+        try:
+            with profiling.Span(profiling.recorder, f"Torch-Compiled Region: {self._name()}"):
+                return self(*args, **kwargs)
+        finally:
+            self._in_region = False
+
+    def _on_cuda(self, args, kwargs) -> bool:
+        """Whether a tensor argument, or the module's state, is a cuda tensor."""
+        leaves, _ = tree_flatten((args, kwargs))
+        if self.module is not None:
+            leaves = leaves + [t for _, t in module_state(self.module)]
+        return any(t._trace is None and not isinstance(t._data, np.ndarray) for t in leaves)
+
+    # ------------------------------------------------------------------ guards
+
+    def _key(self, args, kwargs):
+        static = static_key(args, kwargs, self.static_argnums, self.static_argnames)
+        return call_key(args, kwargs, static, self.module)
+
+    def entries(self) -> list[_Entry]:
+        """Every compiled entry (a signature and the guards it was traced under)."""
+        return [e for group in self.cache.values() for e in group]
+
+    def _lookup(self, key, leaves) -> _Entry | None:
+        """The cached entry for ``key`` whose guards hold now, if any."""
+        # Newest first: a training step's steady graph is traced after its first step's.
+        for entry in reversed(self.cache.get(key, ())):
+            if self._holds(entry, leaves):
+                return entry
+        return None
+
+    def _holds(self, entry: _Entry, leaves) -> bool:
+        """Whether ``entry``'s guards hold for a call with ``leaves``."""
+        return entry.guard is None or entry.guard(
+            lambda: call_inputs(entry, leaves, self.module, read_only=True))
+
+    def _closure_guard(self, args, kwargs) -> ClosureGuard:
+        """What the function reads from its closure and globals, and of the objects among
+        its arguments, guarded on each call."""
+        return closure_guard_of(self.fn, self.module, args, kwargs)
+
+    def _recompile_limit(self) -> int:
+        return config.recompile_limit
+
+    # ------------------------------------------------------------------ compile
+
+    def _compile(self, key, args, kwargs) -> _Entry:
+        """Trace, compile and guard a call: the entry for ``key``."""
+        start = time.perf_counter()
+        counters["frames"]["total"] += 1
+        # Why this call needs a trace, said before tracing changes what the guards read.
+        reason = recompile_reason(self.cache, self._last_key, key) if self.cache else None
+        name = self._name()
+        # Non-tensor arguments are baked into the trace (and part of the guard key); what the
+        # function reads from its closure and globals is guarded.
+        closure = guard_reads(lambda: self._closure_guard(args, kwargs), name)
+        graph = capture_call(self.fn, args, kwargs, closure, name)
+        try:
+            entry = self._build(graph, args, kwargs, closure, name)
+        except BaseException:
+            # A compile that fails leaves nothing behind: no entry (the caller caches only
+            # what this returns) and no state its trace made (an optimizer's first-step
+            # state), so that a later call starts afresh.
+            graph.meta.capture.rollback()
+            raise
+        entry.compile_ms = (time.perf_counter() - start) * 1e3
+        self._count(entry, reason)
+        return entry
+
+    def _build(self, graph: Graph, args, kwargs, closure: ClosureGuard, name: str) -> _Entry:
+        """The entry of a traced ``graph``: passes, kernels, program and guards (``name``:
+        the function's, for messages)."""
+        info = graph.meta
+        optimized = run_passes(graph, program_pipeline(self.pipeline, self.backend))
+        program = entry_program(graph, optimized, self.backend, args, kwargs,
+                                self.donate_argnums)
+        entry = _Entry(graph, optimized, program, info)
+        entry.out_dtypes = [o.type.dtype for o in optimized.outputs]
+        entry.guard = guard_reads(lambda: _entry_guard(info, closure, self.module), name)
+        entry.one_shot = _makes_optimizer_state(info.capture)
+        cap = info.capture
+        entry.plain_inputs = self.module is None and info.rng_input is None and \
+            not info.lifted and not cap.grad_inputs and not cap.scalar_inputs
+        return entry
+
+    def _count(self, entry: _Entry, reason: str | None) -> None:
+        """Count a compile (``reason``: why it was traced again, or None for the first)."""
+        self.compiles += 1
+        counters["frames"]["ok"] += 1
+        counters["stats"]["unique_graphs"] += 1
+        if reason is not None:
+            self.recompile_reasons.append(reason)
+        if config.debug >= 1:
+            kernels = entry.program.kernels() if entry.program is not None else []
+            print(f"[fusegrad] compiled {entry.graph.name}: {len(entry.graph.nodes)} nodes, "
+                  f"{len(kernels)} kernels, {entry.compile_ms:.1f} ms", file=sys.stderr)
+            if reason is not None:
+                print(f"[fusegrad] recompile reason: {reason}", file=sys.stderr)
+
+    def lower(self, *args, **kwargs) -> Lowered:
+        """Trace and compile for these arguments without running."""
+        with self._lock:
+            key, leaves = self._key(args, kwargs)
+            entry = self._lookup(key, leaves)
+            if entry is None:
+                entry = self._compile(key, args, kwargs)
+                # Lowering runs nothing: state a trace made (an optimizer's first-step state)
+                # is taken back, so the entry's guards send the next call to a trace of its own.
+                entry.info.capture.rollback()
+                self.cache.setdefault(key, []).append(entry)
+        prog = entry.program
+        return Lowered(entry.optimized, prog.kernels() if prog else [],
+                       prog.llvm_ir if prog else "", prog)
+
+    # ------------------------------------------------------------------ autograd
+
+    def split_programs(self, entry: _Entry, wrt: tuple) -> _SplitPrograms:
+        """The forward and backward programs of the min-cut partition of ``entry``'s graph
+        for gradients with respect to inputs ``wrt`` (built on first use)."""
+        return split_programs(entry, wrt, self.pipeline, self.backend)
+
+    def backward_program(self, entry: _Entry, wrt: tuple, seeded: tuple) -> tuple:
+        """The VJP of the outputs ``seeded`` (their indices), ``(*inputs, *their cotangents)
+        -> grads of inputs[wrt]``: a compiled program (None for other backends), its graph,
+        and the inputs of ``wrt`` those outputs reach (the others get no gradient)."""
+        return vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
