@@ -37,7 +37,7 @@ from fusegrad.codegen.kernel_ir import (
     StoreShared,
     StoreVec,
 )
-from fusegrad.ops.lowering import BITS16, unsigned
+from fusegrad.ops.lowering import BITS16, MATH_TABLE, unsigned
 
 __all__ = ["run_kernel", "InterpreterError", "numpy_dtype"]
 
@@ -55,10 +55,8 @@ def numpy_dtype(dt) -> np.dtype:
     return dt.np_dtype
 
 
-_MATH = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "log10": np.log10,
-         "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
-         "tan": np.tan, "sqrt": np.sqrt, "fabs": np.abs, "floor": np.floor, "ceil": np.ceil,
-         "roundeven": np.rint}
+_MATH = {"fabs": np.abs, "floor": np.floor, "ceil": np.ceil, "roundeven": np.rint,
+         **{f.name: getattr(np, f.numpy) for f in MATH_TABLE.values() if f.numpy is not None}}
 
 
 def _erf(x: np.ndarray) -> np.ndarray:

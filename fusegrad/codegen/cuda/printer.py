@@ -43,7 +43,7 @@ from fusegrad.codegen.kernel_ir import (
     StoreShared,
     StoreVec,
 )
-from fusegrad.ops.lowering import BITS16, Unsupported, unsigned
+from fusegrad.ops.lowering import BITS16, MATH_TABLE, Unsupported, unsigned
 
 __all__ = ["cuda_source", "ctype", "PRELUDE"]
 
@@ -131,8 +131,6 @@ def _int_const(value: int, dt) -> str:
 
 _EXACT = {"add": "__fadd_rn", "sub": "__fsub_rn", "mul": "__fmul_rn", "div": "__fdiv_rn"}
 _EXACT_D = {"add": "__dadd_rn", "sub": "__dsub_rn", "mul": "__dmul_rn", "div": "__ddiv_rn"}
-_MATH = {"exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "erf", "sin", "cos",
-         "tan", "sqrt", "floor", "ceil"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _INT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "and": "&", "or": "|",
             "xor": "^", "shl": "<<", "shr": ">>"}
@@ -258,8 +256,10 @@ class _Printer:
             return f"fabs{f}({x})"
         if op == "roundeven":
             return f"rint{f}({x})"
-        if op in _MATH:
+        if op in ("floor", "ceil"):
             return f"{op}{f}({x})"
+        if op in MATH_TABLE:
+            return f"{MATH_TABLE[op].c}{f}({x})"
         raise Unsupported(f"no CUDA function for {op}")
 
     def call(self, fn: str, a: list[str], dt) -> str:
