@@ -21,13 +21,19 @@ Expressions (``Expr.op``):
 - ``load_vec`` (``src`` = (vector index,), ``arg`` = (:class:`Param`, width)): ``width``
   consecutive elements at once (elements ``width * index`` on; a 16-byte load on a GPU),
   read lane by lane with ``extract`` (``arg`` the lane); ``aligned`` (``arg`` = (param,
-  bytes)): whether the parameter's buffer starts at a multiple of ``bytes``.
+  bytes)): whether the parameter's buffer starts at a multiple of ``bytes``; ``address``
+  (``arg`` the :class:`Param`): the address of its buffer, an :data:`INDEX` (to tell
+  whether two parameters are one buffer).
 
 Statements: :class:`Declare` (a variable and its initial value), :class:`Assign`,
 :class:`Store`, :class:`StoreVec` (``width`` consecutive elements at once, as ``load_vec``
 reads them), :class:`StoreShared`, :class:`StoreLocal`, :class:`Loop` (``for v = start;
 v < stop; v += step``; ``unroll=False`` forbids the backend to unroll it), :class:`If`,
 :class:`Barrier` (``__syncthreads``).
+
+A kernel is called with a table of buffer addresses and the range of its parallel loop;
+one with ``c_abi`` is a plain function instead (a native helper the runtime calls directly:
+its parameters, then its ``scalars``, returning the final value of its ``result``).
 
 Two lowerings produce it from a fused kernel: :mod:`fusegrad.codegen.gpu_lowering` (a grid
 of blocks and threads) and :mod:`fusegrad.codegen.cpu_lowering` (loop nests whose outermost
@@ -186,6 +192,12 @@ class LoweredKernel:
     # Whether a load whose index does not depend on a loop may be done ahead of it, even
     # when the loop would not run (every index the kernel computes is then in bounds).
     hoistable: bool = False
+    # A plain function ``result name(params..., scalars...)`` (the buffers as pointers that
+    # no two of which overlap where the kernel reads or writes them, then scalar arguments
+    # read as variables), returning ``result``'s final value (void when None).
+    c_abi: bool = False
+    scalars: list[Var] = field(default_factory=list)
+    result: Var | None = None
 
     def __str__(self) -> str:
         return format_kernel(self)
@@ -279,6 +291,9 @@ class ExprBuilder:
 
     def aligned(self, param: Param, size: int) -> Expr:
         return self.node("aligned", dtypes.bool_, (), (param, size))
+
+    def address(self, param: Param) -> Expr:
+        return self.node("address", INDEX, (), param)
 
     def shfl_xor(self, x: Expr, mask: int) -> Expr:
         return Expr("shfl_xor", x.dtype, (x,), mask)
@@ -381,6 +396,8 @@ def _text_render(e: Expr, args: list[str]) -> str:
         return f"{joined}.{e.arg}"
     if e.op == "aligned":
         return f"aligned({e.arg[0].name}, {e.arg[1]})"
+    if e.op == "address":
+        return f"address({e.arg.name})"
     if e.op == "binary":
         return f"{e.arg[0]}.{e.dtype.short}({joined})"
     if e.op == "cmp":
@@ -412,8 +429,11 @@ def format_expr(e: Expr) -> str:
 
 def format_kernel(k: LoweredKernel) -> str:
     """The kernel as indented text, one operation a line (``%tN = op.dtype(args)``)."""
-    lines = [f"kernel {k.name}({', '.join(f'{p.name}: {p.dtype.short}*' for p in k.params)})"
-             f" grid<={k.grid} block={k.block} {{"]
+    args = [f"{p.name}: {p.dtype.short}*" for p in k.params] + \
+        [f"{v.name}: {v.dtype.short}" for v in k.scalars]
+    launch = f"-> {k.result.name}: {k.result.dtype.short}" if k.result is not None else \
+        "-> void" if k.c_abi else f"grid<={k.grid} block={k.block}"
+    lines = [f"kernel {k.name}({', '.join(args)}) {launch} {{"]
     for s in k.shared:
         lines.append(f"  shared {s.name}: {s.dtype.short}[{s.size}]")
     for s in k.locals:

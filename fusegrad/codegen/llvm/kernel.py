@@ -47,8 +47,8 @@ from fusegrad.ir.kernel_graph import Kernel, KernelGraph
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
 
-__all__ = ["Unsupported", "KernelPrinter", "emit_kernel", "KERNEL_ARGS", "lltype", "LLVMScalars",
-           "tuning"]
+__all__ = ["Unsupported", "KernelPrinter", "emit_kernel", "module_text", "KERNEL_ARGS", "lltype",
+           "LLVMScalars", "tuning"]
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -235,7 +235,8 @@ class _OpenLoop:
 class KernelPrinter:
     """Prints one :class:`LoweredKernel` of the CPU lowering as an LLVM function
     ``void name(i8** bufs, i64 start, i64 end)``: ``bufs[slot_of(param)]`` is each
-    parameter's buffer, ``start`` and ``end`` are the ``special`` expressions of those names.
+    parameter's buffer, ``start`` and ``end`` are the ``special`` expressions of those names
+    (a ``c_abi`` kernel is ``result name(params..., scalars...)`` instead).
 
     Statements print in order; an expression prints where a statement first needs it, once
     per enclosing loop body (a memo per scope; a ``read`` of a variable is a fresh load of
@@ -245,10 +246,24 @@ class KernelPrinter:
     even where that loop would not run); otherwise the loops it sits in are marked (see
     :data:`MAX_INTERLEAVED_BODY`)."""
 
-    def __init__(self, module: ir.Module, kernel: LoweredKernel, slot_of):
+    def __init__(self, module: ir.Module, kernel: LoweredKernel, slot_of=None):
         self.module, self.kernel, self.slot_of = module, kernel, slot_of
-        self.fn = ir.Function(module, ir.FunctionType(VOID, KERNEL_ARGS), name=kernel.name)
-        self.fn.args[0].name, self.fn.args[1].name, self.fn.args[2].name = "bufs", "start", "end"
+        self.args: dict[int, ir.Argument] = {}     # a c_abi kernel's Param or scalar Var
+        if kernel.c_abi:
+            owners = kernel.params + kernel.scalars
+            ret = VOID if kernel.result is None else lltype(kernel.result.dtype)
+            types = [lltype(p.dtype).as_pointer() for p in kernel.params] + \
+                [lltype(v.dtype) for v in kernel.scalars]
+            self.fn = ir.Function(module, ir.FunctionType(ret, types), name=kernel.name)
+            for owner, arg in zip(owners, self.fn.args):
+                arg.name = owner.name
+                if isinstance(arg.type, ir.PointerType):
+                    arg.add_attribute("noalias")
+                self.args[id(owner)] = arg
+        else:
+            self.fn = ir.Function(module, ir.FunctionType(VOID, KERNEL_ARGS), name=kernel.name)
+            self.fn.args[0].name, self.fn.args[1].name = "bufs", "start"
+            self.fn.args[2].name = "end"
         # Allocas and buffer pointers go to "entry", which jumps to "body" once the kernel is
         # complete; keeping the two apart lets both builders append without clashing.
         entry = self.fn.append_basic_block("entry")
@@ -265,13 +280,19 @@ class KernelPrinter:
 
     def print(self) -> ir.Function:
         self.block(self.kernel.body)
-        self.b.ret_void()
+        result = self.kernel.result
+        if result is None:
+            self.b.ret_void()
+        else:
+            self.b.ret(self.b.load(self.slot(result)))
         self.entry.branch(self.body_block)
         return self.fn
 
     # -- storage
     def ptr(self, param) -> ir.Value:
         """Typed base pointer of a parameter's buffer (loaded once, in the entry block)."""
+        if id(param) in self.args:
+            return self.args[id(param)]
         if id(param) not in self.ptrs:
             eb = self.entry
             slot = ir.Constant(I64, self.slot_of(param))
@@ -398,6 +419,8 @@ class KernelPrinter:
         if hit is not None:
             return hit
         if e.op == "read":
+            if id(e.arg) in self.args:
+                return 0
             entry = self.indices.get(id(e.arg))
             return entry[0] + 1 if entry is not None else len(self.loops)
         if e.op == "load_local":
@@ -423,10 +446,12 @@ class KernelPrinter:
         if op == "const":
             return self.sb.const(e.dtype, e.arg)
         if op == "special":
-            if e.arg not in ("start", "end"):
+            if e.arg not in ("start", "end") or self.kernel.c_abi:
                 raise Unsupported(f"{e.arg} in a CPU kernel")
             return self.fn.args[1 if e.arg == "start" else 2]
         if op == "read":
+            if id(e.arg) in self.args:
+                return self.args[id(e.arg)]
             entry = self.indices.get(id(e.arg))
             return entry[1] if entry is not None else self.b.load(self.slot(e.arg))
         scope = len(self.scopes) - 1 if scope is None else scope
@@ -453,6 +478,8 @@ class KernelPrinter:
             return b.load(b.gep(self.ptr(e.arg), args, inbounds=True, name="addr"))
         if op == "load_local":
             return b.load(b.gep(self.slot(e.arg, e.arg.size), args))
+        if op == "address":
+            return b.ptrtoint(self.ptr(e.arg), I64)
         if op == "binary":
             return sb.binary(e.arg[0], *args, dt, e.arg[1])
         if op == "unary":
@@ -506,3 +533,13 @@ def emit_kernel(module: ir.Module, kernel: Kernel, kg: KernelGraph,
     return fn
 
 
+
+
+def module_text(name: str, kernels: list[LoweredKernel]) -> str:
+    """LLVM IR text of a module holding ``kernels``, each a plain function (``c_abi``)."""
+    module = ir.Module(name=name)
+    for k in kernels:
+        if not k.c_abi:
+            raise ValueError(f"{k.name} is called with a buffer table: print it with emit_kernel")
+        KernelPrinter(module, k).print()
+    return str(module)
