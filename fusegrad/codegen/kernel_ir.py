@@ -25,9 +25,18 @@ Expressions (``Expr.op``):
   (``arg`` the :class:`Param`): the address of its buffer, an :data:`INDEX` (to tell
   whether two parameters are one buffer).
 
+Vectors (a CPU kernel's register tiles): an expression or variable of ``lanes`` > 1 holds
+that many values of its dtype, and arithmetic, comparisons, selects and ``call`` ``fma``
+work lane by lane on them (a select may pick whole vectors by a scalar condition);
+``broadcast`` (``src`` = (scalar,)) is a scalar in every lane, ``iota`` the lane numbers
+0, 1, ...; ``load_lanes`` (``src`` = (element index,) or (element index, mask), ``arg`` the
+:class:`Param`) reads ``lanes`` consecutive elements from an element index, under a mask (a
+bool vector) when given: a lane whose mask is false reads 0 and touches no memory.
+:class:`StoreLanes` writes a vector the same way.
+
 Statements: :class:`Declare` (a variable and its initial value), :class:`Assign`,
 :class:`Store`, :class:`StoreVec` (``width`` consecutive elements at once, as ``load_vec``
-reads them), :class:`StoreShared`, :class:`StoreLocal`, :class:`Loop` (``for v = start;
+reads them), :class:`StoreLanes`, :class:`StoreShared`, :class:`StoreLocal`, :class:`Loop` (``for v = start;
 v < stop; v += step``; ``unroll=False`` forbids the backend to unroll it), :class:`If`,
 :class:`Barrier` (``__syncthreads``).
 
@@ -56,8 +65,8 @@ from fusegrad import dtypes
 from fusegrad.dtypes import DType
 
 __all__ = ["INDEX", "Expr", "Var", "Param", "Shared", "Local", "Declare", "Assign", "Store",
-           "StoreVec", "StoreShared", "StoreLocal", "Loop", "If", "Barrier", "LoweredKernel", "ExprBuilder",
-           "format_kernel", "format_expr"]
+           "StoreVec", "StoreLanes", "StoreShared", "StoreLocal", "Loop", "If", "Barrier",
+           "LoweredKernel", "ExprBuilder", "format_kernel", "format_expr"]
 
 # Index arithmetic: unsigned 64-bit (udiv/urem in LLVM; wraps like C's unsigned).
 INDEX = DType("index", "idx", np.dtype(np.uint64), 1)
@@ -65,10 +74,12 @@ INDEX = DType("index", "idx", np.dtype(np.uint64), 1)
 
 @dataclass(eq=False)
 class Var:
-    """A mutable register: a loop index or an accumulator."""
+    """A mutable register: a loop index or an accumulator (a vector of ``lanes`` values
+    when ``lanes`` > 1)."""
 
     name: str
     dtype: DType
+    lanes: int = 1
 
 
 @dataclass(eq=False)
@@ -103,12 +114,14 @@ class Local:
 
 @dataclass(eq=False)
 class Expr:
-    """A pure scalar expression (see the module docstring for the ops)."""
+    """A pure expression, a scalar or a vector of ``lanes`` values (see the module
+    docstring for the ops)."""
 
     op: str
     dtype: DType
     src: tuple = ()
     arg: Any = None
+    lanes: int = 1
 
 
 @dataclass(eq=False)
@@ -142,6 +155,17 @@ class StoreVec:
     param: Param
     index: Expr          # in vectors of len(values) elements
     values: tuple
+
+
+@dataclass(eq=False)
+class StoreLanes:
+    """``len(value)`` lanes of the vector ``value`` to consecutive elements of ``param`` from
+    the element ``index`` (only the lanes set in ``mask``, a bool vector, when given)."""
+
+    param: Param
+    index: Expr
+    value: Expr
+    mask: Expr | None = None
 
 
 @dataclass(eq=False)
@@ -212,12 +236,15 @@ class ExprBuilder:
     def __init__(self):
         self._memo: dict = {}
 
-    def node(self, op: str, dtype: DType, src: tuple = (), arg=None) -> Expr:
-        key = (op, dtype.name, tuple(id(s) for s in src), _hashable(arg))
+    def node(self, op: str, dtype: DType, src: tuple = (), arg=None,
+             lanes: int | None = None) -> Expr:
+        # An operation on vectors is a vector of as many lanes.
+        lanes = max((s.lanes for s in src), default=1) if lanes is None else lanes
+        key = (op, dtype.name, tuple(id(s) for s in src), _hashable(arg), lanes)
         hit = self._memo.get(key)
         if hit is not None:
             return hit[0]
-        e = Expr(op, dtype, tuple(src), arg)
+        e = Expr(op, dtype, tuple(src), arg, lanes)
         self._memo[key] = (e, src)          # keeps the operands alive: their ids stay theirs
         return e
 
@@ -270,7 +297,7 @@ class ExprBuilder:
 
     def read(self, var: Var) -> Expr:
         # Never hash-consed: a variable's value changes between statements.
-        return Expr("read", var.dtype, (), var)
+        return Expr("read", var.dtype, (), var, var.lanes)
 
     def load(self, param: Param, index: Expr) -> Expr:
         return self.node("load", param.dtype, (index,), param)
@@ -287,7 +314,18 @@ class ExprBuilder:
         return self.node("load_vec", param.dtype, (index,), (param, width))
 
     def extract(self, vec: Expr, lane: int) -> Expr:
-        return self.node("extract", vec.dtype, (vec,), lane)
+        return self.node("extract", vec.dtype, (vec,), lane, 1)
+
+    def broadcast(self, x: Expr, lanes: int) -> Expr:
+        return self.node("broadcast", x.dtype, (x,), None, lanes)
+
+    def iota(self, dt: DType, lanes: int) -> Expr:
+        return self.node("iota", dt, (), None, lanes)
+
+    def load_lanes(self, param: Param, index: Expr, lanes: int, mask: Expr | None = None
+                   ) -> Expr:
+        src = (index,) if mask is None else (index, mask)
+        return self.node("load_lanes", param.dtype, src, param, lanes)
 
     def aligned(self, param: Param, size: int) -> Expr:
         return self.node("aligned", dtypes.bool_, (), (param, size))
@@ -388,10 +426,13 @@ class Linearizer:
 
 def _text_render(e: Expr, args: list[str]) -> str:
     joined = ", ".join(args)
+    short = e.dtype.short + (f"x{e.lanes}" if e.lanes > 1 else "")    # f32x16: a vector
     if e.op in ("load", "load_shared", "load_local"):
         return f"{e.arg.name}[{joined}]"
     if e.op == "load_vec":
         return f"{e.arg[0].name}.v{e.arg[1]}[{joined}]"
+    if e.op == "load_lanes":
+        return f"{e.arg.name}.x{e.lanes}[{joined}]"
     if e.op == "extract":
         return f"{joined}.{e.arg}"
     if e.op == "aligned":
@@ -399,16 +440,16 @@ def _text_render(e: Expr, args: list[str]) -> str:
     if e.op == "address":
         return f"address({e.arg.name})"
     if e.op == "binary":
-        return f"{e.arg[0]}.{e.dtype.short}({joined})"
+        return f"{e.arg[0]}.{short}({joined})"
     if e.op == "cmp":
-        return f"{e.arg[0]}.{e.arg[2].short}({joined})"
+        return f"{e.arg[0]}.{e.arg[2].short}{short[len(e.dtype.short):]}({joined})"
     if e.op in ("unary", "call"):
-        return f"{e.arg}.{e.dtype.short}({joined})"
+        return f"{e.arg}.{short}({joined})"
     if e.op in ("cast", "bitcast"):
-        return f"{e.op}.{e.arg.short}.{e.dtype.short}({joined})"
+        return f"{e.op}.{e.arg.short}.{short}({joined})"
     if e.op == "shfl_xor":
-        return f"shfl_xor.{e.dtype.short}({joined}, {e.arg})"
-    return f"{e.op}.{e.dtype.short}({joined})"
+        return f"shfl_xor.{short}({joined}, {e.arg})"
+    return f"{e.op}.{short}({joined})"
 
 
 def _text_leaf(e: Expr) -> str:
@@ -456,7 +497,8 @@ def _format_body(body: list, lines: list, depth: int, lin: Linearizer) -> None:
     for st in body:
         if isinstance(st, Declare):
             init = t(st.init)
-            lines.append(f"{pad}var {st.var.name}: {st.var.dtype.short} = {init}")
+            vec = f"{st.var.lanes}x" if st.var.lanes > 1 else ""
+            lines.append(f"{pad}var {st.var.name}: {vec}{st.var.dtype.short} = {init}")
         elif isinstance(st, Assign):
             value = t(st.value)
             lines.append(f"{pad}{st.var.name} = {value}")
@@ -464,6 +506,10 @@ def _format_body(body: list, lines: list, depth: int, lin: Linearizer) -> None:
             index = t(st.index)
             values = ", ".join(t(v) for v in st.values)
             lines.append(f"{pad}{st.param.name}.v{len(st.values)}[{index}] = ({values})")
+        elif isinstance(st, StoreLanes):
+            index, value = t(st.index), t(st.value)
+            mask = f" if {t(st.mask)}" if st.mask is not None else ""
+            lines.append(f"{pad}{st.param.name}.x{st.value.lanes}[{index}] = {value}{mask}")
         elif isinstance(st, (Store, StoreShared, StoreLocal)):
             target = st.param.name if isinstance(st, Store) else \
                 st.shared.name if isinstance(st, StoreShared) else st.local.name

@@ -39,6 +39,7 @@ from fusegrad.codegen.kernel_ir import (
     Loop,
     LoweredKernel,
     Store,
+    StoreLanes,
     StoreLocal,
 )
 from fusegrad.codegen.llvm import mathlib
@@ -82,8 +83,11 @@ def tuning() -> str:
             f"FULL_UNROLL_TRIPS={FULL_UNROLL_TRIPS} MIN_VECTOR_TRIPS={MIN_VECTOR_TRIPS}")
 
 
-def lltype(dt: dtypes.DType) -> ir.Type:
-    """Register type of a dtype (bools are i1, 16-bit floats compute as float)."""
+def lltype(dt: dtypes.DType, lanes: int = 1) -> ir.Type:
+    """Register type of a dtype (bools are i1, 16-bit floats compute as float), a vector of
+    ``lanes`` of them when ``lanes`` > 1."""
+    if lanes > 1:
+        return ir.VectorType(lltype(dt), lanes)
     if dt is dtypes.bool_:
         return I1
     if dt.is_floating_point:
@@ -191,6 +195,8 @@ class LLVMScalars:
             return self.int_power(*args)
         if fn == "copysign":
             return self.em.intrinsic("llvm.copysign", args)
+        if fn == "fma":
+            return self.em.intrinsic("llvm.fma", args)
         raise lowering.Unsupported(f"no LLVM lowering for {fn}")
 
     def int_power(self, x, y) -> ir.Value:
@@ -304,8 +310,8 @@ class KernelPrinter:
         """The alloca of a variable or a local array (in the entry block)."""
         if id(owner) not in self.slots:
             n = None if size is None else ir.Constant(I64, size)
-            self.slots[id(owner)] = self.entry.alloca(lltype(owner.dtype), size=n,
-                                                      name=owner.name)
+            t = lltype(owner.dtype, getattr(owner, "lanes", 1))
+            self.slots[id(owner)] = self.entry.alloca(t, size=n, name=owner.name)
         return self.slots[id(owner)]
 
     # -- statements
@@ -329,6 +335,14 @@ class KernelPrinter:
                 for nxt, index, value in run:
                     b.store(value, b.gep(self.ptr(nxt.param), [index], inbounds=True,
                                          name="addr"))
+            elif isinstance(st, StoreLanes):
+                index, value = self.value(st.index), self.value(st.value)
+                at = self.lanes_at(st.param, index, value.type)
+                if st.mask is None:
+                    b.store(value, at, align=st.param.dtype.itemsize)
+                else:
+                    self.masked("store", value.type, [value, at, self.align(st.param),
+                                                      self.value(st.mask)])
             elif isinstance(st, StoreLocal):
                 index, value = self.value(st.index), self.value(st.value)
                 b.store(value, b.gep(self.slot(st.local, st.local.size), [index]))
@@ -480,6 +494,22 @@ class KernelPrinter:
             return b.load(b.gep(self.slot(e.arg, e.arg.size), args))
         if op == "address":
             return b.ptrtoint(self.ptr(e.arg), I64)
+        if op == "broadcast":
+            t = lltype(dt, e.lanes)
+            if isinstance(args[0], ir.Constant):
+                return ir.Constant(t, [args[0]] * e.lanes)
+            one = b.insert_element(ir.Constant(t, ir.Undefined), args[0], ir.Constant(I32, 0))
+            return b.shuffle_vector(one, ir.Constant(t, ir.Undefined),
+                                    ir.Constant(ir.VectorType(I32, e.lanes), [0] * e.lanes))
+        if op == "iota":
+            return ir.Constant(lltype(dt, e.lanes), list(range(e.lanes)))
+        if op == "load_lanes":
+            t = lltype(dt, e.lanes)
+            at = self.lanes_at(e.arg, args[0], t)
+            if len(args) == 1:
+                return b.load(at, align=e.arg.dtype.itemsize)
+            return self.masked("load", t, [at, self.align(e.arg), args[1],
+                                          ir.Constant(t, [ir.Constant(t.element, 0)] * e.lanes)])
         if op == "binary":
             return sb.binary(e.arg[0], *args, dt, e.arg[1])
         if op == "unary":
@@ -493,6 +523,23 @@ class KernelPrinter:
         if op == "call":
             return sb.call(e.arg, args, dt)
         raise Unsupported(f"{op} in a CPU kernel")
+
+    def lanes_at(self, param, index: ir.Value, t: ir.VectorType) -> ir.Value:
+        """Pointer to the vector of type ``t`` at element ``index`` of ``param``'s buffer."""
+        return self.b.bitcast(self.b.gep(self.ptr(param), [index], inbounds=True, name="addr"),
+                              t.as_pointer())
+
+    def align(self, param) -> ir.Constant:
+        return ir.Constant(I32, param.dtype.itemsize)
+
+    def masked(self, kind: str, t: ir.VectorType, args: list) -> ir.Value:
+        """``llvm.masked.load`` or ``llvm.masked.store`` of vectors of type ``t``."""
+        name = f"llvm.masked.{kind}.{_mangle(t)}.p0"
+        fn = self.module.globals.get(name)
+        if fn is None:
+            ret = t if kind == "load" else VOID
+            fn = ir.Function(self.module, ir.FunctionType(ret, [a.type for a in args]), name=name)
+        return self.b.call(fn, args)
 
     def intrinsic(self, name: str, args: list, ret: ir.Type | None = None) -> ir.Value:
         t = args[0].type
