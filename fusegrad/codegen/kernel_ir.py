@@ -30,9 +30,13 @@ that many values of its dtype, and arithmetic, comparisons, selects and ``call``
 work lane by lane on them (a select may pick whole vectors by a scalar condition);
 ``broadcast`` (``src`` = (scalar,)) is a scalar in every lane, ``iota`` the lane numbers
 0, 1, ...; ``load_lanes`` (``src`` = (element index,) or (element index, mask), ``arg`` the
-:class:`Param`) reads ``lanes`` consecutive elements from an element index, under a mask (a
-bool vector) when given: a lane whose mask is false reads 0 and touches no memory.
-:class:`StoreLanes` writes a vector the same way.
+:class:`Param` or :class:`Local`) reads ``lanes`` consecutive elements from an element
+index, under a mask (a bool vector) when given: a lane whose mask is false reads 0 and
+touches no memory; :class:`StoreLanes` writes a vector the same way. ``reduce`` (``arg``
+``max`` or ``add``) combines the lanes of a vector into a scalar (a float max propagates
+NaN, an integer one is unsigned; a float sum is reassociable, in any order); ``shuffle``
+(``src`` = (a, b), ``arg`` lane numbers into a's lanes then b's) picks lanes of two vectors;
+``extract`` (``arg`` the lane) one lane.
 
 Statements: :class:`Declare` (a variable and its initial value), :class:`Assign`,
 :class:`Store`, :class:`StoreVec` (``width`` consecutive elements at once, as ``load_vec``
@@ -159,10 +163,11 @@ class StoreVec:
 
 @dataclass(eq=False)
 class StoreLanes:
-    """``len(value)`` lanes of the vector ``value`` to consecutive elements of ``param`` from
-    the element ``index`` (only the lanes set in ``mask``, a bool vector, when given)."""
+    """The lanes of the vector ``value`` to consecutive elements of ``param`` (a
+    :class:`Param` or a :class:`Local`) from the element ``index`` (only the lanes set in
+    ``mask``, a bool vector, when given)."""
 
-    param: Param
+    param: Param | Local
     index: Expr
     value: Expr
     mask: Expr | None = None
@@ -182,7 +187,8 @@ class Loop:
     stop: Expr
     step: Expr
     body: list = field(default_factory=list)
-    unroll: bool = True
+    # False: never unrolled; None: as the backend's own heuristics decide (no hints).
+    unroll: bool | None = True
 
 
 @dataclass(eq=False)
@@ -316,16 +322,26 @@ class ExprBuilder:
     def extract(self, vec: Expr, lane: int) -> Expr:
         return self.node("extract", vec.dtype, (vec,), lane, 1)
 
+    # A vector of one lane is a scalar: broadcast, iota and reduce are then the identity.
     def broadcast(self, x: Expr, lanes: int) -> Expr:
-        return self.node("broadcast", x.dtype, (x,), None, lanes)
+        return x if lanes == 1 else self.node("broadcast", x.dtype, (x,), None, lanes)
 
     def iota(self, dt: DType, lanes: int) -> Expr:
-        return self.node("iota", dt, (), None, lanes)
+        return self.const(dt, 0) if lanes == 1 else self.node("iota", dt, (), None, lanes)
 
-    def load_lanes(self, param: Param, index: Expr, lanes: int, mask: Expr | None = None
-                   ) -> Expr:
+    def load_lanes(self, param: Param | Local, index: Expr, lanes: int,
+                   mask: Expr | None = None) -> Expr:
         src = (index,) if mask is None else (index, mask)
+        if isinstance(param, Local):
+            # Never hash-consed: a local array changes between statements.
+            return Expr("load_lanes", param.dtype, src, param, lanes)
         return self.node("load_lanes", param.dtype, src, param, lanes)
+
+    def reduce(self, kind: str, x: Expr) -> Expr:
+        return x if x.lanes == 1 else self.node("reduce", x.dtype, (x,), kind, 1)
+
+    def shuffle(self, x: Expr, y: Expr, lanes: tuple) -> Expr:
+        return self.node("shuffle", x.dtype, (x, y), tuple(lanes), len(lanes))
 
     def aligned(self, param: Param, size: int) -> Expr:
         return self.node("aligned", dtypes.bool_, (), (param, size))

@@ -1,10 +1,11 @@
-"""The native loops of extern steps are kernel-IR programs (fusegrad.codegen.native_loops)
-printed by the LLVM printer as plain functions; fusegrad.runtime.native only compiles and
-calls them."""
+"""The native loops of extern steps (fusegrad.codegen.native_loops) and the attention
+kernels (fusegrad.codegen.attention) are kernel-IR programs printed by the LLVM printer;
+fusegrad.runtime.native and native_attention only compile and call them."""
 
 import numpy as np
 
 from fusegrad import dtypes
+from fusegrad.codegen.attention import attention_backward_kernel, attention_forward_kernel
 from fusegrad.codegen.llvm.kernel import module_text
 from fusegrad.codegen.native_loops import check_copy_kernel, index_add_rows_kernel
 from fusegrad.runtime import native
@@ -48,3 +49,20 @@ def test_check_copy():
     np.testing.assert_array_equal(dst, src)
     assert not native.check_copy(src, dst, -2, 4)
     assert native.check_copy(src[:0], dst[:0], 0, 1)
+
+
+def test_attention_kernels_are_kernel_ir_programs():
+    """The native attention kernels are written in the kernel IR (vector rows of scores,
+    lane reductions for the softmax, shuffles for the transposed tile) and printed by the
+    LLVM printer with the CPU kernels' calling convention."""
+    k = attention_forward_kernel(dtypes.float32, 16, 8, True, False, True)
+    text = str(k)
+    assert text.startswith("kernel fg_attention_fwd_f32_16x8_101(q: f32*, k: f32*, v: f32*, "
+                           "mask: u8*, dout: f32*, packed: f32*, out: f32*, layout: idx*, "
+                           "scale: f64*)")
+    for op in ("reduce.f32(", "exp.f32x16(", "shuffle.f32x8(", "muladd.f32x16(", "kt.x16[",
+               "mask.x16["):
+        assert op in text, op
+    llvm = module_text("m", [attention_backward_kernel(dtypes.float64, 5, 7, False, False)])
+    assert 'define void @"fg_attention_bwd_f64_5x7_00"(i8** %"bufs", i64 %"start", i64 %"end")' \
+        in llvm

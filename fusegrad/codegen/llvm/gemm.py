@@ -4,10 +4,8 @@ it takes)."""
 
 from __future__ import annotations
 
-import llvmlite.ir as ir
-
 from fusegrad.codegen.gemm import LANES, MAX_A_BYTES, MAX_K, PANEL, PARAMS, TILE_ROWS, Gemm, fits, gemm_kernel
-from fusegrad.codegen.llvm.kernel import KernelPrinter
+from fusegrad.codegen.llvm.kernel import module_text
 
 __all__ = ["Gemm", "PARAMS", "fits", "emit_gemm", "LANES", "TILE_ROWS", "PANEL", "MAX_K",
            "MAX_A_BYTES"]
@@ -16,8 +14,4 @@ __all__ = ["Gemm", "PARAMS", "fits", "emit_gemm", "LANES", "TILE_ROWS", "PANEL",
 def emit_gemm(name: str) -> str:
     """LLVM IR of ``void name(i8** bufs, i64 start, i64 end)``, computing panels ``[start,
     end)`` of a product (:func:`fusegrad.codegen.gemm.gemm_kernel`)."""
-    module = ir.Module(name="gemm")
-    kernel = gemm_kernel(name)
-    slots = {id(param): i for i, param in enumerate(kernel.params)}      # bufs in order
-    KernelPrinter(module, kernel, lambda param: slots[id(param)]).print()
-    return str(module)
+    return module_text("gemm", [gemm_kernel(name)])

@@ -36,6 +36,7 @@ from fusegrad.codegen.kernel_ir import (
     Declare,
     Expr,
     If,
+    Local,
     Loop,
     LoweredKernel,
     Store,
@@ -197,6 +198,9 @@ class LLVMScalars:
             return self.em.intrinsic("llvm.copysign", args)
         if fn == "fma":
             return self.em.intrinsic("llvm.fma", args)
+        if fn == "muladd":
+            # x * y + z, fused where the CPU has an FMA (a GEMM micro-kernel's term).
+            return self.em.intrinsic("llvm.fmuladd", args)
         raise lowering.Unsupported(f"no LLVM lowering for {fn}")
 
     def int_power(self, x, y) -> ir.Value:
@@ -395,6 +399,9 @@ class KernelPrinter:
         nxt = b.add(i, ir.Constant(I64, 1), name=f"{st.var.name}.next", flags=("nsw",))
         i.add_incoming(nxt, b.block)
         latch = b.branch(header)
+        if st.unroll is None:
+            b.position_at_end(done)
+            return
         short = trips is not None and 1 < trips <= FULL_UNROLL_TRIPS and not open_loop.outer
         flags: list = ["llvm.loop.unroll.disable"] if not st.unroll else \
             ["llvm.loop.unroll.full"] if short else []
@@ -501,6 +508,13 @@ class KernelPrinter:
             one = b.insert_element(ir.Constant(t, ir.Undefined), args[0], ir.Constant(I32, 0))
             return b.shuffle_vector(one, ir.Constant(t, ir.Undefined),
                                     ir.Constant(ir.VectorType(I32, e.lanes), [0] * e.lanes))
+        if op == "extract":
+            return b.extract_element(args[0], ir.Constant(I32, e.arg))
+        if op == "shuffle":
+            return b.shuffle_vector(args[0], args[1],
+                                    ir.Constant(ir.VectorType(I32, e.lanes), list(e.arg)))
+        if op == "reduce":
+            return self.reduce(e.arg, args[0], e.src[0].dtype)
         if op == "iota":
             return ir.Constant(lltype(dt, e.lanes), list(range(e.lanes)))
         if op == "load_lanes":
@@ -524,10 +538,26 @@ class KernelPrinter:
             return sb.call(e.arg, args, dt)
         raise Unsupported(f"{op} in a CPU kernel")
 
-    def lanes_at(self, param, index: ir.Value, t: ir.VectorType) -> ir.Value:
-        """Pointer to the vector of type ``t`` at element ``index`` of ``param``'s buffer."""
-        return self.b.bitcast(self.b.gep(self.ptr(param), [index], inbounds=True, name="addr"),
+    def lanes_at(self, owner, index: ir.Value, t: ir.VectorType) -> ir.Value:
+        """Pointer to the vector of type ``t`` at element ``index`` of a parameter's buffer or
+        a local array."""
+        base = self.slot(owner, owner.size) if isinstance(owner, Local) else self.ptr(owner)
+        return self.b.bitcast(self.b.gep(base, [index], inbounds=True, name="addr"),
                               t.as_pointer())
+
+    def reduce(self, kind: str, x: ir.Value, dt: dtypes.DType) -> ir.Value:
+        """``llvm.vector.reduce.*`` of the lanes of ``x`` (see the kernel IR's ``reduce``)."""
+        t = x.type.element
+        if dt.is_floating_point:
+            name = "fmaximum" if kind == "max" else "fadd"
+        else:
+            name = "umax" if kind == "max" else "add"
+        full = f"llvm.vector.reduce.{name}.{_mangle(x.type)}"
+        args = [ir.Constant(t, -0.0), x] if name == "fadd" else [x]
+        fn = self.module.globals.get(full)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(t, [a.type for a in args]), name=full)
+        return self.b.call(fn, args, fastmath=("reassoc",) if name == "fadd" else ())
 
     def align(self, param) -> ir.Constant:
         return ir.Constant(I32, param.dtype.itemsize)
@@ -583,10 +613,11 @@ def emit_kernel(module: ir.Module, kernel: Kernel, kg: KernelGraph,
 
 
 def module_text(name: str, kernels: list[LoweredKernel]) -> str:
-    """LLVM IR text of a module holding ``kernels``, each a plain function (``c_abi``)."""
+    """LLVM IR text of a module holding ``kernels`` (written in the kernel IR, not lowered
+    from a graph: the GEMM, the attention kernels, native helpers): a ``c_abi`` kernel is a
+    plain function, any other is called with a table of its parameters' buffers in order."""
     module = ir.Module(name=name)
     for k in kernels:
-        if not k.c_abi:
-            raise ValueError(f"{k.name} is called with a buffer table: print it with emit_kernel")
-        KernelPrinter(module, k).print()
+        slots = {id(p): i for i, p in enumerate(k.params)}
+        KernelPrinter(module, k, None if k.c_abi else lambda p, slots=slots: slots[id(p)]).print()
     return str(module)
