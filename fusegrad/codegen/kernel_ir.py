@@ -27,7 +27,8 @@ Expressions (``Expr.op``):
 
 Vectors (a CPU kernel's register tiles): an expression or variable of ``lanes`` > 1 holds
 that many values of its dtype, and arithmetic, comparisons, selects and ``call`` ``fma``
-work lane by lane on them (a select may pick whole vectors by a scalar condition);
+(and ``muladd``) work lane by lane on them (a select may pick whole vectors by a scalar
+condition);
 ``broadcast`` (``src`` = (scalar,)) is a scalar in every lane, ``iota`` the lane numbers
 0, 1, ...; ``load_lanes`` (``src`` = (element index,) or (element index, mask), ``arg`` the
 :class:`Param` or :class:`Local`) reads ``lanes`` consecutive elements from an element
@@ -40,17 +41,21 @@ NaN, an integer one is unsigned; a float sum is reassociable, in any order); ``s
 
 Statements: :class:`Declare` (a variable and its initial value), :class:`Assign`,
 :class:`Store`, :class:`StoreVec` (``width`` consecutive elements at once, as ``load_vec``
-reads them), :class:`StoreLanes`, :class:`StoreShared`, :class:`StoreLocal`, :class:`Loop` (``for v = start;
-v < stop; v += step``; ``unroll=False`` forbids the backend to unroll it), :class:`If`,
-:class:`Barrier` (``__syncthreads``).
+reads them), :class:`StoreLanes`, :class:`StoreShared`, :class:`StoreLocal`, :class:`Loop`
+(``for v = start; v < stop; v += step``; ``unroll=False`` forbids the backend to unroll it,
+``unroll=None`` leaves it to the backend's own heuristics), :class:`If`, :class:`Barrier`
+(``__syncthreads``).
 
 A kernel is called with a table of buffer addresses and the range of its parallel loop;
 one with ``c_abi`` is a plain function instead (a native helper the runtime calls directly:
 its parameters, then its ``scalars``, returning the final value of its ``result``).
 
-Two lowerings produce it from a fused kernel: :mod:`fusegrad.codegen.gpu_lowering` (a grid
-of blocks and threads) and :mod:`fusegrad.codegen.cpu_lowering` (loop nests whose outermost
-loop a thread pool splits); both compute values with :mod:`fusegrad.codegen.values`.
+Kernels written by hand in it: the generated GEMM (:mod:`fusegrad.codegen.gemm`), the
+attention kernels (:mod:`fusegrad.codegen.attention`), the native loops of extern steps
+(:mod:`fusegrad.codegen.native_loops`). Two lowerings produce it from a fused kernel:
+:mod:`fusegrad.codegen.gpu_lowering` (a grid of blocks and threads) and
+:mod:`fusegrad.codegen.cpu_lowering` (loop nests whose outermost loop a thread pool
+splits); both compute values with :mod:`fusegrad.codegen.values`.
 
 Indices are of dtype :data:`INDEX` (64-bit, never negative where they address memory; the
 unsigned comparison of ``shifted`` relies on wrap-around, as C's unsigned arithmetic does).

@@ -30,7 +30,8 @@ stored or cast to):
   (float to int only for values the destination holds); ``bitcast(x, src, dst)``;
 - ``call(fn, args, dt)``: ``pow`` (float power, numpy's special cases), ``ipow`` (integer
   power by a non-negative exponent, wrapping), ``copysign``, ``fma`` (``x * y + z`` rounded
-  once: only a GPU matmul's accumulation, as BLAS's).
+  once: only a matmul's accumulation, as BLAS's), ``muladd`` (``x * y + z``, rounded once
+  where the CPU has an FMA: a hand-written kernel's product terms, never a graph's).
 
 The table: :data:`LOWERINGS` maps a primitive name to its :class:`Lowering` (its scalar
 function, whether it is commutative, and for reductions the identity and the combine).
