@@ -3,12 +3,15 @@ kernels (fusegrad.codegen.attention) are kernel-IR programs printed by the LLVM 
 fusegrad.runtime.native and native_attention only compile and call them."""
 
 import numpy as np
+import pytest
 
 from fusegrad import dtypes
+from fusegrad.codegen import interpret
 from fusegrad.codegen.attention import attention_backward_kernel, attention_forward_kernel
+from fusegrad.codegen.gemm import Gemm, gemm_kernel
 from fusegrad.codegen.llvm.kernel import module_text
 from fusegrad.codegen.native_loops import check_copy_kernel, index_add_rows_kernel
-from fusegrad.runtime import native
+from fusegrad.runtime import native, native_attention
 
 
 def test_kernels_print_as_plain_functions():
@@ -66,3 +69,70 @@ def test_attention_kernels_are_kernel_ir_programs():
     llvm = module_text("m", [attention_backward_kernel(dtypes.float64, 5, 7, False, False)])
     assert 'define void @"fg_attention_bwd_f64_5x7_00"(i8** %"bufs", i64 %"start", i64 %"end")' \
         in llvm
+
+
+# The hand-written kernels in the reference interpreter: what the kernel IR programs mean,
+# apart from the LLVM printer.
+
+def test_interpreted_index_add_rows_and_checks():
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    src = np.ones((3, 3), np.float32)
+    idx = np.array([2, 0, 2])
+    want = x.copy()
+    np.add.at(want, idx, src)
+    out = np.zeros_like(x)
+    assert interpret.run_kernel(index_add_rows_kernel(dtypes.float32), [out, x, idx, src],
+                                scalars=(3, 3, 4)) == 1
+    np.testing.assert_array_equal(out, want)
+    assert interpret.run_kernel(index_add_rows_kernel(dtypes.float32), [x, x, idx, src],
+                                scalars=(3, 3, 4)) == 1           # in place
+    np.testing.assert_array_equal(x, want)
+    dst = np.zeros(3, np.int64)
+    assert interpret.run_kernel(check_copy_kernel(), [idx, dst], scalars=(3, 0, 3)) == 1
+    np.testing.assert_array_equal(dst, idx)
+    assert interpret.run_kernel(check_copy_kernel(), [idx, dst * 0], scalars=(3, 0, 2)) == 0
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_interpreted_gemm(packed):
+    rng = np.random.default_rng(int(packed))
+    m, k, n = 9, 5, 35                       # a short tile and a masked panel
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k) if packed else (k, n)).astype(np.float32)
+    b = w.T if packed else w
+    g = Gemm(m, n, k, (k, 1), 0, tuple(s // 4 for s in b.strides), 0)
+    c = np.full(m * n, np.nan, np.float32)
+    pack = np.zeros(max(g.pack_floats, 1), np.float32)
+    interpret.run_kernel(gemm_kernel("g"), [a, w, c, pack, g.params().astype(np.uint64)],
+                         grid=1, extent=g.panels)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    bound = k * np.finfo(np.float32).eps * (np.abs(a) @ np.abs(b))
+    assert np.all(np.abs(c.reshape(m, n) - want) <= bound + 1e-30)
+
+
+@pytest.mark.parametrize("L,E", [(8, 8), (5, 3)])     # the shuffle transpose; the scalar one
+def test_interpreted_attention_matches_the_native_call(L, E):
+    rng = np.random.default_rng(L)
+    B, H = 1, 2
+    q, k, v, dout = (rng.standard_normal((B, H, L, E)).astype(np.float32) for _ in range(4))
+    mask = ~np.tril(np.ones((L, L), dtype=bool))[None, None]
+    packed = np.empty((B, H, L, E + L), np.float32)
+    grads = np.empty((3, B, H, L, E), np.float32)
+    assert native_attention.attention_forward(packed, q, k, v, mask, scale=0.5, keep=False,
+                                              zero_dead=False)
+    assert native_attention.attention_backward(grads, q, k, v, dout, packed, mask, scale=0.5,
+                                               keep=False)
+    contiguous = [H * L * E, L * E, E]
+    layout = np.array([H, *contiguous * 3, 0, 0, L, *contiguous, B * H], np.uint64)
+    bits = mask.astype(np.uint8)
+    scale = np.array([0.5])
+    got = np.full_like(packed, np.nan)
+    interpret.run_kernel(attention_forward_kernel(dtypes.float32, L, E, True, False, False),
+                         [q, k, v, bits, dout, got, grads * 0, layout, scale], grid=1,
+                         extent=B * H)
+    np.testing.assert_allclose(got, packed, rtol=1e-5, atol=1e-6)
+    got_grads = np.full_like(grads, np.nan)
+    interpret.run_kernel(attention_backward_kernel(dtypes.float32, L, E, True, False),
+                         [q, k, v, bits, dout, packed, got_grads, layout, scale], grid=1,
+                         extent=B * H)
+    np.testing.assert_allclose(got_grads, grads, rtol=1e-4, atol=1e-5)
