@@ -8,9 +8,11 @@ import pytest
 from fusegrad import dtypes
 from fusegrad.codegen import interpret
 from fusegrad.codegen.attention import attention_backward_kernel, attention_forward_kernel
+from fusegrad.codegen.cuda.printer import cuda_source
 from fusegrad.codegen.gemm import Gemm, gemm_kernel
 from fusegrad.codegen.llvm.kernel import module_text
 from fusegrad.codegen.native_loops import check_copy_kernel, index_add_rows_kernel
+from fusegrad.ops.lowering import Unsupported
 from fusegrad.runtime import native, native_attention
 
 
@@ -136,3 +138,10 @@ def test_interpreted_attention_matches_the_native_call(L, E):
                          [q, k, v, bits, dout, packed, got_grads, layout, scale], grid=1,
                          extent=B * H)
     np.testing.assert_allclose(got_grads, grads, rtol=1e-4, atol=1e-5)
+
+
+def test_cuda_printer_refuses_host_kernels_and_vectors():
+    with pytest.raises(Unsupported, match="c_abi"):
+        cuda_source([check_copy_kernel()])
+    with pytest.raises(Unsupported, match="lanes"):
+        cuda_source([gemm_kernel("g")])

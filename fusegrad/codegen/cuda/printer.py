@@ -177,6 +177,9 @@ class _Printer:
 
     def render(self, e: Expr, a: list[str]) -> str:
         op, dt = e.op, e.dtype
+        if e.lanes > 1:
+            # The kernel IR's vectors are a CPU kernel's registers (the GEMM's, attention's).
+            raise Unsupported(f"a vector of {e.lanes} lanes ({op}) in a CUDA kernel")
         if op == "load":
             return self.load(e.arg, e.arg.name, self.ct(e.arg.dtype), a[0])
         if op == "load_shared":
@@ -353,6 +356,8 @@ def cuda_source(kernels: list[LoweredKernel]) -> str:
     helpers: dict[str, str] = {}
     bodies = []
     for k in kernels:
+        if k.c_abi:
+            raise Unsupported(f"{k.name} is a native helper of the host (c_abi), not a CUDA kernel")
         p = _Printer(k)
         bodies.append(p.kernel())
         helpers.update(p.helpers)
