@@ -1,7 +1,9 @@
 """A reference interpreter of the lowered kernel IR, on numpy, for small shapes.
 
 It runs the kernels of both lowerings: a GPU grid, and a CPU kernel as one block of one
-thread whose ``start`` and ``end`` are the whole parallel loop.
+thread whose ``start`` and ``end`` are the whole parallel loop; and the kernels written by
+hand in the kernel IR (vectors of lanes are a second axis of the lane arrays; a ``c_abi``
+kernel takes its scalar arguments and returns its result).
 
 It runs every thread of a grid at once, as lanes of numpy arrays (SIMT in lockstep): an
 expression is evaluated for all lanes, a statement takes effect in the lanes of the current
@@ -19,6 +21,7 @@ checks the lowering's numerics and index arithmetic, not a GPU's math library.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -30,14 +33,16 @@ from fusegrad.codegen.kernel_ir import (
     Declare,
     Expr,
     If,
+    Local,
     Loop,
     LoweredKernel,
     Store,
+    StoreLanes,
     StoreLocal,
     StoreShared,
     StoreVec,
 )
-from fusegrad.ops.lowering import BITS16, unsigned
+from fusegrad.ops.lowering import BITS16, MATH_TABLE, unsigned
 
 __all__ = ["run_kernel", "InterpreterError", "numpy_dtype"]
 
@@ -55,10 +60,8 @@ def numpy_dtype(dt) -> np.dtype:
     return dt.np_dtype
 
 
-_MATH = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "log10": np.log10,
-         "log1p": np.log1p, "expm1": np.expm1, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
-         "tan": np.tan, "sqrt": np.sqrt, "fabs": np.abs, "floor": np.floor, "ceil": np.ceil,
-         "roundeven": np.rint}
+_MATH = {"fabs": np.abs, "floor": np.floor, "ceil": np.ceil, "roundeven": np.rint,
+         **{f.name: getattr(np, f.numpy) for f in MATH_TABLE.values() if f.numpy is not None}}
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -128,6 +131,25 @@ class _Machine:
             index = args[0].astype(np.uint64) * np.uint64(width)
             lanes = [self.check(index + np.uint64(j), mask, buf.size, p.name) for j in range(width)]
             return np.stack([buf[i] for i in lanes], axis=1)
+        if op == "address":
+            return np.full(self.lanes, self.buffers[id(e.arg)].ctypes.data, np.uint64)
+        if op == "broadcast":
+            return np.repeat(args[0][:, None], e.lanes, axis=1)
+        if op == "iota":
+            return np.tile(np.arange(e.lanes, dtype=numpy_dtype(dt)), (self.lanes, 1))
+        if op == "load_lanes":
+            mem, index = self.lanes_of(e.arg, args[0], e.lanes, mask,
+                                       args[1] if len(args) > 1 else None)
+            out = mem[index]
+            if len(args) > 1:
+                out = np.where(args[1], out, np.zeros((), out.dtype))
+            return out
+        if op == "reduce":
+            kind = "max" if e.arg == "max" else "add"
+            cols = [args[0][:, j] for j in range(args[0].shape[1])]
+            return functools.reduce(lambda x, y: _binary(kind, x, y, dt), cols)
+        if op == "shuffle":
+            return np.concatenate(args, axis=1)[:, list(e.arg)]
         if op == "load_local":
             mem = self.local[id(e.arg)]
             index = self.check(args[0], mask, mem.shape[1], e.arg.name)
@@ -150,7 +172,8 @@ class _Machine:
         if op == "cmp":
             return _cmp(e.arg[0], args[0], args[1], e.arg[2])
         if op == "select":
-            return np.where(args[0], args[1], args[2]).astype(numpy_dtype(dt))
+            c = args[0] if args[0].ndim == args[1].ndim else args[0][:, None]
+            return np.where(c, args[1], args[2]).astype(numpy_dtype(dt))
         if op == "cast":
             return _cast(args[0], e.arg, dt)
         if op == "bitcast":
@@ -158,6 +181,22 @@ class _Machine:
         if op == "call":
             return _call(e.arg, args, dt)
         raise InterpreterError(f"unknown expression {op}")
+
+    def lanes_of(self, owner, index: np.ndarray, lanes: int, mask, lane_mask=None):
+        """The memory of a parameter or local array and the indices of the ``lanes``
+        consecutive elements from ``index`` in each active lane (bounds checked where the
+        lane mask, when given, is set)."""
+        local = isinstance(owner, Local)
+        mem = self.local[id(owner)] if local else self.buffers[id(owner)]
+        size = mem.shape[1] if local else mem.size
+        at = index.astype(np.uint64)[:, None] + np.arange(lanes, dtype=np.uint64)
+        live = mask[:, None] if lane_mask is None else mask[:, None] & lane_mask
+        bad = live & (at >= np.uint64(size))
+        if bad.any():
+            raise InterpreterError(f"{self.k.name}: {owner.name}[{int(at[bad][0])}] is out of "
+                                   f"bounds ({size} elements)")
+        at = np.where(at < np.uint64(size), at, 0).astype(np.int64)
+        return mem, ((np.arange(self.lanes)[:, None], at) if local else at)
 
     def aligned(self, p, size: int) -> bool:
         """Whether parameter ``p``'s buffer starts at a multiple of ``size`` bytes."""
@@ -222,7 +261,22 @@ class _Machine:
                 value = self.eval(st.init if isinstance(st, Declare) else st.value, mask, memo)
                 value = value.astype(numpy_dtype(st.var.dtype))
                 old = self.vars.get(id(st.var), value)
-                self.vars[id(st.var)] = np.where(mask, value, old)
+                self.vars[id(st.var)] = np.where(mask if value.ndim == 1 else mask[:, None],
+                                                 value, old)
+            elif isinstance(st, StoreLanes):
+                value = self.eval(st.value, mask, memo)
+                lane_mask = None if st.mask is None else self.eval(st.mask, mask, memo)
+                if value.ndim == 1:                 # a vector of one lane is a scalar
+                    value = value[:, None]
+                    lane_mask = None if lane_mask is None else lane_mask[:, None]
+                mem, index = self.lanes_of(st.param, self.eval(st.index, mask, memo),
+                                           value.shape[1], mask, lane_mask)
+                live = np.repeat(mask[:, None], value.shape[1], axis=1)
+                if lane_mask is not None:
+                    live &= lane_mask
+                where = tuple(i[live] for i in np.broadcast_arrays(*index)) if \
+                    isinstance(index, tuple) else index[live]
+                mem[where] = value[live].astype(mem.dtype)
             elif isinstance(st, Store):
                 buf = self.buffers[id(st.param)]
                 index = self.check(self.eval(st.index, mask, memo), mask, buf.size, st.param.name)
@@ -359,6 +413,10 @@ def _unary(op: str, x, dt):
 
 def _cmp(pred: str, x, y, dt):
     with np.errstate(all="ignore"):
+        if not dt.is_floating_point and dt is not dtypes.bool_:
+            # Integers as ``dt`` holds them: an index compared as int64 is signed.
+            npdt = numpy_dtype(dt)
+            x, y = x.astype(npdt, copy=False), y.astype(npdt, copy=False)
         return {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
                 "eq": np.equal, "ne": np.not_equal}[pred](x, y)
 
@@ -378,7 +436,7 @@ def _call(fn: str, args, dt):
             return np.power(args[0].astype(npdt), args[1].astype(npdt)).astype(npdt)
         if fn == "copysign":
             return np.copysign(args[0], args[1]).astype(npdt)
-        if fn == "fma":
+        if fn in ("fma", "muladd"):
             # float32: the product is exact in float64, one rounding of the sum there and
             # one to float32 (a second rounding only on ties of the first); float64 is
             # approximated by two roundings.
@@ -388,11 +446,16 @@ def _call(fn: str, args, dt):
 
 
 def run_kernel(k: LoweredKernel, buffers: list[np.ndarray], grid: int | None = None,
-               extent: int = 0) -> None:
+               extent: int = 0, scalars: tuple = ()):
     """Run ``k`` on ``buffers`` (numpy arrays in the order of ``k.params``, each of the
     param's memory dtype; written in place) with ``grid`` blocks (default: the kernel's,
     at most 4: the loops stride over the rest, which is what this exercises). A CPU
-    kernel (one block of one thread) runs its parallel loop over ``[0, extent)``."""
+    kernel (one block of one thread) runs its parallel loop over ``[0, extent)``; a
+    ``c_abi`` kernel takes ``scalars`` (its scalar arguments) and returns its result."""
     grid = max(1, min(k.grid, 4) if grid is None else grid)
-    _Machine(k, buffers, grid, extent).run(k.body, np.ones(grid * k.block, dtype=bool))
+    machine = _Machine(k, buffers, grid, extent)
+    for var, value in zip(k.scalars, scalars):
+        machine.vars[id(var)] = np.full(machine.lanes, value, numpy_dtype(var.dtype))
+    machine.run(k.body, np.ones(grid * k.block, dtype=bool))
+    return None if k.result is None else machine.vars[id(k.result)][0].item()
 

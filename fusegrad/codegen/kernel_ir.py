@@ -21,17 +21,41 @@ Expressions (``Expr.op``):
 - ``load_vec`` (``src`` = (vector index,), ``arg`` = (:class:`Param`, width)): ``width``
   consecutive elements at once (elements ``width * index`` on; a 16-byte load on a GPU),
   read lane by lane with ``extract`` (``arg`` the lane); ``aligned`` (``arg`` = (param,
-  bytes)): whether the parameter's buffer starts at a multiple of ``bytes``.
+  bytes)): whether the parameter's buffer starts at a multiple of ``bytes``; ``address``
+  (``arg`` the :class:`Param`): the address of its buffer, an :data:`INDEX` (to tell
+  whether two parameters are one buffer).
+
+Vectors (a CPU kernel's register tiles): an expression or variable of ``lanes`` > 1 holds
+that many values of its dtype, and arithmetic, comparisons, selects and ``call`` ``fma``
+(and ``muladd``) work lane by lane on them (a select may pick whole vectors by a scalar
+condition);
+``broadcast`` (``src`` = (scalar,)) is a scalar in every lane, ``iota`` the lane numbers
+0, 1, ...; ``load_lanes`` (``src`` = (element index,) or (element index, mask), ``arg`` the
+:class:`Param` or :class:`Local`) reads ``lanes`` consecutive elements from an element
+index, under a mask (a bool vector) when given: a lane whose mask is false reads 0 and
+touches no memory; :class:`StoreLanes` writes a vector the same way. ``reduce`` (``arg``
+``max`` or ``add``) combines the lanes of a vector into a scalar (a float max propagates
+NaN, an integer one is unsigned; a float sum is reassociable, in any order); ``shuffle``
+(``src`` = (a, b), ``arg`` lane numbers into a's lanes then b's) picks lanes of two vectors;
+``extract`` (``arg`` the lane) one lane.
 
 Statements: :class:`Declare` (a variable and its initial value), :class:`Assign`,
 :class:`Store`, :class:`StoreVec` (``width`` consecutive elements at once, as ``load_vec``
-reads them), :class:`StoreShared`, :class:`StoreLocal`, :class:`Loop` (``for v = start;
-v < stop; v += step``; ``unroll=False`` forbids the backend to unroll it), :class:`If`,
-:class:`Barrier` (``__syncthreads``).
+reads them), :class:`StoreLanes`, :class:`StoreShared`, :class:`StoreLocal`, :class:`Loop`
+(``for v = start; v < stop; v += step``; ``unroll=False`` forbids the backend to unroll it,
+``unroll=None`` leaves it to the backend's own heuristics), :class:`If`, :class:`Barrier`
+(``__syncthreads``).
 
-Two lowerings produce it from a fused kernel: :mod:`fusegrad.codegen.gpu_lowering` (a grid
-of blocks and threads) and :mod:`fusegrad.codegen.cpu_lowering` (loop nests whose outermost
-loop a thread pool splits); both compute values with :mod:`fusegrad.codegen.values`.
+A kernel is called with a table of buffer addresses and the range of its parallel loop;
+one with ``c_abi`` is a plain function instead (a native helper the runtime calls directly:
+its parameters, then its ``scalars``, returning the final value of its ``result``).
+
+Kernels written by hand in it: the generated GEMM (:mod:`fusegrad.codegen.gemm`), the
+attention kernels (:mod:`fusegrad.codegen.attention`), the native loops of extern steps
+(:mod:`fusegrad.codegen.native_loops`). Two lowerings produce it from a fused kernel:
+:mod:`fusegrad.codegen.gpu_lowering` (a grid of blocks and threads) and
+:mod:`fusegrad.codegen.cpu_lowering` (loop nests whose outermost loop a thread pool
+splits); both compute values with :mod:`fusegrad.codegen.values`.
 
 Indices are of dtype :data:`INDEX` (64-bit, never negative where they address memory; the
 unsigned comparison of ``shifted`` relies on wrap-around, as C's unsigned arithmetic does).
@@ -50,8 +74,8 @@ from fusegrad import dtypes
 from fusegrad.dtypes import DType
 
 __all__ = ["INDEX", "Expr", "Var", "Param", "Shared", "Local", "Declare", "Assign", "Store",
-           "StoreVec", "StoreShared", "StoreLocal", "Loop", "If", "Barrier", "LoweredKernel", "ExprBuilder",
-           "format_kernel", "format_expr"]
+           "StoreVec", "StoreLanes", "StoreShared", "StoreLocal", "Loop", "If", "Barrier",
+           "LoweredKernel", "ExprBuilder", "format_kernel", "format_expr"]
 
 # Index arithmetic: unsigned 64-bit (udiv/urem in LLVM; wraps like C's unsigned).
 INDEX = DType("index", "idx", np.dtype(np.uint64), 1)
@@ -59,10 +83,12 @@ INDEX = DType("index", "idx", np.dtype(np.uint64), 1)
 
 @dataclass(eq=False)
 class Var:
-    """A mutable register: a loop index or an accumulator."""
+    """A mutable register: a loop index or an accumulator (a vector of ``lanes`` values
+    when ``lanes`` > 1)."""
 
     name: str
     dtype: DType
+    lanes: int = 1
 
 
 @dataclass(eq=False)
@@ -97,12 +123,14 @@ class Local:
 
 @dataclass(eq=False)
 class Expr:
-    """A pure scalar expression (see the module docstring for the ops)."""
+    """A pure expression, a scalar or a vector of ``lanes`` values (see the module
+    docstring for the ops)."""
 
     op: str
     dtype: DType
     src: tuple = ()
     arg: Any = None
+    lanes: int = 1
 
 
 @dataclass(eq=False)
@@ -139,6 +167,18 @@ class StoreVec:
 
 
 @dataclass(eq=False)
+class StoreLanes:
+    """The lanes of the vector ``value`` to consecutive elements of ``param`` (a
+    :class:`Param` or a :class:`Local`) from the element ``index`` (only the lanes set in
+    ``mask``, a bool vector, when given)."""
+
+    param: Param | Local
+    index: Expr
+    value: Expr
+    mask: Expr | None = None
+
+
+@dataclass(eq=False)
 class StoreLocal:
     local: Local
     index: Expr
@@ -152,7 +192,8 @@ class Loop:
     stop: Expr
     step: Expr
     body: list = field(default_factory=list)
-    unroll: bool = True
+    # False: never unrolled; None: as the backend's own heuristics decide (no hints).
+    unroll: bool | None = True
 
 
 @dataclass(eq=False)
@@ -186,6 +227,12 @@ class LoweredKernel:
     # Whether a load whose index does not depend on a loop may be done ahead of it, even
     # when the loop would not run (every index the kernel computes is then in bounds).
     hoistable: bool = False
+    # A plain function ``result name(params..., scalars...)`` (the buffers as pointers that
+    # no two of which overlap where the kernel reads or writes them, then scalar arguments
+    # read as variables), returning ``result``'s final value (void when None).
+    c_abi: bool = False
+    scalars: list[Var] = field(default_factory=list)
+    result: Var | None = None
 
     def __str__(self) -> str:
         return format_kernel(self)
@@ -200,12 +247,15 @@ class ExprBuilder:
     def __init__(self):
         self._memo: dict = {}
 
-    def node(self, op: str, dtype: DType, src: tuple = (), arg=None) -> Expr:
-        key = (op, dtype.name, tuple(id(s) for s in src), _hashable(arg))
+    def node(self, op: str, dtype: DType, src: tuple = (), arg=None,
+             lanes: int | None = None) -> Expr:
+        # An operation on vectors is a vector of as many lanes.
+        lanes = max((s.lanes for s in src), default=1) if lanes is None else lanes
+        key = (op, dtype.name, tuple(id(s) for s in src), _hashable(arg), lanes)
         hit = self._memo.get(key)
         if hit is not None:
             return hit[0]
-        e = Expr(op, dtype, tuple(src), arg)
+        e = Expr(op, dtype, tuple(src), arg, lanes)
         self._memo[key] = (e, src)          # keeps the operands alive: their ids stay theirs
         return e
 
@@ -258,7 +308,7 @@ class ExprBuilder:
 
     def read(self, var: Var) -> Expr:
         # Never hash-consed: a variable's value changes between statements.
-        return Expr("read", var.dtype, (), var)
+        return Expr("read", var.dtype, (), var, var.lanes)
 
     def load(self, param: Param, index: Expr) -> Expr:
         return self.node("load", param.dtype, (index,), param)
@@ -275,10 +325,34 @@ class ExprBuilder:
         return self.node("load_vec", param.dtype, (index,), (param, width))
 
     def extract(self, vec: Expr, lane: int) -> Expr:
-        return self.node("extract", vec.dtype, (vec,), lane)
+        return self.node("extract", vec.dtype, (vec,), lane, 1)
+
+    # A vector of one lane is a scalar: broadcast, iota and reduce are then the identity.
+    def broadcast(self, x: Expr, lanes: int) -> Expr:
+        return x if lanes == 1 else self.node("broadcast", x.dtype, (x,), None, lanes)
+
+    def iota(self, dt: DType, lanes: int) -> Expr:
+        return self.const(dt, 0) if lanes == 1 else self.node("iota", dt, (), None, lanes)
+
+    def load_lanes(self, param: Param | Local, index: Expr, lanes: int,
+                   mask: Expr | None = None) -> Expr:
+        src = (index,) if mask is None else (index, mask)
+        if isinstance(param, Local):
+            # Never hash-consed: a local array changes between statements.
+            return Expr("load_lanes", param.dtype, src, param, lanes)
+        return self.node("load_lanes", param.dtype, src, param, lanes)
+
+    def reduce(self, kind: str, x: Expr) -> Expr:
+        return x if x.lanes == 1 else self.node("reduce", x.dtype, (x,), kind, 1)
+
+    def shuffle(self, x: Expr, y: Expr, lanes: tuple) -> Expr:
+        return self.node("shuffle", x.dtype, (x, y), tuple(lanes), len(lanes))
 
     def aligned(self, param: Param, size: int) -> Expr:
         return self.node("aligned", dtypes.bool_, (), (param, size))
+
+    def address(self, param: Param) -> Expr:
+        return self.node("address", INDEX, (), param)
 
     def shfl_xor(self, x: Expr, mask: int) -> Expr:
         return Expr("shfl_xor", x.dtype, (x,), mask)
@@ -373,25 +447,30 @@ class Linearizer:
 
 def _text_render(e: Expr, args: list[str]) -> str:
     joined = ", ".join(args)
+    short = e.dtype.short + (f"x{e.lanes}" if e.lanes > 1 else "")    # f32x16: a vector
     if e.op in ("load", "load_shared", "load_local"):
         return f"{e.arg.name}[{joined}]"
     if e.op == "load_vec":
         return f"{e.arg[0].name}.v{e.arg[1]}[{joined}]"
+    if e.op == "load_lanes":
+        return f"{e.arg.name}.x{e.lanes}[{joined}]"
     if e.op == "extract":
         return f"{joined}.{e.arg}"
     if e.op == "aligned":
         return f"aligned({e.arg[0].name}, {e.arg[1]})"
+    if e.op == "address":
+        return f"address({e.arg.name})"
     if e.op == "binary":
-        return f"{e.arg[0]}.{e.dtype.short}({joined})"
+        return f"{e.arg[0]}.{short}({joined})"
     if e.op == "cmp":
-        return f"{e.arg[0]}.{e.arg[2].short}({joined})"
+        return f"{e.arg[0]}.{e.arg[2].short}{short[len(e.dtype.short):]}({joined})"
     if e.op in ("unary", "call"):
-        return f"{e.arg}.{e.dtype.short}({joined})"
+        return f"{e.arg}.{short}({joined})"
     if e.op in ("cast", "bitcast"):
-        return f"{e.op}.{e.arg.short}.{e.dtype.short}({joined})"
+        return f"{e.op}.{e.arg.short}.{short}({joined})"
     if e.op == "shfl_xor":
-        return f"shfl_xor.{e.dtype.short}({joined}, {e.arg})"
-    return f"{e.op}.{e.dtype.short}({joined})"
+        return f"shfl_xor.{short}({joined}, {e.arg})"
+    return f"{e.op}.{short}({joined})"
 
 
 def _text_leaf(e: Expr) -> str:
@@ -412,8 +491,11 @@ def format_expr(e: Expr) -> str:
 
 def format_kernel(k: LoweredKernel) -> str:
     """The kernel as indented text, one operation a line (``%tN = op.dtype(args)``)."""
-    lines = [f"kernel {k.name}({', '.join(f'{p.name}: {p.dtype.short}*' for p in k.params)})"
-             f" grid<={k.grid} block={k.block} {{"]
+    args = [f"{p.name}: {p.dtype.short}*" for p in k.params] + \
+        [f"{v.name}: {v.dtype.short}" for v in k.scalars]
+    launch = f"-> {k.result.name}: {k.result.dtype.short}" if k.result is not None else \
+        "-> void" if k.c_abi else f"grid<={k.grid} block={k.block}"
+    lines = [f"kernel {k.name}({', '.join(args)}) {launch} {{"]
     for s in k.shared:
         lines.append(f"  shared {s.name}: {s.dtype.short}[{s.size}]")
     for s in k.locals:
@@ -436,7 +518,8 @@ def _format_body(body: list, lines: list, depth: int, lin: Linearizer) -> None:
     for st in body:
         if isinstance(st, Declare):
             init = t(st.init)
-            lines.append(f"{pad}var {st.var.name}: {st.var.dtype.short} = {init}")
+            vec = f"{st.var.lanes}x" if st.var.lanes > 1 else ""
+            lines.append(f"{pad}var {st.var.name}: {vec}{st.var.dtype.short} = {init}")
         elif isinstance(st, Assign):
             value = t(st.value)
             lines.append(f"{pad}{st.var.name} = {value}")
@@ -444,6 +527,10 @@ def _format_body(body: list, lines: list, depth: int, lin: Linearizer) -> None:
             index = t(st.index)
             values = ", ".join(t(v) for v in st.values)
             lines.append(f"{pad}{st.param.name}.v{len(st.values)}[{index}] = ({values})")
+        elif isinstance(st, StoreLanes):
+            index, value = t(st.index), t(st.value)
+            mask = f" if {t(st.mask)}" if st.mask is not None else ""
+            lines.append(f"{pad}{st.param.name}.x{st.value.lanes}[{index}] = {value}{mask}")
         elif isinstance(st, (Store, StoreShared, StoreLocal)):
             target = st.param.name if isinstance(st, Store) else \
                 st.shared.name if isinstance(st, StoreShared) else st.local.name

@@ -30,7 +30,8 @@ stored or cast to):
   (float to int only for values the destination holds); ``bitcast(x, src, dst)``;
 - ``call(fn, args, dt)``: ``pow`` (float power, numpy's special cases), ``ipow`` (integer
   power by a non-negative exponent, wrapping), ``copysign``, ``fma`` (``x * y + z`` rounded
-  once: only a GPU matmul's accumulation, as BLAS's).
+  once: only a matmul's accumulation, as BLAS's), ``muladd`` (``x * y + z``, rounded once
+  where the CPU has an FMA: a hand-written kernel's product terms, never a graph's).
 
 The table: :data:`LOWERINGS` maps a primitive name to its :class:`Lowering` (its scalar
 function, whether it is commutative, and for reductions the identity and the combine).
@@ -50,7 +51,8 @@ from fusegrad.dtypes import DType
 from fusegrad.ops.prims import float_to_int_wide
 
 __all__ = ["ScalarBuilder", "Lowering", "LOWERINGS", "Unsupported", "MATH_FUNCTIONS",
-           "COMMUTATIVE", "REDUCE_OPS", "EXACT_ON_HALF", "HALF_TYPES", "BITS16", "lower_scalar",
+           "MATH_TABLE", "MathFunction", "COMMUTATIVE", "REDUCE_OPS", "EXACT_ON_HALF",
+           "HALF_TYPES", "BITS16", "lower_scalar",
            "constant", "convert", "from_memory", "to_memory", "round_half", "memory_dtype",
            "register_dtype", "reduction_identity", "combine", "unsigned", "wide_int"]
 
@@ -59,8 +61,41 @@ class Unsupported(NotImplementedError):
     """A primitive or dtype with no kernel lowering: the runtime runs its numpy reference."""
 
 
-MATH_FUNCTIONS = ("exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "erf", "sin",
-                  "cos", "tan", "sqrt")
+
+
+@dataclass(frozen=True)
+class MathFunction:
+    """A transcendental function primitive (``unary(name, x, dt)``) and how each target
+    spells it: ``c`` is the C (CUDA) name of its double version (``f`` appended for float),
+    ``llvm_f64`` the LLVM symbol of its float64 version (an ``llvm.*`` intrinsic, else a libm
+    function called lane by lane; the float32 versions are the CPU mathlib's inline code),
+    ``numpy`` the numpy function the reference interpreter evaluates it with (None: no
+    numpy ufunc, the interpreter has its own)."""
+
+    name: str
+    c: str
+    llvm_f64: str
+    numpy: str | None
+
+
+# The one list of math functions: the lowering of each of these primitives, the CUDA
+# printer, the LLVM mathlib and the interpreter read it.
+MATH_TABLE: dict[str, MathFunction] = {f.name: f for f in (
+    MathFunction("exp", "exp", "llvm.exp", "exp"),
+    MathFunction("exp2", "exp2", "exp2", "exp2"),
+    MathFunction("log", "log", "llvm.log", "log"),
+    MathFunction("log2", "log2", "log2", "log2"),
+    MathFunction("log10", "log10", "log10", "log10"),
+    MathFunction("log1p", "log1p", "log1p", "log1p"),
+    MathFunction("expm1", "expm1", "expm1", "expm1"),
+    MathFunction("tanh", "tanh", "tanh", "tanh"),
+    MathFunction("erf", "erf", "erf", None),
+    MathFunction("sin", "sin", "llvm.sin", "sin"),
+    MathFunction("cos", "cos", "llvm.cos", "cos"),
+    MathFunction("tan", "tan", "tan", "tan"),
+    MathFunction("sqrt", "sqrt", "llvm.sqrt", "sqrt"),
+)}
+MATH_FUNCTIONS = tuple(MATH_TABLE)
 HALF_TYPES = (dtypes.float16, dtypes.bfloat16)
 # 16-bit float bits in a register: an unsigned 16-bit integer (internal, not a tensor dtype).
 BITS16 = dtypes.DType("uint16", "u16", np.dtype(np.uint16), 1)

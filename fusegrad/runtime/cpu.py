@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import llvmlite.ir as ir
@@ -46,6 +45,7 @@ from fusegrad.ir.printer import format_attrs, format_scalar, format_type
 from fusegrad.runtime import jit, native, native_attention
 from fusegrad.runtime.memory_plan import donation_safe, plan_memory
 from fusegrad.runtime.native import data_pointer
+from fusegrad.runtime.threads import run_in_parts, thread_pool
 
 __all__ = ["Program", "KernelCode", "thread_pool", "set_num_threads", "get_num_threads"]
 
@@ -64,27 +64,6 @@ PARALLEL_THRESHOLD = 1 << 16
 # way; 1024: 5-7 us at level 1, 1.2 us at 3; 4096: 18 us against 2.5 us), and a compiled
 # kernel runs many times.
 SMALL_KERNEL_WORK = 256
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-_pool_workers = 0
-
-
-def thread_pool() -> ThreadPoolExecutor:
-    """The kernel worker pool: ``config.num_threads - 1`` workers beside the caller's thread,
-    remade when the thread count changed (``set_num_threads``, a config reload)."""
-    global _pool, _pool_workers
-    with _pool_lock:
-        workers = max(1, config.num_threads - 1)
-        if _pool is None or _pool_workers != workers:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fusegrad")
-            _pool_workers = workers
-        return _pool
-
 
 def set_num_threads(num: int) -> None:
     """Split large kernels across ``num`` threads (``torch.set_num_threads``; the default is
@@ -108,18 +87,6 @@ def get_num_threads() -> int:
 # elements made the compiled MLP step 30% slower with two threads than with one.
 TUNE_RUNS = 3
 SPLIT_GAIN = 0.85
-
-
-def run_in_parts(fn, args: tuple, extent: int, threads: int) -> None:
-    """``fn(*args, start, end)`` over ``[0, extent)`` cut into ``min(threads, extent)`` equal
-    parts: the first on the calling thread, the others on the pool, all finished on return."""
-    chunks = min(threads, extent)
-    bounds = [extent * i // chunks for i in range(chunks + 1)]
-    pool = thread_pool()
-    futures = [pool.submit(fn, *args, bounds[i], bounds[i + 1]) for i in range(1, chunks)]
-    fn(*args, bounds[0], bounds[1])
-    for f in futures:
-        f.result()
 
 
 @dataclass

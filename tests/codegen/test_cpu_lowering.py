@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
-from fusegrad.codegen import cpu_lowering, interpret
+from fusegrad.codegen import cpu_lowering, cpu_plans, interpret
 from fusegrad.codegen.kernel_ir import Loop, format_kernel
 from fusegrad.passes.fusion import fuse
 from fusegrad.passes.manager import PassManager
@@ -203,7 +203,7 @@ def test_zoo_matches_eager_in_the_interpreter(name, monkeypatch):
 
 
 def test_split_reductions_match_in_the_interpreter(monkeypatch):
-    monkeypatch.setattr(cpu_lowering, "SPLIT_WORK", 64)
+    monkeypatch.setattr(cpu_plans, "SPLIT_WORK", 64)
     monkeypatch.setattr(cpu_lowering, "SUM_BLOCK", 8)
     rng = np.random.default_rng(3)
     x = fg.tensor(rng.standard_normal((6, 5, 7)).astype(np.float32))
@@ -253,9 +253,9 @@ def test_loop_plans_depend_only_on_what_the_kernel_cache_keys_on():
 def test_transposing_kernels_loop_in_tiles(shape, perm, monkeypatch):
     # Small tiles on small shapes: edge tiles, a leading loop, and the kernel cache keyed on
     # the tile size (its code and its launch extent change with it).
-    monkeypatch.setattr(cpu_lowering, "TILE", 4)
-    monkeypatch.setattr(cpu_lowering, "TILE_WORK", 1)
-    monkeypatch.setattr(cpu_lowering, "TILE_STRIDE", 2)
+    monkeypatch.setattr(cpu_plans, "TILE", 4)
+    monkeypatch.setattr(cpu_plans, "TILE_WORK", 1)
+    monkeypatch.setattr(cpu_plans, "TILE_STRIDE", 2)
     x = fg.randn(*shape)
     b = fg.randn(shape[perm[-1]])
 
@@ -275,5 +275,5 @@ def test_transposing_kernels_loop_in_tiles(shape, perm, monkeypatch):
 def test_kernel_cache_keys_on_the_lowerings_constants(monkeypatch):
     # Code made with other tiles or blocks loops (and launches) differently.
     before = jit.kernel_key("elementwise [4, 4]")
-    monkeypatch.setattr(cpu_lowering, "TILE", 8)
+    monkeypatch.setattr(cpu_plans, "TILE", 8)
     assert jit.kernel_key("elementwise [4, 4]") != before

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
+from fusegrad.codegen.gemm import gemm_kernel
 from fusegrad.codegen.llvm import gemm
 from fusegrad.config import config
 from fusegrad.passes.fusion import fuse
@@ -227,3 +228,16 @@ def test_artifacts_keep_their_generated_gemms(tmp_path, monkeypatch):
     (linked,) = run.programs
     assert list(linked.program.gemm_code) == [0]
     np.testing.assert_array_equal(run(x, w).numpy(), want)
+
+
+def test_generated_gemm_is_a_kernel_ir_program():
+    """The GEMM is written in the kernel IR (vector accumulators, broadcast loads of A,
+    masked loads of B, vector FMAs, masked stores of C) and printed by the LLVM printer."""
+    text = str(gemm_kernel("g"))
+    assert text.count("var acc") == 2 * 2 * gemm.TILE_ROWS          # packed and direct B
+    assert "fma.f32x16(" in text and "broadcast.f32x16(" in text and "b.x16[" in text
+    assert "pack.x16[" in text and "c.x16[" in text
+    llvm = gemm.emit_gemm("g")
+    assert 'define void @"g"(i8** %"bufs", i64 %"start", i64 %"end")' in llvm
+    assert "llvm.fma.v16f32" in llvm and "llvm.masked.load.v16f32.p0" in llvm
+    assert "llvm.masked.store.v16f32.p0" in llvm

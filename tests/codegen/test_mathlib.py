@@ -18,6 +18,7 @@ import pytest
 
 from fusegrad.codegen.llvm import mathlib
 from fusegrad.codegen.llvm.mathlib import SINCOS_MAX_ARG, UNARY_FUNCTIONS, build_unary_kernel, emit_unary
+from fusegrad.ops.lowering import MATH_FUNCTIONS
 
 MAX_ULP = 2  # the module docstring's promise
 TRANSCENDENTAL = ("exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "sigmoid", "erf",
@@ -338,3 +339,9 @@ def test_rejects_unknown_inputs() -> None:
         emit_unary(builder, "exp", ir.Constant(ir.IntType(32), 1))
     with pytest.raises(ValueError):
         build_unary_kernel("exp", "f16")
+
+
+def test_every_math_primitive_has_an_inline_float32_version() -> None:
+    """The math table of fusegrad.ops.lowering is the one list: the mathlib implements each
+    of its functions (and the CUDA printer spells each, see test_cuda_codegen)."""
+    assert set(mathlib._F32_IMPLS) == set(UNARY_FUNCTIONS) >= set(MATH_FUNCTIONS)

@@ -43,7 +43,7 @@ from fusegrad.codegen.kernel_ir import (
     StoreShared,
     StoreVec,
 )
-from fusegrad.ops.lowering import BITS16, Unsupported, unsigned
+from fusegrad.ops.lowering import BITS16, MATH_TABLE, Unsupported, unsigned
 
 __all__ = ["cuda_source", "ctype", "PRELUDE"]
 
@@ -131,8 +131,6 @@ def _int_const(value: int, dt) -> str:
 
 _EXACT = {"add": "__fadd_rn", "sub": "__fsub_rn", "mul": "__fmul_rn", "div": "__fdiv_rn"}
 _EXACT_D = {"add": "__dadd_rn", "sub": "__dsub_rn", "mul": "__dmul_rn", "div": "__ddiv_rn"}
-_MATH = {"exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "erf", "sin", "cos",
-         "tan", "sqrt", "floor", "ceil"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _INT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "and": "&", "or": "|",
             "xor": "^", "shl": "<<", "shr": ">>"}
@@ -179,6 +177,9 @@ class _Printer:
 
     def render(self, e: Expr, a: list[str]) -> str:
         op, dt = e.op, e.dtype
+        if e.lanes > 1:
+            # The kernel IR's vectors are a CPU kernel's registers (the GEMM's, attention's).
+            raise Unsupported(f"a vector of {e.lanes} lanes ({op}) in a CUDA kernel")
         if op == "load":
             return self.load(e.arg, e.arg.name, self.ct(e.arg.dtype), a[0])
         if op == "load_shared":
@@ -258,8 +259,10 @@ class _Printer:
             return f"fabs{f}({x})"
         if op == "roundeven":
             return f"rint{f}({x})"
-        if op in _MATH:
+        if op in ("floor", "ceil"):
             return f"{op}{f}({x})"
+        if op in MATH_TABLE:
+            return f"{MATH_TABLE[op].c}{f}({x})"
         raise Unsupported(f"no CUDA function for {op}")
 
     def call(self, fn: str, a: list[str], dt) -> str:
@@ -353,6 +356,8 @@ def cuda_source(kernels: list[LoweredKernel]) -> str:
     helpers: dict[str, str] = {}
     bodies = []
     for k in kernels:
+        if k.c_abi:
+            raise Unsupported(f"{k.name} is a native helper of the host (c_abi), not a CUDA kernel")
         p = _Printer(k)
         bodies.append(p.kernel())
         helpers.update(p.helpers)

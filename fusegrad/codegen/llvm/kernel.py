@@ -36,9 +36,11 @@ from fusegrad.codegen.kernel_ir import (
     Declare,
     Expr,
     If,
+    Local,
     Loop,
     LoweredKernel,
     Store,
+    StoreLanes,
     StoreLocal,
 )
 from fusegrad.codegen.llvm import mathlib
@@ -47,8 +49,8 @@ from fusegrad.ir.kernel_graph import Kernel, KernelGraph
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
 
-__all__ = ["Unsupported", "KernelPrinter", "emit_kernel", "KERNEL_ARGS", "lltype", "LLVMScalars",
-           "tuning"]
+__all__ = ["Unsupported", "KernelPrinter", "emit_kernel", "module_text", "KERNEL_ARGS", "lltype",
+           "LLVMScalars", "tuning"]
 
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 F16, F32, F64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
@@ -82,8 +84,11 @@ def tuning() -> str:
             f"FULL_UNROLL_TRIPS={FULL_UNROLL_TRIPS} MIN_VECTOR_TRIPS={MIN_VECTOR_TRIPS}")
 
 
-def lltype(dt: dtypes.DType) -> ir.Type:
-    """Register type of a dtype (bools are i1, 16-bit floats compute as float)."""
+def lltype(dt: dtypes.DType, lanes: int = 1) -> ir.Type:
+    """Register type of a dtype (bools are i1, 16-bit floats compute as float), a vector of
+    ``lanes`` of them when ``lanes`` > 1."""
+    if lanes > 1:
+        return ir.VectorType(lltype(dt), lanes)
     if dt is dtypes.bool_:
         return I1
     if dt.is_floating_point:
@@ -191,6 +196,11 @@ class LLVMScalars:
             return self.int_power(*args)
         if fn == "copysign":
             return self.em.intrinsic("llvm.copysign", args)
+        if fn == "fma":
+            return self.em.intrinsic("llvm.fma", args)
+        if fn == "muladd":
+            # x * y + z, fused where the CPU has an FMA (a GEMM micro-kernel's term).
+            return self.em.intrinsic("llvm.fmuladd", args)
         raise lowering.Unsupported(f"no LLVM lowering for {fn}")
 
     def int_power(self, x, y) -> ir.Value:
@@ -235,7 +245,8 @@ class _OpenLoop:
 class KernelPrinter:
     """Prints one :class:`LoweredKernel` of the CPU lowering as an LLVM function
     ``void name(i8** bufs, i64 start, i64 end)``: ``bufs[slot_of(param)]`` is each
-    parameter's buffer, ``start`` and ``end`` are the ``special`` expressions of those names.
+    parameter's buffer, ``start`` and ``end`` are the ``special`` expressions of those names
+    (a ``c_abi`` kernel is ``result name(params..., scalars...)`` instead).
 
     Statements print in order; an expression prints where a statement first needs it, once
     per enclosing loop body (a memo per scope; a ``read`` of a variable is a fresh load of
@@ -245,10 +256,24 @@ class KernelPrinter:
     even where that loop would not run); otherwise the loops it sits in are marked (see
     :data:`MAX_INTERLEAVED_BODY`)."""
 
-    def __init__(self, module: ir.Module, kernel: LoweredKernel, slot_of):
+    def __init__(self, module: ir.Module, kernel: LoweredKernel, slot_of=None):
         self.module, self.kernel, self.slot_of = module, kernel, slot_of
-        self.fn = ir.Function(module, ir.FunctionType(VOID, KERNEL_ARGS), name=kernel.name)
-        self.fn.args[0].name, self.fn.args[1].name, self.fn.args[2].name = "bufs", "start", "end"
+        self.args: dict[int, ir.Argument] = {}     # a c_abi kernel's Param or scalar Var
+        if kernel.c_abi:
+            owners = kernel.params + kernel.scalars
+            ret = VOID if kernel.result is None else lltype(kernel.result.dtype)
+            types = [lltype(p.dtype).as_pointer() for p in kernel.params] + \
+                [lltype(v.dtype) for v in kernel.scalars]
+            self.fn = ir.Function(module, ir.FunctionType(ret, types), name=kernel.name)
+            for owner, arg in zip(owners, self.fn.args):
+                arg.name = owner.name
+                if isinstance(arg.type, ir.PointerType):
+                    arg.add_attribute("noalias")
+                self.args[id(owner)] = arg
+        else:
+            self.fn = ir.Function(module, ir.FunctionType(VOID, KERNEL_ARGS), name=kernel.name)
+            self.fn.args[0].name, self.fn.args[1].name = "bufs", "start"
+            self.fn.args[2].name = "end"
         # Allocas and buffer pointers go to "entry", which jumps to "body" once the kernel is
         # complete; keeping the two apart lets both builders append without clashing.
         entry = self.fn.append_basic_block("entry")
@@ -265,13 +290,19 @@ class KernelPrinter:
 
     def print(self) -> ir.Function:
         self.block(self.kernel.body)
-        self.b.ret_void()
+        result = self.kernel.result
+        if result is None:
+            self.b.ret_void()
+        else:
+            self.b.ret(self.b.load(self.slot(result)))
         self.entry.branch(self.body_block)
         return self.fn
 
     # -- storage
     def ptr(self, param) -> ir.Value:
         """Typed base pointer of a parameter's buffer (loaded once, in the entry block)."""
+        if id(param) in self.args:
+            return self.args[id(param)]
         if id(param) not in self.ptrs:
             eb = self.entry
             slot = ir.Constant(I64, self.slot_of(param))
@@ -283,8 +314,8 @@ class KernelPrinter:
         """The alloca of a variable or a local array (in the entry block)."""
         if id(owner) not in self.slots:
             n = None if size is None else ir.Constant(I64, size)
-            self.slots[id(owner)] = self.entry.alloca(lltype(owner.dtype), size=n,
-                                                      name=owner.name)
+            t = lltype(owner.dtype, getattr(owner, "lanes", 1))
+            self.slots[id(owner)] = self.entry.alloca(t, size=n, name=owner.name)
         return self.slots[id(owner)]
 
     # -- statements
@@ -308,6 +339,14 @@ class KernelPrinter:
                 for nxt, index, value in run:
                     b.store(value, b.gep(self.ptr(nxt.param), [index], inbounds=True,
                                          name="addr"))
+            elif isinstance(st, StoreLanes):
+                index, value = self.value(st.index), self.value(st.value)
+                at = self.lanes_at(st.param, index, value.type)
+                if st.mask is None:
+                    b.store(value, at, align=st.param.dtype.itemsize)
+                else:
+                    self.masked("store", value.type, [value, at, self.align(st.param),
+                                                      self.value(st.mask)])
             elif isinstance(st, StoreLocal):
                 index, value = self.value(st.index), self.value(st.value)
                 b.store(value, b.gep(self.slot(st.local, st.local.size), [index]))
@@ -360,6 +399,9 @@ class KernelPrinter:
         nxt = b.add(i, ir.Constant(I64, 1), name=f"{st.var.name}.next", flags=("nsw",))
         i.add_incoming(nxt, b.block)
         latch = b.branch(header)
+        if st.unroll is None:
+            b.position_at_end(done)
+            return
         short = trips is not None and 1 < trips <= FULL_UNROLL_TRIPS and not open_loop.outer
         flags: list = ["llvm.loop.unroll.disable"] if not st.unroll else \
             ["llvm.loop.unroll.full"] if short else []
@@ -398,6 +440,8 @@ class KernelPrinter:
         if hit is not None:
             return hit
         if e.op == "read":
+            if id(e.arg) in self.args:
+                return 0
             entry = self.indices.get(id(e.arg))
             return entry[0] + 1 if entry is not None else len(self.loops)
         if e.op == "load_local":
@@ -423,10 +467,12 @@ class KernelPrinter:
         if op == "const":
             return self.sb.const(e.dtype, e.arg)
         if op == "special":
-            if e.arg not in ("start", "end"):
+            if e.arg not in ("start", "end") or self.kernel.c_abi:
                 raise Unsupported(f"{e.arg} in a CPU kernel")
             return self.fn.args[1 if e.arg == "start" else 2]
         if op == "read":
+            if id(e.arg) in self.args:
+                return self.args[id(e.arg)]
             entry = self.indices.get(id(e.arg))
             return entry[1] if entry is not None else self.b.load(self.slot(e.arg))
         scope = len(self.scopes) - 1 if scope is None else scope
@@ -453,6 +499,31 @@ class KernelPrinter:
             return b.load(b.gep(self.ptr(e.arg), args, inbounds=True, name="addr"))
         if op == "load_local":
             return b.load(b.gep(self.slot(e.arg, e.arg.size), args))
+        if op == "address":
+            return b.ptrtoint(self.ptr(e.arg), I64)
+        if op == "broadcast":
+            t = lltype(dt, e.lanes)
+            if isinstance(args[0], ir.Constant):
+                return ir.Constant(t, [args[0]] * e.lanes)
+            one = b.insert_element(ir.Constant(t, ir.Undefined), args[0], ir.Constant(I32, 0))
+            return b.shuffle_vector(one, ir.Constant(t, ir.Undefined),
+                                    ir.Constant(ir.VectorType(I32, e.lanes), [0] * e.lanes))
+        if op == "extract":
+            return b.extract_element(args[0], ir.Constant(I32, e.arg))
+        if op == "shuffle":
+            return b.shuffle_vector(args[0], args[1],
+                                    ir.Constant(ir.VectorType(I32, e.lanes), list(e.arg)))
+        if op == "reduce":
+            return self.reduce(e.arg, args[0], e.src[0].dtype)
+        if op == "iota":
+            return ir.Constant(lltype(dt, e.lanes), list(range(e.lanes)))
+        if op == "load_lanes":
+            t = lltype(dt, e.lanes)
+            at = self.lanes_at(e.arg, args[0], t)
+            if len(args) == 1:
+                return b.load(at, align=e.arg.dtype.itemsize)
+            return self.masked("load", t, [at, self.align(e.arg), args[1],
+                                          ir.Constant(t, [ir.Constant(t.element, 0)] * e.lanes)])
         if op == "binary":
             return sb.binary(e.arg[0], *args, dt, e.arg[1])
         if op == "unary":
@@ -466,6 +537,39 @@ class KernelPrinter:
         if op == "call":
             return sb.call(e.arg, args, dt)
         raise Unsupported(f"{op} in a CPU kernel")
+
+    def lanes_at(self, owner, index: ir.Value, t: ir.VectorType) -> ir.Value:
+        """Pointer to the vector of type ``t`` at element ``index`` of a parameter's buffer or
+        a local array."""
+        base = self.slot(owner, owner.size) if isinstance(owner, Local) else self.ptr(owner)
+        return self.b.bitcast(self.b.gep(base, [index], inbounds=True, name="addr"),
+                              t.as_pointer())
+
+    def reduce(self, kind: str, x: ir.Value, dt: dtypes.DType) -> ir.Value:
+        """``llvm.vector.reduce.*`` of the lanes of ``x`` (see the kernel IR's ``reduce``)."""
+        t = x.type.element
+        if dt.is_floating_point:
+            name = "fmaximum" if kind == "max" else "fadd"
+        else:
+            name = "umax" if kind == "max" else "add"
+        full = f"llvm.vector.reduce.{name}.{_mangle(x.type)}"
+        args = [ir.Constant(t, -0.0), x] if name == "fadd" else [x]
+        fn = self.module.globals.get(full)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(t, [a.type for a in args]), name=full)
+        return self.b.call(fn, args, fastmath=("reassoc",) if name == "fadd" else ())
+
+    def align(self, param) -> ir.Constant:
+        return ir.Constant(I32, param.dtype.itemsize)
+
+    def masked(self, kind: str, t: ir.VectorType, args: list) -> ir.Value:
+        """``llvm.masked.load`` or ``llvm.masked.store`` of vectors of type ``t``."""
+        name = f"llvm.masked.{kind}.{_mangle(t)}.p0"
+        fn = self.module.globals.get(name)
+        if fn is None:
+            ret = t if kind == "load" else VOID
+            fn = ir.Function(self.module, ir.FunctionType(ret, [a.type for a in args]), name=name)
+        return self.b.call(fn, args)
 
     def intrinsic(self, name: str, args: list, ret: ir.Type | None = None) -> ir.Value:
         t = args[0].type
@@ -506,3 +610,14 @@ def emit_kernel(module: ir.Module, kernel: Kernel, kg: KernelGraph,
     return fn
 
 
+
+
+def module_text(name: str, kernels: list[LoweredKernel]) -> str:
+    """LLVM IR text of a module holding ``kernels`` (written in the kernel IR, not lowered
+    from a graph: the GEMM, the attention kernels, native helpers): a ``c_abi`` kernel is a
+    plain function, any other is called with a table of its parameters' buffers in order."""
+    module = ir.Module(name=name)
+    for k in kernels:
+        slots = {id(p): i for i, p in enumerate(k.params)}
+        KernelPrinter(module, k, None if k.c_abi else lambda p, slots=slots: slots[id(p)]).print()
+    return str(module)

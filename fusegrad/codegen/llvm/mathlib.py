@@ -45,6 +45,8 @@ import llvmlite.binding as llvm
 import llvmlite.ir as ir
 import numpy as np
 
+from fusegrad.ops.lowering import MATH_FUNCTIONS, MATH_TABLE
+
 __all__ = ["UNARY_FUNCTIONS", "SINCOS_MAX_ARG", "UnaryKernel", "build_unary_kernel", "emit_unary",
            "emit_pow"]
 
@@ -53,8 +55,8 @@ F64 = ir.DoubleType()
 I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 
-UNARY_FUNCTIONS = ("exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "sigmoid", "erf",
-                   "sin", "cos", "tan", "sqrt", "abs")
+# The math primitives (fusegrad.ops.lowering's table), and two more for tests and benchmarks.
+UNARY_FUNCTIONS = MATH_FUNCTIONS + ("sigmoid", "abs")
 
 # Largest |x| that sin/cos reduce with the fast Cody-Waite path (the quadrant must fit the 2**22
 # magic rounding); larger finite |x| take the exact Payne-Hanek path, see _reduce_pio2_large.
@@ -782,10 +784,6 @@ _F32_IMPLS: dict[str, Callable[[_Emitter, ir.Value], ir.Value]] = {
 # float64: correct but mostly scalar fallbacks
 # --------------------------------------------------------------------------------------------------
 
-_F64_INTRINSICS = {"exp", "log", "sin", "cos", "sqrt"}
-_F64_LIBM = {"log1p", "expm1", "tanh", "erf", "exp2", "log2", "log10", "tan"}
-
-
 def _map_scalar(em: _Emitter, args: Sequence[ir.Value], fn: Callable[..., ir.Value],
                 out_ty: ir.Type | None = None) -> ir.Value:
     """Apply a scalar emitter to each lane of vectors (libm and table loads have no vector form)."""
@@ -806,9 +804,10 @@ def _emit_f64(em: _Emitter, name: str, x: ir.Value) -> ir.Value:
         e = _emit_f64(em, "exp", em.neg(em.fabs(x)))
         num = em.select(em.fcmp(">=", x, em.c(0.0)), em.c(1.0), e)
         return em.div(num, em.add(em.c(1.0), e))
-    if name in _F64_INTRINSICS:
-        return em.intrinsic(name, x)
-    fn = _declare(em.b.module, name, F64, [F64])
+    symbol = MATH_TABLE[name].llvm_f64
+    if symbol.startswith("llvm."):
+        return em.intrinsic(symbol[len("llvm."):], x)
+    fn = _declare(em.b.module, symbol, F64, [F64])
     return _map_scalar(em, [x], lambda v: em.b.call(fn, [v]))
 
 
