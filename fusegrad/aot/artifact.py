@@ -23,6 +23,7 @@ from fusegrad.ir.printer import format_type, print_graph, value_names
 from fusegrad.passes.fusion import fuse
 from fusegrad.runtime import jit
 from fusegrad.runtime.cpu import KernelCode, Program
+from fusegrad.version import __version__
 
 __all__ = ["Artifact", "LoadedArtifact", "compile", "load", "loads", "X86_64_LEVELS"]
 
@@ -55,7 +56,6 @@ class Artifact:
 
     def to_bytes(self) -> bytes:
         """The file's bytes."""
-        from fusegrad import __version__
         code, ranges = bytearray(), {}
         for symbol in sorted(self.objects):
             ranges[symbol] = [len(code), len(self.objects[symbol])]
@@ -777,7 +777,6 @@ def _check_program(p, graph: Graph, index: int, n_programs: int, plan: dict, arg
                 f"{here}.donations", f"has a malformed pair {str(pair)[:40]}")
 
 def _check_version(header: dict, what: str) -> None:
-    from fusegrad import __version__
     if header.get("fusegrad") != __version__:
         raise ArtifactError("version", f"{what} was built by fusegrad {header.get('fusegrad')}; "
                             f"this is fusegrad {__version__}, which runs only artifacts of its "

@@ -60,6 +60,7 @@ from fusegrad.ops.lowering import Unsupported
 from fusegrad.runtime import disk_cache
 from fusegrad.runtime.errors import OutOfMemoryError
 from fusegrad.runtime.memory_plan import plan_memory
+from fusegrad.version import __version__
 
 __all__ = ["CudaUnavailable", "OutOfMemoryError", "Driver", "driver", "device_count",
            "is_available", "synchronize", "current_device", "set_device", "check_ordinal",
@@ -274,7 +275,6 @@ def compile_cuda(source: str, arch: str = "sm_90", name: str = "fusegrad",
     if use_nvrtc and _nvrtc() is None:
         raise CudaUnavailable(f"NVRTC was not found; {INSTALL_HINT}")
     identity = f"nvrtc {nvrtc_version()}" if use_nvrtc else _nvcc_identity()
-    from fusegrad import __version__
     key = hashlib.sha256("\n".join([__version__, identity, arch, source]).encode()).hexdigest()
     cache_dir = cache_dir or _cache_dir()
     limit = 256 << 20

@@ -43,6 +43,7 @@ import llvmlite.binding as llvm
 
 from fusegrad.config import config
 from fusegrad.runtime import disk_cache
+from fusegrad.version import __version__
 
 __all__ = ["JitModule", "KernelRecord", "compile_ir", "kernel_symbol", "kernel_key",
            "find_kernel", "build_kernel", "link_kernels", "cache_key", "host_identity", "stats",
@@ -102,7 +103,6 @@ def _target_machine():
 @functools.lru_cache(maxsize=1)
 def host_identity() -> str:
     """Everything besides the IR that decides the machine code."""
-    from fusegrad import __version__
     llvm_version = ".".join(map(str, llvm.llvm_version_info))
     return "|".join([__version__, llvmlite.__version__, llvm_version, *_host_cpu()])
 
@@ -138,7 +138,6 @@ def target_identity() -> str:
     """:func:`host_identity`, or the same for the CPU of an enclosing ``compile_target``."""
     if _target is None:
         return host_identity()
-    from fusegrad import __version__
     _init()
     llvm_version = ".".join(map(str, llvm.llvm_version_info))
     return "|".join([__version__, llvmlite.__version__, llvm_version, *_target])
