@@ -18,6 +18,7 @@ from fusegrad.ops import autocast as _autocast
 from fusegrad.ops import decompositions as D
 from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["norm", "vector_norm", "matrix_norm", "matmul", "vecdot", "inv", "solve", "det",
            "slogdet", "cholesky", "qr", "svd", "svdvals", "eigh", "eigvalsh", "pinv",
@@ -225,5 +226,4 @@ _autocast.wrap_namespace(globals(), "linalg.")
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.linalg", "fusegrad.linalg", name)
+    raise _missing_attribute("torch.linalg", "fusegrad.linalg", name)

@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from fusegrad import cuda, profiling  # fusegrad.cuda: torch.cuda's queries, no CUDA package
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["ProfilerActivity", "ProfilerAction", "profile", "record_function", "schedule",
            "tensorboard_trace_handler", "supported_activities", "kineto_available",
@@ -742,5 +743,4 @@ def _write_trace(path: str, trace: dict) -> None:
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.profiler", "fusegrad.profiler", name)
+    raise _missing_attribute("torch.profiler", "fusegrad.profiler", name)

@@ -15,6 +15,7 @@ import math
 
 import fusegrad as _fg
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["digamma", "erf", "erfc", "erfinv", "exp2", "expit", "expm1", "gammainc", "gammaincc",
            "gammaln", "i0", "log1p", "log_softmax", "logit", "logsumexp", "multigammaln", "ndtr",
@@ -44,5 +45,4 @@ def ndtr(x: Tensor) -> Tensor:
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.special", "fusegrad.special", name)
+    raise _missing_attribute("torch.special", "fusegrad.special", name)

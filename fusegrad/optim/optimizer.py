@@ -21,6 +21,7 @@ from fusegrad.autograd.grad_mode import enable_grad
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["Optimizer", "required"]
 
@@ -152,8 +153,7 @@ class Optimizer:
 
     def __getattr__(self, name: str):
         # Only called when normal lookup fails: torch's names fusegrad lacks say so.
-        from fusegrad.torch_api import missing_attribute
-        raise missing_attribute("torch.optim.Optimizer", type(self).__name__, name)
+        raise _missing_attribute("torch.optim.Optimizer", type(self).__name__, name)
 
     # Set by optimizers whose capturable branch is what a traced step should run.
     _capturable_when_compiled = False

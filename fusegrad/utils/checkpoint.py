@@ -40,6 +40,7 @@ from fusegrad.ops import primitive as _primitive
 from fusegrad.ops.creation import get_rng_state as _get_rng_state
 from fusegrad.ops.creation import set_rng_state as _set_rng_state
 from fusegrad.tensor import Tensor as _Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 from fusegrad.tracer.trace import tree_flatten as _tree_flatten
 from fusegrad.tracer.trace import tree_unflatten as _tree_unflatten
 
@@ -395,5 +396,4 @@ def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool |
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.utils.checkpoint", "fusegrad.utils.checkpoint", name)
+    raise _missing_attribute("torch.utils.checkpoint", "fusegrad.utils.checkpoint", name)

@@ -22,6 +22,7 @@ from fusegrad.nn.parameter import Parameter
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["Module", "RemovableHandle"]
 
@@ -382,8 +383,7 @@ class Module:
         for key in ("_parameters", "_buffers", "_modules"):
             if key in d and name in d[key]:
                 return d[key][name]
-        from fusegrad.torch_api import missing_attribute
-        raise missing_attribute("torch.nn.Module", type(self).__name__, name)
+        raise _missing_attribute("torch.nn.Module", type(self).__name__, name)
 
     def __delattr__(self, name: str) -> None:
         STATE_VERSION[0] += 1
