@@ -57,7 +57,8 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fusegrad import cuda, profiling  # fusegrad.cuda: torch.cuda's queries, no CUDA package
+from fusegrad import profiling
+from fusegrad.runtime import cuda as cuda_runtime  # asks the driver; imports no CUDA package
 from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["ProfilerActivity", "ProfilerAction", "profile", "record_function", "schedule",
@@ -89,7 +90,7 @@ def supported_activities() -> set[ProfilerActivity]:
     """The activities a profiler records here: the CPU (and CUDA launches where a CUDA
     device is present)."""
     out = {ProfilerActivity.CPU}
-    if cuda.is_available():
+    if cuda_runtime.is_available():
         out.add(ProfilerActivity.CUDA)
     return out
 

@@ -32,6 +32,8 @@ import math
 from typing import Mapping
 
 from fusegrad import dtypes
+from fusegrad.device import CPU, check_device_available
+from fusegrad.device import device as Device
 from fusegrad.files import atomic_write, open_regular, read_exactly
 from fusegrad.serialization import from_little_endian_bytes, to_little_endian_bytes
 from fusegrad.tensor import Tensor
@@ -214,8 +216,6 @@ def load(data: bytes) -> dict[str, Tensor]:
 
 def load_file(filename, device="cpu") -> dict[str, Tensor]:
     """The tensors in the safetensors file ``filename``, by name."""
-    from fusegrad.device import CPU, check_device_available
-    from fusegrad.device import device as Device
     dev = Device(device)
     if dev != CPU:
         check_device_available(dev)

@@ -52,9 +52,12 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.device import CPU, check_device_available
+from fusegrad.device import CPU, check_device_available, cuda_device_count
 from fusegrad.device import device as Device
 from fusegrad.files import atomic_write, open_regular, read_exactly, remaining_size
+from fusegrad.nn.parameter import Parameter
+from fusegrad.ops.creation import tensor
+from fusegrad.runtime.eager_cuda import transfer
 from fusegrad.tensor import Size, Tensor
 
 __all__ = ["save", "load", "CheckpointError"]
@@ -146,7 +149,6 @@ class _Encoder:
             return {"type": "size", "items": [int(d) for d in obj]}
         if isinstance(obj, np.ndarray):
             # torch.save keeps arrays as arrays; here they come back as tensors.
-            from fusegrad.ops.creation import tensor
             return {"type": "tensor", "index": self._tensor(tensor(obj))}
         if isinstance(obj, (list, tuple)):
             kind = "list" if isinstance(obj, list) else "tuple"
@@ -181,7 +183,6 @@ class _Encoder:
 
 
 def _tensor_entries(tensors: list[Tensor]) -> tuple[list[dict], int]:
-    from fusegrad.nn.parameter import Parameter
     entries, offset = [], 0
     for t in tensors:
         nbytes = t.numel() * t.dtype.itemsize
@@ -373,7 +374,6 @@ def _check_restorable(location: str) -> Device:
     torch's errors when this machine lacks it."""
     dev = Device(location)
     if dev.type == "cuda":
-        from fusegrad.device import cuda_device_count
         count = cuda_device_count()
         if count == 0:
             raise RuntimeError(
@@ -489,7 +489,6 @@ class _Decoder:
         t = Tensor._wrap(arr, dt)
         t = self._place(t, saved)
         if e.get("parameter"):
-            from fusegrad.nn.parameter import Parameter
             t = Parameter(t, requires_grad=bool(e.get("requires_grad")))
         elif e.get("requires_grad"):
             if not dt.is_floating_point:
@@ -515,7 +514,6 @@ class _Decoder:
         if target.type == "cpu":
             return t
         check_device_available(target)
-        from fusegrad.runtime.eager_cuda import transfer
         return transfer(t, target)
 
 

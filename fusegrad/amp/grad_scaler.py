@@ -30,6 +30,7 @@ from fusegrad.ir.symbolic import ConcretizationError, user_location
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
 from fusegrad.ops.creation import full
+from fusegrad.runtime import cuda as cuda_runtime
 from fusegrad.tensor import Tensor
 
 __all__ = ["OptState", "GradScaler"]
@@ -97,8 +98,7 @@ class GradScaler:
         self._device = device
         self._enabled = enabled
         if self._device == "cuda":
-            from fusegrad import cuda
-            if enabled and not cuda.is_available():
+            if enabled and not cuda_runtime.is_available():
                 warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.",
                               stacklevel=2)
                 self._enabled = False

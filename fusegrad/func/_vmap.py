@@ -19,6 +19,7 @@ from typing import Any, Callable
 from fusegrad.config import config
 from fusegrad.func._pytree import tree_flatten, tree_str, tree_unflatten
 from fusegrad.ops import creation
+from fusegrad.ops import functional as F
 from fusegrad.ops.primitive import trace_state
 from fusegrad.tensor import Tensor
 
@@ -247,7 +248,6 @@ def _stack_outputs(outputs: list, out_dims, batch: int, name: str) -> Any:
                              f"structures for different examples: {tree_str(tree)} and "
                              f"{tree_str(t)}")
         per_example.append(leaves)
-    from fusegrad.ops import functional as F
     stacked = []
     for k, d in enumerate(tensor_dims):
         column = [leaves[k] for leaves in per_example]

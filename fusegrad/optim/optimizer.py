@@ -18,8 +18,10 @@ import numpy as np
 
 from fusegrad import dtypes, profiling
 from fusegrad.autograd.grad_mode import enable_grad
+from fusegrad.autograd.grad_utils import clear_grads
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
+from fusegrad.ops.interop import checkpoint_tensor
 from fusegrad.tensor import Tensor
 from fusegrad.torch_api import missing_attribute as _missing_attribute
 
@@ -254,7 +256,6 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of all optimized tensors: to None (default), or to zero."""
-        from fusegrad.autograd.grad_utils import clear_grads
         params = (p for group in self.param_groups for p in group["params"])
         if profiling.recorder is None or primitive.current_capture() is not None:
             clear_grads(params, set_to_none)
@@ -312,8 +313,7 @@ class Optimizer:
             if not isinstance(value, (Tensor, dict, list, tuple)):
                 # A torch optimizer's state dict holds torch tensors (the layout is the same):
                 # copied into fusegrad tensors, as Module.load_state_dict does.
-                from fusegrad.nn.modules.module import _checkpoint_tensor
-                value = _checkpoint_tensor(value)
+                value = checkpoint_tensor(value)
             if isinstance(value, Tensor):
                 if key == "step":
                     return F.clone(value)
