@@ -57,6 +57,7 @@ from fusegrad.config import config
 from fusegrad.ir.graph import Literal, Value
 from fusegrad.ir.kernel_graph import KernelGraph
 from fusegrad.ops.lowering import Unsupported
+from fusegrad.profiler_core import ProfilerActivity, register_device_activity
 from fusegrad.runtime import disk_cache
 from fusegrad.runtime.errors import OutOfMemoryError
 from fusegrad.runtime.memory_plan import plan_memory
@@ -1423,3 +1424,8 @@ class HostCudaProgram(CudaProgram):
 
     def donate(self, pairs) -> dict[int, int]:
         return {}
+
+
+# A profiler records CUDA activity by default where a device is present (the lambda reads
+# is_available when asked, so a test that replaces it is seen).
+register_device_activity(ProfilerActivity.CUDA, lambda: is_available())
