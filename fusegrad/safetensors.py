@@ -34,8 +34,13 @@ from typing import Mapping
 from fusegrad import dtypes
 from fusegrad.device import CPU, check_device_available
 from fusegrad.device import device as Device
-from fusegrad.files import atomic_write, open_regular, read_exactly
-from fusegrad.serialization import from_little_endian_bytes, to_little_endian_bytes
+from fusegrad.files import (
+    atomic_write,
+    from_little_endian_bytes,
+    open_regular,
+    read_exactly,
+    to_little_endian_bytes,
+)
 from fusegrad.tensor import Tensor
 
 __all__ = ["save", "save_file", "load", "load_file", "SafetensorError"]

@@ -45,7 +45,6 @@ import io
 import json
 import math
 import os
-import sys
 from collections import Counter, OrderedDict
 from typing import Any, BinaryIO
 
@@ -54,7 +53,14 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.device import CPU, check_device_available, cuda_device_count
 from fusegrad.device import device as Device
-from fusegrad.files import atomic_write, open_regular, read_exactly, remaining_size
+from fusegrad.files import (
+    atomic_write,
+    from_little_endian_bytes,
+    open_regular,
+    read_exactly,
+    remaining_size,
+    to_little_endian_bytes,
+)
 from fusegrad.nn.parameter import Parameter
 from fusegrad.ops.creation import tensor
 from fusegrad.runtime.eager_cuda import transfer
@@ -96,28 +102,6 @@ def _device(value) -> Device:
 
 
 # --------------------------------------------------------------------------- raw bytes
-
-
-def to_little_endian_bytes(array: np.ndarray) -> bytes:
-    """The C-order bytes of ``array`` in little-endian order (shared with safetensors)."""
-    a = np.ascontiguousarray(array)
-    if a.dtype.kind == "c":
-        a = a.view(a.real.dtype)        # the parts, each swapped on its own
-    if sys.byteorder == "big" and a.dtype.itemsize > 1:
-        a = a.view(np.dtype(f"u{a.dtype.itemsize}")).byteswap()
-    return a.tobytes()
-
-
-def from_little_endian_bytes(buf, dtype: dtypes.DType, shape: tuple[int, ...]) -> np.ndarray:
-    """A fresh, writable array of ``dtype`` and ``shape`` from little-endian ``buf``."""
-    np_dtype = dtype.np_dtype
-    if sys.byteorder == "big" and np_dtype.itemsize > 1:
-        part = np_dtype.itemsize // 2 if np_dtype.kind == "c" else np_dtype.itemsize
-        raw = np.frombuffer(buf, dtype=np.dtype(f"<u{part}")).astype(np.dtype(f"u{part}"))
-        arr = raw.view(np_dtype)
-    else:
-        arr = np.frombuffer(buf, dtype=np_dtype).copy()
-    return arr.reshape(shape)
 
 
 # --------------------------------------------------------------------------- encoding
