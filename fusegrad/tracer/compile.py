@@ -62,6 +62,7 @@ from fusegrad.runtime.cpu import Program
 from fusegrad.tensor import HOOK_VERSION, Tensor
 from fusegrad.tracer.capture import OptimizerGuard, _root
 from fusegrad.tracer.guards import ClosureGuard, ModuleGuard, hashable, module_flags
+from fusegrad.tracer.optimized_module import OptimizedModule
 from fusegrad.tracer.trace import (
     arg_input_ranges,
     module_state,
@@ -1258,6 +1259,5 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
                                     pipeline=pipeline)
         if compiled.module is None:
             return compiled
-        from fusegrad._dynamo.eval_frame import OptimizedModule
         return OptimizedModule(f, compiled)
     return wrap if fn is None else wrap(fn)
