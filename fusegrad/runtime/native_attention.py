@@ -33,14 +33,11 @@ import functools
 import numpy as np
 from llvmlite import ir
 
+from fusegrad.codegen.attention_limits import MAX_FEATURES, MAX_KEYS, supported
 from fusegrad.codegen.llvm.mathlib import emit_unary
 from fusegrad.runtime.native import data_pointer
 
 __all__ = ["attention_forward", "attention_backward", "supported", "MAX_KEYS", "MAX_FEATURES"]
-
-MAX_KEYS = 128          # a row of scores is one vector of S lanes: 16 AVX2 registers at most
-MAX_FEATURES = 128
-MAX_TILE = 8192         # S * E: a stack tile of K or V transposed is at most 64 KiB
 
 I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 _LLVM_TYPES = {np.dtype(np.float32): (ir.FloatType(), "f32"),
@@ -49,12 +46,6 @@ _LLVM_TYPES = {np.dtype(np.float32): (ir.FloatType(), "f32"),
 _FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_double, ctypes.c_int64,
                        ctypes.c_int64)
 _PARALLEL_WORK = 1 << 18       # multiply-adds below which one thread runs all heads
-
-
-def supported(dtype, L: int, S: int, E: int) -> bool:
-    """Whether heads of ``L`` queries, ``S`` keys and ``E`` features of ``dtype`` run here."""
-    return (np.dtype(dtype) in _LLVM_TYPES and 1 <= L and 1 <= S <= MAX_KEYS and
-            1 <= E <= MAX_FEATURES and S * E <= MAX_TILE)
 
 
 class _Emit:
