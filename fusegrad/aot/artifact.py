@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import llvmlite.binding as llvm
 import numpy as np
 
 from fusegrad import dtypes
@@ -18,11 +19,17 @@ from fusegrad.aot.format import ArtifactError, decode, encode, read_file
 from fusegrad.codegen.llvm.kernel import Unsupported
 from fusegrad.files import atomic_write
 from fusegrad.ir.graph import Graph, IRError
-from fusegrad.ir.parser import parse
+from fusegrad.ir.parser import parse, parse_many
 from fusegrad.ir.printer import format_type, print_graph, value_names
+from fusegrad.ops import creation
 from fusegrad.passes.fusion import fuse
+from fusegrad.passes.manager import PassManager
 from fusegrad.runtime import jit
 from fusegrad.runtime.cpu import KernelCode, Program
+from fusegrad.tensor import Tensor
+from fusegrad.tracer.compile import DEFAULT_PIPELINE, _symbol
+from fusegrad.tracer.guards import code_reads
+from fusegrad.tracer.trace import TreeDef, module_state, trace_with_state, tree_flatten, tree_unflatten
 from fusegrad.version import __version__
 
 __all__ = ["Artifact", "LoadedArtifact", "compile", "load", "loads", "X86_64_LEVELS"]
@@ -166,8 +173,6 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
     >>> art = fusegrad.aot.compile(step, x, y)      # doctest: +SKIP
     >>> art.save("step.fgaot"); run = fusegrad.aot.load("step.fgaot"); loss = run(x, y)
     """
-    from fusegrad.tensor import Tensor
-    from fusegrad.tracer.trace import trace_with_state, tree_flatten
 
     args = tuple(Tensor._wrap(np.ascontiguousarray(a), dtypes.from_numpy_dtype(a.dtype))
                  if isinstance(a, np.ndarray) else a for a in example_args)
@@ -237,8 +242,6 @@ _NATIVE_PREFIX = "native_"     # objects of native helper modules, by jit.module
 
 def _build(graph: Graph, io: dict, target: dict, pipeline: str | None):
     """Passes, fusion and machine code for one traced graph: its plan, text, objects."""
-    from fusegrad.passes.manager import PassManager
-    from fusegrad.tracer.compile import DEFAULT_PIPELINE, _symbol
     optimized = PassManager(pipeline or DEFAULT_PIPELINE).run(graph)
     text = print_graph(optimized)
     # The program is built from the parsed text, exactly as loading will build it.
@@ -302,7 +305,6 @@ def _program_summary(program: Program) -> dict:
                                 for _, shape, dt in program.output_specs)}
 
 def _target(cpu: str | None, features: str | None) -> dict:
-    import llvmlite.binding as llvm
     jit._init()
     info = {"triple": llvm.get_process_triple(),
             "llvm": ".".join(map(str, llvm.llvm_version_info))}
@@ -350,7 +352,6 @@ def _tree_json(tree) -> Any:
 
 
 def _tree_from_json(obj) -> Any:
-    from fusegrad.tracer.trace import TreeDef
     if obj == "leaf":
         return TreeDef("leaf")
     (kind, body), = obj.items()
@@ -371,7 +372,6 @@ def _referenced(fn) -> list[tuple[str, Any]]:
     """(name, object) for what ``fn`` refers to: itself if a module, its closure's cells
     and the globals its code loads (depth one: a step's model and optimizer; not a global
     named like an attribute it reads, as ``step`` in ``opt.step()``)."""
-    from fusegrad.tracer.guards import code_reads
     out = []
     if hasattr(fn, "named_parameters"):
         out.append(("", fn))
@@ -436,8 +436,6 @@ class _StateTable:
 def _io(fn, graph: Graph, args: tuple, names: dict[int, str], table: _StateTable) -> dict:
     """How each input of ``graph`` is fed (``{"arg": k}`` or ``{"state": name}``), where
     each output beyond the returned ones is written, and which buffers may be donated."""
-    from fusegrad.ops import creation
-    from fusegrad.tracer.trace import module_state, tree_flatten
     info, cap = graph.meta, graph.meta.capture
     feeds: list = [None] * len(graph.inputs)
     leaf_names: dict[int, str] = {}          # graph input -> its state or argument name
@@ -532,7 +530,6 @@ def load(path: str | os.PathLike, state: dict | None = None) -> "LoadedArtifact"
 
 def loads(blob: bytes, state: dict | None = None, what: str = "artifact") -> "LoadedArtifact":
     """:func:`load` from the file's bytes."""
-    from fusegrad.ir.parser import parse_many
     decoded = decode(blob, what)
     header, sections = decoded.header, decoded.sections
     _check_header(header, what)
@@ -790,7 +787,6 @@ def _check_version(header: dict, what: str) -> None:
 
 
 def _check_header(header: dict, what: str) -> None:
-    import llvmlite.binding as llvm
     _check_version(header, what)
     jit._init()
     triple = llvm.get_process_triple()
@@ -806,7 +802,6 @@ def _check_header(header: dict, what: str) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _host_features() -> tuple[str, ...]:
-    import llvmlite.binding as llvm
     jit._init()
     return tuple(sorted(k for k, v in llvm.get_host_cpu_features().items() if v))
 
@@ -950,12 +945,9 @@ class LoadedArtifact:
 
     def state_dict(self) -> dict:
         """The state as tensors that share the artifact's arrays."""
-        from fusegrad.tensor import Tensor
         return {n: Tensor._wrap(a, dtypes.from_numpy_dtype(a.dtype)) for n, a in self.state.items()}
 
     def __call__(self, *args):
-        from fusegrad.tensor import Tensor
-        from fusegrad.tracer.trace import tree_flatten, tree_unflatten
         leaves, tree = tree_flatten((args, {}))
         if tree != self._in_tree:
             raise ArtifactError("signature", f"{self.name} takes {len(self._args)} tensor "

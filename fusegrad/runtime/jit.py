@@ -32,6 +32,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -41,6 +42,7 @@ from pathlib import Path
 import llvmlite
 import llvmlite.binding as llvm
 
+from fusegrad.codegen.llvm.kernel import tuning
 from fusegrad.config import config
 from fusegrad.runtime import disk_cache
 from fusegrad.version import __version__
@@ -267,7 +269,6 @@ _stderr_lock = threading.Lock()
 def _quiet_missed_vectorization():
     """Run LLVM with file descriptor 2 captured; pass on everything it held but LLVM's
     missed-vectorization warnings (a write from another thread meanwhile comes out after)."""
-    import tempfile
     with _stderr_lock, tempfile.TemporaryFile() as capture:
         try:
             sys.stderr.flush()
@@ -410,7 +411,6 @@ def kernel_key(description: str) -> str:
     made from, see ``fusegrad.runtime.cpu.kernel_description``): a warm cache then skips
     building the IR, which costs more than loading the machine code. The code generator's
     tunable constants are part of it: code made under others loops differently."""
-    from fusegrad.codegen.llvm.kernel import tuning
     return hashlib.sha256("\n".join([target_identity(), codegen_identity(), tuning(),
                                      description]).encode()).hexdigest()
 

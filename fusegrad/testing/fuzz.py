@@ -53,6 +53,7 @@ import ml_dtypes
 import numpy as np
 
 import fusegrad as fg
+from fusegrad.runtime import cuda as rt
 from fusegrad.testing.programs import (
     FLOAT_DTYPES,
     HALF_DTYPES,
@@ -66,6 +67,7 @@ from fusegrad.testing.programs import (
     namespace,
     op_name,
 )
+from fusegrad.testing.simulated_cuda import SimulatedDriver
 
 __all__ = ["PIPELINES", "LLVM_PIPELINES", "KNOWN", "Known", "Mismatch", "Result", "Settings",
            "check_program", "program_for", "shrink", "report", "main"]
@@ -658,8 +660,6 @@ def _check(program: Program, settings: Settings, index: int, result: Result) -> 
 
 @contextlib.contextmanager
 def _simulated_cuda():
-    from fusegrad.runtime import cuda as rt
-    from fusegrad.testing.simulated_cuda import SimulatedDriver
     rt.set_driver(SimulatedDriver())
     try:
         yield
