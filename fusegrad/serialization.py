@@ -63,7 +63,6 @@ from fusegrad.files import (
 )
 from fusegrad.nn.parameter import Parameter
 from fusegrad.ops.creation import tensor
-from fusegrad.runtime.eager_cuda import transfer
 from fusegrad.tensor import Size, Tensor
 
 __all__ = ["save", "load", "CheckpointError"]
@@ -498,6 +497,7 @@ class _Decoder:
         if target.type == "cpu":
             return t
         check_device_available(target)
+        from fusegrad.runtime.eager_cuda import transfer  # optional: the CUDA runtime loads on first use
         return transfer(t, target)
 
 

@@ -19,7 +19,6 @@ from typing import Any, Callable
 from fusegrad import dtypes
 from fusegrad.device import device
 from fusegrad.ops import autocast as _ac
-from fusegrad.runtime import cuda as cuda_runtime
 from fusegrad.tensor import Tensor
 
 __all__ = ["autocast", "is_autocast_available", "custom_fwd", "custom_bwd"]
@@ -138,6 +137,7 @@ class autocast:  # noqa: N801 - torch's name
         self._cache_enabled = is_autocast_cache_enabled() if cache_enabled is None else cache_enabled
         if enabled:
             if device_type == "cuda":
+                from fusegrad.runtime import cuda as cuda_runtime  # optional: loads the CUDA runtime
                 if not cuda_runtime.is_available():
                     warnings.warn("CUDA is not available or torch_xla is imported. Disabling autocast.",
                                   stacklevel=2)

@@ -30,7 +30,6 @@ from fusegrad.ir.symbolic import ConcretizationError, user_location
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
 from fusegrad.ops.creation import full
-from fusegrad.runtime import cuda as cuda_runtime
 from fusegrad.tensor import Tensor
 
 __all__ = ["OptState", "GradScaler"]
@@ -98,6 +97,7 @@ class GradScaler:
         self._device = device
         self._enabled = enabled
         if self._device == "cuda":
+            from fusegrad.runtime import cuda as cuda_runtime  # optional: loads the CUDA runtime
             if enabled and not cuda_runtime.is_available():
                 warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.",
                               stacklevel=2)
