@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import glob
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -54,7 +55,6 @@ def find_nvrtc(driver_version: int | None = None) -> str | None:
         return env
     candidates = []
     try:
-        import importlib.util
         spec = importlib.util.find_spec("nvidia")
         for root in (spec.submodule_search_locations or []) if spec else []:
             candidates += sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so*")))

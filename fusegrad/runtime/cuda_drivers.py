@@ -17,6 +17,7 @@ import atexit
 import ctypes
 import ctypes.util
 import glob
+import importlib.util
 import os
 import sys
 import threading
@@ -87,7 +88,7 @@ class CudaPythonDriver:
     package = "cuda"
 
     def __init__(self, ordinal: int = 0):
-        from cuda.bindings import driver as cu  # optional dependency
+        from cuda.bindings import driver as cu  # optional: NVIDIA's bindings (fusegrad[cuda])
         self.cu = cu
         self._check(cu.cuInit(0))
         self.count = self._check(cu.cuDeviceGetCount())
@@ -237,7 +238,7 @@ class PyCudaDriver:
     package = "pycuda"
 
     def __init__(self, ordinal: int = 0):
-        import pycuda.driver as drv  # optional dependency
+        import pycuda.driver as drv  # optional: pycuda (fusegrad[pycuda])
         self.drv = drv
         drv.init()
         self.count = drv.Device.count()
@@ -361,7 +362,6 @@ def find_libcuda() -> str | None:
 
 def _package_present(name: str) -> bool:
     """Whether top-level package ``name`` is installed, without importing it."""
-    import importlib.util
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):          # a None entry in sys.modules: blocked
