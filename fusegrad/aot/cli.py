@@ -34,6 +34,7 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.aot import artifact, format
 from fusegrad.aot.format import ArtifactError
+from fusegrad.aot.plan_checks import check_version
 from fusegrad.ops.creation import tensor
 
 PROG = "fusegrad-aot"
@@ -90,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "show":
             with open(args.file, "rb") as f:
                 decoded = format.decode(f.read(), args.file)
-            artifact._check_version(decoded.header, args.file)
+            check_version(decoded.header, args.file)
             plan = json.loads(decoded.sections["plan"])
             print(artifact.describe(decoded.header, plan, decoded.sections["graph"].decode()))
             return 0
