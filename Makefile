@@ -11,7 +11,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,examples,mpi]'
 	touch $(STAMP)
 
+# The layering first (import-linter's contracts in pyproject.toml), then the suite.
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
 # The suite as another machine runs it: numpy's BLAS picks its own kernels (OPENBLAS_CORETYPE
@@ -40,6 +42,7 @@ fuzz: $(STAMP)
 	$(PY) -m fusegrad.testing.fuzz --programs 10000 --budget 1800
 
 lint: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pip install --quiet ruff && $(VENV)/bin/ruff check fusegrad tests benchmarks examples
 
 clean:

@@ -138,9 +138,9 @@ from fusegrad.runtime.cpu import get_num_threads, set_num_threads  # noqa: E402
 from fusegrad.runtime.errors import OutOfMemoryError  # noqa: E402
 from fusegrad.serialization import load, save  # noqa: E402
 from fusegrad.type_info import finfo, iinfo  # noqa: E402
+from fusegrad.version import __version__  # noqa: E402
 
-__version__ = "0.1.0"
-
+# isort: split
 # torch.utils.data, reachable as fusegrad.utils.data (torch.optim.lr_scheduler comes with optim);
 # data parallelism over MPI (mpi4py is imported only when a process group is made).
 from fusegrad import (  # noqa: E402

@@ -37,6 +37,7 @@ from fusegrad.ops.spectral import (
     rfftn,
 )
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["Tensor", "fft", "ifft", "fft2", "ifft2", "fftn", "ifftn", "rfft", "irfft", "rfft2",
            "irfft2", "rfftn", "irfftn", "hfft", "ihfft", "hfft2", "ihfft2", "hfftn", "ihfftn",
@@ -48,5 +49,4 @@ _autocast.wrap_namespace(globals(), "fft.")
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.fft", "fusegrad.fft", name)
+    raise _missing_attribute("torch.fft", "fusegrad.fft", name)

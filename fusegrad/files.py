@@ -12,6 +12,8 @@ fusegrad (checkpoints, safetensors, AOT artifacts, the kernel cache) shares.
   ``/dev/zero`` or a directory is refused at once, without blocking), and tells its size,
   so that a loader checks the sizes its header declares against the real size before it
   reads more than the header; :func:`read_exactly` then reads what was declared, in chunks.
+- :func:`to_little_endian_bytes` and :func:`from_little_endian_bytes`: tensor data as the
+  files store it, little-endian whatever the machine's byte order.
 """
 
 from __future__ import annotations
@@ -19,12 +21,17 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import sys
 import tempfile
 import time
 from typing import BinaryIO, Callable, Iterator
 
+import numpy as np
+
+from fusegrad import dtypes
+
 __all__ = ["atomic_write", "open_regular", "read_exactly", "remaining_size", "TMP_SUFFIX",
-           "STALE_TMP_S"]
+           "STALE_TMP_S", "to_little_endian_bytes", "from_little_endian_bytes"]
 
 TMP_SUFFIX = ".tmp"
 # A temporary of a save to the same path untouched this long belongs to a dead writer (a live
@@ -158,3 +165,26 @@ def remaining_size(f) -> int | None:
     except (AttributeError, OSError, ValueError):
         return None
     return None
+
+
+def to_little_endian_bytes(array: np.ndarray) -> bytes:
+    """The C-order bytes of ``array`` in little-endian order (the byte order of checkpoints
+    and safetensors files on any machine)."""
+    a = np.ascontiguousarray(array)
+    if a.dtype.kind == "c":
+        a = a.view(a.real.dtype)        # the parts, each swapped on its own
+    if sys.byteorder == "big" and a.dtype.itemsize > 1:
+        a = a.view(np.dtype(f"u{a.dtype.itemsize}")).byteswap()
+    return a.tobytes()
+
+
+def from_little_endian_bytes(buf, dtype: dtypes.DType, shape: tuple[int, ...]) -> np.ndarray:
+    """A fresh, writable array of ``dtype`` and ``shape`` from little-endian ``buf``."""
+    np_dtype = dtype.np_dtype
+    if sys.byteorder == "big" and np_dtype.itemsize > 1:
+        part = np_dtype.itemsize // 2 if np_dtype.kind == "c" else np_dtype.itemsize
+        raw = np.frombuffer(buf, dtype=np.dtype(f"<u{part}")).astype(np.dtype(f"u{part}"))
+        arr = raw.view(np_dtype)
+    else:
+        arr = np.frombuffer(buf, dtype=np_dtype).copy()
+    return arr.reshape(shape)

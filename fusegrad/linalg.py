@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from fusegrad import dtypes
 from fusegrad.ops import autocast as _autocast
 from fusegrad.ops import decompositions as D
 from fusegrad.ops import functional as F
+from fusegrad.ops.creation import zeros as _zeros
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["norm", "vector_norm", "matrix_norm", "matmul", "vecdot", "inv", "solve", "det",
            "slogdet", "cholesky", "qr", "svd", "svdvals", "eigh", "eigvalsh", "pinv",
@@ -78,7 +83,6 @@ def matrix_rank(x: Tensor, *, atol: float | None = None, rtol: float | None = No
                 hermitian: bool = False) -> Tensor:
     """The number of singular values above ``max(atol, rtol * largest)`` (``rtol`` defaults
     to ``max(m, n)`` times the dtype's epsilon when neither is given)."""
-    import numpy as np
     s = svdvals(x)
     if rtol is None:
         rtol = 0.0 if atol is not None and atol > 0 else \
@@ -99,9 +103,7 @@ def inv_ex(x: Tensor, *, check_errors: bool = False):
 
 
 def _zero_info(x: Tensor) -> Tensor:
-    from fusegrad import dtypes
-    from fusegrad.ops.creation import zeros
-    return zeros(tuple(x.shape[:-2]), dtype=dtypes.int32)
+    return _zeros(tuple(x.shape[:-2]), dtype=dtypes.int32)
 
 
 def cholesky_ex(x: Tensor, *, upper: bool = False, check_errors: bool = False):
@@ -137,7 +139,6 @@ def eigvalsh(x: Tensor, UPLO: str = "L") -> Tensor:  # noqa: N803 - torch's name
 def pinv(x: Tensor, *, rtol: float | None = None, hermitian: bool = False) -> Tensor:
     """The Moore-Penrose pseudo-inverse; singular values at most ``rtol`` times the largest
     are dropped (by default ``max(m, n)`` times the dtype's epsilon)."""
-    import numpy as np
     if rtol is None:
         rtol = max(x.shape[-2:]) * float(np.finfo(x.dtype.np_dtype).eps)
     return D.pinverse(x, rtol)
@@ -225,5 +226,4 @@ _autocast.wrap_namespace(globals(), "linalg.")
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.linalg", "fusegrad.linalg", name)
+    raise _missing_attribute("torch.linalg", "fusegrad.linalg", name)

@@ -32,8 +32,15 @@ import math
 from typing import Mapping
 
 from fusegrad import dtypes
-from fusegrad.files import atomic_write, open_regular, read_exactly
-from fusegrad.serialization import from_little_endian_bytes, to_little_endian_bytes
+from fusegrad.device import CPU, check_device_available
+from fusegrad.device import device as Device
+from fusegrad.files import (
+    atomic_write,
+    from_little_endian_bytes,
+    open_regular,
+    read_exactly,
+    to_little_endian_bytes,
+)
 from fusegrad.tensor import Tensor
 
 __all__ = ["save", "save_file", "load", "load_file", "SafetensorError"]
@@ -214,8 +221,6 @@ def load(data: bytes) -> dict[str, Tensor]:
 
 def load_file(filename, device="cpu") -> dict[str, Tensor]:
     """The tensors in the safetensors file ``filename``, by name."""
-    from fusegrad.device import CPU, check_device_available
-    from fusegrad.device import device as Device
     dev = Device(device)
     if dev != CPU:
         check_device_available(dev)

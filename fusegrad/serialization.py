@@ -45,16 +45,24 @@ import io
 import json
 import math
 import os
-import sys
 from collections import Counter, OrderedDict
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.device import CPU, check_device_available
+from fusegrad.device import CPU, check_device_available, cuda_device_count
 from fusegrad.device import device as Device
-from fusegrad.files import atomic_write, open_regular, read_exactly, remaining_size
+from fusegrad.files import (
+    atomic_write,
+    from_little_endian_bytes,
+    open_regular,
+    read_exactly,
+    remaining_size,
+    to_little_endian_bytes,
+)
+from fusegrad.nn.parameter import Parameter
+from fusegrad.ops.creation import tensor
 from fusegrad.tensor import Size, Tensor
 
 __all__ = ["save", "load", "CheckpointError"]
@@ -95,28 +103,6 @@ def _device(value) -> Device:
 # --------------------------------------------------------------------------- raw bytes
 
 
-def to_little_endian_bytes(array: np.ndarray) -> bytes:
-    """The C-order bytes of ``array`` in little-endian order (shared with safetensors)."""
-    a = np.ascontiguousarray(array)
-    if a.dtype.kind == "c":
-        a = a.view(a.real.dtype)        # the parts, each swapped on its own
-    if sys.byteorder == "big" and a.dtype.itemsize > 1:
-        a = a.view(np.dtype(f"u{a.dtype.itemsize}")).byteswap()
-    return a.tobytes()
-
-
-def from_little_endian_bytes(buf, dtype: dtypes.DType, shape: tuple[int, ...]) -> np.ndarray:
-    """A fresh, writable array of ``dtype`` and ``shape`` from little-endian ``buf``."""
-    np_dtype = dtype.np_dtype
-    if sys.byteorder == "big" and np_dtype.itemsize > 1:
-        part = np_dtype.itemsize // 2 if np_dtype.kind == "c" else np_dtype.itemsize
-        raw = np.frombuffer(buf, dtype=np.dtype(f"<u{part}")).astype(np.dtype(f"u{part}"))
-        arr = raw.view(np_dtype)
-    else:
-        arr = np.frombuffer(buf, dtype=np_dtype).copy()
-    return arr.reshape(shape)
-
-
 # --------------------------------------------------------------------------- encoding
 
 
@@ -146,7 +132,6 @@ class _Encoder:
             return {"type": "size", "items": [int(d) for d in obj]}
         if isinstance(obj, np.ndarray):
             # torch.save keeps arrays as arrays; here they come back as tensors.
-            from fusegrad.ops.creation import tensor
             return {"type": "tensor", "index": self._tensor(tensor(obj))}
         if isinstance(obj, (list, tuple)):
             kind = "list" if isinstance(obj, list) else "tuple"
@@ -181,7 +166,6 @@ class _Encoder:
 
 
 def _tensor_entries(tensors: list[Tensor]) -> tuple[list[dict], int]:
-    from fusegrad.nn.parameter import Parameter
     entries, offset = [], 0
     for t in tensors:
         nbytes = t.numel() * t.dtype.itemsize
@@ -373,7 +357,6 @@ def _check_restorable(location: str) -> Device:
     torch's errors when this machine lacks it."""
     dev = Device(location)
     if dev.type == "cuda":
-        from fusegrad.device import cuda_device_count
         count = cuda_device_count()
         if count == 0:
             raise RuntimeError(
@@ -489,7 +472,6 @@ class _Decoder:
         t = Tensor._wrap(arr, dt)
         t = self._place(t, saved)
         if e.get("parameter"):
-            from fusegrad.nn.parameter import Parameter
             t = Parameter(t, requires_grad=bool(e.get("requires_grad")))
         elif e.get("requires_grad"):
             if not dt.is_floating_point:
@@ -515,7 +497,7 @@ class _Decoder:
         if target.type == "cpu":
             return t
         check_device_available(target)
-        from fusegrad.runtime.eager_cuda import transfer
+        from fusegrad.runtime.eager_cuda import transfer  # optional: the CUDA runtime loads on first use
         return transfer(t, target)
 
 

@@ -13,36 +13,37 @@ from __future__ import annotations
 
 import math
 
-import fusegrad as _fg
+import fusegrad.nn.functional as F
+from fusegrad.ops import functional as _ops
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["digamma", "erf", "erfc", "erfinv", "exp2", "expit", "expm1", "gammainc", "gammaincc",
            "gammaln", "i0", "log1p", "log_softmax", "logit", "logsumexp", "multigammaln", "ndtr",
            "polygamma", "psi", "round", "sinc", "softmax", "xlogy"]
 
-digamma = psi = _fg.digamma
-erf, erfc, erfinv = _fg.erf, _fg.erfc, _fg.erfinv
-exp2, expm1, log1p = _fg.exp2, _fg.expm1, _fg.log1p
-expit = _fg.sigmoid
-gammainc, gammaincc = _fg.igamma, _fg.igammac
-gammaln = _fg.lgamma
-i0 = _fg.i0
-log_softmax, softmax = _fg.log_softmax, _fg.softmax
-logit = _fg.logit
-logsumexp = _fg.logsumexp
-multigammaln = _fg.mvlgamma
-polygamma = _fg.polygamma
-round = _fg.round
-sinc = _fg.sinc
-xlogy = _fg.xlogy
+digamma = psi = _ops.digamma
+erf, erfc, erfinv = _ops.erf, _ops.erfc, _ops.erfinv
+exp2, expm1, log1p = _ops.exp2, _ops.expm1, _ops.log1p
+expit = _ops.sigmoid
+gammainc, gammaincc = _ops.igamma, _ops.igammac
+gammaln = _ops.lgamma
+i0 = _ops.i0
+log_softmax, softmax = F.log_softmax, F.softmax
+logit = _ops.logit
+logsumexp = _ops.logsumexp
+multigammaln = _ops.mvlgamma
+polygamma = _ops.polygamma
+round = _ops.round
+sinc = _ops.sinc
+xlogy = _ops.xlogy
 
 
 def ndtr(x: Tensor) -> Tensor:
     """The standard normal CDF, ``erfc(-x / sqrt(2)) / 2`` (accurate in the lower tail, where
     ``(1 + erf(x / sqrt(2))) / 2`` cancels to 0)."""
-    return _fg.erfc(x * -math.sqrt(0.5)) * 0.5
+    return _ops.erfc(x * -math.sqrt(0.5)) * 0.5
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.special", "fusegrad.special", name)
+    raise _missing_attribute("torch.special", "fusegrad.special", name)

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from fusegrad.torch_api import NAMESPACES, fusegrad_names, supported_markdown, torch_names
+from fusegrad.testing.supported_api import fusegrad_names, supported_markdown
+from fusegrad.torch_api import NAMESPACES, torch_names
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "supported.md"
 
@@ -10,7 +11,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "supported.md"
 def test_committed_supported_doc_is_up_to_date():
     assert DOC.read_text() == supported_markdown(), (
         "docs/supported.md is stale: regenerate it with "
-        "`python -m fusegrad.torch_api > docs/supported.md`")
+        "`python -m fusegrad.testing.supported_api > docs/supported.md`")
 
 
 def test_doc_counts_what_fusegrad_has():

@@ -42,7 +42,7 @@ def shared_names() -> list[str]:
 def classify() -> dict[str, list[str]]:
     """The shared names by where fusegrad has them: 'both', 'torch only', 'Tensor only',
     'missing'."""
-    from fusegrad.torch_api import fusegrad_names
+    from fusegrad.testing.supported_api import fusegrad_names
     top, methods = fusegrad_names("torch"), fusegrad_names("torch.Tensor")
     groups: dict[str, list[str]] = {"both": [], "torch only": [], "Tensor only": [], "missing": []}
     for name in shared_names():
@@ -55,7 +55,7 @@ def classify() -> dict[str, list[str]]:
 def inplace_gaps() -> list[str]:
     """torch ``Tensor.f_`` methods for shared names ``f`` that fusegrad's Tensor lacks."""
     from fusegrad._torch_names import TORCH_NAMES
-    from fusegrad.torch_api import fusegrad_names
+    from fusegrad.testing.supported_api import fusegrad_names
     methods = fusegrad_names("torch.Tensor")
     return sorted(n + "_" for n in shared_names()
                   if n + "_" in TORCH_NAMES["torch.Tensor"] and n + "_" not in methods)

@@ -1,5 +1,6 @@
-"""``OptimizedModule`` under torch's name for its module (``torch._dynamo.eval_frame``); it
-is defined beside the compile front that returns it, :mod:`fusegrad.tracer.optimized_module`."""
+"""``torch._dynamo.eval_frame``'s name that programs use: :class:`OptimizedModule`, what
+``fusegrad.compile(module)`` returns (defined with the compiler, in
+:mod:`fusegrad.tracer.optimized_module`)."""
 
 from fusegrad.tracer.optimized_module import OptimizedModule
 

@@ -17,7 +17,9 @@ import warnings
 from typing import Any, Callable
 
 from fusegrad import dtypes
+from fusegrad.device import device
 from fusegrad.ops import autocast as _ac
+from fusegrad.tensor import Tensor
 
 __all__ = ["autocast", "is_autocast_available", "custom_fwd", "custom_bwd"]
 
@@ -26,7 +28,6 @@ _SUPPORTED = ("cpu", "cuda")
 
 def _check_device(device_type: str) -> str:
     """``device_type`` when it names a device fusegrad has; torch's errors otherwise."""
-    from fusegrad.device import device
     device(device_type)         # a malformed string raises torch's RuntimeError
     if device_type not in _SUPPORTED:
         raise RuntimeError(f"User specified an unsupported autocast device_type '{device_type}'")
@@ -136,8 +137,8 @@ class autocast:  # noqa: N801 - torch's name
         self._cache_enabled = is_autocast_cache_enabled() if cache_enabled is None else cache_enabled
         if enabled:
             if device_type == "cuda":
-                from fusegrad import cuda
-                if not cuda.is_available():
+                from fusegrad.runtime import cuda as cuda_runtime  # optional: loads the CUDA runtime
+                if not cuda_runtime.is_available():
                     warnings.warn("CUDA is not available or torch_xla is imported. Disabling autocast.",
                                   stacklevel=2)
                     enabled = False
@@ -185,7 +186,6 @@ class autocast:  # noqa: N801 - torch's name
 
 def _cast(value, device_type: str, dtype: dtypes.DType):
     """Floating tensors of ``value`` (nested in lists, tuples and dicts) cast to ``dtype``."""
-    from fusegrad.tensor import Tensor
     if isinstance(value, Tensor):
         is_eligible = value.is_floating_point() and value.device.type == device_type \
             and value.dtype != dtypes.float64

@@ -97,8 +97,8 @@ class GradScaler:
         self._device = device
         self._enabled = enabled
         if self._device == "cuda":
-            from fusegrad import cuda
-            if enabled and not cuda.is_available():
+            from fusegrad.runtime import cuda as cuda_runtime  # optional: loads the CUDA runtime
+            if enabled and not cuda_runtime.is_available():
                 warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.",
                               stacklevel=2)
                 self._enabled = False

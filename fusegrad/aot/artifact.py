@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -11,18 +10,27 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import llvmlite.binding as llvm
 import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.aot.format import ArtifactError, decode, encode, read_file
+from fusegrad.aot.plan_checks import NATIVE_PREFIX, check_header, check_plan
 from fusegrad.codegen.llvm.kernel import Unsupported
 from fusegrad.files import atomic_write
 from fusegrad.ir.graph import Graph, IRError
-from fusegrad.ir.parser import parse
+from fusegrad.ir.parser import parse, parse_many
 from fusegrad.ir.printer import format_type, print_graph, value_names
+from fusegrad.ops import creation
 from fusegrad.passes.fusion import fuse
+from fusegrad.passes.manager import PassManager
 from fusegrad.runtime import jit
 from fusegrad.runtime.cpu import KernelCode, Program
+from fusegrad.tensor import Tensor
+from fusegrad.tracer.compile import DEFAULT_PIPELINE, _symbol
+from fusegrad.tracer.guards import code_reads
+from fusegrad.tracer.trace import TreeDef, module_state, trace_with_state, tree_flatten, tree_unflatten
+from fusegrad.version import __version__
 
 __all__ = ["Artifact", "LoadedArtifact", "compile", "load", "loads", "X86_64_LEVELS"]
 
@@ -55,7 +63,6 @@ class Artifact:
 
     def to_bytes(self) -> bytes:
         """The file's bytes."""
-        from fusegrad import __version__
         code, ranges = bytearray(), {}
         for symbol in sorted(self.objects):
             ranges[symbol] = [len(code), len(self.objects[symbol])]
@@ -166,8 +173,6 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
     >>> art = fusegrad.aot.compile(step, x, y)      # doctest: +SKIP
     >>> art.save("step.fgaot"); run = fusegrad.aot.load("step.fgaot"); loss = run(x, y)
     """
-    from fusegrad.tensor import Tensor
-    from fusegrad.tracer.trace import trace_with_state, tree_flatten
 
     args = tuple(Tensor._wrap(np.ascontiguousarray(a), dtypes.from_numpy_dtype(a.dtype))
                  if isinstance(a, np.ndarray) else a for a in example_args)
@@ -232,13 +237,10 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
     return Artifact(text, plan, objects, state, target)
 
 
-_NATIVE_PREFIX = "native_"     # objects of native helper modules, by jit.module_key
 
 
 def _build(graph: Graph, io: dict, target: dict, pipeline: str | None):
     """Passes, fusion and machine code for one traced graph: its plan, text, objects."""
-    from fusegrad.passes.manager import PassManager
-    from fusegrad.tracer.compile import DEFAULT_PIPELINE, _symbol
     optimized = PassManager(pipeline or DEFAULT_PIPELINE).run(graph)
     text = print_graph(optimized)
     # The program is built from the parsed text, exactly as loading will build it.
@@ -272,7 +274,7 @@ def _build(graph: Graph, io: dict, target: dict, pipeline: str | None):
             "program": _program_summary(program)}
     objects = {c.record.symbol: c.record.obj
                for c in [*program.kernel_code.values(), *program.gemm_code.values()]}
-    objects.update({_NATIVE_PREFIX + key: obj for key, obj in native.items()})
+    objects.update({NATIVE_PREFIX + key: obj for key, obj in native.items()})
     return plan, text, objects
 
 
@@ -302,7 +304,6 @@ def _program_summary(program: Program) -> dict:
                                 for _, shape, dt in program.output_specs)}
 
 def _target(cpu: str | None, features: str | None) -> dict:
-    import llvmlite.binding as llvm
     jit._init()
     info = {"triple": llvm.get_process_triple(),
             "llvm": ".".join(map(str, llvm.llvm_version_info))}
@@ -350,7 +351,6 @@ def _tree_json(tree) -> Any:
 
 
 def _tree_from_json(obj) -> Any:
-    from fusegrad.tracer.trace import TreeDef
     if obj == "leaf":
         return TreeDef("leaf")
     (kind, body), = obj.items()
@@ -371,7 +371,6 @@ def _referenced(fn) -> list[tuple[str, Any]]:
     """(name, object) for what ``fn`` refers to: itself if a module, its closure's cells
     and the globals its code loads (depth one: a step's model and optimizer; not a global
     named like an attribute it reads, as ``step`` in ``opt.step()``)."""
-    from fusegrad.tracer.guards import code_reads
     out = []
     if hasattr(fn, "named_parameters"):
         out.append(("", fn))
@@ -436,8 +435,6 @@ class _StateTable:
 def _io(fn, graph: Graph, args: tuple, names: dict[int, str], table: _StateTable) -> dict:
     """How each input of ``graph`` is fed (``{"arg": k}`` or ``{"state": name}``), where
     each output beyond the returned ones is written, and which buffers may be donated."""
-    from fusegrad.ops import creation
-    from fusegrad.tracer.trace import module_state, tree_flatten
     info, cap = graph.meta, graph.meta.capture
     feeds: list = [None] * len(graph.inputs)
     leaf_names: dict[int, str] = {}          # graph input -> its state or argument name
@@ -532,10 +529,9 @@ def load(path: str | os.PathLike, state: dict | None = None) -> "LoadedArtifact"
 
 def loads(blob: bytes, state: dict | None = None, what: str = "artifact") -> "LoadedArtifact":
     """:func:`load` from the file's bytes."""
-    from fusegrad.ir.parser import parse_many
     decoded = decode(blob, what)
     header, sections = decoded.header, decoded.sections
-    _check_header(header, what)
+    check_header(header, what)
     try:
         plan = json.loads(sections["plan"])
         text = sections["graph"].decode()
@@ -551,265 +547,6 @@ def loads(blob: bytes, state: dict | None = None, what: str = "artifact") -> "Lo
         raise ArtifactError("plan", f"{what}: its plan is malformed ({e!r})") from None
     return LoadedArtifact(header, plan, graphs, text, sections["code"], sections["state"],
                           state, what)
-
-
-# --------------------------------------------------------------------------- plan checks
-#
-# The runtime trusts the plan: argument and state types decide what a call accepts and
-# which buffers a program reads and writes, kernel slots which buffers its object code
-# addresses, code and state ranges what is sliced from the file. A plan that disagrees with
-# its graph (a hand edit, a bug, a file resealed after a change) would read or write out of
-# bounds, so every such field is checked against the graph before anything is linked.
-
-
-def _plan_error(what: str, field: str, message: str) -> ArtifactError:
-    return ArtifactError("plan", f"{what}: its plan's {field} {message}")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _type_of(shape, dtype, what: str, field: str) -> str:
-    """The type text of a plan entry's shape and dtype, checked."""
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-        raise _plan_error(what, field, f"has an invalid shape {str(shape)[:80]}")
-    try:
-        dt = dtypes.as_dtype(dtype) if isinstance(dtype, str) else None
-    except TypeError:
-        dt = None
-    if dt is None or dt.name != dtype:
-        raise _plan_error(what, field, f"has an unknown dtype {str(dtype)[:40]!r}")
-    return f"{dt.short}[{','.join(map(str, shape))}]"
-
-
-def _check_entry_type(entry, what: str, field: str) -> str:
-    """An argument's or a state's entry: an object whose shape, dtype and type agree."""
-    if not isinstance(entry, dict):
-        raise _plan_error(what, field, "is not an object")
-    text = _type_of(entry.get("shape"), entry.get("dtype"), what, field)
-    if entry.get("type") != text:
-        raise _plan_error(what, field, f"says type {str(entry.get('type'))[:80]} but shape "
-                          f"{entry['shape']} and dtype {entry['dtype']}")
-    return text
-
-
-def _expect(cond: bool, what: str, field: str, message: str) -> None:
-    if not cond:
-        raise _plan_error(what, field, message)
-
-
-def _leaves(tree, what: str, field: str, depth: int = 0) -> int:
-    """How many tensors a JSON tree (``in_tree``, ``out_tree``) holds, checking its form."""
-    if depth > 100:
-        raise _plan_error(what, field, "nests too deeply")
-    if tree == "leaf":
-        return 1
-    if not isinstance(tree, dict) or len(tree) != 1:
-        raise _plan_error(what, field, f"has a malformed node {str(tree)[:80]}")
-    (kind, body), = tree.items()
-    if kind == "static":
-        _expect(body is None or isinstance(body, (bool, int, float, str)), what, field,
-                f"has a static value {str(body)[:40]} of no portable form")
-        return 0
-    if kind in ("tuple", "list") and isinstance(body, list):
-        return sum(_leaves(c, what, field, depth + 1) for c in body)
-    if kind == "dict" and isinstance(body, list) and all(
-            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in body):
-        return sum(_leaves(c, what, field, depth + 1) for _, c in body)
-    raise _plan_error(what, field, f"has a malformed node {str(tree)[:80]}")
-
-
-def _check_range(entry, limit: int, what: str, field: str) -> None:
-    _expect(isinstance(entry, list) and len(entry) == 2 and all(_is_int(v) for v in entry)
-            and entry[0] >= 0 and entry[1] >= 0 and entry[0] + entry[1] <= limit, what, field,
-            f"{str(entry)[:80]} is not a range within the {limit} bytes of its section")
-
-
-def check_plan(plan, graphs: list[Graph], code_len: int, state_len: int, what: str) -> None:
-    """Raise :class:`ArtifactError` (reason ``"plan"``, naming the field) unless every field
-    of ``plan`` that the runtime trusts agrees with ``graphs`` and the file's sections:
-    arguments, outputs, state, each program's inputs, write-backs and set values, the code
-    and state ranges, the trees of arguments and results. Kernel buffers are checked when
-    the programs are linked (:meth:`LoadedArtifact._link`)."""
-    _expect(isinstance(plan, dict), what, "top level", "is not an object")
-    for key, kind in (("name", str), ("args", list), ("outputs", list), ("state", list),
-                      ("programs", list), ("code", dict), ("state_data", list)):
-        _expect(isinstance(plan.get(key), kind), what, key, f"is not a {kind.__name__}")
-    n_user = plan.get("n_user_outputs")
-    _expect(_is_int(n_user) and 0 <= n_user == len(plan["outputs"]), what, "n_user_outputs",
-            f"{str(n_user)[:20]} does not count its {len(plan['outputs'])} outputs")
-    programs = plan["programs"]
-    _expect(len(programs) in (1, 2) and len(programs) == len(graphs), what, "programs",
-            f"lists {len(programs)} programs for {len(graphs)} graphs")
-    # Arguments: numbered in order, each consistent, their count that of in_tree's leaves.
-    args = plan["args"]
-    arg_types = [_check_entry_type(f, what, f"args[{k}]") for k, f in enumerate(args)]
-    for k, f in enumerate(args):
-        _expect(f.get("arg") == k and isinstance(f.get("name"), str), what, f"args[{k}]",
-                f"is numbered {str(f.get('arg'))[:20]} (or unnamed)")
-    n_in = _leaves(plan.get("in_tree"), what, "in_tree")
-    _expect(n_in == len(args), what, "in_tree", f"holds {n_in} tensors for {len(args)} arguments")
-    n_out = _leaves(plan.get("out_tree"), what, "out_tree")
-    _expect(n_out == n_user, what, "out_tree", f"holds {n_out} tensors for {n_user} outputs")
-    # State: unique names, consistent types, data in range of the state section.
-    state_types = {}
-    for j, spec in enumerate(plan["state"]):
-        field = f"state[{j}]"
-        text = _check_entry_type(spec, what, field)
-        name = spec.get("name")
-        _expect(isinstance(name, str) and name not in state_types, what, field,
-                f"has a missing or repeated name {str(name)[:80]!r}")
-        state_types[name] = text
-    data_names = set()
-    for j, entry in enumerate(plan["state_data"]):
-        field = f"state_data[{j}]"
-        _expect(isinstance(entry, dict) and entry.get("name") in state_types, what, field,
-                "names no state")
-        data_names.add(entry["name"])
-        if entry.get("offset") is not None:
-            _check_range([entry.get("offset"), entry.get("length")], state_len, what, field)
-    _expect(data_names == set(state_types), what, "state_data",
-            "does not cover the state")
-    for symbol, entry in plan["code"].items():
-        _check_range(entry, code_len, what, f"code[{symbol!r}]")
-    if len(programs) == 2:
-        _expect(state_types.get("aot.calls") == "i64[]", what, "state",
-                "lacks the call counter aot.calls (i64[]) that chooses between its programs")
-    # Each program against its graph.
-    for index, (p, graph) in enumerate(zip(programs, graphs)):
-        _check_program(p, graph, index, len(programs), plan, arg_types, state_types, what)
-
-
-def _check_program(p, graph: Graph, index: int, n_programs: int, plan: dict, arg_types: list,
-                   state_types: dict, what: str) -> None:
-    here = f"programs[{index}]"
-    _expect(isinstance(p, dict), what, here, "is not an object")
-    role = "first" if index == 0 and n_programs == 2 else "steady"
-    _expect(p.get("role") == role, what, f"{here}.role", f"is {str(p.get('role'))[:20]!r}, "
-            f"expected {role!r}")
-    for key, kind in (("name", str), ("inputs", list), ("writes", list), ("kernels", list),
-                      ("gemms", list), ("native", list), ("fallbacks", dict),
-                      ("donations", list), ("donated", dict), ("program", dict)):
-        _expect(isinstance(p.get(key, [] if key in ("gemms", "native") else None), kind), what,
-                f"{here}.{key}", f"is not a {kind.__name__}")
-    inputs, outputs = graph.inputs, graph.outputs
-    _expect(len(p["inputs"]) == len(inputs), what, f"{here}.inputs",
-            f"lists {len(p['inputs'])} inputs; the graph @{graph.name} has {len(inputs)}")
-    names = value_names(graph)
-    for i, (feed, v) in enumerate(zip(p["inputs"], inputs)):
-        field, want = f"{here}.inputs[{i}]", format_type(v.type)
-        if isinstance(feed, dict) and "arg" in feed:
-            k = feed["arg"]
-            _expect(_is_int(k) and 0 <= k < len(arg_types), what, field,
-                    f"names argument {str(k)[:20]}, of {len(arg_types)}")
-            _expect(arg_types[k] == want, what, f"args[{k}]",
-                    f"says {arg_types[k]} but the graph's input {names[v]} is {want}")
-            _expect(feed.get("type", want) == want, what, field,
-                    f"says {str(feed.get('type'))[:80]} but the graph's input {names[v]} is {want}")
-        elif isinstance(feed, dict) and "state" in feed:
-            name = feed["state"]
-            _expect(name in state_types, what, field, f"names no state ({str(name)[:80]})")
-            _expect(state_types[name] == want, what, f"state {name}",
-                    f"says {state_types[name]} but the graph's input {names[v]} is {want}")
-        else:
-            raise _plan_error(what, field, "feeds neither an argument nor a state")
-    n_user = plan["n_user_outputs"]
-    _expect(n_user <= len(outputs), what, "n_user_outputs",
-            f"{n_user} exceeds the {len(outputs)} outputs of the graph @{graph.name}")
-    for k in range(n_user):
-        want = format_type(outputs[k].type)
-        _expect(plan["outputs"][k] == want, what, f"outputs[{k}]",
-                f"says {str(plan['outputs'][k])[:80]} but the graph's output {k} is {want}")
-    for i, w in enumerate(p["writes"]):
-        field = f"{here}.writes[{i}]"
-        j = w.get("output") if isinstance(w, dict) else None
-        _expect(_is_int(j) and 0 <= j < len(outputs), what, field,
-                f"writes output {str(j)[:20]}, of {len(outputs)}")
-        want = format_type(outputs[j].type)
-        if "arg" in w:
-            k = w["arg"]
-            _expect(_is_int(k) and 0 <= k < len(arg_types), what, field,
-                    f"names argument {str(k)[:20]}, of {len(arg_types)}")
-            _expect(arg_types[k] == want, what, field,
-                    f"writes output {j} ({want}) into argument {k} ({arg_types[k]})")
-        else:
-            name = w.get("state")
-            _expect(name in state_types, what, field, f"names no state ({str(name)[:80]})")
-            _expect(state_types[name] == want, what, field,
-                    f"writes output {j} ({want}) into state {name} ({state_types[name]})")
-    for name, e in (p.get("sets") or {}).items():
-        field = f"{here}.sets[{name!r}]"
-        _expect(name in state_types and isinstance(e, dict), what, field, "names no state")
-        try:
-            value = np.array(e.get("value"), dtype=np.dtype(e.get("dtype")))
-        except (TypeError, ValueError):
-            raise _plan_error(what, field, "is no array of its dtype") from None
-        got = _type_of(list(value.shape), e.get("dtype"), what, field)
-        _expect(got == state_types[name], what, field,
-                f"sets {got} into state {name} ({state_types[name]})")
-    counters = p.get("rng_counters")
-    _expect(_is_int(counters) and counters >= 0, what, f"{here}.rng_counters",
-            f"is {str(counters)[:20]}")
-    if counters:
-        _expect(state_types.get("rng") == "i64[2]", what, "state",
-                "lacks the generator state rng (i64[2]) its random numbers advance")
-    ranges = plan["code"]
-    for kind in ("kernels", "gemms"):
-        for i, k in enumerate(p.get(kind, [])):
-            field = f"{here}.{kind}[{i}]"
-            _expect(isinstance(k, dict) and _is_int(k.get("index")) and
-                    k.get("symbol") in ranges, what, field,
-                    "lacks a kernel index or names code the file does not hold")
-            if kind == "kernels":
-                slots = k.get("slots")
-                _expect(isinstance(slots, list) and all(_is_int(v) and v >= 0 for v in slots),
-                        what, f"{field}.slots", f"{str(slots)[:80]} are not buffer numbers")
-    for key in p.get("native", []):
-        _expect(isinstance(key, str) and _NATIVE_PREFIX + key in ranges, what,
-                f"{here}.native", f"names code the file does not hold ({str(key)[:80]})")
-    for key, reason in p["fallbacks"].items():
-        _expect(key.isdigit() and isinstance(reason, str), what, f"{here}.fallbacks",
-                f"has a malformed entry {key[:20]!r}")
-    for pair in p["donations"]:
-        _expect(isinstance(pair, list) and len(pair) == 2 and all(_is_int(v) for v in pair)
-                and 0 <= pair[0] < len(inputs) and 0 <= pair[1] < len(outputs), what,
-                f"{here}.donations", f"has a malformed pair {str(pair)[:40]}")
-
-def _check_version(header: dict, what: str) -> None:
-    from fusegrad import __version__
-    if header.get("fusegrad") != __version__:
-        raise ArtifactError("version", f"{what} was built by fusegrad {header.get('fusegrad')}; "
-                            f"this is fusegrad {__version__}, which runs only artifacts of its "
-                            "own version: rebuild it with fusegrad.aot.compile")
-    # The object code's loops and the plan's launch extents come from one code generator:
-    # another build of the same version may loop differently (its extents would not match).
-    if header.get("codegen") != jit.codegen_identity()[:16]:
-        raise ArtifactError("version", f"{what} was built by a fusegrad {__version__} whose "
-                            "kernel code generator differs from this one's (another build of "
-                            "the same version): rebuild it with fusegrad.aot.compile")
-
-
-def _check_header(header: dict, what: str) -> None:
-    import llvmlite.binding as llvm
-    _check_version(header, what)
-    jit._init()
-    triple = llvm.get_process_triple()
-    if str(header.get("triple", "")).split("-")[0] != triple.split("-")[0]:
-        raise ArtifactError("target", f"{what} holds code for {header.get('triple')}; this "
-                            f"machine is {triple}")
-    missing = sorted(set(header.get("features", ())) - set(_host_features()))
-    if missing:
-        raise ArtifactError("target", f"{what} was built for cpu {header.get('cpu')} and its code "
-                            f"uses CPU features this machine lacks: {', '.join(missing)}. Build "
-                            "it for a smaller CPU (fusegrad.aot.compile(..., cpu='x86-64-v3'))")
-
-
-@functools.lru_cache(maxsize=1)
-def _host_features() -> tuple[str, ...]:
-    import llvmlite.binding as llvm
-    jit._init()
-    return tuple(sorted(k for k, v in llvm.get_host_cpu_features().items() if v))
 
 
 @dataclass
@@ -865,7 +602,7 @@ class LoadedArtifact:
             prebuilt[int(k["index"])] = KernelCode(record, [int(s) for s in k["slots"]])
         carried = {}
         for key in plan.get("native", []):
-            start, length = ranges[_NATIVE_PREFIX + key]
+            start, length = ranges[NATIVE_PREFIX + key]
             if start < 0 or start + length > len(code):
                 raise ArtifactError("plan", f"{self.name}: native code out of range")
             carried[key] = code[start:start + length]
@@ -951,12 +688,9 @@ class LoadedArtifact:
 
     def state_dict(self) -> dict:
         """The state as tensors that share the artifact's arrays."""
-        from fusegrad.tensor import Tensor
         return {n: Tensor._wrap(a, dtypes.from_numpy_dtype(a.dtype)) for n, a in self.state.items()}
 
     def __call__(self, *args):
-        from fusegrad.tensor import Tensor
-        from fusegrad.tracer.trace import tree_flatten, tree_unflatten
         leaves, tree = tree_flatten((args, {}))
         if tree != self._in_tree:
             raise ArtifactError("signature", f"{self.name} takes {len(self._args)} tensor "

@@ -31,13 +31,18 @@ from typing import Sequence
 
 import numpy as np
 
+from fusegrad import dtypes
+from fusegrad.aot import artifact, format
+from fusegrad.aot.format import ArtifactError
+from fusegrad.aot.plan_checks import check_version
+from fusegrad.ops.creation import tensor
+
 PROG = "fusegrad-aot"
 _EXAMPLE = re.compile(r"^(?P<dtype>[a-z]+\d*)\[(?P<shape>[\d, ]*)\](?::(?P<high>\d+))?$")
 
 
 def example_array(spec: str, rng: np.random.Generator) -> np.ndarray:
     """The example argument ``spec`` names: ``f32[4,8]``, ``i64[16]:10`` or a .npy path."""
-    from fusegrad import dtypes
     if spec.endswith(".npy"):
         return np.load(spec, allow_pickle=False)
     m = _EXAMPLE.match(spec.strip())
@@ -82,21 +87,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="do not carry the state's values (give them at load)")
     build.add_argument("--seed", type=int, default=0, help="seed of the random examples")
     args = parser.parse_args(argv)
-    from fusegrad.aot import ArtifactError, artifact, format
     try:
         if args.command == "show":
             with open(args.file, "rb") as f:
                 decoded = format.decode(f.read(), args.file)
-            artifact._check_version(decoded.header, args.file)
+            check_version(decoded.header, args.file)
             plan = json.loads(decoded.sections["plan"])
             print(artifact.describe(decoded.header, plan, decoded.sections["graph"].decode()))
             return 0
-        import fusegrad as fg
         fn = _resolve(args.target)
         rng = np.random.default_rng(args.seed)
-        examples = [fg.tensor(example_array(s, rng)) for s in args.example]
-        art = fg.aot.compile(fn, *examples, cpu=args.cpu, features=args.features,
-                             carry_state=not args.no_state)
+        examples = [tensor(example_array(s, rng)) for s in args.example]
+        art = artifact.compile(fn, *examples, cpu=args.cpu, features=args.features,
+                               carry_state=not args.no_state)
         art.save(args.output)
         size = os.path.getsize(args.output)
         kernels = sum(len(p["kernels"]) for p in art.plan["programs"])

@@ -1,4 +1,5 @@
-"""``torch.autograd.profiler``: the older spelling of the profiler, on :mod:`fusegrad.profiler`.
+"""``torch.autograd.profiler``: the older spelling of :mod:`fusegrad.profiler`, on the same
+machinery (:mod:`fusegrad.profiler_core`).
 
 ``with torch.autograd.profiler.profile() as prof: ...`` then ``prof.key_averages().table()``,
 ``prof.table()``, ``prof.function_events``; ``record_function`` is the same as
@@ -7,8 +8,8 @@
 
 from __future__ import annotations
 
-from fusegrad import profiler as _profiler
-from fusegrad.profiler import (
+from fusegrad import profiler_core as _profiler
+from fusegrad.profiler_core import (
     EventList,
     FunctionEvent,
     FunctionEventAvg,

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import contextlib
 
+from fusegrad.device import device as _device
+from fusegrad.ops.creation import manual_seed as _manual_seed
+from fusegrad.profiler_core import ProfilerActivity, register_device_activity
 from fusegrad.runtime.errors import OutOfMemoryError
 
 __all__ = ["is_available", "device_count", "current_device", "set_device", "device",
@@ -28,7 +31,7 @@ __all__ = ["is_available", "device_count", "current_device", "set_device", "devi
 
 
 def _rt():
-    from fusegrad.runtime import cuda
+    from fusegrad.runtime import cuda  # optional: the CUDA runtime loads on first use
     return cuda
 
 
@@ -36,8 +39,7 @@ def _index(dev) -> int | None:
     """The ordinal ``dev`` names (an int, ``"cuda:1"``, a device), None for the current."""
     if dev is None or isinstance(dev, int):
         return dev
-    from fusegrad.device import device as Device
-    d = Device(dev)
+    d = _device(dev)
     if d.type != "cuda":
         raise ValueError(f"Expected a cuda device, but got: {d}")
     return d.index
@@ -86,8 +88,7 @@ def synchronize(device=None) -> None:
 
 def manual_seed(seed: int) -> None:
     """Seed the generator cuda tensors draw from (the cpu one, see the module's notes)."""
-    from fusegrad import manual_seed as seed_all
-    seed_all(seed)
+    _manual_seed(seed)
 
 
 def manual_seed_all(seed: int) -> None:
@@ -152,3 +153,7 @@ def reset_peak_memory_stats(device=None) -> None:
 def empty_cache() -> None:
     """Return the allocator's cached free blocks to the driver (memory in use stays)."""
     _rt().empty_cache()
+
+
+# A profiler records CUDA activity by default where a device is present.
+register_device_activity(ProfilerActivity.CUDA, is_available)

@@ -14,16 +14,16 @@ collective), never by ``import fusegrad``; without it the error says to
 ``pip install fusegrad[mpi]``. See docs/distributed.md.
 """
 
+import importlib.util
+
 from fusegrad.distributed import prims  # registers allreduce_start / allreduce_wait
+from fusegrad.distributed.collectives import all_reduce, barrier, broadcast
 from fusegrad.distributed.comm import (
     CommStats,
     DistributedError,
     ProcessGroup,
     ReduceOp,
     Work,
-    all_reduce,
-    barrier,
-    broadcast,
     comm_stats,
     group,
     init,
@@ -41,7 +41,6 @@ get_world_size = world_size
 
 def is_available() -> bool:
     """Whether mpi4py can be imported (torch.distributed.is_available)."""
-    import importlib.util
     return importlib.util.find_spec("mpi4py") is not None
 
 

@@ -36,7 +36,11 @@ import numpy as np
 
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.distributed import comm
+from fusegrad.distributed.collectives import broadcast
+from fusegrad.distributed.prims import allreduce_start, allreduce_wait
 from fusegrad.nn.modules.module import Module
+from fusegrad.ops import functional as F
+from fusegrad.ops.primitive import bind
 
 __all__ = ["DataParallel", "DistributedDataParallel"]
 
@@ -78,7 +82,7 @@ class DataParallel(Module):
             _agree_on_layout(module, self._buckets)
         with no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
-                comm.broadcast(t, 0)
+                broadcast(t, 0)
         self._bucket_of = {}
         self._launched = 0
         self._check_queued = False
@@ -108,7 +112,7 @@ class DataParallel(Module):
             with no_grad():
                 for t in self.module.buffers():
                     if t._trace is None:
-                        comm.broadcast(t, 0)
+                        broadcast(t, 0)
         return self.module(*args, **kwargs)
 
     # ------------------------------------------------------------------ gradient hooks
@@ -146,15 +150,10 @@ class DataParallel(Module):
         b.request = comm.start_allreduce(b.buffer, "sum")
 
     def _launch_traced(self, b: _Bucket, grads: list) -> None:
-        from fusegrad.distributed.prims import allreduce_start
-        from fusegrad.ops import functional as F
-        from fusegrad.ops.primitive import bind
         flat = F.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1)
         b.handle = bind(allreduce_start, flat, op="sum")
 
     def _finish(self) -> None:
-        from fusegrad.distributed.prims import allreduce_wait
-        from fusegrad.ops.primitive import bind
         n = self.world_size
         for b in self._buckets:
             if b.handle is not None:

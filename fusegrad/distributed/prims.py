@@ -24,16 +24,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from fusegrad.distributed import comm
 from fusegrad.ops.composite import CustomVJP
 from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
 
 __all__ = ["allreduce_start", "allreduce_wait", "traced_all_reduce", "AllreduceStartStep",
            "AllreduceWaitStep"]
-
-
-def _comm():
-    from fusegrad.distributed import comm
-    return comm
 
 
 def _start_infer(x: TensorType, *, op: str) -> TensorType:
@@ -45,7 +41,7 @@ def _start_infer(x: TensorType, *, op: str) -> TensorType:
 
 
 def _start_impl(x, *, op):
-    return _comm().allreduce_array(x, op)
+    return comm.allreduce_array(x, op)
 
 
 def _start_vjp(g, out, x, *, op):
@@ -76,13 +72,12 @@ class AllreduceStartStep:
     def run(self, prog) -> None:
         out = prog.arrays[prog.slots[self.node.output]]
         np.copyto(out, prog.array(self.node.inputs[0]))
-        comm = _comm()
         if comm.group().size > 1:
             self.request = comm.start_allreduce(out, self.node.attrs["op"])
 
     def poll(self) -> None:
         """Let MPI move the reduction forward (called between kernels)."""
-        if self.request is not None and _comm().poll(self.request):
+        if self.request is not None and comm.poll(self.request):
             self.request = None
 
 
@@ -98,7 +93,6 @@ class AllreduceWaitStep:
     def run(self, prog) -> None:
         start = self.start
         if start is not None and start.request is not None:
-            comm = _comm()
             node = start.node
             comm.wait(start.request, f"allreduce_start {{op={node.attrs['op']!r}}} on "
                                      f"{node.output.type} in compiled program {prog.name}")
@@ -124,5 +118,5 @@ def traced_all_reduce(x, op: str):
     """The all-reduce of ``x`` as graph nodes (start, wait; a division for the mean)."""
     reduced = bind(allreduce_wait, bind(allreduce_start, x, op="max" if op == "max" else "sum"))
     if op == "mean":
-        reduced = reduced / _comm().world_size()
+        reduced = reduced / comm.world_size()
     return reduced

@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 import numbers
 
-import fusegrad as _fg
 import fusegrad.nn.functional as F
+from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.distributions import constraints
 from fusegrad.distributions.exp_family import ExponentialFamily
 from fusegrad.distributions.utils import broadcast_all, lazy_property, logits_to_probs, probs_to_logits
+from fusegrad.ops import creation
+from fusegrad.ops import functional as _ops
 from fusegrad.tensor import Size
 
 __all__ = ["Bernoulli"]
@@ -57,7 +59,7 @@ class Bernoulli(ExponentialFamily):
     @property
     def mode(self):
         mode = (self.probs >= 0.5).to(self.probs.dtype)
-        return _fg.where(self.probs == 0.5, math.nan, mode)
+        return _ops.where(self.probs == 0.5, math.nan, mode)
 
     @property
     def variance(self):
@@ -77,8 +79,8 @@ class Bernoulli(ExponentialFamily):
 
     def sample(self, sample_shape=()):
         shape = self._extended_shape(sample_shape)
-        with _fg.no_grad():
-            return _fg.bernoulli(self.probs.expand(shape))
+        with no_grad():
+            return _ops.bernoulli(self.probs.expand(shape))
 
     def log_prob(self, value):
         if self._validate_args:
@@ -90,7 +92,7 @@ class Bernoulli(ExponentialFamily):
         return F.binary_cross_entropy_with_logits(self.logits, self.probs, reduction="none")
 
     def enumerate_support(self, expand: bool = True):
-        values = _fg.arange(2, dtype=self._param.dtype)
+        values = creation.arange(2, dtype=self._param.dtype)
         values = values.view((-1,) + (1,) * len(self._batch_shape))
         if expand:
             values = values.expand((-1,) + tuple(self._batch_shape))
@@ -98,7 +100,7 @@ class Bernoulli(ExponentialFamily):
 
     @property
     def _natural_params(self):
-        return (_fg.logit(self.probs),)
+        return (_ops.logit(self.probs),)
 
     def _log_normalizer(self, x):
-        return _fg.log1p(_fg.exp(x))
+        return _ops.log1p(_ops.exp(x))

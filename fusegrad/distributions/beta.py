@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numbers
 
-import fusegrad as _fg
 from fusegrad.distributions import constraints
 from fusegrad.distributions.dirichlet import Dirichlet
 from fusegrad.distributions.exp_family import ExponentialFamily
 from fusegrad.distributions.utils import broadcast_all
+from fusegrad.ops import creation
+from fusegrad.ops import functional as _ops
 from fusegrad.tensor import Size
 
 __all__ = ["Beta"]
@@ -26,10 +27,10 @@ class Beta(ExponentialFamily):
 
     def __init__(self, concentration1, concentration0, validate_args: bool | None = None) -> None:
         if isinstance(concentration1, numbers.Number) and isinstance(concentration0, numbers.Number):
-            both = _fg.tensor([float(concentration1), float(concentration0)])
+            both = creation.tensor([float(concentration1), float(concentration0)])
         else:
             concentration1, concentration0 = broadcast_all(concentration1, concentration0)
-            both = _fg.stack([concentration1, concentration0], -1)
+            both = _ops.stack([concentration1, concentration0], -1)
         self._dirichlet = Dirichlet(both, validate_args=validate_args)
         super().__init__(self._dirichlet._batch_shape, validate_args=validate_args)
 
@@ -60,7 +61,7 @@ class Beta(ExponentialFamily):
     def log_prob(self, value):
         if self._validate_args:
             self._validate_sample(value)
-        heads_tails = _fg.stack([value, 1.0 - value], -1)
+        heads_tails = _ops.stack([value, 1.0 - value], -1)
         return self._dirichlet.log_prob(heads_tails)
 
     def entropy(self):
@@ -79,4 +80,4 @@ class Beta(ExponentialFamily):
         return (self.concentration1, self.concentration0)
 
     def _log_normalizer(self, x, y):
-        return _fg.lgamma(x) + _fg.lgamma(y) - _fg.lgamma(x + y)
+        return _ops.lgamma(x) + _ops.lgamma(y) - _ops.lgamma(x + y)

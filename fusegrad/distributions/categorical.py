@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 
-import fusegrad as _fg
+from fusegrad import dtypes, type_info
+from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.distributions import constraints
 from fusegrad.distributions.distribution import Distribution
 from fusegrad.distributions.utils import lazy_property, logits_to_probs, probs_to_logits
+from fusegrad.ops import creation
+from fusegrad.ops import functional as _ops
 from fusegrad.tensor import Size
 
 __all__ = ["Categorical"]
@@ -74,7 +77,7 @@ class Categorical(Distribution):
 
     @property
     def mean(self):
-        return _fg.full(tuple(self._extended_shape()), math.nan, dtype=self.probs.dtype)
+        return _ops.full(tuple(self._extended_shape()), math.nan, dtype=self.probs.dtype)
 
     @property
     def mode(self):
@@ -82,17 +85,17 @@ class Categorical(Distribution):
 
     @property
     def variance(self):
-        return _fg.full(tuple(self._extended_shape()), math.nan, dtype=self.probs.dtype)
+        return _ops.full(tuple(self._extended_shape()), math.nan, dtype=self.probs.dtype)
 
     def sample(self, sample_shape=()):
         """Indices by inversion of the cumulative probabilities: one uniform per draw, the
         number of categories whose cumulative probability it passes. Unlike a multinomial
         call this traces, so a compiled step can sample its actions."""
         sample_shape = Size(sample_shape)
-        with _fg.no_grad():
+        with no_grad():
             probs = self.probs.reshape(-1, self._num_events)
             cdf = probs.cumsum(-1)
-            u = _fg.rand((sample_shape.numel(), probs.shape[0]), dtype=probs.dtype,
+            u = creation.rand((sample_shape.numel(), probs.shape[0]), dtype=probs.dtype,
                           device=probs.device)
             passed = cdf <= (u * cdf[:, -1]).unsqueeze(-1)
             index = passed.sum(-1).clamp(max=self._num_events - 1)
@@ -102,17 +105,17 @@ class Categorical(Distribution):
         if self._validate_args:
             self._validate_sample(value)
         value = value.long().unsqueeze(-1)
-        value, log_pmf = _fg.broadcast_tensors(value, self.logits)
+        value, log_pmf = _ops.broadcast_tensors(value, self.logits)
         value = value[..., :1]
         return log_pmf.gather(-1, value).squeeze(-1)
 
     def entropy(self):
-        min_real = _fg.finfo(self.logits.dtype).min
-        logits = _fg.clamp(self.logits, min=min_real)
+        min_real = type_info.finfo(self.logits.dtype).min
+        logits = _ops.clamp(self.logits, min=min_real)
         return -(logits * self.probs).sum(-1)
 
     def enumerate_support(self, expand: bool = True):
-        values = _fg.arange(self._num_events, dtype=_fg.long)
+        values = creation.arange(self._num_events, dtype=dtypes.int64)
         values = values.view((-1,) + (1,) * len(self._batch_shape))
         if expand:
             values = values.expand((-1,) + tuple(self._batch_shape))

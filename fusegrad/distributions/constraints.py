@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import fusegrad as _fg
+from fusegrad import dtypes, linalg
+from fusegrad.ops import functional as _ops
 
 __all__ = ["Constraint", "boolean", "cat", "dependent", "dependent_property", "greater_than",
            "greater_than_eq", "half_open_interval", "independent", "integer_interval",
@@ -265,8 +266,8 @@ class _Square(Constraint):
     event_dim = 2
 
     def check(self, value):
-        return _fg.full(tuple(value.shape[:-2]), value.shape[-2] == value.shape[-1],
-                        dtype=_fg.bool)
+        return _ops.full(tuple(value.shape[:-2]), value.shape[-2] == value.shape[-1],
+                        dtype=dtypes.bool_)
 
 
 class _Symmetric(_Square):
@@ -274,7 +275,7 @@ class _Symmetric(_Square):
         square_check = super().check(value)
         if value.shape[-2] != value.shape[-1]:
             return square_check
-        return _fg.isclose(value, value.mT, atol=1e-6).all(-2).all(-1)
+        return _ops.isclose(value, value.mT, atol=1e-6).all(-2).all(-1)
 
 
 # A matrix that is not symmetric fails these whatever its factorization says (the
@@ -284,7 +285,7 @@ class _PositiveSemidefinite(_Symmetric):
         sym_check = super().check(value)
         if value.shape[-2] != value.shape[-1]:
             return sym_check
-        return sym_check & _fg.linalg.eigvalsh(value).ge(0).all(-1)
+        return sym_check & linalg.eigvalsh(value).ge(0).all(-1)
 
 
 class _PositiveDefinite(_Symmetric):
@@ -294,7 +295,7 @@ class _PositiveDefinite(_Symmetric):
             return sym_check
         # torch asks cholesky_ex whether the factorization succeeds; fusegrad's cholesky_ex
         # raises instead, so the smallest eigenvalue decides.
-        return sym_check & _fg.linalg.eigvalsh(value).gt(0).all(-1)
+        return sym_check & linalg.eigvalsh(value).gt(0).all(-1)
 
 
 class _Cat(Constraint):
@@ -323,7 +324,7 @@ class _Cat(Constraint):
         for constraint, length in zip(self.cseq, self.lengths):
             checks.append(constraint.check(value.narrow(self.dim, start, length)))
             start += length
-        return _fg.cat(checks, self.dim)
+        return _ops.cat(checks, self.dim)
 
 
 class _Stack(Constraint):
@@ -347,7 +348,7 @@ class _Stack(Constraint):
 
     def check(self, value):
         parts = [value.select(self.dim, i) for i in range(value.size(self.dim))]
-        return _fg.stack([c.check(v) for v, c in zip(parts, self.cseq)], self.dim)
+        return _ops.stack([c.check(v) for v, c in zip(parts, self.cseq)], self.dim)
 
 
 dependent = _Dependent()

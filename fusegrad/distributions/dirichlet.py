@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import fusegrad as _fg
 import fusegrad.nn.functional as F
 from fusegrad.distributions import constraints
 from fusegrad.distributions.exp_family import ExponentialFamily
+from fusegrad.ops import functional as _ops
 from fusegrad.ops.sampling import standard_gamma
 from fusegrad.tensor import Size
 
@@ -47,9 +47,9 @@ class Dirichlet(ExponentialFamily):
     def log_prob(self, value):
         if self._validate_args:
             self._validate_sample(value)
-        return (_fg.xlogy(self.concentration - 1.0, value).sum(-1)
-                + _fg.lgamma(self.concentration.sum(-1))
-                - _fg.lgamma(self.concentration).sum(-1))
+        return (_ops.xlogy(self.concentration - 1.0, value).sum(-1)
+                + _ops.lgamma(self.concentration.sum(-1))
+                - _ops.lgamma(self.concentration).sum(-1))
 
     @property
     def mean(self):
@@ -61,7 +61,7 @@ class Dirichlet(ExponentialFamily):
         mode = concentrationm1 / concentrationm1.sum(-1, True)
         # All concentrations below 1: the density is highest at the corner of the largest.
         corner = F.one_hot(mode.argmax(dim=-1), concentrationm1.shape[-1]).to(mode.dtype)
-        return _fg.where((self.concentration < 1).all(dim=-1, keepdim=True), corner, mode)
+        return _ops.where((self.concentration < 1).all(dim=-1, keepdim=True), corner, mode)
 
     @property
     def variance(self):
@@ -71,13 +71,13 @@ class Dirichlet(ExponentialFamily):
     def entropy(self):
         k = self.concentration.size(-1)
         a0 = self.concentration.sum(-1)
-        return (_fg.lgamma(self.concentration).sum(-1) - _fg.lgamma(a0)
-                - (k - a0) * _fg.digamma(a0)
-                - ((self.concentration - 1.0) * _fg.digamma(self.concentration)).sum(-1))
+        return (_ops.lgamma(self.concentration).sum(-1) - _ops.lgamma(a0)
+                - (k - a0) * _ops.digamma(a0)
+                - ((self.concentration - 1.0) * _ops.digamma(self.concentration)).sum(-1))
 
     @property
     def _natural_params(self):
         return (self.concentration,)
 
     def _log_normalizer(self, x):
-        return x.lgamma().sum(-1) - _fg.lgamma(x.sum(-1))
+        return x.lgamma().sum(-1) - _ops.lgamma(x.sum(-1))

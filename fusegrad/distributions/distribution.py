@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import warnings
 
-import fusegrad as _fg
+from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.distributions import constraints
 from fusegrad.distributions.utils import _is_traced, lazy_property
+from fusegrad.ops import functional as _ops
 from fusegrad.tensor import Size, Tensor
 
 __all__ = ["Distribution"]
@@ -109,7 +110,7 @@ class Distribution:
 
     def sample(self, sample_shape=()) -> Tensor:
         """A draw of shape ``sample_shape + batch_shape + event_shape``, with no gradient."""
-        with _fg.no_grad():
+        with no_grad():
             return self.rsample(sample_shape)
 
     def rsample(self, sample_shape=()) -> Tensor:
@@ -132,7 +133,7 @@ class Distribution:
         raise NotImplementedError
 
     def perplexity(self) -> Tensor:
-        return _fg.exp(self.entropy())
+        return _ops.exp(self.entropy())
 
     def _extended_shape(self, sample_shape=()) -> Size:
         return Size(tuple(sample_shape) + tuple(self._batch_shape) + tuple(self._event_shape))

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import fusegrad as _fg
+from fusegrad import autograd
 from fusegrad.distributions.distribution import Distribution
 
 __all__ = ["ExponentialFamily"]
@@ -30,7 +30,7 @@ class ExponentialFamily(Distribution):
         result = -self._mean_carrier_measure
         nparams = [p.detach().requires_grad_() for p in self._natural_params]
         lg_normal = self._log_normalizer(*nparams)
-        gradients = _fg.autograd.grad(lg_normal.sum(), nparams, create_graph=True)
+        gradients = autograd.grad(lg_normal.sum(), nparams, create_graph=True)
         result = result + lg_normal
         for nparam, g in zip(nparams, gradients):
             result = result - (nparam * g).reshape(tuple(self._batch_shape) + (-1,)).sum(-1)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numbers
 
-import fusegrad as _fg
 from fusegrad.distributions import constraints
 from fusegrad.distributions.exp_family import ExponentialFamily
 from fusegrad.distributions.utils import broadcast_all
+from fusegrad.ops import creation
+from fusegrad.ops import functional as _ops
 from fusegrad.tensor import Size
 
 __all__ = ["Exponential"]
@@ -28,7 +29,7 @@ class Exponential(ExponentialFamily):
 
     @property
     def mode(self):
-        return _fg.zeros_like(self.rate)
+        return creation.zeros_like(self.rate)
 
     @property
     def stddev(self):
@@ -53,8 +54,8 @@ class Exponential(ExponentialFamily):
 
     def rsample(self, sample_shape=()):
         shape = self._extended_shape(sample_shape)
-        u = _fg.rand(tuple(shape), dtype=self.rate.dtype, device=self.rate.device)
-        return -_fg.log1p(-u) / self.rate     # u < 1: a finite standard exponential
+        u = creation.rand(tuple(shape), dtype=self.rate.dtype, device=self.rate.device)
+        return -_ops.log1p(-u) / self.rate     # u < 1: a finite standard exponential
 
     def log_prob(self, value):
         if self._validate_args:
@@ -64,17 +65,17 @@ class Exponential(ExponentialFamily):
     def cdf(self, value):
         if self._validate_args:
             self._validate_sample(value)
-        return 1 - _fg.exp(-self.rate * value)
+        return 1 - _ops.exp(-self.rate * value)
 
     def icdf(self, value):
-        return -_fg.log1p(-value) / self.rate
+        return -_ops.log1p(-value) / self.rate
 
     def entropy(self):
-        return 1.0 - _fg.log(self.rate)
+        return 1.0 - _ops.log(self.rate)
 
     @property
     def _natural_params(self):
         return (-self.rate,)
 
     def _log_normalizer(self, x):
-        return -_fg.log(-x)
+        return -_ops.log(-x)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numbers
 
-import fusegrad as _fg
+from fusegrad import special, type_info
 from fusegrad.distributions import constraints
 from fusegrad.distributions.exp_family import ExponentialFamily
 from fusegrad.distributions.utils import broadcast_all
+from fusegrad.ops import creation
+from fusegrad.ops import functional as _ops
 from fusegrad.ops.sampling import standard_gamma
 from fusegrad.tensor import Size
 
@@ -17,7 +19,7 @@ __all__ = ["Gamma"]
 def _clamp_tiny(value):
     """``value`` with draws that underflowed raised to the dtype's smallest normal number,
     keeping their gradient (torch clamps the detached value in place)."""
-    tiny = _fg.finfo(value.dtype).tiny
+    tiny = type_info.finfo(value.dtype).tiny
     return value + (value.detach().clamp(min=tiny) - value.detach())
 
 
@@ -69,25 +71,25 @@ class Gamma(ExponentialFamily):
         return _clamp_tiny(value)
 
     def log_prob(self, value):
-        value = _fg.as_tensor(value, dtype=self.rate.dtype)
+        value = creation.as_tensor(value, dtype=self.rate.dtype)
         if self._validate_args:
             self._validate_sample(value)
-        return (_fg.xlogy(self.concentration, self.rate)
-                + _fg.xlogy(self.concentration - 1, value)
-                - self.rate * value - _fg.lgamma(self.concentration))
+        return (_ops.xlogy(self.concentration, self.rate)
+                + _ops.xlogy(self.concentration - 1, value)
+                - self.rate * value - _ops.lgamma(self.concentration))
 
     def entropy(self):
-        return (self.concentration - _fg.log(self.rate) + _fg.lgamma(self.concentration)
-                + (1.0 - self.concentration) * _fg.digamma(self.concentration))
+        return (self.concentration - _ops.log(self.rate) + _ops.lgamma(self.concentration)
+                + (1.0 - self.concentration) * _ops.digamma(self.concentration))
 
     @property
     def _natural_params(self):
         return (self.concentration - 1, -self.rate)
 
     def _log_normalizer(self, x, y):
-        return _fg.lgamma(x + 1) + (x + 1) * _fg.log(-y.reciprocal())
+        return _ops.lgamma(x + 1) + (x + 1) * _ops.log(-y.reciprocal())
 
     def cdf(self, value):
         if self._validate_args:
             self._validate_sample(value)
-        return _fg.special.gammainc(self.concentration, self.rate * value)
+        return special.gammainc(self.concentration, self.rate * value)

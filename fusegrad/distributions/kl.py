@@ -8,7 +8,8 @@ import math
 import warnings
 from functools import total_ordering
 
-import fusegrad as _fg
+import fusegrad.nn.functional as F
+from fusegrad import autograd, linalg
 from fusegrad.distributions.bernoulli import Bernoulli
 from fusegrad.distributions.beta import Beta
 from fusegrad.distributions.categorical import Categorical
@@ -26,6 +27,7 @@ from fusegrad.distributions.transformed_distribution import TransformedDistribut
 from fusegrad.distributions.uniform import Uniform
 from fusegrad.distributions.utils import _sum_rightmost
 from fusegrad.distributions.utils import euler_constant as _euler_gamma
+from fusegrad.ops import functional as _ops
 from fusegrad.ops.prims import broadcast_shapes
 
 __all__ = ["kl_divergence", "register_kl"]
@@ -108,11 +110,11 @@ def kl_divergence(p: Distribution, q: Distribution):
 
 
 def _infinite_like(tensor):
-    return _fg.full_like(tensor, math.inf)
+    return _ops.full_like(tensor, math.inf)
 
 
 def _x_log_x(tensor):
-    return _fg.xlogy(tensor, tensor)    # 0 at 0
+    return _ops.xlogy(tensor, tensor)    # 0 at 0
 
 
 def _batch_trace_XXT(bmat):  # noqa: N802 - torch's name
@@ -122,12 +124,12 @@ def _batch_trace_XXT(bmat):  # noqa: N802 - torch's name
 
 
 def _softplus(x):
-    return _fg.nn.functional.softplus(x)
+    return F.softplus(x)
 
 
 def _inf_where(mask, value):
     """``value`` with ``inf`` where ``mask`` holds (torch's ``value[mask] = inf``)."""
-    return _fg.where(mask, math.inf, value)
+    return _ops.where(mask, math.inf, value)
 
 
 # --------------------------------------------------------------------------- same families
@@ -135,9 +137,9 @@ def _inf_where(mask, value):
 @register_kl(Bernoulli, Bernoulli)
 def _kl_bernoulli_bernoulli(p, q):
     t1 = p.probs * (_softplus(-q.logits) - _softplus(-p.logits))
-    t1 = _fg.where(p.probs == 0, 0.0, _inf_where(q.probs == 0, t1))
+    t1 = _ops.where(p.probs == 0, 0.0, _inf_where(q.probs == 0, t1))
     t2 = (1 - p.probs) * (_softplus(q.logits) - _softplus(p.logits))
-    t2 = _fg.where(p.probs == 1, 0.0, _inf_where(q.probs == 1, t2))
+    t2 = _ops.where(p.probs == 1, 0.0, _inf_where(q.probs == 1, t2))
     return t1 + t2
 
 
@@ -147,9 +149,9 @@ def _kl_beta_beta(p, q):
     sum_params_q = q.concentration1 + q.concentration0
     t1 = q.concentration1.lgamma() + q.concentration0.lgamma() + sum_params_p.lgamma()
     t2 = p.concentration1.lgamma() + p.concentration0.lgamma() + sum_params_q.lgamma()
-    t3 = (p.concentration1 - q.concentration1) * _fg.digamma(p.concentration1)
-    t4 = (p.concentration0 - q.concentration0) * _fg.digamma(p.concentration0)
-    t5 = (sum_params_q - sum_params_p) * _fg.digamma(sum_params_p)
+    t3 = (p.concentration1 - q.concentration1) * _ops.digamma(p.concentration1)
+    t4 = (p.concentration0 - q.concentration0) * _ops.digamma(p.concentration0)
+    t5 = (sum_params_q - sum_params_p) * _ops.digamma(sum_params_p)
     return t1 - t2 + t3 + t4 + t5
 
 
@@ -158,7 +160,7 @@ def _kl_categorical_categorical(p, q):
     t = p.probs * (p.logits - q.logits)
     shape = tuple(t.shape)
     t = _inf_where((q.probs == 0).expand(shape), t)
-    t = _fg.where((p.probs == 0).expand(shape), 0.0, t)
+    t = _ops.where((p.probs == 0).expand(shape), 0.0, t)
     return t.sum(-1)
 
 
@@ -190,7 +192,7 @@ def _kl_expfamily_expfamily(p, q):
     p_nparams = [nparam.detach().requires_grad_() for nparam in p._natural_params]
     q_nparams = q._natural_params
     lg_normal = p._log_normalizer(*p_nparams)
-    gradients = _fg.autograd.grad(lg_normal.sum(), p_nparams, create_graph=True)
+    gradients = autograd.grad(lg_normal.sum(), p_nparams, create_graph=True)
     result = q._log_normalizer(*q_nparams) - lg_normal
     for pnp, qnp, g in zip(p_nparams, q_nparams, gradients):
         result = result - _sum_rightmost((qnp - pnp) * g, len(q.event_shape))
@@ -200,8 +202,8 @@ def _kl_expfamily_expfamily(p, q):
 @register_kl(Gamma, Gamma)
 def _kl_gamma_gamma(p, q):
     t1 = q.concentration * (p.rate / q.rate).log()
-    t2 = _fg.lgamma(q.concentration) - _fg.lgamma(p.concentration)
-    t3 = (p.concentration - q.concentration) * _fg.digamma(p.concentration)
+    t2 = _ops.lgamma(q.concentration) - _ops.lgamma(p.concentration)
+    t3 = (p.concentration - q.concentration) * _ops.digamma(p.concentration)
     t4 = (q.rate - p.rate) * (p.concentration / p.rate)
     return t1 + t2 + t3 + t4
 
@@ -212,7 +214,7 @@ def _kl_laplace_laplace(p, q):
     loc_abs_diff = (p.loc - q.loc).abs()
     t1 = -scale_ratio.log()
     t2 = loc_abs_diff / q.scale
-    t3 = scale_ratio * _fg.exp(-loc_abs_diff / p.scale)
+    t3 = scale_ratio * _ops.exp(-loc_abs_diff / p.scale)
     return t1 + t2 + t3 - 1
 
 
@@ -228,7 +230,7 @@ def _kl_multivariatenormal_multivariatenormal(p, q):
     n = p.event_shape[0]
     q_scale_tril = q._unbroadcasted_scale_tril.expand(combined_batch_shape + (n, n))
     p_scale_tril = p._unbroadcasted_scale_tril.expand(combined_batch_shape + (n, n))
-    term2 = _batch_trace_XXT(_fg.linalg.solve_triangular(q_scale_tril, p_scale_tril, upper=False))
+    term2 = _batch_trace_XXT(linalg.solve_triangular(q_scale_tril, p_scale_tril, upper=False))
     term3 = _batch_mahalanobis(q._unbroadcasted_scale_tril, q.loc - p.loc)
     return half_term1 + 0.5 * (term2 + term3 - n)
 
@@ -313,7 +315,7 @@ def _kl_exponential_infinity(p, q):
 @register_kl(Exponential, Gamma)
 def _kl_exponential_gamma(p, q):
     ratio = q.rate / p.rate
-    t1 = -q.concentration * _fg.log(ratio)
+    t1 = -q.concentration * _ops.log(ratio)
     return (t1 + ratio + q.concentration.lgamma() + q.concentration * _euler_gamma
             - (1 + _euler_gamma))
 
@@ -322,7 +324,7 @@ def _kl_exponential_gamma(p, q):
 def _kl_exponential_normal(p, q):
     var_normal = q.scale.pow(2)
     rate_sqr = p.rate.pow(2)
-    t1 = 0.5 * _fg.log(rate_sqr * var_normal * 2 * math.pi)
+    t1 = 0.5 * _ops.log(rate_sqr * var_normal * 2 * math.pi)
     t2 = rate_sqr.reciprocal()
     t3 = q.loc / p.rate
     t4 = q.loc.pow(2) * 0.5
@@ -344,7 +346,7 @@ def _kl_gamma_exponential(p, q):
 def _kl_gamma_normal(p, q):
     var_normal = q.scale.pow(2)
     beta_sqr = p.rate.pow(2)
-    t1 = (0.5 * _fg.log(beta_sqr * var_normal * 2 * math.pi) - p.concentration
+    t1 = (0.5 * _ops.log(beta_sqr * var_normal * 2 * math.pi) - p.concentration
           - p.concentration.lgamma())
     t2 = 0.5 * (p.concentration.pow(2) + p.concentration) / beta_sqr
     t3 = q.loc * p.concentration / p.rate
@@ -364,7 +366,7 @@ def _kl_laplace_infinity(p, q):
 def _kl_laplace_normal(p, q):
     var_normal = q.scale.pow(2)
     scale_sqr_var_ratio = p.scale.pow(2) / var_normal
-    t1 = 0.5 * _fg.log(2 * scale_sqr_var_ratio / math.pi)
+    t1 = 0.5 * _ops.log(2 * scale_sqr_var_ratio / math.pi)
     t2 = 0.5 * p.loc.pow(2)
     t3 = p.loc * q.loc
     t4 = 0.5 * q.loc.pow(2)
@@ -384,16 +386,16 @@ def _kl_normal_laplace(p, q):
     loc_diff = p.loc - q.loc
     scale_ratio = p.scale / q.scale
     loc_diff_scale_ratio = loc_diff / p.scale
-    t1 = _fg.log(scale_ratio)
-    t2 = math.sqrt(2 / math.pi) * p.scale * _fg.exp(-0.5 * loc_diff_scale_ratio.pow(2))
-    t3 = loc_diff * _fg.erf(math.sqrt(0.5) * loc_diff_scale_ratio)
+    t1 = _ops.log(scale_ratio)
+    t2 = math.sqrt(2 / math.pi) * p.scale * _ops.exp(-0.5 * loc_diff_scale_ratio.pow(2))
+    t3 = loc_diff * _ops.erf(math.sqrt(0.5) * loc_diff_scale_ratio)
     return -t1 + (t2 + t3) / q.scale - (0.5 * (1 + math.log(0.5 * math.pi)))
 
 
 @register_kl(Uniform, Beta)
 def _kl_uniform_beta(p, q):
     common_term = p.high - p.low
-    t1 = _fg.log(common_term)
+    t1 = _ops.log(common_term)
     t2 = ((q.concentration1 - 1) * (_x_log_x(p.high) - _x_log_x(p.low) - common_term)
           / common_term)
     t3 = ((q.concentration0 - 1) * (_x_log_x(1 - p.high) - _x_log_x(1 - p.low) + common_term)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numbers
 
-import fusegrad as _fg
+from fusegrad import type_info
 from fusegrad.distributions import constraints
 from fusegrad.distributions.distribution import Distribution
 from fusegrad.distributions.utils import broadcast_all
+from fusegrad.ops import creation
+from fusegrad.ops import functional as _ops
 from fusegrad.tensor import Size
 
 __all__ = ["Laplace"]
@@ -56,26 +58,26 @@ class Laplace(Distribution):
 
     def rsample(self, sample_shape=()):
         shape = self._extended_shape(sample_shape)
-        finfo = _fg.finfo(self.loc.dtype)
+        finfo = type_info.finfo(self.loc.dtype)
         # u uniform in [eps - 1, 1): |u| < 1, so log1p(-|u|) stays finite.
-        u = _fg.rand(tuple(shape), dtype=self.loc.dtype, device=self.loc.device)
+        u = creation.rand(tuple(shape), dtype=self.loc.dtype, device=self.loc.device)
         u = u * (2 - finfo.eps) + (finfo.eps - 1)
-        return self.loc - self.scale * u.sign() * _fg.log1p(-u.abs())
+        return self.loc - self.scale * u.sign() * _ops.log1p(-u.abs())
 
     def log_prob(self, value):
         if self._validate_args:
             self._validate_sample(value)
-        return -_fg.log(2 * self.scale) - _fg.abs(value - self.loc) / self.scale
+        return -_ops.log(2 * self.scale) - _ops.abs(value - self.loc) / self.scale
 
     def cdf(self, value):
         if self._validate_args:
             self._validate_sample(value)
         return 0.5 - 0.5 * (value - self.loc).sign() * \
-            _fg.expm1(-(value - self.loc).abs() / self.scale)
+            _ops.expm1(-(value - self.loc).abs() / self.scale)
 
     def icdf(self, value):
         term = value - 0.5
-        return self.loc - self.scale * term.sign() * _fg.log1p(-2 * term.abs())
+        return self.loc - self.scale * term.sign() * _ops.log1p(-2 * term.abs())
 
     def entropy(self):
-        return 1 + _fg.log(2 * self.scale)
+        return 1 + _ops.log(2 * self.scale)

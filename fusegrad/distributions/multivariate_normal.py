@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
-import fusegrad as _fg
+from fusegrad import linalg
 from fusegrad.distributions import constraints
 from fusegrad.distributions.distribution import Distribution
 from fusegrad.distributions.utils import _standard_normal, lazy_property
+from fusegrad.ops import creation
+from fusegrad.ops import functional as _ops
 from fusegrad.ops.prims import broadcast_shapes
 from fusegrad.tensor import Size
 
@@ -16,23 +18,23 @@ __all__ = ["MultivariateNormal"]
 
 def _batch_mv(bmat, bvec):
     """Matrix-vector products over broadcast batch dims."""
-    return _fg.matmul(bmat, bvec.unsqueeze(-1)).squeeze(-1)
+    return _ops.matmul(bmat, bvec.unsqueeze(-1)).squeeze(-1)
 
 
 def _batch_mahalanobis(bL, bx):
     """The squared Mahalanobis distance ``x^T (L L^T)^-1 x`` for a lower Cholesky factor
     ``bL``, whose batch dims broadcast with those of ``bx`` (solve_triangular broadcasts, so
     ``bL`` is never copied per sample)."""
-    return _fg.linalg.solve_triangular(bL, bx.unsqueeze(-1), upper=False).pow(2).sum((-2, -1))
+    return linalg.solve_triangular(bL, bx.unsqueeze(-1), upper=False).pow(2).sum((-2, -1))
 
 
 def _precision_to_scale_tril(P):
     # L L^T = P^-1 from the Cholesky factor of P with rows and columns reversed (an upper
     # factor of P): inverting a triangular factor is stable where inverting P is not.
-    Lf = _fg.linalg.cholesky(_fg.flip(P, (-2, -1)))
-    L_inv = _fg.transpose(_fg.flip(Lf, (-2, -1)), -2, -1)
-    eye = _fg.eye(P.shape[-1], dtype=P.dtype)
-    return _fg.linalg.solve_triangular(L_inv, eye, upper=False)
+    Lf = linalg.cholesky(_ops.flip(P, (-2, -1)))
+    L_inv = _ops.transpose(_ops.flip(Lf, (-2, -1)), -2, -1)
+    eye = creation.eye(P.shape[-1], dtype=P.dtype)
+    return linalg.solve_triangular(L_inv, eye, upper=False)
 
 
 class MultivariateNormal(Distribution):
@@ -81,7 +83,7 @@ class MultivariateNormal(Distribution):
         if scale_tril is not None:
             self._unbroadcasted_scale_tril = scale_tril
         elif covariance_matrix is not None:
-            self._unbroadcasted_scale_tril = _fg.linalg.cholesky(covariance_matrix)
+            self._unbroadcasted_scale_tril = linalg.cholesky(covariance_matrix)
         else:
             self._unbroadcasted_scale_tril = _precision_to_scale_tril(precision_matrix)
 
@@ -107,11 +109,11 @@ class MultivariateNormal(Distribution):
     @lazy_property
     def covariance_matrix(self):
         L = self._unbroadcasted_scale_tril
-        return _fg.matmul(L, L.mT).expand(self._batch_shape + self._event_shape + self._event_shape)
+        return _ops.matmul(L, L.mT).expand(self._batch_shape + self._event_shape + self._event_shape)
 
     @lazy_property
     def precision_matrix(self):
-        return _fg.cholesky_inverse(self._unbroadcasted_scale_tril).expand(
+        return _ops.cholesky_inverse(self._unbroadcasted_scale_tril).expand(
             self._batch_shape + self._event_shape + self._event_shape)
 
     @property

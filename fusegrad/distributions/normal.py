@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import numbers
 
-import fusegrad as _fg
 from fusegrad.distributions import constraints
 from fusegrad.distributions.exp_family import ExponentialFamily
 from fusegrad.distributions.utils import _standard_normal, broadcast_all
+from fusegrad.ops import functional as _ops
 from fusegrad.tensor import Size
 
 __all__ = ["Normal"]
@@ -75,17 +75,17 @@ class Normal(ExponentialFamily):
     def cdf(self, value):
         if self._validate_args:
             self._validate_sample(value)
-        return 0.5 * (1 + _fg.erf((value - self.loc) * self.scale.reciprocal() / math.sqrt(2)))
+        return 0.5 * (1 + _ops.erf((value - self.loc) * self.scale.reciprocal() / math.sqrt(2)))
 
     def icdf(self, value):
-        return self.loc + self.scale * _fg.erfinv(2 * value - 1) * math.sqrt(2)
+        return self.loc + self.scale * _ops.erfinv(2 * value - 1) * math.sqrt(2)
 
     def entropy(self):
-        return 0.5 + 0.5 * math.log(2 * math.pi) + _fg.log(self.scale)
+        return 0.5 + 0.5 * math.log(2 * math.pi) + _ops.log(self.scale)
 
     @property
     def _natural_params(self):
         return (self.loc / self.scale.pow(2), -0.5 * self.scale.pow(2).reciprocal())
 
     def _log_normalizer(self, x, y):
-        return -0.25 * x.pow(2) / y + 0.5 * _fg.log(-math.pi / y)
+        return -0.25 * x.pow(2) / y + 0.5 * _ops.log(-math.pi / y)

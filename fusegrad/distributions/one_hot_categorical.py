@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import fusegrad as _fg
 import fusegrad.nn.functional as F
 from fusegrad.distributions import constraints
 from fusegrad.distributions.categorical import Categorical
 from fusegrad.distributions.distribution import Distribution
+from fusegrad.ops import creation
 from fusegrad.tensor import Size
 
 __all__ = ["OneHotCategorical"]
@@ -78,7 +78,7 @@ class OneHotCategorical(Distribution):
 
     def enumerate_support(self, expand: bool = True):
         n = self.event_shape[0]
-        values = _fg.eye(n, dtype=self._param.dtype)
+        values = creation.eye(n, dtype=self._param.dtype)
         values = values.view((n,) + (1,) * len(self.batch_shape) + (n,))
         if expand:
             values = values.expand((n,) + tuple(self.batch_shape) + (n,))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import fusegrad as _fg
+from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.distributions import constraints
 from fusegrad.distributions.distribution import Distribution
 from fusegrad.distributions.independent import Independent
@@ -80,7 +80,7 @@ class TransformedDistribution(Distribution):
         return self.base_dist.has_rsample
 
     def sample(self, sample_shape=()):
-        with _fg.no_grad():
+        with no_grad():
             x = self.base_dist.sample(sample_shape)
             for transform in self.transforms:
                 x = transform(x)

@@ -13,10 +13,12 @@ import math
 import numbers
 import operator
 
-import fusegrad as _fg
 import fusegrad.nn.functional as F
+from fusegrad import type_info
 from fusegrad.distributions import constraints
 from fusegrad.distributions.utils import _sum_rightmost, broadcast_all, lazy_property
+from fusegrad.ops import creation
+from fusegrad.ops import functional as _ops
 from fusegrad.ops.prims import broadcast_shapes
 from fusegrad.tensor import Size
 
@@ -242,7 +244,7 @@ class ComposeTransform(Transform):
 
     def log_abs_det_jacobian(self, x, y):
         if not self.parts:
-            return _fg.zeros_like(x)
+            return creation.zeros_like(x)
         xs = [x]
         for part in self.parts[:-1]:
             xs.append(part(xs[-1]))
@@ -336,8 +338,8 @@ class PowerTransform(Transform):
 
 
 def _clipped_sigmoid(x):
-    finfo = _fg.finfo(x.dtype)
-    return _fg.clamp(_fg.sigmoid(x), min=finfo.tiny, max=1.0 - finfo.eps)
+    finfo = type_info.finfo(x.dtype)
+    return _ops.clamp(_ops.sigmoid(x), min=finfo.tiny, max=1.0 - finfo.eps)
 
 
 class SigmoidTransform(Transform):
@@ -355,7 +357,7 @@ class SigmoidTransform(Transform):
         return _clipped_sigmoid(x)
 
     def _inverse(self, y):
-        finfo = _fg.finfo(y.dtype)
+        finfo = type_info.finfo(y.dtype)
         y = y.clamp(min=finfo.tiny, max=1.0 - finfo.eps)
         return y.log() - (-y).log1p()
 
@@ -378,7 +380,7 @@ class TanhTransform(Transform):
         return x.tanh()
 
     def _inverse(self, y):
-        return _fg.atanh(y)
+        return _ops.atanh(y)
 
     def log_abs_det_jacobian(self, x, y):
         # log(1 - tanh(x)^2) in a form that stays accurate for large |x| (as TFP's bijector).
@@ -460,9 +462,9 @@ class AffineTransform(Transform):
         shape = tuple(x.shape)
         scale = self.scale
         if isinstance(scale, numbers.Number):
-            result = _fg.full_like(x, math.log(abs(scale)))
+            result = _ops.full_like(x, math.log(abs(scale)))
         else:
-            result = _fg.abs(scale).log()
+            result = _ops.abs(scale).log()
         if self.event_dim:
             result = result.view(tuple(result.size()[:-self.event_dim]) + (-1,)).sum(-1)
             shape = shape[:-self.event_dim]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import numbers
 
-import fusegrad as _fg
 from fusegrad.distributions import constraints
 from fusegrad.distributions.distribution import Distribution
 from fusegrad.distributions.utils import broadcast_all
+from fusegrad.ops import creation
+from fusegrad.ops import functional as _ops
 from fusegrad.tensor import Size
 
 __all__ = ["Uniform"]
@@ -63,7 +64,7 @@ class Uniform(Distribution):
 
     def rsample(self, sample_shape=()):
         shape = self._extended_shape(sample_shape)
-        rand = _fg.rand(tuple(shape), dtype=self.low.dtype, device=self.low.device)
+        rand = creation.rand(tuple(shape), dtype=self.low.dtype, device=self.low.device)
         return self.low + rand * (self.high - self.low)
 
     def log_prob(self, value):
@@ -71,7 +72,7 @@ class Uniform(Distribution):
             self._validate_sample(value)
         lb = self.low.le(value).type_as(self.low)
         ub = self.high.gt(value).type_as(self.low)
-        return _fg.log(lb.mul(ub)) - _fg.log(self.high - self.low)
+        return _ops.log(lb.mul(ub)) - _ops.log(self.high - self.low)
 
     def cdf(self, value):
         if self._validate_args:
@@ -83,4 +84,4 @@ class Uniform(Distribution):
         return value * (self.high - self.low) + self.low
 
     def entropy(self):
-        return _fg.log(self.high - self.low)
+        return _ops.log(self.high - self.low)

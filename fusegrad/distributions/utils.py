@@ -5,7 +5,11 @@ from __future__ import annotations
 import numbers
 from functools import update_wrapper
 
-import fusegrad as _fg
+import fusegrad.nn.functional as F
+from fusegrad import dtypes, type_info
+from fusegrad.autograd.grad_mode import enable_grad
+from fusegrad.ops import creation
+from fusegrad.ops import functional as _ops
 from fusegrad.tensor import Tensor
 
 __all__ = ["broadcast_all", "clamp_probs", "lazy_property", "logits_to_probs", "probs_to_logits",
@@ -27,10 +31,10 @@ def broadcast_all(*values) -> tuple[Tensor, ...]:
                          "objects implementing __torch_function__.")
     if not all(isinstance(v, Tensor) for v in values):
         like = next((v for v in values if isinstance(v, Tensor)), None)
-        options = {"dtype": _fg.get_default_dtype()} if like is None else \
+        options = {"dtype": dtypes.get_default_dtype()} if like is None else \
             {"dtype": like.dtype, "device": like.device}
-        values = [v if isinstance(v, Tensor) else _fg.tensor(v, **options) for v in values]
-    return tuple(_fg.broadcast_tensors(*values))
+        values = [v if isinstance(v, Tensor) else creation.tensor(v, **options) for v in values]
+    return tuple(_ops.broadcast_tensors(*values))
 
 
 def _sum_rightmost(value, dim: int):
@@ -44,13 +48,13 @@ def logits_to_probs(logits: Tensor, is_binary: bool = False) -> Tensor:
     """Probabilities from logits: the sigmoid for a binary variable, else the softmax of
     the last dim."""
     if is_binary:
-        return _fg.sigmoid(logits)
-    return _fg.softmax(logits, dim=-1)
+        return _ops.sigmoid(logits)
+    return F.softmax(logits, dim=-1)
 
 
 def clamp_probs(probs: Tensor) -> Tensor:
     """``probs`` clamped into ``[eps, 1 - eps]`` of their dtype."""
-    eps = _fg.finfo(probs.dtype).eps
+    eps = type_info.finfo(probs.dtype).eps
     return probs.clamp(min=eps, max=1 - eps)
 
 
@@ -58,8 +62,8 @@ def probs_to_logits(probs: Tensor, is_binary: bool = False) -> Tensor:
     """Logits from probabilities (clamped away from 0 and 1 first, so they stay finite)."""
     clamped = clamp_probs(probs)
     if is_binary:
-        return _fg.log(clamped) - _fg.log1p(-clamped)
-    return _fg.log(clamped)
+        return _ops.log(clamped) - _ops.log1p(-clamped)
+    return _ops.log(clamped)
 
 
 class lazy_property:  # noqa: N801 - torch's name
@@ -73,14 +77,14 @@ class lazy_property:  # noqa: N801 - torch's name
     def __get__(self, instance, obj_type=None):
         if instance is None:
             return self
-        with _fg.enable_grad():
+        with enable_grad():
             value = self.wrapped(instance)
         setattr(instance, self.wrapped.__name__, value)
         return value
 
 
 def _standard_normal(shape, dtype, device=None) -> Tensor:
-    return _fg.randn(tuple(shape), dtype=dtype, device=device)
+    return creation.randn(tuple(shape), dtype=dtype, device=device)
 
 
 def _is_traced(*values) -> bool:

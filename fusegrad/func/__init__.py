@@ -18,11 +18,11 @@ tensor([[ 3., 12.],
 from fusegrad.func._functional_call import functional_call, stack_module_state
 from fusegrad.func._transforms import grad, grad_and_value, hessian, jacfwd, jacrev, jvp, vjp
 from fusegrad.func._vmap import vmap
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "vmap",
            "functional_call", "stack_module_state"]
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.func", "fusegrad.func", name)
+    raise _missing_attribute("torch.func", "fusegrad.func", name)

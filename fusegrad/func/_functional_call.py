@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Sequence
 
+from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
 
 __all__ = ["functional_call", "stack_module_state"]
@@ -139,7 +140,6 @@ def stack_module_state(models: Sequence) -> tuple[dict[str, Tensor], dict[str, T
     :func:`functional_call` (``torch.func.stack_module_state``). The stacked parameters are
     new leaves that require grad as the models' do; tied parameters appear once.
     """
-    from fusegrad.ops import functional as F
     models = list(models)
     if not models:
         raise RuntimeError("stack_module_state: Expected at least one model, got 0.")

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from fusegrad.config import config
 from fusegrad.func._pytree import tree_flatten, tree_str, tree_unflatten
 from fusegrad.ops import creation
+from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
 from fusegrad.tracer.state import pop_key_source, push_key_source
 
@@ -246,7 +247,6 @@ def _stack_outputs(outputs: list, out_dims, batch: int, name: str) -> Any:
                              f"structures for different examples: {tree_str(tree)} and "
                              f"{tree_str(t)}")
         per_example.append(leaves)
-    from fusegrad.ops import functional as F
     stacked = []
     for k, d in enumerate(tensor_dims):
         column = [leaves[k] for leaves in per_example]

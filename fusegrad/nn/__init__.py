@@ -9,10 +9,10 @@ from fusegrad.nn import functional, init, utils  # noqa: F401
 from fusegrad.nn.modules import *  # noqa: F401,F403
 from fusegrad.nn.modules import __all__ as _modules_all
 from fusegrad.nn.parameter import Parameter
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["Parameter", "functional", "init", "utils"] + list(_modules_all)
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.nn", "fusegrad.nn", name)
+    raise _missing_attribute("torch.nn", "fusegrad.nn", name)

@@ -15,6 +15,7 @@ from fusegrad.ops import functional as F
 from fusegrad.ops.creation import Generator, eye
 from fusegrad.ops.creation import empty as _empty
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_",
            "zeros_", "eye_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
@@ -198,5 +199,4 @@ def kaiming_normal_(tensor: Tensor, a: float = 0, mode: str = "fan_in",
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.nn.init", "fusegrad.nn.init", name)
+    raise _missing_attribute("torch.nn.init", "fusegrad.nn.init", name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fusegrad import dtypes
+from fusegrad.ops.creation import empty
 from fusegrad.tensor import Tensor
 
 __all__ = ["Parameter"]
@@ -24,7 +25,6 @@ class Parameter(Tensor):
 
     def __new__(cls, data: Tensor | None = None, requires_grad: bool = True) -> "Parameter":
         if data is None:
-            from fusegrad.ops.creation import empty
             data = empty(0)
         if not isinstance(data, Tensor):
             raise TypeError(f"Parameter(): expected a Tensor as data, got {type(data).__name__}")

@@ -13,11 +13,11 @@ from fusegrad.optim.radam import RAdam
 from fusegrad.optim.rmsprop import RMSprop
 from fusegrad.optim.rprop import Rprop
 from fusegrad.optim.sgd import SGD
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax",
            "NAdam", "RAdam", "Rprop", "ASGD", "lr_scheduler"]
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.optim", "fusegrad.optim", name)
+    raise _missing_attribute("torch.optim", "fusegrad.optim", name)

@@ -26,6 +26,7 @@ from fusegrad.ir.symbolic import ConcretizationError as _ConcretizationError
 from fusegrad.ops import primitive
 from fusegrad.optim.optimizer import Optimizer
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = [
     "LRScheduler", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR",
@@ -960,5 +961,4 @@ class CyclicLR(LRScheduler):
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.optim.lr_scheduler", "fusegrad.optim.lr_scheduler", name)
+    raise _missing_attribute("torch.optim.lr_scheduler", "fusegrad.optim.lr_scheduler", name)

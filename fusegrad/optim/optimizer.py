@@ -18,9 +18,12 @@ import numpy as np
 
 from fusegrad import dtypes, profiling
 from fusegrad.autograd.grad_mode import enable_grad
+from fusegrad.autograd.grad_utils import clear_grads
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
+from fusegrad.ops.interop import checkpoint_tensor
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["Optimizer", "required"]
 
@@ -150,8 +153,7 @@ class Optimizer:
 
     def __getattr__(self, name: str):
         # Only called when normal lookup fails: torch's names fusegrad lacks say so.
-        from fusegrad.torch_api import missing_attribute
-        raise missing_attribute("torch.optim.Optimizer", type(self).__name__, name)
+        raise _missing_attribute("torch.optim.Optimizer", type(self).__name__, name)
 
     # Set by optimizers whose capturable branch is what a traced step should run.
     _capturable_when_compiled = False
@@ -252,7 +254,6 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of all optimized tensors: to None (default), or to zero."""
-        from fusegrad.autograd.grad_utils import clear_grads
         params = (p for group in self.param_groups for p in group["params"])
         if profiling.recorder is None or primitive.compiling():
             clear_grads(params, set_to_none)
@@ -310,8 +311,7 @@ class Optimizer:
             if not isinstance(value, (Tensor, dict, list, tuple)):
                 # A torch optimizer's state dict holds torch tensors (the layout is the same):
                 # copied into fusegrad tensors, as Module.load_state_dict does.
-                from fusegrad.nn.modules.module import _checkpoint_tensor
-                value = _checkpoint_tensor(value)
+                value = checkpoint_tensor(value)
             if isinstance(value, Tensor):
                 if key == "step":
                     return F.clone(value)

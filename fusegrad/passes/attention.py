@@ -21,7 +21,7 @@ rounding.
 
 It applies to self-attention (``q``, ``k`` and ``v`` of one shape) of float32 or float64 on
 the CPU, with a boolean mask or none, at sizes the native code takes
-(:func:`fusegrad.runtime.native_attention.supported`); anything else is left as written. It
+(:func:`fusegrad.codegen.attention.supported`); anything else is left as written. It
 runs when a compiled function calls ``backward()``, on the graph recorded so far, unless the
 backward is itself to be differentiated (``create_graph=True``), and on a copy of a compiled
 function's graph before it is partitioned into a forward and a backward for eager autograd
@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import math
 
+from fusegrad.codegen.attention import supported
 from fusegrad.ir.graph import Graph, Literal, Node, Value
 from fusegrad.ir.rewrite import copy_graph
 from fusegrad.ops.fused_attention import fused_attention
 from fusegrad.ops.primitive import PRIMITIVES, TensorType
 from fusegrad.passes.manager import Pass, register_pass
-from fusegrad.runtime.native_attention import supported
 
 __all__ = ["fuse_attention", "FuseAttention"]
 

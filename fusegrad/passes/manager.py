@@ -23,6 +23,8 @@ from typing import Callable, ClassVar, TextIO
 
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph
+from fusegrad.ir.printer import print_graph
+from fusegrad.ir.verifier import verify
 
 __all__ = ["Pass", "register_pass", "PASSES", "parse_pipeline", "PassManager", "PipelineError",
            "run_pipeline", "parse_positions", "format_positions"]
@@ -122,7 +124,6 @@ def parse_pipeline(text: str) -> list[Pass]:
 
 
 def _instantiate(name: str, opts: dict[str, str]) -> Pass:
-    _load_builtin_passes()
     cls = PASSES.get(name)
     if cls is None:
         known = ", ".join(sorted(PASSES))
@@ -135,11 +136,6 @@ def _instantiate(name: str, opts: dict[str, str]) -> Pass:
                                 f"{', '.join(fields) or 'none'})")
         kwargs[key] = _convert(value, fields[key].type, name, key)
     return cls(**kwargs)
-
-
-def _load_builtin_passes() -> None:
-    # Importing the pass modules registers them; done lazily to keep import light.
-    import fusegrad.passes.builtin  # noqa: F401
 
 
 class PassManager:
@@ -156,8 +152,6 @@ class PassManager:
         self.timings: dict[str, float] = {}
 
     def run(self, graph: Graph) -> Graph:
-        from fusegrad.ir.printer import print_graph
-        from fusegrad.ir.verifier import verify
         if self.verify:
             verify(graph)
         signature = [o.type for o in graph.outputs]

@@ -202,7 +202,6 @@ def _check_diagnostics(chunk: Chunk, diag: Diagnostic | None, name: str,
 
 
 def _list_passes(out: TextIO) -> None:
-    import fusegrad.passes.builtin  # noqa: F401  (registers every pass)
     print("Passes (use as -p 'a,b{option=value}'):", file=out)
     for name in sorted(PASSES):
         cls = PASSES[name]

@@ -51,6 +51,7 @@ from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import Kind, TensorType
 from fusegrad.runtime import cuda as _cuda
+from fusegrad.runtime import cuda_drivers
 from fusegrad.runtime.cuda import (
     CudaProgram,
     DeviceArray,
@@ -58,6 +59,7 @@ from fusegrad.runtime.cuda import (
     check_ordinal,
     current_device,
     driver,
+    register_array_kernels,
 )
 
 __all__ = ["device_apply", "to_device", "to_host", "transfer", "add_into", "copy_into", "STATS",
@@ -134,7 +136,7 @@ def _program(prim, operands, attrs) -> tuple[CudaProgram, bool]:
     except TypeError:             # an unhashable attribute (a list): compiled every time
         key = None
     prog = _PROGRAMS.get(key) if key is not None else None
-    if prog is not None and prog.drv is _cuda._driver:     # (not one of a replaced driver)
+    if prog is not None and prog.drv is cuda_drivers._driver:     # (not one of a replaced driver)
         return prog, True
     from fusegrad.ir.graph import Graph
     from fusegrad.passes.fusion import fuse
@@ -322,7 +324,7 @@ def _strided_store(dst: DeviceArray):
     are copied back. Kernels store contiguously, so the box stands in for a strided store."""
     key = (dst.shape, dst.byte_strides, dst.dtype)
     prog = _STORES.get(key)
-    if prog is not None and prog.drv is _cuda._driver:
+    if prog is not None and prog.drv is cuda_drivers._driver:
         return prog
     found = _store_box(dst)
     if found is None:
@@ -432,3 +434,6 @@ def transfer(x, dev: Device):
         out.grad_fn = ToCopyBackward0(x, source)
         out._requires_grad = True
     return out
+
+
+register_array_kernels(strided_copy=strided_copy, add_into=add_into)   # DeviceArray's kernels

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -41,8 +42,10 @@ from pathlib import Path
 import llvmlite
 import llvmlite.binding as llvm
 
+from fusegrad.codegen.llvm.kernel import tuning
 from fusegrad.config import config
 from fusegrad.runtime import disk_cache
+from fusegrad.version import __version__
 
 __all__ = ["JitModule", "KernelRecord", "compile_ir", "kernel_symbol", "kernel_key",
            "find_kernel", "build_kernel", "link_kernels", "cache_key", "host_identity", "stats",
@@ -102,7 +105,6 @@ def _target_machine():
 @functools.lru_cache(maxsize=1)
 def host_identity() -> str:
     """Everything besides the IR that decides the machine code."""
-    from fusegrad import __version__
     llvm_version = ".".join(map(str, llvm.llvm_version_info))
     return "|".join([__version__, llvmlite.__version__, llvm_version, *_host_cpu()])
 
@@ -138,7 +140,6 @@ def target_identity() -> str:
     """:func:`host_identity`, or the same for the CPU of an enclosing ``compile_target``."""
     if _target is None:
         return host_identity()
-    from fusegrad import __version__
     _init()
     llvm_version = ".".join(map(str, llvm.llvm_version_info))
     return "|".join([__version__, llvmlite.__version__, llvm_version, *_target])
@@ -268,7 +269,6 @@ _stderr_lock = threading.Lock()
 def _quiet_missed_vectorization():
     """Run LLVM with file descriptor 2 captured; pass on everything it held but LLVM's
     missed-vectorization warnings (a write from another thread meanwhile comes out after)."""
-    import tempfile
     with _stderr_lock, tempfile.TemporaryFile() as capture:
         try:
             sys.stderr.flush()
@@ -411,7 +411,6 @@ def kernel_key(description: str) -> str:
     made from, see ``fusegrad.runtime.cpu.kernel_description``): a warm cache then skips
     building the IR, which costs more than loading the machine code. The code generator's
     tunable constants are part of it: code made under others loops differently."""
-    from fusegrad.codegen.llvm.kernel import tuning
     return hashlib.sha256("\n".join([target_identity(), codegen_identity(), tuning(),
                                      description]).encode()).hexdigest()
 

@@ -248,7 +248,7 @@ class HypothesisChoices(Choices):
     """Integers drawn from hypothesis's ``data`` object (so failures shrink)."""
 
     def __init__(self, data):
-        from hypothesis import strategies as st
+        from hypothesis import strategies as st  # optional: hypothesis (the test extra)
         self.data = data
         self.st = st
         self.spans = []

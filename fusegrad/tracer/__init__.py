@@ -1,6 +1,7 @@
 """The tracer: capture Python functions into IR graphs, and functional transforms."""
 
 from fusegrad.ir.symbolic import ConcretizationError, SymbolicTensor
+from fusegrad.nn.modules.module import register_compiler
 from fusegrad.tracer.compile import CompiledFunction, Lowered, compile
 from fusegrad.tracer.trace import TraceInfo, trace, tree_flatten, tree_unflatten
 from fusegrad.tracer.transforms import grad, value_and_grad, vjp
@@ -8,3 +9,5 @@ from fusegrad.tracer.transforms import grad, value_and_grad, vjp
 __all__ = ["compile", "CompiledFunction", "Lowered", "trace", "TraceInfo", "tree_flatten",
            "tree_unflatten", "grad", "value_and_grad", "vjp", "ConcretizationError",
            "SymbolicTensor"]
+
+register_compiler(compile)   # Module.compile

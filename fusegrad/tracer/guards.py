@@ -55,6 +55,8 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from fusegrad.nn.modules.module import STATE_VERSION
+
 __all__ = ["ClosureGuard", "ModuleGuard", "CodeReads", "code_reads", "module_flags", "hashable"]
 
 _MAX_DEPTH = 3
@@ -150,7 +152,6 @@ class ModuleGuard:
     __slots__ = ("modules", "states", "version", "_counter", "_skip")
 
     def __init__(self, roots, skip=frozenset()):
-        from fusegrad.nn.modules.module import STATE_VERSION
         found: dict[int, Any] = {}
         for root in roots:
             for m in root.modules():

@@ -12,6 +12,9 @@ module loads it once the prefix is taken off, torch's way::
 Attribute reads and writes go to the original module (``compiled.fc``,
 ``compiled.training``), as torch's do; reads it lacks find the compiled function's own
 (``compiled.compiles``, ``compiled.lower(x)``, ``compiled.recompile_reasons``).
+
+``fusegrad.compile`` (:mod:`fusegrad.tracer.compile`) makes it; torch's path
+``fusegrad._dynamo.eval_frame.OptimizedModule`` names the same class.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 from fusegrad.nn.modules.module import Module
-from fusegrad.tracer.compiled_function import CompiledFunction
 
 __all__ = ["OptimizedModule"]
 
@@ -29,12 +31,16 @@ class OptimizedModule(Module):
     original module ``_orig_mod`` (its hooks included, traced into the program)."""
 
     # Set on the wrapper itself; every other attribute is the original module's.
-    _opt_mod_attributes = frozenset({"_orig_mod", "forward", "_compile_options", "__dict__"})
+    _opt_mod_attributes = frozenset({"_orig_mod", "forward", "_compile_options",
+                                     "_compiled_type", "__dict__"})
 
-    def __init__(self, mod: Module, compiled: CompiledFunction):
+    def __init__(self, mod: Module, compiled):
+        """``compiled``: the :class:`~fusegrad.tracer.compile.CompiledFunction` of ``mod``."""
         super().__init__()
         self._orig_mod = mod                    # registered: state-dict keys get the prefix
         self.forward = compiled
+        # What a copy compiles itself again with (see __setstate__).
+        self._compiled_type = type(compiled)
         self._compile_options = compiled._options()
 
     @property
@@ -88,4 +94,4 @@ class OptimizedModule(Module):
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         object.__setattr__(self, "forward",
-                           CompiledFunction(self._orig_mod, **self._compile_options))
+                           self._compiled_type(self._orig_mod, **self._compile_options))

@@ -36,10 +36,14 @@ from fusegrad.autograd import engine as _engine
 from fusegrad.autograd.grad_mode import enable_grad as _enable_grad
 from fusegrad.autograd.grad_mode import is_grad_enabled as _is_grad_enabled
 from fusegrad.autograd.grad_mode import no_grad as _no_grad
+from fusegrad.nn import Sequential as _Sequential
 from fusegrad.ops import primitive as _primitive
+from fusegrad.ops.composite import _made_by
 from fusegrad.ops.creation import get_rng_state as _get_rng_state
 from fusegrad.ops.creation import set_rng_state as _set_rng_state
 from fusegrad.tensor import Tensor as _Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
+from fusegrad.tracer.compiled_autograd import _OutputBackward
 from fusegrad.tracer.trace import tree_flatten as _tree_flatten
 from fusegrad.tracer.trace import tree_unflatten as _tree_unflatten
 
@@ -202,11 +206,6 @@ class _CheckpointBackward(_engine.Node):
         self.region.release()
 
 
-def _made_by(t: _Tensor, node: _engine.Node) -> _Tensor:
-    from fusegrad.ops.composite import _made_by
-    return _made_by(t, node)
-
-
 @contextlib.contextmanager
 def _quiet(nodes: list):
     """The hooks and retained gradients of ``nodes`` switched off: the rerun's backward stops
@@ -229,7 +228,6 @@ def _quiet(nodes: list):
 
 def _with_nodes(leaves: list, flagged: list[int], joint: _CheckpointBackward) -> list:
     """``leaves`` with each flagged tensor replaced by one whose grad_fn leads to ``joint``."""
-    from fusegrad.tracer.compiled_autograd import _OutputBackward
     leaves = list(leaves)
     if len(flagged) == 1:
         (k,) = flagged
@@ -362,7 +360,6 @@ def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool |
                           **kwargs):
     """Run ``functions`` (an ``nn.Sequential`` or a list of modules or functions) one after
     another on ``input``, split into ``segments`` chunks, each but the last checkpointed."""
-    from fusegrad.nn import Sequential
     if use_reentrant is None:
         warnings.warn(
             "torch.utils.checkpoint.checkpoint_sequential: the use_reentrant parameter should be "
@@ -382,7 +379,7 @@ def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool |
             return input
         return forward
 
-    if isinstance(functions, Sequential):
+    if isinstance(functions, _Sequential):
         functions = list(functions.children())
     # As torch's: segments of len // segments functions, the rest in the last, unchecked one.
     segment_size = len(functions) // segments
@@ -395,5 +392,4 @@ def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool |
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.utils.checkpoint", "fusegrad.utils.checkpoint", name)
+    raise _missing_attribute("torch.utils.checkpoint", "fusegrad.utils.checkpoint", name)

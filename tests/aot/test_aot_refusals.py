@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
-from fusegrad.aot import artifact, format
+from fusegrad.aot import artifact, format, plan_checks
 from fusegrad.aot.format import ArtifactError
 from tests.aot.helpers import mlp_step
 
@@ -122,7 +122,7 @@ def test_features_this_machine_lacks(blob, monkeypatch):
     header = format.decode(blob).header
     # A machine with AVX2 but no AVX-512, as LLVM would report it.
     avx2_machine = tuple(f for f in artifact.X86_64_LEVELS["x86-64-v3"])
-    monkeypatch.setattr(artifact, "_host_features", lambda: avx2_machine)
+    monkeypatch.setattr(plan_checks, "_host_features", lambda: avx2_machine)
     resealed = _with_header(blob, features=sorted(set(header["features"]) | {"avx512f"}))
     with pytest.raises(ArtifactError, match="avx512f") as e:
         fg.aot.loads(resealed)

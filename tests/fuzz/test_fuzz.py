@@ -26,7 +26,6 @@ from fusegrad.testing.fuzz import (
     Mismatch,
     Settings,
     check_program,
-    compare,
     explain,
     program_for,
     report,
@@ -42,6 +41,7 @@ from fusegrad.testing.programs import (
     generate,
     make_array,
 )
+from fusegrad.testing.tolerance import compare
 
 FAST = Settings(pipelines=(" ", "simplify,cse,dce", "fold,simplify,cse,dce"))
 HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -125,7 +125,7 @@ def test_compare_semantics():
 def test_products_that_overflow_on_the_way_compare_loosely():
     # seed 3, program 373: a bfloat16 product of huge and tiny values is inf in one order of
     # multiplication and NaN (inf * 0) in another; finite elements are still compared.
-    from fusegrad.testing.fuzz import _product_overflows
+    from fusegrad.testing.tolerance import _product_overflows
     t = fg.tensor
     nan, inf = float("nan"), float("inf")
     assert _product_overflows(t([1e30, 1e-30, 2.0], dtype=fg.bfloat16))
@@ -173,7 +173,7 @@ def test_matmul_terms_that_overflow_compare_loosely(seed, index):
     # +inf term to -inf: NaN. Which infinity or NaN is order-dependent, and so is a bool
     # computed from it (seed 20261203, program 4396: `isnan` of the product).
     assert_explained(seed, index)
-    from fusegrad.testing.fuzz import _overflows_on_the_way
+    from fusegrad.testing.tolerance import _overflows_on_the_way
     values = [fg.tensor([[1e200, -1e200]], dtype=fg.float64), fg.tensor([[1e150], [1e150]],
                                                                            dtype=fg.float64)]
     assert _overflows_on_the_way(Op("matmul", (0, 1)), values)
@@ -186,7 +186,7 @@ def test_products_whose_large_factors_overflow_together_compare_loosely():
     # -9.2e17 and a zero. No two factors overflow together, but the four do: eager's order
     # reaches the zero first (0), the CUDA kernel's tree meets inf * 0 (NaN).
     assert_explained(1202, 1533, max_ops=14)
-    from fusegrad.testing.fuzz import _overflows_on_the_way
+    from fusegrad.testing.tolerance import _overflows_on_the_way
     x = fg.tensor([[9e18, 9e18, 9e18, 0.0], [1.0, 2.0, 3.0, 4.0]])
     assert _overflows_on_the_way(Op("reduce", (0,), ("prod", None, False, None)), [x])
     assert _overflows_on_the_way(Op("reduce", (0,), ("prod", (1,), False, None)), [x])
@@ -197,7 +197,7 @@ def test_products_whose_large_factors_overflow_together_compare_loosely():
 def _pole_after(name: str, scale: float | None = None) -> bool:
     """Whether ``_at_a_pole`` flags the unary op ``name`` of a layer norm's sum (0 up to
     rounding) or, with ``scale``, of a normal input times it."""
-    from fusegrad.testing.fuzz import _all_values, _at_a_pole, _summed
+    from fusegrad.testing.tolerance import _all_values, _at_a_pole, _summed
     first = Op("scalar", (0,), ("*", scale, False)) if scale is not None else \
         Op("layer_norm", (0,), (1,))
     nodes = [Input((4,), "float32", "normal", 0), first]
@@ -235,7 +235,7 @@ def test_cancellation_error_scaled_by_a_product_compares_with_the_product():
     # eager's order of summation and the simulated CUDA kernel's (an ulp of its log(sum) near
     # 1), and a 1e32 input multiplies it: the absolute error it may carry is scaled by that.
     assert_explained(20261211, 680, max_ops=18)
-    from fusegrad.testing.fuzz import _all_values, _magnitude
+    from fusegrad.testing.tolerance import _all_values, _magnitude
     nodes = [Input((4,), "float32", "normal", 0), Input((4,), "float32", "normal", 1),
              Op("binary", (0, 1), ("sub",)), Op("scalar", (2,), ("*", 1e6, False)),
              Op("scalar", (2,), ("*", 1e-3, False))]
@@ -297,7 +297,7 @@ def test_command_line_runs_programs_in_workers():
 def test_an_integer_step_at_an_inexact_value_is_not_a_mismatch():
     # seed 4, program 664: int32 1 -> exp -> log is 0.99999994 in eager (1.0 within 1 ulp
     # compiled), and .to(int32) gives 0 and 1. Only values that close to a step are excused.
-    from fusegrad.testing.fuzz import _all_values, _scales
+    from fusegrad.testing.tolerance import _all_values, _scales
     near = Program([Input((), "int32", "normal", 0), Op("unary", (0,), ("exp",)),
                     Op("unary", (1,), ("log",)), Op("cast", (2,), ("int32",))], [3])
     arrays = [np.array(1, np.int32)]
@@ -312,7 +312,7 @@ def test_an_integer_step_at_an_inexact_value_is_not_a_mismatch():
 def test_a_variance_that_overflows_compares_loosely():
     # seed 1207, program 662: layer_norm over a float32 window holding 2**127; its squares
     # overflow, rstd is 0, and the gradient is 0 in eager but NaN compiled (and in torch).
-    from fusegrad.testing.fuzz import _all_values, _scales
+    from fusegrad.testing.tolerance import _all_values, _scales
     program = Program([Input((3, 3), "float32", "normal", 0), Op("layer_norm", (0,), (2,))],
                       [1])
     x = np.ones((3, 3), np.float32)
@@ -325,7 +325,7 @@ def test_a_remainder_keeps_the_absolute_error_of_its_dividend():
     # seed 20261206, program 2097: cos(0.6794) % 0.001 is 9.4655e-4 in eager and 9.4661e-4
     # compiled: the two cos values are 1 ulp apart (6e-8), 6e-5 of the remainder. The
     # dividend's magnitude sets the absolute tolerance, as for a subtraction.
-    from fusegrad.testing.fuzz import _all_values, _scales, tolerance
+    from fusegrad.testing.tolerance import _all_values, _scales, tolerance
     program = Program([Input((), "float32", "normal", 0), Op("unary", (0,), ("cos",)),
                        Op("scalar", (1,), ("%", 0.001, False))], [2])
     x = [np.array(0.67940515, np.float32)]
@@ -340,7 +340,7 @@ def test_a_remainder_keeps_the_absolute_error_of_its_dividend():
 def test_a_remainder_by_an_inexact_divisor_at_a_huge_quotient_is_excused():
     # seed 4, program 1282: remainder(x, pow(gelu(1), x)) with x / divisor ~ 1e8: one ulp
     # of the divisor moves the remainder by more than its size.
-    from fusegrad.testing.fuzz import _all_values, _scales
+    from fusegrad.testing.tolerance import _all_values, _scales
     program = Program([Input((), "float32", "normal", 0), Op("unary", (0,), ("exp",)),
                        Op("binary", (0, 1), ("remainder",))], [2])
     huge = [np.array(30.0, np.float32)]                      # 30 / e**30: tiny quotient
@@ -375,7 +375,8 @@ def test_ill_conditioned_gradients_of_seed_6_are_not_mismatches(index):
 
 def test_the_ill_conditioning_rules_still_catch_a_wrong_gradient():
     # A well-conditioned program: 1% off is a mismatch whichever rule is asked.
-    from fusegrad.testing.fuzz import Result, _all_values, _check_grads, _scales
+    from fusegrad.testing.fuzz import Result, _check_grads
+    from fusegrad.testing.tolerance import _all_values, _scales
     program = Program([Input((3, 4), "float32", "normal", 5, True),
                        Op("unary", (0,), ("sin",)), Op("reduce", (1,), ("sum", (1,), True, None)),
                        Op("binary", (2, 0), ("mul",))], [3])
@@ -392,7 +393,8 @@ def test_the_ill_conditioning_rules_still_catch_a_wrong_gradient():
 
 
 def test_a_gradient_reading_a_float32_value_gets_float32_tolerance():
-    from fusegrad.testing.fuzz import _all_values, _path_dtype
+    from fusegrad.testing.fuzz import _path_dtype
+    from fusegrad.testing.tolerance import _all_values
     program, _ = program_for(6, 7679)
     i = next(i for i, s in zip(program.input_ids, program.inputs) if s.dtype == "float64")
     assert _path_dtype(program, _all_values(program, program.arrays()), i) == "float32"

@@ -9,6 +9,7 @@ import pytest
 import fusegrad as fg
 import fusegrad.nn.functional as F
 from fusegrad.runtime import cuda as rt
+from fusegrad.runtime import cuda_drivers
 from fusegrad.testing.simulated_cuda import SimulatedDriver
 from tests.runtime.conftest import no_modules_after
 
@@ -137,8 +138,8 @@ def test_cuda_namespace_reports_memory_and_names(two_devices):
 
 def test_without_a_driver_library_no_cuda_package_is_imported(monkeypatch):
     # The packages count as installed, the driver library as missing: nothing is imported.
-    monkeypatch.setattr(rt, "find_libcuda", lambda: None)
-    monkeypatch.setattr(rt, "_package_present", lambda name: True)
+    monkeypatch.setattr(cuda_drivers, "find_libcuda", lambda: None)
+    monkeypatch.setattr(cuda_drivers, "_package_present", lambda name: True)
 
     def refuse(self, *args, **kwargs):
         raise AssertionError("a CUDA package was imported without a driver")

@@ -19,7 +19,7 @@ import fusegrad as fg
 from fusegrad.config import config
 from fusegrad.passes.fusion import fuse
 from fusegrad.runtime import cuda as rt
-from fusegrad.runtime import eager_cuda
+from fusegrad.runtime import cuda_drivers, eager_cuda
 from tests.runtime.fake_cuda import FakeCu, install_fake_cu, write_fake_pycuda
 
 CUBIN = b"\x7fELF fake machine code"
@@ -145,7 +145,7 @@ def test_find_nvrtc_prefers_the_drivers_major(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("FUSEGRAD_NVRTC", raising=False)
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "none"))
-    monkeypatch.setattr(rt, "_driver", None)
+    monkeypatch.setattr(cuda_drivers, "_driver", None)
     importlib.invalidate_caches()
     assert rt.find_nvrtc(12080).endswith("cuda_nvrtc/lib/libnvrtc.so.12")
     assert rt.find_nvrtc(13000).endswith("cu13/lib/libnvrtc.so.13")

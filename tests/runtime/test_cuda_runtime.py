@@ -12,6 +12,7 @@ import pytest
 import fusegrad as fg
 from fusegrad.passes.fusion import fuse
 from fusegrad.runtime import cuda as rt
+from fusegrad.runtime import cuda_compile
 from fusegrad.testing.simulated_cuda import SimulatedDriver
 from tests.runtime.conftest import no_modules_after
 
@@ -73,7 +74,7 @@ def test_compiled_ptx_is_cached_on_disk_by_source_arch_and_compiler(monkeypatch,
     def fake_nvcc(source, arch, name):
         calls.append(arch)
         return f"// ptx for {arch}\n".encode(), ""
-    monkeypatch.setattr(rt, "_nvcc_compile", fake_nvcc)
+    monkeypatch.setattr(cuda_compile, "_nvcc_compile", fake_nvcc)
     src = 'extern "C" __global__ void k() {}\n'
     a = rt.compile_cuda(src, "compute_90", compiler="nvcc", cache_dir=str(tmp_path))
     b = rt.compile_cuda(src, "compute_90", compiler="nvcc", cache_dir=str(tmp_path))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from fusegrad.nn import functional as NF
+from fusegrad.nn.modules.distance import PairwiseDistance
 from fusegrad.nn.modules.loss import _Loss, _WeightedLoss
 from fusegrad.tensor import Tensor
 
@@ -179,7 +180,6 @@ class TripletMarginWithDistanceLoss(_Loss):
         if margin <= 0:
             raise ValueError(f"TripletMarginWithDistanceLoss: expected margin to be greater than "
                              f"0, got {margin} instead")
-        from fusegrad.nn.modules.distance import PairwiseDistance
         self.distance_function = distance_function if distance_function is not None \
             else PairwiseDistance()
         self.margin, self.swap = margin, swap

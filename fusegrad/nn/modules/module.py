@@ -13,16 +13,27 @@ import itertools
 from collections import OrderedDict, namedtuple
 from typing import Callable, Iterator, Mapping
 
-import numpy as np
-
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.autograd.grad_utils import clear_grads
 from fusegrad.nn.parameter import Parameter
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
+from fusegrad.ops.interop import checkpoint_tensor
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
-__all__ = ["Module", "RemovableHandle"]
+__all__ = ["Module", "RemovableHandle", "register_compiler"]
+
+# The function behind Module.compile (fusegrad.compile): nn knows no tracer, so
+# fusegrad.tracer registers it here when it is imported (see register_compiler).
+_COMPILER: list[Callable] = []
+
+
+def register_compiler(compile_fn: Callable) -> None:
+    """Make ``compile_fn(module, *args, **kwargs)`` what :meth:`Module.compile` calls;
+    ``fusegrad.tracer`` registers ``fusegrad.compile`` at import."""
+    _COMPILER[:] = [compile_fn]
 
 
 def _typename(obj) -> str:
@@ -227,8 +238,7 @@ class Module:
         """Compile this module's calls in place (torch's ``Module.compile``): ``module(x)``
         then runs ``fusegrad.compile(module, *args, **kwargs)``; the arguments are
         ``fusegrad.compile``'s."""
-        from fusegrad.tracer.compile import compile as compile_
-        object.__setattr__(self, "_compiled_call", compile_(self, *args, **kwargs))
+        object.__setattr__(self, "_compiled_call", _COMPILER[0](self, *args, **kwargs))
         object.__setattr__(self, "_compile_args", (args, kwargs))
 
     def __getstate__(self) -> dict:
@@ -381,8 +391,7 @@ class Module:
         for key in ("_parameters", "_buffers", "_modules"):
             if key in d and name in d[key]:
                 return d[key][name]
-        from fusegrad.torch_api import missing_attribute
-        raise missing_attribute("torch.nn.Module", type(self).__name__, name)
+        raise _missing_attribute("torch.nn.Module", type(self).__name__, name)
 
     def __delattr__(self, name: str) -> None:
         STATE_VERSION[0] += 1
@@ -554,7 +563,6 @@ class Module:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of all parameters: to None by default (torch 2), else to 0."""
-        from fusegrad.autograd.grad_utils import clear_grads
         clear_grads(self.parameters(), set_to_none)
 
     # ------------------------------------------------------------------ conversion
@@ -668,7 +676,7 @@ class Module:
                 if strict:
                     missing_keys.append(key)
                 continue
-            value = _checkpoint_tensor(state_dict[key])
+            value = checkpoint_tensor(state_dict[key])
             if not isinstance(value, Tensor):
                 error_msgs.append(f'While copying the parameter named "{key}", expected '
                                   f"torch.Tensor or Tensor-like object from checkpoint but "
@@ -773,28 +781,3 @@ class Module:
         return main + ")"
 
 
-def _checkpoint_tensor(value):
-    """A checkpoint entry as a fusegrad tensor: torch tensors (any object with ``__dlpack__``
-    or ``.numpy()``) and numpy arrays are copied into one; anything else is returned as is,
-    for the caller to report."""
-    if isinstance(value, Tensor) or value is None or isinstance(value, (str, bytes, int, float)):
-        return value
-    from fusegrad.ops.creation import from_dlpack, tensor
-    if hasattr(value, "detach") and hasattr(value, "cpu"):
-        value = value.detach().cpu()    # torch: dlpack refuses tensors that require grad
-    if hasattr(value, "__dlpack__"):
-        try:
-            return tensor(from_dlpack(value))
-        except (BufferError, RuntimeError, TypeError):
-            pass    # e.g. a dtype DLPack cannot carry: try the array protocols below
-    if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
-        try:
-            value = value.numpy()
-        except (RuntimeError, TypeError, ValueError):
-            return value
-    if isinstance(value, np.ndarray) or hasattr(value, "__array__"):
-        try:
-            return tensor(np.asarray(value))
-        except TypeError:
-            return value
-    return value

@@ -9,11 +9,11 @@ Packed sequences for recurrent layers are in :mod:`fusegrad.nn.utils.rnn`.
 from fusegrad.nn.utils import rnn
 from fusegrad.nn.utils.clip_grad import clip_grad_norm, clip_grad_norm_, clip_grad_value_
 from fusegrad.nn.utils.convert_parameters import parameters_to_vector, vector_to_parameters
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["rnn", "clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "parameters_to_vector",
            "vector_to_parameters"]
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.nn.utils", "fusegrad.nn.utils", name)
+    raise _missing_attribute("torch.nn.utils", "fusegrad.nn.utils", name)

@@ -28,6 +28,7 @@ from fusegrad.ir import symbolic
 from fusegrad.ops import creation
 from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["PackedSequence", "invert_permutation", "pack_padded_sequence", "pad_packed_sequence",
            "pad_sequence", "unpad_sequence", "pack_sequence", "unpack_sequence"]
@@ -318,5 +319,4 @@ def unpack_sequence(packed_sequences: PackedSequence) -> list[Tensor]:
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.nn.utils.rnn", "fusegrad.nn.utils.rnn", name)
+    raise _missing_attribute("torch.nn.utils.rnn", "fusegrad.nn.utils.rnn", name)

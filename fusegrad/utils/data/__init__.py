@@ -1,6 +1,7 @@
 """``fusegrad.utils.data``: datasets, samplers and the DataLoader, under torch.utils.data's
 names and with its semantics."""
 
+from fusegrad.torch_api import missing_attribute as _missing_attribute
 from fusegrad.utils.data._worker import WorkerInfo, get_worker_info
 from fusegrad.utils.data.collate import default_collate, default_convert
 from fusegrad.utils.data.dataloader import DataLoader
@@ -33,5 +34,4 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch.utils.data", "fusegrad.utils.data", name)
+    raise _missing_attribute("torch.utils.data", "fusegrad.utils.data", name)

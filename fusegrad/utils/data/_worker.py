@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fusegrad.ops.creation import manual_seed
+
 # How often (seconds) a blocked worker checks that its parent is alive, and a blocked main
 # process that its workers are (torch's MP_STATUS_CHECK_INTERVAL).
 MP_STATUS_CHECK_INTERVAL = 5.0
@@ -162,7 +164,6 @@ def worker_loop(iterable: bool, dataset, index_pipe, data_queue, done_event,
     """The body of a worker process: seed, run ``init_fn``, then serve fetch requests until
     it gets None."""
     global _worker_info
-    from fusegrad.ops.creation import manual_seed
 
     try:
         seed = base_seed + worker_id

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Generic, Iterable, Iterator, Sequence, Sized, TypeVar
 
-from fusegrad import dtypes
+from fusegrad import distributed, dtypes
 from fusegrad.ops.creation import Generator, as_tensor, randint, randperm
 from fusegrad.ops.sampling import multinomial
 
@@ -156,7 +156,6 @@ class DistributedSampler(Sampler[int]):
     def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
         if num_replicas is None or rank is None:
-            from fusegrad import distributed
             num_replicas = distributed.world_size() if num_replicas is None else num_replicas
             rank = distributed.rank() if rank is None else rank
         if rank >= num_replicas or rank < 0:
