@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-import fusegrad.nn.functional as F
 from fusegrad.ops import functional as _ops
+from fusegrad.ops.softmax import log_softmax, softmax
 from fusegrad.tensor import Tensor
 from fusegrad.torch_api import missing_attribute as _missing_attribute
 
@@ -29,7 +29,6 @@ expit = _ops.sigmoid
 gammainc, gammaincc = _ops.igamma, _ops.igammac
 gammaln = _ops.lgamma
 i0 = _ops.i0
-log_softmax, softmax = F.log_softmax, F.softmax
 logit = _ops.logit
 logsumexp = _ops.logsumexp
 multigammaln = _ops.mvlgamma
