@@ -12,7 +12,7 @@ import functools
 import inspect
 
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _Saved
-from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
+from fusegrad.grad_mode import is_grad_enabled, no_grad
 
 __all__ = ["Function", "FunctionCtx", "once_differentiable"]
 

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from fusegrad.autograd.engine import grad as _grad
-from fusegrad.autograd.grad_mode import enable_grad
+from fusegrad.grad_mode import enable_grad
 from fusegrad.tensor import Tensor
 
 __all__ = ["vjp", "jvp", "jacobian", "hessian", "hvp", "vhp"]

@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fusegrad.autograd.engine import grad as autograd_grad
-from fusegrad.autograd.grad_mode import enable_grad, no_grad
+from fusegrad.grad_mode import enable_grad, no_grad
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError", "numerical_jacobian",
            "analytical_jacobian"]

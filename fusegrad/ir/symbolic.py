@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad.grad_mode import is_grad_enabled
 from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import (

@@ -10,6 +10,8 @@ import math
 import numpy as np
 
 from fusegrad import dtypes
+from fusegrad.device import check_device_available
+from fusegrad.device import device as Device
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import _named, composite, opmath
 from fusegrad.ops.factories import ones_like, zeros_like
@@ -21,7 +23,7 @@ from fusegrad.ops.operands import (
     as_tensor_operand,
     cast,
 )
-from fusegrad.ops.primitive import bind
+from fusegrad.ops.primitive import bind, device_transfer
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
@@ -563,7 +565,6 @@ def parse_to_args(args, kwargs) -> tuple[dtypes.DType | None, object]:
     """(dtype, device) out of torch's ``to`` arguments: ``to(dtype)``, ``to(device)``,
     ``to(device, dtype)``, ``to(other)``, keywords; a positional bool (non_blocking) is
     ignored. Shared by ``Tensor.to`` and ``Module.to``."""
-    from fusegrad.device import device as Device
     dtype, dev = kwargs.get("dtype"), kwargs.get("device")
     for a in args:
         if isinstance(a, Tensor):
@@ -585,8 +586,6 @@ def parse_to_args(args, kwargs) -> tuple[dtypes.DType | None, object]:
 def to(x: Tensor, *args, **kwargs) -> Tensor:
     """``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)``; ``copy=True``.
     A move between the cpu and cuda copies (differentiably: ``ToCopyBackward0``)."""
-    from fusegrad.device import check_device_available
-    from fusegrad.device import device as Device
     dtype, dev = parse_to_args(args, kwargs)
     copy = kwargs.get("copy", False)
     out = x
@@ -594,8 +593,7 @@ def to(x: Tensor, *args, **kwargs) -> Tensor:
         dev = Device(dev)
         if dev.type != x.device.type or dev.type == "cuda" and x._trace is None:
             check_device_available(dev)
-            from fusegrad.runtime.eager_cuda import transfer
-            out = transfer(x, dev)      # x itself when it is there (cuda: the current device)
+            out = device_transfer(x, dev)      # x itself when it is there (cuda: the current device)
     out = out if dtype is None else cast(out, dtype)
     if copy and out is x:
         out = clone(x)

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad.grad_mode import is_grad_enabled
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import _named

@@ -15,7 +15,7 @@ import math
 from typing import Sequence
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.grad_mode import no_grad
 from fusegrad.ops.composite import composite, opmath
 from fusegrad.ops.elementwise import add, mul, rsqrt, sub
 from fusegrad.ops.inplace import copy_

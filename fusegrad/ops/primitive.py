@@ -21,11 +21,13 @@ from typing import Any, Callable
 import numpy as np
 
 from fusegrad import profiling
-from fusegrad.dtypes import DType
+from fusegrad.tensor_type import TensorType, device_suffix
 
 __all__ = ["ConstantData", "Kind", "TensorType", "device_suffix", "infer_type", "Primitive",
            "Rule", "PRIMITIVES", "ShapeError", "bind", "register", "trace_state", "current_capture",
-           "push_capture", "pop_capture"]
+           "push_capture", "pop_capture", "register_eager_node_recorder", "register_tensor_maker",
+           "register_device_apply", "register_device_copies", "device_transfer",
+           "device_copy_into"]
 
 
 class Kind(enum.Enum):
@@ -46,39 +48,6 @@ class ShapeError(ValueError, RuntimeError):
     Also a RuntimeError, the type torch raises for these mistakes, so that code written
     against torch (``except RuntimeError``) catches it.
     """
-
-
-@dataclass(frozen=True)
-class TensorType:
-    """The abstract value of a tensor: its shape, dtype and device, no data.
-
-    ``device`` is a device string (``"cpu"``, ``"cuda"``, ``"cuda:1"``); the IR text shows
-    it only when it is not the CPU (``f32[4,8]@cuda``), so CPU programs print as before."""
-
-    shape: tuple[int, ...]
-    dtype: DType
-    device: str = "cpu"
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    def __str__(self) -> str:
-        text = f"{self.dtype.short}[{','.join(map(str, self.shape))}]"
-        return text if self.device == "cpu" else f"{text}{device_suffix(self.device)}"
-
-
-def device_suffix(device: str) -> str:
-    """The IR spelling of a non-CPU device after a type: ``@cuda``, ``@"cuda:1"`` (a global
-    token of the IR's lexer, quoted when it holds a colon)."""
-    return f'@"{device}"' if ":" in device else f"@{device}"
 
 
 class ConstantData:
@@ -191,8 +160,8 @@ def bind(prim: Primitive, *operands, **attrs):
     if profiling.recorder is not None:
         return _profiled_apply(prim, operands, attrs)
     if _device_apply is not None:
-        # Set once a cuda tensor exists (fusegrad.runtime.eager_cuda): ops with a cuda
-        # operand run there; until then the CPU path pays only this test.
+        # Set once a cuda tensor exists (register_device_apply): ops with a cuda operand run
+        # there; until then the CPU path pays only this test.
         out = _device_apply(prim, operands, attrs)
         if out is not None:
             return out
@@ -298,12 +267,64 @@ def note_created(t) -> None:
         capture.note_created(t)
 
 
-# Set by fusegrad.autograd.engine at import: (prim, operands, attrs, out) -> None.
+# ---------------------------------------------------------------- slots filled from above
+# What the eager path needs from the layers above it, installed by them at import time
+# through the register_* functions below (never assigned from outside). Kept as module
+# globals: _eager_apply reads them on every eager op.
+
+# (prim, operands, attrs, out) -> None: gives ``out`` its autograd node.
 _record_eager_node: Callable | None = None
+# (array, dtype) -> Tensor: wraps an eager result.
 _make_tensor: Callable | None = None
-# Set by fusegrad.runtime.eager_cuda when the first cuda tensor is made:
 # (prim, operands, attrs) -> the result on the device, or None when no operand is there.
 _device_apply: Callable | None = None
+
+
+def register_eager_node_recorder(fn: Callable) -> None:
+    """Install ``fn(prim, operands, attrs, out)``, called after every differentiable eager
+    primitive to record its node on the tape. Filled by :mod:`fusegrad.ops.tape`."""
+    global _record_eager_node
+    _record_eager_node = fn
+
+
+def register_tensor_maker(fn: Callable) -> None:
+    """Install ``fn(array, dtype) -> Tensor``, which wraps an eager primitive's numpy
+    result (no copy, no checks). Filled by :mod:`fusegrad.ops` with ``Tensor._wrap``."""
+    global _make_tensor
+    _make_tensor = fn
+
+
+# (tensor, device) -> the tensor on ``device`` (differentiably; itself when it is there), and
+# (device buffer, host array or device buffer) -> None, writing into the buffer.
+_device_transfer: Callable | None = None
+_device_copy_into: Callable | None = None
+
+
+def register_device_copies(transfer: Callable, copy_into: Callable) -> None:
+    """Install the copies between the host and a device: ``transfer(tensor, device)`` and
+    ``copy_into(buffer, source)``. Filled by :mod:`fusegrad.runtime.eager_cuda` at import
+    (``import fusegrad`` imports it; no CUDA package is loaded until a copy runs)."""
+    global _device_transfer, _device_copy_into
+    _device_transfer, _device_copy_into = transfer, copy_into
+
+
+def device_transfer(t, device):
+    """``t`` on ``device`` (a cuda device): the device runtime's transfer."""
+    return _device_transfer(t, device)
+
+
+def device_copy_into(buffer, source) -> None:
+    """Write ``source`` into the device buffer ``buffer``: the device runtime's copy."""
+    _device_copy_into(buffer, source)
+
+
+def register_device_apply(fn: Callable) -> None:
+    """Install ``fn(prim, operands, attrs)``, which runs ``prim`` on the device of its cuda
+    operands and returns the result, or None when no operand is on a device (the CPU path
+    runs then). Filled by :mod:`fusegrad.runtime.eager_cuda` when the first cuda tensor is
+    made, so that until then the CPU path pays only a test of None."""
+    global _device_apply
+    _device_apply = fn
 
 
 # Result types of eager primitive calls by (primitive, operand shapes and dtypes, attributes):

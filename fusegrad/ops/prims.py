@@ -55,15 +55,6 @@ def broadcast_shapes(*shapes: tuple[int, ...], op: str = "broadcast") -> tuple[i
     return tuple(result)
 
 
-def normalize_axis(axis: int, ndim: int, op: str = "") -> int:
-    """Wrap a negative axis; torch's IndexError when out of range."""
-    lo, hi = (-ndim, ndim - 1) if ndim > 0 else (-1, 0)
-    if not lo <= axis <= hi:
-        raise IndexError(f"{op + ': ' if op else ''}Dimension out of range (expected to be in "
-                         f"range of [{lo}, {hi}], but got {axis})")
-    return axis % ndim if ndim > 0 else 0
-
-
 def _types_str(types) -> str:
     return ", ".join(str(t) for t in types)
 
@@ -939,6 +930,18 @@ def _index_add_infer(x: TensorType, idx: TensorType, src: TensorType, *, axis: i
     return x
 
 
+# ``fn(out, x, rows, src) -> bool``: adds rows of ``src`` into ``out`` in a native loop, False
+# (nothing written) for arrays it does not take. Filled by fusegrad.runtime.native at import
+# (register_index_add_rows: its ``index_add_rows``); while empty, numpy's path runs.
+_index_add_rows = None
+
+
+def register_index_add_rows(fn) -> None:
+    """Install the native row loop of ``index_add`` along axis 0 (an embedding's gradient)."""
+    global _index_add_rows
+    _index_add_rows = fn
+
+
 def _index_add_impl(x, idx, src, *, axis):
     # Row-major whatever x's layout: the row loop below adds through out.reshape(-1), which of
     # a transposed (Fortran-ordered) copy is a new array, and the sums were lost.
@@ -950,9 +953,9 @@ def _index_add_impl(x, idx, src, *, axis):
         # Rows (an embedding's gradient): a native loop (fusegrad.runtime.native), else
         # np.add.at on the flat array with one index per element, 2-4x faster than on rows;
         # both add in the same order.
-        from fusegrad.runtime.native import index_add_rows
-        if index_add_rows(out, out, np.ascontiguousarray(rows, dtype=np.int64),
-                          np.ascontiguousarray(src.reshape((rows.size,) + out.shape[1:]))):
+        if _index_add_rows is not None and _index_add_rows(
+                out, out, np.ascontiguousarray(rows, dtype=np.int64),
+                np.ascontiguousarray(src.reshape((rows.size,) + out.shape[1:]))):
             return out
         inner = out.size // out.shape[0]
         lin = (rows[:, None] * inner + np.arange(inner)).reshape(-1)

@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.grad_mode import no_grad
 from fusegrad.ops import philox
 from fusegrad.ops.elementwise import lt, mul
 from fusegrad.ops.operands import _index_tensor, cast

@@ -25,6 +25,8 @@ import re
 
 import numpy as np
 
+from fusegrad.ops.prims import register_index_add_rows
+
 __all__ = ["index_add_rows", "check_copy", "data_pointer"]
 
 
@@ -213,3 +215,6 @@ def check_copy(src: np.ndarray, dst: np.ndarray, lo: int, hi: int) -> bool:
         return False
     fn = _function("fg_check_copy_i64")[1]
     return bool(fn(data_pointer(src), data_pointer(dst), src.size, lo, hi))
+
+
+register_index_add_rows(index_add_rows)
