@@ -265,8 +265,7 @@ bitwise_right_shift = public(_shift("bitwise_right_shift", P.shift_right, "rshif
 def where(condition, input=None, other=None) -> Tensor:  # noqa: A002
     """Elements of ``input`` where ``condition`` holds, else of ``other``."""
     if input is None and other is None:
-        from fusegrad.ops.indexing import nonzero  # indexing builds on this module
-        return nonzero(condition, as_tuple=True)
+        return condition.nonzero(as_tuple=True)   # the method: indexing builds on this module
     cond = _to_bool(condition)
     a, b = _promote("where", input, other)
     return bind(P.where, cond, a, b)
@@ -525,40 +524,19 @@ def nan_to_num(x: Tensor, nan: float = 0.0, posinf: float | None = None,
 
 @public(torch=True, method=True)
 def allclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
-    from fusegrad.ops.reductions import all as all_  # reductions imports this module
-    return bool(all_(isclose(x, other, rtol, atol, equal_nan)))
+    # Tensor.all, the reduction: reductions builds on this module
+    return bool(isclose(x, other, rtol, atol, equal_nan).all())
 
 
 @public(torch=True, method=True)
 def equal(x: Tensor, other: Tensor) -> bool:
     """True when both have the same shape and elements."""
-    from fusegrad.ops.reductions import all as all_
-    return tuple(x.shape) == tuple(other.shape) and bool(all_(eq(x, other)))
+    return tuple(x.shape) == tuple(other.shape) and bool(eq(x, other).all())
 
 
 @public(torch=True, method=True)
 def clone(x: Tensor, *, memory_format=None) -> Tensor:
     return bind(P.copy, x)
-
-
-@public(method=True)
-def contiguous(x: Tensor, memory_format=None) -> Tensor:
-    """``x`` itself when already contiguous, else a contiguous copy."""
-    if x._trace is not None:
-        # A traced view whose eager layout would not be row-major (a transpose) becomes a
-        # value of its own, so that a later view() sees the layout eager would.
-        from fusegrad.ops.movement import _traced_layout  # movement builds on this module
-        if x._base is None or not x._view_ops or _traced_layout(x).flags.c_contiguous:
-            return x
-        return bind(P.copy, x)
-    if x.is_contiguous():
-        return x
-    out = clone(x)
-    # clone keeps a transposed layout (torch's preserve_format); contiguous means row-major.
-    # (A cuda tensor's clone is a contiguous device buffer already.)
-    if isinstance(out._data, np.ndarray):
-        out._data = np.ascontiguousarray(out._data)
-    return out
 
 
 def parse_to_args(args, kwargs) -> tuple[dtypes.DType | None, object]:

@@ -24,6 +24,7 @@ from fusegrad.ops.operands import cast
 from fusegrad.ops.reductions import mean
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
+from fusegrad.type_info import finfo
 
 __all__ = ["batch_norm", "group_norm", "instance_norm", "rms_norm"]
 
@@ -202,7 +203,6 @@ def rms_norm(input: Tensor, normalized_shape: Sequence[int] | int,  # noqa: A002
     ``eps=None`` is the dtype's machine epsilon, as torch's."""
     axes = _normalized_axes(input, normalized_shape)
     if eps is None:
-        from fusegrad.type_info import finfo
         eps = finfo(input.dtype if input.dtype.is_floating_point
                     else dtypes.get_default_dtype()).eps
     return _rms_norm(input, axes, weight, eps)

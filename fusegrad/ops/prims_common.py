@@ -68,7 +68,7 @@ def _conj(t):
     """``t``'s complex conjugate; ``t`` itself when real. VJP rules follow torch's
     convention: the cotangent of a complex value ``z`` is dL/d(conj z), so a holomorphic
     op's rule multiplies by the conjugate of its derivative (mul's ``g * conj(y)``)."""
-    return _F().conj_physical(t) if t.dtype.is_complex else t
+    return t.conj_physical() if t.dtype.is_complex else t
 
 
 def _np_float_compute(a: np.ndarray) -> np.ndarray:
@@ -78,7 +78,26 @@ def _np_float_compute(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _F():
-    # VJP rules call public ops; imported on use because functional imports this module.
-    from fusegrad.ops import functional
-    return functional
+def _sum_to(g, shape: tuple[int, ...]):
+    """Reduce a broadcast gradient back to ``shape``."""
+    return g.sum_to_size(shape) if g.shape != tuple(shape) else g
+
+
+# The public view ops that VJP rules return their gradients through, so that a gradient is a
+# view of its operand's storage as the public op makes it: ``slice_axes(x, starts, stops,
+# steps)`` (fusegrad.ops.movement), ``view_as_real(x)`` and ``view_as_complex(x)``
+# (fusegrad.ops.complex). Those modules sit above the primitives and fill this at import
+# (register_view_op); the rules call view_op(name) when they run, long after.
+_VIEW_OPS: dict = dict.fromkeys(("slice_axes", "view_as_real", "view_as_complex"))
+
+
+def register_view_op(name: str, fn) -> None:
+    """Fill the view-op slot ``name`` of :data:`_VIEW_OPS`."""
+    if name not in _VIEW_OPS:
+        raise KeyError(f"no view-op slot {name!r} (slots: {', '.join(_VIEW_OPS)})")
+    _VIEW_OPS[name] = fn
+
+
+def view_op(name: str):
+    """The public view op ``name`` registered by the ops above the primitives."""
+    return _VIEW_OPS[name]

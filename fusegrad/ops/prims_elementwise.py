@@ -17,17 +17,19 @@ from fusegrad.ops.primitive import (
     Rule,
     ShapeError,
     TensorType,
+    bind,
     register,
 )
 from fusegrad.ops.prims_common import (
-    _F,
     _conj,
     _np_float_compute,
     _require_float,
     _require_real,
     _same_dtype,
+    _sum_to,
     broadcast_shapes,
 )
+from fusegrad.ops.prims_extern import complex_
 
 # torch computes log(-1) = nan and 1/0 = inf silently; numpy warns. The filter is scoped to
 # the numpy calls made in this module (warnings name the calling module), so user code keeps
@@ -77,11 +79,6 @@ def _binary(name, impl, vjp=None, grad_name=None, out_dtype=None, float_only=Fal
 def _zero_rule(argnum: int) -> Rule:
     """Piecewise-constant ops (sign, floor, ...) have a zero gradient, as in torch."""
     return Rule(lambda g, out, *primals, **attrs: g.new_zeros(primals[argnum].shape))
-
-
-def _sum_to(g, shape: tuple[int, ...]):
-    """Reduce a broadcast gradient back to ``shape``."""
-    return g.sum_to_size(shape) if g.shape != tuple(shape) else g
 
 
 def _rule_x(fn, reads=(0,), reads_output=False) -> Rule:
@@ -196,7 +193,7 @@ def _abs_vjp(g, out, x):
     modulus = x.abs()
     nonzero = modulus != 0
     scale = g / modulus.where(nonzero, modulus.new_ones(()))
-    return _F().complex(scale, scale.new_zeros(())) * x.where(nonzero, x.new_zeros(()))
+    return bind(complex_, scale, scale.new_zeros(())) * x.where(nonzero, x.new_zeros(()))
 
 
 # abs of a complex tensor is real (its modulus): no _unary, whose result keeps the dtype.
@@ -329,7 +326,7 @@ def _cast_impl(x, *, dtype):
 
 def _cast_rule(g, out, x, *, dtype):
     if g.dtype.is_complex and not x.dtype.is_complex:
-        return _F().real(g).to(x.dtype)   # a real value's part of the gradient, no warning
+        return g.real.to(x.dtype)   # a real value's part of the gradient, no warning
     return g.to(x.dtype)
 
 
@@ -358,7 +355,7 @@ def _pow_dx(g, out, x, y):
 
 def _pow_dy(g, out, x, y):
     # x**y * log(x), taken as 0 where x == 0 and y >= 0 (for a complex y: its real part)
-    y_real = _F().real(y) if y.dtype.is_complex else y
+    y_real = y.real if y.dtype.is_complex else y
     return _sum_to((g * _conj(out * x.log())).where((x != 0) | (y_real < 0), g.new_zeros(())),
                    y.shape)
 
@@ -432,7 +429,7 @@ def _fmod_impl(x, y):
 
 fmod = _binary("fmod", _fmod_impl, (
     Rule(lambda g, out, x, y: _sum_to(g, x.shape)),
-    Rule(lambda g, out, x, y: _sum_to(-(g * _F().trunc(x / y)), y.shape), (0, 1))))
+    Rule(lambda g, out, x, y: _sum_to(-(g * (x / y).trunc()), y.shape), (0, 1))))
 
 
 def _remainder_impl(x, y):

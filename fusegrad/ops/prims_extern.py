@@ -16,16 +16,15 @@ from fusegrad.ops.primitive import (
     Rule,
     ShapeError,
     TensorType,
+    bind,
     register,
 )
 from fusegrad.ops.prims_common import (
-    _F,
     _np_float_compute,
     _require_real,
-    broadcast_shapes,
-)
-from fusegrad.ops.prims_elementwise import (
     _sum_to,
+    broadcast_shapes,
+    view_op,
 )
 from fusegrad.ops.prims_reduce import (
     _check_axes,
@@ -154,11 +153,11 @@ def _part_infer(name):
 
 
 def _real_vjp(g, out, x):
-    return _F().complex(g, g.new_zeros(()).expand(*g.shape))
+    return bind(complex_, g, g.new_zeros(()).expand(*g.shape))
 
 
 def _imag_vjp(g, out, x):
-    return _F().complex(g.new_zeros(()).expand(*g.shape), g)
+    return bind(complex_, g.new_zeros(()).expand(*g.shape), g)
 
 
 real = register(Primitive("real", Kind.EXTERN, _part_infer("real"), lambda x: x.real,
@@ -188,8 +187,8 @@ def _complex_impl(re, im):
 
 
 complex_ = register(Primitive("complex", Kind.EXTERN, _complex_infer, _complex_impl, (
-    Rule(lambda g, out, re, im: _sum_to(_F().real(g), re.shape)),
-    Rule(lambda g, out, re, im: _sum_to(_F().imag(g), im.shape))), "ComplexBackward0"))
+    Rule(lambda g, out, re, im: _sum_to(g.real, re.shape)),
+    Rule(lambda g, out, re, im: _sum_to(g.imag, im.shape))), "ComplexBackward0"))
 
 
 def _conj_infer(x: TensorType) -> TensorType:
@@ -198,7 +197,7 @@ def _conj_infer(x: TensorType) -> TensorType:
 
 
 conj = register(Primitive("conj", Kind.EXTERN, _conj_infer, np.conjugate,
-                          (Rule(lambda g, out, x: _F().conj_physical(g)),), "ConjBackward0"))
+                          (Rule(lambda g, out, x: g.conj_physical()),), "ConjBackward0"))
 
 
 def _view_as_real_infer(x: TensorType) -> TensorType:
@@ -234,7 +233,7 @@ def _view_as_complex_impl(x):
 
 view_as_real = register(Primitive(
     "view_as_real", Kind.EXTERN, _view_as_real_infer, _view_as_real_impl,
-    (Rule(lambda g, out, x: _F().view_as_complex(g.contiguous())),), "ViewAsRealBackward0"))
+    (Rule(lambda g, out, x: view_op("view_as_complex")(g.contiguous())),), "ViewAsRealBackward0"))
 view_as_complex = register(Primitive(
     "view_as_complex", Kind.EXTERN, _view_as_complex_infer, _view_as_complex_impl,
-    (Rule(lambda g, out, x: _F().view_as_real(g)),), "ViewAsComplexBackward0"))
+    (Rule(lambda g, out, x: view_op("view_as_real")(g)),), "ViewAsComplexBackward0"))

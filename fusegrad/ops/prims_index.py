@@ -14,12 +14,13 @@ from fusegrad.ops.primitive import (
     Rule,
     ShapeError,
     TensorType,
+    bind,
     register,
 )
 from fusegrad.ops.prims_common import (
-    _F,
     _same_dtype,
 )
+from fusegrad.ops.prims_movement import pad_axes
 from fusegrad.ops.prims_reduce import (
     _check_axes,
 )
@@ -61,7 +62,7 @@ def _take_impl(x, idx, *, axis):
 
 
 def _take_vjp(g, out, x, idx, *, axis):
-    return _F().take_add(g.new_zeros(x.shape), idx, g, axis)
+    return bind(index_add, g.new_zeros(x.shape), idx.long(), g, axis=axis)
 
 
 take = register(Primitive("take", Kind.INDEX, _take_infer, _take_impl, (Rule(_take_vjp, (1,)), None),
@@ -119,8 +120,8 @@ def _index_add_impl(x, idx, src, *, axis):
 
 index_add = register(Primitive("index_add", Kind.INDEX, _index_add_infer, _index_add_impl,
                                (Rule(lambda g, out, x, idx, src, *, axis: g), None,
-                                Rule(lambda g, out, x, idx, src, *, axis: _F().take(g, idx, axis),
-                                     (1,))),
+                                Rule(lambda g, out, x, idx, src, *, axis:
+                                     bind(take, g, idx.long(), axis=axis), (1,))),
                                "IndexAddBackward0", attrs=("axis",)))
 
 
@@ -145,7 +146,7 @@ def _gather_impl(x, idx, *, axis):
 
 def _gather_vjp(g, out, x, idx, *, axis):
     # The scatter_add primitive, not the public op: the forward read (and checked) idx.
-    return _F().bind(scatter_add, g.new_zeros(x.shape), idx, g, axis=axis)
+    return bind(scatter_add, g.new_zeros(x.shape), idx, g, axis=axis)
 
 
 gather = register(Primitive("gather", Kind.INDEX, _gather_infer, _gather_impl,
@@ -306,7 +307,7 @@ def _narrow_to(t, shape):
 def _pad_to(t, shape):
     if tuple(t.shape) == tuple(shape):
         return t
-    return _F().pad_axes(t, [(0, b - a) for a, b in zip(t.shape, shape)])
+    return pad_axes(t, [(0, b - a) for a, b in zip(t.shape, shape)])
 
 
 def _scatter_reduce_dsrc(g, out, x, idx, src, *, axis, reduce, include_self):

@@ -14,15 +14,14 @@ from fusegrad.ops.primitive import (
     Rule,
     ShapeError,
     TensorType,
+    bind,
     register,
 )
 from fusegrad.ops.prims_common import (
-    _F,
     _same_dtype,
-    _types_str,
-)
-from fusegrad.ops.prims_elementwise import (
     _sum_to,
+    _types_str,
+    view_op,
 )
 
 # torch computes log(-1) = nan and 1/0 = inf silently; numpy warns. The filter is scoped to
@@ -114,7 +113,7 @@ def _slice_vjp(g, out, x, *, starts, stops, steps):
             g = g.unsqueeze(axis + 1)
             widths = [(0, 0)] * g.ndim
             widths[axis + 1] = (0, s - 1)
-            g = _F().pad_axes(g, widths)
+            g = pad_axes(g, widths)
             merged = list(g.shape[:axis]) + [m * s] + list(g.shape[axis + 2:])
             g = g.reshape(merged)
             keep = min(m * s, d - a)
@@ -122,7 +121,7 @@ def _slice_vjp(g, out, x, *, starts, stops, steps):
     # one pad for all axes: a pad of a pad is a copy, one pad folds into its consumer's loop
     widths = [(a, d - a - n) for d, a, n in zip(x.shape, starts, g.shape)]
     if any(w != (0, 0) for w in widths):
-        g = _F().pad_axes(g, widths)
+        g = pad_axes(g, widths)
     return g
 
 
@@ -140,7 +139,7 @@ def _pad_infer(x: TensorType, *, widths, value) -> TensorType:
 def _pad_vjp(g, out, x, *, widths, value):
     starts = tuple(lo for lo, _ in widths)
     stops = tuple(lo + d for (lo, _), d in zip(widths, x.shape))
-    return _F().slice_axes(g, starts, stops, (1,) * x.ndim)
+    return view_op("slice_axes")(g, starts, stops, (1,) * x.ndim)
 
 
 def _pad_impl(x, *, widths, value):
@@ -159,6 +158,15 @@ def _pad_impl(x, *, widths, value):
 pad = register(Primitive(
     "pad", Kind.MOVEMENT, _pad_infer, _pad_impl,
     (Rule(_pad_vjp),), "ConstantPadNdBackward0", attrs=("widths", "value")))
+
+
+def pad_axes(x, widths, value=0.0):
+    """``x`` padded by ``widths`` (a (low, high) pair per axis) with ``value``; ``x`` itself
+    when every pair is (0, 0). The public ops and the VJP rules pad through it."""
+    widths = tuple((int(lo), int(hi)) for lo, hi in widths)
+    if all(w == (0, 0) for w in widths):
+        return x
+    return bind(pad, x, widths=widths, value=value)
 
 
 def _concat_infer(*xs: TensorType, axis: int) -> TensorType:

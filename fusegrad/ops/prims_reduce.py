@@ -14,17 +14,15 @@ from fusegrad.ops.primitive import (
     Rule,
     ShapeError,
     TensorType,
+    bind,
     register,
 )
 from fusegrad.ops.prims_common import (
-    _F,
     _conj,
     _np_float_compute,
     _require_real,
-    broadcast_shapes,
-)
-from fusegrad.ops.prims_elementwise import (
     _sum_to,
+    broadcast_shapes,
 )
 
 # torch computes log(-1) = nan and 1/0 = inf silently; numpy warns. The filter is scoped to
@@ -97,7 +95,7 @@ def _prod_vjp(g, out, x, *, axes):
     # that its own derivative, P towards the other zero, is right (second derivatives).
     full = _expand_back(out, x, axes)
     zero_free = x.where(x != 0, x.new_ones(()))
-    nonzeros = _expand_back(_F().reduce_prod(zero_free, axes), x, axes)
+    nonzeros = _expand_back(bind(prod, zero_free, axes=tuple(axes)), x, axes)
     others = nonzeros / zero_free
     zeros = (x == 0).to(x.dtype)
     at_zeros = x.where(x == 0, x.new_zeros(()))
@@ -186,6 +184,6 @@ def _matmul_impl(a, b):
 
 
 matmul = register(Primitive("matmul", Kind.CONTRACTION, _matmul_infer, _matmul_impl, (
-    Rule(lambda g, out, a, b: _sum_to(_F().matmul_nd(g, _conj(b).mT), a.shape), (1,)),
-    Rule(lambda g, out, a, b: _sum_to(_F().matmul_nd(_conj(a).mT, g), b.shape), (0,))),
+    Rule(lambda g, out, a, b: _sum_to(bind(matmul, g, _conj(b).mT), a.shape), (1,)),
+    Rule(lambda g, out, a, b: _sum_to(bind(matmul, _conj(a).mT, g), b.shape), (0,))),
     "MmBackward0"))

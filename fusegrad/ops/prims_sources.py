@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 
 from fusegrad import dtypes
+from fusegrad.ops import philox
 from fusegrad.ops.primitive import (
     ConstantData,
     Kind,
@@ -77,7 +78,6 @@ def _rand_infer(key: TensorType, *, shape, dtype) -> TensorType:
 
 
 def _rand_impl(key, *, shape, dtype):
-    from fusegrad.ops import philox
     return philox.uniform(int(key[0]), int(key[1]), shape, dtype.np_dtype)
 
 

@@ -42,6 +42,7 @@ import llvmlite
 import llvmlite.binding as llvm
 
 from fusegrad.config import config
+from fusegrad.dlpack import register_ir_compiler
 from fusegrad.runtime import disk_cache
 
 __all__ = ["JitModule", "KernelRecord", "compile_ir", "kernel_symbol", "kernel_key",
@@ -511,3 +512,6 @@ def clear_memory_cache() -> None:
     with _lock:
         _memory.clear()
         _objects.clear()
+
+
+register_ir_compiler(compile_ir)
