@@ -12,14 +12,15 @@ from __future__ import annotations
 __all__ = ["device", "cuda_is_available", "cuda_device_count", "check_device_available",
            "register_cuda_runtime"]
 
-# What the CUDA runtime (fusegrad.runtime.cuda) tells this base module, filled by it at import
-# through register_cuda_runtime: ``device_count() -> int`` (0 without a driver; loads a driver
-# package only when called) and the install hint that the error for a missing driver quotes.
-_cuda_runtime: dict = {"device_count": None, "install_hint": ""}
+# What the CUDA runtime tells this base module: ``device_count() -> int`` (0 without a
+# driver) and ``install_hint() -> str``, which the error for a missing driver quotes. Filled
+# at import by fusegrad.runtime.device_slots (register_cuda_runtime), with functions that load
+# the runtime on their first call.
+_cuda_runtime: dict = {"device_count": None, "install_hint": None}
 
 
-def register_cuda_runtime(device_count, install_hint: str) -> None:
-    """Install the CUDA runtime's device count and install hint (fusegrad.runtime.cuda)."""
+def register_cuda_runtime(device_count, install_hint) -> None:
+    """Install the CUDA runtime's ``device_count()`` and ``install_hint()``."""
     _cuda_runtime["device_count"] = device_count
     _cuda_runtime["install_hint"] = install_hint
 
@@ -91,7 +92,7 @@ def check_device_available(dev: device) -> device:
         if count == 0:
             raise RuntimeError(
                 "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU "
-                f"and installed a driver, and {_cuda_runtime['install_hint']}.")
+                f"and installed a driver, and {_cuda_runtime['install_hint']()}.")
         if dev.index is not None and dev.index >= count:
             raise RuntimeError(f"CUDA error: invalid device ordinal {dev.index} ({count} available)")
     return dev

@@ -9,7 +9,7 @@ above the ops: a node that runs a backward of its own (a composite's) calls it t
 :func:`run_backward`, which the engine fills.
 
 Here rather than in :mod:`fusegrad.autograd` because the ops record nodes: the tape sits
-below the ops, and the engine above them.
+with the ops (below the public ops that record it), the engine above them.
 """
 
 from __future__ import annotations

@@ -54,7 +54,6 @@ from fusegrad import profiling
 from fusegrad.codegen.cuda.printer import cuda_source
 from fusegrad.codegen.gpu_lowering import lower_kernel
 from fusegrad.config import config
-from fusegrad.device import register_cuda_runtime
 from fusegrad.ir.graph import Literal, Value
 from fusegrad.ir.kernel_graph import KernelGraph
 from fusegrad.ops.lowering import Unsupported
@@ -1424,6 +1423,3 @@ class HostCudaProgram(CudaProgram):
 
     def donate(self, pairs) -> dict[int, int]:
         return {}
-
-
-register_cuda_runtime(device_count, INSTALL_HINT)

@@ -63,7 +63,7 @@ from fusegrad.runtime.cuda import (
     current_device,
     driver,
 )
-from fusegrad.tensor import Tensor, register_handler
+from fusegrad.tensor import Tensor
 
 __all__ = ["device_apply", "to_device", "to_host", "transfer", "add_into", "copy_into", "STATS",
            "clear_cache", "strided_copy", "cuda_device"]
@@ -427,8 +427,3 @@ def transfer(x, dev: Device):
         out._requires_grad = True
     return out
 
-
-# Fill the slots of the layers below: copies between the host and a device for the ops, and a
-# cuda tensor's device for Tensor (device_apply is installed with the first cuda tensor).
-_primitive.register_device_copies(transfer, copy_into)
-register_handler("cuda_device", cuda_device)
