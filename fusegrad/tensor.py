@@ -35,8 +35,8 @@ __all__ = ["Tensor", "Size", "register_handler"]
 #   "retain"       fusegrad.ops.tape: (non-leaf tensor) -> None, for retain_grad();
 #   "backward"     fusegrad.autograd.engine: backward(tensor, gradient, retain_graph,
 #                  create_graph, inputs), for Tensor.backward;
-#   "cuda_device"  fusegrad.runtime.eager_cuda: (index) -> device, for a cuda tensor's
-#                  .device.
+#   "cuda_device"  fusegrad.runtime.device_slots: (index) -> device, for a cuda tensor's
+#                  .device (loads fusegrad.runtime.eager_cuda on its first call).
 # The math methods and operators are not here: fusegrad.ops.methods installs them on the
 # class, in one place.
 _handlers: dict = dict.fromkeys(("array_from", "accumulator", "retain", "backward", "cuda_device"))
