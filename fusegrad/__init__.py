@@ -134,6 +134,7 @@ from fusegrad.tracer import (  # noqa: E402
 # isort: split
 # Checkpoints, safetensors, dtype limits and the kernel thread count.
 from fusegrad import safetensors  # noqa: E402
+from fusegrad.runtime import device_slots as _device_slots  # noqa: E402, F401  (fills the device slots)
 from fusegrad.runtime.cpu import get_num_threads, set_num_threads  # noqa: E402
 from fusegrad.runtime.errors import OutOfMemoryError  # noqa: E402
 from fusegrad.serialization import load, save  # noqa: E402

@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 
 
@@ -52,7 +53,6 @@ def _int(name: str, default: int) -> int:
 def _ignored(name: str, default) -> None:
     """Say that an environment variable's value is not understood (it is not ignored
     silently); ``default`` is used instead."""
-    import warnings
     warnings.warn(f"{name}={os.environ.get(name)!r} is not a number; fusegrad uses {default}",
                   RuntimeWarning, stacklevel=3)
 
@@ -62,7 +62,6 @@ def _choice(name: str, choices: tuple[str, ...]) -> str:
     value = os.environ.get(name, choices[0]).strip().lower()
     if value in choices:
         return value
-    import warnings
     warnings.warn(f"{name}={os.environ.get(name)!r} is not one of {', '.join(choices)}; "
                   f"fusegrad uses {choices[0]}", RuntimeWarning, stacklevel=3)
     return choices[0]

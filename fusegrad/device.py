@@ -9,7 +9,20 @@ a kernel launch. ``cuda`` without an index is the current device
 
 from __future__ import annotations
 
-__all__ = ["device", "cuda_is_available", "cuda_device_count", "check_device_available"]
+__all__ = ["device", "cuda_is_available", "cuda_device_count", "check_device_available",
+           "register_cuda_runtime"]
+
+# What the CUDA runtime tells this base module: ``device_count() -> int`` (0 without a
+# driver) and ``install_hint() -> str``, which the error for a missing driver quotes. Filled
+# at import by fusegrad.runtime.device_slots (register_cuda_runtime), with functions that load
+# the runtime on their first call.
+_cuda_runtime: dict = {"device_count": None, "install_hint": None}
+
+
+def register_cuda_runtime(device_count, install_hint) -> None:
+    """Install the CUDA runtime's ``device_count()`` and ``install_hint()``."""
+    _cuda_runtime["device_count"] = device_count
+    _cuda_runtime["install_hint"] = install_hint
 
 
 class device:  # noqa: N801 - the public name follows torch.device
@@ -64,8 +77,8 @@ CPU = device("cpu")
 def cuda_device_count() -> int:
     """How many CUDA devices the driver reports; 0 when no CUDA package (cuda-python or
     pycuda) or no driver is installed. Imports a driver package only when called."""
-    from fusegrad.runtime.cuda import device_count
-    return device_count()
+    count = _cuda_runtime["device_count"]
+    return 0 if count is None else count()
 
 
 def cuda_is_available() -> bool:
@@ -77,10 +90,9 @@ def check_device_available(dev: device) -> device:
     if dev.type == "cuda":
         count = cuda_device_count()
         if count == 0:
-            from fusegrad.runtime.cuda import INSTALL_HINT
             raise RuntimeError(
                 "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU "
-                f"and installed a driver, and {INSTALL_HINT}.")
+                f"and installed a driver, and {_cuda_runtime['install_hint']()}.")
         if dev.index is not None and dev.index >= count:
             raise RuntimeError(f"CUDA error: invalid device ordinal {dev.index} ({count} available)")
     return dev

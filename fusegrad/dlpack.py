@@ -141,10 +141,22 @@ restore:
 """
 
 
+# The LLVM JIT, ``compile_ir(ir_text, names)`` -> a module with ``address(name)``: filled by
+# fusegrad.runtime.jit at import (register_ir_compiler); the destructor below is compiled
+# with it on the first bfloat16 export.
+_ir_compiler = None
+
+
+def register_ir_compiler(compile_ir) -> None:
+    """Install the runtime's LLVM JIT (fusegrad.runtime.jit's ``compile_ir``)."""
+    global _ir_compiler
+    _ir_compiler = compile_ir
+
+
 @functools.lru_cache(maxsize=1)
 def _capsule_destructor() -> int:
     """Address of the compiled capsule destructor (compiled on the first bfloat16 export)."""
-    from fusegrad.runtime.jit import compile_ir
+    compile_ir = _ir_compiler
     ir_text = _DESTRUCTOR_IR.replace("DELETER_OFFSET", str(DLManagedTensor.deleter.offset))
     module = compile_ir(ir_text, ["fg_dlpack_set_table", "fg_dlpack_capsule_destructor"])
     api = ctypes.pythonapi

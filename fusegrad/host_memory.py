@@ -21,6 +21,8 @@ from __future__ import annotations
 import ctypes
 import os
 
+from fusegrad.config import _int
+
 __all__ = ["keep_freed_heap", "DEFAULT_TOP_PAD"]
 
 DEFAULT_TOP_PAD = 16 << 20
@@ -41,7 +43,6 @@ def keep_freed_heap(pad: int | None = None) -> bool:
     if pad is None:
         if "MALLOC_TOP_PAD_" in os.environ:
             return False
-        from fusegrad.config import _int
         pad = _int("FUSEGRAD_MALLOC_TOP_PAD", DEFAULT_TOP_PAD)
     if pad <= 0 or not _glibc():
         return False

@@ -4,9 +4,9 @@ An eager tensor holds a numpy array (possibly a view of another tensor's array: 
 storage as in PyTorch) and its autograd state. A cuda tensor holds a contiguous
 :class:`fusegrad.runtime.cuda.DeviceArray` there instead (views of it share its device
 memory, see :mod:`fusegrad.runtime.eager_cuda`); what reads its values copies them to the
-host. Math methods delegate to
-:mod:`fusegrad.ops.functional`, so a tracer's abstract tensor (a subclass) reuses every
-method and only swaps how primitives are applied.
+host. The math methods are installed on the class by :mod:`fusegrad.ops.methods` (this
+module sits below the ops), so a tracer's abstract tensor (a subclass) reuses every method
+and only swaps how primitives are applied.
 """
 
 from __future__ import annotations
@@ -18,12 +18,35 @@ import weakref
 import numpy as np
 
 from fusegrad import dtypes
+from fusegrad import effects as _effects
+from fusegrad._tensor_str import format_tensor
 from fusegrad.device import CPU
+from fusegrad.dlpack import KDL_BFLOAT, export_capsule
 from fusegrad.host_memory import keep_freed_heap
-from fusegrad.ops import primitive as _primitive
-from fusegrad.ops.primitive import TensorType
+from fusegrad.tensor_type import TensorType, normalize_axis
 
-__all__ = ["Tensor", "Size"]
+__all__ = ["Tensor", "Size", "register_handler"]
+
+# What Tensor's methods need from the layers above it (the ops, the tape, the engine, the
+# device runtime), each filled by its owner at import through register_handler:
+#   "array_from"   fusegrad.ops.creation: (data, dtype) -> (numpy array, DType), the copy
+#                  that Tensor(data) makes;
+#   "accumulator"  fusegrad.ops.tape: AccumulateGrad, called with a leaf to make its node;
+#   "retain"       fusegrad.ops.tape: (non-leaf tensor) -> None, for retain_grad();
+#   "backward"     fusegrad.autograd.engine: backward(tensor, gradient, retain_graph,
+#                  create_graph, inputs), for Tensor.backward;
+#   "cuda_device"  fusegrad.runtime.device_slots: (index) -> device, for a cuda tensor's
+#                  .device (loads fusegrad.runtime.eager_cuda on its first call).
+# The math methods and operators are not here: fusegrad.ops.methods installs them on the
+# class, in one place.
+_handlers: dict = dict.fromkeys(("array_from", "accumulator", "retain", "backward", "cuda_device"))
+
+
+def register_handler(name: str, fn) -> None:
+    """Fill the slot ``name`` of :data:`_handlers` (called once, by the module named there)."""
+    if name not in _handlers:
+        raise KeyError(f"Tensor has no handler slot {name!r} (slots: {', '.join(_handlers)})")
+    _handlers[name] = fn
 
 # Eager ops make and drop a numpy array each: keep freed heap pages for the next one.
 keep_freed_heap()
@@ -99,8 +122,7 @@ class Tensor:
         """``Tensor(data)`` copies ``data`` like ``fusegrad.tensor``; prefer the latter."""
         if data is None:
             data = []
-        from fusegrad.ops.creation import _array_from
-        arr, dt = _array_from(data, dtype)
+        arr, dt = _handlers["array_from"](data, dtype)
         if dt.is_complex and isinstance(data, (list, tuple)) and dtype is None:
             raise TypeError("must be real number, not complex (torch.Tensor(...) makes the "
                             "default float type; use fusegrad.tensor for complex values)")
@@ -119,7 +141,7 @@ class Tensor:
     def _init_state(self, dtype: dtypes.DType) -> None:
         """Everything but the data: dtype and a fresh autograd state (no history)."""
         self._dtype = dtype
-        _primitive.note_made(self)
+        _effects.note_made(self)
         self._requires_grad = False
         self._grad = None
         self.grad_fn = None
@@ -137,7 +159,7 @@ class Tensor:
         t = object.__new__(Tensor)
         t._data = array
         t._dtype = dtype
-        _primitive.note_made(t)
+        _effects.note_made(t)
         t._requires_grad = False
         t._grad = None
         t.grad_fn = None
@@ -160,7 +182,6 @@ class Tensor:
         shape = self.shape
         if dim is None:
             return shape
-        from fusegrad.ops.prims import normalize_axis
         return shape[normalize_axis(dim, len(shape), "size")]
 
     @property
@@ -285,8 +306,8 @@ class Tensor:
 
     @property
     def grad(self):
-        if _primitive.compiling():
-            return _primitive.read_grad(self)
+        if _effects.compiling():
+            return _effects.read_grad(self)
         if self.grad_fn is not None and not self._retains_grad and self._trace is None:
             warnings.warn(
                 "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its "
@@ -298,8 +319,8 @@ class Tensor:
 
     @grad.setter
     def grad(self, value) -> None:
-        if _primitive.compiling():
-            _primitive.write_grad(self, value)
+        if _effects.compiling():
+            _effects.write_grad(self, value)
             return
         if value is not None:
             if not isinstance(value, Tensor):
@@ -334,9 +355,8 @@ class Tensor:
             raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
         if self.grad_fn is None or self._retains_grad:
             return
-        from fusegrad.autograd.engine import retain
         self._retains_grad = True
-        retain(self)
+        _handlers["retain"](self)
 
     @property
     def retains_grad(self) -> bool:
@@ -346,8 +366,7 @@ class Tensor:
         """This leaf's AccumulateGrad node (made on first use, shared while alive)."""
         node = self._grad_acc() if self._grad_acc is not None else None
         if node is None:
-            from fusegrad.autograd.engine import AccumulateGrad
-            node = AccumulateGrad(self)
+            node = _handlers["accumulator"](self)
             self._grad_acc = weakref.ref(node)
         return node
 
@@ -370,8 +389,7 @@ class Tensor:
     def backward(self, gradient=None, retain_graph: bool | None = None,
                  create_graph: bool = False, inputs=None) -> None:
         """Accumulate d(self)/d(leaf) into every leaf's ``.grad``."""
-        from fusegrad.autograd.engine import backward
-        backward(self, gradient, retain_graph, create_graph, inputs)
+        _handlers["backward"](self, gradient, retain_graph, create_graph, inputs)
 
     def detach(self) -> "Tensor":
         """A tensor sharing this one's storage, cut from the autograd graph."""
@@ -391,7 +409,7 @@ class Tensor:
     @property
     def data(self) -> "Tensor":
         out = self.detach()
-        if out is not self and out._trace is None and not _primitive.compiling():
+        if out is not self and out._trace is None and not _effects.compiling():
             # torch's .data: the same storage, a version of its own, so that a write through
             # it (w.data.clamp_(-c, c) between forward and backward) is not an error for the
             # tensors autograd saved (detach() shares the version and refuses)
@@ -400,7 +418,7 @@ class Tensor:
 
     @data.setter
     def data(self, value: "Tensor") -> None:
-        _primitive.refuse_traced(f"assigning {self._type_string()}.data")
+        _effects.refuse_traced(f"assigning {self._type_string()}.data")
         self._data = value._data
         self._dtype = value._dtype
 
@@ -409,7 +427,7 @@ class Tensor:
     def _check_concrete(self, what: str) -> None:
         """Eager tensors are concrete; the tracer's tensors override this to raise, and so
         does a compiled function's trace for tensors it reads at call time."""
-        _primitive.check_concrete(self, what)
+        _effects.check_concrete(self, what)
 
     def numpy(self, *, force: bool = False) -> np.ndarray:
         """The numpy array sharing this tensor's storage."""
@@ -496,7 +514,6 @@ class Tensor:
         return id(self)
 
     def __repr__(self, *, tensor_contents=None) -> str:
-        from fusegrad._tensor_str import format_tensor
         self._check_concrete("repr()")
         suffixes = []
         data, device = self._data, None
@@ -525,7 +542,6 @@ class Tensor:
             raise RuntimeError("Can't export tensors that require gradient, use tensor.detach()")
         if self._dtype is dtypes.bfloat16:
             # numpy cannot export ml_dtypes' bfloat16; the struct is built by hand.
-            from fusegrad.dlpack import KDL_BFLOAT, export_capsule
             return export_capsule(self._data.view(np.uint16), KDL_BFLOAT, 16)
         return self._data.__dlpack__(**{k: v for k, v in kwargs.items()
                                         if k in ("max_version", "copy", "dl_device")})
@@ -584,8 +600,7 @@ def _deepcopy_storage(data, memo: dict):
 
 
 def _cuda_device(index: int):
-    from fusegrad.runtime.eager_cuda import cuda_device
-    return cuda_device(index)
+    return _handlers["cuda_device"](index)
 
 
 def _rebuild(array, dtype_name, requires_grad):
@@ -622,5 +637,3 @@ class _HookHandle:
     def __exit__(self, *exc) -> None:
         self.remove()
 
-
-_primitive._make_tensor = Tensor._wrap

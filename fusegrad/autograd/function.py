@@ -12,8 +12,11 @@ import functools
 import inspect
 
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _Saved
-from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
+from fusegrad.grad_mode import is_grad_enabled, no_grad
+from fusegrad.ops import primitive as _primitive
 from fusegrad.ops.composite import CustomVJP
+from fusegrad.ops.reductions import sum_to_size
+from fusegrad.tensor import Tensor
 
 __all__ = ["Function", "FunctionCtx", "once_differentiable"]
 
@@ -32,7 +35,6 @@ class FunctionCtx:
         self._non_differentiable: set = set()
 
     def save_for_backward(self, *tensors) -> None:
-        from fusegrad.tensor import Tensor
         # Each with its version: backward refuses one modified in place since (as torch).
         self._saved = tuple(_Saved(t, origin="") if isinstance(t, Tensor) and t._trace is None
                             else t for t in tensors)
@@ -72,8 +74,6 @@ def once_differentiable(fn):
 def _input_grads(cls, ctx, grad, positions, n_args, inputs) -> tuple:
     """``cls.backward(ctx, grad)``, checked as torch checks it: one gradient per argument,
     each of its input's shape (summed down where the input broadcasts to it) and dtype."""
-    from fusegrad.ops.reductions import sum_to_size
-    from fusegrad.tensor import Tensor
     grads = cls.backward(ctx, grad)
     if not isinstance(grads, tuple):
         grads = (grads,)
@@ -157,7 +157,6 @@ def _traced_vjp(g, out, operands, params) -> tuple:
     (call,) = params
     inputs, saved = operands[:call.n_inputs], iter(operands[call.n_inputs:])
     ctx = copy.copy(call.ctx)
-    from fusegrad.tensor import Tensor
     ctx._saved = tuple(next(saved) if isinstance(s, Tensor) else s for s in call.ctx._saved)
     ctx._node = None
     grads = _input_grads(call.cls, ctx, g, call.positions, call.n_args, call.inputs)
@@ -184,8 +183,6 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        from fusegrad.ops import primitive as _primitive
-        from fusegrad.tensor import Tensor
         ctx = FunctionCtx()
         separate = cls.setup_context is not Function.setup_context
         if separate:

@@ -20,7 +20,9 @@ from typing import Callable
 import numpy as np
 
 from fusegrad.autograd.engine import grad as _grad
-from fusegrad.autograd.grad_mode import enable_grad
+from fusegrad.grad_mode import enable_grad
+from fusegrad.ops import creation
+from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
 
 __all__ = ["vjp", "jvp", "jacobian", "hessian", "hvp", "vhp"]
@@ -161,8 +163,7 @@ def _fill_in_zeros(grads: tuple, refs: tuple, strict: bool, stage: str) -> tuple
 
 
 def _zeros_like(t: Tensor) -> Tensor:
-    from fusegrad.ops.creation import zeros_like
-    return zeros_like(t)
+    return creation.zeros_like(t)
 
 
 def _check_single_element_outputs(outputs: tuple, fn_name: str) -> None:
@@ -267,8 +268,6 @@ def jacobian(func: Callable, inputs, create_graph: bool = False, strict: bool = 
         is_outputs_tuple, outputs = _as_tuple(outputs, "outputs of the user-provided function",
                                               "jacobian")
         _check_requires_grad(outputs, "outputs", strict=strict)
-        from fusegrad.ops import functional as F
-        from fusegrad.ops.creation import tensor, zeros
         jacobian_rows: list[tuple] = []
         for i, out in enumerate(outputs):
             n = out.numel()
@@ -277,7 +276,7 @@ def jacobian(func: Callable, inputs, create_graph: bool = False, strict: bool = 
                 # One reverse pass per output element, seeded with a one-hot cotangent.
                 seed = np.zeros(out.shape, dtype=out.dtype.np_dtype)
                 seed.reshape(-1)[j] = 1
-                grads = _autograd_grad((out,), inputs, (tensor(seed),), create_graph=create_graph)
+                grads = _autograd_grad((out,), inputs, (creation.tensor(seed),), create_graph=create_graph)
                 for k, (g, inp) in enumerate(zip(grads, inputs)):
                     if g is None:
                         if strict:
@@ -288,7 +287,7 @@ def jacobian(func: Callable, inputs, create_graph: bool = False, strict: bool = 
                     rows[k].append(g)
             jacobian_rows.append(tuple(
                 F.reshape(F.stack(r), tuple(out.shape) + tuple(inp.shape)) if r
-                else zeros(tuple(out.shape) + tuple(inp.shape), dtype=inp.dtype)
+                else creation.zeros(tuple(out.shape) + tuple(inp.shape), dtype=inp.dtype)
                 for r, inp in zip(rows, inputs)))
     result = _grad_postprocess(tuple(jacobian_rows), create_graph)
     return _tuple_postprocess(result, (is_outputs_tuple, is_inputs_tuple))

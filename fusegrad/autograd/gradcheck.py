@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Sequence
 
 import numpy as np
 
 from fusegrad.autograd.engine import grad as autograd_grad
-from fusegrad.autograd.grad_mode import enable_grad, no_grad
+from fusegrad.grad_mode import enable_grad, no_grad
+from fusegrad.ops import functional as F
+from fusegrad.tensor import Tensor
 
 __all__ = ["gradcheck", "gradgradcheck", "GradcheckError", "numerical_jacobian",
            "analytical_jacobian"]
@@ -18,7 +21,6 @@ class GradcheckError(RuntimeError):
 
 
 def _outputs(fn, inputs) -> list:
-    from fusegrad.tensor import Tensor
     out = fn(*inputs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     return [o for o in outs if isinstance(o, Tensor)]
@@ -49,7 +51,6 @@ def numerical_jacobian(fn: Callable, inputs: Sequence, eps: float = 1e-6) -> lis
 
 def analytical_jacobian(fn: Callable, inputs: Sequence) -> list[list[np.ndarray]]:
     """J[o][i] by one backward pass per output element."""
-    from fusegrad.ops import functional as F
     outs = _outputs(fn, inputs)
     diff = [x for x in inputs if getattr(x, "requires_grad", False)]
     jac = [[np.zeros((o.numel(), x.numel())) for x in inputs] for o in outs]
@@ -77,11 +78,9 @@ def gradcheck(fn: Callable, inputs, *, eps: float = 1e-6, atol: float = 1e-5, rt
     Use float64 inputs with ``requires_grad=True``; returns True or raises GradcheckError
     naming the output, input and the worst element.
     """
-    from fusegrad.tensor import Tensor
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     for x in inputs:
         if isinstance(x, Tensor) and x.requires_grad and x.dtype.name != "float64":
-            import warnings
             warnings.warn(f"gradcheck input of dtype {x.dtype} is not float64: the finite "
                           "differences will be imprecise", UserWarning, stacklevel=2)
     num = numerical_jacobian(fn, inputs, eps)
@@ -108,7 +107,6 @@ def gradgradcheck(fn: Callable, inputs, *, eps: float = 1e-6, atol: float = 1e-5
         # numerical_jacobian evaluates under no_grad; the first gradient still needs a graph.
         with enable_grad():
             outs = _outputs(fn, xs)
-            from fusegrad.ops import functional as F
             total = None
             for o in outs:
                 s = F.sum(o)

@@ -21,6 +21,11 @@ from fusegrad.ir.verifier import VerificationError, verify
 from fusegrad.ops import prims as _prims  # noqa: F401  (registers the primitives)
 from fusegrad.ops.primitive import TensorType
 
+# A graph's IR text (str) and Graphviz text (to_dot) are Graph methods installed here, in one
+# place: the printer and the dot writer build on fusegrad.ir.graph, which cannot import them.
+Graph.__str__ = print_graph
+Graph.to_dot = to_dot
+
 __all__ = ["Graph", "Node", "Value", "Literal", "TensorType", "print_graph", "parse", "parse_many",
            "verify", "interpret", "to_networkx", "structural_hash", "to_dot", "IRError",
            "IRParseError", "VerificationError"]

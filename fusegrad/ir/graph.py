@@ -168,14 +168,9 @@ class Graph:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def to_dot(self, kernels: Sequence[Sequence[Node]] | None = None) -> str:
-        """Graphviz text of this graph (see :func:`fusegrad.ir.dot.to_dot`)."""
-        from fusegrad.ir.dot import to_dot
-        return to_dot(self, kernels)
-
-    def __str__(self) -> str:
-        from fusegrad.ir.printer import print_graph
-        return print_graph(self)
+    # ``str(graph)`` (the IR text) and ``graph.to_dot(kernels=None)`` (Graphviz text) are
+    # installed by fusegrad.ir's __init__ from the printer and the dot writer, which build on
+    # this module.
 
     def __repr__(self) -> str:
         return f"<Graph @{self.name}: {len(self.inputs)} inputs, {len(self.nodes)} nodes>"

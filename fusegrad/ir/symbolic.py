@@ -19,14 +19,17 @@ from typing import Sequence
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad.grad_mode import is_grad_enabled
 from fusegrad.ir.graph import Graph, Literal, Value
+from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
+from fusegrad.ops.movement import _mark_view, _traced_layout
 from fusegrad.ops.primitive import (
     ConstantData,
     Primitive,
     ShapeError,
     TensorType,
+    bind,
     enclosing_traces,
     note_created,
 )
@@ -146,7 +149,6 @@ class SymbolicTensor(Tensor):
         if self._view_of is None or not self._view_ops:
             strides = _contiguous_strides(shape)
         else:
-            from fusegrad.ops.movement import _traced_layout
             a = _traced_layout(self)
             strides = tuple(st // a.itemsize for st in a.strides)
             if a.size <= 1 or 0 in a.shape:
@@ -156,7 +158,6 @@ class SymbolicTensor(Tensor):
     def is_contiguous(self, memory_format=None) -> bool:
         if self._view_of is None or not self._view_ops:
             return True
-        from fusegrad.ops.movement import _traced_layout
         return bool(_traced_layout(self).flags.c_contiguous)
 
     def data_ptr(self) -> int:
@@ -175,7 +176,6 @@ class SymbolicTensor(Tensor):
     def detach(self) -> "SymbolicTensor":
         # A view of this tensor, as in eager (detach shares storage): a write through it
         # (``y.detach()[0] = 1``, ``y.data.mul_(0)``) reaches y (see assign).
-        from fusegrad.ops.movement import _mark_view
         out = self._tr.process_primitive(P.stop_gradient, (self,), {})
         return _mark_view(out, self, P.stop_gradient, {})
 
@@ -339,7 +339,6 @@ class GraphTrace:
         VJP rules (reshape back, permute back, slice -> embed in zeros) and the region is
         selected with a mask built the same way.
         """
-        from fusegrad.ops import functional as F
         if tuple(value.shape) != tuple(x.shape):
             value = F.expand(value, tuple(x.shape))
         value = F.cast(value, x.dtype) if value.dtype is not x.dtype else value
@@ -412,7 +411,6 @@ def _write_through_parts(base: Tensor, view_ops, value: Tensor) -> Tensor:
     complex value's parts: the view chain is walked back one op at a time, each step putting
     the written value into the value it was viewed from (``real`` keeps the imaginary part,
     a slice keeps the elements outside it)."""
-    from fusegrad.ops import functional as F
     viewed = [base]
     for prim, attrs in view_ops[:-1]:
         viewed.append(F.bind(prim, viewed[-1], **attrs))
@@ -490,7 +488,6 @@ def replay(graph: Graph, args: Sequence[Tensor]) -> list[Tensor]:
     """
     if len(args) != len(graph.inputs):
         raise TypeError(f"graph @{graph.name} takes {len(graph.inputs)} inputs, got {len(args)}")
-    from fusegrad.ops.primitive import bind
     trace = innermost_trace(args)
     env: dict[Value, Tensor] = {}
     for v, a in zip(graph.inputs, args):

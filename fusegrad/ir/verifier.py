@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 from functools import lru_cache
 
+import networkx as nx
 import numpy as np
 
 from fusegrad.dtypes import ALL_DTYPES, DType
@@ -85,7 +86,6 @@ def type_problem(t) -> str | None:
 
 def _find_cycle(g: Graph) -> list[Node] | None:
     """A cycle among the nodes, as a list in which each node feeds the next, or None."""
-    import networkx as nx
 
     producer = {id(n.output): n for n in g.nodes}
     dg = nx.DiGraph()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from fusegrad.autograd.grad_mode import is_grad_enabled as _grad_enabled
+from fusegrad.grad_mode import is_grad_enabled as _grad_enabled
 from fusegrad.ops import functional as F
 from fusegrad.ops.autocast import wrap_namespace
 from fusegrad.ops.composite import composite, custom_vjp, opmath

@@ -11,6 +11,8 @@ from __future__ import annotations
 from fusegrad import dtypes
 from fusegrad.ops.complex import conj
 from fusegrad.ops.composite import _named
+from fusegrad.ops.creation import eye
+from fusegrad.ops.decompositions import inv
 from fusegrad.ops.elementwise import add, clamp, div, mul, ne, sqrt, sub, where
 from fusegrad.ops.matmul import bmm, dot, matmul, mm, mv, outer
 from fusegrad.ops.movement import broadcast_to, cat, narrow, reshape, transpose, unsqueeze
@@ -190,7 +192,6 @@ def cov(x: Tensor, *, correction: int = 1, fweights: Tensor | None = None,
                            f"input with {x.ndim} dimensions")
     obs = x if x.ndim == 2 else reshape(x, (1, -1))
     if not obs.dtype.is_floating_point:
-        from fusegrad import dtypes
         obs = obs.to(dtypes.get_default_dtype())
     w = None
     if fweights is not None:
@@ -250,10 +251,8 @@ def matrix_power(x: Tensor, n: int) -> Tensor:
     if n == 0:
         # The identity in x's shape whatever x holds (x * 0 is NaN where x is inf or NaN),
         # with x in the graph: its gradient is zeros, as torch's.
-        from fusegrad.ops.creation import eye
         return where(False, x, eye(x.shape[-1], dtype=x.dtype))
     if n < 0:
-        from fusegrad.ops.decompositions import inv
         x, n = inv(x), -n
     result, base = None, x
     while n:

@@ -27,6 +27,7 @@ from fusegrad.ops.factories import zeros_like
 from fusegrad.ops.movement import _mark_view
 from fusegrad.ops.operands import _float_dtype, as_tensor_operand, cast
 from fusegrad.ops.primitive import bind
+from fusegrad.ops.prims_common import register_view_op
 from fusegrad.ops.registry import public
 from fusegrad.ops.trig import atan2
 from fusegrad.tensor import Tensor
@@ -163,3 +164,7 @@ def view_as_complex(x: Tensor) -> Tensor:
         if (x._data.ctypes.data - base._data.ctypes.data) // x.itemsize % 2:
             raise RuntimeError("Tensor must have a storage_offset divisible by 2")
     return _mark_view(bind(P.view_as_complex, x), x, P.view_as_complex, {})
+
+
+register_view_op("view_as_real", view_as_real)
+register_view_op("view_as_complex", view_as_complex)

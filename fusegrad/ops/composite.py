@@ -9,11 +9,12 @@ import functools
 import re
 from typing import Callable, Sequence
 
-from fusegrad import profiling
-from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge, _Saved, run_backward
-from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad import dtypes, profiling
+from fusegrad.grad_mode import is_grad_enabled
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims
+from fusegrad.ops.operands import cast
+from fusegrad.ops.tape import _FREED_MESSAGE, Node, _edge, _Saved, run_backward
 from fusegrad.tensor import Tensor
 
 
@@ -103,8 +104,6 @@ def opmath(fn):
     is float32): torch's accumulate type (a sum of float16 values passes 65504, and becomes
     inf, long before their mean or norm does; a Python scalar a float16 tensor meets is taken
     in float32 too, as a float32 0-d tensor that promotes no further)."""
-    from fusegrad import dtypes
-    from fusegrad.ops.operands import cast
     narrow = (dtypes.float16, dtypes.bfloat16)
 
     def up(v):
@@ -131,6 +130,20 @@ def _profiled_name(grad_name: str, fn_name: str) -> str:
     return "aten::" + re.sub(r"(?<=[a-z])(?=[A-Z])", "_", match.group(1)).lower()
 
 
+# Makes the eager kernel of a ``composite(..., kernel=True)`` op: ``maker(fn, grad_name)``
+# returns a callable ``(args, kwargs)`` that gives the op's result, or NotImplemented where
+# the op runs unfused. Filled by fusegrad.tracer.eager_kernels at import
+# (register_eager_kernel_maker); while empty, such ops run unfused.
+_eager_kernel_maker = None
+
+
+def register_eager_kernel_maker(maker) -> None:
+    """Install the eager-kernel maker of ``composite(..., kernel=True)`` ops (the tracer's
+    ``EagerKernel``)."""
+    global _eager_kernel_maker
+    _eager_kernel_maker = maker
+
+
 def composite(grad_name: str, kernel: bool = False):
     """Make an op built of several primitives one autograd node named ``grad_name``.
 
@@ -151,10 +164,9 @@ def composite(grad_name: str, kernel: bool = False):
                     if rec.record_shapes else None
                 span = profiling.Span(rec, op_name, shapes=shapes).__enter__()
             try:
-                if kernel:
+                if kernel and _eager_kernel_maker is not None:
                     if not kernels:
-                        from fusegrad.tracer.eager_kernels import EagerKernel
-                        kernels.append(EagerKernel(fn, grad_name))
+                        kernels.append(_eager_kernel_maker(fn, grad_name))
                     out = kernels[0](args, kwargs)
                     if out is not NotImplemented:
                         return out

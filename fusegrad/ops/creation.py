@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import functools
 import math
+import secrets
 import threading
 
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.device import CPU, check_device_available
 from fusegrad.device import device as Device
+from fusegrad.dlpack import KDL_BFLOAT, import_capsule
+from fusegrad.grad_mode import no_grad
 from fusegrad.ops import philox, primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import bind, note_created
-from fusegrad.tensor import Size, Tensor
+from fusegrad.tensor import Size, Tensor, register_handler
 
 __all__ = [
     "tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "eye", "arange",
@@ -139,7 +141,6 @@ def from_dlpack(ext) -> Tensor:
         arr = np.from_dlpack(ext)
     except (BufferError, RuntimeError) as numpy_error:
         # numpy has no bfloat16: read DLPack's kDLBfloat (code 4, 16 bits) by hand.
-        from fusegrad.dlpack import KDL_BFLOAT, import_capsule
         if not hasattr(ext, "__dlpack__"):
             raise
         raw, code, bits = import_capsule(ext.__dlpack__())
@@ -239,8 +240,7 @@ def full_like(x: Tensor, fill_value, *, dtype=None, device=None, requires_grad: 
     if device is not None or x._trace is None and not isinstance(x._data, np.ndarray):
         dev = Device(device) if device is not None else x.device
         if dev.type != "cpu":
-            from fusegrad.runtime.eager_cuda import transfer
-            t = transfer(t, dev)
+            t = primitive.device_transfer(t, dev)
     return _finish(t, requires_grad)
 
 
@@ -261,8 +261,7 @@ def _new_full(x: Tensor, size, value, dtype, requires_grad: bool) -> Tensor:
     t = _source(P.full, x, shape=_shape(size), value=_py_value(value, dt), dtype=dt)
     dev = _device_of(x)
     if dev is not None:                  # x.new_zeros(...) is made where x is
-        from fusegrad.runtime.eager_cuda import transfer
-        t = transfer(t, dev)
+        t = primitive.device_transfer(t, dev)
     return _finish(t, requires_grad)
 
 
@@ -341,7 +340,6 @@ class Generator:
         return np.array([seed, self._offset], dtype=np.int64)
 
     def seed(self) -> int:
-        import secrets
         self.manual_seed(secrets.randbits(63))
         return self._seed
 
@@ -528,8 +526,7 @@ def _placed(factory):
             return factory(*args, **kwargs)
         check_device_available(dev)
         requires_grad = kwargs.pop("requires_grad", False)
-        from fusegrad.runtime.eager_cuda import transfer
-        t = transfer(factory(*args, **kwargs), dev)
+        t = primitive.device_transfer(factory(*args, **kwargs), dev)
         note_created(t)
         return _finish(t, requires_grad)
     functools.update_wrapper(make, factory)
@@ -539,3 +536,6 @@ def _placed(factory):
 for _name in ("tensor", "scalar_tensor", "as_tensor", "full", "zeros", "ones", "empty", "eye",
               "arange", "linspace", "logspace", "rand", "randn", "randint", "randperm", "normal"):
     globals()[_name] = _placed(globals()[_name])
+
+
+register_handler("array_from", _array_from)

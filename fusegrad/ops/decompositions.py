@@ -16,15 +16,16 @@ from collections import namedtuple
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, register
+from fusegrad.ops.creation import arange, eye, zeros
+from fusegrad.ops.elementwise import eq, lt, reciprocal, where
+from fusegrad.ops.factories import ones_like, zeros_like
+from fusegrad.ops.indexing import tril, triu
+from fusegrad.ops.movement import broadcast_to, cat, diag_embed, diagonal, narrow, squeeze, unsqueeze
+from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
 from fusegrad.ops.prims import broadcast_shapes
+from fusegrad.ops.reductions import amax
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
-
-
-def _F():
-    from fusegrad.ops import functional
-    return functional
 
 
 def _check_matrices(op: str, x: TensorType, square: bool = True) -> None:
@@ -100,7 +101,6 @@ solve_prim = _extern("solve", _solve_infer, lambda a, b: np.linalg.solve(a, b),
 
 
 def _solve_prim_apply(a, b):
-    from fusegrad.ops.primitive import bind
     return bind(solve_prim, a, b)
 
 
@@ -113,11 +113,9 @@ def _det_vjp(g, out, x):
     # d det(A) = det(A) tr(A^-1 dA): gA = g det(A) A^-T. torch takes A^-T from an LU solve
     # that does not fail on a singular A, so its gradient is 0 where det(A) is 0: there the
     # inverse is taken of the identity instead, times det(A) = 0.
-    F = _F()
-    from fusegrad.ops.creation import eye
-    singular = F.unsqueeze(F.unsqueeze(F.eq(out, 0), -1), -1)
-    safe = F.where(singular, eye(x.shape[-1], dtype=x.dtype), x)
-    return F.unsqueeze(F.unsqueeze(g * out, -1), -1) * _mT(inv(safe))
+    singular = unsqueeze(unsqueeze(eq(out, 0), -1), -1)
+    safe = where(singular, eye(x.shape[-1], dtype=x.dtype), x)
+    return unsqueeze(unsqueeze(g * out, -1), -1) * _mT(inv(safe))
 
 
 det_prim = _extern("det", _det_infer, lambda x: np.linalg.det(x), (Rule(_det_vjp, (0,), True),),
@@ -137,8 +135,7 @@ slogdet_sign_prim = _extern("slogdet_sign", _det_infer, _slogdet_sign_impl, None
 
 
 def _logabsdet_vjp(g, out, x):
-    F = _F()
-    return F.unsqueeze(F.unsqueeze(g, -1), -1) * _mT(inv(x))
+    return unsqueeze(unsqueeze(g, -1), -1) * _mT(inv(x))
 
 
 logabsdet_prim = _extern("logabsdet", _det_infer, _slogdet_log_impl,
@@ -165,10 +162,9 @@ def _cholesky_impl(x, *, upper):
 def _cholesky_vjp(g, out, x, *, upper):
     # torch's cholesky_backward: gA = L^-H Phi(L^H gL) L^-1, Phi the symmetric matrix with
     # the lower triangle of L^H gL (its diagonal halved) mirrored.
-    F = _F()
     low, g_low = (_mT(out), _mT(g)) if upper else (out, g)
-    t = F.tril(_mT(low) @ g_low)
-    phi = 0.5 * (t + _mT(F.tril(t, -1)))
+    t = tril(_mT(low) @ g_low)
+    phi = 0.5 * (t + _mT(tril(t, -1)))
     low_inv = inv(low)
     return _mT(low_inv) @ phi @ low_inv
 
@@ -222,12 +218,11 @@ def _qr_backward(x, gq, gr, mode):
     if m < n or (mode == "complete" and m > n):
         raise NotImplementedError("linalg.qr: the gradient is implemented for m >= n in mode "
                                   "'reduced' (and square inputs in mode 'complete')")
-    F = _F()
     q, r = qr_q(x, mode), qr_r(x, mode)
     ga = (gr @ _mT(r)) if gq is None else -(_mT(q) @ gq)
-    ga = F.triu(ga)
+    ga = triu(ga)
     sym = ga + _mT(ga)
-    sym = sym - 0.5 * F.diag_embed(F.diagonal(sym, 0, -2, -1))
+    sym = sym - 0.5 * diag_embed(diagonal(sym, 0, -2, -1))
     ga = q @ sym
     if gq is not None:
         ga = ga + gq
@@ -271,7 +266,6 @@ def _svd_impl(which: int):
 
 def _svd_backward(x, gu, gs, gvh, full_matrices):
     """torch's svd_backward (real case), with the cotangents that are not None."""
-    F = _F()
     m, n = x.shape[-2:]
     if full_matrices and m != n and (gu is not None or gvh is not None):
         raise NotImplementedError("linalg.svd: the gradient of U or Vh with full_matrices=True "
@@ -279,17 +273,17 @@ def _svd_backward(x, gu, gs, gvh, full_matrices):
                                   "full_matrices=False")
     u, s, vh = (svd_part(x, i, False) for i in range(3))
     if gu is None and gvh is None:
-        return (u * F.unsqueeze(gs, -2)) @ vh
-    s_row, s_col = F.unsqueeze(s, -2), F.unsqueeze(s, -1)
+        return (u * unsqueeze(gs, -2)) @ vh
+    s_row, s_col = unsqueeze(s, -2), unsqueeze(s, -1)
     s2 = s * s
-    e = F.unsqueeze(s2, -2) - F.unsqueeze(s2, -1)
-    e = e + F.diag_embed(F.ones_like(s2))      # the diagonal is 0; it divides zeros
+    e = unsqueeze(s2, -2) - unsqueeze(s2, -1)
+    e = e + diag_embed(ones_like(s2))      # the diagonal is 0; it divides zeros
     if gu is not None:
-        gu = F.narrow(gu, -1, 0, s.shape[-1])
+        gu = narrow(gu, -1, 0, s.shape[-1])
         uhgu = _mT(u) @ gu
         ret = ((uhgu - _mT(uhgu)) / e) * s_row
     else:
-        gvh = F.narrow(gvh, -2, 0, s.shape[-1])
+        gvh = narrow(gvh, -2, 0, s.shape[-1])
         vhgv = vh @ _mT(gvh)
         ret = s_col * ((vhgv - _mT(vhgv)) / e)
     if m > n and gu is not None:
@@ -328,14 +322,13 @@ def _eigh_vectors_infer(x: TensorType, *, uplo: str) -> TensorType:
 def _eigh_backward(x, gl, gv, uplo):
     """torch's linalg_eig_backward, Hermitian case: gA = V ((skew(V^H gV) / E) + diag(gL)) V^H
     with ``E[i, j] = L[j] - L[i]`` (off the diagonal)."""
-    F = _F()
     lam, v = eigh_values(x, uplo), eigh_vectors(x, uplo)
     if gv is None:
-        return (v * F.unsqueeze(gl, -2)) @ _mT(v)
+        return (v * unsqueeze(gl, -2)) @ _mT(v)
     vhgv = _mT(v) @ gv
     vhgv = 0.5 * (vhgv - _mT(vhgv))
-    e = F.unsqueeze(lam, -2) - F.unsqueeze(lam, -1)
-    e = e + F.diag_embed(F.ones_like(lam))
+    e = unsqueeze(lam, -2) - unsqueeze(lam, -1)
+    e = e + diag_embed(ones_like(lam))
     return v @ (vhgv / e) @ _mT(v)
 
 
@@ -353,7 +346,6 @@ eigh_vectors_prim = _extern(
 
 
 def _bind(prim, *operands, **attrs):
-    from fusegrad.ops.primitive import bind
     return bind(prim, *operands, **attrs)
 
 
@@ -410,9 +402,8 @@ def slogdet(x: Tensor):
 @public(torch=True, method=True)
 def logdet(x: Tensor) -> Tensor:
     """``log(det(x))``: NaN where the determinant is negative, -inf where it is 0."""
-    from fusegrad.ops import functional as F
     sign, logabs = slogdet(x)
-    return F.where(F.lt(sign, 0), float("nan"), logabs)
+    return where(lt(sign, 0), float("nan"), logabs)
 
 
 @public(torch=True, method=True)
@@ -455,9 +446,8 @@ def svd(x: Tensor, some: bool = True, compute_uv: bool = True):
     if not compute_uv:
         s = svd_part(x, 1, False)
         m, n = x.shape[-2:]
-        from fusegrad.ops import functional as F
         z = tuple(x.shape[:-2])
-        return SVDResult(F.zeros(z + (m, m), dtype=x.dtype), s, F.zeros(z + (n, n), dtype=x.dtype))
+        return SVDResult(zeros(z + (m, m), dtype=x.dtype), s, zeros(z + (n, n), dtype=x.dtype))
     full = not some
     return SVDResult(svd_part(x, 0, full), svd_part(x, 1, full), _mT(svd_part(x, 2, full)))
 
@@ -466,27 +456,25 @@ def svd(x: Tensor, some: bool = True, compute_uv: bool = True):
 def pinverse(x: Tensor, rcond: float = 1e-15) -> Tensor:
     """The Moore-Penrose pseudo-inverse, from the SVD (singular values below ``rcond`` times
     the largest are treated as zero)."""
-    from fusegrad.ops import functional as F
     u, s, vh = (svd_part(x, i, False) for i in range(3))
-    cutoff = F.unsqueeze(F.amax(s, -1, True) if s.shape[-1] else s, -1) * rcond
-    s_inv = F.where(F.lt(cutoff[..., 0], s), F.reciprocal(F.where(F.eq(s, 0), 1.0, s)), 0.0)
-    return _mT(vh) @ (F.unsqueeze(s_inv, -1) * _mT(u))
+    cutoff = unsqueeze(amax(s, -1, True) if s.shape[-1] else s, -1) * rcond
+    s_inv = where(lt(cutoff[..., 0], s), reciprocal(where(eq(s, 0), 1.0, s)), 0.0)
+    return _mT(vh) @ (unsqueeze(s_inv, -1) * _mT(u))
 
 
 def solve(a: Tensor, b: Tensor, *, left: bool = True) -> Tensor:
     """The solution ``X`` of ``a X = b`` (``X a = b`` when not ``left``); ``b`` a vector or a
     batch of vectors when its shape is ``a``'s without the last dim; batch dims broadcast."""
-    from fusegrad.ops import functional as F
     if not left:
         return _mT(solve(_mT(a), _mT(b)))
     vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and tuple(b.shape) == tuple(a.shape[:-1]))
     if vector:
-        b = F.unsqueeze(b, -1)
+        b = unsqueeze(b, -1)
     batch = broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]), op="linalg.solve")
-    a = F.broadcast_to(a, batch + tuple(a.shape[-2:]))
-    b = F.broadcast_to(b, batch + tuple(b.shape[-2:]))
+    a = broadcast_to(a, batch + tuple(a.shape[-2:]))
+    b = broadcast_to(b, batch + tuple(b.shape[-2:]))
     out = _bind(solve_prim, a, b)
-    return F.squeeze(out, -1) if vector else out
+    return squeeze(out, -1) if vector else out
 
 
 def linalg_svd(x: Tensor, full_matrices: bool = True):
@@ -529,13 +517,12 @@ def _matrix_exp_np(x):
 def _matrix_exp_vjp(g, out, x):
     # The adjoint of the Frechet derivative of exp at A applied to G is the upper right block
     # of exp([[A^T, G], [0, A^T]]) (Mathias 1996; what torch's backward computes too).
-    F = _F()
     n = x.shape[-1]
     at = _mT(x)
-    top = F.cat([at, g], -1)
-    bottom = F.cat([F.zeros_like(at), at], -1)
-    big = _bind(matrix_exp_prim, F.cat([top, bottom], -2))
-    return F.narrow(F.narrow(big, -2, 0, n), -1, n, n)
+    top = cat([at, g], -1)
+    bottom = cat([zeros_like(at), at], -1)
+    big = _bind(matrix_exp_prim, cat([top, bottom], -2))
+    return narrow(narrow(big, -2, 0, n), -1, n, n)
 
 
 def _matrix_exp_infer(x: TensorType) -> TensorType:
@@ -561,12 +548,10 @@ TriangularSolveResult = namedtuple("triangular_solve", ["solution", "cloned_coef
 def _triangle(a: Tensor, upper: bool, unitriangular: bool) -> Tensor:
     """The triangle of ``a`` that a triangular solve reads (ones on the diagonal when
     ``unitriangular``): the other elements get no gradient, as in torch."""
-    from fusegrad.ops import functional as F
-    t = F.triu(a) if upper else F.tril(a)
+    t = triu(a) if upper else tril(a)
     if unitriangular:
         n = a.shape[-1]
-        from fusegrad.ops.creation import eye
-        t = F.where(eye(n, dtype=dtypes.bool_), 1.0, t)
+        t = where(eye(n, dtype=dtypes.bool_), 1.0, t)
     return t
 
 
@@ -590,10 +575,9 @@ def triangular_solve(b: Tensor, a: Tensor, upper: bool = True, transpose: bool =
 
 
 def _bind_solve(a: Tensor, b: Tensor) -> Tensor:
-    from fusegrad.ops import functional as F
     batch = broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]), op="triangular_solve")
-    return _bind(solve_prim, F.broadcast_to(a, batch + tuple(a.shape[-2:])),
-                 F.broadcast_to(b, batch + tuple(b.shape[-2:])))
+    return _bind(solve_prim, broadcast_to(a, batch + tuple(a.shape[-2:])),
+                 broadcast_to(b, batch + tuple(b.shape[-2:])))
 
 
 # --------------------------------------------------------------------------- LU
@@ -663,11 +647,10 @@ def _lu_infer(which: str):
 def _lu_backward(x, gl, gu):
     """torch's linalg_lu_backward for square inputs:
     gA = P L^-T (tril(L^T gL, -1) + triu(gU U^T)) U^-T."""
-    F = _F()
     if x.shape[-1] != x.shape[-2]:
         raise NotImplementedError("linalg.lu: the gradient is implemented for square inputs")
     p, low, up = (_bind(prim, x) for prim in (lu_p_prim, lu_l_prim, lu_u_prim))
-    inner = F.tril(_mT(low) @ gl, -1) if gl is not None else F.triu(gu @ _mT(up))
+    inner = tril(_mT(low) @ gl, -1) if gl is not None else triu(gu @ _mT(up))
     return p @ (_mT(inv(low)) @ inner @ _mT(inv(up)))
 
 
@@ -703,14 +686,13 @@ def linalg_lu(x: Tensor, *, pivot: bool = True):
 def lu_factor(x: Tensor, *, pivot: bool = True):
     """(LU, pivots): L below the diagonal (its unit diagonal implied) and U on and above it,
     with LAPACK's 1-based int32 row pivots."""
-    from fusegrad.ops import functional as F
     _, low, up = linalg_lu(x, pivot=pivot)
     m, n = x.shape[-2:]
     k = min(m, n)
-    lower = F.tril(low, -1)
+    lower = tril(low, -1)
     if n > k:
-        lower = F.cat([lower, F.zeros_like(x)[..., :, k:]], -1)
-    upper = up if m == k else F.cat([up, F.zeros_like(x)[..., k:, :]], -2)
+        lower = cat([lower, zeros_like(x)[..., :, k:]], -1)
+    upper = up if m == k else cat([up, zeros_like(x)[..., k:, :]], -2)
     return LUFactorResult(lower + upper, _bind(lu_pivots_prim, x))
 
 
@@ -719,7 +701,6 @@ def lu(x: Tensor, pivot: bool = True, get_infos: bool = False):
     """torch.lu: (LU, pivots[, infos]) as ``linalg.lu_factor``."""
     packed, pivots = lu_factor(x, pivot=pivot)
     if get_infos:
-        from fusegrad.ops.creation import zeros
         return packed, pivots, zeros(tuple(x.shape[:-2]), dtype=dtypes.int32)
     return packed, pivots
 
@@ -728,10 +709,9 @@ def linalg_lu_solve(lu_data: Tensor, pivots: Tensor, b: Tensor, *, left: bool = 
                     adjoint: bool = False) -> Tensor:
     """``X`` with ``A X = b`` from A's ``lu_factor`` (``X A = b`` when not ``left``, ``A^T``
     when ``adjoint``): two triangular solves and the row permutation."""
-    from fusegrad.ops import functional as F
     n = lu_data.shape[-1]
     low = _triangle(lu_data, False, True)
-    up = F.triu(lu_data)
+    up = triu(lu_data)
     p = _bind(pivots_to_p_prim, pivots, m=n, dtype=lu_data.dtype)
     a_factors = (p, low, up)
     if not left:
@@ -789,28 +769,24 @@ def geqrf(x: Tensor):
 
 def _reflectors(a: Tensor, tau: Tensor):
     """The Householder matrices ``H_i = I - tau_i v_i v_i^T`` of geqrf's output, in order."""
-    from fusegrad.ops import functional as F
-    from fusegrad.ops.creation import arange, eye
     m = a.shape[-2]
     rows = arange(m)
     out = []
     for i in range(tau.shape[-1]):
         col = a[..., :, i]
-        v = F.where(F.lt(rows, i), 0.0, F.where(F.eq(rows, i), 1.0, col))
-        outer = F.unsqueeze(v, -1) * F.unsqueeze(v, -2)
-        out.append(eye(m, dtype=a.dtype) - F.unsqueeze(F.unsqueeze(tau[..., i], -1), -1) * outer)
+        v = where(lt(rows, i), 0.0, where(eq(rows, i), 1.0, col))
+        outer = unsqueeze(v, -1) * unsqueeze(v, -2)
+        out.append(eye(m, dtype=a.dtype) - unsqueeze(unsqueeze(tau[..., i], -1), -1) * outer)
     return out
 
 
 def householder_product(a: Tensor, tau: Tensor) -> Tensor:
     """The first ``n`` columns of ``H_1 H_2 ... H_k`` (torch.linalg.householder_product)."""
-    from fusegrad.ops import functional as F
-    from fusegrad.ops.creation import eye
     m, n = a.shape[-2:]
     q = eye(m, dtype=a.dtype)
     for h in _reflectors(a, tau):
         q = q @ h
-    return F.narrow(q, -1, 0, n) if n < m else q + F.zeros_like(a)
+    return narrow(q, -1, 0, n) if n < m else q + zeros_like(a)
 
 
 orgqr = public(householder_product, name="orgqr", torch=True, method=True)
@@ -821,7 +797,6 @@ def ormqr(a: Tensor, tau: Tensor, other: Tensor, left: bool = True,
           transpose: bool = False) -> Tensor:
     """``Q other`` (``other Q`` when not ``left``; ``Q^T`` when ``transpose``) with Q the
     full product of geqrf's Householder reflectors."""
-    from fusegrad.ops.creation import eye
     m = a.shape[-2]
     q = eye(m, dtype=a.dtype)
     for h in _reflectors(a, tau):

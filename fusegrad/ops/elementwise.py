@@ -10,6 +10,8 @@ import math
 import numpy as np
 
 from fusegrad import dtypes
+from fusegrad.device import check_device_available
+from fusegrad.device import device as Device
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import _named, composite, opmath
 from fusegrad.ops.factories import ones_like, zeros_like
@@ -21,7 +23,7 @@ from fusegrad.ops.operands import (
     as_tensor_operand,
     cast,
 )
-from fusegrad.ops.primitive import bind
+from fusegrad.ops.primitive import bind, device_transfer
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
@@ -263,8 +265,7 @@ bitwise_right_shift = public(_shift("bitwise_right_shift", P.shift_right, "rshif
 def where(condition, input=None, other=None) -> Tensor:  # noqa: A002
     """Elements of ``input`` where ``condition`` holds, else of ``other``."""
     if input is None and other is None:
-        from fusegrad.ops.indexing import nonzero  # indexing builds on this module
-        return nonzero(condition, as_tuple=True)
+        return condition.nonzero(as_tuple=True)   # the method: indexing builds on this module
     cond = _to_bool(condition)
     a, b = _promote("where", input, other)
     return bind(P.where, cond, a, b)
@@ -523,15 +524,14 @@ def nan_to_num(x: Tensor, nan: float = 0.0, posinf: float | None = None,
 
 @public(torch=True, method=True)
 def allclose(x, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
-    from fusegrad.ops.reductions import all as all_  # reductions imports this module
-    return bool(all_(isclose(x, other, rtol, atol, equal_nan)))
+    # Tensor.all, the reduction: reductions builds on this module
+    return bool(isclose(x, other, rtol, atol, equal_nan).all())
 
 
 @public(torch=True, method=True)
 def equal(x: Tensor, other: Tensor) -> bool:
     """True when both have the same shape and elements."""
-    from fusegrad.ops.reductions import all as all_
-    return tuple(x.shape) == tuple(other.shape) and bool(all_(eq(x, other)))
+    return tuple(x.shape) == tuple(other.shape) and bool(eq(x, other).all())
 
 
 @public(torch=True, method=True)
@@ -539,31 +539,10 @@ def clone(x: Tensor, *, memory_format=None) -> Tensor:
     return bind(P.copy, x)
 
 
-@public(method=True)
-def contiguous(x: Tensor, memory_format=None) -> Tensor:
-    """``x`` itself when already contiguous, else a contiguous copy."""
-    if x._trace is not None:
-        # A traced view whose eager layout would not be row-major (a transpose) becomes a
-        # value of its own, so that a later view() sees the layout eager would.
-        from fusegrad.ops.movement import _traced_layout  # movement builds on this module
-        if x._base is None or not x._view_ops or _traced_layout(x).flags.c_contiguous:
-            return x
-        return bind(P.copy, x)
-    if x.is_contiguous():
-        return x
-    out = clone(x)
-    # clone keeps a transposed layout (torch's preserve_format); contiguous means row-major.
-    # (A cuda tensor's clone is a contiguous device buffer already.)
-    if isinstance(out._data, np.ndarray):
-        out._data = np.ascontiguousarray(out._data)
-    return out
-
-
 def parse_to_args(args, kwargs) -> tuple[dtypes.DType | None, object]:
     """(dtype, device) out of torch's ``to`` arguments: ``to(dtype)``, ``to(device)``,
     ``to(device, dtype)``, ``to(other)``, keywords; a positional bool (non_blocking) is
     ignored. Shared by ``Tensor.to`` and ``Module.to``."""
-    from fusegrad.device import device as Device
     dtype, dev = kwargs.get("dtype"), kwargs.get("device")
     for a in args:
         if isinstance(a, Tensor):
@@ -585,8 +564,6 @@ def parse_to_args(args, kwargs) -> tuple[dtypes.DType | None, object]:
 def to(x: Tensor, *args, **kwargs) -> Tensor:
     """``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)``; ``copy=True``.
     A move between the cpu and cuda copies (differentiably: ``ToCopyBackward0``)."""
-    from fusegrad.device import check_device_available
-    from fusegrad.device import device as Device
     dtype, dev = parse_to_args(args, kwargs)
     copy = kwargs.get("copy", False)
     out = x
@@ -594,8 +571,7 @@ def to(x: Tensor, *args, **kwargs) -> Tensor:
         dev = Device(dev)
         if dev.type != x.device.type or dev.type == "cuda" and x._trace is None:
             check_device_available(dev)
-            from fusegrad.runtime.eager_cuda import transfer
-            out = transfer(x, dev)      # x itself when it is there (cuda: the current device)
+            out = device_transfer(x, dev)      # x itself when it is there (cuda: the current device)
     out = out if dtype is None else cast(out, dtype)
     if copy and out is x:
         out = clone(x)

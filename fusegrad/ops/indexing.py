@@ -13,6 +13,8 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import _named
+from fusegrad.ops.creation import _source
+from fusegrad.ops.creation import tensor as make_tensor
 from fusegrad.ops.elementwise import add, eq, ge, le, lt, mul, sub, where
 from fusegrad.ops.movement import (
     broadcast_tensors,
@@ -140,7 +142,6 @@ def masked_fill(x: Tensor, mask: Tensor, value) -> Tensor:
 
 
 def _tri_mask(x: Tensor, diagonal: int, upper: bool) -> Tensor:
-    from fusegrad.ops.creation import _source
     rows, cols = x.shape[-2], x.shape[-1]
     r = _source(P.iota, x, shape=(rows, cols), axis=0, dtype=dtypes.int64)
     c = _source(P.iota, x, shape=(rows, cols), axis=1, dtype=dtypes.int64)
@@ -320,7 +321,6 @@ def getitem(x: Tensor, key) -> Tensor:
             continue
         if isinstance(k, (list, tuple, np.ndarray)) and not isinstance(k, Tensor):
             # a sequence within the key, a tuple too, is an integer index tensor
-            from fusegrad.ops.creation import tensor as make_tensor
             # An empty list selects nothing (torch reads it as int64, not as float32).
             k = make_tensor(k, dtype=dtypes.int64) if isinstance(k, list) and \
                 np.size(k) == 0 else make_tensor(k)

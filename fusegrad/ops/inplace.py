@@ -7,17 +7,17 @@ from __future__ import annotations
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.engine import Node, _edge, _refresh_view, keep_retained
-from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
+from fusegrad.grad_mode import is_grad_enabled, no_grad
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.elementwise import mul, where
 from fusegrad.ops.indexing import getitem
 from fusegrad.ops.movement import expand, reshape, squeeze, t, transpose, unsqueeze
 from fusegrad.ops.operands import _dtype_title, _index_tensor, _scalar_tensor, as_tensor_operand, cast, take
-from fusegrad.ops.primitive import bind
+from fusegrad.ops.primitive import bind, device_copy_into
 from fusegrad.ops.registry import public
 from fusegrad.ops.slicing import index_copy, masked_scatter
+from fusegrad.ops.tape import Node, _edge, _refresh_view, keep_retained
 from fusegrad.tensor import Tensor
 
 
@@ -101,8 +101,7 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     if isinstance(x._data, np.ndarray):
         np.copyto(x._data, value._data)
     else:                               # a cuda tensor: into its device buffer
-        from fusegrad.runtime.eager_cuda import copy_into
-        copy_into(x._data, value._data)
+        device_copy_into(x._data, value._data)
     x._version_counter.value += 1
     # Under no_grad an in-place write leaves the history as it is, as in torch.
     if grad and value._requires_grad:

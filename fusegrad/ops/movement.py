@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad.grad_mode import is_grad_enabled
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import _named
@@ -18,6 +18,8 @@ from fusegrad.ops.elementwise import clone
 from fusegrad.ops.operands import _dims, _index_tensor, cast, take
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.prims import normalize_axis
+from fusegrad.ops.prims_common import register_view_op
+from fusegrad.ops.prims_movement import pad_axes
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Size, Tensor
 
@@ -188,6 +190,25 @@ def _traced_layout(x: Tensor) -> np.ndarray:
         else:
             a = prim.impl(a, **attrs)
     return a
+
+
+@public(method=True)
+def contiguous(x: Tensor, memory_format=None) -> Tensor:
+    """``x`` itself when already contiguous, else a contiguous copy."""
+    if x._trace is not None:
+        # A traced view whose eager layout would not be row-major (a transpose) becomes a
+        # value of its own, so that a later view() sees the layout eager would.
+        if x._base is None or not x._view_ops or _traced_layout(x).flags.c_contiguous:
+            return x
+        return bind(P.copy, x)
+    if x.is_contiguous():
+        return x
+    out = clone(x)
+    # clone keeps a transposed layout (torch's preserve_format); contiguous means row-major.
+    # (A cuda tensor's clone is a contiguous device buffer already.)
+    if isinstance(out._data, np.ndarray):
+        out._data = np.ascontiguousarray(out._data)
+    return out
 
 
 @public(method=True)
@@ -442,13 +463,6 @@ def select(x: Tensor, dim: int, index: int) -> Tensor:
     part = narrow(x, axis, index, 1)
     shape = tuple(d for i, d in enumerate(x.shape) if i != axis)
     return _named(reshape_prim(part, shape), "SelectBackward0")
-
-
-def pad_axes(x: Tensor, widths, value=0.0) -> Tensor:
-    widths = tuple((int(lo), int(hi)) for lo, hi in widths)
-    if builtins.all(w == (0, 0) for w in widths):
-        return x
-    return bind(P.pad, x, widths=widths, value=value)
 
 
 @public(torch=True)
@@ -717,3 +731,6 @@ def _tensor_unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
 
 
 public(_tensor_unfold, name="unfold", method=True)
+
+
+register_view_op("slice_axes", slice_axes)

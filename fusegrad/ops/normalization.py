@@ -15,7 +15,7 @@ import math
 from typing import Sequence
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.grad_mode import no_grad
 from fusegrad.ops.autocast import wrap_namespace
 from fusegrad.ops.composite import composite, opmath
 from fusegrad.ops.elementwise import add, div, mul, rsqrt, sub

@@ -9,6 +9,7 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
+from fusegrad.ops.creation import tensor
 from fusegrad.ops.primitive import bind, note_created
 from fusegrad.ops.prims import normalize_axis
 from fusegrad.tensor import Tensor
@@ -40,7 +41,6 @@ def as_tensor_operand(v, dtype: dtypes.DType | None = None) -> Tensor:
     if _is_scalar(v):
         return _scalar_tensor(v, dtype or dtypes.result_type(v))
     if isinstance(v, np.ndarray):
-        from fusegrad.ops.creation import tensor
         t = tensor(v)
         return t if dtype is None else cast(t, dtype)
     raise TypeError(f"expected a Tensor or a number, got {type(v).__name__}")

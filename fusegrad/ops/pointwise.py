@@ -40,6 +40,7 @@ from fusegrad.ops.elementwise import (
     where,
 )
 from fusegrad.ops.factories import ones_like, zeros_like
+from fusegrad.ops.inplace import assign_
 from fusegrad.ops.operands import _float_dtype, _promote, as_tensor_operand, cast
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
@@ -308,7 +309,6 @@ def hardshrink(x: Tensor, lambd: float = 0.5) -> Tensor:
 
 def _float_power_(x: Tensor, exponent) -> Tensor:
     """``x.float_power_(exponent)``: in place, so ``x`` must already be float64 (torch's rule)."""
-    from fusegrad.ops.inplace import assign_
     if x.dtype is not dtypes.float64:
         raise RuntimeError(f"the base given to float_power_ has dtype "
                            f"{x.dtype.name.capitalize()} but the operation's result requires "

@@ -19,7 +19,7 @@ from collections import namedtuple
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.grad_mode import no_grad
 from fusegrad.ops import prims as P
 from fusegrad.ops.composite import composite, opmath
 from fusegrad.ops.elementwise import (

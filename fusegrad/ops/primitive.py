@@ -9,10 +9,10 @@ IR verifier and interpreter, the autodiff pass and codegen all read this one def
 them belongs to a trace (the tracer's abstract tensors carry a ``_trace``), the trace records
 the primitive; otherwise it runs eagerly on numpy and, under grad mode, records an autograd
 node. The eager path never imports the tracer: a trace plugs in through that attribute, and
-a compiled function being traced through the slot the tracer fills (``_capture_lookup``).
-Code below the tracer that needs to know about tracing (is this call traced? record an
-effect) asks the effect functions of the "trace slots and effects" section; nothing else
-reads the slots.
+a compiled function being traced through the slot the tracer fills
+(:data:`fusegrad.effects.capture_lookup`). Code below the tracer that needs to know about
+tracing (is this call traced? record an effect) asks the effect functions of
+:mod:`fusegrad.effects`, which this module re-exports; nothing else reads the slots.
 """
 
 from __future__ import annotations
@@ -23,14 +23,35 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fusegrad import effects as _effects
 from fusegrad import profiling
-from fusegrad.dtypes import DType
+from fusegrad.effects import (  # the effect functions, where ops and the layers above ask
+    assign_captured,
+    check_concrete,
+    compiling,
+    enclosing_traces,
+    enter_optimizer,
+    exit_optimizer,
+    is_scalar_input,
+    key_source,
+    note_attribute,
+    note_created,
+    note_made,
+    note_module,
+    read_grad,
+    refuse_traced,
+    traced,
+    write_grad,
+)
+from fusegrad.tensor_type import TensorType, device_suffix
 
 __all__ = ["ConstantData", "Kind", "TensorType", "device_suffix", "infer_type", "Primitive",
            "Rule", "PRIMITIVES", "ShapeError", "bind", "register", "compiling", "traced",
            "note_made", "note_created", "read_grad", "write_grad", "refuse_traced", "check_concrete",
            "assign_captured", "enter_optimizer", "exit_optimizer", "is_scalar_input",
-           "note_module", "note_attribute", "key_source", "enclosing_traces"]
+           "note_module", "note_attribute", "key_source", "enclosing_traces",
+           "register_eager_node_recorder", "register_tensor_maker", "register_device_apply",
+           "register_device_copies", "device_transfer", "device_copy_into"]
 
 
 class Kind(enum.Enum):
@@ -51,39 +72,6 @@ class ShapeError(ValueError, RuntimeError):
     Also a RuntimeError, the type torch raises for these mistakes, so that code written
     against torch (``except RuntimeError``) catches it.
     """
-
-
-@dataclass(frozen=True)
-class TensorType:
-    """The abstract value of a tensor: its shape, dtype and device, no data.
-
-    ``device`` is a device string (``"cpu"``, ``"cuda"``, ``"cuda:1"``); the IR text shows
-    it only when it is not the CPU (``f32[4,8]@cuda``), so CPU programs print as before."""
-
-    shape: tuple[int, ...]
-    dtype: DType
-    device: str = "cpu"
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    def __str__(self) -> str:
-        text = f"{self.dtype.short}[{','.join(map(str, self.shape))}]"
-        return text if self.device == "cpu" else f"{text}{device_suffix(self.device)}"
-
-
-def device_suffix(device: str) -> str:
-    """The IR spelling of a non-CPU device after a type: ``@cuda``, ``@"cuda:1"`` (a global
-    token of the IR's lexer, quoted when it holds a colon)."""
-    return f'@"{device}"' if ":" in device else f"@{device}"
 
 
 class ConstantData:
@@ -189,7 +177,7 @@ def bind(prim: Primitive, *operands, **attrs):
         trace = op._trace
         if trace is not None:
             return trace.process_primitive(prim, operands, attrs)
-    lookup = _capture_lookup
+    lookup = _effects.capture_lookup
     if lookup is not None:
         capture = lookup()
         if capture is not None:
@@ -200,8 +188,8 @@ def bind(prim: Primitive, *operands, **attrs):
     if profiling.recorder is not None:
         return _profiled_apply(prim, operands, attrs)
     if _device_apply is not None:
-        # Set once a cuda tensor exists (fusegrad.runtime.eager_cuda): ops with a cuda
-        # operand run there; until then the CPU path pays only this test.
+        # Set once a cuda tensor exists (register_device_apply): ops with a cuda operand run
+        # there; until then the CPU path pays only this test.
         out = _device_apply(prim, operands, attrs)
         if out is not None:
             return out
@@ -229,173 +217,64 @@ def _profiled_apply(prim: Primitive, operands, attrs):
         rec.add("aten::" + prim.name, "cpu_op", start, end, shapes, stack, nbytes)
 
 
-# ------------------------------------------------------------------ trace slots and effects
-#
-# The tracer (fusegrad.tracer.state) owns the trace state, per thread, and fills these slots
-# while some thread holds what they look up; None while no thread does. Below the tracer,
-# code never reads trace state: bind consults the capture slot, and everything else asks the
-# effect functions after the slots, each of which costs one truth test while nothing is
-# traced.
+# ---------------------------------------------------------------- slots filled from above
+# What the eager path needs from the layers above it, installed by them at import time
+# through the register_* functions below (never assigned from outside). Kept as module
+# globals: _eager_apply reads them on every eager op.
 
-# () -> this thread's innermost state capture of a compiled function being traced
-# (a fusegrad.tracer.capture.StateCapture), or None.
-_capture_lookup: Callable[[], Any] | None = None
-# () -> this thread's innermost random key source (a callable (generator, count) -> key
-# tensor that the tracer or vmap pushed), or None.
-_key_source_lookup: Callable[[], Any] | None = None
-# () -> the GraphTraces running user code in this thread, innermost last.
-_traces_lookup: Callable[[], list] | None = None
-
-
-def set_capture_lookup(lookup: Callable[[], Any] | None) -> None:
-    """Fill (or empty, with None) the slot bind consults for a compiled function being
-    traced. Only the tracer calls this (fusegrad.tracer.state)."""
-    global _capture_lookup
-    _capture_lookup = lookup
-
-
-def set_key_source_lookup(lookup: Callable[[], Any] | None) -> None:
-    """Fill (or empty) the slot :func:`key_source` reads (fusegrad.tracer.state)."""
-    global _key_source_lookup
-    _key_source_lookup = lookup
-
-
-def set_traces_lookup(lookup: Callable[[], list] | None) -> None:
-    """Fill (or empty) the slot :func:`enclosing_traces` reads (fusegrad.tracer.state)."""
-    global _traces_lookup
-    _traces_lookup = lookup
-
-
-def _capture():
-    # Read once: another thread may empty the slot between a test and a call.
-    lookup = _capture_lookup
-    return lookup() if lookup is not None else None
-
-
-def compiling() -> bool:
-    """Whether a compiled function is being traced now, in this thread: every op is then
-    recorded, so eager shortcuts (numpy on a tensor's data, effects kept in Python) are off."""
-    lookup = _capture_lookup
-    return lookup is not None and lookup() is not None
-
-
-def traced(*tensors) -> bool:
-    """Whether an op on ``tensors`` is recorded rather than run: one of them belongs to a
-    trace (``fusegrad.trace``), or a compiled function is being traced."""
-    return compiling() or any(t._trace is not None for t in tensors)
-
-
-def note_made(t) -> None:
-    """``t`` is a new tensor object. While a compiled function is traced, it belongs to that
-    trace: a constant of the graph unless its storage turns out to be older (``p.detach()``)."""
-    lookup = _capture_lookup
-    if lookup is not None:
-        capture = lookup()
-        if capture is not None:
-            capture.note_made(t)
-
-
-def note_created(t) -> None:
-    """Mark ``t``, made by a tensor factory, as created by the code being traced (a constant
-    of the graph) rather than captured from outside it (an input read at call time)."""
-    capture = _capture()
-    if capture is not None:
-        capture.note_created(t)
-
-
-def read_grad(t):
-    """``t.grad`` while a compiled function is traced (:func:`compiling`): the gradient
-    present at call time (a graph input), or the one the trace wrote since."""
-    return _capture().get_grad(t)
-
-
-def write_grad(t, value) -> None:
-    """``t.grad = value`` while a compiled function is traced: written back after each call."""
-    _capture().set_grad(t, value)
-
-
-def refuse_traced(what: str) -> None:
-    """Raise ``ConcretizationError`` naming ``what`` (``"assigning f32[3].data"``) while a
-    compiled function is traced: it would happen once, at trace time. Nothing otherwise."""
-    capture = _capture()
-    if capture is not None:
-        capture.refuse(what)
-
-
-def check_concrete(t, what: str) -> None:
-    """Raise ``ConcretizationError`` when ``what`` (``"item()"``) needs the value of ``t``
-    and a compiled function is traced that reads ``t`` at call time. Nothing otherwise."""
-    capture = _capture()
-    if capture is not None:
-        capture.check_concrete(t, what)
-
-
-def assign_captured(x, value, op: str):
-    """The in-place write ``op`` of ``value`` into concrete ``x`` while a compiled function is
-    traced: a write to a tensor from outside it (a parameter, an optimizer's state) becomes
-    an output written back at call time. Returns ``x``'s new tensor."""
-    return _capture().assign_concrete(x, value, op)
-
-
-def enter_optimizer(opt):
-    """``opt.step()`` begins. While a compiled function is traced, its learning rates become
-    inputs read at each call and the structure of its state is guarded; returns what
-    :func:`exit_optimizer` restores (None when nothing is traced)."""
-    capture = _capture()
-    return None if capture is None else (capture, capture.enter_optimizer(opt))
-
-
-def exit_optimizer(token) -> None:
-    """``opt.step()`` ends: undo what :func:`enter_optimizer` swapped in."""
-    if token is not None:
-        capture, replaced = token
-        capture.exit_optimizer(replaced)
-
-
-def is_scalar_input(value) -> bool:
-    """Whether ``value`` is a hyperparameter a compiled function being traced reads at each
-    call (a 0-d graph input whose value is unknown while tracing)."""
-    capture = _capture()
-    return capture is not None and capture.is_scalar_input(value)
-
-
-def note_module(module) -> None:
-    """``module`` is called: while a compiled function is traced, its hooks and state are
-    part of what the graph's guards check."""
-    capture = _capture()
-    if capture is not None:
-        capture.note_module(module)
-
-
-def note_attribute(holder: dict, name: str, value, buffer: bool) -> None:
-    """A traced tensor ``value`` is stored in ``holder[name]`` (a module's ``__dict__``, or
-    its buffers when ``buffer``) while a compiled function is traced: the attribute is
-    restored after the trace and written back after each call."""
-    capture = _capture()
-    if capture is not None:
-        capture.note_attribute(holder, name, value, buffer)
-
-
-def key_source():
-    """Where random ops in this thread take their keys now: a callable
-    ``(generator, count) -> key tensor`` (a trace's key input, vmap's recorded keys), or
-    None for the generator itself."""
-    lookup = _key_source_lookup
-    return lookup() if lookup is not None else None
-
-
-def enclosing_traces() -> list:
-    """The traces running user code in this thread, innermost last (empty when none): a
-    symbolic tensor of one of them met by an inner trace is a free variable."""
-    lookup = _traces_lookup
-    return lookup() if lookup is not None else []
-
-# Set by fusegrad.autograd.engine at import: (prim, operands, attrs, out) -> None.
+# (prim, operands, attrs, out) -> None: gives ``out`` its autograd node.
 _record_eager_node: Callable | None = None
+# (array, dtype) -> Tensor: wraps an eager result.
 _make_tensor: Callable | None = None
-# Set by fusegrad.runtime.eager_cuda when the first cuda tensor is made:
 # (prim, operands, attrs) -> the result on the device, or None when no operand is there.
 _device_apply: Callable | None = None
+
+
+def register_eager_node_recorder(fn: Callable) -> None:
+    """Install ``fn(prim, operands, attrs, out)``, called after every differentiable eager
+    primitive to record its node on the tape. Filled by :mod:`fusegrad.ops.tape`."""
+    global _record_eager_node
+    _record_eager_node = fn
+
+
+def register_tensor_maker(fn: Callable) -> None:
+    """Install ``fn(array, dtype) -> Tensor``, which wraps an eager primitive's numpy
+    result (no copy, no checks). Filled by :mod:`fusegrad.ops` with ``Tensor._wrap``."""
+    global _make_tensor
+    _make_tensor = fn
+
+
+# (tensor, device) -> the tensor on ``device`` (differentiably; itself when it is there), and
+# (device buffer, host array or device buffer) -> None, writing into the buffer.
+_device_transfer: Callable | None = None
+_device_copy_into: Callable | None = None
+
+
+def register_device_copies(transfer: Callable, copy_into: Callable) -> None:
+    """Install the copies between the host and a device: ``transfer(tensor, device)`` and
+    ``copy_into(buffer, source)``. Filled by :mod:`fusegrad.runtime.eager_cuda` at import
+    (``import fusegrad`` imports it; no CUDA package is loaded until a copy runs)."""
+    global _device_transfer, _device_copy_into
+    _device_transfer, _device_copy_into = transfer, copy_into
+
+
+def device_transfer(t, device):
+    """``t`` on ``device`` (a cuda device): the device runtime's transfer."""
+    return _device_transfer(t, device)
+
+
+def device_copy_into(buffer, source) -> None:
+    """Write ``source`` into the device buffer ``buffer``: the device runtime's copy."""
+    _device_copy_into(buffer, source)
+
+
+def register_device_apply(fn: Callable) -> None:
+    """Install ``fn(prim, operands, attrs)``, which runs ``prim`` on the device of its cuda
+    operands and returns the result, or None when no operand is on a device (the CPU path
+    runs then). Filled by :mod:`fusegrad.runtime.eager_cuda` when the first cuda tensor is
+    made, so that until then the CPU path pays only a test of None."""
+    global _device_apply
+    _device_apply = fn
 
 
 # Result types of eager primitive calls by (primitive, operand shapes and dtypes, attributes):

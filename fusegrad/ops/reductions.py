@@ -32,7 +32,8 @@ from fusegrad.ops.elementwise import (
     sub,
     where,
 )
-from fusegrad.ops.movement import reshape_prim
+from fusegrad.ops.indexing import gather
+from fusegrad.ops.movement import diagonal, flip, movedim, reshape_prim, unsqueeze
 from fusegrad.ops.operands import _dims, _dtype_title, _float_dtype, cast
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.prims import normalize_axis
@@ -363,7 +364,6 @@ def trace(x: Tensor) -> Tensor:
     tensor calls this, given a function it is the tracer)."""
     if x.ndim != 2:
         raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {x.ndim}")
-    from fusegrad.ops.movement import diagonal
     return _named(sum(diagonal(x)), "TraceBackward0")
 
 
@@ -375,14 +375,12 @@ def trace(x: Tensor) -> Tensor:
 
 def _prefix_rows(x: Tensor, axis: int, identity) -> Tensor:
     """(..., n, n) with row i holding x[..., :i+1] along ``axis`` and ``identity`` after."""
-    from fusegrad.ops.movement import movedim, unsqueeze
     n = x.shape[axis]
     keep = Tensor._wrap(np.tril(np.ones((n, n), dtype=bool)), dtypes.bool_)
     return where(keep, unsqueeze(movedim(x, axis, -1), -2), identity)
 
 
 def _scan_result(out: Tensor, axis: int) -> Tensor:
-    from fusegrad.ops.movement import movedim
     return movedim(out, -1, axis)
 
 
@@ -414,7 +412,6 @@ def _cum_extremum(x: Tensor, dim: int, op: str, largest: bool):
     if x.numel() == 0:
         return ValuesIndices(mul(x, 1) if x.dtype.is_floating_point else cast(x, x.dtype),
                              Tensor._wrap(np.zeros(x.shape, np.int64), dtypes.int64))
-    from fusegrad.ops.movement import flip, movedim, unsqueeze
     # Row i holds x[..., :i+1] and then x[..., i] again: a fill of the dtype's extreme made
     # the fill win where x itself starts with that extreme (cummin([inf, 7]) was [7, 7]).
     last = unsqueeze(movedim(x, axis, -1), -1)
@@ -426,7 +423,6 @@ def _cum_extremum(x: Tensor, dim: int, op: str, largest: bool):
                   axis=rows.ndim - 1)
     row = Tensor._wrap(np.arange(n, dtype=np.int64), dtypes.int64)
     indices = minimum(sub(n - 1, picked), row)
-    from fusegrad.ops.indexing import gather
     values = gather(x, axis, _scan_result(indices, axis))
     return ValuesIndices(values, _scan_result(indices, axis))
 

@@ -7,17 +7,19 @@ import ml_dtypes
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.autograd.grad_mode import no_grad
+from fusegrad.grad_mode import no_grad
 from fusegrad.ops import philox
+from fusegrad.ops.creation import _uniform01, default_generator
 from fusegrad.ops.elementwise import lt, mul
+from fusegrad.ops.inplace import assign_
 from fusegrad.ops.operands import _index_tensor, cast
 from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
 from fusegrad.ops.registry import public
+from fusegrad.ops.special import _igamma_np, _lgamma_np
 from fusegrad.tensor import Tensor
 
 
 def _uniform(shape, dtype, generator) -> Tensor:
-    from fusegrad.ops.creation import _uniform01  # creation builds on the op modules
     return _uniform01(tuple(shape), dtype, generator)
 
 
@@ -34,7 +36,6 @@ def bernoulli(x: Tensor, p=None, *, generator=None) -> Tensor:
 
 def _bernoulli_(x: Tensor, p=0.5, *, generator=None) -> Tensor:
     """``x.bernoulli_(p)``: fill ``x`` with 1 with probability ``p`` (a number or tensor)."""
-    from fusegrad.ops.inplace import assign_
     with no_grad():
         return assign_(x, cast(lt(_uniform(x.shape, x.dtype, generator), p), x.dtype))
 
@@ -159,7 +160,6 @@ def _gamma_cdf_alpha_derivative(a, x):
     """d/da of the regularized incomplete gamma function at (a, x): Richardson-extrapolated
     central differences of the float64 series / continued fraction, taken of P below the
     mode and of Q = 1 - P above it, where each has its relative accuracy."""
-    from fusegrad.ops.special import _igamma_np
     upper = x > a
     # P varies in a on the scale of a below 1 and of sqrt(a) (the spread of Gamma(a)) above.
     h = 1e-3 * np.minimum(a, np.sqrt(a))
@@ -174,7 +174,6 @@ def _gamma_cdf_alpha_derivative(a, x):
 def _standard_gamma_grad_impl(alpha, x):
     """dx/dalpha of a standard Gamma draw x held at a fixed CDF value (implicit
     reparameterization, Figurnov et al. 2018): -(dP/dalpha) / (dP/dx)."""
-    from fusegrad.ops.special import _lgamma_np
     a = np.asarray(alpha, np.float64)
     v = np.asarray(x, np.float64)
     with np.errstate(all="ignore"):
@@ -208,7 +207,6 @@ def standard_gamma(concentration: Tensor, *, generator=None) -> Tensor:
     concentration (``torch._standard_gamma``): the gradient is the implicit
     reparameterization one, exact for each draw given its CDF value. Traces under
     ``fusegrad.compile`` (fresh draws on each call)."""
-    from fusegrad.ops.creation import default_generator
     gen = generator or default_generator
     key = gen.next_key(4 * _gamma_counters(max(concentration.numel(), 1)))
     return bind(standard_gamma_prim, key, concentration)

@@ -11,7 +11,7 @@ from fusegrad import dtypes
 from fusegrad.ops.composite import CustomVJP, _named
 from fusegrad.ops.creation import full, full_like, ones, zeros
 from fusegrad.ops.elementwise import add, clone, lt, where
-from fusegrad.ops.indexing import _last_writes, _positions, index_add, sort
+from fusegrad.ops.indexing import _last_writes, _positions, index_add, index_select, sort
 from fusegrad.ops.movement import (
     _int_sequence,
     broadcast_tensors,
@@ -30,6 +30,7 @@ from fusegrad.ops.primitive import ShapeError
 from fusegrad.ops.prims import broadcast_shapes, normalize_axis
 from fusegrad.ops.reductions import cumsum
 from fusegrad.ops.registry import public
+from fusegrad.ops.scatter import scatter_reduce
 from fusegrad.tensor import Tensor
 
 moveaxis = public(movedim, name="moveaxis", torch=True, method=True)
@@ -216,7 +217,6 @@ _index_copy_rule = CustomVJP("index_copy", reads_operands=False)    # its own po
 def _index_copy_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
     _, _, pos, hit = operands
     (axis,) = params
-    from fusegrad.ops.indexing import index_select
     return where(hit, zeros((), dtype=g.dtype), g), index_select(g, axis, pos), None, None
 
 
@@ -236,7 +236,6 @@ def index_put(x: Tensor, indices, values, accumulate: bool = False) -> Tensor:
                                   "without accumulate")
     lead = tuple(x.shape[:len(indices)])
     rest = tuple(x.shape[len(indices):])
-    from fusegrad.ops.movement import broadcast_tensors
     idx = broadcast_tensors(*[_positions(i, n, "index_put", d)
                               for d, (i, n) in enumerate(zip(indices, lead))])
     linear = idx[0]
@@ -339,7 +338,6 @@ def index_reduce(x: Tensor, dim: int, index: Tensor, source: Tensor, reduce: str
     """Reduce the slices of ``source`` into those of ``x`` at ``index`` along ``dim`` with
     'prod', 'mean', 'amax' or 'amin' (``scatter_reduce`` with the index spread over the
     slices)."""
-    from fusegrad.ops.scatter import scatter_reduce
     if reduce not in ("prod", "mean", "amax", "amin"):
         raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or "
                            f"amin but got {reduce}.")

@@ -17,6 +17,7 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.ops.composite import _named
 from fusegrad.ops.elementwise import add, exp, mul, sub
+from fusegrad.ops.inplace import assign_
 from fusegrad.ops.operands import _float_dtype, _promote, as_tensor_operand, cast
 from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
 from fusegrad.ops.prims import broadcast_shapes
@@ -331,7 +332,6 @@ def _polygamma_method(x: Tensor, n: int) -> Tensor:
 
 
 def _polygamma_inplace(x: Tensor, n: int) -> Tensor:
-    from fusegrad.ops.inplace import assign_
     return assign_(x, polygamma(n, x), "polygamma_")
 
 

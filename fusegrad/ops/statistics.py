@@ -17,6 +17,7 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.ops.composite import _named, opmath
+from fusegrad.ops.creation import full, tensor, zeros
 from fusegrad.ops.elementwise import (
     abs,
     add,
@@ -41,6 +42,7 @@ from fusegrad.ops.operands import as_tensor_operand
 from fusegrad.ops.primitive import Kind, Primitive, ShapeError, TensorType, bind, register
 from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.reductions import amax, amin, sum
+from fusegrad.ops.reductions import sum as total
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
@@ -116,7 +118,6 @@ def _shared_by_ties(x: Tensor, value: Tensor) -> Tensor:
     """``value`` (one of ``x``'s elements), whose gradient the elements equal to it share
     evenly (NaN: the NaN elements), as torch's gradient of a median of all elements. The
     value itself is kept exactly: ``value + (a - a)`` with ``a`` the mean of the ties."""
-    from fusegrad.ops.reductions import sum as total
     v = reshape(value.detach(), ())
     ties = eq(x, v)
     if x.dtype.is_floating_point:
@@ -126,7 +127,6 @@ def _shared_by_ties(x: Tensor, value: Tensor) -> Tensor:
 
 
 def _const_position(y_shape, value):
-    from fusegrad.ops.creation import full
     return full(tuple(y_shape[:-1]) + (1,), value, dtype=dtypes.int64)
 
 
@@ -295,7 +295,6 @@ def histc(x: Tensor, bins: int = 100, min: float = 0, max: float = 0) -> Tensor:
                          lt(flat, hi) | eq(flat, hi))
     pos = floor(mul(div(sub(flat, lo), sub(hi, lo)), bins))
     pos = clamp(where(inside, pos, 0.0), 0, bins - 1)
-    from fusegrad.ops.creation import zeros
     return index_add(zeros(bins, dtype=x.dtype), 0, cast(pos, dtypes.int64), cast(inside, x.dtype))
 
 
@@ -306,7 +305,6 @@ def histogram(x: Tensor, bins=100, *, range=None, weight=None, density: bool = F
     edges_in = bins.numpy() if isinstance(bins, Tensor) else bins
     w = None if weight is None else weight.numpy()
     hist, edges = np.histogram(x.numpy(), edges_in, range=range, weights=w, density=density)
-    from fusegrad.ops.creation import tensor
     return HistogramResult(tensor(hist.astype(x.dtype.np_dtype)),
                            tensor(edges.astype(x.dtype.np_dtype)))
 
@@ -364,7 +362,6 @@ def unique_consecutive(x: Tensor, return_inverse: bool = False, return_counts: b
     values = b[starts]
     if dim is not None:
         values = np.moveaxis(values, 0, axis)
-    from fusegrad.ops.creation import tensor
     out = [tensor(np.ascontiguousarray(values))]
     if return_inverse:
         out.append(tensor(run.reshape(x.shape if dim is None else (b.shape[0],)).astype(np.int64)))

@@ -43,13 +43,17 @@ from collections import OrderedDict
 
 import numpy as np
 
-from fusegrad.autograd.engine import Node, _edge
-from fusegrad.autograd.grad_mode import is_grad_enabled
+from fusegrad import dtypes
+from fusegrad.config import config
 from fusegrad.device import device as Device
+from fusegrad.dtypes import from_numpy_dtype
+from fusegrad.grad_mode import is_grad_enabled
+from fusegrad.ir.graph import Graph, Literal
 from fusegrad.ir.kernel_graph import View
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import Kind, TensorType
+from fusegrad.ops.tape import Node, _edge
 from fusegrad.runtime import cuda as _cuda
 from fusegrad.runtime import cuda_drivers
 from fusegrad.runtime.cuda import (
@@ -61,6 +65,7 @@ from fusegrad.runtime.cuda import (
     driver,
     register_array_kernels,
 )
+from fusegrad.tensor import Tensor
 
 __all__ = ["device_apply", "to_device", "to_host", "transfer", "add_into", "copy_into", "STATS",
            "clear_cache", "strided_copy", "cuda_device"]
@@ -97,7 +102,6 @@ class ProgramCache(OrderedDict):
         return prog
 
     def __setitem__(self, key, prog) -> None:
-        from fusegrad.config import config
         super().__setitem__(key, prog)
         self.move_to_end(key)
         while len(self) > config.cuda_eager_cache:
@@ -138,7 +142,6 @@ def _program(prim, operands, attrs) -> tuple[CudaProgram, bool]:
     prog = _PROGRAMS.get(key) if key is not None else None
     if prog is not None and prog.drv is cuda_drivers._driver:     # (not one of a replaced driver)
         return prog, True
-    from fusegrad.ir.graph import Graph
     from fusegrad.passes.fusion import fuse
     g = Graph(f"eager_{prim.name}")
     ins = [g.add_input(f"x{i}", TensorType(tuple(shape), dt)) for i, (shape, dt, _) in
@@ -177,7 +180,6 @@ def device_apply(prim, operands, attrs):
         elif data.allocator.device != device:
             raise _mismatch((cuda_device(device), cuda_device(data.allocator.device)))
     out_type = _primitive._infer(prim, operands, attrs)
-    from fusegrad.tensor import Tensor
     if prim.name in _VIEW_PRIMS:
         result = _view(prim, operands[0]._data, attrs)
         if result is not None:
@@ -220,8 +222,6 @@ def strided_copy(src: DeviceArray) -> DeviceArray:
     key = (src.shape, src.byte_strides, src.dtype, span.shape)
     prog = _STRIDED.get(key)
     if prog is None or prog.drv is not driver():
-        from fusegrad.dtypes import from_numpy_dtype
-        from fusegrad.ir.graph import Graph
         from fusegrad.passes.fusion import fuse
         g = Graph("strided_copy")
         x = g.add_input("x0", TensorType(span.shape, from_numpy_dtype(src.dtype)))
@@ -242,8 +242,6 @@ def strided_copy(src: DeviceArray) -> DeviceArray:
 
 def add_into(dst: DeviceArray, src: DeviceArray) -> None:
     """``dst += src`` on the device (same shape and dtype), written into ``dst``'s memory."""
-    from fusegrad.dtypes import from_numpy_dtype
-    from fusegrad.tensor import Tensor
     a = Tensor._wrap(dst, from_numpy_dtype(dst.dtype))
     b = Tensor._wrap(src, from_numpy_dtype(src.dtype))
     prog, _ = _program(P.add, (a, b), {})
@@ -330,9 +328,6 @@ def _strided_store(dst: DeviceArray):
     if found is None:
         return None
     box, dims = found
-    from fusegrad import dtypes
-    from fusegrad.dtypes import from_numpy_dtype
-    from fusegrad.ir.graph import Graph, Literal
     from fusegrad.passes.fusion import fuse
     dt = from_numpy_dtype(dst.dtype)
     span_len = dst.span().shape[0]
@@ -389,7 +384,7 @@ class ToCopyBackward0(Node):
 
 def _install() -> None:
     if _primitive._device_apply is None:
-        _primitive._device_apply = device_apply
+        _primitive.register_device_apply(device_apply)
 
 
 def to_device(array: np.ndarray, index: int | None = None) -> DeviceArray:
@@ -423,7 +418,6 @@ def resolve(dev: Device) -> Device:
 def transfer(x, dev: Device):
     """``x`` on device ``dev`` (a new tensor when it moves; ``x`` itself when it is there
     already), differentiable as torch's ``to`` is."""
-    from fusegrad.tensor import Tensor
     source, dev = device_of(x), resolve(Device(dev))
     if source == dev:
         return x

@@ -44,6 +44,7 @@ import llvmlite.binding as llvm
 
 from fusegrad.codegen.llvm.kernel import tuning
 from fusegrad.config import config
+from fusegrad.dlpack import register_ir_compiler
 from fusegrad.runtime import disk_cache
 from fusegrad.version import __version__
 
@@ -510,3 +511,6 @@ def clear_memory_cache() -> None:
     with _lock:
         _memory.clear()
         _objects.clear()
+
+
+register_ir_compiler(compile_ir)

@@ -29,6 +29,7 @@ from fusegrad import dtypes
 from fusegrad.codegen.llvm.kernel import module_text
 from fusegrad.codegen.native_loops import check_copy_kernel, index_add_rows_kernel
 from fusegrad.dtypes import DType
+from fusegrad.ops.prims import register_index_add_rows
 from fusegrad.runtime.jit import compile_ir
 
 __all__ = ["index_add_rows", "check_copy", "data_pointer"]
@@ -130,3 +131,6 @@ def check_copy(src: np.ndarray, dst: np.ndarray, lo: int, hi: int) -> bool:
         return False
     fn = _function()[1]
     return bool(fn(data_pointer(src), data_pointer(dst), src.size, lo, hi))
+
+
+register_index_add_rows(index_add_rows)

@@ -3,6 +3,7 @@
 from fusegrad.ir.symbolic import ConcretizationError, SymbolicTensor
 from fusegrad.nn.modules.module import register_compiler
 from fusegrad.tracer.compile import CompiledFunction, Lowered, compile
+from fusegrad.tracer.eager_kernels import EagerKernel  # noqa: F401  (fills the composites' eager-kernel slot)
 from fusegrad.tracer.trace import TraceInfo, trace, tree_flatten, tree_unflatten
 from fusegrad.tracer.transforms import grad, value_and_grad, vjp
 

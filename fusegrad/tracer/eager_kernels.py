@@ -31,6 +31,7 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.config import config
 from fusegrad.ops import primitive as _primitive
+from fusegrad.ops.composite import register_eager_kernel_maker
 from fusegrad.tensor import Tensor
 from fusegrad.tracer.compile import CompiledFunction
 from fusegrad.tracer.guards import ClosureGuard
@@ -141,3 +142,6 @@ class EagerKernel:
                 traceback.print_exc()
             cf.failed.add(signature)
             return NotImplemented
+
+
+register_eager_kernel_maker(EagerKernel)

@@ -1,10 +1,10 @@
-"""The tracer's per-thread state, and the slots of ``fusegrad.ops.primitive`` it fills.
+"""The tracer's per-thread state, and the slots of ``fusegrad.effects`` it fills.
 
 Tracing is per thread, as torch's tracing and grad mode are: a function traced (or compiled)
 in one thread must not record the ops another thread runs eagerly. :class:`TraceState` keeps
 what tracing holds while it runs user code, one per thread; only the tracer reads it. Code
 below the tracer sees it through ``bind`` and the effect functions of
-``fusegrad.ops.primitive``, which consult lookups this module puts into primitive's slots
+``fusegrad.effects``, which consult lookups this module puts into its slots
 while some thread holds a capture, a trace or a key source. While no thread does, a slot is
 None, and an eager op pays one truth test for it instead of the thread-local lookup (which
 costs an eager op several times more).
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 
-from fusegrad.ops import primitive
+from fusegrad import effects
 
 __all__ = ["TraceState", "trace_state", "is_compiling", "current_capture", "push_capture",
            "pop_capture", "push_trace", "pop_trace", "push_key_source", "pop_key_source"]
@@ -37,7 +37,7 @@ class TraceState(threading.local):
 
 _trace_state = TraceState()
 _lock = threading.Lock()
-# How many entries all threads hold on each stack: primitive's slot for a stack is filled
+# How many entries all threads hold on each stack: the effects slot for a stack is filled
 # while its count is nonzero.
 _held = {"captures": 0, "traces": 0, "key_sources": 0}
 
@@ -57,7 +57,7 @@ def current_capture():
 def is_compiling() -> bool:
     """Whether a compiled function is being traced now, in this thread
     (``torch.compiler.is_compiling``)."""
-    return primitive.compiling()
+    return effects.compiling()
 
 
 def _innermost_key_source():
@@ -70,9 +70,9 @@ def _running_traces() -> list:
 
 
 _SLOTS = {
-    "captures": (primitive.set_capture_lookup, current_capture),
-    "traces": (primitive.set_traces_lookup, _running_traces),
-    "key_sources": (primitive.set_key_source_lookup, _innermost_key_source),
+    "captures": (effects.set_capture_lookup, current_capture),
+    "traces": (effects.set_traces_lookup, _running_traces),
+    "key_sources": (effects.set_key_source_lookup, _innermost_key_source),
 }
 
 

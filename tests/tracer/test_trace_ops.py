@@ -28,6 +28,7 @@ OP_MODULES = ("composite", "operands", "elementwise", "movement", "reductions", 
 NOT_IN_TABLE = {
     "composite": "a decorator, not an op",
     "opmath": "a decorator (16-bit inputs computed in float32), not an op",
+    "register_eager_kernel_maker": "fills composite's eager-kernel slot at import, not an op",
     "custom_vjp": "marks a composite's own VJP: tests/compiler/test_custom_vjp.py",
     "parse_to_args": "argument parsing for to(), not an op",
     "nonzero": "data-dependent shape: test_trace_concretization",
