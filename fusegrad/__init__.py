@@ -134,10 +134,10 @@ from fusegrad.tracer import (  # noqa: E402
 # isort: split
 # Checkpoints, safetensors, dtype limits and the kernel thread count.
 from fusegrad import safetensors  # noqa: E402
-from fusegrad.runtime import device_slots as _device_slots  # noqa: E402, F401  (fills the device slots)
 from fusegrad.runtime.cpu import get_num_threads, set_num_threads  # noqa: E402
 from fusegrad.runtime.errors import OutOfMemoryError  # noqa: E402
 from fusegrad.serialization import load, save  # noqa: E402
+from fusegrad.tracer import device_slots as _device_slots  # noqa: E402, F401  (fills the device slots)
 from fusegrad.type_info import finfo, iinfo  # noqa: E402
 from fusegrad.version import __version__  # noqa: E402
 
@@ -197,10 +197,10 @@ from fusegrad.amp.autocast_mode import (  # noqa: E402
 )
 from fusegrad.cuda import amp as _cuda_amp  # noqa: E402, F401  (fusegrad.cuda.amp)
 from fusegrad.torch_api import install_tensor_placeholders as _install_placeholders  # noqa: E402
+from fusegrad.torch_api import missing_attribute as _missing_attribute  # noqa: E402
 
 _install_placeholders(Tensor)
 
 
 def __getattr__(name: str):
-    from fusegrad.torch_api import missing_attribute
-    raise missing_attribute("torch", "fusegrad", name)
+    raise _missing_attribute("torch", "fusegrad", name)

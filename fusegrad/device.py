@@ -4,7 +4,7 @@ A CUDA request is validated against what the machine has, so that asking for a G
 machine without one fails at once with a clear error, as in PyTorch, rather than later inside
 a kernel launch. ``cuda`` without an index is the current device
 (:func:`fusegrad.cuda.set_device`); ``cuda:N`` is device N (see
-:mod:`fusegrad.runtime.eager_cuda`).
+:mod:`fusegrad.tracer.eager_cuda`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ __all__ = ["device", "cuda_is_available", "cuda_device_count", "check_device_ava
 
 # What the CUDA runtime tells this base module: ``device_count() -> int`` (0 without a
 # driver) and ``install_hint() -> str``, which the error for a missing driver quotes. Filled
-# at import by fusegrad.runtime.device_slots (register_cuda_runtime), with functions that load
+# at import by fusegrad.tracer.device_slots (register_cuda_runtime), with functions that load
 # the runtime on their first call.
 _cuda_runtime: dict = {"device_count": None, "install_hint": None}
 

@@ -497,7 +497,7 @@ class _Decoder:
         if target.type == "cpu":
             return t
         check_device_available(target)
-        from fusegrad.runtime.eager_cuda import transfer  # optional: the CUDA runtime loads on first use
+        from fusegrad.tracer.eager_cuda import transfer  # optional: the CUDA runtime loads on first use
         return transfer(t, target)
 
 

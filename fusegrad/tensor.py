@@ -3,7 +3,7 @@
 An eager tensor holds a numpy array (possibly a view of another tensor's array: views share
 storage as in PyTorch) and its autograd state. A cuda tensor holds a contiguous
 :class:`fusegrad.runtime.cuda.DeviceArray` there instead (views of it share its device
-memory, see :mod:`fusegrad.runtime.eager_cuda`); what reads its values copies them to the
+memory, see :mod:`fusegrad.tracer.eager_cuda`); what reads its values copies them to the
 host. The math methods are installed on the class by :mod:`fusegrad.ops.methods` (this
 module sits below the ops), so a tracer's abstract tensor (a subclass) reuses every method
 and only swaps how primitives are applied.
@@ -35,8 +35,8 @@ __all__ = ["Tensor", "Size", "register_handler"]
 #   "retain"       fusegrad.ops.tape: (non-leaf tensor) -> None, for retain_grad();
 #   "backward"     fusegrad.autograd.engine: backward(tensor, gradient, retain_graph,
 #                  create_graph, inputs), for Tensor.backward;
-#   "cuda_device"  fusegrad.runtime.device_slots: (index) -> device, for a cuda tensor's
-#                  .device (loads fusegrad.runtime.eager_cuda on its first call).
+#   "cuda_device"  fusegrad.tracer.device_slots: (index) -> device, for a cuda tensor's
+#                  .device (loads fusegrad.tracer.eager_cuda on its first call).
 # The math methods and operators are not here: fusegrad.ops.methods installs them on the
 # class, in one place.
 _handlers: dict = dict.fromkeys(("array_from", "accumulator", "retain", "backward", "cuda_device"))

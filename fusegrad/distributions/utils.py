@@ -10,6 +10,7 @@ from fusegrad import dtypes, type_info
 from fusegrad.autograd.grad_mode import enable_grad
 from fusegrad.ops import creation
 from fusegrad.ops import functional as _ops
+from fusegrad.ops.primitive import traced
 from fusegrad.tensor import Tensor
 
 __all__ = ["broadcast_all", "clamp_probs", "lazy_property", "logits_to_probs", "probs_to_logits",
@@ -90,5 +91,4 @@ def _standard_normal(shape, dtype, device=None) -> Tensor:
 def _is_traced(*values) -> bool:
     """Whether an op on ``values`` is recorded into a trace, where their data is unknown (a
     validation check cannot look at it)."""
-    from fusegrad.ops.primitive import traced
     return traced(*(v for v in values if isinstance(v, Tensor)))

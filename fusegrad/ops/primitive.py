@@ -252,7 +252,7 @@ _device_copy_into: Callable | None = None
 
 def register_device_copies(transfer: Callable, copy_into: Callable) -> None:
     """Install the copies between the host and a device: ``transfer(tensor, device)`` and
-    ``copy_into(buffer, source)``. Filled by :mod:`fusegrad.runtime.eager_cuda` at import
+    ``copy_into(buffer, source)``. Filled by :mod:`fusegrad.tracer.eager_cuda` at import
     (``import fusegrad`` imports it; no CUDA package is loaded until a copy runs)."""
     global _device_transfer, _device_copy_into
     _device_transfer, _device_copy_into = transfer, copy_into
@@ -271,7 +271,7 @@ def device_copy_into(buffer, source) -> None:
 def register_device_apply(fn: Callable) -> None:
     """Install ``fn(prim, operands, attrs)``, which runs ``prim`` on the device of its cuda
     operands and returns the result, or None when no operand is on a device (the CPU path
-    runs then). Filled by :mod:`fusegrad.runtime.eager_cuda` when the first cuda tensor is
+    runs then). Filled by :mod:`fusegrad.tracer.eager_cuda` when the first cuda tensor is
     made, so that until then the CPU path pays only a test of None."""
     global _device_apply
     _device_apply = fn

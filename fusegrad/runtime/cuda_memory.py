@@ -255,7 +255,7 @@ def empty_cache() -> None:
 
 
 # The device kernels DeviceArray's contiguous() and += run (a strided copy, an add into a
-# buffer): fusegrad.runtime.eager_cuda, which builds kernels on this memory, registers them
+# buffer): fusegrad.tracer.eager_cuda, which builds kernels on this memory, registers them
 # when it is imported.
 _ARRAY_KERNELS: dict[str, Callable] = {}
 
@@ -294,7 +294,7 @@ class DeviceArray:
     the address of the first element; ``byte_strides`` None means row-major contiguous.
 
     Views are what torch's views are: slicing, reshape, permute and expand of a cuda tensor
-    make one (:func:`fusegrad.runtime.eager_cuda.device_apply`) and an in-place write
+    make one (:func:`fusegrad.tracer.eager_cuda.device_apply`) and an in-place write
     through it changes the owner's memory. Kernels read contiguous buffers: a program
     given a strided view first copies it (:meth:`contiguous`)."""
 

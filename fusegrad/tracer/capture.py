@@ -31,6 +31,7 @@ reading the value of an external tensor (``.item()``), assigning ``.data``, hook
 
 from __future__ import annotations
 
+import gc
 import operator
 import weakref
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ from fusegrad.ir.symbolic import (
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
 from fusegrad.ops.primitive import TensorType
+from fusegrad.passes.attention import fuse_attention
+from fusegrad.passes.autodiff import _reverse
 from fusegrad.tensor import Tensor
 from fusegrad.tracer.guards import ClosureGuard, hashable
 from fusegrad.tracer.state import pop_capture, push_capture
@@ -359,8 +362,6 @@ class StateCapture:
             value = out._value
             ct = self.trace_operand_tensor(ct)
             seeds[value] = ct if value not in seeds else seeds[value] + ct
-        from fusegrad.passes.attention import fuse_attention
-        from fusegrad.passes.autodiff import _reverse
         if not create_graph:
             # Attention chains recorded so far become one primitive with a fused backward
             # (passes/attention.py); a backward that is differentiated keeps the chain.
@@ -635,7 +636,6 @@ def _live_storage(exclude) -> dict[int, np.ndarray]:
     Scanned late, this misses storage whose every older tensor died while tracing and
     that only a tensor made by the trace still holds; such storage is the trace's own from
     then on, and becomes a constant of the graph."""
-    import gc
     # Exact type tests: isinstance() on arbitrary objects can run their __class__ hooks
     # (lazy modules of other libraries warn when touched), and this scan sees every object.
     types_ = _tensor_types()

@@ -26,6 +26,8 @@ stops compiling new signatures after ``SIGNATURE_LIMIT`` of them.
 
 from __future__ import annotations
 
+import traceback
+
 import numpy as np
 
 from fusegrad import dtypes
@@ -138,7 +140,6 @@ class EagerKernel:
             return cf(*tensors)
         except Exception:        # noqa: BLE001 - the eager op raises the user's error
             if config.debug:
-                import traceback
                 traceback.print_exc()
             cf.failed.add(signature)
             return NotImplemented

@@ -234,8 +234,7 @@ def _copy_into(dst, src) -> None:
     if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
         np.copyto(dst, src)
     else:
-        # optional: the CUDA runtime is imported only when a cuda tensor exists
-        from fusegrad.runtime.eager_cuda import copy_into
+        from fusegrad.tracer.eager_cuda import copy_into  # optional: CUDA loads with a cuda tensor
         copy_into(dst, src)
 
 

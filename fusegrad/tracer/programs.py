@@ -40,8 +40,7 @@ def build_program(graph: Graph, backend: str, name: str, donate=()):
     ``backend``: LLVM kernels on the CPU, CUDA kernels (numpy arrays in and out, each copied
     to the device and back), or None for the interpreter, which runs the graph itself."""
     if backend == "cuda":
-        # optional: the CUDA runtime is imported only when CUDA is asked for
-        from fusegrad.runtime.cuda import HostCudaProgram
+        from fusegrad.runtime.cuda import HostCudaProgram  # optional: CUDA loads when asked for
         return HostCudaProgram(graph.kernels, name=name)
     if backend == "llvm":
         return Program(graph.kernels, name=name, donate=donate)

@@ -25,7 +25,9 @@ from fusegrad.ir.graph import Graph
 from fusegrad.ir.symbolic import GraphTrace, SymbolicTensor
 from fusegrad.ops import creation, philox
 from fusegrad.ops.primitive import TensorType
+from fusegrad.ops.reductions import trace as matrix_trace
 from fusegrad.tensor import Tensor
+from fusegrad.tracer.capture import StateCapture, capturing
 from fusegrad.tracer.state import pop_key_source, pop_trace, push_key_source, push_trace
 
 __all__ = ["trace", "trace_with_state", "TraceInfo", "tree_flatten", "tree_unflatten", "swap_module_state"]
@@ -215,7 +217,6 @@ def trace(fn: Callable, *args, **kwargs) -> Graph:
     of the matrix's main diagonal (``Tensor.trace``), so that torch code runs unchanged.
     """
     if isinstance(fn, Tensor):
-        from fusegrad.ops.reductions import trace as matrix_trace
         return matrix_trace(fn, *args, **kwargs)
     return _trace(fn, args, kwargs, capture_state=False)
 
@@ -253,7 +254,6 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool) -> Grap
 
     cap = None
     if capture_state:
-        from fusegrad.tracer.capture import StateCapture, capturing
         pairs = [(sym_state[id(t)], t) for _, t in state] + list(zip(sym_leaves, leaves))
         cap = StateCapture(tr, pairs)
     rng = _RngInput(tr)

@@ -10,8 +10,8 @@ import pytest
 import fusegrad as fg
 from fusegrad.ops import primitive
 from fusegrad.runtime import cuda as rt
-from fusegrad.runtime import eager_cuda
 from fusegrad.testing.simulated_cuda import SimulatedDriver
+from fusegrad.tracer import eager_cuda
 
 
 def _installed(devices: int):

@@ -19,7 +19,8 @@ import fusegrad as fg
 from fusegrad.config import config
 from fusegrad.passes.fusion import fuse
 from fusegrad.runtime import cuda as rt
-from fusegrad.runtime import cuda_drivers, eager_cuda
+from fusegrad.runtime import cuda_drivers
+from fusegrad.tracer import eager_cuda
 from tests.runtime.fake_cuda import FakeCu, install_fake_cu, write_fake_pycuda
 
 CUBIN = b"\x7fELF fake machine code"

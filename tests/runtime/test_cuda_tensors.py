@@ -13,7 +13,7 @@ import pytest
 import fusegrad as fg
 import fusegrad.nn.functional as F
 from fusegrad.runtime import cuda as rt
-from fusegrad.runtime import eager_cuda
+from fusegrad.tracer import eager_cuda
 from tests.runtime.conftest import no_modules_after
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
@@ -277,7 +277,7 @@ def test_cpu_eager_code_loads_no_cuda_module():
                      "print(x.to('cpu').cpu().device, fg.zeros(2, device='cpu'))\n"
                      "from fusegrad.ops import primitive\n"
                      "assert primitive._device_apply is None\n",
-                     ("fusegrad.runtime.eager_cuda", "fusegrad.runtime.cuda", "cuda.bindings",
+                     ("fusegrad.tracer.eager_cuda", "fusegrad.runtime.cuda", "cuda.bindings",
                       "pycuda"))
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
-from fusegrad.runtime import eager_cuda
+from fusegrad.tracer import eager_cuda
 
 TOL = {"rtol": 1e-6, "atol": 1e-6}
 

@@ -3,7 +3,10 @@ kernel graph through the same fusion, GPU lowering and CUDA runtime as a compile
 
 A cuda tensor is a :class:`fusegrad.tensor.Tensor` whose storage (``_data``) is a
 :class:`fusegrad.runtime.cuda.DeviceArray` instead of an ndarray; its metadata reads the
-same attributes (``shape``, ``ndim``, ``dtype``), so nothing above ``bind`` changes.
+same attributes (``shape``, ``ndim``, ``dtype``), so nothing above ``bind`` changes. This
+handler lives in the tracer, beside the CPU's eager-kernel handler
+(:mod:`fusegrad.tracer.eager_kernels`): it compiles graphs, so it stands above both the
+passes and the runtime.
 
 - **Dispatch**: :func:`device_apply` is installed as ``fusegrad.ops.primitive``'s device hook
   when the first cuda tensor is made (:func:`to_device`). Until then the CPU's eager path
@@ -54,6 +57,7 @@ from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import Kind, TensorType
 from fusegrad.ops.tape import Node, _edge
+from fusegrad.passes.fusion import fuse
 from fusegrad.runtime import cuda as _cuda
 from fusegrad.runtime import cuda_drivers
 from fusegrad.runtime.cuda import (
@@ -142,7 +146,6 @@ def _program(prim, operands, attrs) -> tuple[CudaProgram, bool]:
     prog = _PROGRAMS.get(key) if key is not None else None
     if prog is not None and prog.drv is cuda_drivers._driver:     # (not one of a replaced driver)
         return prog, True
-    from fusegrad.passes.fusion import fuse
     g = Graph(f"eager_{prim.name}")
     ins = [g.add_input(f"x{i}", TensorType(tuple(shape), dt)) for i, (shape, dt, _) in
            enumerate(sig)]
@@ -222,7 +225,6 @@ def strided_copy(src: DeviceArray) -> DeviceArray:
     key = (src.shape, src.byte_strides, src.dtype, span.shape)
     prog = _STRIDED.get(key)
     if prog is None or prog.drv is not driver():
-        from fusegrad.passes.fusion import fuse
         g = Graph("strided_copy")
         x = g.add_input("x0", TensorType(span.shape, from_numpy_dtype(src.dtype)))
         # slice + broadcast_to give a movement value of the view's shape, which fusion folds
@@ -328,7 +330,6 @@ def _strided_store(dst: DeviceArray):
     if found is None:
         return None
     box, dims = found
-    from fusegrad.passes.fusion import fuse
     dt = from_numpy_dtype(dst.dtype)
     span_len = dst.span().shape[0]
     total = int(np.prod(box))

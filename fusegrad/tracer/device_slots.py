@@ -4,7 +4,7 @@
 host and a device, and ``Tensor.device`` names a cuda tensor's device: each through a slot
 (``register_cuda_runtime``, ``register_device_copies``, ``register_handler("cuda_device")``).
 ``import fusegrad`` imports this module, which fills them with functions that import
-:mod:`fusegrad.runtime.cuda` or :mod:`fusegrad.runtime.eager_cuda` on their first call, so
+:mod:`fusegrad.runtime.cuda` or :mod:`fusegrad.tracer.eager_cuda` on their first call, so
 that a process that never asks for a cuda device loads neither (nor any CUDA package).
 """
 
@@ -23,7 +23,7 @@ def _cuda():
 
 
 def _eager_cuda():
-    from fusegrad.runtime import eager_cuda  # optional: as above, once a cuda tensor is made
+    from fusegrad.tracer import eager_cuda  # optional: as above, once a cuda tensor is made
     return eager_cuda
 
 
