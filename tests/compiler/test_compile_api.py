@@ -17,6 +17,7 @@ from fusegrad import config as fg_config
 from fusegrad.ir.kernel_graph import Kernel
 from fusegrad.ir.symbolic import ConcretizationError
 from fusegrad.runtime import cpu
+from fusegrad.runtime import threads as threads_module
 from fusegrad.tracer.compile import RECOMPILE_WARNING_LIMIT
 from tests.compiler.compare import assert_same, strided, values
 
@@ -305,14 +306,14 @@ def test_threads_split_large_kernels_without_changing_results(monkeypatch):
            "column_reduction": lambda x, w: (x * w).sum(0)}
     results = {}
     submitted = []
-    real_pool = cpu.thread_pool
+    real_pool = threads_module.thread_pool
 
     class CountingPool:
         def submit(self, *a):
             submitted.append(a)
             return real_pool().submit(*a)
 
-    monkeypatch.setattr(cpu, "thread_pool", CountingPool)
+    monkeypatch.setattr(threads_module, "thread_pool", CountingPool)
     for threads in ("1", "2"):
         monkeypatch.setenv("FUSEGRAD_NUM_THREADS", threads)
         fg_config.reload()
@@ -363,14 +364,14 @@ def test_large_kernels_take_the_fast_call_path_and_still_thread(monkeypatch):
     rows = cpu.PARALLEL_THRESHOLD // 256 + 7
     x = f32(rows, 256)
     submitted = []
-    real_pool = cpu.thread_pool
+    real_pool = threads_module.thread_pool
 
     class CountingPool:
         def submit(self, *a):
             submitted.append(a)
             return real_pool().submit(*a)
 
-    monkeypatch.setattr(cpu, "thread_pool", CountingPool)
+    monkeypatch.setattr(threads_module, "thread_pool", CountingPool)
     monkeypatch.setattr(fg_config.config, "num_threads", 1)
     compiled = fg.compile(lambda x: (x * 0.5).exp())
     first = compiled(x)
