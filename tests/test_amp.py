@@ -308,6 +308,55 @@ def test_a_compiled_function_is_retraced_inside_an_autocast_region():
     assert f(x).dtype == F32 and f.compiles == 3
 
 
+def _mlp_step_program(batch, amp):
+    """The compiled program of an MLP training step (64-128-128-10, ReLU, SGD), float32 or
+    under autocast."""
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                          nn.Linear(128, 10))
+    opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x, y):
+        opt.zero_grad()
+        with fg.autocast("cpu", enabled=amp):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    x, y = _t(batch, 64), fg.tensor(np.arange(batch) % 10)
+    return fg.compile(step, fullgraph=True).lower(x, y).program
+
+
+def test_a_bf16_activation_is_stored_once_in_bf16():
+    kg = _mlp_step_program(32, True).kg
+    matmuls = [k for k in kg.kernels if k.kind == "matmul"]
+    # The first layer's kernel: the bf16 product, the bias and the ReLU, written in bf16
+    # (the cast folded into the kernel that produces the value, no float32 copy)...
+    hidden = [v for v in matmuls[0].outputs if v.type.shape == (32, 128) and v.type.dtype == BF16]
+    assert len(hidden) == 1
+    # ...which the second layer's product reads as it is.
+    assert hidden[0] in matmuls[1].inputs
+    # No kernel casts a batch-sized value on its own but the input's cast to bf16.
+    casts = [k for k in kg.kernels if {n.op for n in k.nodes} == {"cast"} and k.shape[0] == 32]
+    assert [k.shape for k in casts] == [(32, 64)]
+
+
+def test_autocast_step_saves_activations_in_bf16():
+    # Activation bytes per sample: the difference between two batch sizes (copies of the
+    # parameters, the bf16 weights that the backward reads, cancel). The hidden activations
+    # are saved in bf16; the ReLU masks are bytes in both.
+    from fusegrad.runtime.memory_plan import saved_between
+
+    def saved(batch, amp):
+        prog = _mlp_step_program(batch, amp)
+        return sum(saved_between(prog.kg, prog.graph.outputs[0]).values())
+    per_sample = {amp: (saved(64, amp) - saved(32, amp)) / 32 for amp in (False, True)}
+    # float32: 2 x 128 activations (4 bytes), 2 x 128 masks, 10 logits' softmax (4 bytes).
+    assert per_sample[False] == 2 * 128 * 4 + 2 * 128 + 10 * 4
+    # bf16: the input's bf16 copy, the activations and the softmax in 2 bytes, the same masks.
+    assert per_sample[True] == 64 * 2 + 2 * 128 * 2 + 2 * 128 + 10 * 2
+
+
 # --- GradScaler ------------------------------------------------------------------------------
 
 def _param(values):
