@@ -1232,9 +1232,19 @@ def _matmul_infer(a: TensorType, b: TensorType) -> TensorType:
     return TensorType(batch + (a.shape[-2], b.shape[-1]), dt)
 
 
+# A bf16 x bf16 product of 2-D arrays with float32 sums, rounded once (the generated GEMM,
+# registered by fusegrad.runtime.cpu where compiled programs use it); returns None for a
+# product it does not take.
+bf16_matmul_2d: Callable | None = None
+
+
 def _matmul_impl(a, b):
     if a.dtype.kind in "iub":
         return np.matmul(a, b)
+    if bf16_matmul_2d is not None and a.dtype == ml_dtypes.bfloat16 == b.dtype and a.ndim == b.ndim == 2:
+        out = bf16_matmul_2d(a, b)
+        if out is not None:
+            return out
     return np.matmul(_np_float_compute(a), _np_float_compute(b))
 
 
