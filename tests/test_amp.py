@@ -571,6 +571,19 @@ def test_a_skipped_first_step_leaves_zero_state_and_no_step_count():
     assert scaler.get_scale() == 128.0 and scaler._get_growth_tracker() == 0
 
 
+def test_update_outside_the_compiled_step_raises():
+    model, opt, scaler, _ = _scaler_step("SGD")
+    x, y = _t(12, 6), fg.tensor(np.arange(12) % 3)
+
+    def step(x, y):
+        opt.zero_grad()
+        scaler.scale(F.cross_entropy(model(x), y)).backward()
+        scaler.step(opt)
+    fg.compile(step, fullgraph=True)(x, y)
+    with pytest.raises(RuntimeError, match=r"update\(\) in the same compiled function as step\(\)"):
+        scaler.update()
+
+
 # --- against torch ---------------------------------------------------------------------------
 
 # Each: a function of (module, functional, float input a (4, 4)) run in both libraries.

@@ -322,6 +322,10 @@ class GradScaler:
                           for found_inf in state["found_inf_per_device"].values()]
             if len(found_infs) == 0:
                 raise AssertionError("No inf checks were recorded prior to update.")
+            if not primitive.compiling() and any(f._trace is not None for f in found_infs):
+                raise RuntimeError("GradScaler.update() outside the compiled function whose step() "
+                                   "checked the gradients: that check is a value of its graph. Call "
+                                   "update() in the same compiled function as step().")
             found_inf_combined = found_infs[0]
             for f in found_infs[1:]:
                 found_inf_combined = F.add(found_inf_combined, f)
