@@ -391,3 +391,33 @@ def test_eager_bf16_products_take_the_generated_gemm_when_programs_do(setting, m
     else:
         want = pair_sums(a, bt) if jit.target_has_avx512_bf16() else float32_gemm_rounded(a, bt)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_compiled_autocast_step_runs_its_bf16_products_as_generated_gemms(monkeypatch):
+    # Forward products (x @ W.T: B packed), the input gradients (g @ W) and the weight
+    # gradients (gᵀ @ x: A read down its columns), all bf16 under autocast, with epilogues.
+    rng = np.random.default_rng(0)
+    x = fg.tensor(rng.standard_normal((48, 20)).astype(np.float32))
+    y = fg.tensor(rng.integers(0, 5, 48))
+
+    def run(setting):
+        monkeypatch.setattr(config, "native_gemm", setting)
+        fg.manual_seed(0)
+        model = fg.nn.Sequential(fg.nn.Linear(20, 40), fg.nn.ReLU(), fg.nn.Linear(40, 5))
+        opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            opt.zero_grad()
+            with fg.autocast("cpu"):
+                loss = fg.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        step = fg.compile(step, fullgraph=True)
+        losses = [step(x, y).item() for _ in range(3)]
+        gemms = [s.gemm.dtype for s in step.entries()[-1].program.steps if isinstance(s, GemmStep)]
+        return losses, gemms
+    (on, gemms), (off, none) = run("on"), run("off")
+    assert gemms == [fg.bfloat16] * 5 and none == []     # 2 forward, 3 backward
+    # The same products summed in another order, rounded to bf16: a bf16 ulp apart at most.
+    np.testing.assert_allclose(on, off, rtol=2.0 ** -6)
