@@ -18,13 +18,15 @@ steps after warm-up and the compiles.
 
 Each row gives the step's GEMM FLOPs (the products and convolutions of the forward, times three
 for the backward's two products per forward one) and the rate that makes of the median time,
-and for the compiled steps the activation memory: the bytes the compiled program holds from its
-forward into its backward (:func:`fusegrad.runtime.memory_plan.saved_between`; bf16 copies of
-the weights that the backward reads included). The first line is the machine
+and for the compiled steps the bytes the compiled program holds from its forward into its
+backward (:func:`fusegrad.runtime.memory_plan.saved_between`): all of them, and the
+activations among them (those computed from the step's data; the rest are copies of
+parameters, such as the bf16 weights that an autocast backward reads). The first line is the machine
 (``benchmarks/machine.py``): a rate means little without the CPU and its float32 peak.
 
 Run ``python benchmarks/bench_amp.py [--quick] [--threads 1,2] [--only gpt,mlp,cnn]``.
-``--quick`` is a short run: the same workloads, fewer steps.
+``--quick`` is a short run: the same workloads, fewer steps; ``--memory`` only compiles the
+steps and prints their saved bytes.
 """
 
 from __future__ import annotations
@@ -168,7 +170,6 @@ def measure(workload: str, threads: int, steps: int) -> list[dict]:
     import numpy as np
 
     import fusegrad as fg
-    from fusegrad.runtime.memory_plan import saved_between
     fg.set_num_threads(threads)
     try:
         import torch
@@ -204,12 +205,67 @@ def measure(workload: str, threads: int, steps: int) -> list[dict]:
                    "median_s": statistics.median(times), "first_two_s": first,
                    "loss": float(loss.item())}
             if compiled:
-                prog = step.entries()[-1].program
-                row["saved_bytes"] = sum(saved_between(prog.kg, prog.graph.outputs[0]).values())
+                row.update(saved_bytes(step.entries()[-1].program))
             rows.append(row)
             print(f"  {workload} {threads}t {name} {row['precision']}: "
                   f"{row['median_s'] * 1e3:.1f} ms", file=sys.stderr, flush=True)
     return rows
+
+
+def saved_bytes(prog) -> dict:
+    """What a compiled step's program holds from its forward into its backward: all of it
+    (``saved_bytes``), and the part computed from the step's data arguments
+    (``activation_bytes``: what grows with the batch; the rest are copies of parameters,
+    the bf16 weights under autocast)."""
+    from fusegrad.runtime.memory_plan import saved_between
+    g = prog.kg.graph
+    data = set(g.inputs[g.meta.n_state:g.meta.n_state + 2])        # the step's x and y
+    reaches: dict = {}
+
+    def from_data(v) -> bool:
+        todo = [v]
+        while todo:             # post-order over the producers, memoized
+            u = todo[-1]
+            if u in reaches:
+                todo.pop()
+                continue
+            producer = getattr(u, "producer", None)
+            if producer is None:
+                reaches[u] = u in data
+                todo.pop()
+                continue
+            pending = [w for w in producer.inputs if hasattr(w, "producer") and w not in reaches]
+            if pending:
+                todo += pending
+                continue
+            reaches[u] = any(reaches.get(w, False) for w in producer.inputs if hasattr(w, "producer"))
+            todo.pop()
+        return reaches[v]
+    saved = saved_between(prog.kg, g.outputs[0])
+    return {"saved_bytes": sum(saved.values()),
+            "activation_bytes": sum(b for v, b in saved.items() if from_data(v))}
+
+
+def memory_only(workloads: list[str]) -> None:
+    """The compiled steps' saved and activation bytes, float32 and autocast, without timing."""
+    import numpy as np
+
+    import fusegrad as fg
+    print("| workload | precision | saved MiB | activations MiB |")
+    print("|---|---|---|---|")
+    for workload in workloads:
+        fg.manual_seed(0)
+        xs, ys = make_data(np, workload)
+        for amp in (False, True):
+            model, opt = build(fg, workload, None)
+            step = fg.compile(training_step(fg, workload, model, opt, amp), fullgraph=True)
+            x, y = fg.tensor(xs), fg.tensor(ys)
+            step(x, y)
+            prog = step.lower(x, y).program
+            m = saved_bytes(prog)
+            print(f"| {workload} | {'autocast bf16' if amp else 'float32'} | "
+                  f"{m['saved_bytes'] / 2 ** 20:.1f} | {m['activation_bytes'] / 2 ** 20:.1f} |",
+                  flush=True)
 
 
 def worker(workload: str, threads: int, steps: int) -> None:
@@ -231,14 +287,15 @@ def run_worker(workload: str, threads: int, steps: int) -> list[dict]:
 
 def print_table(rows: list[dict]) -> None:
     print("| workload | threads | system | precision | median ms | vs float32 | GEMM GFLOP | "
-          "GFLOP/s | activation MiB | loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "GFLOP/s | saved MiB | activations MiB | loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     base = {(r["workload"], r["threads"], r["system"]): r["median_s"] for r in rows
             if r["precision"] == "float32"}
     for r in rows:
         flops = gemm_flops(r["workload"])
         speed = base[(r["workload"], r["threads"], r["system"])] / r["median_s"]
-        saved = f"{r['saved_bytes'] / 2 ** 20:.1f}" if "saved_bytes" in r else "-"
+        saved = (f"{r['saved_bytes'] / 2 ** 20:.1f} | {r['activation_bytes'] / 2 ** 20:.1f}"
+                 if "saved_bytes" in r else "- | -")
         print(f"| {r['workload']} | {r['threads']} | {r['system']} | {r['precision']} | "
               f"{r['median_s'] * 1e3:.1f} | {speed:.2f}x | {flops / 1e9:.2f} | "
               f"{flops / r['median_s'] / 1e9:.1f} | {saved} | {r['loss']:.4f} |")
@@ -252,7 +309,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer steps per figure")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--only", default=",".join(WORKLOADS))
+    parser.add_argument("--memory", action="store_true",
+                        help="only the compiled steps' saved bytes, no timing")
     args = parser.parse_args()
+    if args.memory:
+        memory_only(args.only.split(","))
+        return
     sys.path.insert(0, HERE)
     import machine
     threads = tuple(int(t) for t in args.threads.split(","))
