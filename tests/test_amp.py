@@ -308,6 +308,55 @@ def test_a_compiled_function_is_retraced_inside_an_autocast_region():
     assert f(x).dtype == F32 and f.compiles == 3
 
 
+def _mlp_step_program(batch, amp):
+    """The compiled program of an MLP training step (64-128-128-10, ReLU, SGD), float32 or
+    under autocast."""
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                          nn.Linear(128, 10))
+    opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x, y):
+        opt.zero_grad()
+        with fg.autocast("cpu", enabled=amp):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    x, y = _t(batch, 64), fg.tensor(np.arange(batch) % 10)
+    return fg.compile(step, fullgraph=True).lower(x, y).program
+
+
+def test_a_bf16_activation_is_stored_once_in_bf16():
+    kg = _mlp_step_program(32, True).kg
+    matmuls = [k for k in kg.kernels if k.kind == "matmul"]
+    # The first layer's kernel: the bf16 product, the bias and the ReLU, written in bf16
+    # (the cast folded into the kernel that produces the value, no float32 copy)...
+    hidden = [v for v in matmuls[0].outputs if v.type.shape == (32, 128) and v.type.dtype == BF16]
+    assert len(hidden) == 1
+    # ...which the second layer's product reads as it is.
+    assert hidden[0] in matmuls[1].inputs
+    # No kernel casts a batch-sized value on its own but the input's cast to bf16.
+    casts = [k for k in kg.kernels if {n.op for n in k.nodes} == {"cast"} and k.shape[0] == 32]
+    assert [k.shape for k in casts] == [(32, 64)]
+
+
+def test_autocast_step_saves_activations_in_bf16():
+    # Activation bytes per sample: the difference between two batch sizes (copies of the
+    # parameters, the bf16 weights that the backward reads, cancel). The hidden activations
+    # are saved in bf16; the ReLU masks are bytes in both.
+    from fusegrad.runtime.memory_plan import saved_between
+
+    def saved(batch, amp):
+        prog = _mlp_step_program(batch, amp)
+        return sum(saved_between(prog.kg, prog.graph.outputs[0]).values())
+    per_sample = {amp: (saved(64, amp) - saved(32, amp)) / 32 for amp in (False, True)}
+    # float32: 2 x 128 activations (4 bytes), 2 x 128 masks, 10 logits' softmax (4 bytes).
+    assert per_sample[False] == 2 * 128 * 4 + 2 * 128 + 10 * 4
+    # bf16: the input's bf16 copy, the activations and the softmax in 2 bytes, the same masks.
+    assert per_sample[True] == 64 * 2 + 2 * 128 * 2 + 2 * 128 + 10 * 2
+
+
 # --- GradScaler ------------------------------------------------------------------------------
 
 def _param(values):
@@ -459,34 +508,80 @@ def test_clip_grad_norm_after_unscale_sees_the_true_gradients():
     np.testing.assert_allclose(p.detach().numpy(), [2.4, 3.2], rtol=1e-6)
 
 
-def test_compiled_step_with_a_scaler_runs_eagerly_and_matches():
-    def make():
-        fg.manual_seed(0)
-        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
-        opt = fg.optim.SGD(model.parameters(), lr=0.1)
-        scaler = fg.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+def _scaler_step(opt_name):
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    opt = getattr(fg.optim, opt_name)(model.parameters(), **dict(_OPTIMIZERS)[opt_name])
+    scaler = fg.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2)
 
-        def step(x, y):
-            opt.zero_grad()
-            with fg.autocast("cpu"):
-                loss = F.cross_entropy(model(x), y)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            return loss
-        return model, step
+    def step(x, y, boost):
+        opt.zero_grad()
+        with fg.autocast("cpu"):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss * boost).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+    return model, opt, scaler, step
+
+
+# An overflow on the first step (the optimizer's state is made by a step that is skipped),
+# clean steps that grow the scale, and an overflow later on.
+_BOOSTS = [1e38, 1.0, 1.0, 1e38, 1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam", "Rprop", "ASGD"])
+def test_compiled_step_with_a_scaler_is_one_graph_and_skips_as_eager(opt_name):
     x, y = _t(12, 6), fg.tensor(np.arange(12) % 3)
-    m_eager, step_eager = make()
-    m_comp, step_comp = make()
-    step_comp = fg.compile(step_comp)
-    with pytest.warns(UserWarning, match=r"running step eagerly: GradScaler.step\(\) needs the value of "
-                                         r"found_inf"):
-        losses = [step_comp(x, y).item() for _ in range(3)]
-    assert losses == [step_eager(x, y).item() for _ in range(3)]
+    m_eager, opt_eager, s_eager, step_eager = _scaler_step(opt_name)
+    m_comp, opt_comp, s_comp, step_comp = _scaler_step(opt_name)
+    step_comp = fg.compile(step_comp, fullgraph=True)      # no graph break: found_inf stays a tensor
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "overflow", RuntimeWarning)
+        want = [step_eager(x, y, fg.tensor(b)).item() for b in _BOOSTS]
+        got = [step_comp(x, y, fg.tensor(b)).item() for b in _BOOSTS]
+    # The same updates, bit for bit: the skipped ones selected away on every parameter and
+    # state tensor (step counts included); the losses as the compiled forward rounds them.
     for a, b in zip(m_eager.parameters(), m_comp.parameters()):
         np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
-    with pytest.raises(fg.ConcretizationError, match=r"GradScaler.step\(\) needs the value of found_inf"):
-        fg.compile(make()[1], fullgraph=True)(x, y)
+    for sa, sb in zip(opt_eager.state.values(), opt_comp.state.values()):
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            np.testing.assert_array_equal(np.asarray(sa[k].numpy()), np.asarray(sb[k].numpy()))
+    np.testing.assert_allclose(got, want, rtol=8 * np.finfo(np.float32).eps)
+    assert s_comp.state_dict() == s_eager.state_dict() == {
+        "scale": 256.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2,
+        "_growth_tracker": 1}
+    # A first-step graph (the state made in it) and the steady-state one.
+    assert step_comp.compiles == 2
+
+
+def test_a_skipped_first_step_leaves_zero_state_and_no_step_count():
+    x, y = _t(12, 6), fg.tensor(np.arange(12) % 3)
+    model, opt, scaler, step = _scaler_step("Adam")
+    before = [p.detach().numpy().copy() for p in model.parameters()]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "overflow", RuntimeWarning)
+        fg.compile(step, fullgraph=True)(x, y, fg.tensor(1e38))
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.detach().numpy(), b)
+        state = opt.state[p]
+        assert state["step"].item() == 0.0
+        assert not state["exp_avg"].numpy().any() and not state["exp_avg_sq"].numpy().any()
+    assert scaler.get_scale() == 128.0 and scaler._get_growth_tracker() == 0
+
+
+def test_update_outside_the_compiled_step_raises():
+    model, opt, scaler, _ = _scaler_step("SGD")
+    x, y = _t(12, 6), fg.tensor(np.arange(12) % 3)
+
+    def step(x, y):
+        opt.zero_grad()
+        scaler.scale(F.cross_entropy(model(x), y)).backward()
+        scaler.step(opt)
+    fg.compile(step, fullgraph=True)(x, y)
+    with pytest.raises(RuntimeError, match=r"update\(\) in the same compiled function as step\(\)"):
+        scaler.update()
 
 
 # --- against torch ---------------------------------------------------------------------------
@@ -637,11 +732,9 @@ def _fusegrad_training_run(x, y, weights, steps, compiled):
     if compiled == "forward and backward":
         forward_backward = fg.compile(forward_backward, fullgraph=True)
     elif compiled == "whole step":
-        step = fg.compile(step)     # runs eagerly: the scaler's step reads found_inf
+        step = fg.compile(step, fullgraph=True)
     x, y = fg.tensor(x), fg.tensor(y)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "fusegrad.compile: running step eagerly")
-        return [step(x, y).item() for _ in range(steps)]
+    return [step(x, y).item() for _ in range(steps)]
 
 
 @pytest.mark.slow
@@ -659,6 +752,45 @@ def test_training_script_follows_torch_autocast(compiled):
     got = _fusegrad_training_run(x, y, weights, 50, compiled)
     assert want[-1] < 0.5 * want[0]        # it trains
     assert abs(got[-1] - want[-1]) <= 0.01 * want[-1], (got[-1], want[-1])
+
+
+def _user_script(torch, x, y, weights, compiled=False):
+    """A training script written against torch's API, run on real torch or on
+    ``import fusegrad as torch``: an MLP, Adam, autocast around the forward, a GradScaler."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), weights):
+            p.copy_(torch.tensor(w))
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    scaler = torch.amp.GradScaler("cpu")
+
+    def step(x, y):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+    if compiled:
+        step = torch.compile(step, fullgraph=True)
+    x, y = torch.tensor(x), torch.tensor(y)
+    return [step(x, y).item() for _ in range(50)], scaler.state_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_user_script_on_fusegrad_as_torch_follows_torch(compiled):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    weights = [rng.uniform(-0.25, 0.25, s).astype(np.float32) for s in [(64, 16), (64,), (5, 64), (5,)]]
+    x = rng.standard_normal((64, 16)).astype(np.float32)
+    y = x[:, :5].argmax(1).astype(np.int64)
+    want, want_state = _user_script(torch, x, y, weights)
+    got, got_state = _user_script(fg, x, y, weights, compiled)
+    assert want[-1] < 0.5 * want[0]        # it trains
+    assert abs(got[-1] - want[-1]) <= 0.01 * want[-1], (got[-1], want[-1])
+    assert got_state == want_state
 
 
 def test_scale_read_by_a_compiled_backward_follows_update():

@@ -13,12 +13,16 @@
         scaler.update()                     # backoff after an overflow, growth after a run
 
 The scale and the count of steps since the last overflow are tensors, updated by tensor
-ops as torch's ``_amp_update_scale_`` does; only :meth:`step`'s decision whether to call
-``optimizer.step()`` reads a value back to the host (``found_inf.item()``, as torch's).
+ops as torch's ``_amp_update_scale_`` does. Eagerly, :meth:`step`'s decision whether to call
+``optimizer.step()`` reads one value back to the host (``found_inf.item()``, as torch's). In a
+compiled function the whole iteration is one graph: the step always runs, and each parameter
+and optimizer state tensor (step counters included) then takes ``where(found_inf, old, new)``,
+so a skipped step leaves them as they were without a host round trip.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections import defaultdict
 from enum import Enum
@@ -26,7 +30,6 @@ from typing import Any
 
 from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
-from fusegrad.ir.symbolic import ConcretizationError, user_location
 from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
 from fusegrad.ops.creation import full
@@ -47,18 +50,93 @@ def _refresh_per_optimizer_state() -> dict[str, Any]:
     return {"stage": OptState.READY, "found_inf_per_device": {}}
 
 
-def _refuse_trace(what: str) -> None:
-    """Raise :class:`ConcretizationError` when a compiled function is being traced: whether
-    ``optimizer.step()`` runs is decided on the host, from the value of found_inf (as torch's
-    GradScaler decides it), which a static graph cannot hold. Raised before the scaler's
-    state changes, so the eager run that ``compile`` falls back to starts clean."""
-    if primitive.compiling():
-        loc = user_location()
-        raise ConcretizationError(
-            f"GradScaler.{what} needs the value of found_inf{' at ' + loc if loc else ''} to decide "
-            "whether optimizer.step() runs, but while tracing only its shape and dtype are known. "
-            "Compile the forward and backward and call the scaler outside the compiled function, "
-            "or let the step run eagerly (compile with fullgraph=False).")
+class _FirstValues(dict):
+    """An optimizer's state for one parameter that remembers, for each entry made while a
+    traced step runs, the value it held when it was made (what a skipped step restores)."""
+
+    def __init__(self, gradients: set, *args: Any) -> None:
+        super().__init__(*args)
+        self.gradients = gradients
+        self.first: dict[str, Any] = {}
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self and key not in self.first:
+            self.first[key] = _initial_value(value, self.gradients)
+        super().__setitem__(key, value)
+
+
+def _initial_value(value: Any, gradients: set) -> Any:
+    """What a skipped first step leaves in a state entry the step made: the value it was made
+    with (zeros, the learning rate, a step count of 0), copied before the step updates it; a
+    zero tensor for an entry made from a gradient (SGD's momentum buffer, which torch leaves
+    absent: a zero buffer steps the same without dampening)."""
+    if not isinstance(value, Tensor):
+        return value
+    if value._trace is not None and _reaches(value._value, gradients):
+        return F.zeros_like(value)
+    return F.clone(value)
+
+
+def _reaches(value, targets: set) -> bool:
+    """Whether graph value ``value`` is one of ``targets`` or computed from one of them."""
+    seen, todo = set(), [value]
+    while todo:
+        v = todo.pop()
+        if v in targets:
+            return True
+        if id(v) in seen or getattr(v, "producer", None) is None:
+            continue
+        seen.add(id(v))
+        todo.extend(v.producer.inputs)
+    return False
+
+
+def _step_unless(optimizer, skip: Tensor, args: tuple, kwargs: dict) -> Any:
+    """``optimizer.step(*args, **kwargs)`` traced, then every parameter and state tensor set to
+    ``where(skip, old, new)``: torch's skipped step as graph nodes (``skip`` is a 0-d bool
+    tensor known only when the compiled function runs)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = optimizer.state
+    with no_grad():
+        old_params = [F.clone(p) for p in params]
+        old_state = {p: {k: F.clone(v) if isinstance(v, Tensor) else v for k, v in s.items()}
+                     for p, s in state.items()}
+    gradients = {p.grad._value for p in params if p.grad is not None and p.grad._trace is not None}
+    factory = getattr(state, "default_factory", None)
+    for p in list(state):
+        state[p] = _FirstValues(gradients, state[p])
+    if factory is not None:
+        state.default_factory = functools.partial(_FirstValues, gradients)
+    try:
+        retval = optimizer.step(*args, **kwargs)
+    finally:
+        if factory is not None:
+            state.default_factory = factory
+        firsts = {}
+        for p, s in list(state.items()):
+            if isinstance(s, _FirstValues):
+                firsts[p] = s.first
+                state[p] = dict(s)
+    with no_grad():
+        for p, old in zip(params, old_params):
+            F.assign_(p, F.where(skip, old, p))
+        for p, s in state.items():
+            for key, new in s.items():
+                old = old_state.get(p, {}).get(key, _MISSING)
+                if old is _MISSING:
+                    old = firsts.get(p, {}).get(key, _MISSING)
+                if not isinstance(new, Tensor):
+                    if old is not _MISSING and old != new:
+                        primitive.refuse_traced(f"GradScaler.step(): {type(optimizer).__name__}'s "
+                                                f"state {key!r} changed as a Python value")
+                    continue
+                if old is _MISSING:
+                    old = F.zeros_like(new)
+                F.assign_(new, F.where(skip, old, new))
+    return retval
+
+
+_MISSING = object()
 
 
 def non_finite_check_and_unscale_(grads: list[Tensor], found_inf: Tensor, inv_scale: Tensor) -> Tensor:
@@ -184,7 +262,6 @@ class GradScaler:
         if not self._enabled:
             return
         self._check_scale_growth_tracker("unscale_")
-        _refuse_trace("unscale_()")
         optimizer_state = self._per_optimizer_states[id(optimizer)]
         if optimizer_state["stage"] is OptState.UNSCALED:
             raise RuntimeError("unscale_() has already been called on this optimizer since the "
@@ -205,7 +282,6 @@ class GradScaler:
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         self._check_scale_growth_tracker("step")
-        _refuse_trace("step()")
         optimizer_state = self._per_optimizer_states[id(optimizer)]
         if optimizer_state["stage"] is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
@@ -214,7 +290,13 @@ class GradScaler:
         if len(optimizer_state["found_inf_per_device"]) == 0:
             raise AssertionError("No inf checks were recorded for this optimizer.")
         retval = None
-        if not sum(v.item() for v in optimizer_state["found_inf_per_device"].values()):
+        found = list(optimizer_state["found_inf_per_device"].values())
+        if primitive.compiling():
+            combined = found[0]
+            for f in found[1:]:
+                combined = F.add(combined, f.to(combined.device))
+            retval = _step_unless(optimizer, F.gt(combined, 0.0), args, kwargs)
+        elif not sum(v.item() for v in found):
             retval = optimizer.step(*args, **kwargs)
         optimizer_state["stage"] = OptState.STEPPED
         return retval
@@ -240,6 +322,10 @@ class GradScaler:
                           for found_inf in state["found_inf_per_device"].values()]
             if len(found_infs) == 0:
                 raise AssertionError("No inf checks were recorded prior to update.")
+            if not primitive.compiling() and any(f._trace is not None for f in found_infs):
+                raise RuntimeError("GradScaler.update() outside the compiled function whose step() "
+                                   "checked the gradients: that check is a value of its graph. Call "
+                                   "update() in the same compiled function as step().")
             found_inf_combined = found_infs[0]
             for f in found_infs[1:]:
                 found_inf_combined = F.add(found_inf_combined, f)

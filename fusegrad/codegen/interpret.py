@@ -442,7 +442,24 @@ def _call(fn: str, args, dt):
             # approximated by two roundings.
             x, y, z = (a.astype(np.float64) for a in args)
             return (x * y + z).astype(npdt)
+        if fn == "dpbf16ps":
+            return _dot_bf16_pairs(*args)
     raise InterpreterError(f"call {fn}")
+
+
+def _dot_bf16_pairs(acc: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``vdpbf16ps`` on 32-bit words holding bf16 pairs: each lane's sum plus the product of
+    the high halves, rounded to float32, plus that of the low halves, rounded (Intel's order;
+    a product of two bf16 values is exact in float32). Denormal inputs and results, which
+    the instruction flushes to zero, are not modelled."""
+    def half(w: np.ndarray, high: bool) -> np.ndarray:
+        w = w.astype(np.uint32)
+        bits = (w & np.uint32(0xFFFF0000)) if high else (w << np.uint32(16))
+        return bits.view(np.float32).astype(np.float64)
+    out = acc.astype(np.float32)
+    for high in (True, False):
+        out = (out.astype(np.float64) + half(x, high) * half(y, high)).astype(np.float32)
+    return out
 
 
 def run_kernel(k: LoweredKernel, buffers: list[np.ndarray], grid: int | None = None,

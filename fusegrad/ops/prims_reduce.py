@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import warnings
+from typing import Callable
 
+import ml_dtypes
 import numpy as np
 
 from fusegrad import dtypes
@@ -177,9 +179,26 @@ def _matmul_infer(a: TensorType, b: TensorType) -> TensorType:
     return TensorType(batch + (a.shape[-2], b.shape[-1]), dt)
 
 
+# A bf16 x bf16 product of 2-D arrays with float32 sums, rounded once: (a, b) -> the result,
+# or None for a product it does not take. Filled by fusegrad.runtime.cpu at import (the
+# generated GEMM, where compiled programs use it), through register_bf16_matmul.
+_bf16_matmul_2d: Callable | None = None
+
+
+def register_bf16_matmul(fn: Callable) -> None:
+    """Let eager bf16 products run ``fn(a, b)`` (the runtime's generated GEMM) first."""
+    global _bf16_matmul_2d
+    _bf16_matmul_2d = fn
+
+
 def _matmul_impl(a, b):
     if a.dtype.kind in "iub":
         return np.matmul(a, b)
+    if (_bf16_matmul_2d is not None and a.dtype == ml_dtypes.bfloat16 == b.dtype
+            and a.ndim == b.ndim == 2):
+        out = _bf16_matmul_2d(a, b)
+        if out is not None:
+            return out
     return np.matmul(_np_float_compute(a), _np_float_compute(b))
 
 

@@ -42,6 +42,7 @@ from fusegrad.config import config
 from fusegrad.ir.graph import Graph, IRError, Literal, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View
 from fusegrad.ir.printer import format_attrs, format_scalar, format_type
+from fusegrad.ops.prims_reduce import register_bf16_matmul
 from fusegrad.runtime import jit, native, native_attention
 from fusegrad.runtime.memory_plan import donation_safe, plan_memory
 from fusegrad.runtime.native import data_pointer
@@ -460,15 +461,14 @@ class Program:
         with its buffers, packing scratch and parameters: the code from ``prebuilt`` for an
         ahead-of-time artifact (only those), else from the cache or compiled (one function
         for every product). The others run numpy's BLAS."""
-        use = config.native_gemm == "on" or \
-            (config.native_gemm == "auto" and jit.target_has_avx512())
+        use = native_gemm_enabled()
         out = {}
         for i, k in enumerate(self.kg.kernels):
             found = gemm_of(k, self.kg) if k.kind == "matmul" else None
             if found is None or (i not in prebuilt and not (compile_new and use)):
                 continue
             g, operands = found
-            record = prebuilt[i].record if i in prebuilt else _gemm_record()
+            record = prebuilt[i].record if i in prebuilt else _gemm_record(g.dtype)
             extra = (np.empty(max(g.pack_floats, 1), np.float32), g.params())
             out[i] = (g, KernelCode(record, [self.slots[v] for v in operands], extra=extra))
         return out
@@ -819,25 +819,68 @@ def kernel_description(k: Kernel, kg: KernelGraph, level: int) -> tuple[str, lis
     return "\n".join(lines), values
 
 
-def _gemm_record() -> jit.KernelRecord:
-    """The generated GEMM's machine code (compiled once per machine, then cached)."""
-    key = jit.kernel_key("gemm f32")
+def _gemm_record(dtype: dtypes.DType = dtypes.float32) -> jit.KernelRecord:
+    """The generated GEMM's machine code for products in ``dtype`` (compiled once per
+    machine, then cached): a bf16 one with ``vdpbf16ps`` where the target has AVX512_BF16,
+    else converting to the float32 tile loop."""
+    pairs = dtype is dtypes.bfloat16 and jit.target_has_avx512_bf16()
+    key = jit.kernel_key(f"gemm {dtype.short}{' pairs' if pairs else ''}")
     record = jit.find_kernel(key)
     if record is None:
-        symbol, source = jit.kernel_symbol(native_gemm.emit_gemm(jit.KERNEL_PLACEHOLDER))
+        symbol, source = jit.kernel_symbol(native_gemm.emit_gemm(jit.KERNEL_PLACEHOLDER, dtype, pairs))
         record = jit.build_kernel(key, source, symbol, (0, 1, 2))
     return record
+
+
+def native_gemm_enabled() -> bool:
+    """Whether products run as the generated GEMM (``config.native_gemm``: ``on``, or
+    ``auto`` on a target with AVX-512)."""
+    return config.native_gemm == "on" or (config.native_gemm == "auto" and jit.target_has_avx512())
+
+
+_eager_gemms: dict = {}
+
+
+def bf16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """``a @ b`` of 2-D bf16 arrays by the generated bf16 GEMM (float32 sums, rounded once),
+    its panels over the worker threads; None where compiled programs would not use it
+    (``config.native_gemm``, :func:`fusegrad.codegen.llvm.gemm.fits`). Eager bf16 products
+    take it (registered into ``fusegrad.ops.prims_reduce.register_bf16_matmul``)."""
+    if not native_gemm_enabled() or not all(s >= 0 and s % 2 == 0 for s in a.strides + b.strides):
+        return None
+    g = native_gemm.Gemm(a.shape[0], b.shape[1], a.shape[1], (a.strides[0] // 2, a.strides[1] // 2), 0,
+                         (b.strides[0] // 2, b.strides[1] // 2), 0, dtypes.bfloat16)
+    if not native_gemm.fits(g):
+        return None
+    key = jit.target_identity()
+    fn = _eager_gemms.get(key)
+    if fn is None:
+        record = _gemm_record(dtypes.bfloat16)
+        module = jit.link_kernels([record])
+        fn = _eager_gemms[key] = (_KERNEL_FN(module.address(record.symbol)), module)
+    c = np.empty((g.m, g.n), dtypes.bfloat16.np_dtype)
+    pack = np.empty(max(g.pack_floats, 1), np.float32)
+    params = g.params()
+    table = (ctypes.c_void_p * 5)(a.ctypes.data, b.ctypes.data, c.ctypes.data, pack.ctypes.data,
+                                  params.ctypes.data)
+    run_in_parts(fn[0], (ctypes.addressof(table),), g.panels, config.num_threads)
+    return c
+
+
+register_bf16_matmul(bf16_matmul)
 
 
 def gemm_of(k: Kernel, kg: KernelGraph) -> "tuple[native_gemm.Gemm, list[Value]] | None":
     """The product of matmul kernel ``k`` as a generated GEMM and the values of its buffers
     (A's, B's and C's), or None when it is not one the generator is made for (float32 2-D
-    operands; :func:`fusegrad.codegen.llvm.gemm.fits`)."""
+    operands, or bfloat16 ones with a bfloat16 product; :func:`fusegrad.codegen.llvm.gemm.fits`)."""
     mm = next(n for n in k.nodes if n.op == "matmul")
     a, b = mm.inputs
     out = mm.output
-    if not all(isinstance(v, Value) and v.type.dtype == dtypes.float32 and len(v.type.shape) == 2
-               for v in (a, b, out)) or out in kg.views:
+    dtype = out.type.dtype
+    if dtype not in (dtypes.float32, dtypes.bfloat16) or out in kg.views or not all(
+            isinstance(v, Value) and v.type.dtype == dtype and len(v.type.shape) == 2
+            for v in (a, b, out)):
         return None
     (m, kk), (_, n) = a.type.shape, b.type.shape
     operands = []
@@ -847,12 +890,12 @@ def gemm_of(k: Kernel, kg: KernelGraph) -> "tuple[native_gemm.Gemm, list[Value]]
         if view is None:
             operands.append(v)
             layout.append(((v.type.shape[1], 1), 0))
-        elif view.base.type.dtype != dtypes.float32:      # strides count the base's elements
+        elif view.base.type.dtype != dtype:      # strides count the base's elements
             return None
         else:
             operands.append(view.base)
             layout.append((tuple(view.strides), view.offset))
-    g = native_gemm.Gemm(m, n, kk, layout[0][0], layout[0][1], layout[1][0], layout[1][1])
+    g = native_gemm.Gemm(m, n, kk, layout[0][0], layout[0][1], layout[1][0], layout[1][1], dtype)
     return (g, [*operands, out]) if native_gemm.fits(g) else None
 
 

@@ -163,6 +163,19 @@ def target_has_avx512() -> bool:
     return "+avx512f" in flags or cpu in _AVX512_CPUS
 
 
+_AVX512_BF16_CPUS = frozenset({"cooperlake", "sapphirerapids", "emeraldrapids", "graniterapids",
+                               "graniterapids-d", "diamondrapids", "znver4", "znver5"})
+
+
+def target_has_avx512_bf16() -> bool:
+    """Whether the CPU code is generated for has AVX512_BF16 (``vdpbf16ps``)."""
+    cpu, features = _host_cpu() if _target is None else _target
+    flags = features.split(",")
+    if "-avx512bf16" in flags or not target_has_avx512():
+        return False
+    return "+avx512bf16" in flags or cpu in _AVX512_BF16_CPUS
+
+
 @contextlib.contextmanager
 def compile_target(cpu: str, features: str = ""):
     """Generate object code for CPU ``cpu`` (an LLVM CPU name such as ``x86-64-v3``) with

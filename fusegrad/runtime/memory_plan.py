@@ -22,7 +22,7 @@ from fusegrad.codegen.cpu_lowering import split_plan
 from fusegrad.ir.graph import Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, identity_view
 
-__all__ = ["MemoryPlan", "plan_memory", "donation_safe"]
+__all__ = ["MemoryPlan", "plan_memory", "donation_safe", "saved_between"]
 
 
 @dataclass
@@ -170,3 +170,24 @@ def donation_safe(kg: KernelGraph, kernel: Kernel, later: list[Kernel], v: Value
 
 def _keepdim(shape, axes) -> tuple[int, ...]:
     return tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+
+def saved_between(kg: KernelGraph, boundary: Value) -> dict[Value, int]:
+    """The buffers a program holds across ``boundary``, by bytes: the values its kernels
+    compute up to the one that produces ``boundary`` and that a later kernel reads. In a
+    compiled training step whose ``boundary`` is the loss, they are the activations the
+    forward saves for the backward (a bf16 activation under autocast counts 2 bytes an
+    element, as it is stored)."""
+    def base(v: Value) -> Value:
+        return kg.views[v].base if v in kg.views else v
+    split = next((i for i, k in enumerate(kg.kernels)
+                  if boundary in k.outputs or base(boundary) in k.outputs), None)
+    if split is None:
+        raise ValueError(f"saved_between: no kernel computes {boundary}")
+    made = {v for k in kg.kernels[:split + 1] for v in k.outputs}
+    for k in kg.kernels[:split + 1]:
+        if k.kind == "matmul":
+            made.update(n.output for n in k.nodes if n.op == "matmul")
+    read_after = {base(v) for k in kg.kernels[split + 1:] for v in k.inputs}
+    return {v: int(np.prod(v.type.shape, dtype=np.int64)) * v.type.dtype.np_dtype.itemsize
+            for v in made if v in read_after}

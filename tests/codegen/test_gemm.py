@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
+from fusegrad.codegen import interpret
 from fusegrad.codegen.gemm import gemm_kernel
 from fusegrad.codegen.llvm import gemm
 from fusegrad.config import config
@@ -241,3 +242,182 @@ def test_generated_gemm_is_a_kernel_ir_program():
     assert 'define void @"g"(i8** %"bufs", i64 %"start", i64 %"end")' in llvm
     assert "llvm.fma.v16f32" in llvm and "llvm.masked.load.v16f32.p0" in llvm
     assert "llvm.masked.store.v16f32.p0" in llvm
+
+
+# --- bfloat16 products --------------------------------------------------------------------
+
+BF16 = fg.bfloat16.np_dtype
+
+
+def bf16_operand(rng, shape, order: str):
+    """A bf16 matrix (random normals rounded to bf16) laid out as ``order`` ("C" or "F")."""
+    a = rng.standard_normal(shape).astype(np.float32).astype(BF16)
+    return np.ascontiguousarray(a) if order == "C" else np.asfortranarray(a)
+
+
+def _bf16_gemm(a, b) -> gemm.Gemm:
+    item = a.itemsize
+    return gemm.Gemm(a.shape[0], b.shape[1], a.shape[1], tuple(s // item for s in a.strides), 0,
+                     tuple(s // item for s in b.strides), 0, fg.bfloat16)
+
+
+@functools.lru_cache(maxsize=1)
+def _bf16_module():
+    return jit.compile_ir(gemm.emit_gemm("gemm_bf16_under_test", fg.bfloat16), ["gemm_bf16_under_test"])
+
+
+def run_bf16_gemm(a, b):
+    """C = a @ b (bf16) by the converting bf16 GEMM, compiled for this machine."""
+    g = _bf16_gemm(a, b)
+    fn = _FN(_bf16_module().address("gemm_bf16_under_test"))
+    c = np.zeros((g.m, g.n), BF16)
+    pack = np.full(max(g.pack_floats, 1), np.nan, np.float32)
+    params = g.params()
+    table = (ctypes.c_void_p * 5)(a.ctypes.data, b.ctypes.data, c.ctypes.data, pack.ctypes.data,
+                                  params.ctypes.data)
+    fn(ctypes.addressof(table), 0, g.panels)
+    return c
+
+
+def interpret_bf16_gemm(a, b, pairs: bool):
+    """C = a @ b (bf16) by the kernel-IR program in the reference interpreter."""
+    g = _bf16_gemm(a, b)
+    words = np.full(max(g.pack_floats, 1), 0xFFFFFFFF, np.uint32)
+    pack = words if pairs else words.view(np.float32)
+    c = np.zeros(g.m * g.n, np.uint16)
+    flat = [np.lib.stride_tricks.as_strided(x.view(np.uint16), (x.size,), (2,)) for x in (a, b)]
+    interpret.run_kernel(gemm_kernel("g", fg.bfloat16, pairs), [*flat, c, pack, g.params()],
+                         extent=g.panels)
+    return c.view(BF16).reshape(g.m, g.n)
+
+
+def float32_gemm_rounded(a, b):
+    """The float32 generated GEMM on the operands widened, rounded once to bf16."""
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    return run_gemm(a32, a32.reshape(-1), b32, b32.reshape(-1))[1].astype(BF16)
+
+
+def pair_sums(a, b):
+    """vdpbf16ps's sums, modelled in numpy: over pairs of k, the sum plus the product of the
+    odd terms, rounded to float32, plus that of the even terms, rounded; a missing odd term
+    of an odd K adds 0; then one rounding to bf16."""
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for k0 in range(0, a.shape[1], 2):
+        for kk in (k0 + 1, k0):
+            if kk < a.shape[1]:
+                acc = (acc.astype(np.float64)
+                       + np.outer(a32[:, kk], b32[kk]).astype(np.float64)).astype(np.float32)
+    return acc.astype(BF16)
+
+
+_BF16_SHAPES = [(1, 1, 1), (3, 5, 7), (9, 17, 33), (17, 64, 48), (8, 2, 32)]
+
+
+@pytest.mark.parametrize("m,k,n", _BF16_SHAPES)
+@pytest.mark.parametrize("orders", ["CC", "CF", "FC"])
+def test_bf16_gemm_converts_and_sums_as_the_float32_gemm(m, k, n, orders):
+    # The products of bf16 values are exact in float32: converting while packing and
+    # running the float32 tile loop gives the float32 GEMM's sums, rounded once to bf16.
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    a, b = bf16_operand(rng, (m, k), orders[0]), bf16_operand(rng, (k, n), orders[1])
+    got = run_bf16_gemm(a, b)
+    np.testing.assert_array_equal(got.view(np.uint16), float32_gemm_rounded(a, b).view(np.uint16))
+
+
+def test_bf16_gemm_rounds_to_nearest_even_and_keeps_nan_and_inf():
+    a = np.array([[1.0, 2.0 ** -8], [np.inf, 1.0], [np.nan, 0.0], [1.0, 3 * 2.0 ** -8]],
+                 np.float32).astype(BF16)
+    b = np.array([[1.0, 0.0], [1.0, 1.0]], np.float32).astype(BF16)       # c[:, 0]: a row's sum
+    c = run_bf16_gemm(a, b).astype(np.float32)
+    assert c[0, 0] == 1.0                     # 1 + 2**-8: a tie, to even (1.0)
+    assert c[3, 0] == 1.0 + 2.0 ** -6         # 1 + 3 * 2**-8: a tie, to even (up)
+    assert c[1, 0] == np.inf and np.isnan(c[2, 0])
+
+
+@pytest.mark.parametrize("m,k,n", _BF16_SHAPES)
+def test_bf16_programs_in_the_interpreter(m, k, n):
+    # The converting program as compiled; the pair program (vdpbf16ps, which this machine
+    # may lack) as modelled: packing pairs of rows, odd K, the last panel's masks.
+    rng = np.random.default_rng(k)
+    a, b = bf16_operand(rng, (m, k), "C"), bf16_operand(rng, (k, n), "F")
+    np.testing.assert_array_equal(interpret_bf16_gemm(a, b, False).view(np.uint16),
+                                  float32_gemm_rounded(a, b).view(np.uint16))
+    pairs = interpret_bf16_gemm(a, b, True)
+    np.testing.assert_array_equal(pairs.view(np.uint16), pair_sums(a, b).view(np.uint16))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    bound = k * np.finfo(np.float32).eps * (np.abs(a64) @ np.abs(b64)) + 2.0 ** -8 * np.abs(a64 @ b64)
+    assert np.all(np.abs(pairs.astype(np.float64) - a64 @ b64) <= bound)
+
+
+@pytest.mark.parametrize("cpu,features", [("sapphirerapids", ""), ("x86-64", "+avx512f,+avx512bf16")])
+def test_bf16_pair_gemm_assembles_to_vdpbf16ps(cpu, features):
+    import llvmlite.binding as llvm
+    jit._init()
+    module = llvm.parse_assembly(gemm.emit_gemm("g", fg.bfloat16, bf16_pairs=True))
+    module.verify()
+    machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features,
+                                                                      opt=3)
+    assert "vdpbf16ps" in machine.emit_assembly(module)
+    with jit.compile_target(cpu, features):
+        assert jit.target_has_avx512_bf16()
+    with jit.compile_target("znver3"):
+        assert not jit.target_has_avx512_bf16()
+
+
+def test_compiled_bf16_products_run_as_generated_gemms(monkeypatch):
+    monkeypatch.setattr(config, "native_gemm", "on")
+    rng = np.random.default_rng(0)
+    x = fg.tensor(rng.standard_normal((40, 24)).astype(np.float32)).to(fg.bfloat16)
+    w = fg.tensor(rng.standard_normal((72, 24)).astype(np.float32)).to(fg.bfloat16)
+    prog = _program(lambda x, w: x @ w.t(), x, w)
+    steps = [s for s in prog.steps if isinstance(s, GemmStep)]
+    assert len(steps) == 1 and steps[0].gemm.dtype is fg.bfloat16
+    got = prog(x._data, w._data)[0]
+    xs, ws = x._data, np.ascontiguousarray(w._data.T)
+    want = pair_sums(xs, ws) if jit.target_has_avx512_bf16() else float32_gemm_rounded(xs, ws)
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), want.view(np.uint16))
+
+
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_eager_bf16_products_take_the_generated_gemm_when_programs_do(setting, monkeypatch):
+    monkeypatch.setattr(config, "native_gemm", setting)
+    rng = np.random.default_rng(1)
+    a, b = bf16_operand(rng, (20, 33), "C"), bf16_operand(rng, (40, 33), "C")
+    got = (fg.tensor(a) @ fg.tensor(b).t()).numpy()      # B read down its columns: packed
+    bt = np.ascontiguousarray(b.T)
+    if setting == "off":        # numpy's float32 product, rounded once
+        want = (a.astype(np.float32) @ bt.astype(np.float32)).astype(BF16)
+    else:
+        want = pair_sums(a, bt) if jit.target_has_avx512_bf16() else float32_gemm_rounded(a, bt)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_compiled_autocast_step_runs_its_bf16_products_as_generated_gemms(monkeypatch):
+    # Forward products (x @ W.T: B packed), the input gradients (g @ W) and the weight
+    # gradients (gᵀ @ x: A read down its columns), all bf16 under autocast, with epilogues.
+    rng = np.random.default_rng(0)
+    x = fg.tensor(rng.standard_normal((48, 20)).astype(np.float32))
+    y = fg.tensor(rng.integers(0, 5, 48))
+
+    def run(setting):
+        monkeypatch.setattr(config, "native_gemm", setting)
+        fg.manual_seed(0)
+        model = fg.nn.Sequential(fg.nn.Linear(20, 40), fg.nn.ReLU(), fg.nn.Linear(40, 5))
+        opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            opt.zero_grad()
+            with fg.autocast("cpu"):
+                loss = fg.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        step = fg.compile(step, fullgraph=True)
+        losses = [step(x, y).item() for _ in range(3)]
+        gemms = [s.gemm.dtype for s in step.entries()[-1].program.steps if isinstance(s, GemmStep)]
+        return losses, gemms
+    (on, gemms), (off, none) = run("on"), run("off")
+    assert gemms == [fg.bfloat16] * 5 and none == []     # 2 forward, 3 backward
+    # The same products summed in another order, rounded to bf16: a bf16 ulp apart at most.
+    np.testing.assert_allclose(on, off, rtol=2.0 ** -6)

@@ -84,6 +84,28 @@ def tuning() -> str:
             f"FULL_UNROLL_TRIPS={FULL_UNROLL_TRIPS} MIN_VECTOR_TRIPS={MIN_VECTOR_TRIPS}")
 
 
+class _BFloatType(ir.types._BaseFloatType):
+    """LLVM's ``bfloat`` (llvmlite has no type for it): the element of the vectors that
+    AVX512_BF16's intrinsics take."""
+
+    null = "0.0"
+    intrinsic_name = "bf16"
+
+    def __str__(self) -> str:
+        return "bfloat"
+
+    def format_constant(self, value) -> str:
+        raise NotImplementedError("bfloat constants are written as 16-bit integers")
+
+
+_BFloatType._create_instance()
+BFLOAT = _BFloatType()
+
+
+def _lanes(x: ir.Value) -> int:
+    return x.type.count if isinstance(x.type, ir.VectorType) else 1
+
+
 def lltype(dt: dtypes.DType, lanes: int = 1) -> ir.Type:
     """Register type of a dtype (bools are i1, 16-bit floats compute as float), a vector of
     ``lanes`` of them when ``lanes`` > 1."""
@@ -172,22 +194,25 @@ class LLVMScalars:
     def cast(self, x, src: dtypes.DType, dst: dtypes.DType):
         b = self.b
         st, dt_ = lltype(src), lltype(dst)
+        # A vector converts lane by lane, to a vector of as many lanes.
+        to = lltype(dst, _lanes(x))
         if src.is_floating_point and dst.is_floating_point:
             if st == dt_:
                 return x
-            return b.fpext(x, dt_) if isinstance(dt_, ir.DoubleType) else b.fptrunc(x, dt_)
+            return b.fpext(x, to) if isinstance(dt_, ir.DoubleType) else b.fptrunc(x, to)
         if src.is_floating_point:
-            return b.fptoui(x, dt_) if lowering.unsigned(dst) else b.fptosi(x, dt_)
+            return b.fptoui(x, to) if lowering.unsigned(dst) else b.fptosi(x, to)
         if dst.is_floating_point:
-            return b.uitofp(x, dt_) if lowering.unsigned(src) else b.sitofp(x, dt_)
+            return b.uitofp(x, to) if lowering.unsigned(src) else b.sitofp(x, to)
         if st.width == dt_.width:
             return x
         if st.width > dt_.width:
-            return b.trunc(x, dt_)
-        return b.zext(x, dt_) if lowering.unsigned(src) else b.sext(x, dt_)
+            return b.trunc(x, to)
+        return b.zext(x, to) if lowering.unsigned(src) else b.sext(x, to)
 
     def bitcast(self, x, src: dtypes.DType, dst: dtypes.DType):
-        return x if lltype(src) == lltype(dst) else self.b.bitcast(x, lltype(dst))
+        to = lltype(dst, _lanes(x))
+        return x if lltype(src, _lanes(x)) == to else self.b.bitcast(x, to)
 
     def call(self, fn: str, args: list, dt: dtypes.DType):
         if fn == "pow":
@@ -201,7 +226,21 @@ class LLVMScalars:
         if fn == "muladd":
             # x * y + z, fused where the CPU has an FMA (a GEMM micro-kernel's term).
             return self.em.intrinsic("llvm.fmuladd", args)
+        if fn == "dpbf16ps":
+            return self.dot_bf16_pairs(*args)
         raise lowering.Unsupported(f"no LLVM lowering for {fn}")
+
+    def dot_bf16_pairs(self, acc, x, y) -> ir.Value:
+        """AVX512_BF16's ``vdpbf16ps``: ``acc`` (16 floats) plus, in each lane i, the
+        products of the bf16 pairs ``2i`` and ``2i + 1`` of ``x`` and ``y`` (vectors of 32
+        16-bit patterns, or of 16 32-bit words holding a pair each)."""
+        name = "llvm.x86.avx512bf16.dpbf16ps.512"
+        pairs = ir.VectorType(BFLOAT, 32)
+        fn = self.em.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.em.module, ir.FunctionType(acc.type, [acc.type, pairs, pairs]),
+                             name=name)
+        return self.b.call(fn, [acc, self.b.bitcast(x, pairs), self.b.bitcast(y, pairs)])
 
     def int_power(self, x, y) -> ir.Value:
         """Integer ``x**y`` for ``y >= 0`` by square-and-multiply, wrapping as numpy does: a
