@@ -15,8 +15,9 @@ a module of their own.
 - **Programs**: :class:`CudaProgram` lowers each kernel of a kernel graph to the GPU
   (:func:`fusegrad.codegen.gpu_lowering.lower_kernel`), compiles them as one module, takes
   its buffers from the shared memory plan (:mod:`fusegrad.runtime.memory_plan`) and launches
-  the kernels in order on one stream. A kernel with no GPU lowering (an extern primitive)
-  runs its numpy reference on host copies of its operands.
+  the kernels in order on one stream; a matmul kernel runs as ``cublasLtMatmul`` where
+  cuBLASLt is found and takes it (:mod:`~fusegrad.runtime.cublas`). A kernel with no GPU
+  lowering (an extern primitive) runs its numpy reference on host copies of its operands.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from fusegrad.config import config
 from fusegrad.ir.graph import Literal, Value
 from fusegrad.ir.kernel_graph import KernelGraph
 from fusegrad.ops.lowering import Unsupported
+from fusegrad.runtime.cublas import BlasMatmul, cublaslt_for, plan_blas
 from fusegrad.runtime.cuda_compile import (  # noqa: F401
     _nvcc_compile,
     _nvrtc,
@@ -121,10 +123,17 @@ class CudaProgram:
         self.drv = drv or driver()
         arch = arch or machine_arch(getattr(self.drv, "arch", "compute_90"))
         self.plan = plan_memory(kg)
+        # The buffer of each value: the plan's, and the product's buffer for a value that
+        # cuBLASLt writes in a matmul's place (its fused bias or activation).
+        self.slots = dict(self.plan.slots)
         self.lowered: dict[int, object] = {}
         self.host_steps: dict[int, str] = {}
+        self.blas_steps: dict[int, BlasMatmul] = {}
+        self.blas = cublaslt_for(self.drv)
         for i, k in enumerate(kg.kernels):
             try:
+                if k.kind == "matmul" and self.blas is not None and self._plan_blas(i, k):
+                    continue
                 self.lowered[i] = lower_kernel(k, kg)
             except Unsupported as e:
                 self.host_steps[i] = str(e)
@@ -144,6 +153,19 @@ class CudaProgram:
         self._unload.atexit = False
         self._constants: dict[int, dict[int, DeviceArray]] = {}
         self.allocator = None     # the allocator of the device of the latest call
+
+    def _plan_blas(self, i: int, k) -> bool:
+        """Run matmul kernel ``k`` through cuBLASLt (and the rest of its epilogue as an
+        elementwise kernel) when it can; False leaves it to the generated kernel."""
+        step = plan_blas(k, self.kg)
+        if step is None:
+            return False
+        rest = lower_kernel(step.rest, self.kg) if step.rest is not None else None
+        self.blas_steps[i] = step
+        self.slots.setdefault(step.out, self.plan.slots[step.product])
+        if rest is not None:
+            self.lowered[i] = rest
+        return True
 
     def _device_of(self, inputs) -> int:
         devices = {x.allocator.device for x in inputs if x.__class__ is DeviceArray}
@@ -200,16 +222,33 @@ class CudaProgram:
         return [self._output(o, buffers) for o in self.graph.outputs]
 
     def _run_kernel(self, i: int, k, functions: dict, buffers: dict) -> None:
+        step = self.blas_steps.get(i)
+        if step is not None:
+            self._run_blas(step, buffers)
         if i in self.lowered:
             lk = self.lowered[i]
             if lk.grid == 0:
                 return
-            args = [buffers[self.plan.slots[p.value]].ptr for p in lk.params]
+            args = [buffers[self.slots[p.value]].ptr for p in lk.params]
             self.drv.launch(functions[i], lk.grid, lk.block, args)
             if config.cuda_sync:
                 self._sync_after(lk.name)
-        else:
+        elif step is None:
             self._host_step(k, buffers)
+
+    def _run_blas(self, step: BlasMatmul, buffers: dict) -> None:
+        """A matmul kernel's product (with its fused epilogue) by ``cublasLtMatmul``."""
+        def pointer(value_offset) -> int:
+            value, offset = value_offset
+            return buffers[self.slots[value]].ptr + offset * value.type.dtype.itemsize
+        slots = self.slots
+        self.blas.matmul(self.drv.current, step.gemm, pointer(step.a), pointer(step.b),
+                         buffers[slots[step.out]].ptr,
+                         bias=pointer(step.bias) if step.bias is not None else 0,
+                         aux=buffers[slots[step.aux]].ptr if step.aux is not None else 0,
+                         stream=self.drv.stream_handle())
+        if config.cuda_sync:
+            self._sync_after(f"cublasLtMatmul ({step.kernel.name})")
 
     def _run_kernels_timed(self, rec: "profiling.Recorder", functions: dict, buffers: dict,
                            device: int) -> None:
@@ -221,12 +260,12 @@ class CudaProgram:
         clock = profiling.perf_counter_ns
         self.drv.synchronize()
         for i, k in enumerate(self.kg.kernels):
-            if i in self.lowered and self.lowered[i].grid == 0:
+            if i in self.lowered and self.lowered[i].grid == 0 and i not in self.blas_steps:
                 continue
             start = clock()
             self._run_kernel(i, k, functions, buffers)
             self.drv.synchronize()
-            if i in self.lowered:
+            if i in self.lowered or i in self.blas_steps:
                 name, category = f"{self.name}::{k.describe()}", "kernel"
             else:
                 name = f"{self.name}::{dataclasses.replace(k, name=k.name + '.host').describe()}"

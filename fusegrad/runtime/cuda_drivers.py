@@ -66,6 +66,7 @@ class Driver(Protocol):
     def function(self, module, name: str) -> object: ...
     def launch(self, fn, grid: int, block: int, args: list[int]) -> None: ...
     def synchronize(self) -> None: ...
+    def stream_handle(self) -> int: ...                  # the CUstream of this thread's device
 
 
 # CUDA_ERROR_OUT_OF_MEMORY in the driver API's CUresult.
@@ -207,6 +208,9 @@ class CudaPythonDriver:
     def synchronize(self) -> None:
         self._check(self.cu.cuStreamSynchronize(self.stream))
 
+    def stream_handle(self) -> int:
+        return int(self.stream)
+
 
 class _PushedContext:
     """The context a :class:`PyCudaDriver` pushed in one thread. pycuda keeps a context
@@ -336,6 +340,9 @@ class PyCudaDriver:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def stream_handle(self) -> int:
+        return int(self.stream.handle)
 
 
 _driver_lock = threading.Lock()
