@@ -53,6 +53,8 @@ class SimulatedDriver:
         self.capacity = memory
         self.in_use = [0] * devices              # bytes allocated, per device
         self.unloaded: list[object] = []         # modules given to unload_module
+        self.syncs = 0                 # calls that wait for the device (synchronize, dtoh, htod)
+        self.capture: list | None = None  # the work recorded since begin_capture
         # None: no cuBLASLt (matmuls run the generated kernel)
         self.cublaslt_library = SimulatedCublasLt(self) if cublas else None
 
@@ -74,7 +76,38 @@ class SimulatedDriver:
             raise RuntimeError(f"CUDA error: invalid device ordinal {ordinal}")
         self.current = ordinal
 
+    def _not_capturing(self, what: str) -> None:
+        """A call that a stream capture forbids (it would wait for, or allocate on, the
+        device) raises the driver's error, as cuStreamBeginCapture's modes make it do."""
+        if self.capture is not None:
+            raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing "
+                               f"({what})")
+
+    def enqueue(self, work) -> None:
+        """Run ``work`` (a stream operation) now, or record it into the capture."""
+        if self.capture is not None:
+            self.capture.append(work)
+        else:
+            work()
+
+    def begin_capture(self) -> None:
+        self._not_capturing("cuStreamBeginCapture")
+        self.capture = []
+
+    def end_capture(self) -> list:
+        graph, self.capture = self.capture, None
+        return graph
+
+    def graph_launch(self, graph: list) -> None:
+        self._not_capturing("cuGraphLaunch")
+        self.graph_launches += 1
+        for work in graph:
+            work()
+
+    graph_launches = 0
+
     def malloc(self, nbytes: int) -> int:
+        self._not_capturing("cuMemAlloc")
         if self.in_use[self.current] + nbytes > self.capacity:
             raise OutOfMemoryError("CUDA error: out of memory")
         self.in_use[self.current] += max(nbytes, 1)
@@ -108,15 +141,25 @@ class SimulatedDriver:
         return self.memory[start][ptr - start:]
 
     def htod(self, ptr: int, host: np.ndarray) -> None:
+        self._not_capturing("cuMemcpyHtoD")
+        self.syncs += 1                # the real drivers wait: ``host`` may be a temporary
+        self.htod_async(ptr, host)
+
+    def htod_async(self, ptr: int, host: np.ndarray) -> None:
+        self._not_capturing("cuMemcpyHtoDAsync")
         raw = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
         self.resolve(ptr)[:raw.size] = raw
 
     def dtoh(self, host: np.ndarray, ptr: int) -> None:
+        self._not_capturing("cuMemcpyDtoH")
+        self.syncs += 1
         raw = host.reshape(-1).view(np.uint8)
         raw[...] = self.resolve(ptr)[:raw.size]
 
     def dtod(self, dst: int, src: int, nbytes: int) -> None:
-        self.resolve(dst)[:nbytes] = self.resolve(src)[:nbytes].copy()
+        def copy():
+            self.resolve(dst)[:nbytes] = self.resolve(src)[:nbytes].copy()
+        self.enqueue(copy)
 
     def load_module(self, ptx: bytes, kernels: dict):
         return kernels
@@ -128,6 +171,9 @@ class SimulatedDriver:
         return module[name]
 
     def launch(self, fn, grid: int, block: int, args: list[int]) -> None:
+        self.enqueue(lambda: self._launch(fn, grid, block, list(args)))
+
+    def _launch(self, fn, grid: int, block: int, args: list[int]) -> None:
         self.launches.append((fn.name, grid, block))
         arrays = []
         for p, ptr in zip(fn.params, args):
@@ -137,7 +183,8 @@ class SimulatedDriver:
         run_kernel(fn, arrays, grid=min(grid, self.max_grid))
 
     def synchronize(self) -> None:
-        pass
+        self._not_capturing("cuStreamSynchronize")
+        self.syncs += 1
 
     def stream_handle(self) -> int:
         return 0
@@ -232,59 +279,69 @@ class SimulatedCublasLt:
         count.contents.value = 1 if supported and requested >= 1 else 0
         return cublas.STATUS_SUCCESS
 
-    def _matrix(self, ptr: int, layout: int) -> np.ndarray:
-        """The (batch, rows, cols) column-major matrices of ``layout`` at ``ptr``, as a view
-        of the device memory."""
-        lay = self.objects[layout]
+    def _matrix(self, ptr: int, lay: dict) -> np.ndarray:
+        """The (batch, rows, cols) column-major matrices of layout ``lay`` at ``ptr``, as a
+        view of the device memory."""
         dt = _DATA_TYPES[lay["dt"]]
-        batch = self._attr(layout, cublas.LAYOUT_BATCH_COUNT, ctypes.c_int32, 1)
-        stride = self._attr(layout, cublas.LAYOUT_STRIDED_BATCH_OFFSET, ctypes.c_int64, 0)
         mem = self.drv.resolve(ptr)
         flat = mem[:mem.size // dt.itemsize * dt.itemsize].view(dt)
         return np.lib.stride_tricks.as_strided(
-            flat, shape=(batch, lay["rows"], lay["cols"]),
-            strides=(stride * dt.itemsize, dt.itemsize, lay["ld"] * dt.itemsize))
+            flat, shape=(lay["batch"], lay["rows"], lay["cols"]),
+            strides=(lay["stride"] * dt.itemsize, dt.itemsize, lay["ld"] * dt.itemsize))
 
     def cublasLtMatmul(self, handle, desc, alpha, a, a_desc, b, b_desc, beta, c, c_desc, d,
                        d_desc, algo, workspace, workspace_size, stream) -> int:
-        compute = self.objects[desc]["compute"]
+        # What the library reads at the call (the descriptors, alpha and beta) is read now;
+        # the product runs on the stream (or is captured into a graph).
+        args = self._read_call(desc, alpha, beta)
+        layouts = {k: dict(self.objects[v], batch=self._attr(v, cublas.LAYOUT_BATCH_COUNT,
+                                                             ctypes.c_int32, 1),
+                           stride=self._attr(v, cublas.LAYOUT_STRIDED_BATCH_OFFSET,
+                                             ctypes.c_int64, 0))
+                   for k, v in (("a", a_desc), ("b", b_desc), ("c", c_desc), ("d", d_desc))}
+        self.drv.enqueue(lambda: self._matmul(args, layouts, a, b, c, d))
+        return cublas.STATUS_SUCCESS
+
+    def _read_call(self, desc: int, alpha: int, beta: int) -> dict:
         scalar = ctypes.c_double if self.objects[desc]["scale"] == 1 else ctypes.c_float
-        alpha, beta = scalar.from_address(alpha).value, scalar.from_address(beta).value
-        trans_a = self._attr(desc, cublas.DESC_TRANSA, ctypes.c_int32) == cublas.OP_T
-        trans_b = self._attr(desc, cublas.DESC_TRANSB, ctypes.c_int32) == cublas.OP_T
-        epilogue = _NAMES[self._attr(desc, cublas.DESC_EPILOGUE, ctypes.c_uint32, 1)]
-        bias_ptr = self._attr(desc, cublas.DESC_BIAS_POINTER, ctypes.c_void_p)
-        aux_ptr = self._attr(desc, cublas.DESC_EPILOGUE_AUX_POINTER, ctypes.c_void_p)
-        stored = self.objects[d_desc]["dt"]
+        return {"compute": self.objects[desc]["compute"],
+                "alpha": scalar.from_address(alpha).value,
+                "beta": scalar.from_address(beta).value,
+                "trans_a": self._attr(desc, cublas.DESC_TRANSA, ctypes.c_int32) == cublas.OP_T,
+                "trans_b": self._attr(desc, cublas.DESC_TRANSB, ctypes.c_int32) == cublas.OP_T,
+                "epilogue": _NAMES[self._attr(desc, cublas.DESC_EPILOGUE, ctypes.c_uint32, 1)],
+                "bias": self._attr(desc, cublas.DESC_BIAS_POINTER, ctypes.c_void_p),
+                "aux": self._attr(desc, cublas.DESC_EPILOGUE_AUX_POINTER, ctypes.c_void_p),
+                "aux_ld": self._attr(desc, cublas.DESC_EPILOGUE_AUX_LD, ctypes.c_int64)}
+
+    def _matmul(self, args: dict, layouts: dict, a: int, b: int, c: int, d: int) -> None:
+        compute, epilogue, stored = args["compute"], args["epilogue"], layouts["d"]["dt"]
 
         def load(x: np.ndarray) -> np.ndarray:
             x = _bf16_to_f32(x) if stored == 14 else x
             x = _tf32(x) if compute == cublas.COMPUTE["32F_FAST_TF32"] else x
             return x.astype(np.float64)
-        x = load(self._matrix(a, a_desc))
-        y = load(self._matrix(b, b_desc))
-        x = x.transpose(0, 2, 1) if trans_a else x
-        y = y.transpose(0, 2, 1) if trans_b else y
-        if x.shape[2] != y.shape[1]:
-            return 7
-        acc = alpha * np.matmul(x, y)
-        if beta:
-            acc += beta * load(self._matrix(c, c_desc))
+        x = load(self._matrix(a, layouts["a"]))
+        y = load(self._matrix(b, layouts["b"]))
+        x = x.transpose(0, 2, 1) if args["trans_a"] else x
+        y = y.transpose(0, 2, 1) if args["trans_b"] else y
+        assert x.shape[2] == y.shape[1], (x.shape, y.shape)
+        acc = args["alpha"] * np.matmul(x, y)
+        if args["beta"]:
+            acc += args["beta"] * load(self._matrix(c, layouts["c"]))
         if "BIAS" in epilogue:
             rows = acc.shape[1]
-            bias = self.drv.resolve(bias_ptr)[:rows * _DATA_TYPES[stored].itemsize]
+            bias = self.drv.resolve(args["bias"])[:rows * _DATA_TYPES[stored].itemsize]
             acc += load(bias.view(_DATA_TYPES[stored]))[None, :, None]
-        out = self._matrix(d, d_desc)
+        out = self._matrix(d, layouts["d"])
 
         def store(dst: np.ndarray, value: np.ndarray) -> None:
             dst[...] = _f32_to_bf16(value) if stored == 14 else value.astype(dst.dtype)
         if "AUX" in epilogue:
-            aux_ld = self._attr(desc, cublas.DESC_EPILOGUE_AUX_LD, ctypes.c_int64)
-            lay = self.objects[d_desc]
+            assert layouts["d"]["rows"] <= args["aux_ld"]
             aux = np.lib.stride_tricks.as_strided(
-                self.drv.resolve(aux_ptr).view(out.dtype), shape=out.shape,
-                strides=(out.strides[0], out.itemsize, aux_ld * out.itemsize))
-            assert lay["rows"] <= aux_ld
+                self.drv.resolve(args["aux"]).view(out.dtype), shape=out.shape,
+                strides=(out.strides[0], out.itemsize, args["aux_ld"] * out.itemsize))
             store(aux, acc)
         if epilogue.startswith("RELU"):
             acc = np.where(acc <= 0, 0.0, acc)
@@ -294,4 +351,3 @@ class SimulatedCublasLt:
         self.calls.append({"epilogue": epilogue, "compute": compute, "m": out.shape[1],
                            "n": out.shape[2], "k": x.shape[2], "batch": out.shape[0]})
         self.drv.launches.append(("cublasLtMatmul", 1, 0))
-        return cublas.STATUS_SUCCESS
