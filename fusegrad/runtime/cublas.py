@@ -331,7 +331,9 @@ def plan_blas(kernel: Kernel, kg: KernelGraph) -> BlasMatmul | None:
                 and other.type.dtype is dt and other.type.shape[-1:] == (n,) \
                 and math.prod(other.type.shape) == n and add.output.type.shape == out_shape:
             view = kg.views.get(other) or identity_view(other)
-            if view.base.producer not in internal and (view.strides[-1] == 1 or n == 1):
+            # (a bias at an offset that is not 16-byte aligned: the generated kernel adds it)
+            if view.base.producer not in internal and (view.strides[-1] == 1 or n == 1) \
+                    and _alignment(view.offset, item) >= 16:
                 bias, out = (view.base, view.offset), add.output
                 fused.add(add)
                 epilogue.append("BIAS")
@@ -346,9 +348,9 @@ def plan_blas(kernel: Kernel, kg: KernelGraph) -> BlasMatmul | None:
             fused |= nodes
             out = value
             epilogue.insert(0, name)
-        elif private and keep and name == "GELU" and n % 8 == 0:
+        elif private and keep and name == "GELU" and n % 8 == 0 and gemm.batch == 1:
             # cuBLASLt keeps the pre-activation for the backward (its leading dimension
-            # must be a multiple of 8)
+            # must be a multiple of 8; one matrix, so no aux batch stride to set)
             fused |= nodes
             aux, out = out, value
             epilogue.insert(0, "GELU_AUX")
