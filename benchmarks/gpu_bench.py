@@ -238,21 +238,30 @@ def transformer_row(sizes: dict) -> None:
     shape = (gpt["batch"], gpt["block"])
     idx, tgt = rng.integers(0, gpt["vocab"], shape), rng.integers(0, gpt["vocab"], shape)
 
-    model = build(fg)
-    model.load_state_dict({k: fg.tensor(v) for k, v in weights.items()})
-    model = model.to("cuda")
-    opt = fg.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    def fg_step(mode):
+        model = build(fg)
+        model.load_state_dict({k: fg.tensor(v) for k, v in weights.items()})
+        model = model.to("cuda")
+        opt = fg.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, capturable=True)
 
-    @fg.compile(backend="cuda")
-    def step(x, y):
-        opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        return loss
-    x, y = fg.tensor(idx).to("cuda"), fg.tensor(tgt).to("cuda")
-    losses = [step(x, y).item() for _ in range(3)]
-    t = timed(lambda: step(x, y))
+        @fg.compile(backend="cuda", mode=mode)
+        def step(x, y):
+            opt.zero_grad()
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+            return loss
+        x, y = fg.tensor(idx).to("cuda"), fg.tensor(tgt).to("cuda")
+        return [step(x, y).item() for _ in range(3)], lambda: step(x, y)
+    losses, run = fg_step(None)
+    t = timed(run)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="cudagraphs: the cross_entropy check")
+        graph_losses, run_graph = fg_step("reduce-overhead")
+    t_graph = timed(run_graph)
+    check("char transformer step, CUDA graph against kernel launches", graph_losses, losses,
+          rtol=1e-5)
     ref = None
     if HAVE_TORCH:
         tmodel = build(torch)
@@ -276,7 +285,9 @@ def transformer_row(sizes: dict) -> None:
         except Exception as e:           # no C compiler for inductor, ...: report, go on
             print(f"  (torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:100]})")
     size = f"b{gpt['batch']} T{gpt['block']} C{gpt['n_embd']} L{gpt['n_layer']}"
-    row("char transformer step", size, t, None, ref, note="vs torch.compile")
+    row("char transformer step", size, t, None, ref, note="kernel launches")
+    row("char transformer step, graph", size, t_graph, None, ref,
+        note=f"{t / t_graph:.1f}x the launches")
 
 
 SIZES = {
