@@ -164,7 +164,10 @@ class CudaProgram:
         step = plan_blas(k, self.kg)
         if step is None:
             return False
-        rest = lower_kernel(step.rest, self.kg) if step.rest is not None else None
+        try:
+            rest = lower_kernel(step.rest, self.kg) if step.rest is not None else None
+        except Unsupported:            # the tiled kernel (or its host step) takes all of it
+            return False
         self.blas_steps[i] = step
         self.slots.setdefault(step.out, self.plan.slots[step.product])
         if rest is not None:
