@@ -112,6 +112,7 @@ def can_cast(from_: _dtypes.DType, to: _dtypes.DType) -> "bool":
 
 from fusegrad import (  # noqa: E402
     autograd,  # noqa: E402
+    backends,  # noqa: E402  (torch.backends: the TF32 switch)
     cuda,  # noqa: E402  (torch.cuda's queries; imports no CUDA package)
     ir,  # noqa: E402
     nn,  # noqa: E402
@@ -122,6 +123,10 @@ from fusegrad import (  # noqa: E402
 globals().update(_public_ops.torch_functions())
 _methods.install_registered_methods()
 
+from fusegrad.backends import (  # noqa: E402
+    get_float32_matmul_precision,
+    set_float32_matmul_precision,
+)
 from fusegrad.tracer import (  # noqa: E402
     ConcretizationError,
     compile,

@@ -26,6 +26,10 @@ kernel as it is launched, so that a kernel that faults is named by the error its
 ``FUSEGRAD_CUDA_EAGER_CACHE`` (default 4096, as torch's cuFFT plan cache): how many compiled
 single-op programs eager cuda tensors keep (least recently used first out; an evicted program
 unloads its module from the GPU).
+``FUSEGRAD_CUDA_BLAS`` (default ``auto``): CUDA matmuls run through cuBLASLt where its library
+is found (:mod:`fusegrad.runtime.cublas`), or always as the generated tiled kernel
+(``kernel``). ``float32_matmul_precision`` (not from the environment; torch's
+``set_float32_matmul_precision``): ``"high"`` lets float32 matmuls use TF32.
 
 Settings can also be changed at run time, as attributes of this module or of ``config``::
 
@@ -97,6 +101,11 @@ class Config:
     native_gemm: str
     cuda_sync: bool
     cuda_eager_cache: int
+    # Matmuls on CUDA: "auto" through cuBLASLt where the library is found, "kernel" always the
+    # generated tiled kernel.
+    cuda_blas: str
+    # torch.set_float32_matmul_precision: "highest" (full float32), "high" (TF32 allowed).
+    float32_matmul_precision: str = "highest"
 
     @classmethod
     def from_env(cls) -> "Config":
@@ -113,6 +122,7 @@ class Config:
             native_gemm=_choice("FUSEGRAD_NATIVE_GEMM", ("auto", "on", "off")),
             cuda_sync=os.environ.get("FUSEGRAD_CUDA_SYNC", "0") not in ("", "0", "false"),
             cuda_eager_cache=max(1, _int("FUSEGRAD_CUDA_EAGER_CACHE", 4096)),
+            cuda_blas=_choice("FUSEGRAD_CUDA_BLAS", ("auto", "kernel")),
         )
 
     @property

@@ -50,7 +50,10 @@ class Adam(Optimizer):
     def _state(self, p, amsgrad: bool) -> dict:
         state = self.state[p]
         if not state:
-            state["step"] = tensor(0.0, dtype=dtypes.float32)
+            # capturable: on the parameter's device, as torch's, so that a step replayed as a
+            # CUDA graph counts on the device instead of copying the count back each step
+            device = p.device if self.defaults.get("capturable") else None
+            state["step"] = tensor(0.0, dtype=dtypes.float32, device=device)
             state["exp_avg"] = F.zeros_like(p)
             state["exp_avg_sq"] = F.zeros_like(p)
             if amsgrad:

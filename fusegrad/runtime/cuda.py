@@ -15,12 +15,14 @@ a module of their own.
 - **Programs**: :class:`CudaProgram` lowers each kernel of a kernel graph to the GPU
   (:func:`fusegrad.codegen.gpu_lowering.lower_kernel`), compiles them as one module, takes
   its buffers from the shared memory plan (:mod:`fusegrad.runtime.memory_plan`) and launches
-  the kernels in order on one stream. A kernel with no GPU lowering (an extern primitive)
-  runs its numpy reference on host copies of its operands.
+  the kernels in order on one stream; a matmul kernel runs as ``cublasLtMatmul`` where
+  cuBLASLt is found and takes it (:mod:`~fusegrad.runtime.cublas`). A kernel with no GPU
+  lowering (an extern primitive) runs its numpy reference on host copies of its operands.
 """
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import weakref
 
 import numpy as np
@@ -32,6 +34,7 @@ from fusegrad.config import config
 from fusegrad.ir.graph import Literal, Value
 from fusegrad.ir.kernel_graph import KernelGraph
 from fusegrad.ops.lowering import Unsupported
+from fusegrad.runtime.cublas import BlasMatmul, cublaslt_for, plan_blas
 from fusegrad.runtime.cuda_compile import (  # noqa: F401
     _nvcc_compile,
     _nvrtc,
@@ -116,15 +119,25 @@ class CudaProgram:
     :class:`DeviceArray` inputs, get :class:`DeviceArray` outputs."""
 
     def __init__(self, kg: KernelGraph, drv: Driver | None = None, arch: str | None = None,
-                 name: str = "program"):
+                 name: str = "program", cuda_graphs: bool = False):
         self.kg, self.graph, self.name = kg, kg.graph, name
+        self.cuda_graphs = cuda_graphs
+        self._graphs: dict[int, _StaticStep] = {}     # device -> its buffers and CUDA graph
+        self.graph_skipped: str | None = None          # why calls launch kernel by kernel
         self.drv = drv or driver()
         arch = arch or machine_arch(getattr(self.drv, "arch", "compute_90"))
         self.plan = plan_memory(kg)
+        # The buffer of each value: the plan's, and the product's buffer for a value that
+        # cuBLASLt writes in a matmul's place (its fused bias or activation).
+        self.slots = dict(self.plan.slots)
         self.lowered: dict[int, object] = {}
         self.host_steps: dict[int, str] = {}
+        self.blas_steps: dict[int, BlasMatmul] = {}
+        self.blas = cublaslt_for(self.drv)
         for i, k in enumerate(kg.kernels):
             try:
+                if k.kind == "matmul" and self.blas is not None and self._plan_blas(i, k):
+                    continue
                 self.lowered[i] = lower_kernel(k, kg)
             except Unsupported as e:
                 self.host_steps[i] = str(e)
@@ -144,6 +157,22 @@ class CudaProgram:
         self._unload.atexit = False
         self._constants: dict[int, dict[int, DeviceArray]] = {}
         self.allocator = None     # the allocator of the device of the latest call
+
+    def _plan_blas(self, i: int, k) -> bool:
+        """Run matmul kernel ``k`` through cuBLASLt (and the rest of its epilogue as an
+        elementwise kernel) when it can; False leaves it to the generated kernel."""
+        step = plan_blas(k, self.kg)
+        if step is None:
+            return False
+        try:
+            rest = lower_kernel(step.rest, self.kg) if step.rest is not None else None
+        except Unsupported:            # the tiled kernel (or its host step) takes all of it
+            return False
+        self.blas_steps[i] = step
+        self.slots.setdefault(step.out, self.plan.slots[step.product])
+        if rest is not None:
+            self.lowered[i] = rest
+        return True
 
     def _device_of(self, inputs) -> int:
         devices = {x.allocator.device for x in inputs if x.__class__ is DeviceArray}
@@ -168,6 +197,8 @@ class CudaProgram:
     def __call__(self, *inputs) -> list[DeviceArray]:
         if _pending_unloads:
             unload_pending()
+        if self.cuda_graphs and self._graphs_possible():
+            return self._replay(inputs)
         plan, drv = self.plan, self.drv
         device = self._device_of(inputs)
         allocator = self.allocator = allocator_of(drv, device)
@@ -199,17 +230,155 @@ class CudaProgram:
                 self._run_kernel(i, k, functions, buffers)
         return [self._output(o, buffers) for o in self.graph.outputs]
 
+    # ---------------------------------------------------------------- CUDA graphs
+
+    def _graphs_possible(self) -> bool:
+        """Whether calls can replay a CUDA graph: not with host steps (they wait for the
+        device and copy through the host), ``FUSEGRAD_CUDA_SYNC`` or a profiler (both wait
+        after each kernel), or a driver that cannot capture. Otherwise the program launches
+        kernel by kernel, and says why once (``graph_skipped``), as torch does."""
+        reason = None
+        host = {i: r for i, r in self.host_steps.items() if i not in self._input_checks()}
+        if host:
+            first = next(iter(host.values()))
+            reason = f"{len(host)} kernel(s) run on the host ({first})"
+        elif not hasattr(self.drv, "begin_capture"):
+            reason = f"the {self.drv.name} driver cannot capture CUDA graphs"
+        elif config.cuda_sync or profiling.recorder is not None:
+            return False           # for this call only
+        if reason is not None and self.graph_skipped is None:
+            self.graph_skipped = reason
+            warnings.warn(f"skipping cudagraphs due to {reason}", UserWarning, stacklevel=4)
+        return reason is None
+
+    def _input_checks(self) -> dict[int, tuple]:
+        """The host steps that only check an input of the program (the class indices of a
+        cross-entropy's target: ``check_target``, ``check_index``), by kernel: (node, input
+        position). Their output is the input, so a graph copies it on the device, and the
+        check runs on the host before the replay."""
+        checks = getattr(self, "_checks", None)
+        if checks is None:
+            checks = self._checks = {}
+            positions = {v: j for j, v in enumerate(self.graph.inputs)}
+            for i in self.host_steps:
+                nodes = self.kg.kernels[i].nodes
+                if len(nodes) == 1 and nodes[0].op in ("check_target", "check_index") and \
+                        nodes[0].inputs[0] in positions and nodes[0].inputs[0] not in self.kg.views:
+                    checks[i] = (nodes[0], positions[nodes[0].inputs[0]])
+        return checks
+
+    def _check_inputs(self, inputs, first: bool) -> None:
+        """Run the input checks of :meth:`_input_checks` before a replay: on a host input,
+        each call (it costs no wait); on a device input, at the first call only (reading it
+        back would wait for the device), with a warning that later calls are not checked."""
+        for node, j in self._input_checks().values():
+            x = inputs[j]
+            if x.__class__ is DeviceArray:
+                if not first:
+                    continue
+                if not getattr(self, "_warned_checks", False):
+                    self._warned_checks = True
+                    warnings.warn(f"cudagraphs: the {node.attrs.get('op', node.op)} check of a "
+                                  f"cuda tensor runs on the first call only (reading it back "
+                                  f"would wait for the device)", UserWarning, stacklevel=5)
+                x = x.to_host()
+            node.prim.impl(np.asarray(x), **node.attrs)
+
+    def _replay(self, inputs) -> list[DeviceArray]:
+        """A call as one CUDA graph: the inputs are copied into the program's static buffers
+        (every address is fixed by the memory plan, so one graph serves every call), the
+        graph is launched, and the outputs are copied out of the static buffers (the next
+        replay overwrites them). The first call per device runs the kernels once (modules
+        load, cuBLASLt makes its handle and plans: nothing a capture may do), then captures
+        them. Nothing waits for the device: the copies in and out are asynchronous."""
+        drv = self.drv
+        device = self._device_of(inputs)
+        functions = self._load(device)
+        drv.use(device)
+        step = self._graphs.get(device)
+        if step is None:
+            step = self._graphs[device] = self._static_step(device, inputs)
+        self._check_inputs(inputs, step.graph is None)
+        buffers = step.buffers
+        for i, x in enumerate(inputs):
+            dst = buffers[i]
+            if x.__class__ is DeviceArray:
+                x = x.contiguous()
+                if x.ptr != dst.ptr and x.nbytes:
+                    drv.dtod(dst.ptr, x.ptr, x.nbytes)
+            else:
+                x = np.asarray(x)
+                if x.nbytes:
+                    drv.htod_async(dst.ptr, x)
+        checks = self._input_checks()
+
+        def run_all():
+            for i, k in enumerate(self.kg.kernels):
+                if i in checks:                  # checked above: the copy is what is left
+                    node = checks[i][0]
+                    src, dst = buffers[self.slots[node.inputs[0]]], buffers[self.slots[node.output]]
+                    if src.nbytes:
+                        drv.dtod(dst.ptr, src.ptr, src.nbytes)
+                else:
+                    self._run_kernel(i, k, functions, buffers)
+        if step.graph is None:
+            run_all()
+            drv.begin_capture()
+            try:
+                run_all()
+            finally:
+                step.graph = drv.end_capture()
+        else:
+            drv.graph_launch(step.graph)
+        self.replays += 1
+        return [self._output(o, buffers).copy() for o in self.graph.outputs]
+
+    replays = 0
+
+    def _static_step(self, device: int, inputs) -> "_StaticStep":
+        """Buffers for every slot of the memory plan, kept for the program's life."""
+        allocator = self.allocator = allocator_of(self.drv, device)
+        buffers: dict[int, DeviceArray] = {}
+        for i, x in enumerate(inputs):
+            dt = x.dtype if x.__class__ is DeviceArray else np.asarray(x).dtype
+            buffers[i] = DeviceArray.empty(np.shape(x) if x.__class__ is not DeviceArray
+                                           else x.shape, dt, allocator)
+        for slot, arr in self.plan.constants.items():
+            buffers[slot] = DeviceArray.from_host(arr, allocator)
+        for slot, (shape, dt) in self.plan.intermediate_specs.items():
+            buffers[slot] = DeviceArray.empty(shape, dt, allocator)
+        for slot, shape, dt in self.plan.output_specs:
+            buffers[slot] = DeviceArray.empty(shape, dt, allocator)
+        return _StaticStep(buffers)
+
     def _run_kernel(self, i: int, k, functions: dict, buffers: dict) -> None:
+        step = self.blas_steps.get(i)
+        if step is not None:
+            self._run_blas(step, buffers)
         if i in self.lowered:
             lk = self.lowered[i]
             if lk.grid == 0:
                 return
-            args = [buffers[self.plan.slots[p.value]].ptr for p in lk.params]
+            args = [buffers[self.slots[p.value]].ptr for p in lk.params]
             self.drv.launch(functions[i], lk.grid, lk.block, args)
             if config.cuda_sync:
                 self._sync_after(lk.name)
-        else:
+        elif step is None:
             self._host_step(k, buffers)
+
+    def _run_blas(self, step: BlasMatmul, buffers: dict) -> None:
+        """A matmul kernel's product (with its fused epilogue) by ``cublasLtMatmul``."""
+        def pointer(value_offset) -> int:
+            value, offset = value_offset
+            return buffers[self.slots[value]].ptr + offset * value.type.dtype.itemsize
+        slots = self.slots
+        self.blas.matmul(self.drv.current, step.gemm, pointer(step.a), pointer(step.b),
+                         buffers[slots[step.out]].ptr,
+                         bias=pointer(step.bias) if step.bias is not None else 0,
+                         aux=buffers[slots[step.aux]].ptr if step.aux is not None else 0,
+                         stream=self.drv.stream_handle())
+        if config.cuda_sync:
+            self._sync_after(f"cublasLtMatmul ({step.kernel.name})")
 
     def _run_kernels_timed(self, rec: "profiling.Recorder", functions: dict, buffers: dict,
                            device: int) -> None:
@@ -221,12 +390,12 @@ class CudaProgram:
         clock = profiling.perf_counter_ns
         self.drv.synchronize()
         for i, k in enumerate(self.kg.kernels):
-            if i in self.lowered and self.lowered[i].grid == 0:
+            if i in self.lowered and self.lowered[i].grid == 0 and i not in self.blas_steps:
                 continue
             start = clock()
             self._run_kernel(i, k, functions, buffers)
             self.drv.synchronize()
-            if i in self.lowered:
+            if i in self.lowered or i in self.blas_steps:
                 name, category = f"{self.name}::{k.describe()}", "kernel"
             else:
                 name = f"{self.name}::{dataclasses.replace(k, name=k.name + '.host').describe()}"
@@ -280,6 +449,14 @@ class CudaProgram:
             # A returned view: made contiguous through the host (rare: a transposed output).
             return DeviceArray.from_host(np.array(self._host_array(o, buffers)), self.allocator)
         return buffers[self.plan.slots[o]]
+
+
+@dataclasses.dataclass
+class _StaticStep:
+    """A program's static buffers on one device and the CUDA graph captured over them."""
+
+    buffers: dict[int, DeviceArray]
+    graph: object = None
 
 
 class HostCudaProgram(CudaProgram):

@@ -29,40 +29,46 @@ from fusegrad.runtime import cuda_drivers, disk_cache
 from fusegrad.runtime.cuda_drivers import INSTALL_HINT, CudaUnavailable
 from fusegrad.version import __version__
 
-__all__ = ["compile_cuda", "find_nvrtc", "nvrtc_version", "nvrtc_arch_list", "nvrtc_package",
-           "check_driver_compatible", "machine_arch", "is_machine_code"]
+__all__ = ["compile_cuda", "find_nvrtc", "find_cuda_library", "nvrtc_version", "nvrtc_arch_list",
+           "nvrtc_package", "check_driver_compatible", "machine_arch", "is_machine_code"]
 
 # --------------------------------------------------------------------------- compiling
 
 
-def _nvrtc_major(path: str) -> int | None:
+def _library_major(path: str, stem: str) -> int | None:
     """The CUDA major version in a ``libnvrtc.so.12`` file name (None without one)."""
-    m = re.search(r"libnvrtc\.so\.(\d+)", os.path.basename(path))
+    m = re.search(rf"lib{stem}\.so\.(\d+)", os.path.basename(path))
     return int(m.group(1)) if m else None
 
 
-def find_nvrtc(driver_version: int | None = None) -> str | None:
-    """Path of ``libnvrtc``: ``FUSEGRAD_NVRTC``, the NVRTC wheels (``nvidia/cu13/lib`` of
-    ``nvidia-cuda-nvrtc`` 13, ``nvidia/cuda_nvrtc/lib`` of ``nvidia-cuda-nvrtc-cu12``),
-    ``CUDA_HOME``, or the loader's search path; None when there is none.
+def _nvrtc_major(path: str) -> int | None:
+    return _library_major(path, "nvrtc")
+
+
+def find_cuda_library(stem: str, env: str, driver_version: int | None = None) -> str | None:
+    """Path of CUDA library ``lib{stem}`` (``nvrtc``, ``cublasLt``): the environment
+    variable ``env``, NVIDIA's wheels (``nvidia/cu13/lib`` of the CUDA 13 wheels,
+    ``nvidia/<component>/lib`` of the ``-cu12`` ones), ``CUDA_HOME``, or the loader's search
+    path; None when there is none.
 
     With several installed, the one whose CUDA major version is the driver's
     (``driver_version`` as ``cuDriverGetVersion`` gives it, 13000 for 13.0; the process's
     driver's when None and one is made) comes first, then older majors, newest first: a
-    newer major makes code the driver cannot load."""
-    env = os.environ.get("FUSEGRAD_NVRTC")
-    if env and os.path.exists(env):
-        return env
+    newer major needs a newer driver."""
+    path = os.environ.get(env)
+    if path and os.path.exists(path):
+        return path
+    pattern = f"lib{stem}.so*"
     candidates = []
     try:
         spec = importlib.util.find_spec("nvidia")
         for root in (spec.submodule_search_locations or []) if spec else []:
-            candidates += sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so*")))
+            candidates += sorted(glob.glob(os.path.join(root, "*", "lib", pattern)))
     except (ImportError, ValueError):
         pass
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if home:
-            candidates += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")))
+            candidates += sorted(glob.glob(os.path.join(home, "lib64", pattern)))
     candidates = [c for c in candidates if "builtins" not in c and "alt" not in c]
     if driver_version is None:
         driver_version = _known_driver_version()
@@ -70,14 +76,21 @@ def find_nvrtc(driver_version: int | None = None) -> str | None:
         wanted = driver_version // 1000
 
         def preference(path: str) -> tuple[int, int]:
-            major = _nvrtc_major(path)
-            if major is None:                  # an unversioned libnvrtc.so: after the known
+            major = _library_major(path, stem)
+            if major is None:                  # an unversioned lib*.so: after the known
                 return (1, 0)
             return (0 if major == wanted else 1 if major < wanted else 2, -major)
         candidates.sort(key=preference)       # stable: folder order breaks ties
     if candidates:
         return candidates[0]
-    return ctypes.util.find_library("nvrtc")
+    return ctypes.util.find_library(stem)
+
+
+def find_nvrtc(driver_version: int | None = None) -> str | None:
+    """Path of ``libnvrtc`` (``FUSEGRAD_NVRTC``, else :func:`find_cuda_library`'s search:
+    ``nvidia-cuda-nvrtc`` 13's ``nvidia/cu13/lib``, ``nvidia-cuda-nvrtc-cu12``'s
+    ``nvidia/cuda_nvrtc/lib``, ...); None when there is none."""
+    return find_cuda_library("nvrtc", "FUSEGRAD_NVRTC", driver_version)
 
 
 def _known_driver_version() -> int | None:

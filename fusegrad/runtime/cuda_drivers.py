@@ -66,6 +66,13 @@ class Driver(Protocol):
     def function(self, module, name: str) -> object: ...
     def launch(self, fn, grid: int, block: int, args: list[int]) -> None: ...
     def synchronize(self) -> None: ...
+    def stream_handle(self) -> int: ...                  # the CUstream of this thread's device
+    # CUDA graphs (mode="reduce-overhead"): the launches between begin_capture and
+    # end_capture are recorded on the stream, not run; graph_launch replays them.
+    def htod_async(self, ptr: int, host: np.ndarray) -> None: ...   # no wait for the device
+    def begin_capture(self) -> None: ...
+    def end_capture(self) -> object: ...                  # the instantiated graph
+    def graph_launch(self, graph) -> None: ...
 
 
 # CUDA_ERROR_OUT_OF_MEMORY in the driver API's CUresult.
@@ -207,6 +214,29 @@ class CudaPythonDriver:
     def synchronize(self) -> None:
         self._check(self.cu.cuStreamSynchronize(self.stream))
 
+    def stream_handle(self) -> int:
+        return int(self.stream)
+
+    def htod_async(self, ptr: int, host: np.ndarray) -> None:
+        # From pageable memory the driver stages the bytes before it returns (CUDA's "API
+        # synchronization behavior"), so ``host`` may be a temporary, and nothing waits.
+        host = np.ascontiguousarray(host)
+        self._check(self.cu.cuMemcpyHtoDAsync(ptr, host.ctypes.data, host.nbytes, self.stream))
+
+    def begin_capture(self) -> None:
+        mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        self._check(self.cu.cuStreamBeginCapture(self.stream, mode))
+
+    def end_capture(self):
+        graph = self._check(self.cu.cuStreamEndCapture(self.stream))
+        executable = self._check(self.cu.cuGraphInstantiateWithFlags(graph, 0))
+        # The executable keeps what it needs; the graph it was made from is freed now.
+        self._check(self.cu.cuGraphDestroy(graph))
+        return executable
+
+    def graph_launch(self, graph) -> None:
+        self._check(self.cu.cuGraphLaunch(graph, self.stream))
+
 
 class _PushedContext:
     """The context a :class:`PyCudaDriver` pushed in one thread. pycuda keeps a context
@@ -336,6 +366,21 @@ class PyCudaDriver:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def stream_handle(self) -> int:
+        return int(self.stream.handle)
+
+    def htod_async(self, ptr: int, host: np.ndarray) -> None:
+        self.drv.memcpy_htod_async(ptr, np.ascontiguousarray(host), self.stream)
+
+    def begin_capture(self) -> None:
+        self.stream.begin_capture(self.drv.capture_mode.THREAD_LOCAL)
+
+    def end_capture(self):
+        return self.stream.end_capture().instance()
+
+    def graph_launch(self, graph) -> None:
+        graph.launch(self.stream)
 
 
 _driver_lock = threading.Lock()

@@ -64,8 +64,11 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
     "inductor" means "llvm"), ``static_argnums``/``static_argnames`` (Python values baked into
     the trace), ``donate_argnums`` (outputs may reuse those inputs' buffers), ``fullgraph``
     (raise instead of running eagerly what cannot be traced), ``pipeline`` (the passes before
-    fusion). torch.compile's ``mode`` names are accepted (there is one mode: each call runs
-    the fused kernels with no per-call compilation); ``dynamic=True`` (symbolic shapes) is not
+    fusion). torch.compile's ``mode`` names are accepted; ``"reduce-overhead"`` replays a
+    compiled call on CUDA (``backend="cuda"``, or cuda tensors) as one CUDA graph (its
+    inputs copied into static buffers, no host synchronization inside the call; a program
+    with host steps launches kernel by kernel and warns), and the others run the fused
+    kernels with no per-call compilation; ``dynamic=True`` (symbolic shapes) is not
     supported and raises; ``disable=True`` returns ``fn`` unchanged; ``options`` has no keys
     that fusegrad reads, so any key raises.
 
@@ -96,7 +99,7 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
         compiled = CompiledFunction(f, backend=backend, static_argnums=static_argnums,
                                     static_argnames=static_argnames,
                                     donate_argnums=donate_argnums, fullgraph=fullgraph,
-                                    pipeline=pipeline)
+                                    pipeline=pipeline, mode=mode)
         if compiled.module is None:
             return compiled
         return OptimizedModule(f, compiled)

@@ -110,7 +110,7 @@ class CompiledFunction:
 
     def __init__(self, fn: Callable, *, backend: str = "llvm", static_argnums=(),
                  static_argnames=(), donate_argnums=(), fullgraph: bool = False,
-                 pipeline: str | None = None):
+                 pipeline: str | None = None, mode: str | None = None):
         if backend == "inductor":       # torch.compile's default backend: the native one here
             backend = "llvm"
         if backend not in BACKENDS:
@@ -127,6 +127,8 @@ class CompiledFunction:
             else tuple(donate_argnums)
         self.fullgraph = fullgraph
         self.pipeline = pipeline or DEFAULT_PIPELINE
+        # torch.compile's mode: "reduce-overhead" replays each CUDA program as a CUDA graph.
+        self.mode = mode
         self.cache: dict = {}
         self._fast: dict = {}
         self._fast_ok = self.module is None and not self.static_argnums and \
@@ -151,7 +153,7 @@ class CompiledFunction:
     def _options(self) -> dict:
         return dict(backend=self.backend, static_argnums=self.static_argnums,
                     static_argnames=self.static_argnames, donate_argnums=self.donate_argnums,
-                    fullgraph=self.fullgraph, pipeline=self.pipeline)
+                    fullgraph=self.fullgraph, pipeline=self.pipeline, mode=self.mode)
 
     def __deepcopy__(self, memo):
         # A compiled module's copy (an EMA model, the best model so far) is the copied
@@ -388,7 +390,8 @@ class CompiledFunction:
         info = graph.meta
         optimized = run_passes(graph, program_pipeline(self.pipeline, self.backend))
         program = entry_program(graph, optimized, self.backend, args, kwargs,
-                                self.donate_argnums)
+                                self.donate_argnums,
+                                cuda_graphs=self.mode == "reduce-overhead")
         entry = _Entry(graph, optimized, program, info)
         entry.out_dtypes = [o.type.dtype for o in optimized.outputs]
         entry.guard = guard_reads(lambda: _entry_guard(info, closure, self.module), name)

@@ -35,23 +35,26 @@ def _symbol(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name) or "graph"
 
 
-def build_program(graph: Graph, backend: str, name: str, donate=()):
+def build_program(graph: Graph, backend: str, name: str, donate=(), cuda_graphs: bool = False):
     """The program of ``graph``'s kernels (the program pipeline ran ``fuse`` on it) for
     ``backend``: LLVM kernels on the CPU, CUDA kernels (numpy arrays in and out, each copied
-    to the device and back), or None for the interpreter, which runs the graph itself."""
+    to the device and back; replayed as one CUDA graph with ``cuda_graphs``), or None for
+    the interpreter, which runs the graph itself."""
     if backend == "cuda":
         from fusegrad.runtime.cuda import HostCudaProgram  # optional: CUDA loads when asked for
-        return HostCudaProgram(graph.kernels, name=name)
+        return HostCudaProgram(graph.kernels, name=name, cuda_graphs=cuda_graphs)
     if backend == "llvm":
         return Program(graph.kernels, name=name, donate=donate)
     return None
 
 
 def entry_program(graph: Graph, optimized: Graph, backend: str, args, kwargs,
-                  donate_argnums: tuple):
-    """The program of a traced call (``graph``; ``optimized``: after its pipeline)."""
+                  donate_argnums: tuple, cuda_graphs: bool = False):
+    """The program of a traced call (``graph``; ``optimized``: after its pipeline);
+    ``cuda_graphs`` (``mode="reduce-overhead"``): a CUDA program replays as one graph."""
     pairs = _donations(graph, args, kwargs, donate_argnums) if backend == "llvm" else ()
-    program = build_program(optimized, backend, _symbol(graph.name), donate=pairs)
+    program = build_program(optimized, backend, _symbol(graph.name), donate=pairs,
+                            cuda_graphs=cuda_graphs)
     if backend == "llvm" and config.debug >= 4:
         print(f"[fusegrad] LLVM IR of {graph.name}:\n{program.llvm_ir}", file=sys.stderr)
     return program
