@@ -16,9 +16,10 @@ import fusegrad as fg
 import fusegrad.nn.functional as F
 from fusegrad.config import config
 from fusegrad.ops import primitive
-from fusegrad.runtime import cublas, eager_cuda
+from fusegrad.runtime import cublas
 from fusegrad.runtime import cuda as rt
 from fusegrad.testing.simulated_cuda import SimulatedCublasLt, SimulatedDriver
+from fusegrad.tracer import eager_cuda
 
 
 @pytest.fixture

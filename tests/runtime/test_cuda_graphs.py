@@ -12,8 +12,8 @@ import fusegrad as fg
 import fusegrad.nn.functional as F
 from fusegrad.ops import primitive
 from fusegrad.runtime import cuda as rt
-from fusegrad.runtime import eager_cuda
 from fusegrad.testing.simulated_cuda import SimulatedDriver
+from fusegrad.tracer import eager_cuda
 
 
 @pytest.fixture(params=[False, True], ids=["tiled-matmul", "cublaslt"])
