@@ -92,10 +92,14 @@ class _Lowering(KernelValues):
         self.shared: list[Shared] = []
         self.lane = None       # (lane, lane 0's coordinates, vectorized params): vector_loop
 
-    def loop(self, name: str, start, stop, step, body_fn) -> Loop:
+    def loop(self, name: str, start, stop, step, body_fn) -> Loop | If:
         v = self.var(name, INDEX)
         body: list = []
         body_fn(self.b.read(v), body)
+        if stop.op == "const" and stop.arg == 0:
+            # Over an empty tensor or axis: no loop at all (``i < 0u`` is a comparison
+            # nvcc warns of, and the body's stores must not run).
+            return If(self.b.const(dtypes.bool_, 0), [])
         return Loop(v, start, stop, step, body)
 
     def store(self, v: Value, coords, body: list) -> None:
@@ -403,7 +407,7 @@ def lower_kernel(kernel: Kernel, kg: KernelGraph) -> LoweredKernel:
     else:
         block = BLOCK
     body, blocks = getattr(low, family)()
-    grid = min(blocks, MAX_GRID)
+    grid = max(1, min(blocks, MAX_GRID))    # a launch of no block is an error on a GPU
     params = list(low.params.values())
     sizes = [v.type.numel for v in low.params] + [math.prod(kernel.shape), blocks * block]
     bits = 32 if max(sizes) < 1 << 31 else 64

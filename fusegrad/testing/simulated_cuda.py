@@ -9,7 +9,8 @@ tensor pass ``base + offset``), and with ``devices=2`` it pretends to have two d
 each allocation belongs to the device current when it was made, and using it while
 another device is current raises, as an illegal address would on a GPU. With ``memory=N``
 each device holds N bytes, and an allocation beyond them raises the driver's out-of-memory
-error, so that the caching allocator's retry and message can be checked."""
+error, so that the caching allocator's retry and message can be checked. ``kernels`` lists
+every kernel of every module loaded (:mod:`fusegrad.testing.nvcc` compiles them)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class SimulatedDriver:
         self.capacity = memory
         self.in_use = [0] * devices              # bytes allocated, per device
         self.unloaded: list[object] = []         # modules given to unload_module
+        self.kernels: list = []                  # every LoweredKernel of every module loaded
 
     def compute_capability(self, ordinal: int) -> tuple[int, int]:
         return self.capability
@@ -110,6 +112,7 @@ class SimulatedDriver:
         self.resolve(dst)[:nbytes] = self.resolve(src)[:nbytes].copy()
 
     def load_module(self, ptx: bytes, kernels: dict):
+        self.kernels.extend(kernels.values())
         return kernels
 
     def unload_module(self, module, ordinal: int) -> None:
