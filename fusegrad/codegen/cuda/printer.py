@@ -32,9 +32,11 @@ from fusegrad import dtypes
 from fusegrad.codegen.kernel_ir import (
     INDEX,
     Assign,
+    AtomicInc,
     Barrier,
     Declare,
     Expr,
+    Fence,
     If,
     Linearizer,
     Loop,
@@ -169,6 +171,11 @@ class _Printer:
             return f"__ldg({pointer} + {index})"
         return f"{pointer}[{index}]"
 
+    def shared_name(self, s) -> str:
+        """A grid-scope array is a ``__device__`` array of the translation unit: its name
+        carries the kernel's."""
+        return f"{self.k.name}_{s.name}" if s.scope == "grid" else s.name
+
     def vec_type(self, dt, width: int) -> str:
         t = self.ct(dt)
         if width != 4 or t not in _VEC4:
@@ -183,6 +190,9 @@ class _Printer:
         if op == "load":
             return self.load(e.arg, e.arg.name, self.ct(e.arg.dtype), a[0])
         if op == "load_shared":
+            if e.arg.scope == "grid":
+                # Written by other blocks: read past the (incoherent) L1 cache.
+                return f"__ldcg({self.shared_name(e.arg)} + {a[0]})"
             return f"{e.arg.name}[{a[0]}]"
         if op == "load_vec":
             p, width = e.arg
@@ -308,7 +318,13 @@ class _Printer:
                 lines.append(f"{pad}{st.param.name}[{index}] = {value};")
             elif isinstance(st, StoreShared):
                 index, value = t(st.index), t(st.value)
-                lines.append(f"{pad}{st.shared.name}[{index}] = {value};")
+                lines.append(f"{pad}{self.shared_name(st.shared)}[{index}] = {value};")
+            elif isinstance(st, AtomicInc):
+                index = t(st.index)
+                lines.append(f"{pad}const {self.ct(st.var.dtype)} {st.var.name} = "
+                             f"atomicAdd(&{self.shared_name(st.shared)}[{index}], 1u);")
+            elif isinstance(st, Fence):
+                lines.append(f"{pad}__threadfence();")
             elif isinstance(st, StoreVec):
                 index = t(st.index)
                 values = ", ".join(t(v) for v in st.values)
@@ -341,9 +357,13 @@ class _Printer:
         params = ", ".join(
             f"{'const ' if id(p) in self.readonly else ''}{self.ct(p.dtype)}* __restrict__ {p.name}"
             if id(p) in self.readonly else f"{self.ct(p.dtype)}* {p.name}" for p in k.params)
-        lines = [f"// {k.family}: grid <= {k.grid} blocks of {k.block} threads",
+        lines = [f"__device__ {self.ct(s.dtype)} {self.shared_name(s)}[{s.size}];"
+                 for s in k.shared if s.scope == "grid"]
+        lines += [f"// {k.family}: grid <= {k.grid} blocks of {k.block} threads",
                  f'extern "C" __global__ void __launch_bounds__({k.block}) {k.name}({params}) {{']
         for s in k.shared:
+            if s.scope == "grid":
+                continue
             lines.append(f"  __shared__ {self.ct(s.dtype)} {s.name}[{s.size}];")
         self.body(k.body, lines, 1)
         lines.append("}")
