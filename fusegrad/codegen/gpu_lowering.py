@@ -105,6 +105,8 @@ def _name(kernel: Kernel, family: str) -> str:
 class _Lowering(KernelValues):
     def __init__(self, kernel: Kernel, kg: KernelGraph):
         super().__init__(kernel, kg)
+        # 16-bit floats convert in one instruction each (cvt), not through integer code.
+        self.b.half_conversions = True
         self.shared: list[Shared] = []
         self.lane = None       # (lane, lane 0's coordinates, vectorized params): vector_loop
 

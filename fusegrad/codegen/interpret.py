@@ -460,6 +460,18 @@ def _call(fn: str, args, dt):
             return np.power(args[0].astype(npdt), args[1].astype(npdt)).astype(npdt)
         if fn == "copysign":
             return np.copysign(args[0], args[1]).astype(npdt)
+        if fn == "float16_to_float":
+            return args[0].view(np.float16).astype(np.float32)
+        if fn == "bfloat16_to_float":
+            return (args[0].astype(np.uint32) << np.uint32(16)).view(np.float32)
+        if fn == "float_to_float16":
+            return args[0].astype(np.float32).astype(np.float16).view(np.uint16)
+        if fn == "float_to_bfloat16":
+            # Round to nearest even on the upper half; a NaN is the canonical 0x7FFF (cvt's).
+            bits = args[0].astype(np.float32).view(np.uint32)
+            lsb = (bits >> np.uint32(16)) & np.uint32(1)
+            rounded = ((bits + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype(np.uint16)
+            return np.where(np.isnan(args[0]), np.uint16(0x7FFF), rounded)
         if fn in ("fma", "muladd"):
             # float32: the product is exact in float64, one rounding of the sum there and
             # one to float32 (a second rounding only on ties of the first); float64 is

@@ -155,3 +155,13 @@ def test_reduction_kernels_compile_to_cubin_without_spills():
     report = nvcc.compile_kernels(nvcc.named_apart(kernels))
     assert not report.errors, report.errors
     assert not report.spilled(), report.spilled()
+
+
+def test_row_values_are_computed_before_the_loop_that_stores_the_row():
+    # CHECK: layer_norm's 1/sqrt(var + eps) is named before the loop over the row's elements
+    # (once per row; a double division's slow-path call inside the loop made ptxas spill).
+    a = RNG.standard_normal((6, 3, 2)).astype(np.float64)
+    src = source_of(lambda x: F.layer_norm(x, (3, 2)), a)
+    body = src[src.index("extern"):]
+    last_loop = body.rindex("for (")
+    assert "sqrt(" in body[:last_loop] and "sqrt(" not in body[last_loop:]
