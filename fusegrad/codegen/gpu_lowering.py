@@ -71,6 +71,7 @@ VEC = 4              # elements a thread loads and stores at once in elementwise
 VEC_MIN = 4096       # smaller kernels keep the one scalar loop
 MAX_KEPT_ROW = 2048  # elements of a row a row_reduce block keeps in shared memory
 WARP = 32
+TRANSPOSE_TILE = 32  # tiles of 32x32 elements (in shared memory 32x33) for transposes
 TILE = 16            # matmul output tile (TILE x TILE threads)
 MAX_GRID = 8192      # blocks at most: the loops stride over the rest
 GRID_REDUCE_MIN = 1 << 15   # a full reduction of at least this many elements spans blocks
@@ -109,6 +110,7 @@ class _Lowering(KernelValues):
         self.b.half_conversions = True
         self.shared: list[Shared] = []
         self.lane = None       # (lane, lane 0's coordinates, vectorized params): vector_loop
+        self.staged: dict = {}  # Value -> its element read back from a transpose tile
 
     def loop(self, name: str, start, stop, step, body_fn) -> Loop | If:
         v = self.var(name, INDEX)
@@ -134,10 +136,83 @@ class _Lowering(KernelValues):
         return b.mul(b.special("blockDim"), b.special("gridDim"))
 
     # -- families
+    def transposed_inputs(self) -> list[Value]:
+        """The inputs read with the two innermost axes swapped (unit stride along the
+        kernel's second-to-last axis, not its last), when the kernel is big enough for
+        tiles and moves no element otherwise; reading them directly would make every warp
+        touch 32 cache lines."""
+        shape = self.k.shape
+        if len(shape) < 2 or shape[-1] < TRANSPOSE_TILE // 2 or shape[-2] < TRANSPOSE_TILE // 2 \
+                or math.prod(shape) < VEC_MIN or \
+                any(nd.op in MOVES_ELEMENTS for nd in self.k.nodes):
+            return []
+        out: list[Value] = []
+        for v in [v for nd in self.k.nodes for v in nd.inputs] + list(self.k.inputs):
+            view = self.kg.views.get(v)
+            if view is not None and v.type.shape == shape and view.strides[-2] == 1 and \
+                    view.strides[-1] != 1 and v not in out:
+                out.append(v)
+        return out
+
+    def transpose_tiles(self, staged: list[Value]) -> tuple[list, int]:
+        """A block per 32x32 tile of the two innermost axes: the threads read the swapped
+        inputs along their unit-stride axis (coalesced) into shared tiles of 32x33 (the
+        pad keeps a column's reads off one bank), then compute and store the outputs along
+        the kernel's innermost axis (coalesced), taking those inputs from the tiles."""
+        k, b = self.k, self.b
+        shape = k.shape
+        rows, cols = shape[-2], shape[-1]
+        t = TRANSPOSE_TILE
+        tiles_r, tiles_c = -(-rows // t), -(-cols // t)
+        batch = shape[:-2]
+        blocks = math.prod(batch) * tiles_r * tiles_c
+        tid = b.special("threadIdx")
+        tx, ty = b.rem(tid, self.idx(t)), b.div(tid, self.idx(t))
+        steps = BLOCK // t
+        tiles = {id(v): Shared(self.fresh("tile"), lowering.register_dtype(v.type.dtype),
+                               t * (t + 1)) for v in staged}
+        self.shared += list(tiles.values())
+        outs = self.outputs_at("full")
+
+        def per_tile(tile, body):
+            per_batch = self.idx(tiles_r * tiles_c)
+            bcoords = indexing.unravel(b, b.div(tile, per_batch), batch, bounded=True)
+            within = b.rem(tile, per_batch)
+            r0 = b.mul(b.div(within, self.idx(tiles_c)), self.idx(t))
+            c0 = b.mul(b.rem(within, self.idx(tiles_c)), self.idx(t))
+            for s in range(0, t, steps):
+                # Read: thread (ty, tx) takes row r0 + tx of column c0 + ty + s.
+                r, c = b.add(r0, tx), b.add(c0, b.add(ty, self.idx(s)))
+                ok = b.binary("and", b.cmp("lt", r, self.idx(rows), INDEX),
+                              b.cmp("lt", c, self.idx(cols), INDEX), dtypes.bool_)
+                at = b.add(b.mul(b.add(ty, self.idx(s)), self.idx(t + 1)), tx)
+                body.append(If(ok, [StoreShared(tiles[id(v)], at, self.load(v, bcoords + [r, c]))
+                                    for v in staged]))
+            body.append(Barrier())
+            for s in range(0, t, steps):
+                # Write: thread (ty, tx) takes column c0 + tx of row r0 + ty + s.
+                r, c = b.add(r0, b.add(ty, self.idx(s))), b.add(c0, tx)
+                ok = b.binary("and", b.cmp("lt", r, self.idx(rows), INDEX),
+                              b.cmp("lt", c, self.idx(cols), INDEX), dtypes.bool_)
+                at = b.add(b.mul(tx, self.idx(t + 1)), b.add(ty, self.idx(s)))
+                self.staged = {id(v): b.load_shared(tiles[id(v)], at) for v in staged}
+                stores: list = []
+                for v in outs:
+                    self.store(v, bcoords + [r, c], stores)
+                self.staged = {}
+                body.append(If(ok, stores))
+            # Before the next tile overwrites the tiles.
+            body.append(Barrier())
+        return [self.loop("tile", b.special("blockIdx"), self.idx(blocks), b.special("gridDim"),
+                          per_tile)], blocks
+
     def elementwise(self) -> tuple[list, int]:
         shape = self.k.shape
         n = math.prod(shape)
         outs = self.outputs_at("full")
+        staged = self.transposed_inputs()
+        if staged:
+            return self.transpose_tiles(staged)
 
         def body(i, out):
             coords = indexing.unravel(self.b, i, shape, bounded=True)
@@ -192,6 +267,8 @@ class _Lowering(KernelValues):
         return (loop, list(vectorized.values())) if vectorized else None
 
     def load(self, v: Value, coords):
+        if id(v) in self.staged:
+            return self.staged[id(v)]
         lane = self.lane
         view = self.view(v)
         shape = self.k.shape
