@@ -13,7 +13,9 @@ Families (``LoweredKernel.family``):
   innermost axis holds whole groups of 4 and no reshape, pad or concat is fused in, a
   thread takes 4 consecutive elements a step instead, with 16-byte loads and stores of the
   4-byte buffers read at unit stride (when their pointers are aligned; else the scalar
-  loop runs);
+  loop runs). A kernel that reads an input with its two innermost axes swapped (a
+  transpose) takes 32x32 tiles instead: that input read along its unit stride into a
+  32x33 shared tile, the outputs computed and stored along the innermost axis;
 - ``row_reduce`` (the reduced axes include the innermost one: softmax, layer_norm,
   log_softmax, sums over the last axis): a block per row. Each thread folds a strided part
   of the row into a register, the warp combines with shuffles, the warps through shared
