@@ -13,15 +13,24 @@ Families (``LoweredKernel.family``):
   innermost axis holds whole groups of 4 and no reshape, pad or concat is fused in, a
   thread takes 4 consecutive elements a step instead, with 16-byte loads and stores of the
   4-byte buffers read at unit stride (when their pointers are aligned; else the scalar
-  loop runs);
+  loop runs). A kernel that reads an input with its two innermost axes swapped (a
+  transpose) takes 32x32 tiles instead: that input read along its unit stride into a
+  32x33 shared tile, the outputs computed and stored along the innermost axis;
 - ``row_reduce`` (the reduced axes include the innermost one: softmax, layer_norm,
   log_softmax, sums over the last axis): a block per row. Each thread folds a strided part
   of the row into a register, the warp combines with shuffles, the warps through shared
   memory; every thread then reads the row's result and the full-size outputs are stored
   with the threads striding over the row again;
-- ``col_reduce`` (the innermost axis is kept: ``x.sum(0)``): a thread per kept element,
-  each folding its reduced elements in order; neighbouring threads read neighbouring
-  addresses, so the loads coalesce;
+- ``grid_reduce`` (one reduction of every axis, of at least ``GRID_REDUCE_MIN`` elements:
+  ``x.sum()``): the elements spread over many blocks, read 16 bytes at a time into 4
+  accumulators where they are contiguous and aligned; each block's partial result goes to
+  a grid-scope array and the last block to finish (an atomic count after a fence) combines
+  them in block order, so the sum's order depends only on the grid (deterministic, no float
+  atomics);
+- ``col_reduce`` (the innermost axis is kept: ``x.sum(0)``): a block per tile of 32 kept
+  elements, its 8 warps each folding every 8th reduced element of the 32 columns (a warp
+  reads 32 neighbouring addresses: coalesced), the 8 partial results combined in shared
+  memory in a fixed order;
 - ``matmul``: 16x16 output tiles, a block per tile, the operands' tiles staged in shared
   memory, the product accumulated in a register (float32 for 16-bit operands) and the
   fused epilogue (bias, activation, residual) applied before the store.
@@ -36,8 +45,11 @@ from fusegrad.codegen import indexing
 from fusegrad.codegen.kernel_ir import (
     INDEX,
     Assign,
+    AtomicInc,
     Barrier,
     Declare,
+    Expr,
+    Fence,
     If,
     Loop,
     LoweredKernel,
@@ -61,8 +73,11 @@ VEC = 4              # elements a thread loads and stores at once in elementwise
 VEC_MIN = 4096       # smaller kernels keep the one scalar loop
 MAX_KEPT_ROW = 2048  # elements of a row a row_reduce block keeps in shared memory
 WARP = 32
+TRANSPOSE_TILE = 32  # tiles of 32x32 elements (in shared memory 32x33) for transposes
 TILE = 16            # matmul output tile (TILE x TILE threads)
 MAX_GRID = 8192      # blocks at most: the loops stride over the rest
+GRID_REDUCE_MIN = 1 << 15   # a full reduction of at least this many elements spans blocks
+PARTIALS = 1024      # blocks of a grid_reduce at most (about 8 per SM of an H100)
 
 
 def kernel_family(kernel: Kernel) -> str:
@@ -72,6 +87,10 @@ def kernel_family(kernel: Kernel) -> str:
     if kernel.kind == "matmul":
         return "matmul"
     if kernel.kind == "reduction":
+        if len(kernel.axes) == len(kernel.shape) and math.prod(kernel.shape) >= GRID_REDUCE_MIN \
+                and len(reductions(kernel)) == 1 and \
+                not any(kernel.level.get(v) == "full" for v in kernel.outputs):
+            return "grid_reduce"
         return "row_reduce" if len(kernel.shape) - 1 in kernel.axes else "col_reduce"
     raise Unsupported(f"{kernel.kind} kernels run their numpy reference")
 
@@ -89,13 +108,20 @@ def _name(kernel: Kernel, family: str) -> str:
 class _Lowering(KernelValues):
     def __init__(self, kernel: Kernel, kg: KernelGraph):
         super().__init__(kernel, kg)
+        # 16-bit floats convert in one instruction each (cvt), not through integer code.
+        self.b.half_conversions = True
         self.shared: list[Shared] = []
         self.lane = None       # (lane, lane 0's coordinates, vectorized params): vector_loop
+        self.staged: dict = {}  # Value -> its element read back from a transpose tile
 
-    def loop(self, name: str, start, stop, step, body_fn) -> Loop:
+    def loop(self, name: str, start, stop, step, body_fn) -> Loop | If:
         v = self.var(name, INDEX)
         body: list = []
         body_fn(self.b.read(v), body)
+        if stop.op == "const" and stop.arg == 0:
+            # Over an empty tensor or axis: no loop at all (``i < 0u`` is a comparison
+            # nvcc warns of, and the body's stores must not run).
+            return If(self.b.const(dtypes.bool_, 0), [])
         return Loop(v, start, stop, step, body)
 
     def store(self, v: Value, coords, body: list) -> None:
@@ -112,10 +138,83 @@ class _Lowering(KernelValues):
         return b.mul(b.special("blockDim"), b.special("gridDim"))
 
     # -- families
+    def transposed_inputs(self) -> list[Value]:
+        """The inputs read with the two innermost axes swapped (unit stride along the
+        kernel's second-to-last axis, not its last), when the kernel is big enough for
+        tiles and moves no element otherwise; reading them directly would make every warp
+        touch 32 cache lines."""
+        shape = self.k.shape
+        if len(shape) < 2 or shape[-1] < TRANSPOSE_TILE // 2 or shape[-2] < TRANSPOSE_TILE // 2 \
+                or math.prod(shape) < VEC_MIN or \
+                any(nd.op in MOVES_ELEMENTS for nd in self.k.nodes):
+            return []
+        out: list[Value] = []
+        for v in [v for nd in self.k.nodes for v in nd.inputs] + list(self.k.inputs):
+            view = self.kg.views.get(v)
+            if view is not None and v.type.shape == shape and view.strides[-2] == 1 and \
+                    view.strides[-1] != 1 and v not in out:
+                out.append(v)
+        return out
+
+    def transpose_tiles(self, staged: list[Value]) -> tuple[list, int]:
+        """A block per 32x32 tile of the two innermost axes: the threads read the swapped
+        inputs along their unit-stride axis (coalesced) into shared tiles of 32x33 (the
+        pad keeps a column's reads off one bank), then compute and store the outputs along
+        the kernel's innermost axis (coalesced), taking those inputs from the tiles."""
+        k, b = self.k, self.b
+        shape = k.shape
+        rows, cols = shape[-2], shape[-1]
+        t = TRANSPOSE_TILE
+        tiles_r, tiles_c = -(-rows // t), -(-cols // t)
+        batch = shape[:-2]
+        blocks = math.prod(batch) * tiles_r * tiles_c
+        tid = b.special("threadIdx")
+        tx, ty = b.rem(tid, self.idx(t)), b.div(tid, self.idx(t))
+        steps = BLOCK // t
+        tiles = {id(v): Shared(self.fresh("tile"), lowering.register_dtype(v.type.dtype),
+                               t * (t + 1)) for v in staged}
+        self.shared += list(tiles.values())
+        outs = self.outputs_at("full")
+
+        def per_tile(tile, body):
+            per_batch = self.idx(tiles_r * tiles_c)
+            bcoords = indexing.unravel(b, b.div(tile, per_batch), batch, bounded=True)
+            within = b.rem(tile, per_batch)
+            r0 = b.mul(b.div(within, self.idx(tiles_c)), self.idx(t))
+            c0 = b.mul(b.rem(within, self.idx(tiles_c)), self.idx(t))
+            for s in range(0, t, steps):
+                # Read: thread (ty, tx) takes row r0 + tx of column c0 + ty + s.
+                r, c = b.add(r0, tx), b.add(c0, b.add(ty, self.idx(s)))
+                ok = b.binary("and", b.cmp("lt", r, self.idx(rows), INDEX),
+                              b.cmp("lt", c, self.idx(cols), INDEX), dtypes.bool_)
+                at = b.add(b.mul(b.add(ty, self.idx(s)), self.idx(t + 1)), tx)
+                body.append(If(ok, [StoreShared(tiles[id(v)], at, self.load(v, bcoords + [r, c]))
+                                    for v in staged]))
+            body.append(Barrier())
+            for s in range(0, t, steps):
+                # Write: thread (ty, tx) takes column c0 + tx of row r0 + ty + s.
+                r, c = b.add(r0, b.add(ty, self.idx(s))), b.add(c0, tx)
+                ok = b.binary("and", b.cmp("lt", r, self.idx(rows), INDEX),
+                              b.cmp("lt", c, self.idx(cols), INDEX), dtypes.bool_)
+                at = b.add(b.mul(tx, self.idx(t + 1)), b.add(ty, self.idx(s)))
+                self.staged = {id(v): b.load_shared(tiles[id(v)], at) for v in staged}
+                stores: list = []
+                for v in outs:
+                    self.store(v, bcoords + [r, c], stores)
+                self.staged = {}
+                body.append(If(ok, stores))
+            # Before the next tile overwrites the tiles.
+            body.append(Barrier())
+        return [self.loop("tile", b.special("blockIdx"), self.idx(blocks), b.special("gridDim"),
+                          per_tile)], blocks
+
     def elementwise(self) -> tuple[list, int]:
         shape = self.k.shape
         n = math.prod(shape)
         outs = self.outputs_at("full")
+        staged = self.transposed_inputs()
+        if staged:
+            return self.transpose_tiles(staged)
 
         def body(i, out):
             coords = indexing.unravel(self.b, i, shape, bounded=True)
@@ -170,6 +269,8 @@ class _Lowering(KernelValues):
         return (loop, list(vectorized.values())) if vectorized else None
 
     def load(self, v: Value, coords):
+        if id(v) in self.staged:
+            return self.staged[id(v)]
         lane = self.lane
         view = self.view(v)
         shape = self.k.shape
@@ -213,14 +314,129 @@ class _Lowering(KernelValues):
             x = lowering.convert(b, x, src.type.dtype, out_dt)
         body.append(Assign(acc, lowering.combine(b, node.op, b.read(acc), x, out_dt)))
 
+    def block_total(self, node: Node, acc: Var, body: list) -> Var:
+        """``acc`` of every thread of the block combined, in a fixed order: the warp's with
+        shuffles, then the warps' through shared memory; returns a variable every thread
+        holds it in."""
+        b = self.b
+        out_dt = node.output.type.dtype
+        reg = acc.dtype
+        tid = b.special("threadIdx")
+        lane = b.rem(tid, self.idx(WARP))
+        warp = b.div(tid, self.idx(WARP))
+        identity = lowering.reduction_identity(b, node.op, out_dt)
+        for off in (16, 8, 4, 2, 1):
+            body.append(Assign(acc, lowering.combine(
+                b, node.op, b.read(acc), b.shfl_xor(b.read(acc), off), out_dt)))
+        smem = Shared(self.fresh("red"), reg, WARP)
+        self.shared.append(smem)
+        is_lane0 = b.cmp("eq", lane, self.idx(0), INDEX)
+        body.append(If(is_lane0, [StoreShared(smem, warp, b.read(acc))]))
+        body.append(Barrier())
+        first = If(b.cmp("eq", warp, self.idx(0), INDEX))
+        part = b.select(b.cmp("lt", lane, self.idx(BLOCK // WARP), INDEX),
+                        b.load_shared(smem, lane), identity, reg)
+        first.body.append(Assign(acc, part))
+        for off in (16, 8, 4, 2, 1):
+            first.body.append(Assign(acc, lowering.combine(
+                b, node.op, b.read(acc), b.shfl_xor(b.read(acc), off), out_dt)))
+        first.body.append(If(is_lane0, [StoreShared(smem, self.idx(0), b.read(acc))]))
+        body.append(first)
+        body.append(Barrier())
+        result = self.var("red", reg)
+        body.append(Declare(result, b.load_shared(smem, self.idx(0))))
+        # Before the next reduction (or the next row) reuses shared memory.
+        body.append(Barrier())
+        return result
+
+    def grid_reduce(self) -> tuple[list, int]:
+        """A full reduction over many blocks, in one launch. Each thread folds a grid-stride
+        share of the elements into ``VEC`` accumulators, reading ``VEC`` at once (16-byte
+        loads, where every buffer read so is aligned: else one at a time); the block
+        combines them (:meth:`block_total`) and writes its partial result to a grid-scope
+        array; the last block to finish (an atomic count of the blocks, after a fence)
+        combines the partials in block order and stores the result. The order of every
+        sum depends only on the grid: the result is the same from run to run (no float
+        atomics)."""
+        k, b = self.k, self.b
+        shape = k.shape
+        n = math.prod(shape)
+        node = reductions(k)[0]
+        out_dt = node.output.type.dtype
+        reg = lowering.register_dtype(out_dt)
+        identity = lowering.reduction_identity(b, node.op, out_dt)
+        tid = b.special("threadIdx")
+        accs = [self.var("acc", reg) for _ in range(VEC)]
+        body: list = [Declare(a, identity) for a in accs]
+
+        def scalar(j, out):
+            self.reduce_step(node, accs[0], indexing.unravel(b, j, shape, bounded=True), out)
+        scalar_loop = self.loop("j", self.thread_id(), self.idx(n), self.grid_stride(), scalar)
+        vectorized: dict[int, Param] = {}
+        if shape[-1] % VEC == 0:
+            def vector(i, out):
+                coords0 = indexing.unravel(b, b.mul(i, self.idx(VEC)), shape, bounded=True)
+                for lane in range(VEC):
+                    self.lane = (lane, coords0, vectorized)
+                    coords = coords0[:-1] + [b.add(coords0[-1], self.idx(lane))]
+                    self.reduce_step(node, accs[lane], coords, out)
+                self.lane = None
+            vector_loop = self.loop("i", self.thread_id(), self.idx(n // VEC),
+                                    self.grid_stride(), vector)
+        if vectorized:
+            aligned = None
+            for p in vectorized.values():
+                ok = b.aligned(p, VEC * p.dtype.itemsize)
+                aligned = ok if aligned is None else b.binary("and", aligned, ok, dtypes.bool_)
+            body.append(If(aligned, [vector_loop]))
+            body.append(If(b.binary("xor", aligned, b.const(dtypes.bool_, 1), dtypes.bool_),
+                           [scalar_loop]))
+        else:
+            body.append(scalar_loop)
+        for a in accs[1:]:
+            body.append(Assign(accs[0], lowering.combine(b, node.op, b.read(accs[0]),
+                                                         b.read(a), out_dt)))
+        total = self.block_total(node, accs[0], body)
+        partials = Shared(self.fresh("partials"), reg, PARTIALS, scope="grid")
+        count = Shared(self.fresh("count"), dtypes.uint32, 1, scope="grid")
+        last = Shared(self.fresh("last"), dtypes.uint32, 1)
+        self.shared += [partials, count, last]
+        is_thread0 = b.cmp("eq", tid, self.idx(0), INDEX)
+        block = b.special("blockIdx")
+        blocks = b.special("gridDim")
+        done = self.var("done", dtypes.uint32)
+        # Thread 0 publishes the block's partial, then counts the block: the fence orders
+        # the partial's write before the count, so the last block sees every partial.
+        body.append(If(is_thread0, [
+            StoreShared(partials, block, b.read(total)), Fence(),
+            AtomicInc(done, count, self.idx(0)),
+            StoreShared(last, self.idx(0), b.select(
+                b.cmp("eq", b.cast(b.read(done), dtypes.uint32, INDEX),
+                      b.sub(blocks, self.idx(1)), INDEX),
+                b.const(dtypes.uint32, 1), b.const(dtypes.uint32, 0), dtypes.uint32))]))
+        body.append(Barrier())
+        final = If(b.cmp("ne", b.load_shared(last, self.idx(0)), b.const(dtypes.uint32, 0),
+                         dtypes.uint32))
+        acc = self.var("acc", reg)
+        final.body.append(Declare(acc, identity))
+        final.body.append(self.loop("p", tid, blocks, b.special("blockDim"),
+                                    lambda p, out: out.append(Assign(acc, lowering.combine(
+                                        b, node.op, b.read(acc), b.load_shared(partials, p),
+                                        out_dt)))))
+        result = self.block_total(node, acc, final.body)
+        self.acc[node.output] = b.read(result)
+        stores: list = [StoreShared(count, self.idx(0), b.const(dtypes.uint32, 0))]
+        self.row_outputs(self.idx(0), stores)
+        final.body.append(If(is_thread0, stores))
+        body.append(final)
+        blocks_needed = -(-n // (BLOCK * VEC * 4))
+        return body, min(blocks_needed, PARTIALS)
+
     def row_reduce(self) -> tuple[list, int]:
         k, b = self.k, self.b
         nrows = math.prod(d for i, d in enumerate(k.shape) if i not in k.axes)
         rowlen = math.prod(k.shape[a] for a in k.axes)
-        warps = BLOCK // WARP
         tid = b.special("threadIdx")
-        lane = b.rem(tid, self.idx(WARP))
-        warp = b.div(tid, self.idx(WARP))
 
         nodes = reductions(k)
         full = self.outputs_at("full")
@@ -251,29 +467,7 @@ class _Lowering(KernelValues):
                 body.append(self.loop("j", tid, self.idx(rowlen), b.special("blockDim"),
                                       lambda j, out, node=node, acc=acc: reduce_and_keep(
                                           node, acc, row, j, out)))
-                # The warp's partial results, then the warps' through shared memory.
-                for off in (16, 8, 4, 2, 1):
-                    body.append(Assign(acc, lowering.combine(
-                        b, node.op, b.read(acc), b.shfl_xor(b.read(acc), off), out_dt)))
-                smem = Shared(self.fresh("red"), reg, WARP)
-                self.shared.append(smem)
-                is_lane0 = b.cmp("eq", lane, self.idx(0), INDEX)
-                body.append(If(is_lane0, [StoreShared(smem, warp, b.read(acc))]))
-                body.append(Barrier())
-                first = If(b.cmp("eq", warp, self.idx(0), INDEX))
-                part = b.select(b.cmp("lt", lane, self.idx(warps), INDEX),
-                                b.load_shared(smem, lane), identity, reg)
-                first.body.append(Assign(acc, part))
-                for off in (16, 8, 4, 2, 1):
-                    first.body.append(Assign(acc, lowering.combine(
-                        b, node.op, b.read(acc), b.shfl_xor(b.read(acc), off), out_dt)))
-                first.body.append(If(is_lane0, [StoreShared(smem, self.idx(0), b.read(acc))]))
-                body.append(first)
-                body.append(Barrier())
-                result = self.var("red", reg)
-                body.append(Declare(result, b.load_shared(smem, self.idx(0))))
-                # Before the next reduction (or the next row) reuses shared memory.
-                body.append(Barrier())
+                result = self.block_total(node, acc, body)
                 self.acc[node.output] = b.read(result)
             row_body: list = []
             self.row_outputs(row, row_body)
@@ -293,32 +487,65 @@ class _Lowering(KernelValues):
                           per_row)], nrows
 
     def col_reduce(self) -> tuple[list, int]:
+        """A block per tile of ``WARP`` kept elements (columns): thread ``(ty, tx)`` folds
+        the column ``tile * WARP + tx``'s reduced elements ``ty, ty + ROWS, ...`` in order,
+        so each step a warp reads ``WARP`` neighbouring addresses (coalesced); the ``ROWS``
+        partial results meet in shared memory and the first warp combines them in a fixed
+        order (deterministic: no atomics). Every thread then reads its column's result, and
+        full-size outputs are stored with the ``ROWS`` rows of threads striding again."""
         k, b = self.k, self.b
-        nrows = math.prod(d for i, d in enumerate(k.shape) if i not in k.axes)
+        ncols = math.prod(d for i, d in enumerate(k.shape) if i not in k.axes)
         rowlen = math.prod(k.shape[a] for a in k.axes)
-        one = self.idx(1)
+        rows = BLOCK // WARP
+        tiles = -(-ncols // WARP)
+        tid = b.special("threadIdx")
+        tx, ty = b.rem(tid, self.idx(WARP)), b.div(tid, self.idx(WARP))
+        first_row = b.cmp("eq", ty, self.idx(0), INDEX)
 
-        def per_row(row, body):
+        def per_tile(tile, body):
+            col = b.add(b.mul(tile, self.idx(WARP)), tx)
+            inside = b.cmp("lt", col, self.idx(ncols), INDEX)
             for node in reductions(k):
                 out_dt = node.output.type.dtype
-                acc = self.var("acc", lowering.register_dtype(out_dt))
-                body.append(Declare(acc, lowering.reduction_identity(b, node.op, out_dt)))
-                body.append(self.loop("j", self.idx(0), self.idx(rowlen), one,
-                                      lambda j, out, node=node, acc=acc: self.reduce_step(
-                                          node, acc, self.split(row, j), out)))
-                result = self.var("red", acc.dtype)
-                body.append(Declare(result, b.read(acc)))
+                reg = lowering.register_dtype(out_dt)
+                identity = lowering.reduction_identity(b, node.op, out_dt)
+                acc = self.var("acc", reg)
+                body.append(Declare(acc, identity))
+                body.append(If(inside, [self.loop(
+                    "j", ty, self.idx(rowlen), self.idx(rows),
+                    lambda j, out, node=node, acc=acc: self.reduce_step(
+                        node, acc, self.split(col, j), out))]))
+                part = Shared(self.fresh("part"), reg, BLOCK)
+                self.shared.append(part)
+                body.append(StoreShared(part, tid, b.read(acc)))
+                body.append(Barrier())
+                final = If(first_row)
+                for r in range(1, rows):
+                    final.body.append(Assign(acc, lowering.combine(
+                        b, node.op, b.read(acc), b.load_shared(part, b.add(self.idx(r * WARP), tx)),
+                        out_dt)))
+                final.body.append(StoreShared(part, tx, b.read(acc)))
+                body.append(final)
+                body.append(Barrier())
+                result = self.var("red", reg)
+                body.append(Declare(result, b.load_shared(part, tx)))
+                # Before the next reduction (or the next tile) writes ``part`` again.
+                body.append(Barrier())
                 self.acc[node.output] = b.read(result)
-            self.row_outputs(row, body)
+            row_body: list = []
+            self.row_outputs(col, row_body)
+            if row_body:
+                body.append(If(b.binary("and", inside, first_row, dtypes.bool_), row_body))
             full = self.outputs_at("full")
             if full:
                 def store_full(j, out):
-                    coords = self.split(row, j)
+                    coords = self.split(col, j)
                     for v in full:
                         self.store(v, coords, out)
-                body.append(self.loop("j", self.idx(0), self.idx(rowlen), one, store_full))
-        return [self.loop("row", self.thread_id(), self.idx(nrows), self.grid_stride(),
-                          per_row)], -(-nrows // BLOCK)
+                body.append(If(inside, [self.loop("j", ty, self.idx(rowlen), self.idx(rows),
+                                                  store_full)]))
+        return [self.loop("tile", b.special("blockIdx"), self.idx(tiles), b.special("gridDim"),
+                          per_tile)], tiles
 
     def matmul(self) -> tuple[list, int]:
         k, b = self.k, self.b
@@ -393,6 +620,64 @@ class _Lowering(KernelValues):
                           per_tile)], blocks
 
 
+def _shared_used(body: list) -> set[int]:
+    """The ids of the shared arrays ``body`` reads or writes."""
+    used: set[int] = set()
+    seen: set[int] = set()
+
+    def visit(x) -> None:
+        if id(x) in seen:
+            return
+        seen.add(id(x))
+        if isinstance(x, Shared):
+            used.add(id(x))
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y)
+        elif hasattr(x, "__dataclass_fields__") and not isinstance(x, (Param, Var)):
+            for name in x.__dataclass_fields__:
+                visit(getattr(x, name))
+    visit(body)
+    return used
+
+
+def _vars_read(body: list) -> set[int]:
+    """The ids of the variables ``body``'s expressions read."""
+    read: set[int] = set()
+    seen: set[int] = set()
+
+    def visit(x) -> None:
+        if id(x) in seen:
+            return
+        seen.add(id(x))
+        if isinstance(x, Expr):
+            if x.op == "read":
+                read.add(id(x.arg))
+            for y in x.src:
+                visit(y)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y)
+        elif hasattr(x, "__dataclass_fields__") and not isinstance(x, (Param, Var, Shared)):
+            for name in x.__dataclass_fields__:
+                visit(getattr(x, name))
+    visit(body)
+    return read
+
+
+def _without_unread(body: list, read: set[int]) -> list:
+    """``body`` without the declarations of and assignments to variables nothing reads (a
+    reduction whose result only feeds an output that was not kept): nvcc warns of them."""
+    out = []
+    for st in body:
+        if isinstance(st, (Declare, Assign)) and id(st.var) not in read:
+            continue
+        if isinstance(st, (Loop, If)):
+            st.body = _without_unread(st.body, read)
+        out.append(st)
+    return out
+
+
 def lower_kernel(kernel: Kernel, kg: KernelGraph) -> LoweredKernel:
     """``kernel`` as a :class:`LoweredKernel` of its family (:func:`kernel_family`); raises
     :class:`Unsupported` for a kernel (or a primitive or dtype in it) with no GPU lowering."""
@@ -403,9 +688,20 @@ def lower_kernel(kernel: Kernel, kg: KernelGraph) -> LoweredKernel:
     else:
         block = BLOCK
     body, blocks = getattr(low, family)()
-    grid = min(blocks, MAX_GRID)
+    grid = max(1, min(blocks, MAX_GRID))    # a launch of no block is an error on a GPU
     params = list(low.params.values())
     sizes = [v.type.numel for v in low.params] + [math.prod(kernel.shape), blocks * block]
     bits = 32 if max(sizes) < 1 << 31 else 64
-    return LoweredKernel(_name(kernel, family), params, low.shared, body, block, grid, family,
+    # A loop over an empty axis is gone with the shared arrays only it used (nvcc warns of
+    # an unused __shared__ array).
+    while True:
+        read = _vars_read(body)
+        pruned = _without_unread(body, read)
+        if _vars_read(pruned) == read:
+            break
+        body = pruned
+    body = pruned
+    used = _shared_used(body)
+    shared = [s for s in low.shared if id(s) in used]
+    return LoweredKernel(_name(kernel, family), params, shared, body, block, grid, family,
                          bits)

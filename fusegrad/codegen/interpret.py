@@ -29,9 +29,11 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.codegen.kernel_ir import (
     Assign,
+    AtomicInc,
     Barrier,
     Declare,
     Expr,
+    Fence,
     If,
     Local,
     Loop,
@@ -158,7 +160,7 @@ class _Machine:
             mem = self.shared[id(e.arg)]
             index = self.check(args[0], mask, mem.shape[1], e.arg.name)
             self.note_shared(e.arg, index, mask, write=False)
-            return mem[self.block_of, index]
+            return mem[self.rows(e.arg), index]
         if op == "shfl_xor":
             lane = np.arange(self.lanes)
             other = lane ^ e.arg
@@ -217,9 +219,18 @@ class _Machine:
                                    f"bounds ({size} elements)")
         return np.where(index < np.uint64(size), index, 0).astype(np.int64)
 
+    def rows(self, shared) -> np.ndarray:
+        """Per lane, the row of ``shared``'s memory it sees: its block's, or the one row of
+        a grid-scope array."""
+        return self.block_of if shared.scope == "block" else np.zeros_like(self.block_of)
+
     def note_shared(self, shared, index: np.ndarray, mask: np.ndarray, write: bool) -> None:
         """Record an access to shared memory; raise on a race with another thread of the
-        block since its last barrier (read after write, write after write or read)."""
+        block since its last barrier (read after write, write after write or read). The
+        blocks of a grid meet in grid-scope arrays through fences and atomics, which
+        lockstep lanes cannot race on: those accesses are not recorded."""
+        if shared.scope != "block":
+            return
         acc = self.access[id(shared)]
         lanes = np.nonzero(mask)[0]
         blocks, idx = self.block_of[lanes], index[lanes]
@@ -303,7 +314,20 @@ class _Machine:
                                    st.shared.name)
                 value = self.eval(st.value, mask, memo)
                 self.note_shared(st.shared, index, mask, write=True)
-                mem[self.block_of[mask], index[mask]] = value[mask]
+                mem[self.rows(st.shared)[mask], index[mask]] = value[mask]
+            elif isinstance(st, AtomicInc):
+                # The active lanes take their turns in lane order: each reads the count
+                # the ones before it left.
+                mem = self.shared[id(st.shared)]
+                index = self.check(self.eval(st.index, mask, memo), mask, mem.shape[1],
+                                   st.shared.name)
+                old = np.zeros(self.lanes, numpy_dtype(st.var.dtype))
+                for lane in np.nonzero(mask)[0]:
+                    old[lane] = mem[0, index[lane]]
+                    mem[0, index[lane]] += 1
+                self.vars[id(st.var)] = old
+            elif isinstance(st, Fence):
+                pass    # lanes run in lockstep: every write is seen at once
             elif isinstance(st, Loop):
                 start = self.eval(st.start, mask, memo)
                 stop, step = self.eval(st.stop, mask, memo), self.eval(st.step, mask, memo)
@@ -436,6 +460,18 @@ def _call(fn: str, args, dt):
             return np.power(args[0].astype(npdt), args[1].astype(npdt)).astype(npdt)
         if fn == "copysign":
             return np.copysign(args[0], args[1]).astype(npdt)
+        if fn == "float16_to_float":
+            return args[0].view(np.float16).astype(np.float32)
+        if fn == "bfloat16_to_float":
+            return (args[0].astype(np.uint32) << np.uint32(16)).view(np.float32)
+        if fn == "float_to_float16":
+            return args[0].astype(np.float32).astype(np.float16).view(np.uint16)
+        if fn == "float_to_bfloat16":
+            # Round to nearest even on the upper half; a NaN is the canonical 0x7FFF (cvt's).
+            bits = args[0].astype(np.float32).view(np.uint32)
+            lsb = (bits >> np.uint32(16)) & np.uint32(1)
+            rounded = ((bits + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype(np.uint16)
+            return np.where(np.isnan(args[0]), np.uint16(0x7FFF), rounded)
         if fn in ("fma", "muladd"):
             # float32: the product is exact in float64, one rounding of the sum there and
             # one to float32 (a second rounding only on ties of the first); float64 is

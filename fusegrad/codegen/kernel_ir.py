@@ -44,7 +44,11 @@ Statements: :class:`Declare` (a variable and its initial value), :class:`Assign`
 reads them), :class:`StoreLanes`, :class:`StoreShared`, :class:`StoreLocal`, :class:`Loop`
 (``for v = start; v < stop; v += step``; ``unroll=False`` forbids the backend to unroll it,
 ``unroll=None`` leaves it to the backend's own heuristics), :class:`If`, :class:`Barrier`
-(``__syncthreads``).
+(``__syncthreads``), :class:`Fence` (``__threadfence``: this thread's global writes are
+seen by the grid before its later ones) and :class:`AtomicInc` (a variable declared with an
+element's old value, the element incremented atomically across the grid). A
+:class:`Shared` of ``scope="grid"`` is one array for the whole grid (a ``__device__``
+array in global memory that outlives the launch), where blocks meet.
 
 A kernel is called with a table of buffer addresses and the range of its parallel loop;
 one with ``c_abi`` is a plain function instead (a native helper the runtime calls directly:
@@ -74,7 +78,8 @@ from fusegrad import dtypes
 from fusegrad.dtypes import DType
 
 __all__ = ["INDEX", "Expr", "Var", "Param", "Shared", "Local", "Declare", "Assign", "Store",
-           "StoreVec", "StoreLanes", "StoreShared", "StoreLocal", "Loop", "If", "Barrier",
+           "StoreVec", "StoreLanes", "StoreShared", "StoreLocal", "Loop", "If", "Barrier", "Fence",
+           "AtomicInc",
            "LoweredKernel", "ExprBuilder", "format_kernel", "format_expr"]
 
 # Index arithmetic: unsigned 64-bit (udiv/urem in LLVM; wraps like C's unsigned).
@@ -104,11 +109,13 @@ class Param:
 
 @dataclass(eq=False)
 class Shared:
-    """A shared-memory array of a block."""
+    """A shared-memory array of a block, or with ``scope="grid"`` one global array of the
+    whole grid (its elements start at zero and keep their values from launch to launch)."""
 
     name: str
     dtype: DType
     size: int
+    scope: str = "block"
 
 
 @dataclass(eq=False)
@@ -205,6 +212,21 @@ class If:
 @dataclass(eq=False)
 class Barrier:
     pass
+
+
+@dataclass(eq=False)
+class Fence:
+    pass
+
+
+@dataclass(eq=False)
+class AtomicInc:
+    """``var = shared[index]; shared[index] += 1`` as one atomic step of the grid (a
+    ``scope="grid"`` array of an unsigned dtype)."""
+
+    var: Var
+    shared: Shared
+    index: Expr
 
 
 @dataclass(eq=False)
@@ -553,5 +575,11 @@ def _format_body(body: list, lines: list, depth: int, lin: Linearizer) -> None:
             lines.append(f"{pad}}}")
         elif isinstance(st, Barrier):
             lines.append(f"{pad}barrier")
+        elif isinstance(st, Fence):
+            lines.append(f"{pad}fence")
+        elif isinstance(st, AtomicInc):
+            index = t(st.index)
+            lines.append(f"{pad}var {st.var.name}: {st.var.dtype.short} = atomic_inc "
+                         f"{st.shared.name}[{index}]")
         else:
             raise TypeError(f"not a statement: {st!r}")

@@ -171,6 +171,8 @@ def from_memory(b: ScalarBuilder, raw, dt: DType):
     """A loaded element (in :func:`memory_dtype`) as a register of :func:`register_dtype`."""
     if dt is dtypes.bool_:
         return b.cmp("ne", raw, b.const(dtypes.uint8, 0), dtypes.uint8)
+    if dt in HALF_TYPES and getattr(b, "half_conversions", False):
+        return b.call(f"{dt.name}_to_float", [raw], F32)
     if dt is dtypes.float16:
         return half_to_float(b, raw)
     if dt is dtypes.bfloat16:
@@ -180,9 +182,15 @@ def from_memory(b: ScalarBuilder, raw, dt: DType):
 
 
 def to_memory(b: ScalarBuilder, x, dt: DType):
-    """A register as the element stored for ``dt`` (16-bit floats rounded to nearest even)."""
+    """A register as the element stored for ``dt`` (16-bit floats rounded to nearest even).
+    A builder with ``half_conversions`` set (the GPU's: the hardware converts in one
+    instruction) gets calls ``float_to_float16``/``float_to_bfloat16`` (and
+    ``float16_to_float``/``bfloat16_to_float`` from :func:`from_memory`) instead of the
+    integer code."""
     if dt is dtypes.bool_:
         return b.cast(x, dtypes.bool_, dtypes.uint8)
+    if dt in HALF_TYPES and getattr(b, "half_conversions", False):
+        return b.call(f"float_to_{dt.name}", [x], BITS16)
     if dt is dtypes.float16:
         return float_to_half(b, x)
     if dt is dtypes.bfloat16:

@@ -8,7 +8,10 @@ Each program (see :mod:`fusegrad.testing.programs`) runs
   compiled backward is checked too, and after one more pipeline of :data:`LLVM_PIPELINES`
   (which one turns with the program's number);
 - compiled by the CUDA backend on the simulated driver (``cuda-sim``: the GPU lowering run
-  by the kernel IR's interpreter; ``--no-cuda`` skips it);
+  by the kernel IR's interpreter; ``--no-cuda`` skips it), and with ``--nvcc sm_80,sm_90``
+  the kernels it ran compiled to machine code by nvcc (:mod:`fusegrad.testing.nvcc`: warnings
+  are errors, and a kernel that spills registers fails), many programs' kernels to one nvcc
+  call;
 - eagerly in float64 against central finite differences, when the program is smooth and its
   inputs are finite (this checks the VJP rules themselves).
 
@@ -55,6 +58,7 @@ import numpy as np
 
 import fusegrad as fg
 from fusegrad.runtime import cuda as rt
+from fusegrad.testing import nvcc
 from fusegrad.testing.programs import (
     FLOAT_DTYPES,
     HALF_DTYPES,
@@ -118,6 +122,7 @@ class Result:
     invalid: str | None = None
     seconds: float = 0.0
     cpu_seconds: float = 0.0     # CPU time of this process (LLVM compiles included)
+    kernels: list = field(default_factory=list)    # the LoweredKernels cuda-sim ran
 
     @property
     def unexplained(self) -> list[Mismatch]:
@@ -254,9 +259,10 @@ def _check(program: Program, settings: Settings, index: int, result: Result) -> 
     if llvm:
         check_values("llvm", llvm[2])
     if settings.cuda_sim:
-        with _simulated_cuda():
+        with _simulated_cuda() as drv:
             run = run_compiled("cuda-sim", lambda: fg.compile(fn, backend="cuda",
                                                               fullgraph=True), False)
+        result.kernels = drv.kernels
         if run:
             check_values("cuda-sim", run[2])
     if settings.extra_llvm and len(settings.llvm_pipelines) > 1:
@@ -296,9 +302,10 @@ def _check(program: Program, settings: Settings, index: int, result: Result) -> 
 
 @contextlib.contextmanager
 def _simulated_cuda():
-    rt.set_driver(SimulatedDriver())
+    drv = SimulatedDriver()
+    rt.set_driver(drv)
     try:
-        yield
+        yield drv
     finally:
         rt.set_driver(None)
 
@@ -685,10 +692,55 @@ def _signature(m: Mismatch) -> str:
     return m.stage.split("[")[0] + ":" + ("call" if m.where == "call" else m.where.split("[")[0][:4])
 
 
+def nvcc_check(programs: list[tuple[int, list]], archs: tuple[str, ...]) -> dict:
+    """The kernels of ``programs`` (``(index, kernels)`` pairs) compiled by nvcc for
+    ``archs`` in one call; when it fails, each half again, down to the programs that fail.
+    Returns the ``nvcc`` event: the programs and kernels compiled, the largest register
+    count, and per failing program its errors or spilled kernels."""
+    event = {"event": "nvcc", "indices": [i for i, _ in programs], "kernels": 0,
+             "max_registers": 0, "failures": {}}
+
+    def check(part: list[tuple[int, list]]) -> None:
+        kernels: dict = {}
+        for index, ks in part:
+            kernels.update(nvcc.named_apart(ks, f"p{index}_"))
+        if not kernels:
+            return
+        report = nvcc.compile_kernels(kernels, archs)
+        if report.errors and len(part) > 1:
+            half = len(part) // 2
+            check(part[:half])
+            check(part[half:])
+            return
+        event["kernels"] += len(kernels)
+        event["max_registers"] = max(event["max_registers"], report.max_registers)
+        if report.errors:
+            event["failures"][str(part[0][0])] = report.errors[-3000:]
+        for index, _ in part:
+            spilled = [f"{k.name} ({k.arch}): {k.spill_stores} B stored, {k.spill_loads} B "
+                       f"loaded" for k in report.spilled() if k.name.startswith(f"p{index}_")]
+            if spilled:
+                event["failures"][str(index)] = "spills: " + "; ".join(spilled)
+    check(programs)
+    return event
+
+
+def _archs(text: str | None) -> tuple[str, ...]:
+    return tuple(a.strip() for a in text.split(",") if a.strip()) if text else ()
+
+
 def _run_worker(args) -> int:
-    """Run programs ``start .. start+count-1``, one JSON line each, on stdout."""
+    """Run programs ``start .. start+count-1``, one JSON line each, on stdout; with
+    ``--nvcc``, an ``nvcc`` line after each ``--nvcc-batch`` programs."""
     out = sys.stdout
     settings = Settings(finite_differences=not args.no_fd, cuda_sim=not args.no_cuda)
+    archs = _archs(args.nvcc)
+    batch: list[tuple[int, list]] = []
+
+    def flush() -> None:
+        if batch:
+            print(json.dumps(nvcc_check(batch, archs)), file=out, flush=True)
+            batch.clear()
     for index in range(args.start, args.start + args.count):
         print(json.dumps({"event": "start", "index": index}), file=out, flush=True)
         program, drawn = program_for(args.seed, index, args.max_ops)
@@ -715,6 +767,11 @@ def _run_worker(args) -> int:
                     small = shrink(drawn, fails, args.shrink_budget, args.max_ops)
                     record["shrunk"] = report(check_program(small, settings, index))
         print(json.dumps(record), file=out, flush=True)
+        if archs:
+            batch.append((index, result.kernels))
+            if len(batch) >= args.nvcc_batch:
+                flush()
+    flush()
     return 0
 
 
@@ -732,6 +789,7 @@ def _run_parent(args) -> int:
     running: dict = {}          # tag -> [proc, current index, started at, end]
     q: queue.Queue = queue.Queue()
     done = invalid = 0
+    compiled = {"programs": 0, "kernels": 0, "max_registers": 0, "failures": 0, "spills": 0}
     seconds = cpu_seconds = 0.0
     known: dict[str, int] = {}
     failures: list[dict] = []
@@ -746,6 +804,7 @@ def _run_parent(args) -> int:
         cmd += ["--no-shrink"] if args.no_shrink else []
         cmd += ["--no-fd"] if args.no_fd else []
         cmd += ["--no-cuda"] if args.no_cuda else []
+        cmd += ["--nvcc", args.nvcc, "--nvcc-batch", str(args.nvcc_batch)] if args.nvcc else []
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         tag_counter += 1
         running[tag_counter] = [proc, None, time.monotonic(), first + count]
@@ -778,6 +837,18 @@ def _run_parent(args) -> int:
                 del running[tag]
                 continue
             rec = json.loads(line)
+            if rec["event"] == "nvcc":
+                compiled["programs"] += len(rec["indices"])
+                compiled["kernels"] += rec["kernels"]
+                compiled["max_registers"] = max(compiled["max_registers"], rec["max_registers"])
+                for index, message in rec["failures"].items():
+                    compiled["spills" if "spill" in message else "failures"] += 1
+                    failures.append({"index": int(index), "mismatches": [
+                        {"stage": "nvcc", "where": "compile", "known": None, "message": message}]})
+                    print(f"\n=== program {index} (seed {args.seed}): nvcc ===\n{message}\n"
+                          f"{program_for(args.seed, int(index), args.max_ops)[0].source()}",
+                          flush=True)
+                continue
             if rec["event"] == "start":
                 state[1], state[2] = rec["index"], now
                 continue
@@ -839,6 +910,10 @@ def _run_parent(args) -> int:
           f"{done / max(elapsed, 1e-9):.2f} programs/s ({seconds / max(done, 1):.3f} s of checks "
           f"and {cpu:.3f} s of CPU per program: {args.jobs / max(cpu, 1e-9):.1f} programs/s "
           f"on {args.jobs} idle cores); {len(unexplained)} with unexplained mismatches")
+    if args.nvcc:
+        print(f"nvcc ({args.nvcc}): {compiled['programs']} programs, {compiled['kernels']} kernels "
+              f"compiled; {compiled['failures']} programs failed to compile, {compiled['spills']} "
+              f"spilled; at most {compiled['max_registers']} registers a thread")
     for name, count in sorted(known.items()):
         print(f"  known {name} (issue 8 item {KNOWN[name].item}): {count} mismatches")
     for f in unexplained:
@@ -852,6 +927,14 @@ def _run_one(args) -> int:
     result = check_program(program, Settings(finite_differences=not args.no_fd,
                                              cuda_sim=not args.no_cuda), args.index)
     print(report(result))
+    archs = _archs(args.nvcc)
+    if archs:
+        event = nvcc_check([(args.index, result.kernels)], archs)
+        print(f"# nvcc ({args.nvcc}): {event['kernels']} kernels, at most "
+              f"{event['max_registers']} registers" + "".join(
+                  f"\n# nvcc failed: {m}" for m in event["failures"].values()))
+        if event["failures"]:
+            result.mismatches.append(Mismatch("nvcc", "compile", "failed"))
     print(f"# {len(result.mismatches)} mismatches ({len(result.unexplained)} unexplained), "
           f"{result.seconds:.2f} s" + (f"; eager rejected it: {result.invalid}"
                                        if result.invalid else ""))
@@ -877,6 +960,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fd", action="store_true", help="skip finite differences")
     ap.add_argument("--no-cuda", action="store_true",
                     help="skip the CUDA backend on the simulated driver")
+    ap.add_argument("--nvcc", metavar="ARCHS", help="also compile the cuda-sim stage's kernels "
+                    "with nvcc for these architectures (sm_80,sm_90): failures and spills "
+                    "are unexplained")
+    ap.add_argument("--nvcc-batch", type=int, default=100,
+                    help="programs whose kernels one nvcc call compiles")
     ap.add_argument("--report", help="write one JSON line per program to this file")
     ap.add_argument("--index", type=int, help="run this one program and print it")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

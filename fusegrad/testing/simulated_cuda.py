@@ -9,7 +9,8 @@ tensor pass ``base + offset``), and with ``devices=2`` it pretends to have two d
 each allocation belongs to the device current when it was made, and using it while
 another device is current raises, as an illegal address would on a GPU. With ``memory=N``
 each device holds N bytes, and an allocation beyond them raises the driver's out-of-memory
-error, so that the caching allocator's retry and message can be checked.
+error, so that the caching allocator's retry and message can be checked. ``kernels`` lists
+every kernel of every module loaded (:mod:`fusegrad.testing.nvcc` compiles them).
 
 With ``cublas=True`` it has a cuBLASLt of its own (:class:`SimulatedCublasLt`, numpy
 behind the library's C interface), so matmuls take the runtime's cuBLASLt path
@@ -57,6 +58,7 @@ class SimulatedDriver:
         self.capture: list | None = None  # the work recorded since begin_capture
         # None: no cuBLASLt (matmuls run the generated kernel)
         self.cublaslt_library = SimulatedCublasLt(self) if cublas else None
+        self.kernels: list = []                  # every LoweredKernel of every module loaded
 
     def compute_capability(self, ordinal: int) -> tuple[int, int]:
         return self.capability
@@ -162,6 +164,7 @@ class SimulatedDriver:
         self.enqueue(copy)
 
     def load_module(self, ptx: bytes, kernels: dict):
+        self.kernels.extend(kernels.values())
         return kernels
 
     def unload_module(self, module, ordinal: int) -> None:

@@ -102,8 +102,10 @@ ZOO["int_pow"] = (lambda a, b, c: (a ** 9, a ** 2, b ** c),
                    tensor((4, 6), "uint8", 46, 0, 5)])
 # Elementwise kernels large enough for 4 elements a thread (16-byte loads and stores of the
 # unit-stride 4-byte buffers; broadcast and transposed operands read per element).
-ZOO["elementwise_vec4"] = (lambda a, b, c, t: ((a * b + c).relu() - t.t(), a.exp()),
+ZOO["elementwise_vec4"] = (lambda a, b, c, t: ((a * b + c).relu() - t[:, ::2], a.exp()),
                            [tensor((64, 128), "float32", 47), tensor((128,), "float32", 48),
-                            tensor((64, 1), "float32", 49), tensor((128, 64), "float32", 50)])
+                            tensor((64, 1), "float32", 49), tensor((64, 256), "float32", 50)])
+ZOO["transpose_tiles"] = (lambda a, t: ((a * 2).relu() - t.t(), t.t().exp()),
+                          [tensor((64, 128), "float32", 53), tensor((128, 64), "float32", 54)])
 ZOO["elementwise_vec4_mixed"] = (lambda i, h: (i * 3 + 1, h * 2, (i > 0) & (h > 0)),
                                  [tensor((32, 256), "int32", 51), tensor((32, 256), "float16", 52)])

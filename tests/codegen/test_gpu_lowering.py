@@ -184,7 +184,7 @@ def test_vector_loop_runs_where_every_vector_buffer_is_aligned(aligned):
     (k,) = [k for k in kg.kernels if k.kind == "elementwise"]
     lk = lower_kernel(k, kg)
     text = format_kernel(lk)
-    # a and the bias are read 4 at a time, the (64, 1) column and the transpose per element
+    # a and the bias are read 4 at a time, the (64, 1) column and the strided view per element
     inputs = dict(zip(kg.graph.inputs, [a._data for a in args]))
     vec = {p.name for p in lk.params if f"{p.name}.v4[" in text}
     assert {p.value for p in lk.params if p.name in vec} >= {kg.graph.inputs[0],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fusegrad as fg
+from fusegrad.testing import nvcc as nvcc_module
 from fusegrad.testing.fuzz import (
     KNOWN,
     Known,
@@ -27,10 +29,12 @@ from fusegrad.testing.fuzz import (
     Settings,
     check_program,
     explain,
+    nvcc_check,
     program_for,
     report,
     shrink,
 )
+from fusegrad.testing.nvcc import NvccReport, find_nvcc
 from fusegrad.testing.programs import (
     HypothesisChoices,
     Input,
@@ -292,6 +296,35 @@ def test_command_line_runs_programs_in_workers():
                           "--seed", "1", "--jobs", "1", "--chunk", "2", "--no-shrink"],
                          capture_output=True, text=True, timeout=300)
     assert "summary: 4 programs run" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
+def test_command_line_compiles_the_cuda_kernels_with_nvcc():
+    # Program 6 of seed 0 has empty tensors: its kernels once looped `i < 0u`, which nvcc
+    # refuses as a warning made an error; program 2's cosine has a stack frame, not a spill.
+    out = subprocess.run([sys.executable, "-m", "fusegrad.testing.fuzz", "--programs", "8",
+                          "--jobs", "1", "--no-shrink", "--no-fd", "--nvcc", "sm_80,sm_90",
+                          "--nvcc-batch", "4"], capture_output=True, text=True, timeout=300)
+    assert "nvcc (sm_80,sm_90): 8 programs" in out.stdout, out.stdout + out.stderr
+    assert "0 programs failed to compile, 0 spilled" in out.stdout, out.stdout
+    assert out.returncode == 0, out.stdout
+
+
+def test_nvcc_failures_are_found_by_halving_a_batch(monkeypatch):
+    calls = []
+
+    def fake_compile(kernels, archs):
+        calls.append(sorted(kernels))
+        bad = any(name.startswith("p3_") for name in kernels)
+        return NvccReport([], "error: p3" if bad else "")
+    monkeypatch.setattr(nvcc_module, "compile_kernels", fake_compile)
+    lk = SimpleNamespace(name="k0")
+    programs = [(i, [lk]) for i in range(5)]
+    monkeypatch.setattr(nvcc_module.dataclasses, "replace", lambda k, name: SimpleNamespace(name=name))
+    event = nvcc_check(programs, ("sm_90",))
+    assert event["failures"] == {"3": "error: p3"}
+    assert event["kernels"] == 5 and len(calls) < 10
 
 
 def test_an_integer_step_at_an_inexact_value_is_not_a_mismatch():

@@ -13,9 +13,12 @@ It chooses C spellings that keep the builder's contract:
   ``fmaxf``;
 - constants are printed exactly (a float32 constant as the decimal of its float32 value,
   Inf and NaN by their bits);
-- 16-bit floats are 16-bit integers in memory and float in registers (the lowering's
-  conversions), so no ``cuda_fp16.h`` is needed and NVRTC compiles the source without any
-  header.
+- 16-bit floats are 16-bit integers in memory and float in registers; the conversions
+  are the hardware's (``cvt.f32.f16``, ``cvt.rn.f16.f32``, ``cvt.rn.bf16.f32``: the
+  instructions ``cuda_fp16.h``'s ``__half2float``/``__float2half_rn`` and ``cuda_bf16.h``'s
+  ``__float2bfloat16_rn`` are, with ``__bfloat162float`` a shift) as small inline-PTX
+  device functions, since NVRTC has no ``cuda_fp16.h`` without the toolkit's include
+  directory: the source needs no header.
 
 Read-only buffers are loaded through ``__ldg`` (the read-only data cache); ``load_vec`` and
 ``StoreVec`` of 4 lanes are ``float4``/``int4``/``uint4`` accesses.
@@ -31,10 +34,13 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.codegen.kernel_ir import (
     INDEX,
+    LEAVES,
     Assign,
+    AtomicInc,
     Barrier,
     Declare,
     Expr,
+    Fence,
     If,
     Linearizer,
     Loop,
@@ -129,11 +135,96 @@ def _int_const(value: int, dt) -> str:
 
 
 
+# The hardware's 16-bit float conversions, as cuda_fp16.h and cuda_bf16.h write them (sm_80+).
+_HALF_CONVERSIONS = {
+    "float16_to_float": "__device__ __forceinline__ float fg_float16_to_float(unsigned short h) {\n"
+                        "  float f;\n  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n"
+                        "  return f;\n}\n",
+    "float_to_float16": "__device__ __forceinline__ unsigned short fg_float_to_float16(float f) {\n"
+                        "  unsigned short h;\n"
+                        "  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
+                        "  return h;\n}\n",
+    "bfloat16_to_float": "__device__ __forceinline__ float fg_bfloat16_to_float(unsigned short h) {\n"
+                         "  return __uint_as_float(((unsigned int)h) << 16);\n}\n",
+    "float_to_bfloat16": "__device__ __forceinline__ unsigned short fg_float_to_bfloat16(float f) {\n"
+                         "  unsigned short h;\n"
+                         "  asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
+                         "  return h;\n}\n",
+}
+
 _EXACT = {"add": "__fadd_rn", "sub": "__fsub_rn", "mul": "__fmul_rn", "div": "__fdiv_rn"}
 _EXACT_D = {"add": "__dadd_rn", "sub": "__dsub_rn", "mul": "__dmul_rn", "div": "__ddiv_rn"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _INT_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "and": "&", "or": "|",
             "xor": "^", "shl": "<<", "shr": ">>"}
+
+
+# Expressions that read memory or talk to other lanes stay where they are.
+_PINNED = {"load", "load_shared", "load_vec", "load_local", "load_lanes", "shfl_xor", "aligned",
+           "address"}
+
+
+def _loop_invariants(loop: Loop) -> list[Expr]:
+    """The largest pure subexpressions of ``loop``'s body that read neither memory nor a
+    variable the loop changes, for the printer to name before the loop: a row's
+    ``1 / sqrt(var + eps)`` is then computed once per row, not once per element (and a
+    double division's slow-path call no longer sits in the loop, where ptxas spills
+    around it)."""
+    changed: set[int] = {id(loop.var)}
+    exprs: list[Expr] = []
+
+    def collect(body: list) -> None:
+        for st in body:
+            if isinstance(st, (Declare, Assign)):
+                changed.add(id(st.var))
+            elif isinstance(st, AtomicInc):
+                changed.add(id(st.var))
+            if isinstance(st, Loop):
+                changed.add(id(st.var))
+                exprs.extend((st.start, st.stop, st.step))
+                collect(st.body)
+            elif isinstance(st, If):
+                exprs.append(st.cond)
+                collect(st.body)
+            else:
+                for name in ("init", "value", "index"):
+                    if hasattr(st, name):
+                        exprs.append(getattr(st, name))
+                exprs.extend(getattr(st, "values", ()))
+    collect(loop.body)
+    invariant: dict[int, bool] = {}
+
+    def is_invariant(root: Expr) -> bool:
+        # Iterative post-order: fused kernels' expression DAGs can be deep.
+        stack = [(root, False)]
+        while stack:
+            e, ready = stack.pop()
+            if id(e) in invariant:
+                continue
+            if e.op == "read":
+                invariant[id(e)] = id(e.arg) not in changed
+            elif e.op in _PINNED:
+                invariant[id(e)] = False
+            elif not ready:
+                stack.append((e, True))
+                stack.extend((s, False) for s in e.src)
+            else:
+                invariant[id(e)] = all(invariant[id(s)] for s in e.src)
+        return invariant[id(root)]
+
+    out: list[Expr] = []
+    seen: set[int] = set()
+    stack = list(reversed(exprs))
+    while stack:
+        e = stack.pop()
+        if id(e) in seen or e.op in LEAVES:
+            continue
+        seen.add(id(e))
+        if is_invariant(e):
+            out.append(e)
+        else:
+            stack.extend(reversed(e.src))
+    return out
 
 
 class _Printer:
@@ -169,6 +260,11 @@ class _Printer:
             return f"__ldg({pointer} + {index})"
         return f"{pointer}[{index}]"
 
+    def shared_name(self, s) -> str:
+        """A grid-scope array is a ``__device__`` array of the translation unit: its name
+        carries the kernel's."""
+        return f"{self.k.name}_{s.name}" if s.scope == "grid" else s.name
+
     def vec_type(self, dt, width: int) -> str:
         t = self.ct(dt)
         if width != 4 or t not in _VEC4:
@@ -183,6 +279,9 @@ class _Printer:
         if op == "load":
             return self.load(e.arg, e.arg.name, self.ct(e.arg.dtype), a[0])
         if op == "load_shared":
+            if e.arg.scope == "grid":
+                # Written by other blocks: read past the (incoherent) L1 cache.
+                return f"__ldcg({self.shared_name(e.arg)} + {a[0]})"
             return f"{e.arg.name}[{a[0]}]"
         if op == "load_vec":
             p, width = e.arg
@@ -273,6 +372,9 @@ class _Printer:
             return f"copysign{f}({a[0]}, {a[1]})"
         if fn == "fma":
             return f"__fma{'f' if f else ''}_rn({a[0]}, {a[1]}, {a[2]})"
+        if fn in _HALF_CONVERSIONS:
+            self.helpers[fn] = _HALF_CONVERSIONS[fn]
+            return f"fg_{fn}({a[0]})"
         if fn == "ipow":
             t = self.ct(dt)
             name = f"fg_ipow_{t.replace(' ', '_')}"
@@ -308,7 +410,13 @@ class _Printer:
                 lines.append(f"{pad}{st.param.name}[{index}] = {value};")
             elif isinstance(st, StoreShared):
                 index, value = t(st.index), t(st.value)
-                lines.append(f"{pad}{st.shared.name}[{index}] = {value};")
+                lines.append(f"{pad}{self.shared_name(st.shared)}[{index}] = {value};")
+            elif isinstance(st, AtomicInc):
+                index = t(st.index)
+                lines.append(f"{pad}const {self.ct(st.var.dtype)} {st.var.name} = "
+                             f"atomicAdd(&{self.shared_name(st.shared)}[{index}], 1u);")
+            elif isinstance(st, Fence):
+                lines.append(f"{pad}__threadfence();")
             elif isinstance(st, StoreVec):
                 index = t(st.index)
                 values = ", ".join(t(v) for v in st.values)
@@ -317,6 +425,8 @@ class _Printer:
                              f"make_{vt}({values});")
             elif isinstance(st, Loop):
                 start, stop, step = t(st.start), t(st.stop), t(st.step)
+                for e in _loop_invariants(st):
+                    t(e)        # named before the loop: the body reuses the temporary
                 v = st.var.name
                 lines.append(f"{pad}for ({self.ct(st.var.dtype)} {v} = {start}; {v} < {stop}; "
                              f"{v} += {step}) {{")
@@ -341,9 +451,13 @@ class _Printer:
         params = ", ".join(
             f"{'const ' if id(p) in self.readonly else ''}{self.ct(p.dtype)}* __restrict__ {p.name}"
             if id(p) in self.readonly else f"{self.ct(p.dtype)}* {p.name}" for p in k.params)
-        lines = [f"// {k.family}: grid <= {k.grid} blocks of {k.block} threads",
+        lines = [f"__device__ {self.ct(s.dtype)} {self.shared_name(s)}[{s.size}];"
+                 for s in k.shared if s.scope == "grid"]
+        lines += [f"// {k.family}: grid <= {k.grid} blocks of {k.block} threads",
                  f'extern "C" __global__ void __launch_bounds__({k.block}) {k.name}({params}) {{']
         for s in k.shared:
+            if s.scope == "grid":
+                continue
             lines.append(f"  __shared__ {self.ct(s.dtype)} {s.name}[{s.size}];")
         self.body(k.body, lines, 1)
         lines.append("}")
