@@ -14,7 +14,7 @@ from fusegrad.tracer import state
 PACKAGE = Path(fg.__file__).parent
 # Names of the trace state and of the tracer's handles on it; the slots are fusegrad.effects'.
 TRACE_STATE = re.compile(
-    r"current_capture|is_compiling|trace_state\(|_trace_state|captures|TraceState|key_sources"
+    r"current_capture|is_compiling|trace_state\(|_trace_state|\.captures\b|TraceState|key_sources"
     r"|push_capture|pop_capture|capture_lookup|key_source_lookup|traces_lookup"
     r"|set_(capture|key_source|traces)_lookup")
 ALLOWED = (PACKAGE / "ops" / "primitive.py", PACKAGE / "effects.py", PACKAGE / "tracer")
