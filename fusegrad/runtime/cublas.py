@@ -44,8 +44,8 @@ from fusegrad.ir.graph import Literal, Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view
 from fusegrad.runtime.cuda_compile import find_cuda_library
 
-__all__ = ["find_cublaslt", "load_cublaslt", "cublaslt_for", "plan_blas", "BlasMatmul", "Gemm",
-           "CublasLt", "SIGNATURES", "EPILOGUE", "COMPUTE", "DATA_TYPE"]
+__all__ = ["find_cublaslt", "load_cublaslt", "cublaslt_for", "plan_blas", "tf32_allowed", "BlasMatmul",
+           "Gemm", "CublasLt", "SIGNATURES", "EPILOGUE", "COMPUTE", "DATA_TYPE"]
 
 # cudaDataType_t (library_types.h)
 DATA_TYPE = {dtypes.float32: 0, dtypes.float64: 1, dtypes.float16: 2, dtypes.bfloat16: 14}
@@ -369,7 +369,8 @@ def plan_blas(kernel: Kernel, kg: KernelGraph) -> BlasMatmul | None:
 # --------------------------------------------------------------------------- calls
 
 
-def _tf32_allowed() -> bool:
+def tf32_allowed() -> bool:
+    """Whether float32 products may use TF32 now (torch's switches, read at each call)."""
     return config.float32_matmul_precision != "highest"
 
 
@@ -460,7 +461,7 @@ class CublasLt:
         """``d = epilogue(a @ b + bias)`` on ``stream`` (row-major device pointers); the
         pre-activation goes to ``aux`` for a ``GELU_AUX`` epilogue."""
         compute = "64F" if g.dtype is dtypes.float64 else \
-            "32F_FAST_TF32" if g.dtype is dtypes.float32 and _tf32_allowed() else "32F"
+            "32F_FAST_TF32" if g.dtype is dtypes.float32 and tf32_allowed() else "32F"
         desc, layout_a, layout_b, layout_d, algo = self._plan(device, g, compute)
         handle, workspace = self._device(device)
         set_desc = "cublasLtMatmulDescSetAttribute"

@@ -34,7 +34,7 @@ from fusegrad.config import config
 from fusegrad.ir.graph import Literal, Value
 from fusegrad.ir.kernel_graph import KernelGraph
 from fusegrad.ops.lowering import Unsupported
-from fusegrad.runtime.cublas import BlasMatmul, cublaslt_for, plan_blas
+from fusegrad.runtime.cublas import BlasMatmul, cublaslt_for, plan_blas, tf32_allowed
 from fusegrad.runtime.cuda_compile import (  # noqa: F401
     _nvcc_compile,
     _nvrtc,
@@ -298,6 +298,11 @@ class CudaProgram:
         step = self._graphs.get(device)
         if step is None:
             step = self._graphs[device] = self._static_step(device, inputs)
+        tf32 = tf32_allowed()
+        if step.graph is not None and step.tf32 != tf32:
+            # The graph's cuBLASLt calls hold the compute type read when they were captured:
+            # a changed TF32 setting (torch reads it at each call) needs a new capture.
+            step.graph = None
         self._check_inputs(inputs, step.graph is None)
         buffers = step.buffers
         for i, x in enumerate(inputs):
@@ -328,6 +333,7 @@ class CudaProgram:
                 run_all()
             finally:
                 step.graph = drv.end_capture()
+                step.tf32 = tf32
         else:
             drv.graph_launch(step.graph)
         self.replays += 1
@@ -457,6 +463,7 @@ class _StaticStep:
 
     buffers: dict[int, DeviceArray]
     graph: object = None
+    tf32: bool = False          # the TF32 setting the graph was captured under
 
 
 class HostCudaProgram(CudaProgram):

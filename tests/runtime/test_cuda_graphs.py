@@ -10,6 +10,7 @@ import pytest
 
 import fusegrad as fg
 import fusegrad.nn.functional as F
+from fusegrad.config import config
 from fusegrad.ops import primitive
 from fusegrad.runtime import cuda as rt
 from fusegrad.testing.simulated_cuda import SimulatedDriver
@@ -129,3 +130,31 @@ def test_capture_refuses_a_wait():
     with pytest.raises(RuntimeError, match="operation not permitted when stream is capturing"):
         d.synchronize()
     assert d.end_capture() == []
+
+
+def test_a_changed_tf32_setting_is_captured_again():
+    """torch reads the TF32 switch at each call: a graph captured with exact float32 products
+    is captured again once TF32 is allowed, instead of replaying the old compute type."""
+    drv = SimulatedDriver(cublas=True)
+    rt.set_driver(drv)
+    before = config.float32_matmul_precision
+    try:
+        fg.set_float32_matmul_precision("highest")
+        f = fg.compile(lambda a, b: a @ b, backend="cuda", mode="reduce-overhead")
+        a, b = fg.randn(16, 32).to("cuda"), fg.randn(32, 8).to("cuda")
+        for _ in range(3):
+            f(a, b)
+        calls = drv.cublaslt_library.calls
+        assert calls and calls[-1]["compute"] == 68             # CUBLAS_COMPUTE_32F
+        fg.set_float32_matmul_precision("high")
+        f(a, b)
+        f(a, b)
+        assert calls[-1]["compute"] == 77                       # CUBLAS_COMPUTE_32F_FAST_TF32
+        fg.set_float32_matmul_precision("highest")
+        f(a, b)
+        assert calls[-1]["compute"] == 68
+    finally:
+        config.float32_matmul_precision = before
+        eager_cuda.clear_cache()
+        primitive._device_apply = None
+        rt.set_driver(None)
