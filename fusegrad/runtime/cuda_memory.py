@@ -266,6 +266,15 @@ def register_array_kernels(*, strided_copy: Callable, add_into: Callable) -> Non
     _ARRAY_KERNELS.update(strided_copy=strided_copy, add_into=add_into)
 
 
+def _array_kernel(name: str) -> Callable:
+    try:
+        return _ARRAY_KERNELS[name]
+    except KeyError:
+        raise RuntimeError(
+            f"DeviceArray: no {name} kernel is registered; import fusegrad (its eager CUDA "
+            "handler, fusegrad.tracer.eager_cuda, registers the array kernels)") from None
+
+
 class _Flags:
     """The part of numpy's ``flags`` a tensor reads."""
 
@@ -405,7 +414,7 @@ class DeviceArray:
         """This array when it is contiguous, else a contiguous copy made on the device."""
         if self.c_contiguous:
             return self
-        return _ARRAY_KERNELS["strided_copy"](self)
+        return _array_kernel("strided_copy")(self)
 
     def span(self) -> "DeviceArray":
         """The bytes from the first element to the last one this view reads, as a flat
@@ -428,7 +437,7 @@ class DeviceArray:
         """In-place ``self += other`` by an add kernel, written back into this buffer (so
         that every tensor sharing it sees the sum, as with an ndarray). Autograd accumulates
         a leaf's ``.grad`` this way on both devices."""
-        _ARRAY_KERNELS["add_into"](self, other)
+        _array_kernel("add_into")(self, other)
         return self
 
     def to_host(self) -> np.ndarray:
