@@ -477,8 +477,11 @@ class StateCapture:
             old = holder.get(name, _MISSING)
             if isinstance(old, SymbolicTensor):
                 # a compiled module's buffer: the tensor its graph input stands for, read
-                # from the module at each call (so the call stores a new tensor, as eager)
-                old, buffer = self.concrete_of.get(old._val, old), False
+                # from the module at each call (so the call stores a new tensor, as eager).
+                # Looked up by the placeholder's identity: an in-place write before this
+                # assignment (``self.count += 1``) has rebound it to a newer value.
+                val = self.leaf_syms.get(id(old), old._val)
+                old, buffer = self.concrete_of.get(val, old), False
             self.attributes[key] = [holder, name, old, value, buffer]
         else:
             record[3] = value

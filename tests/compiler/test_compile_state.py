@@ -1207,6 +1207,31 @@ def test_buffer_updated_in_a_compiled_module():
     assert_close_lists(grads(m), grads(e))
 
 
+def test_buffer_counter_survives_a_compiled_module_that_runs_eagerly():
+    """``self.count += 1`` on a buffer, then Python control flow on a tensor value: the
+    trace is abandoned and the module runs eagerly. The buffer the module holds afterwards
+    is its own tensor, counted once per call (the abandoned trace left its graph placeholder
+    there, and the eager run then failed on it)."""
+    class Counting(fg.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", fg.zeros(()))
+
+        def forward(self, x):
+            self.count += 1
+            if x.mean() > 0:
+                x = x * 2
+            return x.sum() + self.count
+
+    m = Counting()
+    cm = fg.compile(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = [cm(fg.ones(3)).item() for _ in range(3)]
+    assert outs == [7.0, 8.0, 9.0]
+    assert isinstance(m.count.numpy(), np.ndarray) and m.count.item() == 3.0
+
+
 # --------------------------------------------------------------------------- refusals
 
 
