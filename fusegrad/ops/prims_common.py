@@ -13,8 +13,8 @@ from fusegrad import dtypes
 from fusegrad.grad_mode import is_grad_enabled, set_grad_enabled
 from fusegrad.ops.primitive import (
     ShapeError,
-    bind,
     TensorType,
+    bind,
 )
 
 # torch computes log(-1) = nan and 1/0 = inf silently; numpy warns. The filter is scoped to
@@ -143,13 +143,24 @@ def elementwise_from_vjp(prim):
                 for p in primals]
         terms = []
         for i, t in enumerate(tangents):
-            if t is None or prim.rule(i) is None:
+            if t is None:
                 continue
+            _check_differentiable(prim, i)
             if tuple(t.shape) != shape:
                 t = bind(_broadcast_to(), t, shape=shape)
             terms.append(_conj(prim.cotangent(i, _conj(t), out, full, attrs)))
         return add_tangents(*terms)
     return rule
+
+
+def _check_differentiable(prim, i: int) -> bool:
+    """True, or torch's refusal where operand ``i`` of ``prim`` has a tangent but no
+    derivative (igamma's ``a``)."""
+    if prim.rule(i) is None:
+        raise NotImplementedError(f"Trying to use forward AD with {prim.name} that does not "
+                                  f"support it because it has not been implemented yet (the "
+                                  f"derivative for operand {i} is not implemented).")
+    return True
 
 
 def vjp_transposed(prim):
@@ -159,13 +170,17 @@ def vjp_transposed(prim):
     backward pass through the VJP, so it serves primitives whose own rule would be long
     (decompositions, scatters with a max). Real operands only."""
     def rule(tangents, out, *primals, **attrs):
-        from fusegrad.ops import tape     # tape imports the primitives' modules
+        from fusegrad.ops import tape  # tape imports the primitives' modules
 
-        create_graph = is_grad_enabled()
+        # A graph for reverse mode only where something differentiates the tangent.
+        create_graph = is_grad_enabled() and any(
+            x.requires_grad for x in (*primals, *tangents) if x is not None and
+            not isinstance(x, TensorType))
         with set_grad_enabled(True):
             u = out.detach().new_zeros(tuple(out.shape)).requires_grad_()
             terms = [(prim.cotangent(i, u, out, primals, attrs) * t).sum()
-                     for i, t in enumerate(tangents) if t is not None and prim.rule(i) is not None]
+                     for i, t in enumerate(tangents)
+                     if t is not None and _check_differentiable(prim, i)]
             total = add_tangents(*terms)
             if total is None or not total.requires_grad:
                 return None
@@ -181,5 +196,5 @@ def vjp_transposed(prim):
 
 
 def _broadcast_to():
-    from fusegrad.ops.prims_movement import broadcast_to   # prims_movement imports this module
+    from fusegrad.ops.prims_movement import broadcast_to  # prims_movement imports this module
     return broadcast_to
