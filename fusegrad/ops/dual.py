@@ -30,7 +30,7 @@ from fusegrad.ops.prims_elementwise import cast
 from fusegrad.ops.prims_movement import broadcast_to
 
 __all__ = ["enter_level", "exit_level", "live_levels", "get_tangent", "set_tangent",
-           "hidden", "apply_jvp", "missing_rule_message"]
+           "assign_tangents", "detach_keeping_tangents", "hidden", "apply_jvp", "missing_rule_message"]
 
 _ids = itertools.count(1)
 _levels: list[int] = []          # live level ids, outermost first; ids grow inward
@@ -91,6 +91,32 @@ def set_tangent(t, level: int, tangent) -> None:
     else:
         fw[level] = tangent
     t._fw_grads = fw or None
+    _note_traced(t)
+
+
+def _note_traced(t) -> None:
+    # A traced value: its trace keeps the tangents for tensors made again for the value (the
+    # reverse pass of a compiled backward), forward over reverse.
+    tangents = getattr(t._trace, "tangents", None)
+    if tangents is not None:
+        tangents[t._value] = t._fw_grads
+
+
+def detach_keeping_tangents(t):
+    """``t.detach()`` with ``t``'s forward-mode tangents: what a transform returns when it
+    cuts its own reverse-mode history, which enclosing forward levels must still see."""
+    out = t.detach()
+    if t._fw_grads is not None:
+        out._fw_grads = t._fw_grads
+        _note_traced(out)
+    return out
+
+
+def assign_tangents(x, value) -> None:
+    """After an in-place write of ``value`` into ``x``: ``x`` has ``value``'s tangents."""
+    if x._fw_grads is not None or value._fw_grads is not None:
+        x._fw_grads = value._fw_grads
+        _note_traced(x)
 
 
 def missing_rule_message(prim: Primitive) -> str:
