@@ -24,6 +24,7 @@ from fusegrad.autograd.engine import grad as _grad
 from fusegrad.grad_mode import enable_grad
 from fusegrad.ops import creation, dual
 from fusegrad.ops import functional as F
+from fusegrad.ops.movement import alias
 from fusegrad.tensor import Tensor
 
 __all__ = ["vjp", "jvp", "jacobian", "hessian", "hvp", "vhp"]
@@ -179,7 +180,7 @@ def forward_product(flat: Callable, inputs, tangents, zeros: bool = True) -> tup
         duals = []
         for p, t in zip(inputs, tangents):
             with dual.hidden(level):
-                x = p.view_as(p)
+                x = alias(p)
             dual.set_tangent(x, level, t.to(p.dtype) if t.dtype is not p.dtype else t)
             duals.append(x)
         outs = flat(*duals)

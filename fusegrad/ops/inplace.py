@@ -224,11 +224,14 @@ def _original_self(x: Tensor, operands=()) -> Tensor:
     if not x._requires_grad:
         if not any(isinstance(a, Tensor) and a._requires_grad for a in operands):
             return x
-        return Tensor._wrap(x._data.copy(), x._dtype)
+        s = Tensor._wrap(x._data.copy(), x._dtype)
+        s._fw_grads = x._fw_grads            # forward mode's tangents: the values' own
+        return s
     if x.grad_fn is None:   # a leaf requiring grad: assign_ refuses
         return x
     s = Tensor._wrap(x._data.copy(), x._dtype)
     s.grad_fn, s._requires_grad = x.grad_fn, True
+    s._fw_grads = x._fw_grads
     return s
 
 

@@ -52,7 +52,7 @@ __all__ = ["ConstantData", "Kind", "TensorType", "device_suffix", "infer_type", 
            "note_module", "note_attribute", "key_source", "enclosing_traces",
            "register_eager_node_recorder", "register_tensor_maker", "register_device_apply",
            "register_device_copies", "device_transfer", "device_copy_into", "jvp_rule", "no_jvp",
-           "register_jvp_apply"]
+           "register_jvp_apply", "forward_mode_live"]
 
 
 class Kind(enum.Enum):
@@ -306,6 +306,12 @@ def register_device_apply(fn: Callable) -> None:
     made, so that until then the CPU path pays only a test of None."""
     global _device_apply
     _device_apply = fn
+
+
+def forward_mode_live() -> bool:
+    """Whether a forward-mode level is live (and ``bind`` computes tangents): code that
+    computes a result other than by ``bind`` (a fused eager kernel) steps aside then."""
+    return _jvp_apply is not None
 
 
 def register_jvp_apply(fn: Callable | None) -> None:
