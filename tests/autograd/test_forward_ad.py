@@ -168,6 +168,11 @@ def test_compiled_forward_ad_is_one_graph_and_matches_eager():
     for _ in range(2):
         close(compiled(x, v, w), _dual_program(x, v, w), rtol=1e-12, atol=1e-12)
     assert compiled.compiles == 1
+    # a dual tensor made outside the compiled function: it runs eagerly, tangents and all
+    outside = fg.compile(lambda x, w: (x @ w).tanh().sum(-1))
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(outside(fwAD.make_dual(x, v), w)).tangent
+    close(got, _dual_program(x, v, w), rtol=1e-12, atol=1e-12)
     f = lambda x: (x.exp() * x).sum()  # noqa: E731
     hvp_program = fg.compile(lambda x, v: (jvp(grad(f), (x,), (v,))[1],
                                            AF.hvp(f, x, v)[1]), fullgraph=True)
