@@ -19,7 +19,7 @@ import functools
 from typing import NamedTuple
 
 from fusegrad.ops import dual
-from fusegrad.ops.movement import alias
+from fusegrad.ops.movement import alias as _alias
 from fusegrad.tensor import Tensor
 
 __all__ = ["UnpackedDualTensor", "enter_dual_level", "exit_dual_level", "make_dual",
@@ -81,7 +81,7 @@ def make_dual(tensor: Tensor, tangent: Tensor, *, level: int | None = None) -> T
     if tangent.dtype is not tensor.dtype:
         tangent = tangent.to(tensor.dtype)
     with dual.hidden(lid):
-        out = alias(tensor)
+        out = _alias(tensor)
     dual.set_tangent(out, lid, tangent)
     return out
 
@@ -104,7 +104,7 @@ def unpack_dual(tensor: Tensor, *, level: int | None = None) -> UnpackedDualTens
     if tangent is None:
         return UnpackedDualTensor(tensor, None)
     with dual.hidden(lid):
-        primal = alias(tensor)
+        primal = _alias(tensor)
     return UnpackedDualTensor(primal, tangent)
 
 

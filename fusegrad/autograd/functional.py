@@ -2,8 +2,8 @@
 tensors, with ``torch.autograd.functional``'s signatures, result structures and messages.
 
 vjp, jacobian, hessian and vhp are reverse mode (:func:`fusegrad.autograd.grad`); jvp and
-hvp are forward mode (:func:`forward_product`, on the primitives' JVP rules), hvp forward over
-reverse: the tangent of the gradient along ``v``. (torch computes these two by the
+hvp are forward mode (:func:`fusegrad.ops.dual.forward_product`, on the primitives' JVP
+rules), hvp forward over reverse: the tangent of the gradient along ``v``. (torch computes these two by the
 double-backward trick; its strict-mode messages, which speak of it, are kept.)
 ``vectorize`` and the strategies are accepted for the signature; the results do not depend
 on them.
@@ -24,7 +24,6 @@ from fusegrad.autograd.engine import grad as _grad
 from fusegrad.grad_mode import enable_grad
 from fusegrad.ops import creation, dual
 from fusegrad.ops import functional as F
-from fusegrad.ops.movement import alias
 from fusegrad.tensor import Tensor
 
 __all__ = ["vjp", "jvp", "jacobian", "hessian", "hvp", "vhp"]
@@ -169,31 +168,6 @@ def _zeros_like(t: Tensor) -> Tensor:
     return creation.zeros_like(t)
 
 
-def forward_product(flat: Callable, inputs, tangents, zeros: bool = True) -> tuple[tuple, tuple]:
-    """``(flat(*inputs), J tangents)`` by forward mode: one call of ``flat`` (which returns a
-    tuple of tensors) at a level of its own (:mod:`fusegrad.ops.dual`), on views of
-    ``inputs`` carrying ``tangents``. An output that does not depend on the inputs has a
-    zero tangent (None unless ``zeros``). The outputs keep the tangents of enclosing levels,
-    not this one's."""
-    level = dual.enter_level()
-    try:
-        duals = []
-        for p, t in zip(inputs, tangents):
-            with dual.hidden(level):
-                x = alias(p)
-            dual.set_tangent(x, level, t.to(p.dtype) if t.dtype is not p.dtype else t)
-            duals.append(x)
-        outs = flat(*duals)
-        jvps = []
-        for o in outs:
-            t = dual.get_tangent(o, level)
-            jvps.append(_zeros_like(o) if t is None and zeros else t)
-            dual.set_tangent(o, level, None)
-    finally:
-        dual.exit_level(level)
-    return tuple(outs), tuple(jvps)
-
-
 def _check_single_element_outputs(outputs: tuple, fn_name: str) -> None:
     if len(outputs) != 1:
         raise RuntimeError(f"The function given to {fn_name} should return a single Tensor")
@@ -264,7 +238,7 @@ def jvp(func: Callable, inputs, v=None, create_graph: bool = False, strict: bool
             shape.append(is_tuple)
             return outs
 
-        outputs, tangents = forward_product(flat, inputs, v, zeros=False)
+        outputs, tangents = dual.forward_product(flat, inputs, v, zeros=False)
         is_outputs_tuple = shape[0]
         result = _fill_in_zeros(tangents, outputs, strict, "back_trick")
     outputs = _grad_postprocess(outputs, create_graph)
@@ -405,7 +379,7 @@ def hvp(func: Callable, inputs, v=None, create_graph: bool = False, strict: bool
             found.append((is_tuple, outs))
             return _fill_in_zeros(jac, xs, False, "double_back")
 
-        _, tangents = forward_product(gradient, inputs, v, zeros=False)
+        _, tangents = dual.forward_product(gradient, inputs, v, zeros=False)
         is_outputs_tuple, outputs = found[0]
         result = _fill_in_zeros(tangents, inputs, strict, "double_back_trick")
     outputs = _grad_postprocess(outputs, create_graph)

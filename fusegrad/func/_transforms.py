@@ -307,7 +307,7 @@ def jvp(func: Callable, primals, tangents, *, strict: bool = False, has_aux: boo
         call.aux = aux
         return tuple(out_leaves)
 
-    outs, jvps = AF.forward_product(flat, leaves, t_leaves)
+    outs, jvps = dual.forward_product(flat, leaves, t_leaves)
     value = tree_unflatten(call.out_tree, [call.detach_inner(o) for o in outs])
     tangent_out = tree_unflatten(call.out_tree, [call.detach_inner(j) for j in jvps])
     if has_aux:
@@ -368,7 +368,7 @@ def _forward_jacobian(flat: Callable, inputs: tuple) -> list[list]:
         for k in range(x.numel()):
             tangents = [zeros_like(p) for p in inputs]
             tangents[j] = _basis(x, k)
-            outs, jvps = AF.forward_product(flat, inputs, tangents)
+            outs, jvps = dual.forward_product(flat, inputs, tangents)
             columns[j].append(jvps)
     if outs is None:            # no input element: the outputs' shapes from one plain call
         outs = flat(*inputs)

@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from typing import Callable
 
 from fusegrad.ops import primitive as _primitive
+from fusegrad.ops.creation import zeros_like
+from fusegrad.ops.movement import alias
 from fusegrad.ops.primitive import Primitive, bind
 from fusegrad.ops.prims_elementwise import cast
 from fusegrad.ops.prims_movement import broadcast_to
 
 __all__ = ["enter_level", "exit_level", "live_levels", "get_tangent", "set_tangent",
-           "assign_tangents", "detach_keeping_tangents", "hidden", "apply_jvp", "missing_rule_message"]
+           "assign_tangents", "forward_product", "detach_keeping_tangents", "hidden",
+           "apply_jvp", "missing_rule_message"]
 
 _ids = itertools.count(1)
 _levels: list[int] = []          # live level ids, outermost first; ids grow inward
@@ -117,6 +121,32 @@ def assign_tangents(x, value) -> None:
     if x._fw_grads is not None or value._fw_grads is not None:
         x._fw_grads = value._fw_grads
         _note_traced(x)
+
+
+def forward_product(flat: Callable, inputs, tangents, zeros: bool = True) -> tuple[tuple, tuple]:
+    """``(flat(*inputs), J tangents)`` by forward mode: one call of ``flat`` (which returns a
+    tuple of tensors) at a level of its own, on aliases of
+    ``inputs`` carrying ``tangents``. An output that does not depend on the inputs has a
+    zero tangent (None unless ``zeros``). The outputs keep the tangents of enclosing levels,
+    not this one's."""
+    level = enter_level()
+    try:
+        duals = []
+        for p, t in zip(inputs, tangents):
+            with hidden(level):
+                x = alias(p)
+            set_tangent(x, level, t.to(p.dtype) if t.dtype is not p.dtype else t)
+            duals.append(x)
+        outs = flat(*duals)
+        jvps = []
+        for o in outs:
+            t = get_tangent(o, level)
+            jvps.append(zeros_like(o) if t is None and zeros else t)
+            if t is not None:
+                set_tangent(o, level, None)
+    finally:
+        exit_level(level)
+    return tuple(outs), tuple(jvps)
 
 
 def missing_rule_message(prim: Primitive) -> str:
