@@ -342,6 +342,9 @@ TORCH_NAMES: dict[str, frozenset[str]] = {
     "torch.autograd.functional": frozenset("""
     hessian hvp jacobian jvp vhp vjp
     """.split()),
+    "torch.autograd.forward_ad": frozenset("""
+    UnpackedDualTensor dual_level enter_dual_level exit_dual_level make_dual unpack_dual
+    """.split()),
     "torch.profiler": frozenset("""
     DeviceType ExecutionTraceObserver ProfilerAction ProfilerActivity itt kineto_available
     profile profiler record_function schedule supported_activities tensorboard_trace_handler

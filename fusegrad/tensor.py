@@ -109,6 +109,8 @@ class Tensor:
     # The state capture of the compiled function whose tracing created this tensor (see
     # fusegrad.tracer.capture); None for tensors created outside any such trace.
     _capture_owner = None
+    # Forward mode's tangents: {level id: tangent} (see fusegrad.ops.dual); None for most.
+    _fw_grads = None
     # Hooks called with the tensor after backward accumulated its gradient (a list, set by
     # register_post_accumulate_grad_hook).
     _post_accumulate_grad_hooks = None

@@ -39,6 +39,7 @@ NAMESPACES: dict[str, str] = {
     "torch.fft": "fusegrad.fft",
     "torch.autograd": "fusegrad.autograd",
     "torch.autograd.functional": "fusegrad.autograd.functional",
+    "torch.autograd.forward_ad": "fusegrad.autograd.forward_ad",
     "torch.profiler": "fusegrad.profiler",
     "torch.func": "fusegrad.func",
 }

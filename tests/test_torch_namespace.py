@@ -13,7 +13,8 @@ import fusegrad as torch
 from fusegrad.torch_api import NAMESPACES, torch_names
 
 SUBMODULES = ["nn", "nn.functional", "nn.init", "nn.utils", "nn.utils.rnn", "optim", "optim.lr_scheduler",
-              "utils", "utils.data", "linalg", "autograd", "autograd.functional"]
+              "utils", "utils.data", "linalg", "autograd", "autograd.functional",
+              "autograd.forward_ad"]
 
 
 @pytest.mark.parametrize("path", SUBMODULES)

@@ -15,10 +15,10 @@ from fusegrad.autograd.grad_mode import (
 from fusegrad.autograd.gradcheck import gradcheck, gradgradcheck
 
 # isort: split
-from fusegrad.autograd import functional, profiler
+from fusegrad.autograd import forward_ad, functional, profiler
 from fusegrad.autograd.function import Function
 
 __all__ = ["Node", "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled",
            "inference_mode", "is_grad_enabled", "is_inference_mode_enabled", "gradcheck",
-           "gradgradcheck", "Function", "functional", "profiler"]
+           "gradgradcheck", "Function", "forward_ad", "functional", "profiler"]
 

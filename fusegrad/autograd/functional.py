@@ -1,9 +1,10 @@
 """``fusegrad.autograd.functional``: vjp, jvp, jacobian, hessian, vhp and hvp over functions of
 tensors, with ``torch.autograd.functional``'s signatures, result structures and messages.
 
-All are built on reverse mode (:func:`fusegrad.autograd.grad`). Forward products (jvp, hvp)
-use the double-backward trick that torch uses too: the VJP is linear in its cotangent ``u``,
-so differentiating ``u -> vjp(u)`` with respect to ``u`` in direction ``v`` gives ``J v``.
+vjp, jacobian, hessian and vhp are reverse mode (:func:`fusegrad.autograd.grad`); jvp and
+hvp are forward mode (:func:`fusegrad.ops.dual.forward_product`, on the primitives' JVP
+rules), hvp forward over reverse: the tangent of the gradient along ``v``. (torch computes these two by the
+double-backward trick; its strict-mode messages, which speak of it, are kept.)
 ``vectorize`` and the strategies are accepted for the signature; the results do not depend
 on them.
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from fusegrad.autograd.engine import grad as _grad
 from fusegrad.grad_mode import enable_grad
-from fusegrad.ops import creation
+from fusegrad.ops import creation, dual
 from fusegrad.ops import functional as F
 from fusegrad.tensor import Tensor
 
@@ -62,14 +63,15 @@ def _grad_preprocess(inputs: tuple, create_graph: bool, need_graph: bool) -> tup
         if create_graph and inp.requires_grad:
             res.append(inp.view_as(inp) if inp.is_floating_point() else inp)
         else:
-            t = inp.detach()
+            t = dual.detach_keeping_tangents(inp)    # an enclosing jvp's tangents stay
             res.append(t.requires_grad_(need_graph) if t.is_floating_point() else t)
     return tuple(res)
 
 
 def _grad_postprocess(inputs, create_graph: bool):
     if isinstance(inputs[0], Tensor):
-        return inputs if create_graph else tuple(inp.detach() for inp in inputs)
+        return inputs if create_graph else tuple(dual.detach_keeping_tangents(inp)
+                                                 for inp in inputs)
     return tuple(_grad_postprocess(inp, create_graph) for inp in inputs)
 
 
@@ -226,16 +228,19 @@ def jvp(func: Callable, inputs, v=None, create_graph: bool = False, strict: bool
         elif len(inputs) != 1 or inputs[0].numel() != 1:
             raise RuntimeError("The vector v can only be None if the input to the user-provided "
                                "function is a single Tensor with a single element.")
-        outputs = func(*inputs)
-        is_outputs_tuple, outputs = _as_tuple(outputs, "outputs of the user-provided function",
-                                              "jvp")
-        _check_requires_grad(outputs, "outputs", strict=strict)
-        # u is a dummy cotangent: J^T u is linear in u, and its derivative along v is J v.
-        grad_outputs = tuple(_zeros_like(out).requires_grad_(True) for out in outputs)
-        grad_inputs = _autograd_grad(outputs, inputs, grad_outputs, create_graph=True)
-        _check_requires_grad(grad_inputs, "grad_inputs", strict=strict)
-        grad_res = _autograd_grad(grad_inputs, grad_outputs, v, create_graph=create_graph)
-        result = _fill_in_zeros(grad_res, outputs, strict, "back_trick")
+        else:
+            v = (creation.ones_like(inputs[0]),)
+        shape: list = []
+
+        def flat(*xs):
+            is_tuple, outs = _as_tuple(func(*xs), "outputs of the user-provided function", "jvp")
+            _check_requires_grad(outs, "outputs", strict=strict)
+            shape.append(is_tuple)
+            return outs
+
+        outputs, tangents = dual.forward_product(flat, inputs, v, zeros=False)
+        is_outputs_tuple = shape[0]
+        result = _fill_in_zeros(tangents, outputs, strict, "back_trick")
     outputs = _grad_postprocess(outputs, create_graph)
     result = _grad_postprocess(result, create_graph)
     return (_tuple_postprocess(outputs, is_outputs_tuple),
@@ -346,9 +351,9 @@ def vhp(func: Callable, inputs, v=None, create_graph: bool = False, strict: bool
 
 
 def hvp(func: Callable, inputs, v=None, create_graph: bool = False, strict: bool = False):
-    """``(func(inputs), H v)``: the Hessian-vector product of the scalar ``func``, by the
-    double-backward trick (equal to :func:`vhp` for twice continuously differentiable
-    functions, whose Hessian is symmetric)."""
+    """``(func(inputs), H v)``: the Hessian-vector product of the scalar ``func``, by forward
+    mode over reverse mode: the tangent along ``v`` of the gradient (equal to :func:`vhp` for
+    twice continuously differentiable functions, whose Hessian is symmetric)."""
     _check_strict_with_graph(strict, create_graph, "hvp")
     with enable_grad():
         is_inputs_tuple, inputs = _as_tuple(inputs, "inputs", "hvp")
@@ -360,18 +365,23 @@ def hvp(func: Callable, inputs, v=None, create_graph: bool = False, strict: bool
         elif len(inputs) != 1 or inputs[0].numel() != 1:
             raise RuntimeError("The vector v can only be None if the input to the user-provided "
                                "function is a single Tensor with a single element.")
-        outputs = func(*inputs)
-        is_outputs_tuple, outputs = _as_tuple(outputs, "outputs of the user-provided function",
-                                              "hvp")
-        _check_requires_grad(outputs, "outputs", strict=strict)
-        _check_single_element_outputs(outputs, "hvp")
-        jac = _autograd_grad(outputs, inputs, create_graph=True)
-        _check_requires_grad(jac, "jacobian", strict=strict)
-        grad_jac = tuple(_zeros_like(inp).requires_grad_(True) for inp in inputs)
-        double_back = _autograd_grad(jac, inputs, grad_jac, create_graph=True)
-        _check_requires_grad(jac, "hessian", strict=strict)
-        grad_res = _autograd_grad(double_back, grad_jac, v, create_graph=create_graph)
-        result = _fill_in_zeros(grad_res, inputs, strict, "double_back_trick")
+        else:
+            v = (creation.ones_like(inputs[0]),)
+        found: list = []
+
+        def gradient(*xs):
+            # forward over reverse: the gradient's tangent along v is H v
+            is_tuple, outs = _as_tuple(func(*xs), "outputs of the user-provided function", "hvp")
+            _check_requires_grad(outs, "outputs", strict=strict)
+            _check_single_element_outputs(outs, "hvp")
+            jac = _autograd_grad(outs, xs, create_graph=True)
+            _check_requires_grad(jac, "jacobian", strict=strict)
+            found.append((is_tuple, outs))
+            return _fill_in_zeros(jac, xs, False, "double_back")
+
+        _, tangents = dual.forward_product(gradient, inputs, v, zeros=False)
+        is_outputs_tuple, outputs = found[0]
+        result = _fill_in_zeros(tangents, inputs, strict, "double_back_trick")
     outputs = _grad_postprocess(outputs, create_graph)
     result = _grad_postprocess(result, create_graph)
     return (_tuple_postprocess(outputs, is_outputs_tuple),

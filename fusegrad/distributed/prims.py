@@ -26,7 +26,17 @@ import numpy as np
 
 from fusegrad.distributed import comm
 from fusegrad.ops.composite import CustomVJP
-from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
+from fusegrad.ops.dual import missing_rule_message
+from fusegrad.ops.primitive import (
+    Kind,
+    Primitive,
+    Rule,
+    ShapeError,
+    TensorType,
+    bind,
+    jvp_rule,
+    register,
+)
 
 __all__ = ["allreduce_start", "allreduce_wait", "traced_all_reduce", "AllreduceStartStep",
            "AllreduceWaitStep"]
@@ -120,3 +130,19 @@ def traced_all_reduce(x, op: str):
     if op == "mean":
         reduced = reduced / comm.world_size()
     return reduced
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual): a sum over the ranks is linear, so the tangent is reduced
+# as the value is (a max is not, and has no rule); the wait passes its start's result on.
+
+
+@jvp_rule(allreduce_start)
+def _start_jvp(ts, out, x, *, op):
+    if op != "sum":
+        raise NotImplementedError(missing_rule_message(allreduce_start) +
+                                  f" (op={op!r}; only a sum is linear)")
+    return bind(allreduce_start, ts[0], op=op)
+
+
+jvp_rule(allreduce_wait)(lambda ts, out, h: bind(allreduce_wait, ts[0]))

@@ -11,9 +11,12 @@ A result keeps its autograd history only when it depends on a tensor from outsid
 transform that requires grad (a parameter the function closes over, an input that required
 grad, an enclosing transform's leaf), as torch.func's do; otherwise it is returned detached.
 
-Forward mode is computed exactly by reverse mode until JVP rules exist: ``jvp`` by the
-double-vjp trick (the VJP is linear in its cotangent u, so the derivative of
-``u -> J^T u`` along a tangent v is ``J v``) and ``jacfwd`` as ``jacrev``.
+``jvp`` and ``jacfwd`` are forward mode: each enters a level of its own
+(:mod:`fusegrad.ops.dual`), gives the inputs their tangents and reads the outputs' tangents,
+which the primitives' JVP rules computed alongside the values. Levels nest, and forward mode
+runs through reverse mode's backward, so ``jvp(grad(f))`` (a Hessian-vector product),
+``jacfwd(jacrev(f))`` and ``grad`` of a ``jvp`` all hold; results keep the tangents of
+enclosing levels.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from fusegrad.autograd.engine import AccumulateGrad
 from fusegrad.autograd.grad_mode import enable_grad, is_grad_enabled
 from fusegrad.func._pytree import non_tensor_leaves, tree_flatten, tree_str, tree_unflatten
 from fusegrad.func._vmap import check_randomness, randomness_mode
+from fusegrad.ops import dual
+from fusegrad.ops.creation import zeros_like
+from fusegrad.ops.movement import stack
 from fusegrad.tensor import Tensor
 
 __all__ = ["grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian"]
@@ -102,7 +108,7 @@ class _Call:
         grad; non-tensors (None) pass through."""
         if not isinstance(t, Tensor) or not t.requires_grad:
             return t
-        return t if _reaches_outer_graph(t, self.fresh) else t.detach()
+        return t if _reaches_outer_graph(t, self.fresh) else dual.detach_keeping_tangents(t)
 
     def detach_tree(self, obj):
         leaves, tree = tree_flatten(obj)
@@ -268,9 +274,8 @@ def vjp(func: Callable, *primals, has_aux: bool = False):
 def jvp(func: Callable, primals, tangents, *, strict: bool = False, has_aux: bool = False):
     """``(func(*primals), J tangents)`` (and ``aux`` with ``has_aux``), as ``torch.func.jvp``.
 
-    Computed exactly by the double-vjp trick on reverse mode (see the module docstring), so
-    it costs two backward passes; forward-mode rules are future work. ``strict`` is accepted
-    and ignored, as in torch.
+    Forward mode: one call of ``func`` whose primitives carry the tangents along (see the
+    module docstring). ``strict`` is accepted and ignored, as in torch.
     """
     api = "jvp(f, primals, tangents)"
     if not isinstance(primals, tuple):
@@ -302,8 +307,7 @@ def jvp(func: Callable, primals, tangents, *, strict: bool = False, has_aux: boo
         call.aux = aux
         return tuple(out_leaves)
 
-    tangents = tuple(t.to(p.dtype) for p, t in zip(leaves, t_leaves))
-    outs, jvps = AF.jvp(flat, tuple(leaves), tangents, create_graph=is_grad_enabled())
+    outs, jvps = dual.forward_product(flat, leaves, t_leaves)
     value = tree_unflatten(call.out_tree, [call.detach_inner(o) for o in outs])
     tangent_out = tree_unflatten(call.out_tree, [call.detach_inner(j) for j in jvps])
     if has_aux:
@@ -314,7 +318,7 @@ def jvp(func: Callable, primals, tangents, *, strict: bool = False, has_aux: boo
 # --------------------------------------------------------------------------- Jacobians
 
 
-def _jacobian(func, argnums, has_aux: bool, api: str) -> Callable:
+def _jacobian(func, argnums, has_aux: bool, api: str, forward: bool = False) -> Callable:
     """The Jacobian transform behind jacrev and jacfwd: per output tensor, the Jacobian
     blocks ``output.shape + input.shape`` shaped like the differentiated arguments."""
 
@@ -331,7 +335,10 @@ def _jacobian(func, argnums, has_aux: bool, api: str) -> Callable:
             call.aux = aux
             return tuple(out_leaves)
 
-        blocks = AF.jacobian(flat, tuple(leaves), create_graph=is_grad_enabled())
+        if forward:
+            blocks = _forward_jacobian(flat, tuple(leaves))
+        else:
+            blocks = AF.jacobian(flat, tuple(leaves), create_graph=is_grad_enabled())
         jac = tree_unflatten(call.out_tree, [
             _per_argnum(argnums, nums, tree, [call.detach_inner(b) for b in row])
             for row in blocks])
@@ -352,16 +359,51 @@ def jacrev(func: Callable, argnums=0, *, has_aux: bool = False, chunk_size: int 
     return _jacobian(func, argnums, has_aux, "vjp(f, *primals)")
 
 
+def _forward_jacobian(flat: Callable, inputs: tuple) -> list[list]:
+    """Per output of ``flat``, the Jacobian blocks ``output.shape + input.shape`` by forward
+    mode: one call of ``flat`` per input element, along that element's basis vector."""
+    columns: list[list] = [[] for _ in inputs]     # per input: per element, the outputs' tangents
+    outs = None
+    for j, x in enumerate(inputs):
+        for k in range(x.numel()):
+            tangents = [zeros_like(p) for p in inputs]
+            tangents[j] = _basis(x, k)
+            outs, jvps = dual.forward_product(flat, inputs, tangents)
+            columns[j].append(jvps)
+    if outs is None:            # no input element: the outputs' shapes from one plain call
+        outs = flat(*inputs)
+    blocks = []
+    for i, o in enumerate(outs):
+        row = []
+        for j, x in enumerate(inputs):
+            if x.numel() == 0:
+                row.append(o.new_zeros(tuple(o.shape) + tuple(x.shape)))
+                continue
+            # (elements of x, *o.shape) -> (*o.shape, *x.shape)
+            col = stack([c[i] for c in columns[j]], 0)
+            col = col.reshape((x.numel(), o.numel())).transpose(0, 1)
+            row.append(col.reshape(tuple(o.shape) + tuple(x.shape)))
+        blocks.append(row)
+    return blocks
+
+
+def _basis(x: Tensor, k: int) -> Tensor:
+    """The ``k``-th basis tensor (row-major) of ``x``'s shape."""
+    e = zeros_like(x).reshape(-1)
+    e[k] = 1.0
+    return e.reshape(tuple(x.shape))
+
+
 def jacfwd(func: Callable, argnums=0, has_aux: bool = False, *,
            randomness: str = "error") -> Callable:
-    """The Jacobian of ``func`` (``torch.func.jacfwd``), the same value ``jacrev`` gives.
-
-    Until forward-mode rules exist it is computed by reverse mode (one backward pass per
-    output element), which is exact. ``randomness`` is vmap's: "error" (the default)
-    refuses random ops inside ``func``, as torch's jacfwd does.
+    """The Jacobian of ``func`` by forward mode (``torch.func.jacfwd``): one forward pass
+    per input element, each carrying that element's basis vector as the tangent. For each
+    output tensor, blocks of shape ``output.shape + input.shape`` with the structure of
+    argument(s) ``argnums``. ``randomness`` is vmap's: "error" (the default) refuses random
+    ops inside ``func``, as torch's jacfwd does.
     """
     check_randomness(randomness)
-    jac = _jacobian(func, argnums, has_aux, "jvp(f, primals, tangents)")
+    jac = _jacobian(func, argnums, has_aux, "jvp(f, primals, tangents)", forward=True)
 
     @functools.wraps(func, updated=())
     def wrapper(*args, **kwargs):

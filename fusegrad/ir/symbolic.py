@@ -243,6 +243,9 @@ class GraphTrace:
         self.capture = None
         # Inputs that stand for leaves requiring grad: eager forbids in-place writes to them.
         self.grad_leaves: set[Value] = set()
+        # Forward mode's tangents of values ({level: tangent}, fusegrad.ops.dual), so that a
+        # tensor made again for a value (by backward's reverse pass) carries them too.
+        self.tangents: dict[Value, dict] = {}
 
     def new_input(self, name: str, type: TensorType, requires_grad: bool = False) -> SymbolicTensor:
         value = self.graph.add_input(_unique_name(self.graph, name), type)

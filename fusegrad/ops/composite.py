@@ -95,6 +95,7 @@ def _made_by(t: Tensor, node: Node) -> Tensor:
     out = t.detach()
     out.grad_fn = node
     out._requires_grad = True
+    out._fw_grads = t._fw_grads          # forward mode's tangents go through
     return out
 
 
@@ -164,7 +165,9 @@ def composite(grad_name: str, kernel: bool = False):
                     if rec.record_shapes else None
                 span = profiling.Span(rec, op_name, shapes=shapes).__enter__()
             try:
-                if kernel and _eager_kernel_maker is not None:
+                # (A fused eager kernel computes no tangents: not under forward mode.)
+                if kernel and _eager_kernel_maker is not None and \
+                        not _primitive.forward_mode_live():
                     if not kernels:
                         kernels.append(_eager_kernel_maker(fn, grad_name))
                     out = kernels[0](args, kwargs)

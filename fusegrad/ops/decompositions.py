@@ -17,12 +17,24 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.ops.creation import arange, eye, zeros
+from fusegrad.ops.dual import missing_rule_message
 from fusegrad.ops.elementwise import eq, lt, reciprocal, where
 from fusegrad.ops.factories import ones_like, zeros_like
 from fusegrad.ops.indexing import tril, triu
 from fusegrad.ops.movement import broadcast_to, cat, diag_embed, diagonal, narrow, squeeze, unsqueeze
-from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
+from fusegrad.ops.primitive import (
+    Kind,
+    Primitive,
+    Rule,
+    ShapeError,
+    TensorType,
+    bind,
+    jvp_rule,
+    no_jvp,
+    register,
+)
 from fusegrad.ops.prims import broadcast_shapes
+from fusegrad.ops.prims_common import vjp_transposed
 from fusegrad.ops.reductions import amax
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
@@ -804,3 +816,27 @@ def ormqr(a: Tensor, tau: Tensor, other: Tensor, left: bool = True,
     if transpose:
         q = _mT(q)
     return q @ other if left else other @ q
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual). inv's rule is written out; the other decompositions take
+# their VJP transposed (vjp_transposed: exact, a backward pass through the VJP), which
+# keeps one derivation per decomposition. geqrf has no derivative, as in torch.
+
+jvp_rule(inv_prim)(lambda ts, out, x: -(out @ ts[0] @ out))
+for _prim in (solve_prim, det_prim, logabsdet_prim, cholesky_prim, qr_q_prim, qr_r_prim,
+              svd_u_prim, svd_s_prim, svd_vh_prim, eigh_values_prim, eigh_vectors_prim,
+              matrix_exp_prim, lu_l_prim, lu_u_prim):
+    jvp_rule(_prim)(vjp_transposed(_prim))
+
+
+@jvp_rule(slogdet_sign_prim)
+def _slogdet_sign_jvp(ts, out, x):
+    if x.dtype.is_complex:
+        raise NotImplementedError(missing_rule_message(slogdet_sign_prim))
+    return zeros_like(out)       # the sign of a real determinant is piecewise constant
+
+
+no_jvp(lu_p_prim, "a permutation matrix: piecewise constant in the input")
+no_jvp(lu_pivots_prim, "an integer result (pivot indices)")
+no_jvp(pivots_to_p_prim, "its operand is integer pivots")

@@ -25,8 +25,17 @@ from __future__ import annotations
 import numpy as np
 
 from fusegrad import dtypes
-from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
-from fusegrad.ops.prims import broadcast_shapes
+from fusegrad.ops.primitive import (
+    Kind,
+    Primitive,
+    Rule,
+    ShapeError,
+    TensorType,
+    bind,
+    jvp_rule,
+    register,
+)
+from fusegrad.ops.prims import broadcast_shapes, concat
 from fusegrad.ops.softmax_math import NUMPY_MATH, softmax_formula, softmax_vjp_formula
 
 __all__ = ["fused_attention", "fused_attention_backward"]
@@ -129,3 +138,33 @@ fused_attention_backward = register(Primitive(
     "fused_attention_backward", Kind.EXTERN, _backward_infer, _backward_impl,
     (Rule(_no_second_order),), "FusedAttentionBackwardBackward0", attrs=("scale", "keep"),
     variadic=True))
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual): with s = scale q k^T, p = softmax(s) and o = p v,
+# dp = p (ds - sum(p ds)) (masked and dead entries have p = 0, so they stay 0) and
+# do = dp v + p dv; the result's tangent is packed as the result is. The backward has no
+# derivative (fused_attention_backward's VJP refuses second order too).
+
+
+@jvp_rule(fused_attention)
+def _fused_attention_jvp(ts, out, q, k, v, *mask, scale, keep, zero_dead):
+    tq, tk, tv = ts[:3]
+    e = q.shape[-1]
+    p = out[..., e:]
+    ds = None
+    if tq is not None:
+        ds = tq @ k.transpose(-1, -2)
+    if tk is not None:
+        term = q @ tk.transpose(-1, -2)
+        ds = term if ds is None else ds + term
+    dout = None
+    if ds is not None:
+        ds = ds * scale
+        dp = p * (ds - (p * ds).sum(-1, keepdim=True))
+        dout = dp @ v
+    else:
+        dp = p.new_zeros(tuple(p.shape))
+    if tv is not None:
+        dout = p @ tv if dout is None else dout + p @ tv
+    return bind(concat, dout, dp, axis=out.ndim - 1)

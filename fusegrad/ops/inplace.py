@@ -10,6 +10,7 @@ from fusegrad import dtypes
 from fusegrad.grad_mode import is_grad_enabled, no_grad
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
+from fusegrad.ops.dual import assign_tangents
 from fusegrad.ops.elementwise import mul, where
 from fusegrad.ops.indexing import getitem
 from fusegrad.ops.movement import expand, reshape, squeeze, t, transpose, unsqueeze
@@ -64,7 +65,9 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
                            f"the desired output type {_dtype_title(x.dtype)}")
     if x._trace is not None:
         _check_inplace(x, op)
-        return x._trace.assign(x, value)
+        out = x._trace.assign(x, value)
+        assign_tangents(x, value)
+        return out
     if _primitive.compiling():
         # Tracing a compiled function: a write to a tensor from outside it (a parameter, an
         # optimizer's state) becomes an output written back at call time.
@@ -103,6 +106,7 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     else:                               # a cuda tensor: into its device buffer
         device_copy_into(x._data, value._data)
     x._version_counter.value += 1
+    assign_tangents(x, value)
     # Under no_grad an in-place write leaves the history as it is, as in torch.
     if grad and value._requires_grad:
         if value.grad_fn is None:
@@ -220,11 +224,14 @@ def _original_self(x: Tensor, operands=()) -> Tensor:
     if not x._requires_grad:
         if not any(isinstance(a, Tensor) and a._requires_grad for a in operands):
             return x
-        return Tensor._wrap(x._data.copy(), x._dtype)
+        s = Tensor._wrap(x._data.copy(), x._dtype)
+        s._fw_grads = x._fw_grads            # forward mode's tangents: the values' own
+        return s
     if x.grad_fn is None:   # a leaf requiring grad: assign_ refuses
         return x
     s = Tensor._wrap(x._data.copy(), x._dtype)
     s.grad_fn, s._requires_grad = x.grad_fn, True
+    s._fw_grads = x._fw_grads
     return s
 
 

@@ -63,6 +63,12 @@ def reshape_prim(x: Tensor, shape: tuple[int, ...]) -> Tensor:
     return _view_prim(P.reshape, x, shape=tuple(shape))
 
 
+def alias(x: Tensor) -> Tensor:
+    """A new tensor viewing all of ``x`` (its storage and history; torch's ``aten::alias``):
+    what forward mode gives a tangent without giving it to ``x``."""
+    return _view_prim(P.reshape, x, shape=tuple(x.shape))
+
+
 def _infer_shape(x: Tensor, shape, op: str) -> tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, Size)):
         shape = tuple(shape[0])

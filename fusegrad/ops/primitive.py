@@ -51,7 +51,8 @@ __all__ = ["ConstantData", "Kind", "TensorType", "device_suffix", "infer_type", 
            "assign_captured", "enter_optimizer", "exit_optimizer", "is_scalar_input",
            "note_module", "note_attribute", "key_source", "enclosing_traces",
            "register_eager_node_recorder", "register_tensor_maker", "register_device_apply",
-           "register_device_copies", "device_transfer", "device_copy_into"]
+           "register_device_copies", "device_transfer", "device_copy_into", "jvp_rule", "no_jvp",
+           "register_jvp_apply", "forward_mode_live"]
 
 
 class Kind(enum.Enum):
@@ -171,8 +172,36 @@ def register(prim: Primitive) -> Primitive:
     return prim
 
 
+def jvp_rule(*prims: Primitive) -> Callable:
+    """Decorator: ``fn(tangents, out, *primals, **attrs)`` is the JVP rule of ``prims``.
+
+    ``tangents`` has one entry per operand, None where the operand has no tangent (at least
+    one has one); ``out`` is the primal result. The rule returns the result's tangent (None:
+    zero), written with tensor ops like the VJP rules, so it runs eagerly and traced; a
+    tangent of a broadcast result may keep the operands' shape (it is broadcast after).
+    Forward mode (:mod:`fusegrad.ops.dual`) applies it."""
+    def decorate(fn: Callable) -> Callable:
+        for prim in prims:
+            prim.extra["jvp"] = fn
+        return fn
+    return decorate
+
+
+def no_jvp(prim: Primitive, reason: str) -> None:
+    """Declare that ``prim``'s result has no tangent (``reason`` says why: an integer result,
+    a value cut from differentiation), rather than a rule not written yet, which forward mode
+    refuses."""
+    prim.extra["jvp"] = None
+    prim.extra["no_jvp"] = reason
+
+
 def bind(prim: Primitive, *operands, **attrs):
     """Apply ``prim`` to tensor ``operands``: traced when any operand is traced, else eager."""
+    if _jvp_apply is not None:
+        # A forward-mode level is live: an operand with a tangent gets the result its tangent.
+        out = _jvp_apply(prim, operands, attrs)
+        if out is not None:
+            return out
     for op in operands:
         trace = op._trace
         if trace is not None:
@@ -228,6 +257,8 @@ _record_eager_node: Callable | None = None
 _make_tensor: Callable | None = None
 # (prim, operands, attrs) -> the result on the device, or None when no operand is there.
 _device_apply: Callable | None = None
+# (prim, operands, attrs) -> the result with its tangent, or None when no operand has one.
+_jvp_apply: Callable | None = None
 
 
 def register_eager_node_recorder(fn: Callable) -> None:
@@ -275,6 +306,21 @@ def register_device_apply(fn: Callable) -> None:
     made, so that until then the CPU path pays only a test of None."""
     global _device_apply
     _device_apply = fn
+
+
+def forward_mode_live() -> bool:
+    """Whether a forward-mode level is live (and ``bind`` computes tangents): code that
+    computes a result other than by ``bind`` (a fused eager kernel) steps aside then."""
+    return _jvp_apply is not None
+
+
+def register_jvp_apply(fn: Callable | None) -> None:
+    """Install ``fn(prim, operands, attrs)``, which applies ``prim`` with forward mode's
+    tangents, or None when no operand has one. Filled by :mod:`fusegrad.ops.dual` while a
+    forward-mode level is live and emptied after, so that without one ``bind`` pays only a
+    test of None."""
+    global _jvp_apply
+    _jvp_apply = fn
 
 
 # Result types of eager primitive calls by (primitive, operand shapes and dtypes, attributes):

@@ -10,9 +10,11 @@ import ml_dtypes
 import numpy as np
 
 from fusegrad import dtypes
+from fusegrad.grad_mode import is_grad_enabled, set_grad_enabled
 from fusegrad.ops.primitive import (
     ShapeError,
     TensorType,
+    bind,
 )
 
 # torch computes log(-1) = nan and 1/0 = inf silently; numpy warns. The filter is scoped to
@@ -101,3 +103,98 @@ def register_view_op(name: str, fn) -> None:
 def view_op(name: str):
     """The public view op ``name`` registered by the ops above the primitives."""
     return _VIEW_OPS[name]
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Shared by the JVP rules of the prims_* modules (see fusegrad.primitive.jvp_rule): rules made
+# from a primitive's own definition where that is exact.
+
+
+def add_tangents(*terms):
+    """The sum of the tangent terms that are not None (None when all are)."""
+    total = None
+    for t in terms:
+        if t is not None:
+            total = t if total is None else total + t
+    return total
+
+
+def tangent_or_zeros(t, primal):
+    """``t``, or zeros shaped like ``primal`` where the operand has no tangent."""
+    return t if t is not None else primal.new_zeros(tuple(primal.shape))
+
+
+def applied_to_tangent(prim):
+    """The JVP rule of a linear one-operand primitive: the primitive applied to the tangent."""
+    def rule(tangents, out, x, **attrs):
+        return bind(prim, tangents[0], **attrs)
+    return rule
+
+
+def elementwise_from_vjp(prim):
+    """The JVP rule of an elementwise primitive, from its VJP rules: an elementwise Jacobian
+    is diagonal, hence symmetric, so an operand's VJP applied to its tangent (operands
+    broadcast to the result's shape first, so that the VJP sums nothing away) is its JVP
+    term. For complex operands the VJP multiplies by the conjugate derivative
+    (:func:`_conj`); conjugating around it gives a holomorphic op's ``f'(z) t``."""
+    def rule(tangents, out, *primals, **attrs):
+        shape = tuple(out.shape)
+        full = [p if tuple(p.shape) == shape else bind(_broadcast_to(), p, shape=shape)
+                for p in primals]
+        terms = []
+        for i, t in enumerate(tangents):
+            if t is None:
+                continue
+            _check_differentiable(prim, i)
+            if tuple(t.shape) != shape:
+                t = bind(_broadcast_to(), t, shape=shape)
+            terms.append(_conj(prim.cotangent(i, _conj(t), out, full, attrs)))
+        return add_tangents(*terms)
+    return rule
+
+
+def _check_differentiable(prim, i: int) -> bool:
+    """True, or torch's refusal where operand ``i`` of ``prim`` has a tangent but no
+    derivative (igamma's ``a``)."""
+    if prim.rule(i) is None:
+        raise NotImplementedError(f"Trying to use forward AD with {prim.name} that does not "
+                                  f"support it because it has not been implemented yet (the "
+                                  f"derivative for operand {i} is not implemented).")
+    return True
+
+
+def vjp_transposed(prim):
+    """The JVP rule of ``prim`` from its VJP rules, by transposition: the VJP ``u -> J^T u``
+    is linear in the cotangent ``u``, so ``J t`` is the gradient with respect to ``u`` of
+    ``<J^T u, t>`` (what JAX's linearize-and-transpose does, in reverse). Exact; it costs a
+    backward pass through the VJP, so it serves primitives whose own rule would be long
+    (decompositions, scatters with a max). Real operands only."""
+    def rule(tangents, out, *primals, **attrs):
+        from fusegrad.ops import tape  # tape imports the primitives' modules
+
+        # A graph for reverse mode only where something differentiates the tangent.
+        create_graph = is_grad_enabled() and any(
+            x.requires_grad for x in (*primals, *tangents) if x is not None and
+            not isinstance(x, TensorType))
+        with set_grad_enabled(True):
+            u = out.detach().new_zeros(tuple(out.shape)).requires_grad_()
+            terms = [(prim.cotangent(i, u, out, primals, attrs) * t).sum()
+                     for i, t in enumerate(tangents)
+                     if t is not None and _check_differentiable(prim, i)]
+            total = add_tangents(*terms)
+            if total is None or not total.requires_grad:
+                return None
+            if total._trace is not None:
+                (jt,) = total._trace.backward([total], [None], create_graph, [u],
+                                              accumulate=False, allow_unused=True)
+            else:
+                (jt,) = tape.run_backward([total], [total.new_ones(())], create_graph,
+                                          create_graph, inputs=[u], accumulate=False,
+                                          allow_unused=True)
+        return jt
+    return rule
+
+
+def _broadcast_to():
+    from fusegrad.ops.prims_movement import broadcast_to  # prims_movement imports this module
+    return broadcast_to

@@ -18,6 +18,8 @@ from fusegrad.ops.primitive import (
     ShapeError,
     TensorType,
     bind,
+    jvp_rule,
+    no_jvp,
     register,
 )
 from fusegrad.ops.prims_common import (
@@ -27,7 +29,10 @@ from fusegrad.ops.prims_common import (
     _require_real,
     _same_dtype,
     _sum_to,
+    add_tangents,
     broadcast_shapes,
+    elementwise_from_vjp,
+    tangent_or_zeros,
 )
 from fusegrad.ops.prims_extern import complex_
 
@@ -545,3 +550,53 @@ where = register(Primitive("where", Kind.ELEMENTWISE, _where_infer, _where_impl,
     Rule(lambda g, out, c, x, y: _sum_to(g.where(c, g.new_zeros(())), x.shape), (0,)),
     Rule(lambda g, out, c, x, y: _sum_to(g.new_zeros(()).where(c, g), y.shape), (0,))),
     "WhereBackward0"))
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual). The linear ops and the common products are written out;
+# the other differentiable elementwise ops take their VJP applied to the tangent, which is
+# their JVP (elementwise_from_vjp: a diagonal Jacobian is its own transpose).
+
+jvp_rule(neg)(lambda ts, out, x: -ts[0])
+jvp_rule(copy)(lambda ts, out, x: bind(copy, ts[0]))
+jvp_rule(cast)(lambda ts, out, x, *, dtype: bind(cast, ts[0], dtype=dtype))
+jvp_rule(add)(lambda ts, out, x, y: add_tangents(*ts))
+jvp_rule(sub)(lambda ts, out, x, y: add_tangents(ts[0], None if ts[1] is None else -ts[1]))
+jvp_rule(mul)(lambda ts, out, x, y: add_tangents(None if ts[0] is None else ts[0] * y,
+                                                 None if ts[1] is None else x * ts[1]))
+
+
+@jvp_rule(div)
+def _div_jvp(ts, out, x, y):
+    # (tx - out * ty) / y: d(x / y) = dx / y - x dy / y^2
+    tx, ty = ts
+    return add_tangents(tx, None if ty is None else -(out * ty)) / y
+
+
+@jvp_rule(where)
+def _where_jvp(ts, out, c, x, y):
+    _, tx, ty = ts
+    return bind(where, c, tangent_or_zeros(tx, x), tangent_or_zeros(ty, y))
+
+
+@jvp_rule(abs_)
+def _abs_jvp(ts, out, x):
+    (t,) = ts
+    if not x.dtype.is_complex:
+        return t * x.sign()
+    # d|z| = Re(conj(z) dz) / |z|, and 0 at z == 0 (torch's sgn convention)
+    nonzero = out != 0
+    return (x.conj_physical() * t).real / out.where(nonzero, out.new_ones(())) * \
+        nonzero.to(out.dtype)
+
+
+for _prim in (exp, log, exp2, log2, log10, log1p, expm1, sin, cos, tan, tanh, asin, acos, atan,
+              sinh, cosh, asinh, acosh, atanh, erf, sqrt, reciprocal, sign, floor, ceil, round_,
+              pow_, maximum, minimum, floordiv, fmod, remainder, atan2):
+    jvp_rule(_prim)(elementwise_from_vjp(_prim))
+
+no_jvp(stop_gradient, "cut from differentiation (detach): its result has no tangent, as torch's")
+for _prim in (logical_not, lt, le, eq, ne, logical_and, logical_or):
+    no_jvp(_prim, "a bool result")
+for _prim in (bitwise_and, bitwise_or, bitwise_xor, shift_left, shift_right):
+    no_jvp(_prim, "integer operands and result")

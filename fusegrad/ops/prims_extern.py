@@ -17,13 +17,17 @@ from fusegrad.ops.primitive import (
     ShapeError,
     TensorType,
     bind,
+    jvp_rule,
+    no_jvp,
     register,
 )
 from fusegrad.ops.prims_common import (
     _np_float_compute,
     _require_real,
     _sum_to,
+    applied_to_tangent,
     broadcast_shapes,
+    tangent_or_zeros,
     view_op,
 )
 from fusegrad.ops.prims_reduce import (
@@ -237,3 +241,16 @@ view_as_real = register(Primitive(
 view_as_complex = register(Primitive(
     "view_as_complex", Kind.EXTERN, _view_as_complex_infer, _view_as_complex_impl,
     (Rule(lambda g, out, x: view_op("view_as_real")(g)),), "ViewAsComplexBackward0"))
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual): cumsum and the complex parts are linear, the op applied to
+# the tangent; custom_vjp is its value ``y``, whose tangent the primitives computing ``y``
+# gave it (a custom VJP changes the backward only).
+
+for _prim in (cumsum, real, imag, conj, view_as_real, view_as_complex):
+    jvp_rule(_prim)(applied_to_tangent(_prim))
+jvp_rule(custom_vjp)(lambda ts, out, y, *operands, rule, params: ts[0])
+jvp_rule(complex_)(lambda ts, out, re, im: bind(
+    complex_, tangent_or_zeros(ts[0], re), tangent_or_zeros(ts[1], im)))
+no_jvp(argsort, "an integer result (indices)")

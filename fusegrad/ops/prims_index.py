@@ -15,10 +15,14 @@ from fusegrad.ops.primitive import (
     ShapeError,
     TensorType,
     bind,
+    jvp_rule,
+    no_jvp,
     register,
 )
 from fusegrad.ops.prims_common import (
     _same_dtype,
+    tangent_or_zeros,
+    vjp_transposed,
 )
 from fusegrad.ops.prims_movement import pad_axes
 from fusegrad.ops.prims_reduce import (
@@ -349,3 +353,36 @@ def _bitcast_infer(x: TensorType, *, dtype: dtypes.DType) -> TensorType:
 bitcast = register(Primitive(
     "bitcast", Kind.ELEMENTWISE, _bitcast_infer,
     lambda x, *, dtype: np.array(x, order="C").view(dtype.np_dtype), attrs=("dtype",)))
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual): for fixed indices, gathers and the adding, replacing and
+# averaging scatters are linear in their values, so their tangent is the op applied to the
+# tangents; a scatter by product or extremum takes its VJP transposed.
+
+jvp_rule(take)(lambda ts, out, x, idx, *, axis: bind(take, ts[0], idx, axis=axis))
+jvp_rule(gather)(lambda ts, out, x, idx, *, axis: bind(gather, ts[0], idx, axis=axis))
+
+
+def _scatter_linear(prim):
+    def rule(ts, out, x, idx, src, **attrs):
+        return bind(prim, tangent_or_zeros(ts[0], x), idx, tangent_or_zeros(ts[2], src), **attrs)
+    return rule
+
+
+jvp_rule(index_add)(_scatter_linear(index_add))
+jvp_rule(scatter_add)(_scatter_linear(scatter_add))
+_scatter_reduce_transposed = vjp_transposed(scatter_reduce)
+
+
+@jvp_rule(scatter_reduce)
+def _scatter_reduce_jvp(ts, out, x, idx, src, *, axis, reduce, include_self):
+    attrs = {"axis": axis, "reduce": reduce, "include_self": include_self}
+    if reduce in ("replace", "sum", "mean"):
+        return _scatter_linear(scatter_reduce)(ts, out, x, idx, src, **attrs)
+    return _scatter_reduce_transposed(ts, out, x, idx, src, **attrs)
+
+
+no_jvp(check_target, "passes an integer target through")
+no_jvp(check_index, "passes an integer index through")
+no_jvp(bitcast, "reinterprets bits: not a differentiable function of the value")

@@ -15,12 +15,15 @@ from fusegrad.ops.primitive import (
     ShapeError,
     TensorType,
     bind,
+    jvp_rule,
     register,
 )
 from fusegrad.ops.prims_common import (
     _same_dtype,
     _sum_to,
     _types_str,
+    applied_to_tangent,
+    tangent_or_zeros,
     view_op,
 )
 
@@ -194,3 +197,14 @@ def _concat_vjp(g, out, *xs, argnum, axis):
 concat = register(Primitive(
     "concat", Kind.MOVEMENT, _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis),
     (Rule(_concat_vjp),), "CatBackward0", attrs=("axis",), variadic=True))
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual): every movement is linear, the op applied to the tangent
+# (pad with zeros; concat with zeros for operands without one).
+
+for _prim in (reshape, permute, broadcast_to, slice_):
+    jvp_rule(_prim)(applied_to_tangent(_prim))
+jvp_rule(pad)(lambda ts, out, x, *, widths, value: bind(pad, ts[0], widths=widths, value=0.0))
+jvp_rule(concat)(lambda ts, out, *xs, axis: bind(
+    concat, *[tangent_or_zeros(t, x) for t, x in zip(ts, xs)], axis=axis))

@@ -17,6 +17,8 @@ from fusegrad.ops.primitive import (
     ShapeError,
     TensorType,
     bind,
+    jvp_rule,
+    no_jvp,
     register,
 )
 from fusegrad.ops.prims_common import (
@@ -24,6 +26,7 @@ from fusegrad.ops.prims_common import (
     _np_float_compute,
     _require_real,
     _sum_to,
+    add_tangents,
     broadcast_shapes,
 )
 
@@ -206,3 +209,34 @@ matmul = register(Primitive("matmul", Kind.CONTRACTION, _matmul_infer, _matmul_i
     Rule(lambda g, out, a, b: _sum_to(bind(matmul, g, _conj(b).mT), a.shape), (1,)),
     Rule(lambda g, out, a, b: _sum_to(bind(matmul, _conj(a).mT, g), b.shape), (0,))),
     "MmBackward0"))
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual): sum and matmul are linear in each operand; prod, max and
+# min take their VJP's weights (the VJP of a cotangent of ones is d out / d x per element,
+# each element feeding one output) times the tangent, summed over the reduced axes.
+
+jvp_rule(sum_)(lambda ts, out, x, *, axes: bind(sum_, ts[0], axes=axes))
+
+
+def _reduce_from_vjp(prim):
+    def rule(ts, out, x, *, axes):
+        weights = _conj(prim.cotangent(0, out.new_ones(tuple(out.shape)), out, (x,),
+                                       {"axes": axes}))
+        return bind(sum_, weights * ts[0], axes=axes)
+    return rule
+
+
+for _prim in (prod, max_, min_):
+    jvp_rule(_prim)(_reduce_from_vjp(_prim))
+
+
+@jvp_rule(matmul)
+def _matmul_jvp(ts, out, a, b):
+    ta, tb = ts
+    return add_tangents(None if ta is None else bind(matmul, ta, b),
+                        None if tb is None else bind(matmul, a, tb))
+
+
+no_jvp(argmax, "an integer result (an index)")
+no_jvp(argmin, "an integer result (an index)")

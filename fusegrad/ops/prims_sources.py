@@ -16,6 +16,7 @@ from fusegrad.ops.primitive import (
     Primitive,
     ShapeError,
     TensorType,
+    no_jvp,
     register,
 )
 
@@ -84,3 +85,11 @@ def _rand_impl(key, *, shape, dtype):
 random_uniform = register(Primitive(
     "random_uniform", Kind.SOURCE, _rand_infer, _rand_impl, attrs=("shape", "dtype"),
     doc="Uniform [0, 1) numbers from a counter-based generator keyed by (seed, offset)."))
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual): sources have no differentiable operand.
+
+for _prim in (full, constant, iota):
+    no_jvp(_prim, "a source: no operands")
+no_jvp(random_uniform, "a source: its only operand is an integer key")

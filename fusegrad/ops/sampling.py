@@ -13,7 +13,16 @@ from fusegrad.ops.creation import _uniform01, default_generator
 from fusegrad.ops.elementwise import lt, mul
 from fusegrad.ops.inplace import assign_
 from fusegrad.ops.operands import _index_tensor, cast
-from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
+from fusegrad.ops.primitive import (
+    Kind,
+    Primitive,
+    Rule,
+    ShapeError,
+    TensorType,
+    bind,
+    jvp_rule,
+    register,
+)
 from fusegrad.ops.registry import public
 from fusegrad.ops.special import _igamma_np, _lgamma_np
 from fusegrad.tensor import Tensor
@@ -210,3 +219,11 @@ def standard_gamma(concentration: Tensor, *, generator=None) -> Tensor:
     gen = generator or default_generator
     key = gen.next_key(4 * _gamma_counters(max(concentration.numel(), 1)))
     return bind(standard_gamma_prim, key, concentration)
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual): a draw moves with its concentration by the implicit
+# reparameterization derivative (the VJP's); the derivative itself has none, as in torch.
+
+jvp_rule(standard_gamma_prim)(
+    lambda ts, out, key, alpha: mul(ts[1], bind(standard_gamma_grad_prim, alpha, out)))

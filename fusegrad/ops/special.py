@@ -19,8 +19,19 @@ from fusegrad.ops.composite import _named
 from fusegrad.ops.elementwise import add, exp, mul, sub
 from fusegrad.ops.inplace import assign_
 from fusegrad.ops.operands import _float_dtype, _promote, as_tensor_operand, cast
-from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
+from fusegrad.ops.primitive import (
+    Kind,
+    Primitive,
+    Rule,
+    ShapeError,
+    TensorType,
+    bind,
+    jvp_rule,
+    no_jvp,
+    register,
+)
 from fusegrad.ops.prims import broadcast_shapes
+from fusegrad.ops.prims_common import elementwise_from_vjp
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
@@ -417,3 +428,26 @@ def frexp(x: Tensor):
     if not x.dtype.is_floating_point:
         raise RuntimeError("torch.frexp() only supports floating-point dtypes")
     return FrexpResult(bind(frexp_mantissa_prim, x), bind(frexp_exponent_prim, x))
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual): elementwise, so an operand's VJP applied to its tangent
+# is its JVP term (elementwise_from_vjp). i1's derivative, which its VJP lacks, is written
+# out; nextafter has none, as in torch.
+
+for _prim in (lgamma_prim, polygamma_prim, erfc_prim, erfinv_prim, i0_prim, igamma_prim,
+              igammac_prim, frexp_mantissa_prim):
+    jvp_rule(_prim)(elementwise_from_vjp(_prim))
+
+
+@jvp_rule(i1_prim)
+def _i1_jvp(ts, out, x):
+    # i1'(x) = i0(x) - i1(x) / x, 1/2 at 0
+    nonzero = x != 0
+    safe = x.where(nonzero, x.new_ones(()))
+    return mul(ts[0], (bind(i0_prim, x) - out / safe).where(nonzero, x.new_full((), 0.5)))
+
+
+no_jvp(gcd_prim, "integer operands and result")
+no_jvp(lcm_prim, "integer operands and result")
+no_jvp(frexp_exponent_prim, "an integer result")

@@ -27,8 +27,18 @@ from fusegrad.ops.creation import tensor
 from fusegrad.ops.elementwise import mul
 from fusegrad.ops.movement import cat, flip, narrow, pad_axes, roll
 from fusegrad.ops.operands import as_tensor_operand, cast
-from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
+from fusegrad.ops.primitive import (
+    Kind,
+    Primitive,
+    Rule,
+    ShapeError,
+    TensorType,
+    bind,
+    jvp_rule,
+    register,
+)
 from fusegrad.ops.prims import normalize_axis
+from fusegrad.ops.prims_common import applied_to_tangent
 from fusegrad.tensor import Tensor
 
 __all__ = ["fft", "ifft", "fft2", "ifft2", "fftn", "ifftn", "rfft", "irfft", "rfft2", "irfft2",
@@ -392,3 +402,10 @@ def ifftshift(input: Tensor, dim=None) -> Tensor:  # noqa: A002
     """The inverse of :func:`fftshift`."""
     dims = _shift_dims(input, dim)
     return roll(input, [-(input.shape[d] // 2) for d in dims], dims)
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual): the transforms are linear, applied to the tangent.
+
+for _prim in (fft_c2c, fft_r2c, fft_c2r):
+    jvp_rule(_prim)(applied_to_tangent(_prim))

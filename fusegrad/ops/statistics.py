@@ -39,7 +39,7 @@ from fusegrad.ops.factories import zeros_like
 from fusegrad.ops.indexing import argsort, gather, index_add
 from fusegrad.ops.movement import flip, movedim, reshape, squeeze, transpose, unsqueeze
 from fusegrad.ops.operands import as_tensor_operand
-from fusegrad.ops.primitive import Kind, Primitive, ShapeError, TensorType, bind, register
+from fusegrad.ops.primitive import Kind, Primitive, ShapeError, TensorType, bind, no_jvp, register
 from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.reductions import amax, amin, sum
 from fusegrad.ops.reductions import sum as total
@@ -368,3 +368,9 @@ def unique_consecutive(x: Tensor, return_inverse: bool = False, return_counts: b
     if return_counts:
         out.append(tensor(np.diff(np.flatnonzero(np.append(starts, True))).astype(np.int64)))
     return out[0] if len(out) == 1 else tuple(out)
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual).
+
+no_jvp(mode_index, "an integer result (an index)")

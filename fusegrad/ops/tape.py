@@ -212,7 +212,9 @@ class PrimitiveNode(Node):
         if self._out is not None:
             out = self._out.unpack(self)
             if create_graph:
+                fw = out._fw_grads              # forward mode's tangents stay with it
                 out = out.detach()
+                out._fw_grads = fw
                 out.grad_fn = self
                 out._requires_grad = True
         # The rules called directly, as Primitive.cotangent calls them: two calls fewer per

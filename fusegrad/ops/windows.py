@@ -25,7 +25,17 @@ import numpy as np
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops.elementwise import add
 from fusegrad.ops.movement import narrow, pad_axes, reshape_prim, slice_axes, stack, unsqueeze
-from fusegrad.ops.primitive import Kind, Primitive, Rule, ShapeError, TensorType, bind, register
+from fusegrad.ops.primitive import (
+    Kind,
+    Primitive,
+    Rule,
+    ShapeError,
+    TensorType,
+    bind,
+    jvp_rule,
+    register,
+)
+from fusegrad.ops.prims_common import applied_to_tangent
 from fusegrad.tensor import Tensor
 
 __all__ = ["ntuple", "out_size", "windows", "overlap_add", "crop_or_pad", "eager_cpu"]
@@ -229,3 +239,10 @@ def crop_or_pad(x: Tensor, widths: Sequence[tuple[int, int]]) -> Tensor:
     x = slice_axes(x, starts, stops, (1,) * x.ndim)
     return pad_axes(x, [(0, 0), (0, 0)] + [(max(lo, 0), max(hi, 0)) for lo, hi in widths])
 
+
+
+# --------------------------------------------------------------------------- JVP rules
+# Forward mode (fusegrad.ops.dual): both are linear, applied to the tangent.
+
+jvp_rule(windows_prim)(applied_to_tangent(windows_prim))
+jvp_rule(overlap_add_prim)(applied_to_tangent(overlap_add_prim))

@@ -679,6 +679,7 @@ class _Env(dict):
 
     def __missing__(self, v: Value) -> SymbolicTensor:
         t = SymbolicTensor._make(v, self.trace, v in self.trace.grad_values)
+        t._fw_grads = self.trace.tangents.get(v)     # forward mode through backward
         self[v] = t
         return t
 

@@ -192,6 +192,12 @@ class CompiledFunction:
         """Run the compiled entry of this call (cached, or compiled now), or ``fn`` eagerly."""
         if profiling.recorder is not None and not self._in_region:
             return self._profiled_call(args, kwargs)
+        if _primitive.forward_mode_live() and any(
+                getattr(t, "_fw_grads", None) for t in tree_flatten((args, kwargs))[0]):
+            # Arguments carrying forward mode's tangents (a dual tensor made outside): a
+            # compiled program has no inputs for them, so the function runs eagerly, its
+            # primitives carrying them. (Forward mode inside the function compiles.)
+            return self.fn(*args, **kwargs)
         if _primitive._device_apply is not None and self.backend == "llvm" and \
                 self._on_cuda(args, kwargs):
             return self._cuda()(*args, **kwargs)
