@@ -111,6 +111,9 @@ class Tensor:
     _capture_owner = None
     # Forward mode's tangents: {level id: tangent} (see fusegrad.ops.dual); None for most.
     _fw_grads = None
+    # A view's version counter when its tangents were last set (fusegrad.ops.dual): a later
+    # write through its base or another view makes them stale.
+    _fw_version = None
     # Hooks called with the tensor after backward accumulated its gradient (a list, set by
     # register_post_accumulate_grad_hook).
     _post_accumulate_grad_hooks = None

@@ -100,11 +100,13 @@ def unpack_dual(tensor: Tensor, *, level: int | None = None) -> UnpackedDualTens
     if level is None and _level is None:
         return UnpackedDualTensor(tensor, None)
     lid = _level_id(level, "_unpack_dual")
+    dual.refresh_view_tangents(tensor)
     tangent = dual.get_tangent(tensor, lid)
     if tangent is None:
         return UnpackedDualTensor(tensor, None)
     with dual.hidden(lid):
         primal = _alias(tensor)
+    primal._fw_version = dual.PRIMAL_ONLY
     return UnpackedDualTensor(primal, tangent)
 
 

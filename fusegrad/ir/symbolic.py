@@ -23,6 +23,7 @@ from fusegrad.grad_mode import is_grad_enabled
 from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.ops import functional as F
 from fusegrad.ops import prims as P
+from fusegrad.ops.dual import assign_tangents
 from fusegrad.ops.movement import _mark_view, _traced_layout
 from fusegrad.ops.primitive import (
     ConstantData,
@@ -377,10 +378,12 @@ class GraphTrace:
                 new_base = F.where(mask, embedded, base)
             base._value = new_base._value
             base._requires_grad = base._requires_grad or value._requires_grad
+            assign_tangents(base, new_base)
         x._value = value._value
         if x._base is not None:
             x._seen = x._base._val     # x holds the written value: it is current
         x._requires_grad = x._requires_grad or value._requires_grad
+        assign_tangents(x, value)
         return x
 
 

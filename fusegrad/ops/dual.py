@@ -34,7 +34,8 @@ from fusegrad.ops.prims_movement import broadcast_to
 
 __all__ = ["enter_level", "exit_level", "live_levels", "get_tangent", "set_tangent",
            "assign_tangents", "forward_product", "detach_keeping_tangents", "hidden",
-           "apply_jvp", "missing_rule_message"]
+           "apply_jvp", "missing_rule_message", "refresh_view_tangents",
+           "PRIMAL_ONLY"]
 
 _ids = itertools.count(1)
 _levels: list[int] = []          # live level ids, outermost first; ids grow inward
@@ -95,6 +96,42 @@ def set_tangent(t, level: int, tangent) -> None:
     else:
         fw[level] = tangent
     t._fw_grads = fw or None
+    _stamp(t)
+    _note_traced(t)
+
+
+# The ``_fw_version`` of a view that never takes its base's tangents: the primal that
+# ``unpack_dual`` returns (torch's ``_fw_primal`` view).
+PRIMAL_ONLY = object()
+
+
+def _view_key(t):
+    """What changes when a view's storage is written: the version counter it shares with its
+    base, or, traced (writes rebind values instead), the base's current graph value."""
+    return t._version_counter.value if t._trace is None else t._base._val
+
+
+def _stamp(t) -> None:
+    if t._base is not None:
+        t._fw_version = _view_key(t)
+
+
+def refresh_view_tangents(t) -> None:
+    """A view whose storage was written since its tangents were set (through its base or
+    another view) gets its base's tangents seen through its view ops: in torch a view's
+    tangent is a view of its base's."""
+    base = t._base
+    if (base is None or not base._fw_grads or t._fw_version is _view_key(t)
+            or t._fw_version is PRIMAL_ONLY):
+        return
+    fw = dict(t._fw_grads or {})
+    for level, tangent in base._fw_grads.items():
+        with hidden(level):
+            for prim, attrs in t._version_counter.undo + t._view_ops:
+                tangent = bind(prim, tangent, **attrs)
+        fw[level] = tangent
+    t._fw_grads = fw
+    _stamp(t)
     _note_traced(t)
 
 
@@ -120,6 +157,7 @@ def assign_tangents(x, value) -> None:
     """After an in-place write of ``value`` into ``x``: ``x`` has ``value``'s tangents."""
     if x._fw_grads is not None or value._fw_grads is not None:
         x._fw_grads = value._fw_grads
+        _stamp(x)
         _note_traced(x)
 
 
@@ -169,6 +207,8 @@ def apply_jvp(prim: Primitive, operands, attrs):
     that an operand has; None when no operand has a visible tangent."""
     level = 0
     for op in operands:
+        if op._base is not None:
+            refresh_view_tangents(op)
         fw = op._fw_grads
         if fw:
             for lv in fw:

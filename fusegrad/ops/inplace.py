@@ -10,7 +10,7 @@ from fusegrad import dtypes
 from fusegrad.grad_mode import is_grad_enabled, no_grad
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops import prims as P
-from fusegrad.ops.dual import assign_tangents
+from fusegrad.ops.dual import assign_tangents, get_tangent, hidden, set_tangent
 from fusegrad.ops.elementwise import mul, where
 from fusegrad.ops.indexing import getitem
 from fusegrad.ops.movement import expand, reshape, squeeze, t, transpose, unsqueeze
@@ -106,6 +106,8 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     else:                               # a cuda tensor: into its device buffer
         device_copy_into(x._data, value._data)
     x._version_counter.value += 1
+    if x._base is not None and (x._base._fw_grads is not None or value._fw_grads is not None):
+        _assign_base_tangents(x, value)
     assign_tangents(x, value)
     # Under no_grad an in-place write leaves the history as it is, as in torch.
     if grad and value._requires_grad:
@@ -116,6 +118,36 @@ def assign_(x: Tensor, value: Tensor, op: str = "copy_") -> Tensor:
     return x
 
 
+
+
+def _assign_base_tangents(x: Tensor, value: Tensor) -> None:
+    """Forward mode's side of a write through a view: at each level, the base's tangent
+    becomes its old tangent (zeros if it had none) with the view's region replaced by
+    ``value``'s tangent (zeros if it has none), as torch's tangent of the base is."""
+    base = x._base
+    levels = set(base._fw_grads or ()) | set(value._fw_grads or ())
+    n = int(np.prod(base.shape, dtype=np.int64))
+    positions = _apply_view_ops(np.arange(n).reshape(tuple(base.shape)),
+                                x._version_counter.undo + x._view_ops).reshape(-1)
+    covered = np.zeros(n, dtype=bool)
+    covered[positions] = True
+    source = np.zeros(n, dtype=np.int64)       # each covered base element's place in the view
+    source[positions] = np.arange(positions.size)
+    for level in sorted(levels):
+        with hidden(level):
+            old = get_tangent(base, level)
+            new = get_tangent(value, level)
+            flat_old = (reshape(old, (n,)) if old is not None else
+                        Tensor._wrap(np.zeros(n, base.dtype.np_dtype), base.dtype))
+            if new is None:
+                new = Tensor._wrap(np.zeros(tuple(x.shape), base.dtype.np_dtype), base.dtype)
+            if new.dtype is not base.dtype:
+                new = cast(new, base.dtype)
+            spread = take(reshape(expand(new, tuple(x.shape)), (positions.size,)),
+                          _index_tensor(source, like=flat_old), 0)
+            mask = Tensor._wrap(covered, dtypes.bool_)
+            merged = reshape(where(mask, spread, flat_old), tuple(base.shape))
+        set_tangent(base, level, merged)
 
 
 class _CopySlices(Node):

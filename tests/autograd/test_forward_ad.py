@@ -130,6 +130,63 @@ def test_in_place_ops_move_the_tangent():
         assert fwAD.unpack_dual(w).tangent is None
 
 
+def test_writes_through_views_update_the_base_and_its_other_views():
+    """A tangent follows the storage, as torch's (a view's tangent is a view of its base's):
+    a write through a view updates the base's tangent, a write into a plain tensor gives it
+    one, and a view made before a write sees the written tangent."""
+    p = fg.arange(6.0, dtype=fg.float64).reshape(2, 3)
+    with fwAD.dual_level():
+        x = fwAD.make_dual(p, fg.ones(2, 3, dtype=fg.float64))
+        y = x.clone()
+        row = y[1]                       # made before the writes
+        y[0].mul_(2)
+        y[:, 1] += x[:, 2] ** 2          # d/dx (x^2) = 2x at x = 2 and 5
+        np.testing.assert_array_equal(fwAD.unpack_dual(y).tangent.numpy(),
+                                      [[2, 6, 2], [1, 11, 1]])
+        np.testing.assert_array_equal(fwAD.unpack_dual(row).tangent.numpy(), [1, 11, 1])
+        np.testing.assert_array_equal(fwAD.unpack_dual(row * 2).tangent.numpy(), [2, 22, 2])
+        z = fg.zeros(2, 3, dtype=fg.float64)
+        tail = z[1]
+        z[1] = x[0] * 3
+        np.testing.assert_array_equal(fwAD.unpack_dual(z).tangent.numpy(),
+                                      [[0, 0, 0], [3, 3, 3]])
+        np.testing.assert_array_equal(fwAD.unpack_dual(tail).tangent.numpy(), [3, 3, 3])
+        w = fg.zeros(2, 3, dtype=fg.float64)
+        first = w[0]
+        w.copy_(x.exp())
+        np.testing.assert_allclose(fwAD.unpack_dual(first.sum()).tangent.item(),
+                                   np.exp([0.0, 1.0, 2.0]).sum(), rtol=1e-15)
+
+
+def _writes_through_views(x):
+    y = x.clone()
+    a = y[1]
+    y[0].mul_(3)
+    y[:, 2] += a[:2].sin()
+    v = y.view(-1)
+    v[1:3].exp_()
+    return y * a.sum()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_jvp_through_views_matches_finite_differences(compiled):
+    """func.jvp of a function that writes through views, eager and compiled (where the
+    trace functionalizes the writes), against central differences in float64."""
+    rng = np.random.default_rng(0)
+    x = fg.tensor(rng.standard_normal((2, 3)))
+    t = fg.tensor(rng.standard_normal((2, 3)))
+
+    def f(x, t):
+        return jvp(_writes_through_views, (x,), (t,))
+    fn = fg.compile(f, fullgraph=True) if compiled else f
+    out, tangent = fn(x, t)
+    h = 1e-6
+    numeric = (_writes_through_views(x + h * t).numpy() -
+               _writes_through_views(x - h * t).numpy()) / (2 * h)
+    np.testing.assert_allclose(out.numpy(), _writes_through_views(x).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(tangent.numpy(), numeric, rtol=1e-6, atol=1e-8)
+
+
 def test_nested_jvp_is_the_second_derivative():
     # f = sum(x^3): d2f[v1, v2] = sum(6 x v1 v2)
     v2 = np.array([0.25, 1.0, 3.0])
