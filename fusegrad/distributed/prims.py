@@ -120,3 +120,13 @@ def traced_all_reduce(x, op: str):
     if op == "mean":
         reduced = reduced / comm.world_size()
     return reduced
+
+
+# --------------------------------------------------------------------------- batching rules
+# A collective exchanges whole tensors between processes: under vmap each example's tensor
+# is reduced on its own, as the program without vmap would.
+
+from fusegrad.ops.batching import fallback  # noqa: E402
+
+fallback(allreduce_start, "a collective: one exchange per example")
+fallback(allreduce_wait, "waits on one exchange per example")

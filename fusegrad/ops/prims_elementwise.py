@@ -545,3 +545,19 @@ where = register(Primitive("where", Kind.ELEMENTWISE, _where_infer, _where_impl,
     Rule(lambda g, out, c, x, y: _sum_to(g.where(c, g.new_zeros(())), x.shape), (0,)),
     Rule(lambda g, out, c, x, y: _sum_to(g.new_zeros(()).where(c, g), y.shape), (0,))),
     "WhereBackward0"))
+
+
+# --------------------------------------------------------------------------- batching rules
+# Every elementwise primitive batches as it broadcasts: batched operands batch-first, with
+# size-1 axes so that each example has the rank of the largest (fusegrad.ops.batching).
+
+from fusegrad.ops.batching import batching, elementwise_rule  # noqa: E402
+
+for _prim in (neg, abs_, exp, log, exp2, log2, log10, log1p, expm1, sin, cos, tan, tanh, asin,
+              acos, atan, sinh, cosh, asinh, acosh, atanh, erf, sqrt, reciprocal, sign, floor,
+              ceil, round_, copy, stop_gradient, logical_not, cast, add, sub, mul, div, pow_,
+              maximum, minimum, floordiv, fmod, remainder, lt, le, eq, ne, logical_and,
+              logical_or, atan2, bitwise_and, bitwise_or, bitwise_xor, shift_left, shift_right,
+              where):
+    batching(_prim)(elementwise_rule(_prim))
+del _prim

@@ -237,3 +237,33 @@ view_as_real = register(Primitive(
 view_as_complex = register(Primitive(
     "view_as_complex", Kind.EXTERN, _view_as_complex_infer, _view_as_complex_impl,
     (Rule(lambda g, out, x: view_op("view_as_real")(g)),), "ViewAsComplexBackward0"))
+
+
+# --------------------------------------------------------------------------- batching rules
+
+from fusegrad.ops.batching import (  # noqa: E402
+    axes_rule,
+    batching,
+    elementwise_rule,
+    to_front,
+)
+
+for _prim in (argsort, cumsum):
+    batching(_prim)(axes_rule(_prim, "axis"))
+for _prim in (real, imag, conj, complex_, view_as_real):
+    batching(_prim)(elementwise_rule(_prim))
+del _prim
+
+
+@batching(view_as_complex)
+def _view_as_complex_batching(args, dims):
+    # The pair axis is each example's last: the batch must not be there.
+    return bind(view_as_complex, to_front(args[0], dims[0])), 0
+
+
+@batching(custom_vjp)
+def _custom_vjp_batching(args, dims, *, rule, params):
+    # The value is y's; its gradient is the rule's at the level of the batched tensors
+    # (the tape of vmap records custom_vjp there, with each example's params). Below, y
+    # keeps the history of the primitives that computed it.
+    return args[0], dims[0]

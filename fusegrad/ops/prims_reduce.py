@@ -206,3 +206,36 @@ matmul = register(Primitive("matmul", Kind.CONTRACTION, _matmul_infer, _matmul_i
     Rule(lambda g, out, a, b: _sum_to(bind(matmul, g, _conj(b).mT), a.shape), (1,)),
     Rule(lambda g, out, a, b: _sum_to(bind(matmul, _conj(a).mT, g), b.shape), (0,))),
     "MmBackward0"))
+
+
+# --------------------------------------------------------------------------- batching rules
+
+from fusegrad.ops.batching import axes_rule, batching, to_front  # noqa: E402
+
+for _prim in (sum_, prod, max_, min_):
+    batching(_prim)(axes_rule(_prim))
+for _prim in (argmax, argmin):
+    batching(_prim)(axes_rule(_prim, "axis"))
+del _prim
+
+
+@batching(matmul)
+def _matmul_batching(args, dims):
+    (a, b), (da, db) = args, dims
+    if db is None and b.ndim == 2:
+        # Each example times one matrix: the examples' rows are one GEMM's rows.
+        a = to_front(a, da)
+        rows = a.reshape((-1, a.shape[-1]))
+        return bind(matmul, rows, b).reshape(tuple(a.shape[:-1]) + (b.shape[-1],)), 0
+    # Batched operands batch-first, with size-1 axes after the batch so that every example
+    # has the rank of the other's: the examples' batch dims broadcast as they did.
+    ndim = max(a.ndim - (da is not None), b.ndim - (db is not None))
+    ops = []
+    for x, d in ((a, da), (b, db)):
+        if d is not None:
+            x = to_front(x, d)
+            missing = ndim - (x.ndim - 1)
+            if missing:
+                x = x.reshape((x.shape[0],) + (1,) * missing + tuple(x.shape[1:]))
+        ops.append(x)
+    return bind(matmul, *ops), 0

@@ -84,3 +84,14 @@ def _rand_impl(key, *, shape, dtype):
 random_uniform = register(Primitive(
     "random_uniform", Kind.SOURCE, _rand_infer, _rand_impl, attrs=("shape", "dtype"),
     doc="Uniform [0, 1) numbers from a counter-based generator keyed by (seed, offset)."))
+
+
+# --------------------------------------------------------------------------- batching rules
+# full, constant and iota take no operands: nothing of theirs is ever batched. A batch of
+# keys (vmap's randomness="different") draws each example's numbers from its own key: the
+# examples' counters are not one contiguous request (each starts on a new block of four), so
+# one draw for the batch would give other numbers than the examples' draws.
+
+from fusegrad.ops.batching import fallback  # noqa: E402
+
+fallback(random_uniform, "one draw per example key (the examples' counters are not one request)")

@@ -210,3 +210,11 @@ def standard_gamma(concentration: Tensor, *, generator=None) -> Tensor:
     gen = generator or default_generator
     key = gen.next_key(4 * _gamma_counters(max(concentration.numel(), 1)))
     return bind(standard_gamma_prim, key, concentration)
+
+
+# --------------------------------------------------------------------------- batching rules
+
+from fusegrad.ops.batching import batching, fallback, leading_rule  # noqa: E402
+
+batching(standard_gamma_grad_prim)(leading_rule(standard_gamma_grad_prim))   # same shapes
+fallback(standard_gamma_prim, "one draw per example key (as random_uniform)")

@@ -417,3 +417,15 @@ def frexp(x: Tensor):
     if not x.dtype.is_floating_point:
         raise RuntimeError("torch.frexp() only supports floating-point dtypes")
     return FrexpResult(bind(frexp_mantissa_prim, x), bind(frexp_exponent_prim, x))
+
+
+# --------------------------------------------------------------------------- batching rules
+# Elementwise, with broadcasting: as the elementwise primitives batch.
+
+from fusegrad.ops.batching import batching, elementwise_rule  # noqa: E402
+
+for _prim in (lgamma_prim, polygamma_prim, erfc_prim, erfinv_prim, i1_prim, i0_prim,
+              nextafter_prim, gcd_prim, lcm_prim, igamma_prim, igammac_prim,
+              frexp_mantissa_prim, frexp_exponent_prim):
+    batching(_prim)(elementwise_rule(_prim))
+del _prim

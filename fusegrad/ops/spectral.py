@@ -392,3 +392,13 @@ def ifftshift(input: Tensor, dim=None) -> Tensor:  # noqa: A002
     """The inverse of :func:`fftshift`."""
     dims = _shift_dims(input, dim)
     return roll(input, [-(input.shape[d] // 2) for d in dims], dims)
+
+
+# --------------------------------------------------------------------------- batching rules
+
+from fusegrad.ops.batching import axes_rule, batching  # noqa: E402
+
+batching(fft_c2c)(axes_rule(fft_c2c))
+for _prim in (fft_r2c, fft_c2r):
+    batching(_prim)(axes_rule(_prim, "axis"))
+del _prim

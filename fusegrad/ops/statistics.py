@@ -368,3 +368,10 @@ def unique_consecutive(x: Tensor, return_inverse: bool = False, return_counts: b
     if return_counts:
         out.append(tensor(np.diff(np.flatnonzero(np.append(starts, True))).astype(np.int64)))
     return out[0] if len(out) == 1 else tuple(out)
+
+
+# --------------------------------------------------------------------------- batching rules
+
+from fusegrad.ops.batching import batching, leading_rule  # noqa: E402
+
+batching(mode_index)(leading_rule(mode_index))      # over each example's last axis
