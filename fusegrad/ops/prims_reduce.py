@@ -211,6 +211,7 @@ matmul = register(Primitive("matmul", Kind.CONTRACTION, _matmul_infer, _matmul_i
 # --------------------------------------------------------------------------- batching rules
 
 from fusegrad.ops.batching import axes_rule, batching, to_front  # noqa: E402
+from fusegrad.ops.primitive import PRIMITIVES  # noqa: E402
 
 for _prim in (sum_, prod, max_, min_):
     batching(_prim)(axes_rule(_prim))
@@ -238,4 +239,9 @@ def _matmul_batching(args, dims):
             if missing:
                 x = x.reshape((x.shape[0],) + (1,) * missing + tuple(x.shape[1:]))
         ops.append(x)
+    if ops[0].shape[-1] == 1:
+        # A contraction of length one is an outer product (the per-example gradient of a
+        # weight): one product per element, which a broadcasting multiply computes in an
+        # elementwise kernel instead of a batch of rank-1 GEMMs.
+        return bind(PRIMITIVES["mul"], *ops), 0
     return bind(matmul, *ops), 0
