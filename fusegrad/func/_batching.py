@@ -27,8 +27,17 @@ from fusegrad.ir.symbolic import innermost_trace
 from fusegrad.ops import functional as F
 from fusegrad.ops.batching import batching_rule, expand_batch
 from fusegrad.ops.primitive import Primitive, TensorType, bind, enclosing_traces
-from fusegrad.ops.tape import _FREED, _FREED_MESSAGE, PrimitiveNode, _edge, _NO_EDGE, _READS, \
-    _reads, _Saved
+from fusegrad.ops.tape import (
+    _FREED,
+    _FREED_MESSAGE,
+    _NO_EDGE,
+    _READS,
+    Node,
+    PrimitiveNode,
+    _edge,
+    _reads,
+    _Saved,
+)
 from fusegrad.tensor import Size, Tensor, _contiguous_strides
 from fusegrad.tracer.state import pop_trace, push_trace
 
@@ -246,7 +255,7 @@ class BatchNode(PrimitiveNode):
             needs.append(n)
             edges.append(_edge(op) if n else _NO_EDGE)
             meta.append((tuple(op.shape), op._dtype))
-        Node_init(self, tuple(edges), prim.grad_name or prim.name)
+        Node.__init__(self, tuple(edges), prim.grad_name or prim.name)
         self.prim = prim
         self.attrs = attrs
         self._needs = needs = tuple(needs)
@@ -285,11 +294,6 @@ class BatchNode(PrimitiveNode):
                     g = g.to(dtype)
             fixed.append(g)
         return tuple(fixed)
-
-
-def Node_init(node, next_functions: tuple, name: str) -> None:       # noqa: N802
-    from fusegrad.ops.tape import Node
-    Node.__init__(node, next_functions, name)
 
 
 def _record(prim: Primitive, operands, attrs: dict, out: BatchTensor) -> None:

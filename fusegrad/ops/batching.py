@@ -161,5 +161,5 @@ def _empty_batch(prim: Primitive, args, dims, attrs):
 
 
 def _stack(outs: list):
-    from fusegrad.ops.movement import stack       # the public op: concat of unsqueezed
+    from fusegrad.ops.movement import stack  # the public op: concat of unsqueezed
     return stack(outs, 0)
