@@ -47,15 +47,16 @@ _ITEM = ("vmap: It looks like you're calling .item() on a Tensor. We don't suppo
          "calling .item() on a Tensor, please try to rewrite what you're doing with other "
          "operations.")
 _CONTROL_FLOW = ("vmap: It looks like you're attempting to use a Tensor in some data-dependent "
-                 "control flow. We don't support that yet, please shout over at "
-                 "https://github.com/pytorch/functorch/issues/257 .")
+                 "control flow. We don't support that yet")
 
 
 def data_dependent_error(what: str) -> RuntimeError:
     """torch's refusal of an op that needs a batched tensor's values (``what``)."""
     if what.startswith("item"):
         return RuntimeError(_ITEM)
-    return RuntimeError(f"{_CONTROL_FLOW} ({what} of a batched tensor)")
+    return RuntimeError(f"{_CONTROL_FLOW}: {what} needs the values of a batched tensor, which "
+                        f"differ per example; compute both branches and choose with "
+                        f"torch.where")
 
 
 class BatchTensor(Tensor):

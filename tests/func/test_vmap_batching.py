@@ -179,6 +179,62 @@ def test_randomness_different_under_nesting_gives_every_example_its_own_numbers(
     assert (same[:, :1] == same).all() and not (same[:1] == same).all()
 
 
+# --------------------------------------------------------------------------- public ops
+
+
+def _public_op_cases():
+    fg.manual_seed(0)
+    b = 3
+    x4, w = fg.randn(b, 2, 5, 5), fg.randn(4, 2, 3, 3)
+    x2, idx = fg.randn(b, 4, 6), fg.tensor([2, 0, 1])
+    emb, tok = fg.randn(10, 6), fg.randint(0, 10, (b, 5))
+    a, v = fg.randn(b, 4, 4) + 4 * fg.eye(4), fg.randn(b, 4)
+    return {
+        "conv2d": (lambda x: F.conv2d(x, w, padding=1), (x4,)),
+        "max_pool2d": (lambda x: F.max_pool2d(x, 2), (x4,)),
+        "interpolate": (lambda x: F.interpolate(x, scale_factor=2), (x4,)),
+        "unfold": (lambda x: F.unfold(x, 2), (x4,)),
+        "layer_norm": (lambda x: F.layer_norm(x, (6,)), (x2,)),
+        "softmax": (lambda x: x.softmax(0) + x.log_softmax(-1), (x2,)),
+        "embedding": (lambda t: F.embedding(t, emb), (tok,)),
+        "attention": (lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True), (x2,)),
+        "solve": (lambda m, y: fg.linalg.solve(m, y) + fg.linalg.det(m), (a, v)),
+        "sort_topk_cumsum": (lambda x: x.sort(-1).values[:, :2] + x.topk(2).values
+                             + x.cumsum(1)[:, :2], (x2,)),
+        "index": (lambda x, i: x[i] + x.index_select(1, idx)[:2, :2].sum(), (x2, fg.randint(0, 4, (b, 2)))),
+        "gather_scatter": (lambda x, i: x.gather(1, i) + fg.zeros(4, 6).scatter_add(1, i, x[:, :2])
+                           .sum(), (x2, fg.randint(0, 6, (b, 4, 2)))),
+        "where_masked": (lambda x: fg.where(x > 0, x, -x).masked_fill(x > 1, 0.0), (x2,)),
+        "einsum_outer": (lambda x: fg.einsum("ij,kj->ik", x, x) + fg.outer(x[0], x[1])[:4, :4], (x2,)),
+        "movement": (lambda x: F.pad(x.flip(0).roll(1, 1), (1, 2)).T.reshape(-1).view(3, 12), (x2,)),
+        "reductions": (lambda x: x.max(1).values + x.argmax(0).float().sum() + x.var(1), (x2,)),
+        "cross_entropy": (lambda x, t: F.cross_entropy(x, t), (x2, fg.randint(0, 6, (b, 4)))),
+        "fft": (lambda x: fg.fft.rfft(x).abs(), (x2,)),
+    }
+
+
+PUBLIC_OPS = _public_op_cases()
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC_OPS))
+def test_public_ops_and_their_gradients_equal_the_loop(name):
+    f, args = PUBLIC_OPS[name]
+    n = args[0].shape[0]
+    close(vmap(f)(*args), fg.stack([f(*[a[i] for a in args]) for i in range(n)]), atol=1e-5)
+    if args[0].is_floating_point():
+        g = grad(lambda *a: f(*a).float().sum())
+        close(vmap(g)(*args), fg.stack([g(*[a[i] for a in args]) for i in range(n)]), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["conv2d", "attention", "gather_scatter", "movement"])
+def test_compiled_public_ops_equal_eager(name):
+    f, args = PUBLIC_OPS[name]
+    g = grad(lambda *a: f(*a).float().sum())
+    close(fg.compile(vmap(f), fullgraph=True)(*args), vmap(f)(*args), atol=1e-5)
+    close(fg.compile(vmap(g), fullgraph=True)(*args), vmap(g)(*args), atol=1e-5)
+
+
 # --------------------------------------------------------------------------- against torch
 
 
