@@ -50,10 +50,19 @@ _CONTROL_FLOW = ("vmap: It looks like you're attempting to use a Tensor in some 
                  "control flow. We don't support that yet")
 
 
+_INPLACE = ("vmap: inplace arithmetic(self, *extra_args) is not possible because there exists a "
+            "Tensor `other` in extra_args that has more elements than `self`. This happened due "
+            "to `other` being vmapped over but `self` not being vmapped over in a vmap. Please "
+            "try to use out-of-place operators instead of inplace arithmetic.")
+
+
 def data_dependent_error(what: str) -> RuntimeError:
-    """torch's refusal of an op that needs a batched tensor's values (``what``)."""
+    """torch's refusal of an op that needs a batched tensor's values (``what``), or writes
+    one into a tensor that is not batched."""
     if what.startswith("item"):
         return RuntimeError(_ITEM)
+    if "in-place write" in what:
+        return RuntimeError(f"{_INPLACE} ({what.split(':')[0]})")
     return RuntimeError(f"{_CONTROL_FLOW}: {what} needs the values of a batched tensor, which "
                         f"differ per example; compute both branches and choose with "
                         f"torch.where")
@@ -63,7 +72,7 @@ class BatchTensor(Tensor):
     """One example of a batch: the underlying batched tensor ``_val`` with its batch
     dimension at ``_bdim``, seen by the code inside ``vmap`` without that dimension."""
 
-    __slots__ = ("_val", "_bdim", "_tr")
+    __slots__ = ("_val", "_bdim", "_tr", "_view_of", "_seen")
 
     @classmethod
     def _make(cls, value: Tensor, bdim: int, trace: "BatchTrace") -> "BatchTensor":
@@ -81,6 +90,28 @@ class BatchTensor(Tensor):
     @property
     def _value(self) -> Tensor:
         return self._val
+
+    # A view of a batched tensor that was written in place since (through the base or another
+    # view of it) re-derives itself from the base on its next use, as the tracer's views do:
+    # ``_seen`` is the base's value it was derived from.
+
+    @property
+    def _base(self) -> "BatchTensor | None":
+        return self._view_of
+
+    @_base.setter
+    def _base(self, base: "Tensor | None") -> None:
+        self._view_of = base
+        self._seen = base._val if isinstance(base, BatchTensor) else None
+
+    def _refresh(self) -> None:
+        base = self._view_of
+        if base is None or not isinstance(base, BatchTensor) or base._val is self._seen:
+            return
+        v = base
+        for prim, attrs in self._view_ops:
+            v = self._tr.process_primitive(prim, (v,), attrs)
+        self._val, self._bdim, self._seen = v._val, v._bdim, base._val
 
     @property
     def _data(self):
@@ -165,6 +196,8 @@ class BatchTrace:
     def unwrap(self, t: Tensor) -> tuple[Tensor, int | None]:
         """``t``'s underlying tensor and batch dim at this level (None: not batched here)."""
         if isinstance(t, BatchTensor) and t._tr is self:
+            if t._view_of is not None:
+                t._refresh()
             return t._val, t._bdim
         return t, None
 
@@ -229,6 +262,8 @@ class BatchTrace:
                 mask = prim.cotangent(0, mask, None, (t,), attrs)
             self._rebind(base, F.where(mask, embedded, base))
         self._rebind(x, value)
+        if x._base is not None:
+            x._seen = x._base._val       # x holds the value written: it is current
         return x
 
     def _rebind(self, x: BatchTensor, value: Tensor) -> None:

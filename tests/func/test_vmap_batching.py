@@ -147,6 +147,16 @@ def test_in_place_writes_inside_vmap():
         return y
     close(vmap(f)(x), fg.stack([f(x[i]) for i in range(2)]))
 
+    def views(a):
+        y = a.clone()
+        head, tail = y[:2], y[1:]
+        y.add_(1)                  # seen through both views
+        head.mul_(10)              # seen through y and tail
+        return y, head, tail
+    got = vmap(views)(x)
+    for k, want in enumerate(zip(*[views(x[i]) for i in range(2)])):
+        close(got[k], fg.stack(list(want)))
+
 
 def test_values_of_batched_tensors_are_refused():
     x = fg.ones(2, 3)
@@ -154,6 +164,8 @@ def test_values_of_batched_tensors_are_refused():
         vmap(lambda a: a.sum().item())(x)
     with pytest.raises(RuntimeError, match="data-dependent control flow"):
         vmap(lambda a: a * 2 if a.sum() > 0 else a)(x)
+    with pytest.raises(RuntimeError, match="vmap: inplace arithmetic"):
+        vmap(lambda a: fg.zeros(3).copy_(a))(x)
     kept = []
     vmap(lambda a: kept.append(a) or a)(x)
     with pytest.raises(RuntimeError, match="escaped vmap"):
