@@ -242,6 +242,16 @@ def _matmul_batching(args, dims):
     if ops[0].shape[-1] == 1:
         # A contraction of length one is an outer product (the per-example gradient of a
         # weight): one product per element, which a broadcasting multiply computes in an
-        # elementwise kernel instead of a batch of rank-1 GEMMs.
-        return bind(PRIMITIVES["mul"], *ops), 0
+        # elementwise kernel instead of a batch of rank-1 GEMMs. It is computed transposed
+        # and transposed back: a linear layer's weight gradient (of x @ W.t()) transposes
+        # it once more, the two transposes cancel, and the gradient is written in its own
+        # layout rather than copied out of a transposed one.
+        a, b = (_swap_last(x) for x in ops)
+        return _swap_last(bind(PRIMITIVES["mul"], b, a)), 0
     return bind(matmul, *ops), 0
+
+
+def _swap_last(x):
+    """``x`` with its last two axes swapped (a view)."""
+    n = x.ndim
+    return bind(PRIMITIVES["permute"], x, perm=tuple(range(n - 2)) + (n - 1, n - 2))
