@@ -61,6 +61,36 @@ class _BatchedKeys:
         return self.trace.wrap(rows, 0)
 
 
+class _ReplayedKeys:
+    """The key source of a chunked vmap with randomness="same": the first chunk draws from
+    the source below and every later chunk gets the same keys in the same order, so that all
+    examples see the same numbers, as in one call."""
+
+    def __init__(self):
+        self.keys: list[tuple[int, Tensor]] = []
+        self.position: int | None = None      # None while the first chunk records
+
+    def rewind(self) -> None:
+        if self.keys or self.position is not None:
+            self.position = 0
+
+    def __call__(self, gen, count: int) -> Tensor:
+        if self.position is None:
+            me = pop_key_source()
+            try:
+                key = gen.next_key(count)
+            finally:
+                push_key_source(me)
+            self.keys.append((count, key))
+            return key
+        if self.position >= len(self.keys) or self.keys[self.position][0] != count:
+            raise RuntimeError("vmap(randomness='same', chunk_size=...): the chunks drew "
+                               "different random numbers; use randomness='different'")
+        key = self.keys[self.position][1]
+        self.position += 1
+        return key
+
+
 @contextlib.contextmanager
 def _key_source(source):
     if source is None:
@@ -186,11 +216,15 @@ def vmap(func: Callable, in_dims=0, out_dims=0, randomness: str = "error", *,
             return _run_batched(func, leaves, dims, tree, kwargs, batch, out_dims, randomness,
                                 name)
         parts = []
-        for start in range(0, batch, chunk_size):
-            n = min(chunk_size, batch - start)
-            chunk = [t if d is None else t.narrow(d, start, n) for t, d in zip(leaves, dims)]
-            parts.append(_run_batched(func, chunk, dims, tree, kwargs, n, out_dims, randomness,
-                                      name))
+        replay = _ReplayedKeys() if randomness == "same" else None
+        with _key_source(replay):
+            for start in range(0, batch, chunk_size):
+                n = min(chunk_size, batch - start)
+                chunk = [t if d is None else t.narrow(d, start, n) for t, d in zip(leaves, dims)]
+                if replay is not None:
+                    replay.rewind()
+                parts.append(_run_batched(func, chunk, dims, tree, kwargs, n, out_dims,
+                                          randomness, name))
         return _concat_chunks(parts, out_dims)
 
     return wrapped

@@ -180,6 +180,15 @@ def test_loop_fallback_is_reported_under_debug(monkeypatch, capsys):
     assert len({tuple(r) for r in out.numpy().tolist()}) == 3
 
 
+def test_randomness_same_holds_across_chunks():
+    fg.manual_seed(0)
+    same = vmap(lambda a: a + fg.rand(2), randomness="same", chunk_size=2)(fg.zeros(5, 2))
+    assert (same.numpy() == same.numpy()[:1]).all()
+    different = vmap(lambda a: a + fg.rand(2), randomness="different", chunk_size=2)(
+        fg.zeros(5, 2))
+    assert len({tuple(r) for r in different.numpy().tolist()}) == 5
+
+
 def test_randomness_different_under_nesting_gives_every_example_its_own_numbers():
     fg.manual_seed(0)
     out = vmap(vmap(lambda a: a + fg.rand(2), randomness="different"),
