@@ -241,7 +241,10 @@ class BatchTrace:
                                    engine._as_seq(grad_outputs))
         if inputs is not None:
             inputs = engine._as_seq(inputs)
-        return engine.run_backward(outputs, grads, create_graph, create_graph, inputs=inputs,
+        # The graph is kept (retain_graph): the trace's backward is not told the caller's
+        # choice, and a vjp function may be called again; nodes free their saved tensors
+        # when the level's tensors go.
+        return engine.run_backward(outputs, grads, True, create_graph, inputs=inputs,
                                    accumulate=accumulate, allow_unused=allow_unused)
 
     def assign(self, x: BatchTensor, value: Tensor) -> BatchTensor:

@@ -14,7 +14,7 @@ import fusegrad as fg
 import fusegrad.nn as nn
 import fusegrad.nn.functional as F
 from fusegrad.config import config
-from fusegrad.func import functional_call, grad, jacrev, vmap
+from fusegrad.func import functional_call, grad, jacrev, vjp, vmap
 from fusegrad.func._batching import BatchTensor
 
 F32 = {"rtol": 1e-5, "atol": 1e-6}
@@ -97,6 +97,23 @@ def test_vmap_inside_grad_sums_the_examples_gradients():
     w2 = w.clone().requires_grad_()
     vmap(f, in_dims=(None, 0))(w2, x).sum().backward()
     close(w2.grad, want, rtol=1e-12, atol=1e-14)
+
+
+def test_vjp_functions_and_backward_inside_vmap():
+    fg.manual_seed(0)
+    x = fg.randn(3, 4, dtype=fg.float64)
+
+    def twice(a):
+        _, fn = vjp(lambda v: v.sin(), a)
+        with fg.no_grad():
+            return fn(fg.ones(4, dtype=fg.float64))[0] + fn(fg.full((4,), 2.0, dtype=fg.float64))[0]
+    close(vmap(twice)(x), 3 * x.cos(), rtol=1e-12, atol=1e-14)
+
+    def accumulated(a):
+        a = a.detach().requires_grad_()
+        (a ** 2).sum().backward()
+        return a.grad
+    close(vmap(accumulated)(x), 2 * x, rtol=1e-12, atol=1e-14)
 
 
 def test_nested_vmap_of_grad_and_jacobians():
