@@ -70,12 +70,14 @@ def data_dependent_error(what: str) -> RuntimeError:
 
 class BatchTensor(Tensor):
     """One example of a batch: the underlying batched tensor ``_val`` with its batch
-    dimension at ``_bdim``, seen by the code inside ``vmap`` without that dimension."""
+    dimension at ``_bdim``, seen by the code inside ``vmap`` without that dimension. With
+    ``_bdim`` None the value is the same for every example (a differentiated input that is
+    not batched, lifted to the level so that its gradient is per example)."""
 
     __slots__ = ("_val", "_bdim", "_tr", "_view_of", "_seen")
 
     @classmethod
-    def _make(cls, value: Tensor, bdim: int, trace: "BatchTrace") -> "BatchTensor":
+    def _make(cls, value: Tensor, bdim: int | None, trace: "BatchTrace") -> "BatchTensor":
         t = object.__new__(cls)
         t._val = value
         t._bdim = bdim
