@@ -146,3 +146,13 @@ def _start_jvp(ts, out, x, *, op):
 
 
 jvp_rule(allreduce_wait)(lambda ts, out, h: bind(allreduce_wait, ts[0]))
+
+
+# --------------------------------------------------------------------------- batching rules
+# A collective exchanges whole tensors between processes: under vmap each example's tensor
+# is reduced on its own, as the program without vmap would.
+
+from fusegrad.ops.batching import fallback  # noqa: E402
+
+fallback(allreduce_start, "a collective: one exchange per example")
+fallback(allreduce_wait, "waits on one exchange per example")

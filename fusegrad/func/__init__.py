@@ -5,9 +5,10 @@ built on fusegrad's define-by-run autograd (:mod:`fusegrad.autograd.functional`)
 ``create_graph``, so they nest and compose: ``jacrev(jacrev(f))``, a Hessian-vector product
 ``jvp(grad(f), (x,), (v,))``, per-example gradients ``vmap(grad(loss), in_dims=(None, 0))``
 over :func:`functional_call`. Forward mode (``jvp``, ``jacfwd``) is computed exactly by
-reverse mode until forward-mode rules exist. ``vmap`` runs the function once per example
-(batching rules per primitive are future work). All of them run under
-:func:`fusegrad.compile`, which traces them into one graph.
+reverse mode until forward-mode rules exist. ``vmap`` runs the function once on batched
+tensors, each primitive through its batching rule. All of them run under
+:func:`fusegrad.compile`, which traces them into one graph (a compiled ``vmap`` is one batched
+graph).
 
 >>> from fusegrad.func import grad, vmap
 >>> vmap(grad(lambda x: (x ** 3).sum()))(fusegrad.tensor([[1., 2.], [3., 4.]]))

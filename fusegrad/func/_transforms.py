@@ -17,6 +17,10 @@ which the primitives' JVP rules computed alongside the values. Levels nest, and 
 runs through reverse mode's backward, so ``jvp(grad(f))`` (a Hessian-vector product),
 ``jacfwd(jacrev(f))`` and ``grad`` of a ``jvp`` all hold; results keep the tangents of
 enclosing levels.
+
+Inside ``vmap`` the inputs are taken as tensors of the innermost vmap level (an unbatched
+one as the same for every example), so that the differentiation runs on that level's tape
+and gives each example its own gradient (per-example gradients).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Callable
 from fusegrad.autograd import functional as AF
 from fusegrad.autograd.engine import AccumulateGrad
 from fusegrad.autograd.grad_mode import enable_grad, is_grad_enabled
+from fusegrad.func._batching import lift
 from fusegrad.func._pytree import non_tensor_leaves, tree_flatten, tree_str, tree_unflatten
 from fusegrad.func._vmap import check_randomness, randomness_mode
 from fusegrad.ops import dual
@@ -163,7 +168,7 @@ def _select_args(args, argnums):
     diff = tuple(args[n] for n in nums)
     leaves, tree = tree_flatten(diff)
     _check_transform_inputs(leaves, tree)
-    return nums, leaves, tree
+    return nums, [lift(t) for t in leaves], tree
 
 
 def _per_argnum(argnums, nums, diff_tree, leaves: list):
@@ -242,6 +247,7 @@ def vjp(func: Callable, *primals, has_aux: bool = False):
     api = "vjp(f, *primals)"
     leaves, tree = tree_flatten(primals)
     _check_transform_inputs(leaves, tree)
+    leaves = [lift(t) for t in leaves]
     call = _Call(func, primals, {}, None, tree, leaves)
     with enable_grad():
         inputs = AF._grad_preprocess(tuple(leaves), create_graph=True, need_graph=True)
@@ -297,6 +303,7 @@ def jvp(func: Callable, primals, tangents, *, strict: bool = False, has_aux: boo
                                f"that of the original Tensor, this is not supported. Tensor is "
                                f"of size {list(p.shape)} while the given forward gradient is of "
                                f"size {list(t.shape)}.")
+    leaves = [lift(t) for t in leaves]
     call = _Call(func, primals, {}, None, tree, leaves)
 
     def flat(*inputs):

@@ -1,25 +1,23 @@
 """``vmap``: map a function over a batch dimension of its inputs, with torch.func's in_dims,
 out_dims, randomness and chunk_size semantics and messages.
 
-This first version runs ``func`` once per example (slicing each mapped input with
-``select``; ``FUSEGRAD_DEBUG=1`` says so on each call) and stacks the per-example outputs
-along ``out_dims``; per-primitive batching rules, which would run the batch as one call of
-each op, are future work. Results are the same; only speed differs. Under
-:func:`fusegrad.compile` the loop is traced, so a compiled ``vmap`` is one graph with one
-copy of ``func``'s ops per example.
+The function runs once, on batched tensors (:mod:`fusegrad.func._batching`): each primitive
+it applies runs on the whole batch through its batching rule, so under
+:func:`fusegrad.compile` a ``vmap`` is one batched graph whatever the batch size. A
+primitive with no rule runs once per example (``FUSEGRAD_DEBUG=1`` names it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 from typing import Any, Callable
 
-from fusegrad.config import config
+from fusegrad.func._batching import BatchTrace, current_level
 from fusegrad.func._pytree import tree_flatten, tree_str, tree_unflatten
-from fusegrad.ops import creation
+from fusegrad.ops import creation, philox
 from fusegrad.ops import functional as F
+from fusegrad.ops.batching import expand_batch
 from fusegrad.tensor import Tensor
 from fusegrad.tracer.state import pop_key_source, push_key_source
 
@@ -37,59 +35,81 @@ def check_randomness(randomness: str) -> None:
                            f"'same'. Got {randomness}")
 
 
-class _RandomKeys:
-    """A key source for the random generator while a vmapped function runs one example.
+def _refuse_random(gen, count: int):
+    raise RuntimeError(_RANDOM_IN_ERROR_MODE)
 
-    "error" refuses every draw, as torch's vmap does; "same" lets the first example draw
-    from the source below (the generator, or the tracer's key input) and gives every later
-    example the same keys in the same order, so all examples see the same numbers."""
 
-    def __init__(self, mode: str):
-        self.mode = mode
+class _BatchedKeys:
+    """The key source of a vmap with randomness="different": each draw reserves the numbers
+    of every example from the source below (the generator, the tracer's key input, or an
+    outer vmap's source) and gives example ``i`` the key at ``i`` times one example's
+    counters past them, a batched key."""
+
+    def __init__(self, trace: BatchTrace):
+        self.trace = trace
+
+    def __call__(self, gen, count: int) -> Tensor:
+        size = self.trace.size
+        step = philox.counters_used(count)
+        me = pop_key_source()          # next_key asks the top of the stack, which is this one
+        try:
+            base = gen.next_key(4 * step * max(size, 1))
+        finally:
+            push_key_source(me)
+        offsets = creation.arange(size, dtype=base.dtype) * step
+        rows = base.reshape(1, 2) + F.stack([F.zeros_like(offsets), offsets], 1)
+        return self.trace.wrap(rows, 0)
+
+
+class _ReplayedKeys:
+    """The key source of a chunked vmap with randomness="same": the first chunk draws from
+    the source below and every later chunk gets the same keys in the same order, so that all
+    examples see the same numbers, as in one call."""
+
+    def __init__(self):
         self.keys: list[tuple[int, Tensor]] = []
-        self.position: int | None = None      # None while recording (the first example)
+        self.position: int | None = None      # None while the first chunk records
 
     def rewind(self) -> None:
         if self.keys or self.position is not None:
             self.position = 0
 
     def __call__(self, gen, count: int) -> Tensor:
-        if self.mode == "error":
-            raise RuntimeError(_RANDOM_IN_ERROR_MODE)
         if self.position is None:
-            key = self._draw_below(gen, count)
+            me = pop_key_source()
+            try:
+                key = gen.next_key(count)
+            finally:
+                push_key_source(me)
             self.keys.append((count, key))
             return key
         if self.position >= len(self.keys) or self.keys[self.position][0] != count:
-            raise RuntimeError("vmap(randomness='same'): the examples drew different random "
-                               "numbers (data-dependent random ops); use randomness='different'")
+            raise RuntimeError("vmap(randomness='same', chunk_size=...): the chunks drew "
+                               "different random numbers; use randomness='different'")
         key = self.keys[self.position][1]
         self.position += 1
         return key
 
-    def _draw_below(self, gen, count: int) -> Tensor:
-        # next_key asks the top of the stack, which is this source while it is called.
-        me = pop_key_source()
-        try:
-            return gen.next_key(count)
-        finally:
-            push_key_source(me)
+
+@contextlib.contextmanager
+def _key_source(source):
+    if source is None:
+        yield
+        return
+    push_key_source(source)
+    try:
+        yield
+    finally:
+        pop_key_source()
 
 
 @contextlib.contextmanager
 def randomness_mode(randomness: str):
-    """Random draws inside the block follow vmap's ``randomness`` ("different" draws freely);
-    yields the key source (None for "different") so a loop can rewind it per example."""
+    """Random draws inside the block follow ``randomness`` for a function that runs once
+    (jacfwd's): "error" refuses them, "same" and "different" draw freely."""
     check_randomness(randomness)
-    if randomness == "different":
-        yield None
-        return
-    source = _RandomKeys(randomness)
-    push_key_source(source)
-    try:
-        yield source
-    finally:
-        pop_key_source()
+    with _key_source(_refuse_random if randomness == "error" else None):
+        yield
 
 
 def _func_name(func) -> str:
@@ -135,10 +155,10 @@ def vmap(func: Callable, in_dims=0, out_dims=0, randomness: str = "error", *,
     ``randomness``: "error" refuses random ops inside ``func``, "different" gives each
     example its own numbers, "same" the same numbers for all.
 
-    It runs ``func`` once per example and stacks the results; the results equal a batched
-    run's (per-primitive batching rules are future work). ``chunk_size`` is checked and
-    otherwise changes nothing. An output with out_dim None is accepted when it is equal for
-    all examples (torch asks instead whether it depends on a mapped input).
+    ``func`` runs once, on batched tensors: each primitive runs on the whole batch through
+    its batching rule. ``chunk_size`` runs the batch in chunks of that many examples (one
+    call of ``func`` each) and joins the results. An output with out_dim None must not
+    depend on a mapped input, as in torch.
 
     >>> fusegrad.vmap(lambda x: x.sum())(fusegrad.ones(3, 2))
     tensor([2., 2., 2.])
@@ -192,36 +212,55 @@ def vmap(func: Callable, in_dims=0, out_dims=0, randomness: str = "error", *,
                              f"dimension, got sizes {sizes} for the mapped dimension")
         batch = sizes[0]
 
-        def example(i: int):
-            # Batch size 0: run func once on a zero example for the output structure.
-            ex = [t if d is None else t.select(d, i) if batch else
-                  creation.zeros(tuple(s for k, s in enumerate(t.shape) if k != d % t.ndim),
-                                 dtype=t.dtype)
-                  for t, d in zip(leaves, dims)]
-            return func(*tree_unflatten(tree, ex), **kwargs)
-
-        if config.debug:
-            print(f"[fusegrad] vmap({name}): {batch} calls of {name}, one per example "
-                  f"(no batching rules yet)", file=sys.stderr)
-        outputs = []
-        with randomness_mode(randomness) as source:
-            for i in range(max(batch, 1)):
-                if source is not None:
-                    source.rewind()
-                outputs.append(example(i))
-        return _stack_outputs(outputs, out_dims, batch, name)
+        if chunk_size is None or chunk_size >= batch:
+            return _run_batched(func, leaves, dims, tree, kwargs, batch, out_dims, randomness,
+                                name)
+        parts = []
+        replay = _ReplayedKeys() if randomness == "same" else None
+        with _key_source(replay):
+            for start in range(0, batch, chunk_size):
+                n = min(chunk_size, batch - start)
+                chunk = [t if d is None else t.narrow(d, start, n) for t, d in zip(leaves, dims)]
+                if replay is not None:
+                    replay.rewind()
+                parts.append(_run_batched(func, chunk, dims, tree, kwargs, n, out_dims,
+                                          randomness, name))
+        return _concat_chunks(parts, out_dims)
 
     return wrapped
 
 
-def _stack_outputs(outputs: list, out_dims, batch: int, name: str) -> Any:
-    """The per-example outputs stacked along ``out_dims`` into one pytree."""
+def _run_batched(func, leaves: list, dims: list, tree, kwargs, batch: int, out_dims,
+                 randomness: str, name: str) -> Any:
+    """``func`` run once on the inputs as batched tensors of a new level; the outputs with
+    their batch dimension at ``out_dims``."""
+    trace = BatchTrace(current_level() + 1, batch)
+    source = {"error": _refuse_random, "same": None, "different": _BatchedKeys(trace)}
+    with trace, _key_source(source[randomness]):
+        args = [t if d is None else trace.wrap(t, d % t.ndim) for t, d in zip(leaves, dims)]
+        out = func(*tree_unflatten(tree, args), **kwargs)
+        return _unbatch_outputs(trace, out, out_dims, name)
+
+
+def _concat_chunks(parts: list, out_dims) -> Any:
+    """The outputs of the chunks of a chunked vmap, joined along their out_dims."""
+    leaves, tree = tree_flatten(parts[0])
+    dims = [d for d in _leaf_dims(out_dims, parts[0], lambda: AssertionError())
+            if not isinstance(d, tuple)]
+    columns = zip(*[tree_flatten(p)[0] for p in parts])
+    joined = [col[0] if d is None else F.cat(list(col), d) for col, d in zip(columns, dims)]
+    return tree_unflatten(tree, joined)
+
+
+def _unbatch_outputs(trace: BatchTrace, out, out_dims, name: str) -> Any:
+    """The outputs of the vmapped function as plain (or outer-level) tensors, each with the
+    batch dimension at its out_dim."""
     prefix = f"vmap({name}, ..., out_dims={out_dims})(<inputs>): "
     if not (out_dims is None or isinstance(out_dims, (int, tuple, list))):
         raise ValueError(f"vmap({name}, ..., out_dims={out_dims}): `out_dims` must be an int, "
                          f"None or a python collection of ints representing where in the "
                          f"outputs the vmapped dimension should appear.")
-    first_leaves, tree = tree_flatten(outputs[0])
+    leaves, tree = tree_flatten(out)
 
     def structure_error():
         _, dims_tree = tree_flatten(out_dims)
@@ -229,33 +268,30 @@ def _stack_outputs(outputs: list, out_dims, batch: int, name: str) -> Any:
                           f"out_dims has structure {tree_str(dims_tree)} but outputs has "
                           f"structure {tree_str(tree)}.")
 
-    dims = _leaf_dims(out_dims, outputs[0], structure_error)
-    tensor_dims = []
-    for d in dims:
+    dims = []
+    for d in _leaf_dims(out_dims, out, structure_error):
         if isinstance(d, tuple):
             if d[0] is not None:
                 raise ValueError(f"vmap({name}, ...): `{name}` must only return Tensors, got "
                                  f"type {type(d[1])}. Did you mean to set out_dims= to None for "
                                  f"output?")
             continue
-        tensor_dims.append(d)
-    per_example = []
-    for out in outputs:
-        leaves, t = tree_flatten(out)
-        if t != tree:
-            raise ValueError(f"vmap({name}, ...): `{name}` returned outputs of different "
-                             f"structures for different examples: {tree_str(tree)} and "
-                             f"{tree_str(t)}")
-        per_example.append(leaves)
-    stacked = []
-    for k, d in enumerate(tensor_dims):
-        column = [leaves[k] for leaves in per_example]
+        dims.append(d)
+    results = []
+    for t, d in zip(leaves, dims):
+        value, bdim = trace.unwrap(t)
         if d is None:
-            if any(not F.equal(column[0], c) for c in column[1:]):
+            if bdim is not None:
                 raise ValueError(f"vmap({name}, ...): `{name}` can not return a BatchedTensor "
                                  f"when out_dim is None")
-            stacked.append(column[0])
+            results.append(value)
             continue
-        out = F.stack(column, d)
-        stacked.append(out if batch else out.narrow(d, 0, 0))
-    return tree_unflatten(tree, stacked)
+        if bdim is None:
+            value, bdim = expand_batch(value, trace.size), 0
+        ndim = value.ndim
+        if not -ndim <= d < ndim:
+            raise IndexError(f"Dimension out of range (expected to be in range of "
+                             f"[{-ndim}, {ndim - 1}], but got {d})")
+        d %= ndim
+        results.append(value if d == bdim else value.movedim(bdim, d))
+    return tree_unflatten(tree, results)

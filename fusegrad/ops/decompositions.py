@@ -840,3 +840,17 @@ def _slogdet_sign_jvp(ts, out, x):
 no_jvp(lu_p_prim, "a permutation matrix: piecewise constant in the input")
 no_jvp(lu_pivots_prim, "an integer result (pivot indices)")
 no_jvp(pivots_to_p_prim, "its operand is integer pivots")
+
+
+# --------------------------------------------------------------------------- batching rules
+# LAPACK's calls map over leading dims: every operand batch-first, an unbatched one
+# broadcast to the batch (solve wants A and B with the same leading dims).
+
+from fusegrad.ops.batching import batching, leading_rule  # noqa: E402
+
+for _prim in (inv_prim, solve_prim, det_prim, slogdet_sign_prim, logabsdet_prim, cholesky_prim,
+              qr_q_prim, qr_r_prim, svd_u_prim, svd_s_prim, svd_vh_prim, eigh_values_prim,
+              eigh_vectors_prim, matrix_exp_prim, lu_p_prim, lu_pivots_prim, lu_l_prim, lu_u_prim,
+              pivots_to_p_prim, geqrf_a_prim, geqrf_tau_prim):
+    batching(_prim)(leading_rule(_prim))
+del _prim

@@ -168,3 +168,37 @@ def _fused_attention_jvp(ts, out, q, k, v, *mask, scale, keep, zero_dead):
     if tv is not None:
         dout = p @ tv if dout is None else dout + p @ tv
     return bind(concat, dout, dp, axis=out.ndim - 1)
+
+
+# --------------------------------------------------------------------------- batching rules
+# Attention maps over its leading dims: query, key and value go batch-first (broadcast to
+# the batch when unbatched), a mask batch-first with size-1 axes up to the scores' rank.
+
+from fusegrad.ops.batching import batch_size, batching, to_front  # noqa: E402
+
+
+def _attention_operands(args, dims):
+    size = batch_size(args, dims)
+    qkv = [to_front(a, d, size) for a, d in zip(args[:-1], dims[:-1])]
+    ndim = qkv[0].ndim
+    mask, d = args[-1], dims[-1]
+    if d is not None:
+        mask = to_front(mask, d)
+        if mask.ndim < ndim:
+            mask = mask.reshape((size,) + (1,) * (ndim - mask.ndim) + tuple(mask.shape[1:]))
+    return qkv + [mask]
+
+
+@batching(fused_attention)
+def _attention_batching(args, dims, **attrs):
+    n = 3 if len(args) == 3 else 4
+    ops = _attention_operands(args[:n] + [args[0]] * (n == 3), dims[:n] + [dims[0]] * (n == 3))
+    return bind(fused_attention, *ops[:len(args)], **attrs), 0
+
+
+@batching(fused_attention_backward)
+def _attention_backward_batching(args, dims, **attrs):
+    n = len(args)
+    padded = args + [args[0]] * (n == 5)
+    ops = _attention_operands(padded, dims + [dims[0]] * (n == 5))
+    return bind(fused_attention_backward, *ops[:n], **attrs), 1      # (3, batch, ...)

@@ -600,3 +600,19 @@ for _prim in (logical_not, lt, le, eq, ne, logical_and, logical_or):
     no_jvp(_prim, "a bool result")
 for _prim in (bitwise_and, bitwise_or, bitwise_xor, shift_left, shift_right):
     no_jvp(_prim, "integer operands and result")
+
+
+# --------------------------------------------------------------------------- batching rules
+# Every elementwise primitive batches as it broadcasts: batched operands batch-first, with
+# size-1 axes so that each example has the rank of the largest (fusegrad.ops.batching).
+
+from fusegrad.ops.batching import batching, elementwise_rule  # noqa: E402
+
+for _prim in (neg, abs_, exp, log, exp2, log2, log10, log1p, expm1, sin, cos, tan, tanh, asin,
+              acos, atan, sinh, cosh, asinh, acosh, atanh, erf, sqrt, reciprocal, sign, floor,
+              ceil, round_, copy, stop_gradient, logical_not, cast, add, sub, mul, div, pow_,
+              maximum, minimum, floordiv, fmod, remainder, lt, le, eq, ne, logical_and,
+              logical_or, atan2, bitwise_and, bitwise_or, bitwise_xor, shift_left, shift_right,
+              where):
+    batching(_prim)(elementwise_rule(_prim))
+del _prim

@@ -254,3 +254,33 @@ jvp_rule(custom_vjp)(lambda ts, out, y, *operands, rule, params: ts[0])
 jvp_rule(complex_)(lambda ts, out, re, im: bind(
     complex_, tangent_or_zeros(ts[0], re), tangent_or_zeros(ts[1], im)))
 no_jvp(argsort, "an integer result (indices)")
+
+
+# --------------------------------------------------------------------------- batching rules
+
+from fusegrad.ops.batching import (  # noqa: E402
+    axes_rule,
+    batching,
+    elementwise_rule,
+    to_front,
+)
+
+for _prim in (argsort, cumsum):
+    batching(_prim)(axes_rule(_prim, "axis"))
+for _prim in (real, imag, conj, complex_, view_as_real):
+    batching(_prim)(elementwise_rule(_prim))
+del _prim
+
+
+@batching(view_as_complex)
+def _view_as_complex_batching(args, dims):
+    # The pair axis is each example's last: the batch must not be there.
+    return bind(view_as_complex, to_front(args[0], dims[0])), 0
+
+
+@batching(custom_vjp)
+def _custom_vjp_batching(args, dims, *, rule, params):
+    # The value is y's; its gradient is the rule's at the level of the batched tensors
+    # (the tape of vmap records custom_vjp there, with each example's params). Below, y
+    # keeps the history of the primitives that computed it.
+    return args[0], dims[0]

@@ -386,3 +386,83 @@ def _scatter_reduce_jvp(ts, out, x, idx, src, *, axis, reduce, include_self):
 no_jvp(check_target, "passes an integer target through")
 no_jvp(check_index, "passes an integer index through")
 no_jvp(bitcast, "reinterprets bits: not a differentiable function of the value")
+
+
+# --------------------------------------------------------------------------- batching rules
+# Operands go batch-first (an unbatched one broadcast to the batch where the op needs every
+# operand batched) and the axis moves up by one. An index that differs per example along
+# with its operand turns take and index_add into gather and scatter_add, which pair each
+# index with its own example.
+
+from fusegrad.ops.batching import (  # noqa: E402
+    batch_size,
+    batching,
+    elementwise_rule,
+    to_front,
+    unbatched_rule,
+)
+from fusegrad.ops.prims_movement import broadcast_to, reshape  # noqa: E402
+
+for _prim in (check_target, check_index):
+    batching(_prim)(unbatched_rule(_prim))
+batching(bitcast)(elementwise_rule(bitcast))
+del _prim
+
+
+def _index_along(idx, x_shape: tuple, axis: int):
+    """A front-batched index ``idx`` (``[B, *I]``) flattened and broadcast over a
+    front-batched operand of ``x_shape`` (``[B, *pre, *, *post]``) at ``axis``: gather's and
+    scatter's index for take's and index_add's."""
+    size, k = idx.shape[0], 1
+    for s in idx.shape[1:]:
+        k *= s
+    pre, post = x_shape[1:axis + 1], x_shape[axis + 2:]
+    flat = bind(reshape, idx, shape=(size,) + (1,) * len(pre) + (k,) + (1,) * len(post))
+    return bind(broadcast_to, flat, shape=(size,) + tuple(pre) + (k,) + tuple(post))
+
+
+@batching(take)
+def _take_batching(args, dims, *, axis):
+    (x, idx), (dx, di) = args, dims
+    if di is None:
+        return bind(take, to_front(x, dx), idx, axis=axis + 1), 0
+    if dx is None:
+        return bind(take, x, idx, axis=axis), axis + di
+    x, idx = to_front(x, dx), to_front(idx, di)
+    index = _index_along(idx, tuple(x.shape), axis)
+    out = bind(gather, x, index, axis=axis + 1)
+    shape = tuple(x.shape[:axis + 1]) + tuple(idx.shape[1:]) + tuple(x.shape[axis + 2:])
+    return bind(reshape, out, shape=shape), 0
+
+
+@batching(gather)
+def _gather_batching(args, dims, *, axis):
+    size = batch_size(args, dims)
+    x, idx = [to_front(a, d, size) for a, d in zip(args, dims)]
+    return bind(gather, x, idx, axis=axis + 1), 0
+
+
+def _scatter_rule(prim):
+    def rule(args, dims, **attrs):
+        size = batch_size(args, dims)
+        ops = [to_front(a, d, size) for a, d in zip(args, dims)]
+        return bind(prim, *ops, **{**attrs, "axis": attrs["axis"] + 1}), 0
+    return rule
+
+
+for _prim in (scatter_add, scatter_reduce):
+    batching(_prim)(_scatter_rule(_prim))
+del _prim
+
+
+@batching(index_add)
+def _index_add_batching(args, dims, *, axis):
+    (x, idx, src), (dx, di, ds) = args, dims
+    size = batch_size(args, dims)
+    x, src = to_front(x, dx, size), to_front(src, ds, size)
+    if di is None:
+        return bind(index_add, x, idx, src, axis=axis + 1), 0
+    idx = to_front(idx, di)
+    index = _index_along(idx, tuple(x.shape), axis)
+    src = bind(reshape, src, shape=tuple(index.shape))
+    return bind(scatter_add, x, index, src, axis=axis + 1), 0

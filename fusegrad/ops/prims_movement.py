@@ -208,3 +208,49 @@ for _prim in (reshape, permute, broadcast_to, slice_):
 jvp_rule(pad)(lambda ts, out, x, *, widths, value: bind(pad, ts[0], widths=widths, value=0.0))
 jvp_rule(concat)(lambda ts, out, *xs, axis: bind(
     concat, *[tangent_or_zeros(t, x) for t, x in zip(ts, xs)], axis=axis))
+
+
+# --------------------------------------------------------------------------- batching rules
+# The batch goes first and each attribute gains its axis: the whole batch dimension is kept.
+
+from fusegrad.ops.batching import batch_size, batching, to_front  # noqa: E402
+
+
+@batching(reshape)
+def _reshape_batching(args, dims, *, shape):
+    x = to_front(args[0], dims[0])
+    return bind(reshape, x, shape=(x.shape[0],) + tuple(shape)), 0
+
+
+@batching(permute)
+def _permute_batching(args, dims, *, perm):
+    x = to_front(args[0], dims[0])
+    return bind(permute, x, perm=(0,) + tuple(p + 1 for p in perm)), 0
+
+
+@batching(broadcast_to)
+def _broadcast_batching(args, dims, *, shape):
+    x = to_front(args[0], dims[0])
+    missing = len(shape) - (x.ndim - 1)      # new leading axes go after the batch
+    if missing:
+        x = bind(reshape, x, shape=(x.shape[0],) + (1,) * missing + tuple(x.shape[1:]))
+    return bind(broadcast_to, x, shape=(x.shape[0],) + tuple(shape)), 0
+
+
+@batching(slice_)
+def _slice_batching(args, dims, *, starts, stops, steps):
+    x = to_front(args[0], dims[0])
+    return bind(slice_, x, starts=(0,) + tuple(starts), stops=(x.shape[0],) + tuple(stops),
+                steps=(1,) + tuple(steps)), 0
+
+
+@batching(pad)
+def _pad_batching(args, dims, *, widths, value):
+    x = to_front(args[0], dims[0])
+    return bind(pad, x, widths=((0, 0),) + tuple(widths), value=value), 0
+
+
+@batching(concat)
+def _concat_batching(args, dims, *, axis):
+    size = batch_size(args, dims)
+    return bind(concat, *[to_front(x, d, size) for x, d in zip(args, dims)], axis=axis + 1), 0

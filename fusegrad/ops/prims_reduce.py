@@ -240,3 +240,52 @@ def _matmul_jvp(ts, out, a, b):
 
 no_jvp(argmax, "an integer result (an index)")
 no_jvp(argmin, "an integer result (an index)")
+
+
+# --------------------------------------------------------------------------- batching rules
+
+from fusegrad.ops.batching import axes_rule, batching, to_front  # noqa: E402
+from fusegrad.ops.primitive import PRIMITIVES  # noqa: E402
+
+for _prim in (sum_, prod, max_, min_):
+    batching(_prim)(axes_rule(_prim))
+for _prim in (argmax, argmin):
+    batching(_prim)(axes_rule(_prim, "axis"))
+del _prim
+
+
+@batching(matmul)
+def _matmul_batching(args, dims):
+    (a, b), (da, db) = args, dims
+    if db is None and b.ndim == 2:
+        # Each example times one matrix: the examples' rows are one GEMM's rows.
+        a = to_front(a, da)
+        rows = a.reshape((-1, a.shape[-1]))
+        return bind(matmul, rows, b).reshape(tuple(a.shape[:-1]) + (b.shape[-1],)), 0
+    # Batched operands batch-first, with size-1 axes after the batch so that every example
+    # has the rank of the other's: the examples' batch dims broadcast as they did.
+    ndim = max(a.ndim - (da is not None), b.ndim - (db is not None))
+    ops = []
+    for x, d in ((a, da), (b, db)):
+        if d is not None:
+            x = to_front(x, d)
+            missing = ndim - (x.ndim - 1)
+            if missing:
+                x = x.reshape((x.shape[0],) + (1,) * missing + tuple(x.shape[1:]))
+        ops.append(x)
+    if ops[0].shape[-1] == 1:
+        # A contraction of length one is an outer product (the per-example gradient of a
+        # weight): one product per element, which a broadcasting multiply computes in an
+        # elementwise kernel instead of a batch of rank-1 GEMMs. It is computed transposed
+        # and transposed back: a linear layer's weight gradient (of x @ W.t()) transposes
+        # it once more, the two transposes cancel, and the gradient is written in its own
+        # layout rather than copied out of a transposed one.
+        a, b = (_swap_last(x) for x in ops)
+        return _swap_last(bind(PRIMITIVES["mul"], b, a)), 0
+    return bind(matmul, *ops), 0
+
+
+def _swap_last(x):
+    """``x`` with its last two axes swapped (a view)."""
+    n = x.ndim
+    return bind(PRIMITIVES["permute"], x, perm=tuple(range(n - 2)) + (n - 1, n - 2))

@@ -93,3 +93,14 @@ random_uniform = register(Primitive(
 for _prim in (full, constant, iota):
     no_jvp(_prim, "a source: no operands")
 no_jvp(random_uniform, "a source: its only operand is an integer key")
+
+
+# --------------------------------------------------------------------------- batching rules
+# full, constant and iota take no operands: nothing of theirs is ever batched. A batch of
+# keys (vmap's randomness="different") draws each example's numbers from its own key: the
+# examples' counters are not one contiguous request (each starts on a new block of four), so
+# one draw for the batch would give other numbers than the examples' draws.
+
+from fusegrad.ops.batching import fallback  # noqa: E402
+
+fallback(random_uniform, "one draw per example key (the examples' counters are not one request)")

@@ -227,3 +227,11 @@ def standard_gamma(concentration: Tensor, *, generator=None) -> Tensor:
 
 jvp_rule(standard_gamma_prim)(
     lambda ts, out, key, alpha: mul(ts[1], bind(standard_gamma_grad_prim, alpha, out)))
+
+
+# --------------------------------------------------------------------------- batching rules
+
+from fusegrad.ops.batching import batching, fallback, leading_rule  # noqa: E402
+
+batching(standard_gamma_grad_prim)(leading_rule(standard_gamma_grad_prim))   # same shapes
+fallback(standard_gamma_prim, "one draw per example key (as random_uniform)")

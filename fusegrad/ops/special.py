@@ -451,3 +451,15 @@ def _i1_jvp(ts, out, x):
 no_jvp(gcd_prim, "integer operands and result")
 no_jvp(lcm_prim, "integer operands and result")
 no_jvp(frexp_exponent_prim, "an integer result")
+
+
+# --------------------------------------------------------------------------- batching rules
+# Elementwise, with broadcasting: as the elementwise primitives batch.
+
+from fusegrad.ops.batching import batching, elementwise_rule  # noqa: E402
+
+for _prim in (lgamma_prim, polygamma_prim, erfc_prim, erfinv_prim, i1_prim, i0_prim,
+              nextafter_prim, gcd_prim, lcm_prim, igamma_prim, igammac_prim,
+              frexp_mantissa_prim, frexp_exponent_prim):
+    batching(_prim)(elementwise_rule(_prim))
+del _prim

@@ -409,3 +409,13 @@ def ifftshift(input: Tensor, dim=None) -> Tensor:  # noqa: A002
 
 for _prim in (fft_c2c, fft_r2c, fft_c2r):
     jvp_rule(_prim)(applied_to_tangent(_prim))
+
+
+# --------------------------------------------------------------------------- batching rules
+
+from fusegrad.ops.batching import axes_rule, batching  # noqa: E402
+
+batching(fft_c2c)(axes_rule(fft_c2c))
+for _prim in (fft_r2c, fft_c2r):
+    batching(_prim)(axes_rule(_prim, "axis"))
+del _prim

@@ -374,3 +374,10 @@ def unique_consecutive(x: Tensor, return_inverse: bool = False, return_counts: b
 # Forward mode (fusegrad.ops.dual).
 
 no_jvp(mode_index, "an integer result (an index)")
+
+
+# --------------------------------------------------------------------------- batching rules
+
+from fusegrad.ops.batching import batching, leading_rule  # noqa: E402
+
+batching(mode_index)(leading_rule(mode_index))      # over each example's last axis

@@ -248,7 +248,8 @@ def _check_grads(node: Node, grads) -> tuple:
     fixed = []
     for g, (shape, dtype) in zip(grads, meta):
         if g is not None:
-            if g._data.shape != shape:
+            # A gradient inside vmap is a batched tensor, with no storage of its own.
+            if (g._data.shape if g._trace is None else tuple(g.shape)) != shape:
                 raise RuntimeError(
                     f"Function {node.name()} returned an invalid gradient: got shape "
                     f"{list(g.shape)} but expected shape compatible with {list(shape)}")
@@ -299,7 +300,7 @@ def _sole_owner(grad) -> bool:
     gradient is copied as before. A view is taken when it views, one level deep, an array that
     only its base tensor holds (the transposed product that a linear layer's weight gets)."""
     if sys.getrefcount(grad) != _SOLE_TENSOR_REFS + 1 or grad.grad_fn is not None or \
-            grad._hooks:
+            grad._hooks or grad._trace is not None:
         return False
     a = grad._data
     if type(a) is not np.ndarray or not a.flags.writeable or \

@@ -246,3 +246,23 @@ def crop_or_pad(x: Tensor, widths: Sequence[tuple[int, int]]) -> Tensor:
 
 jvp_rule(windows_prim)(applied_to_tangent(windows_prim))
 jvp_rule(overlap_add_prim)(applied_to_tangent(overlap_add_prim))
+
+
+# --------------------------------------------------------------------------- batching rules
+# Both take exactly (N, C, ...): the batch joins N, whose rows they treat independently.
+
+from fusegrad.ops.batching import batching, to_front  # noqa: E402
+
+
+def _merged_batch_rule(prim):
+    def rule(args, dims, **attrs):
+        x = to_front(args[0], dims[0])
+        size, rest = x.shape[0], tuple(x.shape[2:])
+        out = bind(prim, reshape_prim(x, (size * x.shape[1],) + rest), **attrs)
+        return reshape_prim(out, (size, x.shape[1]) + tuple(out.shape[1:])), 0
+    return rule
+
+
+for _prim in (windows_prim, overlap_add_prim):
+    batching(_prim)(_merged_batch_rule(_prim))
+del _prim
