@@ -12,10 +12,12 @@ Memory (deterministic, from the memory plans of the two programs):
 - ``held``: the bytes computed up to the loss that a later kernel reads
   (``memory_plan.saved_between``): the activations held from the forward into the backward.
 
-Time: both steps run in one process, alternately, ``--rounds`` rounds of ``--steps`` steps
-each after warm-up; the figure is the median of the per-round step times, and the ratio
-that of the medians. On a machine shared with other work the times are loaded
-measurements: alternating keeps the load the same for both, not low.
+Time: both steps run in one process, alternately (the order swapped every round),
+``--rounds`` rounds of ``--steps`` steps each after warm-up; each figure is the median of
+the per-round step times, and the ratio the median of the rounds' ratios (each round's two
+measurements are taken next to each other, so a change of load between rounds cancels).
+On a machine shared with other work the times are loaded measurements: alternating keeps
+the load the same for both, not low.
 
 Run ``python benchmarks/bench_checkpoint.py [--layers 4 --embd 128 --block 64 --batch 16]``;
 ``--memory`` prints the memory table without timing.
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -91,19 +92,21 @@ def main(argv=None) -> int:
     losses = {name: [float(step(x, y)) for _ in range(2)] for name, step in steps.items()}
     print(f"losses of two steps on one batch: {losses}")
     times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(args.rounds):
-        for name, step in steps.items():
+    for r in range(args.rounds):
+        for name in sorted(steps, reverse=bool(r % 2)):
             start = time.perf_counter()
             for _ in range(args.steps):
-                step(x, y)
+                steps[name](x, y)
             times[name].append((time.perf_counter() - start) / args.steps)
-    median = {name: statistics.median(t) for name, t in times.items()}
-    for name, m in median.items():
-        spread = np.percentile(times[name], [25, 75]) * 1e3
-        print(f"{name}: median {m * 1e3:.1f} ms/step (quartiles {spread[0]:.1f}-"
-              f"{spread[1]:.1f}), {args.rounds} rounds of {args.steps} steps")
-    print(f"step time ratio checkpointed/plain: {median['checkpointed'] / median['plain']:.2f} "
-          "(alternating rounds in one process; on a loaded machine a loaded measurement)")
+    for name, t in times.items():
+        quartiles = np.percentile(t, [25, 50, 75]) * 1e3
+        print(f"{name}: median {quartiles[1]:.1f} ms/step (quartiles {quartiles[0]:.1f}-"
+              f"{quartiles[2]:.1f}), {args.rounds} rounds of {args.steps} steps")
+    ratios = [c / p for c, p in zip(times["checkpointed"], times["plain"])]
+    quartiles = np.percentile(ratios, [25, 50, 75])
+    print(f"step time ratio checkpointed/plain: median {quartiles[1]:.2f} of the rounds' ratios "
+          f"(quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}; alternating rounds in one process, "
+          "a loaded measurement where the machine is shared)")
     return 0
 
 
