@@ -415,6 +415,49 @@ def test_compiled_region_gives_the_eager_values_and_gradients():
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def _example_model(lib, checkpointed: bool, weights: dict | None = None):
+    """examples/char_transformer.py's model on ``lib`` (fusegrad or torch), blocks through
+    checkpoint when ``checkpointed``, loaded with ``weights`` (name -> array) if given."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
+    try:
+        from char_transformer import make_model
+    finally:
+        sys.path.pop(0)
+    lib.manual_seed(0)
+    model = make_model(lib, vocab=20, block=8, n_embd=16, n_head=2, n_layer=2,
+                       checkpoint=checkpointed)
+    if weights is not None:
+        model.load_state_dict({k: lib.tensor(v) for k, v in weights.items()})
+    opt = lib.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        return loss
+    return model, step
+
+
+def _example_losses(lib, step, n: int = 3) -> list[float]:
+    rng = np.random.default_rng(0)
+    return [step(lib.tensor(rng.integers(0, 20, (4, 8))),
+                 lib.tensor(rng.integers(0, 20, (4, 8)))).item() for _ in range(n)]
+
+
+def test_the_examples_checkpointed_transformer_matches_torch():
+    torch = pytest.importorskip("torch")
+    model, step = _example_model(fg, True)
+    weights = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    got = _example_losses(fg, step)
+    assert got == _example_losses(fg, _example_model(fg, False, weights)[1])
+    want = _example_losses(torch, _example_model(torch, True, weights)[1])
+    # The same float32 ops in another library's kernels: per step, a dot product's bound
+    # (n * eps, n = 64, the MLP's hidden width) per block, relative to the loss; 3 steps.
+    eps = np.finfo(np.float32).eps
+    np.testing.assert_allclose(got, want, rtol=3 * 2 * (64 + 8) * eps)
+
+
 def test_utils_namespace_has_checkpoint_as_torch():
     assert fg.utils.checkpoint.checkpoint is checkpoint
     assert fg.utils.checkpoint.checkpoint_sequential is checkpoint_sequential
