@@ -223,3 +223,40 @@ def test_partition_saves_no_value_inside_a_region(policy):
         p.result = interpret(p.backward, *fwd[p.n_forward_outputs:], np.float32(1.0))
     for a, b in zip(plain.result, checked.result):
         np.testing.assert_array_equal(a, b)     # the interpreter runs the same numpy ops
+
+
+def _small_layers():
+    fg.manual_seed(0)
+    return (nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh()),
+            nn.Sequential(nn.Linear(8, 8), nn.Tanh()))
+
+
+def test_a_nested_region_is_part_of_the_outer_one():
+    a, b = _small_layers()
+
+    def f(x):
+        y = checkpoint(lambda h: checkpoint(b, a(h), use_reentrant=False), x,
+                       use_reentrant=False)
+        return (y * y).sum()
+    x = fg.randn(4, 8, requires_grad=True)
+    want = fg.autograd.grad((b(a(x)) ** 2).sum(), [x, *a.parameters(), *b.parameters()])
+    got = fg.autograd.grad(fg.compile(f)(x), [x, *a.parameters(), *b.parameters()])
+    for g, w in zip(got, want):
+        _assert_close(g.numpy(), w.numpy(), _tol(8, 3))
+    graph = fg.compile(f, pipeline="").lower(x).graph
+    assert len({n.region for n in graph.nodes if n.region is not None}) == 1
+
+
+def test_a_differentiated_backward_keeps_the_activations():
+    # With create_graph=True the backward is differentiated again: a recomputation behind
+    # barriers would cut the second derivative off, so the region is not recomputed there.
+    a, _ = _small_layers()
+
+    def gradient_norm(x):
+        loss = (checkpoint(a, x, use_reentrant=False) ** 2).sum()
+        (g,) = fg.autograd.grad(loss, [x], create_graph=True)
+        return (g ** 2).sum()
+    x = fg.randn(4, 8, requires_grad=True)
+    want = fg.autograd.grad(gradient_norm(x), [x])[0]
+    got = fg.autograd.grad(fg.compile(gradient_norm)(x), [x])[0]
+    _assert_close(got.numpy(), want.numpy(), _tol(8, 4))
