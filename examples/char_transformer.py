@@ -23,9 +23,12 @@ TEXT = ("First Citizen: Before we proceed any further, hear me speak. All: Speak
 
 
 def make_model(torch, vocab: int, block: int = 32, n_embd: int = 64, n_head: int = 4,
-               n_layer: int = 2):
-    """The model's class, built on ``torch`` (fusegrad or PyTorch)."""
+               n_layer: int = 2, checkpoint: bool = False):
+    """The model's class, built on ``torch`` (fusegrad or PyTorch). With ``checkpoint``
+    each block runs through ``torch.utils.checkpoint.checkpoint``: its activations are
+    recomputed in the backward instead of kept from the forward."""
     nn, F = torch.nn, torch.nn.functional
+    run_checkpointed = torch.utils.checkpoint.checkpoint
 
     class Block(nn.Module):
         def __init__(self):
@@ -66,7 +69,7 @@ def make_model(torch, vocab: int, block: int = 32, n_embd: int = 64, n_head: int
             B, T = idx.shape
             x = self.tok(idx) + self.pos(torch.arange(T))
             for b in self.blocks:
-                x = b(x)
+                x = run_checkpointed(b, x, use_reentrant=False) if checkpoint else b(x)
             logits = self.head(self.ln(x))
             return F.cross_entropy(logits.view(B * T, vocab), targets.view(B * T))
 
@@ -89,10 +92,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--eager", action="store_true", help="do not compile the step")
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="recompute each block's activations in the backward")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     vocab = len(set(TEXT))
-    model = make_model(torch, vocab)
+    model = make_model(torch, vocab, checkpoint=args.checkpoint)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
 
     def step(x, y):

@@ -80,13 +80,24 @@ Operand = Union[Value, Literal]
 
 @dataclass(eq=False)
 class Node:
-    """One primitive applied to operands, producing ``output``."""
+    """One primitive applied to operands, producing ``output``.
+
+    Two marks steer activation checkpointing (``fusegrad.utils.checkpoint`` under a trace):
+    ``region`` numbers the checkpointed region whose forward recorded the node, and the
+    reverse pass (:mod:`fusegrad.passes.autodiff`) differentiates that region on copies of
+    its nodes, marked ``remat``, recomputed right before the region's backward; those
+    copies read the region's inputs through ``stop_gradient`` barriers (also ``remat``),
+    which ``strip-barriers`` keeps, so that ``cse`` does not merge a copy back into the
+    forward's node, and the partitioner never saves a copy. Passes that copy a node keep
+    its marks (``GraphCopier.emit``)."""
 
     prim: Primitive
     inputs: list[Operand]
     attrs: dict
     output: Value = field(repr=False)
     loc: str | None = None
+    region: int | None = None
+    remat: bool = False
 
     @property
     def op(self) -> str:

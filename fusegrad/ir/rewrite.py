@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from fusegrad.ir.graph import Graph, Literal, Node, Operand, Value
 
-__all__ = ["GraphCopier", "copy_graph"]
+__all__ = ["GraphCopier", "copy_graph", "copy_marks"]
+
+
+def copy_marks(old: Node, new: Node) -> None:
+    """Give ``new`` the checkpoint marks of ``old`` (``Node.region``, ``Node.remat``)."""
+    new.region, new.remat = old.region, old.remat
 
 
 class GraphCopier:
@@ -43,6 +48,7 @@ class GraphCopier:
         else:
             out = self.new.add_node(prim or node.prim, ins,
                                     node.attrs if attrs is None else attrs, loc=node.loc)
+        copy_marks(node, out.producer)
         self.map[node.output] = out
         return out
 

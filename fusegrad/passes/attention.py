@@ -136,11 +136,11 @@ def fuse_attention(g: Graph) -> dict[Value, Value]:
         shape = y.type.shape
         packed = Value(TensorType(shape[:-1] + (shape[-1] + shape[-2],), y.type.dtype,
                                   y.type.device))
-        new = Node(fused_attention, operands, attrs, packed, node.loc)
+        new = Node(fused_attention, operands, attrs, packed, node.loc, node.region)
         packed.producer = new
         n = len(shape)
         take = Node(PRIMITIVES["slice"], [packed], {
-            "starts": (0,) * n, "stops": shape, "steps": (1,) * n}, y, node.loc)
+            "starts": (0,) * n, "stops": shape, "steps": (1,) * n}, y, node.loc, node.region)
         y.producer = take
         nodes += [new, take]
         fused[packed] = y

@@ -9,6 +9,19 @@ depend on a ``wrt`` input get a rule applied, and cotangents that meet are summe
 
 Because the result is an ordinary graph, differentiating it again gives higher-order
 derivatives.
+
+Checkpointed regions (nodes with a ``region``: ``fusegrad.utils.checkpoint`` under a trace)
+are differentiated on recomputed values when ``remat`` is asked for: when the reverse walk
+reaches a region, it first appends copies of the region's internal nodes (those whose
+values nothing outside the region reads), marked ``remat``, which read the region's inputs
+through ``stop_gradient`` barriers (marked too, kept by ``strip-barriers``, so that ``cse``
+leaves the copies apart); the region's VJPs then read the copies. Nothing after the region's
+forward reads its internal values any more, so the memory plan frees them there, and the
+copies live from right before the region's backward to its end. A copy of
+``random_uniform`` reads the forward's key and draws the same numbers (torch's
+``preserve_rng_state``). The partitioner saves no ``remat`` value: the region's inputs
+(and outputs) are what crosses from the forward to the backward. ``remat`` is off where the
+result is itself differentiated again (a barrier would stop that derivative).
 """
 
 from __future__ import annotations
@@ -46,16 +59,25 @@ def _forward(g: Graph, trace: GraphTrace, wrt: set[int]):
     return env, active, get
 
 
-def _reverse(g: Graph, trace: GraphTrace, env, active, get, seeds: dict) -> dict:
+def _reverse(g: Graph, trace: GraphTrace, env, active, get, seeds: dict,
+             remat: bool = False) -> dict:
     cts = dict(seeds)
+    recomputed: dict[int, dict] = {}        # region -> {forward value: its copy}
     for node in reversed(g.nodes):
         # Read, not popped: a leaf made inside a traced function (x.detach().requires_grad_())
         # is a node's output whose cotangent backward() reads afterwards.
         ct = cts.get(node.output)
         if ct is None or node.output not in active:
             continue
-        primals = tuple(get(op) for op in node.inputs)
-        out = env[node.output]
+        if remat and node.region is not None:
+            copies = recomputed.get(node.region)
+            if copies is None:
+                copies = recomputed[node.region] = _recompute_region(g, node.region, trace, get)
+            primals = tuple(copies[op] if op in copies else get(op) for op in node.inputs)
+            out = copies[node.output] if node.output in copies else env[node.output]
+        else:
+            primals = tuple(get(op) for op in node.inputs)
+            out = env[node.output]
         trace.location = node.loc        # a node's VJP points at the user's line of the node
         for i, op in enumerate(node.inputs):
             if not isinstance(op, Value) or op not in active or node.prim.rule(i) is None:
@@ -74,8 +96,41 @@ def _reverse(g: Graph, trace: GraphTrace, env, active, get, seeds: dict) -> dict
     return cts
 
 
-def vjp_graph(g: Graph, wrt: Sequence[int] | None = None, name: str | None = None) -> Graph:
-    """Graph ``(*inputs, *cotangents) -> (*outputs, *input_cotangents[wrt])``."""
+def _recompute_region(g: Graph, region: int, trace: GraphTrace, get) -> dict:
+    """Append copies of the internal nodes of checkpointed ``region`` of ``g`` (module doc);
+    return {forward value: its recomputed tensor}."""
+    nodes = [n for n in g.nodes if n.region == region]
+    inside = {n.output for n in nodes}
+    read_outside = {o for o in g.outputs if isinstance(o, Value)}
+    for n in g.nodes:
+        if n.region != region:
+            read_outside.update(op for op in n.inputs if isinstance(op, Value) and op in inside)
+    copied = [n for n in nodes if n.output not in read_outside]
+    start = len(trace.graph.nodes)
+    # The barriers first: the recomputation starts at them (fusion keeps every copy in
+    # kernels after that point).
+    copies: dict = {}
+    for n in copied:
+        for op in n.inputs:
+            if isinstance(op, Value) and op not in copies and \
+                    (op not in inside or op in read_outside):
+                copies[op] = trace.process_primitive(P.stop_gradient, (get(op),), {})
+    saved_location = trace.location
+    for n in copied:
+        trace.location = n.loc
+        copies[n.output] = trace.process_primitive(
+            n.prim, [copies[op] if isinstance(op, Value) else literal_tensor(op)
+                     for op in n.inputs], n.attrs)
+    trace.location = saved_location
+    for n in trace.graph.nodes[start:]:
+        n.remat = True
+    return copies
+
+
+def vjp_graph(g: Graph, wrt: Sequence[int] | None = None, name: str | None = None,
+              remat: bool = False) -> Graph:
+    """Graph ``(*inputs, *cotangents) -> (*outputs, *input_cotangents[wrt])``; with
+    ``remat``, checkpointed regions are differentiated on recomputed values (module doc)."""
     wrt = list(range(len(g.inputs))) if wrt is None else list(wrt)
     new = Graph(name or f"{g.name}_vjp")
     trace = GraphTrace(new)
@@ -85,7 +140,7 @@ def vjp_graph(g: Graph, wrt: Sequence[int] | None = None, name: str | None = Non
         ct = trace.new_input(f"ct{k}", out.type)
         if isinstance(out, Value) and out.type.dtype.is_differentiable:
             seeds[out] = ct if out not in seeds else seeds[out] + ct
-    cts = _reverse(g, trace, env, active, get, seeds)
+    cts = _reverse(g, trace, env, active, get, seeds, remat)
     outputs = [get(o) for o in g.outputs]
     outputs += [_cotangent_or_zeros(cts, g.inputs[i], env) for i in wrt]
     new.set_outputs([_as_operand(trace, t) for t in outputs])

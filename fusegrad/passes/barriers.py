@@ -12,6 +12,10 @@ the forward's ``erf`` is not recognised as the same value. With the barriers era
 Not for graphs that will still be differentiated: without its barriers, autodiff would go
 where the program said it must not. A barrier whose result is a graph output, and whose
 operand is a graph input or a literal, is kept (an output stays a value the graph computes).
+So is a ``remat`` barrier (``Node.remat``): it stands between a checkpointed region's
+inputs and the backward's recomputed copies of the region, and there hiding equal
+computations from CSE is the point (the forward's values are not kept for the backward).
+Fusion reads a ``stop_gradient`` as a view, so a kept barrier costs no kernel.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def strip_barriers(g: Graph) -> Graph:
     inputs = set(g.inputs)
     c = GraphCopier(g)
     for node in g.nodes:
-        if node.op in BARRIERS:
+        if node.op in BARRIERS and not node.remat:
             src = node.inputs[0]
             if node.output in outputs and (not isinstance(src, Value) or src in inputs):
                 c.alias(node.output, c.new.add_node("stop_gradient", [c.get(src)], {},

@@ -37,6 +37,9 @@ The rules, in the order they are tried:
 Fusion is greedy in topological order: a node joins the kernel of one of its producers when
 legal and when the merge keeps the kernel graph acyclic; otherwise it starts a kernel.
 Independent elementwise kernels over one shape are merged afterwards (optimizer updates).
+A checkpointed region's recomputation (after its ``remat`` barriers, passes/autodiff.py)
+never joins a kernel of nodes placed before it: that kernel would compute the copy in the
+forward and keep it until the backward.
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ class _Partitioner:
         self.bits: dict[Kernel, int] = {}
         self.ancestors: dict[Kernel, int] = {}
         self.made = 0
+        self.position = {n: i for i, n in enumerate(g.nodes)}
+        self.floor = _recompute_floors(g, self.position)
 
     # -- kinds of nodes
     def is_view(self, v) -> bool:
@@ -246,6 +251,20 @@ class _Partitioner:
                 return "full"
         return None
 
+    def may_group(self, nodes: list[Node]) -> bool:
+        """Whether ``nodes`` may form one kernel: within the input budget, and no
+        recomputation of a checkpointed region grouped with a node before it."""
+        return self.within_budget(nodes) and self.recomputes_in_place(nodes)
+
+    def recomputes_in_place(self, nodes: list[Node]) -> bool:
+        """Whether no node of ``nodes`` that depends on a checkpointed region's recomputation
+        (a ``remat`` barrier) shares them with a node placed before that barrier. A kernel
+        runs where its earliest node is: a recomputed copy that joined a forward kernel
+        (the layer norm of the region's input, beside the forward's own) would be computed
+        in the forward and held until the backward, as if never checkpointed."""
+        floor = max(self.floor.get(n, -1) for n in nodes)
+        return floor < 0 or min(self.position[n] for n in nodes) >= floor
+
     def within_budget(self, nodes: list[Node]) -> bool:
         """Whether a kernel of ``nodes`` reads at most ``max_inputs`` buffers (``fuse``'s
         option: a kernel with many inputs spends its registers and cache on addresses)."""
@@ -296,7 +315,7 @@ class _Partitioner:
                 # allow (keepdim reshape, broadcast of a row value), else reads it from memory.
                 k = self.group_of.get(src.producer)
                 level = self.fits(node, k) if k is not None else None
-                if level is not None and self.within_budget(k.nodes + [node]):
+                if level is not None and self.may_group(k.nodes + [node]):
                     self.join(node, k, level)
                     return
             v = view_of(node, self.views.get(src) or identity_view(src))
@@ -314,7 +333,7 @@ class _Partitioner:
             for k in reversed(producers):
                 level = self.fits(node, k)
                 if level is not None and self.acyclic_join(node, k) and \
-                        self.within_budget(k.nodes + [node]):
+                        self.may_group(k.nodes + [node]):
                     self.join(node, k, level)
                     # Pull in other elementwise producers of the same shape (a diamond
                     # whose two arms started separate kernels; into a matmul's epilogue,
@@ -326,7 +345,7 @@ class _Partitioner:
                                 (k.kind != "matmul" or self.epilogue_can_take(k, other)) and \
                                 self.mergeable(k, other) and \
                                 not self.reads_own_view(k.nodes + other.nodes) and \
-                                self.within_budget(k.nodes + other.nodes):
+                                self.may_group(k.nodes + other.nodes):
                             self.absorb(k, other)
                     return
         if prim.kind is Kind.ELEMENTWISE or node.op in _FUSIBLE_SOURCES:
@@ -416,7 +435,7 @@ class _Partitioner:
                 if b.kind == "elementwise" and b.shape == a.shape and \
                         not self.depends(b, a) and not self.depends(a, b) and \
                         bool(self.ancestors[a] & waits) == bool(self.ancestors[b] & waits) and \
-                        self.within_budget(a.nodes + b.nodes):
+                        self.may_group(a.nodes + b.nodes):
                     self.absorb(a, b)         # removes b: the next candidate moves to j
                 else:
                     j += 1
@@ -453,6 +472,21 @@ class _Partitioner:
                         reads.append(base)
             k.inputs = reads
             k.outputs = [n.output for n in k.nodes if n.output in self.materialized]
+
+
+def _recompute_floors(g: Graph, position: dict) -> dict[Node, int]:
+    """For each node that depends on a ``remat`` barrier (the start of a checkpointed
+    region's recomputation, see passes/autodiff.py), the position of the latest such
+    barrier among its ancestors; nodes that depend on none are left out."""
+    floor: dict[Node, int] = {}
+    for node in g.nodes:
+        f = position[node] if node.remat and node.op == "stop_gradient" else -1
+        for op in node.inputs:
+            if isinstance(op, Value) and op.producer is not None:
+                f = max(f, floor.get(op.producer, -1))
+        if f >= 0:
+            floor[node] = f
+    return floor
 
 
 def _topo_order(kernels: list[Kernel], part: _Partitioner) -> list[Kernel]:

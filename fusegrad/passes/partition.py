@@ -20,6 +20,11 @@ Which forward values cross to the backward is the policy:
   every forward input and every forward value the backward must not recompute; the sink
   takes every value a backward (cotangent-dependent) node reads. Cutting ``v_in -> v_out``
   means saving ``v``; the values left on the sink side are recomputed in the backward.
+  A checkpointed region's values (``fusegrad.utils.checkpoint``) reach the backward only
+  through their recomputed copies (``Node.remat``, see :mod:`fusegrad.passes.autodiff`),
+  whose edges have no capacity: the cut saves the region's inputs, or what they are
+  recomputed from, never a region's internal value. ``save_all`` saves the region's inputs
+  (the copies are backward values); ``recompute_all`` recomputes everything as always.
 
 Recomputable (:func:`is_recomputable`): elementwise ops, views and sources without inputs,
 which fuse into the backward's kernels for free. Not recomputable: matmul, reductions, index
@@ -50,6 +55,7 @@ from typing import Iterable, Sequence
 import networkx as nx
 
 from fusegrad.ir.graph import Graph, IRError, Node, Operand, Value
+from fusegrad.ir.rewrite import copy_marks
 from fusegrad.ops.primitive import Kind, TensorType
 from fusegrad.passes.autodiff import vjp_graph
 from fusegrad.passes.manager import Pass, PipelineError, parse_positions, register_pass
@@ -170,7 +176,7 @@ def _joint(g: Graph, n_outputs: int, wrt: list[int]) -> _Joint:
     differentiated = Graph(g.name)
     differentiated.inputs, differentiated.nodes = g.inputs, g.nodes
     differentiated.outputs = g.outputs[:n_outputs]
-    joint = vjp_graph(differentiated, wrt, name=f"{g.name}_joint")
+    joint = vjp_graph(differentiated, wrt, name=f"{g.name}_joint", remat=True)
     n_in = len(g.inputs)
     # vjp_graph replays g's nodes first, one joint node per node: map g's values onto them,
     # so that outputs after the n_outputs differentiated ones come along too.
@@ -231,6 +237,10 @@ def _min_cut(j: _Joint, free_inputs: set[int]) -> set:
             for op in node.inputs:
                 if isinstance(op, Value) and op in cand:
                     flow.add_edge((j.position[op], "out"), node_in)
+            if node.remat:
+                # A checkpointed region's recomputation: never saved (no capacity: infinite).
+                flow.add_edge(node_in, node_out)
+                continue
         flow.add_edge(node_in, node_out, capacity=cost)
     for node in g.nodes:
         if node.output in j.tangent and node.output in needed:
@@ -258,7 +268,9 @@ def _unique(name: str, taken: set[str]) -> str:
 
 def _emit(new: Graph, node: Node, env: dict) -> Value:
     ins = [env[op] if isinstance(op, Value) else op for op in node.inputs]
-    return new.add_node(node.prim, ins, node.attrs, loc=node.loc)
+    out = new.add_node(node.prim, ins, node.attrs, loc=node.loc)
+    copy_marks(node, out.producer)
+    return out
 
 
 def _build(g: Graph, j: _Joint, saved_set: set, n_outputs: int, wrt: list[int],
@@ -294,7 +306,7 @@ def _build(g: Graph, j: _Joint, saved_set: set, n_outputs: int, wrt: list[int],
         v = node.output
         if v in needed and v not in env:
             env[v] = _emit(backward, node, env)
-            if v in forward_values:
+            if v in forward_values or (node.remat and node.op != "stop_gradient"):
                 recomputed.append(node.prim.name)
     backward.set_outputs([env[o] if isinstance(o, Value) else o for o in j.ct_outputs])
     backward.meta = None

@@ -44,6 +44,14 @@ class MemoryPlan:
     output_specs: list[tuple] = field(default_factory=list)
     n_slots: int = 0
 
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of the buffers a program allocates once and reuses across its steps
+        (intermediates and scratch): its working memory beyond inputs, constants and
+        outputs, at its peak, since every such buffer is held for the whole call."""
+        return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+                   for shape, dt in self.intermediate_specs.values())
+
 
 def plan_memory(kg: KernelGraph,
                 scratch_cells: Callable[[Kernel], int | None] = lambda k: None) -> MemoryPlan:

@@ -370,7 +370,10 @@ class StateCapture:
                     tr.grad_values.add(packed)
         env = _Env(tr)
         with enable_grad() if create_graph else no_grad():
-            cts = _reverse(tr.graph, tr, env, tr.grad_values, env.get, seeds)
+            # Checkpointed regions recompute their values, unless this backward is itself
+            # differentiated (the recomputation's barriers would stop that derivative).
+            cts = _reverse(tr.graph, tr, env, tr.grad_values, env.get, seeds,
+                           remat=not create_graph)
         # backward() makes the call a training step, whose outputs carry no history;
         # autograd.grad leaves the outputs differentiable, as eager does.
         self.did_backward |= accumulate

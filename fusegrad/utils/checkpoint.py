@@ -20,9 +20,12 @@ Eagerly both of torch's variants are autograd nodes over the region:
 In both the backward is the same ops in the same order as without checkpointing, so the
 gradients are equal, not merely close.
 
-Traced (``fusegrad.compile``) the region is inlined: the compiled program computes the same
-values and gradients, and the partitioner decides what its backward saves as for any other
-code (see docs/design.md, "Partitioning forward and backward").
+Traced (``fusegrad.compile``) the region is inlined and its nodes are marked as one region
+(``Node.region``). The compiled backward, in a whole training step or in the backward of a
+partitioned forward, differentiates the region on copies of its nodes recomputed right
+before the region's backward (:mod:`fusegrad.passes.autodiff`): the program keeps the
+region's inputs and outputs, not its intermediate values, and a random op in the region
+draws the forward's numbers again. The values and gradients are the unchecked program's.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from fusegrad.autograd import engine as _engine
 from fusegrad.autograd.grad_mode import enable_grad as _enable_grad
 from fusegrad.autograd.grad_mode import is_grad_enabled as _is_grad_enabled
 from fusegrad.autograd.grad_mode import no_grad as _no_grad
+from fusegrad.ir.symbolic import innermost_trace as _innermost_trace
 from fusegrad.nn import Sequential as _Sequential
 from fusegrad.ops import primitive as _primitive
 from fusegrad.ops.composite import _made_by
@@ -306,6 +310,18 @@ def _non_reentrant(function, preserve: bool, context_fn, determinism_check: str,
     return _tree_unflatten(tree, _with_nodes(leaves, list(flagged), joint))
 
 
+def _traced(function, leaves: list, args: tuple, kwargs: dict):
+    """The region inlined into the trace, its nodes marked as one checkpointed region
+    (``Node.region``: the position of its first node, unique in the graph); an inner region
+    of an outer one belongs to the outer (it is recomputed with it)."""
+    graph = _innermost_trace([t for t in leaves if isinstance(t, _Tensor)]).graph
+    start = len(graph.nodes)
+    out = function(*args, **kwargs)
+    for node in graph.nodes[start:]:
+        node.region = start
+    return out
+
+
 def checkpoint(function, *args, use_reentrant: bool | None = None,
                context_fn: Callable[[], tuple[ContextManager, ContextManager]] = noop_context_fn,
                determinism_check: str = "default", debug: bool = False,
@@ -343,14 +359,9 @@ def checkpoint(function, *args, use_reentrant: bool | None = None,
         warnings.warn("checkpoint(debug=True) is not implemented in fusegrad: a recomputation "
                       "that differs from the forward raises CheckpointError without the traces "
                       "of both runs", UserWarning, stacklevel=2)
-    if _primitive.traced(*_tree_flatten((args, kwargs))[0]):
-        # Inside fusegrad.compile: the region is traced as written (see the module docstring),
-        # and the compiled backward keeps its activations: said, not done silently.
-        warnings.warn("checkpoint inside fusegrad.compile: the compiled program keeps the "
-                      "region's activations (recomputing them in compiled code is not "
-                      "implemented yet); values and gradients are the same", UserWarning,
-                      stacklevel=2)
-        return function(*args, **kwargs)
+    leaves = _tree_flatten((args, kwargs))[0]
+    if _primitive.traced(*leaves):
+        return _traced(function, leaves, args, kwargs)
     if use_reentrant:
         return _reentrant(function, preserve, args)
     return _non_reentrant(function, preserve, context_fn, determinism_check, args, kwargs)

@@ -547,8 +547,8 @@ def test_joint_graph_must_replay_the_forward(monkeypatch):
     stopped replaying them would be caught, not silently mis-partitioned."""
     import fusegrad.passes.partition as part
 
-    def shuffled(g, wrt, name=None):
-        out = vjp_graph(g, wrt, name)
+    def shuffled(g, wrt, name=None, **options):
+        out = vjp_graph(g, wrt, name, **options)
         out.nodes = out.nodes[1:] + out.nodes[:1]
         return out
     monkeypatch.setattr(part, "vjp_graph", shuffled)
