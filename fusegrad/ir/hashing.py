@@ -2,7 +2,7 @@
 
 ``structural_hash(g)`` is the hex sha256 of a canonical serialization: input types in order,
 then each node (primitive, operands as input or node positions or literal ``value:dtype``,
-attributes as printed, result type), then the outputs. Value names, the graph's name and
+attributes as printed, result type, checkpoint marks), then the outputs. Value names, the graph's name and
 source locations are left out, so two graphs that print the same after renaming all values
 (and the graph) hash the same; input order and node order are part of the structure.
 
@@ -19,7 +19,7 @@ import hashlib
 import numpy as np
 
 from fusegrad.ir.graph import Graph, IRError, Literal, Value
-from fusegrad.ir.printer import format_attr, format_scalar, format_type
+from fusegrad.ir.printer import format_attr, format_marks, format_scalar, format_type
 from fusegrad.ops.primitive import ConstantData
 
 __all__ = ["structural_hash"]
@@ -78,7 +78,8 @@ def structural_hash(g: Graph) -> str:
         order = [k for k in node.prim.attrs if k in node.attrs]
         order += sorted(k for k in node.attrs if k not in node.prim.attrs)
         attrs = ", ".join(f"{k}={_attr_text(node.attrs[k])}" for k in order)
-        emit(f"node {node.prim.name} ({operands}) {{{attrs}}} : {format_type(node.output.type)}")
+        emit(f"node {node.prim.name} ({operands}) {{{attrs}}} : {format_type(node.output.type)}"
+             f"{format_marks(node)}")
         position.setdefault(id(node.output), f"n{j}")
     emit("return " + ", ".join(ref(o, "an output") for o in g.outputs))
     return h.hexdigest()

@@ -253,6 +253,16 @@ class _Parser:
         self.next()
         type_tok = self.peek()
         result_type = self.parse_type()
+        region = None
+        if self.at("region"):
+            self.next()
+            self.expect("(", "'(' after region")
+            number = self.expect_kind("int", "a region number")
+            region = int(number.text)
+            self.expect(")", "')' after the region number")
+        remat = self.at("remat")
+        if remat:
+            self.next()
         loc = self.parse_loc() if self.at("loc") else None
         missing = [a for a in prim.attrs if a not in attrs]
         if missing:
@@ -272,6 +282,8 @@ class _Parser:
         if out.type != result_type:
             raise self.error(f"result type {result_type} does not match {out.type} given by "
                              f"{prim.name}'s rule", type_tok)
+        if region is not None or remat:
+            g.nodes[-1].region, g.nodes[-1].remat = region, remat
         self.define(result_tok, out)
 
     def check_arity(self, prim: Primitive, count: int, tok: Token) -> None:

@@ -16,7 +16,7 @@ any ``t`` that ``print_graph`` produced. The grammar (``[]`` optional, ``*`` rep
                 '{' node* 'return' [operand (',' operand)*] '}'
     arg      := '%' NAME ':' type
     node     := '%' NAME '=' OP [operand (',' operand)*] ['{' attr (',' attr)* '}'] ':' type
-                [loc]
+                ['region' '(' INT ')'] ['remat'] [loc]
     type     := DTYPE '[' [INT (',' INT)*] ']'            f32[4,8], i1[], bf16[2]
     operand  := '%' NAME | literal [':' DTYPE]
     literal  := INT | FLOAT | 'true' | 'false'           2, -1.5, 1e-05, inf, -inf, nan
@@ -53,7 +53,11 @@ result type, so an empty constant prints ``dense<[]>`` and its shape comes from 
 A constant of at least ``SPLAT_MIN`` elements that are all the same prints as that one
 element, a splat (``dense<0.0>`` for a zero f32[64,256]), as MLIR's dense attributes do.
 
-Source locations print as a trailing ``loc("file.py":12)`` only with ``locations=True``.
+A node recorded inside a checkpointed region carries ``region(N)`` after its type, and the
+copies the reverse pass recomputes for that region's backward carry ``remat``
+(:class:`~fusegrad.ir.graph.Node`'s ``region`` and ``remat``): passes treat them apart, so
+they print always. Source locations print as a trailing ``loc("file.py":12)`` only with
+``locations=True``.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ from fusegrad.ir.graph import Graph, IRError, Literal, Node, Operand, Value
 from fusegrad.ops.primitive import ConstantData, device_suffix
 
 __all__ = ["print_graph", "print_node", "value_names", "format_type", "format_literal",
-           "format_attr", "format_attrs", "format_scalar", "format_dense", "format_loc",
+           "format_attr", "format_attrs", "format_scalar", "format_dense", "format_loc", "format_marks",
            "literal_default_dtype"]
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
@@ -296,6 +300,12 @@ def format_attrs(node: Node, strict: bool = True) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
+def format_marks(node) -> str:
+    """A node's checkpoint marks as they print after its type: `` region(2) remat``."""
+    text = f" region({node.region})" if getattr(node, "region", None) is not None else ""
+    return text + (" remat" if getattr(node, "remat", False) else "")
+
+
 def format_loc(loc: str) -> str:
     """``loc("file.py":12)`` for ``file.py:12``; any other string as ``loc("text")``."""
     m = _LOC_LINE_RE.match(loc)
@@ -337,6 +347,7 @@ def print_node(node: Node, names: dict[Value, str] | None = None, locations: boo
     if attrs:
         line += " " + attrs
     line += " : " + format_type(getattr(node.output, "type", None))
+    line += format_marks(node)
     if locations and node.loc:
         line += " " + format_loc(node.loc)
     return line

@@ -198,3 +198,26 @@ def test_rule_errors_name_the_op_once():
         "non-singleton dimension 0 (shapes [2], [3])")
     text = text.replace("add %a, %b : f32[2]", "sum %a {axes=[3]} : f32[2]")
     assert str(_error(text)).splitlines()[0] == "2:8: error: sum: axis 3 out of range for f32[2]"
+
+
+def test_checkpoint_marks_print_parse_and_hash():
+    """A checkpointed region's nodes (``region(N)``) and the copies its backward recomputes
+    (``remat``) keep their marks through a print/parse round trip, and the marks are part of
+    the structural hash (passes treat marked nodes apart)."""
+    from fusegrad.ir import structural_hash
+    text = "\n".join([
+        "graph @f(%x: f32[4]) -> (f32[4]) {",
+        "  %0 = sin %x : f32[4] region(0)",
+        "  %1 = stop_gradient %x : f32[4] remat",
+        "  %2 = sin %1 : f32[4] region(0) remat",
+        "  %3 = mul %0, %2 : f32[4]",
+        "  return %3",
+        "}"])
+    g = parse(text)
+    assert [(n.region, n.remat) for n in g.nodes] == [(0, False), (None, True), (0, True),
+                                                     (None, False)]
+    assert print_graph(g) == text
+    plain = parse(text.replace(" region(0)", "").replace(" remat", ""))
+    assert structural_hash(plain) != structural_hash(g)
+    with pytest.raises(IRParseError, match="region number"):
+        parse(text.replace("region(0)", "region(x)", 1))
