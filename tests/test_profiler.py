@@ -594,3 +594,19 @@ def test_a_step_that_raises_keeps_the_steps_before_it_in_the_profile():
     assert [e.name for e in steps] == ["lambda::k0[elementwise 8x5](exp)",
                                        "lambda::k1[elementwise 4](mul)"]
     assert all(e.cpu_parent is program for e in steps)
+
+
+def test_debug_level_two_prints_each_step_with_its_time(monkeypatch, capsys):
+    """``FUSEGRAD_DEBUG=2`` times a program's steps as the profiler does and prints one line
+    per step: the kernel as the listing describes it, how it runs, its time."""
+    from fusegrad.config import config
+    f = fg.compile(lambda x: (x.exp() @ x.t()).sum(-1))
+    x = fg.randn(6, 5)
+    f(x)
+    monkeypatch.setattr(config, "debug", 2)
+    f(x)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.endswith(" us")]
+    kernels = f.lower(x).kernels
+    assert len(lines) >= len(kernels)
+    assert all(line.startswith("[fusegrad] k") for line in lines)
+    assert {line[len("[fusegrad] "):].rsplit(" ", 3)[0] for line in lines} == set(kernels)
