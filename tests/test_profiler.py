@@ -560,17 +560,17 @@ def test_cuda_program_kernels_are_events(monkeypatch):
 
 
 def test_a_program_run_is_recorded_as_its_steps_clock_readings():
-    """A program's run is kept as its steps' names and clock readings, two per step, and
-    becomes one event per step when read; a run cut short by a step that raised keeps the
-    steps that ran."""
+    """A program's run is kept as its clock readings, two per step, and becomes one event per
+    step, named then, when read; a run cut short by a step that raised keeps the steps that
+    ran."""
     rec = profiling.Recorder()
     steps = [("p::k0", "kernel", {"Step": "LaunchStep"}), ("p::k1.blas", "extern", None),
              ("p::k2", "kernel", None)]
-    rec.add_steps(steps, [10, 20, 25, 40, 41, 50])
-    rec.add_steps(steps, [60, 70, 71])                   # k1 raised
+    rec.add_steps(lambda: steps, [10, 20, 25, 40, 41, 50])
+    rec.add_steps(lambda: steps, [60, 70, 71])           # k1 raised
     rec.add("user", "user_annotation", 0, 100)
     rec.closed = True
-    rec.add_steps(steps, [200, 210])                     # after the window: dropped
+    rec.add_steps(lambda: steps, [200, 210])             # after the window: dropped
     events = rec.all_events()
     assert [(e[0], e[1], e[2], e[3], e[8]) for e in events] == [
         ("user", "user_annotation", 0, 100, None),
@@ -610,3 +610,23 @@ def test_debug_level_two_prints_each_step_with_its_time(monkeypatch, capsys):
     assert len(lines) >= len(kernels)
     assert all(line.startswith("[fusegrad] k") for line in lines)
     assert {line[len("[fusegrad] "):].rsplit(" ", 3)[0] for line in lines} == set(kernels)
+
+
+def test_steps_are_named_when_the_profile_is_read_not_in_the_profiled_call(monkeypatch):
+    """Naming a program's steps (describing each kernel: milliseconds for a training step)
+    happens when the profile is read, not inside the first profiled call it would slow."""
+    from fusegrad.runtime.cpu import Program
+    calls = []
+    step_names = Program.step_names
+    monkeypatch.setattr(Program, "step_names",
+                        lambda self: calls.append(profiling.recorder) or step_names(self))
+    f = fg.compile(lambda x: (x.exp() @ x.t()).sum(-1))
+    x = fg.randn(6, 5)
+    f(x)
+    with profile() as prof:
+        f(x)
+        f(x)
+    assert calls and all(rec is None for rec in calls)
+    kernels = [e.name for e in prof.events() if e.category in ("kernel", "extern")]
+    names = [name for name, _, _ in step_names(f.lower(x).program)]
+    assert kernels == 2 * names and len(names) == 3

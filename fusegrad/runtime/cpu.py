@@ -665,9 +665,9 @@ class Program:
     def _run_steps_timed(self, rec: "profiling.Recorder | None") -> None:
         """Run the steps, timing each: one event per step for the profiler's ``rec``, and
         one line per step on stderr under ``FUSEGRAD_DEBUG=2``. The loop only reads the
-        clock around each step; the events are made from the readings when the profile is
-        read, so that what a step's event measures is the step as an unprofiled call runs
-        it."""
+        clock around each step; the events (and the steps' names, on a program's first
+        profiled run) are made when the profile is read, so that what a step's event
+        measures is the step as an unprofiled call runs it."""
         clock = profiling.perf_counter_ns
         times: list[int] = []
         mark = times.append
@@ -678,7 +678,7 @@ class Program:
                 mark(clock())
         finally:
             if rec is not None:
-                rec.add_steps(self.step_names(), times)
+                rec.add_steps(self.step_names, times)
             if config.debug >= 2:
                 for step, start, end in zip(self.steps, times[::2], times[1::2]):
                     print(f"[fusegrad] {step.kernel.describe()} {type(step).__name__} "
