@@ -29,8 +29,12 @@ What is recorded, each as one event with its start and end on its thread:
   are not generated code name how they run after the kernel's index: ``k14.blas`` (numpy's
   BLAS product of a matmul kernel; its fused epilogue is the ``k14`` launch after it),
   ``k14.gemm`` (the generated GEMM), ``k20.native``, ``k9.numpy`` (extern steps), category
-  ``extern``. Their self times are the time of the kernels themselves; a program's own self
-  time is what the runtime spends around them (binding buffers).
+  ``extern``. Their self times are the time of the kernels themselves, timed around the
+  same call an unprofiled run makes (two clock reads a step; the events are built when the
+  profile is read): a kernel split over the thread pool is one event on the calling thread,
+  from handing its parts to the pool to the end of the last part, the wall time it adds to
+  a step. A program's own self time is what the runtime spends around them (binding
+  buffers).
 
 ``record_function`` ranges inside a compiled function are not part of its program (fusion
 moves work across them): they time the tracing, on a call that compiles, and a steady call

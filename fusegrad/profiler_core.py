@@ -429,7 +429,7 @@ class profile:
         if profiling.recorder is rec:
             profiling.recorder = None
         rec.closed = True
-        self._raw = (self._raw + rec.events) if self.acc_events else list(rec.events)
+        self._raw = (self._raw + rec.all_events()) if self.acc_events else rec.all_events()
         self._events = None
         self._recorder = None
 

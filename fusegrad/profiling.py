@@ -7,7 +7,12 @@ it is set they time themselves with :func:`time.perf_counter_ns` and append one 
 
 An event is a plain tuple ``(name, category, start_ns, end_ns, thread, shapes, stack, bytes,
 args)``; which event is inside which is worked out afterwards from the intervals of each
-thread (:mod:`fusegrad.profiler`), so recording needs no per-thread stack.
+thread (:mod:`fusegrad.profiler`), so recording needs no per-thread stack. A compiled
+program's run records its steps as one list of clock readings (:meth:`Recorder.add_steps`),
+two per step: the steps' names (made once per program) and the tuples are made when the
+recording is read (:meth:`Recorder.all_events`), outside the profiled calls. Timing a step
+costs two clock reads and two appends (about 0.3 us), where building its event took 1.5 us
+more, inside the program's run.
 
 This module sits at the base of the package (it imports nothing of fusegrad) so that every
 layer can reach it.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from time import perf_counter_ns
 
 __all__ = ["Recorder", "Span", "recorder", "user_stack"]
@@ -32,12 +38,14 @@ _thread = threading.local()
 class Recorder:
     """Collects the events of one profiling window (between a profiler's start and stop)."""
 
-    __slots__ = ("events", "record_shapes", "with_stack", "profile_memory", "closed",
+    __slots__ = ("events", "runs", "record_shapes", "with_stack", "profile_memory", "closed",
                  "start_ns")
 
     def __init__(self, record_shapes: bool = False, with_stack: bool = False,
                  profile_memory: bool = False):
         self.events: list[tuple] = []
+        # (names, times, thread) of each program run: see add_steps
+        self.runs: list[tuple[Callable, list[int], int]] = []
         self.record_shapes = record_shapes
         self.with_stack = with_stack
         self.profile_memory = profile_memory
@@ -49,18 +57,44 @@ class Recorder:
         """Record one event that ran on this thread from ``start_ns`` to ``end_ns``. An event
         that ends after the window closed (a range entered before stop) is dropped."""
         if not self.closed:
-            try:
-                tid = _thread.id
-            except AttributeError:
-                # The OS thread id is a system call (0.7 us on a VM): asked once per thread.
-                tid = _thread.id = threading.get_native_id()
-            self.events.append((name, category, start_ns, end_ns, tid, shapes, stack, nbytes,
-                                args))
+            self.events.append((name, category, start_ns, end_ns, _thread_id(), shapes, stack,
+                                nbytes, args))
+
+    def add_steps(self, names: Callable[[], list[tuple[str, str, dict | None]]],
+                  times: list[int]) -> None:
+        """Record the steps of one program run on this thread: step ``i`` ran from
+        ``times[2 * i]`` to ``times[2 * i + 1]`` (``perf_counter_ns`` readings; a run that
+        raised has fewer), and ``names()[i]`` is its name, category and trace arguments.
+        ``names`` is called when the recording is read: naming a program's steps (2 ms for
+        the 108 of a small transformer's training step, once per program) is no part of
+        the first profiled call's time."""
+        if not self.closed:
+            self.runs.append((names, times, _thread_id()))
+
+    def all_events(self) -> list[tuple]:
+        """Every event recorded, as tuples: those added one by one, then the steps of each
+        program run."""
+        out = list(self.events)
+        for names, times, tid in self.runs:
+            # zip: a run stopped by a step that raised has the steps before it
+            out += [(name, category, start, end, tid, None, None, 0, args) for
+                    (name, category, args), start, end in zip(names(), times[::2], times[1::2])]
+        return out
 
     def stack(self) -> tuple[str, ...] | None:
         """The caller's Python stack outside fusegrad, innermost first, as torch prints it
         (``file(line): function``); None unless the profiler records stacks."""
         return user_stack() if self.with_stack else None
+
+
+def _thread_id() -> int:
+    """The OS id of the calling thread, asked once per thread (a system call: 0.7 us on a
+    VM)."""
+    try:
+        return _thread.id
+    except AttributeError:
+        tid = _thread.id = threading.get_native_id()
+        return tid
 
 
 def user_stack() -> tuple[str, ...]:

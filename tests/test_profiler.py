@@ -557,3 +557,76 @@ def test_cuda_program_kernels_are_events(monkeypatch):
     assert len(syncs) == len(kernels) + 1
     assert {e.name.split("::")[1] for e in kernels} <= set(f.lower(x, w).kernels) | \
         {e.name.split("::")[1] for e in kernels if ".host[" in e.name}
+
+
+def test_a_program_run_is_recorded_as_its_steps_clock_readings():
+    """A program's run is kept as its clock readings, two per step, and becomes one event per
+    step, named then, when read; a run cut short by a step that raised keeps the steps that
+    ran."""
+    rec = profiling.Recorder()
+    steps = [("p::k0", "kernel", {"Step": "LaunchStep"}), ("p::k1.blas", "extern", None),
+             ("p::k2", "kernel", None)]
+    rec.add_steps(lambda: steps, [10, 20, 25, 40, 41, 50])
+    rec.add_steps(lambda: steps, [60, 70, 71])           # k1 raised
+    rec.add("user", "user_annotation", 0, 100)
+    rec.closed = True
+    rec.add_steps(lambda: steps, [200, 210])             # after the window: dropped
+    events = rec.all_events()
+    assert [(e[0], e[1], e[2], e[3], e[8]) for e in events] == [
+        ("user", "user_annotation", 0, 100, None),
+        ("p::k0", "kernel", 10, 20, {"Step": "LaunchStep"}), ("p::k1.blas", "extern", 25, 40, None),
+        ("p::k2", "kernel", 41, 50, None), ("p::k0", "kernel", 60, 70, {"Step": "LaunchStep"})]
+    assert len({e[4] for e in events}) == 1
+
+
+def test_a_step_that_raises_keeps_the_steps_before_it_in_the_profile():
+    """An index out of range raises in the compiled program's range check; the profile
+    still has the program's run and the two kernels that ran before the check."""
+    f = fg.compile(lambda x, t: x.exp()[t * 2].sum())
+    x = fg.randn(8, 5)
+    f(x, fg.tensor([0, 1, 2, 3]))
+    with profile() as prof:
+        with pytest.raises(IndexError, match="index 14 is out of bounds"):
+            f(x, fg.tensor([0, 1, 2, 7]))
+    events = prof.events()
+    (program,) = [e for e in events if e.category == "compiled"]
+    steps = [e for e in events if e.category in ("kernel", "extern")]
+    assert [e.name for e in steps] == ["lambda::k0[elementwise 8x5](exp)",
+                                       "lambda::k1[elementwise 4](mul)"]
+    assert all(e.cpu_parent is program for e in steps)
+
+
+def test_debug_level_two_prints_each_step_with_its_time(monkeypatch, capsys):
+    """``FUSEGRAD_DEBUG=2`` times a program's steps as the profiler does and prints one line
+    per step: the kernel as the listing describes it, how it runs, its time."""
+    from fusegrad.config import config
+    f = fg.compile(lambda x: (x.exp() @ x.t()).sum(-1))
+    x = fg.randn(6, 5)
+    f(x)
+    monkeypatch.setattr(config, "debug", 2)
+    f(x)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.endswith(" us")]
+    kernels = f.lower(x).kernels
+    assert len(lines) >= len(kernels)
+    assert all(line.startswith("[fusegrad] k") for line in lines)
+    assert {line[len("[fusegrad] "):].rsplit(" ", 3)[0] for line in lines} == set(kernels)
+
+
+def test_steps_are_named_when_the_profile_is_read_not_in_the_profiled_call(monkeypatch):
+    """Naming a program's steps (describing each kernel: milliseconds for a training step)
+    happens when the profile is read, not inside the first profiled call it would slow."""
+    from fusegrad.runtime.cpu import Program
+    calls = []
+    step_names = Program.step_names
+    monkeypatch.setattr(Program, "step_names",
+                        lambda self: calls.append(profiling.recorder) or step_names(self))
+    f = fg.compile(lambda x: (x.exp() @ x.t()).sum(-1))
+    x = fg.randn(6, 5)
+    f(x)
+    with profile() as prof:
+        f(x)
+        f(x)
+    assert calls and all(rec is None for rec in calls)
+    kernels = [e.name for e in prof.events() if e.category in ("kernel", "extern")]
+    names = [name for name, _, _ in step_names(f.lower(x).program)]
+    assert kernels == 2 * names and len(names) == 3

@@ -124,6 +124,8 @@ class CudaProgram:
         self.cuda_graphs = cuda_graphs
         self._graphs: dict[int, _StaticStep] = {}     # device -> its buffers and CUDA graph
         self.graph_skipped: str | None = None          # why calls launch kernel by kernel
+        self._timed: list | None = None                # the kernels a profiled call times
+        self._timed_names_of: dict[int, list] = {}     # device -> their profiler names
         self.drv = drv or driver()
         arch = arch or machine_arch(getattr(self.drv, "arch", "compute_90"))
         self.plan = plan_memory(kg)
@@ -392,22 +394,46 @@ class CudaProgram:
         them (``step::k3[elementwise 512](mul,add)``; a host step ``k5.host[...]``) and
         timed from the host, the device synchronized before and after each (launches are
         asynchronous: without the wait a launch would seem free and the next one slow).
-        The waits are the profiler's cost; an unprofiled call makes none."""
+        The waits are the profiler's cost; an unprofiled call makes none. As on the CPU,
+        the loop only reads the clock (:meth:`fusegrad.profiling.Recorder.add_steps`)."""
+        kernels = self._timed_kernels()
         clock = profiling.perf_counter_ns
+        times: list[int] = []
+        mark = times.append
         self.drv.synchronize()
-        for i, k in enumerate(self.kg.kernels):
-            if i in self.lowered and self.lowered[i].grid == 0 and i not in self.blas_steps:
-                continue
-            start = clock()
-            self._run_kernel(i, k, functions, buffers)
-            self.drv.synchronize()
-            if i in self.lowered or i in self.blas_steps:
-                name, category = f"{self.name}::{k.describe()}", "kernel"
-            else:
-                name = f"{self.name}::{dataclasses.replace(k, name=k.name + '.host').describe()}"
-                category = "extern"
-            rec.add(name, category, start, clock(),
-                    args={"Program": self.name, "Device": f"cuda:{device}"})
+        try:
+            for i, k in kernels:
+                mark(clock())
+                self._run_kernel(i, k, functions, buffers)
+                self.drv.synchronize()
+                mark(clock())
+        finally:
+            rec.add_steps(lambda: self._timed_names(device), times)
+
+    def _timed_kernels(self) -> list:
+        """(index, kernel) of each kernel a profiled call times: not those with an empty
+        grid."""
+        if self._timed is None:
+            self._timed = [(i, k) for i, k in enumerate(self.kg.kernels)
+                           if not (i in self.lowered and self.lowered[i].grid == 0 and
+                                   i not in self.blas_steps)]
+        return self._timed
+
+    def _timed_names(self, device: int) -> list:
+        """The profiler's name, category and arguments of each kernel a profiled call on
+        ``device`` times, made once per device."""
+        names = self._timed_names_of.get(device)
+        if names is None:
+            names = []
+            args = {"Program": self.name, "Device": f"cuda:{device}"}
+            for i, k in self._timed_kernels():
+                if i in self.lowered or i in self.blas_steps:
+                    names.append((f"{self.name}::{k.describe()}", "kernel", args))
+                else:
+                    host = dataclasses.replace(k, name=k.name + ".host")
+                    names.append((f"{self.name}::{host.describe()}", "extern", args))
+            self._timed_names_of[device] = names
+        return names
 
     @property
     def ptx(self) -> bytes:

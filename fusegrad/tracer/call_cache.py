@@ -52,7 +52,7 @@ class _Entry:
     plain_inputs: bool = False                       # graph inputs are exactly the leaves
     fast: Callable | None = None                     # see _fast_call
     guard: Callable | None = None                    # checks what the key does not cover
-    lifted_run: tuple | None = field(init=False, default=None)   # see __post_init__
+    lifted_runs: tuple = field(init=False, default=())     # see __post_init__
     # The trace made optimizer state (a first step): the program writes those tensors, so it
     # is right only while the optimizer still holds them, and runs once (see _run).
     one_shot: bool = False
@@ -61,12 +61,26 @@ class _Entry:
     copies: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        # Where the captured tensors go in the input list: one slice when their indices are
-        # a run (the usual case), else None and they are placed one by one.
-        indices = [index for _, index in self.info.lifted]
-        self.lifted_run = (indices[0], indices[-1] + 1, [t for t, _ in self.info.lifted]) \
-            if indices and indices == list(range(indices[0], indices[-1] + 1)) else None
+        # Where the captured tensors go in the input list: a slice per run of consecutive
+        # indices. A training step's are a few runs (the scalars its optimizer reads, the
+        # learning rate, are inputs among them): a call places the 122 captured tensors of
+        # a small transformer's AdamW step with two slice assignments, not 122 stores.
+        self.lifted_runs = _index_runs(self.info.lifted)
 
+
+
+def _index_runs(placed) -> tuple[tuple[int, int, list], ...]:
+    """``placed``, (item, index) pairs, as (start, stop, items) runs of consecutive indices,
+    in order: ``full[start:stop] = items`` for each places every item at its index."""
+    runs: list[tuple[int, int, list]] = []
+    for item, index in placed:
+        if runs and runs[-1][1] == index:
+            start, _, items = runs[-1]
+            items.append(item)
+            runs[-1] = (start, index + 1, items)
+        else:
+            runs.append((index, index + 1, [item]))
+    return tuple(runs)
 
 
 @dataclass

@@ -47,12 +47,8 @@ def call_inputs(entry: _Entry, leaves, module, read_only: bool = False) -> list[
         # the traced ops would have.
         full[info.rng_input] = gen.get_state() if read_only else \
             gen.next_key(4 * info.rng_counters)
-    if entry.lifted_run is not None:
-        start, stop, captured = entry.lifted_run
+    for start, stop, captured in entry.lifted_runs:
         full[start:stop] = captured
-    else:
-        for t, index in info.lifted:
-            full[index] = t
     cap = info.capture
     if cap is not None:
         for leaf, index in cap.grad_inputs:

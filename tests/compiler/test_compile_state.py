@@ -1758,3 +1758,36 @@ def test_a_compiled_modules_own_hooks_run():
     same()
     handle.remove()
     same()
+
+
+def test_captured_tensors_are_placed_as_runs_of_consecutive_inputs():
+    """A call places the captured tensors with one slice per run of consecutive input
+    indices; the scalars an AdamW step reads (its learning rate), inputs among them, split
+    them in two runs."""
+    from fusegrad.tracer.call_cache import _index_runs
+    a, b, c, d = "abcd"
+    assert _index_runs([]) == ()
+    assert _index_runs([(a, 2), (b, 3), (c, 6), (d, 7)]) == ((2, 4, [a, b]), (6, 8, [c, d]))
+    assert _index_runs([(a, 5), (b, 1), (c, 2)]) == ((5, 6, [a]), (1, 3, [b, c]))
+    full = [None] * 8
+    for start, stop, items in _index_runs([(a, 5), (b, 1), (c, 2), (d, 7)]):
+        full[start:stop] = items
+    assert full == [None, b, c, None, None, a, None, d]
+
+    model = fg.nn.Linear(3, 2)
+    opt = fg.optim.AdamW(model.parameters(), lr=0.1)
+
+    @fg.compile
+    def step(x):
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+    x = fg.randn(4, 3)
+    for _ in range(3):
+        step(x)
+    entry = step.entries()[-1]
+    placed = [i for start, stop, _ in entry.lifted_runs for i in range(start, stop)]
+    assert placed == [i for _, i in entry.info.lifted]
+    assert len(entry.lifted_runs) == 2
+    assert [t for _, _, items in entry.lifted_runs for t in items] == \
+        [t for t, _ in entry.info.lifted]
