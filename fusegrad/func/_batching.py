@@ -151,6 +151,11 @@ class BatchTensor(Tensor):
     def detach(self) -> "BatchTensor":
         return BatchTensor._make(self._val.detach(), self._bdim, self._tr)
 
+    def _detach_own_tape(self) -> "BatchTensor":
+        # This level's tape only: the underlying tensor's history is the tape of the
+        # transforms around this vmap, which must see through a transform inside it.
+        return BatchTensor._make(self._val, self._bdim, self._tr)
+
     def __repr__(self) -> str:
         return (f"BatchedTensor(lvl={self._tr.level}, bdim={self._bdim}, "
                 f"value={self._val!r})")
@@ -307,7 +312,7 @@ class BatchNode(PrimitiveNode):
             reads, reads_output = _READS.setdefault((prim, needs), _reads(prim, needs))
         self._saved = tuple([_Saved(op) if i in reads else None
                              for i, op in enumerate(operands)]) if reads else None
-        self._out = _Saved(out.detach(), self._name) if reads_output else None
+        self._out = _Saved(out._detach_own_tape(), self._name) if reads_output else None
 
     def apply(self, grad, create_graph: bool, retain_graph: bool) -> tuple:
         saved = self._saved
@@ -315,13 +320,7 @@ class BatchNode(PrimitiveNode):
             raise RuntimeError(_FREED_MESSAGE)
         primals = tuple([TensorType(*meta) if saved is None or saved[i] is None
                          else saved[i].unpack(self) for i, meta in enumerate(self._in_meta)])
-        out = None
-        if self._out is not None:
-            out = self._out.unpack(self)
-            if create_graph:
-                out = out.detach()
-                out.grad_fn = self
-                out._requires_grad = True
+        out = None if self._out is None else self._saved_output(create_graph)
         grads = [self.prim.cotangent(i, grad, out, primals, self.attrs) if n else None
                  for i, n in enumerate(self._needs)]
         fixed = []

@@ -111,9 +111,18 @@ class _Call:
     def detach_inner(self, t):
         """``t`` detached unless it depends on something outside the transform that requires
         grad; non-tensors (None) pass through."""
-        if not isinstance(t, Tensor) or not t.requires_grad:
+        if not isinstance(t, Tensor):
             return t
-        return t if _reaches_outer_graph(t, self.fresh) else dual.detach_keeping_tangents(t)
+        if t.requires_grad and not _reaches_outer_graph(t, self.fresh):
+            t = dual.detach_keeping_tangents(t)
+        # The tangents an enclosing jvp reads off the result were computed inside too
+        # (jvp(grad(f)): the gradient's tangent comes from the backward on the leaves):
+        # they keep their history on the same condition.
+        for level, tangent in list((t._fw_grads or {}).items()):
+            cut = self.detach_inner(tangent)
+            if cut is not tangent:
+                dual.set_tangent(t, level, cut)
+        return t
 
     def detach_tree(self, obj):
         leaves, tree = tree_flatten(obj)

@@ -146,7 +146,7 @@ def _note_traced(t) -> None:
 def detach_keeping_tangents(t):
     """``t.detach()`` with ``t``'s forward-mode tangents: what a transform returns when it
     cuts its own reverse-mode history, which enclosing forward levels must still see."""
-    out = t.detach()
+    out = t._detach_own_tape()
     if t._fw_grads is not None:
         out._fw_grads = t._fw_grads
         _note_traced(out)
