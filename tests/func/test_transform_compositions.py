@@ -144,6 +144,23 @@ COMPOSITIONS = {
                            lambda R, X: R.block_diag(R.each(R.hess, X))),
     "hessian(vmap)": ("X", lambda F, h, f: F.hessian(lambda X: F.vmap(f)(X).sum()),
                       lambda R, X: R.block_diag(R.each(R.hess, X))),
+    "vmap(jacfwd(jacfwd))": ("X", lambda F, h, f: F.vmap(F.jacfwd(F.jacfwd(f))),
+                             lambda R, X: R.each(R.hess, X)),
+    "vmap(jvp(jvp))": ("XV", lambda F, h, f: F.vmap(lambda x, v: _jvp_out(F, lambda y: _jvp_out(F, f, y, v),
+                                                                           x, v)),
+                       lambda R, X, V: R.each(lambda x, v: v @ R.hess(x) @ v, X, V)),
+    "vjp(vmap(grad))": ("XV", lambda F, h, f: lambda X, V: _vjp_out(F, F.vmap(F.grad(f)), X, V),
+                        lambda R, X, V: R.each(lambda x, v: R.hess(x) @ v, X, V)),
+    "jvp(vmap(jvp))": ("XV", lambda F, h, f: lambda X, V: _jvp_out(
+                           F, lambda Y: F.vmap(lambda y, v: _jvp_out(F, f, y, v))(Y, V), X, V),
+                       lambda R, X, V: R.each(lambda x, v: v @ R.hess(x) @ v, X, V)),
+    "grad(vmap(jvp))": ("XV", lambda F, h, f: lambda X, V: F.grad(
+                            lambda Y: F.vmap(lambda y, v: _jvp_out(F, f, y, v))(Y, V).sum())(X),
+                        lambda R, X, V: R.each(lambda x, v: R.hess(x) @ v, X, V)),
+    "vmap(jacrev(vmap))": ("W", lambda F, h, f: F.vmap(F.jacrev(F.vmap(f))),
+                           lambda R, XX: R.each(lambda X: R.block_diag(R.each(R.grad, X)), XX)),
+    "vmap(vmap(hessian))": ("W", lambda F, h, f: F.vmap(F.vmap(F.hessian(f))),
+                            lambda R, XX: R.each(lambda X: R.each(R.hess, X), XX)),
 }
 
 
