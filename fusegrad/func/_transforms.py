@@ -31,7 +31,7 @@ from typing import Callable
 from fusegrad.autograd import functional as AF
 from fusegrad.autograd.engine import AccumulateGrad
 from fusegrad.autograd.grad_mode import enable_grad, is_grad_enabled
-from fusegrad.func._batching import lift
+from fusegrad.func._batching import BatchTensor, innermost_batch_trace, lift
 from fusegrad.func._pytree import non_tensor_leaves, tree_flatten, tree_str, tree_unflatten
 from fusegrad.func._vmap import check_randomness, randomness_mode
 from fusegrad.ops import dual
@@ -92,6 +92,9 @@ class _Call:
         self.fresh: set[int] = set()
         self.keep: list[Tensor] = []           # keeps the fresh leaves' ids from being reused
         self.out_tree = self.aux = None        # recorded by the call
+        # The vmap level the transform runs at: its inputs are lifted to it, and the tape it
+        # differentiates on is that level's.
+        self.level = innermost_batch_trace()
 
     def call(self, leaves) -> object:
         for t in leaves:
@@ -114,7 +117,11 @@ class _Call:
         if not isinstance(t, Tensor):
             return t
         if t.requires_grad and not _reaches_outer_graph(t, self.fresh):
-            t = dual.detach_keeping_tangents(t)
+            # A result at the transform's level loses only that level's tape. One batched at
+            # a vmap inside the transform (a vjp function called under vmap) has its history
+            # on the level below too, the transform's own: it is cut whole.
+            own = not isinstance(t, BatchTensor) or t._tr is self.level
+            t = dual.detach_keeping_tangents(t, own_tape=own)
         # The tangents an enclosing jvp reads off the result were computed inside too
         # (jvp(grad(f)): the gradient's tangent comes from the backward on the leaves):
         # they keep their history on the same condition.

@@ -159,6 +159,16 @@ COMPOSITIONS = {
                         lambda R, X, V: R.each(lambda x, v: R.hess(x) @ v, X, V)),
     "vmap(jacrev(vmap))": ("W", lambda F, h, f: F.vmap(F.jacrev(F.vmap(f))),
                            lambda R, XX: R.each(lambda X: R.block_diag(R.each(R.grad, X)), XX)),
+    "vmap(jvp) over tangents": ("xV", lambda F, h, f: lambda x, V: F.vmap(lambda v: _jvp_out(F, h, x, v))(V),
+                                lambda R, x, V: R.each(lambda v: R.jac(x) @ v, V)),
+    "vmap(vjp) over cotangents": ("xU", lambda F, h, f: lambda x, U: F.vmap(F.vjp(h, x)[1])(U)[0],
+                                  lambda R, x, U: R.each(lambda u: u @ R.jac(x), U)),
+    "vmap(jvp(grad)) over tangents": ("xV", lambda F, h, f: lambda x, V: F.vmap(
+                                          lambda v: _jvp_out(F, F.grad(f), x, v))(V),
+                                      lambda R, x, V: R.each(lambda v: R.hess(x) @ v, V)),
+    "vmap(vjp(grad)) over cotangents": ("xV", lambda F, h, f: lambda x, V: F.vmap(
+                                            F.vjp(F.grad(f), x)[1])(V)[0],
+                                        lambda R, x, V: R.each(lambda v: R.hess(x) @ v, V)),
     "vmap(vmap(hessian))": ("W", lambda F, h, f: F.vmap(F.vmap(F.hessian(f))),
                             lambda R, XX: R.each(lambda X: R.each(R.hess, X), XX)),
 }
