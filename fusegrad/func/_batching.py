@@ -24,6 +24,7 @@ from typing import Sequence
 
 from fusegrad.grad_mode import is_grad_enabled
 from fusegrad.ir.symbolic import innermost_trace
+from fusegrad.ops import dual
 from fusegrad.ops import functional as F
 from fusegrad.ops.batching import batching_rule, expand_batch
 from fusegrad.ops.primitive import Primitive, TensorType, bind, enclosing_traces
@@ -184,10 +185,15 @@ class BatchTrace:
         self.size = size
         self.active = False
         self.grad_leaves: set = set()      # read by the in-place checks; nothing here is one
+        self.forward_level_at_entry = 0
 
     def __enter__(self) -> "BatchTrace":
         push_trace(self)
         self.active = True
+        # Forward-mode levels up to this one were entered outside this vmap: their tangents
+        # ride on the underlying tensors, so ops on this level's tensors come here first
+        # (dual.apply_jvp reads this).
+        self.forward_level_at_entry = max(dual.live_levels(), default=0)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -218,6 +218,13 @@ def apply_jvp(prim: Primitive, operands, attrs):
                     level = lv
     if not level:
         return None
+    for op in operands:
+        # An operand of a trace that started inside this level (a vmap inside the jvp) goes
+        # to that trace first: its rule hands the underlying tensors down, and the tangents
+        # of this level ride on those (JAX's order of the levels).
+        trace = op._trace
+        if trace is not None and getattr(trace, "forward_level_at_entry", 0) >= level:
+            return None
     tangents = [get_tangent(op, level) for op in operands]
     with hidden(level):
         out = bind(prim, *operands, **attrs)

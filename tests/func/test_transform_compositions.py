@@ -58,13 +58,18 @@ def scalar(h):
     return lambda x: h(x).sin().sum()
 
 
+def with_weight(f):
+    """``f`` of ``x * w``: a function of an example and a weight that is not batched."""
+    return lambda x, w: f(x * w)
+
+
 # --------------------------------------------------------------------------- compositions
-# Each composition is ``(argument names, compose, expected)``: ``compose(F, h, f)`` is the
-# function, with ``F`` the module of transforms (fusegrad.func or torch.func), and
-# ``expected(R, *args)`` its value
-# from the per-example reference ``R``. Arguments: ``x`` one example, ``X`` a batch, ``XX``
-# a batch of batches, ``v``/``V`` tangents like ``x``/``X``, ``u``/``U`` cotangents of
-# ``h(x)``/``h(X)``.
+# Each composition is ``(argument names, compose, expected)``: ``compose(F, h, f, fw)`` is
+# the function, with ``F`` the module of transforms (fusegrad.func or torch.func), and
+# ``expected(R, *args)`` its value from the per-example reference ``R``. Arguments: ``x``
+# one example, ``X`` a batch, ``W`` a batch of batches, ``v``/``V`` tangents like
+# ``x``/``X``, ``u``/``U`` cotangents of ``h(x)``/``h(X)``, ``w`` the weight of ``fw`` (the
+# same for every example) and ``d`` a tangent of it.
 
 
 def _jvp_out(F, fn, x, v):
@@ -77,99 +82,128 @@ def _vjp_out(F, fn, x, u):
 
 COMPOSITIONS = {
     # pairs
-    "vmap(grad)": ("X", lambda F, h, f: F.vmap(F.grad(f)),
+    "vmap(grad)": ("X", lambda F, h, f, fw: F.vmap(F.grad(f)),
                    lambda R, X: R.each(R.grad, X)),
-    "vmap(jacrev)": ("X", lambda F, h, f: F.vmap(F.jacrev(h)),
+    "vmap(jacrev)": ("X", lambda F, h, f, fw: F.vmap(F.jacrev(h)),
                      lambda R, X: R.each(R.jac, X)),
-    "vmap(jacfwd)": ("X", lambda F, h, f: F.vmap(F.jacfwd(h)),
+    "vmap(jacfwd)": ("X", lambda F, h, f, fw: F.vmap(F.jacfwd(h)),
                      lambda R, X: R.each(R.jac, X)),
-    "vmap(hessian)": ("X", lambda F, h, f: F.vmap(F.hessian(f)),
+    "vmap(hessian)": ("X", lambda F, h, f, fw: F.vmap(F.hessian(f)),
                       lambda R, X: R.each(R.hess, X)),
-    "vmap(jvp)": ("XV", lambda F, h, f: F.vmap(lambda x, v: _jvp_out(F, h, x, v)),
+    "vmap(jvp)": ("XV", lambda F, h, f, fw: F.vmap(lambda x, v: _jvp_out(F, h, x, v)),
                   lambda R, X, V: R.each(lambda x, v: R.jac(x) @ v, X, V)),
-    "vmap(vjp)": ("XU", lambda F, h, f: F.vmap(lambda x, u: _vjp_out(F, h, x, u)),
+    "vmap(vjp)": ("XU", lambda F, h, f, fw: F.vmap(lambda x, u: _vjp_out(F, h, x, u)),
                   lambda R, X, U: R.each(lambda x, u: u @ R.jac(x), X, U)),
-    "vmap(vmap)": ("W", lambda F, h, f: F.vmap(F.vmap(h)),
+    "vmap(vmap)": ("W", lambda F, h, f, fw: F.vmap(F.vmap(h)),
                    lambda R, XX: R.each(lambda X: R.each(R.h, X), XX)),
-    "grad(vmap)": ("X", lambda F, h, f: F.grad(lambda X: F.vmap(f)(X).sum()),
+    "grad(vmap)": ("X", lambda F, h, f, fw: F.grad(lambda X: F.vmap(f)(X).sum()),
                    lambda R, X: R.each(R.grad, X)),
-    "vjp(vmap)": ("XU", lambda F, h, f: lambda X, U: _vjp_out(F, F.vmap(h), X, U),
+    "vjp(vmap)": ("XU", lambda F, h, f, fw: lambda X, U: _vjp_out(F, F.vmap(h), X, U),
                   lambda R, X, U: R.each(lambda x, u: u @ R.jac(x), X, U)),
-    "jvp(vmap)": ("XV", lambda F, h, f: lambda X, V: _jvp_out(F, F.vmap(h), X, V),
+    "jvp(vmap)": ("XV", lambda F, h, f, fw: lambda X, V: _jvp_out(F, F.vmap(h), X, V),
                   lambda R, X, V: R.each(lambda x, v: R.jac(x) @ v, X, V)),
-    "jacrev(vmap)": ("X", lambda F, h, f: F.jacrev(F.vmap(f)),
+    "jacrev(vmap)": ("X", lambda F, h, f, fw: F.jacrev(F.vmap(f)),
                      lambda R, X: R.block_diag(R.each(R.grad, X))),
-    "jacfwd(vmap)": ("X", lambda F, h, f: F.jacfwd(F.vmap(f)),
+    "jacfwd(vmap)": ("X", lambda F, h, f, fw: F.jacfwd(F.vmap(f)),
                      lambda R, X: R.block_diag(R.each(R.grad, X))),
-    "jacrev(jacrev)": ("x", lambda F, h, f: F.jacrev(F.jacrev(f)),
+    "jacrev(jacrev)": ("x", lambda F, h, f, fw: F.jacrev(F.jacrev(f)),
                        lambda R, x: R.hess(x)),
-    "jacrev(jacfwd)": ("x", lambda F, h, f: F.jacrev(F.jacfwd(f)),
+    "jacrev(jacfwd)": ("x", lambda F, h, f, fw: F.jacrev(F.jacfwd(f)),
                        lambda R, x: R.hess(x)),
-    "jacfwd(jacfwd)": ("x", lambda F, h, f: F.jacfwd(F.jacfwd(f)),
+    "jacfwd(jacfwd)": ("x", lambda F, h, f, fw: F.jacfwd(F.jacfwd(f)),
                        lambda R, x: R.hess(x)),
-    "hessian": ("x", lambda F, h, f: F.hessian(f),
+    "hessian": ("x", lambda F, h, f, fw: F.hessian(f),
                 lambda R, x: R.hess(x)),
-    "jvp(grad)": ("xv", lambda F, h, f: lambda x, v: _jvp_out(F, F.grad(f), x, v),
+    "jvp(grad)": ("xv", lambda F, h, f, fw: lambda x, v: _jvp_out(F, F.grad(f), x, v),
                   lambda R, x, v: R.hess(x) @ v),
-    "grad(jvp)": ("xv", lambda F, h, f: lambda x, v: F.grad(lambda y: _jvp_out(F, f, y, v))(x),
+    "grad(jvp)": ("xv", lambda F, h, f, fw: lambda x, v: F.grad(lambda y: _jvp_out(F, f, y, v))(x),
                   lambda R, x, v: R.hess(x) @ v),
-    "vjp(grad)": ("xv", lambda F, h, f: lambda x, v: _vjp_out(F, F.grad(f), x, v),
+    "vjp(grad)": ("xv", lambda F, h, f, fw: lambda x, v: _vjp_out(F, F.grad(f), x, v),
                   lambda R, x, v: R.hess(x) @ v),
-    "jvp(vjp)": ("xvu", lambda F, h, f: lambda x, v, u: _jvp_out(F, lambda y: _vjp_out(F, h, y, u), x, v),
+    "jvp(vjp)": ("xvu", lambda F, h, f, fw: lambda x, v, u: _jvp_out(F, lambda y: _vjp_out(F, h, y, u), x, v),
                  lambda R, x, v, u: R.jac(lambda y: R.vjp(y, u), x) @ v),
-    "jvp(jvp)": ("xv", lambda F, h, f: lambda x, v: _jvp_out(F, lambda y: _jvp_out(F, f, y, v), x, v),
+    "jvp(jvp)": ("xv", lambda F, h, f, fw: lambda x, v: _jvp_out(F, lambda y: _jvp_out(F, f, y, v), x, v),
                  lambda R, x, v: v @ R.hess(x) @ v),
     # triples
-    "vmap(jacfwd(jacrev))": ("X", lambda F, h, f: F.vmap(F.jacfwd(F.jacrev(f))),
+    "vmap(jacfwd(jacrev))": ("X", lambda F, h, f, fw: F.vmap(F.jacfwd(F.jacrev(f))),
                              lambda R, X: R.each(R.hess, X)),
-    "vmap(jacrev(jacrev))": ("X", lambda F, h, f: F.vmap(F.jacrev(F.jacrev(f))),
+    "vmap(jacrev(jacrev))": ("X", lambda F, h, f, fw: F.vmap(F.jacrev(F.jacrev(f))),
                              lambda R, X: R.each(R.hess, X)),
-    "vmap(jacrev(jacfwd))": ("X", lambda F, h, f: F.vmap(F.jacrev(F.jacfwd(f))),
+    "vmap(jacrev(jacfwd))": ("X", lambda F, h, f, fw: F.vmap(F.jacrev(F.jacfwd(f))),
                              lambda R, X: R.each(R.hess, X)),
-    "vmap(jvp(grad))": ("XV", lambda F, h, f: F.vmap(lambda x, v: _jvp_out(F, F.grad(f), x, v)),
+    "vmap(jvp(grad))": ("XV", lambda F, h, f, fw: F.vmap(lambda x, v: _jvp_out(F, F.grad(f), x, v)),
                         lambda R, X, V: R.each(lambda x, v: R.hess(x) @ v, X, V)),
-    "vmap(grad(jvp))": ("XV", lambda F, h, f: F.vmap(lambda x, v: F.grad(lambda y: _jvp_out(F, f, y, v))(x)),
+    "vmap(grad(jvp))": ("XV", lambda F, h, f, fw: F.vmap(
+                            lambda x, v: F.grad(lambda y: _jvp_out(F, f, y, v))(x)),
                         lambda R, X, V: R.each(lambda x, v: R.hess(x) @ v, X, V)),
-    "vmap(vjp(grad))": ("XV", lambda F, h, f: F.vmap(lambda x, v: _vjp_out(F, F.grad(f), x, v)),
+    "vmap(vjp(grad))": ("XV", lambda F, h, f, fw: F.vmap(lambda x, v: _vjp_out(F, F.grad(f), x, v)),
                         lambda R, X, V: R.each(lambda x, v: R.hess(x) @ v, X, V)),
-    "jvp(vmap(grad))": ("XV", lambda F, h, f: lambda X, V: _jvp_out(F, F.vmap(F.grad(f)), X, V),
+    "jvp(vmap(grad))": ("XV", lambda F, h, f, fw: lambda X, V: _jvp_out(F, F.vmap(F.grad(f)), X, V),
                         lambda R, X, V: R.each(lambda x, v: R.hess(x) @ v, X, V)),
-    "grad(vmap(grad))": ("X", lambda F, h, f: F.grad(lambda X: (F.vmap(F.grad(f))(X) ** 2).sum()),
+    "grad(vmap(grad))": ("X", lambda F, h, f, fw: F.grad(lambda X: (F.vmap(F.grad(f))(X) ** 2).sum()),
                          lambda R, X: R.each(lambda x: 2 * R.hess(x) @ R.grad(x), X)),
-    "vmap(vmap(grad))": ("W", lambda F, h, f: F.vmap(F.vmap(F.grad(f))),
+    "vmap(vmap(grad))": ("W", lambda F, h, f, fw: F.vmap(F.vmap(F.grad(f))),
                          lambda R, XX: R.each(lambda X: R.each(R.grad, X), XX)),
-    "jacrev(vmap(grad))": ("X", lambda F, h, f: F.jacrev(F.vmap(F.grad(f))),
+    "jacrev(vmap(grad))": ("X", lambda F, h, f, fw: F.jacrev(F.vmap(F.grad(f))),
                            lambda R, X: R.block_diag(R.each(R.hess, X))),
-    "jacfwd(vmap(grad))": ("X", lambda F, h, f: F.jacfwd(F.vmap(F.grad(f))),
+    "jacfwd(vmap(grad))": ("X", lambda F, h, f, fw: F.jacfwd(F.vmap(F.grad(f))),
                            lambda R, X: R.block_diag(R.each(R.hess, X))),
-    "hessian(vmap)": ("X", lambda F, h, f: F.hessian(lambda X: F.vmap(f)(X).sum()),
+    "hessian(vmap)": ("X", lambda F, h, f, fw: F.hessian(lambda X: F.vmap(f)(X).sum()),
                       lambda R, X: R.block_diag(R.each(R.hess, X))),
-    "vmap(jacfwd(jacfwd))": ("X", lambda F, h, f: F.vmap(F.jacfwd(F.jacfwd(f))),
+    "vmap(jacfwd(jacfwd))": ("X", lambda F, h, f, fw: F.vmap(F.jacfwd(F.jacfwd(f))),
                              lambda R, X: R.each(R.hess, X)),
-    "vmap(jvp(jvp))": ("XV", lambda F, h, f: F.vmap(lambda x, v: _jvp_out(F, lambda y: _jvp_out(F, f, y, v),
-                                                                           x, v)),
+    "vmap(jvp(jvp))": ("XV", lambda F, h, f, fw: F.vmap(
+                           lambda x, v: _jvp_out(F, lambda y: _jvp_out(F, f, y, v), x, v)),
                        lambda R, X, V: R.each(lambda x, v: v @ R.hess(x) @ v, X, V)),
-    "vjp(vmap(grad))": ("XV", lambda F, h, f: lambda X, V: _vjp_out(F, F.vmap(F.grad(f)), X, V),
+    "vjp(vmap(grad))": ("XV", lambda F, h, f, fw: lambda X, V: _vjp_out(F, F.vmap(F.grad(f)), X, V),
                         lambda R, X, V: R.each(lambda x, v: R.hess(x) @ v, X, V)),
-    "jvp(vmap(jvp))": ("XV", lambda F, h, f: lambda X, V: _jvp_out(
+    "jvp(vmap(jvp))": ("XV", lambda F, h, f, fw: lambda X, V: _jvp_out(
                            F, lambda Y: F.vmap(lambda y, v: _jvp_out(F, f, y, v))(Y, V), X, V),
                        lambda R, X, V: R.each(lambda x, v: v @ R.hess(x) @ v, X, V)),
-    "grad(vmap(jvp))": ("XV", lambda F, h, f: lambda X, V: F.grad(
+    "grad(vmap(jvp))": ("XV", lambda F, h, f, fw: lambda X, V: F.grad(
                             lambda Y: F.vmap(lambda y, v: _jvp_out(F, f, y, v))(Y, V).sum())(X),
                         lambda R, X, V: R.each(lambda x, v: R.hess(x) @ v, X, V)),
-    "vmap(jacrev(vmap))": ("W", lambda F, h, f: F.vmap(F.jacrev(F.vmap(f))),
+    "vmap(jacrev(vmap))": ("W", lambda F, h, f, fw: F.vmap(F.jacrev(F.vmap(f))),
                            lambda R, XX: R.each(lambda X: R.block_diag(R.each(R.grad, X)), XX)),
-    "vmap(jvp) over tangents": ("xV", lambda F, h, f: lambda x, V: F.vmap(lambda v: _jvp_out(F, h, x, v))(V),
+    "vmap(jvp) over tangents": ("xV", lambda F, h, f, fw: lambda x, V: F.vmap(
+                                    lambda v: _jvp_out(F, h, x, v))(V),
                                 lambda R, x, V: R.each(lambda v: R.jac(x) @ v, V)),
-    "vmap(vjp) over cotangents": ("xU", lambda F, h, f: lambda x, U: F.vmap(F.vjp(h, x)[1])(U)[0],
+    "vmap(vjp) over cotangents": ("xU", lambda F, h, f, fw: lambda x, U: F.vmap(F.vjp(h, x)[1])(U)[0],
                                   lambda R, x, U: R.each(lambda u: u @ R.jac(x), U)),
-    "vmap(jvp(grad)) over tangents": ("xV", lambda F, h, f: lambda x, V: F.vmap(
+    "vmap(jvp(grad)) over tangents": ("xV", lambda F, h, f, fw: lambda x, V: F.vmap(
                                           lambda v: _jvp_out(F, F.grad(f), x, v))(V),
                                       lambda R, x, V: R.each(lambda v: R.hess(x) @ v, V)),
-    "vmap(vjp(grad)) over cotangents": ("xV", lambda F, h, f: lambda x, V: F.vmap(
+    "vmap(vjp(grad)) over cotangents": ("xV", lambda F, h, f, fw: lambda x, V: F.vmap(
                                             F.vjp(F.grad(f), x)[1])(V)[0],
                                         lambda R, x, V: R.each(lambda v: R.hess(x) @ v, V)),
-    "vmap(vmap(hessian))": ("W", lambda F, h, f: F.vmap(F.vmap(F.hessian(f))),
+    # with respect to a weight that is not batched
+    "vmap(grad) of the weight": ("Xw", lambda F, h, f, fw: F.vmap(F.grad(fw, argnums=1), in_dims=(0, None)),
+                                 lambda R, X, w: R.each(lambda x: R.grad_w(x, w), X)),
+    "vmap(hessian) of the weight": ("Xw", lambda F, h, f, fw: F.vmap(F.hessian(fw, argnums=1),
+                                                                      in_dims=(0, None)),
+                                    lambda R, X, w: R.each(lambda x: R.hess_w(x, w), X)),
+    "vmap(jvp) of the weight": ("Xwd", lambda F, h, f, fw: lambda X, w, d: F.vmap(
+                                    lambda x: _jvp_out(F, lambda w: fw(x, w), w, d))(X),
+                                lambda R, X, w, d: R.each(lambda x: R.grad_w(x, w) @ d, X)),
+    "jvp(vmap) of the weight": ("Xwd", lambda F, h, f, fw: lambda X, w, d: _jvp_out(
+                                    F, lambda w: F.vmap(fw, in_dims=(0, None))(X, w), w, d),
+                                lambda R, X, w, d: R.each(lambda x: R.grad_w(x, w) @ d, X)),
+    "jvp(vmap(grad)) of the weight": ("Xwd", lambda F, h, f, fw: lambda X, w, d: _jvp_out(
+                                          F, lambda w: F.vmap(F.grad(fw), in_dims=(0, None))(X, w), w, d),
+                                      lambda R, X, w, d: R.each(lambda x: R.mixed(x, w) @ d, X)),
+    "jacrev(vmap(grad)) of the weight": ("Xw", lambda F, h, f, fw: lambda X, w: F.jacrev(
+                                             lambda w: F.vmap(F.grad(fw), in_dims=(0, None))(X, w))(w),
+                                         lambda R, X, w: R.each(lambda x: R.mixed(x, w), X)),
+    "jacfwd(vmap(grad)) of the weight": ("Xw", lambda F, h, f, fw: lambda X, w: F.jacfwd(
+                                             lambda w: F.vmap(F.grad(fw), in_dims=(0, None))(X, w))(w),
+                                         lambda R, X, w: R.each(lambda x: R.mixed(x, w), X)),
+    "grad(vmap(grad)) of the weight": ("Xw", lambda F, h, f, fw: lambda X, w: F.grad(
+                                           lambda w: F.vmap(F.grad(fw), in_dims=(0, None))(X, w).sum())(w),
+                                       lambda R, X, w: R.each(lambda x: R.mixed(x, w).sum(0), X).sum(0)),
+    "vmap(jacfwd(grad of the weight))": ("Xw", lambda F, h, f, fw: F.vmap(
+                                             F.jacfwd(F.grad(fw, argnums=1)), in_dims=(0, None)),
+                                         lambda R, X, w: R.each(lambda x: R.mixed(x, w).T, X)),
+    "vmap(vmap(hessian))": ("W", lambda F, h, f, fw: F.vmap(F.vmap(F.hessian(f))),
                             lambda R, XX: R.each(lambda X: R.each(R.hess, X), XX)),
 }
 
@@ -213,6 +247,20 @@ class Reference:
     def hess(self, x):
         return self.jac(lambda y: self.grad(y, create_graph=True), x)
 
+    def _of_weight(self, x):
+        return Reference(None, lambda w: self.f_fn(x * w))
+
+    def grad_w(self, x, w):
+        return self._of_weight(x).grad(w)
+
+    def hess_w(self, x, w):
+        return self._of_weight(x).hess(w)
+
+    def mixed(self, x, w):
+        """``[a, b]``: the derivative of the gradient's element ``a`` (with respect to the
+        example) with respect to the weight's element ``b``."""
+        return self.jac(lambda w: Reference(None, lambda y: self.f_fn(y * w)).grad(x, True), w)
+
     @staticmethod
     def block_diag(blocks):
         """``out[i, ..., j, ...]``: ``blocks[i]`` where i == j, else zero (the Jacobian of a
@@ -237,7 +285,7 @@ def _arrays(name: str, case: str) -> dict:
         a = rng.uniform(0.2, 1.0, shape) * rng.choice([-1.0, 1.0], shape)
         return a.astype(np.float64)
     return {"x": draw(N), "v": draw(N), "u": draw(k), "X": draw(B, N), "V": draw(B, N),
-            "U": draw(B, k), "W": draw(2, B, N)}
+            "U": draw(B, k), "W": draw(2, B, N), "w": draw(N), "d": draw(N)}
 
 
 def _args(T, name: str, case: str) -> list:
@@ -247,7 +295,7 @@ def _args(T, name: str, case: str) -> list:
 
 def _build(T, F, name: str, case: str):
     h = CASES[case](T)
-    return COMPOSITIONS[name][1](F, h, scalar(h))
+    return COMPOSITIONS[name][1](F, h, scalar(h), with_weight(scalar(h)))
 
 
 def _expected(name: str, case: str):
