@@ -276,7 +276,9 @@ class BatchTrace:
             for (prim, attrs), t in zip(reversed(x._view_ops), reversed(types[:-1])):
                 embedded = prim.cotangent(0, embedded, None, (t,), attrs)
                 mask = prim.cotangent(0, mask, None, (t,), attrs)
-            self._rebind(base, F.where(mask, embedded, base))
+            new_base = F.where(mask, embedded, base)
+            self._rebind(base, new_base)
+            dual.assign_tangents(base, new_base)
         self._rebind(x, value)
         if x._base is not None:
             x._seen = x._base._val       # x holds the value written: it is current
@@ -316,7 +318,7 @@ class BatchNode(PrimitiveNode):
             reads, reads_output = _READS[prim, needs]
         except KeyError:
             reads, reads_output = _READS.setdefault((prim, needs), _reads(prim, needs))
-        self._saved = tuple([_Saved(op) if i in reads else None
+        self._saved = tuple([_Saved(_as_it_is(op)) if i in reads else None
                              for i, op in enumerate(operands)]) if reads else None
         self._out = _Saved(out._detach_own_tape(), self._name) if reads_output else None
 
@@ -340,6 +342,20 @@ class BatchNode(PrimitiveNode):
                     g = g.to(dtype)
             fixed.append(g)
         return tuple(fixed)
+
+
+def _as_it_is(t: Tensor) -> Tensor:
+    """A batched operand as a node saves it: a tensor of its own with the operand's value,
+    history and tangents now. An in-place write rebinds the operand's value rather than
+    writing into storage (there is no version to check), so the operand itself would give the
+    backward the value written later (``y.mul_(x)``'s gradient of ``x`` reads the old ``y``).
+    A leaf that requires grad is kept: its gradient accumulates into it, and it cannot be
+    written in place."""
+    if not isinstance(t, BatchTensor) or (t.grad_fn is None and t._requires_grad):
+        return t
+    s = BatchTensor._make(t._val, t._bdim, t._tr)
+    s.grad_fn, s._requires_grad, s._fw_grads = t.grad_fn, t._requires_grad, t._fw_grads
+    return s
 
 
 def _record(prim: Primitive, operands, attrs: dict, out: BatchTensor) -> None:

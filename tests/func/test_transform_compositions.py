@@ -50,8 +50,18 @@ def indexing(T):
     return lambda x: x[idx] * x[1:].sum() + x[0] ** 3
 
 
+def inplace(T):
+    def h(x):
+        y = x * 1.0
+        y[0] = x[0] * x[1]
+        y[1:].mul_(x[:2])
+        y.mul_(x)
+        return y.tanh_()
+    return h
+
+
 CASES = {"elementwise": elementwise, "matmul": matmul, "softmax": softmax,
-         "reduction": reduction, "indexing": indexing}
+         "reduction": reduction, "indexing": indexing, "inplace": inplace}
 
 
 def scalar(h):
@@ -357,6 +367,9 @@ def test_composition_compiled_matmul(name):
 def test_composition_matches_torch_func(name, case):
     torch = pytest.importorskip("torch")
     tfunc = pytest.importorskip("torch.func")
+    if case == "inplace" and name in ("jacfwd(jacfwd)", "vmap(jacfwd(jacfwd))", "vmap(jvp(jvp))"):
+        pytest.skip("torch.func refuses forward over forward through in-place writes "
+                    "(ZeroTensors are immutable)")
     got = _build(fg, fgfunc, name, case)(*_args(fg, name, case))
     want = _build(torch, tfunc, name, case)(*_args(torch, name, case))
     assert tuple(got.shape) == tuple(want.shape)
