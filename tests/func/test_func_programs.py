@@ -113,8 +113,22 @@ def ensemble(T):
     return step, (params, buffers, x, t)
 
 
+def gradient_penalty(T):
+    """The weights' gradient of a penalty on each example's input gradient (a critic's
+    gradient penalty): grad over vmap(grad)."""
+    model = mlp(T)
+    x, _ = data(T)
+
+    def penalty(params, x):
+        def score(example):
+            return T.func.functional_call(model, params, (example,)).sum()
+        norms = T.func.vmap(T.func.grad(score))(x).norm(dim=1)
+        return ((norms - 1) ** 2).mean()
+    return T.func.grad(penalty), (params_of(model), x)
+
+
 PROGRAMS = {"per_example_gradients": per_example_gradients, "per_example_hvps": per_example_hvps,
-            "batch_hvp": batch_hvp, "ensemble": ensemble}
+            "batch_hvp": batch_hvp, "ensemble": ensemble, "gradient_penalty": gradient_penalty}
 
 
 # --------------------------------------------------------------------------- references
@@ -122,7 +136,8 @@ PROGRAMS = {"per_example_gradients": per_example_gradients, "per_example_hvps": 
 
 def grads_of(loss, params: dict, create_graph: bool = False) -> dict:
     leaves = {k: p.detach().requires_grad_() for k, p in params.items()}
-    gs = fg.autograd.grad(loss(leaves), list(leaves.values()), create_graph=create_graph)
+    gs = fg.autograd.grad(loss(leaves), list(leaves.values()), create_graph=create_graph,
+                          materialize_grads=True)
     return dict(zip(leaves, gs)), leaves
 
 
@@ -153,6 +168,16 @@ def expected(name: str):
         def loss(p):
             return F.cross_entropy(fgfunc.functional_call(model, p, (x,)), t)
         return hvp_by_double_backward(loss, params, tangent_of(fg, params))
+    if name == "gradient_penalty":
+        def penalty(p):
+            norms = []
+            for i in range(BATCH):
+                xi = x[i].detach().requires_grad_()
+                (g,) = fg.autograd.grad(fgfunc.functional_call(model, p, (xi,)).sum(), xi,
+                                        create_graph=True)
+                norms.append(g.norm())
+            return ((fg.stack(norms) - 1) ** 2).mean()
+        return grads_of(penalty, params)[0]
     models = [mlp(fg, seed) for seed in range(MODELS)]
     preds = fg.stack([m(x).detach() for m in models], 0)
     grads = stack([grads_of(lambda p, m=m: F.cross_entropy(fgfunc.functional_call(m, p, (x,)), t),
