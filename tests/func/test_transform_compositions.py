@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
+import fusegrad.nn.functional as Fn
 from fusegrad import func as fgfunc
 
 B, N = 4, 3            # examples, elements per example
@@ -319,6 +320,129 @@ def _close(got, want, **tol):
 
 
 MATRIX = [(name, case) for name in COMPOSITIONS for case in CASES]
+
+
+# --------------------------------------------------------------------------- public ops
+# Forward over reverse inside vmap (and jvp around vmap(grad)) through the public ops: their
+# VJP rules, run on batched tensors under a forward level, need the batching and JVP rules
+# of the primitives the VJPs are made of, and the saved values with their tangents.
+
+M = fg.tensor(np.random.default_rng(3).normal(0, 0.5, (6, 6)))
+PUBLIC_OPS = {
+    "sigmoid": lambda x: fg.sigmoid(x),
+    "softplus": lambda x: Fn.softplus(x),
+    "gelu": lambda x: Fn.gelu(x),
+    "gelu_tanh": lambda x: Fn.gelu(x, approximate="tanh"),
+    "silu": lambda x: Fn.silu(x),
+    "elu": lambda x: Fn.elu(x),
+    "log_softmax": lambda x: Fn.log_softmax(x, -1),
+    "softmax": lambda x: fg.softmax(x, 0),
+    "layer_norm": lambda x: Fn.layer_norm(x, (6,)),
+    "logsigmoid": lambda x: Fn.logsigmoid(x),
+    "erf": lambda x: fg.erf(x),
+    "sqrt": lambda x: (x.abs() + 1).sqrt(),
+    "atan": lambda x: x.atan(),
+    "cumsum": lambda x: x.cumsum(0) ** 2,
+    "cumprod": lambda x: x.cumprod(0),
+    "amax": lambda x: x.amax() * x,
+    "max": lambda x: x.max() * x,
+    "norm": lambda x: x.norm() * x,
+    "var": lambda x: x.var() * x,
+    "std": lambda x: x.std() * x,
+    "logsumexp": lambda x: x.logsumexp(0) * x,
+    "matmul": lambda x: (M @ x).tanh(),
+    "where": lambda x: fg.where(x > 0, x ** 2, x.sin()),
+    "clamp": lambda x: x.clamp(-0.5, 0.5) * x,
+    "pow": lambda x: (x.abs() + 0.5) ** x,
+    "div": lambda x: x / (x * x + 1),
+    "rsqrt": lambda x: (x * x + 1).rsqrt(),
+    "log1p": lambda x: (x * x).log1p(),
+    "expm1": lambda x: x.expm1(),
+    "sinh": lambda x: x.sinh(),
+    "cosh": lambda x: x.cosh(),
+    "asinh": lambda x: x.asinh(),
+    "atanh": lambda x: (x / 2).atanh(),
+    "mse": lambda x: Fn.mse_loss(x, M[0]),
+    "l1": lambda x: Fn.l1_loss(x * x, M[0]),
+    "smooth_l1": lambda x: Fn.smooth_l1_loss(x, M[0]),
+    "huber": lambda x: Fn.huber_loss(x * 3, M[0]),
+    "bce_logits": lambda x: Fn.binary_cross_entropy_with_logits(x, M[0].sigmoid()),
+    "prod": lambda x: x.prod() * x,
+    "sort": lambda x: x.sort().values * fg.arange(6.0, dtype=fg.float64),
+    "topk": lambda x: x.topk(3).values ** 2,
+    "gather": lambda x: x.gather(0, fg.tensor([5, 1, 1, 0])) ** 3,
+    "index_select": lambda x: x.index_select(0, fg.tensor([2, 2, 4])) ** 3,
+    "masked_fill": lambda x: x.masked_fill(x > 0.5, 0.0) ** 3,
+    "conv1d": lambda x: Fn.conv1d(x.reshape(1, 1, 6), M[:2, :3].reshape(2, 1, 3)).tanh(),
+    "linear": lambda x: Fn.linear(x, M, M[1]).tanh(),
+    "einsum": lambda x: fg.einsum("i,ij,j->", x, M, x) * x,
+    "det": lambda x: (x.reshape(2, 3) @ x.reshape(2, 3).T + fg.eye(2, dtype=fg.float64)).det() * x,
+    "inverse": lambda x: (x.reshape(2, 3) @ x.reshape(2, 3).T + fg.eye(2, dtype=fg.float64)).inverse(),
+    "cholesky":
+        lambda x: fg.linalg.cholesky(x.reshape(2, 3) @ x.reshape(2, 3).T + fg.eye(2, dtype=fg.float64)),
+    "log": lambda x: (x * x + 0.1).log(),
+    "reciprocal": lambda x: (x * x + 0.1).reciprocal(),
+    "tan": lambda x: x.tan(),
+    "relu": lambda x: fg.relu(x) ** 3,
+    "leaky": lambda x: Fn.leaky_relu(x, 0.1) ** 3,
+    "hardtanh": lambda x: Fn.hardtanh(x) * x,
+    "mish": lambda x: Fn.mish(x),
+    "normalize": lambda x: Fn.normalize(x, dim=0),
+    "dropout_eval": lambda x: Fn.dropout(x, 0.5, training=False) ** 3,
+    "flip_roll": lambda x: x.flip(0).roll(2) * x,
+    "repeat": lambda x: x.repeat(2).reshape(3, 4).tanh(),
+    "unfold": lambda x: x.unfold(0, 3, 1).prod(-1),
+    "pad": lambda x: Fn.pad(x, (1, 2)).cumsum(0) ** 2,
+    "attention":
+        lambda x: Fn.scaled_dot_product_attention(x.reshape(1, 2, 3), x.reshape(1, 2, 3), x.reshape(1, 2, 3)),
+    "atan2": lambda x: fg.atan2(x, x.flip(0) + 2),
+    "hypot": lambda x: fg.hypot(x, x.flip(0)),
+    "logaddexp": lambda x: fg.logaddexp(x, x.flip(0)),
+    "min": lambda x: x.min(0).values * x,
+    "sum_dim_keepdim": lambda x: x.reshape(2, 3).sum(1, keepdim=True) * x.reshape(2, 3),
+    "mean_sq": lambda x: (x.reshape(2, 3) - x.reshape(2, 3).mean(0)) ** 2,
+    "cross_entropy": lambda x: Fn.cross_entropy(x.reshape(2, 3), fg.tensor([0, 2])) * x,
+    "nll": lambda x: Fn.nll_loss(Fn.log_softmax(x.reshape(2, 3), -1), fg.tensor([1, 2])) * x,
+    "kl_div": lambda x: Fn.kl_div(Fn.log_softmax(x, 0), M[2].softmax(0), reduction="batchmean") * x,
+}
+
+
+def _hvp_inputs():
+    rng = np.random.default_rng(0)
+    X = fg.tensor(rng.uniform(0.2, 1.0, (3, 6)) * rng.choice([-1, 1], (3, 6)))
+    return X, fg.tensor(rng.normal(0, 1, (3, 6)))
+
+
+def _hvp_reference(f, X, V):
+    return fg.stack([Reference(None, f).hess(x) @ v for x, v in zip(X.unbind(0), V.unbind(0))])
+
+
+@pytest.mark.parametrize("name", list(PUBLIC_OPS))
+def test_public_op_forward_over_reverse_under_vmap(name):
+    op = PUBLIC_OPS[name]
+
+    def f(x):
+        return op(x).sin().sum()
+    X, V = _hvp_inputs()
+    want = _hvp_reference(f, X, V)
+    _close(fgfunc.vmap(lambda x, v: fgfunc.jvp(fgfunc.grad(f), (x,), (v,))[1])(X, V), want)
+    _close((fgfunc.vmap(fgfunc.hessian(f))(X) @ V.unsqueeze(-1)).squeeze(-1), want)
+    _close(fgfunc.jvp(fgfunc.vmap(fgfunc.grad(f)), (X,), (V,))[1], want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(PUBLIC_OPS))
+def test_public_op_forward_over_reverse_under_vmap_compiled(name):
+    op = PUBLIC_OPS[name]
+
+    def f(x):
+        return op(x).sin().sum()
+    X, V = _hvp_inputs()
+    want = _hvp_reference(f, X, V)
+    hvp = fg.compile(fgfunc.vmap(lambda x, v: fgfunc.jvp(fgfunc.grad(f), (x,), (v,))[1]), fullgraph=True)
+    _close(hvp(X, V), want)
+    outer = fg.compile(lambda X, V: fgfunc.jvp(fgfunc.vmap(fgfunc.grad(f)), (X,), (V,))[1], fullgraph=True)
+    _close(outer(X, V), want)
 
 
 # --------------------------------------------------------------------------- tests
