@@ -117,11 +117,7 @@ class _Call:
         if not isinstance(t, Tensor):
             return t
         if t.requires_grad and not _reaches_outer_graph(t, self.fresh):
-            # A result at the transform's level loses only that level's tape. One batched at
-            # a vmap inside the transform (a vjp function called under vmap) has its history
-            # on the level below too, the transform's own: it is cut whole.
-            own = not isinstance(t, BatchTensor) or t._tr is self.level
-            t = dual.detach_keeping_tangents(t, own_tape=own)
+            t = self.cut(t)
         # The tangents an enclosing jvp reads off the result were computed inside too
         # (jvp(grad(f)): the gradient's tangent comes from the backward on the leaves):
         # they keep their history on the same condition.
@@ -130,6 +126,17 @@ class _Call:
             if cut is not tangent:
                 dual.set_tangent(t, level, cut)
         return t
+
+    def cut(self, t: Tensor) -> Tensor:
+        """``t`` cut from the tape of the transform's level, and of the vmap levels inside
+        it (a vjp function called under vmap gives a tensor batched there, whose underlying
+        tensor has the transform's history), keeping every level's tangents."""
+        if isinstance(t, BatchTensor) and t._tr is not self.level:
+            value, bdim = t._tr.unwrap(t)
+            out = BatchTensor._make(self.detach_inner(value), bdim, t._tr)
+            out._fw_grads = t._fw_grads
+            return out
+        return dual.detach_keeping_tangents(t)
 
     def detach_tree(self, obj):
         leaves, tree = tree_flatten(obj)

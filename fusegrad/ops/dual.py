@@ -143,12 +143,12 @@ def _note_traced(t) -> None:
         tangents[t._value] = t._fw_grads
 
 
-def detach_keeping_tangents(t, own_tape: bool = True):
-    """``t`` detached, with its forward-mode tangents: what a transform returns when it
-    cuts its own reverse-mode history, which enclosing forward levels must still see. With
-    ``own_tape`` only the tape ``t``'s ops are recorded on is cut (a batched tensor inside
-    vmap keeps its underlying history: ``Tensor._detach_own_tape``), else all of it."""
-    out = t._detach_own_tape() if own_tape else t.detach()
+def detach_keeping_tangents(t):
+    """``t`` cut from the tape its ops are recorded on (``Tensor._detach_own_tape``: a
+    batched tensor inside vmap keeps its underlying history), with its forward-mode
+    tangents: what a transform returns when it cuts its own reverse-mode history, which
+    enclosing forward levels must still see."""
+    out = t._detach_own_tape()
     if t._fw_grads is not None:
         out._fw_grads = t._fw_grads
         _note_traced(out)

@@ -187,6 +187,20 @@ COMPOSITIONS = {
     "vmap(vjp(grad)) over cotangents": ("xV", lambda F, h, f, fw: lambda x, V: F.vmap(
                                             F.vjp(F.grad(f), x)[1])(V)[0],
                                         lambda R, x, V: R.each(lambda v: R.hess(x) @ v, V)),
+    # Jacobians built as torch.func builds them: vmap over a vjp function's cotangents
+    "jvp(vmap(vjp))": ("xvU", lambda F, h, f, fw: lambda x, v, U: _jvp_out(
+                           F, lambda y: F.vmap(F.vjp(h, y)[1])(U)[0], x, v),
+                       lambda R, x, v, U: R.each(lambda u: R.jac(lambda y: R.vjp(y, u), x) @ v, U)),
+    "jacfwd(vmap(vjp))": ("xU", lambda F, h, f, fw: lambda x, U: F.jacfwd(
+                              lambda y: F.vmap(F.vjp(h, y)[1])(U)[0])(x),
+                          lambda R, x, U: R.each(lambda u: R.jac(lambda y: R.vjp(y, u), x), U)),
+    "jacrev(vmap(vjp))": ("xU", lambda F, h, f, fw: lambda x, U: F.jacrev(
+                              lambda y: F.vmap(F.vjp(h, y)[1])(U)[0])(x),
+                          lambda R, x, U: R.each(lambda u: R.jac(lambda y: R.vjp(y, u), x), U)),
+    "grad(vmap(vjp))": ("xU", lambda F, h, f, fw: lambda x, U: F.grad(
+                            lambda y: F.vmap(F.vjp(h, y)[1])(U)[0].sin().sum())(x),
+                        lambda R, x, U: R.jac(lambda y: R.each(lambda u: R.vjp(y, u), U).sin().sum()
+                                              .reshape(1), x)[0]),
     # with respect to a weight that is not batched
     "vmap(grad) of the weight": ("Xw", lambda F, h, f, fw: F.vmap(F.grad(fw, argnums=1), in_dims=(0, None)),
                                  lambda R, X, w: R.each(lambda x: R.grad_w(x, w), X)),
