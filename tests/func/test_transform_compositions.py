@@ -79,7 +79,7 @@ def with_weight(f):
 # the function, with ``F`` the module of transforms (fusegrad.func or torch.func), and
 # ``expected(R, *args)`` its value from the per-example reference ``R``. Arguments: ``x``
 # one example, ``X`` a batch, ``W`` a batch of batches, ``v``/``V`` tangents like
-# ``x``/``X``, ``u``/``U`` cotangents of ``h(x)``/``h(X)``, ``w`` the weight of ``fw`` (the
+# ``x``/``X`` (``T`` like ``W``), ``u``/``U`` cotangents of ``h(x)``/``h(X)``, ``w`` the weight of ``fw`` (the
 # same for every example) and ``d`` a tangent of it.
 
 
@@ -225,6 +225,14 @@ COMPOSITIONS = {
     "grad(vmap(grad)) of the weight": ("Xw", lambda F, h, f, fw: lambda X, w: F.grad(
                                            lambda w: F.vmap(F.grad(fw), in_dims=(0, None))(X, w).sum())(w),
                                        lambda R, X, w: R.each(lambda x: R.mixed(x, w).sum(0), X).sum(0)),
+    "jvp(vmap(jvp)) of the weight": ("Xwdv", lambda F, h, f, fw: lambda X, w, d, v: _jvp_out(
+                                         F, lambda w: F.vmap(
+                                             lambda x: _jvp_out(F, lambda y: fw(y, w), x, v))(X), w, d),
+                                     lambda R, X, w, d, v: R.each(lambda x: v @ R.mixed(x, w) @ d, X)),
+    "vmap(jvp(vmap(grad)))": ("WT", lambda F, h, f, fw: F.vmap(
+                                  lambda X, V: _jvp_out(F, F.vmap(F.grad(f)), X, V)),
+                              lambda R, XX, VV: R.each(
+                                  lambda X, V: R.each(lambda x, v: R.hess(x) @ v, X, V), XX, VV)),
     "vmap(jacfwd(grad of the weight))": ("Xw", lambda F, h, f, fw: F.vmap(
                                              F.jacfwd(F.grad(fw, argnums=1)), in_dims=(0, None)),
                                          lambda R, X, w: R.each(lambda x: R.mixed(x, w).T, X)),
@@ -310,7 +318,8 @@ def _arrays(name: str, case: str) -> dict:
         a = rng.uniform(0.2, 1.0, shape) * rng.choice([-1.0, 1.0], shape)
         return a.astype(np.float64)
     return {"x": draw(N), "v": draw(N), "u": draw(k), "X": draw(B, N), "V": draw(B, N),
-            "U": draw(B, k), "W": draw(2, B, N), "w": draw(N), "d": draw(N)}
+            "U": draw(B, k), "W": draw(2, B, N), "T": draw(2, B, N),
+            "w": draw(N), "d": draw(N)}
 
 
 def _args(T, name: str, case: str) -> list:
