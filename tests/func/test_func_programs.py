@@ -127,8 +127,17 @@ def gradient_penalty(T):
     return T.func.grad(penalty), (params_of(model), x)
 
 
+def per_example_hessians(T):
+    """Each example's loss Hessian with respect to all the weights, as nested dicts."""
+    model = mlp(T)
+    x, t = data(T)
+    fn = T.func.vmap(T.func.hessian(per_example_loss(T, model)), in_dims=(None, 0, 0))
+    return fn, (params_of(model), x, t)
+
+
 PROGRAMS = {"per_example_gradients": per_example_gradients, "per_example_hvps": per_example_hvps,
-            "batch_hvp": batch_hvp, "ensemble": ensemble, "gradient_penalty": gradient_penalty}
+            "batch_hvp": batch_hvp, "ensemble": ensemble, "gradient_penalty": gradient_penalty,
+            "per_example_hessians": per_example_hessians}
 
 
 # --------------------------------------------------------------------------- references
@@ -147,7 +156,21 @@ def hvp_by_double_backward(loss, params: dict, v: dict) -> dict:
     return dict(zip(leaves, fg.autograd.grad(dot, list(leaves.values()))))
 
 
+def hessian_by_double_backward(loss, params: dict) -> dict:
+    """``{k1: {k2: d2 loss / dk1 dk2}}``, one double backward per element of each weight."""
+    g, leaves = grads_of(loss, params, create_graph=True)
+    out = {}
+    for k1, g1 in g.items():
+        rows = [fg.autograd.grad(g1.reshape(-1)[n], list(leaves.values()), retain_graph=True,
+                                 materialize_grads=True) for n in range(g1.numel())]
+        out[k1] = {k2: fg.stack([r[j] for r in rows], 0).reshape(tuple(g1.shape) + tuple(p.shape))
+                   for j, (k2, p) in enumerate(leaves.items())}
+    return out
+
+
 def stack(dicts: list) -> dict:
+    if isinstance(next(iter(dicts[0].values())), dict):
+        return {k: stack([d[k] for d in dicts]) for k in dicts[0]}
     return {k: fg.stack([d[k].detach() for d in dicts], 0) for k in dicts[0]}
 
 
@@ -178,6 +201,8 @@ def expected(name: str):
                 norms.append(g.norm())
             return ((fg.stack(norms) - 1) ** 2).mean()
         return grads_of(penalty, params)[0]
+    if name == "per_example_hessians":
+        return stack([hessian_by_double_backward(example_loss(i), params) for i in range(BATCH)])
     models = [mlp(fg, seed) for seed in range(MODELS)]
     preds = fg.stack([m(x).detach() for m in models], 0)
     grads = stack([grads_of(lambda p, m=m: F.cross_entropy(fgfunc.functional_call(m, p, (x,)), t),
@@ -224,7 +249,8 @@ def test_program_eager(name):
     assert_tree_close(fn(*args), expected(name))
 
 
-@pytest.mark.parametrize("name", list(PROGRAMS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "per_example_hessians"
+                                  else n for n in PROGRAMS])
 def test_program_compiled(name):
     fn, args = PROGRAMS[name](fg)
     assert_tree_close(fg.compile(fn, fullgraph=True)(*args), expected(name))
