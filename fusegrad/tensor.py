@@ -402,6 +402,14 @@ class Tensor:
         t._version_counter = self._version_counter
         return t
 
+    def _detach_own_tape(self) -> "Tensor":
+        """``detach()`` from the tape this tensor's ops are recorded on, and only that one:
+        what a transform cuts when it makes fresh leaves or returns its results, and what a
+        node saves. The same as ``detach()`` here; a batched tensor inside ``vmap`` keeps
+        its underlying tensor's history, which belongs to the transforms around the vmap
+        (``jacrev(vmap(grad(f)))``)."""
+        return self.detach()
+
     def detach_(self) -> "Tensor":
         if self._base is not None:
             # a view's history is its base's (an in-place write to the base gave it back,

@@ -24,6 +24,7 @@ from typing import Sequence
 
 from fusegrad.grad_mode import is_grad_enabled
 from fusegrad.ir.symbolic import innermost_trace
+from fusegrad.ops import dual
 from fusegrad.ops import functional as F
 from fusegrad.ops.batching import batching_rule, expand_batch
 from fusegrad.ops.primitive import Primitive, TensorType, bind, enclosing_traces
@@ -151,6 +152,11 @@ class BatchTensor(Tensor):
     def detach(self) -> "BatchTensor":
         return BatchTensor._make(self._val.detach(), self._bdim, self._tr)
 
+    def _detach_own_tape(self) -> "BatchTensor":
+        # This level's tape only: the underlying tensor's history is the tape of the
+        # transforms around this vmap, which must see through a transform inside it.
+        return BatchTensor._make(self._val, self._bdim, self._tr)
+
     def __repr__(self) -> str:
         return (f"BatchedTensor(lvl={self._tr.level}, bdim={self._bdim}, "
                 f"value={self._val!r})")
@@ -179,10 +185,15 @@ class BatchTrace:
         self.size = size
         self.active = False
         self.grad_leaves: set = set()      # read by the in-place checks; nothing here is one
+        self.forward_level_at_entry = 0
 
     def __enter__(self) -> "BatchTrace":
         push_trace(self)
         self.active = True
+        # Forward-mode levels up to this one were entered outside this vmap: their tangents
+        # ride on the underlying tensors, so ops on this level's tensors come here first
+        # (dual.apply_jvp reads this).
+        self.forward_level_at_entry = max(dual.live_levels(), default=0)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -265,7 +276,9 @@ class BatchTrace:
             for (prim, attrs), t in zip(reversed(x._view_ops), reversed(types[:-1])):
                 embedded = prim.cotangent(0, embedded, None, (t,), attrs)
                 mask = prim.cotangent(0, mask, None, (t,), attrs)
-            self._rebind(base, F.where(mask, embedded, base))
+            new_base = F.where(mask, embedded, base)
+            self._rebind(base, new_base)
+            dual.assign_tangents(base, new_base)
         self._rebind(x, value)
         if x._base is not None:
             x._seen = x._base._val       # x holds the value written: it is current
@@ -305,9 +318,9 @@ class BatchNode(PrimitiveNode):
             reads, reads_output = _READS[prim, needs]
         except KeyError:
             reads, reads_output = _READS.setdefault((prim, needs), _reads(prim, needs))
-        self._saved = tuple([_Saved(op) if i in reads else None
+        self._saved = tuple([_Saved(_as_it_is(op)) if i in reads else None
                              for i, op in enumerate(operands)]) if reads else None
-        self._out = _Saved(out.detach(), self._name) if reads_output else None
+        self._out = _Saved(out._detach_own_tape(), self._name) if reads_output else None
 
     def apply(self, grad, create_graph: bool, retain_graph: bool) -> tuple:
         saved = self._saved
@@ -315,13 +328,7 @@ class BatchNode(PrimitiveNode):
             raise RuntimeError(_FREED_MESSAGE)
         primals = tuple([TensorType(*meta) if saved is None or saved[i] is None
                          else saved[i].unpack(self) for i, meta in enumerate(self._in_meta)])
-        out = None
-        if self._out is not None:
-            out = self._out.unpack(self)
-            if create_graph:
-                out = out.detach()
-                out.grad_fn = self
-                out._requires_grad = True
+        out = None if self._out is None else self._saved_output(create_graph)
         grads = [self.prim.cotangent(i, grad, out, primals, self.attrs) if n else None
                  for i, n in enumerate(self._needs)]
         fixed = []
@@ -335,6 +342,20 @@ class BatchNode(PrimitiveNode):
                     g = g.to(dtype)
             fixed.append(g)
         return tuple(fixed)
+
+
+def _as_it_is(t: Tensor) -> Tensor:
+    """A batched operand as a node saves it: a tensor of its own with the operand's value,
+    history and tangents now. An in-place write rebinds the operand's value rather than
+    writing into storage (there is no version to check), so the operand itself would give the
+    backward the value written later (``y.mul_(x)``'s gradient of ``x`` reads the old ``y``).
+    A leaf that requires grad is kept: its gradient accumulates into it, and it cannot be
+    written in place."""
+    if not isinstance(t, BatchTensor) or (t.grad_fn is None and t._requires_grad):
+        return t
+    s = BatchTensor._make(t._val, t._bdim, t._tr)
+    s.grad_fn, s._requires_grad, s._fw_grads = t.grad_fn, t._requires_grad, t._fw_grads
+    return s
 
 
 def _record(prim: Primitive, operands, attrs: dict, out: BatchTensor) -> None:

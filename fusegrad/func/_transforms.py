@@ -31,7 +31,7 @@ from typing import Callable
 from fusegrad.autograd import functional as AF
 from fusegrad.autograd.engine import AccumulateGrad
 from fusegrad.autograd.grad_mode import enable_grad, is_grad_enabled
-from fusegrad.func._batching import lift
+from fusegrad.func._batching import BatchTensor, innermost_batch_trace, lift
 from fusegrad.func._pytree import non_tensor_leaves, tree_flatten, tree_str, tree_unflatten
 from fusegrad.func._vmap import check_randomness, randomness_mode
 from fusegrad.ops import dual
@@ -92,6 +92,9 @@ class _Call:
         self.fresh: set[int] = set()
         self.keep: list[Tensor] = []           # keeps the fresh leaves' ids from being reused
         self.out_tree = self.aux = None        # recorded by the call
+        # The vmap level the transform runs at: its inputs are lifted to it, and the tape it
+        # differentiates on is that level's.
+        self.level = innermost_batch_trace()
 
     def call(self, leaves) -> object:
         for t in leaves:
@@ -111,9 +114,29 @@ class _Call:
     def detach_inner(self, t):
         """``t`` detached unless it depends on something outside the transform that requires
         grad; non-tensors (None) pass through."""
-        if not isinstance(t, Tensor) or not t.requires_grad:
+        if not isinstance(t, Tensor):
             return t
-        return t if _reaches_outer_graph(t, self.fresh) else dual.detach_keeping_tangents(t)
+        if t.requires_grad and not _reaches_outer_graph(t, self.fresh):
+            t = self.cut(t)
+        # The tangents an enclosing jvp reads off the result were computed inside too
+        # (jvp(grad(f)): the gradient's tangent comes from the backward on the leaves):
+        # they keep their history on the same condition.
+        for level, tangent in list((t._fw_grads or {}).items()):
+            cut = self.detach_inner(tangent)
+            if cut is not tangent:
+                dual.set_tangent(t, level, cut)
+        return t
+
+    def cut(self, t: Tensor) -> Tensor:
+        """``t`` cut from the tape of the transform's level, and of the vmap levels inside
+        it (a vjp function called under vmap gives a tensor batched there, whose underlying
+        tensor has the transform's history), keeping every level's tangents."""
+        if isinstance(t, BatchTensor) and t._tr is not self.level:
+            value, bdim = t._tr.unwrap(t)
+            out = BatchTensor._make(self.detach_inner(value), bdim, t._tr)
+            out._fw_grads = t._fw_grads
+            return out
+        return dual.detach_keeping_tangents(t)
 
     def detach_tree(self, obj):
         leaves, tree = tree_flatten(obj)

@@ -144,9 +144,11 @@ def _note_traced(t) -> None:
 
 
 def detach_keeping_tangents(t):
-    """``t.detach()`` with ``t``'s forward-mode tangents: what a transform returns when it
-    cuts its own reverse-mode history, which enclosing forward levels must still see."""
-    out = t.detach()
+    """``t`` cut from the tape its ops are recorded on (``Tensor._detach_own_tape``: a
+    batched tensor inside vmap keeps its underlying history), with its forward-mode
+    tangents: what a transform returns when it cuts its own reverse-mode history, which
+    enclosing forward levels must still see."""
+    out = t._detach_own_tape()
     if t._fw_grads is not None:
         out._fw_grads = t._fw_grads
         _note_traced(out)
@@ -216,6 +218,13 @@ def apply_jvp(prim: Primitive, operands, attrs):
                     level = lv
     if not level:
         return None
+    for op in operands:
+        # An operand of a trace that started inside this level (a vmap inside the jvp) goes
+        # to that trace first: its rule hands the underlying tensors down, and the tangents
+        # of this level ride on those (JAX's order of the levels).
+        trace = op._trace
+        if trace is not None and getattr(trace, "forward_level_at_entry", 0) >= level:
+            return None
     tangents = [get_tangent(op, level) for op in operands]
     with hidden(level):
         out = bind(prim, *operands, **attrs)

@@ -197,7 +197,7 @@ class PrimitiveNode(Node):
                              for i, op in enumerate(operands)]) if reads else None
         # Keep the output's data, not the output itself: the output holds this node as its
         # grad_fn, and a strong reference back would make a cycle.
-        self._out = _Saved(out.detach(), name) if reads_output else None
+        self._out = _Saved(out._detach_own_tape(), name) if reads_output else None
 
     def apply(self, grad, create_graph: bool, retain_graph: bool) -> tuple:
         saved = self._saved
@@ -208,15 +208,7 @@ class PrimitiveNode(Node):
         else:
             primals = tuple([s.unpack(self) if s is not None else TensorType(*meta)
                              for s, meta in zip(saved, self._in_meta)])
-        out = None
-        if self._out is not None:
-            out = self._out.unpack(self)
-            if create_graph:
-                fw = out._fw_grads              # forward mode's tangents stay with it
-                out = out.detach()
-                out._fw_grads = fw
-                out.grad_fn = self
-                out._requires_grad = True
+        out = None if self._out is None else self._saved_output(create_graph)
         # The rules called directly, as Primitive.cotangent calls them: two calls fewer per
         # gradient.
         prim, attrs = self.prim, self.attrs
@@ -229,6 +221,19 @@ class PrimitiveNode(Node):
             grads = [rules[i].fn(grad, out, *primals, **attrs) if n else None
                      for i, n in enumerate(self._needs)]
         return _check_grads(self, grads)
+
+    def _saved_output(self, create_graph: bool):
+        """The saved output for the rules; under ``create_graph`` a tensor whose history is
+        this node (a gradient of the output-reading rule is then differentiable), with the
+        output's forward-mode tangents (forward over reverse through exp's rule)."""
+        out = self._out.unpack(self)
+        if create_graph:
+            fw = out._fw_grads
+            out = out._detach_own_tape()
+            out._fw_grads = fw
+            out.grad_fn = self
+            out._requires_grad = True
+        return out
 
     def release(self) -> None:
         if self._saved is not None or self._out is not None:

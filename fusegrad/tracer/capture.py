@@ -48,6 +48,7 @@ from fusegrad.ir.symbolic import (
     ConcretizationError,
     GraphTrace,
     SymbolicTensor,
+    innermost_trace,
     literal_tensor,
     user_location,
 )
@@ -360,7 +361,10 @@ class StateCapture:
                                    f"{list(ct.shape)} and output[{k}] has a shape of "
                                    f"{list(out.shape)}.")
             value = out._value
-            ct = self.trace_operand_tensor(ct)
+            if innermost_trace((ct,), tr) is tr:
+                ct = self.trace_operand_tensor(ct)
+            # else a tensor of a trace running inside this one (a vmap over a vjp function,
+            # as jacrev does): the VJP rules run on it, through that trace's rules.
             seeds[value] = ct if value not in seeds else seeds[value] + ct
         if not create_graph:
             # Attention chains recorded so far become one primitive with a fused backward
