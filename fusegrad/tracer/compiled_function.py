@@ -103,6 +103,13 @@ class Lowered:
         return render(self.graph, path, kernels=kernels)
 
 
+def _carries_tangents(args, kwargs) -> bool:
+    """Whether an argument carries forward mode's tangents (a dual tensor made outside the
+    function): a compiled program has no inputs for them, so the function runs eagerly, its
+    primitives carrying them. (Forward mode inside the function compiles.)"""
+    return any(getattr(t, "_fw_grads", None) for t in tree_flatten((args, kwargs))[0])
+
+
 class CompiledFunction:
     """The callable ``fusegrad.compile`` returns."""
 
@@ -192,11 +199,7 @@ class CompiledFunction:
         """Run the compiled entry of this call (cached, or compiled now), or ``fn`` eagerly."""
         if profiling.recorder is not None and not self._in_region:
             return self._profiled_call(args, kwargs)
-        if _primitive.forward_mode_live() and any(
-                getattr(t, "_fw_grads", None) for t in tree_flatten((args, kwargs))[0]):
-            # Arguments carrying forward mode's tangents (a dual tensor made outside): a
-            # compiled program has no inputs for them, so the function runs eagerly, its
-            # primitives carrying them. (Forward mode inside the function compiles.)
+        if _primitive.forward_mode_live() and _carries_tangents(args, kwargs):
             return self.fn(*args, **kwargs)
         if _primitive._device_apply is not None and self.backend == "llvm" and \
                 self._on_cuda(args, kwargs):
@@ -210,8 +213,7 @@ class CompiledFunction:
             with self._lock:
                 if self._holds(hit, args):
                     return self._run(hit, args)
-        leaves, _ = tree_flatten((args, kwargs))
-        if any(t._trace is not None for t in leaves):
+        if any(t._trace is not None for t in tree_flatten((args, kwargs))[0]):
             # Called inside a trace (another compile or a transform): inline the function.
             return self.fn(*args, **kwargs)
         with self._lock:
