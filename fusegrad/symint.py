@@ -11,7 +11,9 @@ Every symbol stands for a size of at least 2: as torch's 0/1 specialization, a d
 seen with size 0 or 1 stays static (a size of 1 changes broadcasting), and whoever makes a
 symbol guards that assumption when a call binds it. The assumption decides the comparisons
 shape rules make: ``B == 1`` is False, ``B >= 2`` True; a comparison it cannot decide
-(``B < 784``) raises :class:`SymbolicDecisionError` instead of guessing.
+(``B < 784``) raises :class:`SymbolicDecisionError` instead of guessing. ``B == 784`` is
+False as well, and is a real assumption (the program may differ where B is 784): inside
+:func:`record_assumptions` each such answer is recorded, for a compiled function to guard.
 
 >>> B, T = symbol("B"), symbol("T")
 >>> str(B * T + 1), (B * T).evaluate({"B": 4, "T": 8})
@@ -20,10 +22,13 @@ shape rules make: ``B == 1`` is False, ``B >= 2`` True; a comparison it cannot d
 
 from __future__ import annotations
 
-from typing import Union
+import contextlib
+import threading
+from typing import Iterator, Union
 
 __all__ = ["SymInt", "SymbolicDecisionError", "symbol", "ceil_div", "is_symbolic",
-           "evaluate_dim", "evaluate_shape", "free_symbols", "MIN_SYMBOL_SIZE"]
+           "evaluate_dim", "evaluate_shape", "free_symbols", "as_size", "size_hint",
+           "record_assumptions", "MIN_SYMBOL_SIZE"]
 
 # Sizes 0 and 1 are specialized (see the module docstring): a symbol is at least this.
 MIN_SYMBOL_SIZE = 2
@@ -84,24 +89,27 @@ class SymInt:
     until a call binds it: :meth:`evaluate`)."""
 
     # ((monomial, coefficient), ...): a monomial is a sorted tuple of atoms (symbol names
-    # and _Div), () for the constant term; no zero coefficients; sorted.
-    __slots__ = ("_terms", "_hash")
+    # and _Div), () for the constant term; no zero coefficients; sorted. ``_hints``: the
+    # sizes the symbols had where the expression was made (a trace's example call), as
+    # torch's size hints; not part of the value (equality and hash ignore them).
+    __slots__ = ("_terms", "_hash", "_hints")
 
-    def __init__(self, terms):
+    def __init__(self, terms, hints: dict | None = None):
         self._terms = terms
         self._hash = hash(terms)
+        self._hints = hints or {}
 
     # -- construction
 
     @staticmethod
-    def _make(poly: dict) -> Dim:
+    def _make(poly: dict, hints: dict | None = None) -> Dim:
         terms = tuple(sorted(((m, c) for m, c in poly.items() if c != 0),
                              key=lambda mc: (-len(mc[0]), [_atom_order(a) for a in mc[0]])))
         if not terms:
             return 0
         if len(terms) == 1 and terms[0][0] == ():
             return terms[0][1]
-        return SymInt(terms)
+        return SymInt(terms, hints)
 
     def _poly(self) -> dict:
         return dict(self._terms)
@@ -114,12 +122,12 @@ class SymInt:
         poly = self._poly()
         for m, c in _terms_of(other):
             poly[m] = poly.get(m, 0) + c
-        return SymInt._make(poly)
+        return SymInt._make(poly, _merged_hints(self, other))
 
     __radd__ = __add__
 
     def __neg__(self) -> Dim:
-        return SymInt._make({m: -c for m, c in self._terms})
+        return SymInt._make({m: -c for m, c in self._terms}, self._hints)
 
     def __sub__(self, other) -> Dim:
         if not isinstance(other, (int, SymInt)) or isinstance(other, bool):
@@ -139,7 +147,7 @@ class SymInt:
             for m2, c2 in _terms_of(other):
                 m = tuple(sorted(m1 + m2, key=_atom_order))
                 poly[m] = poly.get(m, 0) + c1 * c2
-        return SymInt._make(poly)
+        return SymInt._make(poly, _merged_hints(self, other))
 
     __rmul__ = __mul__
 
@@ -156,8 +164,11 @@ class SymInt:
         if isinstance(other, SymInt):
             return self._terms == other._terms
         if isinstance(other, int) and not isinstance(other, bool):
-            # Symbols are >= MIN_SYMBOL_SIZE: an expression is never equal to a smaller int
-            # and, not being constant, equal to no int as a fact about every binding.
+            # Not equal: a fact for an int below every value the expression can take, an
+            # assumption (recorded) for any other.
+            lo = self.lower_bound()
+            if lo is None or other >= lo:
+                _record(self, other)
             return False
         return NotImplemented
 
@@ -244,6 +255,13 @@ class SymInt:
                 return m[0]
         return None
 
+    def hint(self) -> int | None:
+        """The value at the sizes where the symbols were made (None without hints)."""
+        try:
+            return self.evaluate(self._hints)
+        except KeyError:
+            return None
+
     def evaluate(self, bindings: dict) -> int:
         """The value for ``bindings`` (symbol name -> int); KeyError names a missing one."""
         total = 0
@@ -273,6 +291,37 @@ class SymInt:
     __repr__ = __str__
 
 
+_recording = threading.local()
+
+
+@contextlib.contextmanager
+def record_assumptions() -> Iterator[list]:
+    """Collect, in the list this yields, each ``(expression, int)`` that a comparison inside
+    the block took to be unequal (``B == 784`` answered False): what a program traced with
+    symbolic sizes assumed about them."""
+    stack = getattr(_recording, "stack", None)
+    if stack is None:
+        stack = _recording.stack = []
+    found: list = []
+    stack.append(found)
+    try:
+        yield found
+    finally:
+        stack.pop()
+
+
+def _record(expr: "SymInt", value: int) -> None:
+    stack = getattr(_recording, "stack", None)
+    if stack and (expr, value) not in stack[-1]:
+        stack[-1].append((expr, value))
+
+
+def _merged_hints(a: "SymInt", b) -> dict:
+    if isinstance(b, SymInt) and b._hints and b._hints is not a._hints:
+        return {**a._hints, **b._hints}
+    return a._hints
+
+
 def _terms_of(x: Dim) -> tuple:
     return x._terms if isinstance(x, SymInt) else (((), x),)
 
@@ -289,15 +338,27 @@ def _div(num, den, ceil: bool) -> Dim:
         return num
     # Exact when every coefficient divides: (4*B+8)//4 is B+2.
     if all(c % den == 0 for _, c in num._terms):
-        return SymInt._make({m: c // den for m, c in num._terms})
-    return SymInt((((_Div(num, den, ceil),), 1),))
+        return SymInt._make({m: c // den for m, c in num._terms}, num._hints)
+    return SymInt((((_Div(num, den, ceil),), 1),), num._hints)
 
 
-def symbol(name: str) -> SymInt:
-    """The symbolic size called ``name`` (an identifier: ``B``, ``s0``)."""
+def symbol(name: str, hint: int | None = None) -> SymInt:
+    """The symbolic size called ``name`` (an identifier: ``B``, ``s0``); ``hint``: its size
+    in the example the symbol was made from (see :func:`size_hint`)."""
     if not name.isidentifier():
         raise ValueError(f"a symbol's name must be an identifier, got {name!r}")
-    return SymInt(((((name,), 1),)))
+    return SymInt(((((name,), 1),)), {name: hint} if hint is not None else None)
+
+
+def size_hint(d: Dim) -> int:
+    """A size's value in the example call a trace was made from: for reasoning that needs a
+    number but whose result does not depend on it (a stand-in array's strides)."""
+    if not isinstance(d, SymInt):
+        return d
+    value = d.hint()
+    if value is None:
+        raise SymbolicDecisionError(f"symbolic size {d} has no hint")
+    return value
 
 
 def ceil_div(num: Dim, den: int) -> Dim:
@@ -319,6 +380,11 @@ def free_symbols(shape: tuple) -> set[str]:
         if isinstance(d, SymInt):
             out |= d.free_symbols()
     return out
+
+
+def as_size(d) -> Dim:
+    """``int(d)`` for a size a user or a rule gave, keeping a symbolic size symbolic."""
+    return d if isinstance(d, SymInt) else int(d)
 
 
 def evaluate_dim(d: Dim, bindings: dict) -> int:

@@ -20,6 +20,7 @@ import numpy as np
 
 from fusegrad.ir.graph import Graph, IRError, Literal, Node, Operand, Value
 from fusegrad.ir.printer import format_type, print_node, value_names
+from fusegrad.ir.specialize import concrete_attr
 from fusegrad.symint import MIN_SYMBOL_SIZE, SymInt, evaluate_shape, is_symbolic
 
 __all__ = ["interpret", "bind_symbols"]
@@ -42,17 +43,6 @@ def bind_symbols(g: Graph, shapes) -> dict[str, int]:
             raise IRError(f"interpret @{g.name}: symbol {name} is bound to {n}, but a symbolic "
                           f"size is at least {MIN_SYMBOL_SIZE} (sizes 0 and 1 are specialized)")
     return bindings
-
-
-def _concrete(value, bindings: dict):
-    """An attribute with its symbolic sizes evaluated."""
-    if isinstance(value, SymInt):
-        return value.evaluate(bindings)
-    if isinstance(value, tuple):
-        return tuple(_concrete(x, bindings) for x in value)
-    if isinstance(value, list):
-        return [_concrete(x, bindings) for x in value]
-    return value
 
 
 def _check_inputs(g: Graph, arrays: tuple, bindings: dict) -> list[np.ndarray]:
@@ -92,7 +82,7 @@ def _last_uses(g: Graph) -> dict[int, list[Value]]:
 
 def _run_node(g: Graph, node: Node, index: int, operands: list[np.ndarray],
               bindings: dict) -> np.ndarray:
-    attrs = {k: _concrete(a, bindings) for k, a in node.attrs.items()} if bindings else node.attrs
+    attrs = {k: concrete_attr(a, bindings) for k, a in node.attrs.items()} if bindings else node.attrs
     try:
         result = np.asarray(node.prim.impl(*operands, **attrs))
     except Exception as e:

@@ -22,6 +22,7 @@ from fusegrad.grad_mode import no_grad
 from fusegrad.ops import philox, primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import bind, note_created
+from fusegrad.symint import as_size
 from fusegrad.tensor import Size, Tensor, register_handler
 
 __all__ = [
@@ -166,7 +167,7 @@ def _shape(size, extra: dict | None = None) -> tuple[int, ...]:
     for d in size:
         if not isinstance(d, (int, np.integer)) and not (isinstance(d, Tensor) and d.ndim == 0):
             raise TypeError(f"size must be a tuple of ints, but got {type(d).__name__}")
-    shape = tuple(int(d) for d in size)
+    shape = tuple(as_size(d) for d in size)
     for d in shape:
         if d < 0:
             raise RuntimeError(f"Trying to create tensor with negative dimension {d}: {list(shape)}")

@@ -9,6 +9,7 @@ from fusegrad.ir.graph import IRError
 from fusegrad.ir.interpreter import interpret
 from fusegrad.ir.parser import IRParseError, parse
 from fusegrad.ir.printer import print_graph
+from fusegrad.ir.specialize import specialize
 from fusegrad.ir.verifier import VerificationError, verify
 from fusegrad.symint import SymbolicDecisionError, SymInt, ceil_div, symbol
 from fusegrad.tensor_type import TensorType
@@ -125,3 +126,15 @@ def test_parser_errors_in_sizes():
         parse("graph @f(%x: f32[B*]) -> (f32[B]) {\n  return %x\n}\n")
     with pytest.raises(IRParseError, match="the divisor must be positive"):
         parse("graph @f(%x: f32[ceil(B/0)]) -> (f32[B]) {\n  return %x\n}\n")
+
+
+def test_specialize_gives_the_graph_at_one_size():
+    g = parse(SEQ)
+    s = specialize(g, {"B": 2, "T": 5})
+    verify(s)
+    assert print_graph(s).splitlines()[0] == \
+        "graph @seq(%x: f32[2,5,64]) -> (f32[10,64], f32[2,4,64]) {"
+    assert s.nodes[1].attrs["stops"] == (2, 5, 64)
+    x = np.arange(2 * 5 * 64, dtype=np.float32).reshape(2, 5, 64)
+    for a, b in zip(interpret(s, x), interpret(g, x)):
+        np.testing.assert_array_equal(a, b)
