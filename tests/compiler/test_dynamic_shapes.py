@@ -1,0 +1,192 @@
+"""Symbolic dimensions in compiled functions: ``fusegrad.compile(dynamic=True)``, torch's
+automatic dynamic (``dynamic=None``), ``mark_dynamic``, and what the symbolic trace assumed.
+
+A training step compiled with a symbolic batch dim traces and optimizes once for every batch
+size of at least 2 (size 1 specializes, as torch's 0/1 specialization does); its values
+equal eager's within float32 rounding of the same computation.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad import config as fg_config
+from fusegrad.ir.parser import parse
+from fusegrad.ir.printer import print_graph
+from fusegrad.ir.verifier import verify
+from fusegrad.symint import SymInt
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+@pytest.fixture(autouse=True)
+def _automatic_dynamic(monkeypatch):
+    monkeypatch.setattr(fg_config.config, "automatic_dynamic_shapes", True)
+
+
+def _mlp(seed=0):
+    fg.manual_seed(seed)
+    return fg.nn.Sequential(fg.nn.Linear(12, 16), fg.nn.ReLU(), fg.nn.Linear(16, 10))
+
+
+def _step_fn(model, opt):
+    def step(x, y):
+        opt.zero_grad()
+        loss = fg.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def _batches(sizes, seed=1):
+    rng = np.random.default_rng(seed)
+    return [(fg.tensor(rng.standard_normal((n, 12)).astype(np.float32)),
+             fg.tensor(rng.integers(0, 10, n))) for n in sizes]
+
+
+def _train(dynamic, sizes, optimizer="sgd"):
+    """Losses and final parameters of compiled and eager training on the same batches, and
+    the compiled step."""
+    eager_model = _mlp()
+    model = copy.deepcopy(eager_model)
+    make = {"sgd": lambda p: fg.optim.SGD(p, lr=0.1),
+            "adam": lambda p: fg.optim.Adam(p, lr=1e-2)}[optimizer]
+    eager_step = _step_fn(eager_model, make(eager_model.parameters()))
+    step = fg.compile(_step_fn(model, make(model.parameters())), dynamic=dynamic)
+    losses, eager_losses = [], []
+    for x, y in _batches(sizes):
+        losses.append(float(step(x, y)))
+        eager_losses.append(float(eager_step(x, y)))
+    params = [p.detach().numpy() for p in model.parameters()]
+    eager_params = [p.detach().numpy() for p in eager_model.parameters()]
+    return losses, eager_losses, params, eager_params, step
+
+
+def _assert_matches_eager(losses, eager_losses, params, eager_params, steps):
+    # Dot products of length 16 and sums over 10 classes and the batch, in float32: a few
+    # hundred eps per step at most, compounding through the updates.
+    tol = 256 * EPS32 * steps
+    np.testing.assert_allclose(losses, eager_losses, rtol=tol, atol=tol)
+    for p, q in zip(params, eager_params):
+        np.testing.assert_allclose(p, q, rtol=tol, atol=tol)
+
+
+def test_dynamic_true_compiles_a_training_step_once_for_every_batch_size():
+    sizes = [32, 32, 7, 2, 31, 17, 32, 5]            # the last batch of an epoch is shorter
+    losses, eager_losses, params, eager_params, step = _train(True, sizes)
+    _assert_matches_eager(losses, eager_losses, params, eager_params, len(sizes))
+    assert step.compiles == 1 and step.recompile_reasons == []
+    (entry,) = step.entries()
+    assert entry.symbolic is not None
+    x_type = entry.graph.inputs[0].type
+    assert isinstance(x_type.shape[0], SymInt) and x_type.shape[1] == 12
+    assert str(x_type) == "f32[s0,12]"
+
+
+def test_dynamic_true_with_adam_compiles_its_first_step_and_then_once():
+    sizes = [16, 9, 16, 3, 11]
+    losses, eager_losses, params, eager_params, step = _train(True, sizes, "adam")
+    _assert_matches_eager(losses, eager_losses, params, eager_params, len(sizes))
+    # The first step makes Adam's state (a program that runs once), then the steady step.
+    assert step.compiles == 2
+
+
+def test_automatic_dynamic_recompiles_once_with_the_changed_dim_symbolic(capsys, monkeypatch):
+    monkeypatch.setattr(fg_config.config, "debug", 1)
+    sizes = [32, 32, 32, 20, 32, 9, 3]
+    losses, eager_losses, params, eager_params, step = _train(None, sizes)
+    _assert_matches_eager(losses, eager_losses, params, eager_params, len(sizes))
+    assert step.compiles == 2
+    assert step.recompile_reasons == [
+        "automatic dynamic: x.size(0) 32 -> 20, y.size(0) 32 -> 20 (now symbolic)"]
+    static, symbolic = step.entries()
+    assert static.symbolic is None and symbolic.symbolic is not None
+    err = capsys.readouterr().err
+    assert "automatic dynamic: step saw x.size(0) 32 -> 20, y.size(0) 32 -> 20" in err
+    assert "traced with symbolic x.size(0) as s0, y.size(0) as s0" in err
+
+
+def test_size_one_specializes_and_dynamic_false_is_static():
+    _, _, _, _, step = _train(True, [8, 1, 5, 1])
+    assert step.compiles == 2                        # s0 >= 2, then the size-1 program
+    losses, eager_losses, params, eager_params, step = _train(False, [8, 4, 8, 4])
+    _assert_matches_eager(losses, eager_losses, params, eager_params, 4)
+    assert step.compiles == 2 and all(e.symbolic is None for e in step.entries())
+
+
+def test_dynamic_false_keeps_todays_kernels():
+    x = fg.randn(64, 32)
+    f = lambda t: (t.softmax(-1) * 2).sum(0)        # noqa: E731
+    static = fg.compile(f, dynamic=False)
+    dynamic = fg.compile(f, dynamic=True)
+    a, b = static.lower(x), dynamic.lower(x)
+    assert len(a.kernels) == len(b.kernels)          # one graph, specialized the same way
+    assert a.llvm_ir == b.llvm_ir
+    np.testing.assert_allclose(dynamic(x).numpy(), static(x).numpy(), rtol=0, atol=0)
+
+
+def test_mark_dynamic_makes_that_dim_symbolic():
+    f = fg.compile(lambda t: t.softmax(-1).sum(-1))
+    x = fg.randn(6, 8)
+    fg._dynamo.mark_dynamic(x, 0)
+    assert fg.mark_dynamic is fg._dynamo.mark_dynamic
+    f(x)
+    (entry,) = f.entries()
+    assert isinstance(entry.graph.inputs[0].type.shape[0], SymInt)
+    for n in (3, 17):
+        y = fg.randn(n, 8)
+        fg.mark_dynamic(y, 0)
+        np.testing.assert_allclose(f(y).numpy(), np.ones(n), rtol=0, atol=8 * 4 * EPS32)
+    assert f.compiles == 1
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        fg.mark_dynamic(x, 2)
+
+
+def test_a_failing_assumption_names_the_dim_and_compiles_that_size():
+    def f(x):
+        # Python control flow on a size: the symbolic trace assumes s0 != 4.
+        return x * 2 if x.shape[0] == 4 else x + 1
+    g = fg.compile(f, dynamic=True)
+    np.testing.assert_array_equal(g(fg.ones(3, 2)).numpy(), np.full((3, 2), 2.0))
+    (entry,) = g.entries()
+    assert [(str(e), k) for e, k in entry.symbolic.assumptions] == [("s0", 4)]
+    assert entry.symbolic.failing([fg.ones(4, 2)]) == \
+        "the symbolic trace assumed x.size(0) (s0) != 4, but it is 4 in this call"
+    np.testing.assert_array_equal(g(fg.ones(4, 2)).numpy(), np.full((4, 2), 2.0) * 1)
+    assert g.compiles == 2
+    assert g.recompile_reasons == [
+        "the symbolic trace assumed x.size(0) (s0) != 4, but it is 4 in this call"]
+    np.testing.assert_array_equal(g(fg.ones(5, 2)).numpy(), np.full((5, 2), 2.0))
+    np.testing.assert_array_equal(g(fg.ones(4, 2)).numpy(), np.full((4, 2), 2.0))
+    assert g.compiles == 2
+
+
+def test_what_is_not_symbolic_ready_falls_back_to_static(capsys, monkeypatch):
+    monkeypatch.setattr(fg_config.config, "debug", 1)
+    w = fg.randn(3, 3, requires_grad=True)
+    f = fg.compile(lambda x: (x @ w).sum(), dynamic=True)
+    for n in (4, 6):
+        x = fg.randn(n, 3)
+        out = f(x)
+        out.backward()
+        np.testing.assert_allclose(w.grad.numpy(), np.broadcast_to(
+            x.numpy().sum(0)[:, None], (3, 3)), rtol=16 * EPS32, atol=16 * EPS32)
+        w.grad = None
+    assert f.compiles == 2 and all(e.symbolic is None for e in f.entries())
+    assert "compiled backward of a call that autograd records is not symbolic-ready" in \
+        capsys.readouterr().err
+
+
+def test_symbolic_training_graph_prints_parses_and_verifies():
+    _, _, _, _, step = _train(True, [8, 5])
+    (entry,) = step.entries()
+    text = print_graph(entry.optimized)
+    assert "f32[s0,12]" in text and "i64[s0]" in text
+    g = parse(text)
+    verify(g)
+    assert print_graph(g) == text
