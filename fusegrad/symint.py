@@ -27,7 +27,10 @@ import threading
 from typing import Iterator, Union
 
 __all__ = ["SymInt", "SymbolicDecisionError", "symbol", "ceil_div", "is_symbolic",
-           "evaluate_dim", "evaluate_shape", "free_symbols", "as_size", "size_hint",
+           "evaluate_dim", "evaluate_shape", "free_symbols", "as_size", "size_hint", "at_hints",
+           "known_equal",
+           "slice_indices",
+           "holds_symbol",
            "record_assumptions", "MIN_SYMBOL_SIZE"]
 
 # Sizes 0 and 1 are specialized (see the module docstring): a symbol is at least this.
@@ -154,6 +157,17 @@ class SymInt:
     def __floordiv__(self, other) -> Dim:
         return _div(self, other, ceil=False)
 
+    def __mod__(self, other) -> int:
+        # Decidable when every coefficient is a multiple (B*64 % 64 is 0): a reshape's -1.
+        if isinstance(other, int) and not isinstance(other, bool) and other > 0 and \
+                all(c % other == 0 for _, c in self._terms):
+            return 0
+        raise SymbolicDecisionError(f"cannot decide {self} % {other}: a symbolic size is only "
+                                    f"known to be >= {MIN_SYMBOL_SIZE}")
+
+    def __rmod__(self, other):
+        raise SymbolicDecisionError(f"cannot decide {other} % {self} for a symbolic size")
+
     def __rfloordiv__(self, other):
         raise SymbolicDecisionError(f"{other} // {self}: a size divided by a symbolic size is "
                                     "not a supported symbolic expression")
@@ -168,7 +182,7 @@ class SymInt:
             # assumption (recorded) for any other.
             lo = self.lower_bound()
             if lo is None or other >= lo:
-                _record(self, other)
+                _record(self, other, "!=")
             return False
         return NotImplemented
 
@@ -193,6 +207,13 @@ class SymInt:
             return False
         if op in ("<", "<=") and lo is not None and (lo > 0 if op == "<=" else lo >= 0):
             return False
+        # Not a fact: inside record_assumptions, decided at the hints (the sizes traced at)
+        # and recorded, as torch guards a comparison of sizes; elsewhere an error.
+        at = diff.hint()
+        if at is not None and _recording_active():
+            truth = {"<": at < 0, "<=": at <= 0, ">": at > 0, ">=": at >= 0}[op]
+            _record(self, other, op if truth else _NEGATED[op])
+            return truth
         raise SymbolicDecisionError(
             f"cannot decide {self} {op} {other}: a symbolic size is only known to be "
             f">= {MIN_SYMBOL_SIZE}")
@@ -294,11 +315,18 @@ class SymInt:
 _recording = threading.local()
 
 
+_NEGATED = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "!=": "=="}
+COMPARE = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+           ">=": lambda a, b: a >= b, "!=": lambda a, b: a != b, "==": lambda a, b: a == b}
+
+
 @contextlib.contextmanager
 def record_assumptions() -> Iterator[list]:
-    """Collect, in the list this yields, each ``(expression, int)`` that a comparison inside
-    the block took to be unequal (``B == 784`` answered False): what a program traced with
-    symbolic sizes assumed about them."""
+    """Collect, in the list this yields, each ``(expression, op, value)`` that a comparison
+    inside the block assumed true: ``B == 784`` answered False records ``(B, "!=", 784)``;
+    a comparison the >= 2 assumption cannot decide (``T <= 32``) is answered at the sizes
+    the symbols were traced at (their hints) and recorded. What a program traced with
+    symbolic sizes assumed about them, for a compiled function to guard."""
     stack = getattr(_recording, "stack", None)
     if stack is None:
         stack = _recording.stack = []
@@ -310,10 +338,14 @@ def record_assumptions() -> Iterator[list]:
         stack.pop()
 
 
-def _record(expr: "SymInt", value: int) -> None:
+def _recording_active() -> bool:
+    return bool(getattr(_recording, "stack", None))
+
+
+def _record(expr: "SymInt", value, op: str) -> None:
     stack = getattr(_recording, "stack", None)
-    if stack and (expr, value) not in stack[-1]:
-        stack[-1].append((expr, value))
+    if stack and (expr, op, value) not in stack[-1]:
+        stack[-1].append((expr, op, value))
 
 
 def _merged_hints(a: "SymInt", b) -> dict:
@@ -385,6 +417,52 @@ def free_symbols(shape: tuple) -> set[str]:
 def as_size(d) -> Dim:
     """``int(d)`` for a size a user or a rule gave, keeping a symbolic size symbolic."""
     return d if isinstance(d, SymInt) else int(d)
+
+
+def slice_indices(start, stop, step, size: Dim) -> tuple:
+    """``slice(start, stop, step).indices(size)`` where a bound or ``size`` may be symbolic
+    (a positive step; a clamp that the >= 2 assumption cannot decide raises)."""
+    step = 1 if step is None else step
+    if isinstance(step, SymInt) or step <= 0:
+        raise SymbolicDecisionError(f"a slice of a symbolic size needs a positive integer step, "
+                                    f"got {step}")
+
+    def bound(v, default):
+        if v is None:
+            return default
+        if not isinstance(v, SymInt) and v < 0:
+            v = size + v
+            return 0 if v < 0 else v
+        return size if v > size else v
+    return bound(start, 0), bound(stop, size), step
+
+
+def known_equal(a, b) -> bool:
+    """Whether sizes (or shapes) ``a`` and ``b`` are equal for every binding: a fact, never
+    an assumption (a symbol and an int are not known equal). For choices that only save
+    work (a no-op slice, a simplification), where assuming would cost a guard."""
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and \
+            all(known_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, SymInt) != isinstance(b, SymInt):
+        return False
+    return a == b
+
+
+def at_hints(value):
+    """An attribute value (a size, or tuples of them) with each symbolic size at its hint."""
+    if isinstance(value, SymInt):
+        return size_hint(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(at_hints(x) for x in value)
+    return value
+
+
+def holds_symbol(value) -> bool:
+    """Whether an attribute value (a size, or tuples of them) holds a symbolic size."""
+    if isinstance(value, SymInt):
+        return True
+    return isinstance(value, (tuple, list)) and any(holds_symbol(x) for x in value)
 
 
 def evaluate_dim(d: Dim, bindings: dict) -> int:

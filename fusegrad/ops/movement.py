@@ -21,7 +21,7 @@ from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.prims_common import register_view_op
 from fusegrad.ops.prims_movement import pad_axes
 from fusegrad.ops.registry import public
-from fusegrad.symint import as_size, is_symbolic, size_hint
+from fusegrad.symint import as_size, at_hints, is_symbolic, known_equal, size_hint
 from fusegrad.tensor import Size, Tensor
 
 
@@ -198,7 +198,7 @@ def _traced_layout(x: Tensor) -> np.ndarray:
             except ValueError:
                 a = _layout_stand_in(attrs["shape"])
         else:
-            a = prim.impl(a, **attrs)
+            a = prim.impl(a, **{k: at_hints(v) for k, v in attrs.items()})
     return a
 
 
@@ -386,7 +386,7 @@ def unflatten(x: Tensor, dim: int, sizes) -> Tensor:
 
 def slice_axes(x: Tensor, starts, stops, steps) -> Tensor:
     """The primitive slice; a no-op slice returns ``x`` itself."""
-    if builtins.all(a == 0 and b == d and s == 1
+    if builtins.all(known_equal(a, 0) and known_equal(b, d) and known_equal(s, 1)
                     for a, b, s, d in zip(starts, stops, steps, x.shape)):
         return x
     return _view_prim(P.slice_, x, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))

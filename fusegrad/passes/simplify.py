@@ -66,6 +66,7 @@ from fusegrad.ops.primitive import PRIMITIVES, TensorType, infer_type
 from fusegrad.passes.cse import COMMUTATIVE
 from fusegrad.passes.dce import dce
 from fusegrad.passes.manager import Pass, register_pass
+from fusegrad.symint import known_equal
 
 __all__ = ["simplify", "simplify_node", "Simplify", "RULES", "RewriteOptions", "rule",
            "cast_is_exact"]
@@ -369,7 +370,7 @@ def index_add_of_every_index(opts: RewriteOptions, ins: list, attrs: dict,
     # Each element gets one addition, as np.add.at with distinct indices does.
     x, idx, src = ins
     size = x.type.shape[attrs["axis"]]
-    if idx.type.shape == (size,) and _index_run(idx, size) == 0:
+    if known_equal(idx.type.shape, (size,)) and _index_run(idx, size) == 0:
         return ("add", [x, src], {})
     return None
 

@@ -17,6 +17,7 @@ import functools
 import sys
 import threading
 import time
+import traceback
 import types
 import warnings
 import weakref
@@ -526,6 +527,8 @@ class CompiledFunction:
             raise
         except Exception as e:
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if config.debug >= 3:
+                traceback.print_exc()           # where symbolic sizes met a concrete need
             self._give_up_symbols(why, said)
             return None
         sig = SymbolicSignature(symbols, {s.name: dim_name(names, i, d)
@@ -544,7 +547,8 @@ class CompiledFunction:
         entry.symbolic = sig
         if config.debug >= 1:
             assumed_text = "; assuming " + ", ".join(
-                f"{sig.describe(e)} != {k}" for e, k in sig.assumptions) if sig.assumptions else ""
+                f"{sig.describe(e)} {op} {sig.describe(k)}" for e, op, k in sig.assumptions) \
+                if sig.assumptions else ""
             print(f"[fusegrad] {name}: traced with symbolic {said}{assumed_text}",
                   file=sys.stderr)
         return entry

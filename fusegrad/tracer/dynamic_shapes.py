@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fusegrad.symint import MIN_SYMBOL_SIZE, SymInt, symbol
+from fusegrad.symint import COMPARE, MIN_SYMBOL_SIZE, SymInt, evaluate_dim, symbol
 from fusegrad.tensor import Tensor
 
 __all__ = ["mark_dynamic", "marked_dims", "choose_symbols", "symbolic_key", "SymbolicSignature",
@@ -96,8 +96,8 @@ def symbolic_key(key: tuple, first_leaf: int, symbols: dict[int, dict[int, SymIn
 @dataclass
 class SymbolicSignature:
     """What a symbolic entry was traced with: the symbols of its arguments' dims, their
-    names in words (``x.size(0)``), and what the trace assumed of them (``(expression,
-    int)``: the expression is not that int)."""
+    names in words (``x.size(0)``), and what the trace assumed of them (``(expression, op,
+    value)``, see :func:`~fusegrad.symint.record_assumptions`)."""
 
     symbols: dict[int, dict[int, SymInt]]
     names: dict[str, str] = field(default_factory=dict)      # symbol -> "x.size(0)"
@@ -117,22 +117,27 @@ class SymbolicSignature:
         if not self.assumptions:
             return None
         values = self.bindings(leaves)
-        for expr, k in self.assumptions:
-            if expr.evaluate(values) == k:
-                return (f"the symbolic trace assumed {self.describe(expr)} != {k}, but it is "
-                        f"{k} in this call")
+        for expr, op, other in self.assumptions:
+            got = expr.evaluate(values)
+            if not COMPARE[op](got, evaluate_dim(other, values)):
+                return (f"the symbolic trace assumed {self.describe(expr)} {op} "
+                        f"{self.describe(other)}, but {self.describe(expr)} is {got} in this call")
         return None
 
     def failing_at_hints(self) -> str | None:
         """An assumption that the traced call itself breaks (the trace compared a size with
         its own value): such a trace is not valid for its own sizes."""
-        for expr, k in self.assumptions:
-            if expr.hint() == k:
-                return f"the trace took {self.describe(expr)} == {k} to be False at size {k}"
+        for expr, op, other in self.assumptions:
+            at = other.hint() if isinstance(other, SymInt) else other
+            if not COMPARE[op](expr.hint(), at):
+                return (f"the trace took {self.describe(expr)} {op} {self.describe(other)} at "
+                        f"size {expr.hint()}")
         return None
 
-    def describe(self, expr: SymInt) -> str:
+    def describe(self, expr) -> str:
         """``x.size(0)`` for a bare symbol, else the expression with the dims it reads."""
+        if not isinstance(expr, SymInt):
+            return str(expr)
         name = expr.name
         if name is not None and name in self.names:
             return f"{self.names[name]} ({name})"
