@@ -165,7 +165,8 @@ def _shape(size, extra: dict | None = None) -> tuple[int, ...]:
     if len(size) == 1 and isinstance(size[0], (tuple, list, Size)):
         size = tuple(size[0])
     for d in size:
-        if not isinstance(d, (int, np.integer)) and not (isinstance(d, Tensor) and d.ndim == 0):
+        if not isinstance(d, (int, np.integer, SymInt)) and not (
+                isinstance(d, Tensor) and d.ndim == 0):
             raise TypeError(f"size must be a tuple of ints, but got {type(d).__name__}")
     shape = tuple(as_size(d) for d in size)
     for d in shape:

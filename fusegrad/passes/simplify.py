@@ -66,7 +66,7 @@ from fusegrad.ops.primitive import PRIMITIVES, TensorType, infer_type
 from fusegrad.passes.cse import COMMUTATIVE
 from fusegrad.passes.dce import dce
 from fusegrad.passes.manager import Pass, register_pass
-from fusegrad.symint import known_equal
+from fusegrad.symint import SymInt, known_equal
 
 __all__ = ["simplify", "simplify_node", "Simplify", "RULES", "RewriteOptions", "rule",
            "cast_is_exact"]
@@ -84,13 +84,14 @@ def _producer(op: Operand) -> Node | None:
 
 
 def _splat(op: Operand) -> np.ndarray | None:
-    """The elements of ``op`` when it is a literal, a ``full`` or a non-empty ``constant``."""
+    """The elements of ``op`` when it is a literal, a ``full`` or a non-empty ``constant``
+    (not a ``full`` of a symbolic size: its value is the call's)."""
     if isinstance(op, Literal):
         return np.asarray(op.value, dtype=op.dtype.np_dtype)
     node = _producer(op)
     if node is None:
         return None
-    if node.op == "full":
+    if node.op == "full" and not isinstance(node.attrs["value"], SymInt):
         return np.asarray(node.attrs["value"], dtype=node.attrs["dtype"].np_dtype)
     if node.op == "constant" and node.attrs["value"].array.size:
         return node.attrs["value"].array

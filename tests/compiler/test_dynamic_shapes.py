@@ -272,3 +272,29 @@ def test_char_transformer_compiles_once_for_every_sequence_length(dynamic, compi
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(),
                                    rtol=1024 * EPS32 * len(lengths),
                                    atol=1024 * EPS32 * len(lengths) * 0.1)
+
+
+SIZE_PROGRAMS = {
+    "mean": lambda x: x.mean(),
+    "var over the batch": lambda x: x.var(0),
+    "a size as a scalar": lambda x: x.sum(0) / x.shape[0] + x * x.shape[0],
+    "full of a symbolic shape": lambda x: x + fg.full((x.shape[0], 3), 2.0),
+    "layer_norm": lambda x: fg.nn.functional.layer_norm(x, (3,)),
+    "mse_loss": lambda x: fg.nn.functional.mse_loss(x, fg.zeros_like(x)),
+    "arange of a size": lambda x: x * fg.arange(x.shape[0]).float()[:, None],
+    "a view of the input": lambda x: x[: x.shape[0] // 2],
+    "view(-1)": lambda x: x.view(-1) * 2,
+}
+
+
+@pytest.mark.parametrize("name", list(SIZE_PROGRAMS))
+def test_programs_reading_sizes_compile_once(name):
+    f = SIZE_PROGRAMS[name]
+    compiled = fg.compile(f, dynamic=True)
+    rng = np.random.default_rng(0)
+    for n in (4, 7, 9):
+        x = fg.tensor(rng.standard_normal((n, 3)).astype(np.float32))
+        # Sums over at most 27 elements in float32.
+        np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=32 * EPS32,
+                                   atol=32 * EPS32)
+    assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
