@@ -398,7 +398,14 @@ class CompiledFunction:
 
     def _symbols(self, leaves) -> dict:
         """The symbols of a call's symbolic dims (see tracer/dynamic_shapes.py)."""
-        if self.dynamic is False or self._symbolic_off is not None or self.backend != "llvm":
+        if self.dynamic is False or self._symbolic_off is not None:
+            return {}
+        if self.backend != "llvm":
+            if self.dynamic and config.debug >= 1 and self._symbolic_off is None:
+                print(f"[fusegrad] {self._name()}: symbolic shapes run on the llvm backend only "
+                      f"so far; the {self.backend} backend compiles static shapes",
+                      file=sys.stderr)
+            self._symbolic_off = f"the {self.backend} backend"
             return {}
         if self.dynamic:
             dims = {(i, d) for i, t in enumerate(leaves)

@@ -298,3 +298,50 @@ def test_programs_reading_sizes_compile_once(name):
         np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=32 * EPS32,
                                    atol=32 * EPS32)
     assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
+
+
+def test_symbolic_training_step_has_the_specialized_kernels():
+    # The one symbolic graph, specialized to a size, is the program dynamic=False builds.
+    x, y = _batches([32])[0]
+
+    def compiled(dynamic):
+        model = _mlp()
+        step = fg.compile(_step_fn(model, fg.optim.Adam(model.parameters(), lr=1e-2)),
+                          dynamic=dynamic)
+        for _ in range(2):                       # the first step, then the steady one
+            step(x, y)
+        return step.entries()[-1].program
+    static, symbolic = compiled(False), compiled(True)
+    assert symbolic.kernels() == static.kernels()
+    assert symbolic.llvm_ir == static.llvm_ir
+
+
+@pytest.mark.parametrize("dynamic,compiles", [(True, 1), (None, 2)])
+def test_an_epoch_whose_last_batch_is_shorter(dynamic, compiles):
+    from fusegrad.utils.data import DataLoader, TensorDataset
+
+    rng = np.random.default_rng(3)
+    data = TensorDataset(fg.tensor(rng.standard_normal((150, 12)).astype(np.float32)),
+                         fg.tensor(rng.integers(0, 10, 150)))
+    eager_model = _mlp()
+    model = copy.deepcopy(eager_model)
+    step = fg.compile(_step_fn(model, fg.optim.SGD(model.parameters(), lr=0.1)),
+                      dynamic=dynamic)
+    eager_step = _step_fn(eager_model, fg.optim.SGD(eager_model.parameters(), lr=0.1))
+    sizes = []
+    for _ in range(2):
+        for x, y in DataLoader(data, batch_size=64):          # 64, 64, 22
+            sizes.append(len(x))
+            loss, eager_loss = float(step(x, y)), float(eager_step(x, y))
+            np.testing.assert_allclose(loss, eager_loss, rtol=256 * EPS32 * len(sizes))
+    assert sizes == [64, 64, 22] * 2
+    assert step.compiles == compiles
+
+
+def test_other_backends_compile_static_shapes_and_say_so(capsys, monkeypatch):
+    monkeypatch.setattr(fg_config.config, "debug", 1)
+    f = fg.compile(lambda t: t * 2, backend="interpreter", dynamic=True)
+    for n in (3, 4):
+        np.testing.assert_array_equal(f(fg.ones(n)).numpy(), np.full(n, 2.0))
+    assert f.compiles == 2 and all(e.symbolic is None for e in f.entries())
+    assert "the interpreter backend compiles static shapes" in capsys.readouterr().err
