@@ -35,7 +35,8 @@ from fusegrad.ir.printer import print_graph
 from fusegrad.ir.symbolic import ConcretizationError
 from fusegrad.ops import primitive as _primitive
 from fusegrad.runtime.cpu import Program
-from fusegrad.symint import MIN_SYMBOL_SIZE, record_assumptions
+from fusegrad.symint import MIN_SYMBOL_SIZE, holds_symbol, is_symbolic, record_assumptions
+from fusegrad.tensor import Size
 from fusegrad.tracer.call_cache import (
     _ALIASES,
     _KEY_PARTS,
@@ -115,9 +116,12 @@ class Lowered:
 
 
 def _check_symbolic_ready(graph: Graph, args, kwargs) -> None:
-    """Raise, naming it, what a symbolic entry of ``graph`` cannot run yet: a call whose
-    backward autograd records (its forward and backward programs are built from the traced
-    graph with static sizes)."""
+    """Raise, naming it, what a symbolic entry of ``graph`` cannot run yet: a function that
+    returns a size (``x.shape[0]``: a Python value of the trace, which would be the symbol),
+    or a call whose backward autograd records (its forward and backward programs are built
+    from the traced graph with static sizes)."""
+    if _returns_a_size(graph.meta.out_tree):
+        raise NotImplementedError("the function returns a size as a Python value")
     cap = graph.meta.capture
     if cap is not None and cap.did_backward or not is_grad_enabled():
         return
@@ -125,6 +129,12 @@ def _check_symbolic_ready(graph: Graph, args, kwargs) -> None:
     if any(t._requires_grad for t in leaves) or any(t._requires_grad for t, _ in graph.meta.lifted):
         raise NotImplementedError("the compiled backward of a call that autograd records is "
                                   "not symbolic-ready")
+
+
+def _returns_a_size(tree) -> bool:
+    if tree.kind == "static":
+        return holds_symbol(tree.meta) or isinstance(tree.meta, Size) and is_symbolic(tree.meta)
+    return any(_returns_a_size(c) for c in tree.children or ())
 
 
 class CompiledFunction:

@@ -345,3 +345,11 @@ def test_other_backends_compile_static_shapes_and_say_so(capsys, monkeypatch):
         np.testing.assert_array_equal(f(fg.ones(n)).numpy(), np.full(n, 2.0))
     assert f.compiles == 2 and all(e.symbolic is None for e in f.entries())
     assert "the interpreter backend compiles static shapes" in capsys.readouterr().err
+
+
+def test_a_function_returning_a_size_returns_ints():
+    f = fg.compile(lambda x: (x * 2, x.shape[0], x.shape), dynamic=True)
+    for n in (3, 5):
+        out = f(fg.ones(n, 2))
+        assert type(out[1]) is int and out[1] == n and out[2] == (n, 2)
+    assert all(e.symbolic is None for e in f.entries())
