@@ -503,8 +503,10 @@ class CompiledFunction:
         broken = self._broken_assumption(key, args, kwargs)
         if broken is not None:
             reason, symbols = broken, None
+        narrowed = self._leading_only
         entry = self._compile_symbolic(args, kwargs, closure, name, symbols) if symbols else None
-        if entry is None and symbols and self._leading_only and self._symbolic_off is None:
+        if entry is None and symbols and self._leading_only and not narrowed and \
+                self._symbolic_off is None:
             # dynamic=True gave up on all dims: the leading dims may still do.
             key, _, symbols = self._key(args, kwargs)
             entry = self._compile_symbolic(args, kwargs, closure, name, symbols) \
