@@ -78,10 +78,11 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
     default) does so for a dim once a second size of it is seen (one recompile), and for
     dims marked with ``fusegrad.mark_dynamic(x, dim)``; ``False`` keeps every shape static.
     Sizes 0 and 1 specialize, and what the trace assumed of a symbol (``s0 != 4``) is
-    guarded per call. The graph is traced and optimized once; the CPU kernels are built per
-    size from it (each size once), and what is not symbolic-ready yet (the compiled backward
-    of a call autograd records, the CUDA and interpreter backends) compiles static shapes,
-    said under ``FUSEGRAD_DEBUG=1``.
+    guarded per call. The graph is traced and optimized once (and a call that autograd
+    records, partitioned once into its forward and backward); the CPU kernels are built per
+    size from it (each size once), and what is not symbolic-ready yet (the CUDA and
+    interpreter backends, a function returning a size) compiles static shapes, said under
+    ``FUSEGRAD_DEBUG=1``.
 
     Recompiles: a compiled entry is reused while the arguments' shapes, dtypes and flags and
     what the function reads (the globals and closure variables its code loads, the attributes

@@ -33,6 +33,7 @@ from fusegrad.ir.dot import render, to_dot
 from fusegrad.ir.graph import Graph
 from fusegrad.ir.printer import print_graph
 from fusegrad.ir.symbolic import ConcretizationError
+from fusegrad.ir.verifier import verify
 from fusegrad.ops import primitive as _primitive
 from fusegrad.runtime.cpu import Program
 from fusegrad.symint import MIN_SYMBOL_SIZE, holds_symbol, is_symbolic, record_assumptions
@@ -116,19 +117,11 @@ class Lowered:
 
 
 def _check_symbolic_ready(graph: Graph, args, kwargs) -> None:
-    """Raise, naming it, what a symbolic entry of ``graph`` cannot run yet: a function that
-    returns a size (``x.shape[0]``: a Python value of the trace, which would be the symbol),
-    or a call whose backward autograd records (its forward and backward programs are built
-    from the traced graph with static sizes)."""
+    """Raise, naming it, what a symbolic entry of ``graph`` cannot run: a function that
+    returns a size (``x.shape[0]``: a Python value of the trace, which would be the
+    symbol)."""
     if _returns_a_size(graph.meta.out_tree):
         raise NotImplementedError("the function returns a size as a Python value")
-    cap = graph.meta.capture
-    if cap is not None and cap.did_backward or not is_grad_enabled():
-        return
-    leaves = tree_flatten((args, kwargs))[0]
-    if any(t._requires_grad for t in leaves) or any(t._requires_grad for t, _ in graph.meta.lifted):
-        raise NotImplementedError("the compiled backward of a call that autograd records is "
-                                  "not symbolic-ready")
 
 
 def _returns_a_size(tree) -> bool:
@@ -542,6 +535,16 @@ class CompiledFunction:
         try:
             with record_assumptions() as assumed:
                 entry = self._compile_traced(args, kwargs, closure, name, symbols)
+                # (The signature holds the list the recording fills: the backward's
+                # passes assume too.)
+                entry.symbolic = SymbolicSignature(
+                    symbols, {s.name: dim_name(names, i, d)
+                              for i, dims in symbols.items() for d, s in dims.items()}, assumed)
+                try:
+                    self._build_backward(entry, args, kwargs)
+                except BaseException:
+                    entry.info.capture.rollback()    # nothing of this trace stays
+                    raise
         except ConcretizationError:
             raise
         except Exception as e:
@@ -550,9 +553,7 @@ class CompiledFunction:
                 traceback.print_exc()           # where symbolic sizes met a concrete need
             self._give_up_symbols(why, said)
             return None
-        sig = SymbolicSignature(symbols, {s.name: dim_name(names, i, d)
-                                          for i, dims in symbols.items() for d, s in dims.items()},
-                                list(assumed))
+        sig = entry.symbolic
         bad = sig.failing_at_hints()
         if bad is not None:
             # Valid for other sizes, not this one: it compiles static (later sizes are
@@ -563,7 +564,6 @@ class CompiledFunction:
                 print(f"[fusegrad] {name}: symbolic {said} is not valid at this call's sizes "
                       f"({bad}); this call compiles static", file=sys.stderr)
             return None
-        entry.symbolic = sig
         if config.debug >= 1:
             assumed_text = "; assuming " + ", ".join(
                 f"{sig.describe(e)} {op} {sig.describe(k)}" for e, op, k in sig.assumptions) \
@@ -571,6 +571,21 @@ class CompiledFunction:
             print(f"[fusegrad] {name}: traced with symbolic {said}{assumed_text}",
                   file=sys.stderr)
         return entry
+
+    def _build_backward(self, entry: _Entry, args, kwargs) -> None:
+        """For a symbolic entry of a call that autograd records: its forward and backward
+        programs, built now at this call's sizes, so that what is not symbolic-ready there
+        fails while compiling (and the call compiles static) rather than in the backward."""
+        leaves = tree_flatten((args, kwargs))[0]
+        wrt, flags = differentiated(entry, call_inputs(entry, leaves, self.module,
+                                                       read_only=True))
+        if not flags or not any(flags):
+            return
+        split = self.split_programs(entry, wrt)
+        sizes = entry.symbolic.bindings(leaves)
+        for half in (split.forward, split.backward):
+            verify(half.graph)          # each half binds its symbols from its own inputs
+            half.program_for(sizes)
 
     def _specialized(self, entry: _Entry, key, leaves) -> bool:
         """Whether the symbolic ``entry`` has (or now builds) its program for this call's

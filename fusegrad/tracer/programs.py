@@ -181,6 +181,12 @@ def split_programs(entry: _Entry, wrt: tuple, passes: str, backend: str) -> _Spl
         # On the entry's graph: the fuse-attention pass rewrites a copy.
         part = run_passes(entry.graph, split_pipeline(wrt, free)).partition
         name = _symbol(entry.graph.name)
+        if entry.symbolic is not None:
+            # Both halves symbolic: kernels per size, as the entry's own program.
+            hit = entry.backward[key] = _SplitPrograms(
+                part, SymbolicProgram(run_passes(part.forward, passes), backend, name + "_fwd"),
+                SymbolicProgram(run_passes(part.backward, passes), backend, name + "_bwd"))
+            return hit
         pipeline = program_pipeline(passes, backend)
         hit = entry.backward[key] = _SplitPrograms(
             part, build_program(run_passes(part.forward, pipeline), backend, name + "_fwd"),
@@ -198,8 +204,11 @@ def vjp_program(entry: _Entry, wrt: tuple, seeded: tuple, passes: str, backend: 
         # others would go down their paths, where 0 * inf is NaN, and eager autograd
         # never visits a path without a gradient.
         g = run_passes(entry.graph, vjp_pipeline(wrt, seeded))
-        program = build_program(run_passes(g, program_pipeline(passes, backend)), backend,
-                                _symbol(g.name)) if backend in KERNEL_BACKENDS else None
+        if entry.symbolic is not None:
+            program = SymbolicProgram(run_passes(g, passes), backend, _symbol(g.name))
+        else:
+            program = build_program(run_passes(g, program_pipeline(passes, backend)), backend,
+                                    _symbol(g.name)) if backend in KERNEL_BACKENDS else None
         reached = _reaching(entry.graph, wrt,
                             [k in seeded for k in range(len(entry.graph.outputs))])
         hit = entry.backward[(wrt, seeded)] = (program, g, frozenset(reached))

@@ -168,20 +168,37 @@ def test_a_failing_assumption_names_the_dim_and_compiles_that_size():
     assert g.compiles == 2
 
 
-def test_what_is_not_symbolic_ready_falls_back_to_static(capsys, monkeypatch):
-    monkeypatch.setattr(fg_config.config, "debug", 1)
+def test_a_call_that_autograd_records_has_a_symbolic_backward():
     w = fg.randn(3, 3, requires_grad=True)
-    f = fg.compile(lambda x: (x @ w).sum(), dynamic=True)
-    for n in (4, 6):
+    f = fg.compile(lambda x: (x @ w).tanh().sum(), dynamic=True)
+    for n in (4, 6, 9):
         x = fg.randn(n, 3)
-        out = f(x)
-        out.backward()
-        np.testing.assert_allclose(w.grad.numpy(), np.broadcast_to(
-            x.numpy().sum(0)[:, None], (3, 3)), rtol=16 * EPS32, atol=16 * EPS32)
+        f(x).backward()
+        eager_w = w.detach().clone().requires_grad_(True)
+        (x @ eager_w).tanh().sum().backward()
+        # Sums of n products of three terms and their derivatives, in float32.
+        np.testing.assert_allclose(w.grad.numpy(), eager_w.grad.numpy(), rtol=64 * EPS32,
+                                   atol=64 * EPS32)
         w.grad = None
-    assert f.compiles == 2 and all(e.symbolic is None for e in f.entries())
-    assert "compiled backward of a call that autograd records is not symbolic-ready" in \
-        capsys.readouterr().err
+    assert f.compiles == 1 and f.entries()[0].symbolic is not None
+
+
+def test_a_compiled_model_trains_with_backward_outside():
+    eager_model = _mlp()
+    model = copy.deepcopy(eager_model)
+    compiled = fg.compile(model, dynamic=True)
+    opt = fg.optim.SGD(model.parameters(), lr=0.1)
+    eager_opt = fg.optim.SGD(eager_model.parameters(), lr=0.1)
+    for x, y in _batches([16, 7, 16, 3]):
+        for m, o in ((compiled, opt), (eager_model, eager_opt)):
+            o.zero_grad()
+            fg.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+    for p, q in zip(model.parameters(), eager_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1024 * EPS32,
+                                   atol=1024 * EPS32)
+    (entry,) = compiled.forward.entries()
+    assert compiled.forward.compiles == 1 and entry.symbolic is not None
 
 
 def test_symbolic_training_graph_prints_parses_and_verifies():
@@ -418,3 +435,15 @@ def test_symbolic_programs_equal_eager(name):
         got, want = compiled(x), f(x)
         # Reductions over at most 48 elements in float32 (float64 where a sum is blocked).
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=64 * EPS32, atol=64 * EPS32)
+
+
+def test_a_trace_that_needs_a_size_falls_back_to_static(capsys, monkeypatch):
+    monkeypatch.setattr(fg_config.config, "debug", 1)
+    f = fg.compile(lambda x: x.flip(0) * 2, dynamic=True)
+    for n in (3, 4, 5):
+        x = fg.arange(float(n))
+        np.testing.assert_array_equal(f(x).numpy(), x.numpy()[::-1] * 2)
+    assert f.compiles == 3 and all(e.symbolic is None for e in f.entries())
+    err = capsys.readouterr().err
+    assert "symbolic x.size(0) as s0 is not supported here (" in err
+    assert "compiling static shapes" in err
