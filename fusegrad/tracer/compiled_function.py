@@ -588,12 +588,25 @@ class CompiledFunction:
             half.program_for(sizes)
 
     def _specialized(self, entry: _Entry, key, leaves) -> bool:
-        """Whether the symbolic ``entry`` has (or now builds) its program for this call's
-        sizes; when building fails, the entry is dropped and symbolic compiles given up
-        (said under ``FUSEGRAD_DEBUG=1``), so that the call compiles static instead."""
-        try:
-            entry.program.program_for(entry.symbolic.bindings(leaves))
+        """Whether the symbolic ``entry`` has (or now builds) the programs a call with
+        ``leaves`` runs, at its sizes: the entry's, or the forward and backward halves of a
+        call that autograd records. When building fails, the entry is dropped and symbolic
+        compiles given up (said under ``FUSEGRAD_DEBUG=1``), so that the call compiles
+        static instead."""
+        sig = entry.symbolic
+        sizes = sig.bindings(leaves)
+        ready = tuple(sorted(sizes.items()))
+        if ready in sig.ready:
             return True
+        try:
+            wrt, flags = differentiated(entry, call_inputs(entry, leaves, self.module,
+                                                           read_only=True))
+            if flags and any(flags):
+                split = self.split_programs(entry, wrt)
+                split.forward.program_for(sizes)
+                split.backward.program_for(sizes)
+            else:
+                entry.program.program_for(sizes)
         except Exception as e:
             self.cache[key].remove(entry)
             for fast, hit in list(self._fast.items()):
@@ -602,6 +615,8 @@ class CompiledFunction:
             self._give_up_symbols(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                                   "sizes", narrow=False)
             return False
+        sig.ready.add(ready)
+        return True
 
     def _give_up_symbols(self, why: str, said: str, narrow: bool = True) -> None:
         """Symbolic tracing of ``said`` failed with ``why``: narrow it (``dynamic=True``:

@@ -102,6 +102,8 @@ class SymbolicSignature:
     symbols: dict[int, dict[int, SymInt]]
     names: dict[str, str] = field(default_factory=dict)      # symbol -> "x.size(0)"
     assumptions: list = field(default_factory=list)
+    # The sizes (sorted (symbol, int) pairs) whose programs are built.
+    ready: set = field(default_factory=set)
 
     def bindings(self, leaves) -> dict[str, int]:
         """Each symbol's size in a call with tensor arguments ``leaves``."""
