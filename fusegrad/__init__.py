@@ -131,6 +131,7 @@ from fusegrad.tracer import (  # noqa: E402
     ConcretizationError,
     compile,
     grad,
+    mark_dynamic,
     trace,
     value_and_grad,
     vjp,

@@ -106,6 +106,9 @@ class Config:
     cuda_blas: str
     # torch.set_float32_matmul_precision: "highest" (full float32), "high" (TF32 allowed).
     float32_matmul_precision: str = "highest"
+    # torch._dynamo.config.automatic_dynamic_shapes: with compile(dynamic=None), a dim seen
+    # with a second size is compiled as a symbol (tracer/dynamic_shapes.py).
+    automatic_dynamic_shapes: bool = True
 
     @classmethod
     def from_env(cls) -> "Config":
@@ -123,6 +126,8 @@ class Config:
             cuda_sync=os.environ.get("FUSEGRAD_CUDA_SYNC", "0") not in ("", "0", "false"),
             cuda_eager_cache=max(1, _int("FUSEGRAD_CUDA_EAGER_CACHE", 4096)),
             cuda_blas=_choice("FUSEGRAD_CUDA_BLAS", ("auto", "kernel")),
+            automatic_dynamic_shapes=os.environ.get("FUSEGRAD_AUTOMATIC_DYNAMIC_SHAPES", "1")
+            not in ("0", "false", "off"),
         )
 
     @property

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from fusegrad.symint import SymInt
+
 __all__ = [
     "DType", "float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
     "uint8", "uint32", "bool_", "complex64", "complex128", "get_default_dtype",
@@ -190,7 +192,7 @@ def promote_types(a: DType, b: DType) -> DType:
 def _scalar_dtype(value) -> DType:
     if isinstance(value, (bool, np.bool_)):
         return bool_
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, (int, np.integer, SymInt)):
         return int64
     if isinstance(value, (float, np.floating)):
         return _default_float

@@ -75,6 +75,21 @@ class Size(tuple):
     def __add__(self, other):
         return Size(tuple(self) + tuple(other))
 
+    # Shapes of different ranks differ without comparing sizes: tuple's == would compare
+    # their leading sizes first, which for a symbolic size is an assumption
+    # (fusegrad.symint), not a fact.
+    def __eq__(self, other):
+        if isinstance(other, tuple) and len(other) != len(self):
+            return False
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other):
+        if isinstance(other, tuple) and len(other) != len(self):
+            return True
+        return tuple.__ne__(self, other)
+
+    __hash__ = tuple.__hash__
+
 
 class _VersionCounter:
     """Shared by a tensor and its views: bumped by every in-place write. Where an in-place

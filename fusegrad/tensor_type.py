@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegrad.dtypes import DType
+from fusegrad.symint import SymInt
 
 __all__ = ["TensorType", "device_suffix", "normalize_axis"]
 
@@ -19,9 +20,12 @@ class TensorType:
     """The abstract value of a tensor: its shape, dtype and device, no data.
 
     ``device`` is a device string (``"cpu"``, ``"cuda"``, ``"cuda:1"``); the IR text shows
-    it only when it is not the CPU (``f32[4,8]@cuda``), so CPU programs print as before."""
+    it only when it is not the CPU (``f32[4,8]@cuda``), so CPU programs print as before.
 
-    shape: tuple[int, ...]
+    A dim may be a :class:`~fusegrad.symint.SymInt` (``f32[B,784]``): a size that a call
+    binds; ``numel`` is then an expression too."""
+
+    shape: tuple[int | SymInt, ...]
     dtype: DType
     device: str = "cpu"
 
@@ -30,7 +34,7 @@ class TensorType:
         return len(self.shape)
 
     @property
-    def numel(self) -> int:
+    def numel(self) -> int | SymInt:
         n = 1
         for d in self.shape:
             n *= d

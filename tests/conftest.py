@@ -18,6 +18,11 @@ from typing import Callable
 _CACHE = tempfile.mkdtemp(prefix="fusegrad-test-cache-")
 os.environ.setdefault("FUSEGRAD_CACHE_DIR", _CACHE)
 os.environ.setdefault("FUSEGRAD_VERIFY", "1")
+# Compiled functions keep one compile per argument shape, which is what the suite's compile
+# and kernel counts assert; tests/compiler/test_dynamic_shapes.py turns torch's automatic
+# dynamic shapes (fusegrad's default) on. FUSEGRAD_AUTOMATIC_DYNAMIC_SHAPES=1 runs the whole
+# suite with it.
+os.environ.setdefault("FUSEGRAD_AUTOMATIC_DYNAMIC_SHAPES", "0")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 import numpy as np  # noqa: E402

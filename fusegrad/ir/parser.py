@@ -28,10 +28,13 @@ from fusegrad.dtypes import ALL_DTYPES, DType, complex128
 from fusegrad.ir.graph import Graph, IRError, Literal, Operand, Value
 from fusegrad.ir.verifier import operand_count
 from fusegrad.ops.primitive import PRIMITIVES, ConstantData, Primitive, TensorType
+from fusegrad.symint import SymbolicDecisionError, SymInt, ceil_div, symbol
 
 __all__ = ["parse", "parse_many", "IRParseError"]
 
 DTYPES_BY_SHORT: dict[str, DType] = {d.short: d for d in ALL_DTYPES}
+# Identifiers that are never a symbolic size's name.
+_RESERVED_WORDS = frozenset(DTYPES_BY_SHORT) | {"true", "false", "dense", "ceil", "floor"}
 
 
 class IRParseError(IRError):
@@ -62,12 +65,13 @@ _TOKEN_RE = re.compile(r"""
     (?P<skip>[ \t\r\n]+|//[^\n]*)
   | (?P<value>%[A-Za-z0-9_.$]+)
   | (?P<global>@(?:[A-Za-z_][A-Za-z0-9_.$]*|"(?:[^"\\\n]|\\.)*"))
-  | (?P<punct>->|[()\[\]{}<>,:=])
+  | (?P<punct>->|[()\[\]{}<>,:=*+/])
   | (?P<float>-?(?:\d+\.\d*(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|inf\b|nan\b))
   | (?P<int>-?\d+)
   | (?P<complex>complex\([^()\n]*\))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
   | (?P<string>"(?:[^"\\\n]|\\.)*")
+  | (?P<minus>-)
 """, re.VERBOSE)
 
 
@@ -211,10 +215,13 @@ class _Parser:
         dims = []
         if not self.at("]"):
             while True:
-                d = self.expect_kind("int", "a dimension size")
-                if d.text.startswith("-"):
+                d = self.peek()
+                if d.kind not in ("int", "ident", "minus") and not self.at("("):
+                    raise self.error(f"expected a dimension size, got {_describe(d)}")
+                dim = self.parse_size()
+                if isinstance(dim, int) and dim < 0:
                     raise self.error("dimension sizes cannot be negative", d)
-                dims.append(int(d.text))
+                dims.append(dim)
                 if not self.at(","):
                     break
                 self.next()
@@ -224,6 +231,54 @@ class _Parser:
             text = self.next().text[1:]
             device = text[1:-1] if text.startswith('"') else text
         return TensorType(tuple(dims), dtype, device)
+
+    # -- symbolic sizes: B, B*T+1, T-1, ceil(T/2), floor(T/2)
+
+    def parse_size(self) -> int | SymInt:
+        """A size expression: terms joined by ``+`` and ``-`` (``T-1`` lexes as ``T`` and
+        the integer ``-1``)."""
+        value = self.parse_size_term()
+        while True:
+            if self.at("+"):
+                self.next()
+                value = value + self.parse_size_term()
+            elif self.peek().kind == "minus":
+                self.next()
+                value = value - self.parse_size_term()
+            elif self.peek().kind == "int" and self.peek().text.startswith("-"):
+                value = value + self.parse_size_term()
+            else:
+                return value
+
+    def parse_size_term(self) -> int | SymInt:
+        value = self.parse_size_atom()
+        while self.at("*"):
+            self.next()
+            value = value * self.parse_size_atom()
+        return value
+
+    def parse_size_atom(self) -> int | SymInt:
+        tok = self.next()
+        if tok.kind == "int":
+            return int(tok.text)
+        if tok.text == "(":
+            value = self.parse_size()
+            self.expect(")", "')' closing a size expression")
+            return value
+        if tok.kind == "ident" and tok.text in ("ceil", "floor") and self.at("("):
+            self.next()
+            num = self.parse_size()
+            self.expect("/", f"'/' and the divisor in {tok.text}(...)")
+            den = self.expect_kind("int", "an integer divisor")
+            self.expect(")", f"')' closing {tok.text}(...)")
+            try:
+                return ceil_div(num, int(den.text)) if tok.text == "ceil" else num // int(den.text)
+            except SymbolicDecisionError as e:
+                raise self.error(str(e), den) from None
+        if tok.kind == "ident" and tok.text not in _RESERVED_WORDS:
+            return symbol(tok.text)
+        raise self.error(f"expected a size (an integer, a symbol or an expression of them), "
+                         f"got {_describe(tok)}", tok)
 
     # -- nodes
 
@@ -384,6 +439,8 @@ class _Parser:
     def parse_attr_value(self) -> Any:
         tok = self.peek()
         if tok.kind == "int":
+            if self.peek(1).text in ("*", "+") or self.peek(1).kind == "minus":
+                return self.parse_size()        # a symbolic size: 784*B
             self.next()
             return int(tok.text)
         if tok.kind == "float":
@@ -408,6 +465,7 @@ class _Parser:
                 elements = self.parse_dense_elements()
                 self.expect(">", "'>' after the dense elements")
                 return _Dense(elements, tok)
+            return self.parse_size()            # a symbolic size in a shape attribute
         if self.at("["):
             self.next()
             items = []

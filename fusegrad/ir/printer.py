@@ -17,13 +17,17 @@ any ``t`` that ``print_graph`` produced. The grammar (``[]`` optional, ``*`` rep
     arg      := '%' NAME ':' type
     node     := '%' NAME '=' OP [operand (',' operand)*] ['{' attr (',' attr)* '}'] ':' type
                 ['region' '(' INT ')'] ['remat'] [loc]
-    type     := DTYPE '[' [INT (',' INT)*] ']'            f32[4,8], i1[], bf16[2]
+    type     := DTYPE '[' [size (',' size)*] ']'          f32[4,8], i1[], bf16[2], f32[B,784]
+    size     := INT | sizeexpr                         symbolic sizes: B, B*T, T-1, ceil(T/2)
+    sizeexpr := term (('+' | '-') term)*;  term := atom ('*' atom)*
+    atom     := INT | SYMBOL | '(' sizeexpr ')' | ('ceil' | 'floor') '(' sizeexpr '/' INT ')'
     operand  := '%' NAME | literal [':' DTYPE]
     literal  := INT | FLOAT | 'true' | 'false'           2, -1.5, 1e-05, inf, -inf, nan
     attr     := NAME '=' value
     value    := INT | FLOAT | 'true' | 'false' | DTYPE | STRING
               | '[' [value (',' value)*] ']'             tuples: [0, 1], pad widths [[1, 2], [0, 0]]
               | 'dense' '<' elements '>'                 constants: dense<[[1.0, 2.0], [3.0, 4.0]]>
+              | sizeexpr                                 a symbolic size in a shape: [B*T, 64]
     loc      := 'loc' '(' STRING [':' INT] ')'           loc("model.py":12)
 
 ``//`` starts a comment that runs to the end of the line (``// -----`` separates graphs in a
@@ -72,6 +76,7 @@ import numpy as np
 from fusegrad.dtypes import DType
 from fusegrad.ir.graph import Graph, IRError, Literal, Node, Operand, Value
 from fusegrad.ops.primitive import ConstantData, device_suffix
+from fusegrad.symint import SymInt
 
 __all__ = ["print_graph", "print_node", "value_names", "format_type", "format_literal",
            "format_attr", "format_attrs", "format_scalar", "format_dense", "format_loc", "format_marks",
@@ -125,10 +130,15 @@ def _operand_name(v: Value, names: dict[Value, str]) -> str:
 # --------------------------------------------------------------------------- scalars
 
 
+def _dim_text(d) -> str:
+    # A symbolic size prints as its expression (B, B*T, ceil(T/2)); any other dim as an int.
+    return str(d) if isinstance(d, SymInt) else str(int(d))
+
+
 def format_type(t) -> str:
     """``f32[4,8]``; anything that is not a TensorType is shown as ``<repr>``."""
     try:
-        text = f"{t.dtype.short}[{','.join(str(int(d)) for d in t.shape)}]"
+        text = f"{t.dtype.short}[{','.join(_dim_text(d) for d in t.shape)}]"
         device = getattr(t, "device", "cpu")
         return text if device == "cpu" else text + device_suffix(device)
     except (AttributeError, TypeError, ValueError):
@@ -264,6 +274,8 @@ def format_attr(value) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, np.integer)):
         return str(int(value))
+    if isinstance(value, SymInt):
+        return str(value)
     if isinstance(value, (float, np.floating)):
         return _float_text(float(value))
     if isinstance(value, (complex, np.complexfloating)):

@@ -10,6 +10,7 @@
   the graph has a cycle, which the message then shows;
 - the attributes are exactly the primitive's ``attrs``;
 - the node's result type is what the primitive's rule gives for its operand types and attrs;
+- symbolic sizes (``f32[B,784]``) read only symbols that an input dim binds (a bare ``B``);
 - literals have a fusegrad dtype and a value of that dtype's kind and range;
 - outputs are defined values or legal literals.
 
@@ -28,6 +29,7 @@ from fusegrad.dtypes import ALL_DTYPES, DType
 from fusegrad.ir.graph import Graph, IRError, Literal, Node, Value
 from fusegrad.ir.printer import print_node, value_names
 from fusegrad.ops.primitive import PRIMITIVES, Primitive, TensorType, infer_type
+from fusegrad.symint import SymInt, free_symbols
 
 __all__ = ["verify", "VerificationError", "operand_count", "literal_problem", "type_problem"]
 
@@ -73,12 +75,14 @@ def literal_problem(lit: Literal) -> str | None:
 
 
 def type_problem(t) -> str | None:
-    """Why ``t`` is not a valid TensorType (tuple of non-negative ints, a fusegrad dtype)."""
+    """Why ``t`` is not a valid TensorType (a tuple of non-negative ints or symbolic sizes, a
+    fusegrad dtype)."""
     if not isinstance(t, TensorType):
         return f"type {t!r} is not a TensorType"
     if not isinstance(t.shape, tuple) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in t.shape):
-        return f"shape {t.shape!r} is not a tuple of non-negative ints"
+            isinstance(d, SymInt) or isinstance(d, int) and not isinstance(d, bool) and d >= 0
+            for d in t.shape):
+        return f"shape {t.shape!r} is not a tuple of non-negative ints and symbolic sizes"
     if not isinstance(t.dtype, DType) or id(t.dtype) not in _KNOWN_DTYPES:
         return f"dtype {t.dtype!r} is not a fusegrad dtype"
     return None
@@ -127,6 +131,14 @@ def verify(g: Graph) -> None:
         if problem:
             raise fail(f"input {i} ({names[v]}): {problem}")
         defined.add(id(v))
+    # A call binds a symbol from an input dim that is that bare symbol; every other size
+    # expression must read only symbols bound so.
+    bound = {d.name for v in g.inputs for d in v.type.shape if isinstance(d, SymInt) and d.name}
+    for i, v in enumerate(g.inputs):
+        unbound = sorted(free_symbols(v.type.shape) - bound)
+        if unbound:
+            raise fail(f"input {i} ({names[v]}) of type {v.type} reads symbol(s) "
+                       f"{', '.join(unbound)} that no input dim binds")
 
     produced_later = {id(n.output): j for j, n in enumerate(g.nodes) if isinstance(n, Node)}
     for i, node in enumerate(g.nodes):
@@ -169,10 +181,16 @@ def verify(g: Graph) -> None:
         try:
             expected = infer_type(prim, [op.type for op in node.inputs], node.attrs)
         except (ValueError, TypeError, IndexError, KeyError, AttributeError) as e:
+            # (SymbolicDecisionError is a TypeError: a rule that cannot decide a fact about
+            # a symbolic size rejects the node, naming the fact.)
             raise fail(f"{prim.name}'s rule rejects it: {e}", node, i) from e
         if out.type != expected:
             raise fail(f"result type {out.type} does not match {expected} given by "
                        f"{prim.name}'s rule", node, i)
+        unbound = sorted(free_symbols(out.type.shape) - bound)
+        if unbound:
+            raise fail(f"its type reads symbol(s) {', '.join(unbound)} that no input dim binds",
+                       node, i)
         defined.add(id(out))
 
     for k, op in enumerate(g.outputs):

@@ -22,6 +22,7 @@ from fusegrad.grad_mode import no_grad
 from fusegrad.ops import philox, primitive
 from fusegrad.ops import prims as P
 from fusegrad.ops.primitive import bind, note_created
+from fusegrad.symint import SymbolicDecisionError, SymInt, as_size, ceil_div
 from fusegrad.tensor import Size, Tensor, register_handler
 
 __all__ = [
@@ -164,9 +165,10 @@ def _shape(size, extra: dict | None = None) -> tuple[int, ...]:
     if len(size) == 1 and isinstance(size[0], (tuple, list, Size)):
         size = tuple(size[0])
     for d in size:
-        if not isinstance(d, (int, np.integer)) and not (isinstance(d, Tensor) and d.ndim == 0):
+        if not isinstance(d, (int, np.integer, SymInt)) and not (
+                isinstance(d, Tensor) and d.ndim == 0):
             raise TypeError(f"size must be a tuple of ints, but got {type(d).__name__}")
-    shape = tuple(int(d) for d in size)
+    shape = tuple(as_size(d) for d in size)
     for d in shape:
         if d < 0:
             raise RuntimeError(f"Trying to create tensor with negative dimension {d}: {list(shape)}")
@@ -290,12 +292,30 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None,
     if (end - start) * step < 0:
         raise RuntimeError(f"arange: upper bound and lower bound inconsistent with step sign "
                            f"(start={start}, end={end}, step={step})")
-    is_int = all(isinstance(v, (int, np.integer)) for v in vals)
+    is_int = all(isinstance(v, (int, np.integer, SymInt)) for v in vals)
     dt = dtypes.as_dtype(dtype) if dtype is not None else (
         dtypes.int64 if is_int else dtypes.get_default_dtype())
+    if any(isinstance(v, SymInt) for v in vals):
+        return _finish(_symbolic_arange(start, end, step, dt), requires_grad)
     n = max(0, math.ceil((end - start) / step))
     arr = (start + np.arange(n, dtype=np.float64 if not is_int else np.int64) * step)
     return _finish(_created(Tensor._wrap(arr.astype(dt.np_dtype), dt)), requires_grad)
+
+
+def _symbolic_arange(start, end, step, dt) -> Tensor:
+    """arange with a symbolic bound (``torch.arange(T)`` while tracing): an iota node of
+    ``ceil((end - start) / step)`` elements."""
+    if not all(isinstance(v, (int, SymInt)) for v in (start, end, step)) or isinstance(step, SymInt) \
+            or step <= 0:
+        raise SymbolicDecisionError(f"arange({start}, {end}, {step}): a symbolic bound needs "
+                                    "integer arguments and a positive integer step")
+    t = bind(P.iota, shape=(ceil_div(end - start, step),), axis=0, dtype=dtypes.int64)
+    with no_grad():
+        if step != 1:
+            t = t * step
+        if not (isinstance(start, int) and start == 0):
+            t = t + start
+        return t.to(dt)
 
 
 def linspace(start, end, steps: int, *, dtype=None, device=None,

@@ -29,6 +29,7 @@ from fusegrad.ops.operands import _index_tensor, _scalar_tensor, as_tensor_opera
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.registry import public
+from fusegrad.symint import SymInt, slice_indices
 from fusegrad.tensor import Tensor
 
 
@@ -311,11 +312,18 @@ def getitem(x: Tensor, key) -> Tensor:
         if isinstance(k, slice):
             if k.step is not None and int(k.step) <= 0:
                 raise ValueError("step must be greater than zero")
-            a, b, s = k.indices(size)
-            b = builtins.max(b, a)
+            if isinstance(size, SymInt) or isinstance(k.start, SymInt) or \
+                    isinstance(k.stop, SymInt):
+                a, b, s = slice_indices(k.start, k.stop, k.step, size)
+                b = a if isinstance(a, int) and isinstance(b, int) and b < a else b
+            else:
+                a, b, s = k.indices(size)
+                b = builtins.max(b, a)
             starts.append(a), stops.append(b), steps.append(s)
             out_shape.append((b - a + s - 1) // s)
-            if (a, b, s) != (0, size, 1):
+            # (A symbolic stop is a slice by name: comparing it with an int size would be an
+            # assumption about the symbol, for a name.)
+            if (a, s) != (0, 1) or b is not size and (isinstance(b, SymInt) or b != size):
                 view_name = "SliceBackward0"
             dim += 1
             continue

@@ -21,6 +21,7 @@ from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.prims_common import register_view_op
 from fusegrad.ops.prims_movement import pad_axes
 from fusegrad.ops.registry import public
+from fusegrad.symint import as_size, at_hints, is_symbolic, known_equal, size_hint
 from fusegrad.tensor import Size, Tensor
 
 
@@ -50,7 +51,7 @@ def _int_sequence(args: tuple, given, op: str, name: str) -> tuple[int, ...]:
         args = (given,)
     if len(args) == 1 and not isinstance(args[0], (int, np.integer)):
         args = tuple(args[0])
-    return tuple(int(d) for d in args)
+    return tuple(as_size(d) for d in args)
 
 
 def _view_prim(prim, x: Tensor, **attrs) -> Tensor:
@@ -72,7 +73,7 @@ def alias(x: Tensor) -> Tensor:
 def _infer_shape(x: Tensor, shape, op: str) -> tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, Size)):
         shape = tuple(shape[0])
-    shape = tuple(int(d) for d in shape)
+    shape = tuple(as_size(d) for d in shape)
     if shape.count(-1) > 1:
         raise RuntimeError("only one dimension can be inferred")
     n = x.numel()
@@ -111,6 +112,8 @@ def reshape(x: Tensor, *shape) -> Tensor:
 
 
 def _viewable(a: np.ndarray, shape) -> bool:
+    if is_symbolic(shape):                  # a traced stand-in: its sizes at their hints
+        shape = tuple(size_hint(d) for d in shape)
     try:
         # the method where it is an ndarray (numpy's wrapper costs a microsecond per call);
         # a device array's layout goes through numpy's function
@@ -171,8 +174,9 @@ def _view_dtype(x: Tensor, dt: dtypes.DType) -> Tensor:
 
 
 def _layout_stand_in(shape) -> np.ndarray:
-    """A contiguous array of ``shape`` over one byte: strides to reason about, no data."""
-    shape = tuple(shape)
+    """A contiguous array of ``shape`` over one byte: strides to reason about, no data (a
+    symbolic size stands in at its hint: contiguity does not depend on its value)."""
+    shape = tuple(size_hint(d) for d in shape)
     strides = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
         strides[i] = strides[i + 1] * builtins.max(shape[i + 1], 1)
@@ -190,11 +194,11 @@ def _traced_layout(x: Tensor) -> np.ndarray:
     for prim, attrs in x._view_ops:
         if prim is P.reshape:
             try:
-                a = np.reshape(a, attrs["shape"], copy=False)
+                a = np.reshape(a, tuple(size_hint(d) for d in attrs["shape"]), copy=False)
             except ValueError:
                 a = _layout_stand_in(attrs["shape"])
         else:
-            a = prim.impl(a, **attrs)
+            a = prim.impl(a, **{k: at_hints(v) for k, v in attrs.items()})
     return a
 
 
@@ -302,7 +306,7 @@ def expand(x: Tensor, *sizes) -> Tensor:
         if d < -1:
             raise RuntimeError(f"expand: the expanded size of the tensor ({d}) must be "
                                f"non-negative (size={list(sizes)}, tensor size {list(x.shape)})")
-    shape = tuple(x.shape[i - offset] if d == -1 and i >= offset else int(d)
+    shape = tuple(x.shape[i - offset] if d == -1 and i >= offset else as_size(d)
                   for i, d in enumerate(sizes))
     if shape == tuple(x.shape):
         return x
@@ -382,7 +386,7 @@ def unflatten(x: Tensor, dim: int, sizes) -> Tensor:
 
 def slice_axes(x: Tensor, starts, stops, steps) -> Tensor:
     """The primitive slice; a no-op slice returns ``x`` itself."""
-    if builtins.all(a == 0 and b == d and s == 1
+    if builtins.all(known_equal(a, 0) and known_equal(b, d) and known_equal(s, 1)
                     for a, b, s, d in zip(starts, stops, steps, x.shape)):
         return x
     return _view_prim(P.slice_, x, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))

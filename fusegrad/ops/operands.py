@@ -12,18 +12,23 @@ from fusegrad.ops import prims as P
 from fusegrad.ops.creation import tensor
 from fusegrad.ops.primitive import bind, note_created
 from fusegrad.ops.prims import normalize_axis
+from fusegrad.symint import SymInt
 from fusegrad.tensor import Tensor
 
 
 def _is_scalar(v) -> bool:
+    # A symbolic size (x * x.shape[0] while tracing) is an int whose value a call gives.
     return isinstance(v, (bool, int, float, complex, np.bool_, np.integer, np.floating,
-                          np.complexfloating))
+                          np.complexfloating, SymInt))
 
 
 def _scalar_tensor(value, dtype: dtypes.DType, like: Tensor | None = None) -> Tensor:
     """A 0-d constant of ``dtype`` holding a Python scalar. A Python int outside a narrower
     integer dtype wraps to it, as torch's scalar conversion does (uint8 + -3 is 253,
-    int8 < 300 compares with 44); beyond int64 numpy's OverflowError stands."""
+    int8 < 300 compares with 44); beyond int64 numpy's OverflowError stands. A symbolic
+    size is a ``full`` node of its value (the graph reads it at call time)."""
+    if isinstance(value, SymInt):
+        return bind(P.full, shape=(), value=value, dtype=dtype)
     if type(value) is int and dtype.category == 1 and dtype.itemsize < 8 and \
             -(1 << 63) <= value < (1 << 63):
         info = np.iinfo(dtype.np_dtype)

@@ -26,6 +26,7 @@ from fusegrad.ops.prims_common import (
     tangent_or_zeros,
     view_op,
 )
+from fusegrad.symint import as_size
 
 # torch computes log(-1) = nan and 1/0 = inf silently; numpy warns. The filter is scoped to
 # the numpy calls made in this module (warnings name the calling module), so user code keeps
@@ -166,7 +167,7 @@ pad = register(Primitive(
 def pad_axes(x, widths, value=0.0):
     """``x`` padded by ``widths`` (a (low, high) pair per axis) with ``value``; ``x`` itself
     when every pair is (0, 0). The public ops and the VJP rules pad through it."""
-    widths = tuple((int(lo), int(hi)) for lo, hi in widths)
+    widths = tuple((as_size(lo), as_size(hi)) for lo, hi in widths)
     if all(w == (0, 0) for w in widths):
         return x
     return bind(pad, x, widths=widths, value=value)

@@ -28,6 +28,7 @@ from fusegrad.ir.rewrite import GraphCopier
 from fusegrad.ops.primitive import Kind
 from fusegrad.passes.dce import dce
 from fusegrad.passes.manager import Pass, register_pass
+from fusegrad.symint import SymbolicDecisionError, at_hints
 
 __all__ = ["transpose_matmuls", "epilogues_through_reshape", "copies_before_reshape",
            "MatmulLayout"]
@@ -68,10 +69,12 @@ def transpose_matmuls(g: Graph) -> Graph:
 
 def _strided_reshape(shape, target, into) -> bool:
     """Whether a value of ``shape`` broadcast to ``target`` and reshaped to ``into`` is a
-    strided view (fusion folds it into loads instead of copying it)."""
-    stand = np.broadcast_to(np.empty(shape, dtype=np.uint8), target)
+    strided view (fusion folds it into loads instead of copying it). Symbolic sizes stand
+    in at their hints: whether a reshape is a view depends on which sizes are 1 and how
+    they group, which every size of a symbol (>= 2) shares."""
+    stand = np.broadcast_to(np.empty(at_hints(shape), dtype=np.uint8), at_hints(target))
     try:
-        np.reshape(stand, into, copy=False)
+        np.reshape(stand, at_hints(into), copy=False)
     except ValueError:
         return False
     return True
@@ -174,9 +177,13 @@ def copies_before_reshape(g: Graph) -> Graph:
         x = node.inputs[0]
         if not isinstance(x, Value) or not is_view(x.producer):
             return False
-        source = strided(x)
-        if source is None or view_of(node, source) is not None:
-            return False
+        try:
+            source = strided(x)
+            if source is None or view_of(node, source) is not None:
+                return False
+        except SymbolicDecisionError:
+            return False            # symbolic strides: the copy is left to fusion
+
         return all(u.op in _READ_FROM_MEMORY or is_view(u) for u in users.get(node.output, []))
 
     targets = {n for n in g.nodes if wanted(n)}

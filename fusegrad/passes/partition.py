@@ -59,6 +59,7 @@ from fusegrad.ir.rewrite import copy_marks
 from fusegrad.ops.primitive import Kind, TensorType
 from fusegrad.passes.autodiff import vjp_graph
 from fusegrad.passes.manager import Pass, PipelineError, parse_positions, register_pass
+from fusegrad.symint import size_hint
 
 __all__ = ["partition_joint", "Partition", "SavedValue", "is_recomputable", "partition_report",
            "PartitionReport", "POLICIES", "PartitionPass"]
@@ -77,7 +78,8 @@ def is_recomputable(node: Node) -> bool:
 
 
 def _nbytes(t: TensorType) -> int:
-    return t.numel * t.dtype.itemsize
+    # A symbolic size counts at its hint (the size traced at): a cost, not a fact.
+    return size_hint(t.numel) * t.dtype.itemsize
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ from fusegrad.ops.primitive import PRIMITIVES, TensorType, infer_type
 from fusegrad.passes.cse import COMMUTATIVE
 from fusegrad.passes.dce import dce
 from fusegrad.passes.manager import Pass, register_pass
+from fusegrad.symint import SymInt, known_equal
 
 __all__ = ["simplify", "simplify_node", "Simplify", "RULES", "RewriteOptions", "rule",
            "cast_is_exact"]
@@ -83,13 +84,14 @@ def _producer(op: Operand) -> Node | None:
 
 
 def _splat(op: Operand) -> np.ndarray | None:
-    """The elements of ``op`` when it is a literal, a ``full`` or a non-empty ``constant``."""
+    """The elements of ``op`` when it is a literal, a ``full`` or a non-empty ``constant``
+    (not a ``full`` of a symbolic size: its value is the call's)."""
     if isinstance(op, Literal):
         return np.asarray(op.value, dtype=op.dtype.np_dtype)
     node = _producer(op)
     if node is None:
         return None
-    if node.op == "full":
+    if node.op == "full" and not isinstance(node.attrs["value"], SymInt):
         return np.asarray(node.attrs["value"], dtype=node.attrs["dtype"].np_dtype)
     if node.op == "constant" and node.attrs["value"].array.size:
         return node.attrs["value"].array
@@ -369,7 +371,7 @@ def index_add_of_every_index(opts: RewriteOptions, ins: list, attrs: dict,
     # Each element gets one addition, as np.add.at with distinct indices does.
     x, idx, src = ins
     size = x.type.shape[attrs["axis"]]
-    if idx.type.shape == (size,) and _index_run(idx, size) == 0:
+    if known_equal(idx.type.shape, (size,)) and _index_run(idx, size) == 0:
         return ("add", [x, src], {})
     return None
 

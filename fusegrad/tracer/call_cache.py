@@ -59,6 +59,9 @@ class _Entry:
     # (id of a program's graph, outputs checked) -> the outputs a call copies
     # (see _outputs_to_copy)
     copies: dict = field(default_factory=dict)
+    # Traced with symbolic dims: their symbols and what the trace assumed of them
+    # (a tracer.dynamic_shapes.SymbolicSignature); None for a static entry.
+    symbolic: Any = None
 
     def __post_init__(self):
         # Where the captured tensors go in the input list: a slice per run of consecutive

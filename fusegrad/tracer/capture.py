@@ -57,6 +57,7 @@ from fusegrad.ops import primitive
 from fusegrad.ops.primitive import TensorType
 from fusegrad.passes.attention import fuse_attention
 from fusegrad.passes.autodiff import _reverse
+from fusegrad.symint import holds_symbol
 from fusegrad.tensor import Tensor
 from fusegrad.tracer.guards import ClosureGuard, hashable
 from fusegrad.tracer.state import pop_capture, push_capture
@@ -233,8 +234,10 @@ class StateCapture:
                 yield t, value
 
     def bind_concrete(self, prim, operands, attrs):
-        """A primitive on concrete operands only: eager if they are all internal."""
-        if all(self.is_internal(op) for op in operands):
+        """A primitive on concrete operands only: eager if they are all internal (and its
+        attributes hold no symbolic size: ``arange(T)`` of a traced size is a node)."""
+        if all(self.is_internal(op) for op in operands) and \
+                not any(holds_symbol(a) for a in attrs.values()):
             saved = pop_capture()
             try:
                 out = None

@@ -22,7 +22,8 @@ keeps the reason of each recompile (``compiled.recompile_reasons``); :data:`coun
 over all of them, in the shape of torch's ``torch._dynamo.utils.counters``. As torch's
 ``recompile_limit``, a function compiles for at most ``fusegrad.config.recompile_limit``
 (default 8) signatures; calls with further ones run eagerly, with one warning naming the
-guards that kept changing.
+guards that kept changing. Symbolic dims (``dynamic``; :mod:`fusegrad.tracer.dynamic_shapes`)
+make one signature of every size of a dim.
 """
 
 from __future__ import annotations
@@ -68,9 +69,20 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
     compiled call on CUDA (``backend="cuda"``, or cuda tensors) as one CUDA graph (its
     inputs copied into static buffers, no host synchronization inside the call; a program
     with host steps launches kernel by kernel and warns), and the others run the fused
-    kernels with no per-call compilation; ``dynamic=True`` (symbolic shapes) is not
-    supported and raises; ``disable=True`` returns ``fn`` unchanged; ``options`` has no keys
-    that fusegrad reads, so any key raises.
+    kernels with no per-call compilation; ``disable=True`` returns ``fn`` unchanged;
+    ``options`` has no keys that fusegrad reads, so any key raises.
+
+    Symbolic shapes (``dynamic``, as torch's): ``True`` traces every dim of the tensor
+    arguments as a symbol (falling back to their leading dims, then to static shapes, where
+    the trace needs a concrete size), so one compile serves every size; ``None`` (the
+    default) does so for a dim once a second size of it is seen (one recompile), and for
+    dims marked with ``fusegrad.mark_dynamic(x, dim)``; ``False`` keeps every shape static.
+    Sizes 0 and 1 specialize, and what the trace assumed of a symbol (``s0 != 4``) is
+    guarded per call. The graph is traced and optimized once (and a call that autograd
+    records, partitioned once into its forward and backward); the CPU kernels are built per
+    size from it (each size once), and what is not symbolic-ready yet (the CUDA and
+    interpreter backends, a function returning a size) compiles static shapes, said under
+    ``FUSEGRAD_DEBUG=1``.
 
     Recompiles: a compiled entry is reused while the arguments' shapes, dtypes and flags and
     what the function reads (the globals and closure variables its code loads, the attributes
@@ -88,10 +100,6 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
     if options:
         raise RuntimeError(f"fusegrad.compile: unsupported options {sorted(options)}: fusegrad "
                            "has no such settings (see the docstring for what it supports)")
-    if dynamic:
-        raise NotImplementedError("fusegrad.compile(dynamic=True): symbolic shapes are not "
-                                  "supported yet; each new input shape compiles once (guarded "
-                                  "by shape), so leave dynamic unset or False")
     if disable:
         return fn if fn is not None else (lambda f: f)
 
@@ -99,7 +107,7 @@ def compile(fn: Callable | None = None, *, backend: str = "llvm", static_argnums
         compiled = CompiledFunction(f, backend=backend, static_argnums=static_argnums,
                                     static_argnames=static_argnames,
                                     donate_argnums=donate_argnums, fullgraph=fullgraph,
-                                    pipeline=pipeline, mode=mode)
+                                    pipeline=pipeline, mode=mode, dynamic=dynamic)
         if compiled.module is None:
             return compiled
         return OptimizedModule(f, compiled)

@@ -18,7 +18,10 @@ from fusegrad import dtypes
 from fusegrad.autograd.engine import _FREED_MESSAGE, Node, _edge
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.ir.graph import Graph, Value
+from fusegrad.ir.interpreter import bind_symbols
+from fusegrad.ir.specialize import specialize
 from fusegrad.ir.symbolic import replay
+from fusegrad.symint import evaluate_shape
 from fusegrad.tensor import Tensor
 from fusegrad.tracer.call_cache import _Entry, _SplitPrograms
 
@@ -162,7 +165,9 @@ class _CompiledBackward(Node):
             # the residuals the forward saved. (Others get zero cotangents there; they carry
             # no gradient to the inputs.)
             outs = self.entry.graph.outputs
-            cts = [grad[i] if i in grad else _zeros(o.type) for i, o in enumerate(outs)]
+            sizes = bind_symbols(self.entry.graph, [t.shape for t in inputs]) \
+                if self.entry.symbolic is not None else None
+            cts = [grad[i] if i in grad else _zeros(o.type, sizes) for i, o in enumerate(outs)]
             arrays = self.saved.backward_arrays() + [c._data for c in cts]
             return tuple(Tensor._wrap(a, dtypes.from_numpy_dtype(a.dtype))
                          for a in split.backward(*arrays))
@@ -172,6 +177,8 @@ class _CompiledBackward(Node):
         program, g, reached = self.cf.backward_program(self.entry, self.wrt, seeded)
         cts = [grad[k] for k in seeded]
         if create_graph or program is None:
+            if self.entry.symbolic is not None:      # replayed at this call's sizes
+                g = specialize(g, bind_symbols(self.entry.graph, [t.shape for t in inputs]))
             grads = replay(g, list(inputs) + cts)
         else:
             arrays = [t._data for t in inputs] + [c._data for c in cts]
@@ -211,5 +218,7 @@ def _reaching(graph: Graph, wrt: tuple, flags: list[bool]) -> tuple:
 
 
 
-def _zeros(t) -> Tensor:
-    return Tensor._wrap(np.zeros(t.shape, dtype=t.dtype.np_dtype), t.dtype)
+def _zeros(t, sizes: dict | None = None) -> Tensor:
+    """Zeros of type ``t`` (``sizes``: the values of its symbolic sizes)."""
+    shape = evaluate_shape(t.shape, sizes) if sizes else t.shape
+    return Tensor._wrap(np.zeros(shape, dtype=t.dtype.np_dtype), t.dtype)

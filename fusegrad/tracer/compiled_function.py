@@ -17,6 +17,7 @@ import functools
 import sys
 import threading
 import time
+import traceback
 import types
 import warnings
 import weakref
@@ -32,10 +33,14 @@ from fusegrad.ir.dot import render, to_dot
 from fusegrad.ir.graph import Graph
 from fusegrad.ir.printer import print_graph
 from fusegrad.ir.symbolic import ConcretizationError
+from fusegrad.ir.verifier import verify
 from fusegrad.ops import primitive as _primitive
 from fusegrad.runtime.cpu import Program
+from fusegrad.symint import MIN_SYMBOL_SIZE, holds_symbol, is_symbolic, record_assumptions
+from fusegrad.tensor import Size
 from fusegrad.tracer.call_cache import (
     _ALIASES,
+    _KEY_PARTS,
     _Entry,
     _entry_guard,
     _makes_optimizer_state,
@@ -49,6 +54,13 @@ from fusegrad.tracer.call_cache import (
     static_key,
 )
 from fusegrad.tracer.compiled_autograd import differentiated, record_backward
+from fusegrad.tracer.dynamic_shapes import (
+    SymbolicSignature,
+    choose_symbols,
+    dim_name,
+    marked_dims,
+    symbolic_key,
+)
 from fusegrad.tracer.execute import (
     _fast_call,
     call_inputs,
@@ -62,9 +74,10 @@ from fusegrad.tracer.pipeline import DEFAULT_PIPELINE, program_pipeline, run_pas
 from fusegrad.tracer.programs import (
     entry_program,
     split_programs,
+    symbolic_entry_program,
     vjp_program,
 )
-from fusegrad.tracer.trace import module_state, tree_flatten
+from fusegrad.tracer.trace import _arg_names, _leaf_names, module_state, tree_flatten
 from fusegrad.tracer.trace_call import capture_call, closure_guard_of, guard_reads
 
 __all__ = ["CompiledFunction", "Lowered", "counters", "RECOMPILE_WARNING_LIMIT", "BACKENDS"]
@@ -110,6 +123,20 @@ def _carries_tangents(args, kwargs) -> bool:
     return any(getattr(t, "_fw_grads", None) for t in tree_flatten((args, kwargs))[0])
 
 
+def _check_symbolic_ready(graph: Graph, args, kwargs) -> None:
+    """Raise, naming it, what a symbolic entry of ``graph`` cannot run: a function that
+    returns a size (``x.shape[0]``: a Python value of the trace, which would be the
+    symbol)."""
+    if _returns_a_size(graph.meta.out_tree):
+        raise NotImplementedError("the function returns a size as a Python value")
+
+
+def _returns_a_size(tree) -> bool:
+    if tree.kind == "static":
+        return holds_symbol(tree.meta) or isinstance(tree.meta, Size) and is_symbolic(tree.meta)
+    return any(_returns_a_size(c) for c in tree.children or ())
+
+
 class CompiledFunction:
     """The callable ``fusegrad.compile`` returns."""
 
@@ -117,7 +144,8 @@ class CompiledFunction:
 
     def __init__(self, fn: Callable, *, backend: str = "llvm", static_argnums=(),
                  static_argnames=(), donate_argnums=(), fullgraph: bool = False,
-                 pipeline: str | None = None, mode: str | None = None):
+                 pipeline: str | None = None, mode: str | None = None,
+                 dynamic: bool | None = None):
         if backend == "inductor":       # torch.compile's default backend: the native one here
             backend = "llvm"
         if backend not in BACKENDS:
@@ -136,6 +164,16 @@ class CompiledFunction:
         self.pipeline = pipeline or DEFAULT_PIPELINE
         # torch.compile's mode: "reduce-overhead" replays each CUDA program as a CUDA graph.
         self.mode = mode
+        # Symbolic dims (tracer/dynamic_shapes.py): torch's dynamic option; the dims that
+        # automatic dynamic made symbolic ((leaf index, dim)); the argument shapes of the
+        # first compile, which later compiles compare with; why symbolic tracing was given
+        # up (then every compile is static).
+        self.dynamic = dynamic
+        self._auto_dims: set[tuple[int, int]] = set()
+        self._first_shapes: list | None = None
+        self._symbolic_off: str | None = None
+        self._leading_only = False          # dynamic=True narrowed to each argument's dim 0
+        self._dynamic_reason: str | None = None
         self.cache: dict = {}
         self._fast: dict = {}
         self._fast_ok = self.module is None and not self.static_argnums and \
@@ -160,7 +198,8 @@ class CompiledFunction:
     def _options(self) -> dict:
         return dict(backend=self.backend, static_argnums=self.static_argnums,
                     static_argnames=self.static_argnames, donate_argnums=self.donate_argnums,
-                    fullgraph=self.fullgraph, pipeline=self.pipeline, mode=self.mode)
+                    fullgraph=self.fullgraph, pipeline=self.pipeline, mode=self.mode,
+                    dynamic=self.dynamic)
 
     def __deepcopy__(self, memo):
         # A compiled module's copy (an EMA model, the best model so far) is the copied
@@ -217,8 +256,8 @@ class CompiledFunction:
             # Called inside a trace (another compile or a transform): inline the function.
             return self.fn(*args, **kwargs)
         with self._lock:
-            key, leaves = self._key(args, kwargs)
-            entry = self._entry_for(key, args, kwargs, leaves)
+            key, leaves, symbols = self._key(args, kwargs)
+            entry = self._entry_for(key, args, kwargs, leaves, symbols)
             if entry is not None:
                 self._remember_fast(fast, entry, args, leaves)
                 return self._run(entry, leaves)
@@ -246,12 +285,27 @@ class CompiledFunction:
             entry.guard, entry.fast = _spent, None
         return user_outputs(entry, inputs, results)
 
-    def _entry_for(self, key, args, kwargs, leaves) -> _Entry | None:
+    def _entry_for(self, key, args, kwargs, leaves, symbols) -> _Entry | None:
         """The entry that a call with ``key`` runs: cached, or compiled now; None when the
         call runs eagerly (past the recompile limit, a graph break, aliased arguments)."""
         if key in self._eager_keys:
             return None
         entry = self._lookup(key, leaves)
+        if entry is None and self._more_dynamic(leaves, args, kwargs):
+            # Automatic dynamic: a dim changed size, so the key has a symbol for it now
+            # (a symbolic entry made earlier may serve this call).
+            key, leaves, symbols = self._key(args, kwargs)
+            entry = self._lookup(key, leaves)
+        if entry is not None and entry.symbolic is not None and \
+                not self._specialized(entry, key, leaves):
+            key, leaves, symbols = self._key(args, kwargs)       # static now
+            entry = self._lookup(key, leaves)
+        if entry is None and symbols:
+            # Sizes a symbolic entry's assumptions exclude have an entry of their own.
+            static = self._key(args, kwargs, symbolic=False)[0]
+            entry = self._lookup(static, leaves)
+            if entry is not None:
+                key = static
         if entry is None:
             if self.compiles >= self._recompile_limit():
                 # torch's recompile_limit: past it, new signatures run eagerly.
@@ -262,7 +316,7 @@ class CompiledFunction:
                     self._warned_limit = True
                 return None
             try:
-                entry = self._compile(key, args, kwargs)
+                entry, key = self._compile(key, args, kwargs, symbols)
             except ConcretizationError as e:
                 if self.fullgraph:
                     raise
@@ -338,9 +392,65 @@ class CompiledFunction:
 
     # ------------------------------------------------------------------ guards
 
-    def _key(self, args, kwargs):
+    def _key(self, args, kwargs, symbolic: bool = True):
+        """The call-cache key of a call, its tensor arguments, and the symbols of its
+        symbolic dims ({leaf index: {dim: SymInt}}; the key names them instead of sizes;
+        none with ``symbolic=False``)."""
         static = static_key(args, kwargs, self.static_argnums, self.static_argnames)
-        return call_key(args, kwargs, static, self.module)
+        key, leaves = call_key(args, kwargs, static, self.module)
+        symbols = self._symbols(leaves) if symbolic else {}
+        return symbolic_key(key, len(_KEY_PARTS), symbols), leaves, symbols
+
+    def _symbols(self, leaves) -> dict:
+        """The symbols of a call's symbolic dims (see tracer/dynamic_shapes.py)."""
+        if self.dynamic is False or self._symbolic_off is not None:
+            return {}
+        if self.backend != "llvm":
+            if self.dynamic and config.debug >= 1 and self._symbolic_off is None:
+                print(f"[fusegrad] {self._name()}: symbolic shapes run on the llvm backend only "
+                      f"so far; the {self.backend} backend compiles static shapes",
+                      file=sys.stderr)
+            self._symbolic_off = f"the {self.backend} backend"
+            return {}
+        if self.dynamic:
+            dims = {(i, d) for i, t in enumerate(leaves)
+                    for d in range(min(t.dim(), 1) if self._leading_only else t.dim())}
+        else:
+            dims = self._auto_dims | marked_dims(leaves)
+        return choose_symbols(leaves, dims) if dims else {}
+
+    def _more_dynamic(self, leaves, args, kwargs) -> bool:
+        """Automatic dynamic (``dynamic=None``): the dims of a call needing a compile whose
+        size differs from the first compile's join the symbolic dims; whether any did."""
+        if self.dynamic is not None or self._symbolic_off is not None or \
+                not config.automatic_dynamic_shapes:
+            return False
+        shapes = [t.shape for t in leaves]
+        if self._first_shapes is None:
+            self._first_shapes = shapes
+            return False
+        first = self._first_shapes
+        new = {(i, d) for i, (a, b) in enumerate(zip(first, shapes)) if len(a) == len(b)
+               for d, (m, n) in enumerate(zip(a, b)) if m != n and n >= MIN_SYMBOL_SIZE
+               and (i, d) not in self._auto_dims}
+        if not new:
+            return False
+        self._auto_dims |= new
+        names = self._leaf_names(args, kwargs)
+        said = ", ".join(f"{dim_name(names, i, d)} {first[i][d]} -> {shapes[i][d]}"
+                         for i, d in sorted(new))
+        # The reason of the recompile that follows (see _compile).
+        self._dynamic_reason = f"automatic dynamic: {said} (now symbolic)"
+        if config.debug >= 1:
+            print(f"[fusegrad] automatic dynamic: {self._name()} saw {said}; compiling "
+                  f"{'that dim' if len(new) == 1 else 'those dims'} as symbols",
+                  file=sys.stderr)
+        return True
+
+    def _leaf_names(self, args, kwargs) -> list[str]:
+        """The tensor arguments' names, for messages (``x``, ``batch_0``)."""
+        target = self.module.forward if self.module is not None else self.fn
+        return _leaf_names(args, kwargs, _arg_names(target, len(args)))
 
     def entries(self) -> list[_Entry]:
         """Every compiled entry (a signature and the guards it was traced under)."""
@@ -356,6 +466,8 @@ class CompiledFunction:
 
     def _holds(self, entry: _Entry, leaves) -> bool:
         """Whether ``entry``'s guards hold for a call with ``leaves``."""
+        if entry.symbolic is not None and entry.symbolic.failing(leaves) is not None:
+            return False
         return entry.guard is None or entry.guard(
             lambda: call_inputs(entry, leaves, self.module, read_only=True))
 
@@ -369,8 +481,10 @@ class CompiledFunction:
 
     # ------------------------------------------------------------------ compile
 
-    def _compile(self, key, args, kwargs) -> _Entry:
-        """Trace, compile and guard a call: the entry for ``key``."""
+    def _compile(self, key, args, kwargs, symbols=None) -> tuple[_Entry, tuple]:
+        """Trace, compile and guard a call: the entry and the key to cache it under (the
+        static key of the call when its symbolic compile fell back; see
+        :meth:`_compile_symbolic`)."""
         start = time.perf_counter()
         counters["frames"]["total"] += 1
         # Why this call needs a trace, said before tracing changes what the guards read.
@@ -379,27 +493,174 @@ class CompiledFunction:
         # Non-tensor arguments are baked into the trace (and part of the guard key); what the
         # function reads from its closure and globals is guarded.
         closure = guard_reads(lambda: self._closure_guard(args, kwargs), name)
-        graph = capture_call(self.fn, args, kwargs, closure, name)
+        if self._dynamic_reason is not None:
+            reason, self._dynamic_reason = self._dynamic_reason, None
+        broken = self._broken_assumption(key, args, kwargs)
+        if broken is not None:
+            reason, symbols = broken, None
+        narrowed = self._leading_only
+        entry = self._compile_symbolic(args, kwargs, closure, name, symbols) if symbols else None
+        if entry is None and symbols and self._leading_only and not narrowed and \
+                self._symbolic_off is None:
+            # dynamic=True gave up on all dims: the leading dims may still do.
+            key, _, symbols = self._key(args, kwargs)
+            entry = self._compile_symbolic(args, kwargs, closure, name, symbols) \
+                if symbols else None
+        if entry is None:
+            # Static: this call's own sizes, under its static key.
+            key = self._key(args, kwargs, symbolic=False)[0]
+            entry = self._compile_traced(args, kwargs, closure, name)
+        entry.compile_ms = (time.perf_counter() - start) * 1e3
+        self._count(entry, reason)
+        return entry, key
+
+    def _compile_traced(self, args, kwargs, closure, name, symbols=None) -> _Entry:
+        """Trace and build the entry of a call (with ``symbols``: those dims symbolic)."""
+        graph = capture_call(self.fn, args, kwargs, closure, name, symbols)
         try:
-            entry = self._build(graph, args, kwargs, closure, name)
+            return self._build(graph, args, kwargs, closure, name, symbols)
         except BaseException:
             # A compile that fails leaves nothing behind: no entry (the caller caches only
             # what this returns) and no state its trace made (an optimizer's first-step
             # state), so that a later call starts afresh.
             graph.meta.capture.rollback()
             raise
-        entry.compile_ms = (time.perf_counter() - start) * 1e3
-        self._count(entry, reason)
+
+    def _compile_symbolic(self, args, kwargs, closure, name, symbols) -> _Entry | None:
+        """The entry of a call traced with ``symbols``, or None when something on the way
+        is not symbolic-ready (said under ``FUSEGRAD_DEBUG=1``): then symbolic tracing is
+        given up for this function (with ``dynamic=True`` over all dims, first the
+        non-leading dims), and its compiles are static."""
+        names = self._leaf_names(args, kwargs)
+        said = ", ".join(f"{dim_name(names, i, d)} as {s}" for i, dims in sorted(symbols.items())
+                         for d, s in sorted(dims.items()))
+        try:
+            with record_assumptions() as assumed:
+                entry = self._compile_traced(args, kwargs, closure, name, symbols)
+                # (The signature holds the list the recording fills: the backward's
+                # passes assume too.)
+                entry.symbolic = SymbolicSignature(
+                    symbols, {s.name: dim_name(names, i, d)
+                              for i, dims in symbols.items() for d, s in dims.items()}, assumed)
+                try:
+                    self._build_backward(entry, args, kwargs)
+                except BaseException:
+                    entry.info.capture.rollback()    # nothing of this trace stays
+                    raise
+        except ConcretizationError:
+            raise
+        except Exception as e:
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if config.debug >= 3:
+                traceback.print_exc()           # where symbolic sizes met a concrete need
+            self._give_up_symbols(why, said)
+            return None
+        sig = entry.symbolic
+        bad = sig.failing_at_hints()
+        if bad is not None:
+            # Valid for other sizes, not this one: it compiles static (later sizes are
+            # traced symbolic again).
+            if entry.info.capture is not None:
+                entry.info.capture.rollback()
+            if config.debug >= 1:
+                print(f"[fusegrad] {name}: symbolic {said} is not valid at this call's sizes "
+                      f"({bad}); this call compiles static", file=sys.stderr)
+            return None
+        if config.debug >= 1:
+            assumed_text = "; assuming " + ", ".join(
+                f"{sig.describe(e)} {op} {sig.describe(k)}" for e, op, k in sig.assumptions) \
+                if sig.assumptions else ""
+            print(f"[fusegrad] {name}: traced with symbolic {said}{assumed_text}",
+                  file=sys.stderr)
         return entry
 
-    def _build(self, graph: Graph, args, kwargs, closure: ClosureGuard, name: str) -> _Entry:
+    def _build_backward(self, entry: _Entry, args, kwargs) -> None:
+        """For a symbolic entry of a call that autograd records: its forward and backward
+        programs, built now at this call's sizes, so that what is not symbolic-ready there
+        fails while compiling (and the call compiles static) rather than in the backward."""
+        leaves = tree_flatten((args, kwargs))[0]
+        wrt, flags = differentiated(entry, call_inputs(entry, leaves, self.module,
+                                                       read_only=True))
+        if not flags or not any(flags):
+            return
+        split = self.split_programs(entry, wrt)
+        sizes = entry.symbolic.bindings(leaves)
+        for half in (split.forward, split.backward):
+            verify(half.graph)          # each half binds its symbols from its own inputs
+            half.program_for(sizes)
+
+    def _specialized(self, entry: _Entry, key, leaves) -> bool:
+        """Whether the symbolic ``entry`` has (or now builds) the programs a call with
+        ``leaves`` runs, at its sizes: the entry's, or the forward and backward halves of a
+        call that autograd records. When building fails, the entry is dropped and symbolic
+        compiles given up (said under ``FUSEGRAD_DEBUG=1``), so that the call compiles
+        static instead."""
+        sig = entry.symbolic
+        sizes = sig.bindings(leaves)
+        ready = tuple(sorted(sizes.items()))
+        if ready in sig.ready:
+            return True
+        try:
+            wrt, flags = differentiated(entry, call_inputs(entry, leaves, self.module,
+                                                           read_only=True))
+            if flags and any(flags):
+                split = self.split_programs(entry, wrt)
+                split.forward.program_for(sizes)
+                split.backward.program_for(sizes)
+            else:
+                entry.program.program_for(sizes)
+        except Exception as e:
+            self.cache[key].remove(entry)
+            for fast, hit in list(self._fast.items()):
+                if hit is entry:
+                    del self._fast[fast]
+            self._give_up_symbols(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                                  "sizes", narrow=False)
+            return False
+        sig.ready.add(ready)
+        return True
+
+    def _give_up_symbols(self, why: str, said: str, narrow: bool = True) -> None:
+        """Symbolic tracing of ``said`` failed with ``why``: narrow it (``dynamic=True``:
+        to the leading dims, once) or give it up; said under ``FUSEGRAD_DEBUG=1``."""
+        narrow = narrow and self.dynamic is True and self._symbolic_off is None and \
+            not self._leading_only
+        if narrow:
+            self._leading_only = True
+        else:
+            self._symbolic_off = why
+        if config.debug >= 1:
+            then = "trying the leading dims only" if narrow else \
+                "compiling static shapes (specialized to each size)"
+            print(f"[fusegrad] {self._name()}: symbolic {said} is not supported here ({why}); "
+                  f"{then}", file=sys.stderr)
+
+    def _broken_assumption(self, key, args, kwargs) -> str | None:
+        """The recompile reason when a symbolic entry for ``key`` exists whose assumption
+        this call breaks (this call then compiles static, for its sizes)."""
+        leaves = tree_flatten((args, kwargs))[0]
+        for entry in self.cache.get(key, ()):
+            if entry.symbolic is not None:
+                why = entry.symbolic.failing(leaves)
+                if why is not None:
+                    return why
+        return None
+
+    def _build(self, graph: Graph, args, kwargs, closure: ClosureGuard, name: str,
+               symbols=None) -> _Entry:
         """The entry of a traced ``graph``: passes, kernels, program and guards (``name``:
         the function's, for messages)."""
         info = graph.meta
-        optimized = run_passes(graph, program_pipeline(self.pipeline, self.backend))
-        program = entry_program(graph, optimized, self.backend, args, kwargs,
-                                self.donate_argnums,
-                                cuda_graphs=self.mode == "reduce-overhead")
+        if symbols:
+            _check_symbolic_ready(graph, args, kwargs)
+            optimized = run_passes(graph, self.pipeline)
+            program = symbolic_entry_program(graph, optimized, self.backend, args, kwargs,
+                                             self.donate_argnums)
+        else:
+            optimized = run_passes(graph, program_pipeline(self.pipeline, self.backend))
+            program = entry_program(graph, optimized, self.backend, args, kwargs,
+                                    self.donate_argnums,
+                                    cuda_graphs=self.mode == "reduce-overhead")
         entry = _Entry(graph, optimized, program, info)
         entry.out_dtypes = [o.type.dtype for o in optimized.outputs]
         entry.guard = guard_reads(lambda: _entry_guard(info, closure, self.module), name)
@@ -426,10 +687,10 @@ class CompiledFunction:
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and compile for these arguments without running."""
         with self._lock:
-            key, leaves = self._key(args, kwargs)
+            key, leaves, symbols = self._key(args, kwargs)
             entry = self._lookup(key, leaves)
             if entry is None:
-                entry = self._compile(key, args, kwargs)
+                entry, key = self._compile(key, args, kwargs, symbols)
                 # Lowering runs nothing: state a trace made (an optimizer's first-step state)
                 # is taken back, so the entry's guards send the next call to a trace of its own.
                 entry.info.capture.rollback()

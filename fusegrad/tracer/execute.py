@@ -19,6 +19,8 @@ from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import is_grad_enabled, no_grad
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph, Value
+from fusegrad.ir.interpreter import bind_symbols
+from fusegrad.ir.specialize import concrete_attr
 from fusegrad.ir.symbolic import replay
 from fusegrad.ops import creation, functional
 from fusegrad.ops import prims as P
@@ -128,7 +130,10 @@ def user_outputs(entry: _Entry, inputs: list, results: list):
     info = entry.info
     user = results[:info.n_user_outputs] if len(results) > info.n_user_outputs else results
     if any(info.output_aliases):
-        user = _alias_outputs(list(user), info.output_aliases, inputs)
+        # A symbolic entry's views have symbolic sizes in their attributes: this call's.
+        sizes = bind_symbols(entry.graph, [t.shape for t in inputs]) \
+            if entry.symbolic is not None else None
+        user = _alias_outputs(list(user), info.output_aliases, inputs, sizes)
     return tree_unflatten(info.out_tree, user)
 
 
@@ -202,16 +207,19 @@ def _replayed_copies(info, results: list, arrays: list) -> list[int]:
     return out
 
 
-def _alias_outputs(user: list, aliases: list, inputs: list) -> list:
+def _alias_outputs(user: list, aliases: list, inputs: list, sizes: dict | None = None) -> list:
     """The outputs that the function returned as an input or an earlier output, or a view
     of one, made so from that tensor (after the call's in-place writes), as eager returns
-    them: ``f(x) is x``, and ``f(x)[0] = 1`` writes into x."""
+    them: ``f(x) is x``, and ``f(x)[0] = 1`` writes into x. ``sizes``: the values of the
+    symbolic sizes in the views' attributes."""
     for k, alias in enumerate(aliases):
         if alias is None:
             continue
         source, index, view_ops = alias
         t = inputs[index] if source == "input" else user[index]
         for prim, attrs in view_ops:
+            if sizes:
+                attrs = {name: concrete_attr(a, sizes) for name, a in attrs.items()}
             t = t.detach() if prim is P.stop_gradient else \
                 _view_prim(prim, t, **attrs)
         user[k] = t

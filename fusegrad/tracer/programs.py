@@ -10,12 +10,16 @@ Each is kept in the entry's ``backward`` table.
 
 from __future__ import annotations
 
+import collections
 import sys
 
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph
+from fusegrad.ir.interpreter import bind_symbols
+from fusegrad.ir.specialize import specialize
 from fusegrad.runtime.cpu import Program
+from fusegrad.symint import SymInt, size_hint
 from fusegrad.tracer.call_cache import _Entry, _SplitPrograms
 from fusegrad.tracer.compiled_autograd import _reaching
 from fusegrad.tracer.pipeline import (
@@ -27,7 +31,12 @@ from fusegrad.tracer.pipeline import (
 )
 from fusegrad.tracer.trace import arg_input_ranges, tree_flatten
 
-__all__ = ["build_program", "entry_program", "split_programs", "vjp_program"]
+__all__ = ["build_program", "entry_program", "split_programs", "vjp_program",
+           "SymbolicProgram", "symbolic_entry_program", "SPECIALIZED_PROGRAMS"]
+
+# A symbolic program keeps the kernels of this many sizes (the most recently used); the
+# kernels' machine code stays in the runtime's kernel cache beyond that.
+SPECIALIZED_PROGRAMS = 16
 
 
 def _symbol(name: str) -> str:
@@ -57,6 +66,79 @@ def entry_program(graph: Graph, optimized: Graph, backend: str, args, kwargs,
                             cuda_graphs=cuda_graphs)
     if backend == "llvm" and config.debug >= 4:
         print(f"[fusegrad] LLVM IR of {graph.name}:\n{program.llvm_ir}", file=sys.stderr)
+    return program
+
+
+class SymbolicProgram:
+    """The program of a graph with symbolic sizes (traced and optimized once): called with
+    arrays, it binds the symbols from their shapes and runs the CPU program of the graph
+    specialized to those sizes (:func:`~fusegrad.ir.specialize.specialize`, then fusion and
+    the LLVM kernels), built on the first call with those sizes.
+
+    The kernels are specialized because the CPU lowering reads its loop extents and strides
+    as constants; ``FUSEGRAD_DEBUG=1`` says so at each new size."""
+
+    def __init__(self, graph: Graph, backend: str, name: str, donate=()):
+        self.graph = graph              # after the passes, before fusion
+        self.backend, self.name, self.donate_pairs = backend, name, donate
+        self._programs: collections.OrderedDict = collections.OrderedDict()
+        self.last: Program | None = None
+
+    def program_for(self, bindings: dict[str, int]) -> Program:
+        """The specialized program for the sizes ``bindings`` (built now if new)."""
+        key = tuple(sorted(bindings.items()))
+        prog = self._programs.get(key)
+        if prog is None:
+            if config.debug >= 1:
+                sizes = ", ".join(f"{k}={v}" for k, v in key)
+                print(f"[fusegrad] {self.name}: kernels for {sizes} (the CPU lowering reads "
+                      f"sizes as constants: each new size builds its kernels once)",
+                      file=sys.stderr)
+            concrete = run_passes(specialize(self.graph, bindings), "fuse")
+            prog = build_program(concrete, self.backend, self.name, donate=self.donate_pairs)
+            self._programs[key] = prog
+            if len(self._programs) > SPECIALIZED_PROGRAMS:
+                self._programs.popitem(last=False)
+        else:
+            self._programs.move_to_end(key)
+        self.last = prog
+        return prog
+
+    def __call__(self, *arrays):
+        return self.program_for(bind_symbols(self.graph, [a.shape for a in arrays]))(*arrays)
+
+    def fast_runner(self):
+        return None                     # each call binds its sizes first
+
+    @property
+    def kg(self):
+        return self.last.kg if self.last is not None else None
+
+    @property
+    def llvm_ir(self) -> str:
+        return self.last.llvm_ir if self.last is not None else ""
+
+    def kernels(self) -> list[str]:
+        return self.last.kernels() if self.last is not None else []
+
+    def programs(self) -> int:
+        """How many specialized programs are kept now."""
+        return len(self._programs)
+
+
+def symbolic_entry_program(graph: Graph, optimized: Graph, backend: str, args, kwargs,
+                           donate_argnums: tuple) -> SymbolicProgram:
+    """:func:`entry_program` for a graph with symbolic sizes (``optimized``: after the
+    passes before fusion); its program for this call's sizes is built now, so that a
+    lowering that fails does so while compiling."""
+    pairs = _donations(graph, args, kwargs, donate_argnums)
+    program = SymbolicProgram(optimized, backend, _symbol(graph.name), donate=pairs)
+    hints = {}
+    for v in optimized.inputs:
+        for d in v.type.shape:
+            if isinstance(d, SymInt) and d.name is not None:
+                hints[d.name] = size_hint(d)
+    program.program_for(hints)
     return program
 
 
@@ -99,6 +181,12 @@ def split_programs(entry: _Entry, wrt: tuple, passes: str, backend: str) -> _Spl
         # On the entry's graph: the fuse-attention pass rewrites a copy.
         part = run_passes(entry.graph, split_pipeline(wrt, free)).partition
         name = _symbol(entry.graph.name)
+        if entry.symbolic is not None:
+            # Both halves symbolic: kernels per size, as the entry's own program.
+            hit = entry.backward[key] = _SplitPrograms(
+                part, SymbolicProgram(run_passes(part.forward, passes), backend, name + "_fwd"),
+                SymbolicProgram(run_passes(part.backward, passes), backend, name + "_bwd"))
+            return hit
         pipeline = program_pipeline(passes, backend)
         hit = entry.backward[key] = _SplitPrograms(
             part, build_program(run_passes(part.forward, pipeline), backend, name + "_fwd"),
@@ -116,8 +204,11 @@ def vjp_program(entry: _Entry, wrt: tuple, seeded: tuple, passes: str, backend: 
         # others would go down their paths, where 0 * inf is NaN, and eager autograd
         # never visits a path without a gradient.
         g = run_passes(entry.graph, vjp_pipeline(wrt, seeded))
-        program = build_program(run_passes(g, program_pipeline(passes, backend)), backend,
-                                _symbol(g.name)) if backend in KERNEL_BACKENDS else None
+        if entry.symbolic is not None:
+            program = SymbolicProgram(run_passes(g, passes), backend, _symbol(g.name))
+        else:
+            program = build_program(run_passes(g, program_pipeline(passes, backend)), backend,
+                                    _symbol(g.name)) if backend in KERNEL_BACKENDS else None
         reached = _reaching(entry.graph, wrt,
                             [k in seeded for k in range(len(entry.graph.outputs))])
         hit = entry.backward[(wrt, seeded)] = (program, g, frozenset(reached))

@@ -221,15 +221,28 @@ def trace(fn: Callable, *args, **kwargs) -> Graph:
     return _trace(fn, args, kwargs, capture_state=False)
 
 
-def trace_with_state(fn: Callable, args: tuple, kwargs: dict) -> Graph:
+def trace_with_state(fn: Callable, args: tuple, kwargs: dict,
+                     symbolic_dims: dict | None = None) -> Graph:
     """Trace as :func:`trace`, capturing state outside the arguments as
     :mod:`fusegrad.tracer.capture` describes: captured tensors are inputs read at call time,
     writes to them, ``.grad`` and ``backward()`` become outputs written back
-    (``graph.meta.capture`` says how)."""
-    return _trace(fn, args, kwargs, capture_state=True)
+    (``graph.meta.capture`` says how).
+
+    ``symbolic_dims`` ({leaf index: {dim: SymInt}}) gives those dims of the tensor
+    arguments (in ``tree_flatten`` order) symbolic sizes in the graph."""
+    return _trace(fn, args, kwargs, capture_state=True, symbolic_dims=symbolic_dims)
 
 
-def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool) -> Graph:
+def _leaf_type(t: Tensor, dims: dict | None) -> TensorType:
+    """The graph type of an argument: its own, with the sizes in ``dims`` symbolic."""
+    tt = t._type()
+    if not dims:
+        return tt
+    return TensorType(tuple(dims.get(i, d) for i, d in enumerate(tt.shape)), tt.dtype, tt.device)
+
+
+def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool,
+           symbolic_dims: dict | None = None) -> Graph:
     module = fn if hasattr(fn, "named_parameters") and hasattr(fn, "_parameters") else None
     target = module.forward if module is not None else fn
     name = type(module).__name__ if module is not None else getattr(fn, "__name__", "f")
@@ -244,8 +257,9 @@ def _trace(fn: Callable, args: tuple, kwargs: dict, capture_state: bool) -> Grap
     names = _arg_names(target, len(args))
     sym_leaves = []
     leaf_names = _leaf_names(args, kwargs, names)
-    for t, n in zip(leaves, leaf_names):
-        sym_leaves.append(tr.new_input(_sanitize(n), t._type(), t.requires_grad))
+    for i, (t, n) in enumerate(zip(leaves, leaf_names)):
+        sym_leaves.append(tr.new_input(_sanitize(n), _leaf_type(t, (symbolic_dims or {}).get(i)),
+                                       t.requires_grad))
     for t, s in list(zip(leaves, sym_leaves)) + [(t, sym_state[id(t)]) for _, t in state]:
         if t.requires_grad and t.is_leaf and t._trace is None:
             tr.grad_leaves.add(s._value)

@@ -39,10 +39,12 @@ def guard_reads(make_guard: Callable[[], ClosureGuard], name: str) -> ClosureGua
         raise _unguardable(name, e) from e
 
 
-def capture_call(fn: Callable, args, kwargs, closure: ClosureGuard, name: str) -> Graph:
+def capture_call(fn: Callable, args, kwargs, closure: ClosureGuard, name: str,
+                 symbols: dict | None = None) -> Graph:
     """The graph of ``fn(*args, **kwargs)``; its ``meta`` is the trace's
-    :class:`~fusegrad.tracer.trace.TraceInfo` (``name``: the function's, for messages)."""
-    graph = trace_with_state(fn, args, kwargs)
+    :class:`~fusegrad.tracer.trace.TraceInfo` (``name``: the function's, for messages;
+    ``symbols``: {leaf index: {dim: SymInt}}, the dims traced as symbols)."""
+    graph = trace_with_state(fn, args, kwargs, symbols)
     effect = closure.changed()
     if effect is not None:
         # The function changed a Python value it reads (a counter, a list it appends

@@ -1339,8 +1339,7 @@ def test_compile_options_do_what_torch_documents_or_raise():
         fg.compile(f, options={"trace.enabled": True})
     with pytest.raises(RuntimeError, match="Either mode or options"):
         fg.compile(f, mode="max-autotune", options={})
-    with pytest.raises(NotImplementedError, match="dynamic"):
-        fg.compile(f, dynamic=True)
+    np.testing.assert_array_equal(fg.compile(f, dynamic=True)(fg.ones(2)).numpy(), [2, 2])
     for mode in ("default", "reduce-overhead", "max-autotune"):
         np.testing.assert_array_equal(fg.compile(f, mode=mode, dynamic=False)(fg.ones(2)).numpy(),
                                       [2, 2])

@@ -1,0 +1,449 @@
+"""Symbolic dimensions in compiled functions: ``fusegrad.compile(dynamic=True)``, torch's
+automatic dynamic (``dynamic=None``), ``mark_dynamic``, and what the symbolic trace assumed.
+
+A training step compiled with a symbolic batch dim traces and optimizes once for every batch
+size of at least 2 (size 1 specializes, as torch's 0/1 specialization does); its values
+equal eager's within float32 rounding of the same computation.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad import config as fg_config
+from fusegrad.ir.parser import parse
+from fusegrad.ir.printer import print_graph
+from fusegrad.ir.verifier import verify
+from fusegrad.symint import SymInt
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+@pytest.fixture(autouse=True)
+def _automatic_dynamic(monkeypatch):
+    monkeypatch.setattr(fg_config.config, "automatic_dynamic_shapes", True)
+
+
+def _mlp(seed=0):
+    fg.manual_seed(seed)
+    return fg.nn.Sequential(fg.nn.Linear(12, 16), fg.nn.ReLU(), fg.nn.Linear(16, 10))
+
+
+def _step_fn(model, opt):
+    def step(x, y):
+        opt.zero_grad()
+        loss = fg.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+def _batches(sizes, seed=1):
+    rng = np.random.default_rng(seed)
+    return [(fg.tensor(rng.standard_normal((n, 12)).astype(np.float32)),
+             fg.tensor(rng.integers(0, 10, n))) for n in sizes]
+
+
+def _train(dynamic, sizes, optimizer="sgd"):
+    """Losses and final parameters of compiled and eager training on the same batches, and
+    the compiled step."""
+    eager_model = _mlp()
+    model = copy.deepcopy(eager_model)
+    make = {"sgd": lambda p: fg.optim.SGD(p, lr=0.1),
+            "adam": lambda p: fg.optim.Adam(p, lr=1e-2)}[optimizer]
+    eager_step = _step_fn(eager_model, make(eager_model.parameters()))
+    step = fg.compile(_step_fn(model, make(model.parameters())), dynamic=dynamic)
+    losses, eager_losses = [], []
+    for x, y in _batches(sizes):
+        losses.append(float(step(x, y)))
+        eager_losses.append(float(eager_step(x, y)))
+    params = [p.detach().numpy() for p in model.parameters()]
+    eager_params = [p.detach().numpy() for p in eager_model.parameters()]
+    return losses, eager_losses, params, eager_params, step
+
+
+def _assert_matches_eager(losses, eager_losses, params, eager_params, steps):
+    # Dot products of length 16 and sums over 10 classes and the batch, in float32: a few
+    # hundred eps per step at most, compounding through the updates.
+    tol = 256 * EPS32 * steps
+    np.testing.assert_allclose(losses, eager_losses, rtol=tol, atol=tol)
+    for p, q in zip(params, eager_params):
+        np.testing.assert_allclose(p, q, rtol=tol, atol=tol)
+
+
+def test_dynamic_true_compiles_a_training_step_once_for_every_batch_size():
+    sizes = [32, 32, 7, 2, 31, 17, 32, 5]            # the last batch of an epoch is shorter
+    losses, eager_losses, params, eager_params, step = _train(True, sizes)
+    _assert_matches_eager(losses, eager_losses, params, eager_params, len(sizes))
+    assert step.compiles == 1 and step.recompile_reasons == []
+    (entry,) = step.entries()
+    assert entry.symbolic is not None
+    x_type = entry.graph.inputs[0].type
+    assert isinstance(x_type.shape[0], SymInt) and x_type.shape[1] == 12
+    assert str(x_type) == "f32[s0,12]"
+
+
+def test_dynamic_true_with_adam_compiles_its_first_step_and_then_once():
+    sizes = [16, 9, 16, 3, 11]
+    losses, eager_losses, params, eager_params, step = _train(True, sizes, "adam")
+    _assert_matches_eager(losses, eager_losses, params, eager_params, len(sizes))
+    # The first step makes Adam's state (a program that runs once), then the steady step.
+    assert step.compiles == 2
+
+
+def test_automatic_dynamic_recompiles_once_with_the_changed_dim_symbolic(capsys, monkeypatch):
+    monkeypatch.setattr(fg_config.config, "debug", 1)
+    sizes = [32, 32, 32, 20, 32, 9, 3]
+    losses, eager_losses, params, eager_params, step = _train(None, sizes)
+    _assert_matches_eager(losses, eager_losses, params, eager_params, len(sizes))
+    assert step.compiles == 2
+    assert step.recompile_reasons == [
+        "automatic dynamic: x.size(0) 32 -> 20, y.size(0) 32 -> 20 (now symbolic)"]
+    static, symbolic = step.entries()
+    assert static.symbolic is None and symbolic.symbolic is not None
+    err = capsys.readouterr().err
+    assert "automatic dynamic: step saw x.size(0) 32 -> 20, y.size(0) 32 -> 20" in err
+    assert "traced with symbolic x.size(0) as s0, y.size(0) as s0" in err
+
+
+def test_size_one_specializes_and_dynamic_false_is_static():
+    _, _, _, _, step = _train(True, [8, 1, 5, 1])
+    assert step.compiles == 2                        # s0 >= 2, then the size-1 program
+    losses, eager_losses, params, eager_params, step = _train(False, [8, 4, 8, 4])
+    _assert_matches_eager(losses, eager_losses, params, eager_params, 4)
+    assert step.compiles == 2 and all(e.symbolic is None for e in step.entries())
+
+
+def test_dynamic_false_keeps_todays_kernels():
+    x = fg.randn(64, 32)
+    f = lambda t: (t.softmax(-1) * 2).sum(0)        # noqa: E731
+    static = fg.compile(f, dynamic=False)
+    dynamic = fg.compile(f, dynamic=True)
+    a, b = static.lower(x), dynamic.lower(x)
+    assert len(a.kernels) == len(b.kernels)          # one graph, specialized the same way
+    assert a.llvm_ir == b.llvm_ir
+    np.testing.assert_allclose(dynamic(x).numpy(), static(x).numpy(), rtol=0, atol=0)
+
+
+def test_mark_dynamic_makes_that_dim_symbolic():
+    f = fg.compile(lambda t: t.softmax(-1).sum(-1))
+    x = fg.randn(6, 8)
+    fg._dynamo.mark_dynamic(x, 0)
+    assert fg.mark_dynamic is fg._dynamo.mark_dynamic
+    f(x)
+    (entry,) = f.entries()
+    assert isinstance(entry.graph.inputs[0].type.shape[0], SymInt)
+    for n in (3, 17):
+        y = fg.randn(n, 8)
+        fg.mark_dynamic(y, 0)
+        np.testing.assert_allclose(f(y).numpy(), np.ones(n), rtol=0, atol=8 * 4 * EPS32)
+    assert f.compiles == 1
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        fg.mark_dynamic(x, 2)
+
+
+def test_a_failing_assumption_names_the_dim_and_compiles_that_size():
+    def f(x):
+        # Python control flow on a size: the symbolic trace assumes s0 != 4.
+        return x * 2 if x.shape[0] == 4 else x + 1
+    g = fg.compile(f, dynamic=True)
+    np.testing.assert_array_equal(g(fg.ones(3, 2)).numpy(), np.full((3, 2), 2.0))
+    (entry,) = g.entries()
+    assert [(str(e), op, k) for e, op, k in entry.symbolic.assumptions] == [("s0", "!=", 4)]
+    assert entry.symbolic.failing([fg.ones(4, 2)]) == \
+        "the symbolic trace assumed x.size(0) (s0) != 4, but x.size(0) (s0) is 4 in this call"
+    np.testing.assert_array_equal(g(fg.ones(4, 2)).numpy(), np.full((4, 2), 2.0) * 1)
+    assert g.compiles == 2
+    assert g.recompile_reasons == [
+        "the symbolic trace assumed x.size(0) (s0) != 4, but x.size(0) (s0) is 4 in this call"]
+    np.testing.assert_array_equal(g(fg.ones(5, 2)).numpy(), np.full((5, 2), 2.0))
+    np.testing.assert_array_equal(g(fg.ones(4, 2)).numpy(), np.full((4, 2), 2.0))
+    assert g.compiles == 2
+
+
+def test_a_call_that_autograd_records_has_a_symbolic_backward():
+    w = fg.randn(3, 3, requires_grad=True)
+    f = fg.compile(lambda x: (x @ w).tanh().sum(), dynamic=True)
+    for n in (4, 6, 9):
+        x = fg.randn(n, 3)
+        f(x).backward()
+        eager_w = w.detach().clone().requires_grad_(True)
+        (x @ eager_w).tanh().sum().backward()
+        # Sums of n products of three terms and their derivatives, in float32.
+        np.testing.assert_allclose(w.grad.numpy(), eager_w.grad.numpy(), rtol=64 * EPS32,
+                                   atol=64 * EPS32)
+        w.grad = None
+    assert f.compiles == 1 and f.entries()[0].symbolic is not None
+
+
+def test_a_compiled_model_trains_with_backward_outside():
+    eager_model = _mlp()
+    model = copy.deepcopy(eager_model)
+    compiled = fg.compile(model, dynamic=True)
+    opt = fg.optim.SGD(model.parameters(), lr=0.1)
+    eager_opt = fg.optim.SGD(eager_model.parameters(), lr=0.1)
+    for x, y in _batches([16, 7, 16, 3]):
+        for m, o in ((compiled, opt), (eager_model, eager_opt)):
+            o.zero_grad()
+            fg.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+    for p, q in zip(model.parameters(), eager_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1024 * EPS32,
+                                   atol=1024 * EPS32)
+    (entry,) = compiled.forward.entries()
+    assert compiled.forward.compiles == 1 and entry.symbolic is not None
+
+
+def test_symbolic_training_graph_prints_parses_and_verifies():
+    _, _, _, _, step = _train(True, [8, 5])
+    (entry,) = step.entries()
+    text = print_graph(entry.optimized)
+    assert "f32[s0,12]" in text and "i64[s0]" in text
+    g = parse(text)
+    verify(g)
+    assert print_graph(g) == text
+
+
+@pytest.mark.parametrize("dynamic,sizes", [(None, [32, 32, 20, 32, 9, 3]), (True, [32, 7, 2, 31]),
+                                           (False, [8, 4, 8, 4])])
+def test_compile_counts_are_torchs(dynamic, sizes):
+    torch = pytest.importorskip("torch")
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    tf = torch.compile(lambda x: (x * 2).softmax(-1).sum(-1), backend="eager", dynamic=dynamic)
+    f = fg.compile(lambda x: (x * 2).softmax(-1).sum(-1), dynamic=dynamic)
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        x = rng.standard_normal((n, 8)).astype(np.float32)
+        np.testing.assert_allclose(f(fg.tensor(x)).numpy(), tf(torch.tensor(x)).numpy(),
+                                   rtol=8 * 4 * EPS32, atol=8 * 4 * EPS32)
+    assert f.compiles == counters["stats"]["unique_graphs"]
+
+
+def test_a_size_assumption_recompiles_as_torchs():
+    torch = pytest.importorskip("torch")
+    from torch._dynamo.utils import counters
+
+    def body(x):
+        return x * 2 if x.shape[0] == 4 else x + 1
+    torch._dynamo.reset()
+    counters.clear()
+    tf = torch.compile(body, backend="eager", dynamic=True)
+    f = fg.compile(body, dynamic=True)
+    for n in (3, 4, 5, 4):
+        np.testing.assert_array_equal(f(fg.ones(n, 2)).numpy(), tf(torch.ones(n, 2)).numpy())
+    assert f.compiles == counters["stats"]["unique_graphs"] == 2
+
+
+def _char_transformer():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "examples"))
+    try:
+        from char_transformer import make_model
+    finally:
+        sys.path.pop(0)
+    fg.manual_seed(0)
+    return make_model(fg, vocab=20, block=16, n_embd=16, n_head=2, n_layer=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic,compiles", [(True, 1), (None, 2)])
+def test_char_transformer_compiles_once_for_every_sequence_length(dynamic, compiles):
+    eager_model = _char_transformer()
+    model = copy.deepcopy(eager_model)
+
+    def make_step(m):
+        # (SGD: Adam's normalized update would turn the rounding noise of near-zero
+        # gradients into steps of the learning rate's size, compiled or not.)
+        opt = fg.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = m(x, y)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    step, eager_step = fg.compile(make_step(model), dynamic=dynamic), make_step(eager_model)
+    rng = np.random.default_rng(0)
+    lengths = [16, 16, 9, 16, 5, 12, 2]
+    for t in lengths:
+        x, y = (fg.tensor(rng.integers(0, 20, (3, t))) for _ in range(2))
+        loss, eager_loss = float(step(x, y)), float(eager_step(x, y))
+        # Sums of a few dozen float32 terms per value, through one block and Adam's update.
+        np.testing.assert_allclose(loss, eager_loss, rtol=1024 * EPS32 * len(lengths))
+    # One program for every length (dynamic=None: a static one first, then the symbolic
+    # one from the second length on).
+    assert step.compiles == compiles
+    assert step.entries()[-1].symbolic is not None
+    for p, q in zip(model.parameters(), eager_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(),
+                                   rtol=1024 * EPS32 * len(lengths),
+                                   atol=1024 * EPS32 * len(lengths) * 0.1)
+
+
+SIZE_PROGRAMS = {
+    "mean": lambda x: x.mean(),
+    "var over the batch": lambda x: x.var(0),
+    "a size as a scalar": lambda x: x.sum(0) / x.shape[0] + x * x.shape[0],
+    "full of a symbolic shape": lambda x: x + fg.full((x.shape[0], 3), 2.0),
+    "layer_norm": lambda x: fg.nn.functional.layer_norm(x, (3,)),
+    "mse_loss": lambda x: fg.nn.functional.mse_loss(x, fg.zeros_like(x)),
+    "arange of a size": lambda x: x * fg.arange(x.shape[0]).float()[:, None],
+    "a view of the input": lambda x: x[: x.shape[0] // 2],
+    "view(-1)": lambda x: x.view(-1) * 2,
+}
+
+
+@pytest.mark.parametrize("name", list(SIZE_PROGRAMS))
+def test_programs_reading_sizes_compile_once(name):
+    f = SIZE_PROGRAMS[name]
+    compiled = fg.compile(f, dynamic=True)
+    rng = np.random.default_rng(0)
+    for n in (4, 7, 9):
+        x = fg.tensor(rng.standard_normal((n, 3)).astype(np.float32))
+        # Sums over at most 27 elements in float32.
+        np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=32 * EPS32,
+                                   atol=32 * EPS32)
+    assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
+
+
+def test_symbolic_training_step_has_the_specialized_kernels():
+    # The one symbolic graph, specialized to a size, is the program dynamic=False builds.
+    x, y = _batches([32])[0]
+
+    def compiled(dynamic):
+        model = _mlp()
+        step = fg.compile(_step_fn(model, fg.optim.Adam(model.parameters(), lr=1e-2)),
+                          dynamic=dynamic)
+        for _ in range(2):                       # the first step, then the steady one
+            step(x, y)
+        return step.entries()[-1].program
+    static, symbolic = compiled(False), compiled(True)
+    assert symbolic.kernels() == static.kernels()
+    assert symbolic.llvm_ir == static.llvm_ir
+
+
+@pytest.mark.parametrize("dynamic,compiles", [(True, 1), (None, 2)])
+def test_an_epoch_whose_last_batch_is_shorter(dynamic, compiles):
+    from fusegrad.utils.data import DataLoader, TensorDataset
+
+    rng = np.random.default_rng(3)
+    data = TensorDataset(fg.tensor(rng.standard_normal((150, 12)).astype(np.float32)),
+                         fg.tensor(rng.integers(0, 10, 150)))
+    eager_model = _mlp()
+    model = copy.deepcopy(eager_model)
+    step = fg.compile(_step_fn(model, fg.optim.SGD(model.parameters(), lr=0.1)),
+                      dynamic=dynamic)
+    eager_step = _step_fn(eager_model, fg.optim.SGD(eager_model.parameters(), lr=0.1))
+    sizes = []
+    for _ in range(2):
+        for x, y in DataLoader(data, batch_size=64):          # 64, 64, 22
+            sizes.append(len(x))
+            loss, eager_loss = float(step(x, y)), float(eager_step(x, y))
+            np.testing.assert_allclose(loss, eager_loss, rtol=256 * EPS32 * len(sizes))
+    assert sizes == [64, 64, 22] * 2
+    assert step.compiles == compiles
+
+
+def test_other_backends_compile_static_shapes_and_say_so(capsys, monkeypatch):
+    monkeypatch.setattr(fg_config.config, "debug", 1)
+    f = fg.compile(lambda t: t * 2, backend="interpreter", dynamic=True)
+    for n in (3, 4):
+        np.testing.assert_array_equal(f(fg.ones(n)).numpy(), np.full(n, 2.0))
+    assert f.compiles == 2 and all(e.symbolic is None for e in f.entries())
+    assert "the interpreter backend compiles static shapes" in capsys.readouterr().err
+
+
+def test_a_function_returning_a_size_returns_ints():
+    f = fg.compile(lambda x: (x * 2, x.shape[0], x.shape), dynamic=True)
+    for n in (3, 5):
+        out = f(fg.ones(n, 2))
+        assert type(out[1]) is int and out[1] == n and out[2] == (n, 2)
+    assert all(e.symbolic is None for e in f.entries())
+
+
+_W, _B = fg.randn(6, 4), fg.randn(4)
+F = fg.nn.functional
+# Programs over an (n, 6) input: each compiled with dynamic=True, run at four sizes, equal
+# to eager (where a program's trace needs a concrete size, it compiles static shapes).
+DIFFERENTIAL = {
+    "matmul": lambda x: x @ _W,
+    "linear_relu": lambda x: F.relu(x @ _W + _B),
+    "softmax": lambda x: x.softmax(-1),
+    "softmax0": lambda x: x.softmax(0),
+    "logsumexp0": lambda x: x.logsumexp(0),
+    "sum_all": lambda x: x.sum(),
+    "max0": lambda x: x.max(0).values,
+    "argmax0": lambda x: x.argmax(0),
+    "t": lambda x: x.t() * 2,
+    "t_contig": lambda x: x.t().contiguous() + 1,
+    "cat0": lambda x: fg.cat([x, x * 2], 0),
+    "cat1": lambda x: fg.cat([x, x * 2], 1),
+    "stack": lambda x: fg.stack([x, x], 0).sum(0),
+    "index_rows": lambda x: x[1:] - x[:-1],
+    "step_slice": lambda x: x[::2],
+    "neg_index": lambda x: x[-1],
+    "where": lambda x: fg.where(x > 0, x, x * 0.1),
+    "unsqueeze_bcast": lambda x: x.unsqueeze(0) + x.unsqueeze(1),
+    "outer": lambda x: x.sum(1)[:, None] * x.sum(1)[None, :],
+    "cumsum": lambda x: x.cumsum(0),
+    "flip": lambda x: x.flip(0),
+    "roll": lambda x: x.roll(1, 0),
+    "pad": lambda x: F.pad(x, (1, 1, 2, 0)),
+    "reshape_merge": lambda x: x.reshape(-1, 3) * 2,
+    "view_split": lambda x: x.view(x.shape[0], 2, 3).sum(1),
+    "expand": lambda x: x[:, :1].expand(-1, 6) + x,
+    "std0": lambda x: x.std(0),
+    "norm": lambda x: x.norm(dim=1),
+    "gelu_ln": lambda x: F.gelu(F.layer_norm(x, (6,))),
+    "cross_entropy": lambda x: F.cross_entropy(x, (x.sum(1) > 0).long()),
+    "dropout_eval": lambda x: F.dropout(x, 0.5, training=False),
+    "gather": lambda x: x.gather(1, fg.zeros(x.shape[0], 1, dtype=fg.int64)),
+    "topk": lambda x: x.topk(2, dim=1).values,
+    "sort0": lambda x: x.sort(0).values,
+    "chunk": lambda x: x.chunk(2, 1)[1] * 3,
+    "split_sizes": lambda x: x.split(2, 0)[0],
+    "mean_keep": lambda x: x - x.mean(0, keepdim=True),
+    "inplace": lambda x: x.clone().mul_(2).add_(1),
+    "masked_fill": lambda x: x.masked_fill(x < 0, 0.0),
+    "clamp": lambda x: x.clamp(-0.5, 0.5),
+    "tril": lambda x: x.tril(),
+    "bmm": lambda x: (x.view(x.shape[0], 2, 3) @ x.view(x.shape[0], 3, 2)),
+    "einsum": lambda x: fg.einsum("ij,kj->ik", x, x),
+    "nonzero_count": lambda x: (x > 0).sum(1),
+    "repeat": lambda x: x.repeat(2, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(DIFFERENTIAL))
+def test_symbolic_programs_equal_eager(name):
+    f = DIFFERENTIAL[name]
+    compiled = fg.compile(f, dynamic=True)
+    rng = np.random.default_rng(1)
+    for n in (3, 5, 8, 2):
+        x = fg.tensor(rng.standard_normal((n, 6)).astype(np.float32))
+        got, want = compiled(x), f(x)
+        # Reductions over at most 48 elements in float32 (float64 where a sum is blocked).
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=64 * EPS32, atol=64 * EPS32)
+
+
+def test_a_trace_that_needs_a_size_falls_back_to_static(capsys, monkeypatch):
+    monkeypatch.setattr(fg_config.config, "debug", 1)
+    f = fg.compile(lambda x: x.flip(0) * 2, dynamic=True)
+    for n in (3, 4, 5):
+        x = fg.arange(float(n))
+        np.testing.assert_array_equal(f(x).numpy(), x.numpy()[::-1] * 2)
+    assert f.compiles == 3 and all(e.symbolic is None for e in f.entries())
+    err = capsys.readouterr().err
+    assert "symbolic x.size(0) as s0 is not supported here (" in err
+    assert "compiling static shapes" in err
