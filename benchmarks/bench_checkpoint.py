@@ -79,6 +79,9 @@ def main(argv=None) -> int:
     x, y = next(data)
     steps = {"plain": compiled_step(args, False), "checkpointed": compiled_step(args, True)}
     mem = {name: memory(step, x, y) for name, step in steps.items()}
+    sys.path.insert(0, HERE)
+    import machine
+    print(f"{machine.cpu_model()} (LLVM host {machine.llvm_host()[0]}); {fg.get_num_threads()} threads")
     print(f"char transformer: {args.layers} blocks, n_embd {args.embd}, block {args.block}, "
           f"batch {args.batch}, AdamW; whole step compiled")
     print("| step | arena MiB | held MiB | kernels |")
@@ -105,8 +108,7 @@ def main(argv=None) -> int:
     ratios = [c / p for c, p in zip(times["checkpointed"], times["plain"])]
     quartiles = np.percentile(ratios, [25, 50, 75])
     print(f"step time ratio checkpointed/plain: median {quartiles[1]:.2f} of the rounds' ratios "
-          f"(quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}; alternating rounds in one process, "
-          "a loaded measurement where the machine is shared)")
+          f"(quartiles {quartiles[0]:.2f}-{quartiles[2]:.2f}; alternating rounds in one process)")
     return 0
 
 
