@@ -1,5 +1,7 @@
 """finfo / iinfo limits and the kernel thread count."""
 
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -71,3 +73,35 @@ def test_num_threads_from_environment(monkeypatch):
         monkeypatch.undo()
         config_module.reload()
         fg.set_num_threads(saved)
+
+
+def test_set_num_threads_sets_the_blas_threads_too():
+    """torch.set_num_threads also sets the threads of the BLAS the products run on: numpy's
+    BLAS here (a product asked to run on one thread must not start a second)."""
+    from fusegrad.runtime.threads import blas_threads
+    before = blas_threads()
+    if before is None:
+        pytest.skip("numpy's BLAS is not one whose thread count can be set (OpenBLAS, MKL)")
+    saved = fg.get_num_threads()
+    try:
+        fg.set_num_threads(1)
+        assert blas_threads() == 1
+        fg.set_num_threads(2)
+        assert blas_threads() == 2
+    finally:
+        fg.set_num_threads(saved)
+
+
+def test_fusegrad_num_threads_at_start_up_sets_the_blas_threads():
+    import subprocess
+    import sys
+    code = ("import fusegrad\nfrom fusegrad.runtime.threads import blas_threads\n"
+            "print(blas_threads())")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["FUSEGRAD_NUM_THREADS"] = "1"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out in ("1", "None")

@@ -25,6 +25,7 @@ import dataclasses
 import linecache
 import math
 import operator
+import os
 import sys
 import threading
 import time
@@ -46,7 +47,7 @@ from fusegrad.ops.prims_reduce import register_bf16_matmul
 from fusegrad.runtime import jit, native, native_attention
 from fusegrad.runtime.memory_plan import donation_safe, plan_memory
 from fusegrad.runtime.native import data_pointer
-from fusegrad.runtime.threads import run_in_parts, thread_pool
+from fusegrad.runtime.threads import run_in_parts, set_blas_threads, thread_pool
 
 __all__ = ["Program", "KernelCode", "thread_pool", "set_num_threads", "get_num_threads"]
 
@@ -67,12 +68,21 @@ PARALLEL_THRESHOLD = 1 << 16
 SMALL_KERNEL_WORK = 256
 
 def set_num_threads(num: int) -> None:
-    """Split large kernels across ``num`` threads (``torch.set_num_threads``; the default is
-    ``FUSEGRAD_NUM_THREADS`` or the number of cores)."""
+    """Split large kernels across ``num`` threads, and run numpy's BLAS products on as many
+    (``torch.set_num_threads``; the default is ``FUSEGRAD_NUM_THREADS`` or the number of
+    cores)."""
     num = int(num)
     if num <= 0:
         raise RuntimeError(f"set_num_threads expects a positive integer, got {num}")
     config.num_threads = num
+    set_blas_threads(num)
+
+
+if "FUSEGRAD_NUM_THREADS" in os.environ and not any(
+        name in os.environ for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")):
+    # The count asked for at start-up holds for the BLAS too (its own variables, which it
+    # reads itself, take precedence).
+    set_blas_threads(config.num_threads)
 
 
 def get_num_threads() -> int:
