@@ -158,9 +158,12 @@ class SymInt:
         return _div(self, other, ceil=False)
 
     def __mod__(self, other) -> int:
-        # Decidable when every coefficient is a multiple (B*64 % 64 is 0): a reshape's -1.
+        # Decidable when every coefficient is a multiple (B*64 % 64 is 0), or every term a
+        # multiple of a monomial (B*T*64 % (B*T) is 0): a reshape's -1.
         if isinstance(other, int) and not isinstance(other, bool) and other > 0 and \
                 all(c % other == 0 for _, c in self._terms):
+            return 0
+        if isinstance(other, SymInt) and _exact_quotient(self, other) is not None:
             return 0
         raise SymbolicDecisionError(f"cannot decide {self} % {other}: a symbolic size is only "
                                     f"known to be >= {MIN_SYMBOL_SIZE}")
@@ -358,7 +361,30 @@ def _terms_of(x: Dim) -> tuple:
     return x._terms if isinstance(x, SymInt) else (((), x),)
 
 
+def _exact_quotient(num, den: "SymInt") -> Dim | None:
+    """``num / den`` when ``den`` is one monomial (``c*B*T``) that divides every term of
+    ``num`` (``B*T*64 / (B*T)`` is 64: a reshape's -1 beside symbolic sizes); else None."""
+    if len(den._terms) != 1:
+        return None
+    (dm, dc), = den._terms
+    poly: dict = {}
+    for m, c in _terms_of(num):
+        rest = list(m)
+        for a in dm:
+            if a not in rest:
+                return None
+            rest.remove(a)
+        if c % dc:
+            return None
+        poly[tuple(rest)] = c // dc
+    return SymInt._make(poly, _merged_hints(num, den) if isinstance(num, SymInt) else den._hints)
+
+
 def _div(num, den, ceil: bool) -> Dim:
+    if isinstance(den, SymInt):
+        exact = _exact_quotient(num, den)
+        if exact is not None:
+            return exact
     if isinstance(den, SymInt) or not isinstance(den, int) or isinstance(den, bool):
         raise SymbolicDecisionError(f"{num} divided by {den}: only division by a positive "
                                     "integer is a symbolic size")
