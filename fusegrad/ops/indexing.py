@@ -296,7 +296,8 @@ def getitem(x: Tensor, key) -> Tensor:
             i = int(k)
             if not -size <= i < size:
                 raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
-            i %= size
+            if i < 0:          # x[-1] of a symbolic size is the size's expression s0-1
+                i += size
             starts.append(i), stops.append(i + 1), steps.append(1)
             view_name = "SelectBackward0"
             dim += 1

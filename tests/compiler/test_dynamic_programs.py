@@ -85,3 +85,22 @@ def test_reshape_minus_one_beside_symbolic_sizes():
         np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=16 * EPS32,
                                    atol=16 * EPS32)
     assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
+
+
+def test_negative_indices_flip_and_roll_of_a_symbolic_dim():
+    # x[-1] normalized the index with a modulo of the size, and flip/roll built numpy
+    # indices of it: a symbolic size answers neither, so each size compiled static.
+    def f(x):
+        y = x.detach().requires_grad_()
+        out = (y[-1] * 3 + y[:, -1].sum() + y[-2:].sum(0) + y.flip(0)[0] +
+               y.roll(1, 0)[0] * y.roll(-3, 0)[-1])
+        out.sum().backward()
+        return out.detach(), y.grad
+    compiled = fg.compile(f, dynamic=True)
+    rng = np.random.default_rng(3)
+    for n in (4, 7, 5):
+        x = _randn(rng, n, 3)
+        for got, want in zip(compiled(x), f(x)):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=16 * EPS32,
+                                       atol=16 * EPS32)
+    assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
