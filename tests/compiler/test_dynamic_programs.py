@@ -104,3 +104,23 @@ def test_negative_indices_flip_and_roll_of_a_symbolic_dim():
             np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=16 * EPS32,
                                        atol=16 * EPS32)
     assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
+
+
+def test_a_mask_made_inside_sliced_to_a_symbolic_length():
+    # A slice of a tensor made inside the function to a symbolic length is a traced view
+    # of a constant: it failed the symbolic trace (every length compiled static), and
+    # x[n - 1] with a symbolic n was no valid index.
+    def f(x):
+        n = x.shape[0]
+        causal = fg.triu(fg.ones(16, 16), diagonal=1)[:n, :n]
+        buf = fg.zeros(16, 3)
+        buf[:n].add_(x)
+        return causal @ x + x[n - 1], buf.sum(0)
+    compiled = fg.compile(f, dynamic=True)
+    rng = np.random.default_rng(4)
+    for n in (4, 7, 5):
+        x = _randn(rng, n, 3)
+        for got, want in zip(compiled(x), f(x)):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=16 * EPS32,
+                                       atol=16 * EPS32)
+    assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
