@@ -179,7 +179,21 @@ class SymInt:
 
     def __eq__(self, other) -> bool:
         if isinstance(other, SymInt):
-            return self._terms == other._terms
+            if self._terms == other._terms:
+                return True
+            # Two expressions that differ may still be equal at some sizes (s0//2*2 == s0,
+            # s0-1 == s1): unless their difference is never 0, that is an assumption,
+            # answered at the hints and recorded, as a comparison with < is.
+            diff = self - other
+            if isinstance(diff, int) or not _recording_active() or \
+                    any(lo is not None and lo > 0 for lo in (diff.lower_bound(),
+                                                             (-diff).lower_bound())):
+                return False
+            at = diff.hint()
+            if at is None:
+                return False
+            _record(self, other, "==" if at == 0 else "!=")
+            return at == 0
         if isinstance(other, int) and not isinstance(other, bool):
             # Not equal: a fact for an int below every value the expression can take, an
             # assumption (recorded) for any other.
@@ -347,8 +361,15 @@ def _recording_active() -> bool:
 
 def _record(expr: "SymInt", value, op: str) -> None:
     stack = getattr(_recording, "stack", None)
-    if stack and (expr, op, value) not in stack[-1]:
+    # Compared by structure: == of two expressions would itself be a comparison to record.
+    if stack and not any(op == o and _same(expr, e) and _same(value, v) for e, o, v in stack[-1]):
         stack[-1].append((expr, op, value))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, SymInt) or isinstance(b, SymInt):
+        return isinstance(a, SymInt) and isinstance(b, SymInt) and a._terms == b._terms
+    return a == b
 
 
 def _merged_hints(a: "SymInt", b) -> dict:
@@ -470,9 +491,7 @@ def known_equal(a, b) -> bool:
     if isinstance(a, tuple) or isinstance(b, tuple):
         return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and \
             all(known_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, SymInt) != isinstance(b, SymInt):
-        return False
-    return a == b
+    return _same(a, b)
 
 
 def at_hints(value):

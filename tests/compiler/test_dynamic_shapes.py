@@ -447,3 +447,21 @@ def test_a_trace_that_needs_a_size_falls_back_to_static(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "symbolic x.size(0) as s0 is not supported here (" in err
     assert "compiling static shapes" in err
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_equality_of_two_size_expressions_is_guarded(dynamic):
+    # s0//2*2 == s0 and s0-1 == s1 were compared by their form (always False, nothing
+    # recorded): a branch on them took the wrong side, silently, at sizes where they hold.
+    def f(x, y):
+        a = x * 2 if x.shape[0] // 2 * 2 == x.shape[0] else x - 1
+        b = x[:-1] + y if x.shape[0] - 1 == y.shape[0] else y * 3
+        return a.sum(0), b
+    compiled = fg.compile(f, dynamic=dynamic)
+    rng = np.random.default_rng(5)
+    for n, m in ((8, 7), (9, 8), (10, 4), (7, 6), (12, 11), (5, 3)):
+        x = fg.tensor(rng.standard_normal((n, 3)).astype(np.float32))
+        y = fg.tensor(rng.standard_normal((m, 3)).astype(np.float32))
+        for got, want in zip(compiled(x, y), f(x, y)):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=8 * EPS32,
+                                       atol=8 * EPS32)
