@@ -208,6 +208,13 @@ class SymInt:
         return eq if eq is NotImplemented else not eq
 
     def __hash__(self) -> int:
+        # A user's dict or set lookup of a size ({32: a}.get(x.shape[0])) compares by hash
+        # first, so it would take a branch with no comparison to record. While a function
+        # is traced, hashing a size raises (torch's SymInt is unhashable), and the function
+        # compiles static shapes; the IR hashes sizes only after the trace.
+        if _recording_active():
+            raise SymbolicDecisionError(f"unhashable type: symbolic size {self} (a dict key or "
+                                        "set member needs the size's value)")
         return self._hash
 
     def _compare(self, other, op: str) -> bool:

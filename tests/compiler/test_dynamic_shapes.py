@@ -465,3 +465,31 @@ def test_equality_of_two_size_expressions_is_guarded(dynamic):
         for got, want in zip(compiled(x, y), f(x, y)):
             np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=8 * EPS32,
                                        atol=8 * EPS32)
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_a_size_looked_up_in_a_dict_or_set_compiles_static(dynamic, capsys, monkeypatch):
+    # A dict or set finds a key by hash, so {20: 2.0}.get(s0) traced at 32 answered the
+    # default with nothing to guard, and ran that branch at 20 too. Hashing a size while
+    # tracing gives the symbolic trace up (torch's SymInt is unhashable).
+    monkeypatch.setattr(fg_config.config, "debug", 1)
+
+    def f(x):
+        return x * {20: 2.0, 7: 5.0}.get(x.shape[0], 1.0) + (x.shape[0] in {8, 20})
+    compiled = fg.compile(f, dynamic=dynamic)
+    rng = np.random.default_rng(6)
+    for n in (32, 20, 7, 8, 9):
+        x = fg.tensor(rng.standard_normal((n, 3)).astype(np.float32))
+        np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=4 * EPS32)
+    assert all(e.symbolic is None for e in compiled.entries())
+    assert "unhashable type: symbolic size s0" in capsys.readouterr().err
+
+
+def test_vmap_over_a_symbolic_batch_keeps_the_symbolic_compile():
+    f = fg.compile(lambda x: fg.func.vmap(lambda r: r.sin().sum())(x), dynamic=True)
+    rng = np.random.default_rng(7)
+    for n in (4, 6, 9):
+        x = fg.tensor(rng.standard_normal((n, 3)).astype(np.float32))
+        np.testing.assert_allclose(f(x).numpy(), np.sin(x.numpy()).sum(1), rtol=8 * EPS32,
+                                   atol=8 * EPS32)
+    assert f.compiles == 1 and f.entries()[0].symbolic is not None
