@@ -493,3 +493,21 @@ def test_vmap_over_a_symbolic_batch_keeps_the_symbolic_compile():
         np.testing.assert_allclose(f(x).numpy(), np.sin(x.numpy()).sum(1), rtol=8 * EPS32,
                                    atol=8 * EPS32)
     assert f.compiles == 1 and f.entries()[0].symbolic is not None
+
+
+def test_a_new_dim_that_breaks_the_symbolic_trace_stays_static_alone(capsys, monkeypatch):
+    # An RNN-like loop over the sequence length needs its value; once the batch was
+    # symbolic, the length turning symbolic gave symbolic shapes up for every later call.
+    monkeypatch.setattr(fg_config.config, "debug", 1)
+
+    def f(x):
+        return sum(x[:, i] * (i + 1) for i in range(x.shape[1]))
+    compiled = fg.compile(f)
+    rng = np.random.default_rng(8)
+    for b, t in ((4, 6), (3, 6), (4, 9), (5, 9), (2, 9), (7, 6)):
+        x = fg.tensor(rng.standard_normal((b, t)).astype(np.float32))
+        np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=16 * EPS32,
+                                   atol=16 * EPS32)
+    # (4, 6) static, then a symbolic batch at each length: 6 and 9.
+    assert compiled.compiles == 3
+    assert "the new dims stay static, the earlier ones symbolic" in capsys.readouterr().err
