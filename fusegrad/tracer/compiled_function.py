@@ -417,8 +417,11 @@ class CompiledFunction:
             self._symbolic_off = f"the {self.backend} backend"
             return {}
         if self.dynamic:
+            # Narrowed to the leading dims, the others still turn symbolic as automatic
+            # dynamic's do (a sequence length beside a channel dim the trace needs).
             dims = {(i, d) for i, t in enumerate(leaves)
                     for d in range(min(t.dim(), 1) if self._leading_only else t.dim())}
+            dims |= self._auto_dims
         else:
             dims = self._auto_dims | marked_dims(leaves)
         return choose_symbols(leaves, dims) if dims else {}
@@ -426,8 +429,8 @@ class CompiledFunction:
     def _more_dynamic(self, leaves, args, kwargs) -> bool:
         """Automatic dynamic (``dynamic=None``): the dims of a call needing a compile whose
         size differs from the first compile's join the symbolic dims; whether any did."""
-        if self.dynamic is not None or self._symbolic_off is not None or \
-                not config.automatic_dynamic_shapes:
+        if self.dynamic is False or self.dynamic is True and not self._leading_only or \
+                self._symbolic_off is not None or not config.automatic_dynamic_shapes:
             return False
         shapes = [t.shape for t in leaves]
         if self._first_shapes is None:
@@ -629,7 +632,8 @@ class CompiledFunction:
     def _give_up_symbols(self, why: str, said: str, narrow: bool = True) -> None:
         """Symbolic tracing of ``said`` failed with ``why``: narrow it (``dynamic=True``:
         to the leading dims, once) or give it up; said under ``FUSEGRAD_DEBUG=1``."""
-        keep = narrow and self.dynamic is None and self._symbolic_off is None and \
+        keep = narrow and (self.dynamic is None or self._leading_only) and \
+            self._symbolic_off is None and \
             bool(self._new_dims) and bool(self._auto_dims - self._new_dims)
         narrow = narrow and self.dynamic is True and self._symbolic_off is None and \
             not self._leading_only

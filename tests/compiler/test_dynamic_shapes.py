@@ -511,3 +511,18 @@ def test_a_new_dim_that_breaks_the_symbolic_trace_stays_static_alone(capsys, mon
     # (4, 6) static, then a symbolic batch at each length: 6 and 9.
     assert compiled.compiles == 3
     assert "the new dims stay static, the earlier ones symbolic" in capsys.readouterr().err
+
+
+def test_dynamic_true_narrowed_still_makes_a_changing_length_symbolic():
+    # A conv checks its channel dim, so dynamic=True narrows to the leading dims; the
+    # sequence length then compiled once per length.
+    fg.manual_seed(0)
+    conv = fg.nn.Conv1d(4, 5, 3, padding=1)
+    f = fg.compile(lambda x: conv(x), dynamic=True)
+    rng = np.random.default_rng(9)
+    for t in (16, 9, 33, 12, 20):
+        x = fg.tensor(rng.standard_normal((3, 4, t)).astype(np.float32))
+        np.testing.assert_allclose(f(x).detach().numpy(), conv(x).detach().numpy(),
+                                   rtol=64 * EPS32, atol=64 * EPS32)
+    # 16 (leading dims symbolic), 9 (a second length), 33: the length symbolic from then on.
+    assert f.compiles == 3
