@@ -178,6 +178,11 @@ class SymInt:
     # -- facts
 
     def __eq__(self, other) -> bool:
+        if isinstance(other, float):
+            # x.shape[0] == 16.0: Python would fall back to identity (False, unrecorded).
+            if not other.is_integer():
+                return False                     # a fact: sizes are integers
+            other = int(other)
         if isinstance(other, SymInt):
             if self._terms == other._terms:
                 return True
