@@ -158,9 +158,12 @@ class SymInt:
         return _div(self, other, ceil=False)
 
     def __mod__(self, other) -> int:
-        # Decidable when every coefficient is a multiple (B*64 % 64 is 0): a reshape's -1.
+        # Decidable when every coefficient is a multiple (B*64 % 64 is 0), or every term a
+        # multiple of a monomial (B*T*64 % (B*T) is 0): a reshape's -1.
         if isinstance(other, int) and not isinstance(other, bool) and other > 0 and \
                 all(c % other == 0 for _, c in self._terms):
+            return 0
+        if isinstance(other, SymInt) and _exact_quotient(self, other) is not None:
             return 0
         raise SymbolicDecisionError(f"cannot decide {self} % {other}: a symbolic size is only "
                                     f"known to be >= {MIN_SYMBOL_SIZE}")
@@ -175,8 +178,27 @@ class SymInt:
     # -- facts
 
     def __eq__(self, other) -> bool:
+        if isinstance(other, float):
+            # x.shape[0] == 16.0: Python would fall back to identity (False, unrecorded).
+            if not other.is_integer():
+                return False                     # a fact: sizes are integers
+            other = int(other)
         if isinstance(other, SymInt):
-            return self._terms == other._terms
+            if self._terms == other._terms:
+                return True
+            # Two expressions that differ may still be equal at some sizes (s0//2*2 == s0,
+            # s0-1 == s1): unless their difference is never 0, that is an assumption,
+            # answered at the hints and recorded, as a comparison with < is.
+            diff = self - other
+            if isinstance(diff, int) or not _recording_active() or \
+                    any(lo is not None and lo > 0 for lo in (diff.lower_bound(),
+                                                             (-diff).lower_bound())):
+                return False
+            at = diff.hint()
+            if at is None:
+                return False
+            _record(self, other, "==" if at == 0 else "!=")
+            return at == 0
         if isinstance(other, int) and not isinstance(other, bool):
             # Not equal: a fact for an int below every value the expression can take, an
             # assumption (recorded) for any other.
@@ -191,6 +213,13 @@ class SymInt:
         return eq if eq is NotImplemented else not eq
 
     def __hash__(self) -> int:
+        # A user's dict or set lookup of a size ({32: a}.get(x.shape[0])) compares by hash
+        # first, so it would take a branch with no comparison to record. While a function
+        # is traced, hashing a size raises (torch's SymInt is unhashable), and the function
+        # compiles static shapes; the IR hashes sizes only after the trace.
+        if _recording_active():
+            raise SymbolicDecisionError(f"unhashable type: symbolic size {self} (a dict key or "
+                                        "set member needs the size's value)")
         return self._hash
 
     def _compare(self, other, op: str) -> bool:
@@ -344,8 +373,15 @@ def _recording_active() -> bool:
 
 def _record(expr: "SymInt", value, op: str) -> None:
     stack = getattr(_recording, "stack", None)
-    if stack and (expr, op, value) not in stack[-1]:
+    # Compared by structure: == of two expressions would itself be a comparison to record.
+    if stack and not any(op == o and _same(expr, e) and _same(value, v) for e, o, v in stack[-1]):
         stack[-1].append((expr, op, value))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, SymInt) or isinstance(b, SymInt):
+        return isinstance(a, SymInt) and isinstance(b, SymInt) and a._terms == b._terms
+    return a == b
 
 
 def _merged_hints(a: "SymInt", b) -> dict:
@@ -358,7 +394,30 @@ def _terms_of(x: Dim) -> tuple:
     return x._terms if isinstance(x, SymInt) else (((), x),)
 
 
+def _exact_quotient(num, den: "SymInt") -> Dim | None:
+    """``num / den`` when ``den`` is one monomial (``c*B*T``) that divides every term of
+    ``num`` (``B*T*64 / (B*T)`` is 64: a reshape's -1 beside symbolic sizes); else None."""
+    if len(den._terms) != 1:
+        return None
+    (dm, dc), = den._terms
+    poly: dict = {}
+    for m, c in _terms_of(num):
+        rest = list(m)
+        for a in dm:
+            if a not in rest:
+                return None
+            rest.remove(a)
+        if c % dc:
+            return None
+        poly[tuple(rest)] = c // dc
+    return SymInt._make(poly, _merged_hints(num, den) if isinstance(num, SymInt) else den._hints)
+
+
 def _div(num, den, ceil: bool) -> Dim:
+    if isinstance(den, SymInt):
+        exact = _exact_quotient(num, den)
+        if exact is not None:
+            return exact
     if isinstance(den, SymInt) or not isinstance(den, int) or isinstance(den, bool):
         raise SymbolicDecisionError(f"{num} divided by {den}: only division by a positive "
                                     "integer is a symbolic size")
@@ -444,9 +503,7 @@ def known_equal(a, b) -> bool:
     if isinstance(a, tuple) or isinstance(b, tuple):
         return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and \
             all(known_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, SymInt) != isinstance(b, SymInt):
-        return False
-    return a == b
+    return _same(a, b)
 
 
 def at_hints(value):

@@ -207,7 +207,7 @@ def vmap(func: Callable, in_dims=0, out_dims=0, randomness: str = "error", *,
             sizes.append(t.shape[d])
         if not sizes:
             raise ValueError("vmap: Expected at least one Tensor to vmap over")
-        if len(set(sizes)) > 1:
+        if any(n != sizes[0] for n in sizes[1:]):      # (sizes may be symbolic: no set)
             raise ValueError(f"vmap: Expected all tensors to have the same size in the mapped "
                              f"dimension, got sizes {sizes} for the mapped dimension")
         batch = sizes[0]

@@ -291,12 +291,14 @@ def getitem(x: Tensor, key) -> Tensor:
         size = x.shape[dim]
         if isinstance(k, (bool, np.bool_)):
             raise IndexError("boolean scalar indices are not supported")
-        if isinstance(k, (int, np.integer)) or (isinstance(k, Tensor) and k.ndim == 0 and
-                                                k.dtype.category == 1 and k._trace is None):
-            i = int(k)
+        if isinstance(k, (int, np.integer, SymInt)) or (
+                isinstance(k, Tensor) and k.ndim == 0 and k.dtype.category == 1 and
+                k._trace is None):
+            i = k if isinstance(k, SymInt) else int(k)       # x[x.shape[0] - 1]
             if not -size <= i < size:
                 raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
-            i %= size
+            if i < 0:          # x[-1] of a symbolic size is the size's expression s0-1
+                i += size
             starts.append(i), stops.append(i + 1), steps.append(1)
             view_name = "SelectBackward0"
             dim += 1

@@ -237,7 +237,8 @@ def _ce_prob_impl(x: Tensor, target: Tensor, weight: Tensor | None, reduction: s
         return F.neg(F.sum(terms, class_dim))
     if reduction == "sum":
         return F.neg(F.sum(terms))
-    return F.div(F.neg(F.sum(terms)), x.numel() / n_classes)
+    # numel // n_classes is exact, and stays a size when the batch dim is symbolic
+    return F.div(F.neg(F.sum(terms)), x.numel() // n_classes)
 
 
 def _ce_smooth_impl(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,

@@ -21,7 +21,7 @@ from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.prims_common import register_view_op
 from fusegrad.ops.prims_movement import pad_axes
 from fusegrad.ops.registry import public
-from fusegrad.symint import as_size, at_hints, is_symbolic, known_equal, size_hint
+from fusegrad.symint import SymInt, as_size, at_hints, is_symbolic, known_equal, size_hint
 from fusegrad.tensor import Size, Tensor
 
 
@@ -575,6 +575,14 @@ def repeat_interleave(x: Tensor, repeats, dim: int | None = None) -> Tensor:
     return reshape(y, tuple(shape))
 
 
+def _positions(n, of) -> Tensor:
+    """The index tensor ``of(arange(n), n)`` over a dim of size ``n``: a constant for a
+    static size, the graph's iota for a symbolic one (its values read at call time)."""
+    if isinstance(n, SymInt):
+        return of(bind(P.iota, shape=(n,), axis=0, dtype=dtypes.int64), n)
+    return _index_tensor(of(np.arange(n), n))
+
+
 @public(torch=True, method=True)
 def flip(x: Tensor, *args, dims=None) -> Tensor:
     """``x`` reversed along ``dims`` (a list, or ``x.flip(0, 1)`` as torch's method takes)."""
@@ -585,9 +593,7 @@ def flip(x: Tensor, *args, dims=None) -> Tensor:
     out = x
     for d in dims:
         axis = normalize_axis(d, x.ndim, "flip")
-        n = x.shape[axis]
-        idx = _index_tensor(np.arange(n - 1, -1, -1))
-        out = take(out, idx, axis)
+        out = take(out, _positions(x.shape[axis], lambda i, n: n - 1 - i), axis)
     return _named(out, "FlipBackward0", src=x)
 
 
@@ -600,8 +606,7 @@ def roll(x: Tensor, shifts, dims=None) -> Tensor:
     out = x
     for s, d in zip(shifts, dims):
         axis = normalize_axis(d, x.ndim, "roll")
-        n = x.shape[axis]
-        out = take(out, _index_tensor((np.arange(n) - s) % n), axis)
+        out = take(out, _positions(x.shape[axis], lambda i, n, s=s: (i - s) % n), axis)
     return _named(out, "RollBackward0", src=x)
 
 

@@ -24,6 +24,7 @@ from fusegrad.ops.movement import reshape, reshape_prim
 from fusegrad.ops.operands import cast
 from fusegrad.ops.reductions import mean, sum
 from fusegrad.ops.registry import public
+from fusegrad.symint import SymInt
 from fusegrad.tensor import Tensor
 from fusegrad.type_info import finfo
 
@@ -64,6 +65,15 @@ def _update_running(running: Tensor, batch: Tensor, momentum) -> None:
         copy_(running, new.to(running.dtype))
 
 
+def _bessel(var: Tensor, count) -> Tensor:
+    """``var * count / (count - 1)``: the unbiased estimate from ``count`` values. A symbolic
+    count (a batch dim traced as a symbol) is no Python number, so its ratio is the graph's
+    arithmetic, read at call time."""
+    if isinstance(count, SymInt):
+        return div(mul(var, count), count - 1)
+    return mul(var, count / (count - 1))
+
+
 @composite("NativeBatchNormBackward0")
 def _batch_norm_train(x: Tensor, weight, bias, running_mean, running_var, momentum,
                       eps: float) -> Tensor:
@@ -76,7 +86,7 @@ def _batch_norm_train(x: Tensor, weight, bias, running_mean, running_var, moment
         _update_running(running_mean, reshape_prim(mu, (x.shape[1],)), momentum)
     if running_var is not None:
         # the running variance is the unbiased estimate, as torch's
-        unbiased = mul(reshape_prim(var, (x.shape[1],)), count / (count - 1))
+        unbiased = _bessel(reshape_prim(var, (x.shape[1],)), count)
         _update_running(running_var, unbiased, momentum)
     return cast(_affine(out, weight, bias), x.dtype)
 
@@ -157,7 +167,7 @@ def _instance_norm(x: Tensor, weight, bias, running_mean, running_var, momentum,
     if running_mean is not None:
         _update_running(running_mean, mean(reshape_prim(mu, tuple(x.shape[:2])), 0), momentum)
     if running_var is not None:
-        unbiased = mul(reshape_prim(var, tuple(x.shape[:2])), count / (count - 1))
+        unbiased = _bessel(reshape_prim(var, tuple(x.shape[:2])), count)
         _update_running(running_var, mean(unbiased, 0), momentum)
     return cast(_affine(out, weight, bias), x.dtype)
 

@@ -186,7 +186,12 @@ class StateCapture:
         if hit is not None:
             return hit[1]
         if self.is_internal(t):
-            raise AssertionError("internal tensors have no symbolic value until written")
+            # The base of a traced view of a tensor made here (a mask made for 64 positions,
+            # sliced to a symbolic T): its value becomes the graph's, as a write makes it,
+            # so that writes through the view reach later reads of the base.
+            sym = SymbolicTensor._make(self.trace.operand(t), self.trace, t._requires_grad)
+            self.written[id(t._data)] = (weakref.ref(t), sym, t._data)
+            return sym
         value = self.trace._lift(t)
         sym = SymbolicTensor._make(value, self.trace, t._requires_grad)
         self._add_leaf(sym, t)

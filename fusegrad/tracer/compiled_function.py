@@ -170,6 +170,10 @@ class CompiledFunction:
         # up (then every compile is static).
         self.dynamic = dynamic
         self._auto_dims: set[tuple[int, int]] = set()
+        # Automatic dynamic: the dims the latest recompile made symbolic, and those whose
+        # symbolic trace failed (they stay static, the dims symbolic before them stay so).
+        self._new_dims: set[tuple[int, int]] = set()
+        self._static_dims: set[tuple[int, int]] = set()
         self._first_shapes: list | None = None
         self._symbolic_off: str | None = None
         self._leading_only = False          # dynamic=True narrowed to each argument's dim 0
@@ -413,8 +417,11 @@ class CompiledFunction:
             self._symbolic_off = f"the {self.backend} backend"
             return {}
         if self.dynamic:
+            # Narrowed to the leading dims, the others still turn symbolic as automatic
+            # dynamic's do (a sequence length beside a channel dim the trace needs).
             dims = {(i, d) for i, t in enumerate(leaves)
                     for d in range(min(t.dim(), 1) if self._leading_only else t.dim())}
+            dims |= self._auto_dims
         else:
             dims = self._auto_dims | marked_dims(leaves)
         return choose_symbols(leaves, dims) if dims else {}
@@ -422,8 +429,8 @@ class CompiledFunction:
     def _more_dynamic(self, leaves, args, kwargs) -> bool:
         """Automatic dynamic (``dynamic=None``): the dims of a call needing a compile whose
         size differs from the first compile's join the symbolic dims; whether any did."""
-        if self.dynamic is not None or self._symbolic_off is not None or \
-                not config.automatic_dynamic_shapes:
+        if self.dynamic is False or self.dynamic is True and not self._leading_only or \
+                self._symbolic_off is not None or not config.automatic_dynamic_shapes:
             return False
         shapes = [t.shape for t in leaves]
         if self._first_shapes is None:
@@ -432,10 +439,11 @@ class CompiledFunction:
         first = self._first_shapes
         new = {(i, d) for i, (a, b) in enumerate(zip(first, shapes)) if len(a) == len(b)
                for d, (m, n) in enumerate(zip(a, b)) if m != n and n >= MIN_SYMBOL_SIZE
-               and (i, d) not in self._auto_dims}
+               and (i, d) not in self._auto_dims and (i, d) not in self._static_dims}
         if not new:
             return False
         self._auto_dims |= new
+        self._new_dims = new
         names = self._leaf_names(args, kwargs)
         said = ", ".join(f"{dim_name(names, i, d)} {first[i][d]} -> {shapes[i][d]}"
                          for i, d in sorted(new))
@@ -498,11 +506,12 @@ class CompiledFunction:
         broken = self._broken_assumption(key, args, kwargs)
         if broken is not None:
             reason, symbols = broken, None
-        narrowed = self._leading_only
+        narrowed, auto = self._leading_only, set(self._auto_dims)
         entry = self._compile_symbolic(args, kwargs, closure, name, symbols) if symbols else None
-        if entry is None and symbols and self._leading_only and not narrowed and \
-                self._symbolic_off is None:
-            # dynamic=True gave up on all dims: the leading dims may still do.
+        if entry is None and symbols and self._symbolic_off is None and \
+                (self._leading_only and not narrowed or self._auto_dims != auto):
+            # dynamic=True gave up on all dims, or automatic dynamic on the dims it just
+            # added: the leading dims, or the dims symbolic before, may still do.
             key, _, symbols = self._key(args, kwargs)
             entry = self._compile_symbolic(args, kwargs, closure, name, symbols) \
                 if symbols else None
@@ -623,14 +632,24 @@ class CompiledFunction:
     def _give_up_symbols(self, why: str, said: str, narrow: bool = True) -> None:
         """Symbolic tracing of ``said`` failed with ``why``: narrow it (``dynamic=True``:
         to the leading dims, once) or give it up; said under ``FUSEGRAD_DEBUG=1``."""
+        keep = narrow and (self.dynamic is None or self._leading_only) and \
+            self._symbolic_off is None and \
+            bool(self._new_dims) and bool(self._auto_dims - self._new_dims)
         narrow = narrow and self.dynamic is True and self._symbolic_off is None and \
             not self._leading_only
-        if narrow:
+        if keep:
+            # A dim that just became symbolic broke a trace that worked without it (a
+            # sequence length a loop runs over): it stays static, the others symbolic.
+            self._auto_dims -= self._new_dims
+            self._static_dims |= self._new_dims
+        elif narrow:
             self._leading_only = True
         else:
             self._symbolic_off = why
+        self._new_dims = set()
         if config.debug >= 1:
             then = "trying the leading dims only" if narrow else \
+                "the new dims stay static, the earlier ones symbolic" if keep else \
                 "compiling static shapes (specialized to each size)"
             print(f"[fusegrad] {self._name()}: symbolic {said} is not supported here ({why}); "
                   f"{then}", file=sys.stderr)

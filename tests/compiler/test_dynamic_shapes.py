@@ -439,11 +439,91 @@ def test_symbolic_programs_equal_eager(name):
 
 def test_a_trace_that_needs_a_size_falls_back_to_static(capsys, monkeypatch):
     monkeypatch.setattr(fg_config.config, "debug", 1)
-    f = fg.compile(lambda x: x.flip(0) * 2, dynamic=True)
+    f = fg.compile(lambda x: x * float(x.shape[0]), dynamic=True)
     for n in (3, 4, 5):
         x = fg.arange(float(n))
-        np.testing.assert_array_equal(f(x).numpy(), x.numpy()[::-1] * 2)
+        np.testing.assert_array_equal(f(x).numpy(), x.numpy() * n)
     assert f.compiles == 3 and all(e.symbolic is None for e in f.entries())
     err = capsys.readouterr().err
     assert "symbolic x.size(0) as s0 is not supported here (" in err
     assert "compiling static shapes" in err
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_equality_of_two_size_expressions_is_guarded(dynamic):
+    # s0//2*2 == s0 and s0-1 == s1 were compared by their form (always False, nothing
+    # recorded): a branch on them took the wrong side, silently, at sizes where they hold.
+    def f(x, y):
+        a = x * 2 if x.shape[0] // 2 * 2 == x.shape[0] else x - 1
+        b = x[:-1] + y if x.shape[0] - 1 == y.shape[0] else y * 3
+        c = 2.0 if x.shape[0] == 12.0 else 1.0      # (float == SymInt was identity)
+        return a.sum(0) * c, b
+    compiled = fg.compile(f, dynamic=dynamic)
+    rng = np.random.default_rng(5)
+    for n, m in ((8, 7), (9, 8), (10, 4), (7, 6), (12, 11), (5, 3)):
+        x = fg.tensor(rng.standard_normal((n, 3)).astype(np.float32))
+        y = fg.tensor(rng.standard_normal((m, 3)).astype(np.float32))
+        for got, want in zip(compiled(x, y), f(x, y)):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=8 * EPS32,
+                                       atol=8 * EPS32)
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_a_size_looked_up_in_a_dict_or_set_compiles_static(dynamic, capsys, monkeypatch):
+    # A dict or set finds a key by hash, so {20: 2.0}.get(s0) traced at 32 answered the
+    # default with nothing to guard, and ran that branch at 20 too. Hashing a size while
+    # tracing gives the symbolic trace up (torch's SymInt is unhashable).
+    monkeypatch.setattr(fg_config.config, "debug", 1)
+
+    def f(x):
+        return x * {20: 2.0, 7: 5.0}.get(x.shape[0], 1.0) + (x.shape[0] in {8, 20})
+    compiled = fg.compile(f, dynamic=dynamic)
+    rng = np.random.default_rng(6)
+    for n in (32, 20, 7, 8, 9):
+        x = fg.tensor(rng.standard_normal((n, 3)).astype(np.float32))
+        np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=4 * EPS32)
+    assert all(e.symbolic is None for e in compiled.entries())
+    assert "unhashable type: symbolic size s0" in capsys.readouterr().err
+
+
+def test_vmap_over_a_symbolic_batch_keeps_the_symbolic_compile():
+    f = fg.compile(lambda x: fg.func.vmap(lambda r: r.sin().sum())(x), dynamic=True)
+    rng = np.random.default_rng(7)
+    for n in (4, 6, 9):
+        x = fg.tensor(rng.standard_normal((n, 3)).astype(np.float32))
+        np.testing.assert_allclose(f(x).numpy(), np.sin(x.numpy()).sum(1), rtol=8 * EPS32,
+                                   atol=8 * EPS32)
+    assert f.compiles == 1 and f.entries()[0].symbolic is not None
+
+
+def test_a_new_dim_that_breaks_the_symbolic_trace_stays_static_alone(capsys, monkeypatch):
+    # An RNN-like loop over the sequence length needs its value; once the batch was
+    # symbolic, the length turning symbolic gave symbolic shapes up for every later call.
+    monkeypatch.setattr(fg_config.config, "debug", 1)
+
+    def f(x):
+        return sum(x[:, i] * (i + 1) for i in range(x.shape[1]))
+    compiled = fg.compile(f)
+    rng = np.random.default_rng(8)
+    for b, t in ((4, 6), (3, 6), (4, 9), (5, 9), (2, 9), (7, 6)):
+        x = fg.tensor(rng.standard_normal((b, t)).astype(np.float32))
+        np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=16 * EPS32,
+                                   atol=16 * EPS32)
+    # (4, 6) static, then a symbolic batch at each length: 6 and 9.
+    assert compiled.compiles == 3
+    assert "the new dims stay static, the earlier ones symbolic" in capsys.readouterr().err
+
+
+def test_dynamic_true_narrowed_still_makes_a_changing_length_symbolic():
+    # A conv checks its channel dim, so dynamic=True narrows to the leading dims; the
+    # sequence length then compiled once per length.
+    fg.manual_seed(0)
+    conv = fg.nn.Conv1d(4, 5, 3, padding=1)
+    f = fg.compile(lambda x: conv(x), dynamic=True)
+    rng = np.random.default_rng(9)
+    for t in (16, 9, 33, 12, 20):
+        x = fg.tensor(rng.standard_normal((3, 4, t)).astype(np.float32))
+        np.testing.assert_allclose(f(x).detach().numpy(), conv(x).detach().numpy(),
+                                   rtol=64 * EPS32, atol=64 * EPS32)
+    # 16 (leading dims symbolic), 9 (a second length), 33: the length symbolic from then on.
+    assert f.compiles == 3

@@ -138,3 +138,16 @@ def test_specialize_gives_the_graph_at_one_size():
     x = np.arange(2 * 5 * 64, dtype=np.float32).reshape(2, 5, 64)
     for a, b in zip(interpret(s, x), interpret(g, x)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_division_by_a_monomial_that_divides_every_term_is_exact():
+    # A reshape's -1 beside symbolic sizes: x.view(B, T, -1) of a [B, T, 64] tensor.
+    B, T = symbol("B", 3), symbol("T", 5)
+    assert (B * T * 64) // (B * T) == 64
+    assert (B * T * 64) % (B * T) == 0
+    assert (12 * B) // (2 * B) == 6
+    assert (B * T + B) // B == T + 1
+    with pytest.raises(SymbolicDecisionError):
+        (B + 1) // B
+    with pytest.raises(SymbolicDecisionError):
+        (B * T) % (2 * T)
