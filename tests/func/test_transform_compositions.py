@@ -496,8 +496,14 @@ def test_composition_eager(name, case):
     assert not got.requires_grad
 
 
+# Compiled, the matrix runs on the functions whose compiled programs differ most from eager
+# ones (a reduction fused with exp, writes functionalized); the matmul column runs below in
+# both profiles, and every column runs eagerly above.
+COMPILED_CASES = ("softmax", "inplace")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name,case", MATRIX)
+@pytest.mark.parametrize("name,case", [(n, c) for n, c in MATRIX if c in COMPILED_CASES])
 def test_composition_compiled(name, case):
     fn = fg.compile(_build(fg, fgfunc, name, case), fullgraph=True)
     _close(fn(*_args(fg, name, case)), _expected(name, case))
