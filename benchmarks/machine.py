@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -106,3 +107,17 @@ if __name__ == "__main__":
         print(json.dumps(_rates(int(sys.argv[2]), int(sys.argv[3]))))
     else:
         print(describe())
+
+
+def median_ms(fn, repeats: int, warmup: int = 2) -> float:
+    """The median of ``repeats`` timed calls of ``fn()``, in milliseconds, after ``warmup``
+    untimed ones (compiles and first-touch allocations)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
