@@ -191,7 +191,12 @@ class SymbolicTensor(Tensor):
         return self
 
     def retain_grad(self) -> None:
-        self._check_concrete("retain_grad()")
+        if not self._requires_grad:
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+        if self._tr.capture is None:
+            self._check_concrete("retain_grad()", "and a gradient is kept only for a function "
+                                 "compiled with fusegrad.compile")
+        self._tr.capture.retain(self)
 
     def register_hook(self, hook):
         self._check_concrete("register_hook()")

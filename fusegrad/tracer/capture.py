@@ -25,8 +25,9 @@ function reads or writes outside its arguments must be in the graph, or the grap
 
 What cannot be captured raises :class:`~fusegrad.ir.symbolic.ConcretizationError` naming
 the user's line (``compile`` then runs the function eagerly, or raises with ``fullgraph``):
-reading the value of an external tensor (``.item()``), assigning ``.data``, hooks and
-``retain_grad`` on traced tensors.
+reading the value of an external tensor (``.item()``), assigning ``.data``, hooks on traced
+tensors. ``retain_grad()`` on a traced intermediate is captured: ``backward()`` writes its
+gradient into its ``.grad`` as eager does.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class StateCapture:
         # factory's ``requires_grad=True``): (tensor or a weak reference to a concrete one,
         # its value). backward() accumulates into their ``.grad`` as eager would.
         self.internal_leaves: list[tuple[Any, Value]] = []
+        self.retained: list[SymbolicTensor] = []     # intermediates that retain_grad()
         # A tensor made while tracing is internal (a constant of the graph) unless it
         # aliases the storage of a tensor from before the trace (p.detach(), p.data). The
         # storage the trace itself allocated (factories, eager ops on internal tensors) is
@@ -231,6 +233,15 @@ class StateCapture:
         self.trace.grad_values.add(value)
         ref = t if isinstance(t, SymbolicTensor) else weakref.ref(t)
         self.internal_leaves.append((ref, value))
+
+    def retain(self, t: SymbolicTensor) -> None:
+        """``t.retain_grad()`` on a traced tensor: a leaf keeps its gradient anyway; an
+        intermediate gets the gradient ``backward()`` computes for it in ``.grad``."""
+        if self._leaf(t) is not None or any(v is t._value for _, v in self.internal_leaves):
+            return
+        if not any(r is t for r in self.retained):
+            self.retained.append(t)
+        t._retains_grad = True
 
     def _internal_leaves(self):
         for ref, value in self.internal_leaves:
@@ -374,9 +385,10 @@ class StateCapture:
             # else a tensor of a trace running inside this one (a vmap over a vjp function,
             # as jacrev does): the VJP rules run on it, through that trace's rules.
             seeds[value] = ct if value not in seeds else seeds[value] + ct
-        if not create_graph:
+        if not create_graph and not self.retained:
             # Attention chains recorded so far become one primitive with a fused backward
-            # (passes/attention.py); a backward that is differentiated keeps the chain.
+            # (passes/attention.py); a backward that is differentiated keeps the chain, and so
+            # does one whose intermediates retain their gradients (the chain has none).
             for packed, y in fuse_attention(tr.graph).items():
                 if y in tr.grad_values:
                     tr.grad_values.add(packed)
@@ -448,6 +460,11 @@ class StateCapture:
                 tr.assign(cur, cur + g)
             else:
                 t._grad = self._fresh(cur + g)
+        for t in self.retained:
+            g = cts.get(t._value)
+            if g is None or (wanted_ids is not None and id(t) not in wanted_ids):
+                continue
+            t._grad = self._fresh(g if t._grad is None else t._grad + g)
         self._post_accumulate_hooks(accumulated)
         callbacks, self.after_backward = self.after_backward, []
         for callback in callbacks:

@@ -1282,18 +1282,49 @@ def test_backward_in_plain_trace_is_refused():
         fg.trace(lambda x: (x * w).sum().backward(), fg.randn(3))
 
 
-@pytest.mark.parametrize("what", ["retain_grad", "register_hook"])
-def test_hooks_and_retain_grad_refused(what):
+def test_register_hook_on_traced_tensor_refused():
     w = fg.randn(3, requires_grad=True)
 
     def f(x):
         h = x * w
-        if what == "retain_grad":
-            h.retain_grad()
-        else:
-            h.register_hook(lambda g: g * 2)
+        h.register_hook(lambda g: g * 2)
         h.sum().backward()
-    with pytest.raises(ConcretizationError, match=what):
+    with pytest.raises(ConcretizationError, match="register_hook"):
+        fg.compile(f, fullgraph=True)(fg.randn(3))
+
+
+def test_retain_grad_of_traced_intermediates_as_eager():
+    # retain_grad() on intermediates: .grad holds the gradient backward() computed for them,
+    # accumulated over two backward calls as eager does; one not on the loss's path keeps None;
+    # on a leaf it changes nothing.
+    w = fg.randn(4, 3, requires_grad=True)
+
+    def step(x):
+        h = x @ w
+        h.retain_grad()
+        a = h.tanh()
+        a.retain_grad()
+        unused = h * 2
+        unused.retain_grad()
+        w.retain_grad()
+        (a * a).sum().backward(retain_graph=True)
+        a.sum().backward()
+        return h.grad, a.grad, unused.grad is None, h.retains_grad
+    x = fg.randn(5, 4)
+    want = step(x)
+    w.grad = None
+    got = fg.compile(step, fullgraph=True)(x)
+    np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[1].numpy(), want[1].numpy(), rtol=1e-6, atol=1e-6)
+    assert got[2] is True and want[2] is True and got[3] and want[3]
+    a = (x @ w).tanh()
+    np.testing.assert_allclose(want[1].numpy(), (2 * a + 1).detach().numpy(), rtol=1e-6)
+
+
+def test_retain_grad_without_requires_grad_raises_as_eager():
+    def f(x):
+        (x * 2).retain_grad()
+    with pytest.raises(RuntimeError, match="can't retain_grad on Tensor that has requires_grad=False"):
         fg.compile(f, fullgraph=True)(fg.randn(3))
 
 
