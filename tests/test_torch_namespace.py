@@ -115,7 +115,7 @@ NOT_YET = [  # (fusegrad object, torch namespace, a torch name fusegrad lacks)
     (torch, "torch", "stft"),
     (torch.nn, "torch.nn", "AdaptiveLogSoftmaxWithLoss"),
     (torch.nn.functional, "torch.nn.functional", "ctc_loss"),
-    (torch.optim, "torch.optim", "LBFGS"),
+    (torch.optim, "torch.optim", "Adafactor"),
     (torch.linalg, "torch.linalg", "lstsq"),
     (torch.nn.init, "torch.nn.init", "orthogonal_"),
     (torch.nn.utils, "torch.nn.utils", "weight_norm"),

@@ -1,5 +1,5 @@
 """``fusegrad.optim``: torch.optim's optimizers (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta,
-Adamax, NAdam, RAdam, Rprop, ASGD) with its API and update formulas, and ``lr_scheduler``."""
+Adamax, NAdam, RAdam, Rprop, ASGD, LBFGS) with its API and update formulas, and ``lr_scheduler``."""
 
 from fusegrad.optim import lr_scheduler
 from fusegrad.optim.adadelta import Adadelta
@@ -7,6 +7,7 @@ from fusegrad.optim.adagrad import Adagrad
 from fusegrad.optim.adam import Adam, AdamW
 from fusegrad.optim.adamax import Adamax
 from fusegrad.optim.asgd import ASGD
+from fusegrad.optim.lbfgs import LBFGS
 from fusegrad.optim.nadam import NAdam
 from fusegrad.optim.optimizer import Optimizer
 from fusegrad.optim.radam import RAdam
@@ -16,7 +17,7 @@ from fusegrad.optim.sgd import SGD
 from fusegrad.torch_api import missing_attribute as _missing_attribute
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax",
-           "NAdam", "RAdam", "Rprop", "ASGD", "lr_scheduler"]
+           "NAdam", "RAdam", "Rprop", "ASGD", "LBFGS", "lr_scheduler"]
 
 
 def __getattr__(name: str):
