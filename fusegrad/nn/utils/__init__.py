@@ -3,16 +3,18 @@
 >>> loss.backward()
 >>> total = fusegrad.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
 
-Packed sequences for recurrent layers are in :mod:`fusegrad.nn.utils.rnn`.
+Packed sequences for recurrent layers are in :mod:`fusegrad.nn.utils.rnn`; tensors computed
+from others on access (weight norm, spectral norm, orthogonal weights) in
+:mod:`fusegrad.nn.utils.parametrize` and :mod:`fusegrad.nn.utils.parametrizations`.
 """
 
-from fusegrad.nn.utils import rnn
+from fusegrad.nn.utils import parametrizations, parametrize, rnn
 from fusegrad.nn.utils.clip_grad import clip_grad_norm, clip_grad_norm_, clip_grad_value_
 from fusegrad.nn.utils.convert_parameters import parameters_to_vector, vector_to_parameters
 from fusegrad.torch_api import missing_attribute as _missing_attribute
 
-__all__ = ["rnn", "clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "parameters_to_vector",
-           "vector_to_parameters"]
+__all__ = ["rnn", "parametrize", "parametrizations", "clip_grad_norm_", "clip_grad_norm",
+           "clip_grad_value_", "parameters_to_vector", "vector_to_parameters"]
 
 
 def __getattr__(name: str):
