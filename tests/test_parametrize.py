@@ -246,3 +246,26 @@ def test_parametrizations_follow_torch():
         np.testing.assert_allclose(got[1], want[1], atol=1e-6)
         for a, b in zip(got[2], want[2]):
             np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_hook_based_weight_norm_as_torch():
+    m = _linear(4, 3)
+    w0 = m.weight.detach().numpy().copy()
+    with pytest.warns(FutureWarning, match="`torch.nn.utils.weight_norm` is deprecated"):
+        fg.nn.utils.weight_norm(m)
+    assert [n for n, _ in m.named_parameters()] == ["bias", "weight_g", "weight_v"]
+    np.testing.assert_allclose(m.weight_g.detach().numpy(),
+                               np.sqrt((w0 ** 2).sum(axis=1, keepdims=True)), rtol=1e-12)
+    with fg.no_grad():
+        m.weight_g.mul_(2)
+    x = fg.ones(2, 4, dtype=fg.float64)
+    np.testing.assert_allclose(m(x).detach().numpy(), x.numpy() @ (2 * w0).T + m.bias.detach().numpy(),
+                               rtol=1e-12)
+    with pytest.raises(RuntimeError, match="Cannot register two weight_norm hooks on the same "
+                                           "parameter weight"):
+        fg.nn.utils.weight_norm(m)
+    fg.nn.utils.remove_weight_norm(m)
+    assert [n for n, _ in m.named_parameters()] == ["bias", "weight"]
+    np.testing.assert_allclose(m.weight.detach().numpy(), 2 * w0, rtol=1e-12)
+    with pytest.raises(ValueError, match="weight_norm of 'weight' not found in"):
+        fg.nn.utils.remove_weight_norm(m)

@@ -118,7 +118,7 @@ NOT_YET = [  # (fusegrad object, torch namespace, a torch name fusegrad lacks)
     (torch.optim, "torch.optim", "Adafactor"),
     (torch.linalg, "torch.linalg", "lstsq"),
     (torch.nn.init, "torch.nn.init", "orthogonal_"),
-    (torch.nn.utils, "torch.nn.utils", "weight_norm"),
+    (torch.nn.utils, "torch.nn.utils", "spectral_norm"),
     (torch.utils.data, "torch.utils.data", "StackDataset"),
 ]
 
