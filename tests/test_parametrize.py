@@ -262,7 +262,7 @@ def test_hook_based_weight_norm_as_torch():
     np.testing.assert_allclose(m(x).detach().numpy(), x.numpy() @ (2 * w0).T + m.bias.detach().numpy(),
                                rtol=1e-12)
     with pytest.raises(RuntimeError, match="Cannot register two weight_norm hooks on the same "
-                                           "parameter weight"):
+                                           "parameter weight"), pytest.warns(FutureWarning):
         fg.nn.utils.weight_norm(m)
     fg.nn.utils.remove_weight_norm(m)
     assert [n for n, _ in m.named_parameters()] == ["bias", "weight"]
