@@ -688,9 +688,10 @@ class Program:
         near that of one ctypes call (a 512x256 ``x.exp()`` spent 10 us in the general path
         around a 50 us kernel). A kernel large enough to thread takes the general path when
         more than one thread is configured at the call."""
-        if self._plain_outputs is None or self.symbols or \
-                not all(isinstance(s, LaunchStep) for s in self.steps):
+        if self._plain_outputs is None or not all(isinstance(s, LaunchStep) for s in self.steps):
             return None
+        if self.symbols:
+            return self._symbolic_runner()
         threadable = any(s.work >= PARALLEL_THRESHOLD and s.extent > 1 for s in self.steps)
         calls = [(s.fn, s.table, s.extent) for s in self.steps]
         arrays, lock, bind = self.arrays, self._lock, self._bind
@@ -703,6 +704,27 @@ class Program:
                 bind(inputs)
                 for fn, table, extent in calls:
                     fn(table, 0, extent)
+                return [arrays[s] for s in plain]
+        return run
+
+    def _symbolic_runner(self):
+        """:meth:`fast_runner` of a program of symbolic sizes: the extents (and whether a
+        kernel is large enough to thread) are this call's, once its sizes are bound."""
+        arrays, lock, bind, steps = self.arrays, self._lock, self._bind, self.steps
+        plain = self._plain_outputs
+
+        def run(inputs):
+            if profiling.recorder is not None:
+                return self(*inputs)
+            with lock:
+                bind(inputs)
+                if config.num_threads > 1 and any(
+                        s.work >= PARALLEL_THRESHOLD and s.extent > 1 for s in steps):
+                    for step in steps:
+                        step.run(self)
+                else:
+                    for s in steps:
+                        s.fn(s.table, 0, s.extent)
                 return [arrays[s] for s in plain]
         return run
 

@@ -147,7 +147,10 @@ class SymbolicProgram:
         return self.program_for(bind_symbols(self.graph, [a.shape for a in arrays]))(*arrays)
 
     def fast_runner(self):
-        return None                     # each call binds its sizes first
+        if self.runtime_sized is not None:
+            self.last = self.runtime_sized
+            return self.runtime_sized.fast_runner()
+        return None                     # each call picks its sizes' program first
 
     @property
     def kg(self):
