@@ -57,7 +57,7 @@ from fusegrad.runtime import jit, native, native_attention
 from fusegrad.runtime.memory_plan import donation_safe, plan_memory
 from fusegrad.runtime.native import data_pointer
 from fusegrad.runtime.threads import run_in_parts, set_blas_threads, thread_pool
-from fusegrad.symint import at_hints, evaluate_dim, evaluate_shape, strict_decisions
+from fusegrad.symint import at_hints, evaluate_dim, evaluate_shape, is_symbolic, strict_decisions
 
 __all__ = ["Program", "KernelCode", "thread_pool", "set_num_threads", "get_num_threads"]
 
@@ -164,6 +164,42 @@ class GemmStep(LaunchStep):
     parallel loop); the kernel's epilogue, if any, is the next step."""
 
     gemm: native_gemm.Gemm | None = None
+
+
+@dataclass
+class SymbolicGemmStep(GemmStep):
+    """A :class:`GemmStep` of symbolic sizes: :meth:`Program.bind_sizes` evaluates the
+    product for a call's sizes (:meth:`bind`) and sets the parameters the function reads;
+    a call whose product the GEMM is not made for (:func:`native_gemm.fits`) runs numpy's
+    BLAS (``blas``) instead."""
+
+    blas: "MatmulStep | None" = None
+    fits: bool = True
+    pack_entry: int = 0        # where the packing scratch's pointer is in the tables
+
+    def bind(self, prog: "Program", bindings: dict) -> None:
+        g = self.gemm
+        def value(x):
+            return evaluate_shape(x, bindings) if isinstance(x, tuple) else \
+                evaluate_dim(x, bindings)
+        concrete = native_gemm.Gemm(*(value(getattr(g, f.name)) if f.name != "dtype"
+                                      else g.dtype for f in dataclasses.fields(g)))
+        self.fits = native_gemm.fits(concrete)
+        if not self.fits:
+            return
+        pack, params = prog.gemm_arrays[id(self)]
+        params[:] = concrete.params()
+        if pack.size < concrete.pack_floats:
+            pack = np.empty(concrete.pack_floats, np.float32)
+            prog.gemm_arrays[id(self)] = (pack, params)
+            prog.tables[self.pack_entry] = pack.ctypes.data
+        self.extent, self.work = concrete.panels, concrete.m * concrete.n * concrete.k // 16
+
+    def run(self, prog: "Program") -> None:
+        if self.fits:
+            LaunchStep.run(self, prog)
+        else:
+            self.blas.run(prog)
 
 
 @dataclass
@@ -334,6 +370,7 @@ class Program:
         # Symbolic sizes: their names (the order of the sizes buffer) and this call's values.
         self.symbols = program_symbols(self.graph)
         self.bindings: dict | None = None
+        self.gemm_arrays: dict[int, tuple] = {}     # SymbolicGemmStep -> (pack, params)
         self._assign_slots()
         self.fallbacks: dict[int, str] = dict(fallbacks or {})
         self._baked: set[Value] = set()     # outputs whose kernels read their input through them
@@ -399,7 +436,16 @@ class Program:
                 g, code = gemms[i]
                 fn = _KERNEL_FN(self.jit.address(code.record.symbol))
                 table = self.tables_address + ctypes.sizeof(ctypes.c_void_p) * code.offset
-                self.steps.append(GemmStep(k, fn, g.panels, g.m * g.n * g.k // 16, table, gemm=g))
+                if self.symbols:
+                    mm = next(n for n in k.nodes if n.op == "matmul")
+                    step = SymbolicGemmStep(k, fn, 0, 0, table, gemm=g, blas=MatmulStep(
+                        k, mm.inputs[0], mm.inputs[1], mm.output),
+                        pack_entry=code.offset + len(code.slots))
+                    self.gemm_arrays[id(step)] = code.extra
+                    self.steps.append(step)
+                else:
+                    self.steps.append(GemmStep(k, fn, g.panels, g.m * g.n * g.k // 16, table,
+                                               gemm=g))
             elif k.kind == "matmul":
                 mm = next(n for n in k.nodes if n.op == "matmul")
                 self.steps.append(MatmulStep(k, mm.inputs[0], mm.inputs[1], mm.output))
@@ -504,8 +550,7 @@ class Program:
         with its buffers, packing scratch and parameters: the code from ``prebuilt`` for an
         ahead-of-time artifact (only those), else from the cache or compiled (one function
         for every product). The others run numpy's BLAS."""
-        # A product of symbolic sizes runs numpy's BLAS (the GEMM's parameters are sizes).
-        use = native_gemm_enabled() and not self.symbols
+        use = native_gemm_enabled()
         out = {}
         for i, k in enumerate(self.kg.kernels):
             if k.kind != "matmul" or (i not in prebuilt and not (compile_new and use)):
@@ -515,7 +560,11 @@ class Program:
                 continue
             g, operands = found
             record = prebuilt[i].record if i in prebuilt else _gemm_record(g.dtype)
-            extra = (np.empty(max(g.pack_floats, 1), np.float32), g.params())
+            if self.symbols:
+                # Sized and set per call (SymbolicGemmStep.bind).
+                extra = (np.empty(1, np.float32), np.zeros(len(native_gemm.PARAMS), np.int64))
+            else:
+                extra = (np.empty(max(g.pack_floats, 1), np.float32), g.params())
             out[i] = (g, KernelCode(record, [self.slots[v] for v in operands], extra=extra))
         return out
 
@@ -586,7 +635,9 @@ class Program:
         self.bindings = bindings
         self.arrays[self.slots[SYMBOLS]][:] = [bindings[n] for n in self.symbols]
         for st in self.steps:
-            if isinstance(st, LaunchStep) and st.sizes is not None:
+            if isinstance(st, SymbolicGemmStep):
+                st.bind(self, bindings)
+            elif isinstance(st, LaunchStep) and st.sizes is not None:
                 st.extent, st.work = (evaluate_dim(d, bindings) for d in st.sizes)
         inter, outs = self.plan.specs_at(bindings)
         self._allocate_arena(inter)
@@ -712,13 +763,14 @@ class Program:
         kernel is large enough to thread) are this call's, once its sizes are bound."""
         arrays, lock, bind, steps = self.arrays, self._lock, self._bind, self.steps
         plain = self._plain_outputs
+        gemms = any(isinstance(s, SymbolicGemmStep) for s in steps)    # (BLAS at some sizes)
 
         def run(inputs):
             if profiling.recorder is not None:
                 return self(*inputs)
             with lock:
                 bind(inputs)
-                if config.num_threads > 1 and any(
+                if gemms or config.num_threads > 1 and any(
                         s.work >= PARALLEL_THRESHOLD and s.extent > 1 for s in steps):
                     for step in steps:
                         step.run(self)
@@ -1019,6 +1071,9 @@ def gemm_of(k: Kernel, kg: KernelGraph) -> "tuple[native_gemm.Gemm, list[Value]]
             operands.append(view.base)
             layout.append((tuple(view.strides), view.offset))
     g = native_gemm.Gemm(m, n, kk, layout[0][0], layout[0][1], layout[1][0], layout[1][1], dtype)
+    if any(is_symbolic(getattr(g, f.name)) for f in dataclasses.fields(g) if f.name != "dtype"):
+        # Symbolic sizes: whether it fits is decided per call (SymbolicGemmStep).
+        return g, [*operands, out]
     return (g, [*operands, out]) if native_gemm.fits(g) else None
 
 

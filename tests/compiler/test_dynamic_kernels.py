@@ -126,3 +126,21 @@ def test_fallback_to_kernels_per_size_is_said(capsys, monkeypatch):
     assert program.fallback is not None and program.builds == 2 and f.compiles == 1
     err = capsys.readouterr().err
     assert "kernels per size" in err and program.fallback in err
+
+
+def test_products_of_symbolic_size_run_the_generated_gemm_where_it_fits(monkeypatch):
+    # The GEMM reads its sizes from its parameters: set per call, and a call whose A is
+    # over the GEMM's limit (7000 x 40 floats) runs numpy's BLAS instead.
+    from fusegrad.runtime.cpu import SymbolicGemmStep
+    monkeypatch.setattr(fg_config.config, "native_gemm", "on")
+
+    def f(x, w):
+        return (x @ w).relu().sum(-1)
+    out, program = _symbolic(f, [3, 7000, 17, 2], lambda n: [_randn(n, 40), _randn(40, 24)])
+    for got, want, (x, w) in out:
+        ref = np.maximum(x.astype(np.float64) @ w, 0).sum(-1)
+        bound = 64 * EPS32 * (np.abs(x) @ np.abs(w)).sum(-1)
+        np.testing.assert_array_less(np.abs(got - ref), bound + 1e-30)
+        np.testing.assert_array_less(np.abs(got - want), bound + 1e-30)
+    steps = [s for s in program.runtime_sized.steps if isinstance(s, SymbolicGemmStep)]
+    assert len(steps) == 1 and steps[0].fits        # the last call's 2 rows fit
