@@ -269,7 +269,7 @@ class _CPULowering(KernelValues):
         compile in 0.2 s either way)."""
         body = 1
         for d in reversed(shape[1:]):
-            if d >= 8:
+            if isinstance(d, SymInt) or d >= 8:     # (a symbolic loop stays rolled)
                 break
             body *= d
         return body >= 16 and any(v.type.dtype.itemsize == 1
@@ -654,7 +654,7 @@ class _CPULowering(KernelValues):
         def end():
             self.add_to_total(acc.read(), acc_dt, total, comp)
         inner = math.prod(shape[plan.lead:])
-        if inner > SUM_BLOCK:
+        if _longer(inner, SUM_BLOCK):
             with self.loop(lo, hi, "f") as f:
                 lead_coords = self.lead_coords(plan.lead, f)
                 self.blocks(list(shape[plan.lead:]), SUM_BLOCK,

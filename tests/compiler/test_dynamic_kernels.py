@@ -114,8 +114,18 @@ def test_static_programs_read_no_sizes():
 
 
 def test_fallback_to_kernels_per_size_is_said(capsys, monkeypatch):
-    # A pad of a symbolic last axis: whether its innermost loop stays rolled depends on
-    # the padded length, a decision of the code: this program builds kernels per size.
+    # A kernel whose code needs a size's value (here, every elementwise one of symbolic
+    # shape, by a stand-in lowering that asks for it): that program builds kernels per size,
+    # and says why.
+    from fusegrad.codegen import cpu_lowering
+    from fusegrad.symint import SymbolicDecisionError, is_symbolic
+    elementwise = cpu_lowering._CPULowering.elementwise
+
+    def needs_sizes(low):
+        if is_symbolic(low.k.shape):
+            raise SymbolicDecisionError(f"{low.k.describe()} needs its sizes")
+        elementwise(low)
+    monkeypatch.setattr(cpu_lowering._CPULowering, "elementwise", needs_sizes)
     monkeypatch.setattr(fg_config.config, "debug", 1)
     f = fg.compile(lambda x: F.pad(x, (1, 2)).exp(), dynamic=True)
     for n in (3, 5, 3):
@@ -123,9 +133,26 @@ def test_fallback_to_kernels_per_size_is_said(capsys, monkeypatch):
         np.testing.assert_allclose(f(x).numpy(), np.exp(np.pad(x.numpy(), ((0, 0), (1, 2)))),
                                    rtol=4 * EPS32)
     program = f.entries()[-1].program
-    assert program.fallback is not None and program.builds == 2 and f.compiles == 1
+    assert program.fallback is not None and "needs its sizes" in program.fallback
+    assert program.builds == 2 and f.compiles == 1
     err = capsys.readouterr().err
     assert "kernels per size" in err and program.fallback in err
+
+
+def test_a_padded_symbolic_axis_and_a_large_full_sum_build_once():
+    out, _ = _symbolic(lambda x: F.pad(x, (1, 2)).exp().sum(-1), [3, 5, 40],
+                       lambda n: [_randn(2, n)], dims=(1,))
+    for got, want, (x,) in out:
+        ref = np.exp(np.pad(x.astype(np.float64), ((0, 0), (1, 2)))).sum(-1)
+        np.testing.assert_allclose(got, ref, rtol=16 * EPS32)
+        np.testing.assert_allclose(got, want, rtol=8 * EPS32)
+    # Split at the traced size (over 2**16 elements), the rows of symbolic length in blocks.
+    out, _ = _symbolic(lambda x: x.sum(), [300, 250, 2], lambda n: [_randn(n, n + 1)],
+                       dims=(0, 1))
+    for got, want, (x,) in out:
+        ref = x.astype(np.float64).sum()
+        np.testing.assert_allclose(got, ref, rtol=0, atol=64 * EPS32 * np.abs(x).sum())
+        np.testing.assert_allclose(got, want, rtol=0, atol=64 * EPS32 * np.abs(x).sum())
 
 
 def test_products_of_symbolic_size_run_the_generated_gemm_where_it_fits(monkeypatch):
