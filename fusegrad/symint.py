@@ -31,7 +31,7 @@ __all__ = ["SymInt", "SymbolicDecisionError", "symbol", "ceil_div", "is_symbolic
            "known_equal",
            "slice_indices",
            "holds_symbol",
-           "record_assumptions", "MIN_SYMBOL_SIZE"]
+           "record_assumptions", "strict_decisions", "hashable_sizes", "MIN_SYMBOL_SIZE"]
 
 # Sizes 0 and 1 are specialized (see the module docstring): a symbol is at least this.
 MIN_SYMBOL_SIZE = 2
@@ -190,9 +190,12 @@ class SymInt:
             # s0-1 == s1): unless their difference is never 0, that is an assumption,
             # answered at the hints and recorded, as a comparison with < is.
             diff = self - other
-            if isinstance(diff, int) or not _recording_active() or \
+            if isinstance(diff, int) or \
                     any(lo is not None and lo > 0 for lo in (diff.lower_bound(),
                                                              (-diff).lower_bound())):
+                return False
+            _refuse_in_strict(self, "==", other)
+            if not _recording_active() or _compiling():
                 return False
             at = diff.hint()
             if at is None:
@@ -204,7 +207,9 @@ class SymInt:
             # assumption (recorded) for any other.
             lo = self.lower_bound()
             if lo is None or other >= lo:
-                _record(self, other, "!=")
+                _refuse_in_strict(self, "==", other)
+                if not _compiling():
+                    _record(self, other, "!=")
             return False
         return NotImplemented
 
@@ -217,7 +222,7 @@ class SymInt:
         # first, so it would take a branch with no comparison to record. While a function
         # is traced, hashing a size raises (torch's SymInt is unhashable), and the function
         # compiles static shapes; the IR hashes sizes only after the trace.
-        if _recording_active():
+        if _recording_active() and not getattr(_recording, "hashable", False):
             raise SymbolicDecisionError(f"unhashable type: symbolic size {self} (a dict key or "
                                         "set member needs the size's value)")
         return self._hash
@@ -238,6 +243,7 @@ class SymInt:
             return False
         # Not a fact: inside record_assumptions, decided at the hints (the sizes traced at)
         # and recorded, as torch guards a comparison of sizes; elsewhere an error.
+        _refuse_in_strict(self, op, other)
         at = diff.hint()
         if at is not None and _recording_active():
             truth = {"<": at < 0, "<=": at <= 0, ">": at > 0, ">=": at >= 0}[op]
@@ -365,6 +371,45 @@ def record_assumptions() -> Iterator[list]:
         yield found
     finally:
         stack.pop()
+
+
+@contextlib.contextmanager
+def strict_decisions() -> Iterator[None]:
+    """Inside the block, an equality of sizes that the >= 2 assumption does not decide
+    (``B == 784``, ``B == T``) raises :class:`SymbolicDecisionError`, as an undecided ``<``
+    always does, instead of answering False: for code made once for every size (kernels
+    that read their sizes at run time), where an answer true at some sizes only would be
+    wrong there."""
+    previous = getattr(_recording, "strict", False)
+    _recording.strict = True
+    try:
+        yield
+    finally:
+        _recording.strict = previous
+
+
+@contextlib.contextmanager
+def hashable_sizes() -> Iterator[None]:
+    """Inside the block sizes hash, and an equality of sizes is a fact (False unless the
+    two are equal for every size, and not recorded), while an order comparison is still
+    decided at the hints and recorded: for the compiler after a trace, whose tables of
+    shapes and tests of "the same shape" only ever save work (the user's code, which could
+    branch on them, is not running)."""
+    previous = getattr(_recording, "hashable", False)
+    _recording.hashable = True
+    try:
+        yield
+    finally:
+        _recording.hashable = previous
+
+
+def _compiling() -> bool:
+    return getattr(_recording, "hashable", False)
+
+
+def _refuse_in_strict(expr, op: str, other) -> None:
+    if getattr(_recording, "strict", False):
+        raise SymbolicDecisionError(f"cannot decide {expr} {op} {other} for every size")
 
 
 def _recording_active() -> bool:

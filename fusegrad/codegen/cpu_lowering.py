@@ -58,6 +58,7 @@ from fusegrad.ir.graph import Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
+from fusegrad.symint import SymbolicDecisionError, SymInt, ceil_div, is_symbolic
 
 # The loop plans (fusegrad.codegen.cpu_plans) are importable from here too: the lowering is
 # what their users ask for.
@@ -90,6 +91,13 @@ def tuning() -> str:
     them."""
     return (f"SUM_BLOCK={SUM_BLOCK} COLUMN_BLOCK={COLUMN_BLOCK} ROLL_FROM={ROLL_FROM} "
             f"{cpu_plans.tuning()}")
+
+
+def _longer(n, limit: int) -> bool:
+    """Whether ``n`` elements are more than ``limit``; a symbolic count may be: code for
+    every size takes the path that holds for long ones (blocks, of which a short count
+    makes one)."""
+    return isinstance(n, SymInt) or n > limit
 
 
 class _Slot:
@@ -143,9 +151,12 @@ class _CPULowering(KernelValues):
             self.memo = self.memo.parents
 
     def _index(self, x):
-        return self.idx(x) if isinstance(x, int) else x
+        return self.idx(x) if isinstance(x, (int, SymInt)) else x
 
     def local(self, name: str, dt, size: int) -> Local:
+        if isinstance(size, SymInt):
+            raise SymbolicDecisionError(f"a local array of {size} elements: stack arrays "
+                                        "have constant sizes")
         arr = Local(f"{name}{len(self.locals)}", dt, size)
         self.locals.append(arr)
         return arr
@@ -258,7 +269,7 @@ class _CPULowering(KernelValues):
         compile in 0.2 s either way)."""
         body = 1
         for d in reversed(shape[1:]):
-            if d >= 8:
+            if isinstance(d, SymInt) or d >= 8:     # (a symbolic loop stays rolled)
                 break
             body *= d
         return body >= 16 and any(v.type.dtype.itemsize == 1
@@ -412,7 +423,9 @@ class _CPULowering(KernelValues):
                 self.stmt(StoreLocal(self.scratch[1], self.red_index(red, red_shape),
                                      self.emit(node.inputs[0], coords)))
             self.step(node, acc, coords)
-        if node.op == "sum" and out_dt.is_floating_point and math.prod(red_shape) > SUM_BLOCK:
+        # (A row of symbolic length is summed in blocks: one block while it fits one.)
+        if node.op == "sum" and out_dt.is_floating_point and _longer(math.prod(red_shape),
+                                                                      SUM_BLOCK):
             self.acc[node.output] = self.blocked_sum(red_shape, body, acc, identity)
             return
         self.nest(red_shape, body, parallel=False)
@@ -425,13 +438,14 @@ class _CPULowering(KernelValues):
         is longer."""
         b = self.b
         inner, split = 1, len(red_shape)
-        while split > 0 and inner * red_shape[split - 1] <= size:
+        while split > 0 and not _longer(inner * red_shape[split - 1], size):
             split -= 1
             inner *= red_shape[split]
-        chunked = split == len(red_shape)        # the last dim alone exceeds the block
+        # The last dim alone exceeds the block (or may: a symbolic one).
+        chunked = split == len(red_shape)
         outer_shape = list(red_shape[:-1] if chunked else red_shape[:split])
         if chunked:
-            outer_shape.append(-(-red_shape[-1] // size))
+            outer_shape.append(ceil_div(red_shape[-1], size))
 
         def block(outer):
             begin()
@@ -498,6 +512,8 @@ class _CPULowering(KernelValues):
         """(value, local row) when ``node``'s input is computed in this kernel, read again
         by the full-size outputs, and a row of it fits in 64 KiB of stack."""
         n = math.prod(red_shape)
+        if isinstance(n, SymInt):
+            return None             # a row of symbolic length: computed again instead
         src = self.reused_operand(node, full_outs) if n * 8 <= 65536 else None
         if src is None:
             return None
@@ -638,7 +654,7 @@ class _CPULowering(KernelValues):
         def end():
             self.add_to_total(acc.read(), acc_dt, total, comp)
         inner = math.prod(shape[plan.lead:])
-        if inner > SUM_BLOCK:
+        if _longer(inner, SUM_BLOCK):
             with self.loop(lo, hi, "f") as f:
                 lead_coords = self.lead_coords(plan.lead, f)
                 self.blocks(list(shape[plan.lead:]), SUM_BLOCK,
@@ -667,12 +683,12 @@ class _CPULowering(KernelValues):
         shape = k.shape
         last = len(shape) - 1
         red_shape = [shape[a] for a in k.axes]
-        n_chunks = -(-shape[last] // plan.chunk) if plan.chunk else 1
+        n_chunks = ceil_div(shape[last], plan.chunk) if plan.chunk else 1
         # Chunks cut only for the thread pool (the row fits one tile): the chunks of one row
         # that a thread's range of units holds run as one tile, so one thread reads each
         # row whole instead of once per chunk in 1 KiB pieces (a 4096x1024 sum(0) on one
         # thread: 2.1-2.6 ms in four chunks, numpy 0.9-1.4).
-        merged = bool(plan.chunk) and shape[last] <= COLUMN_TILE
+        merged = bool(plan.chunk) and not _longer(shape[last], COLUMN_TILE)
         tile_size = shape[last] if merged else \
             plan.chunk or math.prod(shape[a] for a in plan.tile)
         finished: dict[Value, Local] = {}          # reduction result -> its tile
@@ -688,7 +704,7 @@ class _CPULowering(KernelValues):
                 rest = b.div(rest, self.idx(n_chunks))
                 lo = b.mul(chunk, self.idx(plan.chunk))
                 hi = b.add(lo, self.idx(plan.chunk))
-                if shape[last] % plan.chunk:
+                if is_symbolic(shape[last]) or shape[last] % plan.chunk:
                     n = self.idx(shape[last])
                     hi = b.select(b.cmp("lt", hi, n, INDEX), hi, n, INDEX)
             for a in reversed(plan.outer):
@@ -770,7 +786,7 @@ class _CPULowering(KernelValues):
                                                coords_at(kept, red)))
 
         if not (node.op == "sum" and out_dt.is_floating_point and
-                math.prod(red_shape) > COLUMN_BLOCK):
+                _longer(math.prod(red_shape), COLUMN_BLOCK)):
             tile(reset)
             self.nest(red_shape, body, parallel=False)
             return accs
@@ -819,9 +835,10 @@ class _CPULowering(KernelValues):
             self.nest(red_shape, full, parallel=False)
 
     def finish(self, name: str, family: str) -> LoweredKernel:
+        prologue = self.prologue()
         params = list(self.params.values()) + list(self.cells.values())
-        return LoweredKernel(name, params, [], self.body, 1, 1, family, 64, self.locals,
-                             hoistable=0 not in self.k.shape)
+        return LoweredKernel(name, params, [], prologue + self.body, 1, 1, family, 64,
+                             self.locals, hoistable=0 not in self.k.shape)
 
 
 def lower_kernel(kernel: Kernel, kg: KernelGraph) -> list[LoweredKernel]:

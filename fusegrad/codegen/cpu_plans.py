@@ -23,6 +23,7 @@ from fusegrad.codegen.values import MOVES_ELEMENTS
 from fusegrad.codegen.values import reductions as kernel_reductions
 from fusegrad.ir.graph import Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, identity_view
+from fusegrad.symint import at_hints, ceil_div, is_symbolic, known_equal, size_hint
 
 __all__ = ["ColumnPlan", "column_plan", "SplitPlan", "split_plan", "kernel_phases",
            "parallel_extent", "loop_plan", "LoopPlan", "COLUMN_TILE", "COLUMN_UNITS",
@@ -76,25 +77,31 @@ def column_plan(kernel: Kernel) -> ColumnPlan | None:
         return None
     tail = list(range(max(axes) + 1, n))
     tile, size = [], 1
-    while tail and size * shape[tail[-1]] <= COLUMN_TILE:
+    # (A tile is a stack array: of static axes only. A symbolic last axis is chunked, and
+    # the choices for the thread pool are made at the sizes traced at: any is correct.)
+    while tail and not is_symbolic(shape[tail[-1]]) and size * shape[tail[-1]] <= COLUMN_TILE:
         size *= shape[tail[-1]]
         tile.insert(0, tail.pop())
     last = shape[n - 1]
     chunk = 0
     if not tile:                     # the last axis alone is longer than a tile
-        fewest = -(-last // COLUMN_TILE)
-        tile, chunk = [n - 1], _even_chunk(last, range(fewest, 2 * fewest + 1)) or COLUMN_TILE
+        if is_symbolic(last):
+            tile, chunk = [n - 1], COLUMN_TILE
+        else:
+            fewest = -(-last // COLUMN_TILE)
+            tile, chunk = [n - 1], _even_chunk(last, range(fewest, 2 * fewest + 1)) or COLUMN_TILE
     outer = [a for a in range(n) if a not in axes and a not in tile]
     units = math.prod(shape[a] for a in outer)
     # More units for the thread pool: move tile axes out, then chunk the last axis.
-    while len(tile) > 1 and units < COLUMN_UNITS and size // shape[tile[0]] >= MIN_COLUMN_CHUNK:
+    while len(tile) > 1 and size_hint(units) < COLUMN_UNITS and \
+            size // shape[tile[0]] >= MIN_COLUMN_CHUNK:
         size //= shape[tile[0]]
         units *= shape[tile[0]]
         outer.append(tile.pop(0))
-    if len(tile) == 1 and units < COLUMN_UNITS and not chunk:
-        chunk = _even_chunk(last, range(-(-COLUMN_UNITS // units), 1, -1))
+    if len(tile) == 1 and size_hint(units) < COLUMN_UNITS and not chunk:
+        chunk = _even_chunk(last, range(-(-COLUMN_UNITS // size_hint(units)), 1, -1))
     if chunk:
-        units *= -(-last // chunk)
+        units *= ceil_div(last, chunk)
     return ColumnPlan(tuple(outer), tuple(tile), chunk, units)
 
 
@@ -103,6 +110,8 @@ def _even_chunk(n: int, pieces) -> int:
     least MIN_COLUMN_CHUNK and at most COLUMN_TILE elements, each a multiple of 16; 0 if
     none does. Equal chunks give the tile loop a constant trip count: LLVM then keeps the
     accumulators in registers (a 1000x3x300 sum(0) in chunks of 256 and 44: 5x slower)."""
+    if is_symbolic(n):
+        return 0
     for p in pieces:
         c = n // p
         if n % p == 0 and c % 16 == 0 and MIN_COLUMN_CHUNK <= c <= COLUMN_TILE:
@@ -134,17 +143,19 @@ class SplitPlan:
 def split_plan(kernel: Kernel) -> SplitPlan | None:
     """How ``kernel`` is split across threads when it is a large full reduction, else None."""
     shape = kernel.shape
+    # Symbolic sizes: decided at the sizes the program was traced at (any plan is correct
+    # for every size; a split's parts are fixed, some of them empty at small sizes).
     if kernel.kind != "reduction" or len(kernel.axes) != len(shape) or not shape or \
-            math.prod(shape) < SPLIT_WORK:
+            math.prod(at_hints(shape)) < SPLIT_WORK:
         return None
     count = len(kernel_reductions(kernel))
     if not count:
         return None
     lead, size = 0, 1
-    while lead < len(shape) and size < 4 * SPLIT_PARTS:
+    while lead < len(shape) and size_hint(size) < 4 * SPLIT_PARTS:
         size *= shape[lead]
         lead += 1
-    return SplitPlan(lead, size, min(SPLIT_PARTS, size), count)
+    return SplitPlan(lead, size, min(SPLIT_PARTS, size_hint(size)), count)
 
 
 def kernel_phases(kernel: Kernel, kg: KernelGraph | None) -> list[tuple[str, int]]:
@@ -253,12 +264,15 @@ def loop_plan(kernel: Kernel, kg: KernelGraph) -> LoopPlan:
     for d in range(len(shape) - 2, -1, -1):
         inner = groups[0]
         size = math.prod(shape[a] for a in inner)
-        if shape[d] == 1 or all(a[d] == size * a[inner[-1]] for a in accesses):
+        # (known_equal: a symbolic stride that may equal the block at some sizes only
+        # loops on its own, which is right at every size)
+        if shape[d] == 1 or all(known_equal(a[d], size * a[inner[-1]]) for a in accesses):
             inner.insert(0, d)
         else:
             groups.insert(0, [d])
     extents = tuple(math.prod(shape[a] for a in g) for g in groups)
-    tiled = len(groups) >= 2 and min(extents[-2:]) >= TILE and \
+    # (Tiles of symbolic extents: not yet; such kernels loop row by row.)
+    tiled = len(groups) >= 2 and not is_symbolic(extents) and min(extents[-2:]) >= TILE and \
         math.prod(shape) >= TILE_WORK and \
         any(a[groups[-2][-1]] == 1 and a[groups[-1][-1]] >= TILE_STRIDE for a in accesses)
     return LoopPlan(tuple(tuple(g) for g in groups), extents, tiled)

@@ -76,6 +76,7 @@ import numpy as np
 
 from fusegrad import dtypes
 from fusegrad.dtypes import DType
+from fusegrad.symint import SymInt
 
 __all__ = ["INDEX", "Expr", "Var", "Param", "Shared", "Local", "Declare", "Assign", "Store",
            "StoreVec", "StoreLanes", "StoreShared", "StoreLocal", "Loop", "If", "Barrier", "Fence",
@@ -268,6 +269,9 @@ class ExprBuilder:
 
     def __init__(self):
         self._memo: dict = {}
+        # A symbolic size's expression (see KernelValues.size_expr): what const() of an
+        # INDEX that is a SymInt gives; None where sizes are constants.
+        self.sizes = None
 
     def node(self, op: str, dtype: DType, src: tuple = (), arg=None,
              lanes: int | None = None) -> Expr:
@@ -282,6 +286,8 @@ class ExprBuilder:
         return e
 
     def const(self, dt: DType, value) -> Expr:
+        if self.sizes is not None and isinstance(value, SymInt):
+            return self.sizes(value)
         if dt.is_floating_point:
             value = float(value)
         else:

@@ -14,13 +14,27 @@ from __future__ import annotations
 from typing import Sequence
 
 from fusegrad.codegen import indexing
-from fusegrad.codegen.kernel_ir import INDEX, ExprBuilder, Param, Var
-from fusegrad.ir.graph import Literal, Node, Value
+from fusegrad.codegen.kernel_ir import INDEX, Declare, ExprBuilder, Param, Var
+from fusegrad.ir.graph import Graph, Literal, Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
+from fusegrad.symint import SymbolicDecisionError, SymInt, free_symbols
 
-__all__ = ["KernelValues", "reductions", "MOVES_ELEMENTS"]
+__all__ = ["KernelValues", "reductions", "MOVES_ELEMENTS", "SYMBOLS", "program_symbols"]
+
+# ``Param.value`` of the sizes a kernel of symbolic shapes reads at run time: a buffer of
+# one 64-bit integer per symbol of its program (:func:`program_symbols`, in that order).
+SYMBOLS = "symbols"
+
+
+def program_symbols(g: Graph) -> tuple[str, ...]:
+    """The symbols of a graph's input shapes, sorted: the order of the sizes its kernels
+    read at run time (every size in the graph is an expression of them)."""
+    names: set[str] = set()
+    for v in g.inputs:
+        names |= free_symbols(v.type.shape)
+    return tuple(sorted(names))
 
 # Nodes that read their operand at other coordinates than their own, or make values of
 # coordinates: in a kernel holding one, buffers are not read at the kernel's coordinates,
@@ -45,6 +59,8 @@ class KernelValues:
         self.acc: dict[Value, object] = {}       # reduction result -> its expression
         self.memo: dict = {}
         self.nvars = 0
+        self.symbols: dict[str, Var] = {}        # symbol -> the variable holding its size
+        self.b.sizes = self.size_expr
         for v in kernel.inputs:
             self.param(v)
         for v in kernel.outputs:
@@ -64,8 +80,56 @@ class KernelValues:
     def var(self, name: str, dt) -> Var:
         return Var(self.fresh(name), dt)
 
-    def idx(self, n: int):
+    def idx(self, n):
+        """An index constant, or a symbolic size as the expression of its symbols (read at
+        run time: see :meth:`prologue`)."""
+        if isinstance(n, SymInt):
+            return self.size_expr(n)
         return self.b.const(INDEX, n)
+
+    def size_expr(self, n: SymInt):
+        """The value of the symbolic size ``n`` from the kernel's symbol variables. Index
+        arithmetic wraps modulo 2**64, so negative coefficients (``T-1``) are exact; a
+        division needs a numerator that is never negative."""
+        b = self.b
+        total = None
+        for monomial, coefficient in n._terms:
+            term = None
+            for atom in monomial:
+                x = b.read(self.symbol_var(atom)) if isinstance(atom, str) else \
+                    self.div_expr(atom)
+                term = x if term is None else b.mul(term, x)
+            c = self.b.const(INDEX, coefficient)
+            term = c if term is None else b.mul(term, c)
+            total = term if total is None else b.add(total, term)
+        return total
+
+    def div_expr(self, atom):
+        lo = atom.num.lower_bound()
+        if lo is None or lo < 0:
+            raise SymbolicDecisionError(f"{atom}: a numerator that may be negative")
+        num = self.size_expr(atom.num)
+        if atom.ceil:
+            num = self.b.add(num, self.b.const(INDEX, atom.den - 1))
+        return self.b.div(num, self.b.const(INDEX, atom.den))
+
+    def symbol_var(self, name: str) -> Var:
+        var = self.symbols.get(name)
+        if var is None:
+            var = self.symbols[name] = self.var(f"sym_{name}_", INDEX)
+        return var
+
+    def prologue(self) -> list:
+        """The statements that read the symbols the kernel's sizes use, to put first in
+        its body (none for a kernel of static shapes: its code is as it was)."""
+        if not self.symbols:
+            return []
+        order = program_symbols(self.kg.graph)
+        param = self.params.get(SYMBOLS)
+        if param is None:
+            param = self.params[SYMBOLS] = Param(f"p{len(self.params)}", INDEX, SYMBOLS)
+        return [Declare(var, self.b.load(param, self.b.const(INDEX, order.index(name))))
+                for name, var in self.symbols.items()]
 
     def view(self, v: Value) -> View:
         return self.kg.views.get(v) or identity_view(v)

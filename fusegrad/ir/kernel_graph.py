@@ -19,6 +19,7 @@ import numpy as np
 
 from fusegrad.ir.graph import Graph, Node, Value
 from fusegrad.ops.primitive import Kind
+from fusegrad.symint import SymInt, holds_symbol, is_symbolic, known_equal
 
 __all__ = ["View", "Kernel", "KernelGraph", "view_of", "identity_view", "touches_complex"]
 
@@ -103,6 +104,9 @@ def view_of(node: Node, source: View) -> View | None:
         return source
     if node.prim.kind is not Kind.MOVEMENT or node.op in ("pad", "concat"):
         return None
+    if is_symbolic(source.shape) or is_symbolic(source.strides) or \
+            isinstance(source.offset, SymInt) or any(holds_symbol(a) for a in node.attrs.values()):
+        return _symbolic_view(node, source)
     np_dtype = source.base.type.dtype.np_dtype
     item = np_dtype.itemsize
     # A stand-in with the view's shape and strides over one element: numpy computes the
@@ -120,6 +124,42 @@ def view_of(node: Node, source: View) -> View | None:
     shift = out.__array_interface__["data"][0] - stand.__array_interface__["data"][0]
     return View(source.base, tuple(out.shape), tuple(s // item for s in out.strides),
                 source.offset + shift // item)
+
+
+def _symbolic_view(node: Node, source: View) -> View | None:
+    """:func:`view_of` for symbolic sizes (no numpy stand-in can hold them): permutes,
+    broadcasts, slices, and reshapes of a view whose elements are in row-major order; None
+    for the others (the value is then computed into a buffer)."""
+    shape, strides = source.shape, source.strides
+    out_shape = node.output.type.shape
+    if node.op == "permute":
+        perm = node.attrs["perm"]
+        return View(source.base, tuple(shape[p] for p in perm), tuple(strides[p] for p in perm),
+                    source.offset)
+    if node.op == "broadcast_to":
+        lead = len(out_shape) - len(shape)
+        out = [0] * lead + [0 if d == 1 and not known_equal(t, 1) else st
+                            for d, t, st in zip(shape, out_shape[lead:], strides)]
+        return View(source.base, tuple(out_shape), tuple(out), source.offset)
+    if node.op == "slice":
+        offset = source.offset
+        for a, st in zip(node.attrs["starts"], strides):
+            offset = offset + a * st
+        return View(source.base, tuple(out_shape),
+                    tuple(st * step for st, step in zip(strides, node.attrs["steps"])), offset)
+    if node.op == "reshape":
+        dense = _row_major(shape)
+        if all(d == 1 or known_equal(a, b) for d, a, b in zip(shape, strides, dense)):
+            return View(source.base, tuple(out_shape), _row_major(out_shape), source.offset)
+    return None
+
+
+def _row_major(shape) -> tuple:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc = acc * d if isinstance(d, SymInt) else acc * max(d, 1)
+    return tuple(reversed(strides))
 
 
 def identity_view(v: Value) -> View:

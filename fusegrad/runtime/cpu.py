@@ -16,6 +16,12 @@ Memory: intermediate buffers are allocated on the first call and kept, and value
 lifetimes do not overlap share a buffer. Outputs are fresh arrays, except that an output
 array from the previous call that nobody holds any more (its reference count shows only
 the program's own reference) is reused, which avoids the page faults of a new allocation.
+
+A graph of symbolic sizes (``f32[B,784]``) compiles to one program for every size: its
+kernels read the sizes at run time from a buffer of their own (see
+:func:`fusegrad.codegen.values.program_symbols`), and a call with new sizes evaluates the
+memory plan, the launch extents and the views for them (:meth:`Program.bind_sizes`) and
+allocates its intermediates as one arena; no kernel is built again.
 """
 
 from __future__ import annotations
@@ -39,15 +45,19 @@ from fusegrad import dtypes, profiling
 from fusegrad.codegen.cpu_lowering import kernel_phases, split_plan
 from fusegrad.codegen.llvm import gemm as native_gemm
 from fusegrad.codegen.llvm.kernel import Unsupported, emit_kernel
+from fusegrad.codegen.values import SYMBOLS, program_symbols
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph, IRError, Literal, Value
+from fusegrad.ir.interpreter import bind_symbols
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View
 from fusegrad.ir.printer import format_attrs, format_scalar, format_type
+from fusegrad.ir.specialize import concrete_attr
 from fusegrad.ops.prims_reduce import register_bf16_matmul
 from fusegrad.runtime import jit, native, native_attention
 from fusegrad.runtime.memory_plan import donation_safe, plan_memory
 from fusegrad.runtime.native import data_pointer
 from fusegrad.runtime.threads import run_in_parts, set_blas_threads, thread_pool
+from fusegrad.symint import at_hints, evaluate_dim, evaluate_shape, is_symbolic, strict_decisions
 
 __all__ = ["Program", "KernelCode", "thread_pool", "set_num_threads", "get_num_threads"]
 
@@ -107,6 +117,8 @@ class LaunchStep:
     extent: int                # length of the parallel loop
     work: int                  # elements, for the threading decision
     table: int = 0             # address of the kernel's buffer pointers
+    # Symbolic sizes: the extent and work as expressions, evaluated by Program.bind_sizes.
+    sizes: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
     # thread count -> whether to split, once measured; and its timings until then
     split: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     timings: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -155,6 +167,42 @@ class GemmStep(LaunchStep):
 
 
 @dataclass
+class SymbolicGemmStep(GemmStep):
+    """A :class:`GemmStep` of symbolic sizes: :meth:`Program.bind_sizes` evaluates the
+    product for a call's sizes (:meth:`bind`) and sets the parameters the function reads;
+    a call whose product the GEMM is not made for (:func:`native_gemm.fits`) runs numpy's
+    BLAS (``blas``) instead."""
+
+    blas: "MatmulStep | None" = None
+    fits: bool = True
+    pack_entry: int = 0        # where the packing scratch's pointer is in the tables
+
+    def bind(self, prog: "Program", bindings: dict) -> None:
+        g = self.gemm
+        def value(x):
+            return evaluate_shape(x, bindings) if isinstance(x, tuple) else \
+                evaluate_dim(x, bindings)
+        concrete = native_gemm.Gemm(*(value(getattr(g, f.name)) if f.name != "dtype"
+                                      else g.dtype for f in dataclasses.fields(g)))
+        self.fits = native_gemm.fits(concrete)
+        if not self.fits:
+            return
+        pack, params = prog.gemm_arrays[id(self)]
+        params[:] = concrete.params()
+        if pack.size < concrete.pack_floats:
+            pack = np.empty(concrete.pack_floats, np.float32)
+            prog.gemm_arrays[id(self)] = (pack, params)
+            prog.tables[self.pack_entry] = pack.ctypes.data
+        self.extent, self.work = concrete.panels, concrete.m * concrete.n * concrete.k // 16
+
+    def run(self, prog: "Program") -> None:
+        if self.fits:
+            LaunchStep.run(self, prog)
+        else:
+            self.blas.run(prog)
+
+
+@dataclass
 class MatmulStep:
     kernel: Kernel
     a: Value
@@ -189,9 +237,11 @@ class NumpyStep:
                     args.append(env[op])
                 else:
                     args.append(prog.array(op))
+            attrs = node.attrs if prog.bindings is None else \
+                {k: concrete_attr(a, prog.bindings) for k, a in node.attrs.items()}
             try:
                 with np.errstate(all="ignore"):
-                    out = np.asarray(node.prim.impl(*args, **node.attrs))
+                    out = np.asarray(node.prim.impl(*args, **attrs))
             except (IndexError, ValueError, RuntimeError, ZeroDivisionError) as e:
                 raise _at_node(e, node, prog.name) from e
             if out.dtype != node.output.type.dtype.np_dtype:
@@ -226,22 +276,24 @@ class NativeStep(NumpyStep):
     def _native(prog: "Program", node, out: np.ndarray, memo: dict) -> bool:
         if any(isinstance(op, Literal) for op in node.inputs):
             return False
+        attrs = node.attrs if prog.bindings is None else \
+            {k: concrete_attr(a, prog.bindings) for k, a in node.attrs.items()}
         if node.op == "fused_attention":
             q, k, v, *mask = (prog.array(op) for op in node.inputs)
             return native_attention.attention_forward(out, q, k, v, mask[0] if mask else None,
-                                                      memo=memo, **node.attrs)
+                                                      memo=memo, **attrs)
         if node.op == "fused_attention_backward":
             q, k, v, packed, dout, *mask = (prog.array(op) for op in node.inputs)
             return native_attention.attention_backward(
                 out, q, k, v, dout, packed, mask[0] if mask else None,
-                scale=node.attrs["scale"], keep=node.attrs["keep"], memo=memo)
+                scale=attrs["scale"], keep=attrs["keep"], memo=memo)
         if node.op == "index_add":
-            if node.attrs["axis"] != 0:
+            if attrs["axis"] != 0:
                 return False
             x, idx, src = (prog.array(op) for op in node.inputs)
             return native.index_add_rows(out, x, idx, src)
-        high = node.attrs["classes"] if node.op == "check_target" else node.attrs["size"]
-        low = -high if node.attrs.get("wrap") else 0
+        high = attrs["classes"] if node.op == "check_target" else attrs["size"]
+        low = -high if attrs.get("wrap") else 0
         return native.check_copy(prog.array(node.inputs[0]), out, low, high)
 
 
@@ -315,6 +367,10 @@ class Program:
         self.name = name
         self._lock = threading.Lock()
         start = time.perf_counter()
+        # Symbolic sizes: their names (the order of the sizes buffer) and this call's values.
+        self.symbols = program_symbols(self.graph)
+        self.bindings: dict | None = None
+        self.gemm_arrays: dict[int, tuple] = {}     # SymbolicGemmStep -> (pack, params)
         self._assign_slots()
         self.fallbacks: dict[int, str] = dict(fallbacks or {})
         self._baked: set[Value] = set()     # outputs whose kernels read their input through them
@@ -357,7 +413,16 @@ class Program:
     # ------------------------------------------------------------------ steps
 
     def _build_steps(self, prebuilt=None, fallbacks=None, prebuilt_gemms=None) -> None:
+        if self.symbols:
+            # Every decision the kernels' code makes must hold for every size.
+            with strict_decisions():
+                emitted = self._compile_kernels() if prebuilt is None else dict(prebuilt)
+                self._build_steps_of(emitted, prebuilt, prebuilt_gemms)
+            return
         emitted = self._compile_kernels() if prebuilt is None else dict(prebuilt)
+        self._build_steps_of(emitted, prebuilt, prebuilt_gemms)
+
+    def _build_steps_of(self, emitted, prebuilt, prebuilt_gemms) -> None:
         gemms = self._compile_gemms(prebuilt is None, prebuilt_gemms or {})
         # Kept: an ahead-of-time artifact saves each kernel's object code and buffer slots.
         self.kernel_code: dict[int, KernelCode] = emitted
@@ -371,7 +436,16 @@ class Program:
                 g, code = gemms[i]
                 fn = _KERNEL_FN(self.jit.address(code.record.symbol))
                 table = self.tables_address + ctypes.sizeof(ctypes.c_void_p) * code.offset
-                self.steps.append(GemmStep(k, fn, g.panels, g.m * g.n * g.k // 16, table, gemm=g))
+                if self.symbols:
+                    mm = next(n for n in k.nodes if n.op == "matmul")
+                    step = SymbolicGemmStep(k, fn, 0, 0, table, gemm=g, blas=MatmulStep(
+                        k, mm.inputs[0], mm.inputs[1], mm.output),
+                        pack_entry=code.offset + len(code.slots))
+                    self.gemm_arrays[id(step)] = code.extra
+                    self.steps.append(step)
+                else:
+                    self.steps.append(GemmStep(k, fn, g.panels, g.m * g.n * g.k // 16, table,
+                                               gemm=g))
             elif k.kind == "matmul":
                 mm = next(n for n in k.nodes if n.op == "matmul")
                 self.steps.append(MatmulStep(k, mm.inputs[0], mm.inputs[1], mm.output))
@@ -382,7 +456,11 @@ class Program:
                 for name, extent in kernel_phases(k, self.kg):
                     symbol = emitted[i].record.symbol + name[len(k.name):]
                     fn = _KERNEL_FN(self.jit.address(symbol))
-                    self.steps.append(LaunchStep(k, fn, extent, work, table))
+                    if self.symbols:
+                        step = LaunchStep(k, fn, 0, 0, table, sizes=(extent, work))
+                    else:
+                        step = LaunchStep(k, fn, extent, work, table)
+                    self.steps.append(step)
             elif k.kind == "extern" and len(k.nodes) == 1 and \
                     "runtime_step" in k.nodes[0].prim.extra:
                 # A primitive that brings its own step (a collective: fusegrad.distributed).
@@ -408,7 +486,8 @@ class Program:
         for i, k in enumerate(self.kg.kernels):
             if not self._lowered(i, k):
                 continue
-            level = 1 if math.prod(k.shape) < SMALL_KERNEL_WORK else 3
+            # (symbolic sizes: at the sizes of the call the program was made for)
+            level = 1 if math.prod(at_hints(k.shape)) < SMALL_KERNEL_WORK else 3
             split = split_plan(k) is not None
             # A split reduction's scratch cells are not a value of its description: such
             # kernels are compiled for their program, not cached by description.
@@ -474,12 +553,18 @@ class Program:
         use = native_gemm_enabled()
         out = {}
         for i, k in enumerate(self.kg.kernels):
-            found = gemm_of(k, self.kg) if k.kind == "matmul" else None
-            if found is None or (i not in prebuilt and not (compile_new and use)):
+            if k.kind != "matmul" or (i not in prebuilt and not (compile_new and use)):
+                continue
+            found = gemm_of(k, self.kg)
+            if found is None:
                 continue
             g, operands = found
             record = prebuilt[i].record if i in prebuilt else _gemm_record(g.dtype)
-            extra = (np.empty(max(g.pack_floats, 1), np.float32), g.params())
+            if self.symbols:
+                # Sized and set per call (SymbolicGemmStep.bind).
+                extra = (np.empty(1, np.float32), np.zeros(len(native_gemm.PARAMS), np.int64))
+            else:
+                extra = (np.empty(max(g.pack_floats, 1), np.float32), g.params())
             out[i] = (g, KernelCode(record, [self.slots[v] for v in operands], extra=extra))
         return out
 
@@ -532,9 +617,52 @@ class Program:
         hit = self._views.get(v)
         if hit is not None and hit[0] is base:
             return hit[1]
+        if self.bindings is not None:
+            view = View(view.base, evaluate_shape(view.shape, self.bindings),
+                        evaluate_shape(view.strides, self.bindings),
+                        evaluate_dim(view.offset, self.bindings))
         arr = _as_view(base, view)
         self._views[v] = (base, arr)
         return arr
+
+    def bind_sizes(self, inputs) -> None:
+        """For a program of symbolic sizes: bind the symbols from the shapes of ``inputs``
+        and, when they changed, set the kernels' sizes buffer, the launch extents, and the
+        intermediate buffers (one arena) and output shapes for them."""
+        bindings = bind_symbols(self.graph, [np.shape(a) for a in inputs])
+        if bindings == self.bindings:
+            return
+        self.bindings = bindings
+        self.arrays[self.slots[SYMBOLS]][:] = [bindings[n] for n in self.symbols]
+        for st in self.steps:
+            if isinstance(st, SymbolicGemmStep):
+                st.bind(self, bindings)
+            elif isinstance(st, LaunchStep) and st.sizes is not None:
+                st.extent, st.work = (evaluate_dim(d, bindings) for d in st.sizes)
+        inter, outs = self.plan.specs_at(bindings)
+        self._allocate_arena(inter)
+        self._fresh_specs = [spec for spec in outs if spec[0] not in self.donated]
+        for slot, _, _ in self._fresh_specs:
+            self.arrays[slot] = None
+        self._views.clear()
+
+    def _allocate_arena(self, specs: dict) -> None:
+        """The intermediate buffers of ``specs`` as views of one allocation (each 64-byte
+        aligned)."""
+        offsets, total = {}, 0
+        for slot, (shape, dt) in specs.items():
+            offsets[slot] = total
+            nbytes = math.prod(shape) * np.dtype(dt).itemsize
+            total += -(-nbytes // 64) * 64
+        arena = np.empty(total + 64, np.uint8)
+        skip = -data_pointer(arena) % 64
+        for slot, (shape, dt) in specs.items():
+            dt = np.dtype(dt)
+            start = skip + offsets[slot]
+            arr = arena[start:start + math.prod(shape) * dt.itemsize].view(dt).reshape(shape)
+            self.arrays[slot] = arr
+            self._point(slot, data_pointer(arr) if arr.size else arena.ctypes.data)
+        self._allocated = True
 
     def _allocate(self) -> None:
         for slot, (shape, dt) in self.intermediate_specs.items():
@@ -587,6 +715,7 @@ class Program:
 
     def _set_donated(self, accepted: dict[int, int]) -> None:
         self.donated = accepted
+        self.bindings = None                # symbolic sizes: the next call sets every spec
         self._donor_slots: dict[int, list[int]] = {}      # input index -> donated outputs
         for slot, in_index in accepted.items():
             self._donor_slots.setdefault(in_index, []).append(slot)
@@ -612,6 +741,8 @@ class Program:
         more than one thread is configured at the call."""
         if self._plain_outputs is None or not all(isinstance(s, LaunchStep) for s in self.steps):
             return None
+        if self.symbols:
+            return self._symbolic_runner()
         threadable = any(s.work >= PARALLEL_THRESHOLD and s.extent > 1 for s in self.steps)
         calls = [(s.fn, s.table, s.extent) for s in self.steps]
         arrays, lock, bind = self.arrays, self._lock, self._bind
@@ -627,8 +758,32 @@ class Program:
                 return [arrays[s] for s in plain]
         return run
 
+    def _symbolic_runner(self):
+        """:meth:`fast_runner` of a program of symbolic sizes: the extents (and whether a
+        kernel is large enough to thread) are this call's, once its sizes are bound."""
+        arrays, lock, bind, steps = self.arrays, self._lock, self._bind, self.steps
+        plain = self._plain_outputs
+        gemms = any(isinstance(s, SymbolicGemmStep) for s in steps)    # (BLAS at some sizes)
+
+        def run(inputs):
+            if profiling.recorder is not None:
+                return self(*inputs)
+            with lock:
+                bind(inputs)
+                if gemms or config.num_threads > 1 and any(
+                        s.work >= PARALLEL_THRESHOLD and s.extent > 1 for s in steps):
+                    for step in steps:
+                        step.run(self)
+                else:
+                    for s in steps:
+                        s.fn(s.table, 0, s.extent)
+                return [arrays[s] for s in plain]
+        return run
+
     def _bind(self, inputs) -> None:
         """Point the kernels' buffer tables at this call's inputs and outputs."""
+        if self.symbols:
+            self.bind_sizes(inputs)
         if not self._allocated:
             self._allocate()
         arrays, tables, uses, donors = self.arrays, self.tables, self.uses, self._donor_slots
@@ -810,6 +965,10 @@ def kernel_description(k: Kernel, kg: KernelGraph, level: int) -> tuple[str, lis
     for node in k.nodes:
         name(node.output)
     lines = [f"{k.kind} {list(k.shape)} {list(k.axes)} O{level}"]
+    symbols = program_symbols(kg.graph)
+    if symbols:
+        # The kernel reads its sizes at these positions of the sizes buffer.
+        lines.append("symbols " + " ".join(symbols))
     for node in k.nodes:
         ops = []
         # A matmul's operands are BLAS's business: its kernel loads the product from memory
@@ -912,6 +1071,9 @@ def gemm_of(k: Kernel, kg: KernelGraph) -> "tuple[native_gemm.Gemm, list[Value]]
             operands.append(view.base)
             layout.append((tuple(view.strides), view.offset))
     g = native_gemm.Gemm(m, n, kk, layout[0][0], layout[0][1], layout[1][0], layout[1][1], dtype)
+    if any(is_symbolic(getattr(g, f.name)) for f in dataclasses.fields(g) if f.name != "dtype"):
+        # Symbolic sizes: whether it fits is decided per call (SymbolicGemmStep).
+        return g, [*operands, out]
     return (g, [*operands, out]) if native_gemm.fits(g) else None
 
 

@@ -8,7 +8,9 @@ through any view). Scratch buffers a backend asks for (a split reduction's parti
 come last. :func:`donation_safe` says whether an output may take an input's buffer.
 
 The plan knows shapes and numpy dtypes only, never addresses: a launcher allocates the
-buffers (numpy arrays, device memory) and binds them to slots.
+buffers (numpy arrays, device memory) and binds them to slots. In a graph of symbolic sizes
+the shapes are expressions (:meth:`MemoryPlan.specs_at` evaluates them for a call's sizes),
+and the sizes its kernels read at run time have a slot of their own (``slots[SYMBOLS]``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Callable
 import numpy as np
 
 from fusegrad.codegen.cpu_lowering import split_plan
+from fusegrad.codegen.values import SYMBOLS, program_symbols
 from fusegrad.ir.graph import Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, identity_view
+from fusegrad.symint import evaluate_shape
 
 __all__ = ["MemoryPlan", "plan_memory", "donation_safe", "saved_between"]
 
@@ -52,6 +56,14 @@ class MemoryPlan:
         return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
                    for shape, dt in self.intermediate_specs.values())
 
+    def specs_at(self, bindings: dict) -> tuple[dict[int, tuple], list[tuple]]:
+        """``intermediate_specs`` and ``output_specs`` with every shape evaluated under
+        ``bindings`` (symbol name -> size)."""
+        inter = {slot: (evaluate_shape(shape, bindings), dt)
+                 for slot, (shape, dt) in self.intermediate_specs.items()}
+        outs = [(slot, evaluate_shape(shape, bindings), dt) for slot, shape, dt in self.output_specs]
+        return inter, outs
+
 
 def plan_memory(kg: KernelGraph,
                 scratch_cells: Callable[[Kernel], int | None] = lambda k: None) -> MemoryPlan:
@@ -67,6 +79,10 @@ def plan_memory(kg: KernelGraph,
         if node.op == "constant":
             slots[node.output] = len(slots)
             constants[slots[node.output]] = np.ascontiguousarray(node.attrs["value"].array)
+    symbols = program_symbols(g)
+    if symbols:
+        slots[SYMBOLS] = len(slots)
+        constants[slots[SYMBOLS]] = np.zeros(len(symbols), np.int64)
     # Values that need memory: kernel outputs, and each matmul's product (a BLAS or a
     # product kernel writes it before the epilogue reads it).
     producer_step: dict[Value, int] = {}
@@ -120,7 +136,7 @@ def plan_memory(kg: KernelGraph,
             intermediate_specs[next_slot] = ((cells,), np.dtype(np.int64))
             next_slot += 1
     output_specs = sorted({(s, v.type.shape, v.type.dtype.np_dtype)
-                           for v, s in slots.items() if s in output_slots},
+                           for v, s in slots.items() if s in output_slots and v is not SYMBOLS},
                           key=lambda spec: spec[0])
     return MemoryPlan(slots, n_inputs, constants, output_slots, intermediate_specs,
                       scratch_slots, output_specs, next_slot)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import sys
 
 import numpy as np
 
@@ -42,6 +43,10 @@ _PARALLEL_WORK = 1 << 18       # multiply-adds below which one thread runs all h
 def _compiled(backward: bool, dtype: np.dtype, L: int, E: int, has_mask: bool, keep: bool,
               zero_dead: bool):
     text, name = _module_ir(backward, dtype, L, E, has_mask, keep, zero_dead)
+    if config.debug >= 1:
+        # (Once per head shape: a symbolic sequence length builds one for each length.)
+        print(f"[fusegrad] attention {'backward' if backward else 'forward'} kernel for "
+              f"{L} keys x {E} features", file=sys.stderr)
     module = compile_ir(text, [name])
     return module, _FN(module.address(name))
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import collections
 import sys
+import traceback
 
 from fusegrad.autograd.grad_mode import is_grad_enabled
 from fusegrad.config import config
 from fusegrad.ir.graph import Graph
 from fusegrad.ir.interpreter import bind_symbols
 from fusegrad.ir.specialize import specialize
+from fusegrad.ir.verifier import VerificationError
 from fusegrad.runtime.cpu import Program
-from fusegrad.symint import SymInt, size_hint
+from fusegrad.symint import SymbolicDecisionError, SymInt, hashable_sizes, size_hint
 from fusegrad.tracer.call_cache import _Entry, _SplitPrograms
 from fusegrad.tracer.compiled_autograd import _reaching
 from fusegrad.tracer.pipeline import (
@@ -71,31 +73,65 @@ def entry_program(graph: Graph, optimized: Graph, backend: str, args, kwargs,
 
 class SymbolicProgram:
     """The program of a graph with symbolic sizes (traced and optimized once): called with
-    arrays, it binds the symbols from their shapes and runs the CPU program of the graph
-    specialized to those sizes (:func:`~fusegrad.ir.specialize.specialize`, then fusion and
-    the LLVM kernels), built on the first call with those sizes.
+    arrays, it binds the symbols from their shapes and runs.
 
-    The kernels are specialized because the CPU lowering reads its loop extents and strides
-    as constants; ``FUSEGRAD_DEBUG=1`` says so at each new size."""
+    On the CPU the graph is fused and its kernels built once, reading their sizes at run
+    time (:class:`~fusegrad.runtime.cpu.Program` of symbolic sizes): every size runs the
+    same kernels. Where some kernel's code would depend on the sizes (a decision that is
+    not the same for every size, such as a stack array as long as a symbolic dim), the
+    program falls back to kernels per size (:func:`~fusegrad.ir.specialize.specialize`,
+    then fusion and the LLVM kernels, built on the first call with those sizes);
+    ``FUSEGRAD_DEBUG=1`` says which and why."""
 
     def __init__(self, graph: Graph, backend: str, name: str, donate=()):
         self.graph = graph              # after the passes, before fusion
         self.backend, self.name, self.donate_pairs = backend, name, donate
         self._programs: collections.OrderedDict = collections.OrderedDict()
         self.last: Program | None = None
+        # The one program for every size, or None (kernels per size); ``fallback``: why.
+        self.runtime_sized: Program | None = None
+        self.fallback: str | None = None
+        self.builds = 0                 # programs built: 1 when one serves every size
+        if backend == "llvm":
+            self._build_runtime_sized()
+        else:
+            self.fallback = f"the {backend} backend"
+
+    def _build_runtime_sized(self) -> None:
+        try:
+            # (What fusion assumes about the sizes, where it compares them, is recorded
+            # for the entry's guards, as the trace's assumptions are; the kernels' code
+            # assumes nothing: see Program.)
+            with hashable_sizes():
+                fused = run_passes(self.graph, "fuse")
+                self.runtime_sized = build_program(fused, self.backend, self.name,
+                                                   donate=self.donate_pairs)
+            self.builds += 1
+        except (SymbolicDecisionError, VerificationError) as e:
+            # (The verifier of a graph built outside the trace cannot decide what a shape
+            # rule compares: the graph specialized to each size is verified instead.)
+            self.fallback = str(e).splitlines()[0]
+            if config.debug >= 3:
+                traceback.print_exc()       # where a kernel's code needed a size's value
+            if config.debug >= 1:
+                print(f"[fusegrad] {self.name}: kernels per size ({e})", file=sys.stderr)
 
     def program_for(self, bindings: dict[str, int]) -> Program:
-        """The specialized program for the sizes ``bindings`` (built now if new)."""
+        """The program for the sizes ``bindings``: the one that serves every size, else
+        the specialized one (built now if new)."""
+        if self.runtime_sized is not None:
+            self.last = self.runtime_sized
+            return self.runtime_sized
         key = tuple(sorted(bindings.items()))
         prog = self._programs.get(key)
         if prog is None:
             if config.debug >= 1:
                 sizes = ", ".join(f"{k}={v}" for k, v in key)
-                print(f"[fusegrad] {self.name}: kernels for {sizes} (the CPU lowering reads "
-                      f"sizes as constants: each new size builds its kernels once)",
-                      file=sys.stderr)
+                print(f"[fusegrad] {self.name}: kernels for {sizes} (each new size builds its "
+                      f"kernels once: {self.fallback})", file=sys.stderr)
             concrete = run_passes(specialize(self.graph, bindings), "fuse")
             prog = build_program(concrete, self.backend, self.name, donate=self.donate_pairs)
+            self.builds += 1
             self._programs[key] = prog
             if len(self._programs) > SPECIALIZED_PROGRAMS:
                 self._programs.popitem(last=False)
@@ -105,10 +141,16 @@ class SymbolicProgram:
         return prog
 
     def __call__(self, *arrays):
+        if self.runtime_sized is not None:
+            self.last = self.runtime_sized
+            return self.runtime_sized(*arrays)
         return self.program_for(bind_symbols(self.graph, [a.shape for a in arrays]))(*arrays)
 
     def fast_runner(self):
-        return None                     # each call binds its sizes first
+        if self.runtime_sized is not None:
+            self.last = self.runtime_sized
+            return self.runtime_sized.fast_runner()
+        return None                     # each call picks its sizes' program first
 
     @property
     def kg(self):
@@ -122,8 +164,8 @@ class SymbolicProgram:
         return self.last.kernels() if self.last is not None else []
 
     def programs(self) -> int:
-        """How many specialized programs are kept now."""
-        return len(self._programs)
+        """How many programs are kept now (1 when one serves every size)."""
+        return 1 if self.runtime_sized is not None else len(self._programs)
 
 
 def symbolic_entry_program(graph: Graph, optimized: Graph, backend: str, args, kwargs,
