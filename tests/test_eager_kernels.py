@@ -111,6 +111,26 @@ def test_layer_norm_with_affine_parameters(kernels):
         np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
 
 
+def test_relu_of_a_large_tensor_keeps_torchs_gradient_at_zero_and_nan(kernels):
+    from fusegrad.ops.elementwise import RELU_KERNEL_MIN
+    x = np.random.default_rng(0).standard_normal(RELU_KERNEL_MIN).astype(np.float32)
+    x[:4] = [0.0, -0.0, np.nan, np.inf]
+    seed = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    t = fg.tensor(x, requires_grad=True)
+    out = F.relu(t)
+    out.backward(fg.tensor(seed))
+    assert isinstance(out.grad_fn, _OutputBackward) and out.grad_fn.name() == "ReluBackward0"
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(out.detach().numpy(), np.where(x <= 0, 0, x))
+        np.testing.assert_array_equal(t.grad.numpy(), np.where(x <= 0, 0, seed))
+    # in place, on a non-leaf: the same values, and the gradient flows through
+    t2 = fg.tensor(x, requires_grad=True)
+    y = t2 * 1.0
+    y.relu_()
+    y.backward(fg.tensor(seed))
+    np.testing.assert_array_equal(t2.grad.numpy(), t.grad.numpy())
+
+
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_batch_norm_training_updates_the_running_statistics(kernels, momentum):
     # The kernel writes the running statistics back as eager batch norm does. momentum=None
