@@ -111,6 +111,67 @@ def test_layer_norm_with_affine_parameters(kernels):
         np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
 
 
+def test_relu_of_a_large_tensor_keeps_torchs_gradient_at_zero_and_nan(kernels):
+    from fusegrad.ops.elementwise import RELU_KERNEL_MIN
+    x = np.random.default_rng(0).standard_normal(RELU_KERNEL_MIN).astype(np.float32)
+    x[:4] = [0.0, -0.0, np.nan, np.inf]
+    seed = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    t = fg.tensor(x, requires_grad=True)
+    out = F.relu(t)
+    out.backward(fg.tensor(seed))
+    assert isinstance(out.grad_fn, _OutputBackward) and out.grad_fn.name() == "ReluBackward0"
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(out.detach().numpy(), np.where(x <= 0, 0, x))
+        np.testing.assert_array_equal(t.grad.numpy(), np.where(x <= 0, 0, seed))
+    # in place, on a non-leaf: the same values, and the gradient flows through
+    t2 = fg.tensor(x, requires_grad=True)
+    y = t2 * 1.0
+    y.relu_()
+    y.backward(fg.tensor(seed))
+    np.testing.assert_array_equal(t2.grad.numpy(), t.grad.numpy())
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_batch_norm_training_updates_the_running_statistics(kernels, momentum):
+    # The kernel writes the running statistics back as eager batch norm does. momentum=None
+    # (the cumulative average) passes 1 / num_batches_tracked as a float64 tensor: that call
+    # stays unfused, with the same values.
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 6, 12, 12)).astype(np.float32) * 2 + 1    # 6912 elements
+    seed = fg.tensor(rng.standard_normal(x.shape).astype(np.float32))
+    results = []
+    for threshold in (THRESHOLD, 0):
+        fg.config.eager_kernel_threshold = threshold
+        bn = fg.nn.BatchNorm2d(6, momentum=momentum)
+        with fg.no_grad():
+            bn.weight.copy_(fg.tensor(np.linspace(0.5, 2.0, 6, dtype=np.float32)))
+            bn.bias.copy_(fg.tensor(np.linspace(-1.0, 1.0, 6, dtype=np.float32)))
+        t = fg.tensor(x, requires_grad=True)
+        for _ in range(2):
+            out = bn(t)
+        out.backward(seed)
+        results.append((out, bn, [t.grad.numpy(), bn.weight.grad.numpy(), bn.bias.grad.numpy()]))
+    fg.config.eager_kernel_threshold = THRESHOLD
+    (out_k, bn_k, gk), (out_e, bn_e, ge) = results
+    assert isinstance(out_k.grad_fn, _OutputBackward) == (momentum is not None)
+    assert out_k.grad_fn.name() == out_e.grad_fn.name() == "NativeBatchNormBackward0"
+    x64 = x.astype(np.float64)
+    mean, var = x64.mean((0, 2, 3)), x64.var((0, 2, 3))
+    scale = np.linspace(0.5, 2.0, 6)[:, None, None]
+    ref = (x64 - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-5) * scale \
+        + np.linspace(-1.0, 1.0, 6)[:, None, None]
+    np.testing.assert_allclose(out_k.detach().numpy(), ref, rtol=1e-5, atol=1e-5)
+    # the share of the batch's statistics after two updates from 0 (mean) and 1 (var): the
+    # cumulative average's factors are 1, then 1/2
+    m = 1.0 if momentum is None else 1 - 0.9 ** 2
+    unbiased = var * x[:, 0].size / (x[:, 0].size - 1)
+    np.testing.assert_allclose(bn_k.running_mean.numpy(), m * mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(bn_k.running_var.numpy(), (1 - m) + m * unbiased, rtol=1e-5)
+    assert int(bn_k.num_batches_tracked) == 2
+    for a, e in zip(gk, ge):
+        np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy_and_mse(kernels, reduction):
     rng = np.random.default_rng(0)

@@ -149,7 +149,9 @@ def composite(grad_name: str, kernel: bool = False):
     """Make an op built of several primitives one autograd node named ``grad_name``.
 
     ``kernel``: eager calls on large float32 CPU tensors run as the fused kernels of the op's
-    compiled definition (:mod:`fusegrad.tracer.eager_kernels`); for pure ops only."""
+    compiled definition (:mod:`fusegrad.tracer.eager_kernels`); for ops whose only effects are
+    in-place writes to their tensor arguments (batch norm's running statistics), which the
+    compiled function writes back."""
     def decorate(fn):
         kernels = []
         op_name = _profiled_name(grad_name, fn.__name__)

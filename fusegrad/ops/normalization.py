@@ -7,6 +7,12 @@ capture turns the writes into outputs written back after each call, so a compile
 step updates them exactly as eager does. ``momentum`` may be a 0-d tensor (BatchNorm's
 cumulative average with ``momentum=None`` uses 1 / num_batches_tracked, a buffer, whose value
 a compiled step cannot read in Python).
+
+Both modes run eagerly as fused kernels on large float32 CPU tensors
+(:mod:`fusegrad.tracer.eager_kernels`): the training mode's running-statistics writes are
+the compiled function's write-backs to its buffer arguments. In a CNN's training step the
+unfused chain cost a numpy pass and an autograd node per primitive, forward and backward:
+about a fifth of the eager step.
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ def _bessel(var: Tensor, count) -> Tensor:
     return mul(var, count / (count - 1))
 
 
-@composite("NativeBatchNormBackward0")
+@composite("NativeBatchNormBackward0", kernel=True)
 def _batch_norm_train(x: Tensor, weight, bias, running_mean, running_var, momentum,
                       eps: float) -> Tensor:
     axes = (0,) + tuple(range(2, x.ndim))
@@ -91,7 +97,7 @@ def _batch_norm_train(x: Tensor, weight, bias, running_mean, running_var, moment
     return cast(_affine(out, weight, bias), x.dtype)
 
 
-@composite("NativeBatchNormBackward0")
+@composite("NativeBatchNormBackward0", kernel=True)
 def _batch_norm_eval(x: Tensor, weight, bias, running_mean: Tensor, running_var: Tensor,
                      eps: float) -> Tensor:
     scale = rsqrt(add(_channel_view(running_var, x.ndim), eps))
