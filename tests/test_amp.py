@@ -277,6 +277,75 @@ def test_compiled_autocast_matches_eager():
     assert abs(l_comp.item() - l_eager.item()) <= 2 ** -7 * abs(l_eager.item())
 
 
+def _round_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 by integer arithmetic (to nearest even), as float32:
+    the model of torch's rounding of a product's float32 sums."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+# (a's shape, b's shape, b given transposed): 2-D products, a weight read transposed as
+# linear reads it, batched products of 3 and 4 dims, and a batch broadcast from one matrix.
+_BF16_PRODUCTS = [((6, 40), (40, 9), False), ((6, 40), (9, 40), True), ((3, 5, 40), (3, 40, 7), False),
+                  ((2, 3, 5, 40), (2, 3, 7, 40), True), ((4, 5, 40), (40, 7), False)]
+
+
+def _bf16_operands(a_shape, b_shape, seed=0):
+    """Small integers (exact in bf16, their products' sums exact in float32, so every
+    product is the rounding of its exact value whatever the order of the sums)."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(-8, 9, a_shape).astype(np.float32),
+            rng.integers(-8, 9, b_shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("a_shape,b_shape,transposed", _BF16_PRODUCTS)
+def test_compiled_bf16_products_on_float32_blas_round_once(monkeypatch, a_shape, b_shape, transposed):
+    # Where the generated GEMM is off (a CPU without AVX-512, numpy's BLAS doing float32
+    # products), a compiled bf16 product widens its operands, multiplies in float32 and rounds
+    # the sums once: the numpy model of bf16 products.
+    from fusegrad.config import config
+    monkeypatch.setattr(config, "native_gemm", "off")
+    a, b = _bf16_operands(a_shape, b_shape)
+
+    def f(x, w):
+        with fg.autocast("cpu"):
+            return x @ (w.mT if transposed else w)
+    out = fg.compile(f, fullgraph=True)(fg.tensor(a), fg.tensor(b))
+    want = _round_bf16(a @ (np.swapaxes(b, -1, -2) if transposed else b))
+    assert out.dtype == BF16
+    np.testing.assert_array_equal(out.float().numpy(), want)
+    np.testing.assert_array_equal(f(fg.tensor(a), fg.tensor(b)).float().numpy(), want)   # eager
+
+
+def test_compiled_bf16_products_of_normals_are_a_bf16_ulp_from_the_model(monkeypatch):
+    from fusegrad.config import config
+    monkeypatch.setattr(config, "native_gemm", "off")
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((3, 33, 70), (3, 70, 17)))
+    out = fg.compile(lambda x, w: fg.bmm(x.bfloat16(), w.bfloat16()))(fg.tensor(a), fg.tensor(b))
+    wide = [np.asarray(fg.tensor(v).bfloat16().float().numpy(), np.float64) for v in (a, b)]
+    exact = wide[0] @ wide[1]
+    # The float32 sums' error (K * eps32 * sum |a||b|), then one rounding to bf16 (2^-8 of it).
+    bound = 70 * 2 ** -24 * (np.abs(wide[0]) @ np.abs(wide[1])) + 2 ** -8 * np.abs(exact)
+    assert (np.abs(out.float().numpy() - exact) <= bound).all()
+
+
+@pytest.mark.parametrize("a_shape,b_shape,transposed", _BF16_PRODUCTS)
+def test_compiled_bf16_products_match_torch_autocast(monkeypatch, a_shape, b_shape, transposed):
+    torch = pytest.importorskip("torch")
+    from fusegrad.config import config
+    monkeypatch.setattr(config, "native_gemm", "off")
+    a, b = _bf16_operands(a_shape, b_shape, seed=2)
+
+    def f(lib, x, w):
+        with lib.autocast("cpu", dtype=lib.bfloat16):
+            return x @ (w.mT if transposed else w)
+    out = fg.compile(lambda x, w: f(fg, x, w), fullgraph=True)(fg.tensor(a), fg.tensor(b))
+    want = f(torch, torch.from_numpy(a), torch.from_numpy(b))
+    assert want.dtype == torch.bfloat16
+    np.testing.assert_array_equal(out.float().numpy(), want.float().numpy())
+
+
 def test_compiled_module_called_inside_autocast_matches_eager():
     fg.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))

@@ -163,12 +163,38 @@ class MatmulStep:
 
     def run(self, prog: "Program") -> None:
         out = prog.arrays[prog.slots[self.out]]
+        a, b = prog.array(self.a), prog.array(self.b)
+        if out.dtype == a.dtype == b.dtype == _BF16 and out.flags.c_contiguous:
+            # bf16 x bf16 on float32 BLAS: the operands widened (exactly) by a native loop
+            # into scratch buffers the program keeps, the float32 sums rounded once into the
+            # product's buffer; the conversions cost what one pass over each array costs.
+            c = prog.scratch(2, out.shape)
+            with np.errstate(all="ignore"):       # as the reference's: inf * 0 is a NaN, no warning
+                np.matmul(_widened(prog, 0, a), _widened(prog, 1, b), out=c)
+            native.convert(c, out)
+            return
         if self.out.type.dtype in (dtypes.float16, dtypes.bfloat16):
             # float16/bfloat16: numpy has no BLAS (bfloat16: no matmul at all) for them; the
             # primitive's reference computes in float32 and rounds once, as eager does.
-            out[...] = self.out.producer.prim.impl(prog.array(self.a), prog.array(self.b))
+            out[...] = self.out.producer.prim.impl(a, b)
             return
-        np.matmul(prog.array(self.a), prog.array(self.b), out=out)
+        np.matmul(a, b, out=out)
+
+
+_BF16 = np.dtype(dtypes.bfloat16.np_dtype)
+
+
+def _widened(prog: "Program", role: int, x: np.ndarray) -> np.ndarray:
+    """bf16 ``x`` as float32, in program scratch ``role`` and in ``x``'s own layout (a
+    transposed operand stays transposed, so BLAS reads it as it would read the float32 one);
+    a copy by numpy where ``x`` is not a permutation of a C-contiguous array."""
+    order = sorted(range(x.ndim), key=lambda d: -x.strides[d])
+    dense = x.transpose(order)
+    if not dense.flags.c_contiguous:
+        return x.astype(np.float32)
+    wide = prog.scratch(role, dense.shape)
+    native.convert(dense, wide)
+    return wide.transpose(np.argsort(order))
 
 
 @dataclass
@@ -318,6 +344,7 @@ class Program:
         self._assign_slots()
         self.fallbacks: dict[int, str] = dict(fallbacks or {})
         self._baked: set[Value] = set()     # outputs whose kernels read their input through them
+        self._scratch: dict[int, np.ndarray] = {}   # see scratch()
         self._set_donated(self._accept(donate) if donate and prebuilt is None else {})
         self._build_steps(prebuilt, fallbacks, prebuilt_gemms)
         if self.donated:
@@ -522,6 +549,16 @@ class Program:
         return str(module)
 
     # ------------------------------------------------------------------ running
+
+    def scratch(self, role: int, shape: tuple) -> np.ndarray:
+        """A float32 array of ``shape`` in the program's scratch buffer ``role``, grown to the
+        largest shape asked for and kept between calls (its pages stay mapped: a fresh 16 MB
+        array costs its page faults on every call). The steps that use one run in turn."""
+        n = math.prod(shape)
+        buf = self._scratch.get(role)
+        if buf is None or buf.size < n:
+            buf = self._scratch[role] = np.empty(n, np.float32)
+        return buf[:n].reshape(shape)
 
     def array(self, v: Value) -> np.ndarray:
         """The numpy array of a materialized value or of a view of one."""
