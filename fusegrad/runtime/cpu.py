@@ -171,7 +171,7 @@ class MatmulStep:
             c = prog.scratch(2, out.shape)
             with np.errstate(all="ignore"):       # as the reference's: inf * 0 is a NaN, no warning
                 np.matmul(_widened(prog, 0, a), _widened(prog, 1, b), out=c)
-            native.convert(c, out)
+            native.convert(c, out, config.num_threads)
             return
         if self.out.type.dtype in (dtypes.float16, dtypes.bfloat16):
             # float16/bfloat16: numpy has no BLAS (bfloat16: no matmul at all) for them; the
@@ -193,7 +193,7 @@ def _widened(prog: "Program", role: int, x: np.ndarray) -> np.ndarray:
     if not dense.flags.c_contiguous:
         return x.astype(np.float32)
     wide = prog.scratch(role, dense.shape)
-    native.convert(dense, wide)
+    native.convert(dense, wide, config.num_threads)
     return wide.transpose(np.argsort(order))
 
 

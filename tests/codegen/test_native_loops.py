@@ -134,6 +134,16 @@ def test_conversions_round_to_nearest_even_as_the_model():
     np.testing.assert_array_equal(interpreted, want)
 
 
+def test_conversions_in_parts_are_the_same():
+    x = np.random.default_rng(1).standard_normal(native.PARALLEL_CONVERT + 7).astype(np.float32)
+    one, parts = (np.empty(x.shape, dtypes.bfloat16.np_dtype) for _ in range(2))
+    assert native.convert(x, one) and native.convert(x, parts, threads=3)
+    np.testing.assert_array_equal(parts.view(np.uint16), one.view(np.uint16))
+    wide = np.empty_like(x)
+    assert native.convert(parts, wide, threads=3)
+    np.testing.assert_array_equal(wide, one.astype(np.float32))
+
+
 def test_conversions_refuse_other_arrays():
     x = np.ones((4, 6), np.float32)
     assert not native.convert(x, np.empty((4, 6), np.float64))
