@@ -168,10 +168,7 @@ class MatmulStep:
             # bf16 x bf16 on float32 BLAS: the operands widened (exactly) by a native loop
             # into scratch buffers the program keeps, the float32 sums rounded once into the
             # product's buffer; the conversions cost what one pass over each array costs.
-            c = prog.scratch(2, out.shape)
-            with np.errstate(all="ignore"):       # as the reference's: inf * 0 is a NaN, no warning
-                np.matmul(_widened(prog, 0, a), _widened(prog, 1, b), out=c)
-            native.convert(c, out, config.num_threads)
+            bf16_product_on_blas(a, b, out, prog.scratch)
             return
         if self.out.type.dtype in (dtypes.float16, dtypes.bfloat16):
             # float16/bfloat16: numpy has no BLAS (bfloat16: no matmul at all) for them; the
@@ -184,17 +181,30 @@ class MatmulStep:
 _BF16 = np.dtype(dtypes.bfloat16.np_dtype)
 
 
-def _widened(prog: "Program", role: int, x: np.ndarray) -> np.ndarray:
-    """bf16 ``x`` as float32, in program scratch ``role`` and in ``x``'s own layout (a
-    transposed operand stays transposed, so BLAS reads it as it would read the float32 one);
-    a copy by numpy where ``x`` is not a permutation of a C-contiguous array."""
+def _widened(x: np.ndarray, into) -> np.ndarray:
+    """bf16 ``x`` as float32, in ``into(shape)`` and in ``x``'s own layout (a transposed
+    operand stays transposed, so BLAS reads it as it would read the float32 one); a copy by
+    numpy where ``x`` is not a permutation of a C-contiguous array."""
     order = sorted(range(x.ndim), key=lambda d: -x.strides[d])
     dense = x.transpose(order)
     if not dense.flags.c_contiguous:
         return x.astype(np.float32)
-    wide = prog.scratch(role, dense.shape)
+    wide = into(dense.shape)
     native.convert(dense, wide, config.num_threads)
     return wide.transpose(np.argsort(order))
+
+
+def bf16_product_on_blas(a: np.ndarray, b: np.ndarray, out: np.ndarray, into=None) -> None:
+    """``out = a @ b`` for bf16 arrays by numpy's float32 BLAS: the operands widened
+    exactly, the float32 sums rounded once into ``out`` (C-contiguous bf16), by native
+    loops. ``into(role, shape)`` gives the float32 buffers (a program's scratch); fresh
+    arrays without it."""
+    def buffer(role: int):
+        return (lambda shape: into(role, shape)) if into else (lambda shape: np.empty(shape, np.float32))
+    c = buffer(2)(out.shape)
+    with np.errstate(all="ignore"):       # as the reference's: inf * 0 is a NaN, no warning
+        np.matmul(_widened(a, buffer(0)), _widened(b, buffer(1)), out=c)
+    native.convert(c, out, config.num_threads)
 
 
 @dataclass
@@ -896,15 +906,16 @@ _eager_gemms: dict = {}
 
 def bf16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     """``a @ b`` of 2-D bf16 arrays by the generated bf16 GEMM (float32 sums, rounded once),
-    its panels over the worker threads; None where compiled programs would not use it
-    (``config.native_gemm``, :func:`fusegrad.codegen.llvm.gemm.fits`). Eager bf16 products
-    take it (registered into ``fusegrad.ops.prims_reduce.register_bf16_matmul``)."""
+    its panels over the worker threads, or where compiled programs would not use it
+    (``config.native_gemm``, :func:`fusegrad.codegen.llvm.gemm.fits`) by numpy's BLAS as they
+    run it. Eager bf16 products take it (registered into
+    ``fusegrad.ops.prims_reduce.register_bf16_matmul``)."""
     if not native_gemm_enabled() or not all(s >= 0 and s % 2 == 0 for s in a.strides + b.strides):
-        return None
+        return _eager_bf16_on_blas(a, b)
     g = native_gemm.Gemm(a.shape[0], b.shape[1], a.shape[1], (a.strides[0] // 2, a.strides[1] // 2), 0,
                          (b.strides[0] // 2, b.strides[1] // 2), 0, dtypes.bfloat16)
     if not native_gemm.fits(g):
-        return None
+        return _eager_bf16_on_blas(a, b)
     key = jit.target_identity()
     fn = _eager_gemms.get(key)
     if fn is None:
@@ -917,6 +928,14 @@ def bf16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     table = (ctypes.c_void_p * 5)(a.ctypes.data, b.ctypes.data, c.ctypes.data, pack.ctypes.data,
                                   params.ctypes.data)
     run_in_parts(fn[0], (ctypes.addressof(table),), g.panels, config.num_threads)
+    return c
+
+
+def _eager_bf16_on_blas(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """An eager bf16 product by numpy's BLAS, as a compiled one without the generated GEMM
+    runs it (:func:`bf16_product_on_blas`)."""
+    c = np.empty((a.shape[0], b.shape[1]), dtypes.bfloat16.np_dtype)
+    bf16_product_on_blas(a, b, c)
     return c
 
 
