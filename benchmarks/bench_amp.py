@@ -24,9 +24,14 @@ activations among them (those computed from the step's data; the rest are copies
 parameters, such as the bf16 weights that an autocast backward reads). The first line is the machine
 (``benchmarks/machine.py``): a rate means little without the CPU and its float32 peak.
 
-Run ``python benchmarks/bench_amp.py [--quick] [--threads 1,2] [--only gpt,mlp,cnn]``.
-``--quick`` is a short run: the same workloads, fewer steps; ``--memory`` only compiles the
-steps and prints their saved bytes.
+The steps run interleaved: each round runs every system's float32 step and autocast step
+once, so that a change in a shared machine's load falls on all of them; beside the ratio of the
+medians (``vs float32``), ``paired`` is the median over the rounds of each round's float32
+time over its autocast time, and ``load`` the load average before and after the rounds.
+
+Run ``python benchmarks/bench_amp.py [--quick] [--threads 1,2] [--only gpt,mlp,cnn]
+[--systems torch,eager,compiled]``. ``--quick`` is a short run: the same workloads, fewer
+steps; ``--memory`` only compiles the steps and prints their saved bytes.
 """
 
 from __future__ import annotations
@@ -165,8 +170,12 @@ def training_step(lib, workload: str, model, opt, amp: bool):
 # --------------------------------------------------------------------------- measuring
 
 
-def measure(workload: str, threads: int, steps: int) -> list[dict]:
-    """Every system on ``workload`` in this (pinned) process: median seconds per step."""
+SYSTEMS = ("torch", "eager", "compiled")
+
+
+def measure(workload: str, threads: int, steps: int, only: tuple = SYSTEMS) -> list[dict]:
+    """The systems ``only`` names on ``workload`` in this (pinned) process: median seconds per
+    step, and the median of each round's float32 time over its autocast time."""
     import numpy as np
 
     import fusegrad as fg
@@ -180,9 +189,10 @@ def measure(workload: str, threads: int, steps: int) -> list[dict]:
     reference, _ = build(fg, workload, None)
     weights = {n: p.detach().numpy().copy() for n, p in reference.named_parameters()}
     xs, ys = make_data(np, workload)
-    rows = []
-    systems = [("torch eager", torch, False)] if torch is not None else []
-    systems += [("fusegrad eager", fg, False), ("fusegrad compiled", fg, True)]
+    systems = [("torch eager", torch, False)] if torch is not None and "torch" in only else []
+    systems += [("fusegrad eager", fg, False)] if "eager" in only else []
+    systems += [("fusegrad compiled", fg, True)] if "compiled" in only else []
+    runs = []
     for name, lib, compiled in systems:
         for amp in (False, True):
             model, opt = build(lib, workload, weights)
@@ -193,22 +203,33 @@ def measure(workload: str, threads: int, steps: int) -> list[dict]:
             t0 = time.perf_counter()
             for _ in range(2):            # the compiles: a first step, then the steady one
                 step(x, y)
-            first = time.perf_counter() - t0
-            times = []
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                loss = step(x, y)
-                loss.item()
-                times.append(time.perf_counter() - t0)
-            row = {"workload": workload, "threads": threads, "system": name,
-                   "precision": "autocast bf16" if amp else "float32",
-                   "median_s": statistics.median(times), "first_two_s": first,
-                   "loss": float(loss.item())}
-            if compiled:
-                row.update(saved_bytes(step.entries()[-1].program))
-            rows.append(row)
-            print(f"  {workload} {threads}t {name} {row['precision']}: "
-                  f"{row['median_s'] * 1e3:.1f} ms", file=sys.stderr, flush=True)
+            runs.append({"system": name, "amp": amp, "step": step, "x": x, "y": y,
+                         "first": time.perf_counter() - t0, "times": []})
+    # Interleaved: each round runs every system's float32 and autocast step once, so that a
+    # change in the machine's load (it is shared) falls on all of them alike; the ratio of a
+    # float32 step to the autocast step after it is taken round by round.
+    load = [os.getloadavg()[0]]
+    for _ in range(steps):
+        for run in runs:
+            t0 = time.perf_counter()
+            run["loss"] = run["step"](run["x"], run["y"])
+            run["loss"].item()
+            run["times"].append(time.perf_counter() - t0)
+    load.append(os.getloadavg()[0])
+    rows = []
+    for i, run in enumerate(runs):
+        row = {"workload": workload, "threads": threads, "system": run["system"],
+               "precision": "autocast bf16" if run["amp"] else "float32",
+               "median_s": statistics.median(run["times"]), "first_two_s": run["first"],
+               "loss": float(run["loss"].item()), "load": load}
+        if run["amp"]:
+            base = runs[i - 1]["times"]
+            row["paired_speedup"] = statistics.median(f / a for f, a in zip(base, run["times"]))
+        if run["system"] == "fusegrad compiled":
+            row.update(saved_bytes(run["step"].entries()[-1].program))
+        rows.append(row)
+        print(f"  {workload} {threads}t {run['system']} {row['precision']}: "
+              f"{row['median_s'] * 1e3:.1f} ms", file=sys.stderr, flush=True)
     return rows
 
 
@@ -268,14 +289,15 @@ def memory_only(workloads: list[str]) -> None:
                   flush=True)
 
 
-def worker(workload: str, threads: int, steps: int) -> None:
+def worker(workload: str, threads: int, steps: int, only: tuple) -> None:
     pin_threads(threads)
-    print(RESULT_TAG + json.dumps(measure(workload, threads, steps)), flush=True)
+    print(RESULT_TAG + json.dumps(measure(workload, threads, steps, only)), flush=True)
 
 
-def run_worker(workload: str, threads: int, steps: int) -> list[dict]:
+def run_worker(workload: str, threads: int, steps: int, only: tuple) -> list[dict]:
     path = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, __file__, "--worker", workload, str(threads), str(steps)],
+    done = subprocess.run([sys.executable, __file__, "--worker", workload, str(threads), str(steps),
+                           ",".join(only)],
                           capture_output=True, text=True, timeout=3600,
                           env=dict(os.environ, PYTHONPATH=path))
     sys.stderr.write(done.stderr[-4000:] if done.returncode else "")
@@ -286,9 +308,9 @@ def run_worker(workload: str, threads: int, steps: int) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| workload | threads | system | precision | median ms | vs float32 | GEMM GFLOP | "
-          "GFLOP/s | saved MiB | activations MiB | loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| workload | threads | system | precision | median ms | vs float32 | paired | GEMM GFLOP | "
+          "GFLOP/s | saved MiB | activations MiB | loss | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     base = {(r["workload"], r["threads"], r["system"]): r["median_s"] for r in rows
             if r["precision"] == "float32"}
     for r in rows:
@@ -296,19 +318,23 @@ def print_table(rows: list[dict]) -> None:
         speed = base[(r["workload"], r["threads"], r["system"])] / r["median_s"]
         saved = (f"{r['saved_bytes'] / 2 ** 20:.1f} | {r['activation_bytes'] / 2 ** 20:.1f}"
                  if "saved_bytes" in r else "- | -")
+        paired = f"{r['paired_speedup']:.2f}x" if "paired_speedup" in r else "-"
         print(f"| {r['workload']} | {r['threads']} | {r['system']} | {r['precision']} | "
-              f"{r['median_s'] * 1e3:.1f} | {speed:.2f}x | {flops / 1e9:.2f} | "
-              f"{flops / r['median_s'] / 1e9:.1f} | {saved} | {r['loss']:.4f} |")
+              f"{r['median_s'] * 1e3:.1f} | {speed:.2f}x | {paired} | {flops / 1e9:.2f} | "
+              f"{flops / r['median_s'] / 1e9:.1f} | {saved} | {r['loss']:.4f} | "
+              f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |")
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
-        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), tuple(sys.argv[5].split(",")))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps per figure")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--only", default=",".join(WORKLOADS))
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help="which of torch, eager, compiled to run")
     parser.add_argument("--memory", action="store_true",
                         help="only the compiled steps' saved bytes, no timing")
     args = parser.parse_args()
@@ -320,11 +346,11 @@ def main() -> None:
     threads = tuple(int(t) for t in args.threads.split(","))
     print(machine.describe(threads))
     print()
-    steps = 2 if args.quick else 10
+    steps = 3 if args.quick else 10
     rows = []
     for workload in args.only.split(","):
         for t in threads:
-            rows += run_worker(workload, t, steps)
+            rows += run_worker(workload, t, steps, tuple(args.systems.split(",")))
     print_table(rows)
 
 

@@ -9,7 +9,11 @@ index is out of range.
 - :func:`index_add_rows_kernel`: ``fg_index_add_rows_<T>(out, x, idx, src, n, inner,
   rows)`` sets ``out = x`` (nothing to copy when ``out`` is ``x``), then adds row ``i`` of
   ``src`` to row ``idx[i]`` of ``out`` for each ``i`` in order (``np.add.at``'s additions in
-  its order, so the same results bit for bit), if every ``idx[i]`` lies in ``[0, rows)``.
+  its order, so the same results bit for bit), if every ``idx[i]`` lies in ``[0, rows)``;
+- :func:`convert_kernel`: ``fg_convert_<S>_<D>(src, dst, n)`` sets ``dst[i] = src[i]``
+  converted for ``i < n`` (bfloat16 to float32 exactly; float32 to bfloat16 rounded to
+  nearest even, the kernels' one 16-bit rounding): the conversions around a bfloat16
+  product that runs on float32 BLAS.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from fusegrad.codegen.kernel_ir import (
     Var,
 )
 from fusegrad.dtypes import DType
+from fusegrad.ops import lowering
 
-__all__ = ["check_copy_kernel", "index_add_rows_kernel", "LLVM_NAMES"]
+__all__ = ["check_copy_kernel", "index_add_rows_kernel", "convert_kernel", "LLVM_NAMES"]
 
 # The LLVM spelling of each element type, in the functions' names.
-LLVM_NAMES = {dtypes.float32: "float", dtypes.float64: "double", dtypes.int64: "i64"}
+LLVM_NAMES = {dtypes.float32: "float", dtypes.float64: "double", dtypes.int64: "i64",
+              dtypes.bfloat16: "bf16"}
 
 
 def _out_of_range(b: ExprBuilder, values: Param, n: Var, lo, hi) -> tuple[Var, list]:
@@ -94,3 +100,19 @@ def index_add_rows_kernel(dt: DType) -> LoweredKernel:
         Loop(j, b.index(0), b.read(inner), b.index(1), [add])])
     return _kernel(f"fg_index_add_rows_{LLVM_NAMES[dt]}", [out, x, idx, src], [n, inner, rows], ok,
                    check + _when_in_range(b, bad, ok, [copy, scatter]))
+
+
+def convert_kernel(src_dt: DType, dst_dt: DType) -> LoweredKernel:
+    """``fg_convert_<S>_<D>(src, dst, n) -> i32``: ``dst[:n] = src[:n]`` converted from
+    ``src_dt`` to ``dst_dt`` (see the module docstring; 16-bit floats in their memory form,
+    :func:`fusegrad.ops.lowering.to_memory`); always 1."""
+    b = ExprBuilder()
+    src = Param("src", lowering.memory_dtype(src_dt))
+    dst = Param("dst", lowering.memory_dtype(dst_dt), writes=True)
+    n, ok, i = Var("n", INDEX), Var("ok", dtypes.int32), Var("i", INDEX)
+    wide = lowering.from_memory(b, b.load(src, b.read(i)), src_dt)
+    value = b.cast(wide, lowering.register_dtype(src_dt), lowering.register_dtype(dst_dt))
+    loop = Loop(i, b.index(0), b.read(n), b.index(1),
+                [Store(dst, b.read(i), lowering.to_memory(b, value, dst_dt))])
+    return _kernel(f"fg_convert_{LLVM_NAMES[src_dt]}_{LLVM_NAMES[dst_dt]}", [src, dst], [n], ok,
+                   [loop, Declare(ok, b.const(dtypes.int32, 1))])

@@ -184,7 +184,8 @@ def _matmul_infer(a: TensorType, b: TensorType) -> TensorType:
 
 # A bf16 x bf16 product of 2-D arrays with float32 sums, rounded once: (a, b) -> the result,
 # or None for a product it does not take. Filled by fusegrad.runtime.cpu at import (the
-# generated GEMM, where compiled programs use it), through register_bf16_matmul.
+# generated GEMM where compiled programs use it, numpy's BLAS between native conversions
+# elsewhere), through register_bf16_matmul.
 _bf16_matmul_2d: Callable | None = None
 
 

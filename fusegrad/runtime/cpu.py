@@ -211,12 +211,48 @@ class MatmulStep:
 
     def run(self, prog: "Program") -> None:
         out = prog.arrays[prog.slots[self.out]]
+        a, b = prog.array(self.a), prog.array(self.b)
+        if out.dtype == a.dtype == b.dtype == _BF16 and out.flags.c_contiguous:
+            # bf16 x bf16 on float32 BLAS: the operands widened (exactly) by a native loop
+            # into scratch buffers the program keeps, the float32 sums rounded once into the
+            # product's buffer; the conversions cost what one pass over each array costs.
+            bf16_product_on_blas(a, b, out, prog.scratch)
+            return
         if self.out.type.dtype in (dtypes.float16, dtypes.bfloat16):
             # float16/bfloat16: numpy has no BLAS (bfloat16: no matmul at all) for them; the
             # primitive's reference computes in float32 and rounds once, as eager does.
-            out[...] = self.out.producer.prim.impl(prog.array(self.a), prog.array(self.b))
+            out[...] = self.out.producer.prim.impl(a, b)
             return
-        np.matmul(prog.array(self.a), prog.array(self.b), out=out)
+        np.matmul(a, b, out=out)
+
+
+_BF16 = np.dtype(dtypes.bfloat16.np_dtype)
+
+
+def _widened(x: np.ndarray, into) -> np.ndarray:
+    """bf16 ``x`` as float32, in ``into(shape)`` and in ``x``'s own layout (a transposed
+    operand stays transposed, so BLAS reads it as it would read the float32 one); a copy by
+    numpy where ``x`` is not a permutation of a C-contiguous array."""
+    order = sorted(range(x.ndim), key=lambda d: -x.strides[d])
+    dense = x.transpose(order)
+    if not dense.flags.c_contiguous:
+        return x.astype(np.float32)
+    wide = into(dense.shape)
+    native.convert(dense, wide, config.num_threads)
+    return wide.transpose(np.argsort(order))
+
+
+def bf16_product_on_blas(a: np.ndarray, b: np.ndarray, out: np.ndarray, into=None) -> None:
+    """``out = a @ b`` for bf16 arrays by numpy's float32 BLAS: the operands widened
+    exactly, the float32 sums rounded once into ``out`` (C-contiguous bf16), by native
+    loops. ``into(role, shape)`` gives the float32 buffers (a program's scratch); fresh
+    arrays without it."""
+    def buffer(role: int):
+        return (lambda shape: into(role, shape)) if into else (lambda shape: np.empty(shape, np.float32))
+    c = buffer(2)(out.shape)
+    with np.errstate(all="ignore"):       # as the reference's: inf * 0 is a NaN, no warning
+        np.matmul(_widened(a, buffer(0)), _widened(b, buffer(1)), out=c)
+    native.convert(c, out, config.num_threads)
 
 
 @dataclass
@@ -374,6 +410,7 @@ class Program:
         self._assign_slots()
         self.fallbacks: dict[int, str] = dict(fallbacks or {})
         self._baked: set[Value] = set()     # outputs whose kernels read their input through them
+        self._scratch: dict[int, np.ndarray] = {}   # see scratch()
         self._set_donated(self._accept(donate) if donate and prebuilt is None else {})
         self._build_steps(prebuilt, fallbacks, prebuilt_gemms)
         if self.donated:
@@ -607,6 +644,16 @@ class Program:
         return str(module)
 
     # ------------------------------------------------------------------ running
+
+    def scratch(self, role: int, shape: tuple) -> np.ndarray:
+        """A float32 array of ``shape`` in the program's scratch buffer ``role``, grown to the
+        largest shape asked for and kept between calls (its pages stay mapped: a fresh 16 MB
+        array costs its page faults on every call). The steps that use one run in turn."""
+        n = math.prod(shape)
+        buf = self._scratch.get(role)
+        if buf is None or buf.size < n:
+            buf = self._scratch[role] = np.empty(n, np.float32)
+        return buf[:n].reshape(shape)
 
     def array(self, v: Value) -> np.ndarray:
         """The numpy array of a materialized value or of a view of one."""
@@ -1018,15 +1065,16 @@ _eager_gemms: dict = {}
 
 def bf16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     """``a @ b`` of 2-D bf16 arrays by the generated bf16 GEMM (float32 sums, rounded once),
-    its panels over the worker threads; None where compiled programs would not use it
-    (``config.native_gemm``, :func:`fusegrad.codegen.llvm.gemm.fits`). Eager bf16 products
-    take it (registered into ``fusegrad.ops.prims_reduce.register_bf16_matmul``)."""
+    its panels over the worker threads, or where compiled programs would not use it
+    (``config.native_gemm``, :func:`fusegrad.codegen.llvm.gemm.fits`) by numpy's BLAS as they
+    run it. Eager bf16 products take it (registered into
+    ``fusegrad.ops.prims_reduce.register_bf16_matmul``)."""
     if not native_gemm_enabled() or not all(s >= 0 and s % 2 == 0 for s in a.strides + b.strides):
-        return None
+        return _eager_bf16_on_blas(a, b)
     g = native_gemm.Gemm(a.shape[0], b.shape[1], a.shape[1], (a.strides[0] // 2, a.strides[1] // 2), 0,
                          (b.strides[0] // 2, b.strides[1] // 2), 0, dtypes.bfloat16)
     if not native_gemm.fits(g):
-        return None
+        return _eager_bf16_on_blas(a, b)
     key = jit.target_identity()
     fn = _eager_gemms.get(key)
     if fn is None:
@@ -1039,6 +1087,14 @@ def bf16_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     table = (ctypes.c_void_p * 5)(a.ctypes.data, b.ctypes.data, c.ctypes.data, pack.ctypes.data,
                                   params.ctypes.data)
     run_in_parts(fn[0], (ctypes.addressof(table),), g.panels, config.num_threads)
+    return c
+
+
+def _eager_bf16_on_blas(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """An eager bf16 product by numpy's BLAS, as a compiled one without the generated GEMM
+    runs it (:func:`bf16_product_on_blas`)."""
+    c = np.empty((a.shape[0], b.shape[1]), dtypes.bfloat16.np_dtype)
+    bf16_product_on_blas(a, b, c)
     return c
 
 

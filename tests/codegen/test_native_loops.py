@@ -11,7 +11,7 @@ from fusegrad.codegen.attention import attention_backward_kernel, attention_forw
 from fusegrad.codegen.cuda.printer import cuda_source
 from fusegrad.codegen.gemm import Gemm, gemm_kernel
 from fusegrad.codegen.llvm.kernel import module_text
-from fusegrad.codegen.native_loops import check_copy_kernel, index_add_rows_kernel
+from fusegrad.codegen.native_loops import check_copy_kernel, convert_kernel, index_add_rows_kernel
 from fusegrad.ops.lowering import Unsupported
 from fusegrad.runtime import native, native_attention
 
@@ -93,6 +93,73 @@ def test_interpreted_index_add_rows_and_checks():
     assert interpret.run_kernel(check_copy_kernel(), [idx, dst], scalars=(3, 0, 3)) == 1
     np.testing.assert_array_equal(dst, idx)
     assert interpret.run_kernel(check_copy_kernel(), [idx, dst * 0], scalars=(3, 0, 2)) == 0
+
+
+def _round_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 bits by integer arithmetic (round to nearest even, a NaN kept
+    NaN with its quiet bit set): the rounding model the conversions are held to."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    quiet = (bits | 0x400000) >> 16
+    return np.where(np.isnan(x), quiet, rounded).astype(np.uint16)
+
+
+def _conversion_cases() -> np.ndarray:
+    """float32 values at every edge of the rounding: ties to even both ways, just above and
+    below a tie, the largest finite values (one rounds to inf), subnormals, signed zeros,
+    infinities and NaNs with payloads."""
+    bits = [0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF, 0x7F7FFFFF, 0x7F7F7FFF, 0x00000001,
+            0x00008000, 0x00018000, 0x807FFFFF, 0x80000000, 0x00000000, 0x7F800000, 0xFF800000,
+            0x7FC00000, 0x7F800001, 0xFFFFFFFF, 0x3F800000, 0xC0490FDB]
+    rng = np.random.default_rng(0)
+    spread = rng.standard_normal(1000).astype(np.float32) * np.float32(10.0) ** rng.integers(-40, 38, 1000)
+    return np.concatenate([np.array(bits, np.uint32).view(np.float32), spread.astype(np.float32)])
+
+
+def test_conversions_round_to_nearest_even_as_the_model():
+    x = _conversion_cases()
+    want = _round_bf16_bits(x)
+    out = np.empty(x.shape, dtypes.bfloat16.np_dtype)
+    assert native.convert(x, out)
+    np.testing.assert_array_equal(out.view(np.uint16), want)
+    numbers = ~np.isnan(x)                     # ml_dtypes' NaN payloads are its own
+    np.testing.assert_array_equal(out.view(np.uint16)[numbers],
+                                  x[numbers].astype(dtypes.bfloat16.np_dtype).view(np.uint16))
+    back = np.empty(x.shape, np.float32)                  # widening is exact: the bits shifted up
+    assert native.convert(out, back)
+    np.testing.assert_array_equal(back.view(np.uint32), want.astype(np.uint32) << 16)
+    interpreted = np.empty(x.shape, np.uint16)            # 16-bit floats' memory form: their bits
+    assert interpret.run_kernel(convert_kernel(dtypes.float32, dtypes.bfloat16), [x, interpreted],
+                                scalars=(x.size,)) == 1
+    np.testing.assert_array_equal(interpreted, want)
+
+
+def test_conversions_in_parts_are_the_same():
+    x = np.random.default_rng(1).standard_normal(native.PARALLEL_CONVERT + 7).astype(np.float32)
+    one, parts = (np.empty(x.shape, dtypes.bfloat16.np_dtype) for _ in range(2))
+    assert native.convert(x, one) and native.convert(x, parts, threads=3)
+    np.testing.assert_array_equal(parts.view(np.uint16), one.view(np.uint16))
+    wide = np.empty_like(x)
+    assert native.convert(parts, wide, threads=3)
+    np.testing.assert_array_equal(wide, one.astype(np.float32))
+
+
+def test_conversions_refuse_other_arrays():
+    x = np.ones((4, 6), np.float32)
+    assert not native.convert(x, np.empty((4, 6), np.float64))
+    assert not native.convert(x[:, ::2], np.empty((4, 3), dtypes.bfloat16.np_dtype))
+    assert not native.convert(x, np.empty((4, 5), dtypes.bfloat16.np_dtype))
+
+
+def test_conversions_match_torch():
+    torch = pytest.importorskip("torch")
+    x = _conversion_cases()
+    out = np.empty(x.shape, dtypes.bfloat16.np_dtype)
+    assert native.convert(x, out)
+    want = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    numbers = ~np.isnan(x)                   # torch's NaN payloads are its own
+    np.testing.assert_array_equal(out.view(np.uint16)[numbers], want[numbers])
+    assert np.isnan(out.astype(np.float32)[~numbers]).all()
 
 
 @pytest.mark.parametrize("packed", [False, True])
