@@ -36,7 +36,13 @@ from fusegrad.ir.symbolic import ConcretizationError
 from fusegrad.ir.verifier import verify
 from fusegrad.ops import primitive as _primitive
 from fusegrad.runtime.cpu import Program
-from fusegrad.symint import MIN_SYMBOL_SIZE, holds_symbol, is_symbolic, record_assumptions
+from fusegrad.symint import (
+    MIN_SYMBOL_SIZE,
+    SymbolicDecisionError,
+    holds_symbol,
+    is_symbolic,
+    record_assumptions,
+)
 from fusegrad.tensor import Size
 from fusegrad.tracer.call_cache import (
     _ALIASES,
@@ -135,6 +141,12 @@ def _returns_a_size(tree) -> bool:
     if tree.kind == "static":
         return holds_symbol(tree.meta) or isinstance(tree.meta, Size) and is_symbolic(tree.meta)
     return any(_returns_a_size(c) for c in tree.children or ())
+
+
+def _said(assumption: tuple) -> str:
+    """An assumption ``(expression, op, value)`` in words, as a comparable key."""
+    expr, op, value = assumption
+    return f"{expr} {op} {value}"
 
 
 class CompiledFunction:
@@ -729,4 +741,19 @@ class CompiledFunction:
         """The VJP of the outputs ``seeded`` (their indices), ``(*inputs, *their cotangents)
         -> grads of inputs[wrt]``: a compiled program (None for other backends), its graph,
         and the inputs of ``wrt`` those outputs reach (the others get no gradient)."""
-        return vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
+        if entry.symbolic is None:
+            return vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
+        # The VJP of a symbolic entry is built at its first backward, its rules replaying
+        # the forward's comparisons of sizes (narrow(0, 4, 1): s0 >= 5): answered at the
+        # traced sizes as the trace answered them, which the entry's guards hold this
+        # call to. A comparison the trace did not make would be unguarded.
+        with record_assumptions() as assumed:
+            hit = vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
+        guarded = {_said(a) for a in entry.symbolic.assumptions}
+        new = [_said(a) for a in assumed if _said(a) not in guarded]
+        if new:
+            entry.backward.pop((wrt, seeded), None)
+            raise SymbolicDecisionError(
+                f"the backward of {self._name()} assumed {', '.join(new)}, which its symbolic "
+                f"trace did not (and so does not guard)")
+        return hit
