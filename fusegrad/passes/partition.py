@@ -300,7 +300,7 @@ def _binders(j: _Joint, needed: set, saved_set: set) -> set:
         if v.producer is not None:
             reads |= set().union(*map(_attr_symbols, v.producer.attrs.values())) \
                 if v.producer.attrs else set()
-    for o in j.ct_outputs:
+    for o in list(j.ct_outputs) + list(j.cotangents):
         if isinstance(o, Value):
             reads |= free_symbols(o.type.shape)
     have = _bare([v for v in saved_set if v in needed] + list(j.cotangents))

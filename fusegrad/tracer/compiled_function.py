@@ -571,6 +571,17 @@ class CompiledFunction:
         except ConcretizationError:
             raise
         except Exception as e:
+            bad = SymbolicSignature(symbols, {s.name: dim_name(names, i, d) for i, dims in
+                                              symbols.items() for d, s in dims.items()},
+                                    assumed).failing_at_hints()
+            if bad is not None:
+                # The trace failed after answering a comparison against this call's own
+                # sizes (a broadcast of floor((s0+1)/3) with a literal 2 at s0 = 5): the
+                # sizes, not the symbols, are the cause; this call compiles static.
+                if config.debug >= 1:
+                    print(f"[fusegrad] {name}: symbolic {said} is not valid at this call's "
+                          f"sizes ({bad}); this call compiles static", file=sys.stderr)
+                return None
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             if config.debug >= 3:
                 traceback.print_exc()           # where symbolic sizes met a concrete need

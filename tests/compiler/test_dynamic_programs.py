@@ -193,3 +193,20 @@ def test_a_backward_binds_its_sizes_from_a_forward_input(f):
     # saved f64[2*s0]): it could not bind s0, and the function compiled static.
     compiled = _same_at_sizes(f, [(5, 2), (3, 2), (6, 2)], grad=True)
     assert compiled.compiles == 1
+
+
+def test_a_trace_that_fails_on_its_own_sizes_compiles_that_call_static():
+    # x[1::3] is floor((s0+1)/3) long, 2 at s0 = 5, where it broadcasts with y's 2: the trace
+    # answered floor((s0+1)/3) == 2 False, the where then failed, and symbolic tracing was
+    # given up for every later size. Only this call's sizes are at fault: it compiles
+    # static, and the next size is traced symbolic again.
+    def f(x, y):
+        return fg.where(x[1::3] > 0, x[1::3], y)
+    compiled = fg.compile(f)
+    rng = np.random.default_rng(6)
+    y = _randn(rng, 2, 3)
+    for n in (5, 6):
+        x = _randn(rng, n, 3)
+        fg.mark_dynamic(x, 0)
+        np.testing.assert_array_equal(compiled(x, y).numpy(), f(x, y).numpy())
+    assert compiled.compiles == 2 and compiled._symbolic_off is None
