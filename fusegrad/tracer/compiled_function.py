@@ -32,13 +32,16 @@ from fusegrad.config import config
 from fusegrad.ir.dot import render, to_dot
 from fusegrad.ir.graph import Graph
 from fusegrad.ir.printer import print_graph
+from fusegrad.ir.specialize import specialize
 from fusegrad.ir.symbolic import ConcretizationError
 from fusegrad.ir.verifier import verify
 from fusegrad.ops import primitive as _primitive
 from fusegrad.runtime.cpu import Program
 from fusegrad.symint import (
+    COMPARE,
     MIN_SYMBOL_SIZE,
     SymbolicDecisionError,
+    evaluate_dim,
     holds_symbol,
     is_symbolic,
     record_assumptions,
@@ -76,7 +79,7 @@ from fusegrad.tracer.execute import (
     write_back,
 )
 from fusegrad.tracer.guards import ClosureGuard
-from fusegrad.tracer.pipeline import DEFAULT_PIPELINE, program_pipeline, run_passes
+from fusegrad.tracer.pipeline import DEFAULT_PIPELINE, program_pipeline, run_passes, vjp_pipeline
 from fusegrad.tracer.programs import (
     entry_program,
     split_programs,
@@ -748,23 +751,33 @@ class CompiledFunction:
         for gradients with respect to inputs ``wrt`` (built on first use)."""
         return split_programs(entry, wrt, self.pipeline, self.backend)
 
-    def backward_program(self, entry: _Entry, wrt: tuple, seeded: tuple) -> tuple:
+    def backward_program(self, entry: _Entry, wrt: tuple, seeded: tuple,
+                         sizes: dict | None = None) -> tuple:
         """The VJP of the outputs ``seeded`` (their indices), ``(*inputs, *their cotangents)
         -> grads of inputs[wrt]``: a compiled program (None for other backends), its graph,
-        and the inputs of ``wrt`` those outputs reach (the others get no gradient)."""
+        and the inputs of ``wrt`` those outputs reach (the others get no gradient);
+        ``sizes``: the symbols' values in this call, for a symbolic entry."""
         if entry.symbolic is None:
             return vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
-        # The VJP of a symbolic entry is built at its first backward, its rules replaying
-        # the forward's comparisons of sizes (narrow(0, 4, 1): s0 >= 5): answered at the
-        # traced sizes as the trace answered them, which the entry's guards hold this
-        # call to. A comparison the trace did not make would be unguarded.
-        with record_assumptions() as assumed:
-            hit = vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
-        guarded = {_said(a) for a in entry.symbolic.assumptions}
-        new = [_said(a) for a in assumed if _said(a) not in guarded]
-        if new:
-            entry.backward.pop((wrt, seeded), None)
+        # The VJP of a symbolic entry is built at its first backward, its rules comparing
+        # sizes again (narrow(0, 4, 1): s0 >= 5), answered at the traced sizes: as the trace
+        # answered them where it compared too (the entry's guards hold every call to that),
+        # and where it did not (a VJP's s0 != 7), the VJP holds only at the sizes where the
+        # answer does; a call at other sizes gets the VJP of its own sizes.
+        assumed_key = ("assumed", wrt, seeded)
+        if assumed_key not in entry.backward:
+            with record_assumptions() as assumed:
+                vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
+            guarded = {_said(a) for a in entry.symbolic.assumptions}
+            entry.backward[assumed_key] = [a for a in assumed if _said(a) not in guarded]
+        hit = vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
+        new = entry.backward[assumed_key]
+        if new and sizes is None:
             raise SymbolicDecisionError(
-                f"the backward of {self._name()} assumed {', '.join(new)}, which its symbolic "
-                f"trace did not (and so does not guard)")
+                f"the backward of {self._name()} assumed {', '.join(map(_said, new))}, which its "
+                f"symbolic trace did not (and so does not guard)")
+        if any(not COMPARE[op](expr.evaluate(sizes), evaluate_dim(value, sizes))
+               for expr, op, value in new):
+            g = run_passes(specialize(entry.graph, sizes), vjp_pipeline(wrt, seeded))
+            return None, g, hit[2]
         return hit

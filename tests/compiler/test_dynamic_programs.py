@@ -210,3 +210,27 @@ def test_a_trace_that_fails_on_its_own_sizes_compiles_that_call_static():
         fg.mark_dynamic(x, 0)
         np.testing.assert_array_equal(compiled(x, y).numpy(), f(x, y).numpy())
     assert compiled.compiles == 2 and compiled._symbolic_off is None
+
+
+def test_a_backward_comparison_the_trace_did_not_make_holds_only_where_it_was_answered():
+    # The VJP of the seeded output alone, built at the first backward, compares s0 with the
+    # static 7 (s0 != 7), which the forward's trace never did and so does not guard: at
+    # s0 = 7 the call gets the VJP of its own sizes.
+    def f(x, w):
+        return x.transpose(-3, -1), x @ w
+    compiled = fg.compile(f, fullgraph=True)
+    rng = np.random.default_rng(7)
+    w_data = rng.standard_normal((7, 3))
+    for n in (2, 7, 3):
+        data = rng.standard_normal((1, n, n, 7))
+        x, y = fg.tensor(data).requires_grad_(), fg.tensor(data).requires_grad_()
+        w, v = fg.tensor(w_data).requires_grad_(), fg.tensor(w_data).requires_grad_()
+        fg.mark_dynamic(x, [1, 2])
+        compiled(x, w)[1].sum().backward()
+        f(y, v)[1].sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), y.grad.numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(w.grad.numpy(), v.grad.numpy(), rtol=1e-12, atol=1e-12)
+    assert compiled.compiles == 1
+    entry = compiled.entries()[0]
+    new = [a for k, a in entry.backward.items() if k[0] == "assumed"]
+    assert [[f"{e} {op} {v}" for e, op, v in a] for a in new] == [["s0 != 7"]]
