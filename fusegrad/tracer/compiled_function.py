@@ -577,10 +577,11 @@ class CompiledFunction:
             bad = SymbolicSignature(symbols, {s.name: dim_name(names, i, d) for i, dims in
                                               symbols.items() for d, s in dims.items()},
                                     assumed).failing_at_hints()
-            if bad is not None:
+            if bad is not None and not any(self._narrowing()):
                 # The trace failed after answering a comparison against this call's own
-                # sizes (a broadcast of floor((s0+1)/3) with a literal 2 at s0 = 5): the
-                # sizes, not the symbols, are the cause; this call compiles static.
+                # sizes (a broadcast of floor((s0+1)/3) with a literal 2 at s0 = 5), and no
+                # narrower set of symbolic dims is left to try: the sizes, not the symbols,
+                # are the cause; this call compiles static, the next size traces symbolic.
                 if config.debug >= 1:
                     print(f"[fusegrad] {name}: symbolic {said} is not valid at this call's "
                           f"sizes ({bad}); this call compiles static", file=sys.stderr)
@@ -655,14 +656,19 @@ class CompiledFunction:
         sig.ready.add(ready)
         return True
 
+    def _narrowing(self) -> tuple[bool, bool]:
+        """How a failed symbolic trace narrows the symbolic dims: (keep: automatic dynamic's
+        new dims turn static, the earlier ones stay symbolic; narrow: ``dynamic=True``
+        narrows to the leading dims); neither: symbolic tracing ends."""
+        keep = (self.dynamic is None or self._leading_only) and self._symbolic_off is None \
+            and bool(self._new_dims) and bool(self._auto_dims - self._new_dims)
+        narrow = self.dynamic is True and self._symbolic_off is None and not self._leading_only
+        return keep, narrow
+
     def _give_up_symbols(self, why: str, said: str, narrow: bool = True) -> None:
         """Symbolic tracing of ``said`` failed with ``why``: narrow it (``dynamic=True``:
         to the leading dims, once) or give it up; said under ``FUSEGRAD_DEBUG=1``."""
-        keep = narrow and (self.dynamic is None or self._leading_only) and \
-            self._symbolic_off is None and \
-            bool(self._new_dims) and bool(self._auto_dims - self._new_dims)
-        narrow = narrow and self.dynamic is True and self._symbolic_off is None and \
-            not self._leading_only
+        keep, narrow = self._narrowing() if narrow else (False, False)
         if keep:
             # A dim that just became symbolic broke a trace that worked without it (a
             # sequence length a loop runs over): it stays static, the others symbolic.
