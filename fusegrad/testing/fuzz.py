@@ -372,21 +372,22 @@ def resized(program: Program, n: int, m: int) -> Program:
 # Why a program may legitimately take more than one compile for its three sizes: each entry
 # names the reason and recognises the compiler's words for it (a recompile reason or a
 # FUSEGRAD_DEBUG line). A specialization no entry recognises is a failure of the stage.
-_ASSUMED = r"the symbolic trace assumed .* but .* is \d+ in this call"
 _TOOK = r"is not valid at this call's sizes \(the trace took .* at size (\d+)\)"
 SPECIALIZATIONS: dict[str, tuple[str, Callable[[str], bool]]] = {
     # x.expand(2, -1, 4), x.reshape(6, -1), F.pad to a literal width: the trace answered
     # `s0 == 6` False (a symbol is no particular size) and guards that; a call of that size
     # compiles for it.
     "literal-size": ("a size equal to a literal size the program names",
-                     lambda d: bool(re.search(r"assumed .* != -?\d+, but .* is \d+ in this call", d)
-                                    or (m := re.search(_TOOK, d)) and int(m.group(1)) >= 2
-                                    and " != " in d)),
+                     lambda d: bool(re.search(r"assumed [^;]* != ([2-9]|\d\d+), but .* is \d+ "
+                                              r"in this call", d)
+                                    or (m := re.search(_TOOK, d)) and int(m.group(1)) >= 2)),
     # A size or an expression of it that is 0 or 1 at the traced size (x[2:] at size 2, a
     # broadcast of floor(s0/3)): emptiness and broadcasting change there, as torch's 0/1
     # specialization says.
     "zero-one": ("an expression of the size is 0 or 1 at the traced size",
-                 lambda d: bool((m := re.search(_TOOK, d)) and int(m.group(1)) <= 1)),
+                 lambda d: bool((m := re.search(_TOOK, d)) and int(m.group(1)) <= 1
+                                or re.search(r"assumed [^;]* != [01], but .* is [01] in this call",
+                                             d))),
     # x[2:3], x.narrow(0, 6, 0), x[:, 1:3]: a literal bound is clamped to the size, so the
     # result's length depends on which side of the bound the size is.
     "literal-bound": ("a literal slice bound on one side of the size",
