@@ -51,7 +51,8 @@ from fusegrad.testing.programs import (
 )
 from fusegrad.testing.tolerance import compare
 
-FAST = Settings(pipelines=(" ", "simplify,cse,dce", "fold,simplify,cse,dce"))
+# (The symbolic stage runs in its own tests below, and in the slow longer run.)
+FAST = Settings(pipelines=(" ", "simplify,cse,dce", "fold,simplify,cse,dce"), symbolic=False)
 HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 
