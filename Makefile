@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-portable demo bench bench-training lint clean fuzz
+.PHONY: test test-portable demo bench bench-training lint clean fuzz fuzz-symbolic
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ bench-training: $(STAMP)
 # A long differential fuzzing run (docs/fuzzing.md): 10,000 random programs or 30 minutes.
 fuzz: $(STAMP)
 	$(PY) -m fusegrad.testing.fuzz --programs 10000 --budget 1800
+
+# The symbolic stage alone (docs/fuzzing.md): each program compiled once, called at three sizes.
+fuzz-symbolic: $(STAMP)
+	$(PY) -m fusegrad.testing.fuzz --programs 2800 --symbolic-only --no-fd
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports

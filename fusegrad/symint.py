@@ -27,7 +27,8 @@ import threading
 from typing import Iterator, Union
 
 __all__ = ["SymInt", "SymbolicDecisionError", "symbol", "ceil_div", "is_symbolic",
-           "evaluate_dim", "evaluate_shape", "free_symbols", "as_size", "size_hint", "at_hints",
+           "evaluate_dim", "evaluate_shape", "free_symbols", "as_size", "size_hint", "stand_in",
+           "at_hints",
            "known_equal",
            "slice_indices",
            "holds_symbol",
@@ -165,6 +166,15 @@ class SymInt:
             return 0
         if isinstance(other, SymInt) and _exact_quotient(self, other) is not None:
             return 0
+        if isinstance(other, int) and not isinstance(other, bool) and other > 0 and \
+                _recording_active() and self.hint() is not None:
+            # Divisibility (a reshape to literal sizes: 3*B % 6): answered at the hints and
+            # recorded as the remainder's value, as torch guards it.
+            rem = self - other * (self // other)
+            at = rem if isinstance(rem, int) else rem.hint()
+            if not isinstance(rem, int):
+                _record(rem, at, "==")
+            return at
         raise SymbolicDecisionError(f"cannot decide {self} % {other}: a symbolic size is only "
                                     f"known to be >= {MIN_SYMBOL_SIZE}")
 
@@ -495,6 +505,22 @@ def size_hint(d: Dim) -> int:
     if value is None:
         raise SymbolicDecisionError(f"symbolic size {d} has no hint")
     return value
+
+
+# What a symbol with no hint (a graph read from text) stands in as in :func:`stand_in`: a
+# large size, as a batch or a sequence length is.
+NOMINAL_SIZE = 1024
+
+
+def stand_in(d: Dim) -> int:
+    """:func:`size_hint`, or for a size whose symbols have no hint (a graph parsed from
+    text), its value with each symbol at :data:`NOMINAL_SIZE`: for a stand-in array's strides
+    or a cost, which hold at any size."""
+    if not isinstance(d, SymInt):
+        return d
+    value = d.hint()
+    return value if value is not None else d.evaluate(dict.fromkeys(d.free_symbols(),
+                                                                    NOMINAL_SIZE))
 
 
 def ceil_div(num: Dim, den: int) -> Dim:

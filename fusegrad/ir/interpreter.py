@@ -46,6 +46,8 @@ def bind_symbols(g: Graph, shapes) -> dict[str, int]:
 
 
 def _check_inputs(g: Graph, arrays: tuple, bindings: dict) -> list[np.ndarray]:
+    """The arrays, checked against the input types; ``bindings`` gets each symbol's value
+    from the input shapes (a symbol already in it must have that value there)."""
     if len(arrays) != len(g.inputs):
         sig = ", ".join(format_type(v.type) for v in g.inputs)
         raise IRError(f"interpret @{g.name}: the graph takes {len(g.inputs)} input(s) ({sig}), "
@@ -53,7 +55,9 @@ def _check_inputs(g: Graph, arrays: tuple, bindings: dict) -> list[np.ndarray]:
     names = value_names(g)
     checked = [np.asarray(a) for a in arrays]
     if any(is_symbolic(v.type.shape) for v in g.inputs):
+        given = dict(bindings)
         bindings.update(bind_symbols(g, [a.shape for a in checked]))
+        bindings.update(given)      # a disagreeing input shape is reported below
     for i, (v, arr) in enumerate(zip(g.inputs, checked, strict=True)):
         want = evaluate_shape(v.type.shape, bindings) if len(arr.shape) == v.type.ndim \
             else v.type.shape
@@ -104,14 +108,21 @@ def _run_node(g: Graph, node: Node, index: int, operands: list[np.ndarray],
     return result
 
 
-def interpret(g: Graph, *arrays) -> list[np.ndarray]:
+def interpret(g: Graph, *arrays, bindings: dict[str, int] | None = None) -> list[np.ndarray]:
     """Run ``g`` on numpy ``arrays`` (one per input, of the input's exact shape and dtype) and
     return its outputs as arrays, in order.
+
+    A graph with symbolic sizes binds each symbol from the input shapes; ``bindings``
+    (symbol name -> size) gives them instead, and the inputs must then have those sizes.
 
     Literal outputs come back as 0-d arrays of their dtype. Values are freed after their last
     use, so large graphs run in the memory of their live values.
     """
-    bindings: dict[str, int] = {}
+    bindings = dict(bindings or {})
+    for name, n in sorted(bindings.items()):
+        if n < MIN_SYMBOL_SIZE:
+            raise IRError(f"interpret @{g.name}: symbol {name} is bound to {n}, but a symbolic "
+                          f"size is at least {MIN_SYMBOL_SIZE} (sizes 0 and 1 are specialized)")
     env: dict[Value, np.ndarray] = dict(zip(g.inputs, _check_inputs(g, arrays, bindings),
                                             strict=True))
     freed = _last_uses(g)

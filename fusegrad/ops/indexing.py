@@ -317,7 +317,11 @@ def getitem(x: Tensor, key) -> Tensor:
             if isinstance(size, SymInt) or isinstance(k.start, SymInt) or \
                     isinstance(k.stop, SymInt):
                 a, b, s = slice_indices(k.start, k.stop, k.step, size)
-                b = a if isinstance(a, int) and isinstance(b, int) and b < a else b
+                # An empty slice stops where it starts (x[-2:0]: s0-2:s0-2, a fact for every
+                # s0 >= 2); a stop that cannot be before the start is left as it is.
+                lo = (b - a) if isinstance(b - a, int) else (b - a).lower_bound()
+                if (lo is None or lo < 0) and b <= a:
+                    b = a
             else:
                 a, b, s = k.indices(size)
                 b = builtins.max(b, a)

@@ -21,7 +21,7 @@ from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.prims_common import register_view_op
 from fusegrad.ops.prims_movement import pad_axes
 from fusegrad.ops.registry import public
-from fusegrad.symint import SymInt, as_size, at_hints, is_symbolic, known_equal, size_hint
+from fusegrad.symint import SymInt, as_size, at_hints, is_symbolic, known_equal, stand_in
 from fusegrad.tensor import Size, Tensor
 
 
@@ -113,7 +113,7 @@ def reshape(x: Tensor, *shape) -> Tensor:
 
 def _viewable(a: np.ndarray, shape) -> bool:
     if is_symbolic(shape):                  # a traced stand-in: its sizes at their hints
-        shape = tuple(size_hint(d) for d in shape)
+        shape = tuple(stand_in(d) for d in shape)
     try:
         # the method where it is an ndarray (numpy's wrapper costs a microsecond per call);
         # a device array's layout goes through numpy's function
@@ -176,7 +176,7 @@ def _view_dtype(x: Tensor, dt: dtypes.DType) -> Tensor:
 def _layout_stand_in(shape) -> np.ndarray:
     """A contiguous array of ``shape`` over one byte: strides to reason about, no data (a
     symbolic size stands in at its hint: contiguity does not depend on its value)."""
-    shape = tuple(size_hint(d) for d in shape)
+    shape = tuple(stand_in(d) for d in shape)
     strides = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
         strides[i] = strides[i + 1] * builtins.max(shape[i + 1], 1)
@@ -194,7 +194,7 @@ def _traced_layout(x: Tensor) -> np.ndarray:
     for prim, attrs in x._view_ops:
         if prim is P.reshape:
             try:
-                a = np.reshape(a, tuple(size_hint(d) for d in attrs["shape"]), copy=False)
+                a = np.reshape(a, tuple(stand_in(d) for d in attrs["shape"]), copy=False)
             except ValueError:
                 a = _layout_stand_in(attrs["shape"])
         else:

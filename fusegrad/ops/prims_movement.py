@@ -26,7 +26,7 @@ from fusegrad.ops.prims_common import (
     tangent_or_zeros,
     view_op,
 )
-from fusegrad.symint import as_size
+from fusegrad.symint import SymInt, as_size
 
 # torch computes log(-1) = nan and 1/0 = inf silently; numpy warns. The filter is scoped to
 # the numpy calls made in this module (warnings name the calling module), so user code keeps
@@ -111,7 +111,7 @@ def _slice_impl(x, *, starts, stops, steps):
 def _slice_vjp(g, out, x, *, starts, stops, steps):
     # Scatter g back into zeros: for a step s, interleave s-1 zeros after each element by
     # padding a new trailing axis and merging it; then pad the ends to the input's extent.
-    for axis, (d, a, s) in enumerate(zip(x.shape, starts, steps)):
+    for axis, s in enumerate(steps):
         m = g.shape[axis]
         if s > 1 and m > 0:
             g = g.unsqueeze(axis + 1)
@@ -120,13 +120,11 @@ def _slice_vjp(g, out, x, *, starts, stops, steps):
             g = pad_axes(g, widths)
             merged = list(g.shape[:axis]) + [m * s] + list(g.shape[axis + 2:])
             g = g.reshape(merged)
-            keep = min(m * s, d - a)
-            g = g.narrow(axis, 0, keep)
+            # Through the last element taken ((m-1)*s): no comparison of m*s with d - a, which
+            # a symbolic size cannot answer without guarding its parity (x[::2]).
+            g = g.narrow(axis, 0, (m - 1) * s + 1)
     # one pad for all axes: a pad of a pad is a copy, one pad folds into its consumer's loop
-    widths = [(a, d - a - n) for d, a, n in zip(x.shape, starts, g.shape)]
-    if any(w != (0, 0) for w in widths):
-        g = pad_axes(g, widths)
-    return g
+    return pad_axes(g, [(a, d - a - n) for d, a, n in zip(x.shape, starts, g.shape)])
 
 
 slice_ = register(Primitive(
@@ -166,9 +164,11 @@ pad = register(Primitive(
 
 def pad_axes(x, widths, value=0.0):
     """``x`` padded by ``widths`` (a (low, high) pair per axis) with ``value``; ``x`` itself
-    when every pair is (0, 0). The public ops and the VJP rules pad through it."""
+    when every pair is (0, 0). The public ops and the VJP rules pad through it. A symbolic
+    width is padded even where it is 0 (x[::2]'s VJP at odd sizes): comparing it with 0
+    would make the trace guard it."""
     widths = tuple((as_size(lo), as_size(hi)) for lo, hi in widths)
-    if all(w == (0, 0) for w in widths):
+    if not any(isinstance(n, SymInt) or n != 0 for w in widths for n in w):
         return x
     return bind(pad, x, widths=widths, value=value)
 

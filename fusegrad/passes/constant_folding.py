@@ -36,6 +36,7 @@ from fusegrad.ir.rewrite import GraphCopier
 from fusegrad.ops.primitive import ConstantData, Kind
 from fusegrad.passes.dce import dce
 from fusegrad.passes.manager import Pass, register_pass
+from fusegrad.symint import SymInt
 
 __all__ = ["fold_constants", "ConstantFolding", "literal_of"]
 
@@ -87,7 +88,9 @@ def fold_constants(g: Graph, max_elements: int = 1024, prune: bool = True) -> Gr
     for node in g.nodes:
         operands = [c.get(op) for op in node.inputs]
         out_type = node.output.type
-        small = out_type.numel <= max_elements
+        # (A symbolic size is never small: its value is a call's, not the compiler's, and
+        # comparing it with max_elements would make a guard of a folding heuristic.)
+        small = not isinstance(out_type.numel, SymInt) and out_type.numel <= max_elements
         if node.op in _KNOWN_SOURCES and small and not node.inputs:
             if out_type.shape == () and node.op != "iota":
                 value = _evaluate(node, [])

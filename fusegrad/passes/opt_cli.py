@@ -8,6 +8,7 @@
     fusegrad-opt input.fg -p cse --print-ir-after-all  # IR after each pass, on stderr
     fusegrad-opt cases.fg --split-input-file           # graphs separated by '// -----' lines
     fusegrad-opt bad.fg --verify-diagnostics           # errors must be the expected ones
+    fusegrad-opt mlp.fg -p fuse --bind B=32           # symbolic sizes specialized first
     fusegrad-opt --list-passes
 
 Every graph in the input (or in each ``// -----`` chunk) goes through the pipeline on its own;
@@ -39,7 +40,9 @@ from typing import Sequence, TextIO
 from fusegrad.ir.graph import Graph, IRError
 from fusegrad.ir.parser import IRParseError, parse_many
 from fusegrad.ir.printer import print_graph
+from fusegrad.ir.specialize import specialize
 from fusegrad.passes.manager import PASSES, PassManager, PipelineError
+from fusegrad.symint import MIN_SYMBOL_SIZE, free_symbols
 
 __all__ = ["main", "run_opt", "split_input", "render_graph"]
 
@@ -67,6 +70,20 @@ class _ArgumentParser(argparse.ArgumentParser):
         super().print_help(file or self.out)
 
 
+def _bindings(text: str) -> dict[str, int]:
+    """``B=4,T=8`` as {symbol: size}; each size at least 2, as a symbol's is."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        if not eq or not name.strip().isidentifier() or not value.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"expected SYMBOL=SIZE pairs, got {part!r}")
+        if int(value) < MIN_SYMBOL_SIZE:
+            raise argparse.ArgumentTypeError(f"{name.strip()}={value.strip()}: a symbolic size is "
+                                             f"at least {MIN_SYMBOL_SIZE}")
+        out[name.strip()] = int(value)
+    return out
+
+
 def _argument_parser(out: TextIO) -> argparse.ArgumentParser:
     p = _ArgumentParser(out, prog=PROG,
                         description="Run fusegrad passes over graphs in text form.")
@@ -85,6 +102,9 @@ def _argument_parser(out: TextIO) -> argparse.ArgumentParser:
                    help="verify the input and the IR after each pass (default: on)")
     p.add_argument("--print-locations", action="store_true", help="print source locations")
     p.add_argument("--list-passes", action="store_true", help="list the passes and their options")
+    p.add_argument("--bind", metavar="B=4,T=8", type=_bindings, default={},
+                   help="specialize graphs with symbolic sizes to these values before the "
+                   "pipeline (as a compiled function does at a call's sizes)")
     p.add_argument("--traceback", action="store_true",
                    help="on an error inside a pass, show the Python traceback")
     return p
@@ -160,6 +180,18 @@ def _one_line(e: BaseException) -> str:
     return text if isinstance(e, (IRError, PipelineError)) else f"{type(e).__name__}: {text}"
 
 
+def _specialized(g: Graph, bindings: dict[str, int]) -> Graph:
+    """``g`` at the sizes ``bindings`` gives its symbols (all of them; a graph with no
+    symbol is returned as it is)."""
+    symbols = set().union(*(free_symbols(v.type.shape) for v in g.inputs))
+    if not symbols:
+        return g
+    unbound = sorted(symbols - set(bindings))
+    if unbound:
+        raise IRError(f"--bind gives no size to symbol(s) {', '.join(unbound)} of @{g.name}")
+    return specialize(g, {k: v for k, v in bindings.items() if k in symbols})
+
+
 def _process(chunk: Chunk, pm: PassManager, args) -> tuple[str, Diagnostic | None]:
     """The output of one chunk, or the first error it raised."""
     try:
@@ -169,6 +201,8 @@ def _process(chunk: Chunk, pm: PassManager, args) -> tuple[str, Diagnostic | Non
     outputs = []
     for g in graphs:
         try:
+            if args.bind:
+                g = _specialized(g, args.bind)
             result = pm.run(g)
         except Exception as e:      # a bad graph, or a bug in a pass: report, don't crash
             if args.traceback:

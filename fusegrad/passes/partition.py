@@ -59,7 +59,7 @@ from fusegrad.ir.rewrite import copy_marks
 from fusegrad.ops.primitive import Kind, TensorType
 from fusegrad.passes.autodiff import vjp_graph
 from fusegrad.passes.manager import Pass, PipelineError, parse_positions, register_pass
-from fusegrad.symint import size_hint
+from fusegrad.symint import SymInt, free_symbols, stand_in
 
 __all__ = ["partition_joint", "Partition", "SavedValue", "is_recomputable", "partition_report",
            "PartitionReport", "POLICIES", "PartitionPass"]
@@ -78,8 +78,9 @@ def is_recomputable(node: Node) -> bool:
 
 
 def _nbytes(t: TensorType) -> int:
-    # A symbolic size counts at its hint (the size traced at): a cost, not a fact.
-    return size_hint(t.numel) * t.dtype.itemsize
+    # A symbolic size counts at its hint (the size traced at), or with no hint (a graph read
+    # from text) at a large nominal size: a cost, not a fact.
+    return stand_in(t.numel) * t.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,45 @@ def _emit(new: Graph, node: Node, env: dict) -> Value:
     return out
 
 
+
+def _bare(values) -> set[str]:
+    return {d.name for v in values for d in v.type.shape if isinstance(d, SymInt) and d.name}
+
+
+def _attr_symbols(value) -> set[str]:
+    if isinstance(value, SymInt):
+        return value.free_symbols()
+    if isinstance(value, (tuple, list)):
+        return set().union(*map(_attr_symbols, value)) if value else set()
+    return set()
+
+
+def _binders(j: _Joint, needed: set, saved_set: set) -> set:
+    """Forward inputs the backward takes only for their sizes: a backward binds each symbol
+    from an input dim that is that bare symbol, and one whose saved values and cotangents
+    have none (a gradient of ``x[0:0]``, a saved ``f32[14*s0]``) is given a forward input
+    that has it (saving an input keeps a reference, no copy)."""
+    reads: set[str] = set()
+    for v in needed:
+        reads |= free_symbols(v.type.shape)
+        if v.producer is not None:
+            reads |= set().union(*map(_attr_symbols, v.producer.attrs.values())) \
+                if v.producer.attrs else set()
+    for o in list(j.ct_outputs) + list(j.cotangents):
+        if isinstance(o, Value):
+            reads |= free_symbols(o.type.shape)
+    have = _bare([v for v in saved_set if v in needed] + list(j.cotangents))
+    out = set()
+    for name in sorted(reads - have):
+        if name in have:            # bound by an input added for an earlier symbol
+            continue
+        v = next((p for p in j.primals if name in _bare([p])), None)
+        if v is not None:
+            out.add(v)
+            have |= _bare([v])
+    return out
+
+
 def _build(g: Graph, j: _Joint, saved_set: set, n_outputs: int, wrt: list[int],
            policy: str) -> Partition:
     joint = j.graph
@@ -284,7 +324,8 @@ def _build(g: Graph, j: _Joint, saved_set: set, n_outputs: int, wrt: list[int],
         raise IRError(f"partition: the backward of @{g.name} needs the forward inputs "
                       f"{missing} that the {policy} cut does not save")
     # Saved values the backward reads (a saved value behind another one is not read).
-    saved = sorted((v for v in saved_set if v in needed), key=j.position.__getitem__)
+    saved = sorted({v for v in saved_set if v in needed} | _binders(j, needed, saved_set),
+                   key=j.position.__getitem__)
     primal_index = {v: i for i, v in enumerate(j.primals)}
 
     backward = Graph(f"{g.name}_backward")

@@ -13,7 +13,14 @@ Each program (see :mod:`fusegrad.testing.programs`) runs
   are errors, and a kernel that spills registers fails), many programs' kernels to one nvcc
   call;
 - eagerly in float64 against central finite differences, when the program is smooth and its
-  inputs are finite (this checks the VJP rules themselves).
+  inputs are finite (this checks the VJP rules themselves);
+- symbolic (``--no-symbolic`` skips it, ``--symbolic-only`` runs nothing else): compiled once
+  with the input dims of one size marked dynamic, called at that size and at a smaller and a
+  larger one (all >= 2; the same values' seeds), values and gradients compared with eager at
+  each size. One compile must serve all three; a program that specialized is explained only
+  by a reason of :data:`SPECIALIZATIONS` that the compiler recorded (a failed guard, or why
+  it could not keep the size symbolic), and any other is a mismatch. The summary counts the
+  programs, their compiles and the specializations by reason.
 
 Values must agree within :func:`~fusegrad.testing.tolerance.tolerance`: exact for integers and
 bools; NaN where eager has NaN and nowhere else; infinities of the same sign; floats within a
@@ -38,12 +45,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import math
 import os
 import queue
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -63,6 +72,7 @@ from fusegrad.testing.programs import (
     FLOAT_DTYPES,
     HALF_DTYPES,
     NON_SMOOTH,
+    Input,
     Op,
     Program,
     RandomChoices,
@@ -114,6 +124,20 @@ class Mismatch:
 
 
 @dataclass
+class SymbolicRun:
+    """What the symbolic stage did with a program: the symbol's sizes it was called at (the
+    generated one first), how many compiles those calls took, and when they took more than
+    one, the :data:`SPECIALIZATIONS` entry that explains why (``reason``) and the
+    compiler's own words (``detail``); or why the stage could not run (``skipped``)."""
+
+    sizes: tuple[int, ...] = ()
+    compiles: int = 0
+    reason: str | None = None
+    detail: str | None = None
+    skipped: str | None = None
+
+
+@dataclass
 class Result:
     """What one program did: its mismatches, whether eager rejected it, how long it took."""
 
@@ -123,6 +147,7 @@ class Result:
     seconds: float = 0.0
     cpu_seconds: float = 0.0     # CPU time of this process (LLVM compiles included)
     kernels: list = field(default_factory=list)    # the LoweredKernels cuda-sim ran
+    symbolic: SymbolicRun | None = None            # what the symbolic stage did
 
     @property
     def unexplained(self) -> list[Mismatch]:
@@ -141,6 +166,10 @@ class Settings:
     # The CUDA backend on the simulated driver: the GPU lowering run by the kernel IR's
     # interpreter (what can be checked of the GPU path without a GPU).
     cuda_sim: bool = True
+    # The symbolic stage: compiled once with dynamic=True, called at three sizes.
+    symbolic: bool = True
+    # Only the symbolic stage (besides eager): ``--symbolic-only``.
+    symbolic_only: bool = False
 
 
 # --------------------------------------------------------------------------- running
@@ -216,25 +245,13 @@ def _check(program: Program, settings: Settings, index: int, result: Result) -> 
         return
     every_value = _all_values(program, arrays)
     scales = _scales(program, every_value)
+    if settings.symbolic:
+        result.symbolic = _check_symbolic(program, result, settings.grads)
+    if settings.symbolic_only:
+        return
 
     def check_values(stage: str, got) -> None:
-        got = _flat(got)
-        if len(got) != len(want):
-            result.mismatches.append(Mismatch(stage, "outputs", f"{len(got)} outputs, "
-                                              f"expected {len(want)}"))
-            return
-        for k, (g, w) in enumerate(zip(got, want)):
-            # A float64 result of float32 math is as accurate as float32.
-            dt = max((w.dtype.name, scales[k].dtype or w.dtype.name), key=RTOL.get) \
-                if w.dtype.is_floating_point else None
-            rtol, atol = (tolerance(dt, scales[k].n_ops, scales[k].n_summed,
-                                    scales[k].magnitude)
-                          if w.dtype.is_floating_point else (0.0, 0.0))
-            msg = compare(g, w, rtol, atol, scales[k].unordered)
-            if msg and scales[k].jump and "differ" in msg:
-                msg = None      # a float-to-integer step of a value within tolerance of it
-            if msg:
-                result.mismatches.append(Mismatch(stage, f"out[{k}]", msg))
+        _check_values(result, stage, got, want, scales)
 
     def run_compiled(stage: str, make: Callable, grad: bool):
         try:
@@ -298,6 +315,212 @@ def _check(program: Program, settings: Settings, index: int, result: Result) -> 
                          every_value, arrays)
     if settings.finite_differences:
         _check_finite_differences(program, arrays, result)
+
+
+
+def _check_values(result: Result, stage: str, got, want: list, scales: list[_Scale]) -> None:
+    """Record in ``result`` where outputs ``got`` differ from eager's ``want`` beyond the
+    tolerance of their :func:`~fusegrad.testing.tolerance._scales`."""
+    got = _flat(got)
+    if len(got) != len(want):
+        result.mismatches.append(Mismatch(stage, "outputs", f"{len(got)} outputs, "
+                                          f"expected {len(want)}"))
+        return
+    for k, (g, w) in enumerate(zip(got, want)):
+        # A float64 result of float32 math is as accurate as float32.
+        dt = max((w.dtype.name, scales[k].dtype or w.dtype.name), key=RTOL.get) \
+            if w.dtype.is_floating_point else None
+        rtol, atol = (tolerance(dt, scales[k].n_ops, scales[k].n_summed, scales[k].magnitude)
+                      if w.dtype.is_floating_point else (0.0, 0.0))
+        msg = compare(g, w, rtol, atol, scales[k].unordered)
+        if msg and scales[k].jump and "differ" in msg:
+            msg = None      # a float-to-integer step of a value within tolerance of it
+        if msg:
+            result.mismatches.append(Mismatch(stage, f"out[{k}]", msg))
+
+
+# --------------------------------------------------------------------------- symbolic stage
+
+
+def symbol_candidates(program: Program) -> list[tuple[int, tuple[int, int]]]:
+    """The sizes the symbolic stage may vary, best first, each with the two other sizes to
+    call at: ``(n, (smaller, larger))``, or two larger ones when no smaller size is left.
+    Every input dim of size ``n`` is marked dynamic, and they share one symbol (duck
+    sizing), so they change together, to sizes >= 2 that no other input dim has (the
+    program's broadcasts stay as drawn). The leading dim of the first input comes first,
+    then the sizes most dims have."""
+    dims = [d for s in program.inputs for d in s.shape]
+    counts = {n: dims.count(n) for n in dims if n >= 2}
+    lead = next((s.shape[0] for s in program.inputs if s.shape), None)
+    order = sorted(counts, key=lambda n: (n != lead, -counts[n], n))
+    out = []
+    for n in order:
+        avoid = set(dims) - {n}
+        smaller = [m for m in range(n - 1, 1, -1) if m not in avoid][:1]
+        larger = [m for m in range(n + 1, n + 8) if m not in avoid][:2 - len(smaller)]
+        out.append((n, tuple(smaller + larger)))
+    return out
+
+
+def resized(program: Program, n: int, m: int) -> Program:
+    """``program`` with every input dim of size ``n`` of size ``m`` (same values' seeds)."""
+    nodes = [dataclasses.replace(node, shape=tuple(m if d == n else d for d in node.shape))
+             if isinstance(node, Input) else node for node in program.nodes]
+    return Program(nodes, list(program.outputs))
+
+
+# Why a program may legitimately take more than one compile for its three sizes: each entry
+# names the reason and recognises the compiler's words for it (a recompile reason or a
+# FUSEGRAD_DEBUG line). A specialization no entry recognises is a failure of the stage.
+_TOOK = r"is not valid at this call's sizes \(the trace took .* at size (\d+)\)"
+SPECIALIZATIONS: dict[str, tuple[str, Callable[[str], bool]]] = {
+    # x.expand(2, -1, 4), x.reshape(6, -1), F.pad to a literal width: the trace answered
+    # `s0 == 6` False (a symbol is no particular size) and guards that; a call of that size
+    # compiles for it.
+    "literal-size": ("a size equal to a literal size the program names",
+                     lambda d: bool(re.search(r"assumed [^;]* != ([2-9]|\d\d+), but .* is \d+ "
+                                              r"in this call", d)
+                                    or (m := re.search(_TOOK, d)) and int(m.group(1)) >= 2)),
+    # A size or an expression of it that is 0 or 1 at the traced size (x[2:] at size 2, a
+    # broadcast of floor(s0/3)): emptiness and broadcasting change there, as torch's 0/1
+    # specialization says.
+    "zero-one": ("an expression of the size is 0 or 1 at the traced size",
+                 lambda d: bool((m := re.search(_TOOK, d)) and int(m.group(1)) <= 1
+                                or re.search(r"assumed [^;]* != [01], but .* is [01] in this call",
+                                             d))),
+    # x[2:3], x.narrow(0, 6, 0), x[:, 1:3]: a literal bound is clamped to the size, so the
+    # result's length depends on which side of the bound the size is.
+    "literal-bound": ("a literal slice bound on one side of the size",
+                      lambda d: bool(re.search(r"assumed [^;]* (<|<=|>|>=) -?\d+, but .* is \d+ "
+                                               r"in this call", d))),
+    # x.reshape(6, -1) of [s0, 3]: 3*s0 divisible by 6, guarded as the remainder's value.
+    "divisibility": ("a literal reshape needs the size to divide",
+                     lambda d: bool(re.search(r"assumed .*floor\(.* == 0", d))),
+}
+
+
+def _reason_of(detail: str) -> str | None:
+    for name, (_, applies) in SPECIALIZATIONS.items():
+        if applies(detail):
+            return name
+    return None
+
+
+@dataclass
+class _At:
+    """Eager at one size of the symbol: the arrays, outputs, tolerance scales, every value,
+    and the gradients of the inputs that require grad (None: no gradient check)."""
+
+    program: Program
+    arrays: list
+    want: list
+    scales: list
+    values: list
+    grads: list | None = None
+    flags: list | None = None
+
+
+def _eager_at(program: Program, grad: bool) -> _At | None:
+    """Eager on ``program``'s own arrays; None when eager rejects it (the program's literal
+    sizes fix the varied dim)."""
+    arrays = program.arrays()
+    try:
+        with fg.enable_grad():
+            ins = _tensors(arrays, program, grad)
+            outs = _flat(program.function()(*ins))
+        values = _all_values(program, arrays)
+        at = _At(program, arrays, [o.detach() if isinstance(o, fg.Tensor) else o for o in outs],
+                 _scales(program, values), values)
+    except Exception:  # noqa: BLE001 - not a program at this size
+        return None
+    if grad:
+        try:
+            at.grads, at.flags = _grads(outs, ins)
+        except Exception:  # noqa: BLE001 - eager autograd rejects it: no reference
+            pass
+    return at
+
+
+def _marked(tensors: list, n: int, program: Program) -> list:
+    """``tensors`` with the dims that have size ``n`` in ``program`` marked dynamic."""
+    for t, spec in zip(tensors, program.inputs):
+        dims = [d for d, k in enumerate(spec.shape) if k == n]
+        if dims:
+            fg.mark_dynamic(t, dims)
+    return tensors
+
+
+def _check_symbolic(program: Program, result: Result, grads: bool = True) -> SymbolicRun:
+    """The symbolic stage: ``program`` compiled once, the input dims of one size marked
+    dynamic (:func:`fusegrad.mark_dynamic`), and called at three sizes of that symbol (see
+    :func:`symbol_candidates`), values and gradients each compared with eager at that size;
+    more than one compile is a mismatch unless :data:`SPECIALIZATIONS` explains it."""
+    grad = grads and any(s.requires_grad for s in program.inputs)
+    runs = None
+    for n, others in symbol_candidates(program):
+        if len(others) < 2:
+            continue
+        refs = [_eager_at(p, grad) for p in [program] + [resized(program, n, m) for m in others]]
+        if all(r is not None for r in refs):
+            runs = list(zip((n,) + others, refs))
+            break
+    if runs is None:
+        why = "no input dim of size >= 2" if not symbol_candidates(program) else \
+            "eager rejects every other size of each dim (literal sizes in the program)"
+        return SymbolicRun(skipped=why)
+    sym = SymbolicRun(sizes=tuple(m for m, _ in runs))
+    fn = program.function()
+    log = io.StringIO()
+    debug = fg.config.debug
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(log):
+            warnings.simplefilter("ignore")
+            fg.config.debug = max(debug, 1)
+            cf = fg.compile(fn, fullgraph=True)
+            for m, at in runs:
+                stage = f"symbolic[{sym.sizes[0]}->{m}]"
+                try:
+                    with fg.set_grad_enabled(grad):
+                        ins = _marked(_tensors(at.arrays, at.program, grad), n, program)
+                        outs = _flat(cf(*ins))
+                except Exception as e:  # noqa: BLE001 - eager ran it: any error is a mismatch
+                    result.mismatches.append(Mismatch(stage, "call", _error(e)))
+                    continue
+                _check_values(result, stage, outs, at.want, at.scales)
+                if at.grads is None:
+                    continue
+                try:
+                    with fg.enable_grad():
+                        got, flags = _grads(outs, ins)
+                except Exception as e:  # noqa: BLE001
+                    result.mismatches.append(Mismatch("grad:" + stage, "backward", _error(e)))
+                    continue
+                if flags != at.flags:
+                    result.mismatches.append(Mismatch("grad:" + stage, "requires_grad",
+                                                      f"outputs requiring grad {flags}, eager "
+                                                      f"{at.flags}"))
+                else:
+                    _check_grads(at.program, "grad:" + stage, got, at.grads, result, at.scales,
+                                 at.values, at.arrays)
+    finally:
+        fg.config.debug = debug
+    sym.compiles = cf.compiles
+    if cf.compiles > 1:
+        said = [line.removeprefix("[fusegrad] ") for line in log.getvalue().splitlines()
+                if "symbolic" in line and ("not supported" in line or "not valid" in line)]
+        # The causes: what the compiler said it could not keep symbolic, and the guards that
+        # failed (a recompile for a changed shape or by automatic dynamic follows a static
+        # compile whose cause is said).
+        causes = said + [r for r in cf.recompile_reasons
+                         if r.startswith("the symbolic trace assumed")]
+        sym.detail = "; ".join(said + list(cf.recompile_reasons)) or "no reason recorded"
+        reasons = {_reason_of(d) for d in causes} if causes else {None}
+        sym.reason = ",".join(sorted(reasons)) if None not in reasons else None
+        if sym.reason is None:
+            result.mismatches.append(Mismatch(
+                "symbolic", "compiles", f"{cf.compiles} compiles for sizes {list(sym.sizes)}: "
+                f"{sym.detail}"))
+    return sym
 
 
 @contextlib.contextmanager
@@ -729,11 +952,51 @@ def _archs(text: str | None) -> tuple[str, ...]:
     return tuple(a.strip() for a in text.split(",") if a.strip()) if text else ()
 
 
+def _settings(args) -> Settings:
+    return Settings(finite_differences=not args.no_fd, cuda_sim=not args.no_cuda,
+                    symbolic=not args.no_symbolic, symbolic_only=args.symbolic_only)
+
+
+class _SymbolicTally:
+    """The symbolic stage over a run: programs it ran and skipped (by why), their compiles,
+    and the specializations by :data:`SPECIALIZATIONS` reason."""
+
+    def __init__(self):
+        self.ran = 0
+        self.skipped: dict[str, int] = {}
+        self.compiles: dict[int, int] = {}
+        self.reasons: dict[str, int] = {}
+        self.unexplained = 0
+
+    def add(self, sym: dict) -> None:
+        if sym["skipped"]:
+            self.skipped[sym["skipped"]] = self.skipped.get(sym["skipped"], 0) + 1
+            return
+        self.ran += 1
+        self.compiles[sym["compiles"]] = self.compiles.get(sym["compiles"], 0) + 1
+        if sym["compiles"] > 1:
+            if sym["reason"]:
+                for r in sym["reason"].split(","):
+                    self.reasons[r] = self.reasons.get(r, 0) + 1
+            else:
+                self.unexplained += 1
+
+    def summary(self) -> str:
+        compiles = ", ".join(f"{n} with {k} compile{'s' * (k > 1)}"
+                             for k, n in sorted(self.compiles.items()))
+        lines = [f"symbolic stage: {self.ran} programs called at three sizes ({compiles or 'none'}); "
+                 f"{self.unexplained} unexplained specializations"]
+        lines += [f"  specialized ({r}: {SPECIALIZATIONS[r][0]}): {n} programs"
+                  for r, n in sorted(self.reasons.items())]
+        lines += [f"  not run ({why}): {n} programs" for why, n in sorted(self.skipped.items())]
+        return "\n".join(lines)
+
+
 def _run_worker(args) -> int:
     """Run programs ``start .. start+count-1``, one JSON line each, on stdout; with
     ``--nvcc``, an ``nvcc`` line after each ``--nvcc-batch`` programs."""
     out = sys.stdout
-    settings = Settings(finite_differences=not args.no_fd, cuda_sim=not args.no_cuda)
+    settings = _settings(args)
     archs = _archs(args.nvcc)
     batch: list[tuple[int, list]] = []
 
@@ -753,7 +1016,8 @@ def _run_worker(args) -> int:
         record = {"event": "done", "index": index, "seconds": round(result.seconds, 4),
                   "cpu_seconds": round(result.cpu_seconds, 4),
                   "invalid": result.invalid, "ops": len(program.ops),
-                  "mismatches": [asdict(m) for m in result.mismatches]}
+                  "mismatches": [asdict(m) for m in result.mismatches],
+                  "symbolic": asdict(result.symbolic) if result.symbolic else None}
         bad = result.unexplained
         if bad:
             record["source"] = report(result)
@@ -792,6 +1056,7 @@ def _run_parent(args) -> int:
     compiled = {"programs": 0, "kernels": 0, "max_registers": 0, "failures": 0, "spills": 0}
     seconds = cpu_seconds = 0.0
     known: dict[str, int] = {}
+    symbolic = _SymbolicTally()
     failures: list[dict] = []
     tag_counter = 0
     report_file = open(args.report, "w") if args.report else None  # noqa: SIM115
@@ -804,6 +1069,8 @@ def _run_parent(args) -> int:
         cmd += ["--no-shrink"] if args.no_shrink else []
         cmd += ["--no-fd"] if args.no_fd else []
         cmd += ["--no-cuda"] if args.no_cuda else []
+        cmd += ["--no-symbolic"] if args.no_symbolic else []
+        cmd += ["--symbolic-only"] if args.symbolic_only else []
         cmd += ["--nvcc", args.nvcc, "--nvcc-batch", str(args.nvcc_batch)] if args.nvcc else []
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         tag_counter += 1
@@ -861,6 +1128,8 @@ def _run_parent(args) -> int:
                 report_file.flush()
             if rec["invalid"]:
                 invalid += 1
+            elif rec.get("symbolic"):
+                symbolic.add(rec["symbolic"])
             for m in rec["mismatches"]:
                 if m["known"]:
                     known[m["known"]] = known.get(m["known"], 0) + 1
@@ -914,6 +1183,8 @@ def _run_parent(args) -> int:
         print(f"nvcc ({args.nvcc}): {compiled['programs']} programs, {compiled['kernels']} kernels "
               f"compiled; {compiled['failures']} programs failed to compile, {compiled['spills']} "
               f"spilled; at most {compiled['max_registers']} registers a thread")
+    if not args.no_symbolic:
+        print(symbolic.summary())
     for name, count in sorted(known.items()):
         print(f"  known {name} (issue 8 item {KNOWN[name].item}): {count} mismatches")
     for f in unexplained:
@@ -924,9 +1195,13 @@ def _run_parent(args) -> int:
 
 def _run_one(args) -> int:
     program, _ = program_for(args.seed, args.index, args.max_ops)
-    result = check_program(program, Settings(finite_differences=not args.no_fd,
-                                             cuda_sim=not args.no_cuda), args.index)
+    result = check_program(program, _settings(args), args.index)
     print(report(result))
+    if result.symbolic:
+        sym = result.symbolic
+        print(f"# symbolic: {sym.skipped}" if sym.skipped else
+              f"# symbolic: sizes {list(sym.sizes)}, {sym.compiles} compiles"
+              + (f" ({sym.reason or 'unexplained'}: {sym.detail})" if sym.detail else ""))
     archs = _archs(args.nvcc)
     if archs:
         event = nvcc_check([(args.index, result.kernels)], archs)
@@ -960,6 +1235,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-fd", action="store_true", help="skip finite differences")
     ap.add_argument("--no-cuda", action="store_true",
                     help="skip the CUDA backend on the simulated driver")
+    ap.add_argument("--no-symbolic", action="store_true",
+                    help="skip the symbolic stage (one compile called at three sizes)")
+    ap.add_argument("--symbolic-only", action="store_true",
+                    help="run only eager and the symbolic stage")
     ap.add_argument("--nvcc", metavar="ARCHS", help="also compile the cuda-sim stage's kernels "
                     "with nvcc for these architectures (sm_80,sm_90): failures and spills "
                     "are unexplained")

@@ -174,7 +174,9 @@ class _CompiledBackward(Node):
         # Some outputs got no gradient (a zero cotangent down their paths could meet 0 * inf),
         # create_graph (the backward is recorded), or the interpreter backend: the VJP of the
         # seeded outputs, recomputing the forward from the inputs.
-        program, g, reached = self.cf.backward_program(self.entry, self.wrt, seeded)
+        sizes = bind_symbols(self.entry.graph, [t.shape for t in inputs]) \
+            if self.entry.symbolic is not None else None
+        program, g, reached = self.cf.backward_program(self.entry, self.wrt, seeded, sizes)
         cts = [grad[k] for k in seeded]
         if create_graph or program is None:
             if self.entry.symbolic is not None:      # replayed at this call's sizes

@@ -32,11 +32,20 @@ from fusegrad.config import config
 from fusegrad.ir.dot import render, to_dot
 from fusegrad.ir.graph import Graph
 from fusegrad.ir.printer import print_graph
+from fusegrad.ir.specialize import specialize
 from fusegrad.ir.symbolic import ConcretizationError
 from fusegrad.ir.verifier import verify
 from fusegrad.ops import primitive as _primitive
 from fusegrad.runtime.cpu import Program
-from fusegrad.symint import MIN_SYMBOL_SIZE, holds_symbol, is_symbolic, record_assumptions
+from fusegrad.symint import (
+    COMPARE,
+    MIN_SYMBOL_SIZE,
+    SymbolicDecisionError,
+    evaluate_dim,
+    holds_symbol,
+    is_symbolic,
+    record_assumptions,
+)
 from fusegrad.tensor import Size
 from fusegrad.tracer.call_cache import (
     _ALIASES,
@@ -70,7 +79,7 @@ from fusegrad.tracer.execute import (
     write_back,
 )
 from fusegrad.tracer.guards import ClosureGuard
-from fusegrad.tracer.pipeline import DEFAULT_PIPELINE, program_pipeline, run_passes
+from fusegrad.tracer.pipeline import DEFAULT_PIPELINE, program_pipeline, run_passes, vjp_pipeline
 from fusegrad.tracer.programs import (
     entry_program,
     split_programs,
@@ -135,6 +144,12 @@ def _returns_a_size(tree) -> bool:
     if tree.kind == "static":
         return holds_symbol(tree.meta) or isinstance(tree.meta, Size) and is_symbolic(tree.meta)
     return any(_returns_a_size(c) for c in tree.children or ())
+
+
+def _said(assumption: tuple) -> str:
+    """An assumption ``(expression, op, value)`` in words, as a comparable key."""
+    expr, op, value = assumption
+    return f"{expr} {op} {value}"
 
 
 class CompiledFunction:
@@ -559,6 +574,18 @@ class CompiledFunction:
         except ConcretizationError:
             raise
         except Exception as e:
+            bad = SymbolicSignature(symbols, {s.name: dim_name(names, i, d) for i, dims in
+                                              symbols.items() for d, s in dims.items()},
+                                    assumed).failing_at_hints()
+            if bad is not None and not any(self._narrowing()):
+                # The trace failed after answering a comparison against this call's own
+                # sizes (a broadcast of floor((s0+1)/3) with a literal 2 at s0 = 5), and no
+                # narrower set of symbolic dims is left to try: the sizes, not the symbols,
+                # are the cause; this call compiles static, the next size traces symbolic.
+                if config.debug >= 1:
+                    print(f"[fusegrad] {name}: symbolic {said} is not valid at this call's "
+                          f"sizes ({bad}); this call compiles static", file=sys.stderr)
+                return None
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             if config.debug >= 3:
                 traceback.print_exc()           # where symbolic sizes met a concrete need
@@ -629,14 +656,19 @@ class CompiledFunction:
         sig.ready.add(ready)
         return True
 
+    def _narrowing(self) -> tuple[bool, bool]:
+        """How a failed symbolic trace narrows the symbolic dims: (keep: automatic dynamic's
+        new dims turn static, the earlier ones stay symbolic; narrow: ``dynamic=True``
+        narrows to the leading dims); neither: symbolic tracing ends."""
+        keep = (self.dynamic is None or self._leading_only) and self._symbolic_off is None \
+            and bool(self._new_dims) and bool(self._auto_dims - self._new_dims)
+        narrow = self.dynamic is True and self._symbolic_off is None and not self._leading_only
+        return keep, narrow
+
     def _give_up_symbols(self, why: str, said: str, narrow: bool = True) -> None:
         """Symbolic tracing of ``said`` failed with ``why``: narrow it (``dynamic=True``:
         to the leading dims, once) or give it up; said under ``FUSEGRAD_DEBUG=1``."""
-        keep = narrow and (self.dynamic is None or self._leading_only) and \
-            self._symbolic_off is None and \
-            bool(self._new_dims) and bool(self._auto_dims - self._new_dims)
-        narrow = narrow and self.dynamic is True and self._symbolic_off is None and \
-            not self._leading_only
+        keep, narrow = self._narrowing() if narrow else (False, False)
         if keep:
             # A dim that just became symbolic broke a trace that worked without it (a
             # sequence length a loop runs over): it stays static, the others symbolic.
@@ -725,8 +757,33 @@ class CompiledFunction:
         for gradients with respect to inputs ``wrt`` (built on first use)."""
         return split_programs(entry, wrt, self.pipeline, self.backend)
 
-    def backward_program(self, entry: _Entry, wrt: tuple, seeded: tuple) -> tuple:
+    def backward_program(self, entry: _Entry, wrt: tuple, seeded: tuple,
+                         sizes: dict | None = None) -> tuple:
         """The VJP of the outputs ``seeded`` (their indices), ``(*inputs, *their cotangents)
         -> grads of inputs[wrt]``: a compiled program (None for other backends), its graph,
-        and the inputs of ``wrt`` those outputs reach (the others get no gradient)."""
-        return vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
+        and the inputs of ``wrt`` those outputs reach (the others get no gradient);
+        ``sizes``: the symbols' values in this call, for a symbolic entry."""
+        if entry.symbolic is None:
+            return vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
+        # The VJP of a symbolic entry is built at its first backward, its rules comparing
+        # sizes again (narrow(0, 4, 1): s0 >= 5), answered at the traced sizes: as the trace
+        # answered them where it compared too (the entry's guards hold every call to that),
+        # and where it did not (a VJP's s0 != 7), the VJP holds only at the sizes where the
+        # answer does; a call at other sizes gets the VJP of its own sizes.
+        assumed_key = ("assumed", wrt, seeded)
+        if assumed_key not in entry.backward:
+            with record_assumptions() as assumed:
+                vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
+            guarded = {_said(a) for a in entry.symbolic.assumptions}
+            entry.backward[assumed_key] = [a for a in assumed if _said(a) not in guarded]
+        hit = vjp_program(entry, wrt, seeded, self.pipeline, self.backend)
+        new = entry.backward[assumed_key]
+        if new and sizes is None:
+            raise SymbolicDecisionError(
+                f"the backward of {self._name()} assumed {', '.join(map(_said, new))}, which its "
+                f"symbolic trace did not (and so does not guard)")
+        if any(not COMPARE[op](expr.evaluate(sizes), evaluate_dim(value, sizes))
+               for expr, op, value in new):
+            g = run_passes(specialize(entry.graph, sizes), vjp_pipeline(wrt, seeded))
+            return None, g, hit[2]
+        return hit

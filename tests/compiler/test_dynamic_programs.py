@@ -12,6 +12,7 @@ import pytest
 
 import fusegrad as fg
 from fusegrad import config as fg_config
+from fusegrad.symint import COMPARE
 
 EPS32 = float(np.finfo(np.float32).eps)
 F = fg.nn.functional
@@ -124,3 +125,125 @@ def test_a_mask_made_inside_sliced_to_a_symbolic_length():
             np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=16 * EPS32,
                                        atol=16 * EPS32)
     assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
+
+
+def _same_at_sizes(f, shapes, *, grad=False, marks=(0,)):
+    """``f`` compiled once and called at ``shapes`` (dims ``marks`` marked dynamic) equals
+    eager, gradients included with ``grad``; returns the compiled function."""
+    compiled = fg.compile(f, fullgraph=True)
+    rng = np.random.default_rng(5)
+    for shape in shapes:
+        data = rng.standard_normal(shape)
+        x, y = fg.tensor(data), fg.tensor(data)
+        if grad:
+            x.requires_grad_(), y.requires_grad_()
+        fg.mark_dynamic(x, list(marks))
+        got, want = compiled(x), f(y)
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12,
+                                   atol=1e-12)
+        if grad:
+            cot = fg.tensor(rng.standard_normal(tuple(want.shape)))
+            (got * cot).sum().backward()
+            (want * cot).sum().backward()
+            np.testing.assert_allclose(x.grad.numpy(), y.grad.numpy(), rtol=1e-12, atol=1e-12)
+    return compiled
+
+
+def test_an_empty_slice_from_a_negative_start_stays_symbolic():
+    # x[-2:0] starts at s0-2 and stops at 0: it is empty at every size, but the stop was
+    # kept before the start and the slice rule rejected its bounds (each size static).
+    compiled = _same_at_sizes(lambda x: x[-2:0] * 2 + x[:, :1].sum(), [(5, 3), (4, 3), (6, 3)])
+    assert compiled.compiles == 1
+
+
+def test_a_reshape_to_literal_sizes_guards_divisibility():
+    # reshape(6, -1) of [s0, 3]: 3*s0 must divide by 6; that was undecidable, and the
+    # function compiled static at every size. It is an assumption, guarded.
+    compiled = _same_at_sizes(lambda x: x.reshape(6, -1).sin(), [(2, 3), (4, 3), (8, 3)])
+    assert compiled.compiles == 1
+    remainder = [e for e, op, v in compiled.entries()[0].symbolic.assumptions
+                 if (op, v) == ("==", 0)]
+    assert [e.evaluate({"s0": 4}) for e in remainder] == [0]
+    assert [e.evaluate({"s0": 5}) for e in remainder] == [3]
+    x = fg.ones(5, 3)
+    fg.mark_dynamic(x, 0)
+    with pytest.raises(RuntimeError, match=r"shape '\[6, -1\]' is invalid for input of size 15"):
+        compiled(x)             # the guard fails; the trace at 5 raises eager's error
+
+
+def test_backward_of_some_outputs_replays_guarded_comparisons():
+    # Only the first output gets a gradient, so the backward is built at the first backward
+    # call: its rules compare s0 with narrow's literal bound again, outside the trace.
+    def f(x):
+        return F.layer_norm(x, x.shape[-1:]) + x.narrow(0, 4, 1).sum(), x.narrow(0, 4, 1)
+    compiled = fg.compile(f, fullgraph=True)
+    for n in (7, 6, 8):
+        x = fg.tensor(np.linspace(-1, 1, n * 3).reshape(n, 3)).requires_grad_()
+        y = x.detach().requires_grad_()
+        fg.mark_dynamic(x, 0)
+        compiled(x)[0].sum().backward()
+        f(y)[0].sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), y.grad.numpy(), rtol=1e-12, atol=1e-12)
+    assert compiled.compiles == 1
+
+
+@pytest.mark.parametrize("f", [lambda x: x[0:0] * 3, lambda x: F.softmax(x.flatten(), 0)],
+                         ids=["empty", "flattened"])
+def test_a_backward_binds_its_sizes_from_a_forward_input(f):
+    # The backward's saved values and cotangents had no bare s0 (a cotangent of [0, 2], a
+    # saved f64[2*s0]): it could not bind s0, and the function compiled static.
+    compiled = _same_at_sizes(f, [(5, 2), (3, 2), (6, 2)], grad=True)
+    assert compiled.compiles == 1
+
+
+def test_a_trace_that_fails_on_its_own_sizes_compiles_that_call_static():
+    # x[1::3] is floor((s0+1)/3) long, 2 at s0 = 5, where it broadcasts with y's 2: the trace
+    # answered floor((s0+1)/3) == 2 False, the where then failed, and symbolic tracing was
+    # given up for every later size. Only this call's sizes are at fault: it compiles
+    # static, and the next size is traced symbolic again.
+    def f(x, y):
+        return fg.where(x[1::3] > 0, x[1::3], y)
+    compiled = fg.compile(f)
+    rng = np.random.default_rng(6)
+    y = _randn(rng, 2, 3)
+    for n in (5, 6):
+        x = _randn(rng, n, 3)
+        fg.mark_dynamic(x, 0)
+        np.testing.assert_array_equal(compiled(x, y).numpy(), f(x, y).numpy())
+    assert compiled.compiles == 2 and compiled._symbolic_off is None
+
+
+def test_a_backward_comparison_the_trace_did_not_make_holds_only_where_it_was_answered():
+    # The VJP of the seeded output alone, built at the first backward, compares s0 with the
+    # static 7 (s0 != 7), which the forward's trace never did and so does not guard: at
+    # s0 = 7 the call gets the VJP of its own sizes.
+    def f(x, w):
+        return x.transpose(-3, -1), x @ w
+    compiled = fg.compile(f, fullgraph=True)
+    rng = np.random.default_rng(7)
+    w_data = rng.standard_normal((7, 3))
+    for n in (2, 7, 3):
+        data = rng.standard_normal((1, n, n, 7))
+        x, y = fg.tensor(data).requires_grad_(), fg.tensor(data).requires_grad_()
+        w, v = fg.tensor(w_data).requires_grad_(), fg.tensor(w_data).requires_grad_()
+        fg.mark_dynamic(x, [1, 2])
+        compiled(x, w)[1].sum().backward()
+        f(y, v)[1].sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), y.grad.numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(w.grad.numpy(), v.grad.numpy(), rtol=1e-12, atol=1e-12)
+    assert compiled.compiles == 1
+    entry = compiled.entries()[0]
+    new = [a for k, a in entry.backward.items() if k[0] == "assumed"]
+    assert [[f"{e} {op} {v}" for e, op, v in a] for a in new] == [["s0 != 7"]]
+
+
+def test_a_strided_slice_backward_does_not_guard_the_parity():
+    # x[::2]'s VJP cut its interleaved gradient at min(2*ceil(s0/2), s0) and skipped a pad
+    # of width 0: both compared sizes with the parity of s0, so odd and even sizes each
+    # compiled their own graph.
+    compiled = _same_at_sizes(lambda x: x[::2] * 3, [(4, 2), (5, 2), (7, 2), (6, 2)], grad=True)
+    assert compiled.compiles == 1
+    # What it still assumes (the last pad's width is not negative) holds at every size.
+    sig = compiled.entries()[0].symbolic
+    assert all(COMPARE[op](e.evaluate({"s0": n}), v) for e, op, v in sig.assumptions
+               for n in range(2, 40))

@@ -21,18 +21,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fusegrad as fg
+from fusegrad.testing import fuzz
 from fusegrad.testing import nvcc as nvcc_module
 from fusegrad.testing.fuzz import (
     KNOWN,
     Known,
     Mismatch,
     Settings,
+    SymbolicRun,
     check_program,
     explain,
     nvcc_check,
     program_for,
     report,
+    resized,
     shrink,
+    symbol_candidates,
 )
 from fusegrad.testing.nvcc import NvccReport, find_nvcc
 from fusegrad.testing.programs import (
@@ -47,7 +51,8 @@ from fusegrad.testing.programs import (
 )
 from fusegrad.testing.tolerance import compare
 
-FAST = Settings(pipelines=(" ", "simplify,cse,dce", "fold,simplify,cse,dce"))
+# (The symbolic stage runs in its own tests below, and in the slow longer run.)
+FAST = Settings(pipelines=(" ", "simplify,cse,dce", "fold,simplify,cse,dce"), symbolic=False)
 HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 
@@ -441,3 +446,66 @@ def test_no_finite_differences_next_to_huge_integers():
         warnings.simplefilter("ignore")
         result = check_program(program)
     assert not result.unexplained, report(result)
+
+
+# --------------------------------------------------------------------------- symbolic stage
+
+SYMBOLIC_ONLY = Settings(symbolic_only=True, finite_differences=False)
+
+
+def test_symbolic_stage_compiles_once_for_three_sizes():
+    # The leading size (3, shared by both inputs: one symbol) is varied to 2 and 5 (4 is
+    # another dim's size); values and gradients match eager at each, from one compile.
+    program = Program([Input((3, 4), "float32", "normal", 5, True),
+                       Op("unary", (0,), ("tanh",)), Input((3, 1), "float32", "normal", 6),
+                       Op("binary", (1, 2), ("mul",)),
+                       Op("reduce", (3,), ("sum", (0,), False, None))], [4, 3])
+    assert symbol_candidates(program)[0] == (3, (2, 5))
+    assert resized(program, 3, 5).inputs[1].shape == (5, 1)
+    result = check_program(program, SYMBOLIC_ONLY)
+    assert result.mismatches == [], report(result)
+    assert result.symbolic == SymbolicRun(sizes=(3, 2, 5), compiles=1)
+
+
+def test_symbolic_stage_explains_a_literal_bound():
+    # x[2:3] of a symbolic dim is empty at 2 and one long from 3: the trace guards s0 < 3,
+    # and the calls at 3 and 4 compile for their sizes; a recorded, legitimate reason.
+    program = Program([Input((2, 5), "float32", "normal", 1),
+                       Op("slice", (0,), (((2, 3, 1), (None, None, 1)),))], [1])
+    result = check_program(program, SYMBOLIC_ONLY)
+    assert result.unexplained == [], report(result)
+    sym = result.symbolic
+    assert sym.sizes == (2, 3, 4) and sym.compiles == 3 and sym.reason == "literal-bound"
+    assert "assumed v0.size(0) (s0) < 3, but v0.size(0) (s0) is 3" in sym.detail
+
+
+def test_an_unexplained_specialization_is_a_mismatch(monkeypatch):
+    monkeypatch.setattr(fuzz, "SPECIALIZATIONS", {})
+    program = Program([Input((2, 5), "float32", "normal", 1),
+                       Op("slice", (0,), (((2, 3, 1), (None, None, 1)),))], [1])
+    bad = check_program(program, SYMBOLIC_ONLY).unexplained
+    assert [(m.stage, m.where) for m in bad] == [("symbolic", "compiles")]
+    assert bad[0].message.startswith("3 compiles for sizes [2, 3, 4]: the symbolic trace")
+
+
+def test_symbolic_stage_says_why_it_did_not_run():
+    scalar = Program([Input((1, 1), "float32"), Op("unary", (0,), ("exp",))], [1])
+    assert check_program(scalar, SYMBOLIC_ONLY).symbolic.skipped == "no input dim of size >= 2"
+    fixed = Program([Input((2, 3), "float32"), Op("reshape", (0,), ((3, 2),))], [1])
+    assert "eager rejects every other size" in check_program(fixed, SYMBOLIC_ONLY).symbolic.skipped
+
+
+# A handful of seeded programs through the stage (the slow test below runs 300): each one
+# found a defect or specializes for a reason of its own.
+@pytest.mark.parametrize("seed,index", [(0, 0), (0, 24), (0, 66), (0, 87), (0, 120), (0, 197),
+                                        (0, 264), (3, 6)])
+def test_symbolic_stage_on_seeded_programs(seed, index):
+    result = check_program(program_for(seed, index)[0], SYMBOLIC_ONLY)
+    assert not result.unexplained, "\n" + report(result)
+
+
+@pytest.mark.slow
+def test_symbolic_stage_on_300_programs():
+    for index in range(300):
+        result = check_program(program_for(3, index)[0], SYMBOLIC_ONLY)
+        assert not result.unexplained, "\n" + report(result)

@@ -94,6 +94,19 @@ def test_interpreter_names_the_symbol_and_its_binding():
         interpret(g, np.ones((3, 783), np.float32), w, b)
 
 
+
+def test_interpreter_takes_bindings():
+    g = parse(SEQ)
+    x = np.arange(2 * 5 * 64, dtype=np.float32).reshape(2, 5, 64)
+    flat, tail = interpret(g, x, bindings={"B": 2, "T": 5})
+    np.testing.assert_array_equal(flat, x.reshape(10, 64))
+    np.testing.assert_array_equal(tail, x[:, 1:])
+    with pytest.raises(IRError, match=r"must be f32\[B,T,64\] \(with B=2, T=6\), got an array of "
+                                      r"shape \[2, 5, 64\]"):
+        interpret(g, x, bindings={"T": 6})
+    with pytest.raises(IRError, match="symbol T is bound to 1"):
+        interpret(g, x, bindings={"T": 1})
+
 def test_verifier_rejects_unbound_symbols_and_undecidable_rules():
     with pytest.raises(VerificationError, match="reads symbol.s. B, T that no input dim binds"):
         verify(parse("graph @f(%x: f32[B*T]) -> (f32[B*T]) {\n  return %x\n}\n"))

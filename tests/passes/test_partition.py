@@ -23,6 +23,7 @@ import fusegrad as fg
 import fusegrad.nn.functional as NF
 from fusegrad import dtypes as D
 from fusegrad.ir import Graph, IRError, Literal, TensorType, parse, print_graph, verify
+from fusegrad.ir.interpreter import interpret
 from fusegrad.ops.primitive import PRIMITIVES, Kind
 from fusegrad.passes.autodiff import vjp_graph
 from fusegrad.passes.manager import PassManager, PipelineError
@@ -576,3 +577,20 @@ def test_example_models_partition_correctly():
         ps = check_partition(g, args, wrt=wrt)
         assert {"matmul", "sum", "max"}.isdisjoint(ps["min_cut"].recomputed_ops)
         assert ps["min_cut"].saved_bytes < ps["save_all"].saved_bytes
+
+
+def test_a_symbolic_backward_gets_an_input_that_binds_its_sizes():
+    # The backward reads B (the cotangent goes back to f32[B,2]), but its saved value and
+    # cotangent are f32[2*B]: it takes x too, only for its size (a reference, no copy).
+    g = parse("graph @f(%x: f32[B,2]) -> (f32[2*B]) {\n"
+              "  %0 = reshape %x {shape=[2*B]} : f32[2*B]\n"
+              "  %1 = exp %0 : f32[2*B]\n"
+              "  return %1\n}\n")
+    part = partition_joint(g)
+    verify(part.backward)
+    assert [(s.name, s.kind) for s in part.saved if s.kind == "input"] == [("x", "input")]
+    x = np.linspace(-1, 1, 6).reshape(3, 2).astype(np.float32)
+    ct = np.ones(6, np.float32)
+    fwd = interpret(part.forward, x)
+    grad, = interpret(part.backward, *fwd[1:], ct)
+    np.testing.assert_allclose(grad, np.exp(x), rtol=4 * np.finfo(np.float32).eps)
