@@ -44,7 +44,7 @@ forward and keep it until the backward.
 
 from __future__ import annotations
 
-from fusegrad.ir.graph import Graph, IRError, Node, Value
+from fusegrad.ir.graph import Graph, Node, Value
 from fusegrad.ir.kernel_graph import (
     Kernel,
     KernelGraph,
@@ -56,7 +56,6 @@ from fusegrad.ir.kernel_graph import (
 from fusegrad.ops.lowering import REDUCE_OPS
 from fusegrad.ops.primitive import Kind
 from fusegrad.passes.manager import Pass, register_pass
-from fusegrad.symint import free_symbols
 
 # Kernel, KernelGraph and View live in fusegrad.ir.kernel_graph; re-exported here for the
 # code that imported them from the fusion pass.
@@ -526,12 +525,5 @@ class Fuse(Pass):
     max_inputs: int = 64
 
     def run(self, graph: Graph) -> Graph:
-        symbols = sorted(set().union(*(free_symbols(v.type.shape) for v in graph.inputs)))
-        if symbols:
-            # Kernels are built per size (a compiled function specializes its symbolic graph
-            # at each call's sizes, then fuses): name the sizes to fuse at.
-            raise IRError(f"fuse: @{graph.name} has symbolic sizes ({', '.join(symbols)}); the "
-                          f"kernel partition is made at concrete sizes: specialize it first "
-                          f"(fusegrad-opt --bind {','.join(f'{s}=...' for s in symbols)})")
         graph.kernels = fuse(graph, self.max_inputs)
         return graph
