@@ -42,6 +42,7 @@ import math
 
 from fusegrad import dtypes
 from fusegrad.codegen import indexing
+from fusegrad.codegen.cuda import collect
 from fusegrad.codegen.kernel_ir import (
     INDEX,
     Assign,
@@ -61,6 +62,7 @@ from fusegrad.codegen.kernel_ir import (
     Var,
 )
 from fusegrad.codegen.values import MOVES_ELEMENTS, KernelValues, reductions
+from fusegrad.config import config
 from fusegrad.ir.graph import Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph
 from fusegrad.ops import lowering
@@ -703,5 +705,8 @@ def lower_kernel(kernel: Kernel, kg: KernelGraph) -> LoweredKernel:
     body = pruned
     used = _shared_used(body)
     shared = [s for s in low.shared if id(s) in used]
-    return LoweredKernel(_name(kernel, family), params, shared, body, block, grid, family,
-                         bits)
+    lowered = LoweredKernel(_name(kernel, family), params, shared, body, block, grid, family,
+                            bits)
+    if config.cuda_collect:
+        collect.record(lowered, config.cuda_collect)
+    return lowered

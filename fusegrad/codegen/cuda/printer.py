@@ -51,7 +51,7 @@ from fusegrad.codegen.kernel_ir import (
 )
 from fusegrad.ops.lowering import BITS16, MATH_TABLE, Unsupported, unsigned
 
-__all__ = ["cuda_source", "ctype", "PRELUDE"]
+__all__ = ["cuda_source", "cuda_parts", "join_parts", "ctype", "PRELUDE"]
 
 _CTYPES = {
     "bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short",
@@ -464,15 +464,27 @@ class _Printer:
         return "\n".join(lines)
 
 
+def cuda_parts(kernel: LoweredKernel) -> tuple[dict[str, str], str]:
+    """``kernel`` printed: the device functions it needs, by name, and its own text (the
+    pieces :func:`cuda_source` puts after :data:`PRELUDE`)."""
+    if kernel.c_abi:
+        raise Unsupported(f"{kernel.name} is a native helper of the host (c_abi), not a CUDA kernel")
+    p = _Printer(kernel)
+    body = p.kernel()
+    return p.helpers, body
+
+
+def join_parts(parts: list[tuple[dict[str, str], str]]) -> str:
+    """One translation unit of kernels printed by :func:`cuda_parts`: the prelude, each
+    device function once, then the kernels."""
+    helpers: dict[str, str] = {}
+    for h, _ in parts:
+        helpers.update(h)
+    return "\n".join([PRELUDE] + [helpers[n] for n in sorted(helpers)] +
+                     [body for _, body in parts]) + "\n"
+
+
 def cuda_source(kernels: list[LoweredKernel]) -> str:
     """One CUDA C translation unit holding ``kernels`` (compile it with NVRTC or
     ``nvcc -ptx``; no headers needed)."""
-    helpers: dict[str, str] = {}
-    bodies = []
-    for k in kernels:
-        if k.c_abi:
-            raise Unsupported(f"{k.name} is a native helper of the host (c_abi), not a CUDA kernel")
-        p = _Printer(k)
-        bodies.append(p.kernel())
-        helpers.update(p.helpers)
-    return "\n".join([PRELUDE] + [helpers[n] for n in sorted(helpers)] + bodies) + "\n"
+    return join_parts([cuda_parts(k) for k in kernels])
