@@ -155,7 +155,11 @@ class CudaProgram:
         # and unloaded after the program is collected (:func:`unload_pending`).
         self._functions: dict[int, dict] = {}
         self._modules: dict[int, object] = {}
-        self._unload = weakref.finalize(self, _unload_later, self.drv, self._modules)
+        # The executable CUDA graph of each device (a list: one graph at most), destroyed
+        # with the modules.
+        self._graph_execs: dict[int, list] = {}
+        self._unload = weakref.finalize(self, _unload_later, self.drv, self._modules,
+                                        self._graph_execs)
         self._unload.atexit = False
         self._constants: dict[int, dict[int, DeviceArray]] = {}
         self.allocator = None     # the allocator of the device of the latest call
@@ -304,6 +308,8 @@ class CudaProgram:
         if step.graph is not None and step.tf32 != tf32:
             # The graph's cuBLASLt calls hold the compute type read when they were captured:
             # a changed TF32 setting (torch reads it at each call) needs a new capture.
+            drv.graph_destroy(step.graph, device)
+            self._graph_execs[device].remove(step.graph)
             step.graph = None
         self._check_inputs(inputs, step.graph is None)
         buffers = step.buffers
@@ -336,6 +342,7 @@ class CudaProgram:
             finally:
                 step.graph = drv.end_capture()
                 step.tf32 = tf32
+                self._graph_execs.setdefault(device, []).append(step.graph)
         else:
             drv.graph_launch(step.graph)
         self.replays += 1
