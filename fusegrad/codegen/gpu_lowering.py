@@ -12,8 +12,8 @@ Families (``LoweredKernel.family``):
   step; outputs and loads index through their views (broadcasts are index maps). Where the
   innermost axis holds whole groups of 4 and no reshape, pad or concat is fused in, a
   thread takes 4 consecutive elements a step instead, with 16-byte loads and stores of the
-  4-byte buffers read at unit stride (when their pointers are aligned; else the scalar
-  loop runs). A kernel that reads an input with its two innermost axes swapped (a
+  4-byte buffers (8-byte ones of the 16-bit floats) read at unit stride (when their pointers
+  are aligned; else the scalar loop runs). A kernel that reads an input with its two innermost axes swapped (a
   transpose) takes 32x32 tiles instead: that input read along its unit stride into a
   32x33 shared tile, the outputs computed and stored along the innermost axis;
 - ``row_reduce`` (the reduced axes include the innermost one: softmax, layer_norm,
@@ -92,6 +92,12 @@ PARTIALS = 1024      # blocks of a grid_reduce at most (about 8 per SM of an H10
 # device throughout (and replays as one CUDA graph).
 EXTERN_FAMILIES = {"fused_attention": "attention", "fused_attention_backward":
                    "attention_backward", "index_add": "index_add"}
+
+
+def _vectors(memory_dtype) -> bool:
+    """Whether elements of ``memory_dtype`` are read and written ``VEC`` at a time: 4-byte
+    elements (16 bytes a vector), and 16-bit floats (their 16-bit integers: 8 bytes)."""
+    return memory_dtype.itemsize == 4 or memory_dtype is lowering.BITS16
 
 
 def kernel_family(kernel: Kernel) -> str:
@@ -275,7 +281,7 @@ class _Lowering(KernelValues):
                     values.append(lowering.to_memory(b, self.emit(v, coords), v.type.dtype))
                 self.lane = None
                 p = self.param(v)
-                if p.dtype.itemsize == 4:
+                if _vectors(p.dtype):
                     vectorized[id(p)] = p
                     out.append(StoreVec(p, i, tuple(values)))      # outputs are contiguous
                 else:
@@ -293,7 +299,7 @@ class _Lowering(KernelValues):
         if lane is None or not coords or v.type.shape[-1] != shape[-1] or shape[-1] == 1 or \
                 view.strides[-1] != 1 or view.offset % VEC or \
                 any(s % VEC for s in view.strides[:-1]) or \
-                lowering.memory_dtype(v.type.dtype).itemsize != 4:
+                not _vectors(lowering.memory_dtype(v.type.dtype)):
             return super().load(v, coords)
         # Lane k reads the element k after lane 0's: the group is one vector.
         k, coords0, vectorized = lane

@@ -21,7 +21,8 @@ It chooses C spellings that keep the builder's contract:
   directory: the source needs no header.
 
 Read-only buffers are loaded through ``__ldg`` (the read-only data cache); ``load_vec`` and
-``StoreVec`` of 4 lanes are ``float4``/``int4``/``uint4`` accesses.
+``StoreVec`` of 4 lanes are ``float4``/``int4``/``uint4`` accesses, and ``ushort4`` (8 bytes)
+for 16-bit floats.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ _CTYPES = {
 }
 _UNSIGNED_OF = {"signed char": "unsigned char", "short": "unsigned short", "int": "unsigned int",
                 "long long": "unsigned long long"}
-# 16-byte vectors of 4-byte elements (load_vec / StoreVec with 4 lanes).
-_VEC4 = {"float": "float4", "int": "int4", "unsigned int": "uint4"}
+# Vectors of 4 elements (load_vec / StoreVec with 4 lanes): 16 bytes of 4-byte elements, 8
+# bytes of 16-bit floats (stored as unsigned short): one vector load or store each.
+_VEC4 = {"float": "float4", "int": "int4", "unsigned int": "uint4", "unsigned short": "ushort4"}
 _LANES = "xyzw"
 _LDG = {"unsigned char", "signed char", "short", "unsigned short", "int", "unsigned int",
         "long long", "unsigned long long", "float", "double"}
