@@ -468,11 +468,12 @@ class _Printer:
 
 
 def _min_blocks(block: int) -> int:
-    """``__launch_bounds__``'s blocks per multiprocessor: enough for a budget of 128
-    registers a thread (65536 registers / 512 threads). With the block size alone, ptxas picks
-    a budget of its own, and spilled registers of small kernels at 40 (a column reduction
-    for sm_90)."""
-    return max(1, 512 // block)
+    """``__launch_bounds__``'s blocks per multiprocessor: enough for a budget of 64
+    registers a thread (65536 registers / 1024 threads: four blocks of 256 threads, half of
+    an H100's threads, stay resident). With the block size alone ptxas picks a budget of its
+    own: it spilled registers of a small column reduction for sm_90 at 40, and with a budget
+    of 128 some kernels took all 128 (a quarter of the threads resident)."""
+    return max(1, 1024 // block)
 
 
 def cuda_parts(kernel: LoweredKernel) -> tuple[dict[str, str], str]:
