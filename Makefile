@@ -11,10 +11,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,examples,mpi]'
 	touch $(STAMP)
 
-# The layering first (import-linter's contracts in pyproject.toml), then the suite.
+# The layering first (import-linter's contracts in pyproject.toml), then the suite, which
+# records the source of every CUDA kernel its tests make (they run on a simulated driver that
+# never compiles them); then, where nvcc is installed, every recorded kernel is compiled to
+# machine code for sm_80 and sm_90 (warnings are errors, and a kernel that spills fails).
+CUDA_KERNELS := build/cuda-kernels
+
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest
+	rm -rf $(CUDA_KERNELS)
+	FUSEGRAD_CUDA_COLLECT=$(CURDIR)/$(CUDA_KERNELS) $(PY) -m pytest
+	$(PY) -m fusegrad.testing.nvcc $(CUDA_KERNELS)
 
 # The suite as another machine runs it: numpy's BLAS picks its own kernels (OPENBLAS_CORETYPE
 # and OPENBLAS_L2_SIZE unset), products use numpy's BLAS as on a CPU without AVX-512 (no

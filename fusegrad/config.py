@@ -23,6 +23,9 @@ process keeps for the next eager op's arrays (:mod:`fusegrad.host_memory`).
 ``FUSEGRAD_CUDA_SYNC`` (default 0; torch's ``CUDA_LAUNCH_BLOCKING``): 1 waits for each CUDA
 kernel as it is launched, so that a kernel that faults is named by the error its launch raises
 (kernels otherwise run asynchronously and report a fault at a later call).
+``FUSEGRAD_CUDA_COLLECT`` (unset by default): a folder where the CUDA lowering records the
+source of every kernel it makes, one file per distinct kernel (``make test`` sets it and then
+compiles them all with nvcc: ``python -m fusegrad.testing.nvcc FOLDER``).
 ``FUSEGRAD_CUDA_EAGER_CACHE`` (default 4096, as torch's cuFFT plan cache): how many compiled
 single-op programs eager cuda tensors keep (least recently used first out; an evicted program
 unloads its module from the GPU).
@@ -104,6 +107,8 @@ class Config:
     # Matmuls on CUDA: "auto" through cuBLASLt where the library is found, "kernel" always the
     # generated tiled kernel.
     cuda_blas: str
+    # A folder where the CUDA lowering records every kernel's source (FUSEGRAD_CUDA_COLLECT).
+    cuda_collect: str | None = None
     # torch.set_float32_matmul_precision: "highest" (full float32), "high" (TF32 allowed).
     float32_matmul_precision: str = "highest"
     # torch._dynamo.config.automatic_dynamic_shapes: with compile(dynamic=None), a dim seen
@@ -126,6 +131,7 @@ class Config:
             cuda_sync=os.environ.get("FUSEGRAD_CUDA_SYNC", "0") not in ("", "0", "false"),
             cuda_eager_cache=max(1, _int("FUSEGRAD_CUDA_EAGER_CACHE", 4096)),
             cuda_blas=_choice("FUSEGRAD_CUDA_BLAS", ("auto", "kernel")),
+            cuda_collect=os.environ.get("FUSEGRAD_CUDA_COLLECT") or None,
             automatic_dynamic_shapes=os.environ.get("FUSEGRAD_AUTOMATIC_DYNAMIC_SHAPES", "1")
             not in ("0", "false", "off"),
         )

@@ -12,8 +12,8 @@ Families (``LoweredKernel.family``):
   step; outputs and loads index through their views (broadcasts are index maps). Where the
   innermost axis holds whole groups of 4 and no reshape, pad or concat is fused in, a
   thread takes 4 consecutive elements a step instead, with 16-byte loads and stores of the
-  4-byte buffers read at unit stride (when their pointers are aligned; else the scalar
-  loop runs). A kernel that reads an input with its two innermost axes swapped (a
+  4-byte buffers (8-byte ones of the 16-bit floats) read at unit stride (when their pointers
+  are aligned; else the scalar loop runs). A kernel that reads an input with its two innermost axes swapped (a
   transpose) takes 32x32 tiles instead: that input read along its unit stride into a
   32x33 shared tile, the outputs computed and stored along the innermost axis;
 - ``row_reduce`` (the reduced axes include the innermost one: softmax, layer_norm,
@@ -33,7 +33,12 @@ Families (``LoweredKernel.family``):
   memory in a fixed order;
 - ``matmul``: 16x16 output tiles, a block per tile, the operands' tiles staged in shared
   memory, the product accumulated in a register (float32 for 16-bit operands) and the
-  fused epilogue (bias, activation, residual) applied before the store.
+  fused epilogue (bias, activation, residual) applied before the store;
+- ``attention``, ``attention_backward`` and ``index_add``: kernels of their own for the
+  extern primitives a transformer step uses, straightforward loops with a thread per row of
+  a head (its scores, softmax and product; its rows of dq, dk and dv) or per output element
+  (index_add adds the source elements whose index names it, in index order), so that the
+  step runs on the device throughout. Other extern primitives run their numpy reference.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import math
 
 from fusegrad import dtypes
 from fusegrad.codegen import indexing
+from fusegrad.codegen.cuda import collect
 from fusegrad.codegen.kernel_ir import (
     INDEX,
     Assign,
@@ -61,12 +67,13 @@ from fusegrad.codegen.kernel_ir import (
     Var,
 )
 from fusegrad.codegen.values import MOVES_ELEMENTS, KernelValues, reductions
+from fusegrad.config import config
 from fusegrad.ir.graph import Node, Value
-from fusegrad.ir.kernel_graph import Kernel, KernelGraph
+from fusegrad.ir.kernel_graph import Kernel, KernelGraph, identity_view
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
 
-__all__ = ["lower_kernel", "kernel_family", "BLOCK", "WARP", "TILE", "MAX_GRID"]
+__all__ = ["lower_kernel", "kernel_family", "BLOCK", "WARP", "TILE", "MAX_GRID", "EXTERN_FAMILIES"]
 
 BLOCK = 256          # threads per block
 VEC = 4              # elements a thread loads and stores at once in elementwise kernels
@@ -78,6 +85,19 @@ TILE = 16            # matmul output tile (TILE x TILE threads)
 MAX_GRID = 8192      # blocks at most: the loops stride over the rest
 GRID_REDUCE_MIN = 1 << 15   # a full reduction of at least this many elements spans blocks
 PARTIALS = 1024      # blocks of a grid_reduce at most (about 8 per SM of an H100)
+
+
+# Extern primitives with a kernel of their own: straightforward loops, a thread per row of
+# the attention (per output element of index_add), so that a step that uses them runs on the
+# device throughout (and replays as one CUDA graph).
+EXTERN_FAMILIES = {"fused_attention": "attention", "fused_attention_backward":
+                   "attention_backward", "index_add": "index_add"}
+
+
+def _vectors(memory_dtype) -> bool:
+    """Whether elements of ``memory_dtype`` are read and written ``VEC`` at a time: 4-byte
+    elements (16 bytes a vector), and 16-bit floats (their 16-bit integers: 8 bytes)."""
+    return memory_dtype.itemsize == 4 or memory_dtype is lowering.BITS16
 
 
 def kernel_family(kernel: Kernel) -> str:
@@ -92,6 +112,8 @@ def kernel_family(kernel: Kernel) -> str:
                 not any(kernel.level.get(v) == "full" for v in kernel.outputs):
             return "grid_reduce"
         return "row_reduce" if len(kernel.shape) - 1 in kernel.axes else "col_reduce"
+    if kernel.kind == "extern" and len(kernel.nodes) == 1 and kernel.nodes[0].op in EXTERN_FAMILIES:
+        return EXTERN_FAMILIES[kernel.nodes[0].op]
     raise Unsupported(f"{kernel.kind} kernels run their numpy reference")
 
 
@@ -259,7 +281,7 @@ class _Lowering(KernelValues):
                     values.append(lowering.to_memory(b, self.emit(v, coords), v.type.dtype))
                 self.lane = None
                 p = self.param(v)
-                if p.dtype.itemsize == 4:
+                if _vectors(p.dtype):
                     vectorized[id(p)] = p
                     out.append(StoreVec(p, i, tuple(values)))      # outputs are contiguous
                 else:
@@ -277,7 +299,7 @@ class _Lowering(KernelValues):
         if lane is None or not coords or v.type.shape[-1] != shape[-1] or shape[-1] == 1 or \
                 view.strides[-1] != 1 or view.offset % VEC or \
                 any(s % VEC for s in view.strides[:-1]) or \
-                lowering.memory_dtype(v.type.dtype).itemsize != 4:
+                not _vectors(lowering.memory_dtype(v.type.dtype)):
             return super().load(v, coords)
         # Lane k reads the element k after lane 0's: the group is one vector.
         k, coords0, vectorized = lane
@@ -619,6 +641,219 @@ class _Lowering(KernelValues):
         return [self.loop("tile", b.special("blockIdx"), self.idx(blocks), b.special("gridDim"),
                           per_tile)], blocks
 
+    # -- extern primitives
+
+    def _declare(self, body: list, name: str, dt, init) -> Var:
+        var = self.var(name, dt)
+        body.append(Declare(var, init))
+        return var
+
+    def _dot(self, body: list, n: int, left, right, reg) -> Var:
+        """A variable holding ``sum(left(e) * right(e) for e < n)``, accumulated by fused
+        multiply-adds in order (a matmul's accumulation)."""
+        b = self.b
+        acc = self._declare(body, "dot", reg, b.const(reg, 0.0))
+
+        def term(e, inner):
+            inner.append(Assign(acc, b.call("fma", [left(e), right(e), b.read(acc)], reg)))
+        body.append(self.loop("e", self.idx(0), self.idx(n), self.idx(1), term))
+        return acc
+
+    def _attention_setup(self):
+        node = self.k.nodes[0]
+        q = node.inputs[0]
+        if q.type.dtype not in (dtypes.float32, dtypes.float64):
+            raise Unsupported(f"{node.op} on {q.type.dtype} runs its numpy reference")
+        L, E = q.type.shape[-2:]
+        batch = q.type.shape[:-2]
+        return node, L, E, batch, lowering.register_dtype(q.type.dtype)
+
+    def _masked(self, node: Node, n_operands: int, bc: list, i, j):
+        """Whether the score (i, j) of the head at batch coordinates ``bc`` is masked (None
+        without a mask): the mask (broadcast to the scores) is not ``keep``."""
+        if len(node.inputs) == n_operands:
+            return None
+        b, mask = self.b, node.inputs[n_operands]
+        full = list(bc) + [i, j]
+        coords = full[len(full) - len(mask.type.shape):]
+        m = self.load(mask, [self.idx(0) if d == 1 else c
+                             for c, d in zip(coords, mask.type.shape)])
+        return b.binary("xor", m, b.const(dtypes.bool_, 1), dtypes.bool_) if \
+            node.attrs["keep"] else m
+
+    def _at(self, v: Value, coords: list):
+        """The element index of ``coords`` in ``v``'s own (contiguous) buffer."""
+        return self.address(identity_view(v), coords)
+
+    def attention(self) -> tuple[list, int]:
+        """``fused_attention``, a thread per query row: its scores, stored in the packed
+        output's weights part, their max; then the weights (softmax as the reference
+        computes it: shifted by the max, 0 for a row of -inf, exp, sum, divide); then the
+        row of the result, each column a dot product of the weights and a column of v."""
+        node, L, E, batch, reg = self._attention_setup()
+        b = self.b
+        q, k, v = node.inputs[:3]
+        out = node.output
+        p = self.param(out)
+        dt = out.type.dtype
+        scale = b.const(reg, node.attrs["scale"])
+        neg_inf = b.const(reg, float("-inf"))
+
+        def row(n, body):
+            coords = indexing.unravel(b, n, batch + (L,), bounded=True)
+            bc, i = coords[:-1], coords[-1]
+
+            def weight(j):
+                return lowering.from_memory(b, b.load(p, self._at(out, bc + [i, b.add(j, self.idx(E))])),
+                                            dt)
+
+            def store_weight(j, value, into):
+                into.append(Store(p, self._at(out, bc + [i, b.add(j, self.idx(E))]),
+                                  lowering.to_memory(b, value, dt)))
+            top = self._declare(body, "top", reg, neg_inf)
+
+            def score(j, inner):
+                dot = self._dot(inner, E, lambda e: self.load(q, bc + [i, e]),
+                                lambda e: self.load(k, bc + [j, e]), reg)
+                s = b.binary("mul", b.read(dot), scale, reg)
+                masked = self._masked(node, 3, bc, i, j)
+                if masked is not None:
+                    s = b.select(masked, neg_inf, s, reg)
+                store_weight(j, s, inner)
+                inner.append(Assign(top, lowering.combine(b, "max", b.read(top), s, dt)))
+            body.append(self.loop("j", self.idx(0), self.idx(L), self.idx(1), score))
+            dead = b.cmp("eq", b.read(top), neg_inf, reg)
+            shift = self._declare(body, "shift", reg,
+                                  b.select(dead, b.const(reg, 0.0), b.read(top), reg))
+            total = self._declare(body, "total", reg, b.const(reg, 0.0))
+
+            def exp(j, inner):
+                # Held in a variable: an expression that loads the score would read the
+                # exp stored over it.
+                e = self._declare(inner, "exp", reg, b.unary(
+                    "exp", b.binary("sub", weight(j), b.read(shift), reg), reg))
+                store_weight(j, b.read(e), inner)
+                inner.append(Assign(total, b.binary("add", b.read(total), b.read(e), reg)))
+            body.append(self.loop("j", self.idx(0), self.idx(L), self.idx(1), exp))
+            if node.attrs["zero_dead"]:
+                body.append(Assign(total, b.select(dead, b.const(reg, 1.0), b.read(total), reg)))
+
+            def normalize(j, inner):
+                store_weight(j, b.binary("div", weight(j), b.read(total), reg), inner)
+            body.append(self.loop("j", self.idx(0), self.idx(L), self.idx(1), normalize))
+
+            def column(e, inner):
+                dot = self._dot(inner, L, weight, lambda j: self.load(v, bc + [j, e]), reg)
+                inner.append(Store(p, self._at(out, bc + [i, e]),
+                                   lowering.to_memory(b, b.read(dot), dt)))
+            body.append(self.loop("c", self.idx(0), self.idx(E), self.idx(1), column))
+        rows = math.prod(batch) * L
+        return [self.loop("row", self.thread_id(), self.idx(rows), self.grid_stride(), row)], \
+            -(-rows // BLOCK)
+
+    def attention_backward(self) -> tuple[list, int]:
+        """``fused_attention_backward``, a thread per row r of the head: dq's row r, then
+        dk's and dv's rows r (key r's gradients), each accumulated in the output over the
+        rows it sums. The softmax VJP's ``sum(p * dp)`` of row i is ``dout[i] . out[i]``
+        (out = p @ v), read from the packed forward result."""
+        node, L, E, batch, reg = self._attention_setup()
+        b = self.b
+        q, k, v, packed, dout = node.inputs[:5]
+        out = node.output
+        g = self.param(out)
+        dt = out.type.dtype
+        scale = b.const(reg, node.attrs["scale"])
+        zero = b.const(reg, 0.0)
+
+        def row(n, body):
+            coords = indexing.unravel(b, n, batch + (L,), bounded=True)
+            bc, r = coords[:-1], coords[-1]
+
+            def grad_at(which, e):
+                return self._at(out, [self.idx(which)] + bc + [r, e])
+
+            def clear(e, inner):
+                for which in range(3):
+                    inner.append(Store(g, grad_at(which, e), lowering.to_memory(b, zero, dt)))
+            body.append(self.loop("e", self.idx(0), self.idx(E), self.idx(1), clear))
+
+            def accumulate(inner, which, weight, operand):
+                def term(e, inner2):
+                    at = grad_at(which, e)
+                    old = lowering.from_memory(b, b.load(g, at), dt)
+                    inner2.append(Store(g, at, lowering.to_memory(
+                        b, b.call("fma", [weight, operand(e), old], reg), dt)))
+                inner.append(self.loop("e", self.idx(0), self.idx(E), self.idx(1), term))
+
+            def ds(inner, i, j, p_ij):
+                """The score gradient (i, j): ``p * (dp - dout[i] . out[i])``, masked 0, scaled."""
+                dp = self._dot(inner, E, lambda e: self.load(dout, bc + [i, e]),
+                               lambda e: self.load(v, bc + [j, e]), reg)
+                c = self._dot(inner, E, lambda e: self.load(dout, bc + [i, e]),
+                              lambda e: self.load(packed, bc + [i, e]), reg)
+                value = b.binary("mul", p_ij, b.binary("sub", b.read(dp), b.read(c), reg), reg)
+                masked = self._masked(node, 5, bc, i, j)
+                if masked is not None:
+                    value = b.select(masked, zero, value, reg)
+                return self._declare(inner, "ds", reg, b.binary("mul", value, scale, reg))
+
+            def weight(i, j):
+                return self.load(packed, bc + [i, b.add(j, self.idx(E))])
+
+            def query_grad(j, inner):            # dq[r] += ds[r, j] * k[j]
+                s = ds(inner, r, j, weight(r, j))
+                accumulate(inner, 0, b.read(s), lambda e: self.load(k, bc + [j, e]))
+            body.append(self.loop("j", self.idx(0), self.idx(L), self.idx(1), query_grad))
+
+            def key_grads(i, inner):             # dk[r] += ds[i, r] * q[i]; dv[r] += p[i, r] * dout[i]
+                p_ir = self._declare(inner, "p", reg, weight(i, r))
+                s = ds(inner, i, r, b.read(p_ir))
+                accumulate(inner, 1, b.read(s), lambda e: self.load(q, bc + [i, e]))
+                accumulate(inner, 2, b.read(p_ir), lambda e: self.load(dout, bc + [i, e]))
+            body.append(self.loop("i", self.idx(0), self.idx(L), self.idx(1), key_grads))
+        rows = math.prod(batch) * L
+        return [self.loop("row", self.thread_id(), self.idx(rows), self.grid_stride(), row)], \
+            -(-rows // BLOCK)
+
+    def index_add(self) -> tuple[list, int]:
+        """``index_add``, a thread per output element: the input's element, then each
+        source element whose index names this position along the axis added in index order
+        (``np.add.at``'s order: the sums are the reference's, rounded as it rounds)."""
+        node = self.k.nodes[0]
+        b = self.b
+        x, idx, src = node.inputs
+        axis = node.attrs["axis"]
+        out = node.output
+        dt = out.type.dtype
+        if dt is dtypes.bool_:
+            raise Unsupported("index_add on bool runs its numpy reference")
+        reg = lowering.register_dtype(dt)
+        shape = out.type.shape
+        size = shape[axis]
+        n = math.prod(shape)
+
+        def element(n, body):
+            coords = indexing.unravel(b, n, shape, bounded=True)
+            at = lowering.convert(b, coords[axis], INDEX, dtypes.int64)
+            acc = self._declare(body, "acc", reg, self.load(x, coords))
+
+            def term(f, inner):
+                icoords = indexing.unravel(b, f, idx.type.shape, bounded=True)
+                i = lowering.convert(b, self.load(idx, icoords), idx.type.dtype, dtypes.int64)
+                i = b.select(b.cmp("lt", i, b.const(dtypes.int64, 0), dtypes.int64),
+                             b.add(i, b.const(dtypes.int64, size)), i, dtypes.int64)
+                value = self.load(src, coords[:axis] + icoords + coords[axis + 1:])
+                added = lowering.round_half(b, lowering.combine(b, "sum", b.read(acc), value, dt),
+                                            dt)
+                inner.append(Assign(acc, b.select(b.cmp("eq", i, at, dtypes.int64), added,
+                                                  b.read(acc), reg)))
+            body.append(self.loop("f", self.idx(0), self.idx(math.prod(idx.type.shape)),
+                                  self.idx(1), term))
+            body.append(Store(self.param(out), self._at(out, coords),
+                              lowering.to_memory(b, b.read(acc), dt)))
+        return [self.loop("i", self.thread_id(), self.idx(n), self.grid_stride(), element)], \
+            -(-n // BLOCK)
+
 
 def _shared_used(body: list) -> set[int]:
     """The ids of the shared arrays ``body`` reads or writes."""
@@ -703,5 +938,8 @@ def lower_kernel(kernel: Kernel, kg: KernelGraph) -> LoweredKernel:
     body = pruned
     used = _shared_used(body)
     shared = [s for s in low.shared if id(s) in used]
-    return LoweredKernel(_name(kernel, family), params, shared, body, block, grid, family,
-                         bits)
+    lowered = LoweredKernel(_name(kernel, family), params, shared, body, block, grid, family,
+                            bits)
+    if config.cuda_collect:
+        collect.record(lowered, config.cuda_collect)
+    return lowered

@@ -17,7 +17,8 @@ a module of their own.
   its buffers from the shared memory plan (:mod:`fusegrad.runtime.memory_plan`) and launches
   the kernels in order on one stream; a matmul kernel runs as ``cublasLtMatmul`` where
   cuBLASLt is found and takes it (:mod:`~fusegrad.runtime.cublas`). A kernel with no GPU
-  lowering (an extern primitive) runs its numpy reference on host copies of its operands.
+  lowering (an extern primitive other than the fused attention and index_add) runs its numpy
+  reference on host copies of its operands.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from fusegrad.codegen.cuda.printer import cuda_source
 from fusegrad.codegen.gpu_lowering import lower_kernel
 from fusegrad.config import config
 from fusegrad.ir.graph import Literal, Value
-from fusegrad.ir.kernel_graph import KernelGraph
+from fusegrad.ir.kernel_graph import KernelGraph, identity_view
 from fusegrad.ops.lowering import Unsupported
 from fusegrad.runtime.cublas import BlasMatmul, cublaslt_for, plan_blas, tf32_allowed
 from fusegrad.runtime.cuda_compile import (  # noqa: F401
@@ -155,7 +156,11 @@ class CudaProgram:
         # and unloaded after the program is collected (:func:`unload_pending`).
         self._functions: dict[int, dict] = {}
         self._modules: dict[int, object] = {}
-        self._unload = weakref.finalize(self, _unload_later, self.drv, self._modules)
+        # The executable CUDA graph of each device (a list: one graph at most), destroyed
+        # with the modules.
+        self._graph_execs: dict[int, list] = {}
+        self._unload = weakref.finalize(self, _unload_later, self.drv, self._modules,
+                                        self._graph_execs)
         self._unload.atexit = False
         self._constants: dict[int, dict[int, DeviceArray]] = {}
         self.allocator = None     # the allocator of the device of the latest call
@@ -256,17 +261,28 @@ class CudaProgram:
     def _input_checks(self) -> dict[int, tuple]:
         """The host steps that only check an input of the program (the class indices of a
         cross-entropy's target: ``check_target``, ``check_index``), by kernel: (node, input
-        position). Their output is the input, so a graph copies it on the device, and the
-        check runs on the host before the replay."""
+        position), also of a reshape of the input (its elements in the input's order). Their
+        output is the input, so a graph copies it on the device, and the check runs on the
+        host before the replay."""
         checks = getattr(self, "_checks", None)
         if checks is None:
             checks = self._checks = {}
             positions = {v: j for j, v in enumerate(self.graph.inputs)}
             for i in self.host_steps:
                 nodes = self.kg.kernels[i].nodes
-                if len(nodes) == 1 and nodes[0].op in ("check_target", "check_index") and \
-                        nodes[0].inputs[0] in positions and nodes[0].inputs[0] not in self.kg.views:
-                    checks[i] = (nodes[0], positions[nodes[0].inputs[0]])
+                if len(nodes) != 1 or nodes[0].op not in ("check_target", "check_index"):
+                    continue
+                # The input itself, or a reshape of it (a cross-entropy's ``y.view(-1)``):
+                # its elements in the input's order.
+                v = nodes[0].inputs[0]
+                view = self.kg.views.get(v)
+                if view is not None and view == dataclasses.replace(
+                        identity_view(v), base=view.base):
+                    v = view.base
+                elif view is not None:
+                    continue
+                if v in positions:
+                    checks[i] = (nodes[0], positions[v])
         return checks
 
     def _check_inputs(self, inputs, first: bool) -> None:
@@ -284,7 +300,7 @@ class CudaProgram:
                                   f"cuda tensor runs on the first call only (reading it back "
                                   f"would wait for the device)", UserWarning, stacklevel=5)
                 x = x.to_host()
-            node.prim.impl(np.asarray(x), **node.attrs)
+            node.prim.impl(np.asarray(x).reshape(node.inputs[0].type.shape), **node.attrs)
 
     def _replay(self, inputs) -> list[DeviceArray]:
         """A call as one CUDA graph: the inputs are copied into the program's static buffers
@@ -304,6 +320,8 @@ class CudaProgram:
         if step.graph is not None and step.tf32 != tf32:
             # The graph's cuBLASLt calls hold the compute type read when they were captured:
             # a changed TF32 setting (torch reads it at each call) needs a new capture.
+            drv.graph_destroy(step.graph, device)
+            self._graph_execs[device].remove(step.graph)
             step.graph = None
         self._check_inputs(inputs, step.graph is None)
         buffers = step.buffers
@@ -323,7 +341,7 @@ class CudaProgram:
             for i, k in enumerate(self.kg.kernels):
                 if i in checks:                  # checked above: the copy is what is left
                     node = checks[i][0]
-                    src, dst = buffers[self.slots[node.inputs[0]]], buffers[self.slots[node.output]]
+                    src, dst = buffers[checks[i][1]], buffers[self.slots[node.output]]
                     if src.nbytes:
                         drv.dtod(dst.ptr, src.ptr, src.nbytes)
                 else:
@@ -336,6 +354,7 @@ class CudaProgram:
             finally:
                 step.graph = drv.end_capture()
                 step.tf32 = tf32
+                self._graph_execs.setdefault(device, []).append(step.graph)
         else:
             drv.graph_launch(step.graph)
         self.replays += 1

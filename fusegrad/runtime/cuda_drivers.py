@@ -73,6 +73,7 @@ class Driver(Protocol):
     def begin_capture(self) -> None: ...
     def end_capture(self) -> object: ...                  # the instantiated graph
     def graph_launch(self, graph) -> None: ...
+    def graph_destroy(self, graph, ordinal: int) -> None: ...  # frees what end_capture made
 
 
 # CUDA_ERROR_OUT_OF_MEMORY in the driver API's CUresult.
@@ -237,6 +238,11 @@ class CudaPythonDriver:
     def graph_launch(self, graph) -> None:
         self._check(self.cu.cuGraphLaunch(graph, self.stream))
 
+    def graph_destroy(self, graph, ordinal: int) -> None:
+        """Destroy an executable graph of device ``ordinal`` (made current for the call)."""
+        self.use(ordinal)
+        self._check(self.cu.cuGraphExecDestroy(graph))
+
 
 class _PushedContext:
     """The context a :class:`PyCudaDriver` pushed in one thread. pycuda keeps a context
@@ -382,6 +388,10 @@ class PyCudaDriver:
     def graph_launch(self, graph) -> None:
         graph.launch(self.stream)
 
+    def graph_destroy(self, graph, ordinal: int) -> None:
+        """Nothing: a pycuda GraphExec destroys itself (cuGraphExecDestroy, in its context)
+        when it is collected."""
+
 
 _driver_lock = threading.Lock()
 _driver: Driver | None = None
@@ -498,26 +508,37 @@ def set_device(index: int) -> None:
     """Make device ``index`` the one ``cuda`` without an index means."""
     _thread_device.index = check_ordinal(int(index))
 
-# Modules of collected programs, unloaded at the next safe point (:func:`unload_pending`): a
-# finalizer can run inside a driver call of the same thread (a garbage collection there), and
-# unloading then would change the thread's current context under that call.
-_pending_unloads: list[tuple[Driver, dict[int, object]]] = []
+# Modules and CUDA graphs of collected programs, released at the next safe point
+# (:func:`unload_pending`): a finalizer can run inside a driver call of the same thread (a
+# garbage collection there), and unloading then would change the thread's current context
+# under that call.
+_pending_unloads: list[tuple[Driver, dict[int, object], dict[int, list]]] = []
 
 
-def _unload_later(drv: Driver, modules: dict[int, object]) -> None:
-    """A collected program's finalizer: queue its modules (nothing at interpreter exit, when
-    the driver may be gone; the process's end frees the contexts anyway)."""
-    if modules and not sys.is_finalizing():
-        _pending_unloads.append((drv, modules))
+def _unload_later(drv: Driver, modules: dict[int, object],
+                  graphs: dict[int, list] | None = None) -> None:
+    """A collected program's finalizer: queue its modules and its executable graphs, by
+    device (nothing at interpreter exit, when the driver may be gone; the process's end frees
+    the contexts anyway)."""
+    if (modules or graphs) and not sys.is_finalizing():
+        _pending_unloads.append((drv, modules, graphs if graphs is not None else {}))
 
 
 def unload_pending() -> None:
-    """Unload the modules of the programs collected since the last call (each program call
-    and :func:`empty_cache` start with it); the device that was current in this thread is
-    made current again after."""
+    """Destroy the executable graphs and unload the modules of the programs collected since
+    the last call (each program call and :func:`empty_cache` start with it); the device that
+    was current in this thread is made current again after."""
     while _pending_unloads:
-        drv, modules = _pending_unloads.pop()
+        drv, modules, graphs = _pending_unloads.pop()
         before = getattr(drv, "current", -1)
+        # A graph's kernel nodes use the module's functions: the graphs go first.
+        for device, execs in list(graphs.items()):
+            for graph in execs:
+                try:
+                    drv.graph_destroy(graph, device)
+                except Exception:     # a context already destroyed: nothing left to free
+                    pass
+        graphs.clear()
         for device, module in list(modules.items()):
             try:
                 drv.unload_module(module, device)

@@ -9,23 +9,35 @@ The fuzzer's ``--nvcc`` stage and the suite's cubin tests both use it::
 
     report = compile_kernels(kernels)          # {name: LoweredKernel}
     assert not report.errors and not report.spilled()
+
+``python -m fusegrad.testing.nvcc FOLDER`` compiles every kernel the lowering recorded in
+``FOLDER`` (``FUSEGRAD_CUDA_COLLECT``, :mod:`fusegrad.codegen.cuda.collect`: ``make test``
+records the suite's) in batches of ``--batch`` kernels, an nvcc call a batch and a call per
+core at a time, and prints the kernels, failures, spills and the most registers any used; it
+exits 1 on a failure or a spill.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fusegrad.codegen.cuda.printer import cuda_source
+from fusegrad.codegen.cuda import collect
+from fusegrad.codegen.cuda.printer import cuda_source, join_parts
 from fusegrad.codegen.kernel_ir import LoweredKernel
 
 __all__ = ["ARCHS", "KernelReport", "NvccReport", "compile_kernels", "compile_source", "find_nvcc",
-           "named_apart", "parse_ptxas"]
+           "compile_collected", "named_apart", "parse_ptxas"]
 
 ARCHS = ("sm_80", "sm_90")      # A100 and H100: the cards the project runs on
 
@@ -141,3 +153,80 @@ def named_apart(kernels: list[LoweredKernel], prefix: str = "") -> dict[str, Low
             name, n = f"{prefix}{k.name}_{n}", n + 1
         out[name] = dataclasses.replace(k, name=name)
     return out
+
+
+def _compile_recorded(kernels: list[dict], archs: tuple[str, ...], nvcc: str) -> NvccReport:
+    """Recorded kernels (:func:`fusegrad.codegen.cuda.collect.read`) as one nvcc call."""
+    report = compile_source(join_parts([(k["helpers"], k["body"]) for k in kernels]), archs, nvcc)
+    seen = {(k.name, k.arch) for k in report.kernels}
+    missing = [f"{k['name']} ({arch})" for k in kernels for arch in archs
+               if (k["name"], arch) not in seen]
+    if missing and not report.errors:
+        report.errors = "no ptxas report for " + ", ".join(missing)
+    return report
+
+
+def compile_collected(folder: str, archs: tuple[str, ...] = ARCHS, batch: int = 400,
+                      nvcc: str | None = None, jobs: int | None = None,
+                      ) -> tuple[int, NvccReport, dict[str, str]]:
+    """Every kernel recorded in ``folder``, compiled ``batch`` kernels to an nvcc call,
+    ``jobs`` calls at a time (default: one per core). Returns how many kernels there were,
+    the merged report, and the failures: the kernels of a batch that failed are compiled one
+    by one, and each that fails maps to nvcc's errors and its source."""
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc is not installed")
+    kernels = collect.read(folder)
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    # Batches of at most ``batch`` kernels, at least one per job.
+    size = max(1, min(batch, -(-len(kernels) // jobs)))
+    parts = [kernels[i:i + size] for i in range(0, len(kernels), size)]
+    with ThreadPoolExecutor(jobs) as pool:
+        reports = list(pool.map(lambda part: _compile_recorded(part, archs, nvcc), parts))
+    merged, failures = NvccReport(), {}
+    for part, report in zip(parts, reports):
+        merged.kernels += report.kernels
+        if report.errors:
+            found = False
+            for k in part:
+                one = _compile_recorded([k], archs, nvcc)
+                if one.errors:
+                    found = True
+                    failures[k["name"]] = f"{one.errors}\n--- {k['family']} kernel:\n{k['body']}"
+            if not found:
+                failures[f"batch of {part[0]['name']}"] = report.errors
+    return len(kernels), merged, failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fusegrad.testing.nvcc",
+                                 description="Compile the CUDA kernels recorded in a folder "
+                                 "(FUSEGRAD_CUDA_COLLECT) with nvcc: warnings are errors, and a "
+                                 "kernel that spills registers fails.")
+    ap.add_argument("folder")
+    ap.add_argument("--archs", default=",".join(ARCHS), help="architectures (default %(default)s)")
+    ap.add_argument("--batch", type=int, default=400, help="kernels one nvcc call compiles")
+    ap.add_argument("--jobs", type=int, default=None, help="nvcc calls at a time (default: one "
+                    "per core)")
+    args = ap.parse_args(argv)
+    nvcc = find_nvcc()
+    if nvcc is None:
+        print("nvcc is not installed: the recorded CUDA kernels were not compiled")
+        return 0
+    archs = tuple(a.strip() for a in args.archs.split(",") if a.strip())
+    t0 = time.perf_counter()
+    count, report, failures = compile_collected(args.folder, archs, args.batch, nvcc, args.jobs)
+    spilled = report.spilled()
+    for name, message in failures.items():
+        print(f"=== {name}: nvcc failed ===\n{message}\n", file=sys.stderr)
+    for k in spilled:
+        print(f"=== {k.name} ({k.arch}): {k.spill_stores} bytes spill stores, {k.spill_loads} "
+              f"bytes spill loads ===", file=sys.stderr)
+    print(f"nvcc ({','.join(archs)}): {count} kernels recorded in {args.folder}, "
+          f"{len(failures)} failed, {len(spilled)} spilled, at most {report.max_registers} "
+          f"registers ({time.perf_counter() - t0:.1f} s)")
+    return 1 if failures or spilled else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,8 +9,9 @@ tensor pass ``base + offset``), and with ``devices=2`` it pretends to have two d
 each allocation belongs to the device current when it was made, and using it while
 another device is current raises, as an illegal address would on a GPU. With ``memory=N``
 each device holds N bytes, and an allocation beyond them raises the driver's out-of-memory
-error, so that the caching allocator's retry and message can be checked. ``kernels`` lists
-every kernel of every module loaded (:mod:`fusegrad.testing.nvcc` compiles them).
+error, so that the caching allocator's retry and message can be checked. ``live_graphs``
+holds the executable CUDA graphs not yet destroyed, and ``kernels`` lists every kernel of
+every module loaded (:mod:`fusegrad.testing.nvcc` compiles them).
 
 With ``cublas=True`` it has a cuBLASLt of its own (:class:`SimulatedCublasLt`, numpy
 behind the library's C interface), so matmuls take the runtime's cuBLASLt path
@@ -56,6 +57,7 @@ class SimulatedDriver:
         self.unloaded: list[object] = []         # modules given to unload_module
         self.syncs = 0                 # calls that wait for the device (synchronize, dtoh, htod)
         self.capture: list | None = None  # the work recorded since begin_capture
+        self.live_graphs: list[list] = []  # executable graphs made and not yet destroyed
         # None: no cuBLASLt (matmuls run the generated kernel)
         self.cublaslt_library = SimulatedCublasLt(self) if cublas else None
         self.kernels: list = []                  # every LoweredKernel of every module loaded
@@ -98,7 +100,16 @@ class SimulatedDriver:
 
     def end_capture(self) -> list:
         graph, self.capture = self.capture, None
+        self.live_graphs.append(graph)
         return graph
+
+    def graph_destroy(self, graph: list, ordinal: int) -> None:
+        """cuGraphExecDestroy: ``live_graphs`` loses the graph (destroying one twice, or one
+        this driver did not make, raises)."""
+        i = next((i for i, g in enumerate(self.live_graphs) if g is graph), None)
+        if i is None:
+            raise RuntimeError("CUDA error: invalid resource handle (graph destroyed twice)")
+        del self.live_graphs[i]
 
     def graph_launch(self, graph: list) -> None:
         self._not_capturing("cuGraphLaunch")

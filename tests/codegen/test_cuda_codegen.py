@@ -45,7 +45,7 @@ def source():
 
 
 def test_source_is_readable_cuda(source):
-    entries = re.findall(r'extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\(', source)
+    entries = re.findall(r'extern "C" __global__ void __launch_bounds__\(\d+, \d+\) (\w+)\(', source)
     assert len(entries) == len(set(entries)) > 40
     assert any("_row_reduce_" in e and "exp" in e for e in entries)
     assert "__shfl_xor_sync(0xffffffffu" in source and "__syncthreads();" in source

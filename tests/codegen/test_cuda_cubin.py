@@ -12,6 +12,7 @@ and ptxas reports no spilled register.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -21,7 +22,9 @@ import pytest
 
 import fusegrad as fg
 import fusegrad.nn.functional as F
-from fusegrad.codegen.cuda.printer import cuda_source
+from fusegrad.codegen.cuda import collect
+from fusegrad.codegen.cuda.printer import cuda_parts, cuda_source, join_parts
+from fusegrad.config import config
 from fusegrad.runtime import cuda as rt
 from fusegrad.testing import nvcc
 from fusegrad.testing.simulated_cuda import SimulatedDriver
@@ -176,3 +179,51 @@ def test_a_fused_cross_entropy_step_names_locals_apart_from_shared_arrays():
         kernels_with_shared += bool(shared)
         assert not shared & declared, shared & declared
     assert kernels_with_shared > 0
+
+
+def record_programs(folder, monkeypatch, *fns) -> SimulatedDriver:
+    """Run each of ``fns`` compiled for CUDA on the simulated driver, recording its kernels
+    to ``folder`` (as ``FUSEGRAD_CUDA_COLLECT`` does)."""
+    monkeypatch.setattr(config, "cuda_collect", str(folder))
+    drv = SimulatedDriver()
+    rt.set_driver(drv)
+    try:
+        for fn in fns:
+            fg.compile(fn, backend="cuda")(fg.ones(4, 8))
+    finally:
+        rt.set_driver(None)
+    return drv
+
+
+def test_the_lowering_records_each_distinct_kernel_once(tmp_path, monkeypatch):
+    # x * 2 twice (two programs, one kernel), x * 3 and a softmax: three distinct kernels.
+    drv = record_programs(tmp_path, monkeypatch, lambda x: x * 2, lambda x: x * 2,
+                          lambda x: x * 3, lambda x: x.softmax(-1))
+    assert len(drv.kernels) == 4
+    recorded = collect.read(str(tmp_path))
+    assert len(recorded) == 3 == len(list(tmp_path.iterdir()))
+    assert sorted(k["family"] for k in recorded) == ["elementwise", "elementwise", "row_reduce"]
+    source = join_parts([(k["helpers"], k["body"]) for k in recorded])
+    for k in recorded:
+        assert re.fullmatch(r"k_[0-9a-f]{20}", k["name"])
+        assert f" {k['name']}(" in source
+    # The recorded text is the kernel the driver was given, renamed.
+    softmax = next(k for k in drv.kernels if k.family == "row_reduce")
+    body = next(k["body"] for k in recorded if k["family"] == "row_reduce")
+    assert body.replace(next(k["name"] for k in recorded if k["body"] == body), softmax.name) == \
+        cuda_parts(softmax)[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_recorded_kernels_compile_and_a_failing_one_is_named(tmp_path, monkeypatch):
+    record_programs(tmp_path, monkeypatch, lambda x: (x * 2).exp(), lambda x: x.sum(-1))
+    count, report, failures = nvcc.compile_collected(str(tmp_path), jobs=1)
+    assert count == 2 and not failures and not report.spilled()
+    assert len(report.kernels) == 2 * len(nvcc.ARCHS)
+    broken = {"name": "k_broken", "family": "elementwise", "helpers": {},
+              "body": 'extern "C" __global__ void k_broken(float* x) { x[0] = undeclared; }'}
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    count, report, failures = nvcc.compile_collected(str(tmp_path), jobs=1)
+    assert count == 3 and list(failures) == ["k_broken"]
+    assert "undeclared" in failures["k_broken"]

@@ -5,6 +5,8 @@ subnormals, overflow to infinity, NaN stays NaN."""
 
 from __future__ import annotations
 
+import subprocess
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -56,3 +58,38 @@ def test_half_kernels_compile_to_cubin_without_spills():
     report = nvcc.compile_kernels(nvcc.named_apart(k16))
     assert not report.errors, report.errors
     assert not report.spilled()
+
+
+@pytest.mark.parametrize("name,npdt", [("float16", np.float16), ("bfloat16", ml_dtypes.bfloat16)])
+def test_elementwise_kernels_move_four_16_bit_floats_at_once(name, npdt):
+    # 8192 elements: the vector loop, with 8-byte loads and stores (ushort4) where every
+    # vector buffer is 8-byte aligned (else the scalar loop runs, as for 4-byte elements).
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(8192).astype(npdt)
+    y = rng.standard_normal(8192).astype(npdt)
+    dt = getattr(fg, name)
+    out, kernels = run(lambda a, b: ((a * 2 + b).exp(), (a - b).to(dt)), x, y)
+    (k,) = kernels
+    source = cuda_source([k])
+    assert source.count("__ldg(reinterpret_cast<const ushort4*>") == 2
+    assert source.count("reinterpret_cast<ushort4*>") == 2           # both outputs
+    # numpy's 16-bit arithmetic rounds each op's result, as the kernel does.
+    with np.errstate(over="ignore"):
+        want = (np.exp(x * npdt(2) + y), x - y)
+    for got, w in zip(out, want):
+        np.testing.assert_array_equal(got.float().numpy(), w.astype(np.float32))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(nvcc.find_nvcc() is None, reason="nvcc is not installed")
+def test_16_bit_vector_loads_are_one_instruction_each(tmp_path):
+    x = np.ones(8192, np.float16)
+    _, kernels = run(lambda a, b: (a * 2 + b).exp(), x, x)
+    src = tmp_path / "k.cu"
+    src.write_text(cuda_source(kernels))
+    subprocess.run([nvcc.find_nvcc(), "-arch=sm_90", "-ptx", str(src), "-o", str(tmp_path / "k.ptx"),
+                    "-Werror", "all-warnings"], check=True, capture_output=True)
+    ops = [line.split()[0] for line in (tmp_path / "k.ptx").read_text().splitlines()
+           if "ld.global" in line or "st.global" in line]
+    # Two 8-byte loads and one 8-byte store in the vector loop (the scalar loop's u16 beside).
+    assert ops.count("ld.global.nc.v4.u16") == 2 and ops.count("st.global.v4.u16") == 1, ops

@@ -22,6 +22,10 @@ class _Attribute(enum.IntEnum):
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 
 
+class _CaptureMode(enum.IntEnum):
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
+
+
 class FakeCu:
     """``cuda.bindings.driver``: each call is recorded in ``calls`` as (name, thread id,
     arguments) and returns a tuple whose first item is the error code, as the real bindings
@@ -29,6 +33,7 @@ class FakeCu:
     synchronization reports, as a faulting kernel does."""
 
     CUdevice_attribute = _Attribute
+    CUstreamCaptureMode = _CaptureMode
 
     def __init__(self, version: int = 13000, capability=(9, 0), memory: int = 1 << 30):
         self.version, self.capability, self.capacity = version, capability, memory
@@ -38,6 +43,8 @@ class FakeCu:
         self.fault_kernel: str | None = None
         self.pending = 0
         self.modules = 0
+        self.graphs = 0
+        self.live_execs: list[str] = []       # executable graphs not yet destroyed
 
     def _record(self, name, *args):
         self.calls.append((name, threading.get_ident(), args))
@@ -131,6 +138,31 @@ class FakeCu:
         self._record("cuLaunchKernel", fn, gx, bx)
         if fn == self.fault_kernel:
             self.pending = CUDA_ERROR_LAUNCH_FAILED        # reported at the next sync
+        return (0,)
+
+    # CUDA graphs: a capture records the launches; graphs and executable graphs are names.
+    def cuStreamBeginCapture(self, stream, mode):
+        self._record("cuStreamBeginCapture", stream)
+        return (0,)
+
+    def cuStreamEndCapture(self, stream):
+        self.graphs += 1
+        return (0, f"graph{self.graphs}")
+
+    def cuGraphInstantiateWithFlags(self, graph, flags):
+        self.live_execs.append(f"exec{graph[5:]}")
+        return (0, self.live_execs[-1])
+
+    def cuGraphDestroy(self, graph):
+        return (0,)
+
+    def cuGraphExecDestroy(self, graph):
+        self._record("cuGraphExecDestroy", graph)
+        self.live_execs.remove(graph)
+        return (0,)
+
+    def cuGraphLaunch(self, graph, stream):
+        self._record("cuGraphLaunch", graph)
         return (0,)
 
     def cuGetErrorString(self, err):

@@ -201,6 +201,24 @@ def test_modules_are_unloaded_with_their_program(fake_cu, monkeypatch):
     assert [c[2] for c in fake_cu.called("cuModuleUnload")] == [("module1",)]
 
 
+def test_executable_graphs_are_destroyed_with_their_program(fake_cu, monkeypatch):
+    drv = rt.CudaPythonDriver()
+    prog = _program(monkeypatch, drv)
+    prog.cuda_graphs = True
+    x = np.ones((4, 3), np.float32)
+    for _ in range(3):
+        prog(x)
+    assert fake_cu.live_execs == ["exec1"] and len(fake_cu.called("cuGraphLaunch")) == 2
+    del prog
+    gc.collect()
+    rt.empty_cache()
+    assert fake_cu.live_execs == [] and [c[2] for c in fake_cu.called("cuGraphExecDestroy")] == \
+        [("exec1",)]
+    # The graph before the module whose functions its nodes launch.
+    names = [c[0] for c in fake_cu.calls]
+    assert names.index("cuGraphExecDestroy") < names.index("cuModuleUnload")
+
+
 def test_the_eager_program_cache_is_bounded_and_unloads_what_it_evicts(simulated, monkeypatch):
     monkeypatch.setattr(config, "cuda_eager_cache", 2)
     x = fg.ones(8, device="cuda")

@@ -5,6 +5,8 @@ would wait for the device during a capture raises, as the real driver does."""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -124,6 +126,23 @@ def test_outputs_of_a_replay_are_not_overwritten_by_the_next(drv):
     assert drv.graph_launches == 2
 
 
+def test_graphs_are_destroyed_with_their_program(drv):
+    f = fg.compile(lambda a: (a * 2).exp().sum(-1), backend="cuda", mode="reduce-overhead")
+    g = fg.compile(lambda a: a.tanh() + 1, backend="cuda", mode="reduce-overhead")
+    a = fg.randn(3, 4).to("cuda")
+    for _ in range(3):
+        f(a), g(a)
+    assert len(drv.live_graphs) == 2 and drv.graph_launches == 4
+    del f
+    gc.collect()
+    rt.empty_cache()
+    assert len(drv.live_graphs) == 1
+    del g
+    gc.collect()
+    rt.empty_cache()
+    assert drv.live_graphs == []
+
+
 def test_capture_refuses_a_wait():
     d = SimulatedDriver()
     d.begin_capture()
@@ -153,6 +172,8 @@ def test_a_changed_tf32_setting_is_captured_again():
         fg.set_float32_matmul_precision("highest")
         f(a, b)
         assert calls[-1]["compute"] == 68
+        # Each new capture destroyed the graph it replaced.
+        assert len(drv.live_graphs) == 1
     finally:
         config.float32_matmul_precision = before
         eager_cuda.clear_cache()

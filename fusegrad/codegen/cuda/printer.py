@@ -21,7 +21,8 @@ It chooses C spellings that keep the builder's contract:
   directory: the source needs no header.
 
 Read-only buffers are loaded through ``__ldg`` (the read-only data cache); ``load_vec`` and
-``StoreVec`` of 4 lanes are ``float4``/``int4``/``uint4`` accesses.
+``StoreVec`` of 4 lanes are ``float4``/``int4``/``uint4`` accesses, and ``ushort4`` (8 bytes)
+for 16-bit floats.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from fusegrad.codegen.kernel_ir import (
 )
 from fusegrad.ops.lowering import BITS16, MATH_TABLE, Unsupported, unsigned
 
-__all__ = ["cuda_source", "ctype", "PRELUDE"]
+__all__ = ["cuda_source", "cuda_parts", "join_parts", "ctype", "PRELUDE"]
 
 _CTYPES = {
     "bool": "bool", "uint8": "unsigned char", "int8": "signed char", "int16": "short",
@@ -60,8 +61,9 @@ _CTYPES = {
 }
 _UNSIGNED_OF = {"signed char": "unsigned char", "short": "unsigned short", "int": "unsigned int",
                 "long long": "unsigned long long"}
-# 16-byte vectors of 4-byte elements (load_vec / StoreVec with 4 lanes).
-_VEC4 = {"float": "float4", "int": "int4", "unsigned int": "uint4"}
+# Vectors of 4 elements (load_vec / StoreVec with 4 lanes): 16 bytes of 4-byte elements, 8
+# bytes of 16-bit floats (stored as unsigned short): one vector load or store each.
+_VEC4 = {"float": "float4", "int": "int4", "unsigned int": "uint4", "unsigned short": "ushort4"}
 _LANES = "xyzw"
 _LDG = {"unsigned char", "signed char", "short", "unsigned short", "int", "unsigned int",
         "long long", "unsigned long long", "float", "double"}
@@ -454,7 +456,8 @@ class _Printer:
         lines = [f"__device__ {self.ct(s.dtype)} {self.shared_name(s)}[{s.size}];"
                  for s in k.shared if s.scope == "grid"]
         lines += [f"// {k.family}: grid <= {k.grid} blocks of {k.block} threads",
-                 f'extern "C" __global__ void __launch_bounds__({k.block}) {k.name}({params}) {{']
+                 f'extern "C" __global__ void __launch_bounds__({k.block}, {_min_blocks(k.block)}) '
+                 f'{k.name}({params}) {{']
         for s in k.shared:
             if s.scope == "grid":
                 continue
@@ -464,15 +467,36 @@ class _Printer:
         return "\n".join(lines)
 
 
+def _min_blocks(block: int) -> int:
+    """``__launch_bounds__``'s blocks per multiprocessor: enough for a budget of 64
+    registers a thread (65536 registers / 1024 threads: four blocks of 256 threads, half of
+    an H100's threads, stay resident). With the block size alone ptxas picks a budget of its
+    own: it spilled registers of a small column reduction for sm_90 at 40, and with a budget
+    of 128 some kernels took all 128 (a quarter of the threads resident)."""
+    return max(1, 1024 // block)
+
+
+def cuda_parts(kernel: LoweredKernel) -> tuple[dict[str, str], str]:
+    """``kernel`` printed: the device functions it needs, by name, and its own text (the
+    pieces :func:`cuda_source` puts after :data:`PRELUDE`)."""
+    if kernel.c_abi:
+        raise Unsupported(f"{kernel.name} is a native helper of the host (c_abi), not a CUDA kernel")
+    p = _Printer(kernel)
+    body = p.kernel()
+    return p.helpers, body
+
+
+def join_parts(parts: list[tuple[dict[str, str], str]]) -> str:
+    """One translation unit of kernels printed by :func:`cuda_parts`: the prelude, each
+    device function once, then the kernels."""
+    helpers: dict[str, str] = {}
+    for h, _ in parts:
+        helpers.update(h)
+    return "\n".join([PRELUDE] + [helpers[n] for n in sorted(helpers)] +
+                     [body for _, body in parts]) + "\n"
+
+
 def cuda_source(kernels: list[LoweredKernel]) -> str:
     """One CUDA C translation unit holding ``kernels`` (compile it with NVRTC or
     ``nvcc -ptx``; no headers needed)."""
-    helpers: dict[str, str] = {}
-    bodies = []
-    for k in kernels:
-        if k.c_abi:
-            raise Unsupported(f"{k.name} is a native helper of the host (c_abi), not a CUDA kernel")
-        p = _Printer(k)
-        bodies.append(p.kernel())
-        helpers.update(p.helpers)
-    return "\n".join([PRELUDE] + [helpers[n] for n in sorted(helpers)] + bodies) + "\n"
+    return join_parts([cuda_parts(k) for k in kernels])
