@@ -256,6 +256,13 @@ def _compile(fn, args, target, table, carry_state, pipeline, symbols) -> Artifac
     for plan, _, _ in programs:
         needed |= {f["state"] for f in plan["inputs"] if "state" in f} - written
         written |= {w["state"] for w in plan["writes"] if "state" in w}
+    for view, base in table.views.items():
+        if {view, base} & written:
+            # Kept as two arrays, a write to one would not be seen through the other.
+            raise ValueError(f"fusegrad.aot.compile: the step reads {view} (a view of {base} "
+                             f"of another shape) and writes {base if base in written else view}"
+                             "; an artifact keeps them as separate arrays: read the tensor "
+                             "itself inside the step")
     if len(programs) == 2:
         needed.add("aot.calls")
     for spec in table.specs.values():
@@ -493,6 +500,7 @@ class _StateTable:
 
     specs: dict[str, dict] = field(default_factory=dict)
     initial: dict[str, np.ndarray] = field(default_factory=dict)
+    views: dict[str, str] = field(default_factory=dict)     # a view's state -> its base's
 
     def add(self, name: str, type_text: str, shape: list, dtype: str, value=None) -> None:
         if any(isinstance(d, SymInt) for d in shape):
@@ -540,8 +548,10 @@ def _io(fn, graph: Graph, args: tuple, names: dict[int, str], table: _StateTable
         if spec is not None and spec["type"] != format_type(graph.inputs[i].type):
             # Another view of a named tensor's memory (a square mask and its [1,1,T,T]
             # view): a state of its own, named after it.
+            base = name
             name = _unique(f"{name}.view", [n for n, sp in table.specs.items()
                                              if sp["type"] != format_type(graph.inputs[i].type)])
+            table.views[name] = base
         state(i, name, t._data)
         concrete[i] = t
     if cap is not None:

@@ -277,3 +277,28 @@ def test_symbolic_sequence_length_is_refused_at_compile():
                                          r"size .*symbolic here: batch, seq"):
         fg.aot.compile(step, *_tokens(3, 12, 0), dynamic_shapes={"x": {0: b, 1: t},
                                                                   "y": {0: b, 1: t}})
+
+
+def test_a_read_only_view_of_a_buffer_is_state_of_its_own():
+    """(regression test: a [1,1,16,16] mask buffer viewing a [16,16] array, sliced at a
+    sequence length below 16, was refused as one state of two types)"""
+    step = _char_transformer_step(_char_transformer())
+    art = fg.aot.compile(step, *_tokens(3, 12, 0))
+    names = {s["name"]: s["type"] for s in art.plan["state"]}
+    assert names["model.blocks.0.mask"] == "f32[1,1,16,16]"
+    assert names["model.blocks.0.mask.view"] == "f32[16,16]"
+
+
+def test_a_written_tensor_read_through_a_view_is_refused():
+    lin = fg.nn.Linear(4, 4, bias=False)
+    flat = lin.weight.detach().view(16)
+    opt = fg.optim.SGD(lin.parameters(), lr=0.1)
+
+    def step(x):
+        opt.zero_grad()
+        loss = lin(x).sum() + flat.sum()
+        loss.backward()
+        opt.step()
+        return loss
+    with pytest.raises(ValueError, match="a view of .* of another shape"):
+        fg.aot.compile(step, fg.ones(4, 4))
