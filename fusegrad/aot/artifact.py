@@ -301,16 +301,18 @@ def _build(graph: Graph, io: dict, target: dict, pipeline: str | None, hints: di
                          f"({e})") from e
     name = _symbol(graph.name)
     donations = [tuple(p) for p in io["donations"]]
+    what = "kernels"
     try:
         with _sized(hints), contextlib.nullcontext() if target["cpu"] == "host" else \
                 jit.compile_target(target["cpu"], target["llvm_features"]):
             kg = fuse(reparsed)
             program = Program(kg, name, donate=donations)
             # The native loops of its extern steps, which a fresh process would compile.
+            what = "native loops of its extern steps"
             native = {jit.module_key(text, level): jit.module_object(text, level)
                       for text, level in program.native_modules()}
     except SymbolicDecisionError as e:
-        raise ValueError(f"fusegrad.aot.compile: {graph.name}'s kernels would depend on the "
+        raise ValueError(f"fusegrad.aot.compile: {graph.name}'s {what} would depend on the "
                          f"value of a symbolic size ({str(e).splitlines()[0]}); an artifact "
                          "holds one program for every size and compiles nothing at load: "
                          f"leave static the dim it depends on (symbolic here: "
