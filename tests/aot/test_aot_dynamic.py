@@ -321,3 +321,18 @@ def test_a_written_tensor_read_through_a_view_is_refused():
         return loss
     with pytest.raises(ValueError, match="a view of .* of another shape"):
         fg.aot.compile(step, fg.ones(4, 4))
+
+
+def test_what_the_trace_assumed_must_hold_within_the_bounds():
+    def body(x):
+        return x * 2 if x.shape[0] == 4 else x + 1
+    x = fg.ones(6, 3)
+    with pytest.raises(ValueError, match=r"batch != 4 \(false at batch = 4\)"):
+        fg.aot.compile(body, x, dynamic_shapes=[{0: fg.aot.Dim("batch", max=8)}])
+    with pytest.raises(ValueError, match=r"batch != 4 \(not checked over Dim\('batch', min=2\)"):
+        fg.aot.compile(body, x, dynamic_shapes=[{0: fg.aot.Dim("batch")}])
+    # Within [5, 8] the branch taken is the one for every size.
+    art = fg.aot.compile(body, x, dynamic_shapes=[{0: fg.aot.Dim("batch", min=5, max=8)}])
+    run = fg.aot.loads(art.to_bytes())
+    for n in (5, 8):
+        np.testing.assert_array_equal(run(fg.ones(n, 3)).numpy(), np.full((n, 3), 2.0))
