@@ -336,3 +336,24 @@ def test_what_the_trace_assumed_must_hold_within_the_bounds():
     run = fg.aot.loads(art.to_bytes())
     for n in (5, 8):
         np.testing.assert_array_equal(run(fg.ones(n, 3)).numpy(), np.full((n, 3), 2.0))
+
+
+@pytest.mark.slow
+def test_guard_wording_matches_torch_export():
+    torch = pytest.importorskip("torch")
+
+    class Add(torch.nn.Module):
+        def forward(self, x, y):
+            return x + y
+    tb = torch.export.Dim("batch", min=4, max=16)
+    theirs = torch.export.export(Add(), (torch.ones(5, 3), torch.ones(5, 3)),
+                                 dynamic_shapes={"x": {0: tb}, "y": {0: tb}}).module()
+    b = fg.aot.Dim("batch", min=4, max=16)
+    ours = fg.aot.loads(fg.aot.compile(lambda x, y: x + y, fg.ones(5, 3), fg.ones(5, 3),
+                                       dynamic_shapes={"x": {0: b}, "y": {0: b}}).to_bytes())
+    for n, m in ((3, 3), (17, 17), (5, 6)):
+        with pytest.raises(AssertionError) as t:
+            theirs(torch.ones(n, 3), torch.ones(m, 3))
+        with pytest.raises(ArtifactError) as e:
+            ours(fg.ones(n, 3), fg.ones(m, 3))
+        assert str(t.value) in str(e.value)
