@@ -12,12 +12,16 @@ callable, with no tracing and no LLVM optimization or code generation::
     run = fusegrad.aot.load("step.fgaot")         # in another process, on another machine
     loss = run(x, y)                              # parameters and optimizer state updated
 
+``dynamic_shapes={"x": {0: fusegrad.aot.Dim("batch", max=512)}}`` (torch.export's
+spelling) saves one program for every batch size within the bounds.
+
 ``fusegrad-aot show FILE`` prints an artifact; ``fusegrad-aot compile module:function``
 builds one from the command line.
 """
 
 from fusegrad.aot.artifact import X86_64_LEVELS, Artifact, LoadedArtifact, compile, load, loads
+from fusegrad.aot.dims import Dim
 from fusegrad.aot.format import FORMAT_VERSION, ArtifactError
 
-__all__ = ["compile", "load", "loads", "Artifact", "LoadedArtifact", "ArtifactError",
+__all__ = ["compile", "load", "loads", "Dim", "Artifact", "LoadedArtifact", "ArtifactError",
            "FORMAT_VERSION", "X86_64_LEVELS"]

@@ -14,8 +14,9 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from fusegrad import dtypes
+from fusegrad.aot.dims import INT64_MAX, Dim, symbolic_dims, unchecked_assumptions
 from fusegrad.aot.format import ArtifactError, decode, encode, read_file
-from fusegrad.aot.plan_checks import NATIVE_PREFIX, check_header, check_plan
+from fusegrad.aot.plan_checks import NATIVE_PREFIX, check_dims, check_header, check_plan
 from fusegrad.codegen.llvm.kernel import Unsupported
 from fusegrad.files import atomic_write
 from fusegrad.ir.graph import Graph, IRError
@@ -26,13 +27,14 @@ from fusegrad.passes.fusion import fuse
 from fusegrad.passes.manager import PassManager
 from fusegrad.runtime import jit
 from fusegrad.runtime.cpu import KernelCode, Program
+from fusegrad.symint import SymbolicDecisionError, SymInt, hashable_sizes, record_assumptions
 from fusegrad.tensor import Tensor
 from fusegrad.tracer.compile import DEFAULT_PIPELINE, _symbol
 from fusegrad.tracer.guards import code_reads
 from fusegrad.tracer.trace import TreeDef, module_state, trace_with_state, tree_flatten, tree_unflatten
 from fusegrad.version import __version__
 
-__all__ = ["Artifact", "LoadedArtifact", "compile", "load", "loads", "X86_64_LEVELS"]
+__all__ = ["Artifact", "LoadedArtifact", "Dim", "compile", "load", "loads", "X86_64_LEVELS"]
 
 # The CPU features each x86-64 microarchitecture level guarantees (the psABI's levels), by
 # LLVM's feature names. A build for such a level asks for exactly these at load.
@@ -108,6 +110,10 @@ def describe(target: dict, plan: dict, graph_text: str) -> str:
              "", "signature:"]
     for spec in plan["args"]:
         lines.append(f"  in  arg{spec['arg']} {spec['name']}: {spec['type']}")
+    for d in plan.get("dims", []):
+        hi = "inf" if d["max"] == INT64_MAX else d["max"]
+        lines.append(f"  dim {d['name']}: sizes {d['min']}..{hi} (first {d['where']}; "
+                     f"compiled at {d['hint']})")
     for k, o in enumerate(plan["outputs"]):
         lines.append(f"  out {k}: {o}")
     lines.append("state (kept by the artifact; * carried in the file, <- written by a call):")
@@ -150,7 +156,7 @@ def _has_avx512(target: dict) -> bool:
 
 def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
             features: str | None = None, carry_state: bool = True,
-            pipeline: str | None = None) -> Artifact:
+            pipeline: str | None = None, dynamic_shapes=None) -> Artifact:
     """Compile ``fn`` for arguments shaped like ``example_args`` without running it.
 
     ``fn`` is anything ``fusegrad.compile`` accepts: a function, a module, or a whole
@@ -170,6 +176,16 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
     The artifact records the features its code may use, and loading refuses on a machine
     without them.
 
+    ``dynamic_shapes`` (torch.export's argument) makes dims of the arguments symbolic: by
+    argument name or position, ``{dim: fusegrad.aot.Dim(name, min=..., max=...)}`` (or a
+    list of a Dim or None per dim); one Dim given to several dims means equal sizes. The
+    artifact then holds one program for every size within the bounds: its kernels read the
+    sizes at run time and its memory plan is sized per call, so loading and new sizes
+    compile nothing. A call outside the bounds is refused, naming the argument, the dim and
+    the Dim. A step whose code would depend on the size beyond that (a decision that is not
+    the same for every size within the bounds, such as the fused attention's kernels per
+    sequence length) is refused here, saying what.
+
     >>> art = fusegrad.aot.compile(step, x, y)      # doctest: +SKIP
     >>> art.save("step.fgaot"); run = fusegrad.aot.load("step.fgaot"); loss = run(x, y)
     """
@@ -178,7 +194,33 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
                  if isinstance(a, np.ndarray) else a for a in example_args)
     target = _target(cpu, features)
     table = _StateTable()
-    graphs = [trace_with_state(fn, args, {})]
+    symbols, dims, where = symbolic_dims(fn, args, dynamic_shapes) \
+        if dynamic_shapes is not None else ({}, {}, {})
+    with record_assumptions() as assumed:
+        artifact = _compile(fn, args, target, table, carry_state, pipeline, symbols)
+    if dims:
+        bad = unchecked_assumptions(assumed, dims)
+        if bad:
+            raise ValueError(
+                "fusegrad.aot.compile: the program assumes of its symbolic sizes what does not "
+                f"hold for every size within the bounds: {'; '.join(bad)} (with "
+                + ", ".join(f"{n} = {where[n]}, {d!r}" for n, d in sorted(dims.items()))
+                + "); an artifact holds one program for every size: declare bounds within "
+                "which it holds, or leave the dim static")
+        artifact.plan["dims"] = [
+            {"name": n, "min": d.min, "max": d.max, "hint": _hint(symbols, n),
+             "where": where[n]} for n, d in sorted(dims.items())]
+    return artifact
+
+
+def _hint(symbols: dict, name: str) -> int:
+    """The example size of the symbol ``name`` among ``symbols`` ({leaf: {dim: symbol}})."""
+    return next(s.hint() for dims in symbols.values() for s in dims.values() if s.name == name)
+
+
+def _compile(fn, args, target, table, carry_state, pipeline, symbols) -> Artifact:
+    """:func:`compile` once the arguments, target and symbolic dims are known."""
+    graphs = [trace_with_state(fn, args, {}, symbolic_dims=symbols)]
     first = graphs[0].meta.capture
     try:
         optimizers = first.optimizers if first is not None else []
@@ -186,7 +228,7 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
         if first is not None and first.internal_writes:
             # The first call creates state (an optimizer's moments): the calls after it run
             # a graph that reads that state, traced now with the state the first left.
-            graphs.append(trace_with_state(fn, args, {}))
+            graphs.append(trace_with_state(fn, args, {}, symbolic_dims=symbols))
             if graphs[1].meta.capture.internal_writes:
                 raise ValueError("fusegrad.aot.compile: the function creates new state at every "
                                  "call; an artifact needs a fixed set of state tensors")
@@ -195,7 +237,8 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
     finally:
         if first is not None:
             first.rollback()
-    programs = [_build(g, io, target, pipeline) for g, io in zip(graphs, ios)]
+    hints = {s.name: s.hint() for dims in symbols.values() for s in dims.values()}
+    programs = [_build(g, io, target, pipeline, hints) for g, io in zip(graphs, ios)]
     needed, written = set(), set()
     if len(programs) == 2:
         first_plan, steady_plan = programs[0][0], programs[1][0]
@@ -213,6 +256,13 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
     for plan, _, _ in programs:
         needed |= {f["state"] for f in plan["inputs"] if "state" in f} - written
         written |= {w["state"] for w in plan["writes"] if "state" in w}
+    for view, base in table.views.items():
+        if {view, base} & written:
+            # Kept as two arrays, a write to one would not be seen through the other.
+            raise ValueError(f"fusegrad.aot.compile: the step reads {view} (a view of {base} "
+                             f"of another shape) and writes {base if base in written else view}"
+                             "; an artifact keeps them as separate arrays: read the tensor "
+                             "itself inside the step")
     if len(programs) == 2:
         needed.add("aot.calls")
     for spec in table.specs.values():
@@ -239,25 +289,34 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
 
 
 
-def _build(graph: Graph, io: dict, target: dict, pipeline: str | None):
+def _build(graph: Graph, io: dict, target: dict, pipeline: str | None, hints: dict):
     """Passes, fusion and machine code for one traced graph: its plan, text, objects."""
     optimized = PassManager(pipeline or DEFAULT_PIPELINE).run(graph)
     text = print_graph(optimized)
     # The program is built from the parsed text, exactly as loading will build it.
     try:
-        reparsed = parse(text)
+        reparsed = parse(text, hints)
     except IRError as e:
         raise ValueError(f"fusegrad.aot.compile: the graph's text form does not parse back "
                          f"({e})") from e
-    kg = fuse(reparsed)
     name = _symbol(graph.name)
     donations = [tuple(p) for p in io["donations"]]
-    with contextlib.nullcontext() if target["cpu"] == "host" else \
-            jit.compile_target(target["cpu"], target["llvm_features"]):
-        program = Program(kg, name, donate=donations)
-        # The native loops of its extern steps, which a fresh process would compile.
-        native = {jit.module_key(text, level): jit.module_object(text, level)
-                  for text, level in program.native_modules()}
+    what = "kernels"
+    try:
+        with _sized(hints), contextlib.nullcontext() if target["cpu"] == "host" else \
+                jit.compile_target(target["cpu"], target["llvm_features"]):
+            kg = fuse(reparsed)
+            program = Program(kg, name, donate=donations)
+            # The native loops of its extern steps, which a fresh process would compile.
+            what = "native loops of its extern steps"
+            native = {jit.module_key(text, level): jit.module_object(text, level)
+                      for text, level in program.native_modules()}
+    except SymbolicDecisionError as e:
+        raise ValueError(f"fusegrad.aot.compile: {graph.name}'s {what} would depend on the "
+                         f"value of a symbolic size ({str(e).splitlines()[0]}); an artifact "
+                         "holds one program for every size and compiles nothing at load: "
+                         f"leave static the dim it depends on (symbolic here: "
+                         f"{', '.join(sorted(hints))})") from None
     accepted = program.donated
     printed = value_names(reparsed)
     inputs = [dict(f, value=printed[v]) for f, v in zip(io["inputs"], reparsed.inputs)]
@@ -278,16 +337,24 @@ def _build(graph: Graph, io: dict, target: dict, pipeline: str | None):
     return plan, text, objects
 
 
+def _sized(hints: dict):
+    """Symbolic sizes are compared as fusion and the kernels' code compare them, once for
+    every size (see :class:`~fusegrad.tracer.programs.SymbolicProgram`); a static graph
+    needs nothing."""
+    return hashable_sizes() if hints else contextlib.nullcontext()
+
+
 def _slots_digest(program: Program) -> str:
     names = value_names(program.graph)
-    slots = sorted((names[v], s) for v, s in program.slots.items())
+    # (A program of symbolic sizes also has the buffer of the sizes, keyed by a name.)
+    slots = sorted((v if isinstance(v, str) else names[v], s) for v, s in program.slots.items())
     return hashlib.sha256(json.dumps(slots).encode()).hexdigest()
 
 
 def _program_summary(program: Program) -> dict:
     """What loading checks the rebuilt program against, and what ``show`` prints."""
-    memory = [{"slot": s, "type": f"{np.dtype(dt).name}{list(shape)}",
-               "bytes": int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize}
+    memory = [{"slot": s, "type": f"{np.dtype(dt).name}[{', '.join(map(str, shape))}]",
+               "bytes": _total([_bytes(shape, dt)])}
               for s, (shape, dt) in sorted(program.intermediate_specs.items())]
     kernels = []
     for i, k in enumerate(program.kg.kernels):
@@ -299,9 +366,25 @@ def _program_summary(program: Program) -> dict:
         kernels.append({"describe": k.describe(), "step": step})
     return {"kernels": kernels, "n_slots": program.n_slots,
             "slots_sha256": _slots_digest(program), "memory": memory,
-            "scratch_bytes": sum(m["bytes"] for m in memory),
-            "output_bytes": sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
-                                for _, shape, dt in program.output_specs)}
+            "scratch_bytes": _total([_bytes(shape, dt) for shape, dt
+                                     in program.intermediate_specs.values()]),
+            "output_bytes": _total([_bytes(shape, dt) for _, shape, dt in program.output_specs])}
+
+
+def _bytes(shape, dt):
+    """A buffer's bytes: an int, or for symbolic sizes an expression (``1024*batch``)."""
+    n = np.dtype(dt).itemsize
+    for d in shape:
+        n = n * d
+    return n
+
+
+def _total(sizes: list):
+    """The sum of buffer sizes, as JSON: an int, or an expression's text."""
+    total = 0
+    for n in sizes:
+        total = total + n
+    return str(total) if isinstance(total, SymInt) else int(total)
 
 def _target(cpu: str | None, features: str | None) -> dict:
     jit._init()
@@ -419,8 +502,13 @@ class _StateTable:
 
     specs: dict[str, dict] = field(default_factory=dict)
     initial: dict[str, np.ndarray] = field(default_factory=dict)
+    views: dict[str, str] = field(default_factory=dict)     # a view's state -> its base's
 
     def add(self, name: str, type_text: str, shape: list, dtype: str, value=None) -> None:
+        if any(isinstance(d, SymInt) for d in shape):
+            raise ValueError(f"fusegrad.aot.compile: state {name} would be {type_text}: state "
+                             "kept across calls of an artifact has static shapes, and its "
+                             "symbolic dims are the arguments' only")
         spec = self.specs.get(name)
         if spec is None:
             self.specs[name] = {"name": name, "type": type_text, "shape": shape, "dtype": dtype}
@@ -453,10 +541,20 @@ def _io(fn, graph: Graph, args: tuple, names: dict[int, str], table: _StateTable
         i = info.n_state + k
         v = graph.inputs[i]
         feeds[i] = {"arg": k, "name": v.name, "type": format_type(v.type),
-                    "shape": list(v.type.shape), "dtype": v.type.dtype.name}
+                    "shape": [d.name if isinstance(d, SymInt) else d for d in v.type.shape],
+                    "dtype": v.type.dtype.name}
         leaf_names[i], concrete[i] = f"arg{k}", t
     for t, i in info.lifted:
-        state(i, names.get(id(_root(t._data)), graph.inputs[i].name), t._data)
+        name = names.get(id(_root(t._data)), graph.inputs[i].name)
+        spec = table.specs.get(name)
+        if spec is not None and spec["type"] != format_type(graph.inputs[i].type):
+            # Another view of a named tensor's memory (a square mask and its [1,1,T,T]
+            # view): a state of its own, named after it.
+            base = name
+            name = _unique(f"{name}.view", [n for n, sp in table.specs.items()
+                                             if sp["type"] != format_type(graph.inputs[i].type)])
+            table.views[name] = base
+        state(i, name, t._data)
         concrete[i] = t
     if cap is not None:
         for leaf, i in cap.grad_inputs:
@@ -535,18 +633,38 @@ def loads(blob: bytes, state: dict | None = None, what: str = "artifact") -> "Lo
     try:
         plan = json.loads(sections["plan"])
         text = sections["graph"].decode()
-        graphs = parse_many(text)
-    except (ValueError, UnicodeDecodeError, IRError) as e:
+        if not isinstance(plan, dict):
+            raise ValueError("the plan is not an object")
+        dims = check_dims(plan, what)
+    except (ValueError, UnicodeDecodeError) as e:
         raise ArtifactError("corrupt", f"{what}: unreadable plan or graph ({e})") from None
     except RecursionError:
         raise ArtifactError("corrupt", f"{what}: its plan nests too deeply") from None
-    try:
-        check_plan(plan, graphs, len(sections["code"]), len(sections["state"]), what)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
-        # A safety net: the checks name the field of every malformation they know.
-        raise ArtifactError("plan", f"{what}: its plan is malformed ({e!r})") from None
-    return LoadedArtifact(header, plan, graphs, text, sections["code"], sections["state"],
-                          state, what)
+    # Symbolic sizes at the sizes they were traced at: the decisions made there (at
+    # compile, every one checked over the bounds) are made again as they were.
+    hints = {d["name"]: d["hint"] for d in dims}
+    with record_assumptions() as assumed:
+        try:
+            graphs = parse_many(text, hints)
+        except IRError as e:
+            raise ArtifactError("corrupt", f"{what}: unreadable plan or graph ({e})") from None
+        except RecursionError:
+            raise ArtifactError("corrupt", f"{what}: its graph nests too deeply") from None
+        try:
+            check_plan(plan, graphs, len(sections["code"]), len(sections["state"]), what)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError,
+                RecursionError) as e:
+            # A safety net: the checks name the field of every malformation they know.
+            raise ArtifactError("plan", f"{what}: its plan is malformed ({e!r})") from None
+        with _sized(hints):
+            loaded = LoadedArtifact(header, plan, graphs, text, sections["code"],
+                                    sections["state"], state, what)
+    bad = unchecked_assumptions(assumed, {d["name"]: Dim(d["name"], min=d["min"], max=d["max"])
+                                          for d in dims})
+    if bad:
+        raise ArtifactError("plan", f"{what}: its program assumes of its symbolic sizes what "
+                            f"does not hold within their bounds: {'; '.join(bad)}")
+    return loaded
 
 
 @dataclass
@@ -580,6 +698,7 @@ class LoadedArtifact:
             self._in_tree = _tree_from_json(plan["in_tree"])
             self._out_tree = _tree_from_json(plan["out_tree"])
             self._args = plan["args"]
+            self._dims = {d["name"]: d for d in plan.get("dims", [])}
             self._arg_dtypes = [dtypes.as_dtype(f["dtype"]) for f in self._args]
             self._out_dtypes = [o.type.dtype for o in graphs[-1].outputs]
         except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError) as e:
@@ -697,12 +816,17 @@ class LoadedArtifact:
                                 f"arguments structured as {self.plan['in_tree']}; got "
                                 f"{len(leaves)} tensors in another structure")
         arrays = []
+        sizes: dict[str, tuple] = {}        # symbol -> (its size, the dim that gave it)
         for f, dt, t in zip(self._args, self._arg_dtypes, leaves):
             a = t._data
-            if a.shape != tuple(f["shape"]) or t._dtype is not dt:
+            if len(a.shape) != len(f["shape"]) or t._dtype is not dt or any(
+                    a.shape[d] != n for d, n in enumerate(f["shape"]) if not isinstance(n, str)):
                 raise ArtifactError("signature", f"{self.name}: argument {f['arg']} "
                                     f"({f['name']}) must be {f['type']}, got "
                                     f"{t._dtype.short}[{','.join(map(str, a.shape))}]")
+            for d, n in enumerate(f["shape"]):
+                if isinstance(n, str):
+                    self._check_size(f, d, n, a.shape[d], sizes)
             arrays.append(a)
         state = self.state
         with self._lock:
@@ -724,6 +848,22 @@ class LoadedArtifact:
         n = self.plan["n_user_outputs"]
         user = [Tensor._wrap(o, d) for o, d in zip(outs[:n], self._out_dtypes)]
         return tree_unflatten(self._out_tree, user)
+
+    def _check_size(self, f: dict, d: int, name: str, n: int, sizes: dict) -> None:
+        """Dim ``d`` of argument ``f``, of size ``n``, is the symbol ``name``: within its
+        bounds and equal to the other dims of that symbol (torch.export's guards)."""
+        spec, said = self._dims[name], f"{f['name']}.size()[{d}]"
+        dim = Dim(name, min=spec["min"], max=spec["max"])
+        if n < spec["min"] or n > spec["max"]:
+            op, bound = (">=", spec["min"]) if n < spec["min"] else ("<=", spec["max"])
+            raise ArtifactError("signature", f"{self.name}: Guard failed: {said} {op} {bound} "
+                                f"({f['name']}.size({d}) is {dim!r}; got {n})")
+        if name in sizes and sizes[name][0] != n:
+            first, where = sizes[name]
+            raise ArtifactError("signature", f"{self.name}: Guard failed: {said} == {where} "
+                                f"({f['name']}.size({d}) = {n} and {where} = {first} are both "
+                                f"{dim!r}, which means equal sizes)")
+        sizes.setdefault(name, (n, said))
 
     def describe(self) -> str:
         """The report ``fusegrad-aot show`` prints."""

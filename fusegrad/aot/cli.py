@@ -5,6 +5,8 @@
     fusegrad-aot show step.fgaot
     fusegrad-aot compile train:step --example f32[128,784] --example i64[128]:10 -o step.fgaot
     fusegrad-aot compile train:step --example x.npy --example y.npy --cpu x86-64-v3 -o step.fgaot
+    fusegrad-aot compile train:step --example f32[128,784] --example i64[128]:10 \
+        --dim batch=2..512:0.0,1.0 -o step.fgaot
     python -m fusegrad.aot show step.fgaot
 
 ``show`` verifies the file (checksum, format and fusegrad version) and prints its signature,
@@ -14,7 +16,9 @@ bytes; it runs nothing and links nothing, so it works on any machine.
 ``compile`` imports ``module`` (from the current directory or ``sys.path``) and compiles its
 attribute ``function`` (a function, a module or a training step that refers to its model and
 optimizer) for example arguments: ``DTYPE[SHAPE]`` (random normal floats; integers in
-``[0, HIGH)`` with ``:HIGH``, default 2) or a ``.npy`` file.
+``[0, HIGH)`` with ``:HIGH``, default 2) or a ``.npy`` file. ``--dim NAME=MIN..MAX:A.D,...``
+makes dim ``D`` of example argument ``A`` (each listed) the symbolic dim ``NAME`` with
+those bounds (``fusegrad.aot.Dim``; ``MAX`` may be left out: unbounded).
 
 Exit codes: 0 on success, 1 with a one-line ``fusegrad-aot: error: ...`` otherwise.
 """
@@ -38,6 +42,8 @@ from fusegrad.aot.plan_checks import check_version
 from fusegrad.ops.creation import tensor
 
 PROG = "fusegrad-aot"
+_DIM = re.compile(r"^(?P<name>[A-Za-z_]\w*)=(?P<min>\d*)\.\.(?P<max>\d*):"
+                  r"(?P<dims>\d+\.\d+(?:,\d+\.\d+)*)$")
 _EXAMPLE = re.compile(r"^(?P<dtype>[a-z]+\d*)\[(?P<shape>[\d, ]*)\](?::(?P<high>\d+))?$")
 
 
@@ -56,6 +62,27 @@ def example_array(spec: str, rng: np.random.Generator) -> np.ndarray:
     if dt.np_dtype == np.bool_:
         return rng.integers(0, 2, shape).astype(bool)
     return rng.integers(0, int(m["high"] or 2), shape).astype(dt.np_dtype)
+
+
+def dynamic_shapes(specs: Sequence[str], n_args: int) -> list | None:
+    """``dynamic_shapes`` (by position) of ``--dim`` options ``NAME=MIN..MAX:A.D,...``."""
+    if not specs:
+        return None
+    out: list = [None] * n_args
+    for spec in specs:
+        m = _DIM.match(spec.replace(" ", ""))
+        if m is None:
+            raise ValueError(f"--dim {spec!r} is not NAME=MIN..MAX:ARG.DIM[,ARG.DIM...] "
+                             "(batch=2..512:0.0,1.0)")
+        dim = artifact.Dim(m["name"], min=int(m["min"]) if m["min"] else None,
+                           max=int(m["max"]) if m["max"] else None)
+        for pair in m["dims"].split(","):
+            a, d = map(int, pair.split("."))
+            if a >= n_args:
+                raise ValueError(f"--dim {spec!r} names argument {a}, of {n_args} examples")
+            out[a] = out[a] or {}
+            out[a][d] = dim
+    return out
 
 
 def _resolve(target: str):
@@ -86,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.add_argument("--no-state", action="store_true",
                        help="do not carry the state's values (give them at load)")
     build.add_argument("--seed", type=int, default=0, help="seed of the random examples")
+    build.add_argument("--dim", action="append", default=[],
+                       help="a symbolic dim: NAME=MIN..MAX:ARG.DIM[,ARG.DIM...] (repeat)")
     args = parser.parse_args(argv)
     try:
         if args.command == "show":
@@ -99,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rng = np.random.default_rng(args.seed)
         examples = [tensor(example_array(s, rng)) for s in args.example]
         art = artifact.compile(fn, *examples, cpu=args.cpu, features=args.features,
-                               carry_state=not args.no_state)
+                               carry_state=not args.no_state,
+                               dynamic_shapes=dynamic_shapes(args.dim, len(examples)))
         art.save(args.output)
         size = os.path.getsize(args.output)
         kernels = sum(len(p["kernels"]) for p in art.plan["programs"])
@@ -107,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{kernels} compiled kernels, cpu {art.target['cpu']}")
         return 0
     except (ArtifactError, ValueError, TypeError, RuntimeError, OSError, ImportError,
-            AttributeError) as e:
+            AttributeError, IndexError, AssertionError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
 

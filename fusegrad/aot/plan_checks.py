@@ -23,7 +23,7 @@ from fusegrad.ir.printer import format_type, value_names
 from fusegrad.runtime import jit
 from fusegrad.version import __version__
 
-__all__ = ["check_plan", "check_version", "check_header", "NATIVE_PREFIX"]
+__all__ = ["check_plan", "check_dims", "check_version", "check_header", "NATIVE_PREFIX"]
 
 NATIVE_PREFIX = "native_"     # objects of native helper modules, by jit.module_key
 
@@ -36,9 +36,11 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _type_of(shape, dtype, what: str, field: str) -> str:
-    """The type text of a plan entry's shape and dtype, checked."""
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+def _type_of(shape, dtype, what: str, field: str, symbols=frozenset()) -> str:
+    """The type text of a plan entry's shape and dtype, checked; ``symbols``: the names
+    a dim may be (the artifact's symbolic dims)."""
+    if not isinstance(shape, list) or not all(
+            _is_int(d) and d >= 0 or isinstance(d, str) and d in symbols for d in shape):
         raise _plan_error(what, field, f"has an invalid shape {str(shape)[:80]}")
     try:
         dt = dtypes.as_dtype(dtype) if isinstance(dtype, str) else None
@@ -49,11 +51,11 @@ def _type_of(shape, dtype, what: str, field: str) -> str:
     return f"{dt.short}[{','.join(map(str, shape))}]"
 
 
-def _check_entry_type(entry, what: str, field: str) -> str:
+def _check_entry_type(entry, what: str, field: str, symbols=frozenset()) -> str:
     """An argument's or a state's entry: an object whose shape, dtype and type agree."""
     if not isinstance(entry, dict):
         raise _plan_error(what, field, "is not an object")
-    text = _type_of(entry.get("shape"), entry.get("dtype"), what, field)
+    text = _type_of(entry.get("shape"), entry.get("dtype"), what, field, symbols)
     if entry.get("type") != text:
         raise _plan_error(what, field, f"says type {str(entry.get('type'))[:80]} but shape "
                           f"{entry['shape']} and dtype {entry['dtype']}")
@@ -110,7 +112,11 @@ def check_plan(plan, graphs: list[Graph], code_len: int, state_len: int, what: s
             f"lists {len(programs)} programs for {len(graphs)} graphs")
     # Arguments: numbered in order, each consistent, their count that of in_tree's leaves.
     args = plan["args"]
-    arg_types = [_check_entry_type(f, what, f"args[{k}]") for k, f in enumerate(args)]
+    symbols = {d["name"] for d in check_dims(plan, what)}
+    arg_types = [_check_entry_type(f, what, f"args[{k}]", symbols) for k, f in enumerate(args)]
+    used = {d for f in args for d in f["shape"] if isinstance(d, str)}
+    _expect(used == symbols, what, "dims", f"names {sorted(symbols)} but the arguments' "
+            f"symbolic dims are {sorted(used)}")
     for k, f in enumerate(args):
         _expect(f.get("arg") == k and isinstance(f.get("name"), str), what, f"args[{k}]",
                 f"is numbered {str(f.get('arg'))[:20]} (or unnamed)")
@@ -145,6 +151,23 @@ def check_plan(plan, graphs: list[Graph], code_len: int, state_len: int, what: s
     # Each program against its graph.
     for index, (p, graph) in enumerate(zip(programs, graphs)):
         _check_program(p, graph, index, len(programs), plan, arg_types, state_types, what)
+
+
+def check_dims(plan: dict, what: str) -> list[dict]:
+    """The plan's symbolic dims (absent: none), each a name with its bounds and the size it
+    was traced at, checked."""
+    dims = plan.get("dims", [])
+    _expect(isinstance(dims, list), what, "dims", "is not a list")
+    seen = set()
+    for j, d in enumerate(dims):
+        _expect(isinstance(d, dict) and isinstance(d.get("name"), str) and
+                d["name"].isidentifier() and d["name"] not in seen and
+                isinstance(d.get("where"), str) and
+                all(_is_int(d.get(k)) for k in ("min", "max", "hint")) and
+                2 <= d["min"] <= d["hint"] <= d["max"], what, f"dims[{j}]",
+                f"is not a symbol with bounds min <= hint <= max ({str(d)[:80]})")
+        seen.add(d["name"])
+    return dims
 
 
 def _check_program(p, graph: Graph, index: int, n_programs: int, plan: dict, arg_types: list,

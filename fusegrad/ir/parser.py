@@ -118,7 +118,8 @@ def _describe(tok: Token) -> str:
 
 
 class _Parser:
-    def __init__(self, text: str):
+    def __init__(self, text: str, hints: dict[str, int] | None = None):
+        self.hints = hints or {}              # symbol -> its size hint (see symint.symbol)
         self.lines = text.split("\n")
         self.tokens = _tokenize(text, self.lines)
         self.pos = 0
@@ -276,7 +277,7 @@ class _Parser:
             except SymbolicDecisionError as e:
                 raise self.error(str(e), den) from None
         if tok.kind == "ident" and tok.text not in _RESERVED_WORDS:
-            return symbol(tok.text)
+            return symbol(tok.text, self.hints.get(tok.text))
         raise self.error(f"expected a size (an integer, a symbol or an expression of them), "
                          f"got {_describe(tok)}", tok)
 
@@ -588,20 +589,23 @@ class _Parser:
         g.set_outputs(outputs)
 
 
-def parse_many(text: str) -> list[Graph]:
-    """Every graph in ``text``, in order (``// -----`` separators are comments)."""
-    return _Parser(text).parse_graphs()
+def parse_many(text: str, hints: dict[str, int] | None = None) -> list[Graph]:
+    """Every graph in ``text``, in order (``// -----`` separators are comments); ``hints``
+    as :func:`parse`'s."""
+    return _Parser(text, hints).parse_graphs()
 
 
-def parse(text: str) -> Graph:
-    """The one graph in ``text``.
+def parse(text: str, hints: dict[str, int] | None = None) -> Graph:
+    """The one graph in ``text``. ``hints`` gives symbolic sizes the values they had where
+    the graph was traced (:func:`~fusegrad.symint.symbol`'s hint): decisions the compiler
+    makes at the traced sizes are then made as they were there.
 
     >>> g = parse("graph @f(%x: f32[2]) -> (f32[2]) {\\n  %0 = exp %x : f32[2]\\n"
     ...           "  return %0\\n}")
     >>> [n.op for n in g.nodes]
     ['exp']
     """
-    parser = _Parser(text)
+    parser = _Parser(text, hints)
     g = parser.parse_graph()
     if parser.peek().kind != "eof":
         raise parser.error("expected end of input after the graph (use parse_many for several "

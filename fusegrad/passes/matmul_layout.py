@@ -28,7 +28,7 @@ from fusegrad.ir.rewrite import GraphCopier
 from fusegrad.ops.primitive import Kind
 from fusegrad.passes.dce import dce
 from fusegrad.passes.manager import Pass, register_pass
-from fusegrad.symint import SymbolicDecisionError, at_hints
+from fusegrad.symint import SymbolicDecisionError, at_hints, known_equal
 
 __all__ = ["transpose_matmuls", "epilogues_through_reshape", "copies_before_reshape",
            "MatmulLayout"]
@@ -120,7 +120,9 @@ def epilogues_through_reshape(g: Graph) -> Graph:
                     elif src is not None and src.type.shape == into:
                         moved.append(src)
                     elif op.producer is None and _strided_reshape(op.type.shape, shape, into):
-                        if op.type.shape != shape:
+                        # (A broadcast to its own shape is a copy: equal for every size
+                        # or not, the program is right, and assumes nothing of the sizes.)
+                        if not known_equal(tuple(op.type.shape), tuple(shape)):
                             op = c.new.add_node("broadcast_to", [op], {"shape": shape},
                                                 loc=node.loc)
                         moved.append(c.new.add_node("reshape", [op], {"shape": into},

@@ -57,7 +57,14 @@ from fusegrad.runtime import jit, native, native_attention
 from fusegrad.runtime.memory_plan import donation_safe, plan_memory
 from fusegrad.runtime.native import data_pointer
 from fusegrad.runtime.threads import run_in_parts, set_blas_threads, thread_pool
-from fusegrad.symint import at_hints, evaluate_dim, evaluate_shape, is_symbolic, strict_decisions
+from fusegrad.symint import (
+    SymbolicDecisionError,
+    at_hints,
+    evaluate_dim,
+    evaluate_shape,
+    is_symbolic,
+    strict_decisions,
+)
 
 __all__ = ["Program", "KernelCode", "thread_pool", "set_num_threads", "get_num_threads"]
 
@@ -929,7 +936,11 @@ class Program:
             if isinstance(st, NativeStep):
                 node = st.kernel.nodes[0]
                 helper = native_attention if node.op.startswith("fused_attention") else native
-                out += [m for m in helper.modules_for(node) if m not in out]
+                try:
+                    modules = helper.modules_for(node)
+                except SymbolicDecisionError as e:     # (its loops are made per size)
+                    raise SymbolicDecisionError(f"{node.op}'s native loops: {e}") from e
+                out += [m for m in modules if m not in out]
         return out
 
 

@@ -96,3 +96,29 @@ def test_unknown_dtypes_and_wrong_argument_counts_are_one_line(tmp_path, capsys,
         assert cli.main(argv) == 1
         err = capsys.readouterr().err
         assert err.startswith("fusegrad-aot: error:") and why in err and err.count("\n") == 1
+
+
+def test_compile_with_a_symbolic_batch_dim(tmp_path):
+    (tmp_path / "train_cli_dyn.py").write_text(TRAIN)
+    out = _run(["compile", "train_cli_dyn:step", "--example", "f32[8,12]", "--example",
+                "i64[8]:5", "--dim", "batch=2..64:0.0,1.0", "-o", "step.fgaot"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    shown = _run(["show", "step.fgaot"], tmp_path)
+    assert "in  arg0 x: f32[batch,12]" in shown.stdout
+    assert "dim batch: sizes 2..64 (first x.size(0); compiled at 8)" in shown.stdout
+    run = fg.aot.load(tmp_path / "step.fgaot")
+    for n in (3, 20):
+        assert np.isfinite(run(fg.zeros(n, 12), fg.tensor(np.arange(n) % 5)).item())
+
+
+def test_dim_specs():
+    b = cli.dynamic_shapes(["batch=4..:0.0,1.0"], 2)
+    assert b[0][0] is b[1][0] and (b[0][0].min, b[0][0].__name__) == (4, "batch")
+    assert cli.dynamic_shapes([], 2) is None
+    for bad in ("batch:0.0", "batch=2..8:2.0", "1b=2..8:0.0"):
+        try:
+            cli.dynamic_shapes([bad], 2)
+        except (ValueError, AssertionError) as e:
+            assert "--dim" in str(e) or "identifier" in str(e), e
+        else:
+            raise AssertionError(bad)
