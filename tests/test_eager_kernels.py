@@ -352,3 +352,28 @@ def test_linear_2d_and_batched(kernels, shape):
     np.testing.assert_allclose(out_k.detach().numpy(), ref, rtol=1e-4, atol=1e-4)
     for a, e in zip(gk, ge):
         np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4)
+
+
+def test_eager_kernels_are_static_whatever_automatic_dynamic_says(monkeypatch, kernels):
+    # A symbolic program sums rows in other blocks than the static one: an eager op's bits
+    # must not depend on whether automatic dynamic shapes was on when it first ran.
+    from fusegrad.config import config
+    from fusegrad.tracer.eager_kernels import EagerKernel
+    monkeypatch.setattr(config, "automatic_dynamic_shapes", True)
+    ek = EagerKernel(lambda x: (x * 2).exp().sum(-1), "SumBackward1")
+    outs = [ek((fg.randn(n, 700),), {}) for n in (8, 9, 10)]
+    (cf,) = ek.functions.values()
+    assert all(o is not NotImplemented for o in outs) and cf.compiles == 3
+
+
+def test_past_the_signature_limit_the_oldest_are_dropped_not_run_unfused(monkeypatch, kernels):
+    # Running a new signature unfused once the limit is reached would make its bits depend on
+    # what the process ran before.
+    from fusegrad.tracer import eager_kernels
+    monkeypatch.setattr(eager_kernels, "SIGNATURE_LIMIT", 2)
+    ek = eager_kernels.EagerKernel(lambda x, k: (x * k).exp(), "ExpBackward0")
+    for k in (1.0, 2.0, 3.0):                         # three keys: the first is dropped
+        assert ek((fg.randn(8, 700), k), {}) is not NotImplemented
+    assert len(ek.functions) == 2
+    for n in (8, 9, 10):                              # three signatures of one key
+        assert ek((fg.randn(n, 700), 3.0), {}) is not NotImplemented

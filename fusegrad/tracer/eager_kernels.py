@@ -21,7 +21,7 @@ definition:
 Each signature (shapes, which tensors require grad, the non-tensor arguments) compiles once
 per process, from the disk cache after the first run. A signature whose trace or run raises
 runs eagerly from then on, so a user's mistake gets the eager op's own error; a composite
-stops compiling new signatures after ``SIGNATURE_LIMIT`` of them.
+keeps at most ``SIGNATURE_LIMIT`` compiled signatures, dropping the oldest.
 """
 
 from __future__ import annotations
@@ -63,17 +63,19 @@ class _KernelFunction(CompiledFunction):
     """The compiled function of one composite with fixed non-tensor arguments."""
 
     def __init__(self, bound: _Bound, grad_name: str):
-        super().__init__(bound, fullgraph=True)
+        # Static shapes: a signature's kernels are its own, whatever automatic dynamic
+        # shapes says when it is first called (a symbolic program sums rows in other blocks).
+        super().__init__(bound, fullgraph=True, dynamic=False)
         self.grad_name = grad_name
-        self._warned_limit = True        # past the limit: eager, silently
         self.failed: set = set()
+        self.seen: set = set()           # signatures called
 
     def _closure_guard(self, args, kwargs) -> ClosureGuard:
         # fusegrad's own definitions: nothing they read changes between calls.
         return ClosureGuard()
 
     def _recompile_limit(self) -> int:
-        return SIGNATURE_LIMIT
+        return 1 << 30                   # never eager: EagerKernel bounds the compiles
 
 
 def _static(v):
@@ -126,18 +128,26 @@ class EagerKernel:
                    tuple(sorted((k, _static(v)) for k, v in kwargs.items())))
         except TypeError:
             return NotImplemented
-        cf = self.functions.get(key)
-        if cf is None:
-            if len(self.functions) >= SIGNATURE_LIMIT:
-                return NotImplemented
-            cf = self.functions[key] = _KernelFunction(
-                _Bound(self.fn, tuple(layout), dict(kwargs)), self.grad_name)
         signature = tuple((t._data.shape, t._dtype, t._requires_grad, t._data.flags.c_contiguous)
                           for t in tensors)
+        cf = self.functions.get(key)
+        # Past SIGNATURE_LIMIT the oldest compiled functions are dropped and the new call is
+        # compiled, never run unfused: a call's bits depend on its op and shapes alone, not
+        # on what the process ran before (the fused and unfused chains round differently).
+        if cf is not None and signature not in cf.seen and cf.compiles >= SIGNATURE_LIMIT:
+            del self.functions[key]
+            cf = None
+        if cf is None:
+            if len(self.functions) >= SIGNATURE_LIMIT:
+                del self.functions[next(iter(self.functions))]
+            cf = self.functions[key] = _KernelFunction(
+                _Bound(self.fn, tuple(layout), dict(kwargs)), self.grad_name)
         if signature in cf.failed:
             return NotImplemented
         try:
-            return cf(*tensors)
+            out = cf(*tensors)
+            cf.seen.add(signature)
+            return out
         except Exception:        # noqa: BLE001 - the eager op raises the user's error
             if config.debug:
                 traceback.print_exc()
