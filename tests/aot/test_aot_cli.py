@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 import fusegrad as fg
 from fusegrad.aot import cli
@@ -36,6 +37,7 @@ def _run(args, cwd):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_compile_then_show(tmp_path):
     (tmp_path / "train_cli_mod.py").write_text(TRAIN)
     out = _run(["compile", "train_cli_mod:step", "--example", "f32[8,12]", "--example",
@@ -61,6 +63,7 @@ def test_compile_then_show(tmp_path):
     assert second < first
 
 
+@pytest.mark.slow
 def test_show_refuses_a_corrupt_file(tmp_path):
     path = tmp_path / "bad.fgaot"
     path.write_bytes(b"FGAO\r\n\x1a\n" + b"\0" * 100)
@@ -98,6 +101,7 @@ def test_unknown_dtypes_and_wrong_argument_counts_are_one_line(tmp_path, capsys,
         assert err.startswith("fusegrad-aot: error:") and why in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_compile_with_a_symbolic_batch_dim(tmp_path):
     (tmp_path / "train_cli_dyn.py").write_text(TRAIN)
     out = _run(["compile", "train_cli_dyn:step", "--example", "f32[8,12]", "--example",

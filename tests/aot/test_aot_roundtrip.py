@@ -146,6 +146,7 @@ def test_module_forward_roundtrip():
     np.testing.assert_allclose(run(x).numpy(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fresh_process_loads_without_tracing_or_compiling(tmp_path):
     """Save here, load in a new interpreter that cannot trace or run LLVM's optimizer."""
     step, model, opt, x, y = mlp_step("adamw")
@@ -183,6 +184,7 @@ print(json.dumps({{"losses": losses, "compiles": jit.stats["compiles"]}}))
     np.testing.assert_allclose(np.load(tmp_path / "w.npy"), weight, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_artifacts_carry_the_native_loops_of_their_extern_steps(tmp_path):
     # Attention (forward and backward) and an embedding's gradient run native loops that a
     # program compiles on first use; a fresh process with an empty cache loads them from the

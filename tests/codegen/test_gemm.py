@@ -335,6 +335,7 @@ def test_bf16_gemm_rounds_to_nearest_even_and_keeps_nan_and_inf():
     assert c[1, 0] == np.inf and np.isnan(c[2, 0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("m,k,n", _BF16_SHAPES)
 def test_bf16_programs_in_the_interpreter(m, k, n):
     # The converting program as compiled; the pair program (vdpbf16ps, which this machine

@@ -139,6 +139,7 @@ def char_transformer_step(device_driver, mode):
     return losses, [p.detach().numpy() for p in model.parameters()]
 
 
+@pytest.mark.slow
 def test_the_char_transformer_step_replays_as_one_cuda_graph():
     drv = SimulatedDriver()
     rt.set_driver(drv)

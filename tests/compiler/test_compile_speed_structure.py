@@ -117,6 +117,7 @@ GRAPHS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 @pytest.mark.parametrize("max_inputs", [4, 64])
 def test_incremental_reachability_matches_search(name, max_inputs):
@@ -260,6 +261,7 @@ def corpus_programs():
         yield cpu.Program(fusion.fuse(g))
 
 
+@pytest.mark.slow
 def test_equal_kernel_descriptions_mean_equal_ir():
     # The cache keys kernels by description and skips building their IR: a description
     # must determine the IR and which of its values each buffer number is.

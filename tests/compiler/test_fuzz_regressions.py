@@ -37,6 +37,7 @@ def test_pow_of_bool_tensors_and_literals():
     np.testing.assert_array_equal(fg.compile(lambda a: fg.pow(a, True))(x).numpy(), x.numpy())
 
 
+@pytest.mark.slow
 def test_pow_of_bools_returns_in_a_fresh_process():
     # The hang, guarded so that a regression fails instead of stalling the suite.
     code = ("import fusegrad as fg; cf = fg.compile(lambda x, y: fg.pow(x, y)); "
@@ -261,6 +262,7 @@ def test_eager_gelu_gradient_under_an_overflowing_exp_is_inf_as_torchs():
     np.testing.assert_allclose(eager[1], compiled[1], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_backward_of_a_flip_of_an_empty_tensor_in_a_fresh_process():
     # Finding 13 (seed 20261202, programs 3003, 3457, 3764, 4950, 6926: a crash): the
     # compiled backward of `flip` scatters rows with the native row loop, whose column loop

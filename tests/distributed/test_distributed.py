@@ -40,6 +40,7 @@ def one_rank(monkeypatch):
 # --------------------------------------------------------------------------- one process
 
 
+@pytest.mark.slow
 def test_import_does_not_load_mpi4py():
     """Nor does a data-parallel script run without a launcher (a job of one rank)."""
     code = ("import sys, fusegrad as fg\n"

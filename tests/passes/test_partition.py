@@ -276,6 +276,7 @@ def _brute_force_min_bytes(g: Graph, wrt: list[int]) -> int:
     return best
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["softmax", "used_twice", "stop_gradient", "layer_norm"])
 def test_min_cut_saves_the_fewest_bytes_of_any_valid_cut(name):
     g, _ = _model(name)
@@ -332,6 +333,7 @@ def mixed_graphs(draw) -> Graph:
     return g
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mixed_graphs())
 def test_min_cut_is_optimal_on_mixed_graphs(g):

@@ -133,6 +133,7 @@ def test_main_takes_argv(capsys):
     assert "simplify" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_command_line_pipes_into_filecheck():
     """The whole path a RUN line takes without the in-process shortcut: ``python -m``."""
     test = REPO / "tests" / "filecheck" / "cse" / "cse.fg"

@@ -159,6 +159,7 @@ def test_without_a_driver_library_no_cuda_package_is_imported(monkeypatch):
         rt.set_driver(None)
 
 
+@pytest.mark.slow
 def test_cuda_queries_import_no_cuda_package_on_this_machine():
     if rt.find_libcuda() is not None:
         pytest.skip("this machine has an NVIDIA driver")

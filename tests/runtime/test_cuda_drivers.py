@@ -89,6 +89,7 @@ def test_pycuda_contexts_are_popped_in_their_thread(monkeypatch, tmp_path):
     assert fake._stack() == []
 
 
+@pytest.mark.slow
 def test_pycuda_pops_its_context_at_exit(tmp_path):
     write_fake_pycuda(tmp_path)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

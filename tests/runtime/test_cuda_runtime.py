@@ -39,6 +39,7 @@ def test_without_cuda_packages_the_error_says_what_to_install(no_cuda_packages):
         fg.zeros(2, device="cuda")
 
 
+@pytest.mark.slow
 def test_importing_and_compiling_for_the_cpu_touches_no_driver():
     no_modules_after("import fusegrad as fg\n"
                      "f = fg.compile(lambda x: x.exp() * 2)\n"

@@ -270,6 +270,7 @@ def test_without_a_driver_moving_to_cuda_says_what_to_install(monkeypatch):
         rt.set_driver(None)
 
 
+@pytest.mark.slow
 def test_cpu_eager_code_loads_no_cuda_module():
     no_modules_after("import fusegrad as fg\n"
                      "x = fg.randn(4, 3, requires_grad=True)\n"
