@@ -2,9 +2,59 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 import fusegrad as fg
+from fusegrad.aot import format
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_FRESH = """
+import json, numpy as np
+import fusegrad as fg
+import fusegrad.tracer.trace as trace, fusegrad.runtime.jit as jit
+def refuse(*a, **k):
+    raise AssertionError("traced or compiled while loading")
+trace._trace = refuse
+jit._compile_object = refuse
+run = fg.aot.load({path!r})
+d = np.load({data!r})
+arrays = [d[f"arr_{{i}}"] for i in range(len(d.files))]
+losses = [run(fg.tensor(arrays[i]), fg.tensor(arrays[i + 1])).item()
+          for i in range(0, len(arrays), 2)]
+np.savez({state!r}, **run.state)
+print(json.dumps({{"losses": losses, "compiles": jit.stats["compiles"]}}))
+"""
+
+
+def with_plan(blob: bytes, change) -> bytes:
+    """``blob`` with ``change(plan)`` applied to its plan and the checksum recomputed."""
+    decoded = format.decode(blob)
+    plan = json.loads(decoded.sections["plan"])
+    change(plan)
+    sections = dict(decoded.sections, plan=json.dumps(plan).encode())
+    header = {k: v for k, v in decoded.header.items() if k not in ("sections", "format")}
+    return format.encode(header, sections)
+
+
+def train_in_fresh_process(path, tmp_path, arrays: list) -> tuple[list, int, dict]:
+    """Load the artifact at ``path`` in a new interpreter that cannot trace or run LLVM, with
+    an empty kernel cache (the artifact alone holds all code), and call it on consecutive
+    pairs of ``arrays``: its losses, how many kernels it compiled, and its state after."""
+    data, state = tmp_path / "data.npz", tmp_path / "state.npz"
+    np.savez(data, *arrays)
+    env = dict(os.environ, PYTHONPATH=ROOT, FUSEGRAD_CACHE_DIR=str(tmp_path / "empty-cache"))
+    code = _FRESH.format(path=str(path), data=str(data), state=str(state))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return result["losses"], result["compiles"], dict(np.load(state))
 
 
 def mlp_step(optimizer: str = "sgd", seed: int = 0, sizes=(12, 16, 5)):

@@ -5,19 +5,16 @@ bounds, naming the argument, the dim and the Dim."""
 from __future__ import annotations
 
 import copy
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 import fusegrad as fg
-from fusegrad.aot import format
 from fusegrad.aot.format import ArtifactError
 from fusegrad.runtime import jit
-from tests.aot.helpers import mlp_step
+from tests.aot.helpers import mlp_step, train_in_fresh_process, with_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EPS32 = float(np.finfo(np.float32).eps)
@@ -176,15 +173,6 @@ def test_format_round_trips_the_dims():
     assert "dim batch: sizes 2..inf" in unbounded.describe()
 
 
-def _with_plan(blob: bytes, change) -> bytes:
-    decoded = format.decode(blob)
-    plan = json.loads(decoded.sections["plan"])
-    change(plan)
-    sections = dict(decoded.sections, plan=json.dumps(plan).encode())
-    header = {k: v for k, v in decoded.header.items() if k not in ("sections", "format")}
-    return format.encode(header, sections)
-
-
 @pytest.mark.parametrize("change,field", [
     (lambda p: p["dims"][0].update(min=50), "dims[0]"),          # min above the traced size
     (lambda p: p["dims"][0].update(name="b"), "args[0]"),        # args name another symbol
@@ -194,7 +182,7 @@ def _with_plan(blob: bytes, change) -> bytes:
 def test_tampered_dims_are_refused(change, field):
     art, _, _ = _mlp_artifact("sgd", max=64)
     with pytest.raises(ArtifactError) as e:
-        fg.aot.loads(_with_plan(art.to_bytes(), change))
+        fg.aot.loads(with_plan(art.to_bytes(), change))
     assert e.value.reason == "plan" and field in str(e.value), e.value
 
 
@@ -249,37 +237,15 @@ def test_char_transformer_artifact_trains_at_three_batch_sizes_in_a_fresh_proces
     fg.aot.compile(_char_transformer_step(model), *_tokens(4, 16, 0),
                    dynamic_shapes={"x": {0: batch}, "y": {0: batch}}).save(path)
     data = [a.numpy() for k, n in enumerate(SIZES) for a in _tokens(n, 16, k + 1)]
-    np.savez(tmp_path / "data.npz", *data)
     compiled = fg.compile(_char_transformer_step(reference), dynamic=True)
     want = [compiled(fg.tensor(data[i]), fg.tensor(data[i + 1])).item()
             for i in range(0, len(data), 2)]
-    code = f"""
-import json, numpy as np
-import fusegrad as fg
-import fusegrad.tracer.trace as trace, fusegrad.runtime.jit as jit
-def refuse(*a, **k):
-    raise AssertionError("traced or compiled while loading")
-trace._trace = refuse
-jit._compile_object = refuse
-run = fg.aot.load({str(path)!r})
-d = np.load({str(tmp_path / 'data.npz')!r})
-arrays = [d[f"arr_{{i}}"] for i in range(len(d.files))]
-losses = [run(fg.tensor(arrays[i]), fg.tensor(arrays[i + 1])).item()
-          for i in range(0, len(arrays), 2)]
-np.savez({str(tmp_path / 'state.npz')!r}, **run.state)
-print(json.dumps({{"losses": losses, "compiles": jit.stats["compiles"]}}))
-"""
-    env = dict(os.environ, PYTHONPATH=ROOT, FUSEGRAD_CACHE_DIR=str(tmp_path / "empty-cache"))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["compiles"] == 0
+    losses, compiles, state = train_in_fresh_process(path, tmp_path, data)
+    assert compiles == 0
     assert compiled.compiles == 1
     # Sums of a few dozen float32 terms per value, through one block and three SGD steps.
     tol = 1024 * EPS32 * len(SIZES)
-    np.testing.assert_allclose(result["losses"], want, rtol=tol)
-    state = np.load(tmp_path / "state.npz")
+    np.testing.assert_allclose(losses, want, rtol=tol)
     for name, p in reference.named_parameters():
         np.testing.assert_allclose(state[f"model.{name}"], p.detach().numpy(), rtol=tol,
                                    atol=tol * 0.1, err_msg=name)

@@ -12,7 +12,7 @@ import pytest
 import fusegrad as fg
 from fusegrad.aot import artifact, format, plan_checks
 from fusegrad.aot.format import ArtifactError
-from tests.aot.helpers import mlp_step
+from tests.aot.helpers import mlp_step, with_plan
 
 
 @pytest.fixture(scope="module")
@@ -176,16 +176,6 @@ def test_wrong_state_at_load(blob):
 # --------------------------------------------------------------------------- tampered plans
 
 
-def _with_plan(blob: bytes, change) -> bytes:
-    """``blob`` with ``change(plan)`` applied to its plan and the checksum recomputed."""
-    decoded = format.decode(blob)
-    plan = json.loads(decoded.sections["plan"])
-    change(plan)
-    sections = dict(decoded.sections, plan=json.dumps(plan).encode())
-    header = {k: v for k, v in decoded.header.items() if k not in ("sections", "format")}
-    return format.encode(header, sections)
-
-
 def _refused(blob: bytes, field: str) -> ArtifactError:
     with pytest.raises(ArtifactError) as e:
         fg.aot.loads(blob)
@@ -201,7 +191,7 @@ def test_argument_smaller_than_its_graph_says():
 
     def shrink(plan):
         plan["args"][0].update(shape=[1], type="f32[1]")
-    e = _refused(_with_plan(blob, shrink), "args[0]")
+    e = _refused(with_plan(blob, shrink), "args[0]")
     assert "says f32[1] but the graph's input %x is f32[16777216]" in str(e)
 
 
@@ -255,7 +245,7 @@ TAMPERS = {
 
 @pytest.mark.parametrize("field", sorted(TAMPERS))
 def test_tampered_plan_names_the_field(blob, field):
-    _refused(_with_plan(blob, TAMPERS[field]), field)
+    _refused(with_plan(blob, TAMPERS[field]), field)
 
 
 @pytest.mark.parametrize("depth, message", [(50, "in_tree holds 1 tensors for 2 arguments"),
@@ -301,7 +291,7 @@ def test_fuzzed_plan_raises_only_artifact_error(blob):
                 container, key = rng.choice(places)
                 container[key] = rng.choice(values)
         try:
-            fg.aot.loads(_with_plan(blob, change))
+            fg.aot.loads(with_plan(blob, change))
         except ArtifactError:
             refused += 1
     assert refused >= 10

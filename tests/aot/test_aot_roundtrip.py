@@ -13,7 +13,7 @@ import pytest
 
 import fusegrad as fg
 from fusegrad.runtime import jit
-from tests.aot.helpers import batches, mlp_step
+from tests.aot.helpers import batches, mlp_step, train_in_fresh_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -153,35 +153,16 @@ def test_fresh_process_loads_without_tracing_or_compiling(tmp_path):
     path = tmp_path / "step.fgaot"
     fg.aot.compile(step, x, y).save(path)
     data = batches(3)
-    np.savez(tmp_path / "data.npz", *[a.numpy() for b in data for a in b])
     compiled = fg.compile(step)
     want = [compiled(xb, yb).item() for xb, yb in data]
     weight = model[0].weight.detach().numpy()
-    code = f"""
-import json, numpy as np
-import fusegrad as fg
-import fusegrad.tracer.trace as trace, fusegrad.runtime.jit as jit
-def refuse(*a, **k):
-    raise AssertionError("traced or compiled while loading")
-trace._trace = refuse
-jit._compile_object = refuse
-run = fg.aot.load({str(path)!r})
-d = np.load({str(tmp_path / 'data.npz')!r})
-arrays = [d[f"arr_{{i}}"] for i in range(len(d.files))]
-losses = [run(fg.tensor(arrays[i]), fg.tensor(arrays[i + 1])).item() for i in range(0, 6, 2)]
-np.save({str(tmp_path / 'w.npy')!r}, run.state["model.0.weight"])
-print(json.dumps({{"losses": losses, "compiles": jit.stats["compiles"]}}))
-"""
     # An empty kernel cache: the artifact alone holds all code, the native loop of the loss's
     # target check included.
-    env = dict(os.environ, PYTHONPATH=ROOT, FUSEGRAD_CACHE_DIR=str(tmp_path / "empty-cache"))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["compiles"] == 0
-    np.testing.assert_allclose(result["losses"], want, rtol=1e-5)
-    np.testing.assert_allclose(np.load(tmp_path / "w.npy"), weight, rtol=1e-5, atol=1e-6)
+    losses, compiles, state = train_in_fresh_process(path, tmp_path,
+                                                     [a.numpy() for b in data for a in b])
+    assert compiles == 0
+    np.testing.assert_allclose(losses, want, rtol=1e-5)
+    np.testing.assert_allclose(state["model.0.weight"], weight, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
