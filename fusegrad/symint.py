@@ -384,33 +384,32 @@ def record_assumptions() -> Iterator[list]:
 
 
 @contextlib.contextmanager
-def strict_decisions() -> Iterator[None]:
+def _flag(name: str) -> Iterator[None]:
+    """Set this thread's recording flag ``name`` inside the block (nested blocks restore)."""
+    previous = getattr(_recording, name, False)
+    setattr(_recording, name, True)
+    try:
+        yield
+    finally:
+        setattr(_recording, name, previous)
+
+
+def strict_decisions():
     """Inside the block, an equality of sizes that the >= 2 assumption does not decide
     (``B == 784``, ``B == T``) raises :class:`SymbolicDecisionError`, as an undecided ``<``
     always does, instead of answering False: for code made once for every size (kernels
     that read their sizes at run time), where an answer true at some sizes only would be
     wrong there."""
-    previous = getattr(_recording, "strict", False)
-    _recording.strict = True
-    try:
-        yield
-    finally:
-        _recording.strict = previous
+    return _flag("strict")
 
 
-@contextlib.contextmanager
-def hashable_sizes() -> Iterator[None]:
+def hashable_sizes():
     """Inside the block sizes hash, and an equality of sizes is a fact (False unless the
     two are equal for every size, and not recorded), while an order comparison is still
     decided at the hints and recorded: for the compiler after a trace, whose tables of
     shapes and tests of "the same shape" only ever save work (the user's code, which could
     branch on them, is not running)."""
-    previous = getattr(_recording, "hashable", False)
-    _recording.hashable = True
-    try:
-        yield
-    finally:
-        _recording.hashable = previous
+    return _flag("hashable")
 
 
 def _compiling() -> bool:

@@ -88,6 +88,19 @@ def test_reshape_minus_one_beside_symbolic_sizes():
     assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
 
 
+def _one_symbolic_compile_equals_eager(f, seed: int) -> None:
+    """``f`` (outputs of a ``[n, 3]`` float32 argument) compiled with ``dynamic=True`` and
+    called at n = 4, 7, 5 equals eager, from one symbolic compile."""
+    compiled = fg.compile(f, dynamic=True)
+    rng = np.random.default_rng(seed)
+    for n in (4, 7, 5):
+        x = _randn(rng, n, 3)
+        for got, want in zip(compiled(x), f(x)):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=16 * EPS32,
+                                       atol=16 * EPS32)
+    assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
+
+
 def test_negative_indices_flip_and_roll_of_a_symbolic_dim():
     # x[-1] normalized the index with a modulo of the size, and flip/roll built numpy
     # indices of it: a symbolic size answers neither, so each size compiled static.
@@ -97,14 +110,7 @@ def test_negative_indices_flip_and_roll_of_a_symbolic_dim():
                y.roll(1, 0)[0] * y.roll(-3, 0)[-1])
         out.sum().backward()
         return out.detach(), y.grad
-    compiled = fg.compile(f, dynamic=True)
-    rng = np.random.default_rng(3)
-    for n in (4, 7, 5):
-        x = _randn(rng, n, 3)
-        for got, want in zip(compiled(x), f(x)):
-            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=16 * EPS32,
-                                       atol=16 * EPS32)
-    assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
+    _one_symbolic_compile_equals_eager(f, seed=3)
 
 
 def test_a_mask_made_inside_sliced_to_a_symbolic_length():
@@ -117,14 +123,7 @@ def test_a_mask_made_inside_sliced_to_a_symbolic_length():
         buf = fg.zeros(16, 3)
         buf[:n].add_(x)
         return causal @ x + x[n - 1], buf.sum(0)
-    compiled = fg.compile(f, dynamic=True)
-    rng = np.random.default_rng(4)
-    for n in (4, 7, 5):
-        x = _randn(rng, n, 3)
-        for got, want in zip(compiled(x), f(x)):
-            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=16 * EPS32,
-                                       atol=16 * EPS32)
-    assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
+    _one_symbolic_compile_equals_eager(f, seed=4)
 
 
 def _same_at_sizes(f, shapes, *, grad=False, marks=(0,)):
