@@ -1025,8 +1025,9 @@ def kernel_description(k: Kernel, kg: KernelGraph, level: int) -> tuple[str, lis
     lines = [f"{k.kind} {list(k.shape)} {list(k.axes)} O{level}"]
     symbols = program_symbols(kg.graph)
     if symbols:
-        # The kernel reads its sizes at these positions of the sizes buffer.
-        lines.append("symbols " + " ".join(symbols))
+        # The kernel reads its sizes at these positions of the sizes buffer (a buffer the
+        # description names, so that a cached kernel is given the program's own).
+        lines.append(f"symbols {name(SYMBOLS)} " + " ".join(symbols))
     for node in k.nodes:
         ops = []
         # A matmul's operands are BLAS's business: its kernel loads the product from memory

@@ -102,3 +102,42 @@ def test_tests_never_write_to_the_home_cache():
     home_default = os.path.join(os.path.expanduser("~"), ".cache", "fusegrad")
     assert fg_config.config.cache_dir is not None
     assert not os.path.abspath(fg_config.config.cache_dir).startswith(home_default)
+
+
+# A training step of symbolic batch size, its reductions over the batch included (they read
+# the sizes buffer): run at three batch sizes; the losses and the jit counters it moved.
+SYMBOLIC_STEP = """
+import numpy as np, fusegrad as fg
+fg.manual_seed(0)
+model = fg.nn.Sequential(fg.nn.Linear(6, 8), fg.nn.ReLU(), fg.nn.Linear(8, 3))
+opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+@fg.compile(dynamic=True)
+def step(x, y):
+    opt.zero_grad()
+    loss = fg.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+rng = np.random.default_rng(0)
+losses = [step(fg.tensor(rng.standard_normal((b, 6), dtype=np.float32)),
+               fg.tensor(rng.integers(0, 3, b))).item() for b in (5, 9, 2)]
+"""
+
+
+def test_kernels_of_symbolic_sizes_are_loaded_from_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    fg_config.reload()
+    runs = []
+    for _ in range(2):
+        jit.clear_memory_cache()
+        before = dict(jit.stats)
+        scope: dict = {}
+        exec(SYMBOLIC_STEP, scope)
+        runs.append(({k: jit.stats[k] - before[k] for k in ("compiles", "disk_hits")},
+                     scope["losses"]))
+    (first, losses), (second, again) = runs
+    assert first["compiles"] >= 3 and first["disk_hits"] == 0
+    assert second == {"compiles": 0, "disk_hits": first["compiles"]}
+    assert again == losses                      # the same machine code on the same numbers
