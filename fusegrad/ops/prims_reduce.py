@@ -195,6 +195,17 @@ def register_bf16_matmul(fn: Callable) -> None:
     _bf16_matmul_2d = fn
 
 
+# The float products' ``np.matmul``: fusegrad.runtime.threads.matmul (split across the
+# runtime's threads) once the runtime is imported, through register_float_matmul.
+_float_matmul: Callable = np.matmul
+
+
+def register_float_matmul(fn: Callable) -> None:
+    """Let float products run ``fn(a, b)`` in place of ``np.matmul``."""
+    global _float_matmul
+    _float_matmul = fn
+
+
 def _matmul_impl(a, b):
     if a.dtype.kind in "iub":
         return np.matmul(a, b)
@@ -203,7 +214,7 @@ def _matmul_impl(a, b):
         out = _bf16_matmul_2d(a, b)
         if out is not None:
             return out
-    return np.matmul(_np_float_compute(a), _np_float_compute(b))
+    return _float_matmul(_np_float_compute(a), _np_float_compute(b))
 
 
 matmul = register(Primitive("matmul", Kind.CONTRACTION, _matmul_infer, _matmul_impl, (

@@ -52,10 +52,11 @@ from fusegrad.ir.interpreter import bind_symbols
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View
 from fusegrad.ir.printer import format_attrs, format_scalar, format_type
 from fusegrad.ir.specialize import concrete_attr
-from fusegrad.ops.prims_reduce import register_bf16_matmul
+from fusegrad.ops.prims_reduce import register_bf16_matmul, register_float_matmul
 from fusegrad.runtime import jit, native, native_attention
 from fusegrad.runtime.memory_plan import donation_safe, plan_memory
 from fusegrad.runtime.native import data_pointer
+from fusegrad.runtime.threads import matmul as split_matmul
 from fusegrad.runtime.threads import run_in_parts, set_blas_threads, thread_pool
 from fusegrad.symint import (
     SymbolicDecisionError,
@@ -230,7 +231,7 @@ class MatmulStep:
             # primitive's reference computes in float32 and rounds once, as eager does.
             out[...] = self.out.producer.prim.impl(a, b)
             return
-        np.matmul(a, b, out=out)
+        split_matmul(a, b, out=out)
 
 
 _BF16 = np.dtype(dtypes.bfloat16.np_dtype)
@@ -258,7 +259,7 @@ def bf16_product_on_blas(a: np.ndarray, b: np.ndarray, out: np.ndarray, into=Non
         return (lambda shape: into(role, shape)) if into else (lambda shape: np.empty(shape, np.float32))
     c = buffer(2)(out.shape)
     with np.errstate(all="ignore"):       # as the reference's: inf * 0 is a NaN, no warning
-        np.matmul(_widened(a, buffer(0)), _widened(b, buffer(1)), out=c)
+        split_matmul(_widened(a, buffer(0)), _widened(b, buffer(1)), out=c)
     native.convert(c, out, config.num_threads)
 
 
@@ -1111,6 +1112,7 @@ def _eager_bf16_on_blas(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 register_bf16_matmul(bf16_matmul)
+register_float_matmul(split_matmul)
 
 
 def gemm_of(k: Kernel, kg: KernelGraph) -> "tuple[native_gemm.Gemm, list[Value]] | None":
