@@ -76,7 +76,11 @@ warnings.filterwarnings("ignore", category=RuntimeWarning, module=__name__)
 _KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
 
-# Work (elements) below which a kernel runs on the calling thread only.
+# Work (elements) below which a kernel runs on the calling thread only; larger ones are split
+# (:func:`~fusegrad.runtime.threads.run_in_parts`: parts the threads take in turn, the caller
+# from the start, so a worker that is slow to start costs the caller nothing). Splitting was
+# decided by timing each kernel's first runs on one thread and split, until a busy neighbour
+# core skewed those timings for the rest of the run.
 PARALLEL_THRESHOLD = 1 << 16
 # Work (elements) below which a kernel is optimized at LLVM's speed level 1 instead of 3:
 # without vectorization and unrolling LLVM spends 2-3x less time on it. Kept small: the
@@ -108,16 +112,6 @@ def get_num_threads() -> int:
     return config.num_threads
 
 
-# A kernel large enough to thread is timed on its first runs, TUNE_RUNS times on the calling
-# thread and as many split over the pool (alternating, after one untimed run), and is split
-# from then on only if the median split run took at most SPLIT_GAIN of the single one. Handing
-# work to the pool's threads and waiting for them cost 90-150 us on a 2-vCPU VM: GELU of 2**16
-# floats took 129 us on one thread and 217 split, and threading every kernel from 2**16
-# elements made the compiled MLP step 30% slower with two threads than with one.
-TUNE_RUNS = 3
-SPLIT_GAIN = 0.85
-
-
 @dataclass
 class LaunchStep:
     kernel: Kernel
@@ -127,43 +121,17 @@ class LaunchStep:
     table: int = 0             # address of the kernel's buffer pointers
     # Symbolic sizes: the extent and work as expressions, evaluated by Program.bind_sizes.
     sizes: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
-    # thread count -> whether to split, once measured; and its timings until then
-    split: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
-    timings: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def run(self, prog: "Program") -> None:
         threads = config.num_threads
         if threads > 1 and self.work >= PARALLEL_THRESHOLD and self.extent > 1:
-            split = self.split.get(threads)
-            if split is None:
-                self._tune(threads)
-                return
-            if split:
-                self.run_split(threads)
-                return
-        self.fn(self.table, 0, self.extent)
+            self.run_split(threads)
+        else:
+            self.fn(self.table, 0, self.extent)
 
     def run_split(self, threads: int) -> None:
         """Run the kernel with its parallel loop split over ``threads`` threads."""
         run_in_parts(self.fn, (self.table,), self.extent, threads)
-
-    def _tune(self, threads: int) -> None:
-        times = self.timings.get(threads)
-        if times is None:                 # the first run: cold caches, not timed
-            self.timings[threads] = ([], [])
-            self.fn(self.table, 0, self.extent)
-            return
-        single, split = times
-        start = time.perf_counter()
-        if len(split) < len(single):
-            self.run_split(threads)
-            split.append(time.perf_counter() - start)
-        else:
-            self.fn(self.table, 0, self.extent)
-            single.append(time.perf_counter() - start)
-        if len(split) == TUNE_RUNS:
-            self.split[threads] = sorted(split)[TUNE_RUNS // 2] <= \
-                SPLIT_GAIN * sorted(single)[TUNE_RUNS // 2]
 
 
 @dataclass
