@@ -92,30 +92,37 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     """``np.matmul(a, b, out=out)`` for float arrays, split across ``config.num_threads``
     threads by :func:`run_in_parts`, each part one single-threaded call of numpy's BLAS
     (the rows of ``a`` or the columns of ``b``, whichever is longer: the other operand is the
-    one each part packs again; batched products split over the batch). Where BLAS splits a
+    one each part packs again; batched products over their first batch dim, a broadcast
+    operand whole in every part). Where BLAS splits a
     product itself, its threads take equal shares and wait for each other: beside a busy
     core a 256x256x256 product took 50 times as long on two threads as on one. Products
     that are small, of other shapes, or whose BLAS's thread count cannot be set run as one
     call."""
     threads = config.num_threads
     if (threads < 2 or a.ndim < 2 or b.ndim < 2 or a.dtype.kind != "f" or b.dtype.kind != "f"
-            or (b.ndim > 2 and (a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2]))
             or a.shape[-1] != b.shape[-2] or (out is not None and not out.flags.c_contiguous)):
         return np.matmul(a, b, out=out)
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    batch = math.prod(a.shape[:-2])
+    try:
+        lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        return np.matmul(a, b, out=out)         # (which raises numpy's error)
+    batch = math.prod(lead)
     if batch * m * k * n < SPLIT_PRODUCT or not _blas_functions():
         return np.matmul(a, b, out=out)
     if out is None:
-        out = np.empty(a.shape[:-1] + (n,), np.result_type(a, b))
-    # (Reshapes of ``out`` below are views: it is C-contiguous.)
-    if batch >= 2 * threads:
-        a3, out3 = a.reshape(batch, m, k), out.reshape(batch, m, n)
-        b3 = b if b.ndim == 2 else b.reshape(batch, k, n)
-        extent, parts = batch, min(batch, threads * PARTS_PER_THREAD)
+        out = np.empty(lead + (m, n), np.result_type(a, b))
+    if lead and lead[0] >= 2 * threads:
+        # Over the first batch dim; an operand without it (or of size 1 there) is
+        # broadcast to every part.
+        def first(x: np.ndarray):
+            return (lambda s, e: x[s:e]) if x.ndim - 2 == len(lead) and x.shape[0] > 1 else \
+                (lambda s, e: x)
+        take_a, take_b = first(a), first(b)
+        extent, parts = lead[0], min(lead[0], threads * PARTS_PER_THREAD)
 
         def part(start: int, end: int) -> None:
-            np.matmul(a3[start:end], b3 if b3.ndim == 2 else b3[start:end], out=out3[start:end])
+            np.matmul(take_a(start, end), take_b(start, end), out=out[start:end])
     elif batch == 1 and max(m, n) >= 2 * PRODUCT_PART:
         a2, b2, out2 = a.reshape(m, k), b.reshape(k, n), out.reshape(m, n)
         extent = max(m, n)

@@ -69,6 +69,11 @@ def test_an_error_in_a_part_is_raised_after_the_others_finish():
     ((12, 30, 64), (12, 64, 50)),   # batch split
     ((3, 4, 30, 64), (3, 4, 64, 50)),
     ((12, 30, 64), (64, 50)),       # batch split, shared right operand
+    ((30, 64), (2, 6, 64, 50)),     # batch split, shared left operand (convolution)
+    ((1, 600, 64), (64, 40)),       # one product of a batch of one: rows split
+    ((3, 30, 64), (8, 3, 64, 50)),  # broadcast batch dims (grouped convolution's product)
+    ((1, 30, 64), (8, 64, 50)),
+    ((8, 1, 30, 64), (1, 2, 64, 50)),
     ((8, 8), (8, 8)),               # small: one call
     ((700, 64), (64,)),             # a vector: one call
 ])
