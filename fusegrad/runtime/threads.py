@@ -90,14 +90,13 @@ PRODUCT_PART = 256
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``np.matmul(a, b, out=out)`` for float arrays, split across ``config.num_threads``
-    threads by :func:`run_in_parts`, each part one single-threaded call of numpy's BLAS
-    (the rows of ``a`` or the columns of ``b``, whichever is longer: the other operand is the
-    one each part packs again; batched products over their first batch dim, a broadcast
-    operand whole in every part). Where BLAS splits a
-    product itself, its threads take equal shares and wait for each other: beside a busy
-    core a 256x256x256 product took 50 times as long on two threads as on one. Products
-    that are small, of other shapes, or whose BLAS's thread count cannot be set run as one
-    call."""
+    threads by :func:`run_in_parts`, each part one single-threaded call of numpy's BLAS:
+    the rows of ``a`` or the columns of ``b``, whichever is longer (the other operand is the
+    one each part packs again), or batched products over their first batch dim (a broadcast
+    operand whole in every part). Where BLAS splits a product itself, its threads take
+    equal shares and wait for each other: beside a busy core a 256x256x256 product took 50
+    times as long on two threads as on one. Products that are small, of other shapes, or
+    whose BLAS's thread count cannot be set run as one call."""
     threads = config.num_threads
     if (threads < 2 or a.ndim < 2 or b.ndim < 2 or a.dtype.kind != "f" or b.dtype.kind != "f"
             or a.shape[-1] != b.shape[-2] or (out is not None and not out.flags.c_contiguous)):
