@@ -282,6 +282,16 @@ def test_load_state_dict_resumes_exactly(name, names, kw):
         np.testing.assert_array_equal(p, expected[n])
 
 
+@pytest.mark.parametrize("name,names", [("Adafactor", tuple(INIT)), ("Muon", MATRICES)])
+def test_a_tensor_lr_is_read_as_its_value(name, names):
+    """As torch's ``_to_scalar``: a 0-d float32 lr steps as the Python float it holds."""
+    ps, _ = train(fusegrad, name, names, steps=3, lr=fusegrad.tensor(0.05), weight_decay=0.1)
+    expected, _ = train(fusegrad, name, names, steps=3, lr=float(np.float32(0.05)),
+                        weight_decay=0.1)
+    for n, p in arrays(ps).items():
+        np.testing.assert_array_equal(p, arrays(expected)[n])
+
+
 # --------------------------------------------------------------------------- compiled steps
 
 
@@ -322,6 +332,29 @@ def test_compiled_training_step_equals_eager(name, names, kw):
             assert sc[k].dtype is se[k].dtype and sc[k].shape == se[k].shape
             np.testing.assert_allclose(sc[k].numpy(), se[k].numpy(), rtol=1e-4, atol=1e-6)
     assert f.compiles == 2          # the first step (which makes the state), then the rest
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,names", [("Adafactor", tuple(INIT)), ("Muon", MATRICES)])
+def test_compiled_step_reads_a_scheduled_lr_at_each_call(name, names):
+    """A scheduler's lr reaches the compiled step as an input: no recompile, eager's steps."""
+    def run(compiled, dtype=fusegrad.float32):
+        ps = make_params(fusegrad, names, dtype)
+        opt = getattr(optim, name)(list(ps.values()), lr=0.05, weight_decay=0.1)
+        schedule = optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
+
+        def step():
+            opt.zero_grad()
+            loss_of(fusegrad, ps, dtype).backward()
+            opt.step()
+        f = fusegrad.compile(step, fullgraph=True) if compiled else step
+        for _ in range(8):
+            f()
+            schedule.step()
+        return list(ps.values()), f
+    (pe, _), (pc, f), (px, _) = run(False), run(True), run(False, fusegrad.float64)
+    assert f.compiles == 2
+    assert_no_farther_than_eager(pc, pe, px, what="parameter")
 
 
 # --------------------------------------------------------------------------- torch, if present

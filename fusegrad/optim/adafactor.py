@@ -10,8 +10,7 @@ from fusegrad.ops import functional as F
 from fusegrad.ops import primitive
 from fusegrad.ops.creation import tensor
 from fusegrad.optim._checks import check_tensor_lr
-from fusegrad.optim.optimizer import Optimizer, lerp_
-from fusegrad.tensor import Tensor
+from fusegrad.optim.optimizer import Optimizer, eager_scalar, lerp_
 from fusegrad.type_info import finfo
 
 __all__ = ["Adafactor"]
@@ -80,7 +79,7 @@ class Adafactor(Optimizer):
         loss = self._eval_closure(closure)
         traced = primitive.compiling()
         for group in self.param_groups:
-            lr, d, weight_decay = group["lr"], group["d"], group["weight_decay"]
+            lr, d, weight_decay = eager_scalar(group["lr"]), group["d"], group["weight_decay"]
             beta2_decay = group["beta2_decay"]
             eps1, eps2 = group["eps"]
             for p in group["params"]:
@@ -101,7 +100,6 @@ class Adafactor(Optimizer):
                     rms_p = F.div(F.cast(p.norm(2), dtypes.float64), root_numel)
                     alpha = F.mul(F.clamp(rms_p, min=eps2), rho_t)
                 else:
-                    lr = lr.item() if isinstance(lr, Tensor) else lr
                     step = step_t.item()
                     one_minus_beta2_t = step ** beta2_decay
                     rho_t = min(lr, 1 / (step ** 0.5))

@@ -9,7 +9,7 @@ from fusegrad import dtypes
 from fusegrad.autograd.grad_mode import no_grad
 from fusegrad.ops import functional as F
 from fusegrad.optim._checks import check_tensor_lr
-from fusegrad.optim.optimizer import Optimizer, lerp_
+from fusegrad.optim.optimizer import Optimizer, eager_scalar, lerp_
 from fusegrad.tensor import Tensor
 
 __all__ = ["Muon"]
@@ -110,7 +110,8 @@ class Muon(Optimizer):
         loss."""
         loss = self._eval_closure(closure)
         for group in self.param_groups:
-            lr, weight_decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
+            lr, weight_decay = eager_scalar(group["lr"]), group["weight_decay"]
+            momentum = group["momentum"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
