@@ -428,3 +428,20 @@ def test_state_dict_moves_between_torch_and_fusegrad(name, names, kw):
     for got in (arrays(pf), arrays(pt2)):
         for n, p in got.items():
             np.testing.assert_allclose(p, expected[n], err_msg=n, **torch_tolerance(name, kw))
+
+
+def test_sparse_adam_messages_are_torchs():
+    torch = pytest.importorskip("torch")
+    messages = []
+    for lib in (torch, fusegrad):
+        p = lib.ones(3, requires_grad=True)
+        opt = lib.optim.SparseAdam([p])
+        (p * p).sum().backward()
+        with pytest.raises(RuntimeError) as err:
+            opt.step()
+        messages.append(str(err.value))
+        for kw in ({"lr": -1}, {"eps": 0.0}, {"betas": (0.5, 1.0)}):
+            with pytest.raises(ValueError) as err:
+                lib.optim.SparseAdam([p], **kw)
+            messages.append(str(err.value))
+    assert messages[:4] == messages[4:]

@@ -115,8 +115,7 @@ class Adafactor(Optimizer):
                     var_estimate = F.div(F.matmul(row_var, col_var),
                                          F.clamp(row_var.mean(dim=-2, keepdim=True), min=p_eps1))
                 else:
-                    variance = lerp_(state["variance"], F.mul(grad, grad), one_minus_beta2_t)
-                    var_estimate = variance
+                    var_estimate = lerp_(state["variance"], F.mul(grad, grad), one_minus_beta2_t)
                 update = F.mul(F.rsqrt(F.clamp(var_estimate, min=p_eps1 * p_eps1)), grad)
                 if traced:
                     rms_u = F.div(F.cast(update.norm(2), dtypes.float64), root_numel * d)
