@@ -269,3 +269,113 @@ def test_hook_based_weight_norm_as_torch():
     np.testing.assert_allclose(m.weight.detach().numpy(), 2 * w0, rtol=1e-12)
     with pytest.raises(ValueError, match="weight_norm of 'weight' not found in"):
         fg.nn.utils.remove_weight_norm(m)
+
+
+def np_normalize(x):
+    return x / max(np.linalg.norm(x), 1e-12)
+
+
+def test_hook_based_spectral_norm_iterates_v_then_u_in_training_only():
+    m = _linear(5, 3)
+    w0 = m.weight.detach().numpy().copy()
+    fg.nn.utils.spectral_norm(m, n_power_iterations=2)
+    assert [n for n, _ in m.named_parameters()] == ["bias", "weight_orig"]
+    assert list(m.state_dict()) == ["bias", "weight_orig", "weight_u", "weight_v"]
+    assert m.weight_u.shape == (3,) and m.weight_v.shape == (5,)
+    u, v = m.weight_u.numpy().copy(), m.weight_v.numpy().copy()
+    x = fg.ones(2, 5, dtype=fg.float64)
+    out = m(x)
+    for _ in range(2):              # torch's order: v from u, then u from v
+        v = np_normalize(w0.T @ u)
+        u = np_normalize(w0 @ v)
+    np.testing.assert_allclose(m.weight_u.numpy(), u, rtol=1e-12)
+    np.testing.assert_allclose(m.weight_v.numpy(), v, rtol=1e-12)
+    sigma = u @ w0 @ v
+    np.testing.assert_allclose(out.detach().numpy(),
+                               x.numpy() @ (w0 / sigma).T + m.bias.detach().numpy(), rtol=1e-12)
+    out.sum().backward()            # the gradient flows to weight_orig, not to the buffers
+    assert m.weight_orig.grad is not None and m.weight_u.grad is None
+    m.eval()
+    m(x)
+    np.testing.assert_array_equal(m.weight_u.numpy(), u)
+    # many training-mode forwards converge to the largest singular value
+    m.train()
+    for _ in range(30):
+        m(x)
+    np.testing.assert_allclose(np.linalg.svd(m.weight.detach().numpy(), compute_uv=False)[0],
+                               1.0, rtol=1e-10)
+
+
+def test_hook_based_spectral_norm_remove_and_messages():
+    m = _linear(4, 3)
+    fg.nn.utils.spectral_norm(m)
+    m(fg.ones(1, 4, dtype=fg.float64))
+    w = m.weight.detach().numpy().copy()
+    with pytest.raises(RuntimeError, match="^Cannot register two spectral_norm hooks on the same "
+                                           "parameter weight$"):
+        fg.nn.utils.spectral_norm(m)
+    fg.nn.utils.remove_spectral_norm(m)
+    assert list(m.state_dict()) == ["bias", "weight"]
+    assert isinstance(m.weight, fg.nn.Parameter)
+    np.testing.assert_allclose(m.weight.detach().numpy(), w, rtol=1e-12)   # the stored u, v
+    with pytest.raises(ValueError, match="spectral_norm of 'weight' not found in"):
+        fg.nn.utils.remove_spectral_norm(m)
+    with pytest.raises(ValueError, match="^Expected n_power_iterations to be positive, but got "
+                                         "n_power_iterations=0$"):
+        fg.nn.utils.spectral_norm(fg.nn.Linear(2, 2), n_power_iterations=0)
+    nobias = fg.nn.Linear(2, 2, bias=False)
+    with pytest.raises(ValueError, match="^`SpectralNorm` cannot be applied as parameter `bias` is "
+                                         "None$"):
+        fg.nn.utils.spectral_norm(nobias, name="bias")
+    t = fg.nn.utils.spectral_norm(fg.nn.ConvTranspose2d(3, 5, 2))
+    assert t.weight_u.shape == (5,) and t.weight_v.shape == (3 * 2 * 2,)   # dim 1 is the output
+
+
+def test_hook_based_spectral_norm_compiled_step_equals_eager():
+    def run(compiled):
+        net = fg.nn.Sequential(_linear(5, 6, seed=2, dtype=fg.float32), fg.nn.Tanh(),
+                               _linear(6, 2, seed=3, dtype=fg.float32))
+        fg.manual_seed(0)
+        fg.nn.utils.spectral_norm(net[0])
+        opt = fg.optim.SGD(net.parameters(), lr=0.1)
+        x = fg.tensor(np.random.default_rng(5).standard_normal((16, 5)).astype(np.float32))
+
+        def step():
+            opt.zero_grad()
+            loss = net(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+        step = fg.compile(step, fullgraph=True) if compiled else step
+        losses = [float(step()) for _ in range(5)]
+        return losses, net[0].weight_orig.detach().numpy(), net[0].weight_u.numpy()
+    (eager, w_e, u_e), (comp, w_c, u_c) = run(False), run(True)
+    np.testing.assert_allclose(comp, eager, rtol=1e-5)
+    np.testing.assert_allclose(w_c, w_e, atol=1e-5)
+    np.testing.assert_allclose(u_c, u_e, atol=1e-5)      # the buffers are written back
+
+
+@pytest.mark.parametrize("make", ["Linear", "Conv2d", "ConvTranspose2d"])
+def test_hook_based_spectral_norm_follows_torch(make):
+    torch = pytest.importorskip("torch")
+    args, shape = {"Linear": ((5, 4), (3, 5)), "Conv2d": ((2, 3, 3), (2, 2, 5, 5)),
+                   "ConvTranspose2d": ((2, 3, 3), (2, 2, 4, 4))}[make]
+    mt = torch.nn.utils.spectral_norm(getattr(torch.nn, make)(*args), n_power_iterations=2)
+    mf = fg.nn.utils.spectral_norm(getattr(fg.nn, make)(*args), n_power_iterations=2)
+    assert list(mf.state_dict()) == list(mt.state_dict())
+    mf.load_state_dict(mt.state_dict())      # torch's tensors, u and v included
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    for train in (True, True, False):
+        mt.train(train)
+        mf.train(train)
+        yt, yf = mt(torch.tensor(x)), mf(fg.tensor(x))
+        np.testing.assert_allclose(yf.detach().numpy(), yt.detach().numpy(), atol=2e-6)
+        np.testing.assert_allclose(mf.weight_u.numpy(), mt.weight_u.numpy(), atol=1e-6)
+    yt.sum().backward()
+    yf.sum().backward()
+    np.testing.assert_allclose(mf.weight_orig.grad.numpy(), mt.weight_orig.grad.numpy(),
+                               atol=5e-6)
+    torch.nn.utils.remove_spectral_norm(mt)
+    fg.nn.utils.remove_spectral_norm(mf)
+    assert list(mf.state_dict()) == list(mt.state_dict())
+    np.testing.assert_allclose(mf.weight.detach().numpy(), mt.weight.detach().numpy(), atol=1e-6)

@@ -115,10 +115,10 @@ NOT_YET = [  # (fusegrad object, torch namespace, a torch name fusegrad lacks)
     (torch, "torch", "stft"),
     (torch.nn, "torch.nn", "AdaptiveLogSoftmaxWithLoss"),
     (torch.nn.functional, "torch.nn.functional", "ctc_loss"),
-    (torch.optim, "torch.optim", "Adafactor"),
+    (torch.optim, "torch.optim", "swa_utils"),
     (torch.linalg, "torch.linalg", "lstsq"),
     (torch.nn.init, "torch.nn.init", "orthogonal_"),
-    (torch.nn.utils, "torch.nn.utils", "spectral_norm"),
+    (torch.nn.utils, "torch.nn.utils", "skip_init"),
     (torch.utils.data, "torch.utils.data", "StackDataset"),
 ]
 

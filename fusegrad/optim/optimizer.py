@@ -137,6 +137,15 @@ def is_nonzero(value: float | Tensor) -> bool:
     return bool(value != 0)
 
 
+def eager_scalar(value):
+    """A one-element tensor hyperparameter (a tensor ``lr``) as a Python number in an eager
+    step, as torch's ``_to_scalar`` does for optimizers whose update takes Python floats; a
+    traced step keeps it a tensor (its value is known at call time only)."""
+    if isinstance(value, Tensor) and not primitive.compiling():
+        return value.item()
+    return value
+
+
 def plain_scalars(*values) -> bool:
     """Whether every hyperparameter is a Python int or float (a tensor or numpy scalar
     promotes differently, so it takes the tensor ops)."""

@@ -103,6 +103,7 @@ OPTIMIZERS = {
     "sgd-momentum": lambda p: fg.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-3),
     "sgd-nesterov": lambda p: fg.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True),
     "adam": lambda p: fg.optim.Adam(p, lr=1e-2),
+    "adafactor": lambda p: fg.optim.Adafactor(p, lr=5e-2, weight_decay=1e-2),
     "adam-amsgrad": lambda p: fg.optim.Adam(p, lr=1e-2, amsgrad=True, weight_decay=1e-2),
     "adamw": lambda p: fg.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
     "adamw-amsgrad": lambda p: fg.optim.AdamW(p, lr=1e-2, amsgrad=True),

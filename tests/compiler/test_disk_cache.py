@@ -139,5 +139,7 @@ def test_kernels_of_symbolic_sizes_are_loaded_from_disk(tmp_path, monkeypatch):
                      scope["losses"]))
     (first, losses), (second, again) = runs
     assert first["compiles"] >= 3 and first["disk_hits"] == 0
-    assert second == {"compiles": 0, "disk_hits": first["compiles"]}
+    # (A kernel whose machine code another kernel of the first run shared was not compiled
+    # for it, but has its own entry: the second run loads at least what the first compiled.)
+    assert second["compiles"] == 0 and second["disk_hits"] >= first["compiles"]
     assert again == losses                      # the same machine code on the same numbers

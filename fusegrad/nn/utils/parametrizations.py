@@ -56,6 +56,15 @@ def weight_norm(module: Module, name: str = "weight", dim: int | None = 0) -> Mo
     return module
 
 
+def reshape_weight_to_matrix(weight: Tensor, dim: int) -> Tensor:
+    """``weight`` as the matrix whose spectral norm spectral normalization divides by: ``dim``
+    (the output dim) first, every other dim flattened into the columns (a vector is one
+    column)."""
+    if dim != 0:
+        weight = weight.permute(dim, *(d for d in range(weight.dim()) if d != dim))
+    return weight.reshape(weight.shape[0], -1)
+
+
 class _SpectralNorm(Module):
     def __init__(self, weight: Tensor, n_power_iterations: int = 1, dim: int = 0,
                  eps: float = 1e-12):
@@ -71,18 +80,13 @@ class _SpectralNorm(Module):
         self.eps = eps
         if ndim > 1:
             self.n_power_iterations = n_power_iterations
-            weight_mat = self._reshape_weight_to_matrix(weight)
+            weight_mat = reshape_weight_to_matrix(weight, self.dim)
             h, w = weight_mat.shape
             u = randn(h, dtype=weight.dtype)
             v = randn(w, dtype=weight.dtype)
             self.register_buffer("_u", NF.normalize(u, dim=0, eps=self.eps))
             self.register_buffer("_v", NF.normalize(v, dim=0, eps=self.eps))
             self._power_method(weight_mat, 15)      # start near the top singular vectors
-
-    def _reshape_weight_to_matrix(self, weight: Tensor) -> Tensor:
-        if self.dim != 0:
-            weight = weight.permute(self.dim, *(d for d in range(weight.dim()) if d != self.dim))
-        return weight.flatten(1)
 
     @no_grad()
     def _power_method(self, weight_mat: Tensor, n_power_iterations: int) -> None:
@@ -93,7 +97,7 @@ class _SpectralNorm(Module):
     def forward(self, weight: Tensor) -> Tensor:
         if weight.ndim == 1:
             return NF.normalize(weight, dim=0, eps=self.eps)
-        weight_mat = self._reshape_weight_to_matrix(weight)
+        weight_mat = reshape_weight_to_matrix(weight, self.dim)
         if self.training:
             self._power_method(weight_mat, self.n_power_iterations)
         u, v = self._u.clone(), self._v.clone()
