@@ -256,6 +256,10 @@ class LoweredKernel:
     c_abi: bool = False
     scalars: list[Var] = field(default_factory=list)
     result: Var | None = None
+    # A kernel of symbolic sizes (its body reads them first, from the sizes buffer): the
+    # blocks its work needs, an expression of the sizes; a launch then takes that many, at
+    # most ``grid`` (see gpu_lowering.launch_grid). None when the grid is fixed.
+    blocks: Any = None
 
     def __str__(self) -> str:
         return format_kernel(self)

@@ -75,24 +75,27 @@ class SymbolicProgram:
     """The program of a graph with symbolic sizes (traced and optimized once): called with
     arrays, it binds the symbols from their shapes and runs.
 
-    On the CPU the graph is fused and its kernels built once, reading their sizes at run
-    time (:class:`~fusegrad.runtime.cpu.Program` of symbolic sizes): every size runs the
-    same kernels. Where some kernel's code would depend on the sizes (a decision that is
-    not the same for every size, such as a stack array as long as a symbolic dim), the
-    program falls back to kernels per size (:func:`~fusegrad.ir.specialize.specialize`,
-    then fusion and the LLVM kernels, built on the first call with those sizes);
-    ``FUSEGRAD_DEBUG=1`` says which and why."""
+    The graph is fused and its kernels built once, reading their sizes at run time
+    (:class:`~fusegrad.runtime.cpu.Program` and :class:`~fusegrad.runtime.cuda.CudaProgram`
+    of symbolic sizes): every size runs the same kernels. Where some kernel's code would
+    depend on the sizes (a decision that is not the same for every size, such as a stack
+    array as long as a symbolic dim), the program falls back to kernels per size
+    (:func:`~fusegrad.ir.specialize.specialize`, then fusion and the LLVM or CUDA kernels,
+    built on the first call with those sizes); ``FUSEGRAD_DEBUG=1`` says which and why.
+    With ``cuda_graphs`` a CUDA program replays a graph per size."""
 
-    def __init__(self, graph: Graph, backend: str, name: str, donate=()):
+    def __init__(self, graph: Graph, backend: str, name: str, donate=(),
+                 cuda_graphs: bool = False):
         self.graph = graph              # after the passes, before fusion
         self.backend, self.name, self.donate_pairs = backend, name, donate
+        self.cuda_graphs = cuda_graphs
         self._programs: collections.OrderedDict = collections.OrderedDict()
         self.last: Program | None = None
         # The one program for every size, or None (kernels per size); ``fallback``: why.
         self.runtime_sized: Program | None = None
         self.fallback: str | None = None
         self.builds = 0                 # programs built: 1 when one serves every size
-        if backend == "llvm":
+        if backend in ("llvm", "cuda"):
             self._build_runtime_sized()
         else:
             self.fallback = f"the {backend} backend"
@@ -105,7 +108,8 @@ class SymbolicProgram:
             with hashable_sizes():
                 fused = run_passes(self.graph, "fuse")
                 self.runtime_sized = build_program(fused, self.backend, self.name,
-                                                   donate=self.donate_pairs)
+                                                   donate=self.donate_pairs,
+                                                   cuda_graphs=self.cuda_graphs)
             self.builds += 1
         except (SymbolicDecisionError, VerificationError) as e:
             # (The verifier of a graph built outside the trace cannot decide what a shape
@@ -130,7 +134,8 @@ class SymbolicProgram:
                 print(f"[fusegrad] {self.name}: kernels for {sizes} (each new size builds its "
                       f"kernels once: {self.fallback})", file=sys.stderr)
             concrete = run_passes(specialize(self.graph, bindings), "fuse")
-            prog = build_program(concrete, self.backend, self.name, donate=self.donate_pairs)
+            prog = build_program(concrete, self.backend, self.name, donate=self.donate_pairs,
+                                 cuda_graphs=self.cuda_graphs)
             self.builds += 1
             self._programs[key] = prog
             if len(self._programs) > SPECIALIZED_PROGRAMS:
@@ -169,12 +174,13 @@ class SymbolicProgram:
 
 
 def symbolic_entry_program(graph: Graph, optimized: Graph, backend: str, args, kwargs,
-                           donate_argnums: tuple) -> SymbolicProgram:
+                           donate_argnums: tuple, cuda_graphs: bool = False) -> SymbolicProgram:
     """:func:`entry_program` for a graph with symbolic sizes (``optimized``: after the
     passes before fusion); its program for this call's sizes is built now, so that a
     lowering that fails does so while compiling."""
     pairs = _donations(graph, args, kwargs, donate_argnums)
-    program = SymbolicProgram(optimized, backend, _symbol(graph.name), donate=pairs)
+    program = SymbolicProgram(optimized, backend, _symbol(graph.name), donate=pairs,
+                              cuda_graphs=cuda_graphs)
     hints = {}
     for v in optimized.inputs:
         for d in v.type.shape:
