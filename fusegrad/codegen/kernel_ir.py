@@ -291,7 +291,8 @@ class ExprBuilder:
 
     def const(self, dt: DType, value) -> Expr:
         if self.sizes is not None and isinstance(value, SymInt):
-            return self.sizes(value)
+            size = self.sizes(value)
+            return size if dt is INDEX else self.cast(size, INDEX, dt)
         if dt.is_floating_point:
             value = float(value)
         else:

@@ -49,6 +49,7 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.dtypes import DType
 from fusegrad.ops.prims import float_to_int_wide
+from fusegrad.symint import SymInt
 
 __all__ = ["ScalarBuilder", "Lowering", "LOWERINGS", "Unsupported", "MATH_FUNCTIONS",
            "MATH_TABLE", "MathFunction", "COMMUTATIVE", "REDUCE_OPS", "EXACT_ON_HALF",
@@ -156,6 +157,9 @@ def constant(b: ScalarBuilder, dt: DType, value):
     if dt in HALF_TYPES:
         return b.const(dtypes.float32, float(np.asarray(value, dtype=dt.np_dtype)
                                              .astype(np.float32)))
+    if isinstance(value, SymInt):
+        # A size (a mean's count): read at run time where the kernel reads its sizes.
+        return b.const(dt, value)
     if dt.is_floating_point:
         return b.const(dt, float(value))
     return b.const(dt, int(value))
