@@ -17,8 +17,10 @@ import fusegrad as fg
 import fusegrad.nn.functional as F
 from fusegrad.codegen.values import SYMBOLS
 from fusegrad.config import config
+from fusegrad.ops import primitive
 from fusegrad.runtime import cuda as rt
 from fusegrad.testing.simulated_cuda import SimulatedDriver
+from fusegrad.tracer import eager_cuda
 from tests.compiler.test_dynamic_shapes import DIFFERENTIAL
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -36,7 +38,10 @@ def drv(request):
 def plain_drv():
     d = SimulatedDriver()
     rt.set_driver(d)
+    eager_cuda.clear_cache()
     yield d
+    eager_cuda.clear_cache()
+    primitive._device_apply = None
     rt.set_driver(None)
 
 
@@ -192,6 +197,25 @@ def test_training_step_replays_a_graph_per_batch_size(plain_drv):
         np.testing.assert_allclose(p, q, rtol=tol, atol=tol)
     _one_program(step)
     assert len(plain_drv.live_graphs) == 2 and plain_drv.graph_launches == 2
+
+
+@pytest.mark.filterwarnings("ignore:cudagraphs. the cross_entropy check")
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_a_model_on_the_device_trains_at_three_batch_sizes(plain_drv, mode):
+    # cuda tensors in and out (the inputs' device buffers bind the sizes), the parameters
+    # updated in place on the device.
+    sizes = [8, 5, 11]
+    model = _mlp().to("cuda")
+    step = fg.compile(_step_fn(model, fg.optim.SGD(model.parameters(), lr=0.1)), dynamic=True,
+                      mode=mode)
+    losses = [step(x.cuda(), y.cuda()) for x, y in _batches(sizes)]
+    assert all(loss.is_cuda for loss in losses)
+    _one_program(step._cuda_twin)                 # (the twin on the cuda backend runs it)
+    cpu_losses, cpu_params, _ = _train("llvm", sizes)
+    tol = 256 * EPS32 * len(sizes)
+    np.testing.assert_allclose([loss.item() for loss in losses], cpu_losses, rtol=tol, atol=tol)
+    for p, q in zip(model.parameters(), cpu_params):
+        np.testing.assert_allclose(p.detach().cpu().numpy(), q, rtol=tol, atol=tol)
 
 
 def _char_transformer():
