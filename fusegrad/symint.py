@@ -26,7 +26,7 @@ import contextlib
 import threading
 from typing import Iterator, Union
 
-__all__ = ["SymInt", "SymbolicDecisionError", "symbol", "ceil_div", "is_symbolic",
+__all__ = ["SymInt", "SymbolicDecisionError", "SizesOutOfRange", "symbol", "ceil_div", "is_symbolic",
            "evaluate_dim", "evaluate_shape", "free_symbols", "as_size", "size_hint", "stand_in",
            "at_hints",
            "known_equal", "known_multiple",
@@ -42,6 +42,12 @@ Dim = Union[int, "SymInt"]
 
 class SymbolicDecisionError(TypeError):
     """A shape rule needed a fact about a symbolic size that its assumptions do not give."""
+
+
+class SizesOutOfRange(SymbolicDecisionError):
+    """A program made once for every size cannot run a call's sizes (the 32-bit indices of
+    a CUDA kernel, chosen at the sizes traced at, would overflow): the caller runs a program
+    built for them."""
 
 
 class _Div:

@@ -72,10 +72,20 @@ from fusegrad.ir.graph import Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, identity_view
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
-from fusegrad.symint import SymInt, at_hints, ceil_div, evaluate_dim, is_symbolic, known_equal, known_multiple
+from fusegrad.symint import (
+    SymbolicDecisionError,
+    SymInt,
+    at_hints,
+    ceil_div,
+    evaluate_dim,
+    is_symbolic,
+    known_equal,
+    known_multiple,
+    size_hint,
+)
 
-__all__ = ["lower_kernel", "kernel_family", "launch_grid", "BLOCK", "WARP", "TILE", "MAX_GRID",
-           "EXTERN_FAMILIES"]
+__all__ = ["lower_kernel", "kernel_family", "launch_grid", "indices_fit", "BLOCK", "WARP", "TILE",
+           "MAX_GRID", "EXTERN_FAMILIES", "INDEX32_LIMIT"]
 
 BLOCK = 256          # threads per block
 VEC = 4              # elements a thread loads and stores at once in elementwise kernels
@@ -86,6 +96,7 @@ TRANSPOSE_TILE = 32  # tiles of 32x32 elements (in shared memory 32x33) for tran
 TILE = 16            # matmul output tile (TILE x TILE threads)
 MAX_GRID = 8192      # blocks at most: the loops stride over the rest
 GRID_REDUCE_MIN = 1 << 15   # a full reduction of at least this many elements spans blocks
+INDEX32_LIMIT = 1 << 31     # indices are 32-bit where every buffer and loop is shorter
 PARTIALS = 1024      # blocks of a grid_reduce at most (about 8 per SM of an H100)
 
 
@@ -132,6 +143,9 @@ def _name(kernel: Kernel, family: str) -> str:
 
 
 class _Lowering(KernelValues):
+    # The sizes buffer holds 64-bit integers; a kernel of 32-bit indices narrows them.
+    sizes_dtype = dtypes.int64
+
     def __init__(self, kernel: Kernel, kg: KernelGraph):
         super().__init__(kernel, kg)
         # 16-bit floats convert in one instruction each (cvt), not through integer code.
@@ -939,12 +953,24 @@ def lower_kernel(kernel: Kernel, kg: KernelGraph) -> LoweredKernel:
     body, blocks = getattr(low, family)()
     sizes = [v.type.numel for v in low.params] + [math.prod(kernel.shape), blocks * block]
     # Symbolic sizes are read at run time (the prologue reads them from the sizes buffer;
-    # a kernel of static sizes has none), and their indices are 64-bit (no size has a bound).
+    # a kernel of static sizes has none).
     body = low.prologue() + body
+    limits: tuple = ()
     if any(is_symbolic(n) for n in sizes):
-        bits = 64
+        # 32-bit indices where the sizes traced at fit, as torch's guard on 32-bit indexing:
+        # a call whose sizes do not (indices_fit) runs a program built for them. The extern
+        # families' per-thread loops keep 64-bit ones: each holds many addresses live, and
+        # the backward attention's over a symbolic length spills at 32 bits on sm_80 (the
+        # 64 registers of its launch bounds), not at 64.
+        try:
+            fits = family not in EXTERN_FAMILIES.values() and \
+                max(size_hint(n) for n in sizes) < INDEX32_LIMIT
+        except SymbolicDecisionError:            # no hints (a graph read from text)
+            fits = False
+        bits = 32 if fits else 64
+        limits = tuple(n for n in sizes if is_symbolic(n)) if fits else ()
     else:
-        bits = 32 if max(sizes) < 1 << 31 else 64
+        bits = 32 if max(sizes) < INDEX32_LIMIT else 64
     if isinstance(blocks, SymInt):
         grid = low.grid_cap          # evaluated per launch: see launch_grid
     else:
@@ -963,7 +989,7 @@ def lower_kernel(kernel: Kernel, kg: KernelGraph) -> LoweredKernel:
     used = _shared_used(body)
     shared = [s for s in low.shared if id(s) in used]
     lowered = LoweredKernel(_name(kernel, family), params, shared, body, block, grid, family,
-                            bits, blocks=blocks)
+                            bits, blocks=blocks, index_limits=limits)
     if config.cuda_collect:
         collect.record(lowered, config.cuda_collect)
     return lowered
@@ -976,3 +1002,9 @@ def launch_grid(lk: LoweredKernel, bindings: dict | None) -> int:
     if lk.blocks is None:
         return lk.grid
     return max(1, min(evaluate_dim(lk.blocks, bindings), lk.grid))
+
+
+def indices_fit(lk: LoweredKernel, bindings: dict) -> bool:
+    """Whether ``lk``'s 32-bit indices hold at the sizes ``bindings`` (a kernel of symbolic
+    sizes lowered with them: its buffers and loops stay under ``INDEX32_LIMIT``)."""
+    return all(evaluate_dim(n, bindings) < INDEX32_LIMIT for n in lk.index_limits)

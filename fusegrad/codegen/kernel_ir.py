@@ -260,6 +260,9 @@ class LoweredKernel:
     # blocks its work needs, an expression of the sizes; a launch then takes that many, at
     # most ``grid`` (see gpu_lowering.launch_grid). None when the grid is fixed.
     blocks: Any = None
+    # A kernel of symbolic sizes with 32-bit indices: the sizes (expressions) that must stay
+    # under 2**31 at a call for them to hold (see gpu_lowering.indices_fit).
+    index_limits: tuple = ()
 
     def __str__(self) -> str:
         return format_kernel(self)

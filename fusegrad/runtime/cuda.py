@@ -30,7 +30,7 @@ import numpy as np
 
 from fusegrad import profiling
 from fusegrad.codegen.cuda.printer import cuda_source
-from fusegrad.codegen.gpu_lowering import launch_grid, lower_kernel
+from fusegrad.codegen.gpu_lowering import indices_fit, launch_grid, lower_kernel
 from fusegrad.codegen.values import SYMBOLS, program_symbols
 from fusegrad.config import config
 from fusegrad.ir.graph import Literal, Value
@@ -86,7 +86,13 @@ from fusegrad.runtime.cuda_memory import (  # noqa: F401
 )
 from fusegrad.runtime.errors import OutOfMemoryError
 from fusegrad.runtime.memory_plan import plan_memory
-from fusegrad.symint import SymbolicDecisionError, evaluate_dim, evaluate_shape, strict_decisions
+from fusegrad.symint import (
+    SizesOutOfRange,
+    SymbolicDecisionError,
+    evaluate_dim,
+    evaluate_shape,
+    strict_decisions,
+)
 
 __all__ = ["CudaUnavailable", "OutOfMemoryError", "Driver", "driver", "device_count",
            "is_available", "synchronize", "current_device", "set_device", "check_ordinal",
@@ -134,7 +140,10 @@ class CudaProgram:
     plan's shapes, each launch's grid, cuBLASLt's m, n and k, and the views and attributes
     of host steps. A kernel whose code would hold at some sizes only raises
     :class:`~fusegrad.symint.SymbolicDecisionError` here (the caller then builds programs
-    per size). With ``cuda_graphs`` a graph is captured per size."""
+    per size), and a call whose sizes overflow a kernel's 32-bit indices (chosen at the
+    traced sizes) raises :class:`~fusegrad.symint.SizesOutOfRange` before it runs anything
+    (the caller runs a program built for them). With ``cuda_graphs`` a graph is captured
+    per size."""
 
     def __init__(self, kg: KernelGraph, drv: Driver | None = None, arch: str | None = None,
                  name: str = "program", cuda_graphs: bool = False):
@@ -283,11 +292,17 @@ class CudaProgram:
         plan = self.plan
         if not self.symbols:
             return plan.intermediate_specs, plan.output_specs
-        self.bindings = bind_symbols(self.graph, [x.shape if x.__class__ is DeviceArray
-                                                  else np.shape(x) for x in inputs])
-        key = self._sizes_key()
+        bindings = bind_symbols(self.graph, [x.shape if x.__class__ is DeviceArray
+                                             else np.shape(x) for x in inputs])
+        key = tuple(bindings[n] for n in self.symbols)
         if self._sized.get("key") != key:
-            self._sized = {"key": key, "specs": plan.specs_at(self.bindings)}
+            wide = [lk.name for lk in self.lowered.values() if not indices_fit(lk, bindings)]
+            if wide:
+                sizes = ", ".join(f"{n}={bindings[n]}" for n in self.symbols)
+                raise SizesOutOfRange(f"{sizes}: kernel {wide[0]} has 32-bit indices (its "
+                                      f"sizes fit them when traced)")
+            self._sized = {"key": key, "specs": plan.specs_at(bindings)}
+        self.bindings = bindings
         return self._sized["specs"]
 
     def _sizes_key(self) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ from fusegrad.ir.interpreter import bind_symbols
 from fusegrad.ir.specialize import specialize
 from fusegrad.ir.verifier import VerificationError
 from fusegrad.runtime.cpu import Program
-from fusegrad.symint import SymbolicDecisionError, SymInt, hashable_sizes, size_hint
+from fusegrad.symint import SizesOutOfRange, SymbolicDecisionError, SymInt, hashable_sizes, size_hint
 from fusegrad.tracer.call_cache import _Entry, _SplitPrograms
 from fusegrad.tracer.compiled_autograd import _reaching
 from fusegrad.tracer.pipeline import (
@@ -126,13 +126,18 @@ class SymbolicProgram:
         if self.runtime_sized is not None:
             self.last = self.runtime_sized
             return self.runtime_sized
+        return self._specialized(bindings, self.fallback)
+
+    def _specialized(self, bindings: dict[str, int], why: str) -> Program:
+        """The program built for the sizes ``bindings`` (now, if new; ``why``: for the
+        message)."""
         key = tuple(sorted(bindings.items()))
         prog = self._programs.get(key)
         if prog is None:
             if config.debug >= 1:
                 sizes = ", ".join(f"{k}={v}" for k, v in key)
                 print(f"[fusegrad] {self.name}: kernels for {sizes} (each new size builds its "
-                      f"kernels once: {self.fallback})", file=sys.stderr)
+                      f"kernels once: {why})", file=sys.stderr)
             concrete = run_passes(specialize(self.graph, bindings), "fuse")
             prog = build_program(concrete, self.backend, self.name, donate=self.donate_pairs,
                                  cuda_graphs=self.cuda_graphs)
@@ -148,7 +153,11 @@ class SymbolicProgram:
     def __call__(self, *arrays):
         if self.runtime_sized is not None:
             self.last = self.runtime_sized
-            return self.runtime_sized(*arrays)
+            try:
+                return self.runtime_sized(*arrays)
+            except SizesOutOfRange as e:    # (raised before the program ran anything)
+                bindings = bind_symbols(self.graph, [a.shape for a in arrays])
+                return self._specialized(bindings, str(e))(*arrays)
         return self.program_for(bind_symbols(self.graph, [a.shape for a in arrays]))(*arrays)
 
     def fast_runner(self):

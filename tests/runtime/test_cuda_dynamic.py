@@ -15,6 +15,7 @@ import pytest
 
 import fusegrad as fg
 import fusegrad.nn.functional as F
+from fusegrad.codegen import gpu_lowering
 from fusegrad.codegen.values import SYMBOLS
 from fusegrad.config import config
 from fusegrad.ops import primitive
@@ -123,8 +124,9 @@ def test_symbolic_kernels_read_their_sizes_and_static_ones_do_not(plain_drv):
     program = _one_program(f)
     kernels = list(program.lowered.values())
     reading = [lk for lk in kernels if any(p.value is SYMBOLS for p in lk.params)]
-    assert reading and all(lk.index_bits == 64 for lk in reading)
-    assert "const unsigned long long* __restrict__" in program.source
+    assert reading and all(lk.index_bits == 32 for lk in reading)
+    # (the sizes buffer's 64-bit integers, narrowed to the kernels' 32-bit indices)
+    assert "const long long* __restrict__" in program.source
     assert any(lk.blocks is not None for lk in kernels)      # a grid per call
     for entry in static.entries():
         for lk in entry.program.lowered.values():
@@ -163,6 +165,30 @@ def test_a_kernel_that_needs_a_size_builds_per_size_and_says_why(plain_drv, caps
     err = capsys.readouterr().err
     assert "kernels per size (cannot decide s0-1 == 1 for every size)" in err
     assert "kernels for s0=6" in err
+
+
+def test_sizes_past_32_bit_indices_run_a_program_built_for_them(plain_drv, capsys,
+                                                                monkeypatch):
+    # Indices are 32-bit where the traced sizes fit (as torch guards 32-bit indexing); a
+    # call whose sizes do not (here: past a limit lowered to 4096, which 20 rows of a block
+    # of 256 threads each pass) runs kernels built for its sizes, said under
+    # FUSEGRAD_DEBUG; the others keep the one program.
+    f = fg.compile(lambda x: (x * 2).softmax(-1), backend="cuda", dynamic=True)
+    x = fg.randn(3, 8)
+    np.testing.assert_allclose(f(x).numpy(), (x * 2).softmax(-1).numpy(), rtol=8 * EPS32)
+    program = f.entries()[0].program
+    kernels = list(program.runtime_sized.lowered.values())
+    assert all(lk.index_bits == 32 and lk.index_limits for lk in kernels)
+    monkeypatch.setattr(gpu_lowering, "INDEX32_LIMIT", 4096)
+    monkeypatch.setattr(config, "debug", 1)
+    for n in (20, 5, 20):
+        x = fg.randn(n, 8)
+        np.testing.assert_allclose(f(x).numpy(), (x * 2).softmax(-1).numpy(), rtol=8 * EPS32)
+    assert f.compiles == 1 and program.builds == 2     # the one program, and s0=20's
+    err = capsys.readouterr().err
+    assert err.count("kernels for s0=20, s1=8 (each new size builds its kernels once: "
+                     "s0=20, s1=8: kernel") == 1
+    assert "has 32-bit indices (its sizes fit them when traced)" in err
 
 
 def test_cuda_graphs_are_captured_per_size(plain_drv, monkeypatch):
