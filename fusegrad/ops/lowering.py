@@ -154,12 +154,14 @@ def constant(b: ScalarBuilder, dt: DType, value):
     (full(0.1, float16) is float16(0.1)), a bool 0 or 1."""
     if dt is dtypes.bool_:
         return b.const(dt, int(bool(value)))
+    if isinstance(value, SymInt):
+        # A size (a mean's count): read at run time where the kernel reads its sizes.
+        if dt in HALF_TYPES:
+            return convert(b, b.const(dtypes.float32, value), dtypes.float32, dt)
+        return b.const(dt, value)
     if dt in HALF_TYPES:
         return b.const(dtypes.float32, float(np.asarray(value, dtype=dt.np_dtype)
                                              .astype(np.float32)))
-    if isinstance(value, SymInt):
-        # A size (a mean's count): read at run time where the kernel reads its sizes.
-        return b.const(dt, value)
     if dt.is_floating_point:
         return b.const(dt, float(value))
     return b.const(dt, int(value))

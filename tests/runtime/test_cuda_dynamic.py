@@ -88,7 +88,7 @@ def _one_program(step):
 
 
 def test_mlp_step_is_one_program_for_three_batch_sizes(drv):
-    sizes = [40, 9, 100]
+    sizes = [20, 9, 40]
     losses, params, step = _train("cuda", sizes)
     cpu_losses, cpu_params, _ = _train("llvm", sizes)
     # Dot products of length 16 and sums over 10 classes and the batch, in float32: a few
@@ -149,6 +149,24 @@ def test_symbolic_programs_on_the_device_equal_eager(plain_drv, name):
         # Reductions over at most 48 elements in float32.
         np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=64 * EPS32,
                                    atol=64 * EPS32)
+    _one_program(compiled)
+
+
+@pytest.mark.parametrize("backend", ["llvm", "cuda"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_a_size_used_as_a_value_is_read_at_run_time(plain_drv, backend, dtype):
+    # A mean's count (a ``full`` of the symbolic size, in the mean's dtype: a 16-bit float
+    # rounds it as eager's full does) is read from the sizes buffer: one program.
+    def f(x):
+        return x.to(getattr(fg, dtype)).mean(0) + x.shape[0]
+    compiled = fg.compile(f, backend=backend, dynamic=True)
+    eps = float(np.finfo(np.float16).eps) if dtype == "float16" else \
+        2.0 ** -7 if dtype == "bfloat16" else float(np.finfo(np.float64).eps)
+    for n in (3, 5, 300):
+        x = fg.randn(n, 4)
+        # A sum of n values rounded once to the dtype, plus n (exact), rounded again.
+        np.testing.assert_allclose(compiled(x).float().numpy(), f(x).float().numpy(),
+                                   rtol=2 * eps, atol=0)
     _one_program(compiled)
 
 
