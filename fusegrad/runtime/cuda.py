@@ -160,7 +160,7 @@ class CudaProgram:
         # Symbolic sizes: their names (the order of the sizes buffer) and this call's values.
         self.symbols = program_symbols(self.graph)
         self.bindings: dict | None = None
-        self._sized: dict = {}           # key of the sizes -> (intermediate, output specs)
+        self._sized: dict = {}           # the latest sizes ("key") and the plan's "specs" at them
         self._sizes_buffers: dict[int, tuple] = {}    # device -> (sizes key, its buffer)
         # The buffer of each value: the plan's, and the product's buffer for a value that
         # cuBLASLt writes in a matmul's place (its fused bias or activation).
