@@ -26,10 +26,10 @@ import contextlib
 import threading
 from typing import Iterator, Union
 
-__all__ = ["SymInt", "SymbolicDecisionError", "symbol", "ceil_div", "is_symbolic",
+__all__ = ["SymInt", "SymbolicDecisionError", "SizesOutOfRange", "symbol", "ceil_div", "is_symbolic",
            "evaluate_dim", "evaluate_shape", "free_symbols", "as_size", "size_hint", "stand_in",
            "at_hints",
-           "known_equal",
+           "known_equal", "known_multiple",
            "slice_indices",
            "holds_symbol",
            "record_assumptions", "strict_decisions", "hashable_sizes", "MIN_SYMBOL_SIZE"]
@@ -42,6 +42,12 @@ Dim = Union[int, "SymInt"]
 
 class SymbolicDecisionError(TypeError):
     """A shape rule needed a fact about a symbolic size that its assumptions do not give."""
+
+
+class SizesOutOfRange(SymbolicDecisionError):
+    """A program made once for every size cannot run a call's sizes (the 32-bit indices of
+    a CUDA kernel, chosen at the sizes traced at, would overflow): the caller runs a program
+    built for them."""
 
 
 class _Div:
@@ -574,6 +580,15 @@ def known_equal(a, b) -> bool:
         return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and \
             all(known_equal(x, y) for x, y in zip(a, b))
     return _same(a, b)
+
+
+def known_multiple(d: Dim, n: int) -> bool:
+    """Whether size (or stride, offset) ``d`` is a multiple of ``n`` for every binding: a
+    fact, never an assumption (``B*64`` is a multiple of 4, ``B`` is not known to be). For
+    code made once for every size, where a guard would cost a program per size."""
+    if isinstance(d, SymInt):
+        return all(c % n == 0 for _, c in d._terms)
+    return d % n == 0
 
 
 def at_hints(value):

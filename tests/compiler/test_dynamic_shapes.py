@@ -319,6 +319,9 @@ def test_programs_reading_sizes_compile_once(name):
         np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=32 * EPS32,
                                    atol=32 * EPS32)
     assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
+    # One program: a size the kernels use as a value (a mean's count) is read at run time.
+    program = compiled.entries()[0].program
+    assert program.builds == 1 and program.fallback is None
 
 
 def test_symbolic_training_step_is_built_once_for_every_batch_size():
