@@ -58,7 +58,7 @@ from fusegrad.ir.graph import Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
-from fusegrad.symint import SymbolicDecisionError, SymInt, ceil_div, is_symbolic
+from fusegrad.symint import SymbolicDecisionError, SymInt, ceil_div, is_symbolic, known_equal
 
 # The loop plans (fusegrad.codegen.cpu_plans) are importable from here too: the lowering is
 # what their users ask for.
@@ -85,12 +85,16 @@ COLUMN_BLOCK = 64
 # _CPULowering.nest); shorter ones unroll completely.
 ROLL_FROM = 8
 
+# At most this many copies of an elementwise body from cutting its loops where pads and
+# concatenations switch operands (see _CPULowering.segments).
+MAX_BODY_COPIES = 64
+
 def tuning() -> str:
     """The CPU lowering's tunable constants (its loop plans' too) as text: code made under
     other values loops differently (other launch extents too), so the kernel cache keys on
     them."""
     return (f"SUM_BLOCK={SUM_BLOCK} COLUMN_BLOCK={COLUMN_BLOCK} ROLL_FROM={ROLL_FROM} "
-            f"{cpu_plans.tuning()}")
+            f"MAX_BODY_COPIES={MAX_BODY_COPIES} {cpu_plans.tuning()}")
 
 
 def _longer(n, limit: int) -> bool:
@@ -210,8 +214,8 @@ class _CPULowering(KernelValues):
         with interleaved accesses as wide as the unrolled body, which LLVM 22's SLP vectorizer
         and loop-load elimination take seconds over (a 3x33 float32 sign: 2.4 s; a 3x17
         bfloat16 copy: 5 s). Shorter loops still unroll: across rows is the better
-        vectorization there (softmax over 3 classes). ``segments``: ranges the innermost
-        axis is cut into, one loop (and one copy of the body) each."""
+        vectorization there (softmax over 3 classes). ``segments``: by loop depth, the ranges
+        that loop is cut into, one loop (and one copy of the body) each."""
         depth = len(coords)
         if depth == len(shape):
             body(list(coords))
@@ -219,8 +223,8 @@ class _CPULowering(KernelValues):
         innermost = depth == len(shape) - 1
         if parallel and depth == 0:
             ranges = [self.start_end()]
-        elif innermost and segments:
-            ranges = segments
+        elif segments and depth in segments:
+            ranges = segments[depth]
         else:
             ranges = [(0, shape[depth])]
         for lo, hi in ranges:
@@ -230,35 +234,47 @@ class _CPULowering(KernelValues):
             with self.loop(lo, hi, f"i{depth}", unroll=unroll) as i:
                 self.nest(shape, body, parallel, coords + (i,), vectorize_inner, segments)
 
-    def segments(self) -> list[tuple[int, int]] | None:
-        """Where the pads and concatenations along the kernel's innermost axis switch
-        operands, as ranges of that axis (None when there are none, or the axis is also
-        the parallel one). In a loop over one range every select of a pad or concat is
-        decided by the loop's bounds, which LLVM sees: the loads become unit-stride and
-        the loop vectorizes (over the whole axis, each clamped load was a gather)."""
+    def segments(self) -> dict[int, list[tuple[int, int]]]:
+        """Where the pads and concatenations along the kernel's innermost axis, and the
+        concatenations along its other axes but the parallel one, switch operands: by axis,
+        the ranges that axis is cut into (none for an axis without such switches). In a loop
+        over one range every select of a pad or concat is decided by the loop's bounds,
+        which LLVM sees: along the innermost axis the loads become unit-stride and the loop
+        vectorizes (over the whole axis, each clamped load was a gather); along an outer
+        axis each copy of the body loads only the operand its range takes (im2col's stack of
+        9 strided slices loaded all 9 per element and selected one)."""
         shape = self.k.shape
         if len(shape) < 2:
-            return None
-        last = shape[-1]
-        cuts = set()
+            return {}
+        cuts: dict[int, set] = {}
+        last = len(shape) - 1
         for n in self.k.nodes:
             out = n.output.type.shape
-            if n.op not in ("pad", "concat") or not out or out[-1] != last:
+            if n.op not in ("pad", "concat") or not out or out[-1] != shape[-1]:
                 continue
             if n.op == "concat":
-                if n.attrs["axis"] % len(out) != len(out) - 1:
+                axis = n.attrs["axis"] % len(out)
+                # (an outer axis is the kernel's when the concat has the kernel's shape)
+                if axis != len(out) - 1 and (len(out) != len(shape) or not all(
+                        known_equal(a, b) for a, b in zip(out, shape))):
                     continue
                 start = 0
                 for x in n.inputs:
-                    start += x.type.shape[-1]
-                    cuts.add(start)
+                    start += x.type.shape[axis]
+                    cuts.setdefault(last if axis == len(out) - 1 else axis, set()).add(start)
             else:
                 lo, _ = n.attrs["widths"][-1]
-                cuts.update((lo, lo + n.inputs[0].type.shape[-1]))
-        points = sorted({0, last} | {c for c in cuts if 0 < c < last})
-        if len(points) <= 2 or len(points) > 17:
-            return None
-        return list(zip(points[:-1], points[1:]))
+                cuts.setdefault(last, set()).update((lo, lo + n.inputs[0].type.shape[-1]))
+        out, copies = {}, 1
+        for axis in sorted(cuts, reverse=True):         # the innermost first: it vectorizes
+            if axis == 0 or is_symbolic(shape[axis]):
+                continue
+            points = sorted({0, shape[axis]} | {c for c in cuts[axis] if 0 < c < shape[axis]})
+            if len(points) <= 2 or len(points) > 17 or copies * (len(points) - 1) > MAX_BODY_COPIES:
+                continue
+            copies *= len(points) - 1
+            out[axis] = list(zip(points[:-1], points[1:]))
+        return out
 
     def _wide_byte_body(self, shape) -> bool:
         """Whether fully unrolling the short trailing loops of ``shape`` would give a body of

@@ -86,6 +86,27 @@ def test_concat_along_the_innermost_axis_gets_a_loop_per_operand():
     assert re.search(r"load <\d+ x float>", optimized) and "masked.gather" not in optimized
 
 
+def test_concat_along_an_outer_axis_loads_one_operand_per_range():
+    # im2col's stack of strided slices: each range of the stacked axis is a loop of its own
+    # whose body loads its one operand (over the whole axis every element loaded all 9 and
+    # selected one).
+    from fusegrad.ops.windows import windows_by_slices
+    x = fg.randn(2, 3, 10, 10)
+
+    def f(x):
+        return windows_by_slices(x, (3, 3), (2, 2), (1, 1), (4, 4))
+    (k,) = lowered(f, x)
+    stacked = [lp for lp in loops(k.body) if lp.var.name.startswith("i2")]
+    assert [(lp.start.arg, lp.stop.arg) for lp in stacked] == [(i, i + 1) for i in range(9)]
+    compiled = fg.compile(f)
+    want = np.stack([x.numpy()[:, :, a:a + 7:2, b:b + 7:2] for a in range(3) for b in range(3)], 2)
+    np.testing.assert_array_equal(compiled(x).numpy(), want)
+    # In each range the concat's selects are decided by the loop's bounds.
+    _, optimized = jit._compile_object(jit._prefer_wide_vectors(compiled.lower(x).llvm_ir),
+                                       keep_ir=True)
+    assert not re.search(r"select .*float", optimized)
+
+
 def test_softmax_rows_reduce_into_variables_and_keep_the_exponentials():
     (k,) = lowered(lambda x: fg.nn.functional.softmax(x, -1), fg.randn(8, 100))
     text = format_kernel(k)
