@@ -251,6 +251,11 @@ class _CPULowering(KernelValues):
             ranges = [(0, shape[depth])]
         for lo, hi in ranges:
             trips = hi - lo if isinstance(hi, int) else None
+            if len(ranges) > 1 and trips == 1 and not innermost:
+                # (a cut of one index: a constant, which picks a concat's operand outright)
+                self.nest(shape, body, parallel, coords + (self.idx(lo),), vectorize_inner,
+                          segments)
+                continue
             unroll = not (vectorize_inner and innermost and trips is not None and (
                 ROLL_FROM <= trips <= 64 or (trips < ROLL_FROM and self._wide_byte_body(shape))))
             with self.loop(lo, hi, f"i{depth}", unroll=unroll) as i:
