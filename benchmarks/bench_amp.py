@@ -235,9 +235,10 @@ def measure(workload: str, threads: int, steps: int, only: tuple = SYSTEMS) -> l
 
 def saved_bytes(prog) -> dict:
     """What a compiled step's program holds from its forward into its backward: all of it
-    (``saved_bytes``), and the part computed from the step's data arguments
-    (``activation_bytes``: what grows with the batch; the rest are copies of parameters,
-    the bf16 weights under autocast)."""
+    (``saved_bytes``), and the part computed from the step's data arguments, or the data
+    itself where the backward reads it (``activation_bytes``: what grows with the batch, as
+    torch's saved tensors count it; the rest are copies of parameters, the bf16 weights
+    under autocast)."""
     from fusegrad.runtime.memory_plan import saved_between
     g = prog.kg.graph
     data = set(g.inputs[g.meta.n_state:g.meta.n_state + 2])        # the step's x and y
@@ -262,7 +263,7 @@ def saved_bytes(prog) -> dict:
             reaches[u] = any(reaches.get(w, False) for w in producer.inputs if hasattr(w, "producer"))
             todo.pop()
         return reaches[v]
-    saved = saved_between(prog.kg, g.outputs[0])
+    saved = saved_between(prog.kg, g.outputs[0], inputs=data)
     return {"saved_bytes": sum(saved.values()),
             "activation_bytes": sum(b for v, b in saved.items() if from_data(v))}
 

@@ -412,10 +412,9 @@ def test_bf16_conv2d_matches_torch_autocast(stride, pad, groups):
         assert np.abs(mine.numpy() - theirs.numpy()).max() <= 4 * 2 ** -8 * np.abs(theirs.numpy()).max()
 
 
-@pytest.mark.xfail(strict=True, reason="the bias is added to the bf16-rounded product (two "
-                   "roundings); torch adds it to the float32 sums and rounds once")
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("op", ["linear", "conv2d"])
-def test_bf16_bias_is_added_before_the_one_rounding_as_torch(op):
+def test_bf16_bias_is_added_before_the_one_rounding_as_torch(op, compiled):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(5)
     x = rng.standard_normal((4, 16, 5, 5) if op == "conv2d" else (64, 32)).astype(np.float32) * 3
@@ -426,7 +425,63 @@ def test_bf16_bias_is_added_before_the_one_rounding_as_torch(op):
         with lib.autocast("cpu", dtype=lib.bfloat16):
             return getattr(lib.nn.functional, op)(*args)
     want = f(torch, *map(torch.tensor, (x, w, b))).float().numpy()
-    np.testing.assert_array_equal(f(fg, *map(fg.tensor, (x, w, b))).float().numpy(), want)
+    mine = fg.compile(lambda *a: f(fg, *a), fullgraph=True) if compiled else (lambda *a: f(fg, *a))
+    np.testing.assert_array_equal(mine(*map(fg.tensor, (x, w, b))).float().numpy(), want)
+
+
+def _bf16(a):
+    """``a`` (float64) rounded once to bfloat16, to nearest even, as float64."""
+    return np.asarray(a, np.float32).astype(fg.bfloat16.np_dtype).astype(np.float64)
+
+
+def _small_ints(rng, shape):
+    # Integers of at most 5 bits (bf16 holds them): every float32 sum of their products is
+    # exact, in any order, so the one rounding of the model below is the only one.
+    return rng.integers(-16, 17, shape).astype(np.float64)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("op", ["linear", "linear3d", "conv2d"])
+def test_bf16_bias_is_rounded_once_with_the_sums(op, compiled):
+    # round(x @ w.T + b), not round(round(x @ w.T) + b): sums above 256 need more than bf16's
+    # 8 bits, and a bias with a half makes many of them round another way the second time.
+    rng = np.random.default_rng(0)
+    conv = op == "conv2d"
+    x = _small_ints(rng, (2, 16, 5, 5) if conv else (2, 24, 32) if op == "linear3d" else (48, 32))
+    w = _small_ints(rng, (6, 16, 3, 3) if conv else (40, 32))
+    b = rng.integers(-100, 100, w.shape[0]) + 0.5
+    if conv:
+        cols = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))   # n c h w kh kw
+        sums = np.einsum("nchwij,ocij->nohw", cols, w)
+        bias = b[:, None, None]
+    else:
+        sums, bias = x @ w.T, b
+    once, twice = _bf16(sums + bias), _bf16(_bf16(sums) + bias)
+    assert (once != twice).mean() > 0.05
+
+    def f(*args):
+        return (F.conv2d if conv else F.linear)(*args)
+    run = fg.compile(f, fullgraph=True) if compiled else f
+    out = run(*(fg.tensor(v, dtype=BF16) for v in (x, w, b)))
+    assert out.dtype == BF16
+    np.testing.assert_array_equal(out.double().numpy(), once)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_bf16_linear_with_bias_gradients_are_the_bf16_products(compiled):
+    # The backward of the once-rounded linear: each gradient one bf16 product (or sum),
+    # rounded once, read from the bf16 operands.
+    rng = np.random.default_rng(1)
+    x, w, g = _small_ints(rng, (24, 32)), _small_ints(rng, (20, 32)), _small_ints(rng, (24, 20))
+    b = rng.integers(-100, 100, 20) + 0.5
+    xt, wt, bt = (fg.tensor(v, dtype=BF16, requires_grad=True) for v in (x, w, b))
+
+    def f(x, w, b, g):
+        return (F.linear(x, w, b).float() * g).sum()
+    (fg.compile(f, fullgraph=True) if compiled else f)(xt, wt, bt, fg.tensor(g, dtype=F32)).backward()
+    for t, want in ((xt, g @ w), (wt, g.T @ x), (bt, g.sum(0))):
+        assert t.grad.dtype == BF16
+        np.testing.assert_array_equal(t.grad.double().numpy(), _bf16(want))
 
 
 def test_compiled_module_called_inside_autocast_matches_eager():
@@ -486,8 +541,12 @@ def test_a_bf16_activation_is_stored_once_in_bf16():
     # (the cast folded into the kernel that produces the value, no float32 copy)...
     hidden = [v for v in matmuls[0].outputs if v.type.shape == (32, 128) and v.type.dtype == BF16]
     assert len(hidden) == 1
-    # ...which the second layer's product reads as it is.
-    assert hidden[0] in matmuls[1].inputs
+    # ...and, in the same pass, its float32 widening, which the second layer's product reads
+    # (its bias is added to the float32 sums before the one rounding); no float32 copy is
+    # kept for the backward, which reads the bf16 one.
+    wide = [v for v in matmuls[1].inputs if v.type.shape == (32, 128)]
+    assert len(wide) == 1 and wide[0] in matmuls[0].outputs and wide[0].type.dtype == F32
+    assert wide[0].producer.op == "cast" and wide[0].producer.inputs[0] is hidden[0]
     # No kernel casts a batch-sized value on its own but the input's cast to bf16.
     casts = [k for k in kg.kernels if {n.op for n in k.nodes} == {"cast"} and k.shape[0] == 32]
     assert [k.shape for k in casts] == [(32, 64)]
@@ -496,17 +555,19 @@ def test_a_bf16_activation_is_stored_once_in_bf16():
 def test_autocast_step_saves_activations_in_bf16():
     # Activation bytes per sample: the difference between two batch sizes (copies of the
     # parameters, the bf16 weights that the backward reads, cancel). The hidden activations
-    # are saved in bf16; the ReLU masks are bytes in both.
+    # are saved in bf16; a ReLU's gradient reads its output (no byte mask beside it).
     from fusegrad.runtime.memory_plan import saved_between
 
     def saved(batch, amp):
         prog = _mlp_step_program(batch, amp)
         return sum(saved_between(prog.kg, prog.graph.outputs[0]).values())
     per_sample = {amp: (saved(64, amp) - saved(32, amp)) / 32 for amp in (False, True)}
-    # float32: 2 x 128 activations (4 bytes), 2 x 128 masks, 10 logits' softmax (4 bytes).
-    assert per_sample[False] == 2 * 128 * 4 + 2 * 128 + 10 * 4
-    # bf16: the input's bf16 copy, the activations and the softmax in 2 bytes, the same masks.
-    assert per_sample[True] == 64 * 2 + 2 * 128 * 2 + 2 * 128 + 10 * 2
+    # float32: 2 x 128 activations (4 bytes), 10 logits' softmax (4 bytes).
+    assert per_sample[False] == 2 * 128 * 4 + 10 * 4
+    # bf16: the input's bf16 copy, the activations and the softmax in 2 bytes; the loss's
+    # kernel computes the logits' gradient (bf16) and its float32 widening, which the last
+    # bias's gradient sums, before the backward (10 values of 4 bytes).
+    assert per_sample[True] == 64 * 2 + 2 * 128 * 2 + 10 * 2 + 10 * 4
 
 
 # --- GradScaler ------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ import math
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
 from fusegrad.ops import reductions
-from fusegrad.ops.composite import _named, composite
+from fusegrad.ops.composite import CustomVJP, _named, composite
 from fusegrad.ops.elementwise import mul
 from fusegrad.ops.movement import diagonal, permute, reshape, reshape_prim, unsqueeze
-from fusegrad.ops.operands import _at_user_line
+from fusegrad.ops.operands import _at_user_line, cast
 from fusegrad.ops.primitive import bind
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
@@ -19,6 +19,28 @@ from fusegrad.tensor import Tensor
 
 def matmul_nd(a: Tensor, b: Tensor) -> Tensor:
     return bind(P.matmul, a, b)
+
+
+# The float32 sums of a product of 16-bit operands, before any rounding: what torch's
+# bf16/f16 addmm and convolution add their bias to, rounding once (``round(a @ b + bias)``,
+# where a product rounded first and the bias added to it would round twice). The value widens
+# the operands (exactly) for a float32 product; the gradient is the 16-bit product's, read
+# from the 16-bit operands (a backward holds those, not float32 copies): the cotangent of the
+# sums, rounded to the operands' dtype, times the other operand, rounded once.
+_widened_product = CustomVJP("widened_product", reads_output=False)
+
+
+@_widened_product.defvjp
+def _widened_product_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    a, b = operands
+    g = cast(g, a.dtype)
+    return tuple(P.matmul.cotangent(i, g, None, (a, b), {}) for i in (0, 1))
+
+
+def float32_sums(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` of two float16 or bfloat16 operands (batched as ``matmul``), in float32:
+    the sums before the one rounding that a product with a bias added rounds them by."""
+    return _widened_product.mark(matmul_nd(cast(a, dtypes.float32), cast(b, dtypes.float32)), (a, b))
 
 
 @public(torch=True, method=True)

@@ -329,7 +329,7 @@ class _Partitioner:
             return
         if prim.kind in (Kind.ELEMENTWISE, Kind.REDUCE, Kind.MOVEMENT) or \
                 node.op in _FUSIBLE_SOURCES:
-            producers = self.producer_kernels(node)
+            producers = [] if self.waits_for_users(node) else self.producer_kernels(node)
             for k in reversed(producers):
                 level = self.fits(node, k)
                 if level is not None and self.acyclic_join(node, k) and \
@@ -372,6 +372,37 @@ class _Partitioner:
         # Whatever this node reads from another kernel must be in memory.
         for op in node.inputs:
             self.materialize(op, k)
+
+    def waits_for_users(self, node: Node) -> bool:
+        """Whether elementwise ``node`` should start a kernel of its own, which its users
+        join, rather than join its producers' kernel: every value it reads is in memory
+        anyway (another kernel reads it), and every user is elementwise of its shape and
+        reads a value of a kernel that depends on those producers, so runs later. Joined,
+        ``node`` would be computed early and stored until then: a ReLU's ``out <= 0`` in the
+        forward's kernel, held as a byte mask until the backward's ``where`` reads it
+        beside the cotangent. Waiting, the users' kernel computes it from what it loads."""
+        if node.prim.kind is not Kind.ELEMENTWISE or node.output in self.outputs:
+            return False
+        producers = self.all_producer_kernels(node)
+        if not producers:
+            return False
+        for op in node.inputs:
+            base = self.views[op].base if isinstance(op, Value) and op in self.views else op
+            if isinstance(base, Value) and base.producer is not None and \
+                    base not in self.materialized:
+                return False
+        users = self.users.get(node.output, [])
+        if not users:
+            return False
+        for user in users:
+            if user.prim.kind is not Kind.ELEMENTWISE or \
+                    user.output.type.shape != node.output.type.shape:
+                return False
+            later = [self._producer_kernel(op) for op in user.inputs if op is not node.output]
+            if not any(k is not None and any(self.depends(k, p) for p in producers)
+                       for k in later):
+                return False
+        return True
 
     def materialize(self, op, reader: Kernel) -> None:
         while isinstance(op, Value) and op in self.views:
