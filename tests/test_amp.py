@@ -1075,3 +1075,107 @@ def test_custom_fwd_casts_inputs_and_custom_bwd_replays_the_forwards_state():
     assert seen["enabled"] is False and a.grad.dtype == BF16
     with pytest.raises(ValueError, match="Expected `device_type` of type `str`"):
         fg.amp.custom_fwd(device_type=None)
+
+
+# --- what a 16-bit backward reads -----------------------------------------------------------
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_bf16_softmax_gradient_reads_the_rounded_output(compiled):
+    # torch's softmax_backward_data of a bf16 output: out * (g - sum(g * out)) in float32 on
+    # the bf16 output, rounded once (the float32 output before its rounding is not kept).
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 37)).astype(np.float32) * 3
+    g = rng.standard_normal((8, 37)).astype(np.float32)
+    xt = fg.tensor(x, dtype=BF16, requires_grad=True)
+    def f(a):
+        return F.softmax(a, -1)
+    out = (fg.compile(f) if compiled else f)(xt)
+    out.backward(fg.tensor(g, dtype=BF16))
+    o, gb = out.detach().double().numpy(), fg.tensor(g, dtype=BF16).double().numpy()
+    want = o * (gb - (gb * o).sum(-1, keepdims=True))
+    assert xt.grad.dtype == BF16
+    # One rounding of a float32 computation: within a bf16 ulp of the float64 model.
+    np.testing.assert_allclose(xt.grad.double().numpy(), want, rtol=2 ** -8, atol=2 ** -8 * 2 ** -126)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_bf16_softmax_gradient_as_torch(compiled):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((16, 37)).astype(np.float32) * 3
+    g = rng.standard_normal((16, 37)).astype(np.float32)
+    tx = torch.tensor(x).bfloat16().requires_grad_()
+    torch.nn.functional.softmax(tx, -1).backward(torch.tensor(g).bfloat16())
+    xt = fg.tensor(x, dtype=BF16, requires_grad=True)
+    def f(a):
+        return F.softmax(a, -1)
+    (fg.compile(f) if compiled else f)(xt).backward(fg.tensor(g, dtype=BF16))
+    np.testing.assert_array_equal(xt.grad.float().numpy(), tx.grad.float().numpy())
+
+
+def _block_step_program(batch):
+    """A compiled autocast training step of Linear-GELU-LayerNorm-Linear (bias everywhere),
+    cross-entropy, SGD."""
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.LayerNorm(128), nn.Linear(128, 10))
+    opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x, y):
+        opt.zero_grad()
+        with fg.autocast("cpu"):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    x, y = _t(batch, 64), fg.tensor(np.arange(batch) % 10)
+    return fg.compile(step, fullgraph=True).lower(x, y).program
+
+
+def test_autocast_step_saves_what_torch_saves_for_gelu_and_layer_norm():
+    # Per sample (the difference of two batch sizes): the GELU keeps its bf16 input (no
+    # float32 derivative), the layer norm its bf16 input (its centered and normalized values
+    # are recomputed in the backward, with the row statistics), as torch's saved tensors.
+    from fusegrad.runtime.memory_plan import saved_between
+
+    def saved(batch):
+        prog = _block_step_program(batch)
+        return sum(saved_between(prog.kg, prog.graph.outputs[0]).values())
+    per_sample = (saved(64) - saved(32)) / 32
+    # x in bf16 (64), the GELU's input (128), the layer norm's input (the GELU's output,
+    # 128), its output (the last product's operand, 128), all 2 bytes; the logits' gradient
+    # in bf16 and float32, as in the MLP above.
+    assert per_sample == (64 + 3 * 128) * 2 + 10 * 2 + 10 * 4
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_bf16_gelu_gradient_as_torch(compiled):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((16, 37)).astype(np.float32) * 3
+    g = rng.standard_normal((16, 37)).astype(np.float32)
+    tx = torch.tensor(x).bfloat16().requires_grad_()
+    torch.nn.functional.gelu(tx).backward(torch.tensor(g).bfloat16())
+    xt = fg.tensor(x, dtype=BF16, requires_grad=True)
+    (fg.compile(F.gelu) if compiled else F.gelu)(xt).backward(fg.tensor(g, dtype=BF16))
+    np.testing.assert_array_equal(xt.grad.float().numpy(), tx.grad.float().numpy())
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_layer_norm_gradients_from_its_input(compiled):
+    # NativeLayerNormBackward's formula, recomputed from the input, against float64.
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 5, 32)) * 3 + 1
+    w, b, g = rng.standard_normal(32), rng.standard_normal(32), rng.standard_normal((3, 5, 32))
+    ts = [fg.tensor(v, dtype=F32, requires_grad=True) for v in (x, w, b)]
+
+    def f(x, w, b, g):
+        return (F.layer_norm(x, (32,), w, b) * g).sum()
+    (fg.compile(f) if compiled else f)(*ts, fg.tensor(g, dtype=F32)).backward()
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    xhat = (x - mean) / np.sqrt(var + 1e-5)
+    gx = g * w
+    want_x = (gx - gx.mean(-1, keepdims=True) - xhat * (gx * xhat).mean(-1, keepdims=True)) \
+        / np.sqrt(var + 1e-5)
+    for t, want in zip(ts, (want_x, (g * xhat).sum((0, 1)), g.sum((0, 1)))):
+        # float32 arithmetic over rows of 32 and sums of 15: a few hundred ulps at most.
+        np.testing.assert_allclose(t.grad.numpy(), want, rtol=0, atol=256 * 2 ** -24 * np.abs(want).max())

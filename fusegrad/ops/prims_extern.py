@@ -97,14 +97,24 @@ CUSTOM_VJPS: dict[str, Callable] = {}
 # name -> (whether the VJP reads the output, whether it reads the operands): what an eager
 # backward checks for in-place writes since the forward, as torch checks what it saved.
 CUSTOM_VJP_READS: dict[str, tuple[bool, bool]] = {}
+# The VJPs that recompute what they need from the operands in the backward rather than share
+# the forward's values (see ``register_vjp``).
+CUSTOM_VJP_RECOMPUTES: set[str] = set()
 
 
-def register_vjp(name: str, reads_output: bool = False, reads_operands: bool = True):
+def register_vjp(name: str, reads_output: bool = False, reads_operands: bool = True,
+                 recompute: bool = False):
     """Register ``fn(ct, out, operands, params)`` as the VJP named ``name`` of
-    :data:`custom_vjp` nodes; ``reads_output`` and ``reads_operands`` say what it reads."""
+    :data:`custom_vjp` nodes; ``reads_output`` and ``reads_operands`` say what it reads.
+    ``recompute``: a graph's backward reads the operands through ``remat`` barriers
+    (:mod:`fusegrad.passes.autodiff`), so the rule's arithmetic is computed again there and
+    the operands are what the forward keeps (a layer norm's input, not its centered and
+    normalized values), as torch's saved tensors are."""
     def decorate(fn):
         CUSTOM_VJPS[name] = fn
         CUSTOM_VJP_READS[name] = (reads_output, reads_operands)
+        if recompute:
+            CUSTOM_VJP_RECOMPUTES.add(name)
         return fn
     return decorate
 

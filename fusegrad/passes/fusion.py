@@ -398,11 +398,20 @@ class _Partitioner:
             if user.prim.kind is not Kind.ELEMENTWISE or \
                     user.output.type.shape != node.output.type.shape:
                 return False
-            later = [self._producer_kernel(op) for op in user.inputs if op is not node.output]
-            if not any(k is not None and any(self.depends(k, p) for p in producers)
-                       for k in later):
+            if not any(self.runs_after(op, producers) for op in user.inputs
+                       if op is not node.output):
                 return False
         return True
+
+    def runs_after(self, op, kernels: list[Kernel], depth: int = 4) -> bool:
+        """Whether ``op`` is computed by a kernel that depends on one of ``kernels``, or
+        (not placed yet) from such a value within ``depth`` nodes."""
+        k = self._producer_kernel(op)
+        if k is not None:
+            return any(self.depends(k, p) for p in kernels)
+        if depth == 0 or not isinstance(op, Value) or op.producer is None:
+            return False
+        return any(self.runs_after(o, kernels, depth - 1) for o in op.producer.inputs)
 
     def materialize(self, op, reader: Kernel) -> None:
         while isinstance(op, Value) and op in self.views:

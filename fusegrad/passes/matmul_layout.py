@@ -24,7 +24,7 @@ import numpy as np
 
 from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.ir.kernel_graph import identity_view, view_of
-from fusegrad.ir.rewrite import GraphCopier
+from fusegrad.ir.rewrite import GraphCopier, copy_marks
 from fusegrad.ops.primitive import Kind
 from fusegrad.passes.dce import dce
 from fusegrad.passes.manager import Pass, register_pass
@@ -131,6 +131,8 @@ def epilogues_through_reshape(g: Graph) -> Graph:
                         break
                 else:
                     out = c.new.add_node(node.prim, moved, node.attrs, loc=node.loc)
+                    # A moved remat barrier stays one (fusion keeps what it starts apart).
+                    copy_marks(node, out.producer)
                     at_product.add(out)
                     c.alias(node.output, c.new.add_node("reshape", [out], {"shape": shape},
                                                         loc=node.loc))
