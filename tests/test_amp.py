@@ -547,9 +547,12 @@ def test_a_bf16_activation_is_stored_once_in_bf16():
     wide = [v for v in matmuls[1].inputs if v.type.shape == (32, 128)]
     assert len(wide) == 1 and wide[0] in matmuls[0].outputs and wide[0].type.dtype == F32
     assert wide[0].producer.op == "cast" and wide[0].producer.inputs[0] is hidden[0]
-    # No kernel casts a batch-sized value on its own but the input's cast to bf16.
+    # The kernels that only cast a batch-sized value: the input's cast to bf16 (and its
+    # float32 widening) in the forward; in the backward, the widenings of the saved bf16
+    # operands of the weights' gradient products (the input, the two hidden activations).
     casts = [k for k in kg.kernels if {n.op for n in k.nodes} == {"cast"} and k.shape[0] == 32]
-    assert [k.shape for k in casts] == [(32, 64)]
+    assert sorted(k.shape for k in casts) == [(32, 64), (32, 64), (32, 128), (32, 128)]
+    assert [n.output.type.dtype for n in casts[0].nodes] == [BF16, F32]
 
 
 def test_autocast_step_saves_activations_in_bf16():
@@ -564,10 +567,10 @@ def test_autocast_step_saves_activations_in_bf16():
     per_sample = {amp: (saved(64, amp) - saved(32, amp)) / 32 for amp in (False, True)}
     # float32: 2 x 128 activations (4 bytes), 10 logits' softmax (4 bytes).
     assert per_sample[False] == 2 * 128 * 4 + 10 * 4
-    # bf16: the input's bf16 copy, the activations and the softmax in 2 bytes; the loss's
-    # kernel computes the logits' gradient (bf16) and its float32 widening, which the last
-    # bias's gradient sums, before the backward (10 values of 4 bytes).
-    assert per_sample[True] == 64 * 2 + 2 * 128 * 2 + 10 * 2 + 10 * 4
+    # bf16: the input's bf16 copy and the activations in 2 bytes; the loss's kernel computes
+    # the logits' gradient, widened to float32 for the last layer's gradient products and
+    # its bias's sum, before the backward (10 values of 4 bytes).
+    assert per_sample[True] == 64 * 2 + 2 * 128 * 2 + 10 * 4
 
 
 # --- GradScaler ------------------------------------------------------------------------------
@@ -1142,9 +1145,9 @@ def test_autocast_step_saves_what_torch_saves_for_gelu_and_layer_norm():
         return sum(saved_between(prog.kg, prog.graph.outputs[0]).values())
     per_sample = (saved(64) - saved(32)) / 32
     # x in bf16 (64), the GELU's input (128), the layer norm's input (the GELU's output,
-    # 128), its output (the last product's operand, 128), all 2 bytes; the logits' gradient
-    # in bf16 and float32, as in the MLP above.
-    assert per_sample == (64 + 3 * 128) * 2 + 10 * 2 + 10 * 4
+    # 128), its output (the last product's operand, 128), all 2 bytes; the logits' float32
+    # gradient, as in the MLP above.
+    assert per_sample == (64 + 3 * 128) * 2 + 10 * 4
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])

@@ -244,7 +244,7 @@ class CustomVJP:
     """
 
     def __init__(self, name: str, fn: Callable | None = None, *, reads_output: bool = False,
-                 reads_operands: bool = True, recompute: bool = False):
+                 reads_operands: bool = True, recompute: bool | tuple = False):
         self.name, self.fn, self.bwd = name, fn, None
         self.reads_output, self.reads_operands = reads_output, reads_operands
         self.recompute = recompute
@@ -282,7 +282,7 @@ class CustomVJP:
 
 
 def custom_vjp(name: str, *, reads_output: bool = False, reads_operands: bool = True,
-               recompute: bool = False):
+               recompute: bool | tuple = False):
     """Decorator: ``fn`` as a :class:`CustomVJP` whose rule ``name`` is given by its
     ``defvjp``."""
     def decorate(fn: Callable) -> CustomVJP:

@@ -104,7 +104,7 @@ def _conv(x: Tensor, weight: Tensor, bias, stride, pads, dilation, groups) -> Te
     if bias is not None and x.dtype in (dtypes.bfloat16, dtypes.float16):
         # torch's 16-bit convolution adds the bias to the float32 sums and rounds once.
         row = cast(reshape_prim(bias, (groups, o // groups, 1)), dtypes.float32)
-        y = add(float32_sums(w, cols), row)
+        y = add(float32_sums(w, cols, activation=1), row)
         return reshape_prim(cast(y, x.dtype), (n, o) + out)
     y = matmul(w, cols)                                        # (N, groups, O/groups, L)
     if bias is not None:

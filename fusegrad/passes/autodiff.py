@@ -83,7 +83,10 @@ def _reverse(g: Graph, trace: GraphTrace, env, active, get, seeds: dict,
             primals = tuple(get(op) for op in node.inputs)
             out = env[node.output]
         if remat and node.op == "custom_vjp" and node.attrs["rule"] in P.CUSTOM_VJP_RECOMPUTES:
-            primals = primals[:1] + tuple(_remat_barrier(trace, p) for p in primals[1:])
+            which = P.CUSTOM_VJP_RECOMPUTES[node.attrs["rule"]]
+            primals = primals[:1] + tuple(
+                _remat_barrier(trace, p) if which is None or i in which else p
+                for i, p in enumerate(primals[1:]))
         trace.location = node.loc        # a node's VJP points at the user's line of the node
         for i, op in enumerate(node.inputs):
             if not isinstance(op, Value) or op not in active or node.prim.rule(i) is None:
