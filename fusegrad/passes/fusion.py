@@ -35,7 +35,11 @@ The rules, in the order they are tried:
   listing says ``extern complex`` for these steps.
 
 Fusion is greedy in topological order: a node joins the kernel of one of its producers when
-legal and when the merge keeps the kernel graph acyclic; otherwise it starts a kernel.
+legal and when the merge keeps the kernel graph acyclic; otherwise it starts a kernel. An
+elementwise node that reads only values in memory anyway, and whose users all run after a
+kernel that depends on those producers, starts a kernel its users join instead: joined, it
+would be computed early and held until then (a ReLU's ``out <= 0``, a bf16 output's float32
+widening, computed in the forward's kernel and held until the backward's use).
 Independent elementwise kernels over one shape are merged afterwards (optimizer updates).
 A checkpointed region's recomputation (after its ``remat`` barriers, passes/autodiff.py)
 never joins a kernel of nodes placed before it: that kernel would compute the copy in the
