@@ -1182,3 +1182,31 @@ def test_layer_norm_gradients_from_its_input(compiled):
     for t, want in zip(ts, (want_x, (g * xhat).sum((0, 1)), g.sum((0, 1)))):
         # float32 arithmetic over rows of 32 and sums of 15: a few hundred ulps at most.
         np.testing.assert_allclose(t.grad.numpy(), want, rtol=0, atol=256 * 2 ** -24 * np.abs(want).max())
+
+
+def _addmm_case(alpha, beta, compiled):
+    rng = np.random.default_rng(8)
+    args = (rng.integers(-100, 100, (24, 20)) + 0.5, _small_ints(rng, (24, 32)),
+            _small_ints(rng, (32, 20)))
+
+    def f(x, m1, m2):
+        return fg.addmm(x, m1, m2, alpha=alpha, beta=beta)
+    out = (fg.compile(f) if compiled else f)(*(fg.tensor(v, dtype=BF16) for v in args))
+    assert out.dtype == BF16
+    return args, out.double().numpy()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("alpha,beta", [(1, 1), (0.5, 2), (1, 0)])
+def test_bf16_addmm_adds_the_input_before_the_one_rounding(alpha, beta, compiled):
+    (x, m1, m2), out = _addmm_case(alpha, beta, compiled)
+    np.testing.assert_array_equal(out, _bf16(beta * x + alpha * (m1 @ m2) if beta else alpha * (m1 @ m2)))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("alpha,beta", [(1, 1), (0.5, 2), (1, 0)])
+def test_bf16_addmm_as_torch(alpha, beta, compiled):
+    torch = pytest.importorskip("torch")
+    args, out = _addmm_case(alpha, beta, compiled)
+    want = torch.addmm(*(torch.tensor(v).bfloat16() for v in args), alpha=alpha, beta=beta)
+    np.testing.assert_array_equal(out, want.double().numpy())
