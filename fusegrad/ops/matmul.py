@@ -13,6 +13,7 @@ from fusegrad.ops.elementwise import mul
 from fusegrad.ops.movement import diagonal, permute, reshape, reshape_prim, unsqueeze
 from fusegrad.ops.operands import _at_user_line, cast
 from fusegrad.ops.primitive import bind
+from fusegrad.ops.prims_reduce import gemm_enabled
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
@@ -35,6 +36,12 @@ def matmul_nd(a: Tensor, b: Tensor) -> Tensor:
 def _widened_product_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
     a, b = operands
     (b_transposed,) = params
+    if gemm_enabled():
+        # The generated GEMM multiplies 16-bit operands as they are (vdpbf16ps at twice the
+        # float32 rate where the CPU has it): the 16-bit products, each rounded once.
+        g, b16 = cast(g, a.dtype), b.mT if b_transposed else b
+        ga, gb = (P.matmul.cotangent(i, g, None, (a, b16), {}) for i in (0, 1))
+        return ga, gb.mT if b_transposed else gb
     f32 = dtypes.float32
     g, wa, wb = cast(cast(g, a.dtype), f32), cast(a, f32), cast(b, f32)
     wide = (wa, wb.mT if b_transposed else wb)
