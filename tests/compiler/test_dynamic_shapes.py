@@ -113,9 +113,13 @@ def test_automatic_dynamic_recompiles_once_with_the_changed_dim_symbolic(capsys,
     assert "traced with symbolic x.size(0) as s0, y.size(0) as s0" in err
 
 
-def test_size_one_specializes_and_dynamic_false_is_static():
+def test_size_one_specializes_and_dynamic_false_is_static(capsys, monkeypatch):
+    monkeypatch.setattr(fg_config.config, "debug", 1)
     _, _, _, _, step = _train(True, [8, 1, 5, 1])
     assert step.compiles == 2                        # s0 >= 2, then the size-1 program
+    reasons = [line for line in capsys.readouterr().err.splitlines() if "recompile reason" in line]
+    assert len(reasons) == 1 and "dim 0 (s0 = 1): a size of 0 or 1 is compiled for itself" \
+        in reasons[0] and "0/1 specialization" in reasons[0]
     losses, eager_losses, params, eager_params, step = _train(False, [8, 4, 8, 4])
     _assert_matches_eager(losses, eager_losses, params, eager_params, 4)
     assert step.compiles == 2 and all(e.symbolic is None for e in step.entries())
