@@ -252,7 +252,7 @@ def test_a_size_assumption_recompiles_as_torchs():
     assert f.compiles == counters["stats"]["unique_graphs"] == 2
 
 
-def _char_transformer():
+def _char_transformer(block=16):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))), "examples"))
     try:
@@ -260,7 +260,7 @@ def _char_transformer():
     finally:
         sys.path.pop(0)
     fg.manual_seed(0)
-    return make_model(fg, vocab=20, block=16, n_embd=16, n_head=2, n_layer=1)
+    return make_model(fg, vocab=20, block=block, n_embd=16, n_head=2, n_layer=1)
 
 
 @pytest.mark.slow
@@ -545,3 +545,60 @@ def test_dynamic_true_narrowed_still_makes_a_changing_length_symbolic():
                                    rtol=64 * EPS32, atol=64 * EPS32)
     # 16 (leading dims symbolic), 9 (a second length), 33: the length symbolic from then on.
     assert f.compiles == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic,compiles", [(True, 1), (None, 2)])
+def test_batch_sizes_from_128_to_2_each_epoch_shorter_at_its_end(dynamic, compiles):
+    """Batch sizes 128 down to 2, each epoch's last batch shorter (302 samples: 46, 2, 6,
+    14...); then a batch of one, which compiles for itself (0/1 specialization)."""
+    from fusegrad.utils.data import DataLoader, TensorDataset
+
+    rng = np.random.default_rng(5)
+    data = TensorDataset(fg.tensor(rng.standard_normal((302, 12)).astype(np.float32)),
+                         fg.tensor(rng.integers(0, 10, 302)))
+    eager_model = _mlp()
+    model = copy.deepcopy(eager_model)
+    step = fg.compile(_step_fn(model, fg.optim.SGD(model.parameters(), lr=0.05)),
+                      dynamic=dynamic)
+    eager_step = _step_fn(eager_model, fg.optim.SGD(eager_model.parameters(), lr=0.05))
+    sizes = []
+    for batch_size in (128, 100, 64, 37, 16, 5, 2):
+        for x, y in DataLoader(data, batch_size=batch_size):
+            sizes.append(len(x))
+            loss, eager_loss = float(step(x, y)), float(eager_step(x, y))
+            np.testing.assert_allclose(loss, eager_loss, rtol=256 * EPS32 * len(sizes))
+    assert min(sizes) == 2 and len(set(sizes)) == 10
+    assert step.compiles == compiles
+    x, y = data[:1]
+    step(x, y)
+    assert step.compiles == compiles + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic,compiles", [(True, 1), (None, 2)])
+def test_char_transformer_at_sequence_lengths_8_to_128(dynamic, compiles):
+    eager_model = _char_transformer(block=128)
+    model = copy.deepcopy(eager_model)
+
+    def make_step(m):
+        opt = fg.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = m(x, y)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    step, eager_step = fg.compile(make_step(model), dynamic=dynamic), make_step(eager_model)
+    rng = np.random.default_rng(2)
+    lengths = [128, 8, 64, 100, 33, 128, 17, 9]
+    for t in lengths:
+        x, y = (fg.tensor(rng.integers(0, 20, (2, t))) for _ in range(2))
+        loss, eager_loss = float(step(x, y)), float(eager_step(x, y))
+        np.testing.assert_allclose(loss, eager_loss, rtol=1024 * EPS32 * len(lengths))
+    assert step.compiles == compiles
+    # One program for every length: no kernel (the fused attention's included) per length.
+    program = step.entries()[-1].program
+    assert program.builds == 1 and program.fallback is None
