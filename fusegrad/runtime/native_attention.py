@@ -1,9 +1,10 @@
 """Attention of small heads, forward and backward, as one native call over a range of heads:
 the kernels are the kernel-IR programs of :mod:`fusegrad.codegen.attention` (see there for
-what they compute and how); this module compiles them (one per head shape, dtype and mask
-kind, cached like kernels), lays out the call's arrays and runs it, across threads when the
-work is large enough. Q, K, V, the mask and the output gradient may have any strides in the
-head dimensions, with contiguous rows (others are copied for the call). Other arrays, and
+what they compute and how); this module compiles them (one per feature count, dtype and
+mask kind, for every sequence length; cached like kernels), lays out the call's arrays and
+runs it, across threads when the work is large enough. Q, K, V, the mask and the output
+gradient may have any strides in the head dimensions, with contiguous rows (others are
+copied for the call). Other arrays, and
 heads larger than ``MAX_KEYS`` x ``MAX_FEATURES``, are not taken (the calls return False
 and the caller runs the numpy reference).
 """
@@ -19,6 +20,7 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.codegen.attention import (
     BUFFERS,
+    LAYOUT,
     MAX_FEATURES,
     MAX_KEYS,
     attention_backward_kernel,
@@ -40,43 +42,45 @@ _PARALLEL_WORK = 1 << 18       # multiply-adds below which one thread runs all h
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(backward: bool, dtype: np.dtype, L: int, E: int, has_mask: bool, keep: bool,
+def _compiled(backward: bool, dtype: np.dtype, E: int, has_mask: bool, keep: bool,
               zero_dead: bool):
-    text, name = _module_ir(backward, dtype, L, E, has_mask, keep, zero_dead)
+    text, name = _module_ir(backward, dtype, E, has_mask, keep, zero_dead)
     if config.debug >= 1:
-        # (Once per head shape: a symbolic sequence length builds one for each length.)
+        # (Once per feature count: every sequence length runs it.)
         print(f"[fusegrad] attention {'backward' if backward else 'forward'} kernel for "
-              f"{L} keys x {E} features", file=sys.stderr)
+              f"{E} features", file=sys.stderr)
     module = compile_ir(text, [name])
     return module, _FN(module.address(name))
 
 
 @functools.lru_cache(maxsize=None)
-def _module_ir(backward: bool, dtype: np.dtype, L: int, E: int, has_mask: bool, keep: bool,
+def _module_ir(backward: bool, dtype: np.dtype, E: int, has_mask: bool, keep: bool,
                zero_dead: bool) -> tuple[str, str]:
     t = _DTYPES[np.dtype(dtype)]
     if backward:
-        kernel = attention_backward_kernel(t, L, E, has_mask, keep)
+        kernel = attention_backward_kernel(t, E, has_mask, keep)
     else:
-        kernel = attention_forward_kernel(t, L, E, has_mask, keep, zero_dead)
+        kernel = attention_forward_kernel(t, E, has_mask, keep, zero_dead)
     return module_text(kernel.name, [kernel]), kernel.name
 
 
 def modules_for(node) -> list[tuple[str, int]]:
     """The module (IR text, speed level) a program step of ``node`` (``fused_attention`` or
     its backward) calls when its arrays have the layouts the native code takes, for
-    ahead-of-time artifacts to carry."""
+    ahead-of-time artifacts to carry: one for every sequence length (the fusion took the
+    node for the lengths it may have, :func:`supported`; a symbolic number of features
+    raises :class:`~fusegrad.symint.SymbolicDecisionError`)."""
     q = node.inputs[0].type
     dtype = np.dtype(q.dtype.np_dtype)
     if len(q.shape) < 2:
         return []
-    L, E = q.shape[-2:]
-    if not supported(dtype, L, L, E):
+    E = int(q.shape[-1])
+    if not supported(dtype, 1, 1, E):
         return []
     backward = node.op == "fused_attention_backward"
     has_mask = len(node.inputs) > (5 if backward else 3)
     zero_dead = False if backward else bool(node.attrs.get("zero_dead", False))
-    text, _ = _module_ir(backward, dtype, L, E, has_mask, bool(node.attrs["keep"]), zero_dead)
+    text, _ = _module_ir(backward, dtype, E, has_mask, bool(node.attrs["keep"]), zero_dead)
     return [(text, 3)]
 
 
@@ -161,18 +165,18 @@ def _prepare(kind: str, arrays: list, out: np.ndarray, flags: tuple) -> _Call | 
         if s is None:
             return None
         layout += s
-    layout.append(heads)
+    layout += [0] * (LAYOUT - 2 - len(layout)) + [heads, L]
     pointers = {n: data_pointer(a) for n, a in zip(("q", "k", "v"), strided)}
     if mask is not None:
         pointers["mask"] = data_pointer(strided[3])
     if kind == "backward":
         pointers.update(dout=data_pointer(strided[4]), packed=data_pointer(packed),
                         out=data_pointer(out))
-        fn = _compiled(True, q.dtype, L, E, mask is not None, flags[0], False)[1]
+        fn = _compiled(True, q.dtype, E, mask is not None, flags[0], False)[1]
         work = heads * L * L * E * 4
     else:
         pointers["packed"] = data_pointer(out)         # the forward's output
-        fn = _compiled(False, q.dtype, L, E, mask is not None, *flags)[1]
+        fn = _compiled(False, q.dtype, E, mask is not None, *flags)[1]
         work = heads * L * L * E * 2
     # A call that reads a copy is made anew each time (the copy is of this call's values).
     return _Call(fn, pointers, np.array(layout, dtype=np.int64), heads, work,
