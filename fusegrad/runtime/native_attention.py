@@ -4,9 +4,8 @@ what they compute and how); this module compiles them (one per feature count, dt
 mask kind, for every sequence length; cached like kernels), lays out the call's arrays and
 runs it, across threads when the work is large enough. Q, K, V, the mask and the output
 gradient may have any strides in the head dimensions, with contiguous rows (others are
-copied for the call). Other arrays, and
-heads larger than ``MAX_KEYS`` x ``MAX_FEATURES``, are not taken (the calls return False
-and the caller runs the numpy reference).
+copied for the call). Other arrays, and heads larger than ``MAX_KEYS`` x ``MAX_FEATURES``,
+are not taken (the calls return False and the caller runs the numpy reference).
 """
 
 from __future__ import annotations
