@@ -32,7 +32,8 @@ A kernel has the CPU kernels' calling convention (``bufs``, then the range of he
 address when there is none), dout, the packed forward output, the backward's output (dq,
 dk and dv of all heads one after another, each contiguous), the layout (int64: H, then the
 (batch, head, row) strides in elements of q, k, v, the mask and, for the backward, dout (0
-for the forward), the number of heads, then L) and the scale (one float64).
+for the forward), the number of heads, then L) and the scale (one float64). For an L that
+is not a row width, the mask's rows must hold the row width's bytes (the first L read).
 :mod:`fusegrad.runtime.native_attention` compiles and calls them.
 """
 
@@ -278,9 +279,11 @@ def _transposed(b: ExprBuilder, rows: list) -> list:
 
 def _mask_row(pr: _Program, mask: Param, at: Expr, keep: bool) -> Expr:
     """The row of the mask at ``at`` as a bool vector: true where a score is removed (and in
-    the lanes past the keys)."""
+    the lanes past the keys). A row is read S bytes wide even past the keys (the caller
+    pads the rows): a load of bytes under a lane mask is one branch per lane on AVX2, and
+    cost a kernel's build half a second."""
     b, S = pr.b, pr.S
-    bits = pr.load_row(mask, at)
+    bits = pr.load_vec(mask, at, S)
     removed = b.cmp("eq" if keep else "ne", bits, pr.splat(b.const(dtypes.uint8, 0), S),
                     dtypes.uint8)
     return removed if not pr.partial else b.binary("or", removed, pr.invalid, dtypes.bool_)
@@ -328,7 +331,8 @@ def _softmax(pr: _Program, s: Expr, zero_dead: bool) -> Expr:
 
 def _row_blocks(pr: _Program, rows: int, block) -> None:
     """``block(first_row, R)`` over the rows (one per key): blocks of ``rows``, then single
-    rows."""
+    rows (in a body for fewer keys than S, where the rows may be no whole number of blocks,
+    blocks only: one block's code builds in half the time of a block's and a row's)."""
     b = pr.b
     if not pr.partial:
         full = pr.S // rows
@@ -336,6 +340,15 @@ def _row_blocks(pr: _Program, rows: int, block) -> None:
             pr.loop(full, [], lambda i, _: block(b.mul(i, pr.const(rows)), rows) or [])
         if pr.S % rows:
             pr.loop(pr.S, [], lambda i, _: block(i, 1) or [], start=pr.const(full * rows))
+        return
+    if pr.S // 2 >= rows:
+        # At least ``rows`` keys: the last block ends at the last row, overlapping the one
+        # before it (its rows are computed twice, to the same bits: a row's sums do not
+        # depend on the block it is in), so the rows are one loop of one block's code.
+        last = pr.value("last", b.sub(pr.keys, pr.const(rows)))
+        count = b.div(b.add(pr.keys, pr.const(rows - 1)), pr.const(rows))
+        pr.loop(count, [], lambda i, _: block(
+            b.binary("min", b.mul(i, pr.const(rows)), last, INDEX), rows) or [])
         return
     full = pr.keys_over(rows)
     pr.loop(full, [], lambda i, _: block(b.mul(i, pr.const(rows)), rows) or [])

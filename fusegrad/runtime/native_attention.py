@@ -24,6 +24,7 @@ from fusegrad.codegen.attention import (
     MAX_KEYS,
     attention_backward_kernel,
     attention_forward_kernel,
+    row_widths,
     supported,
 )
 from fusegrad.codegen.llvm.kernel import module_text
@@ -139,10 +140,20 @@ def _prepare(kind: str, arrays: list, out: np.ndarray, flags: tuple) -> _Call | 
     batch = q.shape[:-2]
     heads = int(np.prod(batch, dtype=np.int64))
     strided = [q, k, v]
+    padded = False
     if mask is not None:
         if mask.dtype != np.bool_:
             return None
-        mask = np.broadcast_to(mask, batch + (L, L))
+        width = next(w for w in row_widths(_DTYPES[q.dtype], E) if w >= L)
+        if width == L:
+            mask = np.broadcast_to(mask, batch + (L, L))
+        else:
+            # Fewer keys than the kernel's row width: it reads each row of the mask that
+            # wide (see fusegrad.codegen.attention._mask_row), from a copy.
+            rows = np.broadcast_to(mask, mask.shape[:-2] + (L, L))
+            wide = np.zeros(rows.shape[:-1] + (width,), np.bool_)
+            wide[..., :L] = rows
+            mask, padded = np.broadcast_to(wide, batch + (L, width)), True
 
     strided.append(mask if mask is not None else np.zeros(batch + (L, L), np.bool_))
     packed = None
@@ -179,7 +190,7 @@ def _prepare(kind: str, arrays: list, out: np.ndarray, flags: tuple) -> _Call | 
         work = heads * L * L * E * 2
     # A call that reads a copy is made anew each time (the copy is of this call's values).
     return _Call(fn, pointers, np.array(layout, dtype=np.int64), heads, work,
-                 (strided, packed, out), reusable=not any(copied))
+                 (strided, packed, out), reusable=not (any(copied) or padded))
 
 
 def _call(kind: str, arrays: list, out: np.ndarray, scale: float, flags: tuple,

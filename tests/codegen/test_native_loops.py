@@ -207,8 +207,11 @@ def test_interpreted_attention_matches_the_native_call(L, E):
     assert native_attention.attention_backward(grads, q, k, v, dout, packed, mask, scale=0.5,
                                                keep=False)
     contiguous = [H * L * E, L * E, E]
-    layout = np.array([H, *contiguous * 3, 0, 0, L, *contiguous, B * H, L], np.uint64)
-    bits = mask.astype(np.uint8)
+    # the mask's rows as wide as the kernel's rows of scores (16 lanes for 11 keys)
+    width = next(w for w in row_widths(dtypes.float32, E) if w >= L)
+    bits = np.zeros((L, width), np.uint8)
+    bits[:, :L] = mask[0, 0]
+    layout = np.array([H, *contiguous * 3, 0, 0, width, *contiguous, B * H, L], np.uint64)
     scale = np.array([0.5])
     got = np.full_like(packed, np.nan)
     interpret.run_kernel(attention_forward_kernel(dtypes.float32, E, True, False, False),
