@@ -91,7 +91,7 @@ class _Program:
         # Set per body (:func:`_bodies`): the lanes of a row of scores, the number of keys
         # (and of queries: a constant when it is S), and, when fewer than S, the lanes that
         # hold keys (a bool vector) and the others.
-        self.S = 0
+        self.S = self.fewest = 0            # (fewest: the least number of keys)
         self.keys: Expr | None = None
         self.valid: Expr | None = None
         self.invalid: Expr | None = None
@@ -341,7 +341,7 @@ def _row_blocks(pr: _Program, rows: int, block) -> None:
         if pr.S % rows:
             pr.loop(pr.S, [], lambda i, _: block(i, 1) or [], start=pr.const(full * rows))
         return
-    if pr.S // 2 >= rows:
+    if pr.fewest >= rows:
         # At least ``rows`` keys: the last block ends at the last row, overlapping the one
         # before it (its rows are computed twice, to the same bits: a row's sums do not
         # depend on the block it is in), so the rows are one loop of one block's code.
@@ -517,7 +517,7 @@ def _bodies(pr: _Program, head) -> None:
         for partial in (True, False):
             if partial and S - low <= 1:
                 continue
-            pr.S = S
+            pr.S, pr.fewest = S, low + 1 if partial else S
             with pr.block() as body:
                 if partial:
                     pr.keys = keys
