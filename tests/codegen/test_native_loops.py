@@ -81,6 +81,9 @@ def test_attention_kernels_are_kernel_ir_programs():
         assert op in text, op
     assert "local kt128: f32[1024]" in text and "local kt8: f32[64]" in text   # keys x features
     assert len([ln for ln in text.splitlines() if ln.lstrip().startswith("if ")]) == 10
+    alone = str(attention_forward_kernel(dtypes.float32, 8, True, False, True, upto=32))
+    assert alone.startswith("kernel fg_attention_fwd_f32_e8_101_upto32(")    # 1 to 32 keys
+    assert len([ln for ln in alone.splitlines() if ln.lstrip().startswith("if ")]) == 2
     llvm = module_text("m", [attention_backward_kernel(dtypes.float64, 7, False, False)])
     assert 'define void @"fg_attention_bwd_f64_e7_00"(i8** %"bufs", i64 %"start", i64 %"end")' \
         in llvm
