@@ -103,6 +103,7 @@ def _float64_attention(q, k, v, m, dout, scale, keep):
     return p @ v, p, [ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ dout]
 
 
+@pytest.mark.slow          # (builds the kernels for every length: seconds of LLVM each)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("mask,keep", [(None, False), ("causal", False), ("causal", True)])
 def test_one_kernel_takes_every_sequence_length(dtype, mask, keep):
