@@ -9,7 +9,10 @@ char transformer's training step (examples/char_transformer.py; batch 16, sequen
 symbolic). Each pair's calls are interleaved (symbolic, specialized, symbolic, ...), so load
 on the machine reaches both alike; rows are medians of milliseconds per call, after warm-up
 and the compiles, and the symbolic/specialized ratio. For the symbolic programs, the first
-call at a new size (which built kernels before) is timed too.
+call at a new size is timed too: it builds nothing (neither fused kernels nor, for the
+char transformer, the attention kernels, which read the sequence length at run time), so
+it measures what a call at new sizes does besides the steady call (sizing the memory plan,
+preparing the native calls anew).
 
 The first line is the machine (``benchmarks/machine.py``).
 

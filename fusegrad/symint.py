@@ -32,7 +32,8 @@ __all__ = ["SymInt", "SymbolicDecisionError", "SizesOutOfRange", "symbol", "ceil
            "known_equal", "known_multiple",
            "slice_indices",
            "holds_symbol",
-           "record_assumptions", "strict_decisions", "hashable_sizes", "MIN_SYMBOL_SIZE"]
+           "record_assumptions", "strict_decisions", "hashable_sizes", "because", "Assumption",
+           "MIN_SYMBOL_SIZE"]
 
 # Sizes 0 and 1 are specialized (see the module docstring): a symbol is at least this.
 MIN_SYMBOL_SIZE = 2
@@ -431,11 +432,33 @@ def _recording_active() -> bool:
     return bool(getattr(_recording, "stack", None))
 
 
+class Assumption(tuple):
+    """A recorded ``(expression, op, value)``, and ``reason``: why the code that compared
+    assumed it, where that code said (:func:`because`), else None."""
+
+    reason: str | None = None
+
+
+@contextlib.contextmanager
+def because(reason: str) -> Iterator[None]:
+    """Comparisons recorded inside the block (:func:`record_assumptions`) carry ``reason``
+    (what the code that compares can take: "the fused attention takes at most 128 keys"),
+    for a refusal of sizes to say why."""
+    previous = getattr(_recording, "reason", None)
+    _recording.reason = reason
+    try:
+        yield
+    finally:
+        _recording.reason = previous
+
+
 def _record(expr: "SymInt", value, op: str) -> None:
     stack = getattr(_recording, "stack", None)
     # Compared by structure: == of two expressions would itself be a comparison to record.
     if stack and not any(op == o and _same(expr, e) and _same(value, v) for e, o, v in stack[-1]):
-        stack[-1].append((expr, op, value))
+        found = Assumption((expr, op, value))
+        found.reason = getattr(_recording, "reason", None)
+        stack[-1].append(found)
 
 
 def _same(a, b) -> bool:

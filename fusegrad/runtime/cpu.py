@@ -322,15 +322,18 @@ class NativeStep(NumpyStep):
             return False
         attrs = node.attrs if prog.bindings is None else \
             {k: concrete_attr(a, prog.bindings) for k, a in node.attrs.items()}
+        # (A symbolic sequence length runs the attention kernel for every length.)
         if node.op == "fused_attention":
             q, k, v, *mask = (prog.array(op) for op in node.inputs)
-            return native_attention.attention_forward(out, q, k, v, mask[0] if mask else None,
-                                                      memo=memo, **attrs)
+            return native_attention.attention_forward(
+                out, q, k, v, mask[0] if mask else None, memo=memo,
+                every_length=is_symbolic(node.inputs[0].type.shape[-2]), **attrs)
         if node.op == "fused_attention_backward":
             q, k, v, packed, dout, *mask = (prog.array(op) for op in node.inputs)
             return native_attention.attention_backward(
                 out, q, k, v, dout, packed, mask[0] if mask else None,
-                scale=attrs["scale"], keep=attrs["keep"], memo=memo)
+                scale=attrs["scale"], keep=attrs["keep"], memo=memo,
+                every_length=is_symbolic(node.inputs[0].type.shape[-2]))
         if node.op == "index_add":
             if attrs["axis"] != 0:
                 return False
