@@ -328,6 +328,26 @@ def test_programs_reading_sizes_compile_once(name):
     assert program.builds == 1 and program.fallback is None
 
 
+@pytest.mark.parametrize("name,f", [
+    ("layer_norm over a symbolic row", lambda x: fg.nn.functional.layer_norm(x, x.shape).sum()),
+    ("var", lambda x: x.var()),
+    ("mean", lambda x: (x * x).mean()),
+])
+def test_gradients_of_programs_reading_sizes_compile_once(name, f):
+    # The backward divides by a symbolic count too (layer norm's VJP rule, run by the
+    # autodiff pass, makes that count a node of the backward graph).
+    compiled = fg.compile(f, dynamic=True)
+    rng = np.random.default_rng(1)
+    for n in (4, 2, 5):
+        data = rng.standard_normal((n, 3)).astype(np.float32)
+        x, y = fg.tensor(data, requires_grad=True), fg.tensor(data, requires_grad=True)
+        compiled(x).backward()
+        f(y).backward()
+        np.testing.assert_allclose(x.grad.numpy(), y.grad.numpy(), rtol=64 * EPS32,
+                                   atol=64 * EPS32)
+    assert compiled.compiles == 1, name
+
+
 def test_symbolic_training_step_is_built_once_for_every_batch_size():
     # One fused program, its kernels reading the batch size at run time: a new size builds
     # nothing, and each size's losses and parameters are those of the step compiled for it.
