@@ -30,8 +30,11 @@ medians (``vs float32``), ``paired`` is the median over the rounds of each round
 time over its autocast time, and ``load`` the load average before and after the rounds.
 
 Run ``python benchmarks/bench_amp.py [--quick] [--threads 1,2] [--only gpt,mlp,cnn]
-[--systems torch,eager,compiled]``. ``--quick`` is a short run: the same workloads, fewer
-steps; ``--memory`` only compiles the steps and prints their saved bytes.
+[--systems torch,eager,compiled] [--cpu-time] [--steps N]``. ``--quick`` is a short run: the
+same workloads, fewer steps; ``--memory`` only compiles the steps and prints their saved
+bytes; ``--cpu-time`` times each step by the process's CPU time (``time.process_time``), the
+one stable measure on a loaded shared machine (at one thread, what the step computes; a
+step's waits for a core are left out); the table's ``clock`` column says which.
 """
 
 from __future__ import annotations
@@ -173,9 +176,13 @@ def training_step(lib, workload: str, model, opt, amp: bool):
 SYSTEMS = ("torch", "eager", "compiled")
 
 
-def measure(workload: str, threads: int, steps: int, only: tuple = SYSTEMS) -> list[dict]:
+def measure(workload: str, threads: int, steps: int, only: tuple = SYSTEMS,
+            cpu_time: bool = False) -> list[dict]:
     """The systems ``only`` names on ``workload`` in this (pinned) process: median seconds per
-    step, and the median of each round's float32 time over its autocast time."""
+    step, and the median of each round's float32 time over its autocast time. ``cpu_time``:
+    the process's CPU time (``time.process_time``) instead of the wall clock: on a shared,
+    loaded machine the time a step waits for a core is not the step's."""
+    clock = time.process_time if cpu_time else time.perf_counter
     import numpy as np
 
     import fusegrad as fg
@@ -211,17 +218,18 @@ def measure(workload: str, threads: int, steps: int, only: tuple = SYSTEMS) -> l
     load = [os.getloadavg()[0]]
     for _ in range(steps):
         for run in runs:
-            t0 = time.perf_counter()
+            t0 = clock()
             run["loss"] = run["step"](run["x"], run["y"])
             run["loss"].item()
-            run["times"].append(time.perf_counter() - t0)
+            run["times"].append(clock() - t0)
     load.append(os.getloadavg()[0])
     rows = []
     for i, run in enumerate(runs):
         row = {"workload": workload, "threads": threads, "system": run["system"],
                "precision": "autocast bf16" if run["amp"] else "float32",
                "median_s": statistics.median(run["times"]), "first_two_s": run["first"],
-               "loss": float(run["loss"].item()), "load": load}
+               "loss": float(run["loss"].item()), "load": load,
+               "clock": "cpu" if cpu_time else "wall"}
         if run["amp"]:
             base = runs[i - 1]["times"]
             row["paired_speedup"] = statistics.median(f / a for f, a in zip(base, run["times"]))
@@ -235,9 +243,10 @@ def measure(workload: str, threads: int, steps: int, only: tuple = SYSTEMS) -> l
 
 def saved_bytes(prog) -> dict:
     """What a compiled step's program holds from its forward into its backward: all of it
-    (``saved_bytes``), and the part computed from the step's data arguments
-    (``activation_bytes``: what grows with the batch; the rest are copies of parameters,
-    the bf16 weights under autocast)."""
+    (``saved_bytes``), and the part computed from the step's data arguments, or the data
+    itself where the backward reads it (``activation_bytes``: what grows with the batch, as
+    torch's saved tensors count it; the rest are copies of parameters, the bf16 weights
+    under autocast)."""
     from fusegrad.runtime.memory_plan import saved_between
     g = prog.kg.graph
     data = set(g.inputs[g.meta.n_state:g.meta.n_state + 2])        # the step's x and y
@@ -262,7 +271,7 @@ def saved_bytes(prog) -> dict:
             reaches[u] = any(reaches.get(w, False) for w in producer.inputs if hasattr(w, "producer"))
             todo.pop()
         return reaches[v]
-    saved = saved_between(prog.kg, g.outputs[0])
+    saved = saved_between(prog.kg, g.outputs[0], inputs=data)
     return {"saved_bytes": sum(saved.values()),
             "activation_bytes": sum(b for v, b in saved.items() if from_data(v))}
 
@@ -289,15 +298,16 @@ def memory_only(workloads: list[str]) -> None:
                   flush=True)
 
 
-def worker(workload: str, threads: int, steps: int, only: tuple) -> None:
+def worker(workload: str, threads: int, steps: int, only: tuple, cpu_time: bool) -> None:
     pin_threads(threads)
-    print(RESULT_TAG + json.dumps(measure(workload, threads, steps, only)), flush=True)
+    print(RESULT_TAG + json.dumps(measure(workload, threads, steps, only, cpu_time)), flush=True)
 
 
-def run_worker(workload: str, threads: int, steps: int, only: tuple) -> list[dict]:
+def run_worker(workload: str, threads: int, steps: int, only: tuple,
+               cpu_time: bool = False) -> list[dict]:
     path = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
     done = subprocess.run([sys.executable, __file__, "--worker", workload, str(threads), str(steps),
-                           ",".join(only)],
+                           ",".join(only), "cpu" if cpu_time else "wall"],
                           capture_output=True, text=True, timeout=3600,
                           env=dict(os.environ, PYTHONPATH=path))
     sys.stderr.write(done.stderr[-4000:] if done.returncode else "")
@@ -309,8 +319,8 @@ def run_worker(workload: str, threads: int, steps: int, only: tuple) -> list[dic
 
 def print_table(rows: list[dict]) -> None:
     print("| workload | threads | system | precision | median ms | vs float32 | paired | GEMM GFLOP | "
-          "GFLOP/s | saved MiB | activations MiB | loss | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "GFLOP/s | saved MiB | activations MiB | loss | load | clock |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     base = {(r["workload"], r["threads"], r["system"]): r["median_s"] for r in rows
             if r["precision"] == "float32"}
     for r in rows:
@@ -322,12 +332,13 @@ def print_table(rows: list[dict]) -> None:
         print(f"| {r['workload']} | {r['threads']} | {r['system']} | {r['precision']} | "
               f"{r['median_s'] * 1e3:.1f} | {speed:.2f}x | {paired} | {flops / 1e9:.2f} | "
               f"{flops / r['median_s'] / 1e9:.1f} | {saved} | {r['loss']:.4f} | "
-              f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |")
+              f"{r['load'][0]:.1f}-{r['load'][1]:.1f} | {r.get('clock', 'wall')} |")
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
-        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), tuple(sys.argv[5].split(",")))
+        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), tuple(sys.argv[5].split(",")),
+               sys.argv[6] == "cpu")
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps per figure")
@@ -337,6 +348,9 @@ def main() -> None:
                         help="which of torch, eager, compiled to run")
     parser.add_argument("--memory", action="store_true",
                         help="only the compiled steps' saved bytes, no timing")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time steps by the process's CPU time, not the wall clock")
+    parser.add_argument("--steps", type=int, default=None, help="rounds per figure")
     args = parser.parse_args()
     if args.memory:
         memory_only(args.only.split(","))
@@ -346,11 +360,11 @@ def main() -> None:
     threads = tuple(int(t) for t in args.threads.split(","))
     print(machine.describe(threads))
     print()
-    steps = 3 if args.quick else 10
+    steps = args.steps or (3 if args.quick else 10)
     rows = []
     for workload in args.only.split(","):
         for t in threads:
-            rows += run_worker(workload, t, steps, tuple(args.systems.split(",")))
+            rows += run_worker(workload, t, steps, tuple(args.systems.split(",")), args.cpu_time)
     print_table(rows)
 
 

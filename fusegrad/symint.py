@@ -26,13 +26,14 @@ import contextlib
 import threading
 from typing import Iterator, Union
 
-__all__ = ["SymInt", "SymbolicDecisionError", "symbol", "ceil_div", "is_symbolic",
+__all__ = ["SymInt", "SymbolicDecisionError", "SizesOutOfRange", "symbol", "ceil_div", "is_symbolic",
            "evaluate_dim", "evaluate_shape", "free_symbols", "as_size", "size_hint", "stand_in",
            "at_hints",
-           "known_equal",
+           "known_equal", "known_multiple",
            "slice_indices",
            "holds_symbol",
-           "record_assumptions", "strict_decisions", "hashable_sizes", "MIN_SYMBOL_SIZE"]
+           "record_assumptions", "strict_decisions", "hashable_sizes", "because", "Assumption",
+           "MIN_SYMBOL_SIZE"]
 
 # Sizes 0 and 1 are specialized (see the module docstring): a symbol is at least this.
 MIN_SYMBOL_SIZE = 2
@@ -42,6 +43,12 @@ Dim = Union[int, "SymInt"]
 
 class SymbolicDecisionError(TypeError):
     """A shape rule needed a fact about a symbolic size that its assumptions do not give."""
+
+
+class SizesOutOfRange(SymbolicDecisionError):
+    """A program made once for every size cannot run a call's sizes (the 32-bit indices of
+    a CUDA kernel, chosen at the sizes traced at, would overflow): the caller runs a program
+    built for them."""
 
 
 class _Div:
@@ -425,11 +432,33 @@ def _recording_active() -> bool:
     return bool(getattr(_recording, "stack", None))
 
 
+class Assumption(tuple):
+    """A recorded ``(expression, op, value)``, and ``reason``: why the code that compared
+    assumed it, where that code said (:func:`because`), else None."""
+
+    reason: str | None = None
+
+
+@contextlib.contextmanager
+def because(reason: str) -> Iterator[None]:
+    """Comparisons recorded inside the block (:func:`record_assumptions`) carry ``reason``
+    (what the code that compares can take: "the fused attention takes at most 128 keys"),
+    for a refusal of sizes to say why."""
+    previous = getattr(_recording, "reason", None)
+    _recording.reason = reason
+    try:
+        yield
+    finally:
+        _recording.reason = previous
+
+
 def _record(expr: "SymInt", value, op: str) -> None:
     stack = getattr(_recording, "stack", None)
     # Compared by structure: == of two expressions would itself be a comparison to record.
     if stack and not any(op == o and _same(expr, e) and _same(value, v) for e, o, v in stack[-1]):
-        stack[-1].append((expr, op, value))
+        found = Assumption((expr, op, value))
+        found.reason = getattr(_recording, "reason", None)
+        stack[-1].append(found)
 
 
 def _same(a, b) -> bool:
@@ -574,6 +603,15 @@ def known_equal(a, b) -> bool:
         return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and \
             all(known_equal(x, y) for x, y in zip(a, b))
     return _same(a, b)
+
+
+def known_multiple(d: Dim, n: int) -> bool:
+    """Whether size (or stride, offset) ``d`` is a multiple of ``n`` for every binding: a
+    fact, never an assumption (``B*64`` is a multiple of 4, ``B`` is not known to be). For
+    code made once for every size, where a guard would cost a program per size."""
+    if isinstance(d, SymInt):
+        return all(c % n == 0 for _, c in d._terms)
+    return d % n == 0
 
 
 def at_hints(value):

@@ -5,6 +5,7 @@ optional oracle."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -241,6 +242,59 @@ def test_compiled_conv_input_gradient_is_one_col2im_kernel():
     assert len([k for k in kernels if "pad" in k]) == 1, kernels
     np.testing.assert_allclose(f(x).numpy(), fusegrad.grad(
         lambda x: (NF.conv2d(x, w, padding=1) * g).sum())(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _strided_block(lib, x, w1, b1, w2, w3, gamma, beta, g):
+    """A downsampling residual block: a 3x3 stride-2 conv with bias, batch norm (training)
+    and ReLU, a 3x3 conv, and a 1x1 stride-2 shortcut; the loss weights the output by g."""
+    F = lib.nn.functional
+    y = F.conv2d(x, w1, b1, stride=2, padding=1)
+    y = F.batch_norm(y, None, None, gamma, beta, training=True).relu()
+    y = F.conv2d(y, w2, padding=1) + F.conv2d(x, w3, stride=2)
+    return (y.relu() * g).sum()
+
+
+def _strided_block_args(lib, dtype, h=9):
+    rng = np.random.default_rng(3)
+    shapes = [(2, 3, h, h + 1), (4, 3, 3, 3), (4,), (4, 4, 3, 3), (4, 3, 1, 1), (4,), (4,),
+              (2, 4, (h + 1) // 2, (h + 2) // 2)]
+    return [lib.tensor(rng.standard_normal(s).astype(dtype)) for s in shapes]
+
+
+@pytest.mark.parametrize("h", [8, 9])
+def test_compiled_strided_conv_block_matches_eager_and_float64(h):
+    # The compiled backward sums the strided windows' gradients on the phase grid (one
+    # kernel, cropped or padded back to the input): forward and every gradient against eager
+    # float32 and a float64 reference. Each value is a chain of two products of at most
+    # K = 9 * 4 terms (and a batch-norm reduction over N * H * W): float32 rounding bounds
+    # the error by a few eps * K relative to the terms' magnitudes.
+    grad = fusegrad.grad(lambda *a: _strided_block(fusegrad, *a), argnums=tuple(range(7)))
+    args = _strided_block_args(fusegrad, np.float32, h)
+    ref = fusegrad.grad(lambda *a: _strided_block(fusegrad, *a), argnums=tuple(range(7)))(
+        *_strided_block_args(fusegrad, np.float64, h))
+    compiled = fusegrad.compile(grad)(*args)
+    eager = grad(*args)
+    tol = 4 * np.finfo(np.float32).eps * 9 * 4 * 2 * (h + 1) ** 2
+    scale = max(np.abs(r.numpy()).max() for r in ref)
+    for c, e, r in zip(compiled, eager, ref):
+        np.testing.assert_allclose(c.numpy(), r.numpy(), rtol=0, atol=tol * scale)
+        np.testing.assert_allclose(e.numpy(), r.numpy(), rtol=0, atol=tol * scale)
+    kernels = fusegrad.compile(grad).lower(*args).kernels
+    # the stride-2 convolutions' input gradients: one kernel each over the phase grid
+    # (N, C, H / 2, 2, W / 2, 2), the 3x3 one a sum of 9 pads, the 1x1 one a pad
+    grids = [k for k in kernels if re.match(r"k\d+\[elementwise 2x3x\d+x2x\d+x2\]", k)]
+    assert [k.split("](")[1].count("pad") for k in grids] == [1, 9], kernels
+
+
+def test_compiled_strided_conv_block_against_torch():
+    torch = pytest.importorskip("torch")
+    args = _strided_block_args(fusegrad, np.float32)
+    ours = fusegrad.compile(fusegrad.grad(lambda *a: _strided_block(fusegrad, *a),
+                                          argnums=tuple(range(7))))(*args)
+    targs = [torch.tensor(a.numpy(), requires_grad=True) for a in args]
+    _strided_block(torch, *targs).backward()
+    for o, t in zip(ours, targs[:7]):
+        np.testing.assert_allclose(o.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_compiled_lenet_training_step_matches_eager():

@@ -183,8 +183,9 @@ def compile(fn: Callable, *example_args, cpu: str | None = None,  # noqa: A001
     sizes at run time and its memory plan is sized per call, so loading and new sizes
     compile nothing. A call outside the bounds is refused, naming the argument, the dim and
     the Dim. A step whose code would depend on the size beyond that (a decision that is not
-    the same for every size within the bounds, such as the fused attention's kernels per
-    sequence length) is refused here, saying what.
+    the same for every size within the bounds, such as a sequence length past the 128 keys
+    the fused attention's kernels take) is refused here, saying what (and why, where the
+    code that assumed it said).
 
     >>> art = fusegrad.aot.compile(step, x, y)      # doctest: +SKIP
     >>> art.save("step.fgaot"); run = fusegrad.aot.load("step.fgaot"); loss = run(x, y)

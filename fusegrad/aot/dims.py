@@ -127,7 +127,8 @@ def unchecked_assumptions(assumed: list, dims: dict[str, Dim]) -> list[str]:
     """What the trace and compiler assumed of the sizes (``(expression, op, value)``) that
     does not hold for every size within the bounds of ``dims``, in words."""
     bad = []
-    for expr, op, value in assumed:
+    for assumption in assumed:
+        expr, op, value = assumption
         names = sorted(set(expr.free_symbols()) |
                        (set(value.free_symbols()) if isinstance(value, SymInt) else set()))
         ranges = [range(dims[n].min, dims[n].max + 1) for n in names]
@@ -135,14 +136,15 @@ def unchecked_assumptions(assumed: list, dims: dict[str, Dim]) -> list[str]:
         for r in ranges:
             count *= len(r)
         text = f"{expr} {op} {value}"
+        why = f": {assumption.reason}" if getattr(assumption, "reason", None) else ""
         if count > _MAX_CHECKED:
             bad.append(f"{text} (not checked over {', '.join(map(repr, (dims[n] for n in names)))}"
-                       "; narrower bounds let it be)")
+                       f"; narrower bounds let it be{why})")
             continue
         for values in itertools.product(*ranges):
             b = dict(zip(names, values))
             if not COMPARE[op](evaluate_dim(expr, b), evaluate_dim(value, b)):
                 at = ", ".join(f"{n} = {v}" for n, v in b.items())
-                bad.append(f"{text} (false at {at})")
+                bad.append(f"{text} (false at {at}{why})")
                 break
     return bad

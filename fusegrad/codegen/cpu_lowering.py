@@ -58,7 +58,7 @@ from fusegrad.ir.graph import Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
-from fusegrad.symint import SymbolicDecisionError, SymInt, ceil_div, is_symbolic
+from fusegrad.symint import SymbolicDecisionError, SymInt, ceil_div, is_symbolic, known_equal
 
 # The loop plans (fusegrad.codegen.cpu_plans) are importable from here too: the lowering is
 # what their users ask for.
@@ -71,7 +71,7 @@ F64 = dtypes.float64
 # ``Param.value`` of a split reduction's scratch cells (the runtime gives them a buffer).
 SCRATCH = "scratch"
 
-# Elements per block of a blocked float sum (_CPULowering.blocked_sum): a block is summed in
+# Elements per block of a blocked float sum (_CPULowering.blocked_sums): a block is summed in
 # vector registers, block sums in float64. Sums of this many elements or fewer (softmax and
 # layer_norm rows) are one block, with no outer accumulator.
 SUM_BLOCK = 2048
@@ -85,12 +85,16 @@ COLUMN_BLOCK = 64
 # _CPULowering.nest); shorter ones unroll completely.
 ROLL_FROM = 8
 
+# At most this many copies of an elementwise body from cutting its loops where pads and
+# concatenations switch operands (see _CPULowering.segments).
+MAX_BODY_COPIES = 64
+
 def tuning() -> str:
     """The CPU lowering's tunable constants (its loop plans' too) as text: code made under
     other values loops differently (other launch extents too), so the kernel cache keys on
     them."""
     return (f"SUM_BLOCK={SUM_BLOCK} COLUMN_BLOCK={COLUMN_BLOCK} ROLL_FROM={ROLL_FROM} "
-            f"{cpu_plans.tuning()}")
+            f"MAX_BODY_COPIES={MAX_BODY_COPIES} {cpu_plans.tuning()}")
 
 
 def _longer(n, limit: int) -> bool:
@@ -116,6 +120,28 @@ class _Slot:
     def assign(self, value) -> None:
         self.low.stmt(Assign(self.var_, value) if self.var_ is not None else
                       StoreLocal(self.local, self.index, value))
+
+
+def reduction_rounds(kernel: Kernel, reductions: list[Node]) -> list[list[Node]]:
+    """``reductions`` in rounds, in order: a reduction joins the round after the last one
+    of the reductions it reads (through the kernel's other nodes), so that each round's
+    reductions can run in one loop."""
+    internal = set(kernel.nodes)
+    reads: dict[Node, set] = {}
+    for n in kernel.nodes:
+        got: set = set()
+        for v in n.inputs:
+            p = v.producer if isinstance(v, Value) else None
+            if p in internal:
+                got |= reads[p] | ({p} if p in reductions else set())
+        reads[n] = got
+    round_of: dict[Node, int] = {}
+    for r in reductions:
+        round_of[r] = 1 + max((round_of[q] for q in reads[r] if q in round_of), default=-1)
+    rounds: list[list[Node]] = [[] for _ in range(max(round_of.values(), default=-1) + 1)]
+    for r in reductions:
+        rounds[round_of[r]].append(r)
+    return rounds
 
 
 class _CPULowering(KernelValues):
@@ -210,8 +236,8 @@ class _CPULowering(KernelValues):
         with interleaved accesses as wide as the unrolled body, which LLVM 22's SLP vectorizer
         and loop-load elimination take seconds over (a 3x33 float32 sign: 2.4 s; a 3x17
         bfloat16 copy: 5 s). Shorter loops still unroll: across rows is the better
-        vectorization there (softmax over 3 classes). ``segments``: ranges the innermost
-        axis is cut into, one loop (and one copy of the body) each."""
+        vectorization there (softmax over 3 classes). ``segments``: by loop depth, the ranges
+        that loop is cut into, one loop (and one copy of the body) each."""
         depth = len(coords)
         if depth == len(shape):
             body(list(coords))
@@ -219,46 +245,63 @@ class _CPULowering(KernelValues):
         innermost = depth == len(shape) - 1
         if parallel and depth == 0:
             ranges = [self.start_end()]
-        elif innermost and segments:
-            ranges = segments
+        elif segments and depth in segments:
+            ranges = segments[depth]
         else:
             ranges = [(0, shape[depth])]
         for lo, hi in ranges:
             trips = hi - lo if isinstance(hi, int) else None
+            if len(ranges) > 1 and trips == 1 and not innermost:
+                # (a cut of one index: a constant, which picks a concat's operand outright)
+                self.nest(shape, body, parallel, coords + (self.idx(lo),), vectorize_inner,
+                          segments)
+                continue
             unroll = not (vectorize_inner and innermost and trips is not None and (
                 ROLL_FROM <= trips <= 64 or (trips < ROLL_FROM and self._wide_byte_body(shape))))
             with self.loop(lo, hi, f"i{depth}", unroll=unroll) as i:
                 self.nest(shape, body, parallel, coords + (i,), vectorize_inner, segments)
 
-    def segments(self) -> list[tuple[int, int]] | None:
-        """Where the pads and concatenations along the kernel's innermost axis switch
-        operands, as ranges of that axis (None when there are none, or the axis is also
-        the parallel one). In a loop over one range every select of a pad or concat is
-        decided by the loop's bounds, which LLVM sees: the loads become unit-stride and
-        the loop vectorizes (over the whole axis, each clamped load was a gather)."""
+    def segments(self) -> dict[int, list[tuple[int, int]]]:
+        """Where the pads and concatenations along the kernel's innermost axis, and the
+        concatenations along its other axes but the parallel one, switch operands: by axis,
+        the ranges that axis is cut into (none for an axis without such switches). In a loop
+        over one range every select of a pad or concat is decided by the loop's bounds,
+        which LLVM sees: along the innermost axis the loads become unit-stride and the loop
+        vectorizes (over the whole axis, each clamped load was a gather); along an outer
+        axis each copy of the body loads only the operand its range takes (im2col's stack of
+        9 strided slices loaded all 9 per element and selected one)."""
         shape = self.k.shape
         if len(shape) < 2:
-            return None
-        last = shape[-1]
-        cuts = set()
+            return {}
+        cuts: dict[int, set] = {}
+        last = len(shape) - 1
         for n in self.k.nodes:
             out = n.output.type.shape
-            if n.op not in ("pad", "concat") or not out or out[-1] != last:
+            if n.op not in ("pad", "concat") or not out or out[-1] != shape[-1]:
                 continue
             if n.op == "concat":
-                if n.attrs["axis"] % len(out) != len(out) - 1:
+                axis = n.attrs["axis"] % len(out)
+                # (an outer axis is the kernel's when the concat has the kernel's shape)
+                if axis != len(out) - 1 and (len(out) != len(shape) or not all(
+                        known_equal(a, b) for a, b in zip(out, shape))):
                     continue
                 start = 0
                 for x in n.inputs:
-                    start += x.type.shape[-1]
-                    cuts.add(start)
+                    start += x.type.shape[axis]
+                    cuts.setdefault(last if axis == len(out) - 1 else axis, set()).add(start)
             else:
                 lo, _ = n.attrs["widths"][-1]
-                cuts.update((lo, lo + n.inputs[0].type.shape[-1]))
-        points = sorted({0, last} | {c for c in cuts if 0 < c < last})
-        if len(points) <= 2 or len(points) > 17:
-            return None
-        return list(zip(points[:-1], points[1:]))
+                cuts.setdefault(last, set()).update((lo, lo + n.inputs[0].type.shape[-1]))
+        out, copies = {}, 1
+        for axis in sorted(cuts, reverse=True):         # the innermost first: it vectorizes
+            if axis == 0 or is_symbolic(shape[axis]):
+                continue
+            points = sorted({0, shape[axis]} | {c for c in cuts[axis] if 0 < c < shape[axis]})
+            if len(points) <= 2 or len(points) > 17 or copies * (len(points) - 1) > MAX_BODY_COPIES:
+                continue
+            copies *= len(points) - 1
+            out[axis] = list(zip(points[:-1], points[1:]))
+        return out
 
     def _wide_byte_body(self, shape) -> bool:
         """Whether fully unrolling the short trailing loops of ``shape`` would give a body of
@@ -388,9 +431,11 @@ class _CPULowering(KernelValues):
         self.scratch = self.row_scratch(reductions[-1] if reductions else None, full_outs,
                                         red_shape)
 
+        rounds = reduction_rounds(k, reductions)
+
         def per_row(row):
-            for node in reductions:
-                self.reduce_loop(node, row, full_coords)
+            for nodes in rounds:
+                self.reduce_loops(nodes, row, full_coords)
             items = []
             for v in row_outs:
                 coords = full_coords(row, [zero] * len(k.axes))
@@ -410,26 +455,44 @@ class _CPULowering(KernelValues):
 
         self.nest([k.shape[i] for i in kept], per_row, parallel=bool(kept))
 
-    def reduce_loop(self, node: Node, row, full_coords) -> None:
+    def reduce_loops(self, nodes: list[Node], row, full_coords) -> None:
+        """Reductions ``nodes`` (none reading another) of one row in one loop over the
+        reduced axes, each into its own accumulator: a batch norm's backward sums its
+        gradient and the gradient times the normalized input in one pass over them (a
+        loop per sum read both again for each). Each sum keeps its blocks (the vectorizer
+        may split a block into other partial sums beside the others: the last bits can
+        differ from a loop of its own). Float sums of rows longer than SUM_BLOCK, summed
+        in blocks, share a loop only with each other."""
+        red_shape = [self.k.shape[a] for a in self.k.axes]
+        # (A row of symbolic length is summed in blocks: one block while it fits one.)
+        long = _longer(math.prod(red_shape), SUM_BLOCK)
+        blocked = [n for n in nodes if n.op == "sum" and n.output.type.dtype.is_floating_point
+                   and long]
+        plain = [n for n in nodes if n not in blocked]
+        for group in ([blocked] if blocked else []) + ([plain] if plain else []):
+            self.reduce_loop(group, row, full_coords, blocked=group is blocked)
+
+    def reduce_loop(self, nodes: list[Node], row, full_coords, blocked: bool) -> None:
         b = self.b
-        out_dt = node.output.type.dtype
-        identity = lowering.reduction_identity(b, node.op, out_dt)
-        acc = self.declare("acc", lowering.register_dtype(out_dt), identity)
+        identities = [lowering.reduction_identity(b, n.op, n.output.type.dtype) for n in nodes]
+        accs = [self.declare("acc", lowering.register_dtype(n.output.type.dtype), identity)
+                for n, identity in zip(nodes, identities)]
         red_shape = [self.k.shape[a] for a in self.k.axes]
 
         def body(red):
             coords = full_coords(row, red)
-            if self.scratch is not None and self.scratch[0] is node.inputs[0]:
-                self.stmt(StoreLocal(self.scratch[1], self.red_index(red, red_shape),
-                                     self.emit(node.inputs[0], coords)))
-            self.step(node, acc, coords)
-        # (A row of symbolic length is summed in blocks: one block while it fits one.)
-        if node.op == "sum" and out_dt.is_floating_point and _longer(math.prod(red_shape),
-                                                                      SUM_BLOCK):
-            self.acc[node.output] = self.blocked_sum(red_shape, body, acc, identity)
-            return
-        self.nest(red_shape, body, parallel=False)
-        self.acc[node.output] = acc.read()
+            for node, acc in zip(nodes, accs):
+                if self.scratch is not None and self.scratch[0] is node.inputs[0]:
+                    self.stmt(StoreLocal(self.scratch[1], self.red_index(red, red_shape),
+                                         self.emit(node.inputs[0], coords)))
+                self.step(node, acc, coords)
+        if blocked:
+            totals = self.blocked_sums(red_shape, body, accs, identities)
+        else:
+            self.nest(red_shape, body, parallel=False)
+            totals = [acc.read() for acc in accs]
+        for node, total in zip(nodes, totals):
+            self.acc[node.output] = total
 
     def blocks(self, red_shape, size: int, body, begin, end) -> None:
         """Loops over ``red_shape`` in blocks of at most ``size`` elements: ``begin()``,
@@ -494,19 +557,26 @@ class _CPULowering(KernelValues):
         keep = b.binary("or", exact, b.binary("xor", finite, b.const(bool_, 1), bool_), bool_)
         return b.select(keep, s, b.binary("add", s, c, F64), F64)
 
-    def blocked_sum(self, red_shape, body, acc: _Slot, identity):
-        """A float sum over ``red_shape`` in blocks of at most SUM_BLOCK elements: ``body``
-        accumulates a block into ``acc`` (a loop the vectorizer turns into a few dozen
-        partial sums), and block sums are added in float64 (float32 and 16-bit sums) or
-        with Neumaier's compensation (float64 sums). The error is then that of a block
+    def blocked_sums(self, red_shape, body, accs: list[_Slot], identities) -> list:
+        """Float sums over ``red_shape`` in blocks of at most SUM_BLOCK elements: ``body``
+        accumulates a block into each of ``accs`` (a loop the vectorizer turns into a few
+        dozen partial sums), and block sums are added in float64 (float32 and 16-bit sums)
+        or with Neumaier's compensation (float64 sums). The error is then that of a block
         plus one rounding, not that of n / lanes sequential additions (0.3% on 2**27
         elements); numpy sums pairwise and torch in cascades for the same reason."""
-        total = self.declare("total", F64, self.b.const(F64, 0.0))
-        comp = self.declare("comp", F64, self.b.const(F64, 0.0))
-        dt = acc.var_.dtype
-        self.blocks(red_shape, SUM_BLOCK, body, lambda: acc.assign(identity),
-                    lambda: self.add_to_total(acc.read(), dt, total, comp))
-        return self.total_value(total, comp, dt)
+        sums = [(acc, identity, self.declare("total", F64, self.b.const(F64, 0.0)),
+                 self.declare("comp", F64, self.b.const(F64, 0.0)))
+                for acc, identity in zip(accs, identities)]
+
+        def begin():
+            for acc, identity, _, _ in sums:
+                acc.assign(identity)
+
+        def end():
+            for acc, _, total, comp in sums:
+                self.add_to_total(acc.read(), acc.var_.dtype, total, comp)
+        self.blocks(red_shape, SUM_BLOCK, body, begin, end)
+        return [self.total_value(total, comp, acc.var_.dtype) for acc, _, total, comp in sums]
 
     def row_scratch(self, node: Node | None, full_outs: list, red_shape) -> tuple | None:
         """(value, local row) when ``node``'s input is computed in this kernel, read again
@@ -643,7 +713,7 @@ class _CPULowering(KernelValues):
             self.lead_loop(plan, lo, hi, body)
             self.store_cell(out, acc_dt, acc.read())
             return
-        # Blocks of at most SUM_BLOCK elements, as blocked_sum: whole inner rows of a
+        # Blocks of at most SUM_BLOCK elements, as blocked_sums: whole inner rows of a
         # leading index when they are that long, else groups of leading indices.
         total = self.declare("total", F64, b.const(F64, 0.0))
         comp = self.declare("comp", F64, b.const(F64, 0.0))

@@ -72,8 +72,20 @@ from fusegrad.ir.graph import Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, identity_view
 from fusegrad.ops import lowering
 from fusegrad.ops.lowering import Unsupported
+from fusegrad.symint import (
+    SymbolicDecisionError,
+    SymInt,
+    at_hints,
+    ceil_div,
+    evaluate_dim,
+    is_symbolic,
+    known_equal,
+    known_multiple,
+    size_hint,
+)
 
-__all__ = ["lower_kernel", "kernel_family", "BLOCK", "WARP", "TILE", "MAX_GRID", "EXTERN_FAMILIES"]
+__all__ = ["lower_kernel", "kernel_family", "launch_grid", "indices_fit", "BLOCK", "WARP", "TILE",
+           "MAX_GRID", "EXTERN_FAMILIES", "INDEX32_LIMIT"]
 
 BLOCK = 256          # threads per block
 VEC = 4              # elements a thread loads and stores at once in elementwise kernels
@@ -84,6 +96,7 @@ TRANSPOSE_TILE = 32  # tiles of 32x32 elements (in shared memory 32x33) for tran
 TILE = 16            # matmul output tile (TILE x TILE threads)
 MAX_GRID = 8192      # blocks at most: the loops stride over the rest
 GRID_REDUCE_MIN = 1 << 15   # a full reduction of at least this many elements spans blocks
+INDEX32_LIMIT = 1 << 31     # indices are 32-bit where every buffer and loop is shorter
 PARTIALS = 1024      # blocks of a grid_reduce at most (about 8 per SM of an H100)
 
 
@@ -107,7 +120,9 @@ def kernel_family(kernel: Kernel) -> str:
     if kernel.kind == "matmul":
         return "matmul"
     if kernel.kind == "reduction":
-        if len(kernel.axes) == len(kernel.shape) and math.prod(kernel.shape) >= GRID_REDUCE_MIN \
+        # (symbolic sizes: chosen at the sizes traced at; either family is right at any)
+        if len(kernel.axes) == len(kernel.shape) and \
+                math.prod(at_hints(kernel.shape)) >= GRID_REDUCE_MIN \
                 and len(reductions(kernel)) == 1 and \
                 not any(kernel.level.get(v) == "full" for v in kernel.outputs):
             return "grid_reduce"
@@ -128,6 +143,9 @@ def _name(kernel: Kernel, family: str) -> str:
 
 
 class _Lowering(KernelValues):
+    # The sizes buffer holds 64-bit integers; a kernel of 32-bit indices narrows them.
+    sizes_dtype = dtypes.int64
+
     def __init__(self, kernel: Kernel, kg: KernelGraph):
         super().__init__(kernel, kg)
         # 16-bit floats convert in one instruction each (cvt), not through integer code.
@@ -135,6 +153,8 @@ class _Lowering(KernelValues):
         self.shared: list[Shared] = []
         self.lane = None       # (lane, lane 0's coordinates, vectorized params): vector_loop
         self.staged: dict = {}  # Value -> its element read back from a transpose tile
+        # Blocks a launch takes at most (a symbolic grid is min(this, the blocks needed)).
+        self.grid_cap = MAX_GRID
 
     def loop(self, name: str, start, stop, step, body_fn) -> Loop | If:
         v = self.var(name, INDEX)
@@ -166,15 +186,17 @@ class _Lowering(KernelValues):
         tiles and moves no element otherwise; reading them directly would make every warp
         touch 32 cache lines."""
         shape = self.k.shape
-        if len(shape) < 2 or shape[-1] < TRANSPOSE_TILE // 2 or shape[-2] < TRANSPOSE_TILE // 2 \
-                or math.prod(shape) < VEC_MIN or \
+        hint = at_hints(shape)           # (a choice of speed: at the sizes traced at)
+        if len(shape) < 2 or hint[-1] < TRANSPOSE_TILE // 2 or hint[-2] < TRANSPOSE_TILE // 2 \
+                or math.prod(hint) < VEC_MIN or \
                 any(nd.op in MOVES_ELEMENTS for nd in self.k.nodes):
             return []
         out: list[Value] = []
         for v in [v for nd in self.k.nodes for v in nd.inputs] + list(self.k.inputs):
             view = self.kg.views.get(v)
-            if view is not None and v.type.shape == shape and view.strides[-2] == 1 and \
-                    view.strides[-1] != 1 and v not in out:
+            if view is not None and known_equal(v.type.shape, shape) and \
+                    known_equal(view.strides[-2], 1) and not known_equal(view.strides[-1], 1) \
+                    and v not in out:
                 out.append(v)
         return out
 
@@ -187,7 +209,7 @@ class _Lowering(KernelValues):
         shape = k.shape
         rows, cols = shape[-2], shape[-1]
         t = TRANSPOSE_TILE
-        tiles_r, tiles_c = -(-rows // t), -(-cols // t)
+        tiles_r, tiles_c = ceil_div(rows, t), ceil_div(cols, t)
         batch = shape[:-2]
         blocks = math.prod(batch) * tiles_r * tiles_c
         tid = b.special("threadIdx")
@@ -245,14 +267,14 @@ class _Lowering(KernelValues):
         scalar = self.loop("i", self.thread_id(), self.idx(n), self.grid_stride(), body)
         vector = self.vector_loop(outs)
         if vector is None:
-            return [scalar], -(-n // BLOCK)
+            return [scalar], ceil_div(n, BLOCK)
         loop, params = vector
         aligned = None
         for p in params:
             ok = self.b.aligned(p, VEC * p.dtype.itemsize)
             aligned = ok if aligned is None else self.b.binary("and", aligned, ok, dtypes.bool_)
         misaligned = self.b.binary("xor", aligned, self.b.const(dtypes.bool_, 1), dtypes.bool_)
-        return [If(aligned, [loop]), If(misaligned, [scalar])], -(-n // (VEC * BLOCK))
+        return [If(aligned, [loop]), If(misaligned, [scalar])], ceil_div(n, VEC * BLOCK)
 
     def vector_loop(self, outs) -> tuple[Loop, list[Param]] | None:
         """The elementwise loop with ``VEC`` consecutive elements a thread per step, when
@@ -265,7 +287,7 @@ class _Lowering(KernelValues):
         caller runs it only where all of them are aligned)."""
         shape = self.k.shape
         n = math.prod(shape)
-        if not shape or shape[-1] % VEC or n < VEC_MIN or any(
+        if not shape or not known_multiple(shape[-1], VEC) or at_hints(n) < VEC_MIN or any(
                 nd.op in MOVES_ELEMENTS for nd in self.k.nodes):
             return None
         b = self.b
@@ -296,9 +318,11 @@ class _Lowering(KernelValues):
         lane = self.lane
         view = self.view(v)
         shape = self.k.shape
-        if lane is None or not coords or v.type.shape[-1] != shape[-1] or shape[-1] == 1 or \
-                view.strides[-1] != 1 or view.offset % VEC or \
-                any(s % VEC for s in view.strides[:-1]) or \
+        # (Symbolic sizes: a vector where it holds at every size, else scalar loads.)
+        if lane is None or not coords or not known_equal(v.type.shape[-1], shape[-1]) or \
+                known_equal(shape[-1], 1) or not known_equal(view.strides[-1], 1) or \
+                not known_multiple(view.offset, VEC) or \
+                not all(known_multiple(s, VEC) for s in view.strides[:-1]) or \
                 not _vectors(lowering.memory_dtype(v.type.dtype)):
             return super().load(v, coords)
         # Lane k reads the element k after lane 0's: the group is one vector.
@@ -395,7 +419,7 @@ class _Lowering(KernelValues):
             self.reduce_step(node, accs[0], indexing.unravel(b, j, shape, bounded=True), out)
         scalar_loop = self.loop("j", self.thread_id(), self.idx(n), self.grid_stride(), scalar)
         vectorized: dict[int, Param] = {}
-        if shape[-1] % VEC == 0:
+        if known_multiple(shape[-1], VEC):
             def vector(i, out):
                 coords0 = indexing.unravel(b, b.mul(i, self.idx(VEC)), shape, bounded=True)
                 for lane in range(VEC):
@@ -451,7 +475,10 @@ class _Lowering(KernelValues):
         self.row_outputs(self.idx(0), stores)
         final.body.append(If(is_thread0, stores))
         body.append(final)
-        blocks_needed = -(-n // (BLOCK * VEC * 4))
+        blocks_needed = ceil_div(n, BLOCK * VEC * 4)
+        if isinstance(blocks_needed, SymInt):
+            self.grid_cap = PARTIALS        # (``partials`` holds this many)
+            return body, blocks_needed
         return body, min(blocks_needed, PARTIALS)
 
     def row_reduce(self) -> tuple[list, int]:
@@ -465,8 +492,9 @@ class _Lowering(KernelValues):
         # The last reduction's operand, when the stores read it again (softmax's exp(x -
         # max)), kept in shared memory: each thread reads back the elements it wrote, so the
         # stores compute nothing the reduction did (the CPU kernel keeps such a row too).
+        # (shared memory is sized when compiled: a row of symbolic length is not kept)
         kept = self.reused_operand(nodes[-1] if nodes else None, full) \
-            if rowlen <= MAX_KEPT_ROW else None
+            if not is_symbolic(rowlen) and rowlen <= MAX_KEPT_ROW else None
         row_buf = None
         if kept is not None:
             row_buf = Shared(self.fresh("row"), lowering.register_dtype(kept.type.dtype),
@@ -519,7 +547,7 @@ class _Lowering(KernelValues):
         ncols = math.prod(d for i, d in enumerate(k.shape) if i not in k.axes)
         rowlen = math.prod(k.shape[a] for a in k.axes)
         rows = BLOCK // WARP
-        tiles = -(-ncols // WARP)
+        tiles = ceil_div(ncols, WARP)
         tid = b.special("threadIdx")
         tx, ty = b.rem(tid, self.idx(WARP)), b.div(tid, self.idx(WARP))
         first_row = b.cmp("eq", ty, self.idx(0), INDEX)
@@ -580,7 +608,7 @@ class _Lowering(KernelValues):
         out_shape = mm.output.type.shape
         batch, (m, n) = out_shape[:-2], out_shape[-2:]
         kk = a_val.type.shape[-1]
-        tiles_m, tiles_n = -(-m // TILE), -(-n // TILE)
+        tiles_m, tiles_n = ceil_div(m, TILE), ceil_div(n, TILE)
         blocks = math.prod(batch) * tiles_m * tiles_n
         tid = b.special("threadIdx")
         ty, tx = b.div(tid, self.idx(TILE)), b.rem(tid, self.idx(TILE))
@@ -749,7 +777,7 @@ class _Lowering(KernelValues):
             body.append(self.loop("c", self.idx(0), self.idx(E), self.idx(1), column))
         rows = math.prod(batch) * L
         return [self.loop("row", self.thread_id(), self.idx(rows), self.grid_stride(), row)], \
-            -(-rows // BLOCK)
+            ceil_div(rows, BLOCK)
 
     def attention_backward(self) -> tuple[list, int]:
         """``fused_attention_backward``, a thread per row r of the head: dq's row r, then
@@ -813,7 +841,7 @@ class _Lowering(KernelValues):
             body.append(self.loop("i", self.idx(0), self.idx(L), self.idx(1), key_grads))
         rows = math.prod(batch) * L
         return [self.loop("row", self.thread_id(), self.idx(rows), self.grid_stride(), row)], \
-            -(-rows // BLOCK)
+            ceil_div(rows, BLOCK)
 
     def index_add(self) -> tuple[list, int]:
         """``index_add``, a thread per output element: the input's element, then each
@@ -852,7 +880,7 @@ class _Lowering(KernelValues):
             body.append(Store(self.param(out), self._at(out, coords),
                               lowering.to_memory(b, b.read(acc), dt)))
         return [self.loop("i", self.thread_id(), self.idx(n), self.grid_stride(), element)], \
-            -(-n // BLOCK)
+            ceil_div(n, BLOCK)
 
 
 def _shared_used(body: list) -> set[int]:
@@ -923,10 +951,32 @@ def lower_kernel(kernel: Kernel, kg: KernelGraph) -> LoweredKernel:
     else:
         block = BLOCK
     body, blocks = getattr(low, family)()
-    grid = max(1, min(blocks, MAX_GRID))    # a launch of no block is an error on a GPU
-    params = list(low.params.values())
     sizes = [v.type.numel for v in low.params] + [math.prod(kernel.shape), blocks * block]
-    bits = 32 if max(sizes) < 1 << 31 else 64
+    # Symbolic sizes are read at run time (the prologue reads them from the sizes buffer;
+    # a kernel of static sizes has none).
+    body = low.prologue() + body
+    limits: tuple = ()
+    if any(is_symbolic(n) for n in sizes):
+        # 32-bit indices where the sizes traced at fit, as torch's guard on 32-bit indexing:
+        # a call whose sizes do not (indices_fit) runs a program built for them. The extern
+        # families' per-thread loops keep 64-bit ones: each holds many addresses live, and
+        # the backward attention's over a symbolic length spills at 32 bits on sm_80 (the
+        # 64 registers of its launch bounds), not at 64.
+        try:
+            fits = family not in EXTERN_FAMILIES.values() and \
+                max(size_hint(n) for n in sizes) < INDEX32_LIMIT
+        except SymbolicDecisionError:            # no hints (a graph read from text)
+            fits = False
+        bits = 32 if fits else 64
+        limits = tuple(n for n in sizes if is_symbolic(n)) if fits else ()
+    else:
+        bits = 32 if max(sizes) < INDEX32_LIMIT else 64
+    if isinstance(blocks, SymInt):
+        grid = low.grid_cap          # evaluated per launch: see launch_grid
+    else:
+        grid = max(1, min(blocks, MAX_GRID))    # a launch of no block is an error on a GPU
+        blocks = None
+    params = list(low.params.values())
     # A loop over an empty axis is gone with the shared arrays only it used (nvcc warns of
     # an unused __shared__ array).
     while True:
@@ -939,7 +989,22 @@ def lower_kernel(kernel: Kernel, kg: KernelGraph) -> LoweredKernel:
     used = _shared_used(body)
     shared = [s for s in low.shared if id(s) in used]
     lowered = LoweredKernel(_name(kernel, family), params, shared, body, block, grid, family,
-                            bits)
+                            bits, blocks=blocks, index_limits=limits)
     if config.cuda_collect:
         collect.record(lowered, config.cuda_collect)
     return lowered
+
+
+def launch_grid(lk: LoweredKernel, bindings: dict | None) -> int:
+    """The blocks a launch of ``lk`` takes: its ``grid``, or for a kernel of symbolic sizes
+    the blocks its work needs under ``bindings`` (symbol -> size), at most ``grid`` and at
+    least 1 (a launch of no block is an error on a GPU)."""
+    if lk.blocks is None:
+        return lk.grid
+    return max(1, min(evaluate_dim(lk.blocks, bindings), lk.grid))
+
+
+def indices_fit(lk: LoweredKernel, bindings: dict) -> bool:
+    """Whether ``lk``'s 32-bit indices hold at the sizes ``bindings`` (a kernel of symbolic
+    sizes lowered with them: its buffers and loops stay under ``INDEX32_LIMIT``)."""
+    return all(evaluate_dim(n, bindings) < INDEX32_LIMIT for n in lk.index_limits)

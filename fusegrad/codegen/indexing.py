@@ -123,9 +123,16 @@ def concat_value(b, node: Node, coords: Sequence, emit: Callable):
     if len(parts) > 16:
         raise lowering.Unsupported("concat of more than 16 operands (every element would "
                                    "load all)")
+    c = coords[axis]
+    if c.op == "const":
+        # A constant index (a loop cut per operand, of one iteration): that operand alone.
+        for x, start, size in parts:
+            if start <= c.arg < start + size:
+                at = b.const(INDEX, c.arg - start)
+                return emit(x, list(coords[:axis]) + [at] + list(coords[axis + 1:]))
     out = None
     for x, start, size in reversed(parts):
-        i, inside = shifted(b, coords[axis], start, size)
+        i, inside = shifted(b, c, start, size)
         value = emit(x, list(coords[:axis]) + [i] + list(coords[axis + 1:]))
         out = value if out is None else b.select(inside, value, out,
                                                  lowering.register_dtype(dt))

@@ -256,6 +256,13 @@ class LoweredKernel:
     c_abi: bool = False
     scalars: list[Var] = field(default_factory=list)
     result: Var | None = None
+    # A kernel of symbolic sizes (its body reads them first, from the sizes buffer): the
+    # blocks its work needs, an expression of the sizes; a launch then takes that many, at
+    # most ``grid`` (see gpu_lowering.launch_grid). None when the grid is fixed.
+    blocks: Any = None
+    # A kernel of symbolic sizes with 32-bit indices: the sizes (expressions) that must stay
+    # under 2**31 at a call for them to hold (see gpu_lowering.indices_fit).
+    index_limits: tuple = ()
 
     def __str__(self) -> str:
         return format_kernel(self)
@@ -287,7 +294,8 @@ class ExprBuilder:
 
     def const(self, dt: DType, value) -> Expr:
         if self.sizes is not None and isinstance(value, SymInt):
-            return self.sizes(value)
+            size = self.sizes(value)
+            return size if dt is INDEX else self.cast(size, INDEX, dt)
         if dt.is_floating_point:
             value = float(value)
         else:

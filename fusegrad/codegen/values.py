@@ -51,6 +51,10 @@ def reductions(kernel: Kernel) -> list[Node]:
 class KernelValues:
     """Expression building for one kernel: its buffer parameters, variables, and values."""
 
+    # The element type the sizes buffer is read as: the index type (64-bit on the CPU); a
+    # lowering whose indices may be 32-bit reads the buffer's 64-bit integers and narrows.
+    sizes_dtype = INDEX
+
     def __init__(self, kernel: Kernel, kg: KernelGraph):
         self.k, self.kg = kernel, kg
         self.b = ExprBuilder()
@@ -127,8 +131,11 @@ class KernelValues:
         order = program_symbols(self.kg.graph)
         param = self.params.get(SYMBOLS)
         if param is None:
-            param = self.params[SYMBOLS] = Param(f"p{len(self.params)}", INDEX, SYMBOLS)
-        return [Declare(var, self.b.load(param, self.b.const(INDEX, order.index(name))))
+            param = self.params[SYMBOLS] = Param(f"p{len(self.params)}", self.sizes_dtype,
+                                                 SYMBOLS)
+        b = self.b
+        return [Declare(var, b.cast(b.load(param, b.const(INDEX, order.index(name))),
+                                    self.sizes_dtype, INDEX))
                 for name, var in self.symbols.items()]
 
     def view(self, v: Value) -> View:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from fusegrad import dtypes
 from fusegrad.grad_mode import is_grad_enabled as _grad_enabled
 from fusegrad.ops import functional as F
 from fusegrad.ops.autocast import wrap_namespace
@@ -72,7 +73,31 @@ def _gelu_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
     return (F.mul(g, d),)
 
 
-_gelu = composite("GeluBackward0", kernel=True)(opmath(_gelu_values))
+_gelu_wide = opmath(_gelu_values)
+
+
+# A 16-bit GELU's gradient reads its 16-bit input, as torch's GeluBackward saves it, and
+# recomputes the erf (or tanh) in the backward (float32 arithmetic, rounded once): a backward
+# holds 2 bytes an element where the float32 factor the forward could compute beside its
+# output (as the float32 GELU's kernel does, sharing its erf) would hold 4.
+@custom_vjp("gelu_16bit", recompute=True)
+def _gelu_16bit(x: Tensor, approximate: str) -> Tensor:
+    return _gelu_wide(x, approximate)
+
+
+@_gelu_16bit.defvjp
+def _gelu_16bit_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    (x,) = operands
+    wide = F.cast(x, dtypes.float32)
+    return (F.cast(_gelu_vjp(F.cast(g, dtypes.float32), out, (wide,), params)[0], x.dtype),)
+
+
+def _gelu_values_any(x: Tensor, approximate: str) -> Tensor:
+    narrow = x.dtype in (dtypes.bfloat16, dtypes.float16)
+    return (_gelu_16bit if narrow else _gelu_wide)(x, approximate)
+
+
+_gelu = composite("GeluBackward0", kernel=True)(_gelu_values_any)
 
 
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:  # noqa: A002

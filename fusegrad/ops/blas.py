@@ -14,8 +14,9 @@ from fusegrad.ops.composite import _named
 from fusegrad.ops.creation import eye
 from fusegrad.ops.decompositions import inv
 from fusegrad.ops.elementwise import add, clamp, div, mul, ne, sqrt, sub, where
-from fusegrad.ops.matmul import bmm, dot, matmul, mm, mv, outer
+from fusegrad.ops.matmul import _check_mm, bmm, dot, float32_sums, matmul, mm, mv, outer
 from fusegrad.ops.movement import broadcast_to, cat, narrow, reshape, transpose, unsqueeze
+from fusegrad.ops.operands import cast
 from fusegrad.ops.prims import normalize_axis
 from fusegrad.ops.reductions import mean, norm, sum
 from fusegrad.ops.registry import public
@@ -64,6 +65,12 @@ def addmm(x: Tensor, mat1: Tensor, mat2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """``beta * x + alpha * (mat1 @ mat2)``."""
     _check_input_dtype("addmm", x, mat2)
     beta, alpha = _integer_scalars("addmm", x.dtype, beta, alpha)
+    if x.dtype in (dtypes.bfloat16, dtypes.float16) and mat1.dtype is x.dtype and \
+            mat1.ndim == 2 == mat2.ndim:
+        # torch's 16-bit addmm: the input added to the float32 sums, rounded once.
+        _check_mm(mat1, mat2)
+        wide = _scaled_sum(cast(x, dtypes.float32), float32_sums(mat1, mat2), beta, alpha)
+        return _named(cast(wide, x.dtype), "AddmmBackward0")
     return _named(_scaled_sum(x, mm(mat1, mat2), beta, alpha), "AddmmBackward0")
 
 

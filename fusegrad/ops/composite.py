@@ -244,9 +244,10 @@ class CustomVJP:
     """
 
     def __init__(self, name: str, fn: Callable | None = None, *, reads_output: bool = False,
-                 reads_operands: bool = True):
+                 reads_operands: bool = True, recompute: bool | tuple = False):
         self.name, self.fn, self.bwd = name, fn, None
         self.reads_output, self.reads_operands = reads_output, reads_operands
+        self.recompute = recompute
         if fn is not None:
             functools.update_wrapper(self, fn)
 
@@ -255,7 +256,7 @@ class CustomVJP:
         if self.bwd is not None or self.name in prims.CUSTOM_VJPS:
             raise ValueError(f"custom_vjp: the rule {self.name!r} is defined twice")
         self.bwd = bwd
-        prims.register_vjp(self.name, self.reads_output, self.reads_operands)(bwd)
+        prims.register_vjp(self.name, self.reads_output, self.reads_operands, self.recompute)(bwd)
         return bwd
 
     def __call__(self, *args):
@@ -280,9 +281,11 @@ class CustomVJP:
         return _made_by(out, CustomVJPNode(out, operands, self, tuple(params)))
 
 
-def custom_vjp(name: str, *, reads_output: bool = False, reads_operands: bool = True):
+def custom_vjp(name: str, *, reads_output: bool = False, reads_operands: bool = True,
+               recompute: bool | tuple = False):
     """Decorator: ``fn`` as a :class:`CustomVJP` whose rule ``name`` is given by its
     ``defvjp``."""
     def decorate(fn: Callable) -> CustomVJP:
-        return CustomVJP(name, fn, reads_output=reads_output, reads_operands=reads_operands)
+        return CustomVJP(name, fn, reads_output=reads_output, reads_operands=reads_operands,
+                         recompute=recompute)
     return decorate

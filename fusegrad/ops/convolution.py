@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 
+from fusegrad import dtypes
 from fusegrad.ops.composite import composite
 from fusegrad.ops.elementwise import add
-from fusegrad.ops.matmul import matmul
+from fusegrad.ops.matmul import float32_sums, matmul
 from fusegrad.ops.movement import pad_axes, reshape_prim, transpose
+from fusegrad.ops.operands import cast
 from fusegrad.ops.registry import public
 from fusegrad.ops.windows import crop_or_pad, ntuple, out_size, overlap_add, windows
 from fusegrad.tensor import Tensor
@@ -99,6 +101,11 @@ def _conv(x: Tensor, weight: Tensor, bias, stride, pads, dilation, groups) -> Te
     cols = reshape_prim(cols, (n, groups, c // groups * math.prod(kernel), math.prod(out)))
     o = weight.shape[0]
     w = reshape_prim(weight, (groups, o // groups, c // groups * math.prod(kernel)))
+    if bias is not None and x.dtype in (dtypes.bfloat16, dtypes.float16):
+        # torch's 16-bit convolution adds the bias to the float32 sums and rounds once.
+        row = cast(reshape_prim(bias, (groups, o // groups, 1)), dtypes.float32)
+        y = add(float32_sums(w, cols, activation=1), row)
+        return reshape_prim(cast(y, x.dtype), (n, o) + out)
     y = matmul(w, cols)                                        # (N, groups, O/groups, L)
     if bias is not None:
         y = add(y, reshape_prim(bias, (groups, o // groups, 1)))

@@ -11,6 +11,7 @@ from fusegrad.ops import prims as P
 from fusegrad.ops.autocast import wrap_namespace
 from fusegrad.ops.composite import composite
 from fusegrad.ops.creation import arange
+from fusegrad.ops.matmul import float32_sums
 from fusegrad.ops.products import _write_out
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
@@ -121,6 +122,10 @@ def bilinear(input1: Tensor, input2: Tensor, weight: Tensor,
 
 
 def _linear_2d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    if bias is not None and x.dtype in (dtypes.bfloat16, dtypes.float16):
+        # torch's 16-bit addmm adds the bias to the float32 sums and rounds once.
+        sums = float32_sums(x, weight, b_transposed=True)
+        return F.cast(F.add(sums, F.cast(bias, dtypes.float32)), x.dtype)
     out = F.matmul(x, F.t(weight))
     return out if bias is None else F.add(out, bias)
 

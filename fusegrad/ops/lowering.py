@@ -49,6 +49,7 @@ import numpy as np
 from fusegrad import dtypes
 from fusegrad.dtypes import DType
 from fusegrad.ops.prims import float_to_int_wide
+from fusegrad.symint import SymInt
 
 __all__ = ["ScalarBuilder", "Lowering", "LOWERINGS", "Unsupported", "MATH_FUNCTIONS",
            "MATH_TABLE", "MathFunction", "COMMUTATIVE", "REDUCE_OPS", "EXACT_ON_HALF",
@@ -153,6 +154,11 @@ def constant(b: ScalarBuilder, dt: DType, value):
     (full(0.1, float16) is float16(0.1)), a bool 0 or 1."""
     if dt is dtypes.bool_:
         return b.const(dt, int(bool(value)))
+    if isinstance(value, SymInt):
+        # A size (a mean's count): read at run time where the kernel reads its sizes.
+        if dt in HALF_TYPES:
+            return convert(b, b.const(dtypes.float32, value), dtypes.float32, dt)
+        return b.const(dt, value)
     if dt in HALF_TYPES:
         return b.const(dtypes.float32, float(np.asarray(value, dtype=dt.np_dtype)
                                              .astype(np.float32)))

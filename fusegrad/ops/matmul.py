@@ -8,17 +8,63 @@ import math
 from fusegrad import dtypes
 from fusegrad.ops import prims as P
 from fusegrad.ops import reductions
-from fusegrad.ops.composite import _named, composite
+from fusegrad.ops.composite import CustomVJP, _named, composite
 from fusegrad.ops.elementwise import mul
 from fusegrad.ops.movement import diagonal, permute, reshape, reshape_prim, unsqueeze
-from fusegrad.ops.operands import _at_user_line
+from fusegrad.ops.operands import _at_user_line, cast
 from fusegrad.ops.primitive import bind
+from fusegrad.ops.prims_reduce import gemm_enabled
 from fusegrad.ops.registry import public
 from fusegrad.tensor import Tensor
 
 
 def matmul_nd(a: Tensor, b: Tensor) -> Tensor:
     return bind(P.matmul, a, b)
+
+
+# The float32 sums of a product of 16-bit operands, before any rounding: what torch's
+# bf16/f16 addmm and convolution add their bias to, rounding once (``round(a @ b + bias)``,
+# where a product rounded first and the bias added to it would round twice). The value widens
+# the operands (exactly) for a float32 product; the gradient is the 16-bit products': the
+# cotangent of the sums rounded to the operands' dtype, times the other operand, summed in
+# float32 and rounded once. It too is a float32 product of widened operands, so that fusion
+# puts the roundings and widenings into the kernels around it (a weight's gradient is rounded
+# and widened back for the optimizer in the product's epilogue) rather than in passes of
+# their own. It reads the activation operand through a remat barrier (``recompute``), so a
+# backward holds its 16-bit value, not the forward's float32 copy; the weight's float32
+# widening is the forward's, kept (torch's autocast keeps a weight's cast for the step too).
+def _widened_product_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    a, b = operands
+    (b_transposed,) = params
+    if gemm_enabled():
+        # The generated GEMM multiplies 16-bit operands as they are (vdpbf16ps at twice the
+        # float32 rate where the CPU has it): the 16-bit products, each rounded once.
+        g, b16 = cast(g, a.dtype), b.mT if b_transposed else b
+        ga, gb = (P.matmul.cotangent(i, g, None, (a, b16), {}) for i in (0, 1))
+        return ga, gb.mT if b_transposed else gb
+    f32 = dtypes.float32
+    g, wa, wb = cast(cast(g, a.dtype), f32), cast(a, f32), cast(b, f32)
+    wide = (wa, wb.mT if b_transposed else wb)
+    ga, gb = (cast(P.matmul.cotangent(i, g, None, wide, {}), a.dtype) for i in (0, 1))
+    return ga, gb.mT if b_transposed else gb
+
+
+_WIDENED_PRODUCTS = {i: CustomVJP(f"widened_product_{i}", reads_output=False, recompute=(i,))
+                     for i in (0, 1)}
+for _rule in _WIDENED_PRODUCTS.values():
+    _rule.defvjp(_widened_product_vjp)
+
+
+def float32_sums(a: Tensor, b: Tensor, activation: int = 0, b_transposed: bool = False) -> Tensor:
+    """``a @ b`` (``a @ b.mT`` when ``b_transposed``) of two float16 or bfloat16 operands
+    (batched as ``matmul``), in float32: the sums before the one rounding that a product
+    with a bias added rounds them by. ``activation``: which operand (0 or 1) a backward
+    reads in 16 bits (the other, a weight, it reads widened, as the forward widened it).
+    ``b_transposed`` widens ``b`` in its own layout (a linear's weight: the product reads
+    the transpose as a view; a widening of the transposed view would read it across)."""
+    wb = cast(b, dtypes.float32)
+    wide = matmul_nd(cast(a, dtypes.float32), wb.mT if b_transposed else wb)
+    return _WIDENED_PRODUCTS[activation].mark(wide, (a, b), (b_transposed,))
 
 
 @public(torch=True, method=True)

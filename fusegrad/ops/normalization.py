@@ -23,7 +23,7 @@ from typing import Sequence
 from fusegrad import dtypes
 from fusegrad.grad_mode import no_grad
 from fusegrad.ops.autocast import wrap_namespace
-from fusegrad.ops.composite import composite, opmath
+from fusegrad.ops.composite import CustomVJP, composite, opmath
 from fusegrad.ops.elementwise import add, div, mul, rsqrt, sub
 from fusegrad.ops.inplace import copy_
 from fusegrad.ops.movement import reshape, reshape_prim
@@ -225,22 +225,73 @@ def rms_norm(input: Tensor, normalized_shape: Sequence[int] | int,  # noqa: A002
     return _rms_norm(input, axes, weight, eps)
 
 
-@composite("NativeLayerNormBackward0", kernel=True)
-@opmath
-def _layer_norm(x: Tensor, axes: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
-                eps: float) -> Tensor:
+def _row_size(x: Tensor, axes: tuple[int, ...]):
     n = 1
     for a in axes:
         n *= x.shape[a]
-    mean_ = div(sum(x, axes, keepdim=True), n)
-    centered = sub(x, mean_)
+    return n
+
+
+def _centered_and_rstd(x: Tensor, axes: tuple[int, ...], eps: float) -> tuple[Tensor, Tensor]:
+    """``x - mean`` and ``1 / sqrt(var + eps)`` over ``axes`` (the biased variance)."""
+    n = _row_size(x, axes)
+    centered = sub(x, div(sum(x, axes, keepdim=True), n))
     var = div(sum(mul(centered, centered), axes, keepdim=True), n)
-    out = mul(centered, rsqrt(add(var, eps)))
+    return centered, rsqrt(add(var, eps))
+
+
+@opmath
+def _layer_norm_values(x: Tensor, axes: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
+                       eps: float) -> Tensor:
+    centered, rstd = _centered_and_rstd(x, axes, eps)
+    out = mul(centered, rstd)
     if weight is not None:
         out = mul(out, weight)
     if bias is not None:
         out = add(out, bias)
     return out
+
+
+# torch's NativeLayerNormBackward, which reads the input (and the per-row mean and rstd): a
+# compiled backward recomputes the centered and normalized values from the input where the
+# chain rule through the forward's primitives would keep both from the forward (twice the
+# input's bytes); the row statistics are recomputed beside them, in the same row loop.
+_layer_norm_rule = CustomVJP("layer_norm", recompute=True)
+
+
+@_layer_norm_rule.defvjp
+def _layer_norm_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    axes, eps, has_weight, has_bias = params
+    x = operands[0]
+    weight = operands[1] if has_weight else None
+
+    def wide(t: Tensor) -> Tensor:
+        return cast(t, dtypes.float32) if t.dtype in (dtypes.bfloat16, dtypes.float16) else t
+    g = wide(g)
+    centered, rstd = _centered_and_rstd(wide(x), axes, eps)
+    normalized = mul(centered, rstd)
+    g_normalized = mul(g, wide(weight)) if has_weight else g
+    n = _row_size(x, axes)
+    row_mean = div(sum(g_normalized, axes, keepdim=True), n)
+    row_dot = div(sum(mul(g_normalized, normalized), axes, keepdim=True), n)
+    grads = [cast(mul(rstd, sub(sub(g_normalized, row_mean), mul(normalized, row_dot))), x.dtype)]
+    lead = tuple(range(x.ndim - len(axes)))
+
+    def over_rows(t: Tensor) -> Tensor:
+        return sum(t, lead) if lead else t
+    if has_weight:
+        grads.append(cast(over_rows(mul(g, normalized)), weight.dtype))
+    if has_bias:
+        grads.append(cast(over_rows(g), operands[-1].dtype))
+    return tuple(grads)
+
+
+@composite("NativeLayerNormBackward0", kernel=True)
+def _layer_norm(x: Tensor, axes: tuple[int, ...], weight: Tensor | None, bias: Tensor | None,
+                eps: float) -> Tensor:
+    out = _layer_norm_values(x, axes, weight, bias, eps)
+    operands = tuple(t for t in (x, weight, bias) if t is not None)
+    return _layer_norm_rule.mark(out, operands, (axes, eps, weight is not None, bias is not None))
 
 
 def layer_norm(input: Tensor, normalized_shape: Sequence[int],  # noqa: A002

@@ -26,9 +26,15 @@ def _scalar_tensor(value, dtype: dtypes.DType, like: Tensor | None = None) -> Te
     """A 0-d constant of ``dtype`` holding a Python scalar. A Python int outside a narrower
     integer dtype wraps to it, as torch's scalar conversion does (uint8 + -3 is 253,
     int8 < 300 compares with 44); beyond int64 numpy's OverflowError stands. A symbolic
-    size is a ``full`` node of its value (the graph reads it at call time)."""
+    size is a ``full`` node of its value (the graph reads it at call time), in the graph of
+    ``like`` where that is a traced tensor (a node without operands is not bound to a trace
+    otherwise: a VJP rule run by the autodiff pass divides by a symbolic row size)."""
     if isinstance(value, SymInt):
-        return bind(P.full, shape=(), value=value, dtype=dtype)
+        attrs = {"shape": (), "value": value, "dtype": dtype}
+        trace = getattr(like, "_trace", None)
+        if trace is not None:
+            return trace.process_primitive(P.full, (), attrs)
+        return bind(P.full, **attrs)
     if type(value) is int and dtype.category == 1 and dtype.itemsize < 8 and \
             -(1 << 63) <= value < (1 << 63):
         info = np.iinfo(dtype.np_dtype)
@@ -72,7 +78,8 @@ def _promote(op: str, *values, dtype: dtypes.DType | None = None) -> list[Tensor
                             f"{type(v).__name__}")
     values = [as_tensor_operand(v) if isinstance(v, np.ndarray) else v for v in values]
     target = dtype or dtypes.result_type(*values)
-    return [cast(v, target) if isinstance(v, Tensor) else _scalar_tensor(v, target)
+    like = next((v for v in values if isinstance(v, Tensor)), None)
+    return [cast(v, target) if isinstance(v, Tensor) else _scalar_tensor(v, target, like)
             for v in values]
 
 

@@ -77,6 +77,7 @@ from fusegrad.ops.prims_elementwise import (  # noqa: F401
 )
 from fusegrad.ops.prims_extern import (  # noqa: F401
     CUSTOM_VJP_READS,
+    CUSTOM_VJP_RECOMPUTES,
     CUSTOM_VJPS,
     argsort,
     complex_,

@@ -97,14 +97,25 @@ CUSTOM_VJPS: dict[str, Callable] = {}
 # name -> (whether the VJP reads the output, whether it reads the operands): what an eager
 # backward checks for in-place writes since the forward, as torch checks what it saved.
 CUSTOM_VJP_READS: dict[str, tuple[bool, bool]] = {}
+# The VJPs that recompute what they need from operands in the backward rather than share the
+# forward's values: name -> the positions of those operands, or None for all (``register_vjp``).
+CUSTOM_VJP_RECOMPUTES: dict[str, tuple[int, ...] | None] = {}
 
 
-def register_vjp(name: str, reads_output: bool = False, reads_operands: bool = True):
+def register_vjp(name: str, reads_output: bool = False, reads_operands: bool = True,
+                 recompute: bool | tuple[int, ...] = False):
     """Register ``fn(ct, out, operands, params)`` as the VJP named ``name`` of
-    :data:`custom_vjp` nodes; ``reads_output`` and ``reads_operands`` say what it reads."""
+    :data:`custom_vjp` nodes; ``reads_output`` and ``reads_operands`` say what it reads.
+    ``recompute``: a graph's backward reads the operands through ``remat`` barriers
+    (:mod:`fusegrad.passes.autodiff`), so the rule's arithmetic is computed again there and
+    the operands are what the forward keeps (a layer norm's input, not its centered and
+    normalized values), as torch's saved tensors are; a tuple of operand positions reads those
+    alone so (a weight's float32 widening, kept from the forward, is not made again)."""
     def decorate(fn):
         CUSTOM_VJPS[name] = fn
         CUSTOM_VJP_READS[name] = (reads_output, reads_operands)
+        if recompute is not False:
+            CUSTOM_VJP_RECOMPUTES[name] = None if recompute is True else tuple(recompute)
         return fn
     return decorate
 

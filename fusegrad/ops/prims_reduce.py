@@ -206,6 +206,23 @@ def register_float_matmul(fn: Callable) -> None:
     _float_matmul = fn
 
 
+# Whether compiled products run on the generated GEMM (whose bf16 variant takes 16-bit
+# operands as they are: vdpbf16ps where the CPU has AVX512_BF16), asked when a graph is
+# traced. Filled by fusegrad.runtime.cpu at import (register_gemm_enabled).
+_gemm_enabled: Callable[[], bool] | None = None
+
+
+def register_gemm_enabled(fn: Callable[[], bool]) -> None:
+    """Let :func:`gemm_enabled` ask ``fn`` (the runtime's ``native_gemm_enabled``)."""
+    global _gemm_enabled
+    _gemm_enabled = fn
+
+
+def gemm_enabled() -> bool:
+    """Whether compiled products run on the generated GEMM rather than numpy's BLAS."""
+    return _gemm_enabled is not None and _gemm_enabled()
+
+
 def _matmul_impl(a, b):
     if a.dtype.kind in "iub":
         return np.matmul(a, b)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+from fusegrad import dtypes
 from fusegrad.ops import functional as F
 from fusegrad.ops.autocast import wrap_namespace
 from fusegrad.ops.composite import composite, custom_vjp, opmath
@@ -56,8 +57,42 @@ def _log_softmax_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> 
 # 16-bit inputs are computed in float32 (cross_entropy calls _log_softmax_impl in its own node)
 _softmax_impl = opmath(softmax_values)
 _log_softmax_impl = opmath(log_softmax_values)
-_softmax = composite("SoftmaxBackward0", kernel=True)(_softmax_impl)
-_log_softmax = composite("LogSoftmaxBackward0", kernel=True)(_log_softmax_impl)
+
+
+# A 16-bit softmax's gradient reads its 16-bit output, as torch's (softmax_backward_data of
+# a bf16 output: float32 arithmetic, rounded once): a backward holds the rounded output,
+# which the next product reads too, not the float32 one it was rounded from.
+@custom_vjp("softmax_16bit", reads_output=True, reads_operands=False)
+def _softmax_16bit(x: Tensor, dim: int) -> Tensor:
+    return _softmax_impl(x, dim)
+
+
+@_softmax_16bit.defvjp
+def _softmax_16bit_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    return (F.cast(_softmax_vjp(F.cast(g, dtypes.float32), F.cast(out, dtypes.float32), operands,
+                                params)[0], out.dtype),)
+
+
+@custom_vjp("log_softmax_16bit", reads_output=True, reads_operands=False)
+def _log_softmax_16bit(x: Tensor, dim: int) -> Tensor:
+    return _log_softmax_impl(x, dim)
+
+
+@_log_softmax_16bit.defvjp
+def _log_softmax_16bit_vjp(g: Tensor, out: Tensor, operands: tuple, params: tuple) -> tuple:
+    return (F.cast(_log_softmax_vjp(F.cast(g, dtypes.float32), F.cast(out, dtypes.float32),
+                                    operands, params)[0], out.dtype),)
+
+
+def _by_width(wide, narrow):
+    def values(x: Tensor, dim: int) -> Tensor:
+        return (narrow if x.dtype in (dtypes.bfloat16, dtypes.float16) else wide)(x, dim)
+    return values
+
+
+_softmax = composite("SoftmaxBackward0", kernel=True)(_by_width(_softmax_impl, _softmax_16bit))
+_log_softmax = composite("LogSoftmaxBackward0", kernel=True)(
+    _by_width(_log_softmax_impl, _log_softmax_16bit))
 
 
 def _softmax_dim(name: str, ndim: int) -> int:

@@ -36,6 +36,7 @@ from fusegrad.ops.primitive import (
     register,
 )
 from fusegrad.ops.prims_common import applied_to_tangent
+from fusegrad.symint import is_symbolic
 from fusegrad.tensor import Tensor
 
 __all__ = ["ntuple", "out_size", "windows", "overlap_add", "crop_or_pad", "eager_cpu"]
@@ -173,33 +174,56 @@ def windows(xp: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: 
     return windows_by_slices(xp, kernel, stride, dilation, out)
 
 
+def phase_grid(kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+               out: Sequence[int]) -> tuple[int, ...] | None:
+    """The extents of the phase grid of strided windows, one per spatial axis: along an axis
+    of stride ``s`` the padded input, cut (or padded with zeros) to ``grid * s``, is
+    reshaped to ``(grid, s)``, on which the window of kernel offset ``o`` (at ``o * d``)
+    is the unit-stride slice ``[o * d // s : o * d // s + out]`` at phase ``o * d % s``.
+    None where there is no stride, or the sizes are symbolic (the comparisons of the cut
+    are not known): windows are strided slices then."""
+    if all(s == 1 for s in stride) or is_symbolic(tuple(out)):
+        return None
+    return tuple((k - 1) * d // s + n for k, d, s, n in zip(kernel, dilation, stride, out))
+
+
+def _split_phases(x: Tensor, grid: Sequence[int], stride: Sequence[int]) -> Tensor:
+    """(N, C, *S) cut or padded to ``grid * stride`` and reshaped to (N, C, grid0, s0, ...),
+    with the phase axis after each strided axis only."""
+    x = crop_or_pad(x, [(0, g * s - d) for g, s, d in zip(grid, stride, x.shape[2:])])
+    return reshape_prim(x, tuple(x.shape[:2]) + tuple(
+        v for g, s in zip(grid, stride) for v in ((g, s) if s > 1 else (g,))))
+
+
 def windows_by_slices(xp: Tensor, kernel: Sequence[int], stride: Sequence[int],
                       dilation: Sequence[int], out: Sequence[int]) -> Tensor:
-    """:func:`windows` as the ``windows`` primitive is defined: one strided slice per kernel
-    offset, stacked (what traced code records)."""
+    """:func:`windows` as the ``windows`` primitive is defined: one slice per kernel offset,
+    stacked (what traced code records). With strides each is a unit-stride slice of the
+    input's phase grid (:func:`phase_grid`), so that its adjoint, a pad of the grid, fuses
+    with the others' into one kernel (:func:`overlap_add_by_pads`)."""
     lead = tuple(xp.shape[:2])
+    grid = phase_grid(kernel, stride, dilation, out)
+    phases = None if grid is None else _split_phases(xp, grid, stride)
     views = []
     for offsets in itertools.product(*(range(k) for k in kernel)):
-        starts = (0, 0) + tuple(o * d for o, d in zip(offsets, dilation))
-        stops = lead + tuple(o * d + s * (n - 1) + 1
-                             for o, d, s, n in zip(offsets, dilation, stride, out))
-        views.append(slice_axes(xp, starts, stops, (1, 1) + tuple(stride)))
+        if phases is None:
+            starts = (0, 0) + tuple(o * d for o, d in zip(offsets, dilation))
+            stops = lead + tuple(o * d + s * (n - 1) + 1
+                                 for o, d, s, n in zip(offsets, dilation, stride, out))
+            views.append(slice_axes(xp, starts, stops, (1, 1) + tuple(stride)))
+            continue
+        starts, stops = [0, 0], list(lead)
+        for o, d, s, n in zip(offsets, dilation, stride, out):
+            starts.append(o * d // s)
+            stops.append(o * d // s + n)
+            if s > 1:
+                starts.append(o * d % s)
+                stops.append(o * d % s + 1)
+        view = slice_axes(phases, starts, stops, (1,) * phases.ndim)
+        views.append(reshape_prim(view, lead + tuple(out)))
     if len(views) == 1:
         return unsqueeze(views[0], 2)
     return stack(views, 2)
-
-
-def _spread(v: Tensor, axis: int, step: int) -> Tensor:
-    """Insert ``step - 1`` zeros between the elements along ``axis``: length n -> (n-1)*step+1."""
-    n = v.shape[axis]
-    if step == 1 or n == 0:
-        return v
-    v = unsqueeze(v, axis + 1)
-    widths = [(0, 0)] * v.ndim
-    widths[axis + 1] = (0, step - 1)
-    v = pad_axes(v, widths)
-    shape = tuple(v.shape[:axis]) + (n * step,) + tuple(v.shape[axis + 2:])
-    return narrow(reshape_prim(v, shape), axis, 0, (n - 1) * step + 1)
 
 
 def overlap_add(blocks: Tensor, padded: Sequence[int], kernel: Sequence[int],
@@ -214,8 +238,43 @@ def overlap_add(blocks: Tensor, padded: Sequence[int], kernel: Sequence[int],
 
 def overlap_add_by_pads(blocks: Tensor, padded: Sequence[int], kernel: Sequence[int],
                         stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
-    """:func:`overlap_add` as the ``overlap_add`` primitive is defined: each block spread by
-    the stride, padded to its offset, and the blocks added in kernel-offset order."""
+    """:func:`overlap_add` as the ``overlap_add`` primitive is defined: each block padded
+    with zeros to its place, and the blocks added in kernel-offset order (the adjoint of
+    :func:`windows_by_slices`).
+
+    With strides the sum is made on the phase grid (:func:`phase_grid`), reshaped back and
+    cut or padded to ``padded``: there each block is one pad, and all the pads and adds
+    fuse into one elementwise kernel (blocks spread out by the stride took a pad per axis,
+    each a kernel of its own, and copied every block twice)."""
+    out = tuple(blocks.shape[3:])
+    grid = phase_grid(kernel, stride, dilation, out)
+    if grid is None and any(s != 1 for s in stride):
+        return _overlap_add_spread(blocks, padded, kernel, stride, dilation)
+    lead = tuple(blocks.shape[:2])
+    split = lead + tuple(v for n, s in zip(out, stride) for v in ((n, 1) if s > 1 else (n,)))
+    total = None
+    for i, offsets in enumerate(itertools.product(*(range(k) for k in kernel))):
+        block = blocks.select(2, i) if blocks.shape[2] > 1 else reshape_prim(blocks, lead + out)
+        widths = [(0, 0), (0, 0)]
+        for a, (o, d, s, n) in enumerate(zip(offsets, dilation, stride, out)):
+            if grid is None:
+                widths.append((o * d, padded[a] - o * d - n))
+                continue
+            widths.append((o * d // s, grid[a] - o * d // s - n))
+            if s > 1:
+                widths.append((o * d % s, s - 1 - o * d % s))
+        block = pad_axes(reshape_prim(block, split) if grid is not None else block, widths)
+        total = block if total is None else add(total, block)
+    if grid is None:
+        return total
+    total = reshape_prim(total, lead + tuple(g * s for g, s in zip(grid, stride)))
+    return crop_or_pad(total, [(0, p - g * s) for p, g, s in zip(padded, grid, stride)])
+
+
+def _overlap_add_spread(blocks: Tensor, padded: Sequence[int], kernel: Sequence[int],
+                        stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
+    """:func:`overlap_add_by_pads` for symbolic sizes: each block spread out by the stride
+    (zeros between its elements), padded to its offset, and the blocks added in order."""
     nd = len(kernel)
     out = tuple(blocks.shape[3:])
     total = None
@@ -230,6 +289,19 @@ def overlap_add_by_pads(blocks: Tensor, padded: Sequence[int], kernel: Sequence[
         block = pad_axes(block, widths)
         total = block if total is None else add(total, block)
     return total
+
+
+def _spread(v: Tensor, axis: int, step: int) -> Tensor:
+    """Insert ``step - 1`` zeros between the elements along ``axis``: length n -> (n-1)*step+1."""
+    n = v.shape[axis]
+    if step == 1 or n == 0:
+        return v
+    v = unsqueeze(v, axis + 1)
+    widths = [(0, 0)] * v.ndim
+    widths[axis + 1] = (0, step - 1)
+    v = pad_axes(v, widths)
+    shape = tuple(v.shape[:axis]) + (n * step,) + tuple(v.shape[axis + 2:])
+    return narrow(reshape_prim(v, shape), axis, 0, (n - 1) * step + 1)
 
 
 def crop_or_pad(x: Tensor, widths: Sequence[tuple[int, int]]) -> Tensor:

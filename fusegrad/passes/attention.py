@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import math
 
-from fusegrad.codegen.attention import supported
+from fusegrad.codegen.attention import MAX_KEYS, MAX_TILE, supported
 from fusegrad.ir.graph import Graph, Literal, Node, Value
 from fusegrad.ir.rewrite import copy_graph
 from fusegrad.ops.fused_attention import fused_attention
 from fusegrad.ops.primitive import PRIMITIVES, TensorType
 from fusegrad.passes.manager import Pass, register_pass
+from fusegrad.symint import because
 
 __all__ = ["fuse_attention", "FuseAttention"]
 
@@ -111,9 +112,13 @@ def _match(node: Node) -> tuple[list, dict] | None:
     if not isinstance(k, Value) or not (q.type == k.type == v.type == node.output.type):
         return None
     L, E = q.type.shape[-2:] if n >= 2 else (0, 0)
-    if q.type.device != "cpu" or not supported(q.type.dtype.np_dtype, L, L, E) or \
-            not math.isfinite(scale):
+    if q.type.device != "cpu" or not math.isfinite(scale):
         return None
+    # (A symbolic length is assumed within what the kernels take, and guarded.)
+    with because(f"the fused attention takes at most {MAX_KEYS} keys, and keys x features "
+                  f"at most {MAX_TILE}"):
+        if not supported(q.type.dtype.np_dtype, L, L, E):
+            return None
     operands = [q, k, v] + ([mask] if mask is not None else [])
     return operands, {"scale": scale, "keep": keep, "zero_dead": zero_dead}
 

@@ -22,6 +22,10 @@ copies live from right before the region's backward to its end. A copy of
 ``preserve_rng_state``). The partitioner saves no ``remat`` value: the region's inputs
 (and outputs) are what crosses from the forward to the backward. ``remat`` is off where the
 result is itself differentiated again (a barrier would stop that derivative).
+
+A custom VJP registered with ``recompute`` (a layer norm's, a 16-bit GELU's) reads its
+operands through such barriers too: it recomputes what it needs from them (the centered and
+normalized values, the GELU's erf) in the backward, and the forward keeps only the operands.
 """
 
 from __future__ import annotations
@@ -78,6 +82,11 @@ def _reverse(g: Graph, trace: GraphTrace, env, active, get, seeds: dict,
         else:
             primals = tuple(get(op) for op in node.inputs)
             out = env[node.output]
+        if remat and node.op == "custom_vjp" and node.attrs["rule"] in P.CUSTOM_VJP_RECOMPUTES:
+            which = P.CUSTOM_VJP_RECOMPUTES[node.attrs["rule"]]
+            primals = primals[:1] + tuple(
+                _remat_barrier(trace, p) if which is None or i in which else p
+                for i, p in enumerate(primals[1:]))
         trace.location = node.loc        # a node's VJP points at the user's line of the node
         for i, op in enumerate(node.inputs):
             if not isinstance(op, Value) or op not in active or node.prim.rule(i) is None:
@@ -94,6 +103,15 @@ def _reverse(g: Graph, trace: GraphTrace, env, active, get, seeds: dict,
             cts[op] = gi if prev is None else prev + gi
     trace.location = USER_LINE
     return cts
+
+
+def _remat_barrier(trace: GraphTrace, t: SymbolicTensor) -> SymbolicTensor:
+    """``t`` through a ``remat`` barrier: what a recomputing custom VJP reads (module doc).
+    The rule's arithmetic on it is a copy of the forward's that CSE leaves apart and fusion
+    keeps in the backward, so the forward keeps ``t`` instead of the values it computed."""
+    out = trace.process_primitive(P.stop_gradient, (t,), {})
+    trace.graph.nodes[-1].remat = True
+    return out
 
 
 def _recompute_region(g: Graph, region: int, trace: GraphTrace, get) -> dict:

@@ -35,7 +35,11 @@ The rules, in the order they are tried:
   listing says ``extern complex`` for these steps.
 
 Fusion is greedy in topological order: a node joins the kernel of one of its producers when
-legal and when the merge keeps the kernel graph acyclic; otherwise it starts a kernel.
+legal and when the merge keeps the kernel graph acyclic; otherwise it starts a kernel. An
+elementwise node that reads only values in memory anyway, and whose users all run after a
+kernel that depends on those producers, starts a kernel its users join instead: joined, it
+would be computed early and held until then (a ReLU's ``out <= 0``, a bf16 output's float32
+widening, computed in the forward's kernel and held until the backward's use).
 Independent elementwise kernels over one shape are merged afterwards (optimizer updates).
 A checkpointed region's recomputation (after its ``remat`` barriers, passes/autodiff.py)
 never joins a kernel of nodes placed before it: that kernel would compute the copy in the
@@ -329,7 +333,7 @@ class _Partitioner:
             return
         if prim.kind in (Kind.ELEMENTWISE, Kind.REDUCE, Kind.MOVEMENT) or \
                 node.op in _FUSIBLE_SOURCES:
-            producers = self.producer_kernels(node)
+            producers = [] if self.waits_for_users(node) else self.producer_kernels(node)
             for k in reversed(producers):
                 level = self.fits(node, k)
                 if level is not None and self.acyclic_join(node, k) and \
@@ -372,6 +376,46 @@ class _Partitioner:
         # Whatever this node reads from another kernel must be in memory.
         for op in node.inputs:
             self.materialize(op, k)
+
+    def waits_for_users(self, node: Node) -> bool:
+        """Whether elementwise ``node`` should start a kernel of its own, which its users
+        join, rather than join its producers' kernel: every value it reads is in memory
+        anyway (another kernel reads it), and every user is elementwise of its shape and
+        reads a value of a kernel that depends on those producers, so runs later. Joined,
+        ``node`` would be computed early and stored until then: a ReLU's ``out <= 0`` in the
+        forward's kernel, held as a byte mask until the backward's ``where`` reads it
+        beside the cotangent. Waiting, the users' kernel computes it from what it loads."""
+        if node.prim.kind is not Kind.ELEMENTWISE or node.output in self.outputs:
+            return False
+        producers = self.all_producer_kernels(node)
+        if not producers:
+            return False
+        for op in node.inputs:
+            base = self.views[op].base if isinstance(op, Value) and op in self.views else op
+            if isinstance(base, Value) and base.producer is not None and \
+                    base not in self.materialized:
+                return False
+        users = self.users.get(node.output, [])
+        if not users:
+            return False
+        for user in users:
+            if user.prim.kind is not Kind.ELEMENTWISE or \
+                    user.output.type.shape != node.output.type.shape:
+                return False
+            if not any(self.runs_after(op, producers) for op in user.inputs
+                       if op is not node.output):
+                return False
+        return True
+
+    def runs_after(self, op, kernels: list[Kernel], depth: int = 4) -> bool:
+        """Whether ``op`` is computed by a kernel that depends on one of ``kernels``, or
+        (not placed yet) from such a value within ``depth`` nodes."""
+        k = self._producer_kernel(op)
+        if k is not None:
+            return any(self.depends(k, p) for p in kernels)
+        if depth == 0 or not isinstance(op, Value) or op.producer is None:
+            return False
+        return any(self.runs_after(o, kernels, depth - 1) for o in op.producer.inputs)
 
     def materialize(self, op, reader: Kernel) -> None:
         while isinstance(op, Value) and op in self.views:

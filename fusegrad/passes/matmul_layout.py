@@ -24,7 +24,7 @@ import numpy as np
 
 from fusegrad.ir.graph import Graph, Literal, Value
 from fusegrad.ir.kernel_graph import identity_view, view_of
-from fusegrad.ir.rewrite import GraphCopier
+from fusegrad.ir.rewrite import GraphCopier, copy_marks
 from fusegrad.ops.primitive import Kind
 from fusegrad.passes.dce import dce
 from fusegrad.passes.manager import Pass, register_pass
@@ -40,7 +40,8 @@ def _swap_last_two(ndim: int) -> tuple[int, ...]:
 
 def transpose_matmuls(g: Graph) -> Graph:
     """A copy of ``g`` where each ``permute`` swapping the last two axes of a matmul's
-    result (its only use) is a matmul of the transposed operands instead."""
+    result (its only use), or of a cast of it, is a matmul of the transposed operands
+    instead (cast after it)."""
     users: dict[Value, int] = {}
     for node in g.nodes:
         for op in node.inputs:
@@ -53,6 +54,12 @@ def transpose_matmuls(g: Graph) -> Graph:
     for node in g.nodes:
         inner = node.inputs[0].producer if node.op == "permute" and \
             isinstance(node.inputs[0], Value) else None
+        # A cast between them (a 16-bit operand's gradient, a float32 product rounded) is
+        # elementwise: it is taken along, after the product.
+        cast = None
+        if inner is not None and inner.op == "cast" and users[inner.output] == 1 and \
+                isinstance(inner.inputs[0], Value):
+            cast, inner = inner, inner.inputs[0].producer
         if inner is not None and inner.op == "matmul" and users[inner.output] == 1:
             a, b = inner.inputs
             nd = node.output.type.ndim
@@ -61,7 +68,10 @@ def transpose_matmuls(g: Graph) -> Graph:
                 perm = {"perm": _swap_last_two(nd)}
                 bt = c.new.add_node("permute", [c.get(b)], perm, loc=node.loc)
                 at = c.new.add_node("permute", [c.get(a)], perm, loc=node.loc)
-                c.alias(node.output, c.new.add_node("matmul", [bt, at], {}, loc=inner.loc))
+                out = c.new.add_node("matmul", [bt, at], {}, loc=inner.loc)
+                if cast is not None:
+                    out = c.new.add_node("cast", [out], cast.attrs, loc=cast.loc)
+                c.alias(node.output, out)
                 continue
         c.emit(node)
     return dce(c.finish())
@@ -131,6 +141,8 @@ def epilogues_through_reshape(g: Graph) -> Graph:
                         break
                 else:
                     out = c.new.add_node(node.prim, moved, node.attrs, loc=node.loc)
+                    # A moved remat barrier stays one (fusion keeps what it starts apart).
+                    copy_marks(node, out.producer)
                     at_product.add(out)
                     c.alias(node.output, c.new.add_node("reshape", [out], {"shape": shape},
                                                         loc=node.loc))

@@ -15,6 +15,8 @@ permute                            ``permute(permute(x))`` -> one permute (compo
                                    identity permutation -> ``x``
 broadcast_to                       ``broadcast_to(broadcast_to(x))`` -> one; to ``x``'s own
                                    shape -> ``x``
+pad                                ``pad(pad(x))`` with one value -> one pad (widths added:
+                                   a strided convolution's phase grid pads its padded input)
 cast                               to ``x``'s own dtype -> ``x``; ``cast(cast(x, A), X)`` ->
                                    ``x`` when every value of X survives the trip through A
                                    (f32->f64->f32, i8->f16->i8, i8->u8->i8, bool->any->bool)
@@ -287,6 +289,18 @@ def broadcast_chain(opts: RewriteOptions, ins: list, attrs: dict, out: TensorTyp
     if inner is not None and inner.op == "broadcast_to":
         return ("broadcast_to", [inner.inputs[0]], attrs)
     return None
+
+
+@rule("pad")
+def pad_chain(opts: RewriteOptions, ins: list, attrs: dict, out: TensorType) -> Rewrite:
+    inner = _producer(ins[0])
+    if inner is None or inner.op != "pad" or not isinstance(inner.inputs[0], Value):
+        return None
+    value = attrs["value"]
+    if inner.attrs["value"] != value or isinstance(value, float) and np.isnan(value):
+        return None
+    widths = tuple((a + c, b + d) for (a, b), (c, d) in zip(inner.attrs["widths"], attrs["widths"]))
+    return ("pad", [inner.inputs[0]], {"widths": widths, "value": value})
 
 
 @rule("cast")

@@ -52,7 +52,11 @@ from fusegrad.ir.interpreter import bind_symbols
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View
 from fusegrad.ir.printer import format_attrs, format_scalar, format_type
 from fusegrad.ir.specialize import concrete_attr
-from fusegrad.ops.prims_reduce import register_bf16_matmul, register_float_matmul
+from fusegrad.ops.prims_reduce import (
+    register_bf16_matmul,
+    register_float_matmul,
+    register_gemm_enabled,
+)
 from fusegrad.runtime import jit, native, native_attention
 from fusegrad.runtime.memory_plan import donation_safe, plan_memory
 from fusegrad.runtime.native import data_pointer
@@ -199,7 +203,8 @@ class MatmulStep:
             # primitive's reference computes in float32 and rounds once, as eager does.
             out[...] = self.out.producer.prim.impl(a, b)
             return
-        split_matmul(a, b, out=out)
+        with np.errstate(all="ignore"):   # inf * 0 is a NaN, no warning (a skipped step's)
+            split_matmul(a, b, out=out)
 
 
 _BF16 = np.dtype(dtypes.bfloat16.np_dtype)
@@ -290,15 +295,18 @@ class NativeStep(NumpyStep):
             return False
         attrs = node.attrs if prog.bindings is None else \
             {k: concrete_attr(a, prog.bindings) for k, a in node.attrs.items()}
+        # (A symbolic sequence length runs the attention kernel for every length.)
         if node.op == "fused_attention":
             q, k, v, *mask = (prog.array(op) for op in node.inputs)
-            return native_attention.attention_forward(out, q, k, v, mask[0] if mask else None,
-                                                      memo=memo, **attrs)
+            return native_attention.attention_forward(
+                out, q, k, v, mask[0] if mask else None, memo=memo,
+                every_length=is_symbolic(node.inputs[0].type.shape[-2]), **attrs)
         if node.op == "fused_attention_backward":
             q, k, v, packed, dout, *mask = (prog.array(op) for op in node.inputs)
             return native_attention.attention_backward(
                 out, q, k, v, dout, packed, mask[0] if mask else None,
-                scale=attrs["scale"], keep=attrs["keep"], memo=memo)
+                scale=attrs["scale"], keep=attrs["keep"], memo=memo,
+                every_length=is_symbolic(node.inputs[0].type.shape[-2]))
         if node.op == "index_add":
             if attrs["axis"] != 0:
                 return False
@@ -1081,6 +1089,7 @@ def _eager_bf16_on_blas(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 register_bf16_matmul(bf16_matmul)
 register_float_matmul(split_matmul)
+register_gemm_enabled(native_gemm_enabled)
 
 
 def gemm_of(k: Kernel, kg: KernelGraph) -> "tuple[native_gemm.Gemm, list[Value]] | None":

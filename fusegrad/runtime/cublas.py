@@ -43,9 +43,10 @@ from fusegrad.config import config
 from fusegrad.ir.graph import Literal, Node, Value
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View, identity_view
 from fusegrad.runtime.cuda_compile import find_cuda_library
+from fusegrad.symint import SymInt, evaluate_dim, known_multiple
 
-__all__ = ["find_cublaslt", "load_cublaslt", "cublaslt_for", "plan_blas", "tf32_allowed", "BlasMatmul",
-           "Gemm", "CublasLt", "SIGNATURES", "EPILOGUE", "COMPUTE", "DATA_TYPE"]
+__all__ = ["find_cublaslt", "load_cublaslt", "cublaslt_for", "plan_blas", "gemm_at", "tf32_allowed",
+           "BlasMatmul", "Gemm", "CublasLt", "SIGNATURES", "EPILOGUE", "COMPUTE", "DATA_TYPE"]
 
 # cudaDataType_t (library_types.h)
 DATA_TYPE = {dtypes.float32: 0, dtypes.float64: 1, dtypes.float16: 2, dtypes.bfloat16: 14}
@@ -228,11 +229,23 @@ def _batch_stride(view: View, batch_shape: tuple[int, ...]) -> int | None:
     return dims[-1][1]
 
 
-def _alignment(offset: int, itemsize: int) -> int:
+def _alignment(offset, itemsize: int) -> int:
     """Byte alignment of an allocation's start plus ``offset`` elements (allocations start
-    on 512 bytes), capped at 256."""
+    on 512 bytes), capped at 256; of a symbolic offset, the alignment it has at every size."""
     nbytes = offset * itemsize
-    return 256 if nbytes == 0 else min(256, nbytes & -nbytes)
+    align = 256
+    while align > 1 and not known_multiple(nbytes, align):
+        align //= 2
+    return align
+
+
+def gemm_at(g: Gemm, bindings: dict) -> Gemm:
+    """``g`` with its symbolic sizes, leading dimensions and strides evaluated under
+    ``bindings`` (symbol -> size): one call's problem. cuBLASLt's plan (its heuristic's
+    algorithm) is then made per size and kept, as torch's is."""
+    return dataclasses.replace(g, **{f.name: evaluate_dim(getattr(g, f.name), bindings)
+                                     for f in dataclasses.fields(g)
+                                     if isinstance(getattr(g, f.name), SymInt)})
 
 
 def _relu(x: np.ndarray) -> np.ndarray:
@@ -306,7 +319,7 @@ def plan_blas(kernel: Kernel, kg: KernelGraph) -> BlasMatmul | None:
     batch_shape, (m, n), k = out_shape[:-2], out_shape[-2:], va.shape[-1]
     la, lb = _matrix(va), _matrix(vb)
     sa, sb = _batch_stride(va, batch_shape), _batch_stride(vb, batch_shape)
-    if la is None or lb is None or sa is None or sb is None or min(m, n, k) == 0:
+    if la is None or lb is None or sa is None or sb is None or 0 in (m, n, k):
         return None
     batch = math.prod(batch_shape)
     if batch > 1 and sb == 0 and not la[0] and sa == m * la[1]:
@@ -348,7 +361,7 @@ def plan_blas(kernel: Kernel, kg: KernelGraph) -> BlasMatmul | None:
             fused |= nodes
             out = value
             epilogue.insert(0, name)
-        elif private and keep and name == "GELU" and n % 8 == 0 and gemm.batch == 1:
+        elif private and keep and name == "GELU" and known_multiple(n, 8) and gemm.batch == 1:
             # cuBLASLt keeps the pre-activation for the backward (its leading dimension
             # must be a multiple of 8; one matrix, so no aux batch stride to set)
             fused |= nodes

@@ -30,12 +30,15 @@ import numpy as np
 
 from fusegrad import profiling
 from fusegrad.codegen.cuda.printer import cuda_source
-from fusegrad.codegen.gpu_lowering import lower_kernel
+from fusegrad.codegen.gpu_lowering import indices_fit, launch_grid, lower_kernel
+from fusegrad.codegen.values import SYMBOLS, program_symbols
 from fusegrad.config import config
 from fusegrad.ir.graph import Literal, Value
-from fusegrad.ir.kernel_graph import KernelGraph, identity_view
+from fusegrad.ir.interpreter import bind_symbols
+from fusegrad.ir.kernel_graph import KernelGraph, View, identity_view
+from fusegrad.ir.specialize import concrete_attr
 from fusegrad.ops.lowering import Unsupported
-from fusegrad.runtime.cublas import BlasMatmul, cublaslt_for, plan_blas, tf32_allowed
+from fusegrad.runtime.cublas import BlasMatmul, cublaslt_for, gemm_at, plan_blas, tf32_allowed
 from fusegrad.runtime.cuda_compile import (  # noqa: F401
     _nvcc_compile,
     _nvrtc,
@@ -83,6 +86,13 @@ from fusegrad.runtime.cuda_memory import (  # noqa: F401
 )
 from fusegrad.runtime.errors import OutOfMemoryError
 from fusegrad.runtime.memory_plan import plan_memory
+from fusegrad.symint import (
+    SizesOutOfRange,
+    SymbolicDecisionError,
+    evaluate_dim,
+    evaluate_shape,
+    strict_decisions,
+)
 
 __all__ = ["CudaUnavailable", "OutOfMemoryError", "Driver", "driver", "device_count",
            "is_available", "synchronize", "current_device", "set_device", "check_ordinal",
@@ -92,6 +102,10 @@ __all__ = ["CudaUnavailable", "OutOfMemoryError", "Driver", "driver", "device_co
            "DeviceArray", "CudaProgram", "HostCudaProgram", "INSTALL_HINT"]
 
 # --------------------------------------------------------------------------- programs
+
+# A program of symbolic sizes keeps the CUDA graphs of this many sizes per device (the most
+# recently used): a captured graph holds its buffers' addresses and its launches' grids.
+CUDA_GRAPH_SIZES = 8
 
 
 def check_driver(drv: Driver, arch: str) -> None:
@@ -117,19 +131,37 @@ def check_driver(drv: Driver, arch: str) -> None:
 
 class CudaProgram:
     """A kernel graph compiled for one CUDA device; call it with numpy arrays or
-    :class:`DeviceArray` inputs, get :class:`DeviceArray` outputs."""
+    :class:`DeviceArray` inputs, get :class:`DeviceArray` outputs.
+
+    A kernel graph of symbolic sizes (``f32[s0,784]``) compiles to one program for every
+    size: its kernels read the sizes at run time from a small device buffer of 64-bit
+    integers (one per symbol, :func:`~fusegrad.codegen.values.program_symbols`' order), and
+    a call binds the symbols from its inputs' shapes and evaluates for them the memory
+    plan's shapes, each launch's grid, cuBLASLt's m, n and k, and the views and attributes
+    of host steps. A kernel whose code would hold at some sizes only raises
+    :class:`~fusegrad.symint.SymbolicDecisionError` here (the caller then builds programs
+    per size), and a call whose sizes overflow a kernel's 32-bit indices (chosen at the
+    traced sizes) raises :class:`~fusegrad.symint.SizesOutOfRange` before it runs anything
+    (the caller runs a program built for them). With ``cuda_graphs`` a graph is captured
+    per size."""
 
     def __init__(self, kg: KernelGraph, drv: Driver | None = None, arch: str | None = None,
                  name: str = "program", cuda_graphs: bool = False):
         self.kg, self.graph, self.name = kg, kg.graph, name
         self.cuda_graphs = cuda_graphs
-        self._graphs: dict[int, _StaticStep] = {}     # device -> its buffers and CUDA graph
+        # (device, sizes) -> its buffers and CUDA graph, the most recently used last
+        self._graphs: dict[tuple, _StaticStep] = {}
         self.graph_skipped: str | None = None          # why calls launch kernel by kernel
         self._timed: list | None = None                # the kernels a profiled call times
         self._timed_names_of: dict[int, list] = {}     # device -> their profiler names
         self.drv = drv or driver()
         arch = arch or machine_arch(getattr(self.drv, "arch", "compute_90"))
         self.plan = plan_memory(kg)
+        # Symbolic sizes: their names (the order of the sizes buffer) and this call's values.
+        self.symbols = program_symbols(self.graph)
+        self.bindings: dict | None = None
+        self._sized: dict = {}           # the latest sizes ("key") and the plan's "specs" at them
+        self._sizes_buffers: dict[int, tuple] = {}    # device -> (sizes key, its buffer)
         # The buffer of each value: the plan's, and the product's buffer for a value that
         # cuBLASLt writes in a matmul's place (its fused bias or activation).
         self.slots = dict(self.plan.slots)
@@ -137,13 +169,12 @@ class CudaProgram:
         self.host_steps: dict[int, str] = {}
         self.blas_steps: dict[int, BlasMatmul] = {}
         self.blas = cublaslt_for(self.drv)
-        for i, k in enumerate(kg.kernels):
-            try:
-                if k.kind == "matmul" and self.blas is not None and self._plan_blas(i, k):
-                    continue
-                self.lowered[i] = lower_kernel(k, kg)
-            except Unsupported as e:
-                self.host_steps[i] = str(e)
+        if self.symbols:
+            # Every decision the kernels' code makes must hold for every size.
+            with strict_decisions():
+                self._lower_kernels()
+        else:
+            self._lower_kernels()
         self.source = cuda_source(list(self.lowered.values())) if self.lowered else ""
         self.kernel_map = {lk.name: lk for lk in self.lowered.values()}
         needs_code = getattr(self.drv, "needs_ptx", True)
@@ -165,10 +196,22 @@ class CudaProgram:
         self._constants: dict[int, dict[int, DeviceArray]] = {}
         self.allocator = None     # the allocator of the device of the latest call
 
+    def _lower_kernels(self) -> None:
+        for i, k in enumerate(self.kg.kernels):
+            try:
+                if k.kind == "matmul" and self.blas is not None and self._plan_blas(i, k):
+                    continue
+                self.lowered[i] = lower_kernel(k, self.kg)
+            except Unsupported as e:
+                self.host_steps[i] = str(e)
+
     def _plan_blas(self, i: int, k) -> bool:
         """Run matmul kernel ``k`` through cuBLASLt (and the rest of its epilogue as an
         elementwise kernel) when it can; False leaves it to the generated kernel."""
-        step = plan_blas(k, self.kg)
+        try:
+            step = plan_blas(k, self.kg)
+        except SymbolicDecisionError:   # a layout known at some sizes only: the kernel's
+            return False
         if step is None:
             return False
         try:
@@ -211,6 +254,7 @@ class CudaProgram:
         allocator = self.allocator = allocator_of(drv, device)
         functions = self._load(device)
         drv.use(device)
+        intermediate_specs, output_specs = self._specs(inputs)
         buffers: dict[int, DeviceArray] = {}
         for i, x in enumerate(inputs):
             # Kernels index their inputs as contiguous buffers: a strided view is copied.
@@ -222,9 +266,11 @@ class CudaProgram:
                 slot: DeviceArray.from_host(arr, allocator)
                 for slot, arr in plan.constants.items()}
         buffers.update(constants)
-        for slot, (shape, dt) in plan.intermediate_specs.items():
+        if self.symbols:
+            buffers[plan.slots[SYMBOLS]] = self._sizes_buffer(device, allocator)
+        for slot, (shape, dt) in intermediate_specs.items():
             buffers[slot] = DeviceArray.empty(shape, dt, allocator)
-        for slot, shape, dt in plan.output_specs:
+        for slot, shape, dt in output_specs:
             buffers[slot] = DeviceArray.empty(shape, dt, allocator)
         drv.use(device)
         rec = profiling.recorder
@@ -236,6 +282,57 @@ class CudaProgram:
             for i, k in enumerate(self.kg.kernels):
                 self._run_kernel(i, k, functions, buffers)
         return [self._output(o, buffers) for o in self.graph.outputs]
+
+    # ---------------------------------------------------------------- symbolic sizes
+
+    def _specs(self, inputs) -> tuple[dict, list]:
+        """The memory plan's intermediate and output specs (slot, shape, dtype) for a call
+        with ``inputs``: the plan's own, or for symbolic sizes its shapes evaluated at the
+        sizes the inputs bind (which :attr:`bindings` then holds)."""
+        plan = self.plan
+        if not self.symbols:
+            return plan.intermediate_specs, plan.output_specs
+        bindings = bind_symbols(self.graph, [x.shape if x.__class__ is DeviceArray
+                                             else np.shape(x) for x in inputs])
+        key = tuple(bindings[n] for n in self.symbols)
+        if self._sized.get("key") != key:
+            wide = [lk.name for lk in self.lowered.values() if not indices_fit(lk, bindings)]
+            if wide:
+                sizes = ", ".join(f"{n}={bindings[n]}" for n in self.symbols)
+                raise SizesOutOfRange(f"{sizes}: kernel {wide[0]} has 32-bit indices (its "
+                                      f"sizes fit them when traced)")
+            self._sized = {"key": key, "specs": plan.specs_at(bindings)}
+        self.bindings = bindings
+        return self._sized["specs"]
+
+    def _sizes_key(self) -> tuple[int, ...]:
+        """This call's sizes in the order of the sizes buffer."""
+        return tuple(self.bindings[n] for n in self.symbols)
+
+    def _sizes_buffer(self, device: int, allocator) -> DeviceArray:
+        """The device buffer of this call's sizes, which the kernels read: kept while the
+        sizes stay the same; for new sizes a new buffer (launches still queued read the
+        old one)."""
+        key = self._sizes_key()
+        held = self._sizes_buffers.get(device)
+        if held is None or held[0] != key:
+            held = self._sizes_buffers[device] = (
+                key, DeviceArray.from_host(np.array(key, np.int64), allocator))
+        return held[1]
+
+    def _view_at(self, view: View) -> View:
+        """``view`` with its symbolic shape, strides and offset evaluated for this call."""
+        if self.bindings is None:
+            return view
+        b = self.bindings
+        return View(view.base, evaluate_shape(view.shape, b), evaluate_shape(view.strides, b),
+                    evaluate_dim(view.offset, b))
+
+    def _attrs_at(self, node) -> dict:
+        """``node``'s attributes with their symbolic sizes evaluated for this call."""
+        if self.bindings is None:
+            return node.attrs
+        return {k: concrete_attr(a, self.bindings) for k, a in node.attrs.items()}
 
     # ---------------------------------------------------------------- CUDA graphs
 
@@ -300,7 +397,10 @@ class CudaProgram:
                                   f"cuda tensor runs on the first call only (reading it back "
                                   f"would wait for the device)", UserWarning, stacklevel=5)
                 x = x.to_host()
-            node.prim.impl(np.asarray(x).reshape(node.inputs[0].type.shape), **node.attrs)
+            shape = node.inputs[0].type.shape
+            if self.bindings is not None:
+                shape = evaluate_shape(shape, self.bindings)
+            node.prim.impl(np.asarray(x).reshape(shape), **self._attrs_at(node))
 
     def _replay(self, inputs) -> list[DeviceArray]:
         """A call as one CUDA graph: the inputs are copied into the program's static buffers
@@ -308,21 +408,28 @@ class CudaProgram:
         graph is launched, and the outputs are copied out of the static buffers (the next
         replay overwrites them). The first call per device runs the kernels once (modules
         load, cuBLASLt makes its handle and plans: nothing a capture may do), then captures
-        them. Nothing waits for the device: the copies in and out are asynchronous."""
+        them. Nothing waits for the device: the copies in and out are asynchronous.
+
+        A program of symbolic sizes keeps a graph (and its buffers) per size, for the
+        ``CUDA_GRAPH_SIZES`` sizes used last, as torch's cudagraph trees keep one per
+        shape."""
         drv = self.drv
         device = self._device_of(inputs)
         functions = self._load(device)
         drv.use(device)
-        step = self._graphs.get(device)
+        self._specs(inputs)
+        key = (device, self._sizes_key()) if self.symbols else (device,)
+        step = self._graphs.pop(key, None)
         if step is None:
-            step = self._graphs[device] = self._static_step(device, inputs)
+            step = self._static_step(device, inputs)
+        self._graphs[key] = step                       # the most recently used, last
+        for old in [k for k in self._graphs if k[0] == device][:-CUDA_GRAPH_SIZES]:
+            self._drop_graph(device, self._graphs.pop(old))
         tf32 = tf32_allowed()
         if step.graph is not None and step.tf32 != tf32:
             # The graph's cuBLASLt calls hold the compute type read when they were captured:
             # a changed TF32 setting (torch reads it at each call) needs a new capture.
-            drv.graph_destroy(step.graph, device)
-            self._graph_execs[device].remove(step.graph)
-            step.graph = None
+            self._drop_graph(device, step)
         self._check_inputs(inputs, step.graph is None)
         buffers = step.buffers
         for i, x in enumerate(inputs):
@@ -362,9 +469,18 @@ class CudaProgram:
 
     replays = 0
 
+    def _drop_graph(self, device: int, step: "_StaticStep") -> None:
+        """Destroy ``step``'s CUDA graph (a new capture, or none, follows)."""
+        if step.graph is not None:
+            self.drv.graph_destroy(step.graph, device)
+            self._graph_execs[device].remove(step.graph)
+            step.graph = None
+
     def _static_step(self, device: int, inputs) -> "_StaticStep":
-        """Buffers for every slot of the memory plan, kept for the program's life."""
+        """Buffers for every slot of the memory plan (at this call's sizes), kept for the
+        program's life (for symbolic sizes: while its graph is kept)."""
         allocator = self.allocator = allocator_of(self.drv, device)
+        intermediate_specs, output_specs = self._specs(inputs)
         buffers: dict[int, DeviceArray] = {}
         for i, x in enumerate(inputs):
             dt = x.dtype if x.__class__ is DeviceArray else np.asarray(x).dtype
@@ -372,9 +488,12 @@ class CudaProgram:
                                            else x.shape, dt, allocator)
         for slot, arr in self.plan.constants.items():
             buffers[slot] = DeviceArray.from_host(arr, allocator)
-        for slot, (shape, dt) in self.plan.intermediate_specs.items():
+        if self.symbols:         # this graph's own sizes (another size's graph has others)
+            buffers[self.plan.slots[SYMBOLS]] = DeviceArray.from_host(
+                np.array(self._sizes_key(), np.int64), allocator)
+        for slot, (shape, dt) in intermediate_specs.items():
             buffers[slot] = DeviceArray.empty(shape, dt, allocator)
-        for slot, shape, dt in self.plan.output_specs:
+        for slot, shape, dt in output_specs:
             buffers[slot] = DeviceArray.empty(shape, dt, allocator)
         return _StaticStep(buffers)
 
@@ -387,7 +506,7 @@ class CudaProgram:
             if lk.grid == 0:
                 return
             args = [buffers[self.slots[p.value]].ptr for p in lk.params]
-            self.drv.launch(functions[i], lk.grid, lk.block, args)
+            self.drv.launch(functions[i], launch_grid(lk, self.bindings), lk.block, args)
             if config.cuda_sync:
                 self._sync_after(lk.name)
         elif step is None:
@@ -395,11 +514,16 @@ class CudaProgram:
 
     def _run_blas(self, step: BlasMatmul, buffers: dict) -> None:
         """A matmul kernel's product (with its fused epilogue) by ``cublasLtMatmul``."""
+        bindings = self.bindings
+
         def pointer(value_offset) -> int:
             value, offset = value_offset
+            if bindings is not None:
+                offset = evaluate_dim(offset, bindings)
             return buffers[self.slots[value]].ptr + offset * value.type.dtype.itemsize
         slots = self.slots
-        self.blas.matmul(self.drv.current, step.gemm, pointer(step.a), pointer(step.b),
+        gemm = step.gemm if bindings is None else gemm_at(step.gemm, bindings)
+        self.blas.matmul(self.drv.current, gemm, pointer(step.a), pointer(step.b),
                          buffers[slots[step.out]].ptr,
                          bias=pointer(step.bias) if step.bias is not None else 0,
                          aux=buffers[slots[step.aux]].ptr if step.aux is not None else 0,
@@ -473,6 +597,7 @@ class CudaProgram:
         arr = buffers[self.plan.slots[base]].to_host()
         if view is None:
             return arr
+        view = self._view_at(view)
         item = arr.dtype.itemsize
         flat = arr.reshape(-1)
         return np.lib.stride_tricks.as_strided(
@@ -486,7 +611,7 @@ class CudaProgram:
                     else env[op] if op in env else self._host_array(op, buffers)
                     for op in node.inputs]
             with np.errstate(all="ignore"):
-                out = np.asarray(node.prim.impl(*args, **node.attrs))
+                out = np.asarray(node.prim.impl(*args, **self._attrs_at(node)))
             out = out.astype(node.output.type.dtype.np_dtype, copy=False)
             env[node.output] = out
             if node.output in self.plan.slots and out.size:

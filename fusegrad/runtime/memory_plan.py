@@ -196,19 +196,20 @@ def _keepdim(shape, axes) -> tuple[int, ...]:
     return tuple(1 if i in axes else d for i, d in enumerate(shape))
 
 
-def saved_between(kg: KernelGraph, boundary: Value) -> dict[Value, int]:
+def saved_between(kg: KernelGraph, boundary: Value, inputs=()) -> dict[Value, int]:
     """The buffers a program holds across ``boundary``, by bytes: the values its kernels
-    compute up to the one that produces ``boundary`` and that a later kernel reads. In a
-    compiled training step whose ``boundary`` is the loss, they are the activations the
-    forward saves for the backward (a bf16 activation under autocast counts 2 bytes an
-    element, as it is stored)."""
+    compute up to the one that produces ``boundary`` and that a later kernel reads, and
+    those of the graph ``inputs`` that a later kernel reads. In a compiled training step whose
+    ``boundary`` is the loss, they are the activations the forward saves for the backward (a
+    bf16 activation under autocast counts 2 bytes an element, as it is stored; ``inputs``
+    the step's data, which the float32 backward reads and an autocast one reads in bf16)."""
     def base(v: Value) -> Value:
         return kg.views[v].base if v in kg.views else v
     split = next((i for i, k in enumerate(kg.kernels)
                   if boundary in k.outputs or base(boundary) in k.outputs), None)
     if split is None:
         raise ValueError(f"saved_between: no kernel computes {boundary}")
-    made = {v for k in kg.kernels[:split + 1] for v in k.outputs}
+    made = {v for k in kg.kernels[:split + 1] for v in k.outputs} | set(inputs)
     for k in kg.kernels[:split + 1]:
         if k.kind == "matmul":
             made.update(n.output for n in k.nodes if n.op == "matmul")

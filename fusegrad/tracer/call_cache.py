@@ -209,8 +209,22 @@ def _diff(old, new) -> str:
         if a != b:
             what = names[i] if i < len(names) else f"tensor {i - len(names)} (shape, dtype, " \
                                                     "requires_grad, layout)"
-            return f"{what} changed: {a} -> {b}"
+            return f"{what} changed: {a} -> {b}{_zero_one_note(a, b)}"
     return "a new signature"
+
+
+def _zero_one_note(old, new) -> str:
+    """What a tensor's key change means when a symbolic dim got a size of 0 or 1."""
+    if not (isinstance(old, tuple) and isinstance(new, tuple) and old and new
+            and isinstance(old[0], tuple) and isinstance(new[0], tuple)
+            and len(old[0]) == len(new[0])):
+        return ""
+    dims = [f"dim {d} ({s} = {n})" for d, (s, n) in enumerate(zip(old[0], new[0]))
+            if isinstance(s, str) and n in (0, 1)]
+    if not dims:
+        return ""
+    return (f"; {', '.join(dims)}: a size of 0 or 1 is compiled for itself, not as a symbol "
+            f"(torch's 0/1 specialization: broadcasting and emptiness differ there)")
 
 
 

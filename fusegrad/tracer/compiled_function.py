@@ -424,10 +424,10 @@ class CompiledFunction:
         """The symbols of a call's symbolic dims (see tracer/dynamic_shapes.py)."""
         if self.dynamic is False or self._symbolic_off is not None:
             return {}
-        if self.backend != "llvm":
+        if self.backend not in ("llvm", "cuda"):
             if self.dynamic and config.debug >= 1 and self._symbolic_off is None:
-                print(f"[fusegrad] {self._name()}: symbolic shapes run on the llvm backend only "
-                      f"so far; the {self.backend} backend compiles static shapes",
+                print(f"[fusegrad] {self._name()}: symbolic shapes run on the llvm and cuda "
+                      f"backends only; the {self.backend} backend compiles static shapes",
                       file=sys.stderr)
             self._symbolic_off = f"the {self.backend} backend"
             return {}
@@ -706,7 +706,8 @@ class CompiledFunction:
             _check_symbolic_ready(graph, args, kwargs)
             optimized = run_passes(graph, self.pipeline)
             program = symbolic_entry_program(graph, optimized, self.backend, args, kwargs,
-                                             self.donate_argnums)
+                                             self.donate_argnums,
+                                             cuda_graphs=self.mode == "reduce-overhead")
         else:
             optimized = run_passes(graph, program_pipeline(self.pipeline, self.backend))
             program = entry_program(graph, optimized, self.backend, args, kwargs,

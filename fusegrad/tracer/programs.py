@@ -21,7 +21,7 @@ from fusegrad.ir.interpreter import bind_symbols
 from fusegrad.ir.specialize import specialize
 from fusegrad.ir.verifier import VerificationError
 from fusegrad.runtime.cpu import Program
-from fusegrad.symint import SymbolicDecisionError, SymInt, hashable_sizes, size_hint
+from fusegrad.symint import SizesOutOfRange, SymbolicDecisionError, SymInt, hashable_sizes, size_hint
 from fusegrad.tracer.call_cache import _Entry, _SplitPrograms
 from fusegrad.tracer.compiled_autograd import _reaching
 from fusegrad.tracer.pipeline import (
@@ -75,24 +75,27 @@ class SymbolicProgram:
     """The program of a graph with symbolic sizes (traced and optimized once): called with
     arrays, it binds the symbols from their shapes and runs.
 
-    On the CPU the graph is fused and its kernels built once, reading their sizes at run
-    time (:class:`~fusegrad.runtime.cpu.Program` of symbolic sizes): every size runs the
-    same kernels. Where some kernel's code would depend on the sizes (a decision that is
-    not the same for every size, such as a stack array as long as a symbolic dim), the
-    program falls back to kernels per size (:func:`~fusegrad.ir.specialize.specialize`,
-    then fusion and the LLVM kernels, built on the first call with those sizes);
-    ``FUSEGRAD_DEBUG=1`` says which and why."""
+    The graph is fused and its kernels built once, reading their sizes at run time
+    (:class:`~fusegrad.runtime.cpu.Program` and :class:`~fusegrad.runtime.cuda.CudaProgram`
+    of symbolic sizes): every size runs the same kernels. Where some kernel's code would
+    depend on the sizes (a decision that is not the same for every size, such as a stack
+    array as long as a symbolic dim), the program falls back to kernels per size
+    (:func:`~fusegrad.ir.specialize.specialize`, then fusion and the LLVM or CUDA kernels,
+    built on the first call with those sizes); ``FUSEGRAD_DEBUG=1`` says which and why.
+    With ``cuda_graphs`` a CUDA program replays a graph per size."""
 
-    def __init__(self, graph: Graph, backend: str, name: str, donate=()):
+    def __init__(self, graph: Graph, backend: str, name: str, donate=(),
+                 cuda_graphs: bool = False):
         self.graph = graph              # after the passes, before fusion
         self.backend, self.name, self.donate_pairs = backend, name, donate
+        self.cuda_graphs = cuda_graphs
         self._programs: collections.OrderedDict = collections.OrderedDict()
         self.last: Program | None = None
         # The one program for every size, or None (kernels per size); ``fallback``: why.
         self.runtime_sized: Program | None = None
         self.fallback: str | None = None
         self.builds = 0                 # programs built: 1 when one serves every size
-        if backend == "llvm":
+        if backend in ("llvm", "cuda"):
             self._build_runtime_sized()
         else:
             self.fallback = f"the {backend} backend"
@@ -105,7 +108,8 @@ class SymbolicProgram:
             with hashable_sizes():
                 fused = run_passes(self.graph, "fuse")
                 self.runtime_sized = build_program(fused, self.backend, self.name,
-                                                   donate=self.donate_pairs)
+                                                   donate=self.donate_pairs,
+                                                   cuda_graphs=self.cuda_graphs)
             self.builds += 1
         except (SymbolicDecisionError, VerificationError) as e:
             # (The verifier of a graph built outside the trace cannot decide what a shape
@@ -122,15 +126,21 @@ class SymbolicProgram:
         if self.runtime_sized is not None:
             self.last = self.runtime_sized
             return self.runtime_sized
+        return self._specialized(bindings, self.fallback)
+
+    def _specialized(self, bindings: dict[str, int], why: str) -> Program:
+        """The program built for the sizes ``bindings`` (now, if new; ``why``: for the
+        message)."""
         key = tuple(sorted(bindings.items()))
         prog = self._programs.get(key)
         if prog is None:
             if config.debug >= 1:
                 sizes = ", ".join(f"{k}={v}" for k, v in key)
                 print(f"[fusegrad] {self.name}: kernels for {sizes} (each new size builds its "
-                      f"kernels once: {self.fallback})", file=sys.stderr)
+                      f"kernels once: {why})", file=sys.stderr)
             concrete = run_passes(specialize(self.graph, bindings), "fuse")
-            prog = build_program(concrete, self.backend, self.name, donate=self.donate_pairs)
+            prog = build_program(concrete, self.backend, self.name, donate=self.donate_pairs,
+                                 cuda_graphs=self.cuda_graphs)
             self.builds += 1
             self._programs[key] = prog
             if len(self._programs) > SPECIALIZED_PROGRAMS:
@@ -143,7 +153,11 @@ class SymbolicProgram:
     def __call__(self, *arrays):
         if self.runtime_sized is not None:
             self.last = self.runtime_sized
-            return self.runtime_sized(*arrays)
+            try:
+                return self.runtime_sized(*arrays)
+            except SizesOutOfRange as e:    # (raised before the program ran anything)
+                bindings = bind_symbols(self.graph, [a.shape for a in arrays])
+                return self._specialized(bindings, str(e))(*arrays)
         return self.program_for(bind_symbols(self.graph, [a.shape for a in arrays]))(*arrays)
 
     def fast_runner(self):
@@ -169,12 +183,13 @@ class SymbolicProgram:
 
 
 def symbolic_entry_program(graph: Graph, optimized: Graph, backend: str, args, kwargs,
-                           donate_argnums: tuple) -> SymbolicProgram:
+                           donate_argnums: tuple, cuda_graphs: bool = False) -> SymbolicProgram:
     """:func:`entry_program` for a graph with symbolic sizes (``optimized``: after the
     passes before fusion); its program for this call's sizes is built now, so that a
     lowering that fails does so while compiling."""
     pairs = _donations(graph, args, kwargs, donate_argnums)
-    program = SymbolicProgram(optimized, backend, _symbol(graph.name), donate=pairs)
+    program = SymbolicProgram(optimized, backend, _symbol(graph.name), donate=pairs,
+                              cuda_graphs=cuda_graphs)
     hints = {}
     for v in optimized.inputs:
         for d in v.type.shape:

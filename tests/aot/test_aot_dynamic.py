@@ -251,15 +251,47 @@ def test_char_transformer_artifact_trains_at_three_batch_sizes_in_a_fresh_proces
                                    atol=tol * 0.1, err_msg=name)
 
 
+def _tokens_of(pairs, seed: int = 1) -> list:
+    return [a.numpy() for k, (n, t) in enumerate(pairs) for a in _tokens(n, t, seed + k)]
+
+
 @pytest.mark.slow
-def test_symbolic_sequence_length_is_refused_at_compile():
-    """The fused attention's kernels are made per sequence length: an artifact, which
-    compiles nothing at load, refuses a symbolic one (fusegrad.compile builds per length)."""
-    step = _char_transformer_step(_char_transformer())
+def test_char_transformer_artifact_trains_at_three_batch_sizes_and_lengths(tmp_path):
+    """Batch and sequence length symbolic: the fused attention's kernels read the length at
+    run time, so one artifact trains at any (batch, length) within the bounds, in a fresh
+    process that compiles nothing, as fusegrad.compile(dynamic=True) trains."""
+    model = _char_transformer()
+    reference = copy.deepcopy(model)
     b, t = fg.aot.Dim("batch", max=64), fg.aot.Dim("seq", max=16)
-    with pytest.raises(ValueError, match=r"native loops of its extern steps would depend on the "
-                                         r"value of a symbolic size \(fused_attention's native "
-                                         r"loops: .*symbolic here: batch, seq"):
+    path = tmp_path / "step.fgaot"
+    fg.aot.compile(_char_transformer_step(model), *_tokens(3, 12, 0),
+                   dynamic_shapes={"x": {0: b, 1: t}, "y": {0: b, 1: t}}).save(path)
+    data = _tokens_of([(3, 12), (8, 16), (5, 7)])
+    compiled = fg.compile(_char_transformer_step(reference), dynamic=True)
+    want = [compiled(fg.tensor(data[i]), fg.tensor(data[i + 1])).item()
+            for i in range(0, len(data), 2)]
+    losses, compiles, state = train_in_fresh_process(path, tmp_path, data)
+    assert compiles == 0
+    assert compiled.compiles == 1
+    # The same program and kernels: the same bits.
+    assert losses == want
+    for name, p in reference.named_parameters():
+        np.testing.assert_array_equal(state[f"model.{name}"], p.detach().numpy(), err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_sequence_dim_past_what_the_fused_attention_takes_is_refused():
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    try:
+        from char_transformer import make_model
+    finally:
+        sys.path.pop(0)
+    fg.manual_seed(0)
+    step = _char_transformer_step(make_model(fg, vocab=20, block=256, n_embd=16, n_head=2,
+                                             n_layer=1))
+    b, t = fg.aot.Dim("batch", max=64), fg.aot.Dim("seq", max=200)
+    with pytest.raises(ValueError, match=r"seq <= 128 \(false at seq = 129: the fused attention "
+                                         r"takes at most 128 keys.*Dim\('seq', min=2, max=200\)"):
         fg.aot.compile(step, *_tokens(3, 12, 0), dynamic_shapes={"x": {0: b, 1: t},
                                                                   "y": {0: b, 1: t}})
 

@@ -86,6 +86,44 @@ def test_concat_along_the_innermost_axis_gets_a_loop_per_operand():
     assert re.search(r"load <\d+ x float>", optimized) and "masked.gather" not in optimized
 
 
+def test_concat_along_an_outer_axis_loads_one_operand_per_range():
+    # im2col's stack of strided slices: each operand's range of the stacked axis (one
+    # index) gets a copy of the loops inside it, whose body loads that operand alone (over
+    # the whole axis every element loaded all 9 and selected one).
+    from fusegrad.ops.windows import windows_by_slices
+    x = fg.randn(2, 3, 10, 10)
+
+    def f(x):
+        return windows_by_slices(x, (3, 3), (2, 2), (1, 1), (4, 4))
+    (k,) = lowered(f, x)
+    text = format_kernel(k)
+    assert text.count("p0[") == 9 and "select" not in text, text
+    assert len([lp for lp in loops(k.body) if not lp.body or not isinstance(lp.body[0], Loop)]) == 9
+    want = np.stack([x.numpy()[:, :, a:a + 7:2, b:b + 7:2] for a in range(3) for b in range(3)], 2)
+    np.testing.assert_array_equal(fg.compile(f)(x).numpy(), want)
+
+
+def test_reductions_that_do_not_read_each_other_share_one_loop():
+    # A batch norm's forward and backward in one kernel: the mean; the variance (reads the
+    # mean) beside the backward's sums that read only the mean; then the ones that read the
+    # variance. Three loops over each channel instead of six, with the values of eager.
+    from fusegrad.codegen.values import reductions
+    F = fg.nn.functional
+    x, w, b, g = fg.randn(4, 3, 5, 6), fg.randn(3), fg.randn(3), fg.randn(4, 3, 5, 6)
+
+    def bn_grad(x, w, b, g):
+        def loss(x, w, b):
+            return (F.batch_norm(x, None, None, w, b, training=True) * g).sum()
+        return fg.grad(loss, argnums=(0, 1, 2))(x, w, b)
+    kg = fuse(PassManager(DEFAULT_PIPELINE).run(fg.trace(bn_grad, x, w, b, g)))
+    (k,) = [k for k in kg.kernels if len(reductions(k)) > 1]
+    assert [len(r) for r in cpu_lowering.reduction_rounds(k, reductions(k))] == [1, 2, 3]
+    want = [v.numpy().astype(np.float64) for v in bn_grad(x, w, b, g)]
+    for got, ref in zip(fg.compile(bn_grad)(x, w, b, g), want):
+        # sums of 120 terms of size ~1: float32 rounding, not a tuned bound
+        np.testing.assert_allclose(got.numpy(), ref, rtol=0, atol=120 * 4 * np.finfo(np.float32).eps)
+
+
 def test_softmax_rows_reduce_into_variables_and_keep_the_exponentials():
     (k,) = lowered(lambda x: fg.nn.functional.softmax(x, -1), fg.randn(8, 100))
     text = format_kernel(k)

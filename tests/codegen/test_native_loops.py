@@ -7,7 +7,12 @@ import pytest
 
 from fusegrad import dtypes
 from fusegrad.codegen import interpret
-from fusegrad.codegen.attention import attention_backward_kernel, attention_forward_kernel
+from fusegrad.codegen.attention import (
+    LAYOUT,
+    attention_backward_kernel,
+    attention_forward_kernel,
+    row_widths,
+)
 from fusegrad.codegen.cuda.printer import cuda_source
 from fusegrad.codegen.gemm import Gemm, gemm_kernel
 from fusegrad.codegen.llvm.kernel import module_text
@@ -59,18 +64,30 @@ def test_check_copy():
 def test_attention_kernels_are_kernel_ir_programs():
     """The native attention kernels are written in the kernel IR (vector rows of scores,
     lane reductions for the softmax, shuffles for the transposed tile) and printed by the
-    LLVM printer with the CPU kernels' calling convention."""
-    k = attention_forward_kernel(dtypes.float32, 16, 8, True, False, True)
+    LLVM printer with the CPU kernels' calling convention. One kernel per feature count
+    takes every number of keys (the layout's last entry): a body per row width, and for the
+    lengths between two widths one whose rows have lanes past the keys, which it neither
+    loads nor stores."""
+    k = attention_forward_kernel(dtypes.float32, 8, True, False, True)
     text = str(k)
-    assert text.startswith("kernel fg_attention_fwd_f32_16x8_101(q: f32*, k: f32*, v: f32*, "
+    assert text.startswith("kernel fg_attention_fwd_f32_e8_101(q: f32*, k: f32*, v: f32*, "
                            "mask: u8*, dout: f32*, packed: f32*, out: f32*, layout: idx*, "
                            "scale: f64*)")
-    for op in ("reduce.f32(", "exp.f32x16(", "shuffle.f32x8(", "muladd.f32x16(", "kt.x16[",
-               "mask.x16["):
+    assert row_widths(dtypes.float32, 8) == [8, 16, 32, 64, 128]
+    assert row_widths(dtypes.float64, 128) == [4, 8, 16, 32, 64]      # 64 x 128 = MAX_TILE
+    assert f"layout[{LAYOUT - 1}]" in text
+    for op in ("reduce.f32(", "exp.f32x16(", "shuffle.f32x8(", "muladd.f32x16(", "kt16.x16[",
+               "mask.x16[", "exp.f32x128(", "eq.idx(keys"):
         assert op in text, op
-    llvm = module_text("m", [attention_backward_kernel(dtypes.float64, 5, 7, False, False)])
-    assert 'define void @"fg_attention_bwd_f64_5x7_00"(i8** %"bufs", i64 %"start", i64 %"end")' \
+    assert "local kt128: f32[1024]" in text and "local kt8: f32[64]" in text   # keys x features
+    assert len([ln for ln in text.splitlines() if ln.lstrip().startswith("if ")]) == 10
+    alone = str(attention_forward_kernel(dtypes.float32, 8, True, False, True, upto=32))
+    assert alone.startswith("kernel fg_attention_fwd_f32_e8_101_upto32(")    # 1 to 32 keys
+    assert len([ln for ln in alone.splitlines() if ln.lstrip().startswith("if ")]) == 2
+    llvm = module_text("m", [attention_backward_kernel(dtypes.float64, 7, False, False)])
+    assert 'define void @"fg_attention_bwd_f64_e7_00"(i8** %"bufs", i64 %"start", i64 %"end")' \
         in llvm
+    assert "llvm.masked.load.v8f64" in llvm          # a row of weights of 5 to 7 keys
 
 
 # The hand-written kernels in the reference interpreter: what the kernel IR programs mean,
@@ -179,7 +196,9 @@ def test_interpreted_gemm(packed):
     assert np.all(np.abs(c.reshape(m, n) - want) <= bound + 1e-30)
 
 
-@pytest.mark.parametrize("L,E", [(8, 8), (5, 3)])     # the shuffle transpose; the scalar one
+# the shuffle transpose; the scalar one; lanes past the keys (with both transposes; fewer
+# keys than a block of rows)
+@pytest.mark.parametrize("L,E", [(8, 8), (5, 3), (11, 8), (3, 8)])
 def test_interpreted_attention_matches_the_native_call(L, E):
     rng = np.random.default_rng(L)
     B, H = 1, 2
@@ -192,16 +211,19 @@ def test_interpreted_attention_matches_the_native_call(L, E):
     assert native_attention.attention_backward(grads, q, k, v, dout, packed, mask, scale=0.5,
                                                keep=False)
     contiguous = [H * L * E, L * E, E]
-    layout = np.array([H, *contiguous * 3, 0, 0, L, *contiguous, B * H], np.uint64)
-    bits = mask.astype(np.uint8)
+    # the mask's rows as wide as the kernel's rows of scores (16 lanes for 11 keys)
+    width = next(w for w in row_widths(dtypes.float32, E) if w >= L)
+    bits = np.zeros((L, width), np.uint8)
+    bits[:, :L] = mask[0, 0]
+    layout = np.array([H, *contiguous * 3, 0, 0, width, *contiguous, B * H, L], np.uint64)
     scale = np.array([0.5])
     got = np.full_like(packed, np.nan)
-    interpret.run_kernel(attention_forward_kernel(dtypes.float32, L, E, True, False, False),
+    interpret.run_kernel(attention_forward_kernel(dtypes.float32, E, True, False, False),
                          [q, k, v, bits, dout, got, grads * 0, layout, scale], grid=1,
                          extent=B * H)
     np.testing.assert_allclose(got, packed, rtol=1e-5, atol=1e-6)
     got_grads = np.full_like(grads, np.nan)
-    interpret.run_kernel(attention_backward_kernel(dtypes.float32, L, E, True, False),
+    interpret.run_kernel(attention_backward_kernel(dtypes.float32, E, True, False),
                          [q, k, v, bits, dout, packed, got_grads, layout, scale], grid=1,
                          extent=B * H)
     np.testing.assert_allclose(got_grads, grads, rtol=1e-4, atol=1e-5)

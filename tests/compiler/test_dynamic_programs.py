@@ -246,3 +246,58 @@ def test_a_strided_slice_backward_does_not_guard_the_parity():
     sig = compiled.entries()[0].symbolic
     assert all(COMPARE[op](e.evaluate({"s0": n}), v) for e, op, v in sig.assumptions
                for n in range(2, 40))
+
+
+def _char_transformer(block: int):
+    import os
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(root, "examples"))
+    try:
+        from char_transformer import make_model
+    finally:
+        sys.path.pop(0)
+    fg.manual_seed(0)
+    return make_model(fg, vocab=20, block=block, n_embd=16, n_head=2, n_layer=1)
+
+
+def _sgd_step(model):
+    opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
+@pytest.mark.slow
+def test_a_char_transformer_of_symbolic_batch_and_length_builds_nothing_at_a_new_length(
+        monkeypatch):
+    """Batch and sequence length symbolic: the fused attention's kernels read the length at
+    run time, so after the first call no kernel or native loop is built (or loaded) at a
+    new (batch, length), and the losses equal eager's within float32 rounding."""
+    from fusegrad.runtime import jit, native_attention
+    native = []
+    forward = native_attention.attention_forward
+
+    def counted(out, *args, **kwargs):
+        native.append((out.shape[-2], forward(out, *args, **kwargs)))
+        return native[-1][1]
+    monkeypatch.setattr(native_attention, "attention_forward", counted)
+    model = _char_transformer(64)
+    reference = copy.deepcopy(model)
+    compiled, eager = fg.compile(_sgd_step(model), dynamic=True), _sgd_step(reference)
+    rng = np.random.default_rng(0)
+    built = []
+    for n, t in ((3, 8), (5, 20), (4, 64)):
+        x, y = (fg.tensor(rng.integers(0, 20, (n, t))) for _ in range(2))
+        before = jit.stats["compiles"] + jit.stats["disk_hits"]
+        got = compiled(x, y).item()
+        built.append(jit.stats["compiles"] + jit.stats["disk_hits"] - before)
+        # Sums of a few dozen float32 terms per value, through one block and SGD steps.
+        np.testing.assert_allclose(got, eager(x, y).item(), rtol=1024 * EPS32 * len(built))
+    assert built[1:] == [0, 0] and compiled.compiles == 1
+    assert native == [(8, True), (20, True), (64, True)]        # the fused attention ran

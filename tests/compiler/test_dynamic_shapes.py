@@ -113,9 +113,13 @@ def test_automatic_dynamic_recompiles_once_with_the_changed_dim_symbolic(capsys,
     assert "traced with symbolic x.size(0) as s0, y.size(0) as s0" in err
 
 
-def test_size_one_specializes_and_dynamic_false_is_static():
+def test_size_one_specializes_and_dynamic_false_is_static(capsys, monkeypatch):
+    monkeypatch.setattr(fg_config.config, "debug", 1)
     _, _, _, _, step = _train(True, [8, 1, 5, 1])
     assert step.compiles == 2                        # s0 >= 2, then the size-1 program
+    reasons = [line for line in capsys.readouterr().err.splitlines() if "recompile reason" in line]
+    assert len(reasons) == 1 and "dim 0 (s0 = 1): a size of 0 or 1 is compiled for itself" \
+        in reasons[0] and "0/1 specialization" in reasons[0]
     losses, eager_losses, params, eager_params, step = _train(False, [8, 4, 8, 4])
     _assert_matches_eager(losses, eager_losses, params, eager_params, 4)
     assert step.compiles == 2 and all(e.symbolic is None for e in step.entries())
@@ -248,7 +252,7 @@ def test_a_size_assumption_recompiles_as_torchs():
     assert f.compiles == counters["stats"]["unique_graphs"] == 2
 
 
-def _char_transformer():
+def _char_transformer(block=16):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))), "examples"))
     try:
@@ -256,7 +260,7 @@ def _char_transformer():
     finally:
         sys.path.pop(0)
     fg.manual_seed(0)
-    return make_model(fg, vocab=20, block=16, n_embd=16, n_head=2, n_layer=1)
+    return make_model(fg, vocab=20, block=block, n_embd=16, n_head=2, n_layer=1)
 
 
 @pytest.mark.slow
@@ -319,6 +323,29 @@ def test_programs_reading_sizes_compile_once(name):
         np.testing.assert_allclose(compiled(x).numpy(), f(x).numpy(), rtol=32 * EPS32,
                                    atol=32 * EPS32)
     assert compiled.compiles == 1 and compiled.entries()[0].symbolic is not None
+    # One program: a size the kernels use as a value (a mean's count) is read at run time.
+    program = compiled.entries()[0].program
+    assert program.builds == 1 and program.fallback is None
+
+
+@pytest.mark.parametrize("name,f", [
+    ("layer_norm over a symbolic row", lambda x: fg.nn.functional.layer_norm(x, x.shape).sum()),
+    ("var", lambda x: x.var()),
+    ("mean", lambda x: (x * x).mean()),
+])
+def test_gradients_of_programs_reading_sizes_compile_once(name, f):
+    # The backward divides by a symbolic count too (layer norm's VJP rule, run by the
+    # autodiff pass, makes that count a node of the backward graph).
+    compiled = fg.compile(f, dynamic=True)
+    rng = np.random.default_rng(1)
+    for n in (4, 2, 5):
+        data = rng.standard_normal((n, 3)).astype(np.float32)
+        x, y = fg.tensor(data, requires_grad=True), fg.tensor(data, requires_grad=True)
+        compiled(x).backward()
+        f(y).backward()
+        np.testing.assert_allclose(x.grad.numpy(), y.grad.numpy(), rtol=64 * EPS32,
+                                   atol=64 * EPS32)
+    assert compiled.compiles == 1, name
 
 
 def test_symbolic_training_step_is_built_once_for_every_batch_size():
@@ -538,3 +565,60 @@ def test_dynamic_true_narrowed_still_makes_a_changing_length_symbolic():
                                    rtol=64 * EPS32, atol=64 * EPS32)
     # 16 (leading dims symbolic), 9 (a second length), 33: the length symbolic from then on.
     assert f.compiles == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic,compiles", [(True, 1), (None, 2)])
+def test_batch_sizes_from_128_to_2_each_epoch_shorter_at_its_end(dynamic, compiles):
+    """Batch sizes 128 down to 2, each epoch's last batch shorter (302 samples: 46, 2, 6,
+    14...); then a batch of one, which compiles for itself (0/1 specialization)."""
+    from fusegrad.utils.data import DataLoader, TensorDataset
+
+    rng = np.random.default_rng(5)
+    data = TensorDataset(fg.tensor(rng.standard_normal((302, 12)).astype(np.float32)),
+                         fg.tensor(rng.integers(0, 10, 302)))
+    eager_model = _mlp()
+    model = copy.deepcopy(eager_model)
+    step = fg.compile(_step_fn(model, fg.optim.SGD(model.parameters(), lr=0.05)),
+                      dynamic=dynamic)
+    eager_step = _step_fn(eager_model, fg.optim.SGD(eager_model.parameters(), lr=0.05))
+    sizes = []
+    for batch_size in (128, 100, 64, 37, 16, 5, 2):
+        for x, y in DataLoader(data, batch_size=batch_size):
+            sizes.append(len(x))
+            loss, eager_loss = float(step(x, y)), float(eager_step(x, y))
+            np.testing.assert_allclose(loss, eager_loss, rtol=256 * EPS32 * len(sizes))
+    assert min(sizes) == 2 and len(set(sizes)) == 10
+    assert step.compiles == compiles
+    x, y = data[:1]
+    step(x, y)
+    assert step.compiles == compiles + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic,compiles", [(True, 1), (None, 2)])
+def test_char_transformer_at_sequence_lengths_8_to_128(dynamic, compiles):
+    eager_model = _char_transformer(block=128)
+    model = copy.deepcopy(eager_model)
+
+    def make_step(m):
+        opt = fg.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = m(x, y)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    step, eager_step = fg.compile(make_step(model), dynamic=dynamic), make_step(eager_model)
+    rng = np.random.default_rng(2)
+    lengths = [128, 8, 64, 100, 33, 128, 17, 9]
+    for t in lengths:
+        x, y = (fg.tensor(rng.integers(0, 20, (2, t))) for _ in range(2))
+        loss, eager_loss = float(step(x, y)), float(eager_step(x, y))
+        np.testing.assert_allclose(loss, eager_loss, rtol=1024 * EPS32 * len(lengths))
+    assert step.compiles == compiles
+    # One program for every length: no kernel (the fused attention's included) per length.
+    program = step.entries()[-1].program
+    assert program.builds == 1 and program.fallback is None

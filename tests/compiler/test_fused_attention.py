@@ -91,6 +91,60 @@ def test_native_code_matches_a_float64_computation():
         np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-6)
 
 
+def _float64_attention(q, k, v, m, dout, scale, keep):
+    q, k, v, dout = (a.astype(np.float64) for a in (q, k, v, dout))
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if m is not None:
+        s = np.where(m == keep, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = dout @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True)) * scale
+    return p @ v, p, [ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ dout]
+
+
+@pytest.mark.slow          # (builds the kernels for every length: seconds of LLVM each)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mask,keep", [(None, False), ("causal", False), ("causal", True)])
+def test_one_kernel_takes_every_sequence_length(dtype, mask, keep):
+    """The number of keys is read at run time: lengths of one row width (L = 8, 16, ...),
+    between two (lanes past the keys), of one key and of the most keys run the one forward
+    and one backward kernel of their feature count, each within rounding of the float64
+    math, writing nothing past the packed result."""
+    rng = np.random.default_rng(7)
+    E = 8
+    built = NA._compiled.cache_info().currsize
+    for L in (1, 3, 8, 9, 20, 31, 64, 100, NA.MAX_KEYS):
+        q, k, v = _heads(rng, (2, 3, L, E), dtype)
+        m = _mask(rng, mask, 2, L)
+        if m is not None and keep:
+            m = ~m
+        dout = rng.standard_normal(q.shape).astype(dtype)
+        # The packed result with a sentinel after it.
+        n = q.size // E * (E + L)
+        room = np.full(n + 64, 7.0, dtype)
+        packed = room[:n].reshape(q.shape[:-1] + (E + L,))
+        assert NA.attention_forward(packed, q, k, v, m, scale=0.3, keep=keep, zero_dead=False)
+        assert np.all(room[n:] == 7.0)
+        grads = np.full((3,) + q.shape, np.nan, dtype)
+        assert NA.attention_backward(grads, q, k, v, dout, packed, m, scale=0.3, keep=keep)
+        # A static length's kernel (its row width's bodies only) computes the same bits.
+        alone = np.empty_like(packed)
+        assert NA.attention_forward(alone, q, k, v, m, scale=0.3, keep=keep, zero_dead=False,
+                                    every_length=False)
+        np.testing.assert_array_equal(alone, packed)
+        out, p, want = _float64_attention(q, k, v, m, dout, 0.3, keep)
+        # sums of E products for a score, L terms for a row's sum and each product
+        tol = 16 * np.finfo(dtype).eps * (E + L)
+        np.testing.assert_allclose(packed[..., :E], out, rtol=tol, atol=tol, err_msg=str(L))
+        np.testing.assert_allclose(packed[..., E:], p, rtol=tol, atol=tol, err_msg=str(L))
+        for got, w in zip(grads, want):
+            np.testing.assert_allclose(got, w, rtol=4 * tol, atol=4 * tol, err_msg=str(L))
+    # one forward and one backward kernel for every length (none if an earlier test built
+    # them), and a forward per row width
+    assert NA._compiled.cache_info().currsize - built <= 2 + 5
+
+
 @pytest.mark.parametrize("shape", [(7, 5), (3, 7, 5), (2, 3, 2, 7, 5)])
 def test_native_code_takes_any_number_of_batch_dimensions(shape):
     rng = np.random.default_rng(1)

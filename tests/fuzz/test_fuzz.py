@@ -10,6 +10,7 @@ and this test checks the fix on every program it draws.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import warnings
@@ -463,6 +464,18 @@ def test_symbolic_stage_compiles_once_for_three_sizes():
     assert symbol_candidates(program)[0] == (3, (2, 5))
     assert resized(program, 3, 5).inputs[1].shape == (5, 1)
     result = check_program(program, SYMBOLIC_ONLY)
+    assert result.mismatches == [], report(result)
+    assert result.symbolic == SymbolicRun(sizes=(3, 2, 5), compiles=1)
+
+
+def test_symbolic_stage_on_the_cuda_backend_compiles_once_for_three_sizes():
+    # --symbolic-cuda: one program of the GPU lowering, its kernels reading the size at run
+    # time on the simulated driver, equal to eager at 3, 2 and 5.
+    program = Program([Input((3, 4), "float32", "normal", 5, True),
+                       Op("unary", (0,), ("tanh",)), Input((3, 1), "float32", "normal", 6),
+                       Op("binary", (1, 2), ("mul",)),
+                       Op("reduce", (3,), ("sum", (0,), False, None))], [4, 3])
+    result = check_program(program, dataclasses.replace(SYMBOLIC_ONLY, symbolic_backend="cuda"))
     assert result.mismatches == [], report(result)
     assert result.symbolic == SymbolicRun(sizes=(3, 2, 5), compiles=1)
 

@@ -86,6 +86,39 @@ def test_compiled_training_step_on_the_gpu_matches_eager():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:cudagraphs. the cross_entropy check")
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_symbolic_training_step_on_the_gpu_is_one_program_for_every_batch(mode):
+    # The kernels read the batch size from the device's sizes buffer; cuBLASLt's m and k,
+    # the grids and the buffers follow each call (a CUDA graph per size when replayed).
+    def run(backend):
+        fg.manual_seed(0)
+        model = fg.nn.Sequential(fg.nn.Linear(32, 64), fg.nn.GELU(), fg.nn.Linear(64, 10))
+        opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = fg.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        step = fg.compile(step, backend=backend, dynamic=True,
+                          mode=mode if backend == "cuda" else None)
+        rng = np.random.default_rng(0)
+        losses = []
+        for n in (64, 17, 300, 17):
+            x = fg.tensor(rng.standard_normal((n, 32)).astype(np.float32))
+            losses.append(step(x, fg.tensor(rng.integers(0, 10, n))).item())
+        return losses, [p.detach().numpy() for p in model.parameters()], step
+    cpu_losses, cpu_params, _ = run("llvm")
+    gpu_losses, gpu_params, step = run("cuda")
+    np.testing.assert_allclose(gpu_losses, cpu_losses, rtol=1e-4)
+    for a, b in zip(gpu_params, cpu_params):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    (entry,) = step.entries()
+    assert entry.program.builds == 1 and entry.program.fallback is None
+
+
 # --------------------------------------------------------------------------- cuda tensors
 
 

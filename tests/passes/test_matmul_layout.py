@@ -30,6 +30,24 @@ def test_transposed_product_becomes_a_product_of_transposes():
         np.testing.assert_allclose(interpret(h, a, b)[0], interpret(g, a, b)[0], rtol=1e-6)
 
 
+def test_a_cast_between_the_product_and_its_transpose_is_taken_along():
+    # A 16-bit operand's gradient: permute(cast(matmul(a, b))) -> cast(matmul(bT, aT)),
+    # written in its user's layout (a weight's, for the optimizer's epilogue).
+    g = Graph("f")
+    a = g.add_input("a", TensorType((3, 4), dtypes.float32))
+    b = g.add_input("b", TensorType((4, 5), dtypes.float32))
+    m = g.add_node("cast", [g.add_node("matmul", [a, b])], {"dtype": dtypes.bfloat16})
+    g.set_outputs([g.add_node("permute", [m], {"perm": (1, 0)})])
+    h = transpose_matmuls(g)
+    assert [n.op for n in h.nodes][-2:] == ["matmul", "cast"]
+    rng = np.random.RandomState(2)
+    # Small integers: the sums are exact in any order, so the rounding compares bit for bit.
+    args = (rng.randint(-40, 40, (3, 4)).astype(np.float32),
+            rng.randint(-40, 40, (4, 5)).astype(np.float32))
+    np.testing.assert_array_equal(interpret(h, *args)[0].astype(np.float32),
+                                  interpret(g, *args)[0].astype(np.float32))
+
+
 def test_kept_when_the_product_has_other_uses_or_another_permutation():
     for g in (_graph((3, 4), (4, 5), (1, 0), extra_use=True),
               _graph((2, 3, 4), (2, 4, 5), (1, 0, 2))):

@@ -277,7 +277,8 @@ def _brute_force_min_bytes(g: Graph, wrt: list[int]) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["softmax", "used_twice", "stop_gradient", "layer_norm"])
+# (layer_norm's recomputing VJP has too many candidates for the brute force.)
+@pytest.mark.parametrize("name", ["softmax", "used_twice", "stop_gradient"])
 def test_min_cut_saves_the_fewest_bytes_of_any_valid_cut(name):
     g, _ = _model(name)
     wrt = _float_inputs(g)
@@ -459,13 +460,15 @@ def test_random_bits_are_saved_not_recomputed():
     check_partition(g, args, wrt=[0])
 
 
-def test_reductions_are_saved_in_layer_norm():
-    """layer_norm's statistics are reductions: the forward saves them (or values computed
-    from them) and the backward recomputes only elementwise work."""
-    g, _ = _model("layer_norm")
+def test_layer_norm_saves_its_input_alone():
+    """layer_norm's VJP recomputes (torch's NativeLayerNormBackward reads the input): its
+    remat barriers leave the forward nothing to save but the inputs, and no forward
+    reduction is recomputed (the backward's statistics are its own nodes)."""
+    g, args = _model("layer_norm")
     p = partition_joint(g)
-    assert p.recomputed_ops, "the normalized input is cheaper to recompute than to save"
+    assert {s.kind for s in p.saved} == {"input"}
     assert {"sum", "max", "min", "prod"}.isdisjoint(p.recomputed_ops)
+    check_partition(g, args)
 
 
 @pytest.mark.parametrize("name", MODELS)

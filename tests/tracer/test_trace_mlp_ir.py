@@ -89,7 +89,8 @@ def test_backward_ir(graphs):
         r"= matmul %\d+, %\d+ : f32\[2,8\]",                           # d h = d z @ W2
         r"= permute %\d+ \{perm=\[1, 0\]\} : f32\[8,2\]",              # h.T
         r"= matmul %\d+, %\d+ : f32\[8,3\]",                           # h.T @ d z
-        r"= where %\d+, %\d+, %\d+ : f32\[2,8\]",                      # relu's VJP
+        r"= le %\d+, 0\.0 : i1\[2,8\]",                                # of relu's output
+        r"= where %\d+, 0\.0, %\d+ : f32\[2,8\]",                       # relu's VJP
         r"= sum %\d+ \{axes=\[0\]\} : f32\[8\]",                       # d b1
         r"= permute %x \{perm=\[1, 0\]\} : f32\[4,2\]",                # x.T
         r"= matmul %\d+, %\d+ : f32\[4,8\]",                           # x.T @ d h
