@@ -21,8 +21,8 @@ model's shapes (forward products times 3: the forward's and the backward's two),
 share of the GEMM peak is the step's rate over the best float32 GEMM rate numpy or torch
 reach at 1024^3 at that thread count, measured in the same run (``benchmarks/machine.py``).
 
-``--busy`` runs the same with ``python -c 'while True: pass'`` pinned to the first core
-beside the workers. ``--only cnn`` runs one workload. ``--quick`` is a smoke run: smaller
+``--busy`` runs the same with ``python -c 'while True: pass'`` pinned to the last core beside
+the workers: one thread runs on a core of its own (the first), two share one with it. ``--only cnn`` runs one workload. ``--quick`` is a smoke run: smaller
 workloads, fewer rounds, no torch.compile.
 
     python benchmarks/bench_medium.py [--quick] [--busy] [--only gpt,mlp,cnn] [--threads 1,2]
@@ -294,11 +294,11 @@ def main() -> None:
     busy = None
     if a.busy:
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+                                preexec_fn=lambda: os.sched_setaffinity(0, {max(os.sched_getaffinity(0))}))
     try:
         rows = [r for w in a.only.split(",") for t in threads
                 for r in run_worker(["--worker", w, str(t), str(int(a.quick)), a.systems], t)]
-        title = "ms per step, medians" + (", busy neighbour on core 0" if a.busy else "") + \
+        title = "ms per step, medians" + (", busy neighbour on the last core" if a.busy else "") + \
             (" (--quick sizes)" if a.quick else "")
         print_table(rows, peaks, title)
     finally:

@@ -79,68 +79,98 @@ def run_in_parts(fn, args: tuple, extent: int, threads: int, parts: int | None =
         raise state["error"]
 
 
-# A product of fewer multiply-adds runs as one BLAS call (about 50 us at 80 GFLOP/s: a pool
-# hand-off would not pay).
+# A product of fewer multiply-adds is one call (about 50 us at 80 GFLOP/s: a pool hand-off
+# would not pay).
 SPLIT_PRODUCT = 1 << 21
-# Rows (or columns) of the result per part at least: each part's BLAS call packs the other
-# operand whole again, which costs about what 8 multiply-adds per packed element cost, so
-# parts of 256 rows spend some 3% of the product on packing.
-PRODUCT_PART = 256
+# Rows (or columns, or terms of the sums) of a product per part at least: each part's BLAS
+# call packs the other operand whole again.
+PRODUCT_PART = 64
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``np.matmul(a, b, out=out)`` for float arrays, split across ``config.num_threads``
-    threads by :func:`run_in_parts`, each part one single-threaded call of numpy's BLAS:
-    the rows of ``a`` or the columns of ``b``, whichever is longer (the other operand is the
-    one each part packs again), or batched products over their first batch dim (a broadcast
-    operand whole in every part). Where BLAS splits a product itself, its threads take
-    equal shares and wait for each other: beside a busy core a 256x256x256 product took 50
-    times as long on two threads as on one. Products that are small, of other shapes, or
-    whose BLAS's thread count cannot be set run as one call."""
+    """``np.matmul(a, b, out=out)`` for float arrays, on ``config.num_threads`` threads of
+    fusegrad's own: numpy's BLAS runs on one thread during the call, and the product is cut
+    into parts that :func:`run_in_parts` hands out: products of a batch (over its first
+    dim, a broadcast operand whole in every part), else the rows of ``a`` or the columns of
+    ``b`` (whichever is longer: the other operand is the one each part packs again), else,
+    for long sums of a short result (a weight's gradient), the terms of the sums, added at
+    the end. BLAS's own threads take equal static shares and spin while they wait: beside a
+    busy core a 256x256x256 product took 50 times as long on two threads as on one, and a
+    BLAS thread spinning after its call took half a core from the next kernel. Small
+    products are one call on the calling thread."""
     threads = config.num_threads
     if (threads < 2 or a.ndim < 2 or b.ndim < 2 or a.dtype.kind != "f" or b.dtype.kind != "f"
-            or a.shape[-1] != b.shape[-2] or (out is not None and not out.flags.c_contiguous)):
+            or a.shape[-1] != b.shape[-2] or (out is not None and not out.flags.c_contiguous)
+            or not _blas_functions()):
         return np.matmul(a, b, out=out)
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    m, n = a.shape[-2], b.shape[-1]
     try:
         lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     except ValueError:
         return np.matmul(a, b, out=out)         # (which raises numpy's error)
-    batch = math.prod(lead)
-    if batch * m * k * n < SPLIT_PRODUCT or not _blas_functions():
-        return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty(lead + (m, n), np.result_type(a, b))
+    part, extent, parts, finish = _product_parts(a, b, out, lead, threads)
+    before = blas_threads()
+    set_blas_threads(1)
+    try:
+        if part is None:
+            np.matmul(a, b, out=out)
+        else:
+            run_in_parts(part, (), extent, threads, parts)
+            if finish is not None:
+                finish()
+    finally:
+        set_blas_threads(before)
+    return out
+
+
+def _product_parts(a, b, out, lead: tuple, threads: int):
+    """How :func:`matmul` cuts ``a @ b`` into ``out``: ``(part(start, end), extent, parts,
+    finish)``, or Nones for one call."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = math.prod(lead)
+    most = threads * PARTS_PER_THREAD
+    if batch * m * k * n < SPLIT_PRODUCT:
+        return None, 0, 0, None
     if lead and lead[0] >= 2 * threads:
-        # Over the first batch dim; an operand without it (or of size 1 there) is
-        # broadcast to every part.
         def first(x: np.ndarray):
             return (lambda s, e: x[s:e]) if x.ndim - 2 == len(lead) and x.shape[0] > 1 else \
                 (lambda s, e: x)
         take_a, take_b = first(a), first(b)
-        extent, parts = lead[0], min(lead[0], threads * PARTS_PER_THREAD)
 
         def part(start: int, end: int) -> None:
             np.matmul(take_a(start, end), take_b(start, end), out=out[start:end])
-    elif batch == 1 and max(m, n) >= 2 * PRODUCT_PART:
-        a2, b2, out2 = a.reshape(m, k), b.reshape(k, n), out.reshape(m, n)
+        return part, lead[0], min(lead[0], most), None
+    if batch != 1:
+        return None, 0, 0, None
+    # (``out`` is C-contiguous: its reshape is a view.)
+    a2, b2, out2 = a.reshape(m, k), b.reshape(k, n), out.reshape(m, n)
+    if max(m, n) >= 2 * PRODUCT_PART:
         extent = max(m, n)
-        parts = max(2, min(threads * PARTS_PER_THREAD, extent // PRODUCT_PART))
 
         def part(start: int, end: int) -> None:
             if m >= n:
                 np.matmul(a2[start:end], b2, out=out2[start:end])
             else:
                 np.matmul(a2, b2[:, start:end], out=out2[:, start:end])
-    else:
-        return np.matmul(a, b, out=out)
-    before = blas_threads()
-    set_blas_threads(1)         # each part is one thread's call
-    try:
-        run_in_parts(part, (), extent, threads, parts)
-    finally:
-        set_blas_threads(before)
-    return out
+        # (Two parts per thread: each packs the other operand again, a cost that more parts
+        # made visible in a 256x1024x2048 product.)
+        return part, extent, max(2, min(2 * threads, extent // PRODUCT_PART)), None
+    if k >= 2 * PRODUCT_PART:
+        count = max(2, min(threads, k // PRODUCT_PART))
+        bounds = [k * i // count for i in range(count + 1)]
+        partial = np.empty((count, m, n), out.dtype)
+
+        def part(start: int, end: int) -> None:
+            for i in range(start, end):
+                np.matmul(a2[:, bounds[i]:bounds[i + 1]], b2[bounds[i]:bounds[i + 1]],
+                          out=partial[i])
+
+        def finish() -> None:
+            np.sum(partial, axis=0, out=out2)
+        return part, count, count, finish
+    return None, 0, 0, None
 
 
 # The thread-count functions of the BLAS libraries numpy ships with or links: OpenBLAS as

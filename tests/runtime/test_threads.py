@@ -74,6 +74,7 @@ def test_an_error_in_a_part_is_raised_after_the_others_finish():
     ((3, 30, 64), (8, 3, 64, 50)),  # broadcast batch dims (grouped convolution's product)
     ((1, 30, 64), (8, 64, 50)),
     ((8, 1, 30, 64), (1, 2, 64, 50)),
+    ((20, 300), (300, 12)),         # long sums of a short result: terms split, then added
     ((8, 8), (8, 8)),               # small: one call
     ((700, 64), (64,)),             # a vector: one call
 ])
