@@ -84,10 +84,8 @@ _KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_in
 # (:func:`~fusegrad.runtime.threads.run_in_parts`: parts the threads take in turn, the caller
 # from the start, so a worker that is slow to start costs the caller nothing). Splitting was
 # decided by timing each kernel's first runs on one thread and split, until a busy neighbour
-# core skewed those timings for the rest of the run. A pool hand-off costs 90-150 us on a
-# 2-vCPU VM: kernels of 2**16 elements split made a small training step slower on two
-# threads than on one; from 2**18 (about 0.3-1 ms on one core) they gain.
-PARALLEL_THRESHOLD = 1 << 18
+# core skewed those timings for the rest of the run.
+PARALLEL_THRESHOLD = 1 << 16
 # Work (elements) below which a kernel is optimized at LLVM's speed level 1 instead of 3:
 # without vectorization and unrolling LLVM spends 2-3x less time on it. Kept small: the
 # run time of scalar code grows fast (exp(x * y + 1), measured: 16 elements 0.8 us either

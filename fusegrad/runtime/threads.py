@@ -79,29 +79,25 @@ def run_in_parts(fn, args: tuple, extent: int, threads: int, parts: int | None =
         raise state["error"]
 
 
-# A product of fewer multiply-adds (about 3 ms on one core) is one call of numpy's BLAS on
-# its own threads, as numpy makes it: BLAS's threads spin-wait for their next call, so its
-# hand-offs cost microseconds where the pool's cost 90-150 us, and switching BLAS between
-# one thread and several costs its next call 170 us. Splitting products from 2**24 made the
-# 784-256-10 MLP step (products of 26M multiply-adds) 1.6-2.2 ms on two threads against
-# 1.0-1.3 ms with BLAS's threads.
-SPLIT_PRODUCT = 1 << 27
+# A product of fewer multiply-adds is one call (about 50 us at 80 GFLOP/s: a pool hand-off
+# would not pay).
+SPLIT_PRODUCT = 1 << 21
 # Rows (or columns, or terms of the sums) of a product per part at least: each part's BLAS
 # call packs the other operand whole again.
 PRODUCT_PART = 64
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``np.matmul(a, b, out=out)`` for float arrays. A large product runs on
-    ``config.num_threads`` threads of fusegrad's own: numpy's BLAS runs on one thread during
-    the call, and the product is cut into parts that :func:`run_in_parts` hands out:
-    products of a batch (over its first dim, a broadcast operand whole in every part), else
-    the rows of ``a`` or the columns of ``b`` (whichever is longer: the other operand is the
-    one each part packs again), else, for long sums of a short result (a weight's
-    gradient), the terms of the sums, added at the end. BLAS's own threads take equal static
-    shares and wait for each other: beside a busy core a 256x256x256 product took 50 times
-    as long on two threads as on one. Products under ``SPLIT_PRODUCT`` multiply-adds, and
-    those of other shapes, are one call with BLAS's threads."""
+    """``np.matmul(a, b, out=out)`` for float arrays, on ``config.num_threads`` threads of
+    fusegrad's own: numpy's BLAS runs on one thread during the call, and the product is cut
+    into parts that :func:`run_in_parts` hands out: products of a batch (over its first
+    dim, a broadcast operand whole in every part), else the rows of ``a`` or the columns of
+    ``b`` (whichever is longer: the other operand is the one each part packs again), else,
+    for long sums of a short result (a weight's gradient), the terms of the sums, added at
+    the end. BLAS's own threads take equal static shares and spin while they wait: beside a
+    busy core a 256x256x256 product took 50 times as long on two threads as on one, and a
+    BLAS thread spinning after its call took half a core from the next kernel. Small
+    products are one call on the calling thread."""
     threads = config.num_threads
     if (threads < 2 or a.ndim < 2 or b.ndim < 2 or a.dtype.kind != "f" or b.dtype.kind != "f"
             or a.shape[-1] != b.shape[-2] or (out is not None and not out.flags.c_contiguous)
@@ -115,14 +111,15 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     if out is None:
         out = np.empty(lead + (m, n), np.result_type(a, b))
     part, extent, parts, finish = _product_parts(a, b, out, lead, threads)
-    if part is None:
-        return np.matmul(a, b, out=out)
     before = blas_threads()
     set_blas_threads(1)
     try:
-        run_in_parts(part, (), extent, threads, parts)
-        if finish is not None:
-            finish()
+        if part is None:
+            np.matmul(a, b, out=out)
+        else:
+            run_in_parts(part, (), extent, threads, parts)
+            if finish is not None:
+                finish()
     finally:
         set_blas_threads(before)
     return out
