@@ -22,9 +22,8 @@ share of the GEMM peak is the step's rate over the best float32 GEMM rate numpy 
 reach at 1024^3 at that thread count, measured in the same run (``benchmarks/machine.py``).
 
 ``--busy`` runs the same with ``python -c 'while True: pass'`` pinned to the last core beside
-the workers: one thread runs on a core of its own (the first), two share one with it.
-``--only cnn`` runs one workload, ``--systems`` some of the systems. ``--quick`` is a smoke
-run: smaller workloads, fewer rounds, no torch.compile.
+the workers: one thread runs on a core of its own (the first), two share one with it. ``--only cnn`` runs one workload. ``--quick`` is a smoke run: smaller
+workloads, fewer rounds, no torch.compile.
 
     python benchmarks/bench_medium.py [--quick] [--busy] [--only gpt,mlp,cnn] [--threads 1,2]
                                       [--systems "fusegrad compiled,torch eager"]
