@@ -195,17 +195,6 @@ def register_bf16_matmul(fn: Callable) -> None:
     _bf16_matmul_2d = fn
 
 
-# The float products' ``np.matmul``: fusegrad.runtime.threads.matmul (split across the
-# runtime's threads) once the runtime is imported, through register_float_matmul.
-_float_matmul: Callable = np.matmul
-
-
-def register_float_matmul(fn: Callable) -> None:
-    """Let float products run ``fn(a, b)`` in place of ``np.matmul``."""
-    global _float_matmul
-    _float_matmul = fn
-
-
 # Whether compiled products run on the generated GEMM (whose bf16 variant takes 16-bit
 # operands as they are: vdpbf16ps where the CPU has AVX512_BF16), asked when a graph is
 # traced. Filled by fusegrad.runtime.cpu at import (register_gemm_enabled).
@@ -231,7 +220,7 @@ def _matmul_impl(a, b):
         out = _bf16_matmul_2d(a, b)
         if out is not None:
             return out
-    return _float_matmul(_np_float_compute(a), _np_float_compute(b))
+    return np.matmul(_np_float_compute(a), _np_float_compute(b))
 
 
 matmul = register(Primitive("matmul", Kind.CONTRACTION, _matmul_infer, _matmul_impl, (

@@ -52,15 +52,10 @@ from fusegrad.ir.interpreter import bind_symbols
 from fusegrad.ir.kernel_graph import Kernel, KernelGraph, View
 from fusegrad.ir.printer import format_attrs, format_scalar, format_type
 from fusegrad.ir.specialize import concrete_attr
-from fusegrad.ops.prims_reduce import (
-    register_bf16_matmul,
-    register_float_matmul,
-    register_gemm_enabled,
-)
+from fusegrad.ops.prims_reduce import register_bf16_matmul, register_gemm_enabled
 from fusegrad.runtime import jit, native, native_attention
 from fusegrad.runtime.memory_plan import donation_safe, plan_memory
 from fusegrad.runtime.native import data_pointer
-from fusegrad.runtime.threads import matmul as split_matmul
 from fusegrad.runtime.threads import run_in_parts, set_blas_threads, thread_pool
 from fusegrad.symint import (
     SymbolicDecisionError,
@@ -80,11 +75,7 @@ warnings.filterwarnings("ignore", category=RuntimeWarning, module=__name__)
 _KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
 
-# Work (elements) below which a kernel runs on the calling thread only; larger ones are split
-# (:func:`~fusegrad.runtime.threads.run_in_parts`: parts the threads take in turn, the caller
-# from the start, so a worker that is slow to start costs the caller nothing). Splitting was
-# decided by timing each kernel's first runs on one thread and split, until a busy neighbour
-# core skewed those timings for the rest of the run.
+# Work (elements) below which a kernel runs on the calling thread only.
 PARALLEL_THRESHOLD = 1 << 16
 # Work (elements) below which a kernel is optimized at LLVM's speed level 1 instead of 3:
 # without vectorization and unrolling LLVM spends 2-3x less time on it. Kept small: the
@@ -116,6 +107,16 @@ def get_num_threads() -> int:
     return config.num_threads
 
 
+# A kernel large enough to thread is timed on its first runs, TUNE_RUNS times on the calling
+# thread and as many split over the pool (alternating, after one untimed run), and is split
+# from then on only if the median split run took at most SPLIT_GAIN of the single one. Handing
+# work to the pool's threads and waiting for them cost 90-150 us on a 2-vCPU VM: GELU of 2**16
+# floats took 129 us on one thread and 217 split, and threading every kernel from 2**16
+# elements made the compiled MLP step 30% slower with two threads than with one.
+TUNE_RUNS = 3
+SPLIT_GAIN = 0.85
+
+
 @dataclass
 class LaunchStep:
     kernel: Kernel
@@ -125,17 +126,43 @@ class LaunchStep:
     table: int = 0             # address of the kernel's buffer pointers
     # Symbolic sizes: the extent and work as expressions, evaluated by Program.bind_sizes.
     sizes: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
+    # thread count -> whether to split, once measured; and its timings until then
+    split: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    timings: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def run(self, prog: "Program") -> None:
         threads = config.num_threads
         if threads > 1 and self.work >= PARALLEL_THRESHOLD and self.extent > 1:
-            self.run_split(threads)
-        else:
-            self.fn(self.table, 0, self.extent)
+            split = self.split.get(threads)
+            if split is None:
+                self._tune(threads)
+                return
+            if split:
+                self.run_split(threads)
+                return
+        self.fn(self.table, 0, self.extent)
 
     def run_split(self, threads: int) -> None:
         """Run the kernel with its parallel loop split over ``threads`` threads."""
         run_in_parts(self.fn, (self.table,), self.extent, threads)
+
+    def _tune(self, threads: int) -> None:
+        times = self.timings.get(threads)
+        if times is None:                 # the first run: cold caches, not timed
+            self.timings[threads] = ([], [])
+            self.fn(self.table, 0, self.extent)
+            return
+        single, split = times
+        start = time.perf_counter()
+        if len(split) < len(single):
+            self.run_split(threads)
+            split.append(time.perf_counter() - start)
+        else:
+            self.fn(self.table, 0, self.extent)
+            single.append(time.perf_counter() - start)
+        if len(split) == TUNE_RUNS:
+            self.split[threads] = sorted(split)[TUNE_RUNS // 2] <= \
+                SPLIT_GAIN * sorted(single)[TUNE_RUNS // 2]
 
 
 @dataclass
@@ -204,7 +231,7 @@ class MatmulStep:
             out[...] = self.out.producer.prim.impl(a, b)
             return
         with np.errstate(all="ignore"):   # inf * 0 is a NaN, no warning (a skipped step's)
-            split_matmul(a, b, out=out)
+            np.matmul(a, b, out=out)
 
 
 _BF16 = np.dtype(dtypes.bfloat16.np_dtype)
@@ -232,7 +259,7 @@ def bf16_product_on_blas(a: np.ndarray, b: np.ndarray, out: np.ndarray, into=Non
         return (lambda shape: into(role, shape)) if into else (lambda shape: np.empty(shape, np.float32))
     c = buffer(2)(out.shape)
     with np.errstate(all="ignore"):       # as the reference's: inf * 0 is a NaN, no warning
-        split_matmul(_widened(a, buffer(0)), _widened(b, buffer(1)), out=c)
+        np.matmul(_widened(a, buffer(0)), _widened(b, buffer(1)), out=c)
     native.convert(c, out, config.num_threads)
 
 
@@ -1088,7 +1115,6 @@ def _eager_bf16_on_blas(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 register_bf16_matmul(bf16_matmul)
-register_float_matmul(split_matmul)
 register_gemm_enabled(native_gemm_enabled)
 
 

@@ -5,7 +5,6 @@ inputs, random numbers and threads."""
 from __future__ import annotations
 
 import inspect
-import threading
 import warnings
 
 import numpy as np
@@ -318,7 +317,9 @@ def test_threads_split_large_kernels_without_changing_results(monkeypatch):
     for threads in ("1", "2"):
         monkeypatch.setenv("FUSEGRAD_NUM_THREADS", threads)
         fg_config.reload()
-        # Each large kernel runs split with two threads: every call's result is the same.
+        # Each large kernel runs untimed, then once on one thread and once split (TUNE_RUNS
+        # 1), then as timed: every call's result must be the same.
+        monkeypatch.setattr(cpu, "TUNE_RUNS", 1)
         compiled = {name: fg.compile(fn) for name, fn in fns.items()}
         results[threads] = {name: [c(x, w).numpy().copy() for _ in range(4)]
                             for name, c in compiled.items()}
@@ -329,44 +330,31 @@ def test_threads_split_large_kernels_without_changing_results(monkeypatch):
             np.testing.assert_array_equal(got, results["1"][name][0])
 
 
-def _sleeping_step(per_element: float, work: int) -> cpu.LaunchStep:
+def _sleeping_step(per_element: float, fixed: float) -> cpu.LaunchStep:
     """A LaunchStep whose 'kernel' sleeps (releasing the GIL, as a kernel call does)
-    ``per_element`` seconds per element of its range of 8; ``work`` decides the split."""
+    ``fixed`` seconds plus ``per_element`` per element of its range."""
     import time
 
     def fn(table, lo, hi):
-        time.sleep(per_element * (hi - lo))
-    return cpu.LaunchStep(Kernel("k", "elementwise", shape=(8,)), fn, 8, work, 0)
+        time.sleep(fixed + per_element * (hi - lo))
+    return cpu.LaunchStep(Kernel("k", "elementwise", shape=(8,)), fn, 8,
+                          cpu.PARALLEL_THRESHOLD, 0)
 
 
-def test_kernels_are_split_by_their_work_and_a_slow_worker_does_not_hold_them(monkeypatch):
-    import time
+def test_large_kernels_are_split_only_where_splitting_was_measured_faster(monkeypatch):
     monkeypatch.setattr(fg_config.config, "num_threads", 2)
-    large, small = _sleeping_step(0.002, cpu.PARALLEL_THRESHOLD), \
-        _sleeping_step(0.002, cpu.PARALLEL_THRESHOLD - 1)
-    submitted = []
-    real_pool = threads_module.thread_pool
-
-    class CountingPool:
-        def submit(self, *a):
-            submitted.append(a)
-            return real_pool().submit(*a)
-
-    monkeypatch.setattr(threads_module, "thread_pool", CountingPool)
-    small.run(None)
-    assert not submitted
-    large.run(None)
-    assert len(submitted) == 1
-    # The only worker is busy elsewhere: the caller runs every part and does not wait.
-    release = threading.Event()
-    held = real_pool().submit(release.wait)
+    divisible = _sleeping_step(0.002, 0.0)        # 16 ms alone, 8 ms in two halves
+    fixed = _sleeping_step(0.0, 0.01)             # 10 ms however it is cut
+    for step in (divisible, fixed):
+        for _ in range(1 + 2 * cpu.TUNE_RUNS):
+            step.run(None)
+    assert divisible.split[2] is True and fixed.split[2] is False
+    fg.set_num_threads(3)         # another thread count is measured again
     try:
-        start = time.perf_counter()
-        large.run(None)
-        assert time.perf_counter() - start < 5.0
+        fixed.run(None)
+        assert 3 not in fixed.split and fixed.timings[3] == ([], []) and fixed.split[2] is False
     finally:
-        release.set()
-        held.result()
+        fg.set_num_threads(2)
 
 
 def test_large_kernels_take_the_fast_call_path_and_still_thread(monkeypatch):
@@ -391,7 +379,8 @@ def test_large_kernels_take_the_fast_call_path_and_still_thread(monkeypatch):
     assert [e.fast is not None for e in compiled.entries()] == [True]
     np.testing.assert_allclose(keep, np.exp(x.numpy().astype(np.float64) * 0.5), rtol=4e-7)
     monkeypatch.setattr(fg_config.config, "num_threads", 2)
-    for _ in range(3):
+    monkeypatch.setattr(cpu, "TUNE_RUNS", 1)
+    for _ in range(3):          # untimed, one thread, split (then as measured)
         second = compiled(x)
         np.testing.assert_array_equal(second.numpy(), keep)
     assert submitted
