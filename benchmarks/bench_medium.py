@@ -21,11 +21,13 @@ model's shapes (forward products times 3: the forward's and the backward's two),
 share of the GEMM peak is the step's rate over the best float32 GEMM rate numpy or torch
 reach at 1024^3 at that thread count, measured in the same run (``benchmarks/machine.py``).
 
-``--busy`` runs the same with ``python -c 'while True: pass'`` pinned to the first core
-beside the workers. ``--only cnn`` runs one workload. ``--quick`` is a smoke run: smaller
-workloads, fewer rounds, no torch.compile.
+``--busy`` runs the same with ``python -c 'while True: pass'`` pinned to the last core beside
+the workers: one thread runs on a core of its own (the first), two share one with it.
+``--only cnn`` runs one workload, ``--systems`` some of the systems. ``--quick`` is a smoke
+run: smaller workloads, fewer rounds, no torch.compile.
 
     python benchmarks/bench_medium.py [--quick] [--busy] [--only gpt,mlp,cnn] [--threads 1,2]
+                                      [--systems "fusegrad compiled,torch eager"]
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ def training_step(lib, workload: str, model, opt):
 # --------------------------------------------------------------------------- worker
 
 
-def measure(workload: str, threads: int, quick: bool) -> list[dict]:
+def measure(workload: str, threads: int, quick: bool, systems: tuple = SYSTEMS) -> list[dict]:
     np, fg, torch, _ = bench_training.import_libs(threads)
     sizes = QUICK if quick else FULL
     fg.manual_seed(0)
@@ -183,10 +185,10 @@ def measure(workload: str, threads: int, quick: bool) -> list[dict]:
             return
         notes[name] = f"first {calls} calls {time.perf_counter() - t0:.1f} s"
 
-    if torch is not None:
+    if torch is not None and {"torch eager", "torch.compile"} & set(systems):
         xt, yt = torch.from_numpy(xn), torch.from_numpy(yn)
         for name in ("torch eager", "torch.compile"):
-            if name == "torch.compile" and quick:
+            if name == "torch.compile" and quick or name not in systems:
                 continue
             model, opt = build(torch, workload, sizes, weights)
             fn = training_step(torch, workload, model, opt)
@@ -198,6 +200,8 @@ def measure(workload: str, threads: int, quick: bool) -> list[dict]:
                 first_calls(name, steps[name], 3)
     x, y = fg.tensor(xn), fg.tensor(yn)
     for name in ("fusegrad eager", "fusegrad compiled"):
+        if name not in systems:
+            continue
         model, opt = build(fg, workload, sizes, weights)
         fn = training_step(fg, workload, model, opt)
         if name == "fusegrad compiled":
@@ -270,12 +274,15 @@ def main() -> None:
     p.add_argument("--busy", action="store_true")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--only", default=",".join(WORKLOADS))
-    p.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help="which of: " + ", ".join(SYSTEMS))
+    p.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         workload, threads, quick = a.worker[0], int(a.worker[1]), a.worker[2] == "1"
         bench_training.pin_threads(threads)
-        print(RESULT_TAG + json.dumps(measure(workload, threads, quick)))
+        systems = tuple(s for s in a.worker[3].split(",") if s)
+        print(RESULT_TAG + json.dumps(measure(workload, threads, quick, systems)))
         return
     threads = [int(t) for t in a.threads.split(",") if int(t) <= (os.cpu_count() or 1)]
     peaks = machine.measured_peaks(tuple(threads))
@@ -288,11 +295,11 @@ def main() -> None:
     busy = None
     if a.busy:
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+                                preexec_fn=lambda: os.sched_setaffinity(0, {max(os.sched_getaffinity(0))}))
     try:
         rows = [r for w in a.only.split(",") for t in threads
-                for r in run_worker(["--worker", w, str(t), str(int(a.quick))], t)]
-        title = "ms per step, medians" + (", busy neighbour on core 0" if a.busy else "") + \
+                for r in run_worker(["--worker", w, str(t), str(int(a.quick)), a.systems], t)]
+        title = "ms per step, medians" + (", busy neighbour on the last core" if a.busy else "") + \
             (" (--quick sizes)" if a.quick else "")
         print_table(rows, peaks, title)
     finally:
