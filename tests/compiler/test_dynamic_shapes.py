@@ -263,15 +263,14 @@ def _char_transformer(block=16):
     return make_model(fg, vocab=20, block=block, n_embd=16, n_head=2, n_layer=1)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("dynamic,compiles", [(True, 1), (None, 2)])
-def test_char_transformer_compiles_once_for_every_sequence_length(dynamic, compiles):
-    eager_model = _char_transformer()
+def _lm_steps(eager_model, dynamic):
+    """A char transformer's SGD training step compiled with ``dynamic`` (on a copy of the
+    model) and eager: (compiled step, eager step, its model, the eager model). (SGD: Adam's
+    normalized update would turn the rounding noise of near-zero gradients into steps of the
+    learning rate's size, compiled or not.)"""
     model = copy.deepcopy(eager_model)
 
     def make_step(m):
-        # (SGD: Adam's normalized update would turn the rounding noise of near-zero
-        # gradients into steps of the learning rate's size, compiled or not.)
         opt = fg.optim.SGD(m.parameters(), lr=0.1)
 
         def step(x, y):
@@ -281,7 +280,14 @@ def test_char_transformer_compiles_once_for_every_sequence_length(dynamic, compi
             opt.step()
             return loss
         return step
-    step, eager_step = fg.compile(make_step(model), dynamic=dynamic), make_step(eager_model)
+    return fg.compile(make_step(model), dynamic=dynamic), make_step(eager_model), model, \
+        eager_model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic,compiles", [(True, 1), (None, 2)])
+def test_char_transformer_compiles_once_for_every_sequence_length(dynamic, compiles):
+    step, eager_step, model, eager_model = _lm_steps(_char_transformer(), dynamic)
     rng = np.random.default_rng(0)
     lengths = [16, 16, 9, 16, 5, 12, 2]
     for t in lengths:
@@ -598,20 +604,7 @@ def test_batch_sizes_from_128_to_2_each_epoch_shorter_at_its_end(dynamic, compil
 @pytest.mark.slow
 @pytest.mark.parametrize("dynamic,compiles", [(True, 1), (None, 2)])
 def test_char_transformer_at_sequence_lengths_8_to_128(dynamic, compiles):
-    eager_model = _char_transformer(block=128)
-    model = copy.deepcopy(eager_model)
-
-    def make_step(m):
-        opt = fg.optim.SGD(m.parameters(), lr=0.1)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss = m(x, y)
-            loss.backward()
-            opt.step()
-            return loss
-        return step
-    step, eager_step = fg.compile(make_step(model), dynamic=dynamic), make_step(eager_model)
+    step, eager_step, _, _ = _lm_steps(_char_transformer(block=128), dynamic)
     rng = np.random.default_rng(2)
     lengths = [128, 8, 64, 100, 33, 128, 17, 9]
     for t in lengths:
