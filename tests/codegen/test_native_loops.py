@@ -198,7 +198,8 @@ def test_interpreted_gemm(packed):
 
 # the shuffle transpose; the scalar one; lanes past the keys (with both transposes; fewer
 # keys than a block of rows)
-@pytest.mark.parametrize("L,E", [(8, 8), (5, 3), (11, 8), (3, 8)])
+@pytest.mark.parametrize("L,E", [pytest.param(8, 8, marks=pytest.mark.slow),
+                                 pytest.param(5, 3, marks=pytest.mark.slow), (11, 8), (3, 8)])
 def test_interpreted_attention_matches_the_native_call(L, E):
     rng = np.random.default_rng(L)
     B, H = 1, 2
