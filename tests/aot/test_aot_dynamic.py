@@ -15,6 +15,7 @@ import fusegrad as fg
 from fusegrad.aot.format import ArtifactError
 from fusegrad.runtime import jit
 from tests.aot.helpers import mlp_step, train_in_fresh_process, with_plan
+from tests.compiler.test_dynamic_shapes import lm_sgd_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EPS32 = float(np.finfo(np.float32).eps)
@@ -199,18 +200,6 @@ def test_static_artifacts_have_no_dims_and_still_load():
 # --------------------------------------------------------------------------- char transformer
 
 
-def _char_transformer_step(model):
-    # (SGD: Adam's normalized update turns the rounding noise of near-zero gradients into
-    # steps of the learning rate's size, compiled or not.)
-    opt = fg.optim.SGD(model.parameters(), lr=0.1)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        return loss
-    return step
 
 
 def _char_transformer():
@@ -234,10 +223,10 @@ def test_char_transformer_artifact_trains_at_three_batch_sizes_in_a_fresh_proces
     reference = copy.deepcopy(model)
     batch = fg.aot.Dim("batch", max=64)
     path = tmp_path / "step.fgaot"
-    fg.aot.compile(_char_transformer_step(model), *_tokens(4, 16, 0),
+    fg.aot.compile(lm_sgd_step(model), *_tokens(4, 16, 0),
                    dynamic_shapes={"x": {0: batch}, "y": {0: batch}}).save(path)
     data = [a.numpy() for k, n in enumerate(SIZES) for a in _tokens(n, 16, k + 1)]
-    compiled = fg.compile(_char_transformer_step(reference), dynamic=True)
+    compiled = fg.compile(lm_sgd_step(reference), dynamic=True)
     want = [compiled(fg.tensor(data[i]), fg.tensor(data[i + 1])).item()
             for i in range(0, len(data), 2)]
     losses, compiles, state = train_in_fresh_process(path, tmp_path, data)
@@ -264,10 +253,10 @@ def test_char_transformer_artifact_trains_at_three_batch_sizes_and_lengths(tmp_p
     reference = copy.deepcopy(model)
     b, t = fg.aot.Dim("batch", max=64), fg.aot.Dim("seq", max=16)
     path = tmp_path / "step.fgaot"
-    fg.aot.compile(_char_transformer_step(model), *_tokens(3, 12, 0),
+    fg.aot.compile(lm_sgd_step(model), *_tokens(3, 12, 0),
                    dynamic_shapes={"x": {0: b, 1: t}, "y": {0: b, 1: t}}).save(path)
     data = _tokens_of([(3, 12), (8, 16), (5, 7)])
-    compiled = fg.compile(_char_transformer_step(reference), dynamic=True)
+    compiled = fg.compile(lm_sgd_step(reference), dynamic=True)
     want = [compiled(fg.tensor(data[i]), fg.tensor(data[i + 1])).item()
             for i in range(0, len(data), 2)]
     losses, compiles, state = train_in_fresh_process(path, tmp_path, data)
@@ -287,7 +276,7 @@ def test_a_sequence_dim_past_what_the_fused_attention_takes_is_refused():
     finally:
         sys.path.pop(0)
     fg.manual_seed(0)
-    step = _char_transformer_step(make_model(fg, vocab=20, block=256, n_embd=16, n_head=2,
+    step = lm_sgd_step(make_model(fg, vocab=20, block=256, n_embd=16, n_head=2,
                                              n_layer=1))
     b, t = fg.aot.Dim("batch", max=64), fg.aot.Dim("seq", max=200)
     with pytest.raises(ValueError, match=r"seq <= 128 \(false at seq = 129: the fused attention "
@@ -299,7 +288,7 @@ def test_a_sequence_dim_past_what_the_fused_attention_takes_is_refused():
 def test_a_read_only_view_of_a_buffer_is_state_of_its_own():
     """(regression test: a [1,1,16,16] mask buffer viewing a [16,16] array, sliced at a
     sequence length below 16, was refused as one state of two types)"""
-    step = _char_transformer_step(_char_transformer())
+    step = lm_sgd_step(_char_transformer())
     art = fg.aot.compile(step, *_tokens(3, 12, 0))
     names = {s["name"]: s["type"] for s in art.plan["state"]}
     assert names["model.blocks.0.mask"] == "f32[1,1,16,16]"

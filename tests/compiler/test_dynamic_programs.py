@@ -13,6 +13,7 @@ import pytest
 import fusegrad as fg
 from fusegrad import config as fg_config
 from fusegrad.symint import COMPARE
+from tests.compiler.test_dynamic_shapes import lm_sgd_step
 
 EPS32 = float(np.finfo(np.float32).eps)
 F = fg.nn.functional
@@ -261,16 +262,6 @@ def _char_transformer(block: int):
     return make_model(fg, vocab=20, block=block, n_embd=16, n_head=2, n_layer=1)
 
 
-def _sgd_step(model):
-    opt = fg.optim.SGD(model.parameters(), lr=0.1)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        return loss
-    return step
 
 
 @pytest.mark.slow
@@ -289,7 +280,7 @@ def test_a_char_transformer_of_symbolic_batch_and_length_builds_nothing_at_a_new
     monkeypatch.setattr(native_attention, "attention_forward", counted)
     model = _char_transformer(64)
     reference = copy.deepcopy(model)
-    compiled, eager = fg.compile(_sgd_step(model), dynamic=True), _sgd_step(reference)
+    compiled, eager = fg.compile(lm_sgd_step(model), dynamic=True), lm_sgd_step(reference)
     rng = np.random.default_rng(0)
     built = []
     for n, t in ((3, 8), (5, 20), (4, 64)):

@@ -269,19 +269,23 @@ def _lm_steps(eager_model, dynamic):
     normalized update would turn the rounding noise of near-zero gradients into steps of the
     learning rate's size, compiled or not.)"""
     model = copy.deepcopy(eager_model)
-
-    def make_step(m):
-        opt = fg.optim.SGD(m.parameters(), lr=0.1)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss = m(x, y)
-            loss.backward()
-            opt.step()
-            return loss
-        return step
-    return fg.compile(make_step(model), dynamic=dynamic), make_step(eager_model), model, \
+    return fg.compile(lm_sgd_step(model), dynamic=dynamic), lm_sgd_step(eager_model), model, \
         eager_model
+
+
+def lm_sgd_step(model, lr=0.1):
+    """The training step of a language model called as ``model(x, y) -> loss``, with SGD
+    (Adam's normalized update would turn the rounding noise of near-zero gradients into
+    steps of the learning rate's size, compiled or not)."""
+    opt = fg.optim.SGD(model.parameters(), lr=lr)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from fusegrad.ops import primitive
 from fusegrad.runtime import cuda as rt
 from fusegrad.testing.simulated_cuda import SimulatedDriver
 from fusegrad.tracer import eager_cuda
-from tests.compiler.test_dynamic_shapes import DIFFERENTIAL
+from tests.compiler.test_dynamic_shapes import DIFFERENTIAL, lm_sgd_step
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -274,20 +274,10 @@ def _char_transformer():
 
 @pytest.mark.slow
 def test_char_transformer_step_is_one_program_for_batch_and_sequence_length(drv):
-    def make_step(m):
-        opt = fg.optim.SGD(m.parameters(), lr=0.1)
-
-        def step(x, y):
-            opt.zero_grad()
-            loss = m(x, y)
-            loss.backward()
-            opt.step()
-            return loss
-        return step
     cpu_model = _char_transformer()
     model = copy.deepcopy(cpu_model)
-    step = fg.compile(make_step(model), backend="cuda", dynamic=True)
-    cpu_step = fg.compile(make_step(cpu_model), dynamic=True)
+    step = fg.compile(lm_sgd_step(model), backend="cuda", dynamic=True)
+    cpu_step = fg.compile(lm_sgd_step(cpu_model), dynamic=True)
     rng = np.random.default_rng(0)
     shapes = [(3, 8), (5, 12), (2, 5)]          # (batch, sequence length)
     for b, t in shapes:
